@@ -1,0 +1,245 @@
+"""Provides `Benchmark`, the one interface through which a model joins the suite.
+
+A benchmark is the Model Garden's Task: "a single-replica view of the training procedure". Its
+step methods (`compute_loss`, `eval_step`) run in replica context on one replica's batch; only the
+runner calls `strategy.run`. Host-side methods (`eval_reduce`, `eval_result`, `mlperf_hparams`)
+run in plain Python on every worker.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import math
+from typing import Any, Callable, ClassVar
+
+import numpy as np
+import tensorflow as tf
+
+from mlperf_tf.config import BenchmarkConfig
+
+PRESET_NAMES = ("mlperf", "mini", "smoke")
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalPoint:
+    """One evaluation of the MLPerf schedule and the training block that leads to it.
+
+    Attributes:
+      step: the global optimizer step after which this evaluation runs.
+      epoch_num: what MLPerf logs as `epoch_num` of `eval_accuracy` (epochs, or samples for BERT).
+      first_epoch_num: `first_epoch_num` of the block before it (MLPerf's block metadata).
+      epoch_count: `epoch_count` of that block.
+    """
+
+    step: int
+    epoch_num: float
+    first_epoch_num: float
+    epoch_count: float
+
+
+class Benchmark(abc.ABC):
+    """Base class of every benchmark. Subclass it in `benchmarks/<name>/benchmark.py`.
+
+    Class attributes to set:
+      name: the registry name (`mlperf-tf run --benchmark=name`).
+      mlperf_benchmark: MLPerf's `submission_benchmark` value ("resnet", "ssd", "transformer",
+        "bert"); the checker picks its rules from it.
+      config_class: the benchmark's frozen config dataclass (a `BenchmarkConfig` subclass).
+      presets: maps preset names (`mlperf`, `mini`, `smoke`) to functions returning a config.
+    """
+
+    name: ClassVar[str]
+    mlperf_benchmark: ClassVar[str]
+    config_class: ClassVar[type[BenchmarkConfig]]
+    presets: ClassVar[dict[str, Callable[[], BenchmarkConfig]]]
+
+    def __init__(self, config: BenchmarkConfig, *, seed: int = 0, skip_bad_records: bool = False):
+        if not isinstance(config, self.config_class):
+            raise TypeError(
+                f"{type(self).__name__} needs a {self.config_class.__name__}, got {type(config).__name__}"
+            )
+        self.config = config
+        self.seed = seed  # the run's seed: data shuffling, augmentation and initializers derive from it
+        self.skip_bad_records = skip_bad_records  # skip and count corrupt records instead of failing
+        # Set by the runner (from the strategy) before any build_* call; benchmarks read it for
+        # e.g. model_bn_span or per-replica shapes.
+        self.num_replicas = 1
+
+    @classmethod
+    def preset(cls, name: str) -> BenchmarkConfig:
+        """Returns the config of preset `name`; raises KeyError naming the known presets."""
+        if name not in cls.presets:
+            raise KeyError(f"benchmark '{cls.name}' has no preset '{name}' (presets: {', '.join(cls.presets)})")
+        return cls.presets[name]()
+
+    # ---- sizes derived from config -------------------------------------------------------------
+    @property
+    def micro_batch_size(self) -> int:
+        """Global examples per forward/backward pass: the global batch over the accumulation steps.
+
+        `compute_loss` divides its per-replica loss sum by this, so that summing gradients across
+        replicas (done inside `apply_gradients`) and averaging over accumulation steps (done by the
+        runner) gives the mean gradient over the global batch.
+        """
+        return self.config.global_batch_size // self.config.gradient_accumulation_steps
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.config.steps_per_epoch
+
+    @property
+    def train_steps(self) -> int:
+        """The step budget: `max_epochs` worth of optimizer steps."""
+        return max(1, int(math.ceil(self.config.max_epochs * self.steps_per_epoch)))
+
+    def eval_steps(self, num_replicas: int) -> int:
+        """Eval batches each replica runs to cover the whole eval set (the last one padded)."""
+        global_eval_batch = self.config.eval_batch_size
+        del num_replicas  # eval_batch_size is global; each replica gets eval_batch_size/replicas.
+        return max(1, int(math.ceil(self.config.eval_examples / global_eval_batch)))
+
+    @property
+    def quality_target(self) -> float:
+        """The eval value at which the run stops with status success."""
+        return self.config.quality_target
+
+    # ---- to implement --------------------------------------------------------------------------
+    @abc.abstractmethod
+    def build_model(self) -> Any:
+        """Builds the Keras model (called under the strategy scope, with the dtype policy set)."""
+
+    @abc.abstractmethod
+    def build_optimizer(self, train_steps: int) -> Any:
+        """Builds the optimizer and its schedule for a run of `train_steps` optimizer steps."""
+
+    @abc.abstractmethod
+    def train_dataset(self, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
+        """An endless dataset of per-replica training batches (static shapes) for one input pipeline.
+
+        The batch size is `input_context.get_per_replica_batch_size(self.micro_batch_size)`.
+        """
+
+    @abc.abstractmethod
+    def eval_dataset(self, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
+        """Per-replica eval batches (static shapes) of this pipeline's shard of the eval set.
+
+        It must yield at least `eval_steps(num_replicas)` batches for each local replica; padding
+        examples beyond the real eval set must be marked so `eval_step` ignores them (see
+        `mlperf_tf.data.pipeline.pad_eval_dataset`).
+        """
+
+    @abc.abstractmethod
+    def compute_loss(self, model: Any, batch: Any, training: bool = True) -> tf.Tensor:
+        """Per-replica scalar loss, already divided by `micro_batch_size` (replica context)."""
+
+    @abc.abstractmethod
+    def eval_step(self, model: Any, batch: Any) -> dict[str, tf.Tensor]:
+        """Per-replica eval outputs (replica context).
+
+        Returns a dict of tensors, each scalar or with a leading batch dimension. The runner gathers
+        every value across replicas (concatenating along axis 0; scalars become vectors) and hands
+        the host-side numpy arrays to `eval_reduce`.
+        """
+
+    def eval_begin(self) -> Any:
+        """Host-side state for one evaluation; the default is a dict of running sums."""
+        return {}
+
+    def eval_reduce(self, state: Any, outputs: dict[str, np.ndarray]) -> Any:
+        """Folds one gathered eval batch into `state` (host side). The default sums every value."""
+        for key, value in outputs.items():
+            state[key] = state.get(key, 0.0) + np.sum(value, dtype=np.float64)
+        return state
+
+    @abc.abstractmethod
+    def eval_result(self, state: Any) -> float:
+        """The quality value (MLPerf's `eval_accuracy`) from the reduced eval state (host side)."""
+
+    @abc.abstractmethod
+    def mlperf_hparams(self) -> dict[str, Any]:
+        """MLPerf log keys (from `mlperf_logging.mllog.constants`) and values that the rules require.
+
+        Keys whose value needs metadata (e.g. `max_sequence_length` with `method`) map to a
+        `(value, metadata_dict)` tuple. `global_batch_size`, `train_samples`, `eval_samples`,
+        `gradient_accumulation_steps` and the submission keys are logged by the runner.
+        """
+
+    def eval_schedule(self) -> list[EvalPoint]:
+        """The MLPerf evaluation points. Default: every `eval_every_epochs` epochs.
+
+        Override for sample-based schedules (BERT) or offsets (ResNet). The runner trains to the
+        next point, evaluates, and stops at the quality target or after the last point.
+        """
+        every = float(getattr(self.config, "eval_every_epochs", 1.0))
+        offset = float(getattr(self.config, "eval_offset_epochs", 0.0))
+        return epoch_eval_schedule(
+            steps_per_epoch=self.steps_per_epoch,
+            max_epochs=self.config.max_epochs,
+            every_epochs=every,
+            offset_epochs=offset,
+        )
+
+    def train_samples(self) -> int:
+        """MLPerf's `train_samples`: examples in one training epoch."""
+        return self.config.train_examples
+
+    def eval_samples(self) -> int:
+        """MLPerf's `eval_samples`: examples in the whole eval set."""
+        return self.config.eval_examples
+
+    def restore_initial_weights(self, model: Any) -> None:
+        """Loads a starting checkpoint (e.g. BERT's TF1 checkpoint) before training, if any.
+
+        Called once, under the strategy scope, after `build_model` and before `init_stop`; not
+        called when the run resumes from its own checkpoint.
+        """
+
+    @classmethod
+    def prepare_mini(cls, data_dir: str) -> None:
+        """Writes the offline `mini` dataset into `data_dir` (deterministic; no download).
+
+        The runner calls it when the `mini` preset's data_dir does not exist yet.
+        """
+        raise NotImplementedError(f"benchmark '{cls.name}' has no mini dataset")
+
+
+def epoch_eval_schedule(
+    *, steps_per_epoch: int, max_epochs: float, every_epochs: float, offset_epochs: float = 0.0
+) -> list[EvalPoint]:
+    """Evaluations after epochs `offset + every`, `offset + 2*every`, ... up to `max_epochs`.
+
+    MLPerf counts epochs from 1 in `epoch_num` for ResNet-style schedules: the eval after the k-th
+    epoch logs `epoch_num=k`, and the block before it starts at `first_epoch_num` = the previous
+    eval's epoch + 1 (1 for the first block).
+
+    Raises:
+      ValueError: `every_epochs` is not positive or `offset_epochs` is negative.
+    """
+    if every_epochs <= 0:
+        raise ValueError(f"`every_epochs` ({every_epochs}) must be positive.")
+    if offset_epochs < 0:
+        raise ValueError(f"`offset_epochs` ({offset_epochs}) must not be negative.")
+    points = []
+    previous = 0.0
+    epoch = offset_epochs + every_epochs
+    while True:
+        epoch = min(epoch, max_epochs)
+        step = max(1, int(round(epoch * steps_per_epoch)))
+        points.append(
+            EvalPoint(
+                step=step,
+                epoch_num=_clean_number(epoch),
+                first_epoch_num=_clean_number(previous + 1),
+                epoch_count=_clean_number(epoch - previous),
+            )
+        )
+        if epoch >= max_epochs:
+            break
+        previous = epoch
+        epoch += every_epochs
+    return points
+
+
+def _clean_number(x: float) -> float | int:
+    return int(x) if float(x).is_integer() else float(x)

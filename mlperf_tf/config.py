@@ -1,0 +1,165 @@
+"""Provides the frozen-dataclass config base classes and typed `--config.a.b=value` overrides."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any
+
+from mlperf_tf.errors import UserError
+
+
+class ConfigError(UserError, ValueError):
+    """A config override names an unknown key or gives a value of the wrong type."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BenchmarkConfig:
+    """Fields every benchmark config has; benchmarks subclass it and add their own.
+
+    Sizes are in examples (images, sentence pairs, sequences) unless a name says otherwise.
+    """
+
+    global_batch_size: int
+    eval_batch_size: int
+    train_examples: int  # examples in one training epoch
+    eval_examples: int  # examples in the whole eval set
+    max_epochs: float  # budget: the run is aborted when it ends without reaching the target
+    data_dir: str = ""  # where the benchmark's TFRecords are; "" means synthetic data
+    gradient_accumulation_steps: int = 1
+    quality_target: float = 0.0  # eval value that ends the run with status success
+
+    def __post_init__(self):
+        for name in ("global_batch_size", "eval_batch_size", "train_examples", "eval_examples"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"`{name}` ({value!r}) must be a positive integer.")
+        if self.gradient_accumulation_steps <= 0:
+            raise ConfigError(
+                f"`gradient_accumulation_steps` ({self.gradient_accumulation_steps!r}) "
+                "must be a positive integer."
+            )
+        if self.global_batch_size % self.gradient_accumulation_steps:
+            raise ConfigError(
+                f"`global_batch_size` ({self.global_batch_size}) must be divisible by "
+                f"`gradient_accumulation_steps` ({self.gradient_accumulation_steps})."
+            )
+        if self.max_epochs <= 0:
+            raise ConfigError(f"`max_epochs` ({self.max_epochs!r}) must be positive.")
+
+    @property
+    def synthetic(self) -> bool:
+        """True when no data_dir is set: the benchmark feeds synthetic tensors of the real shapes."""
+        return not self.data_dir
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Optimizer steps in one epoch (at least 1)."""
+        return max(1, self.train_examples // self.global_batch_size)
+
+
+def field_paths(config: Any, prefix: str = "") -> dict[str, Any]:
+    """Maps every leaf field's dotted path (e.g. `optimizer.lars_opt_weight_decay`) to its value."""
+    paths = {}
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        path = f"{prefix}{field.name}"
+        if dataclasses.is_dataclass(value):
+            paths.update(field_paths(value, path + "."))
+        else:
+            paths[path] = value
+    return paths
+
+
+def _field_type(config: Any, name: str):
+    hints = typing.get_type_hints(type(config))
+    return hints[name]
+
+
+def parse_value(text: str, annotation, key: str) -> Any:
+    """Parses `text` as a value of type `annotation`; raises ConfigError naming `key` otherwise."""
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        if text.lower() in ("none", "null") and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return parse_value(text, arg, key)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0] if errors else f"config key '{key}': cannot parse {text!r}")
+    if origin is typing.Literal:
+        for choice in args:
+            if str(choice) == text:
+                return choice
+        raise ConfigError(f"config key '{key}' must be one of {list(args)}, got {text!r}")
+    if origin is tuple:
+        items = [t.strip() for t in text.strip("()[] ").split(",") if t.strip()]
+        item_type = args[0] if args else str
+        return tuple(parse_value(item, item_type, key) for item in items)
+    if annotation is bool:
+        lowered = text.lower()
+        if lowered in ("true", "1", "yes"):
+            return True
+        if lowered in ("false", "0", "no"):
+            return False
+        raise ConfigError(f"config key '{key}' expects a bool (true/false), got {text!r}")
+    if annotation is int:
+        try:
+            return int(text)
+        except ValueError:
+            raise ConfigError(f"config key '{key}' expects an int, got {text!r}") from None
+    if annotation is float:
+        try:
+            return float(text)
+        except ValueError:
+            raise ConfigError(f"config key '{key}' expects a float, got {text!r}") from None
+    if annotation is str:
+        return text
+    raise ConfigError(f"config key '{key}' has type {annotation!r}, which cannot be set from a flag")
+
+
+def override(config: Any, overrides: dict[str, str]) -> Any:
+    """Returns `config` with dotted-path overrides applied, each parsed to its field's type.
+
+    Args:
+      config: a frozen dataclass instance (a benchmark config).
+      overrides: maps dotted paths such as `optimizer.lars_opt_weight_decay` to flag text.
+
+    Raises:
+      ConfigError: a path is not a field of the config, or a value does not parse to its type.
+    """
+    for key, text in overrides.items():
+        config = _override_one(config, key.split("."), text, key)
+    return config
+
+
+def _override_one(config: Any, parts: list[str], text: str, key: str) -> Any:
+    names = {f.name for f in dataclasses.fields(config)}
+    head = parts[0]
+    if head not in names:
+        known = ", ".join(sorted(field_paths(config)))
+        raise ConfigError(f"unknown config key '{key}' (known keys: {known})")
+    value = getattr(config, head)
+    if len(parts) > 1:
+        if not dataclasses.is_dataclass(value):
+            raise ConfigError(f"unknown config key '{key}': '{head}' has no sub-fields")
+        new_value = _override_one(value, parts[1:], text, key)
+    else:
+        if dataclasses.is_dataclass(value):
+            raise ConfigError(f"config key '{key}' is a group; set one of its fields instead")
+        new_value = parse_value(text, _field_type(config, head), key)
+    try:
+        return dataclasses.replace(config, **{head: new_value})
+    except ConfigError as e:
+        raise ConfigError(f"config key '{key}'={text!r}: {e}") from None
+
+
+def to_dict(config: Any) -> dict[str, Any]:
+    """A JSON-friendly nested dict of the config, for logs and checkpoints' metadata."""
+    return dataclasses.asdict(config)

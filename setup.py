@@ -1,0 +1,33 @@
+"""Packaging for mlperf-tf: the library, the four benchmarks and the compliance tools."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="mlperf-tf",
+    version="0.1.0",
+    description="MLPerf-style training benchmarks for TensorFlow 2 / Keras 3",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.11",
+    packages=find_packages(include=["mlperf_tf", "mlperf_tf.*", "benchmarks", "benchmarks.*",
+                                    "compliance", "compliance.*"]),
+    install_requires=[
+        "tensorflow==2.20.*",
+        "keras>=3.10,<4",
+        "absl-py>=2.1",
+        "mlperf-logging==4.1.68",
+        "ml-collections>=1.0",
+        "numpy>=1.26",
+        "pycocotools>=2.0.8",
+        "sacrebleu>=2.4",
+        "sentencepiece>=0.2",
+        "scikit-learn>=1.4",
+        "matplotlib>=3.8",
+        "pyyaml>=6.0",
+    ],
+    extras_require={
+        "test": ["pytest>=8", "hypothesis>=6.100", "ruff==0.17.6"],
+        "peers": ["tf-models-official==2.20.*"],
+    },
+    entry_points={"console_scripts": ["mlperf-tf = mlperf_tf.cli:run_main"]},
+)
