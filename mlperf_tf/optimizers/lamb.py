@@ -1,0 +1,216 @@
+"""Provides `LAMB`, the layer-wise adaptive moments optimizer of the MLPerf BERT reference."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import keras
+from keras import ops
+
+from mlperf_tf.optimizers.lars import (
+    as_learning_rate,
+    check_number,
+    compile_exclusion_patterns,
+    matches_any,
+    variable_path,
+)
+
+DEFAULT_LAMB_EXCLUDE = ("LayerNorm", "layer_norm", "bias")
+
+
+@keras.saving.register_keras_serializable(package="mlperf_tf")
+class LAMB(keras.optimizers.Optimizer):
+    """LAMB with the formula of the MLPerf BERT reference (MLPerf log key `opt_name: lamb`).
+
+    For each variable w with (cross-replica summed) gradient g at step t = iterations + 1,
+    learning rate lr, beta_1 b1 (`opt_lamb_beta_1`), beta_2 b2 (`opt_lamb_beta_2`), epsilon eps
+    (`opt_epsilon` / `opt_lamb_epsilon`) and weight decay rate wd (`opt_lamb_weight_decay_rate`):
+
+        m = b1 * m + (1 - b1) * g
+        v = b2 * v + (1 - b2) * g**2
+        r = (m / (1 - b1**t)) / (sqrt(v / (1 - b2**t)) + eps)   # Adam with bias correction
+        r = r + wd * w               unless w matches `exclude_from_weight_decay`
+        trust = |w| / |r|            if |w| > 0 and |r| > 0, else 1;
+                                     1 if w matches `exclude_from_layer_adaptation`
+        w = w - lr * trust * r
+
+    where |.| is the L2 norm over the whole variable. Sources: You et al. 2019, "Large Batch
+    Optimization for Deep Learning: Training BERT in 76 minutes" (arXiv:1904.00962), Algorithm 2,
+    with phi = identity, as implemented by the `LAMBOptimizer` of the MLPerf BERT TensorFlow
+    reference (`language_model/tensorflow/bert/optimization.py`) and by the Model Garden's
+    `official.modeling.optimization.lamb.LAMB` (the tensorflow-addons one). The formula is the
+    same as the Model Garden's; the differences are that `get_config` here keeps both
+    exclusion lists, patterns are matched against Keras 3 variable paths, and `epsilon=None`
+    is not accepted. With wd = 0 and no exclusions it is `keras.optimizers.Lamb`.
+
+    Keras' own decoupled `weight_decay` is not used (it must stay None): weight decay is part of
+    r above. Exclusion patterns are regular expressions matched with `re.search` against each
+    variable's Keras `path` (e.g. "encoder/layer_norm/gamma", "dense/bias"; see
+    `mlperf_tf.optimizers.lars.variable_path`), decided once in `build`.
+
+    Under `tf.distribute`, Keras sums the gradients across replicas before `update_step`, which
+    runs in the update (cross-replica) context once per variable.
+    """
+
+    def __init__(
+        self,
+        learning_rate,
+        *,
+        beta_1: float = 0.9,
+        beta_2: float = 0.999,
+        epsilon: float = 1e-6,
+        weight_decay_rate: float = 0.0,
+        exclude_from_weight_decay: Iterable[str] | None = DEFAULT_LAMB_EXCLUDE,
+        exclude_from_layer_adaptation: Iterable[str] | None = None,
+        weight_decay=None,
+        clipnorm=None,
+        clipvalue=None,
+        global_clipnorm=None,
+        use_ema=False,
+        ema_momentum=0.99,
+        ema_overwrite_frequency=None,
+        loss_scale_factor=None,
+        gradient_accumulation_steps=None,
+        name="LAMB",
+        **kwargs,
+    ):
+        """Creates the optimizer.
+
+        Args:
+          learning_rate: float, or a `keras.optimizers.schedules.LearningRateSchedule` (per
+            step), e.g. `WarmupPolynomialDecay` (`opt_base_learning_rate` etc.).
+          beta_1: b1 in [0, 1) (`opt_lamb_beta_1`).
+          beta_2: b2 in [0, 1) (`opt_lamb_beta_2`).
+          epsilon: eps >= 0 (`opt_epsilon`; the BERT reference uses 1e-6).
+          weight_decay_rate: wd >= 0 (`opt_lamb_weight_decay_rate`), added to the Adam update.
+          exclude_from_weight_decay: regular expressions; matching variables get no weight
+            decay (default: LayerNorm parameters and biases). None means no exclusions.
+          exclude_from_layer_adaptation: regular expressions; matching variables get trust
+            ratio 1. None (the default) means the same list as `exclude_from_weight_decay`, as in
+            the reference; `()` means adapt every variable.
+          weight_decay: Keras' decoupled weight decay; must be None (use `weight_decay_rate`).
+            Accepted so that `from_config(get_config())` round-trips.
+          clipnorm, clipvalue, global_clipnorm, use_ema, ema_momentum, ema_overwrite_frequency,
+            loss_scale_factor, gradient_accumulation_steps, name: as for
+            `keras.optimizers.Optimizer`.
+          **kwargs: passed to `keras.optimizers.Optimizer` (unknown ones raise there).
+
+        Raises:
+          ValueError: a hyperparameter is out of range, a pattern does not compile, or
+            `weight_decay` is set.
+        """
+        if weight_decay is not None:
+            raise ValueError(
+                f"`weight_decay` ({weight_decay!r}) must be None for LAMB: "
+                "use `weight_decay_rate` (opt_lamb_weight_decay_rate)."
+            )
+        super().__init__(
+            learning_rate=as_learning_rate(learning_rate),
+            weight_decay=None,
+            clipnorm=clipnorm,
+            clipvalue=clipvalue,
+            global_clipnorm=global_clipnorm,
+            use_ema=use_ema,
+            ema_momentum=ema_momentum,
+            ema_overwrite_frequency=ema_overwrite_frequency,
+            loss_scale_factor=loss_scale_factor,
+            gradient_accumulation_steps=gradient_accumulation_steps,
+            name=name,
+            **kwargs,
+        )
+        self.beta_1 = check_number("beta_1", beta_1, high=1.0)
+        self.beta_2 = check_number("beta_2", beta_2, high=1.0)
+        self.epsilon = check_number("epsilon", epsilon)
+        self.weight_decay_rate = check_number("weight_decay_rate", weight_decay_rate)
+        self.exclude_patterns = compile_exclusion_patterns(
+            "exclude_from_weight_decay", exclude_from_weight_decay
+        )
+        # None is remembered (not resolved) so that get_config round-trips it.
+        self.exclude_from_layer_adaptation_patterns = (
+            None
+            if exclude_from_layer_adaptation is None
+            else compile_exclusion_patterns(
+                "exclude_from_layer_adaptation", exclude_from_layer_adaptation
+            )
+        )
+
+    @property
+    def layer_adaptation_patterns(self) -> tuple[str, ...]:
+        """The patterns that turn layer adaptation off (after resolving None)."""
+        if self.exclude_from_layer_adaptation_patterns is None:
+            return self.exclude_patterns
+        return self.exclude_from_layer_adaptation_patterns
+
+    def exclude_from_weight_decay(self, var_list=None, var_names=None):
+        """Not supported: pass `exclude_from_weight_decay=` to the constructor instead."""
+        raise NotImplementedError(
+            "LAMB takes its exclusions as the `exclude_from_weight_decay` constructor argument."
+        )
+
+    def build(self, var_list):
+        """Creates the two moment slots per variable and decides its exclusions once.
+
+        Args:
+          var_list: the model's trainable variables (Keras variables). Under a strategy, call
+            this inside `strategy.scope()` before the first step.
+        """
+        if self.built:
+            return
+        super().build(var_list)
+        self._momentums = [self.add_variable_from_reference(v, name="m") for v in var_list]
+        self._velocities = [self.add_variable_from_reference(v, name="v") for v in var_list]
+        paths = [variable_path(v) for v in var_list]
+        # Python bools per variable index: update_step branches at trace time.
+        self._decay = [
+            bool(self.weight_decay_rate) and not matches_any(self.exclude_patterns, p)
+            for p in paths
+        ]
+        self._adapt = [not matches_any(self.layer_adaptation_patterns, p) for p in paths]
+
+    def update_step(self, gradient, variable, learning_rate):
+        """Applies one LAMB step to one variable (update context, summed gradient)."""
+        index = self._get_variable_index(variable)
+        dtype = variable.dtype
+        lr = ops.cast(learning_rate, dtype)
+        g = ops.cast(gradient, dtype)
+        step = ops.cast(self.iterations + 1, dtype)
+        b1 = ops.cast(self.beta_1, dtype)
+        b2 = ops.cast(self.beta_2, dtype)
+        m = self._momentums[index]
+        v = self._velocities[index]
+        new_m = b1 * m + (1.0 - b1) * g
+        new_v = b2 * v + (1.0 - b2) * ops.square(g)
+        self.assign(m, new_m)
+        self.assign(v, new_v)
+        m_hat = new_m / (1.0 - ops.power(b1, step))
+        v_hat = new_v / (1.0 - ops.power(b2, step))
+        r = m_hat / (ops.sqrt(v_hat) + ops.cast(self.epsilon, dtype))
+        if self._decay[index]:
+            r = r + ops.cast(self.weight_decay_rate, dtype) * variable
+        if self._adapt[index]:
+            w_norm = ops.sqrt(ops.sum(ops.square(variable)))
+            r_norm = ops.sqrt(ops.sum(ops.square(r)))
+            safe_r_norm = ops.where(r_norm > 0, r_norm, ops.ones_like(r_norm))
+            trust = ops.where(
+                ops.logical_and(w_norm > 0, r_norm > 0),
+                w_norm / safe_r_norm,
+                ops.ones_like(w_norm),
+            )
+            lr = lr * trust
+        self.assign_sub(variable, lr * r)
+
+    def get_config(self):
+        """Returns every constructor argument (both exclusion lists included)."""
+        config = super().get_config()
+        adaptation = self.exclude_from_layer_adaptation_patterns
+        config.update(
+            {
+                "beta_1": self.beta_1,
+                "beta_2": self.beta_2,
+                "epsilon": self.epsilon,
+                "weight_decay_rate": self.weight_decay_rate,
+                "exclude_from_weight_decay": list(self.exclude_patterns),
+                "exclude_from_layer_adaptation": None if adaptation is None else list(adaptation),
+            }
+        )
+        return config
