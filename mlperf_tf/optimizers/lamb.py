@@ -28,20 +28,22 @@ class LAMB(keras.optimizers.Optimizer):
 
         m = b1 * m + (1 - b1) * g
         v = b2 * v + (1 - b2) * g**2
-        r = (m / (1 - b1**t)) / (sqrt(v / (1 - b2**t)) + eps)   # Adam with bias correction
+        r = (m / (1 - b1**t)) / (sqrt(v / (1 - b2**t)) + eps)   # Adam, bias-corrected
         r = r + wd * w               unless w matches `exclude_from_weight_decay`
         trust = |w| / |r|            if |w| > 0 and |r| > 0, else 1;
                                      1 if w matches `exclude_from_layer_adaptation`
         w = w - lr * trust * r
 
     where |.| is the L2 norm over the whole variable. Sources: You et al. 2019, "Large Batch
-    Optimization for Deep Learning: Training BERT in 76 minutes" (arXiv:1904.00962), Algorithm 2,
-    with phi = identity, as implemented by the `LAMBOptimizer` of the MLPerf BERT TensorFlow
-    reference (`language_model/tensorflow/bert/optimization.py`) and by the Model Garden's
+    Optimization for Deep Learning: Training BERT in 76 minutes" (arXiv:1904.00962), Algorithm 2
+    with phi = identity; the bias-corrected `LAMBOptimizer` of the MLPerf BERT submissions
+    (NVIDIA's TensorFlow one, derived from Google's `lamb_optimizer.py` for BERT, whose default
+    exclusions are "LayerNorm", "layer_norm", "bias"); and the Model Garden's
     `official.modeling.optimization.lamb.LAMB` (the tensorflow-addons one). The formula is the
-    same as the Model Garden's; the differences are that `get_config` here keeps both
-    exclusion lists, patterns are matched against Keras 3 variable paths, and `epsilon=None`
-    is not accepted. With wd = 0 and no exclusions it is `keras.optimizers.Lamb`.
+    Model Garden's; the differences are that `get_config` here keeps both exclusion lists,
+    patterns are matched against Keras 3 variable paths, and `bias_correction=False` gives
+    Google's original BERT `lamb_optimizer.py` (no 1 - b**t terms). With wd = 0 and no
+    exclusions it is `keras.optimizers.Lamb`.
 
     Keras' own decoupled `weight_decay` is not used (it must stay None): weight decay is part of
     r above. Exclusion patterns are regular expressions matched with `re.search` against each
@@ -62,6 +64,7 @@ class LAMB(keras.optimizers.Optimizer):
         weight_decay_rate: float = 0.0,
         exclude_from_weight_decay: Iterable[str] | None = DEFAULT_LAMB_EXCLUDE,
         exclude_from_layer_adaptation: Iterable[str] | None = None,
+        bias_correction: bool = True,
         weight_decay=None,
         clipnorm=None,
         clipvalue=None,
@@ -88,6 +91,8 @@ class LAMB(keras.optimizers.Optimizer):
           exclude_from_layer_adaptation: regular expressions; matching variables get trust
             ratio 1. None (the default) means the same list as `exclude_from_weight_decay`, as in
             the reference; `()` means adapt every variable.
+          bias_correction: divide the moments by (1 - b1**t) and (1 - b2**t) (Adam's bias
+            correction); False reproduces Google's original BERT `lamb_optimizer.py`.
           weight_decay: Keras' decoupled weight decay; must be None (use `weight_decay_rate`).
             Accepted so that `from_config(get_config())` round-trips.
           clipnorm, clipvalue, global_clipnorm, use_ema, ema_momentum, ema_overwrite_frequency,
@@ -122,6 +127,7 @@ class LAMB(keras.optimizers.Optimizer):
         self.beta_2 = check_number("beta_2", beta_2, high=1.0)
         self.epsilon = check_number("epsilon", epsilon)
         self.weight_decay_rate = check_number("weight_decay_rate", weight_decay_rate)
+        self.bias_correction = bool(bias_correction)
         self.exclude_patterns = compile_exclusion_patterns(
             "exclude_from_weight_decay", exclude_from_weight_decay
         )
@@ -173,7 +179,6 @@ class LAMB(keras.optimizers.Optimizer):
         dtype = variable.dtype
         lr = ops.cast(learning_rate, dtype)
         g = ops.cast(gradient, dtype)
-        step = ops.cast(self.iterations + 1, dtype)
         b1 = ops.cast(self.beta_1, dtype)
         b2 = ops.cast(self.beta_2, dtype)
         m = self._momentums[index]
@@ -182,8 +187,12 @@ class LAMB(keras.optimizers.Optimizer):
         new_v = b2 * v + (1.0 - b2) * ops.square(g)
         self.assign(m, new_m)
         self.assign(v, new_v)
-        m_hat = new_m / (1.0 - ops.power(b1, step))
-        v_hat = new_v / (1.0 - ops.power(b2, step))
+        if self.bias_correction:
+            step = ops.cast(self.iterations + 1, dtype)
+            m_hat = new_m / (1.0 - ops.power(b1, step))
+            v_hat = new_v / (1.0 - ops.power(b2, step))
+        else:
+            m_hat, v_hat = new_m, new_v
         r = m_hat / (ops.sqrt(v_hat) + ops.cast(self.epsilon, dtype))
         if self._decay[index]:
             r = r + ops.cast(self.weight_decay_rate, dtype) * variable
@@ -209,6 +218,7 @@ class LAMB(keras.optimizers.Optimizer):
                 "beta_2": self.beta_2,
                 "epsilon": self.epsilon,
                 "weight_decay_rate": self.weight_decay_rate,
+                "bias_correction": self.bias_correction,
                 "exclude_from_weight_decay": list(self.exclude_patterns),
                 "exclude_from_layer_adaptation": None if adaptation is None else list(adaptation),
             }
