@@ -1,0 +1,245 @@
+"""Provides `tf.train.Example` builders and sharded TFRecord writers (sequential and parallel).
+
+The writers are what every benchmark's `prepare` uses to turn raw data into TFRecords:
+`write_sharded` for data that fits one process, `write_sharded_parallel` for big conversions
+(ImageNet's 1.28M JPEGs): items are split into shards, each shard is built and written by a
+worker process, and a progress line on stderr counts the examples written.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import multiprocessing
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TextIO
+
+import numpy as np
+import tensorflow as tf
+
+from mlperf_tf.errors import DataError
+
+
+def _as_list(values: Any) -> list:
+    if isinstance(values, np.ndarray):
+        return values.reshape(-1).tolist()
+    if isinstance(values, (list, tuple)):
+        return list(values)
+    if isinstance(values, tf.Tensor):
+        return _as_list(values.numpy())
+    return [values]
+
+
+def bytes_feature(values: bytes | str | Sequence[bytes | str]) -> tf.train.Feature:
+    """A bytes_list Feature; str values are UTF-8 encoded."""
+    items = [v.encode("utf-8") if isinstance(v, str) else bytes(v) for v in _as_list(values)]
+    return tf.train.Feature(bytes_list=tf.train.BytesList(value=items))
+
+
+def int64_feature(values: int | Sequence[int] | np.ndarray) -> tf.train.Feature:
+    """An int64_list Feature (bools become 0/1)."""
+    return tf.train.Feature(int64_list=tf.train.Int64List(value=[int(v) for v in _as_list(values)]))
+
+
+def float_feature(values: float | Sequence[float] | np.ndarray) -> tf.train.Feature:
+    """A float_list Feature (stored as float32)."""
+    return tf.train.Feature(
+        float_list=tf.train.FloatList(value=[float(v) for v in _as_list(values)])
+    )
+
+
+def _to_feature(name: str, value: Any) -> tf.train.Feature:
+    if isinstance(value, tf.train.Feature):
+        return value
+    items = _as_list(value)
+    if not items:
+        raise ValueError(f"feature '{name}' is empty; give a typed empty tf.train.Feature instead")
+    first = items[0]
+    if isinstance(first, (bytes, str)):
+        return bytes_feature(items)
+    if isinstance(first, (bool, int, np.integer, np.bool_)):
+        return int64_feature(items)
+    if isinstance(first, (float, np.floating)):
+        return float_feature(items)
+    raise ValueError(f"feature '{name}' has values of unsupported type {type(first).__name__}")
+
+
+def make_example(features: dict[str, Any]) -> tf.train.Example:
+    """A `tf.train.Example` from a dict of feature name -> Feature or plain values.
+
+    Plain values are typed by their first item: bytes/str -> bytes_list, int/bool -> int64_list,
+    float -> float_list; scalars, lists and numpy arrays (flattened) are accepted.
+
+    Raises:
+      ValueError: a value is empty or of an unsupported type (the message names the feature).
+    """
+    return tf.train.Example(
+        features=tf.train.Features(
+            feature={name: _to_feature(name, value) for name, value in features.items()}
+        )
+    )
+
+
+def shard_paths(out_dir: str, *, prefix: str, num_shards: int) -> list[str]:
+    """`out_dir/prefix-00000-of-00008`-style paths (the ImageNet/Model Garden naming)."""
+    if num_shards <= 0:
+        raise ValueError(f"`num_shards` ({num_shards}) must be positive.")
+    return [
+        os.path.join(out_dir, f"{prefix}-{i:05d}-of-{num_shards:05d}") for i in range(num_shards)
+    ]
+
+
+def _serialize(example: bytes | tf.train.Example) -> bytes:
+    if isinstance(example, tf.train.Example):
+        return example.SerializeToString()
+    if isinstance(example, (bytes, bytearray)):
+        return bytes(example)
+    raise TypeError(f"expected a tf.train.Example or bytes, got {type(example).__name__}")
+
+
+def write_sharded(
+    examples: Iterable[bytes | tf.train.Example],
+    out_dir: str,
+    *,
+    prefix: str,
+    num_shards: int,
+) -> list[str]:
+    """Writes examples round-robin into `num_shards` TFRecord files.
+
+    Example i goes to shard i % num_shards, so shards differ in size by at most one example and
+    an ordered input (e.g. sorted by class) is spread over all shards.
+
+    Args:
+      examples: serialized records or `tf.train.Example`s.
+      out_dir: output folder (created if missing).
+      prefix: file name prefix, e.g. "train".
+      num_shards: number of files.
+
+    Returns:
+      The shard paths, in order (empty shards are still written, as empty files).
+    """
+    paths = shard_paths(out_dir, prefix=prefix, num_shards=num_shards)
+    tf.io.gfile.makedirs(out_dir)
+    writers = [tf.io.TFRecordWriter(p) for p in paths]
+    try:
+        for i, example in enumerate(examples):
+            writers[i % num_shards].write(_serialize(example))
+    finally:
+        for writer in writers:
+            writer.close()
+    return paths
+
+
+class Progress:
+    """A one-line progress bar on a text stream: `prefix [####......] 1234/5000 310/s eta 12s`."""
+
+    def __init__(self, total: int, *, prefix: str = "", stream: TextIO | None = None):
+        self.total = max(0, int(total))
+        self.prefix = prefix
+        self.stream = stream if stream is not None else sys.stderr
+        self.done = 0
+        self._start = time.monotonic()
+
+    def update(self, count: int) -> None:
+        self.done += count
+        elapsed = max(time.monotonic() - self._start, 1e-9)
+        rate = self.done / elapsed
+        width = 30
+        filled = int(width * self.done / self.total) if self.total else width
+        eta = (self.total - self.done) / rate if rate > 0 else 0.0
+        self.stream.write(
+            f"\r{self.prefix} [{'#' * filled}{'.' * (width - filled)}] "
+            f"{self.done}/{self.total} {rate:.0f}/s eta {eta:.0f}s"
+        )
+        self.stream.flush()
+
+    def close(self) -> None:
+        self.stream.write("\n")
+        self.stream.flush()
+
+
+def _write_shard(
+    path: str, items: list, make_example_fn: Callable[[Any], bytes | tf.train.Example | None]
+) -> tuple[int, int]:
+    """Worker: builds and writes one shard; returns (written, skipped) counts."""
+    written = skipped = 0
+    with tf.io.TFRecordWriter(path) as writer:
+        for item in items:
+            example = make_example_fn(item)
+            if example is None:  # the maker may reject an item (e.g. an unreadable image)
+                skipped += 1
+                continue
+            writer.write(_serialize(example))
+            written += 1
+    return written, skipped
+
+
+def write_sharded_parallel(
+    items: Sequence[Any],
+    make_example_fn: Callable[[Any], bytes | tf.train.Example | None],
+    out_dir: str,
+    *,
+    prefix: str,
+    num_shards: int,
+    num_workers: int | None = None,
+    progress: bool = True,
+) -> list[str]:
+    """Converts items to examples in worker processes and writes them as sharded TFRecords.
+
+    Shard k holds items `k, k + num_shards, ...` (as in `write_sharded`), built by
+    `make_example_fn(item)` in a worker process. Workers are spawned, not forked, so a parent
+    that has initialized TensorFlow is safe; `make_example_fn` must therefore be a picklable
+    module-level function, and items picklable (e.g. file paths and labels).
+
+    Args:
+      items: what each example is made from.
+      make_example_fn: item -> serialized record, Example, or None to skip the item.
+      out_dir: output folder (created if missing).
+      prefix: file name prefix.
+      num_shards: number of files (the unit of work of a worker).
+      num_workers: worker processes; default the CPU count; 0 runs in this process.
+      progress: print a progress bar to stderr, updated per finished shard.
+
+    Returns:
+      The shard paths, in order.
+
+    Raises:
+      DataError: every item was skipped (nothing was written).
+    """
+    paths = shard_paths(out_dir, prefix=prefix, num_shards=num_shards)
+    if num_workers is None:
+        num_workers = os.cpu_count() or 1
+    if num_workers < 0:
+        raise ValueError(f"`num_workers` ({num_workers}) must not be negative.")
+    tf.io.gfile.makedirs(out_dir)
+    items = list(items)
+    jobs = [(paths[k], items[k::num_shards]) for k in range(num_shards)]
+    bar = Progress(len(items), prefix=prefix) if progress else None
+    written = skipped = 0
+    try:
+        if num_workers == 0:
+            for path, shard_items in jobs:
+                w, s = _write_shard(path, shard_items, make_example_fn)
+                written, skipped = written + w, skipped + s
+                if bar:
+                    bar.update(w + s)
+        else:
+            context = multiprocessing.get_context("spawn")
+            with concurrent.futures.ProcessPoolExecutor(num_workers, mp_context=context) as pool:
+                futures = [
+                    pool.submit(_write_shard, path, shard_items, make_example_fn)
+                    for path, shard_items in jobs
+                ]
+                for future in concurrent.futures.as_completed(futures):
+                    w, s = future.result()
+                    written, skipped = written + w, skipped + s
+                    if bar:
+                        bar.update(w + s)
+    finally:
+        if bar:
+            bar.close()
+    if items and not written:
+        raise DataError(f"no {prefix} examples written to '{out_dir}': all {skipped} items skipped")
+    return paths
