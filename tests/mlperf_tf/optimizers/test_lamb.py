@@ -1,0 +1,224 @@
+"""Tests for mlperf_tf.optimizers.lamb: golden values against a NumPy LAMB, Keras' Lamb, config."""
+
+import contextlib
+import copy
+
+import keras
+import numpy as np
+import pytest
+
+from mlperf_tf.optimizers import LAMB, WarmupPolynomialDecay
+from mlperf_tf.optimizers.lamb import DEFAULT_LAMB_EXCLUDE
+from mlperf_tf.optimizers.lars import matches_any, variable_path
+
+NUM_STEPS = 5
+
+# (name scope, variable name, initial value, gradient kind). "zero/kernel" starts at 0
+# (|w| = 0 -> trust 1); "still/kernel" gets zero gradients (r = wd * w only); LayerNorm and
+# biases are excluded by default.
+_RNG = np.random.default_rng(1)
+VARIABLES = [
+    ("attention/query", "kernel", _RNG.normal(size=(6, 4)), "random"),
+    ("attention/query", "bias", _RNG.normal(size=(4,)), "random"),
+    ("encoder/layer_norm", "gamma", 1.0 + 0.1 * _RNG.normal(size=(6,)), "random"),
+    ("zero", "kernel", np.zeros((3, 5)), "random"),
+    ("still", "kernel", _RNG.normal(size=(2, 3)), "zero"),
+    ("output", "kernel", _RNG.normal(size=(4, 2)), "random"),
+]
+GRADIENTS = [
+    [
+        np.zeros_like(init) if kind == "zero" else _RNG.normal(size=init.shape) * 0.1
+        for _, _, init, kind in VARIABLES
+    ]
+    for _ in range(NUM_STEPS)
+]
+
+
+def make_variable(scope, name, init):
+    """A float32 Keras variable whose path is "<scope>/<name>" (scope may hold "/")."""
+    with contextlib.ExitStack() as stack:
+        for part in scope.split("/"):
+            stack.enter_context(keras.name_scope(part))
+        return keras.Variable(init.astype("float32"), name=name)
+
+
+def make_variables():
+    return [make_variable(scope, name, init) for scope, name, init, _ in VARIABLES]
+
+
+def numpy_lamb(
+    lrs, *, beta_1, beta_2, epsilon, weight_decay_rate, no_decay, no_adapt, bias_correction=True
+):
+    """The MLPerf BERT LAMB formula in float64 NumPy; returns the weights after each step."""
+    w = [init.astype(np.float64) for _, _, init, _ in VARIABLES]
+    m = [np.zeros_like(x) for x in w]
+    v = [np.zeros_like(x) for x in w]
+    history = []
+    for t, (grads, lr) in enumerate(zip(GRADIENTS, lrs), start=1):
+        for i, g in enumerate(grads):
+            m[i] = beta_1 * m[i] + (1 - beta_1) * g
+            v[i] = beta_2 * v[i] + (1 - beta_2) * g * g
+            m_hat, v_hat = m[i], v[i]
+            if bias_correction:
+                m_hat, v_hat = m[i] / (1 - beta_1**t), v[i] / (1 - beta_2**t)
+            r = m_hat / (np.sqrt(v_hat) + epsilon)
+            if not no_decay[i]:
+                r = r + weight_decay_rate * w[i]
+            trust = 1.0
+            if not no_adapt[i]:
+                w_norm, r_norm = np.linalg.norm(w[i]), np.linalg.norm(r)
+                if w_norm > 0 and r_norm > 0:
+                    trust = w_norm / r_norm
+            w[i] = w[i] - lr * trust * r
+        history.append([x.copy() for x in w])
+    return history
+
+
+def run_optimizer(optimizer, variables, steps=GRADIENTS):
+    history = []
+    for grads in steps:
+        optimizer.apply_gradients(
+            [(keras.ops.convert_to_tensor(g, "float32"), v) for g, v in zip(grads, variables)]
+        )
+        history.append([v.numpy().astype(np.float64) for v in variables])
+    return history
+
+
+def assert_histories_close(actual, expected, atol=1e-6):
+    for step, (got, want) in enumerate(zip(actual, expected)):
+        for (scope, name, _, _), a, e in zip(VARIABLES, got, want):
+            np.testing.assert_allclose(
+                a, e, rtol=1e-6, atol=atol, err_msg=f"step {step + 1}, {scope}/{name}"
+            )
+
+
+def flags(patterns, variables):
+    return [matches_any(patterns, variable_path(v)) for v in variables]
+
+
+@pytest.mark.parametrize("bias_correction", [True, False])
+def test_lamb_matches_numpy_formula_with_default_exclusions(bias_correction):
+    variables = make_variables()
+    optimizer = LAMB(0.05, weight_decay_rate=0.1, epsilon=1e-6, bias_correction=bias_correction)
+    excluded = flags(DEFAULT_LAMB_EXCLUDE, variables)
+    assert excluded == [False, True, True, False, False, False]
+    expected = numpy_lamb(
+        [0.05] * NUM_STEPS,
+        beta_1=0.9,
+        beta_2=0.999,
+        epsilon=1e-6,
+        weight_decay_rate=0.1,
+        no_decay=excluded,
+        no_adapt=excluded,
+        bias_correction=bias_correction,
+    )
+    assert_histories_close(run_optimizer(optimizer, variables), expected)
+
+
+def test_separate_exclusion_lists():
+    # Weight decay skips LayerNorm and biases; adaptation skips only "output" and biases.
+    variables = make_variables()
+    schedule = WarmupPolynomialDecay(
+        0.1, warmup_steps=2, decay_steps=10, start_warmup_step=-1, decay_start_step=0
+    )
+    lrs = [float(schedule(step)) for step in range(NUM_STEPS)]
+    optimizer = LAMB(
+        schedule,
+        beta_1=0.8,
+        beta_2=0.95,
+        epsilon=1e-4,
+        weight_decay_rate=0.05,
+        exclude_from_weight_decay=["layer_norm", "bias"],
+        exclude_from_layer_adaptation=["^output/", "bias"],
+    )
+    no_decay = flags(["layer_norm", "bias"], variables)
+    no_adapt = flags(["^output/", "bias"], variables)
+    assert no_decay != no_adapt
+    expected = numpy_lamb(
+        lrs,
+        beta_1=0.8,
+        beta_2=0.95,
+        epsilon=1e-4,
+        weight_decay_rate=0.05,
+        no_decay=no_decay,
+        no_adapt=no_adapt,
+    )
+    assert_histories_close(run_optimizer(optimizer, variables), expected)
+
+
+def test_zero_weights_and_zero_gradients():
+    variables = make_variables()
+    optimizer = LAMB(0.05, weight_decay_rate=0.1, epsilon=1e-6)
+    run_optimizer(optimizer, variables, steps=GRADIENTS[:1])
+    # |w| = 0: trust 1, the first step is lr * m_hat / (sqrt(v_hat) + eps) = lr * g / (|g| + eps).
+    g = GRADIENTS[0][3]
+    np.testing.assert_allclose(
+        variables[3].numpy(), -0.05 * g / (np.abs(g) + 1e-6), rtol=1e-6, atol=1e-6
+    )
+    # g = 0: r = wd * w, trust = |w| / |wd * w| = 1 / wd, so w <- w - lr * w.
+    still = VARIABLES[4][2]
+    np.testing.assert_allclose(variables[4].numpy(), still * (1 - 0.05), rtol=1e-6, atol=1e-6)
+
+
+def test_matches_keras_lamb_without_weight_decay():
+    # With wd = 0 and nothing excluded, LAMB is keras.optimizers.Lamb; 10 steps.
+    steps = GRADIENTS + GRADIENTS
+    ours, theirs = make_variables(), make_variables()
+    ours_history = run_optimizer(
+        LAMB(0.01, epsilon=1e-7, exclude_from_weight_decay=(), exclude_from_layer_adaptation=()),
+        ours,
+        steps,
+    )
+    keras_history = run_optimizer(
+        keras.optimizers.Lamb(learning_rate=0.01, epsilon=1e-7), theirs, steps
+    )
+    assert_histories_close(ours_history, keras_history)
+
+
+def test_none_adaptation_list_means_the_weight_decay_list():
+    optimizer = LAMB(0.01, exclude_from_weight_decay=["bias"])
+    assert optimizer.layer_adaptation_patterns == ("bias",)
+    assert LAMB(0.01, exclude_from_layer_adaptation=()).layer_adaptation_patterns == ()
+
+
+def test_get_config_round_trip_keeps_every_argument():
+    schedule = WarmupPolynomialDecay(
+        4e-3, warmup_steps=10, decay_steps=100, start_warmup_step=-3, decay_start_step=0
+    )
+    for adaptation in (None, ["LayerNorm"], []):
+        optimizer = LAMB(
+            schedule,
+            beta_1=0.85,
+            beta_2=0.99,
+            epsilon=1e-8,
+            weight_decay_rate=0.01,
+            exclude_from_weight_decay=["bias"],
+            exclude_from_layer_adaptation=adaptation,
+            bias_correction=False,
+            global_clipnorm=1.0,
+            name="my_lamb",
+        )
+        config = optimizer.get_config()
+        restored = LAMB.from_config(copy.deepcopy(config))
+        assert restored.get_config() == config
+        assert config["exclude_from_weight_decay"] == ["bias"]
+        assert config["exclude_from_layer_adaptation"] == adaptation
+        assert config["bias_correction"] is False and config["weight_decay_rate"] == 0.01
+        again = keras.optimizers.deserialize(keras.optimizers.serialize(optimizer))
+        assert isinstance(again, LAMB) and again.get_config() == config
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"weight_decay": 0.01}, "weight_decay_rate"),
+        ({"weight_decay_rate": -0.1}, "weight_decay_rate"),
+        ({"beta_1": 1.0}, "beta_1"),
+        ({"beta_2": -0.1}, "beta_2"),
+        ({"exclude_from_layer_adaptation": "bias"}, "exclude_from_layer_adaptation"),
+        ({"exclude_from_weight_decay": ["[a"]}, "exclude_from_weight_decay"),
+    ],
+)
+def test_bad_arguments_name_the_argument(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        LAMB(0.01, **kwargs)

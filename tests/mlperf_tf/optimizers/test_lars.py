@@ -1,0 +1,211 @@
+"""Tests for mlperf_tf.optimizers.lars: golden values against a NumPy LARS, exclusions, config."""
+
+import copy
+
+import keras
+import numpy as np
+import pytest
+
+from mlperf_tf.optimizers import LARS, WarmupPolynomialDecay
+from mlperf_tf.optimizers.lars import DEFAULT_LARS_EXCLUDE, matches_any, variable_path
+
+NUM_STEPS = 5
+
+# (name scope, variable name, initial value, gradient kind). Paths: "conv/kernel", ...
+# "zero/kernel" starts at 0 (|w| = 0 -> trust 1); "still/kernel" gets zero gradients
+# (|g| = 0 -> trust 1, weight decay still applies); bias and BN gamma are excluded.
+_RNG = np.random.default_rng(0)
+VARIABLES = [
+    ("conv", "kernel", _RNG.normal(size=(3, 3, 2, 4)), "random"),
+    ("conv", "bias", _RNG.normal(size=(4,)), "random"),
+    ("batch_normalization", "gamma", 1.0 + 0.1 * _RNG.normal(size=(4,)), "random"),
+    ("zero", "kernel", np.zeros((5, 3)), "random"),
+    ("still", "kernel", _RNG.normal(size=(2, 6)), "zero"),
+]
+GRADIENTS = [
+    [
+        np.zeros_like(init) if kind == "zero" else _RNG.normal(size=init.shape) * 0.5
+        for _, _, init, kind in VARIABLES
+    ]
+    for _ in range(NUM_STEPS)
+]
+
+
+def make_variables():
+    variables = []
+    for scope, name, init, _ in VARIABLES:
+        with keras.name_scope(scope):
+            variables.append(keras.Variable(init.astype("float32"), name=name))
+    return variables
+
+
+def numpy_lars(lrs, *, momentum, weight_decay, eeta, epsilon, excluded, nesterov=False):
+    """The MLPerf ResNet LARS formula in float64 NumPy; returns the weights after each step."""
+    w = [init.astype(np.float64) for _, _, init, _ in VARIABLES]
+    m = [np.zeros_like(x) for x in w]
+    history = []
+    for grads, lr in zip(GRADIENTS, lrs):
+        for i, g in enumerate(grads):
+            scaled_lr = lr
+            if not excluded[i]:
+                w_norm, g_norm = np.linalg.norm(w[i]), np.linalg.norm(g)
+                trust = 1.0
+                if w_norm > 0 and g_norm > 0:
+                    trust = eeta * w_norm / (g_norm + weight_decay * w_norm + epsilon)
+                g = g + weight_decay * w[i]
+                scaled_lr = lr * trust
+            m[i] = momentum * m[i] + scaled_lr * g
+            w[i] = w[i] - (momentum * m[i] + scaled_lr * g if nesterov else m[i])
+        history.append([x.copy() for x in w])
+    return history
+
+
+def run_optimizer(optimizer, variables):
+    history = []
+    for grads in GRADIENTS:
+        optimizer.apply_gradients(
+            [(keras.ops.convert_to_tensor(g, "float32"), v) for g, v in zip(grads, variables)]
+        )
+        history.append([v.numpy().astype(np.float64) for v in variables])
+    return history
+
+
+def assert_histories_close(actual, expected):
+    for step, (got, want) in enumerate(zip(actual, expected)):
+        for (scope, name, _, _), a, e in zip(VARIABLES, got, want):
+            np.testing.assert_allclose(
+                a, e, rtol=1e-6, atol=1e-6, err_msg=f"step {step + 1}, {scope}/{name}"
+            )
+
+
+@pytest.mark.parametrize(
+    "momentum, weight_decay, eeta, epsilon, nesterov",
+    [
+        (0.9, 0.1, 0.2, 0.0, False),  # large wd / eeta so every term shows
+        (0.9, 5e-5, 0.001, 0.0, False),  # MLPerf-like values
+        (0.5, 0.01, 0.05, 0.3, True),  # epsilon and Nesterov
+    ],
+)
+def test_lars_matches_numpy_formula(momentum, weight_decay, eeta, epsilon, nesterov):
+    variables = make_variables()
+    optimizer = LARS(
+        0.5,
+        momentum=momentum,
+        weight_decay=weight_decay,
+        eeta=eeta,
+        epsilon=epsilon,
+        nesterov=nesterov,
+    )
+    excluded = [matches_any(DEFAULT_LARS_EXCLUDE, variable_path(v)) for v in variables]
+    assert excluded == [False, True, True, False, False]
+    expected = numpy_lars(
+        [0.5] * NUM_STEPS,
+        momentum=momentum,
+        weight_decay=weight_decay,
+        eeta=eeta,
+        epsilon=epsilon,
+        excluded=excluded,
+        nesterov=nesterov,
+    )
+    assert_histories_close(run_optimizer(optimizer, variables), expected)
+
+
+def test_lars_edge_cases_follow_the_formula():
+    # Zero weights: trust 1, so the first step is plain momentum SGD on g + wd * 0.
+    # Zero gradient: trust 1 and the weight still decays by lr * wd * w.
+    variables = make_variables()
+    optimizer = LARS(0.5, momentum=0.9, weight_decay=0.1, eeta=0.2)
+    optimizer.apply_gradients(
+        [(keras.ops.convert_to_tensor(g, "float32"), v) for g, v in zip(GRADIENTS[0], variables)]
+    )
+    zero_init, still_init = VARIABLES[3][2], VARIABLES[4][2]
+    np.testing.assert_allclose(
+        variables[3].numpy(), zero_init - 0.5 * GRADIENTS[0][3], rtol=1e-6, atol=1e-6
+    )
+    np.testing.assert_allclose(
+        variables[4].numpy(), still_init * (1 - 0.5 * 0.1), rtol=1e-6, atol=1e-6
+    )
+    # Excluded bias: plain momentum SGD on the raw gradient.
+    np.testing.assert_allclose(
+        variables[1].numpy(), VARIABLES[1][2] - 0.5 * GRADIENTS[0][1], rtol=1e-6, atol=1e-6
+    )
+
+
+def test_lars_with_schedule_uses_the_step_learning_rate():
+    schedule = WarmupPolynomialDecay(2.0, warmup_steps=2, decay_steps=4, power=2.0)
+    lrs = [float(schedule(step)) for step in range(NUM_STEPS)]
+    assert lrs[0] == 0.0 and lrs[2] == 2.0
+    variables = make_variables()
+    optimizer = LARS(schedule, momentum=0.9, weight_decay=0.01, eeta=0.1)
+    excluded = [matches_any(DEFAULT_LARS_EXCLUDE, variable_path(v)) for v in variables]
+    expected = numpy_lars(
+        lrs, momentum=0.9, weight_decay=0.01, eeta=0.1, epsilon=0.0, excluded=excluded
+    )
+    assert_histories_close(run_optimizer(optimizer, variables), expected)
+
+
+def test_default_exclusions_on_keras_layer_paths():
+    model = keras.Sequential(
+        [
+            keras.Input((8, 8, 3)),
+            keras.layers.Conv2D(4, 3, use_bias=False),
+            keras.layers.BatchNormalization(),
+            keras.layers.GlobalAveragePooling2D(),
+            keras.layers.Dense(2),
+        ]
+    )
+    excluded = {
+        variable_path(v).split("/", 1)[1]
+        for v in model.trainable_variables
+        if matches_any(DEFAULT_LARS_EXCLUDE, variable_path(v))
+    }
+    assert excluded == {"batch_normalization/gamma", "batch_normalization/beta", "dense/bias"}
+
+
+def test_get_config_round_trip_keeps_every_argument():
+    schedule = WarmupPolynomialDecay(
+        3.0, warmup_steps=5, decay_steps=50, end_learning_rate=1e-4, power=2.0
+    )
+    optimizer = LARS(
+        schedule,
+        momentum=0.8,
+        weight_decay=2e-4,
+        eeta=0.002,
+        epsilon=1e-9,
+        exclude_from_weight_decay=["bn", r"bias$"],
+        nesterov=True,
+        global_clipnorm=1.0,
+        name="my_lars",
+    )
+    config = optimizer.get_config()
+    restored = LARS.from_config(copy.deepcopy(config))
+    assert restored.get_config() == config
+    assert config["exclude_from_weight_decay"] == ["bn", r"bias$"]
+    assert config["weight_decay"] == 2e-4 and config["nesterov"] is True
+    assert restored.weight_decay is None  # Keras' own decoupled decay stays off
+    assert config["learning_rate"]["config"] == schedule.get_config()
+    # Through Keras' registry as well.
+    again = keras.optimizers.deserialize(keras.optimizers.serialize(optimizer))
+    assert isinstance(again, LARS) and again.get_config() == config
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"weight_decay": -1.0}, "weight_decay"),
+        ({"momentum": 1.0}, "momentum"),
+        ({"eeta": 0.0}, "eeta"),
+        ({"epsilon": -1e-9}, "epsilon"),
+        ({"exclude_from_weight_decay": "bias"}, "exclude_from_weight_decay"),
+        ({"exclude_from_weight_decay": ["("]}, "exclude_from_weight_decay"),
+    ],
+)
+def test_bad_arguments_name_the_argument(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        LARS(0.1, **kwargs)
+
+
+def test_keras_weight_decay_hook_is_refused():
+    optimizer = LARS(0.1)
+    with pytest.raises(NotImplementedError, match="exclude_from_weight_decay"):
+        optimizer.exclude_from_weight_decay(var_names=["bias"])
