@@ -1,0 +1,510 @@
+"""Provides `check_log`: the official MLCommons verdict on an MLPerf log, plus this suite's checks.
+
+The official checker (`mlperf_logging.compliance_checker`, pinned at 4.1.68) is the judge of the
+rules; it keeps module-level state and runs Python from its rule files, so every log is checked in
+a new interpreter (`compliance/official_worker.py`) with a time limit and a memory limit. The log is
+first read here in bounded memory (`compliance.logfile`); the worker gets only its ':::MLL' lines,
+which is all the official parser reads, so its verdict and its record numbers are unchanged.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import datetime
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from typing import Any
+
+from mlperf_logging.mllog import constants as C
+
+from compliance import logfile
+from compliance.suite_checks import ERROR, INFO, WARNING, Finding, Target, suite_checks
+from mlperf_tf.errors import UserError
+
+USAGE = "training"
+QUALITY_MODES = ("enforce", "skip")
+DEFAULT_TIMEOUT_S = 120.0
+DEFAULT_JOBS = 2
+# Address-space limit of the worker: a backstop, since the log it gets is already bounded.
+WORKER_MEMORY_LIMIT_BYTES = 4 * 2**30
+
+# Rulesets this suite validated against the corpus of real logs (0.6.0, 0.7.0, 1.0.0); a default
+# is picked among these unless the log's benchmark has no rules in any of them.
+VALIDATED_RULESETS = ("0.6.0", "0.7.0", "1.0.0")
+
+# The day each MLPerf Training round's results were published (approximate for the last ones): a
+# run logged before it belongs to that round or an earlier one.
+_ROUND_PUBLISHED = {
+    "0.6.0": datetime.date(2019, 7, 10),
+    "0.7.0": datetime.date(2020, 7, 29),
+    "1.0.0": datetime.date(2021, 6, 30),
+    "1.1.0": datetime.date(2021, 12, 1),
+    "2.0.0": datetime.date(2022, 6, 29),
+    "2.1.0": datetime.date(2022, 11, 9),
+    "3.0.0": datetime.date(2023, 6, 27),
+    "3.1.0": datetime.date(2023, 11, 8),
+    "4.0.0": datetime.date(2024, 6, 12),
+    "4.1.0": datetime.date(2024, 11, 13),
+    "5.0.0": datetime.date(2025, 6, 4),
+    "5.1.0": datetime.date(2025, 11, 12),
+    "6.0.0": datetime.date(2026, 6, 3),
+    "6.1.0": datetime.date(2026, 11, 11),
+}
+
+_WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "official_worker.py")
+_NAME = re.compile(r"^[a-z0-9_]+$")
+_TARGET_CONDITIONAL = re.compile(
+    r"v\['value'\]\s*>=\s*([0-9.]+)\s+if\s+s\['global_batch_size'\]\s*<\s*([0-9.]+)\s+"
+    r"else\s+v\['value'\]\s*>=\s*([0-9.]+)"
+)
+_TARGET_AT_LEAST = re.compile(r"v\['value'\]\s*>=\s*([0-9.]+)")
+_TARGET_AT_MOST = re.compile(r"v\['value'\]\s*<=\s*([0-9.]+)")
+_ACCURACY_CHECK_MESSAGE = f"Failed checks for {C.EVAL_ACCURACY} "
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+    """The verdict on one log.
+
+    Attributes:
+      path: the log file.
+      passed: the verdict: the official one, except that under quality="skip" a missed accuracy
+        target does not fail the log, and under strict=True suite findings do.
+      official_passed: the official checker's verdict (exit code 0 of its command line).
+      official_crashed: the official checker raised instead of giving a verdict (then FAIL).
+      benchmark: the log's `submission_benchmark`, or None.
+      ruleset: the ruleset checked against, e.g. "0.7.0".
+      ruleset_reason: why that ruleset: "given", or how the default was picked.
+      quality: "enforce" or "skip".
+      strict: whether suite findings are errors.
+      rule_files: the official rule files applied, in order.
+      findings: every message, official ones first; see `errors` and `warnings`.
+    """
+
+    path: str
+    passed: bool
+    official_passed: bool
+    official_crashed: bool
+    benchmark: str | None
+    ruleset: str
+    ruleset_reason: str
+    quality: str
+    strict: bool
+    rule_files: tuple[str, ...]
+    findings: tuple[Finding, ...]
+
+    @property
+    def errors(self) -> tuple[Finding, ...]:
+        return tuple(f for f in self.findings if f.level == ERROR)
+
+    @property
+    def warnings(self) -> tuple[Finding, ...]:
+        return tuple(f for f in self.findings if f.level == WARNING)
+
+    @property
+    def notes(self) -> tuple[Finding, ...]:
+        """Findings for information only (e.g. a suite check that could not run)."""
+        return tuple(f for f in self.findings if f.level == INFO)
+
+    @property
+    def messages(self) -> tuple[Finding, ...]:
+        return self.findings
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "passed": self.passed,
+            "official_passed": self.official_passed,
+            "official_crashed": self.official_crashed,
+            "benchmark": self.benchmark,
+            "ruleset": self.ruleset,
+            "ruleset_reason": self.ruleset_reason,
+            "quality": self.quality,
+            "strict": self.strict,
+            "rule_files": list(self.rule_files),
+            "errors": [f.to_dict() for f in self.errors],
+            "warnings": [f.to_dict() for f in self.warnings],
+            "notes": [f.to_dict() for f in self.notes],
+        }
+
+    def format_text(self) -> str:
+        """A human-readable report: a verdict line, then one entry per finding."""
+        verdict = "PASS" if self.passed else "FAIL"
+        official = (
+            "crashed" if self.official_crashed else "PASS" if self.official_passed else "FAIL"
+        )
+        head = (
+            f"{verdict}  {self.path}  (benchmark {self.benchmark or '?'}, ruleset {self.ruleset}"
+            f" [{self.ruleset_reason}], official verdict {official}"
+            + (", quality=skip" if self.quality == "skip" else "")
+            + (", strict" if self.strict else "")
+            + f"; {len(self.errors)} error(s), {len(self.warnings)} warning(s))"
+        )
+        out = [head]
+        for finding in self.errors + self.warnings + self.notes:
+            where = f"{self.path}:{finding.line}" if finding.line else self.path
+            text = finding.message.replace("\n", "\n      ")
+            more = (
+                f"\n      (lines {', '.join(map(str, finding.lines))})"
+                if len(finding.lines) > 1
+                else ""
+            )
+            out.append(
+                f"  {where}: {finding.level} [{finding.source}:{finding.check}] {text}{more}"
+            )
+        return "\n".join(out)
+
+
+def rules_dir() -> str:
+    """The folder of the installed official checker's rule files."""
+    spec = importlib.util.find_spec("mlperf_logging.compliance_checker")
+    return list(spec.submodule_search_locations)[0]
+
+
+def _version_key(ruleset: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in ruleset.split("."))
+
+
+def available_rulesets() -> list[str]:
+    """The training rulesets the installed checker has, oldest first."""
+    names = []
+    for entry in os.listdir(rules_dir()):
+        match = re.fullmatch(rf"{USAGE}_(\d+\.\d+\.\d+)", entry)
+        if match:
+            names.append(match.group(1))
+    return sorted(names, key=_version_key)
+
+
+def has_rules(ruleset: str, benchmark: str | None) -> bool:
+    """Whether `ruleset` has closed-division rules for `benchmark`."""
+    if not benchmark or not _NAME.match(benchmark):
+        return False
+    name = f"{benchmark}.yaml" if ruleset == "0.6.0" else f"closed_{benchmark}.yaml"
+    return os.path.isfile(os.path.join(rules_dir(), f"{USAGE}_{ruleset}", name))
+
+
+def quality_target(
+    ruleset: str,
+    benchmark: str | None,
+    *,
+    division: str = "closed",
+    global_batch_size: float | None = None,
+) -> Target | None:
+    """The accuracy target of the official rule file, read (not evaluated) from its YAML.
+
+    Args:
+      ruleset: e.g. "0.7.0".
+      benchmark: e.g. "resnet".
+      division: "closed" or "open" (open rules may have no target).
+      global_batch_size: needed where the target depends on it (BERT in 0.7.0).
+
+    Returns:
+      The Target, or None where the rule file has no accuracy target (all of 0.6.0, some open
+      rules) or it depends on a batch size that is not known.
+    """
+    import yaml
+
+    if not benchmark or not _NAME.match(benchmark) or division not in ("closed", "open"):
+        return None
+    path = os.path.join(rules_dir(), f"{USAGE}_{ruleset}", f"{division}_{benchmark}.yaml")
+    if ruleset == "0.6.0" or not os.path.isfile(path):
+        return None
+    with open(path) as handle:
+        entries = yaml.load(handle, Loader=yaml.BaseLoader) or []
+    for entry in entries:
+        key = entry.get("KEY") if isinstance(entry, dict) else None
+        if not key or key.get("NAME") != C.EVAL_ACCURACY or "ATLEAST_ONE_CHECK" not in key:
+            continue
+        expression = key["ATLEAST_ONE_CHECK"].strip()
+        match = _TARGET_CONDITIONAL.search(expression)
+        if match:
+            if global_batch_size is None:
+                return None
+            small, boundary, large = (float(g) for g in match.groups())
+            value = small if global_batch_size < boundary else large
+            return Target(value, True, expression)
+        match = _TARGET_AT_LEAST.search(expression)
+        if match:
+            return Target(float(match.group(1)), True, expression)
+        match = _TARGET_AT_MOST.search(expression)
+        if match:
+            return Target(float(match.group(1)), False, expression)
+    return None
+
+
+def _first_value(records: Sequence[logfile.Record], key: str) -> Any:
+    return next((r.value for r in records if r.key == key), None)
+
+
+def _run_date(records: Sequence[logfile.Record]) -> datetime.date | None:
+    times = [r.time_s for r in records if r.key == C.RUN_START and r.time_s]
+    times = times or [r.time_s for r in records if r.time_s and r.time_s > 0]
+    if not times:
+        return None
+    try:
+        return datetime.datetime.fromtimestamp(times[0], datetime.UTC).date()
+    except (OverflowError, OSError, ValueError):
+        return None
+
+
+def choose_ruleset(scan: logfile.LogScan) -> tuple[str, str]:
+    """Picks a ruleset with rules for the log's format, benchmark and date.
+
+    0.6.0-format logs (':::MLL <time> <key>: ...') get 0.6.0. For JSON logs the candidates are the
+    validated rulesets with rules for the log's `submission_benchmark` (all installed rulesets when
+    none has them); the one whose round the run's date falls in is picked, else the newest.
+
+    Returns:
+      (ruleset, the reason, for the report).
+    """
+    log_format = logfile.guess_format(scan)
+    installed = available_rulesets()
+    validated_json = [r for r in VALIDATED_RULESETS if r != "0.6.0" and r in installed]
+    if log_format == "0.6":
+        return "0.6.0", "default: the log is in the 0.6.0 format (':::MLL <time> <key>: ...')"
+    if log_format is None:
+        return validated_json[-1], "default: no line parses as an MLPerf log record"
+    records = logfile.parse_records(scan, validated_json[-1])
+    benchmark = _first_value(records, C.SUBMISSION_BENCHMARK)
+    benchmark = benchmark if isinstance(benchmark, str) else None
+    candidates = [r for r in validated_json if has_rules(r, benchmark)]
+    if not candidates and benchmark:
+        candidates = [r for r in installed if r != "0.6.0" and has_rules(r, benchmark)]
+    why_benchmark = f"rules for '{benchmark}'" if candidates else "no rules for the benchmark"
+    candidates = candidates or validated_json
+    date = _run_date(records)
+    if date is None:
+        return candidates[-1], f"default: JSON log, {why_benchmark}, no run date: newest"
+    for ruleset in candidates:
+        if date <= _ROUND_PUBLISHED.get(ruleset, datetime.date.max):
+            return ruleset, f"default: JSON log, {why_benchmark}, run dated {date}"
+    return candidates[-1], f"default: JSON log, {why_benchmark}, run dated {date}: newest"
+
+
+def _validate_options(ruleset: str | None, quality: str, timeout: float) -> None:
+    if ruleset is not None and ruleset not in available_rulesets():
+        raise UserError(
+            f"--ruleset {ruleset!r} is not a training ruleset of the official checker; choose one "
+            f"of {', '.join(available_rulesets())}"
+        )
+    if quality not in QUALITY_MODES:
+        raise UserError(f"--quality {quality!r} must be one of {', '.join(QUALITY_MODES)}")
+    if not isinstance(timeout, int | float) or timeout <= 0:
+        raise ValueError(f"`timeout` ({timeout!r}) must be a positive number of seconds.")
+
+
+def _worker_env() -> dict[str, str]:
+    env = dict(os.environ)
+    # The worker imports mlperf_logging from wherever this process found it.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    return env
+
+
+def run_official(
+    scan: logfile.LogScan,
+    ruleset: str,
+    *,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    memory_limit: int = WORKER_MEMORY_LIMIT_BYTES,
+) -> dict[str, Any]:
+    """Runs the official checker on the token lines of `scan` in a new interpreter.
+
+    Returns:
+      The worker's JSON result (see compliance/official_worker.py).
+
+    Raises:
+      UserError: the checker did not finish within `timeout` seconds or ran out of memory.
+    """
+    with tempfile.TemporaryDirectory(prefix="mlperf_tf_check_") as tmp:
+        log_copy = os.path.join(tmp, "log.txt")
+        with open(log_copy, "w", encoding="latin-1", newline="") as handle:
+            handle.writelines(scan.lines)
+        command = [sys.executable, "-P", _WORKER, log_copy, ruleset, USAGE, str(memory_limit)]
+        try:
+            done = subprocess.run(
+                command,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                cwd=tmp,
+                env=_worker_env(),
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            raise UserError(
+                f"{scan.path}: the official checker did not finish within {timeout:g} s"
+            ) from None
+    try:
+        result = json.loads(done.stdout)
+    except ValueError:
+        result = None
+    if isinstance(result, dict) and result.get("out_of_memory"):
+        raise UserError(
+            f"{scan.path}: the official checker ran out of memory "
+            f"(limit {memory_limit / 2**30:g} GiB)"
+        )
+    if done.returncode != 0 or not isinstance(result, dict):
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        if "MemoryError" in done.stderr:
+            raise UserError(f"{scan.path}: the official checker ran out of memory")
+        raise UserError(f"{scan.path}: the official checker process failed: {last}")
+    return result
+
+
+def _official_findings(
+    result: dict[str, Any], line_of: Sequence[int], quality: str
+) -> list[Finding]:
+    """Turns the worker's result into findings with file line numbers."""
+
+    def lines(records: Sequence[int]) -> tuple[int, ...]:
+        return tuple(line_of[n] for n in records if 0 <= n < len(line_of))
+
+    findings = []
+    if result["crashed"]:
+        findings.append(
+            Finding(
+                ERROR,
+                "official",
+                "crash",
+                f"the official checker crashed (verdict FAIL): {result['crashed']}",
+            )
+        )
+        return findings
+    for item in result["parse_errors"]:
+        findings.append(
+            Finding(
+                ERROR,
+                "official",
+                "parse",
+                f"line does not parse ({item['error']}): {item['line_text']}",
+                lines([item["record"]]),
+            )
+        )
+    for message in result["messages"]:
+        text = message["text"]
+        if not message["fatal"]:
+            findings.append(
+                Finding(WARNING, "official", "official", text, lines(message["records"]))
+            )
+        elif text.startswith(_ACCURACY_CHECK_MESSAGE):
+            if quality == "skip":
+                text = f"quality target not reached (ignored: --quality=skip): {text}"
+            findings.append(
+                Finding(
+                    WARNING if quality == "skip" else ERROR,
+                    "official",
+                    "target",
+                    text,
+                    lines(message["records"]),
+                )
+            )
+        else:
+            findings.append(Finding(ERROR, "official", "official", text, lines(message["records"])))
+    return findings
+
+
+def check_log(
+    path: str,
+    *,
+    ruleset: str | None = None,
+    quality: str = "enforce",
+    strict: bool = False,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    max_log_bytes: int = logfile.DEFAULT_MAX_LOG_BYTES,
+) -> Report:
+    """Checks one MLPerf log: the official verdict and messages, plus this suite's checks.
+
+    Args:
+      path: the log file.
+      ruleset: the official ruleset, e.g. "0.7.0"; None picks one (see `choose_ruleset`).
+      quality: "enforce"; or "skip" for runs whose target is not the MLPerf one (mini and smoke
+        presets): a missed accuracy target is then reported as a warning and does not fail the log.
+      strict: suite findings are errors (they are warnings by default).
+      timeout: seconds the official checker may take.
+      max_log_bytes: the most ':::MLL' log-line text to accept (see `logfile.scan_log`).
+
+    Returns:
+      The Report.
+
+    Raises:
+      UserError: bad arguments, a missing/unreadable path or a directory, a log over the size
+        limit, or a checker that timed out or ran out of memory; the message is one line.
+    """
+    _validate_options(ruleset, quality, timeout)
+    scan = logfile.scan_log(path, max_log_bytes=max_log_bytes)
+    if ruleset is None:
+        ruleset, reason = choose_ruleset(scan)
+    else:
+        reason = "given"
+    result = run_official(scan, ruleset, timeout=timeout)
+    findings = _official_findings(result, scan.official_line_numbers(ruleset), quality)
+    official_passed = not result["crashed"] and not any(m["fatal"] for m in result["messages"])
+
+    records = logfile.parse_records(scan, ruleset)
+    benchmark = _first_value(records, C.SUBMISSION_BENCHMARK)
+    benchmark = benchmark if isinstance(benchmark, str) else None
+    division = _first_value(records, C.SUBMISSION_DIVISION)
+    global_batch_size = _first_value(records, C.GLOBAL_BATCH_SIZE)
+    target = quality_target(
+        ruleset,
+        benchmark,
+        division=division if division in ("closed", "open") else "closed",
+        global_batch_size=global_batch_size
+        if isinstance(global_batch_size, int | float) and not isinstance(global_batch_size, bool)
+        else None,
+    )
+    findings += suite_checks(
+        records,
+        benchmark=benchmark,
+        ruleset=ruleset,
+        target=target,
+        quality=quality,
+        strict=strict,
+    )
+    passed = not any(f.level == ERROR for f in findings)
+    return Report(
+        path=scan.path,
+        passed=passed,
+        official_passed=official_passed,
+        official_crashed=bool(result["crashed"]),
+        benchmark=benchmark,
+        ruleset=ruleset,
+        ruleset_reason=reason,
+        quality=quality,
+        strict=strict,
+        rule_files=tuple(result["configs"]),
+        findings=tuple(findings),
+    )
+
+
+def check_logs(
+    paths: Sequence[str], *, jobs: int = DEFAULT_JOBS, **kwargs: Any
+) -> list[Report | UserError]:
+    """Checks several logs, `jobs` at a time (each in its own checker process).
+
+    Args:
+      paths: the log files.
+      jobs: how many checks run at once.
+      **kwargs: passed to `check_log`.
+
+    Returns:
+      One entry per path, in order: its Report, or the UserError that stopped its check.
+    """
+    if not isinstance(jobs, int) or jobs < 1:
+        raise UserError(f"--jobs ({jobs!r}) must be a positive integer")
+
+    def one(path: str) -> Report | UserError:
+        try:
+            return check_log(path, **kwargs)
+        except UserError as error:
+            return error
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+        return list(pool.map(one, paths))

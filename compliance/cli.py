@@ -1,0 +1,197 @@
+"""Provides `main(argv)`: the `check`, `score` and `report` commands (`mlperf-tf check ...`).
+
+`mlperf-tf check ...` calls `main(["check", ...])`; `python -m compliance check ...` does the same.
+Exit codes: 0 every log passes, 1 some log fails, 2 bad input (one line `error: ...` on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from compliance import logfile
+from compliance.checker import DEFAULT_JOBS, DEFAULT_TIMEOUT_S, QUALITY_MODES
+from mlperf_tf.errors import UserError
+
+EXIT_PASS = 0
+EXIT_FAIL = 1
+EXIT_USAGE = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line, like the rest of the CLI's."""
+
+    def error(self, message: str):
+        raise UserError(f"{self.prog}: {message}")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
+    return value
+
+
+def _add_check_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--ruleset",
+        default=None,
+        help="official ruleset, e.g. 0.7.0 (default: one with rules for the log's format, "
+        "benchmark and date; the report says which)",
+    )
+    parser.add_argument(
+        "--quality",
+        choices=QUALITY_MODES,
+        default="enforce",
+        help="skip: a missed MLPerf accuracy target is reported but does not fail the log "
+        "(for mini and smoke runs)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=_positive_float,
+        default=DEFAULT_TIMEOUT_S,
+        help="seconds the official checker may take per log (default %(default)g)",
+    )
+    parser.add_argument(
+        "--max-log-mb",
+        type=_positive_float,
+        default=logfile.DEFAULT_MAX_LOG_BYTES / 2**20,
+        help="refuse logs with more MiB of ':::MLL' lines than this (default %(default)g)",
+    )
+    parser.add_argument(
+        "--jobs",
+        type=_positive_int,
+        default=DEFAULT_JOBS,
+        help="logs checked at once (default %(default)d)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="mlperf-tf", description="Check, score and report MLPerf logs.")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    check = commands.add_parser(
+        "check",
+        help="official compliance verdict plus this suite's checks",
+        description="Check MLPerf logs with the official MLCommons checker and this suite's "
+        "checks. Exit 0 only if every log passes.",
+    )
+    check.add_argument("logs", nargs="+", metavar="LOG")
+    _add_check_options(check)
+    check.add_argument(
+        "--strict", action="store_true", help="this suite's findings are errors, not warnings"
+    )
+    check.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+    score = commands.add_parser(
+        "score",
+        help="time to train of each run and the MLPerf result of a result directory",
+        description="Score the runs in result directories: each run's time to train and the "
+        "benchmark result (drop the fastest and slowest run, mean of the rest).",
+    )
+    score.add_argument("dirs", nargs="+", metavar="DIR")
+    _add_check_options(score)
+    score.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+    report = commands.add_parser(
+        "report",
+        help="PNG plots and a Markdown summary per run",
+        description="Write, per log, a PNG (eval accuracy vs time with the target; samples/s "
+        "per block) and a Markdown summary.",
+    )
+    report.add_argument("logs", nargs="+", metavar="LOG")
+    report.add_argument("--out", required=True, help="output directory")
+    _add_check_options(report)
+    return parser
+
+
+def _check_kwargs(args: argparse.Namespace) -> dict:
+    return {
+        "ruleset": args.ruleset,
+        "quality": args.quality,
+        "timeout": args.timeout,
+        "max_log_bytes": max(1, int(args.max_log_mb * 2**20)),
+    }
+
+
+def _run_check(args: argparse.Namespace) -> int:
+    from compliance.checker import check_logs
+
+    results = check_logs(args.logs, jobs=args.jobs, strict=args.strict, **_check_kwargs(args))
+    bad_input = any(isinstance(r, UserError) for r in results)
+    failed = any(not r.passed for r in results if not isinstance(r, UserError))
+    if args.json:
+        document = {
+            "passed": not bad_input and not failed,
+            "logs": [
+                {"path": path, "input_error": str(r)} if isinstance(r, UserError) else r.to_dict()
+                for path, r in zip(args.logs, results)
+            ],
+        }
+        print(json.dumps(document, indent=2))
+    else:
+        for result in results:
+            if isinstance(result, UserError):
+                print(f"error: {result}", file=sys.stderr)
+            else:
+                print(result.format_text())
+    if bad_input:
+        return EXIT_USAGE
+    return EXIT_FAIL if failed else EXIT_PASS
+
+
+def _run_score(args: argparse.Namespace) -> int:
+    from compliance import scoring
+
+    results = [scoring.score_directory(d, jobs=args.jobs, **_check_kwargs(args)) for d in args.dirs]
+    if args.json:
+        print(json.dumps([r.to_dict() for r in results], indent=2))
+    else:
+        print("\n\n".join(r.format_text() for r in results))
+    return EXIT_PASS if all(r.valid for r in results) else EXIT_FAIL
+
+
+def _run_report(args: argparse.Namespace) -> int:
+    from compliance import report
+
+    written = report.write_reports(args.logs, args.out, jobs=args.jobs, **_check_kwargs(args))
+    for item in written:
+        print(f"{item.log}: {item.markdown} {item.png}")
+    return EXIT_PASS
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs one command; returns the exit code (0 pass, 1 fail, 2 bad input).
+
+    Args:
+      argv: the arguments after the program name, e.g. ["check", "LOG", "--json"].
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        try:
+            args = build_parser().parse_args(argv)
+        except SystemExit as done:  # --help
+            return int(done.code or 0)
+        if args.command == "check":
+            return _run_check(args)
+        if args.command == "score":
+            return _run_score(args)
+        return _run_report(args)
+    except UserError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_USAGE

@@ -1,0 +1,251 @@
+"""Provides `scan_log` and `parse_records`: bounded, streaming reading of MLPerf result logs.
+
+A log is read the way the official checker reads it (Latin-1, universal newlines, only lines that
+contain the `:::MLL` token matter), but line by line in bounded chunks: other lines are dropped as
+they stream past, whatever their length, and the token lines kept are capped in total, so a 200 MB
+log or a 10 MB line cannot exhaust memory. Records are parsed with `json` (and, for the 0.6.0
+format, the official line pattern); nothing from a log is ever evaluated as code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+import stat
+from typing import Any
+
+from mlperf_tf.errors import UserError
+
+# Lines of the 0.6.0 format contain ':::MLL', later formats ':::MLLOG ' (which contains it too).
+TOKEN_ANY = ":::MLL"
+TOKEN_V06 = ":::MLL"
+TOKEN_JSON = ":::MLLOG "
+
+DEFAULT_MAX_LOG_BYTES = 64 * 2**20
+_READ_CHUNK_CHARS = 2**20
+
+# The official 0.6.0 parser's line pattern (mlp_parser/ruleset_060.py), applied to the text from the
+# token on.
+_V06_LINE = re.compile(r"^:::MLL ([\d\.]+) ([A-Za-z0-9_]+) ?:\s+(.+)$")
+
+
+@dataclasses.dataclass(frozen=True)
+class LogScan:
+    """The token lines of one log file.
+
+    Attributes:
+      path: the file.
+      lines: every line containing ':::MLL', as the official checker reads it (Latin-1 text, line
+        ends translated to '\\n').
+      line_numbers: the 1-based line number in the file of each entry of `lines`.
+      total_lines: the number of lines in the file.
+      size_bytes: the file's size in bytes.
+    """
+
+    path: str
+    lines: tuple[str, ...]
+    line_numbers: tuple[int, ...]
+    total_lines: int
+    size_bytes: int
+
+    def official_line_numbers(self, ruleset: str) -> tuple[int, ...]:
+        """File line numbers of the records the official checker counts for `ruleset`.
+
+        The checker numbers ("failed in line N") only the lines that contain its ruleset's token,
+        from 0; entry N of the result is the file line of its record N.
+        """
+        token = token_for(ruleset)
+        if token == TOKEN_ANY:
+            return self.line_numbers
+        return tuple(n for line, n in zip(self.lines, self.line_numbers) if token in line)
+
+
+@dataclasses.dataclass(frozen=True)
+class Record:
+    """One parsed log line.
+
+    Attributes:
+      key: the MLPerf key, e.g. "eval_accuracy".
+      value: its value (any JSON value).
+      metadata: its metadata dict ({} when absent or not a dict).
+      time_s: the timestamp in seconds (0.6.0 logs write seconds, later ones `time_ms`), or None.
+      line: the 1-based line number in the file.
+    """
+
+    key: str
+    value: Any
+    metadata: dict
+    time_s: float | None
+    line: int
+
+
+def token_for(ruleset: str) -> str:
+    """The token the official parser of `ruleset` looks for."""
+    return TOKEN_V06 if ruleset == "0.6.0" else TOKEN_JSON
+
+
+def _open_checked(path: str):
+    """Opens `path` as the official parser does, or raises a one-line UserError."""
+    if not isinstance(path, str | os.PathLike):
+        raise UserError(f"log path must be a string, got {path!r}")
+    path = os.fspath(path)
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such file") from None
+    except OSError as error:
+        raise UserError(f"{path}: cannot read: {error.strerror or error}") from None
+    if stat.S_ISDIR(info.st_mode):
+        raise UserError(f"{path}: is a directory, not a log file")
+    try:
+        return open(path, encoding="latin-1", newline=None), info  # noqa: SIM115
+    except OSError as error:
+        raise UserError(f"{path}: cannot read: {error.strerror or error}") from None
+
+
+def scan_log(path: str, *, max_log_bytes: int = DEFAULT_MAX_LOG_BYTES) -> LogScan:
+    """Reads the token lines of a log in bounded memory.
+
+    Args:
+      path: the log file.
+      max_log_bytes: the most text, in bytes (= Latin-1 characters), of lines containing ':::MLL'
+        to accept; other lines do not count, whatever their length.
+
+    Returns:
+      A LogScan.
+
+    Raises:
+      UserError: the path is missing, a directory or unreadable, or its token lines exceed
+        `max_log_bytes`.
+    """
+    if not isinstance(max_log_bytes, int) or max_log_bytes <= 0:
+        raise ValueError(f"`max_log_bytes` ({max_log_bytes!r}) must be a positive integer.")
+    handle, info = _open_checked(path)
+    path = os.fspath(path)
+    lines: list[str] = []
+    numbers: list[int] = []
+    kept = 0
+    line_number = 0
+
+    def too_big() -> UserError:
+        return UserError(
+            f"{path}: more than {max_log_bytes / 2**20:g} MiB of ':::MLL' log lines (through line "
+            f"{line_number}); refusing to check it (raise the limit with --max-log-mb)"
+        )
+
+    try:
+        with handle:
+            parts: list[str] = []  # pieces of the current line, while it may still be kept
+            length = 0
+            previous_tail = ""  # the end of the previous piece: a token may be cut in two
+            has_token = False
+            dropped = False  # the current line outgrew the budget: its text is no longer kept
+            while True:
+                piece = handle.readline(_READ_CHUNK_CHARS)
+                if not piece:
+                    break
+                if not has_token and TOKEN_ANY in previous_tail + piece:
+                    has_token = True
+                previous_tail = piece[-(len(TOKEN_ANY) - 1) :]
+                if not dropped and kept + length + len(piece) <= max_log_bytes:
+                    parts.append(piece)
+                    length += len(piece)
+                else:
+                    dropped, parts, length = True, [], 0
+                    if has_token:
+                        line_number += 1
+                        raise too_big()
+                if not piece.endswith("\n"):
+                    continue  # the line goes on in the next piece (or the file ends)
+                line_number += 1
+                if has_token:
+                    lines.append("".join(parts))
+                    numbers.append(line_number)
+                    kept += length
+                parts, length, previous_tail, has_token, dropped = [], 0, "", False, False
+            if parts or dropped:  # a last line without a line end
+                line_number += 1
+                if has_token:
+                    lines.append("".join(parts))
+                    numbers.append(line_number)
+    except (OSError, UnicodeError) as error:
+        raise UserError(f"{path}: cannot read: {error}") from None
+    return LogScan(
+        path=path,
+        lines=tuple(lines),
+        line_numbers=tuple(numbers),
+        total_lines=line_number,
+        size_bytes=info.st_size,
+    )
+
+
+def _finite(number: Any) -> float | None:
+    if isinstance(number, bool) or not isinstance(number, int | float):
+        return None
+    number = float(number)
+    return number if math.isfinite(number) else None
+
+
+def parse_line(line: str, ruleset: str) -> tuple[str, Any, dict, float | None] | None:
+    """Parses one token line as `ruleset`'s parser reads it; None when it does not parse.
+
+    Returns:
+      (key, value, metadata, time in seconds or None).
+    """
+    token = token_for(ruleset)
+    position = line.rfind(token)  # the official parser strips everything up to the last token
+    if position == -1:
+        return None
+    text = line[position:].strip()
+    try:
+        if token == TOKEN_V06:
+            match = _V06_LINE.match(text)
+            if match is None:
+                return None
+            payload = json.loads(match.group(3))
+            key = match.group(2)
+            time_s = _finite(float(match.group(1)))
+            if not isinstance(payload, dict):
+                return key, None, {}, time_s
+        else:
+            payload = json.loads(text[len(token) :])
+            if not isinstance(payload, dict) or not isinstance(payload.get("key"), str):
+                return None
+            key = payload["key"]
+            time_ms = _finite(payload.get("time_ms"))
+            time_s = None if time_ms is None else time_ms / 1000.0
+    except (ValueError, RecursionError):  # bad JSON, or nesting deeper than the parser allows
+        return None
+    metadata = payload.get("metadata")
+    return key, payload.get("value"), metadata if isinstance(metadata, dict) else {}, time_s
+
+
+def parse_records(scan: LogScan, ruleset: str) -> list[Record]:
+    """Parses the records of a scanned log as `ruleset`'s format; unparsable lines are skipped."""
+    records = []
+    for line, number in zip(scan.lines, scan.line_numbers):
+        parsed = parse_line(line, ruleset)
+        if parsed is not None:
+            key, value, metadata, time_s = parsed
+            records.append(Record(key, value, metadata, time_s, number))
+    return records
+
+
+def guess_format(scan: LogScan) -> str | None:
+    """Returns "json" (':::MLLOG {...}', v0.7 and later), "0.6" (':::MLL <ts> <key>: ...') or None.
+
+    The majority of the token lines that parse decides, so that one stray line of the other format
+    does not change the answer.
+    """
+    votes = {"json": 0, "0.6": 0}
+    for line in scan.lines:
+        if TOKEN_JSON in line and parse_line(line, "1.0.0") is not None:
+            votes["json"] += 1
+        elif parse_line(line, "0.6.0") is not None:
+            votes["0.6"] += 1
+    if not any(votes.values()):
+        return None
+    return "json" if votes["json"] >= votes["0.6"] else "0.6"

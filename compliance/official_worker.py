@@ -1,0 +1,176 @@
+"""Runs the official MLCommons compliance checker on one log, in a fresh process, and prints JSON.
+
+This file is run as a script by `compliance.checker` (one new interpreter per log), so that the
+checker's module-level state (`mlp_compliance.enqueued_configs`) and whatever its rule files' Python
+does cannot leak from one check into the next. It imports only the standard library and
+`mlperf_logging`, and it is never imported by the rest of the package.
+
+Usage: python -P official_worker.py LOG RULESET USAGE MEMORY_LIMIT_BYTES
+
+It prints one JSON object on stdout:
+  configs: the rule files the checker applied, in order;
+  parse_errors: [{record, line_text, error}], `record` = the checker's 0-based count of log lines;
+  messages: [{fatal, key, text, records}], every finding the checker keeps, in its print order;
+    `fatal` False only for its non-fatal warnings (an EXACTLY_ONE key repeated with equal values);
+    `records` the log records the message is about, where they can be told;
+  crashed: null, or "<Exception>: <message>" when the checker raised (its verdict is then FAIL).
+"""
+
+import json
+import logging
+import os
+import re
+import resource
+import sys
+
+# Messages quote the log line that failed: a 10 MB line must not become a 10 MB report.
+_MAX_MESSAGE_LINE_CHARS = 500
+_MAX_MESSAGE_CHARS = 4000
+_MAX_RECORDS_PER_MESSAGE = 50
+
+_CHECK_LINE = re.compile(r"failed in line (\d+):")
+_OCCURRENCE = re.compile(r"occurrence of '([^']*)' but found (\d+)")
+_TRIGGERED = re.compile(r"triggered by line ?:\n")
+_STATE_DUMPS = ("\ncurrent context[s]=", "\ncurrent line[v]=")
+
+
+def _strip_state_dumps(text):
+    # The checker appends JSON dumps of its whole state to CHECK messages: hundreds of lines that
+    # say nothing about the log. The corpus README trims them the same way.
+    cut = len(text)
+    for marker in _STATE_DUMPS:
+        position = text.find(marker)
+        if position != -1:
+            cut = min(cut, position)
+    return text[:cut]
+
+
+def _cap(text):
+    lines = [
+        line if len(line) <= _MAX_MESSAGE_LINE_CHARS else line[:_MAX_MESSAGE_LINE_CHARS] + " [...]"
+        for line in text.split("\n")
+    ]
+    text = "\n".join(lines)
+    if len(text) > _MAX_MESSAGE_CHARS:
+        text = text[:_MAX_MESSAGE_CHARS] + " [...]"
+    return text
+
+
+def _records_of(text, loglines, by_key):
+    """Returns the log records (checker line counts) a message is about."""
+    match = _CHECK_LINE.search(text)
+    if match:
+        return [int(match.group(1))]
+    match = _TRIGGERED.search(text)
+    if match:
+        quoted = _strip_state_dumps(text[match.end() :])
+        return [ll.lineno for ll in loglines if ll.full_string == quoted][:_MAX_RECORDS_PER_MESSAGE]
+    match = _OCCURRENCE.search(text)
+    if match:
+        return by_key.get(match.group(1), [])[:_MAX_RECORDS_PER_MESSAGE]
+    return []
+
+
+class _ConfigRecorder(logging.Handler):
+    """Collects the 'Compliance checks: <rule file>' lines the checker logs at INFO."""
+
+    def __init__(self):
+        super().__init__(level=logging.INFO)
+        self.configs = []
+
+    def emit(self, record):
+        if "Compliance checks" in str(record.msg) and record.args:
+            self.configs.append(str(record.args[0]))
+
+
+def _guard_rule_file_paths(mlp_compliance):
+    """Refuses rule files outside the package's rule folders.
+
+    Rule files enqueue further rule files named after log values, e.g.
+    `enqueue_config('training_1.0.0/{}_common.yaml'.format(v['value']))` for
+    `submission_division`: a log value such as '../../../tmp/x' would make the checker load, and
+    run the Python of, a YAML file anywhere on disk. A name that leaves the package folder raises
+    here instead, which the checker reports like any missing rule file (a crash, verdict FAIL).
+    """
+    package_dir = os.path.dirname(os.path.abspath(mlp_compliance.__file__))
+    official_enqueue = mlp_compliance.enqueue_config
+
+    def enqueue_config(config):
+        resolved = os.path.realpath(os.path.join(package_dir, str(config)))
+        if os.path.commonpath([resolved, package_dir]) != package_dir:
+            raise FileNotFoundError(f"rule file outside the checker's package refused: {config}")
+        official_enqueue(config)
+
+    # configured_checks() reads the module global each time it builds the rule-code namespace.
+    mlp_compliance.enqueue_config = enqueue_config
+
+
+def run(log_path, ruleset, usage="training"):
+    """Checks one log the way `python -m mlperf_logging.compliance_checker` does; returns a dict."""
+    from mlperf_logging.compliance_checker import mlp_compliance, mlp_parser
+
+    _guard_rule_file_paths(mlp_compliance)
+    recorder = _ConfigRecorder()
+    root = logging.getLogger()
+    root.handlers = [recorder]
+    root.setLevel(logging.INFO)
+
+    result = {"configs": recorder.configs, "parse_errors": [], "messages": [], "crashed": None}
+    config_file = f"{usage}_{ruleset}/common.yaml"
+    checker = mlp_compliance.make_checker(usage, ruleset, False, False)
+    loglines = []
+    try:
+        # The same steps as ComplianceChecker.check_file(), which prints instead of returning the
+        # parse errors.
+        loglines, errors = mlp_parser.parse_file(log_path, ruleset=ruleset)
+        if errors:
+            parsed = {ll.lineno for ll in loglines}
+            failed = [n for n in range(len(loglines) + len(errors)) if n not in parsed]
+            for record, (line, error) in zip(failed, errors):
+                result["parse_errors"].append(
+                    {"record": record, "line_text": _cap(line), "error": _cap(str(error))}
+                )
+            checker.put_message("Log lines had parsing errors.")
+        checker.check_loglines(loglines, config_file)
+    except MemoryError:
+        raise
+    except Exception as error:  # noqa: BLE001 - any checker exception is its verdict: FAIL
+        result["crashed"] = _cap(f"{type(error).__name__}: {error}")
+        return result
+
+    by_key = {}
+    for ll in loglines:
+        by_key.setdefault(ll.key, []).append(ll.lineno)
+    ordered = [
+        *((False, key, text) for key, text in checker.warnings.items()),
+        *((True, key, text) for key, text in checker.overwritable.items()),
+        *((True, None, text) for text in checker.not_overwritable),
+    ]
+    for fatal, key, text in ordered:
+        result["messages"].append(
+            {
+                "fatal": fatal,
+                "key": key,
+                "text": _cap(_strip_state_dumps(text)),
+                "records": _records_of(text, loglines, by_key),
+            }
+        )
+    return result
+
+
+def main(argv):
+    log_path, ruleset, usage, memory_limit = argv[1], argv[2], argv[3], int(argv[4])
+    if memory_limit > 0:
+        # A backstop: the caller already bounds the log it hands over.
+        resource.setrlimit(resource.RLIMIT_AS, (memory_limit, memory_limit))
+    try:
+        result = run(log_path, ruleset, usage)
+    except MemoryError:
+        sys.stdout.write(json.dumps({"out_of_memory": True}))
+        return 3
+    sys.stdout.write(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
