@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import glob as _glob
 import os
-import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -190,6 +189,11 @@ def _file_sizes(files: Sequence[str]) -> list[int]:
     return sizes
 
 
+# Status of an element between the reader and the checks: a record, the end marker of a corrupt
+# file (strict mode), or the end of a finite stream.
+_RECORD, _CORRUPT_FILE, _END = 0, 1, 2
+
+
 def _read_records(
     files: Sequence[str],
     *,
@@ -198,61 +202,71 @@ def _read_records(
     seed: int | None,
     deterministic: bool | None,
     skip_bad_records: bool,
-    cycle_length: int | None = None,
 ) -> tf.data.Dataset:
-    """`(record, file_index)` pairs read from `files` with a parallel interleave.
+    """`(record, file_index, status)` triples read from `files` with a parallel interleave.
 
-    Each file is read by a TFRecordDataset whose read errors are ignored, and a check at its end
-    compares the bytes read with the file's size: a corrupt record (which makes the reader drop
-    the rest of its file) raises an error naming the file, or is reported and skipped.
+    Each file is read by a TFRecordDataset whose read errors are ignored (a corrupt record makes
+    it drop the rest of its file), and a marker at the file's end compares the bytes read with the
+    file's size. For a corrupt file, with `skip_bad_records` a warning naming the file is printed;
+    without it, the marker travels on with status `_CORRUPT_FILE` and `_checked_map` raises. (The
+    reader cannot raise itself: `_checked_map`'s `ignore_errors` would swallow the error.)
     """
     paths = tf.constant(list(files), dtype=tf.string)
     sizes = tf.constant(_file_sizes(files), dtype=tf.int64)
     num_files = len(files)
 
     def read_one(index):
-        path = paths[index]
-        size = sizes[index]
-        # `ignore_errors` after a TFRecordDataset skips the rest of a file with a corrupt record.
+        path, size = paths[index], sizes[index]
         records = tf.data.TFRecordDataset(path, buffer_size=1 << 20).ignore_errors(log_warning=True)
-        records = records.map(lambda r: (r, False))
-        end = tf.data.Dataset.from_tensors((tf.constant("", tf.string), True))
-        records = records.concatenate(end)
+        records = records.map(lambda r: (r, False)).concatenate(
+            tf.data.Dataset.from_tensors((tf.constant("", tf.string), True))
+        )
 
+        # [record, is_end, bytes of the records before it]
         def count_bytes(total, element):
             record, is_end = element
-            new_total = total + tf.cast(tf.strings.length(record), tf.int64) + _TFRECORD_OVERHEAD
-            return tf.where(is_end, total, new_total), (record, is_end, total)
+            length = tf.cast(tf.strings.length(record), tf.int64) + _TFRECORD_OVERHEAD
+            return total + length, (record, is_end, total)
 
         records = records.scan(tf.constant(0, tf.int64), count_bytes)
 
-        def check_end(record, is_end, total):
-            intact = tf.logical_or(tf.logical_not(is_end), tf.equal(total, size))
-            check = _fail_or_warn(
-                intact,
-                skip_bad_records,
-                f"{DATA_ERROR_PREFIX} corrupt TFRecord file",
-                "WARNING: skipped the rest of corrupt TFRecord file",
-                path,
-                tf.strings.format(" (read {} of {} bytes)", (total, size)),
-            )
-            with tf.control_dependencies(check):
-                return tf.identity(record), is_end
+        def status(record, is_end, total):
+            corrupt = tf.logical_and(is_end, tf.not_equal(total, size))
+            if skip_bad_records:
 
-        records = records.map(check_end).filter(lambda record, is_end: tf.logical_not(is_end))
-        return records.map(lambda record, is_end: (record, index))
+                def warn():
+                    _warn(
+                        "skipped the rest of corrupt TFRecord file '",
+                        path,
+                        "' (read ",
+                        tf.strings.as_string(total),
+                        " of ",
+                        tf.strings.as_string(size),
+                        " bytes)",
+                    )
+                    return tf.constant(True)
+
+                corrupt = tf.cond(corrupt, warn, lambda: tf.constant(False))
+                keep = tf.logical_not(is_end)
+            else:
+                keep = tf.logical_or(tf.logical_not(is_end), corrupt)
+            code = tf.where(corrupt, _CORRUPT_FILE, _RECORD)
+            return record, index, code, keep
+
+        records = records.map(status).filter(lambda record, index, code, keep: keep)
+        return records.map(lambda record, index, code, keep: (record, index, code))
 
     indices = tf.data.Dataset.range(num_files)
     if shuffle_files and record_shard is None and num_files > 1:
         indices = indices.shuffle(num_files, seed=seed, reshuffle_each_iteration=True)
     if record_shard is not None:
         deterministic = True  # every pipeline must see the same record order to shard it
-    cycle = cycle_length or min(num_files, _MAX_CYCLE_LENGTH)
+    cycle = min(num_files, _MAX_CYCLE_LENGTH)
     records = indices.interleave(
         read_one,
         cycle_length=cycle,
         block_length=1,
-        num_parallel_calls=min(cycle, AUTOTUNE) if cycle > 1 else None,
+        num_parallel_calls=cycle if cycle > 1 else None,
         deterministic=deterministic,
     )
     if record_shard is not None:
@@ -260,16 +274,9 @@ def _read_records(
     return records
 
 
-def _fail_or_warn(ok, skip: bool, error_text: str, warn_text: str, path, detail) -> list:
-    """Ops that raise (strict) or print a warning (skip) naming `path` when `ok` is False."""
-    if not skip:
-        return [tf.debugging.Assert(ok, [error_text, path, detail], summarize=1)]
-
-    def warn():
-        tf.print(warn_text, path, detail, output_stream=sys.stderr)
-        return tf.constant(True)
-
-    return [tf.cond(ok, lambda: tf.constant(True), warn)]
+def _warn(*parts) -> None:
+    """Prints one warning line to stderr from inside a pipeline (not subject to TF's log level)."""
+    tf.print(tf.strings.join(["WARNING: mlperf_tf data: ", *parts]), output_stream=sys.stderr)
 
 
 def _checked_map(
@@ -279,77 +286,98 @@ def _checked_map(
     *,
     skip_bad_records: bool,
     with_end: bool,
-    deterministic: bool | None,
 ) -> tf.data.Dataset:
-    """Maps `fn` over `(record, file_index)` pairs in parallel; bad records fail or are skipped.
+    """Maps `fn` over `_read_records`' triples in parallel; bad records fail or are skipped.
 
-    Each record gets a running number before the parallel map; `ignore_errors` drops the elements
-    whose `fn` raised, and a scan after it spots the gap in the numbers. The element after a gap
-    carries the file index of its predecessor, which is the dropped record's file. The map keeps
-    the order (`deterministic=True`) so that gaps are visible; the interleave before it need not.
+    Each element gets a running number before the parallel map; `ignore_errors` drops the
+    elements whose `fn` raised, and a scan after it spots the gap in the numbers. The element
+    after a gap carries the file index of its predecessor, which is the dropped record's file.
+    The map keeps the order (`deterministic=True`) so that gaps are visible; the interleave
+    before it need not. The scan only computes a status (raising inside it would leave its state
+    behind and misreport later elements); a stateless map after it raises or warns.
 
     Args:
-      records: `(serialized_record, file_index)` pairs.
+      records: `(serialized_record, file_index, status)` triples from `_read_records`.
       fn: serialized record -> example.
       files: the file paths that `file_index` points into.
       skip_bad_records: skip and report bad records instead of failing.
       with_end: add an end marker so that a bad last record is also seen (finite datasets).
-      deterministic: unused for the map (always ordered); kept for symmetry with the reader.
     """
-    del deterministic
     paths = tf.constant(list(files), dtype=tf.string)
     if with_end:
-        records = records.map(lambda r, i: (r, i, False)).concatenate(
+        records = records.concatenate(
             tf.data.Dataset.from_tensors(
-                (tf.constant("", tf.string), tf.constant(-1, tf.int64), True)
+                (tf.constant("", tf.string), tf.constant(-1, tf.int64), tf.constant(_END))
             )
         )
-        probe = tf.data.Dataset.from_tensors(tf.constant("", tf.string)).map(fn)
-        dummy = _zeros_of_spec(probe.element_spec)
-    else:
-        records = records.map(lambda r, i: (r, i, False))
+    # Markers pass the map as zeros of fn's output structure (traced here, not run).
+    probe = tf.data.Dataset.from_tensors(tf.constant("", tf.string)).map(fn)
+    dummy = _zeros_of_spec(probe.element_spec)
 
-    # [k, file index of record k-1, record, file index, is_end]
+    # [running number, file index of the previous element, record, file index, status]
     def number(state, element):
         count, previous_file = state
-        record, file_index, is_end = element
-        return (count + 1, file_index), (count, previous_file, record, is_end)
+        record, file_index, code = element
+        return (count + 1, file_index), (count, previous_file, record, file_index, code)
 
     numbered = records.scan((tf.constant(0, tf.int64), tf.constant(-1, tf.int64)), number)
 
-    def apply(count, previous_file, record, is_end):
-        if with_end:
-            example = tf.cond(is_end, lambda: dummy, lambda: fn(record))
-        else:
-            example = fn(record)
-        return count, previous_file, is_end, example
+    def apply(count, previous_file, record, file_index, code):
+        example = tf.cond(tf.equal(code, _RECORD), lambda: fn(record), lambda: dummy)
+        return count, previous_file, file_index, code, example
 
     mapped = numbered.map(apply, num_parallel_calls=AUTOTUNE, deterministic=True)
     mapped = mapped.ignore_errors(log_warning=True)
 
+    # -> [gap (records dropped just before this element), skipped so far, name, code, example]
     def check(state, element):
         expected, skipped = state
-        count, previous_file, is_end, example = element
+        count, previous_file, file_index, code, example = element
         gap = count - expected
-        name = paths[tf.maximum(previous_file, 0)]
-        ok = tf.equal(gap, 0)
-        new_skipped = skipped + gap
-        checks = _fail_or_warn(
-            ok,
-            skip_bad_records,
-            f"{DATA_ERROR_PREFIX} bad record (parse_fn or transform_fn failed) in file",
-            "WARNING: skipped a bad record (parse_fn or transform_fn failed) in file",
-            name,
-            tf.strings.format(" ({} skipped by this pipeline so far)", new_skipped),
+        corrupt = tf.equal(code, _CORRUPT_FILE)
+        name = tf.where(
+            corrupt, paths[tf.maximum(file_index, 0)], paths[tf.maximum(previous_file, 0)]
         )
-        with tf.control_dependencies(checks):
-            new_state = (count + 1, tf.identity(new_skipped))
-        return new_state, (is_end, example)
+        return (count + 1, skipped + gap), (gap, skipped + gap, name, code, example)
 
     checked = mapped.scan((tf.constant(0, tf.int64), tf.constant(0, tf.int64)), check)
-    if with_end:
-        checked = checked.filter(lambda is_end, example: tf.logical_not(is_end))
-    return checked.map(lambda is_end, example: example)
+
+    def report(gap, skipped, name, code, example):
+        bad_record = gap > 0
+        if skip_bad_records:
+
+            def warn():
+                _warn(
+                    "skipped a bad record (parse_fn or transform_fn failed) in file '",
+                    name,
+                    "' (",
+                    tf.strings.as_string(skipped),
+                    " skipped by this input pipeline so far)",
+                )
+                return tf.constant(True)
+
+            checks = [tf.cond(bad_record, warn, lambda: tf.constant(False))]
+        else:
+            corrupt = tf.equal(code, _CORRUPT_FILE)
+            checks = [
+                tf.debugging.Assert(
+                    tf.logical_not(corrupt),
+                    [f"{DATA_ERROR_PREFIX} corrupt TFRecord file", name],
+                ),
+                tf.debugging.Assert(
+                    tf.logical_not(bad_record),
+                    [
+                        f"{DATA_ERROR_PREFIX} bad record (parse_fn or transform_fn failed) in file",
+                        name,
+                    ],
+                ),
+            ]
+        with tf.control_dependencies(checks):
+            return tf.identity(code), example
+
+    reported = checked.map(report)
+    reported = reported.filter(lambda code, example: tf.equal(code, _RECORD))
+    return reported.map(lambda code, example: example)
 
 
 def _zeros_of_spec(spec):
@@ -390,13 +418,11 @@ def data_error_message(error: BaseException) -> str | None:
     start = text.find(DATA_ERROR_PREFIX)
     if start < 0:
         return None
-    # tf.debugging.Assert prints its data as `[text] [path] [detail]`.
-    parts = re.findall(r"\[([^\[\]]*)\]", text[start - 1 :])
-    parts = [p for p in parts if p][:3]
-    what = parts[0][len(DATA_ERROR_PREFIX) :].strip() if parts else "bad data"
-    path = parts[1] if len(parts) > 1 else "?"
-    detail = parts[2] if len(parts) > 2 else ""
-    return f"{what} '{path}'{detail}; rerun with --skip_bad_records to skip bad records"
+    # tf.debugging.Assert prints its data on one line as `[what] [path]`.
+    line = text[start:].splitlines()[0]
+    what, _, path = line[len(DATA_ERROR_PREFIX) :].partition("] [")
+    path = path[:-1] if path.endswith("]") else path
+    return f"{what.strip()} '{path}'; rerun with --skip_bad_records to skip bad records"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -482,7 +508,6 @@ def training_pipeline(
         shard,
         skip_bad_records=skip_bad_records,
         with_end=False,
-        deterministic=None,
     )
     batches = examples.batch(batch_size, drop_remainder=True, num_parallel_calls=AUTOTUNE)
     # Options before the final prefetch, so the slack optimization finds that prefetch.
@@ -546,7 +571,6 @@ def eval_pipeline(
         shard,
         skip_bad_records=skip_bad_records,
         with_end=True,
-        deterministic=True,
     )
     if cache:
         examples = examples.cache()
