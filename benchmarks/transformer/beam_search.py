@@ -1,0 +1,290 @@
+"""Provides batched beam search and greedy decoding with a decoder cache, static shapes throughout.
+
+The algorithm is the one of the MLPerf reference (tensor2tensor's beam search, as in
+tensorflow/models `official/nlp/modeling/ops/beam_search.py`): each step extends every alive
+hypothesis by every token, keeps the `2 * beam_size` best extensions (so that `beam_size` of
+them survive even if all others end), moves the ones ending in EOS to the finished set scored by
+log-probability over the GNMT length penalty `((5 + length) / 6) ** alpha`, and stops once no
+alive hypothesis can beat the worst finished one. Sequences and caches have fixed sizes (the
+"padded decode" mode of the reference), so the whole loop compiles under XLA.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import tensorflow as tf
+
+# Stand-in for minus infinity in scores; finite so that sums and products stay finite.
+INF = 1.0e7
+
+SymbolsToLogitsFn = Callable[[tf.Tensor, tf.Tensor, Any], tuple[tf.Tensor, Any]]
+
+
+def length_penalty(length, alpha: float) -> tf.Tensor:
+    """GNMT length penalty `((5 + length) / 6) ** alpha` (Wu et al., 2016), float32."""
+    return tf.pow((5.0 + tf.cast(length, tf.float32)) / 6.0, alpha)
+
+
+def _expand_to_beam(tensor: tf.Tensor, beam_size: int) -> tf.Tensor:
+    """[batch, ...] -> [batch, beam, ...] by repetition."""
+    tensor = tf.expand_dims(tensor, 1)
+    multiples = [1, beam_size] + [1] * (tensor.shape.rank - 2)
+    return tf.tile(tensor, multiples)
+
+
+def _flatten_beam(tensor: tf.Tensor) -> tf.Tensor:
+    """[batch, beam, ...] -> [batch * beam, ...]."""
+    shape = tf.shape(tensor)
+    return tf.reshape(tensor, tf.concat([[shape[0] * shape[1]], shape[2:]], axis=0))
+
+
+def _unflatten_beam(tensor: tf.Tensor, batch_size, beam_size: int) -> tf.Tensor:
+    """[batch * beam, ...] -> [batch, beam, ...]."""
+    shape = tf.shape(tensor)
+    return tf.reshape(tensor, tf.concat([[batch_size, beam_size], shape[1:]], axis=0))
+
+
+def _gather_beams(nested, beam_indices: tf.Tensor):
+    """Picks, for every batch entry, the beams `beam_indices` [batch, new_beam] of `nested`."""
+    return tf.nest.map_structure(lambda t: tf.gather(t, beam_indices, axis=1, batch_dims=1), nested)
+
+
+def _write_position(seq: tf.Tensor, position, ids: tf.Tensor) -> tf.Tensor:
+    """Writes ids [batch, beam] at `position` of seq [batch, beam, length] (zeros there before)."""
+    length = seq.shape[2] if seq.shape[2] is not None else tf.shape(seq)[2]
+    one_hot = tf.one_hot(position, length, dtype=seq.dtype)  # [length]
+    return seq + ids[:, :, None] * one_hot[None, None, :]
+
+
+def _validate(beam_size: int, max_decode_length: int, alpha: float) -> None:
+    if not isinstance(beam_size, int) or beam_size <= 0:
+        raise ValueError(f"`beam_size` ({beam_size!r}) must be a positive integer.")
+    if not isinstance(max_decode_length, int) or max_decode_length <= 0:
+        raise ValueError(f"`max_decode_length` ({max_decode_length!r}) must be a positive integer.")
+    if alpha < 0:
+        raise ValueError(f"`alpha` ({alpha!r}) must not be negative.")
+
+
+def sequence_beam_search(
+    symbols_to_logits_fn: SymbolsToLogitsFn,
+    initial_ids: tf.Tensor,
+    initial_cache: Any,
+    *,
+    vocab_size: int,
+    beam_size: int,
+    alpha: float,
+    max_decode_length: int,
+    eos_id: int,
+) -> tuple[tf.Tensor, tf.Tensor]:
+    """Beam search over `max_decode_length` steps.
+
+    Args:
+      symbols_to_logits_fn: `(ids [batch * beam, 1], step, cache) -> (logits [batch * beam,
+        vocab], cache)`: the next-token logits given the token at position `step - 1` (the
+        initial id at step 0); the cache is a nest of tensors with a leading batch dimension.
+      initial_ids: int32 [batch], usually the pad id.
+      initial_cache: nest of tensors [batch, ...] (e.g. `Transformer.init_cache`).
+      vocab_size: number of logits.
+      beam_size: hypotheses kept per batch entry.
+      alpha: length-penalty exponent (0 scores by plain log-probability).
+      max_decode_length: static number of decoding steps.
+      eos_id: the end-of-sequence id.
+
+    Returns:
+      (ids int32 [batch, beam, max_decode_length], best first, zeros after EOS;
+       scores float32 [batch, beam], length-normalized log-probabilities).
+
+    Raises:
+      ValueError: a size argument is not positive or `alpha` is negative.
+    """
+    _validate(beam_size, max_decode_length, alpha)
+    initial_ids = tf.cast(initial_ids, tf.int32)
+    batch_size = tf.shape(initial_ids)[0]
+    # Sequences keep the initial id at position 0: [batch, beam, max_decode_length + 1].
+    alive_seq = _expand_to_beam(initial_ids[:, None], beam_size)
+    alive_seq = tf.pad(alive_seq, [[0, 0], [0, 0], [0, max_decode_length]])
+    # Only the first beam is live at the start, so the first top-k does not pick duplicates.
+    alive_log_probs = tf.tile(
+        tf.constant([[0.0] + [-INF] * (beam_size - 1)], tf.float32), [batch_size, 1]
+    )
+    alive_cache = tf.nest.map_structure(lambda t: _expand_to_beam(t, beam_size), initial_cache)
+    finished_seq = tf.zeros_like(alive_seq)
+    finished_scores = tf.fill([batch_size, beam_size], -INF)
+    finished_flags = tf.zeros([batch_size, beam_size], tf.bool)
+    max_penalty = length_penalty(max_decode_length, alpha)
+
+    def grow_alive(step, alive_seq, alive_log_probs, alive_cache):
+        """The 2*beam best one-token extensions of the alive hypotheses."""
+        flat_ids = _flatten_beam(alive_seq)  # [batch * beam, length + 1]
+        current = tf.gather(flat_ids, [step], axis=1)  # [batch * beam, 1]
+        flat_cache = tf.nest.map_structure(_flatten_beam, alive_cache)
+        flat_logits, flat_cache = symbols_to_logits_fn(current, step, flat_cache)
+        logits = _unflatten_beam(tf.cast(flat_logits, tf.float32), batch_size, beam_size)
+        new_cache = tf.nest.map_structure(
+            lambda t: _unflatten_beam(t, batch_size, beam_size), flat_cache
+        )
+        log_probs = tf.nn.log_softmax(logits) + alive_log_probs[:, :, None]  # [b, beam, vocab]
+        flat_log_probs = tf.reshape(log_probs, [batch_size, beam_size * vocab_size])
+        topk_log_probs, topk_indices = tf.math.top_k(flat_log_probs, k=2 * beam_size)
+        topk_beams = topk_indices // vocab_size  # [b, 2 * beam]
+        topk_ids = topk_indices % vocab_size
+        topk_seq, topk_cache = _gather_beams((alive_seq, new_cache), topk_beams)
+        topk_seq = _write_position(topk_seq, step + 1, topk_ids)
+        return topk_seq, topk_log_probs, topk_ids, topk_cache
+
+    def body(step, alive_seq, alive_log_probs, alive_cache, fin_seq, fin_scores, fin_flags):
+        topk_seq, topk_log_probs, topk_ids, topk_cache = grow_alive(
+            step, alive_seq, alive_log_probs, alive_cache
+        )
+        topk_finished = tf.equal(topk_ids, eos_id)  # [b, 2 * beam]
+        # Alive: the best `beam` extensions that did not end.
+        masked = topk_log_probs - tf.cast(topk_finished, tf.float32) * INF
+        alive_log_probs, alive_indices = tf.math.top_k(masked, k=beam_size)
+        alive_seq, alive_cache = _gather_beams((topk_seq, topk_cache), alive_indices)
+        # Finished: the best `beam` among the old finished and the extensions that ended now.
+        new_scores = topk_log_probs / length_penalty(step + 1, alpha)
+        new_scores -= (1.0 - tf.cast(topk_finished, tf.float32)) * INF
+        all_seq = tf.concat([fin_seq, topk_seq], axis=1)  # [b, 3 * beam, length + 1]
+        all_scores = tf.concat([fin_scores, new_scores], axis=1)
+        all_flags = tf.concat([fin_flags, topk_finished], axis=1)
+        fin_scores, fin_indices = tf.math.top_k(all_scores, k=beam_size)
+        fin_seq, fin_flags = _gather_beams((all_seq, all_flags), fin_indices)
+        return step + 1, alive_seq, alive_log_probs, alive_cache, fin_seq, fin_scores, fin_flags
+
+    def cond(step, alive_seq, alive_log_probs, alive_cache, fin_seq, fin_scores, fin_flags):
+        del alive_seq, alive_cache, fin_seq
+        # The best an alive hypothesis can still score: its log-probability only decreases,
+        # and the length penalty is largest at the maximum length.
+        best_alive = alive_log_probs[:, 0] / max_penalty
+        lowest_finished = tf.reduce_min(
+            tf.where(fin_flags, fin_scores, tf.zeros_like(fin_scores)), axis=1
+        )
+        lowest_finished = tf.where(tf.reduce_any(fin_flags, axis=1), lowest_finished, -INF)
+        done = tf.reduce_all(lowest_finished > best_alive)
+        return tf.logical_and(step < max_decode_length, tf.logical_not(done))
+
+    loop_vars = (
+        tf.constant(0, tf.int32),
+        alive_seq,
+        alive_log_probs,
+        alive_cache,
+        finished_seq,
+        finished_scores,
+        finished_flags,
+    )
+    _, alive_seq, alive_log_probs, _, fin_seq, fin_scores, fin_flags = tf.while_loop(
+        cond, body, loop_vars, maximum_iterations=max_decode_length
+    )
+    # A batch entry with no finished hypothesis returns its alive ones (they hit the length cap).
+    any_finished = tf.reduce_any(fin_flags, axis=1)
+    alive_scores = alive_log_probs / length_penalty(max_decode_length, alpha)
+    seq = tf.where(any_finished[:, None, None], fin_seq, alive_seq)
+    scores = tf.where(any_finished[:, None], fin_scores, alive_scores)
+    return _strip_after_eos(seq[:, :, 1:], eos_id), scores
+
+
+def greedy_search(
+    symbols_to_logits_fn: SymbolsToLogitsFn,
+    initial_ids: tf.Tensor,
+    initial_cache: Any,
+    *,
+    max_decode_length: int,
+    eos_id: int,
+) -> tuple[tf.Tensor, tf.Tensor]:
+    """Greedy (argmax) decoding, stopping when every sequence has produced EOS.
+
+    Args and the cache contract are those of `sequence_beam_search`.
+
+    Returns:
+      (ids int32 [batch, max_decode_length], zeros after EOS; float32 [batch] log-probability
+      of each sequence up to and including its EOS).
+    """
+    _validate(1, max_decode_length, 0.0)
+    initial_ids = tf.cast(initial_ids, tf.int32)
+    batch_size = tf.shape(initial_ids)[0]
+    seq = tf.pad(initial_ids[:, None], [[0, 0], [0, max_decode_length]])  # [b, length + 1]
+
+    def body(step, seq, log_prob, done, cache):
+        current = tf.gather(seq, [step], axis=1)
+        logits, cache = symbols_to_logits_fn(current, step, cache)
+        log_probs = tf.nn.log_softmax(tf.cast(logits, tf.float32))
+        ids = tf.argmax(log_probs, axis=-1, output_type=tf.int32)
+        chosen = tf.gather(log_probs, ids, axis=1, batch_dims=1)
+        ids = tf.where(done, tf.zeros_like(ids), ids)
+        log_prob += tf.where(done, 0.0, chosen)
+        seq = _write_position(seq[:, None, :], step + 1, ids[:, None])[:, 0, :]
+        return step + 1, seq, log_prob, tf.logical_or(done, tf.equal(ids, eos_id)), cache
+
+    def cond(step, seq, log_prob, done, cache):
+        del seq, log_prob, cache
+        return tf.logical_and(step < max_decode_length, tf.logical_not(tf.reduce_all(done)))
+
+    _, seq, log_prob, _, _ = tf.while_loop(
+        cond,
+        body,
+        (
+            tf.constant(0, tf.int32),
+            seq,
+            tf.zeros([batch_size], tf.float32),
+            tf.zeros([batch_size], tf.bool),
+            initial_cache,
+        ),
+        maximum_iterations=max_decode_length,
+    )
+    return seq[:, 1:], log_prob
+
+
+def _strip_after_eos(ids: tf.Tensor, eos_id: int) -> tf.Tensor:
+    """Zeros every id after the first EOS along the last axis (the EOS itself is kept)."""
+    is_eos = tf.cast(tf.equal(ids, eos_id), tf.int32)
+    eos_before = tf.cumsum(is_eos, axis=-1, exclusive=True)
+    return tf.where(eos_before > 0, tf.zeros_like(ids), ids)
+
+
+def translate(
+    model,
+    inputs: tf.Tensor,
+    *,
+    beam_size: int,
+    alpha: float,
+    max_decode_length: int,
+    eos_id: int,
+) -> tf.Tensor:
+    """Decodes source ids with a `Transformer` (its `encode`/`init_cache`/`decode_step`).
+
+    Args:
+      model: a `benchmarks.transformer.model.Transformer`.
+      inputs: int [batch, src_len] source ids, 0-padded.
+      beam_size: 1 means greedy decoding; more means beam search.
+      alpha: length-penalty exponent of the beam search.
+      max_decode_length: static number of decoded positions.
+      eos_id: the end-of-sequence id.
+
+    Returns:
+      int32 [batch, max_decode_length]: the best hypothesis, zeros after its EOS.
+    """
+    encoder_outputs, mask = model.encode(inputs, training=False)
+    cache = model.init_cache(encoder_outputs, mask, max_decode_length)
+    initial_ids = tf.zeros([tf.shape(inputs)[0]], tf.int32)
+    if beam_size == 1:
+        ids, _ = greedy_search(
+            model.decode_step,
+            initial_ids,
+            cache,
+            max_decode_length=max_decode_length,
+            eos_id=eos_id,
+        )
+        return ids
+    ids, _ = sequence_beam_search(
+        model.decode_step,
+        initial_ids,
+        cache,
+        vocab_size=model.params.vocab_size,
+        beam_size=beam_size,
+        alpha=alpha,
+        max_decode_length=max_decode_length,
+        eos_id=eos_id,
+    )
+    return ids[:, 0, :]

@@ -1,0 +1,342 @@
+"""Provides `TransformerBenchmark`: MLPerf's English->German translation with a Transformer."""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+from absl import logging
+from mlperf_logging.mllog import constants as C
+
+from benchmarks.transformer import beam_search, bleu, prepare
+from benchmarks.transformer import config as config_lib
+from benchmarks.transformer import input as input_lib
+from benchmarks.transformer import model as model_lib
+from mlperf_tf.benchmark import Benchmark
+from mlperf_tf.config import ConfigError
+from mlperf_tf.data import pipeline
+from mlperf_tf.optimizers import WarmupRsqrtDecay
+
+
+def label_smoothed_cross_entropy(
+    logits: tf.Tensor, targets: tf.Tensor, smoothing: float
+) -> tuple[tf.Tensor, tf.Tensor]:
+    """Cross-entropy against label-smoothed targets, summed over non-pad target positions.
+
+    The smoothed target puts `1 - smoothing` on the true id and spreads `smoothing` evenly over
+    the other `vocab - 1` ids (tensorflow/models `transformer_loss`); the entropy of that
+    distribution is subtracted, so a perfect prediction scores 0.
+
+    Args:
+      logits: [batch, length, vocab] (cast to float32 here).
+      targets: int [batch, length]; 0 is padding and does not count.
+      smoothing: label smoothing in [0, 1).
+
+    Returns:
+      (sum of the per-token losses, number of non-pad tokens), both float32 scalars.
+    """
+    logits = tf.cast(logits, tf.float32)
+    vocab = tf.shape(logits)[-1]
+    confidence = 1.0 - smoothing
+    low = smoothing / tf.cast(vocab - 1, tf.float32)
+    log_probs = tf.nn.log_softmax(logits)  # [b, l, v]
+    true_log_prob = tf.gather(log_probs, targets, axis=-1, batch_dims=2)  # [b, l]
+    others = tf.reduce_sum(log_probs, axis=-1) - true_log_prob
+    xent = -(confidence * true_log_prob + low * others)
+    # Minimum of the cross-entropy: the entropy of the smoothed target distribution.
+    entropy = -(confidence * tf.math.log(confidence)) - tf.cast(vocab - 1, tf.float32) * (
+        low * tf.math.log(low + 1e-20)
+    )
+    weights = tf.cast(tf.not_equal(targets, model_lib.PAD_ID), tf.float32)
+    return tf.reduce_sum((xent - entropy) * weights), tf.reduce_sum(weights)
+
+
+class TransformerBenchmark(Benchmark):
+    """WMT English->German with Transformer-big; quality: uncased BLEU (sacrebleu, intl) / 100."""
+
+    name = "transformer"
+    mlperf_benchmark = "transformer"
+    config_class = config_lib.TransformerConfig
+    presets = {"mlperf": config_lib.mlperf, "mini": config_lib.mini, "smoke": config_lib.smoke}
+
+    # ---- sizes ---------------------------------------------------------------------------------
+    @property
+    def tokens_per_replica(self) -> int:
+        """Token slots in one replica's batch (the micro batch over the replicas)."""
+        return max(1, self.micro_batch_size // max(1, self.num_replicas))
+
+    @functools.cached_property
+    def metadata(self) -> dict | None:
+        """metadata.json of the prepared data, or None for synthetic data."""
+        if self.config.synthetic:
+            return None
+        return prepare.load_metadata(self.config.data_dir)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Steps that consume one epoch of pairs, from the bucket layout and the data's lengths.
+
+        Real data: from metadata.json's pair-length histogram (see `input_lib.steps_per_epoch`).
+        Synthetic: `train_examples` over the pairs of one step.
+        """
+        d = self.config.data
+        gradient_accumulation = self.config.gradient_accumulation_steps
+        if self.metadata is None:
+            pairs = max(1, self.tokens_per_replica // d.max_sequence_length) * self.num_replicas
+            pairs *= gradient_accumulation
+            return max(1, math.ceil(self.config.train_examples / pairs))
+        sizes = input_lib.bucket_batch_sizes(
+            d.bucket_lengths, self.tokens_per_replica, d.batch_multiple
+        )
+        histogram = {int(k): v for k, v in self.metadata["train_length_histogram"].items()}
+        micro_steps = input_lib.steps_per_epoch(
+            histogram,
+            bucket_lengths=d.bucket_lengths,
+            batch_sizes=sizes,
+            num_replicas=self.num_replicas,
+            max_length=d.max_sequence_length,
+            method=d.max_length_method,
+        )
+        return max(1, round(micro_steps / gradient_accumulation))
+
+    def train_samples(self) -> int:
+        return self.metadata["train_pairs"] if self.metadata else self.config.train_examples
+
+    def eval_samples(self) -> int:
+        return self.metadata["eval_pairs"] if self.metadata else self.config.eval_examples
+
+    def eval_steps(self, num_replicas: int) -> int:
+        del num_replicas  # eval_batch_size is global
+        return max(1, math.ceil(self.eval_samples() / self.config.eval_batch_size))
+
+    @property
+    def max_decode_length(self) -> int:
+        return self.config.data.eval_max_length + self.config.model.extra_decode_length
+
+    # ---- model and optimizer -------------------------------------------------------------------
+    def model_params(self) -> model_lib.TransformerParams:
+        m = self.config.model
+        return model_lib.TransformerParams(
+            vocab_size=m.vocab_size,
+            hidden_size=m.hidden_size,
+            num_layers=m.num_layers,
+            num_heads=m.num_heads,
+            filter_size=m.filter_size,
+            dropout=m.dropout,
+            attention_dropout=m.attention_dropout,
+            relu_dropout=m.relu_dropout,
+        )
+
+    def build_model(self) -> model_lib.Transformer:
+        """The Transformer with all variables created (under the runner's strategy scope).
+
+        Raises:
+          ConfigError: the prepared vocabulary's size differs from `model.vocab_size`.
+        """
+        if (
+            self.metadata is not None
+            and self.metadata["vocab_size"] != self.config.model.vocab_size
+        ):
+            raise ConfigError(
+                f"`model.vocab_size` ({self.config.model.vocab_size}) differs from the vocabulary "
+                f"in '{self.config.data_dir}' ({self.metadata['vocab_size']}); set "
+                f"--config.model.vocab_size={self.metadata['vocab_size']}"
+            )
+        model = model_lib.Transformer(self.model_params())
+        model.build()
+        return model
+
+    def learning_rate_schedule(self) -> WarmupRsqrtDecay:
+        opt = self.config.optimizer
+        return WarmupRsqrtDecay(
+            opt.opt_base_learning_rate,
+            warmup_steps=opt.opt_learning_rate_warmup_steps,
+            factor=self.config.model.hidden_size**-0.5,
+        )
+
+    def build_optimizer(self, train_steps: int) -> keras.optimizers.Optimizer:
+        """Adam (beta_1, beta_2, epsilon from config) with linear warmup and rsqrt decay."""
+        del train_steps  # the rsqrt decay has no end
+        opt = self.config.optimizer
+        return keras.optimizers.Adam(
+            learning_rate=self.learning_rate_schedule(),
+            beta_1=opt.opt_adam_beta_1,
+            beta_2=opt.opt_adam_beta_2,
+            epsilon=opt.opt_adam_epsilon,
+        )
+
+    # ---- data ----------------------------------------------------------------------------------
+    def train_dataset(self, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
+        d = self.config.data
+        tokens = (
+            input_context.get_per_replica_batch_size(self.micro_batch_size)
+            if input_context is not None
+            else self.micro_batch_size
+        )
+        if self.config.synthetic:
+            return input_lib.synthetic_train_dataset(
+                tokens_per_replica=tokens,
+                max_length=d.max_sequence_length,
+                vocab_size=self.config.model.vocab_size,
+                seed=self.seed,
+            )
+        files = pipeline.list_files(
+            os.path.join(self.config.data_dir, "train-*"), what="transformer train"
+        )
+        return input_lib.train_dataset(
+            files,
+            input_context=input_context,
+            tokens_per_replica=tokens,
+            max_length=d.max_sequence_length,
+            method=d.max_length_method,
+            bucket_lengths=d.bucket_lengths,
+            batch_multiple=d.batch_multiple,
+            shuffle_buffer=d.shuffle_buffer,
+            seed=self.seed,
+            skip_bad_records=self.skip_bad_records,
+        )
+
+    def eval_dataset(self, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
+        d = self.config.data
+        num_replicas = input_context.num_replicas_in_sync if input_context else 1
+        batch = (
+            input_context.get_per_replica_batch_size(self.config.eval_batch_size)
+            if input_context is not None
+            else self.config.eval_batch_size
+        )
+        num_batches = pipeline.eval_batches_per_pipeline(
+            self.eval_steps(num_replicas), input_context
+        )
+        if self.config.synthetic:
+            return input_lib.synthetic_eval_dataset(
+                input_context=input_context,
+                num_examples=self.config.eval_examples,
+                batch_size=batch,
+                num_batches=num_batches,
+                eval_max_length=d.eval_max_length,
+                vocab_size=self.config.model.vocab_size,
+                seed=self.seed + 1,
+            )
+        files = pipeline.list_files(
+            os.path.join(self.config.data_dir, "eval-*"), what="transformer eval"
+        )
+        return input_lib.eval_dataset(
+            files,
+            input_context=input_context,
+            batch_size=batch,
+            num_batches=num_batches,
+            eval_max_length=d.eval_max_length,
+            skip_bad_records=self.skip_bad_records,
+        )
+
+    # ---- steps (replica context) ---------------------------------------------------------------
+    def compute_loss(self, model, batch, training: bool = True) -> tf.Tensor:
+        """Label-smoothed cross-entropy, mean over this replica's target tokens / replicas.
+
+        As in the reference (tensorflow/models transformer: per-replica token mean, scaled by
+        1/replicas), so that the gradients summed over replicas are the mean of the replicas'
+        token-mean gradients. Batches are token-count batches whose pair count varies by bucket,
+        so the loss is normalized by real tokens rather than `micro_batch_size`.
+        """
+        logits = model({"inputs": batch["inputs"], "targets": batch["targets"]}, training=training)
+        loss_sum, tokens = label_smoothed_cross_entropy(
+            logits, batch["targets"], self.config.optimizer.label_smoothing
+        )
+        context = tf.distribute.get_replica_context()
+        replicas = context.num_replicas_in_sync if context is not None else self.num_replicas
+        return loss_sum / tf.maximum(tokens, 1.0) / float(replicas)
+
+    def eval_step(self, model, batch) -> dict[str, tf.Tensor]:
+        """Beam-search translations of the batch (padding rows are marked by `valid`)."""
+        m = self.config.model
+        hypotheses = beam_search.translate(
+            model,
+            batch["inputs"],
+            beam_size=m.beam_size,
+            alpha=m.alpha,
+            max_decode_length=self.max_decode_length,
+            eos_id=prepare.EOS_ID,
+        )
+        return {
+            "hypotheses": hypotheses,
+            "targets": batch["targets"],
+            "index": batch["index"],
+            "valid": batch["valid"],
+        }
+
+    # ---- host side -----------------------------------------------------------------------------
+    def eval_begin(self) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        """Eval state: example index -> (hypothesis ids, target ids)."""
+        return {}
+
+    def eval_reduce(self, state, outputs: dict[str, np.ndarray]):
+        for row in np.flatnonzero(np.asarray(outputs["valid"]) > 0):
+            state[int(outputs["index"][row])] = (
+                np.asarray(outputs["hypotheses"][row]),
+                np.asarray(outputs["targets"][row]),
+            )
+        return state
+
+    @functools.cached_property
+    def _vocab(self):
+        return prepare.load_vocab(os.path.join(self.config.data_dir, prepare.VOCAB_MODEL))
+
+    @functools.cached_property
+    def _references(self) -> list[str]:
+        return prepare.read_lines(os.path.join(self.config.data_dir, prepare.EVAL_REFERENCES))
+
+    def translations(self, state) -> tuple[list[str], list[str]]:
+        """(references, hypotheses) text of an eval state, in eval-set order."""
+        indices = sorted(state)
+        if self.config.synthetic:
+            # Synthetic ids have no text: score id strings against the target ids.
+            def text(ids):
+                ids = [int(i) for i in ids]
+                ids = ids[: ids.index(prepare.EOS_ID)] if prepare.EOS_ID in ids else ids
+                return " ".join(str(i) for i in ids if i != prepare.PAD_ID)
+
+            return [text(state[i][1]) for i in indices], [text(state[i][0]) for i in indices]
+        references = self._references
+        return (
+            [references[i] for i in indices],
+            [prepare.decode(self._vocab, state[i][0]) for i in indices],
+        )
+
+    def eval_result(self, state) -> float:
+        """Uncased BLEU (sacrebleu, intl tokenization) of the eval set, divided by 100."""
+        if len(state) != self.eval_samples():
+            logging.warning(
+                "transformer eval decoded %d of %d pairs", len(state), self.eval_samples()
+            )
+        references, hypotheses = self.translations(state)
+        for reference, hypothesis in list(zip(references, hypotheses))[:3]:
+            logging.info("eval sample: %r (reference %r)", hypothesis, reference)
+        return bleu.uncased_bleu(references, hypotheses) / 100.0
+
+    def mlperf_hparams(self) -> dict[str, Any]:
+        opt, d = self.config.optimizer, self.config.data
+        return {
+            C.OPT_NAME: opt.opt_name,
+            C.OPT_BASE_LR: opt.opt_base_learning_rate,
+            C.OPT_LR_WARMUP_STEPS: opt.opt_learning_rate_warmup_steps,
+            C.OPT_ADAM_BETA_1: opt.opt_adam_beta_1,
+            C.OPT_ADAM_BETA_2: opt.opt_adam_beta_2,
+            C.OPT_ADAM_EPSILON: opt.opt_adam_epsilon,
+            C.MAX_SEQUENCE_LENGTH: (d.max_sequence_length, {"method": d.max_length_method}),
+        }
+
+    @classmethod
+    def prepare_mini(cls, data_dir: str) -> None:
+        """Writes the gettext English->German mini dataset (see `prepare.prepare_mini`)."""
+        cfg = config_lib.mini()
+        prepare.prepare_mini(
+            data_dir,
+            vocab_size=cfg.model.vocab_size,
+            held_out=cfg.eval_examples,
+            seed=cfg.data.split_seed,
+        )

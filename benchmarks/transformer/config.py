@@ -1,0 +1,201 @@
+"""Provides the Transformer benchmark's config dataclasses and its `mlperf`, `mini` and `smoke` presets.
+
+Batch sizes are in tokens, as in MLPerf's translation logs (NVIDIA/fairseq log
+`global_batch_size` = max tokens per step over all GPUs): `global_batch_size` is the number of
+token slots (batch x padded length, counting the longer of source and target) in one optimizer
+step over all replicas. `train_examples`/`eval_examples` count sentence pairs (MLPerf's
+`train_samples`/`eval_samples`); where prepared data has a `metadata.json`, the benchmark reads
+the real counts from it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+from mlperf_tf import paths
+from mlperf_tf.config import BenchmarkConfig, ConfigError
+
+NAME = "transformer"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """Transformer shape and decoding settings (see `model.TransformerParams`)."""
+
+    vocab_size: int = 33708  # the reference's WMT en-de subword vocabulary
+    hidden_size: int = 1024
+    num_layers: int = 6
+    num_heads: int = 16
+    filter_size: int = 4096
+    dropout: float = 0.1
+    attention_dropout: float = 0.1
+    relu_dropout: float = 0.1
+    beam_size: int = 4  # 1 decodes greedily
+    alpha: float = 0.6  # length-penalty exponent of the beam search
+    extra_decode_length: int = 50  # decoded positions = eval source length + this
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OptimizerConfig:
+    """Adam with linear warmup and rsqrt decay; fields are named after their MLPerf log keys.
+
+    The learning rate at step s is `opt_base_learning_rate * hidden_size**-0.5 *
+    min(1, s / W) / sqrt(max(s, W))` with W = `opt_learning_rate_warmup_steps`
+    (`mlperf_tf.optimizers.WarmupRsqrtDecay` with `factor=hidden_size**-0.5`).
+    """
+
+    opt_name: Literal["adam"] = "adam"  # Keras 3 has no lazy (sparse) Adam
+    opt_base_learning_rate: float = 2.0
+    opt_learning_rate_warmup_steps: int = 16000
+    opt_adam_beta_1: float = 0.9
+    opt_adam_beta_2: float = 0.997
+    opt_adam_epsilon: float = 1e-9
+    label_smoothing: float = 0.1
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    """Sequence lengths and length buckets.
+
+    A pair's length is the longer of its source and target (ids, EOS included). Training batches
+    come from length buckets: bucket i holds pairs of length in (bucket_lengths[i-1],
+    bucket_lengths[i]], padded to exactly bucket_lengths[i], in batches of
+    `floor(tokens_per_replica / bucket_lengths[i])` pairs rounded down to a multiple of
+    `batch_multiple`. So every bucket has one static shape [batch, length] (each traces once).
+    """
+
+    max_sequence_length: int = 256  # MLPerf's max_sequence_length
+    max_length_method: Literal["truncate", "discard"] = "discard"
+    bucket_lengths: tuple[int, ...] = (16, 32, 48, 64, 96, 128, 192, 256)
+    batch_multiple: int = 8  # TPU-friendly batch sizes
+    eval_max_length: int = 256  # eval sources are padded (or truncated) to this
+    shuffle_buffer: int = 100000
+    # The mini data's held-out split and vocabulary seed: the data's, fixed per preset (not the
+    # run's seed), so every run sees the same split. The held-out size is `eval_examples`.
+    split_seed: int = 0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TransformerConfig(BenchmarkConfig):
+    """The Transformer benchmark's config (sizes in tokens for batches, pairs for examples)."""
+
+    model: ModelConfig = ModelConfig()
+    optimizer: OptimizerConfig = OptimizerConfig()
+    data: DataConfig = DataConfig()
+    eval_every_epochs: float = 1.0
+
+    def __post_init__(self):
+        super().__post_init__()
+        d = self.data
+        if not d.bucket_lengths or list(d.bucket_lengths) != sorted(set(d.bucket_lengths)):
+            raise ConfigError(
+                f"`data.bucket_lengths` ({d.bucket_lengths!r}) must be increasing and non-empty."
+            )
+        if d.bucket_lengths[-1] != d.max_sequence_length:
+            raise ConfigError(
+                f"the last of `data.bucket_lengths` ({d.bucket_lengths[-1]}) must equal "
+                f"`data.max_sequence_length` ({d.max_sequence_length})."
+            )
+        if self.global_batch_size < d.max_sequence_length:
+            raise ConfigError(
+                f"`global_batch_size` ({self.global_batch_size} tokens) must hold at least one "
+                f"pair of `data.max_sequence_length` ({d.max_sequence_length})."
+            )
+        if self.model.hidden_size % self.model.num_heads:
+            raise ConfigError(
+                f"`model.hidden_size` ({self.model.hidden_size}) must be divisible by "
+                f"`model.num_heads` ({self.model.num_heads})."
+            )
+        if self.model.beam_size < 1:
+            raise ConfigError(f"`model.beam_size` ({self.model.beam_size}) must be >= 1.")
+
+
+def mlperf() -> TransformerConfig:
+    """MLPerf v0.6/v0.7 Transformer-big on WMT17 en->de, scored on newstest2014.
+
+    Command: `mlperf-tf run --benchmark=transformer --preset=mlperf --model_dir=DIR
+    --config.data_dir=WMT_TFRECORDS` (data from `python -m benchmarks.transformer.prepare`).
+    Hardware: 8 accelerators (4096 tokens each, the reference's Transformer-big batch) or a TPU
+    slice. Expected: uncased BLEU 25 (logged 0.25) in about 3-6 epochs (MLPerf v0.7 results).
+    Hyperparameters: tensorflow/models `official/legacy/transformer/model_params.py` BIG_PARAMS
+    (learning_rate 2.0, warmup 16000, Adam 0.9/0.997/1e-9, label smoothing 0.1, beam 4,
+    alpha 0.6, max_length 256 with too-long pairs dropped).
+    """
+    return TransformerConfig(
+        global_batch_size=32768,
+        eval_batch_size=64,
+        train_examples=4590101,  # WMT17 en-de training pairs (MLPerf's train_samples)
+        eval_examples=3003,  # newstest2014
+        max_epochs=10,
+        quality_target=0.25,
+    )
+
+
+def mini() -> TransformerConfig:
+    """English->German UI messages from the gettext catalogs of this machine; a small model.
+
+    Command: `mlperf-tf run --benchmark=transformer --preset=mini --model_dir=/tmp/tr_mini`
+    (the data is written on first use from /usr/share/locale/de/LC_MESSAGES/*.mo).
+    Hardware: 2 CPU cores. Expected: held-out uncased BLEU >= 0.25 within 15 minutes (see
+    README.md for the measured curve).
+    """
+    return TransformerConfig(
+        global_batch_size=4096,
+        eval_batch_size=250,
+        train_examples=30000,  # replaced by metadata.json's count once the data is prepared
+        eval_examples=1000,
+        max_epochs=12,
+        quality_target=0.25,
+        data_dir=paths.mini_data_dir(NAME),
+        model=ModelConfig(
+            vocab_size=4000,
+            hidden_size=256,
+            num_layers=3,
+            num_heads=4,
+            filter_size=1024,
+            extra_decode_length=8,
+        ),
+        optimizer=OptimizerConfig(opt_base_learning_rate=2.0, opt_learning_rate_warmup_steps=400),
+        data=DataConfig(
+            max_sequence_length=32,
+            bucket_lengths=(8, 12, 16, 24, 32),
+            batch_multiple=8,
+            eval_max_length=32,
+            shuffle_buffer=40000,
+        ),
+    )
+
+
+def smoke() -> TransformerConfig:
+    """Synthetic ids through a tiny model: checks the plumbing in seconds.
+
+    Command: `mlperf-tf run --benchmark=transformer --preset=smoke --model_dir=/tmp/tr_smoke`.
+    Hardware: any CPU; seconds. Quality: meaningless (random ids); the target is 0 so the run
+    stops after its first eval.
+    """
+    return TransformerConfig(
+        global_batch_size=64,
+        eval_batch_size=8,
+        train_examples=32,
+        eval_examples=8,
+        max_epochs=2,
+        quality_target=0.0,
+        data_dir="",
+        model=ModelConfig(
+            vocab_size=64,
+            hidden_size=32,
+            num_layers=2,
+            num_heads=4,
+            filter_size=64,
+            extra_decode_length=4,
+        ),
+        optimizer=OptimizerConfig(opt_base_learning_rate=2.0, opt_learning_rate_warmup_steps=4),
+        data=DataConfig(
+            max_sequence_length=8,
+            bucket_lengths=(8,),
+            batch_multiple=1,
+            eval_max_length=8,
+            shuffle_buffer=16,
+        ),
+    )

@@ -1,0 +1,487 @@
+"""Provides the encoder-decoder Transformer of "Attention Is All You Need" as a Keras 3 model.
+
+The layout follows the MLPerf reference (tensorflow/models `official/legacy/transformer`): one
+embedding matrix shared by the source, the target and the pre-softmax projection, sinusoidal
+positions, pre-layer-norm residual blocks with a final layer norm per stack, padding masks in
+every attention and a causal mask in the decoder's self-attention. `init_cache`/`decode_step`
+run the decoder one position at a time against a fixed-size cache (static shapes, so the
+decoding loop compiles under XLA).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+# Logit of masked attention positions. Masks are boolean tensors (Keras casts float arguments of a
+# layer call to the compute dtype, which would turn -1e9 into -inf in float16) and are applied to
+# float32 logits, so a fully masked row (an all-pad eval example) stays finite.
+NEG_INF = -1e9
+LAYER_NORM_EPSILON = 1e-6
+PAD_ID = 0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TransformerParams:
+    """Shape and regularization of a Transformer.
+
+    Attributes:
+      vocab_size: subword vocabulary size (shared by source and target).
+      hidden_size: model width (embedding and residual stream).
+      num_layers: layers in the encoder and in the decoder (each).
+      num_heads: attention heads; must divide hidden_size.
+      filter_size: inner width of the position-wise feed-forward network.
+      dropout: residual (post-processing) and embedding dropout rate.
+      attention_dropout: dropout on the attention weights.
+      relu_dropout: dropout after the feed-forward ReLU.
+    """
+
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    filter_size: int
+    dropout: float = 0.1
+    attention_dropout: float = 0.1
+    relu_dropout: float = 0.1
+
+    def __post_init__(self):
+        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "filter_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"`{name}` ({value!r}) must be a positive integer.")
+        if self.hidden_size % self.num_heads:
+            raise ValueError(
+                f"`hidden_size` ({self.hidden_size}) must be divisible by "
+                f"`num_heads` ({self.num_heads})."
+            )
+        if self.hidden_size % 2:
+            raise ValueError(f"`hidden_size` ({self.hidden_size}) must be even (sin/cos halves).")
+        for name in ("dropout", "attention_dropout", "relu_dropout"):
+            value = getattr(self, name)
+            if not 0.0 <= value < 1.0:
+                raise ValueError(f"`{name}` ({value!r}) must be in [0, 1).")
+
+
+def big(vocab_size: int) -> TransformerParams:
+    """Transformer-big (MLPerf): 6+6 layers, hidden 1024, filter 4096, 16 heads, dropout 0.1."""
+    return TransformerParams(
+        vocab_size=vocab_size, hidden_size=1024, num_layers=6, num_heads=16, filter_size=4096
+    )
+
+
+def base(vocab_size: int) -> TransformerParams:
+    """Transformer-base: 6+6 layers, hidden 512, filter 2048, 8 heads, dropout 0.1."""
+    return TransformerParams(
+        vocab_size=vocab_size, hidden_size=512, num_layers=6, num_heads=8, filter_size=2048
+    )
+
+
+def tiny(vocab_size: int) -> TransformerParams:
+    """A tiny variant for tests and the smoke preset: 2+2 layers, hidden 32, 4 heads."""
+    return TransformerParams(
+        vocab_size=vocab_size, hidden_size=32, num_layers=2, num_heads=4, filter_size=64
+    )
+
+
+def position_encoding(length: int, hidden_size: int) -> tf.Tensor:
+    """Sinusoidal position signal (sin half, then cos half), timescales 1 to 1e4.
+
+    Returns:
+      float32 tensor [length, hidden_size].
+    """
+    position = tf.range(length, dtype=tf.float32)
+    num_timescales = hidden_size // 2
+    log_increment = math.log(1.0e4) / max(num_timescales - 1, 1)
+    inv_timescales = tf.exp(tf.range(num_timescales, dtype=tf.float32) * -log_increment)
+    scaled_time = position[:, None] * inv_timescales[None, :]  # [length, hidden/2]
+    return tf.concat([tf.sin(scaled_time), tf.cos(scaled_time)], axis=1)
+
+
+def padding_mask(ids: tf.Tensor) -> tf.Tensor:
+    """Attention mask, True where a key of `ids` [batch, length] is not pad: [batch, 1, 1, length]."""
+    return tf.not_equal(ids, PAD_ID)[:, None, None, :]
+
+
+def causal_mask(length) -> tf.Tensor:
+    """Attention mask, True where key position <= query position: [1, 1, length, length]."""
+    positions = tf.range(length)
+    return (positions[None, :] <= positions[:, None])[None, None, :, :]
+
+
+class SharedEmbedding(keras.layers.Layer):
+    """Token embedding whose matrix also projects the decoder output to vocabulary logits."""
+
+    def __init__(self, vocab_size: int, hidden_size: int, **kwargs):
+        super().__init__(**kwargs)
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+
+    def build(self, input_shape=None):
+        self.shared_weights = self.add_weight(
+            name="weights",
+            shape=(self.vocab_size, self.hidden_size),
+            initializer=keras.initializers.RandomNormal(stddev=self.hidden_size**-0.5),
+        )
+        super().build(input_shape)
+
+    def call(self, ids, mode: str = "embedding"):
+        """`embedding`: ids [batch, length] -> [batch, length, hidden] (scaled by sqrt(hidden)).
+
+        `linear`: x [batch, length, hidden] -> logits [batch, length, vocab].
+        """
+        weights = tf.cast(self.shared_weights, self.compute_dtype)
+        if mode == "embedding":
+            return tf.gather(weights, ids) * (self.hidden_size**0.5)
+        if mode == "linear":
+            return tf.einsum("blh,vh->blv", ids, weights)
+        raise ValueError(f"`mode` ({mode!r}) must be 'embedding' or 'linear'.")
+
+
+class Attention(keras.layers.Layer):
+    """Multi-head dot-product attention with an optional fixed-size decoding cache."""
+
+    def __init__(self, hidden_size: int, num_heads: int, dropout: float, **kwargs):
+        super().__init__(**kwargs)
+        self.hidden_size = hidden_size
+        self.num_heads = num_heads
+        self.depth = hidden_size // num_heads
+        policy = self.dtype_policy
+
+        def projection(name):  # [batch, length, hidden] -> [batch, length, heads, depth]
+            return keras.layers.EinsumDense(
+                "bte,enh->btnh",
+                output_shape=(None, num_heads, self.depth),
+                kernel_initializer="glorot_uniform",
+                name=name,
+                dtype=policy,
+            )
+
+        self.query_dense = projection("query")
+        self.key_dense = projection("key")
+        self.value_dense = projection("value")
+        self.output_dense = keras.layers.EinsumDense(
+            "btnh,nhe->bte",
+            output_shape=(None, hidden_size),
+            kernel_initializer="glorot_uniform",
+            name="output_transform",
+            dtype=policy,
+        )
+        self.dropout_layer = keras.layers.Dropout(dropout, dtype=policy)
+
+    def build(self, input_shape=None):
+        for layer in (self.query_dense, self.key_dense, self.value_dense):
+            layer.build((None, None, self.hidden_size))
+        self.output_dense.build((None, None, self.num_heads, self.depth))
+        super().build(input_shape)
+
+    def project_kv(self, source):
+        """Keys and values of `source` [batch, length, hidden]: each [batch, length, heads, depth]."""
+        return self.key_dense(source), self.value_dense(source)
+
+    def call(self, query_input, source, mask, training=False, cache=None, step=None):
+        """Attends from `query_input` [batch, q_len, hidden] to `source` [batch, kv_len, hidden].
+
+        Args:
+          query_input: the queries' input.
+          source: the keys'/values' input; unused when `cache` holds precomputed keys and values
+            and `step` is None (encoder-decoder attention while decoding).
+          mask: bool, True where a key is visible; broadcastable to [batch, heads, q_len, kv_len].
+          training: enables attention dropout.
+          cache: None, or {"k", "v"}: [batch, kv_len, heads, depth].
+          step: with `cache`, the int position this call writes (decoder self-attention while
+            decoding one position: `query_input` and `source` are [batch, 1, hidden]).
+
+        Returns:
+          (output [batch, q_len, hidden], the updated cache or None).
+        """
+        query = self.query_dense(query_input) * (self.depth**-0.5)  # [b, q, n, h]
+        if cache is None:
+            key, value = self.project_kv(source)
+        elif step is None:
+            key, value = cache["k"], cache["v"]
+        else:
+            new_key, new_value = self.project_kv(source)  # [b, 1, n, h]
+            max_len = cache["k"].shape[1]
+            # Writes position `step` as a one-hot sum instead of a scatter: static and XLA-friendly.
+            one_hot = tf.cast(tf.one_hot(step, max_len), new_key.dtype)[None, :, None, None]
+            key = cache["k"] + new_key * one_hot
+            value = cache["v"] + new_value * one_hot
+            cache = {"k": key, "v": value}
+        logits = tf.einsum("btnh,bfnh->bnft", key, query)  # [b, n, q, kv]
+        logits = tf.where(mask, tf.cast(logits, tf.float32), NEG_INF)
+        weights = tf.cast(tf.nn.softmax(logits, axis=-1), query.dtype)
+        weights = self.dropout_layer(weights, training=training)
+        attended = tf.einsum("bnft,btnh->bfnh", weights, value)  # [b, q, n, h]
+        return self.output_dense(attended), cache
+
+
+class FeedForward(keras.layers.Layer):
+    """Position-wise feed-forward network: dense ReLU (filter_size), dropout, dense (hidden)."""
+
+    def __init__(self, hidden_size: int, filter_size: int, dropout: float, **kwargs):
+        super().__init__(**kwargs)
+        self.filter_layer = keras.layers.Dense(
+            filter_size, activation="relu", name="filter_layer", dtype=self.dtype_policy
+        )
+        self.output_layer = keras.layers.Dense(
+            hidden_size, name="output_layer", dtype=self.dtype_policy
+        )
+        self.dropout_layer = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
+        self.hidden_size = hidden_size
+
+    def build(self, input_shape=None):
+        self.filter_layer.build((None, None, self.hidden_size))
+        self.output_layer.build((None, None, self.filter_layer.units))
+        super().build(input_shape)
+
+    def call(self, x, training=False):
+        hidden = self.dropout_layer(self.filter_layer(x), training=training)
+        return self.output_layer(hidden)
+
+
+class EncoderLayer(keras.layers.Layer):
+    """Pre-norm self-attention block and feed-forward block, each with a residual."""
+
+    def __init__(self, params: TransformerParams, **kwargs):
+        super().__init__(**kwargs)
+        p = params
+        policy = self.dtype_policy
+        self.attention_norm = keras.layers.LayerNormalization(
+            epsilon=LAYER_NORM_EPSILON, name="attention_norm", dtype=policy
+        )
+        self.attention = Attention(
+            p.hidden_size, p.num_heads, p.attention_dropout, name="self_attention", dtype=policy
+        )
+        self.ffn_norm = keras.layers.LayerNormalization(
+            epsilon=LAYER_NORM_EPSILON, name="ffn_norm", dtype=policy
+        )
+        self.ffn = FeedForward(
+            p.hidden_size, p.filter_size, p.relu_dropout, name="ffn", dtype=policy
+        )
+        self.dropout_layer = keras.layers.Dropout(p.dropout, dtype=policy)
+        self.hidden_size = p.hidden_size
+
+    def build(self, input_shape=None):
+        shape = (None, None, self.hidden_size)
+        for layer in (self.attention_norm, self.attention, self.ffn_norm, self.ffn):
+            layer.build(shape)
+        super().build(input_shape)
+
+    def call(self, x, mask, training=False):
+        y = self.attention_norm(x)
+        y, _ = self.attention(y, y, mask, training=training)
+        x = x + self.dropout_layer(y, training=training)
+        y = self.ffn(self.ffn_norm(x), training=training)
+        return x + self.dropout_layer(y, training=training)
+
+
+class DecoderLayer(keras.layers.Layer):
+    """Pre-norm causal self-attention, encoder-decoder attention and feed-forward blocks."""
+
+    def __init__(self, params: TransformerParams, **kwargs):
+        super().__init__(**kwargs)
+        p = params
+        policy = self.dtype_policy
+
+        def norm(name):
+            return keras.layers.LayerNormalization(
+                epsilon=LAYER_NORM_EPSILON, name=name, dtype=policy
+            )
+
+        self.self_attention_norm = norm("self_attention_norm")
+        self.self_attention = Attention(
+            p.hidden_size, p.num_heads, p.attention_dropout, name="self_attention", dtype=policy
+        )
+        self.encdec_attention_norm = norm("encdec_attention_norm")
+        self.encdec_attention = Attention(
+            p.hidden_size, p.num_heads, p.attention_dropout, name="encdec_attention", dtype=policy
+        )
+        self.ffn_norm = norm("ffn_norm")
+        self.ffn = FeedForward(
+            p.hidden_size, p.filter_size, p.relu_dropout, name="ffn", dtype=policy
+        )
+        self.dropout_layer = keras.layers.Dropout(p.dropout, dtype=policy)
+        self.hidden_size = p.hidden_size
+
+    def build(self, input_shape=None):
+        shape = (None, None, self.hidden_size)
+        for layer in (
+            self.self_attention_norm,
+            self.self_attention,
+            self.encdec_attention_norm,
+            self.encdec_attention,
+            self.ffn_norm,
+            self.ffn,
+        ):
+            layer.build(shape)
+        super().build(input_shape)
+
+    def call(
+        self,
+        x,
+        encoder_outputs,
+        self_mask,
+        encdec_mask,
+        training=False,
+        cache=None,
+        step=None,
+    ):
+        """One decoder layer; with `cache` ({"k","v","enc_k","enc_v"}) decodes position `step`.
+
+        Returns:
+          (x [batch, length, hidden], the updated cache or None).
+        """
+        self_cache = None if cache is None else {"k": cache["k"], "v": cache["v"]}
+        encdec_cache = None if cache is None else {"k": cache["enc_k"], "v": cache["enc_v"]}
+        y = self.self_attention_norm(x)
+        y, self_cache = self.self_attention(
+            y, y, self_mask, training=training, cache=self_cache, step=step
+        )
+        x = x + self.dropout_layer(y, training=training)
+        y = self.encdec_attention_norm(x)
+        y, _ = self.encdec_attention(
+            y, encoder_outputs, encdec_mask, training=training, cache=encdec_cache
+        )
+        x = x + self.dropout_layer(y, training=training)
+        y = self.ffn(self.ffn_norm(x), training=training)
+        x = x + self.dropout_layer(y, training=training)
+        if cache is not None:
+            cache = {**cache, "k": self_cache["k"], "v": self_cache["v"]}
+        return x, cache
+
+
+class Transformer(keras.Model):
+    """Encoder-decoder Transformer with shared embedding/softmax weights.
+
+    Call it on {"inputs": [batch, src_len], "targets": [batch, tgt_len]} int ids (0 = pad,
+    targets end with EOS) to get teacher-forced logits [batch, tgt_len, vocab] in the compute
+    dtype. Decoding uses `encode`, `init_cache` and `decode_step` (see `beam_search.py`).
+    """
+
+    def __init__(self, params: TransformerParams, **kwargs):
+        kwargs.setdefault("name", "transformer")
+        super().__init__(**kwargs)
+        self.params = params
+        policy = self.dtype_policy
+        self.embedding = SharedEmbedding(
+            params.vocab_size, params.hidden_size, name="embedding", dtype=policy
+        )
+        self.encoder_layers = [
+            EncoderLayer(params, name=f"encoder_layer_{i}", dtype=policy)
+            for i in range(params.num_layers)
+        ]
+        self.encoder_norm = keras.layers.LayerNormalization(
+            epsilon=LAYER_NORM_EPSILON, name="encoder_norm", dtype=policy
+        )
+        self.decoder_layers = [
+            DecoderLayer(params, name=f"decoder_layer_{i}", dtype=policy)
+            for i in range(params.num_layers)
+        ]
+        self.decoder_norm = keras.layers.LayerNormalization(
+            epsilon=LAYER_NORM_EPSILON, name="decoder_norm", dtype=policy
+        )
+        self.input_dropout = keras.layers.Dropout(params.dropout, dtype=policy)
+
+    def build(self, input_shape=None):
+        """Creates every variable (no data needed)."""
+        hidden = (None, None, self.params.hidden_size)
+        self.embedding.build((None, None))
+        for layer in self.encoder_layers + self.decoder_layers:
+            layer.build(hidden)
+        self.encoder_norm.build(hidden)
+        self.decoder_norm.build(hidden)
+        super().build(input_shape)
+
+    def _embed_with_positions(self, ids, training):
+        length = tf.shape(ids)[1]
+        x = self.embedding(ids)  # [b, l, hidden]
+        positions = position_encoding(length, self.params.hidden_size)
+        x = x + tf.cast(positions, x.dtype)[None]
+        return self.input_dropout(x, training=training)
+
+    def encode(self, inputs, training=False):
+        """Encodes source ids [batch, src_len].
+
+        Returns:
+          (encoder outputs [batch, src_len, hidden], padding mask [batch, 1, 1, src_len]).
+        """
+        mask = padding_mask(inputs)
+        x = self._embed_with_positions(inputs, training)
+        for layer in self.encoder_layers:
+            x = layer(x, mask, training=training)
+        return self.encoder_norm(x), mask
+
+    def decode(self, targets, encoder_outputs, encdec_mask, training=False):
+        """Teacher-forced decoding: logits [batch, tgt_len, vocab] for next-token prediction."""
+        # Decoder input: targets shifted right by one; position 0 is the pad id (start symbol).
+        decoder_inputs = tf.pad(targets, [[0, 0], [1, 0]])[:, :-1]
+        length = tf.shape(decoder_inputs)[1]
+        x = self._embed_with_positions(decoder_inputs, training)
+        self_mask = causal_mask(length)
+        for layer in self.decoder_layers:
+            x, _ = layer(x, encoder_outputs, self_mask, encdec_mask, training=training)
+        return self.embedding(self.decoder_norm(x), mode="linear")
+
+    def call(self, inputs, training=False):
+        encoder_outputs, mask = self.encode(inputs["inputs"], training=training)
+        return self.decode(inputs["targets"], encoder_outputs, mask, training=training)
+
+    def init_cache(self, encoder_outputs, encdec_mask, max_decode_length: int) -> dict[str, Any]:
+        """The decoding state for `max_decode_length` positions.
+
+        Args:
+          encoder_outputs: [batch, src_len, hidden].
+          encdec_mask: [batch, 1, 1, src_len] padding mask of the source.
+          max_decode_length: static number of decoded positions.
+
+        Returns:
+          A dict of tensors, each with a leading batch dimension (beam search tiles and
+          reorders them): per layer "k"/"v" zeros [batch, max_decode_length, heads, depth] and
+          the precomputed encoder keys/values "enc_k"/"enc_v" [batch, src_len, heads, depth],
+          plus "encdec_mask".
+        """
+        p = self.params
+        batch = tf.shape(encoder_outputs)[0]
+        depth = p.hidden_size // p.num_heads
+        zeros = tf.zeros([batch, max_decode_length, p.num_heads, depth], encoder_outputs.dtype)
+        cache = {"encdec_mask": encdec_mask}
+        for i, layer in enumerate(self.decoder_layers):
+            enc_k, enc_v = layer.encdec_attention.project_kv(encoder_outputs)
+            cache[f"layer_{i}"] = {"k": zeros, "v": zeros, "enc_k": enc_k, "enc_v": enc_v}
+        return cache
+
+    def decode_step(self, ids, step, cache):
+        """Logits for position `step` given the previous token.
+
+        Args:
+          ids: [batch, 1] the token at position `step - 1` (the pad id at step 0).
+          step: scalar int, the position being predicted (0-based).
+          cache: from `init_cache` (or the previous step).
+
+        Returns:
+          (float32 logits [batch, vocab], the updated cache).
+        """
+        max_len = cache["layer_0"]["k"].shape[1]
+        x = self.embedding(ids)  # [b, 1, hidden]
+        signal = position_encoding(max_len, self.params.hidden_size)
+        x = x + tf.cast(tf.gather(signal, [step]), x.dtype)[None]
+        # Row `step` of the causal mask over the fixed-size cache: keys 0..step are visible.
+        self_mask = (tf.range(max_len) <= step)[None, None, None, :]
+        new_cache = {"encdec_mask": cache["encdec_mask"]}
+        for i, layer in enumerate(self.decoder_layers):
+            x, new_cache[f"layer_{i}"] = layer(
+                x,
+                None,
+                self_mask,
+                cache["encdec_mask"],
+                training=False,
+                cache=cache[f"layer_{i}"],
+                step=step,
+            )
+        logits = self.embedding(self.decoder_norm(x), mode="linear")  # [b, 1, vocab]
+        return tf.cast(logits[:, 0, :], tf.float32), new_cache
