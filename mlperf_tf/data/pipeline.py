@@ -454,6 +454,7 @@ def training_pipeline(
     seed: int | None = 0,
     cache: bool = False,
     skip_bad_records: bool = False,
+    num_epochs: int | None = None,
 ) -> tf.data.Dataset:
     """An endless dataset of training batches for one input pipeline.
 
@@ -475,6 +476,7 @@ def training_pipeline(
         before any random augmentation; needs RAM for this pipeline's share of the files).
       skip_bad_records: skip (and report) corrupt records and records whose parse or transform
         fails, instead of failing with an error naming the file.
+      num_epochs: passes over this pipeline's shard; None (the default) repeats forever.
 
     Returns:
       A dataset of batches: `transform_fn`'s structure with a leading `batch_size` dimension.
@@ -501,7 +503,9 @@ def training_pipeline(
         # Shuffle before repeat: each epoch is a permutation of the shard's records (epochs stay
         # epochs, which MLPerf's epoch accounting assumes).
         records = records.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-    records = records.repeat()
+    if num_epochs is not None:
+        _check_positive("num_epochs", num_epochs)
+    records = records.repeat(num_epochs)
     examples = _checked_map(
         records,
         fn,

@@ -1,0 +1,230 @@
+"""Provides tf.data service support: `mlperf-tf data-service` servers and `distribute` for pipelines.
+
+The tf.data service moves a pipeline's preprocessing off the training host: a dispatcher hands
+out work and N workers run the pipeline, streaming finished batches to the trainer. Start the
+servers with `mlperf-tf data-service --port 5050 --workers 4` (or `python -m
+mlperf_tf.data.service ...`) and train with `--data_service=grpc://HOST:5050`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import socket
+import sys
+import threading
+from collections.abc import Sequence
+
+import tensorflow as tf
+
+from mlperf_tf.errors import UserError
+
+# grpc://HOST:PORT, HOST a name, an IPv4 address or a bracketed IPv6 address.
+_ADDRESS = re.compile(r"^grpc://(?P<host>\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.\-]+):(?P<port>\d{1,5})$")
+_PROCESSING_MODES = ("distributed_epoch", "parallel_epochs")
+# Seconds to wait for the dispatcher's TCP port before reporting it unreachable.
+_CONNECT_TIMEOUT_S = 10.0
+
+
+def parse_address(service_address: str) -> tuple[str, int]:
+    """Splits `grpc://HOST:PORT` into (host, port).
+
+    Raises:
+      UserError: the address is not of that form or the port is out of range.
+    """
+    match = _ADDRESS.match(service_address or "")
+    port = int(match.group("port")) if match else 0
+    if not match or not 0 < port < 65536:
+        raise UserError(
+            f"tf.data service address '{service_address}' must look like grpc://HOST:PORT "
+            "(e.g. grpc://127.0.0.1:5050)"
+        )
+    return match.group("host").strip("[]"), port
+
+
+def check_reachable(service_address: str, *, timeout_s: float = _CONNECT_TIMEOUT_S) -> None:
+    """Fails fast when nothing listens at the dispatcher's address.
+
+    The tf.data service client retries an unreachable dispatcher forever, which would hang a run;
+    a TCP connect with a timeout turns that into an error.
+
+    Raises:
+      UserError: the address is malformed or its port does not accept a connection.
+    """
+    host, port = parse_address(service_address)
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            pass
+    except OSError as e:
+        raise UserError(
+            f"cannot reach the tf.data service dispatcher at '{service_address}' ({e}); "
+            "start one with `mlperf-tf data-service --port PORT --workers N`"
+        ) from None
+
+
+def distribute(
+    dataset: tf.data.Dataset,
+    service_address: str,
+    *,
+    job_name: str,
+    processing_mode: str = "distributed_epoch",
+    check_address: bool = True,
+) -> tf.data.Dataset:
+    """Runs `dataset`'s processing on the tf.data service and reads its elements from there.
+
+    With `processing_mode="distributed_epoch"` (the default) the dispatcher splits the
+    dataset's source (the file list of `training_pipeline`/`eval_pipeline`) among the workers, so
+    one epoch through the service holds each element exactly once, as locally. With
+    `"parallel_epochs"` every worker runs the whole dataset (each produces its own shuffled
+    epochs).
+
+    Consumers that pass the same `job_name` share one job and split its elements between them;
+    so give each input pipeline its own name (e.g. `f"train-{input_pipeline_id}"`) when each
+    builds a different shard, and the same name only for identical datasets.
+
+    Args:
+      dataset: the pipeline to run on the workers (its files must be readable by them).
+      service_address: the dispatcher, `grpc://HOST:PORT`.
+      job_name: the job's name (see above).
+      processing_mode: "distributed_epoch" or "parallel_epochs".
+      check_address: check up front that the dispatcher accepts connections.
+
+    Returns:
+      A dataset with the same elements, produced by the service.
+
+    Raises:
+      UserError: the address is malformed or unreachable.
+      ValueError: `job_name` is empty or `processing_mode` unknown.
+    """
+    parse_address(service_address)
+    if not job_name:
+        raise ValueError(f"`job_name` ({job_name!r}) must be a non-empty string.")
+    if processing_mode not in _PROCESSING_MODES:
+        raise ValueError(
+            f"`processing_mode` ({processing_mode!r}) must be one of {_PROCESSING_MODES}."
+        )
+    if check_address:
+        check_reachable(service_address)
+    policy = (
+        tf.data.experimental.service.ShardingPolicy.DYNAMIC
+        if processing_mode == "distributed_epoch"
+        else tf.data.experimental.service.ShardingPolicy.OFF
+    )
+    # The service drops the pipeline's final prefetch, so prefetch slack has nothing to act on.
+    options = tf.data.Options()
+    options.experimental_slack = False
+    distributed = dataset.with_options(options).apply(
+        tf.data.experimental.service.distribute(
+            processing_mode=policy, service=service_address, job_name=job_name
+        )
+    )
+    return distributed.prefetch(tf.data.AUTOTUNE)
+
+
+class Servers:
+    """A running dispatcher and its workers (in this process); `stop()` shuts them down."""
+
+    def __init__(self, dispatcher, workers, address: str):
+        self.dispatcher = dispatcher
+        self.workers = list(workers)
+        self.address = address
+
+    def join(self) -> None:
+        """Blocks until the dispatcher stops (Ctrl-C)."""
+        self.dispatcher.join()
+
+    def stop(self) -> None:
+        """Shuts the servers down (they stop when their last reference goes away)."""
+        self.workers.clear()
+        self.dispatcher = None
+
+    def __enter__(self) -> Servers:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def serve(
+    port: int,
+    num_workers: int,
+    *,
+    host: str = "127.0.0.1",
+    block: bool = True,
+    stream=None,
+) -> Servers | None:
+    """Starts a tf.data service dispatcher on `port` (all interfaces) and `num_workers` workers.
+
+    Workers pick free ports and register with the dispatcher under `host`, the name that
+    trainers use to reach them (use the machine's network name for other hosts).
+
+    Args:
+      port: the dispatcher's TCP port; 0 picks a free one (see the returned `address`).
+      num_workers: worker servers to start in this process (at least 1).
+      host: the host name that the dispatcher and workers advertise.
+      block: serve until interrupted (Ctrl-C), then return None; if False, return the servers.
+      stream: where to print the address line (default stdout).
+
+    Returns:
+      The running `Servers` when `block` is False, else None.
+
+    Raises:
+      ValueError: `port` or `num_workers` is out of range.
+    """
+    if not isinstance(port, int) or not 0 <= port < 65536:
+        raise ValueError(f"`port` ({port!r}) must be an integer in [0, 65535].")
+    if not isinstance(num_workers, int) or num_workers < 1:
+        raise ValueError(f"`num_workers` ({num_workers!r}) must be a positive integer.")
+    service = tf.data.experimental.service
+    dispatcher = service.DispatchServer(service.DispatcherConfig(port=port))
+    bound_port = int(dispatcher.target.rsplit(":", 1)[1])
+    workers = [
+        service.WorkerServer(
+            service.WorkerConfig(
+                dispatcher_address=f"{host}:{bound_port}",
+                worker_address=f"{host}:%port%",
+                port=0,
+            )
+        )
+        for _ in range(num_workers)
+    ]
+    address = f"grpc://{host}:{bound_port}"
+    stream = stream if stream is not None else sys.stdout
+    print(f"tf.data service dispatcher at {address} with {num_workers} worker(s)", file=stream)
+    stream.flush()
+    servers = Servers(dispatcher, workers, address)
+    if not block:
+        return servers
+    try:
+        # join() blocks in C++; waiting on an Event keeps Ctrl-C responsive.
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        servers.stop()
+    return None
+
+
+def main(argv: Sequence[str]) -> int:
+    """`mlperf-tf data-service --port P --workers N [--host H]`: serve until Ctrl-C."""
+    parser = argparse.ArgumentParser(
+        prog="mlperf-tf data-service",
+        description="Start a tf.data service dispatcher and N workers; train with "
+        "--data_service=grpc://HOST:PORT.",
+    )
+    parser.add_argument("--port", type=int, default=5050, help="dispatcher port (0: any free)")
+    parser.add_argument("--workers", type=int, default=2, help="worker servers to start")
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="host name the servers advertise to trainers"
+    )
+    args = parser.parse_args(list(argv))
+    if not 0 <= args.port < 65536:
+        parser.error(f"--port ({args.port}) must be in [0, 65535]")
+    if args.workers < 1:
+        parser.error(f"--workers ({args.workers}) must be at least 1")
+    serve(args.port, args.workers, host=args.host, block=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
