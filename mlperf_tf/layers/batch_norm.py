@@ -33,15 +33,24 @@ def model_bn_span(per_replica_batch: int, group_size: int) -> int:
     return per_replica_batch * group_size
 
 
-def check_group_size(group_size: int, num_replicas: int, *, layer_name: str = "") -> int:
+def check_group_size(
+    group_size: int, num_replicas: int, *, layer_name: str = "", error=ConfigError
+) -> int:
     """Returns the number of groups, or raises if `group_size` does not divide `num_replicas`.
 
+    Args:
+      group_size: replicas per batch-norm group.
+      num_replicas: replicas in sync.
+      layer_name: named in the message when given.
+      error: the exception type to raise. Code traced by tf.function passes `ValueError`:
+        autograph re-raises only built-in exception types as themselves.
+
     Raises:
-      ConfigError: `group_size` is not a divisor of `num_replicas`.
+      ConfigError (or `error`): `group_size` is not a divisor of `num_replicas`.
     """
     if num_replicas % group_size:
         where = f" of layer '{layer_name}'" if layer_name else ""
-        raise ConfigError(
+        raise error(
             f"batch-norm `group_size` ({group_size}){where} must divide the number of replicas "
             f"in sync ({num_replicas})."
         )
@@ -73,9 +82,9 @@ def group_moments(
       (mean, variance) over the group's concatenated batch, each `[C]`.
 
     Raises:
-      ConfigError: `group_size` does not divide `num_replicas`.
+      ValueError: `group_size` does not divide `num_replicas`.
     """
-    num_groups = check_group_size(group_size, num_replicas)
+    num_groups = check_group_size(group_size, num_replicas, error=ValueError)
     ndim = len(x.shape)
     axis = axis % ndim
     axes = [i for i in range(ndim) if i != axis]
@@ -146,8 +155,10 @@ class CrossReplicaBatchNormalization(keras.layers.BatchNormalization):
 
     Raises:
       ConfigError: `group_size` is not a positive integer, is combined with `synchronized=True`
-        or `renorm=True`, or (at build or call time, under a strategy) does not divide the
-        number of replicas in sync.
+        or `renorm=True`, or (when built under a strategy) does not divide the number of
+        replicas in sync.
+      ValueError: called in replica context where `group_size` does not divide the number of
+        replicas in sync (a layer built without a strategy).
     """
 
     def __init__(self, group_size: int = 1, **kwargs):
@@ -191,7 +202,7 @@ class CrossReplicaBatchNormalization(keras.layers.BatchNormalization):
         compute_dtype = keras.backend.result_type(inputs.dtype, "float32")
         x = ops.cast(inputs, compute_dtype)
         num_replicas = ctx.num_replicas_in_sync
-        check_group_size(self.group_size, num_replicas, layer_name=self.name)
+        check_group_size(self.group_size, num_replicas, layer_name=self.name, error=ValueError)
         mean, variance = group_moments(
             x,
             axis=self.axis,

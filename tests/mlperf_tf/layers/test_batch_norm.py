@@ -1,0 +1,428 @@
+"""Tests of `CrossReplicaBatchNormalization` and `model_bn_span` against NumPy and Keras' BN."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from unittest import mock
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from mlperf_tf.config import ConfigError
+from mlperf_tf.layers import CrossReplicaBatchNormalization
+from mlperf_tf.layers.batch_norm import group_moments
+from tests.mlperf_tf.layers import mwms_worker
+
+REPLICAS = 4
+SHAPE = (2, 3, 3, 4)  # per-replica batch [B, H, W, C]
+EPS = 1e-3
+MOMENTUM = 0.75
+REPO_ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(scope="module")
+def strategy():
+    """One 4-replica MirroredStrategy for the module, reducing without collective ops.
+
+    Every default MirroredStrategy in a process numbers its collectives from the same keys, so
+    a second one over the same devices whose first all-reduce has another shape aborts (and
+    poisons) collectives in the whole process. `ReductionToOneDevice` has no keys; the default
+    collective implementation is covered by the multi-worker test, in its own processes.
+    """
+    devices = tf.config.list_logical_devices("CPU")
+    assert len(devices) >= REPLICAS, "tests/conftest.py should split the CPU into 4 devices"
+    return tf.distribute.MirroredStrategy(
+        [f"CPU:{i}" for i in range(REPLICAS)],
+        cross_device_ops=tf.distribute.ReductionToOneDevice(),
+    )
+
+
+def _replica_inputs(seed=0, replicas=REPLICAS, shape=SHAPE, dtype=np.float32):
+    """Per-replica inputs with different means and scales per replica, and loss weights."""
+    rng = np.random.RandomState(seed)
+    x = np.stack([rng.normal(3.0 * r - 4.0, 1.0 + r, shape) for r in range(replicas)])
+    w = rng.normal(0.0, 1.0, (replicas,) + shape)
+    return x.astype(dtype), w.astype(np.float32)
+
+
+def _per_replica(strategy, array):
+    """A distributed value whose replica `r` holds `array[r]`."""
+    return strategy.experimental_distribute_values_from_function(
+        lambda ctx: tf.constant(array[ctx.replica_id_in_sync_group])
+    )
+
+
+def _train_step(strategy, layer, x, w):
+    """One training call per replica; returns outputs, input gradients of sum(y * w) [R, ...]."""
+
+    def replica_fn(xr, wr):
+        with tf.GradientTape() as tape:
+            tape.watch(xr)
+            y = layer(xr, training=True)
+            loss = tf.reduce_sum(tf.cast(y, tf.float32) * wr)
+        return y, tape.gradient(loss, xr)
+
+    step = tf.function(lambda a, b: strategy.run(replica_fn, args=(a, b)))
+    y, grad = step(_per_replica(strategy, x), _per_replica(strategy, w))
+    local = strategy.experimental_local_results
+    return np.stack([t.numpy() for t in local(y)]), np.stack([t.numpy() for t in local(grad)])
+
+
+def _local_copies(strategy, variable):
+    """Each replica's copy of a mirrored Keras variable, [R, C]."""
+    return np.stack([v.numpy() for v in strategy.experimental_local_results(variable.value)])
+
+
+def _make_layer(strategy, group_size, channels=SHAPE[-1], **kwargs):
+    with strategy.scope():
+        layer = CrossReplicaBatchNormalization(
+            group_size=group_size, momentum=MOMENTUM, epsilon=EPS, **kwargs
+        )
+        layer.build((None,) + SHAPE[1:-1] + (channels,))
+        rng = np.random.RandomState(7)
+        layer.gamma.assign(rng.uniform(0.5, 1.5, channels).astype(np.float32))
+        layer.beta.assign(rng.normal(0.0, 1.0, channels).astype(np.float32))
+        # Non-trivial moving statistics: the shift of the grouped sums starts away from zero.
+        layer.moving_mean.assign(rng.normal(2.0, 1.0, channels).astype(np.float32))
+        layer.moving_variance.assign(rng.uniform(0.5, 2.0, channels).astype(np.float32))
+    return layer
+
+
+def _numpy_bn(x, gamma, beta):
+    """Training-mode BN of a batch in float64: (output, mean, biased variance)."""
+    x = x.astype(np.float64)
+    axes = tuple(range(x.ndim - 1))
+    mean, var = x.mean(axes), x.var(axes)
+    return (x - mean) / np.sqrt(var + EPS) * gamma + beta, mean, var
+
+
+def _keras_input_grad(x, w, gamma, beta):
+    """Input gradient of sum(y * w) through a single-device Keras BN over the whole batch `x`."""
+    bn = keras.layers.BatchNormalization(momentum=MOMENTUM, epsilon=EPS)
+    bn.build(x.shape)
+    bn.gamma.assign(gamma)
+    bn.beta.assign(beta)
+    xt = tf.constant(x)
+    with tf.GradientTape() as tape:
+        tape.watch(xt)
+        loss = tf.reduce_sum(bn(xt, training=True) * w)
+    return tape.gradient(loss, xt).numpy()
+
+
+@pytest.mark.parametrize("group_size", [1, 2, 4])
+def test_grouped_statistics_and_gradients_match_group_batch(group_size, strategy):
+    layer = _make_layer(strategy, group_size)
+    gamma, beta = layer.gamma.numpy(), layer.beta.numpy()
+    mm0, mv0 = layer.moving_mean.numpy(), layer.moving_variance.numpy()
+    x, w = _replica_inputs(seed=group_size)
+
+    y, grad = _train_step(strategy, layer, x, w)
+
+    moving_mean = _local_copies(strategy, layer.moving_mean)
+    moving_var = _local_copies(strategy, layer.moving_variance)
+    for g in range(REPLICAS // group_size):
+        members = slice(g * group_size, (g + 1) * group_size)
+        group_batch = x[members].reshape((-1,) + SHAPE[1:])  # the group's concatenated batch
+        ref_y, mean, var = _numpy_bn(group_batch, gamma, beta)
+        np.testing.assert_allclose(y[members].reshape(ref_y.shape), ref_y, rtol=1e-5, atol=1e-5)
+        for r in range(g * group_size, (g + 1) * group_size):
+            np.testing.assert_allclose(
+                moving_mean[r], MOMENTUM * mm0 + (1 - MOMENTUM) * mean, rtol=1e-5, atol=1e-5
+            )
+            np.testing.assert_allclose(
+                moving_var[r], MOMENTUM * mv0 + (1 - MOMENTUM) * var, rtol=1e-5, atol=1e-5
+            )
+        ref_grad = _keras_input_grad(
+            group_batch.astype(np.float32), w[members].reshape(group_batch.shape), gamma, beta
+        )
+        np.testing.assert_allclose(
+            grad[members].reshape(ref_grad.shape), ref_grad, rtol=1e-4, atol=1e-5
+        )
+    # Groups really differ (replica means differ), so a wrong row would be caught above.
+    if group_size < REPLICAS:
+        assert not np.allclose(moving_mean[0], moving_mean[-1])
+
+
+@pytest.mark.parametrize("group_size, expected_calls", [(1, 0), (2, 1), (4, 1)])
+def test_one_all_reduce_per_layer_call(group_size, expected_calls, strategy):
+    """One all-reduce in the forward pass; its gradient is one more in the backward pass."""
+    layer = _make_layer(strategy, group_size)
+    x, w = _replica_inputs()
+    forward = tf.function(lambda a: strategy.run(lambda xr: layer(xr, training=True), args=(a,)))
+    original = tf.distribute.ReplicaContext.all_reduce
+    with mock.patch.object(
+        tf.distribute.ReplicaContext, "all_reduce", autospec=True, side_effect=original
+    ) as all_reduce:
+        forward(_per_replica(strategy, x))  # traced once per replica
+        assert all_reduce.call_count == expected_calls * REPLICAS
+        all_reduce.reset_mock()
+        _train_step(strategy, layer, x, w)
+        assert all_reduce.call_count == 2 * expected_calls * REPLICAS
+
+
+def test_moving_mean_shift_limits_cancellation(strategy):
+    """Inputs with mean 1000 and std 1: E[x^2] - E[x]^2 in fp32 needs the moving-mean shift."""
+    rng = np.random.RandomState(4)
+    x = rng.normal(1000.0, 1.0, (REPLICAS,) + SHAPE).astype(np.float32)
+    w = np.ones_like(x)
+    layer = _make_layer(strategy, 2)
+    with strategy.scope():  # a moving mean that has tracked the data
+        layer.moving_mean.assign(np.full(SHAPE[-1], 1000.5, np.float32))
+        layer.moving_variance.assign(np.ones(SHAPE[-1], np.float32))
+    gamma, beta = layer.gamma.numpy(), layer.beta.numpy()
+    y, _ = _train_step(strategy, layer, x, w)
+    moving_var = _local_copies(strategy, layer.moving_variance)
+    for g in range(2):
+        group_batch = x[2 * g : 2 * g + 2].reshape((-1,) + SHAPE[1:])
+        ref_y, _, var = _numpy_bn(group_batch, gamma, beta)
+        # fp32 x * (1 / std) near 1000 rounds to ~6e-5 before the mean is subtracted.
+        np.testing.assert_allclose(y[2 * g : 2 * g + 2].reshape(ref_y.shape), ref_y, atol=1e-3)
+        np.testing.assert_allclose(
+            moving_var[2 * g], MOMENTUM + (1 - MOMENTUM) * var, rtol=1e-5, atol=1e-5
+        )
+
+    # Without a shift the same sums lose the variance to rounding: the shift is what helps.
+    group_batch = x[:2].reshape((-1,) + SHAPE[1:])
+    _, unshifted_var = group_moments(
+        tf.constant(group_batch), axis=-1, group_size=1, replica_id=0, num_replicas=1,
+        all_reduce=lambda t: t,
+    )  # fmt: skip
+    assert np.max(np.abs(unshifted_var.numpy() - group_batch.var((0, 1, 2)))) > 1e-3
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_precision_inputs_keep_fp32_statistics(dtype, strategy):
+    policy = "mixed_float16" if dtype == "float16" else "mixed_bfloat16"
+    layer = _make_layer(strategy, 2, dtype=policy)
+    assert layer.moving_mean.dtype == "float32" and layer.gamma.dtype == "float32"
+    gamma, beta = layer.gamma.numpy(), layer.beta.numpy()
+    mm0 = layer.moving_mean.numpy()
+    # |x| ~ 300: a sum of squares in fp16 would overflow (fp16 max 65504).
+    x, w = _replica_inputs(seed=3)
+    x = (x * 10.0 + 300.0).astype(tf.as_dtype(dtype).as_numpy_dtype)
+
+    y, _ = _train_step(strategy, layer, tf.constant(x).numpy(), w)
+
+    assert y.dtype == tf.as_dtype(dtype).as_numpy_dtype
+    moving_mean = _local_copies(strategy, layer.moving_mean)
+    x64 = x.astype(np.float64)
+    for g in range(2):
+        ref_y, mean, _ = _numpy_bn(x64[2 * g : 2 * g + 2].reshape((-1,) + SHAPE[1:]), gamma, beta)
+        np.testing.assert_allclose(
+            y[2 * g : 2 * g + 2].astype(np.float64).reshape(ref_y.shape), ref_y, atol=0.05
+        )
+        np.testing.assert_allclose(
+            moving_mean[2 * g], MOMENTUM * mm0 + (1 - MOMENTUM) * mean, rtol=1e-5
+        )
+
+
+def test_masked_inputs_count_only_unmasked_positions(strategy):
+    shape = (2, 5, 3)  # [B, T, C]
+    with strategy.scope():
+        layer = CrossReplicaBatchNormalization(group_size=4, epsilon=EPS, center=False, scale=False)
+        layer.build((None, 5, 3))
+    x, _ = _replica_inputs(seed=5, shape=shape)
+    mask = np.random.RandomState(6).uniform(size=(REPLICAS, 2, 5)) < 0.6
+    fn = tf.function(
+        lambda a, m: strategy.run(lambda xr, mr: layer(xr, training=True, mask=mr), args=(a, m))
+    )
+    y = fn(_per_replica(strategy, x), _per_replica(strategy, mask))
+    y = np.stack([t.numpy() for t in strategy.experimental_local_results(y)])
+    kept = x.astype(np.float64)[mask]  # [N, C]
+    ref = (x - kept.mean(0)) / np.sqrt(kept.var(0) + EPS)
+    np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_group_size_not_dividing_replicas_fails_at_build(strategy):
+    with strategy.scope():
+        with pytest.raises(ConfigError, match=r"`group_size` \(3\).*replicas in sync \(4\)"):
+            keras.Sequential([keras.Input((3, 3, 4)), CrossReplicaBatchNormalization(group_size=3)])
+    # A layer built without a strategy fails when called under one.
+    layer = CrossReplicaBatchNormalization(group_size=8)
+    layer.build((None, 3, 3, 4))
+    x, w = _replica_inputs()
+    with pytest.raises(ValueError, match=r"`group_size` \(8\).*replicas in sync \(4\)"):
+        _train_step(strategy, layer, x, w)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"group_size": 0}, "group_size"),
+        ({"group_size": 2.0}, "group_size"),
+        ({"group_size": 2, "synchronized": True}, "synchronized"),
+        ({"group_size": 2, "renorm": True}, "renorm"),
+    ],
+)
+def test_bad_arguments(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        CrossReplicaBatchNormalization(**kwargs)
+
+
+def test_plain_keras_bn_outside_replica_context_and_in_inference(strategy):
+    x = np.random.RandomState(1).normal(2.0, 3.0, (4, 3, 3, 4)).astype(np.float32)
+    layer = CrossReplicaBatchNormalization(group_size=4, momentum=MOMENTUM)
+    reference = keras.layers.BatchNormalization(momentum=MOMENTUM)
+    for bn in (layer, reference):
+        bn.build(x.shape)
+        bn.gamma.assign(np.arange(1, 5, dtype=np.float32))
+    # No strategy: the default context is plain BN, whatever the group size.
+    np.testing.assert_array_equal(layer(x, training=True), reference(x, training=True))
+    np.testing.assert_array_equal(layer.moving_mean.numpy(), reference.moving_mean.numpy())
+    np.testing.assert_array_equal(layer(x, training=False), reference(x, training=False))
+    # Cross-replica context under a strategy: plain BN too.
+    with strategy.scope():
+        crbn = CrossReplicaBatchNormalization(group_size=4)
+        crbn.build(x.shape)
+        out = crbn(x, training=True)
+    _, mean, _ = _numpy_bn(x, 1.0, 0.0)
+    np.testing.assert_allclose(crbn.moving_mean.numpy(), 0.01 * mean, rtol=1e-5)
+    assert out.shape == x.shape
+    # Inference in replica context uses the moving statistics, no collective.
+    xs, _ = _replica_inputs()
+    y = strategy.run(
+        tf.function(lambda a: crbn(a, training=False)), args=(_per_replica(strategy, xs),)
+    )
+    mm, mv = crbn.moving_mean.numpy(), crbn.moving_variance.numpy()
+    np.testing.assert_allclose(
+        strategy.experimental_local_results(y)[2], (xs[2] - mm) / np.sqrt(mv + 1e-3), rtol=1e-5
+    )
+
+
+def test_same_variables_checkpoint_and_config_as_keras_bn():
+    reference = keras.layers.BatchNormalization(momentum=0.9, name="bn")
+    reference.build((None, 4))
+    for i, v in enumerate(reference.weights):
+        v.assign(np.full(4, i + 1.5, np.float32))
+    layer = CrossReplicaBatchNormalization(group_size=2, momentum=0.9, name="bn")
+    layer.build((None, 4))
+    assert [v.path for v in layer.weights] == [v.path for v in reference.weights]
+    assert [v.name for v in layer.weights] == ["gamma", "beta", "moving_mean", "moving_variance"]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = tf.train.Checkpoint(layer=reference).write(os.path.join(tmp, "ckpt"))
+        tf.train.Checkpoint(layer=layer).read(path).assert_consumed()
+    for got, want in zip(layer.weights, reference.weights):
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
+
+    config = layer.get_config()
+    assert config["group_size"] == 2
+    assert set(reference.get_config()) <= set(config)
+    clone = keras.layers.deserialize(keras.layers.serialize(layer))
+    assert isinstance(clone, CrossReplicaBatchNormalization) and clone.group_size == 2
+    assert clone.momentum == 0.9
+
+
+def test_compiles_under_xla_single_device():
+    layer = CrossReplicaBatchNormalization(group_size=2)
+    layer.build((None, 3, 3, 4))
+    x = tf.constant(np.random.RandomState(2).normal(1.0, 2.0, (4, 3, 3, 4)).astype(np.float32))
+
+    @tf.function(jit_compile=True)
+    def step(xx):
+        with tf.GradientTape() as tape:
+            tape.watch(xx)
+            y = layer(xx, training=True)
+        return y, tape.gradient(tf.reduce_sum(y * y), [xx, layer.gamma.value])
+
+    assert "ENTRY" in step.experimental_get_compiler_ir(x)(stage="hlo")  # XLA compiled it
+    y, _ = step(x)
+    ref_y, mean, _ = _numpy_bn(x.numpy(), 1.0, 0.0)
+    np.testing.assert_allclose(y, ref_y, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(layer.moving_mean.numpy(), 0.01 * mean, rtol=1e-5)
+
+
+def test_grouped_statistics_compile_under_xla():
+    """The grouped path as TPU replicas run it (tensor replica ids), compiled by XLA.
+
+    XLA has no collectives on the CPU, so the all-reduce is simulated inside one compiled
+    function: a first pass collects every replica's table, a second gives each replica their sum.
+    """
+    x, _ = _replica_inputs(seed=9)
+    group_size = 2
+    shift = tf.constant(np.linspace(-3.0, 3.0, SHAPE[-1]), tf.float32)
+
+    def moments(xs, r, all_reduce):
+        return group_moments(
+            xs[r], axis=-1, shift=shift, group_size=group_size, replica_id=tf.constant(r),
+            num_replicas=REPLICAS, all_reduce=all_reduce,
+        )  # fmt: skip
+
+    @tf.function(jit_compile=True)
+    def simulated(xs):
+        tables = []
+        for r in range(REPLICAS):
+            moments(xs, r, lambda t: tables.append(t) or t)
+        total = tf.add_n(tables)  # [G, 3, C]: what the all-reduce returns to every replica
+        return [moments(xs, r, lambda t: total) for r in range(REPLICAS)]
+
+    assert "ENTRY" in simulated.experimental_get_compiler_ir(tf.constant(x))(stage="hlo")
+    for r, (mean, var) in enumerate(simulated(tf.constant(x))):
+        g = r // group_size
+        group_batch = x[g * group_size : (g + 1) * group_size].reshape((-1,) + SHAPE[1:])
+        _, ref_mean, ref_var = _numpy_bn(group_batch, 1.0, 0.0)
+        np.testing.assert_allclose(mean, ref_mean, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(var, ref_var, rtol=1e-5, atol=1e-5)
+
+
+def _free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_multi_worker_mirrored_group_spans_both_workers(tmp_path):
+    """Two MultiWorkerMirroredStrategy workers on 127.0.0.1, one CPU replica each, group size 2."""
+    workers = [f"127.0.0.1:{_free_port()}" for _ in range(2)]
+    procs = []
+    deadline = time.monotonic() + 120.0
+    try:
+        for index in range(2):
+            tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
+            env = dict(
+                os.environ,
+                TF_CONFIG=json.dumps(tf_config),
+                TF_CPP_MIN_LOG_LEVEL="2",
+                PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]),
+            )
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "tests.mlperf_tf.layers.mwms_worker",
+                     str(tmp_path / f"worker{index}.npz")],
+                    cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                )
+            )  # fmt: skip
+        for index, proc in enumerate(procs):
+            try:
+                out, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"MWMS worker {index} did not finish within 120 s")
+            assert proc.returncode == 0, f"worker {index} failed:\n{out.decode()[-3000:]}"
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+
+    results = [np.load(tmp_path / f"worker{index}.npz") for index in range(2)]
+    xs, ws = zip(*(mwms_worker.replica_data(r) for r in range(2)))
+    group_batch = np.concatenate(xs)  # replicas 0 and 1 form one group across the two workers
+    ref_y, mean, var = _numpy_bn(group_batch, 1.0, 0.0)
+    ref_grad = _keras_input_grad(group_batch, np.concatenate(ws), np.ones(5, "f"), np.zeros(5, "f"))
+    n = mwms_worker.SHAPE[0]
+    momentum = mwms_worker.MOMENTUM
+    for index, result in enumerate(results):
+        assert int(result["num_replicas"]) == 2 and int(result["replica_id"]) == index
+        rows = slice(index * n, (index + 1) * n)
+        np.testing.assert_allclose(result["y"], ref_y[rows], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(result["grad"], ref_grad[rows], rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(result["moving_mean"], (1 - momentum) * mean, atol=1e-5)
+        np.testing.assert_allclose(
+            result["moving_variance"], momentum + (1 - momentum) * var, rtol=1e-5, atol=1e-5
+        )
