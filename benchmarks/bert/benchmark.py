@@ -1,0 +1,299 @@
+"""Provides `BertBenchmark`: MLPerf language (BERT-large pretraining, masked-LM accuracy)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import keras
+import tensorflow as tf
+from absl import logging
+from mlperf_logging.mllog import constants as C
+
+from benchmarks.bert import checkpoint as checkpoint_lib
+from benchmarks.bert import config as config_lib
+from benchmarks.bert import input as input_lib
+from benchmarks.bert import model as model_lib
+from mlperf_tf.benchmark import Benchmark, EvalPoint
+from mlperf_tf.config import ConfigError
+from mlperf_tf.optimizers import LAMB, WarmupPolynomialDecay
+
+# MLPerf log keys of closed_bert.yaml (0.7.0, 1.0.0) that `mlperf_logging.mllog.constants` lacks.
+OPT_EPSILON = "opt_epsilon"
+MAX_PREDICTIONS_PER_SEQ = "max_predictions_per_seq"
+
+# Patterns (re.search on Keras variable paths) that get neither weight decay nor layer
+# adaptation: the reference's ["LayerNorm", "layer_norm", "bias"]. model.py names every layer
+# norm "...LayerNorm" so the pattern finds its gamma and beta.
+LAMB_EXCLUDE = ("LayerNorm", "layer_norm", "bias")
+# The reference's denominator guard for the masked-LM mean (`+ 1e-5`).
+_MLM_WEIGHT_EPSILON = 1e-5
+
+
+def eval_interval_samples(rule: str, global_batch_size: int) -> int:
+    """Training samples between evaluations under MLPerf's rules.
+
+    v1.0 (MLCommons reference README, "Stopping criteria"):
+    `floor(0.05 * (230.23 * global_batch_size + 3,000,000) / 25,000) * 25,000`, starting from 0
+    samples. v0.7: every 500,000 samples (the interval of the v0.7 submissions, e.g. 62 steps x
+    8192 in Google's TPU v3-8192 log).
+
+    Raises:
+      ValueError: unknown rule or non-positive batch size.
+    """
+    if global_batch_size <= 0:
+        raise ValueError(f"`global_batch_size` ({global_batch_size}) must be positive.")
+    if rule == "v1.0":
+        return int(math.floor(0.05 * (230.23 * global_batch_size + 3_000_000) / 25_000) * 25_000)
+    if rule == "v0.7":
+        return 500_000
+    raise ValueError(f"`eval_rule` ({rule!r}) must be 'v0.7' or 'v1.0'.")
+
+
+def sample_eval_schedule(
+    *, global_batch_size: int, train_steps: int, every_samples: int
+) -> list[EvalPoint]:
+    """Evaluations every `ceil(every_samples / global_batch_size)` steps and at the last step.
+
+    `epoch_num` is in samples, as MLPerf's BERT logs it: the samples trained when the eval
+    runs. A block spans the samples since the previous eval (`first_epoch_num` = samples before
+    it, 0 for the first; `epoch_count` = samples in it). Rounding the interval up to whole
+    steps is what Google's v1.0 submission did (33 steps x 6912 for 225,000 samples).
+
+    Raises:
+      ValueError: an argument is not positive.
+    """
+    for name, value in (
+        ("global_batch_size", global_batch_size),
+        ("train_steps", train_steps),
+        ("every_samples", every_samples),
+    ):
+        if value <= 0:
+            raise ValueError(f"`{name}` ({value}) must be positive.")
+    every_steps = max(1, math.ceil(every_samples / global_batch_size))
+    steps = list(range(every_steps, train_steps, every_steps)) + [train_steps]
+    points = []
+    previous = 0
+    for step in steps:
+        points.append(
+            EvalPoint(
+                step=step,
+                epoch_num=step * global_batch_size,
+                first_epoch_num=previous * global_batch_size,
+                epoch_count=(step - previous) * global_batch_size,
+            )
+        )
+        previous = step
+    return points
+
+
+class BertBenchmark(Benchmark):
+    """BERT pretraining with LAMB to MLPerf's masked-LM accuracy target.
+
+    Batches are dicts of the seven MLPerf features (see input.py): int32 `input_ids`,
+    `input_mask`, `segment_ids` [batch, seq], `masked_lm_positions`, `masked_lm_ids` [batch,
+    predictions], float32 `masked_lm_weights` [batch, predictions], int32
+    `next_sentence_labels` [batch]; and, in eval, float32 `valid` [batch].
+    """
+
+    name = "bert"
+    mlperf_benchmark = C.BERT
+    config_class = config_lib.BertConfig
+    presets = {"mlperf": config_lib.mlperf, "mini": config_lib.mini, "smoke": config_lib.smoke}
+
+    config: config_lib.BertConfig
+
+    # ---- sizes ---------------------------------------------------------------------------------
+    @property
+    def model_config(self) -> config_lib.ModelConfig:
+        """`config.model`, or the model of `config.bert_config_file` when one is given.
+
+        Raises:
+          ConfigError: the file is unreadable, or the sequence length does not fit its model.
+        """
+        if not self.config.bert_config_file:
+            return self.config.model
+        model = config_lib.model_config_from_json(self.config.bert_config_file)
+        if self.config.data.max_seq_length > model.max_position_embeddings:
+            raise ConfigError(
+                f"`data.max_seq_length` ({self.config.data.max_seq_length}) exceeds "
+                f"max_position_embeddings ({model.max_position_embeddings}) of "
+                f"'{self.config.bert_config_file}'."
+            )
+        return model
+
+    def decay_steps(self, train_steps: int) -> int:
+        """`opt_learning_rate_training_steps`: the config's, or the run's step budget when 0."""
+        return self.config.optimizer.opt_learning_rate_training_steps or max(1, train_steps)
+
+    @property
+    def clip_global_norm(self) -> float:
+        """Global-norm clip of the mean gradient (after the cross-replica sum); 0 disables."""
+        return self.config.optimizer.clip_global_norm
+
+    # ---- building ------------------------------------------------------------------------------
+    def build_model(self) -> keras.Model:
+        """The BERT pretrainer of `model_config` (under the strategy scope, dtype policy set)."""
+        return model_lib.build_pretrainer(self.model_config)
+
+    def build_optimizer(self, train_steps: int) -> keras.optimizers.Optimizer:
+        """LAMB with the reference's schedule: polynomial decay from step 0 over
+        `opt_learning_rate_training_steps`, overridden by the linear warmup that starts at
+        `start_warmup_step` and lasts `num_warmup_steps`."""
+        opt = self.config.optimizer
+        schedule = WarmupPolynomialDecay(
+            opt.opt_base_learning_rate,
+            warmup_steps=opt.num_warmup_steps,
+            decay_steps=self.decay_steps(train_steps),
+            end_learning_rate=0.0,
+            power=opt.opt_lamb_learning_rate_decay_poly_power,
+            start_warmup_step=opt.start_warmup_step,
+            decay_start_step=0,
+        )
+        return LAMB(
+            schedule,
+            beta_1=opt.opt_lamb_beta_1,
+            beta_2=opt.opt_lamb_beta_2,
+            epsilon=opt.opt_epsilon,
+            weight_decay_rate=opt.opt_lamb_weight_decay_rate,
+            exclude_from_weight_decay=LAMB_EXCLUDE,
+        )
+
+    def restore_initial_weights(self, model: keras.Model) -> None:
+        """Loads `config.init_checkpoint` (a TF1 BERT checkpoint) by google-research names."""
+        if not self.config.init_checkpoint:
+            return
+        report = checkpoint_lib.load_tf1_checkpoint(model, self.config.init_checkpoint)
+        logging.info(
+            "bert: loaded %d variables from %s (skipped %d non-model variables)",
+            len(report.loaded),
+            report.path,
+            len(report.skipped),
+        )
+
+    # ---- data ----------------------------------------------------------------------------------
+    def train_dataset(self, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
+        batch_size = input_context.get_per_replica_batch_size(self.micro_batch_size)
+        if self.config.synthetic:
+            return input_lib.synthetic_train_dataset(
+                self.config, batch_size=batch_size, seed=self.seed
+            )
+        return input_lib.train_dataset(
+            self.config,
+            input_context=input_context,
+            batch_size=batch_size,
+            seed=self.seed,
+            skip_bad_records=self.skip_bad_records,
+        )
+
+    def eval_dataset(self, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
+        batch_size = input_context.get_per_replica_batch_size(self.config.eval_batch_size)
+        replicas_per_pipeline = max(
+            1, input_context.num_replicas_in_sync // input_context.num_input_pipelines
+        )
+        num_batches = self.eval_steps(input_context.num_replicas_in_sync) * replicas_per_pipeline
+        if self.config.synthetic:
+            return input_lib.synthetic_eval_dataset(
+                self.config, batch_size=batch_size, num_batches=num_batches, seed=self.seed
+            )
+        return input_lib.eval_dataset(
+            self.config,
+            input_context=input_context,
+            batch_size=batch_size,
+            num_batches=num_batches,
+            skip_bad_records=self.skip_bad_records,
+        )
+
+    # ---- steps (replica context) ---------------------------------------------------------------
+    def losses(self, model: keras.Model, batch: Any, training: bool) -> dict[str, tf.Tensor]:
+        """This replica's masked-LM loss (weighted mean over its masked tokens, as the
+        reference's `get_masked_lm_output`) and next-sentence loss (mean over its examples)."""
+        outputs = model(batch, training=training)
+        mlm_logits = tf.cast(outputs["mlm_logits"], tf.float32)  # [batch, predictions, vocab]
+        weights = tf.cast(batch["masked_lm_weights"], tf.float32)  # [batch, predictions]
+        token_loss = tf.nn.sparse_softmax_cross_entropy_with_logits(
+            labels=batch["masked_lm_ids"], logits=mlm_logits
+        )
+        mlm = tf.reduce_sum(token_loss * weights) / (tf.reduce_sum(weights) + _MLM_WEIGHT_EPSILON)
+        nsp_logits = tf.cast(outputs["nsp_logits"], tf.float32)  # [batch, 2]
+        nsp = tf.reduce_mean(
+            tf.nn.sparse_softmax_cross_entropy_with_logits(
+                labels=batch["next_sentence_labels"], logits=nsp_logits
+            )
+        )
+        return {"mlm": mlm, "nsp": nsp}
+
+    def compute_loss(self, model: keras.Model, batch: Any, training: bool = True) -> tf.Tensor:
+        """(masked-LM + next-sentence loss of this replica) x replica batch / `micro_batch_size`.
+
+        The reference's loss is a mean over one replica's batch, and its gradients are averaged
+        across replicas. Here gradients are summed across replicas (and averaged over
+        accumulation steps by the runner), so each replica scales its mean by its share of the
+        micro batch: with equal shares that is the reference's average of replica means.
+        """
+        parts = self.losses(model, batch, training)
+        local_batch = batch["input_ids"].shape[0]  # static: batches use drop_remainder
+        return (parts["mlm"] + parts["nsp"]) * (float(local_batch) / float(self.micro_batch_size))
+
+    def eval_step(self, model: keras.Model, batch: Any) -> dict[str, tf.Tensor]:
+        """Per example: weighted correct masked-LM predictions and weight sums `[batch]`.
+
+        The metric is the reference's `tf.metrics.accuracy(masked_lm_ids, argmax,
+        weights=masked_lm_weights)`; padding examples (`valid` 0) weigh 0.
+        """
+        outputs = model(batch, training=False)
+        predictions = tf.argmax(outputs["mlm_logits"], axis=-1, output_type=tf.int32)
+        valid = tf.cast(batch["valid"], tf.float32)[:, None]
+        weights = tf.cast(batch["masked_lm_weights"], tf.float32) * valid  # [batch, predictions]
+        correct = tf.cast(tf.equal(predictions, batch["masked_lm_ids"]), tf.float32) * weights
+        return {"correct": tf.reduce_sum(correct, axis=1), "weight": tf.reduce_sum(weights, axis=1)}
+
+    # ---- host side -----------------------------------------------------------------------------
+    def eval_result(self, state: dict[str, float]) -> float:
+        """Masked-LM accuracy: correct predictions over the weight of all masked tokens."""
+        weight = float(state.get("weight", 0.0))
+        if weight <= 0:
+            raise ValueError("eval saw no masked tokens: the eval set is empty")
+        return float(state["correct"]) / weight
+
+    def eval_every_samples(self) -> int:
+        """Samples between evals: `config.eval_every_samples`, or MLPerf's `eval_rule`."""
+        return self.config.eval_every_samples or eval_interval_samples(
+            self.config.eval_rule, self.config.global_batch_size
+        )
+
+    def eval_schedule(self) -> list[EvalPoint]:
+        """Every `eval_every_samples()` samples (rounded up to whole steps) and at the end."""
+        return sample_eval_schedule(
+            global_batch_size=self.config.global_batch_size,
+            train_steps=self.train_steps,
+            every_samples=self.eval_every_samples(),
+        )
+
+    def mlperf_hparams(self) -> dict[str, Any]:
+        """The keys of closed_bert.yaml (rulesets 0.7.0 and 1.0.0) and the reference's extras."""
+        opt = self.config.optimizer
+        return {
+            C.OPT_NAME: C.LAMB,
+            C.OPT_BASE_LR: opt.opt_base_learning_rate,
+            OPT_EPSILON: opt.opt_epsilon,
+            C.OPT_LAMB_EPSILON: opt.opt_epsilon,  # the key's name from ruleset 2.1 on
+            C.OPT_LAMB_BETA_1: opt.opt_lamb_beta_1,
+            C.OPT_LAMB_BETA_2: opt.opt_lamb_beta_2,
+            C.OPT_LAMB_WEIGHT_DECAY: opt.opt_lamb_weight_decay_rate,
+            C.OPT_LAMB_LR_DECAY_POLY_POWER: opt.opt_lamb_learning_rate_decay_poly_power,
+            C.OPT_LR_TRAINING_STEPS: self.decay_steps(self.train_steps),
+            C.OPT_LR_WARMUP_STEPS: opt.num_warmup_steps,
+            C.NUM_WARMUP_STEPS: opt.num_warmup_steps,
+            C.START_WARMUP_STEP: opt.start_warmup_step,
+            C.MAX_SEQUENCE_LENGTH: self.config.data.max_seq_length,
+            MAX_PREDICTIONS_PER_SEQ: self.config.data.max_predictions_per_seq,
+        }
+
+    @classmethod
+    def prepare_mini(cls, data_dir: str) -> None:
+        """Writes the stdlib-docstring mini dataset (TFRecords + vocab) into `data_dir`."""
+        from benchmarks.bert import prepare
+
+        summary = prepare.prepare_mini(data_dir)
+        logging.info("bert: mini dataset in %s: %s", data_dir, summary)
