@@ -11,7 +11,8 @@ from __future__ import annotations
 import abc
 import dataclasses
 import math
-from typing import Any, Callable, ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import numpy as np
 import tensorflow as tf

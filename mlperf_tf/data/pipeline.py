@@ -262,13 +262,16 @@ def _read_records(
     if record_shard is not None:
         deterministic = True  # every pipeline must see the same record order to shard it
     cycle = min(num_files, _MAX_CYCLE_LENGTH)
-    records = indices.interleave(
-        read_one,
-        cycle_length=cycle,
-        block_length=1,
-        num_parallel_calls=cycle if cycle > 1 else None,
-        deterministic=deterministic,
-    )
+    if cycle > 1:
+        records = indices.interleave(
+            read_one,
+            cycle_length=cycle,
+            block_length=1,
+            num_parallel_calls=cycle,
+            deterministic=deterministic,
+        )
+    else:
+        records = indices.interleave(read_one, cycle_length=1)
     if record_shard is not None:
         records = records.shard(*record_shard)
     return records
@@ -619,8 +622,7 @@ def pad_eval_dataset(
     padding = dict(_zeros_of_spec(spec))
     padding["valid"] = tf.constant(0.0, tf.float32)
     padded = real.concatenate(tf.data.Dataset.from_tensors(padding).repeat())
-    # One element past the capacity is read, checked to be padding, and dropped by the batch's
-    # drop_remainder (capacity is a multiple of batch_size).
+    # One element past the capacity is read, checked to be padding, and dropped.
     padded = padded.take(capacity + 1)
 
     def check(index, example):
@@ -633,8 +635,10 @@ def pad_eval_dataset(
             ],
         )
         with tf.control_dependencies([assert_fits]):
-            return index + 1, {k: tf.identity(v) for k, v in example.items()}
+            return index + 1, (index, {k: tf.identity(v) for k, v in example.items()})
 
     padded = padded.scan(tf.constant(0, tf.int64), check)
+    padded = padded.filter(lambda index, example: index < capacity)
+    padded = padded.map(lambda index, example: example)
     batches = padded.batch(batch_size, drop_remainder=True)
     return batches.apply(tf.data.experimental.assert_cardinality(num_batches))

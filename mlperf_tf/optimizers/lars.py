@@ -6,7 +6,7 @@ import re
 from collections.abc import Iterable, Sequence
 
 import keras
-from keras import ops
+import tensorflow as tf
 
 DEFAULT_LARS_EXCLUDE = ("bias", "batch_norm", "bn", "gamma", "beta")
 
@@ -56,6 +56,30 @@ def variable_path(variable) -> str:
     if path is None:
         path = re.sub(r":\d+$", "", str(variable.name))
     return path
+
+
+def tf_variable(variable) -> tf.Variable:
+    """The `tf.Variable` behind a Keras variable (a `tf.Variable` passes through).
+
+    Under `tf.distribute` this is a distributed variable whose `.handle`, inside
+    `strategy.extended.update` (where `update_step` runs), is the local replica's.
+    """
+    if isinstance(variable, keras.Variable):
+        return variable.value
+    return variable
+
+
+def dense_gradient(gradient, dtype) -> tf.Tensor:
+    """`gradient` as a dense tensor of `dtype` (an embedding's `IndexedSlices` is densified,
+    since the layer-wise norms and the weight decay touch every row anyway)."""
+    if isinstance(gradient, tf.IndexedSlices):
+        gradient = tf.convert_to_tensor(gradient)
+    return tf.cast(gradient, dtype)
+
+
+def l2_norm(x) -> tf.Tensor:
+    """|x|_2 over all elements, with one fused reduction (`tf.nn.l2_loss` = sum(x**2) / 2)."""
+    return tf.sqrt(2.0 * tf.nn.l2_loss(x))
 
 
 def matches_any(patterns: Sequence[str], path: str) -> bool:
@@ -214,32 +238,37 @@ class LARS(keras.optimizers.Optimizer):
     def update_step(self, gradient, variable, learning_rate):
         """Applies one LARS step to one variable (update context, summed gradient)."""
         index = self._get_variable_index(variable)
-        dtype = variable.dtype
-        lr = ops.cast(learning_rate, dtype)
-        g = ops.cast(gradient, dtype)
-        m = self._momentums[index]
+        var = tf_variable(variable)
+        dtype = var.dtype
+        lr = tf.cast(learning_rate, dtype)
+        g = dense_gradient(gradient, dtype)
         if self._adapt[index]:
-            w_norm = ops.sqrt(ops.sum(ops.square(variable)))
-            g_norm = ops.sqrt(ops.sum(ops.square(g)))
-            wd = ops.cast(self.weight_decay_rate, dtype)
+            w_norm = l2_norm(var)
+            g_norm = l2_norm(g)
+            wd = tf.cast(self.weight_decay_rate, dtype)
             # Guard the division so that the branch not taken stays finite (XLA, debugging).
-            denom = g_norm + wd * w_norm + ops.cast(self.epsilon, dtype)
-            safe_denom = ops.where(denom > 0, denom, ops.ones_like(denom))
-            trust = ops.where(
-                ops.logical_and(w_norm > 0, g_norm > 0),
-                ops.cast(self.eeta, dtype) * w_norm / safe_denom,
-                ops.ones_like(w_norm),
+            denom = g_norm + wd * w_norm + tf.cast(self.epsilon, dtype)
+            safe_denom = tf.where(denom > 0, denom, tf.ones_like(denom))
+            trust = tf.where(
+                tf.logical_and(w_norm > 0, g_norm > 0),
+                tf.cast(self.eeta, dtype) * w_norm / safe_denom,
+                tf.ones_like(w_norm),
             )
             if self.weight_decay_rate:
-                g = g + wd * variable
+                g = g + wd * var
             lr = lr * trust
-        step = lr * g
-        new_m = ops.cast(self.momentum, dtype) * m + step
-        self.assign(m, new_m)
-        if self.nesterov:
-            self.assign_sub(variable, ops.cast(self.momentum, dtype) * new_m + step)
-        else:
-            self.assign_sub(variable, new_m)
+        # One fused kernel for classic momentum with the LR inside: it keeps the velocity
+        # -m (Keras' SGD convention), velocity = mu * velocity - lr * g; w += velocity
+        # (Nesterov: w += mu * velocity - lr * g).
+        tf.raw_ops.ResourceApplyKerasMomentum(
+            var=var.handle,
+            accum=tf_variable(self._momentums[index]).handle,
+            lr=lr,
+            grad=g,
+            momentum=tf.cast(self.momentum, dtype),
+            use_locking=False,
+            use_nesterov=self.nesterov,
+        )
 
     def get_config(self):
         """Returns every constructor argument (exclusion list included)."""

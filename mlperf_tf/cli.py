@@ -1,0 +1,180 @@
+"""Provides the `mlperf-tf` command: run, list, prepare, check, score, report, data-service.
+
+Bad input (an unknown benchmark, preset, flag or config key, a missing data folder, an unreachable
+peer) is one line on stderr, `error: ...`, and exit code 2.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+USAGE = """usage: mlperf-tf COMMAND [ARGS]
+
+commands:
+  run --benchmark=NAME --preset=smoke|mini|mlperf --model_dir=DIR [--config.KEY=VALUE ...]
+                        train a benchmark; prints where its MLPerf log is (--helpfull: all flags)
+  list                  registered benchmarks and their presets
+  prepare NAME ARGS     convert raw data to TFRecords (`mlperf-tf prepare NAME --help`)
+  check LOG... [--ruleset R] [--quality=enforce|skip] [--strict] [--json]
+                        check MLPerf logs with the official MLCommons rules plus suite checks
+  score DIR             time to train per run and the MLPerf score of a result folder
+  report LOG... --out DIR
+                        plots and a summary per run
+  data-service --port P --workers N
+                        start a tf.data service dispatcher and N workers
+"""
+
+EXIT_USAGE = 2
+
+
+def _fail(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    return EXIT_USAGE
+
+
+def _set_fast_cpu_defaults() -> None:
+    # Measured here: oneDNN is 1.4-1.7x faster on these CPUs; it must be set before TF loads.
+    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def split_config_overrides(argv: list[str]) -> tuple[list[str], dict[str, str]]:
+    """Separates `--config.a.b=value` arguments (typed config overrides) from absl flags."""
+    rest, overrides = [], {}
+    for arg in argv:
+        if arg.startswith("--config."):
+            key, sep, value = arg[len("--config.") :].partition("=")
+            if not sep or not key:
+                raise ValueError(f"config override {arg!r} must look like --config.key=value")
+            overrides[key] = value
+        else:
+            rest.append(arg)
+    return rest, overrides
+
+
+def _run_command(argv: list[str]) -> int:
+    from absl import flags
+    from absl import logging as absl_logging
+
+    from mlperf_tf import config as config_lib
+    from mlperf_tf import flags as run_flags
+    from mlperf_tf import paths, registry, runner
+    from mlperf_tf.errors import UserError
+
+    try:
+        argv, overrides = split_config_overrides(argv)
+    except ValueError as e:
+        return _fail(str(e))
+    run_flags.define_flags()
+    FLAGS = flags.FLAGS
+    try:
+        FLAGS(["mlperf-tf run", *argv])
+    except flags.Error as e:
+        return _fail(str(e).splitlines()[0])
+    absl_logging.set_verbosity(absl_logging.INFO)
+    absl_logging.use_absl_handler()
+    if not FLAGS.benchmark:
+        return _fail("--benchmark is required (see `mlperf-tf list`)")
+    if not FLAGS.model_dir:
+        return _fail("--model_dir is required")
+    try:
+        benchmark_class = registry.get(FLAGS.benchmark)
+        try:
+            config = benchmark_class.preset(FLAGS.preset)
+        except KeyError as e:
+            raise UserError(e.args[0]) from None
+        if FLAGS.data_dir:
+            overrides.setdefault("data_dir", FLAGS.data_dir)
+        config = config_lib.override(config, overrides)
+        if FLAGS.preset == "mini" and config.data_dir == paths.mini_data_dir(FLAGS.benchmark):
+            if not os.path.isdir(config.data_dir):
+                print(f"Writing the mini dataset to {config.data_dir} ...", flush=True)
+                benchmark_class.prepare_mini(config.data_dir)
+        if config.data_dir and not os.path.isdir(config.data_dir):
+            raise UserError(f"data_dir {config.data_dir!r} is not a readable folder")
+        run_config = run_flags.run_config_from_flags()
+        benchmark = benchmark_class(config, seed=run_config.seed)
+        result = runner.run(benchmark, run_config)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        # TF may hold background threads (servers, collectives): leave without waiting on them.
+        os._exit(EXIT_USAGE)
+    if result.mlperf_log:
+        print(f"MLPerf log: {result.mlperf_log}")
+    print(f"run_stop status={result.status}: {result.reason}")
+    return 0
+
+
+def _list_command(argv: list[str]) -> int:
+    from mlperf_tf import registry
+
+    if argv:
+        return _fail(f"`list` takes no arguments, got {' '.join(argv)}")
+    for name, target in registry.available().items():
+        try:
+            benchmark_class = registry.get(name)
+            presets = ", ".join(benchmark_class.presets)
+            print(f"{name:14s} presets: {presets:24s} ({benchmark_class.mlperf_benchmark})")
+        except Exception as e:  # a broken third-party package must not hide the others
+            print(f"{name:14s} cannot be loaded from {target}: {type(e).__name__}: {e}")
+    return 0
+
+
+def _prepare_command(argv: list[str]) -> int:
+    import importlib
+
+    from mlperf_tf import registry
+
+    if not argv or argv[0].startswith("-"):
+        return _fail("usage: mlperf-tf prepare NAME [ARGS] (NAME from `mlperf-tf list`)")
+    name, rest = argv[0], argv[1:]
+    targets = registry.available()
+    if name not in targets:
+        return _fail(f"unknown benchmark '{name}' (registered: {', '.join(sorted(targets))})")
+    package = targets[name].partition(":")[0].rpartition(".")[0]
+    try:
+        prepare = importlib.import_module(f"{package}.prepare")
+    except ModuleNotFoundError:
+        return _fail(f"benchmark '{name}' has no prepare module ({package}.prepare)")
+    return int(prepare.main(rest) or 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs one `mlperf-tf` command; returns the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        return 0 if argv else EXIT_USAGE
+    command, rest = argv[0], argv[1:]
+    _set_fast_cpu_defaults()
+    from mlperf_tf.errors import UserError
+
+    try:
+        if command == "run":
+            return _run_command(rest)
+        if command == "list":
+            return _list_command(rest)
+        if command == "prepare":
+            return _prepare_command(rest)
+        if command in ("check", "score", "report"):
+            from compliance import cli as compliance_cli
+
+            return compliance_cli.main([command, *rest])
+        if command == "data-service":
+            from mlperf_tf.data import service
+
+            return service.main(rest)
+    except UserError as e:
+        return _fail(str(e))
+    commands = "run, list, prepare, check, score, report, data-service"
+    return _fail(f"unknown command '{command}' (commands: {commands})")
+
+
+def run_main() -> None:
+    """Console-script entry point."""
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    run_main()

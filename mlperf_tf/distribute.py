@@ -1,0 +1,245 @@
+"""Provides `resolve_strategy`: the tf.distribute strategy for `--distribution`, with bounded start-up.
+
+`auto` picks TPU when `--tpu` is given, MultiWorkerMirroredStrategy when TF_CONFIG names more than
+one task, MirroredStrategy when there are several GPUs or `--num_cpu_devices` > 1, and one device
+otherwise. Connecting to a TPU or to peer workers runs with a deadline: an address that cannot be
+reached is a `UserError` within `timeout_s`, not a hang.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+
+import tensorflow as tf
+from absl import logging
+
+from mlperf_tf.errors import UserError
+
+DISTRIBUTIONS = ("auto", "tpu", "multi_worker", "mirrored", "one_device")
+
+
+def split_cpu(num_devices: int) -> None:
+    """Splits the host CPU into `num_devices` logical devices (for replica tests without GPUs).
+
+    Must run before TF initializes its devices; afterwards it only checks that the split is there.
+
+    Raises:
+      UserError: `num_devices` is not positive, or TF was already initialized with fewer devices.
+    """
+    if num_devices <= 0:
+        raise UserError(f"--num_cpu_devices ({num_devices}) must be a positive integer.")
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    try:
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration()] * num_devices
+        )
+    except RuntimeError:
+        existing = len(tf.config.list_logical_devices("CPU"))
+        if existing < num_devices:
+            raise UserError(
+                f"--num_cpu_devices={num_devices}: TF was initialized with {existing} CPU "
+                "device(s) already; set it before any TF op runs."
+            ) from None
+
+
+def parse_tf_config() -> dict:
+    """Returns TF_CONFIG as a dict ({} when unset).
+
+    Raises:
+      UserError: TF_CONFIG is not JSON or lacks `cluster`/`task`.
+    """
+    text = os.environ.get("TF_CONFIG", "")
+    if not text:
+        return {}
+    try:
+        tf_config = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UserError(f"TF_CONFIG is not valid JSON ({e.msg} at char {e.pos})") from None
+    if not isinstance(tf_config, dict) or "cluster" not in tf_config or "task" not in tf_config:
+        raise UserError("TF_CONFIG must be a JSON object with 'cluster' and 'task'")
+    return tf_config
+
+
+def _num_tasks(tf_config: dict) -> int:
+    cluster = tf_config.get("cluster", {})
+    return sum(len(cluster.get(kind, [])) for kind in ("chief", "worker"))
+
+
+def is_chief(strategy: tf.distribute.Strategy) -> bool:
+    """True on the task that writes logs and checkpoints: the chief, or worker 0 without one."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or not getattr(resolver, "task_type", None):
+        return True
+    task_type, task_id = resolver.task_type, resolver.task_id
+    has_chief = "chief" in resolver.cluster_spec().as_dict()
+    return task_type == "chief" or (not has_chief and task_type == "worker" and task_id == 0)
+
+
+def task_id(strategy: tf.distribute.Strategy) -> int:
+    """This task's index among the workers (0 for single-host strategies)."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    return int(getattr(resolver, "task_id", 0) or 0) if resolver is not None else 0
+
+
+def _with_deadline(fn: Callable, timeout_s: float, what: str):
+    """Runs `fn` in a daemon thread; raises UserError naming `what` if it has not returned in time."""
+    result: dict = {}
+
+    def target():
+        try:
+            result["value"] = fn()
+        except Exception as e:  # re-raised in the caller's thread below
+            result["error"] = e
+
+    thread = threading.Thread(target=target, daemon=True, name=f"connect-{what}")
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise UserError(f"{what} could not be reached within {timeout_s:g} s")
+    if "error" in result:
+        error = result["error"]
+        raise UserError(f"{what} failed to start: {type(error).__name__}: {error}") from None
+    return result["value"]
+
+
+def resolve_strategy(
+    distribution: str = "auto",
+    *,
+    tpu: str = "",
+    num_cpu_devices: int = 0,
+    timeout_s: float = 120.0,
+) -> tf.distribute.Strategy:
+    """Creates the strategy that `--distribution` asks for.
+
+    Args:
+      distribution: one of `DISTRIBUTIONS`.
+      tpu: TPU name or grpc address for TPUClusterResolver ("local" for a TPU VM).
+      num_cpu_devices: if > 0, split the CPU into this many logical devices first.
+      timeout_s: deadline for reaching a TPU or the peer workers.
+
+    Raises:
+      UserError: an unknown distribution, a bad TF_CONFIG, or an unreachable TPU/peer.
+    """
+    if distribution not in DISTRIBUTIONS:
+        raise UserError(f"--distribution={distribution!r} is not one of {', '.join(DISTRIBUTIONS)}")
+    if num_cpu_devices:
+        split_cpu(num_cpu_devices)
+    tf_config = parse_tf_config()
+    if distribution == "auto":
+        gpus = tf.config.list_physical_devices("GPU")
+        if tpu:
+            distribution = "tpu"
+        elif _num_tasks(tf_config) > 1:
+            distribution = "multi_worker"
+        elif len(gpus) > 1 or num_cpu_devices > 1:
+            distribution = "mirrored"
+        else:
+            distribution = "one_device"
+        logging.info("--distribution=auto resolved to %s", distribution)
+
+    if distribution == "tpu":
+        return _tpu_strategy(tpu, timeout_s)
+    if distribution == "multi_worker":
+        if not tf_config:
+            raise UserError("--distribution=multi_worker needs TF_CONFIG to name the cluster")
+        wait_for_peers(tf_config, timeout_s)
+        return tf.distribute.MultiWorkerMirroredStrategy()
+    if distribution == "mirrored":
+        gpus = tf.config.list_logical_devices("GPU")
+        cpus = [d.name for d in tf.config.list_logical_devices("CPU")]
+        if num_cpu_devices:
+            cpus = cpus[:num_cpu_devices]
+        devices = [d.name for d in gpus] or cpus
+        # Without GPUs the CPU devices share one host: NCCL is unavailable, so reduce on the host.
+        cross_device_ops = None if gpus else tf.distribute.ReductionToOneDevice()
+        return tf.distribute.MirroredStrategy(devices, cross_device_ops=cross_device_ops)
+    gpus = tf.config.list_logical_devices("GPU")
+    return tf.distribute.OneDeviceStrategy(gpus[0].name if gpus else "/cpu:0")
+
+
+def _split_address(address: str) -> tuple[str, int]:
+    host, _, port = address.removeprefix("grpc://").rpartition(":")
+    if not host or not port.isdigit():
+        raise UserError(f"address {address!r} is not host:port")
+    return host.strip("[]"), int(port)
+
+
+def wait_for_peers(tf_config: dict, timeout_s: float) -> None:
+    """Rendezvous of all tasks before TF starts: returns when every peer's port accepts TCP.
+
+    MultiWorkerMirroredStrategy's constructor blocks forever, holding the GIL, when a peer never
+    comes, so no Python-level timeout can interrupt it. Instead each task first listens on its own
+    TF_CONFIG port with a plain socket and probes every peer's port until all answer (a peer's
+    listener, or its TF server once that peer moved on, both accept), then closes its listener and
+    lets TF bind the port.
+
+    Raises:
+      UserError: some peer's port did not accept a connection within `timeout_s`.
+    """
+    cluster = tf_config["cluster"]
+    task = tf_config["task"]
+    addresses = [
+        (kind, i, addr)
+        for kind in ("chief", "worker")
+        for i, addr in enumerate(cluster.get(kind, []))
+    ]
+    own = [a for kind, i, a in addresses if kind == task.get("type") and i == task.get("index")]
+    if not own:
+        raise UserError(f"TF_CONFIG task {task} is not in its cluster {cluster}")
+    host, port = _split_address(own[0])
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind(("", port))
+    except OSError as e:
+        listener.close()
+        raise UserError(f"cannot listen on this task's address {own[0]}: {e.strerror}") from None
+    listener.listen(16)
+    listener.settimeout(0.05)
+    deadline = time.monotonic() + timeout_s
+    pending = [(kind, i, addr) for kind, i, addr in addresses if addr != own[0]]
+    try:
+        while pending:
+            try:  # answer peers' probes, then drop the connection
+                conn, _ = listener.accept()
+                conn.close()
+            except (TimeoutError, OSError):
+                pass
+            still = []
+            for kind, i, addr in pending:
+                try:
+                    with socket.create_connection(_split_address(addr), timeout=0.5):
+                        pass
+                except OSError:
+                    still.append((kind, i, addr))
+            pending = still
+            if pending and time.monotonic() > deadline:
+                names = ", ".join(f"{kind}:{i} at {addr}" for kind, i, addr in pending)
+                raise UserError(f"peer task(s) {names} not reachable within {timeout_s:g} s")
+            if pending:
+                time.sleep(0.2)
+        # Keep answering a little longer so that slower peers see this task before TF binds.
+        linger_until = time.monotonic() + 1.0
+        while time.monotonic() < linger_until:
+            try:
+                conn, _ = listener.accept()
+                conn.close()
+            except (TimeoutError, OSError):
+                pass
+    finally:
+        listener.close()
+
+
+def _tpu_strategy(tpu: str, timeout_s: float) -> tf.distribute.Strategy:
+    def connect():
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu or None)
+        tf.config.experimental_connect_to_cluster(resolver)
+        tf.tpu.experimental.initialize_tpu_system(resolver)
+        return tf.distribute.TPUStrategy(resolver)
+
+    return _with_deadline(connect, timeout_s, f"TPU {tpu or '(default)'!r}")
