@@ -1,0 +1,47 @@
+"""Tests of mlperf_tf.data.synthetic."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from mlperf_tf.data import synthetic
+
+
+def test_synthetic_dataset_from_example_repeats_one_batch():
+    ds = synthetic.synthetic_dataset(
+        {"image": tf.ones([4, 4, 3]), "label": tf.constant(3, tf.int32)}, batch_size=2
+    )
+    assert ds.element_spec["image"].shape.as_list() == [2, 4, 4, 3]
+    first, second = list(ds.take(2))
+    np.testing.assert_array_equal(first["label"].numpy(), [3, 3])
+    np.testing.assert_array_equal(first["image"].numpy(), second["image"].numpy())
+
+
+def test_synthetic_dataset_from_function_differs_per_example():
+    specs = {"image": tf.TensorSpec([8, 8, 3], tf.float32), "label": tf.TensorSpec([], tf.int32)}
+    ds = synthetic.synthetic_dataset(
+        lambda seed: synthetic.random_example(specs, seed, maxval=1000), batch_size=3, seed=10
+    )
+    batch = next(iter(ds))
+    assert batch["image"].dtype == tf.float32 and batch["label"].dtype == tf.int32
+    images = batch["image"].numpy()
+    assert not np.array_equal(images[0], images[1])
+    again = next(
+        iter(
+            synthetic.synthetic_dataset(
+                lambda seed: synthetic.random_example(specs, seed, maxval=1000),
+                batch_size=3,
+                seed=10,
+            )
+        )
+    )
+    np.testing.assert_array_equal(images, again["image"].numpy())  # deterministic in the seed
+
+
+def test_synthetic_dataset_validates():
+    with pytest.raises(ValueError, match="batch_size"):
+        synthetic.synthetic_dataset({"x": 1}, batch_size=0)
+    with pytest.raises(ValueError, match="dict"):
+        synthetic.synthetic_dataset([1, 2], batch_size=1)
+    with pytest.raises(ValueError, match="fixed shape"):
+        synthetic.random_example({"x": tf.TensorSpec([None], tf.float32)})
