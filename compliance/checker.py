@@ -15,7 +15,10 @@ import datetime
 import importlib.util
 import json
 import os
+import queue
 import re
+import select
+import signal
 import subprocess
 import sys
 import tempfile
@@ -86,6 +89,9 @@ class Report:
       strict: whether suite findings are errors.
       rule_files: the official rule files applied, in order.
       findings: every message, official ones first; see `errors` and `warnings`.
+      official_messages: the official checker's output items as its command line prints them
+        ("WARNING - ...", "ERROR - FAILED", or "TRACEBACK - <Exception>: ..." for a crash), with
+        its state dumps dropped.
     """
 
     path: str
@@ -99,6 +105,7 @@ class Report:
     strict: bool
     rule_files: tuple[str, ...]
     findings: tuple[Finding, ...]
+    official_messages: tuple[str, ...] = ()
 
     @property
     def errors(self) -> tuple[Finding, ...]:
@@ -132,6 +139,7 @@ class Report:
             "errors": [f.to_dict() for f in self.errors],
             "warnings": [f.to_dict() for f in self.warnings],
             "notes": [f.to_dict() for f in self.notes],
+            "official_messages": list(self.official_messages),
         }
 
     def format_text(self) -> str:
@@ -307,25 +315,135 @@ def _worker_env() -> dict[str, str]:
     return env
 
 
-def run_official(
-    scan: logfile.LogScan,
-    ruleset: str,
-    *,
-    timeout: float = DEFAULT_TIMEOUT_S,
-    memory_limit: int = WORKER_MEMORY_LIMIT_BYTES,
-) -> dict[str, Any]:
-    """Runs the official checker on the token lines of `scan` in a new interpreter.
+class OfficialRunner:
+    """Runs the official checker on logs, each in a fresh process.
 
-    Returns:
-      The worker's JSON result (see compliance/official_worker.py).
-
-    Raises:
-      UserError: the checker did not finish within `timeout` seconds or ran out of memory.
+    Where the OS can fork, one server interpreter per runner imports the checker once and forks a
+    child per log: every child starts from the checker's pristine module state (the server never
+    checks anything itself), for a few milliseconds instead of an interpreter start-up. Elsewhere
+    each log gets a new interpreter. Use it as a context manager; one thread at a time.
     """
-    with tempfile.TemporaryDirectory(prefix="mlperf_tf_check_") as tmp:
-        log_copy = os.path.join(tmp, "log.txt")
+
+    def __init__(self, *, use_fork: bool | None = None):
+        self._use_fork = hasattr(os, "fork") if use_fork is None else use_fork
+        self._tmp = tempfile.TemporaryDirectory(prefix="mlperf_tf_check_")
+        self._server: subprocess.Popen | None = None
+        self._count = 0
+
+    def __enter__(self) -> OfficialRunner:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stops the server (by its pid) and removes the temporary files."""
+        if self._server is not None:
+            self._server.stdin.close()
+            try:
+                self._server.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._server.kill()
+                self._server.wait()
+            self._server.stdout.close()
+            self._server = None
+        self._tmp.cleanup()
+
+    def _start_server(self) -> subprocess.Popen:
+        errors = open(os.path.join(self._tmp.name, "server.err"), "w")  # noqa: SIM115
+        with errors:
+            return subprocess.Popen(
+                [sys.executable, "-P", _WORKER, "--serve"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=errors,
+                text=True,
+                cwd=self._tmp.name,
+                env=_worker_env(),
+            )
+
+    def _ask_server(self, request: dict[str, Any], wait_s: float) -> dict[str, Any] | None:
+        if self._server is None or self._server.poll() is not None:
+            self._server = self._start_server()
+        self._server.stdin.write(json.dumps(request) + "\n")
+        self._server.stdin.flush()
+        ready, _, _ = select.select([self._server.stdout], [], [], wait_s)
+        reply = self._server.stdout.readline() if ready else ""
+        if not reply:  # the server hung or died: never reuse it
+            self._server.kill()
+            self._server.wait()
+            self._server = None
+            return None
+        return json.loads(reply)
+
+    def run(
+        self,
+        scan: logfile.LogScan,
+        ruleset: str,
+        *,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        memory_limit: int = WORKER_MEMORY_LIMIT_BYTES,
+    ) -> dict[str, Any]:
+        """Runs the official checker on the token lines of `scan`.
+
+        Returns:
+          The worker's JSON result (see compliance/official_worker.py).
+
+        Raises:
+          UserError: the checker did not finish within `timeout` seconds, ran out of memory, or
+            its process failed.
+        """
+        self._count += 1
+        log_copy = os.path.join(self._tmp.name, f"log{self._count}.txt")
+        out = os.path.join(self._tmp.name, f"result{self._count}.json")
         with open(log_copy, "w", encoding="latin-1", newline="") as handle:
             handle.writelines(scan.lines)
+        try:
+            if self._use_fork:
+                result = self._run_forked(scan.path, log_copy, out, ruleset, timeout, memory_limit)
+            else:
+                result = self._run_new_interpreter(
+                    scan.path, log_copy, ruleset, timeout, memory_limit
+                )
+        finally:
+            for name in (log_copy, out):
+                if os.path.exists(name):
+                    os.remove(name)
+        if result.get("out_of_memory"):
+            raise UserError(
+                f"{scan.path}: the official checker ran out of memory "
+                f"(limit {memory_limit / 2**30:g} GiB)"
+            )
+        return result
+
+    def _run_forked(self, path, log_copy, out, ruleset, timeout, memory_limit):
+        request = {
+            "log": log_copy,
+            "ruleset": ruleset,
+            "usage": USAGE,
+            "memory_limit": memory_limit,
+            "timeout": timeout,
+            "out": out,
+        }
+        # The child stops itself with SIGALRM at `timeout`; the margin covers a slow machine.
+        reply = self._ask_server(request, wait_s=timeout + 60)
+        if reply is None:
+            raise UserError(f"{path}: the official checker's server process failed")
+        if reply["signal"] == signal.SIGALRM:
+            raise UserError(
+                f"{path}: the official checker did not finish within {timeout:g} s"
+            ) from None
+        if reply["signal"] is not None:
+            raise UserError(f"{path}: the official checker was killed by signal {reply['signal']}")
+        try:
+            with open(out) as handle:
+                return json.load(handle)
+        except (OSError, ValueError):
+            raise UserError(
+                f"{path}: the official checker process failed (exit code {reply['exit_code']})"
+            ) from None
+
+    def _run_new_interpreter(self, path, log_copy, ruleset, timeout, memory_limit):
         command = [sys.executable, "-P", _WORKER, log_copy, ruleset, USAGE, str(memory_limit)]
         try:
             done = subprocess.run(
@@ -333,29 +451,37 @@ def run_official(
                 capture_output=True,
                 text=True,
                 timeout=timeout,
-                cwd=tmp,
+                cwd=self._tmp.name,
                 env=_worker_env(),
                 check=False,
             )
         except subprocess.TimeoutExpired:
             raise UserError(
-                f"{scan.path}: the official checker did not finish within {timeout:g} s"
+                f"{path}: the official checker did not finish within {timeout:g} s"
             ) from None
-    try:
-        result = json.loads(done.stdout)
-    except ValueError:
-        result = None
-    if isinstance(result, dict) and result.get("out_of_memory"):
-        raise UserError(
-            f"{scan.path}: the official checker ran out of memory "
-            f"(limit {memory_limit / 2**30:g} GiB)"
-        )
-    if done.returncode != 0 or not isinstance(result, dict):
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        if "MemoryError" in done.stderr:
-            raise UserError(f"{scan.path}: the official checker ran out of memory")
-        raise UserError(f"{scan.path}: the official checker process failed: {last}")
-    return result
+        try:
+            result = json.loads(done.stdout)
+        except ValueError:
+            result = None
+        if not isinstance(result, dict):
+            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            raise UserError(f"{path}: the official checker process failed: {last}")
+        return result
+
+
+def _official_output(result: dict[str, Any]) -> list[str]:
+    """The items the official command line prints for this result, in its order."""
+    if result["crashed"]:
+        return [f"TRACEBACK - {result['crashed']}"]
+    items = []
+    if result["parse_errors"]:
+        items.append("WARNING - Found parsing errors:")
+        for error in result["parse_errors"]:
+            items += [f"WARNING - {error['line_text']}", f"WARNING - ^^  {error['error']}"]
+    items += [f"WARNING - {message['text']}" for message in result["messages"]]
+    if any(message["fatal"] for message in result["messages"]):
+        items.append("ERROR - FAILED")
+    return items
 
 
 def _official_findings(
@@ -418,6 +544,8 @@ def check_log(
     strict: bool = False,
     timeout: float = DEFAULT_TIMEOUT_S,
     max_log_bytes: int = logfile.DEFAULT_MAX_LOG_BYTES,
+    max_line_bytes: int = logfile.DEFAULT_MAX_LINE_BYTES,
+    runner: OfficialRunner | None = None,
 ) -> Report:
     """Checks one MLPerf log: the official verdict and messages, plus this suite's checks.
 
@@ -429,21 +557,28 @@ def check_log(
       strict: suite findings are errors (they are warnings by default).
       timeout: seconds the official checker may take.
       max_log_bytes: the most ':::MLL' log-line text to accept (see `logfile.scan_log`).
+      max_line_bytes: the longest ':::MLL' line to accept (see `logfile.scan_log`).
+      runner: the OfficialRunner to use (check_logs shares them); None starts one.
 
     Returns:
       The Report.
 
     Raises:
-      UserError: bad arguments, a missing/unreadable path or a directory, a log over the size
-        limit, or a checker that timed out or ran out of memory; the message is one line.
+      UserError: bad arguments, a missing/unreadable path or a directory, a log or a line over
+        the size limits, or a checker that timed out or ran out of memory; the message is one
+        line.
     """
     _validate_options(ruleset, quality, timeout)
-    scan = logfile.scan_log(path, max_log_bytes=max_log_bytes)
+    scan = logfile.scan_log(path, max_log_bytes=max_log_bytes, max_line_bytes=max_line_bytes)
     if ruleset is None:
         ruleset, reason = choose_ruleset(scan)
     else:
         reason = "given"
-    result = run_official(scan, ruleset, timeout=timeout)
+    if runner is None:
+        with OfficialRunner() as own_runner:
+            result = own_runner.run(scan, ruleset, timeout=timeout)
+    else:
+        result = runner.run(scan, ruleset, timeout=timeout)
     findings = _official_findings(result, scan.official_line_numbers(ruleset), quality)
     official_passed = not result["crashed"] and not any(m["fatal"] for m in result["messages"])
 
@@ -481,6 +616,7 @@ def check_log(
         strict=strict,
         rule_files=tuple(result["configs"]),
         findings=tuple(findings),
+        official_messages=tuple(_official_output(result)),
     )
 
 
@@ -500,11 +636,24 @@ def check_logs(
     if not isinstance(jobs, int) or jobs < 1:
         raise UserError(f"--jobs ({jobs!r}) must be a positive integer")
 
+    paths = list(paths)
+    runners: queue.SimpleQueue[OfficialRunner] = queue.SimpleQueue()
+    started = [OfficialRunner() for _ in range(max(1, min(jobs, len(paths))))]
+    for runner in started:
+        runners.put(runner)
+
     def one(path: str) -> Report | UserError:
+        runner = runners.get()
         try:
-            return check_log(path, **kwargs)
+            return check_log(path, runner=runner, **kwargs)
         except UserError as error:
             return error
+        finally:
+            runners.put(runner)
 
-    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-        return list(pool.map(one, paths))
+    try:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(started)) as pool:
+            return list(pool.map(one, paths))
+    finally:
+        for runner in started:
+            runner.close()

@@ -74,6 +74,12 @@ def _add_check_options(parser: argparse.ArgumentParser) -> None:
         help="refuse logs with more MiB of ':::MLL' lines than this (default %(default)g)",
     )
     parser.add_argument(
+        "--max-line-kb",
+        type=_positive_float,
+        default=logfile.DEFAULT_MAX_LINE_BYTES / 2**10,
+        help="refuse logs with a ':::MLL' line longer than this many KiB (default %(default)g)",
+    )
+    parser.add_argument(
         "--jobs",
         type=_positive_int,
         default=DEFAULT_JOBS,
@@ -126,6 +132,7 @@ def _check_kwargs(args: argparse.Namespace) -> dict:
         "quality": args.quality,
         "timeout": args.timeout,
         "max_log_bytes": max(1, int(args.max_log_mb * 2**20)),
+        "max_line_bytes": max(1, int(args.max_line_kb * 2**10)),
     }
 
 

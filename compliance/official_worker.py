@@ -1,13 +1,15 @@
 """Runs the official MLCommons compliance checker on one log, in a fresh process, and prints JSON.
 
-This file is run as a script by `compliance.checker` (one new interpreter per log), so that the
+This file is run as a script by `compliance.checker`: every log is checked in a fresh process (a
+fork of a server that imported the checker but never ran it, or a new interpreter), so that the
 checker's module-level state (`mlp_compliance.enqueued_configs`) and whatever its rule files' Python
 does cannot leak from one check into the next. It imports only the standard library and
 `mlperf_logging`, and it is never imported by the rest of the package.
 
-Usage: python -P official_worker.py LOG RULESET USAGE MEMORY_LIMIT_BYTES
+Usage: python -P official_worker.py LOG RULESET USAGE MEMORY_LIMIT_BYTES (one check, result on
+stdout), or python -P official_worker.py --serve (a fork server, see `serve`).
 
-It prints one JSON object on stdout:
+A result is one JSON object:
   configs: the rule files the checker applied, in order;
   parse_errors: [{record, line_text, error}], `record` = the checker's 0-based count of log lines;
   messages: [{fatal, key, text, records}], every finding the checker keeps, in its print order;
@@ -20,8 +22,12 @@ import json
 import logging
 import os
 import re
-import resource
 import sys
+
+try:
+    import resource
+except ImportError:  # not on Windows: no memory backstop there
+    resource = None
 
 # Messages quote the log line that failed: a 10 MB line must not become a 10 MB report.
 _MAX_MESSAGE_LINE_CHARS = 500
@@ -83,14 +89,14 @@ class _ConfigRecorder(logging.Handler):
             self.configs.append(str(record.args[0]))
 
 
-def _guard_rule_file_paths(mlp_compliance):
+def _guard_rule_file_paths(mlp_compliance, checker):
     """Refuses rule files outside the package's rule folders.
 
     Rule files enqueue further rule files named after log values, e.g.
     `enqueue_config('training_1.0.0/{}_common.yaml'.format(v['value']))` for
     `submission_division`: a log value such as '../../../tmp/x' would make the checker load, and
     run the Python of, a YAML file anywhere on disk. A name that leaves the package folder raises
-    here instead, which the checker reports like any missing rule file (a crash, verdict FAIL).
+    here instead; the checker reports the failed rule code (verdict FAIL), and a message says why.
     """
     package_dir = os.path.dirname(os.path.abspath(mlp_compliance.__file__))
     official_enqueue = mlp_compliance.enqueue_config
@@ -98,7 +104,9 @@ def _guard_rule_file_paths(mlp_compliance):
     def enqueue_config(config):
         resolved = os.path.realpath(os.path.join(package_dir, str(config)))
         if os.path.commonpath([resolved, package_dir]) != package_dir:
-            raise FileNotFoundError(f"rule file outside the checker's package refused: {config}")
+            message = f"rule file outside the checker's package refused: {config}"
+            checker.put_message(message)
+            raise FileNotFoundError(message)
         official_enqueue(config)
 
     # configured_checks() reads the module global each time it builds the rule-code namespace.
@@ -109,7 +117,6 @@ def run(log_path, ruleset, usage="training"):
     """Checks one log the way `python -m mlperf_logging.compliance_checker` does; returns a dict."""
     from mlperf_logging.compliance_checker import mlp_compliance, mlp_parser
 
-    _guard_rule_file_paths(mlp_compliance)
     recorder = _ConfigRecorder()
     root = logging.getLogger()
     root.handlers = [recorder]
@@ -118,6 +125,7 @@ def run(log_path, ruleset, usage="training"):
     result = {"configs": recorder.configs, "parse_errors": [], "messages": [], "crashed": None}
     config_file = f"{usage}_{ruleset}/common.yaml"
     checker = mlp_compliance.make_checker(usage, ruleset, False, False)
+    _guard_rule_file_paths(mlp_compliance, checker)
     loglines = []
     try:
         # The same steps as ComplianceChecker.check_file(), which prints instead of returning the
@@ -158,10 +166,61 @@ def run(log_path, ruleset, usage="training"):
     return result
 
 
-def main(argv):
-    log_path, ruleset, usage, memory_limit = argv[1], argv[2], argv[3], int(argv[4])
-    if memory_limit > 0:
+def _check_to_file(request):
+    """Runs one check in this (forked) process and writes its JSON result to request["out"]."""
+    limit = int(request.get("memory_limit", 0))
+    if limit > 0 and resource is not None:
         # A backstop: the caller already bounds the log it hands over.
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    try:
+        result = run(request["log"], request["ruleset"], request.get("usage", "training"))
+    except MemoryError:
+        result = {"out_of_memory": True}
+    partial = request["out"] + ".partial"
+    with open(partial, "w") as handle:
+        json.dump(result, handle)
+    os.replace(partial, request["out"])
+
+
+def serve(stdin, stdout):
+    """Checks one log per request line, each in a fresh fork of this process.
+
+    This process imports the checker but never runs it, so every forked child starts from the
+    checker's pristine module state, as a new interpreter would, without paying its start-up.
+    Request: {"log", "ruleset", "usage", "memory_limit", "timeout", "out"}; reply:
+    {"exit_code": int or null, "signal": int or null}.
+    """
+    import signal
+
+    import mlperf_logging.compliance_checker.mlp_compliance  # noqa: F401 - imported once, here
+    import mlperf_logging.compliance_checker.mlp_parser  # noqa: F401
+
+    for text in stdin:
+        request = json.loads(text)
+        pid = os.fork()
+        if pid == 0:  # the child: check, write the result, leave without cleanup handlers
+            code = 0
+            try:
+                signal.setitimer(signal.ITIMER_REAL, float(request["timeout"]))  # SIGALRM ends it
+                _check_to_file(request)
+            except BaseException:  # noqa: BLE001 - report through the exit code, never return
+                code = 4
+            os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        reply = {
+            "exit_code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
+            "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
+        }
+        stdout.write(json.dumps(reply) + "\n")
+        stdout.flush()
+
+
+def main(argv):
+    if argv[1:] == ["--serve"]:
+        serve(sys.stdin, sys.stdout)
+        return 0
+    log_path, ruleset, usage, memory_limit = argv[1], argv[2], argv[3], int(argv[4])
+    if memory_limit > 0 and resource is not None:
         resource.setrlimit(resource.RLIMIT_AS, (memory_limit, memory_limit))
     try:
         result = run(log_path, ruleset, usage)

@@ -1,0 +1,345 @@
+"""Tests of compliance.checker on small synthetic logs (no corpus needed)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from compliance import checker, logfile
+from mlperf_tf.errors import UserError
+from tests.compliance import logs
+
+WORKER = os.path.join(os.path.dirname(checker.__file__), "official_worker.py")
+
+
+def _replace(records, key, value):
+    out = []
+    for record in records:
+        if f'"key": "{key}"' in record:
+            payload = json.loads(record[len(":::MLLOG ") :])
+            payload["value"] = value
+            record = ":::MLLOG " + json.dumps(payload)
+        out.append(record)
+    return out
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "lars"])
+@pytest.mark.parametrize("ruleset", ["0.7.0", "1.0.0"])
+def test_synthetic_run_passes_the_official_rules(tmp_path, optimizer, ruleset):
+    path = logs.write_log(tmp_path / "log.txt", logs.resnet_records(optimizer=optimizer))
+    report = checker.check_log(path, ruleset=ruleset)
+    assert report.passed and report.official_passed, report.format_text()
+    assert report.benchmark == "resnet" and report.ruleset == ruleset
+    assert f"training_{ruleset}/closed_resnet_{optimizer}.yaml" in report.rule_files
+    assert report.findings == ()
+
+
+def test_default_ruleset_is_named_with_its_reason(tmp_path):
+    path = logs.write_log(tmp_path / "log.txt", logs.resnet_records())
+    report = checker.check_log(path)
+    assert report.ruleset == "1.0.0"  # a JSON resnet log dated 2020-09: the v1.0 round
+    assert "2020-09-13" in report.ruleset_reason and "resnet" in report.ruleset_reason
+    old = logs.write_log(tmp_path / "old.txt", logs.resnet_records(t0_ms=1_590_000_000_000))
+    assert checker.check_log(old).ruleset == "0.7.0"  # dated 2020-05-20: the v0.7 round
+
+
+def test_many_logs_in_one_call_give_the_verdicts_of_each_alone(tmp_path):
+    """The official checker's module state leaks between logs checked in one interpreter.
+
+    A crash while rule files are still queued leaves them in `enqueued_configs`: the next log
+    checked in the same interpreter is then judged by the previous log's optimizer rules.
+    """
+    crashing = _replace(logs.resnet_records(optimizer="sgd"), "eval_accuracy", "0.8")
+    crash_path = logs.write_log(tmp_path / "crash.txt", crashing)
+    lars_path = logs.write_log(tmp_path / "lars.txt", logs.resnet_records(optimizer="lars"))
+    alone = [checker.check_log(p, ruleset="0.7.0") for p in (crash_path, lars_path)]
+    together = checker.check_logs([crash_path, lars_path, crash_path, lars_path], ruleset="0.7.0")
+    assert [r.official_crashed for r in alone] == [True, False]
+    assert [r.passed for r in alone] == [False, True]
+    assert [(r.passed, r.official_crashed) for r in together] == 2 * [
+        (r.passed, r.official_crashed) for r in alone
+    ]
+    # The same two logs checked naively, one after the other in one interpreter: the lars log
+    # fails on the sgd rules left queued by the crash. This is what the isolation prevents.
+    naive = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import json, runpy, sys; w = runpy.run_path(sys.argv[1]);"
+            "results = [w['run'](p, '0.7.0') for p in sys.argv[2:]];"
+            "print(json.dumps([bool(r['crashed']) or any(m['fatal'] for m in r['messages'])"
+            " for r in results]))",
+            WORKER,
+            crash_path,
+            lars_path,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert json.loads(naive.stdout) == [True, True]  # lars log failed: state leaked
+
+
+def test_line_numbers_are_file_lines(tmp_path):
+    records = _replace(logs.resnet_records(), "sgd_opt_end_learning_rate", 0.001)
+    text = []
+    for i, record in enumerate(records):
+        text.append(f"noise line {i} without the token")
+        text.append(f"[rank 0] {record}")  # a prefix the parser strips
+    path = tmp_path / "log.txt"
+    path.write_bytes(("\r\n".join(text) + "\r\n").encode())
+    report = checker.check_log(str(path), ruleset="0.7.0")
+    assert not report.passed
+    (finding,) = report.errors
+    assert "CHECK for 'sgd_opt_end_learning_rate' failed in line" in finding.message
+    record_index = int(finding.message.split("failed in line ")[1].split(":")[0])
+    assert finding.line == 2 * record_index + 2
+    assert "sgd_opt_end_learning_rate" in text[finding.line - 1]
+
+
+def test_repeated_key_warning_lists_every_occurrence(tmp_path):
+    records = logs.resnet_records()
+    records.insert(10, records[5])  # a second, identical submission line: a warning only
+    path = logs.write_log(tmp_path / "log.txt", records)
+    report = checker.check_log(path, ruleset="1.0.0")
+    assert report.passed and report.official_passed
+    (warning,) = [f for f in report.warnings if f.source == "official"]
+    assert "Required EXACTLY_ONE occurrence of" in warning.message
+    assert warning.lines == (6, 11)
+
+
+@pytest.mark.parametrize("quality", ["enforce", "skip"])
+def test_quality_skip_reports_the_missed_target_without_failing(tmp_path, quality):
+    records = logs.resnet_records(accuracies=(0.3, 0.5, 0.6), status="success")
+    path = logs.write_log(tmp_path / "log.txt", records)
+    report = checker.check_log(path, ruleset="0.7.0", quality=quality)
+    assert not report.official_passed
+    target = [f for f in report.findings if f.check == "target"]
+    assert len(target) == 1 and "0.7590" in target[0].message
+    assert report.passed is (quality == "skip")
+    assert target[0].level == ("warning" if quality == "skip" else "error")
+    # With the MLPerf target enforced, status 'success' below the target is inconsistent.
+    status = [f for f in report.findings if f.check == "run_stop_status"]
+    assert len(status) == (1 if quality == "enforce" else 0)
+
+
+def test_quality_skip_still_fails_other_errors(tmp_path):
+    records = _replace(logs.resnet_records(accuracies=(0.3,)), "sgd_opt_momentum", None)
+    records = [r for r in records if '"key": "model_bn_span"' not in r]
+    path = logs.write_log(tmp_path / "log.txt", records)
+    report = checker.check_log(path, ruleset="0.7.0", quality="skip")
+    assert not report.passed
+    assert any("model_bn_span" in f.message for f in report.errors)
+
+
+def test_suite_findings_are_warnings_unless_strict(tmp_path):
+    # Evals every 8 epochs: ResNet must evaluate every 4.
+    path = logs.write_log(tmp_path / "log.txt", logs.resnet_records(epochs_per_eval=8))
+    relaxed = checker.check_log(path, ruleset="1.0.0")
+    strict = checker.check_log(path, ruleset="1.0.0", strict=True)
+    assert relaxed.official_passed and strict.official_passed
+    assert relaxed.passed and not strict.passed
+    # The first eval (epoch 8) is late, and so is every next one (8 epochs apart).
+    assert [f.check for f in relaxed.warnings] == ["eval_cadence", "eval_cadence"]
+    assert [f.check for f in strict.errors] == ["eval_cadence", "eval_cadence"]
+    assert "first evaluation at epoch 8" in relaxed.warnings[0].message
+
+
+def test_a_log_without_run_stop_is_a_crashed_run(tmp_path):
+    path = logs.write_log(tmp_path / "log.txt", logs.resnet_records(run_stop=False))
+    report = checker.check_log(path, ruleset="1.0.0")
+    assert not report.passed
+    assert any("'run_stop' but found 0" in f.message for f in report.errors)
+    (crashed,) = [f for f in report.warnings if f.check == "crashed_run"]
+    assert "crashed" in crashed.message
+
+
+def test_empty_and_garbage_files_get_a_verdict(tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_bytes(b"")
+    garbage = tmp_path / "garbage.bin"
+    garbage.write_bytes(bytes(range(256)) * 1000 + b":::MLLOG \x00\xff{\n" + os.urandom(10000))
+    for path in (empty, garbage):
+        report = checker.check_log(str(path))
+        assert not report.passed and not report.official_passed
+        assert report.format_text().startswith("FAIL")
+    assert any("No log lines detected" in f.message for f in checker.check_log(str(empty)).errors)
+
+
+def test_invalid_utf8_and_a_10mb_line_get_a_verdict(tmp_path):
+    records = logs.resnet_records()
+    path = tmp_path / "log.txt"
+    with open(path, "wb") as handle:
+        handle.write(b"\xff\xfe\xc3\x28 invalid UTF-8 before the log\n")
+        handle.write(b"x" * (10 * 2**20) + b"\n")  # a 10 MB line without the token
+        for record in records:
+            handle.write(
+                record.replace("tests", "t\xe9sts \udcff").encode("utf-8", "surrogateescape")
+                + b"\n"
+            )
+        # A 10 KB record the rules do not know: parsed, and ignored.
+        handle.write(logs.line("my_blob", "y" * 10_000, time_ms=logs.T0_MS).encode() + b"\n")
+    report = checker.check_log(str(path), ruleset="1.0.0")
+    assert report.passed, report.format_text()
+
+
+def test_a_10mb_log_line_is_refused_with_one_line(tmp_path):
+    """The official parser's time is quadratic in a line's length: a 10 MB record would hang it."""
+    records = logs.resnet_records()
+    records.insert(5, logs.line("my_blob", "y" * (10 * 2**20), time_ms=logs.T0_MS))
+    path = logs.write_log(tmp_path / "log.txt", records)
+    with pytest.raises(UserError, match=r"line 6 is a ':::MLL' log line longer than 16 KiB"):
+        checker.check_log(path)
+
+
+@pytest.mark.parametrize(
+    "make, expected",
+    [
+        (lambda tmp: str(tmp), "is a directory"),
+        (lambda tmp: str(tmp / "missing.txt"), "no such file"),
+    ],
+)
+def test_bad_paths_are_one_line_user_errors(tmp_path, make, expected):
+    with pytest.raises(UserError, match=expected) as caught:
+        checker.check_log(make(tmp_path))
+    assert "\n" not in str(caught.value)
+
+
+def test_bad_arguments_are_user_errors(tmp_path):
+    path = logs.write_log(tmp_path / "log.txt", logs.resnet_records())
+    with pytest.raises(UserError, match="not a training ruleset"):
+        checker.check_log(path, ruleset="9.9.9")
+    with pytest.raises(UserError, match="--quality"):
+        checker.check_log(path, quality="maybe")
+
+
+def test_timeout_is_a_one_line_error(tmp_path):
+    path = logs.write_log(tmp_path / "log.txt", logs.resnet_records())
+    with pytest.raises(UserError, match="did not finish within"):
+        checker.check_log(path, ruleset="1.0.0", timeout=0.001)
+
+
+def test_no_log_value_is_run_as_code(tmp_path):
+    """Values are data: Python in them is not run, nor a rule file a value points to.
+
+    The official rule files build rule-file names from log values; a division such as
+    '../../x' makes the stock checker load (and execute the Python of) any YAML file on disk.
+    """
+    marker = tmp_path / "pwned"
+    evil = tmp_path / "evil_common.yaml"
+    evil.write_text(f"- BEGIN:\n    CODE: \"open({str(marker)!r}, 'w').write('x')\"\n")
+    rules = checker.rules_dir()
+    escape = os.path.relpath(str(tmp_path / "evil"), os.path.join(rules, "training_1.0.0"))
+    records = logs.resnet_records()
+    records = _replace(records, "submission_division", escape)
+    records = _replace(
+        records, "submission_org", "__import__('os').system('touch " + str(marker) + "')"
+    )
+    path = logs.write_log(tmp_path / "log.txt", records)
+    report = checker.check_log(path, ruleset="1.0.0")
+    assert not marker.exists()
+    assert not report.passed
+    assert any("outside the checker's package refused" in f.message for f in report.errors)
+    # The stock command line on the same log does run the YAML's code: the guard is needed.
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mlperf_logging.compliance_checker",
+            "--ruleset",
+            "1.0.0",
+            "--log_output",
+            str(tmp_path / "cc.log"),
+            path,
+        ],
+        capture_output=True,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert marker.exists()
+
+
+# Peak resident memory of this process since exec (VmHWM; ru_maxrss would include the pytest
+# process it was forked from).
+_PRINT_PEAK_MB = (
+    "print(next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmHWM'))"
+    " // 1024)\n"
+)
+_needs_proc = pytest.mark.skipif(
+    not os.path.exists("/proc/self/status"), reason="reads peak memory from /proc (Linux)"
+)
+
+
+@_needs_proc
+def test_log_over_the_size_limit_is_refused_in_bounded_memory(tmp_path):
+    """A 200 MB log of MLLOG lines: refused with one line, after reading only up to the limit."""
+    path = tmp_path / "big.txt"
+    record = logs.line("eval_accuracy", 0.5, time_ms=logs.T0_MS, metadata={"epoch_num": 1})
+    block = ((record + "\n") * 1000).encode()
+    with open(path, "wb") as handle:
+        for _ in range(200 * 2**20 // len(block)):
+            handle.write(block)
+    assert path.stat().st_size > 190 * 2**20
+    code = (
+        "import sys\n"
+        "from compliance.checker import check_log\n"
+        "from mlperf_tf.errors import UserError\n"
+        "try:\n"
+        "    check_log(sys.argv[1])\n"
+        "except UserError as error:\n"
+        "    print(error)\n" + _PRINT_PEAK_MB
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(path)],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=os.path.dirname(os.path.dirname(checker.__file__)),
+    )
+    message, peak_mb = done.stdout.strip().splitlines()
+    assert "more than 64 MiB of ':::MLL' log lines" in message
+    assert int(peak_mb) < 250  # the whole file as Python objects would take gigabytes
+
+
+@_needs_proc
+def test_big_log_of_noise_is_checked_in_bounded_memory(tmp_path):
+    """200 MB of non-log output around a run: streamed past, the run's verdict given."""
+    path = tmp_path / "big.txt"
+    noise = (b"step 123 loss 0.1234 some framework chatter " * 23 + b"\n") * 1000
+    records = logs.resnet_records()
+    with open(path, "wb") as handle:
+        for i in range(200 * 2**20 // len(noise)):
+            if i % 20 == 0 and records:
+                handle.write(records.pop(0).encode() + b"\n")
+            handle.write(noise)
+        for record in records:
+            handle.write(record.encode() + b"\n")
+    code = (
+        "import sys\n"
+        "from compliance.checker import check_log\n"
+        "print(check_log(sys.argv[1], ruleset='1.0.0').passed)\n" + _PRINT_PEAK_MB
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(path)],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=os.path.dirname(os.path.dirname(checker.__file__)),
+    )
+    passed, peak_mb = done.stdout.strip().splitlines()
+    assert passed == "True"
+    assert int(peak_mb) < 200
+
+
+def test_scan_keeps_the_official_parsers_lines(tmp_path):
+    path = tmp_path / "log.txt"
+    path.write_bytes(b'a\r:::MLLOG {}\rb\n:::MLL 1.0 x: {}\r\nlast :::MLLOG {"k": 1}')
+    scan = logfile.scan_log(str(path))
+    with open(path, encoding="latin-1") as handle:
+        official = [(n, line) for n, line in enumerate(handle, 1) if ":::MLL" in line]
+    assert list(zip(scan.line_numbers, scan.lines)) == official
+    assert scan.total_lines == 5
+    assert scan.official_line_numbers("1.0.0") == (2, 5)
+    assert scan.official_line_numbers("0.6.0") == (2, 4, 5)
