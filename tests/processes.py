@@ -1,0 +1,70 @@
+"""Provides helpers for tests that start processes: free ports, bounded waits, cleanup by pid."""
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct TCP ports on 127.0.0.1 that were free a moment ago."""
+    sockets, ports = [], []
+    for _ in range(count):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        sockets.append(s)
+        ports.append(s.getsockname()[1])
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def python_env(**extra) -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = REPO_ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env.update(extra)
+    return env
+
+
+def start(args: list[str], log_path: str, **env) -> subprocess.Popen:
+    """Starts `python args...` in the repo with its output in `log_path`."""
+    log = open(log_path, "w")  # noqa: SIM115 (closed with the process by the caller's cleanup)
+    return subprocess.Popen(
+        [sys.executable, *args], cwd=REPO_ROOT, env=python_env(**env), stdout=log,
+        stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+
+
+def wait(process: subprocess.Popen, timeout_s: float, log_path: str) -> int:
+    """Waits at most `timeout_s` for `process`; on timeout kills it and fails with its output."""
+    try:
+        return process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        kill(process)
+        with open(log_path, encoding="utf-8", errors="replace") as f:
+            tail = f.read()[-3000:]
+        raise AssertionError(
+            f"process {process.args} timed out after {timeout_s}s:\n{tail}"
+        ) from None
+
+
+def kill(process: subprocess.Popen) -> None:
+    """SIGKILLs the process group started by `start` (children too); safe to call twice."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=10)
+
+
+def wait_until(predicate, timeout_s: float, what: str, poll_s: float = 0.1) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(poll_s)

@@ -1,0 +1,38 @@
+"""Runs the tiny benchmark in its own process, for multi-process runner tests.
+
+usage: python -m tests.run_tiny MODEL_DIR WEIGHTS_NPZ [RunConfig field=value ...]
+Saves the final weights to WEIGHTS_NPZ (one array per weight, in model order).
+"""
+
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import dataclasses  # noqa: E402
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from mlperf_tf import runner  # noqa: E402
+from tests.tiny_benchmark import TinyBenchmark, smoke, weights  # noqa: E402
+
+
+def main(argv):
+    model_dir, weights_path, *fields = argv
+    tf.config.experimental.enable_op_determinism()
+    types = {f.name: f.type for f in dataclasses.fields(runner.RunConfig)}
+    kwargs = {}
+    for item in fields:
+        key, _, value = item.partition("=")
+        kind = types[key]
+        parse = {"bool": lambda v: v == "True", "int": int, "float": float}.get(kind, str)
+        kwargs[key] = parse(value)
+    cfg = dataclasses.replace(smoke(), max_epochs=float(os.environ.get("TINY_MAX_EPOCHS", "2")))
+    result = runner.run(TinyBenchmark(cfg), runner.RunConfig(model_dir=model_dir, **kwargs))
+    np.savez(weights_path, *weights(result.model))
+    print(f"done status={result.status} steps={result.steps}", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
