@@ -1,0 +1,263 @@
+"""Provides `ResNet50Benchmark`: MLPerf image classification (ResNet-50 v1.5 on ImageNet)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import tensorflow as tf
+from mlperf_logging.mllog import constants as C
+
+from benchmarks.resnet50 import config as config_lib
+from benchmarks.resnet50 import input as input_lib
+from benchmarks.resnet50 import model as model_lib
+from mlperf_tf import layers
+from mlperf_tf.benchmark import Benchmark, EvalPoint
+from mlperf_tf.config import ConfigError
+from mlperf_tf.optimizers import LARS, WarmupPolynomialDecay
+
+# MLPerf log keys of the closed_resnet_sgd rules that `mlperf_logging.mllog.constants` lacks.
+SGD_OPT_BASE_LR = "sgd_opt_base_learning_rate"
+SGD_OPT_END_LR = "sgd_opt_end_learning_rate"
+SGD_OPT_LR_DECAY_POLY_POWER = "sgd_opt_learning_rate_decay_poly_power"
+SGD_OPT_LR_DECAY_STEPS = "sgd_opt_learning_rate_decay_steps"
+SGD_OPT_WEIGHT_DECAY = "sgd_opt_weight_decay"
+SGD_OPT_MOMENTUM = "sgd_opt_momentum"
+
+
+class ResNet50Benchmark(Benchmark):
+    """ResNet-50 v1.5 trained with LARS (or SGD) to MLPerf's top-1 target on ImageNet.
+
+    Batches are dicts: "image" float32 `[batch, size, size, 3]` (normalized RGB), "label"
+    int32 `[batch]` (0-based classes) and, in eval, "valid" float32 `[batch]` (0 for padding).
+    """
+
+    name = config_lib.NAME
+    mlperf_benchmark = C.RESNET
+    config_class = config_lib.ResNet50Config
+    presets = {"mlperf": config_lib.mlperf, "mini": config_lib.mini, "smoke": config_lib.smoke}
+
+    config: config_lib.ResNet50Config
+
+    # ---- sizes ---------------------------------------------------------------------------------
+    @property
+    def per_replica_batch_size(self) -> int:
+        """Examples per replica per forward/backward pass (the micro batch over the replicas).
+
+        Raises:
+          ConfigError: the micro batch does not split evenly over `num_replicas`.
+        """
+        if self.micro_batch_size % self.num_replicas:
+            raise ConfigError(
+                f"`global_batch_size` / `gradient_accumulation_steps` ({self.micro_batch_size}) "
+                f"must be divisible by the number of replicas ({self.num_replicas})."
+            )
+        return self.micro_batch_size // self.num_replicas
+
+    def warmup_steps(self) -> int:
+        """Optimizer steps of the linear learning-rate warmup."""
+        return int(round(self.config.optimizer.warmup_epochs * self.steps_per_epoch))
+
+    def decay_steps(self, train_steps: int) -> int:
+        """Steps of the polynomial decay after warmup: `train_steps - warmup + 1` as the
+        reference's `lars_util.PolynomialDecayWithWarmup` (at least 1)."""
+        return max(1, train_steps - self.warmup_steps() + 1)
+
+    # ---- building ------------------------------------------------------------------------------
+    def build_model(self) -> keras.Model:
+        """ResNet v1.5 of `config.model` at `config.data.image_size` (under the strategy scope)."""
+        return model_lib.resnet(
+            self.config.model, image_size=self.config.data.image_size, seed=self.seed
+        )
+
+    def build_optimizer(self, train_steps: int) -> keras.optimizers.Optimizer:
+        """LARS or SGD+momentum with linear warmup and polynomial decay over `train_steps`."""
+        opt = self.config.optimizer
+        schedule = WarmupPolynomialDecay(
+            opt.base_learning_rate,
+            warmup_steps=self.warmup_steps(),
+            decay_steps=self.decay_steps(train_steps),
+            end_learning_rate=opt.end_learning_rate,
+            power=opt.poly_power,
+        )
+        if opt.opt_name == "lars":
+            # LARS' default exclusions (bias, bn, gamma, beta) match model.py's layer names:
+            # no weight decay and no layer adaptation for batch norm and the classifier bias.
+            return LARS(
+                schedule,
+                momentum=opt.lars_opt_momentum,
+                weight_decay=opt.lars_opt_weight_decay,
+                eeta=opt.lars_eeta,
+                epsilon=opt.lars_epsilon,
+            )
+        # SGD's weight decay is the L2 term of `compute_loss`.
+        return keras.optimizers.SGD(schedule, momentum=opt.sgd_opt_momentum)
+
+    # ---- data ----------------------------------------------------------------------------------
+    def train_dataset(self, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
+        batch_size = input_context.get_per_replica_batch_size(self.micro_batch_size)
+        if self.config.synthetic:
+            return input_lib.synthetic_train_dataset(
+                self.config, batch_size=batch_size, seed=self.seed
+            )
+        return input_lib.train_dataset(
+            self.config,
+            input_context=input_context,
+            batch_size=batch_size,
+            seed=self.seed,
+            skip_bad_records=self.skip_bad_records,
+        )
+
+    def eval_dataset(self, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
+        batch_size = input_context.get_per_replica_batch_size(self.config.eval_batch_size)
+        replicas_per_pipeline = max(
+            1, input_context.num_replicas_in_sync // input_context.num_input_pipelines
+        )
+        num_batches = self.eval_steps(input_context.num_replicas_in_sync) * replicas_per_pipeline
+        if self.config.synthetic:
+            return input_lib.synthetic_eval_dataset(
+                self.config, batch_size=batch_size, num_batches=num_batches, seed=self.seed
+            )
+        return input_lib.eval_dataset(
+            self.config,
+            input_context=input_context,
+            batch_size=batch_size,
+            num_batches=num_batches,
+            skip_bad_records=self.skip_bad_records,
+        )
+
+    # ---- steps (replica context) ---------------------------------------------------------------
+    def compute_loss(self, model: keras.Model, batch: Any, training: bool = True) -> tf.Tensor:
+        """Label-smoothed cross entropy summed over this replica's batch / `micro_batch_size`.
+
+        With SGD, adds `wd/2 * sum |k|^2` over the convolution and dense kernels (not batch
+        norm, not biases), divided by the replicas in sync because their gradients are summed.
+        """
+        opt = self.config.optimizer
+        logits = model(batch["image"], training=training)
+        logits = tf.cast(logits, tf.float32)  # [batch, classes]: the loss in fp32
+        num_classes = self.config.model.num_classes
+        targets = tf.one_hot(batch["label"], num_classes, dtype=tf.float32)
+        if opt.label_smoothing:
+            targets = targets * (1.0 - opt.label_smoothing) + opt.label_smoothing / num_classes
+        xent = tf.nn.softmax_cross_entropy_with_logits(labels=targets, logits=logits)  # [batch]
+        loss = tf.reduce_sum(xent) / float(self.micro_batch_size)
+        if opt.opt_name == "sgd" and opt.sgd_opt_weight_decay:
+            l2 = tf.add_n([tf.reduce_sum(tf.square(k)) for k in decayed_variables(model)])
+            loss += 0.5 * opt.sgd_opt_weight_decay * l2 / float(self.num_replicas)
+        return loss
+
+    def eval_step(self, model: keras.Model, batch: Any) -> dict[str, tf.Tensor]:
+        """Per-example correctness `[batch]` and validity `[batch]` (padding counts 0)."""
+        logits = model(batch["image"], training=False)  # [batch, classes]
+        predictions = tf.argmax(logits, axis=-1, output_type=tf.int32)
+        valid = tf.cast(batch["valid"], tf.float32)
+        correct = tf.cast(tf.equal(predictions, batch["label"]), tf.float32) * valid
+        return {"correct": correct, "count": valid}
+
+    # ---- host side -----------------------------------------------------------------------------
+    def eval_result(self, state: dict[str, float]) -> float:
+        """Top-1 accuracy over the real (non-padding) eval examples."""
+        count = float(state.get("count", 0.0))
+        if count <= 0:
+            raise ValueError("eval saw no real examples: the eval set is empty")
+        return float(state["correct"]) / count
+
+    def eval_schedule(self) -> list[EvalPoint]:
+        """MLPerf ResNet: every `eval_every_epochs` (4) epochs; the first after
+        `eval_offset_epochs` epochs (1, 2 or 3), or after `eval_every_epochs` when it is 0.
+
+        The last evaluation is at `max_epochs` (the budget), wherever it falls.
+        """
+        return resnet_eval_schedule(
+            steps_per_epoch=self.steps_per_epoch,
+            max_epochs=self.config.max_epochs,
+            every_epochs=self.config.eval_every_epochs,
+            offset_epochs=self.config.eval_offset_epochs,
+        )
+
+    def model_bn_span(self) -> int:
+        """MLPerf's `model_bn_span`: examples one batch-norm layer normalizes over in training."""
+        return layers.model_bn_span(self.per_replica_batch_size, self.config.model.bn_group_size)
+
+    def mlperf_hparams(self) -> dict[str, Any]:
+        """The keys of closed_resnet(_lars|_sgd).yaml, rulesets 0.7.0 and 1.0.0."""
+        opt = self.config.optimizer
+        decay_steps = self.decay_steps(self.train_steps)
+        if opt.opt_name == "lars":
+            hparams = {
+                C.OPT_NAME: C.LARS,
+                C.LARS_OPT_BASE_LEARNING_RATE: opt.lars_opt_base_learning_rate,
+                C.LARS_OPT_END_LR: opt.lars_opt_end_learning_rate,
+                C.LARS_OPT_LR_DECAY_POLY_POWER: opt.lars_opt_learning_rate_decay_poly_power,
+                C.LARS_OPT_LR_DECAY_STEPS: decay_steps,
+                C.LARS_OPT_LEARNING_RATE_WARMUP_EPOCHS: opt.lars_opt_learning_rate_warmup_epochs,
+                C.LARS_OPT_MOMENTUM: opt.lars_opt_momentum,
+                C.LARS_OPT_WEIGHT_DECAY: opt.lars_opt_weight_decay,
+                C.LARS_EPSILON: opt.lars_epsilon,
+            }
+        else:
+            hparams = {
+                C.OPT_NAME: C.SGD,
+                SGD_OPT_BASE_LR: opt.sgd_opt_base_learning_rate,
+                SGD_OPT_END_LR: opt.sgd_opt_end_learning_rate,
+                SGD_OPT_LR_DECAY_POLY_POWER: opt.sgd_opt_learning_rate_decay_poly_power,
+                SGD_OPT_LR_DECAY_STEPS: decay_steps,
+                C.OPT_LR_WARMUP_EPOCHS: opt.opt_learning_rate_warmup_epochs,
+                SGD_OPT_MOMENTUM: opt.sgd_opt_momentum,
+                SGD_OPT_WEIGHT_DECAY: opt.sgd_opt_weight_decay,
+            }
+        hparams[C.MODEL_BN_SPAN] = self.model_bn_span()
+        return hparams
+
+    @classmethod
+    def prepare_mini(cls, data_dir: str) -> None:
+        """Writes the digits mini dataset (ImageNet-format TFRecords) into `data_dir`."""
+        from benchmarks.resnet50 import prepare  # imported here: scikit-learn only when needed
+
+        prepare.prepare_mini(data_dir)
+
+
+def decayed_variables(model: keras.Model) -> list:
+    """The variables that get weight decay: convolution and dense kernels (rank >= 2)."""
+    return [v for v in model.trainable_variables if len(v.shape) >= 2]
+
+
+def resnet_eval_schedule(
+    *, steps_per_epoch: int, max_epochs: float, every_epochs: int, offset_epochs: int
+) -> list[EvalPoint]:
+    """Evaluations at epochs `first, first + every, ...` and at `max_epochs`, where `first` is
+    `offset_epochs`, or `every_epochs` when the offset is 0 (the MLPerf TF2 reference's
+    `--eval_offset_epochs`).
+
+    Epochs count from 1 (`first_epoch_num` of the first block is 1; each block spans
+    `epoch_count` epochs and ends with the evaluation whose `epoch_num` is its last epoch).
+
+    Raises:
+      ValueError: `every_epochs` is not positive or the offset is outside [0, every_epochs).
+    """
+    if every_epochs <= 0:
+        raise ValueError(f"`every_epochs` ({every_epochs}) must be positive.")
+    if not 0 <= offset_epochs < every_epochs:
+        raise ValueError(f"`offset_epochs` ({offset_epochs}) must be in [0, {every_epochs}).")
+    points = []
+    previous = 0.0
+    epoch = float(offset_epochs or every_epochs)
+    while True:
+        epoch = min(epoch, float(max_epochs))
+        points.append(
+            EvalPoint(
+                step=max(1, int(round(epoch * steps_per_epoch))),
+                epoch_num=_number(epoch),
+                first_epoch_num=_number(previous + 1),
+                epoch_count=_number(epoch - previous),
+            )
+        )
+        if epoch >= max_epochs:
+            return points
+        previous = epoch
+        epoch += every_epochs
+
+
+def _number(x: float) -> int | float:
+    return int(x) if float(x).is_integer() else float(x)

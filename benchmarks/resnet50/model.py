@@ -1,0 +1,130 @@
+"""Provides the ResNet v1.5 Keras model (ResNet-50 and reduced variants) of the MLPerf benchmark."""
+
+from __future__ import annotations
+
+import keras
+
+from benchmarks.resnet50.config import ModelConfig
+from mlperf_tf.layers import CrossReplicaBatchNormalization
+
+# Stride of each stage's first bottleneck (the first stage follows the stem's max pool).
+_STAGE_STRIDES = (1, 2, 2, 2)
+_EXPANSION = 4  # a bottleneck's output has 4x the filters of its 3x3 convolution
+
+
+class _Seeds:
+    """Hands out a distinct initializer seed per layer, derived from the run's seed."""
+
+    def __init__(self, seed: int):
+        self._next = seed * 1000
+
+    def __call__(self) -> int:
+        self._next += 1
+        return self._next
+
+
+def resnet(config: ModelConfig, *, image_size: int, seed: int = 0) -> keras.Model:
+    """Builds ResNet v1.5 as a channels-last Keras functional model.
+
+    v1.5 (the MLPerf/Model Garden variant) puts the stride of a downsampling bottleneck on its
+    3x3 convolution instead of the first 1x1. Convolutions have no bias and He-normal
+    (fan-in, truncated normal) initialization; the classifier is a dense layer with N(0, 0.01)
+    weights. Every batch norm is `mlperf_tf.layers.CrossReplicaBatchNormalization` with
+    `config.bn_group_size`, momentum and epsilon from `config`, and, with
+    `config.zero_init_last_gamma`, the last batch norm of each residual branch starts at
+    gamma = 0. Layers follow the global Keras dtype policy (bf16/fp16-ready); the logits come
+    out in the policy's compute dtype.
+
+    Layer names contain "bn" exactly for batch-norm layers and "conv"/"fc" otherwise, so that
+    LARS' default exclusion patterns (bias, bn, gamma, beta) select the right variables.
+
+    Args:
+      config: the model config (`block_layers=(3, 4, 6, 3)`, `base_width=64` is ResNet-50).
+      image_size: side of the square RGB input images, in pixels.
+      seed: base seed of the initializers (each layer gets its own derived seed).
+
+    Returns:
+      A `keras.Model` mapping float images `[batch, image_size, image_size, 3]` to logits
+      `[batch, num_classes]`.
+
+    Raises:
+      ValueError: `image_size` is not a positive integer.
+    """
+    if not isinstance(image_size, int) or image_size < 1:
+        raise ValueError(f"`image_size` ({image_size!r}) must be a positive integer.")
+    if len(config.block_layers) > len(_STAGE_STRIDES):
+        raise ValueError(
+            f"`block_layers` ({config.block_layers!r}) has more than {len(_STAGE_STRIDES)} stages."
+        )
+    seeds = _Seeds(seed)
+    inputs = keras.Input(shape=(image_size, image_size, 3), name="images")
+    # Stem: 7x7/2 convolution (explicit padding, as the reference) and 3x3/2 max pool.
+    x = keras.layers.ZeroPadding2D(3, name="conv1_pad")(inputs)
+    x = _conv(x, config.base_width, 7, 2, "conv1_conv", seeds, padding="valid")
+    x = _batch_norm(x, config, "conv1_bn")
+    x = keras.layers.ReLU(name="conv1_relu")(x)
+    x = keras.layers.MaxPooling2D(3, strides=2, padding="same", name="pool1_pool")(x)
+
+    for stage, num_blocks in enumerate(config.block_layers):
+        filters = config.base_width * 2**stage
+        for block in range(num_blocks):
+            x = _bottleneck(
+                x,
+                filters=filters,
+                stride=_STAGE_STRIDES[stage] if block == 0 else 1,
+                projection=block == 0,
+                name=f"conv{stage + 2}_block{block + 1}",
+                config=config,
+                seeds=seeds,
+            )
+
+    x = keras.layers.GlobalAveragePooling2D(name="avg_pool")(x)  # [batch, channels]
+    logits = keras.layers.Dense(
+        config.num_classes,
+        kernel_initializer=keras.initializers.RandomNormal(stddev=0.01, seed=seeds()),
+        bias_initializer="zeros",
+        name="fc",
+    )(x)  # [batch, num_classes]
+    return keras.Model(inputs, logits, name="resnet")
+
+
+def _bottleneck(x, *, filters, stride, projection, name, config, seeds):
+    """One v1.5 bottleneck: 1x1 -> 3x3 (with the stride) -> 1x1 (4x filters), plus shortcut."""
+    if projection:
+        shortcut = _conv(x, filters * _EXPANSION, 1, stride, f"{name}_0_conv", seeds)
+        shortcut = _batch_norm(shortcut, config, f"{name}_0_bn")
+    else:
+        shortcut = x
+    y = _conv(x, filters, 1, 1, f"{name}_1_conv", seeds)
+    y = _batch_norm(y, config, f"{name}_1_bn")
+    y = keras.layers.ReLU(name=f"{name}_1_relu")(y)
+    y = _conv(y, filters, 3, stride, f"{name}_2_conv", seeds)
+    y = _batch_norm(y, config, f"{name}_2_bn")
+    y = keras.layers.ReLU(name=f"{name}_2_relu")(y)
+    y = _conv(y, filters * _EXPANSION, 1, 1, f"{name}_3_conv", seeds)
+    y = _batch_norm(y, config, f"{name}_3_bn", zero_gamma=config.zero_init_last_gamma)
+    y = keras.layers.Add(name=f"{name}_add")([y, shortcut])
+    return keras.layers.ReLU(name=f"{name}_out")(y)
+
+
+def _conv(x, filters, kernel_size, stride, name, seeds, padding="same"):
+    return keras.layers.Conv2D(
+        filters,
+        kernel_size,
+        strides=stride,
+        padding=padding,
+        use_bias=False,
+        kernel_initializer=keras.initializers.HeNormal(seed=seeds()),
+        name=name,
+    )(x)
+
+
+def _batch_norm(x, config: ModelConfig, name: str, *, zero_gamma: bool = False):
+    return CrossReplicaBatchNormalization(
+        group_size=config.bn_group_size,
+        axis=-1,
+        momentum=config.bn_momentum,
+        epsilon=config.bn_epsilon,
+        gamma_initializer="zeros" if zero_gamma else "ones",
+        name=name,
+    )(x)
