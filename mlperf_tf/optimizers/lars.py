@@ -145,6 +145,11 @@ class LARS(keras.optimizers.Optimizer):
     Under `tf.distribute`, Keras sums the gradients across replicas before `update_step`, which
     runs in the update (cross-replica) context once per variable: the losses must be divided by
     the global batch size.
+
+    Implementation: the norms use one fused reduction each (`tf.nn.l2_loss`) and the momentum
+    step is the fused `ResourceApplyKerasMomentum` kernel, so the momentum slot holds the
+    velocity -m (as `keras.optimizers.SGD` does). This needs the TensorFlow backend, like the
+    rest of this suite.
     """
 
     def __init__(

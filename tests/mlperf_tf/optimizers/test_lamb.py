@@ -6,8 +6,9 @@ import copy
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
-from mlperf_tf.optimizers import LAMB, WarmupPolynomialDecay
+from mlperf_tf.optimizers import LAMB, LARS, WarmupPolynomialDecay
 from mlperf_tf.optimizers.lamb import DEFAULT_LAMB_EXCLUDE
 from mlperf_tf.optimizers.lars import matches_any, variable_path
 
@@ -222,3 +223,31 @@ def test_get_config_round_trip_keeps_every_argument():
 def test_bad_arguments_name_the_argument(kwargs, message):
     with pytest.raises(ValueError, match=message):
         LAMB(0.01, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: LAMB(0.01, weight_decay_rate=0.1),
+        lambda: LARS(0.5, weight_decay=0.1, eeta=0.1),
+    ],
+    ids=["lamb", "lars"],
+)
+def test_sparse_embedding_gradients_equal_dense_ones(make):
+    # An embedding lookup's gradient is IndexedSlices; the update must equal the dense one.
+    table = _RNG.normal(size=(10, 4)).astype("float32")
+    results = []
+    for densify in (False, True):
+        embedding = make_variable("embeddings", "table", table)
+        optimizer = make()
+        for ids in ([1, 3, 3], [0, 9, 1]):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(tf.square(tf.gather(embedding.value, ids)))
+            grad = tape.gradient(loss, embedding.value)
+            assert isinstance(grad, tf.IndexedSlices)
+            optimizer.apply_gradients(
+                [(tf.convert_to_tensor(grad) if densify else grad, embedding)]
+            )
+        results.append(embedding.numpy())
+    assert not np.allclose(results[0], table)
+    np.testing.assert_allclose(results[0], results[1], rtol=1e-6, atol=1e-7)
