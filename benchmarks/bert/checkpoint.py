@@ -138,7 +138,7 @@ def load_tf1_checkpoint(model, path: str) -> LoadReport:
     try:
         reader = tf.train.load_checkpoint(prefix)
         checkpoint_shapes = reader.get_variable_to_shape_map()
-    except (tf.errors.NotFoundError, tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
+    except tf.errors.OpError as e:  # NotFound, DataLoss, or "file is too short" (unknown)
         first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise DataError(f"cannot read init_checkpoint '{prefix}': {first_line}") from None
     targets = model.tf1_variables()

@@ -134,7 +134,9 @@ class TransformerBlock(keras.layers.Layer):
         v = self._split_heads(self.value(x))
         scores = ops.einsum("bnqd,bnkd->bnqk", q, k)  # [batch, heads, seq, seq]
         # Softmax in float32: the scores of long sequences overflow fp16/bf16 precision.
-        scores = ops.cast(scores, "float32") * (1.0 / math.sqrt(self.head_size)) + attention_bias
+        # (Keras casts float call arguments to the compute dtype: back to float32 for the bias.)
+        bias = ops.cast(attention_bias, "float32")
+        scores = ops.cast(scores, "float32") * (1.0 / math.sqrt(self.head_size)) + bias
         probs = ops.cast(ops.softmax(scores, axis=-1), self.compute_dtype)
         probs = self.attention_dropout(probs, training=training)
         context = ops.einsum("bnqk,bnkd->bnqd", probs, v)  # [batch, heads, seq, head_size]

@@ -309,12 +309,14 @@ def instance_to_example(
 
 
 def write_examples_round_robin(examples: Iterable[tf.train.Example], paths: Sequence[str]) -> int:
-    """Writes serialized examples to `paths` in turn (the reference's writer order); returns count."""
+    """Writes examples to `paths` in turn (the reference's writer order); returns the count."""
     writers = [tf.io.TFRecordWriter(p) for p in paths]
     count = 0
     try:
         for example in examples:
-            writers[count % len(writers)].write(example.SerializeToString())
+            # deterministic=True sorts the feature map's keys: without it the byte order of a
+            # protobuf map may differ between processes (hash seeds), and so would the files.
+            writers[count % len(writers)].write(example.SerializeToString(deterministic=True))
             count += 1
     finally:
         for w in writers:
