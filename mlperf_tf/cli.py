@@ -68,6 +68,7 @@ def _run_command(argv: list[str]) -> int:
         return _fail(str(e))
     run_flags.define_flags()
     FLAGS = flags.FLAGS
+    FLAGS.unparse_flags()  # a second `run` in one process starts from the defaults
     try:
         FLAGS(["mlperf-tf run", *argv])
     except flags.Error as e:
@@ -91,10 +92,15 @@ def _run_command(argv: list[str]) -> int:
             if not os.path.isdir(config.data_dir):
                 print(f"Writing the mini dataset to {config.data_dir} ...", flush=True)
                 benchmark_class.prepare_mini(config.data_dir)
-        if config.data_dir and not os.path.isdir(config.data_dir):
+        if config.data_dir and not (
+            os.path.isdir(config.data_dir) and os.access(config.data_dir, os.R_OK | os.X_OK)
+        ):
             raise UserError(f"data_dir {config.data_dir!r} is not a readable folder")
         run_config = run_flags.run_config_from_flags()
         benchmark = benchmark_class(config, seed=run_config.seed)
+    except UserError as e:
+        return _fail(str(e))
+    try:
         result = runner.run(benchmark, run_config)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
@@ -103,7 +109,7 @@ def _run_command(argv: list[str]) -> int:
     if result.mlperf_log:
         print(f"MLPerf log: {result.mlperf_log}")
     print(f"run_stop status={result.status}: {result.reason}")
-    return 0
+    return 1 if result.reason.startswith("non-finite") else 0
 
 
 def _list_command(argv: list[str]) -> int:

@@ -1,0 +1,103 @@
+"""Tests of the `mlperf-tf` command: listing, bad input as one-line errors, third-party benchmarks."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from mlperf_tf import cli, registry
+from tests import processes
+
+
+def _errors(text):
+    return [line for line in text.splitlines() if line.startswith("error:")]
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["run", "--benchmark=nosuch", "--model_dir=/tmp/x"], "unknown benchmark 'nosuch'"),
+        (["run", "--benchmark=resnet50", "--preset=huge", "--model_dir=/tmp/x"], "no preset 'huge'"),
+        (["run", "--benchmark=resnet50", "--model_dir=/tmp/x", "--no_such_flag=1"], "no_such_flag"),
+        (["run", "--benchmark=resnet50", "--model_dir=/tmp/x", "--config.nope=1"], "'nope'"),
+        (["run", "--benchmark=resnet50", "--model_dir=/tmp/x", "--config.global_batch_size=x"],
+         "expects an int"),
+        (["run", "--benchmark=resnet50", "--model_dir=/tmp/x", "--data_dir=/no/such/dir"],
+         "/no/such/dir"),
+        (["run", "--benchmark=resnet50", "--model_dir=/tmp/x", "--distribution=cloud"],
+         "distribution"),
+        (["run", "--model_dir=/tmp/x"], "--benchmark is required"),
+        (["frobnicate"], "unknown command 'frobnicate'"),
+        (["prepare", "nosuch"], "unknown benchmark 'nosuch'"),
+    ],
+)  # fmt: skip
+def test_bad_input_is_one_error_line_and_exit_code_2(argv, needle, capsys):
+    code = cli.main(argv)
+    err = capsys.readouterr().err
+    assert code == 2
+    errors = _errors(err)
+    assert len(errors) == 1 and needle in errors[0], err
+    assert "Traceback" not in err
+
+
+def test_list_prints_every_builtin_with_its_presets(capsys):
+    assert cli.main(["list"]) == 0
+    out = capsys.readouterr().out
+    for name in registry.BUILTIN_BENCHMARKS:
+        line = next(line for line in out.splitlines() if line.startswith(name))
+        assert "smoke" in line and "mini" in line and "mlperf" in line, line
+
+
+def test_config_overrides_split_from_absl_flags():
+    rest, overrides = cli.split_config_overrides(
+        ["--preset=mini", "--config.optimizer.lars_opt_weight_decay=2e-4", "--xla"]
+    )
+    assert rest == ["--preset=mini", "--xla"]
+    assert overrides == {"optimizer.lars_opt_weight_decay": "2e-4"}
+    with pytest.raises(ValueError, match="--config.key=value"):
+        cli.split_config_overrides(["--config.novalue"])
+
+
+@pytest.fixture(scope="module")
+def installed_plugin(tmp_path_factory):
+    """A third-party package, pip-installed into a folder, registering `tiny` by entry point."""
+    source = tmp_path_factory.mktemp("plugin_src")
+    (source / "tiny_plugin").mkdir()
+    (source / "tiny_plugin" / "__init__.py").write_text(
+        "from tests.tiny_benchmark import TinyBenchmark\n"
+    )
+    (source / "setup.py").write_text(textwrap.dedent("""
+        from setuptools import setup
+        setup(name="tiny-plugin", version="0.1", packages=["tiny_plugin"],
+              entry_points={"mlperf_tf.benchmarks": ["tiny = tiny_plugin:TinyBenchmark"]})
+    """))  # fmt: skip
+    target = tmp_path_factory.mktemp("plugin_site")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
+         "--no-build-isolation", "--target", str(target), str(source)],
+        check=True, timeout=300, capture_output=True,
+    )  # fmt: skip
+    return target
+
+
+def test_third_party_benchmark_is_listed_and_runs(installed_plugin, tmp_path):
+    env = {"PYTHONPATH": f"{installed_plugin}{os.pathsep}{processes.REPO_ROOT}"}
+    listed = subprocess.run(
+        [sys.executable, "-m", "mlperf_tf.cli", "list"], cwd=processes.REPO_ROOT,
+        env=processes.python_env(**env), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert listed.returncode == 0, listed.stderr
+    assert any(line.startswith("tiny") and "smoke" in line for line in listed.stdout.splitlines())
+    ran = subprocess.run(
+        [sys.executable, "-m", "mlperf_tf.cli", "run", "--benchmark=tiny", "--preset=smoke",
+         f"--model_dir={tmp_path}", "--steps_per_loop=5"],
+        cwd=processes.REPO_ROOT, env=processes.python_env(**env), capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    log_path = str(tmp_path / "mlperf_log.txt")
+    assert f"MLPerf log: {log_path}" in ran.stdout
+    with open(log_path, encoding="utf-8") as f:
+        assert '"key": "run_stop"' in f.read()
