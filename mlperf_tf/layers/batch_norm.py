@@ -97,7 +97,9 @@ def group_moments(
     if mask is None:
         s1 = tf.reduce_sum(d, axis=axes)  # [C]
         s2 = tf.reduce_sum(tf.square(d), axis=axes)  # [C]
-        count = tf.cast(tf.size(x) // channels, x.dtype) * tf.ones_like(s1)  # [C]
+        count = tf.cast(tf.size(x, out_type=tf.int64) // channels, x.dtype) * tf.ones_like(
+            s1
+        )  # [C]
     else:
         w = tf.cast(tf.expand_dims(mask, -1), x.dtype)  # the mask broadcast over channels
         w = tf.broadcast_to(w, tf.shape(x))
@@ -146,8 +148,9 @@ class CrossReplicaBatchNormalization(keras.layers.BatchNormalization):
     `trainable=False`, it is exactly `keras.layers.BatchNormalization`.
 
     Args:
-      group_size: replicas per normalization group; must divide `num_replicas_in_sync` of the
-        strategy the layer is built and called under.
+      *args: Keras' positional arguments (`axis`, `momentum`, ...), in Keras' order.
+      group_size: (keyword-only) replicas per normalization group; must divide
+        `num_replicas_in_sync` of the strategy the layer is built and called under.
       **kwargs: every argument of `keras.layers.BatchNormalization` (`axis`, `momentum`,
         `epsilon`, `center`, `scale`, initializers, regularizers, constraints, `synchronized`,
         `renorm`, ..., `name`, `dtype`). `synchronized=True` and `renorm=True` are only accepted
@@ -161,8 +164,8 @@ class CrossReplicaBatchNormalization(keras.layers.BatchNormalization):
         replicas in sync (a layer built without a strategy).
     """
 
-    def __init__(self, group_size: int = 1, **kwargs):
-        super().__init__(**kwargs)
+    def __init__(self, *args, group_size: int = 1, **kwargs):
+        super().__init__(*args, **kwargs)
         self.group_size = _check_positive_int("group_size", group_size)
         if group_size > 1 and self.synchronized:
             raise ConfigError(

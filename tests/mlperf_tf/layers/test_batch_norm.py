@@ -1,13 +1,7 @@
 """Tests of `CrossReplicaBatchNormalization` and `model_bn_span` against NumPy and Keras' BN."""
 
 import json
-import os
-import socket
-import subprocess
-import sys
-import tempfile
 import time
-from pathlib import Path
 from unittest import mock
 
 import keras
@@ -16,15 +10,16 @@ import pytest
 import tensorflow as tf
 
 from mlperf_tf.config import ConfigError
-from mlperf_tf.layers import CrossReplicaBatchNormalization
+from mlperf_tf.layers import CrossReplicaBatchNormalization, model_bn_span
 from mlperf_tf.layers.batch_norm import group_moments
+from tests import processes
 from tests.mlperf_tf.layers import mwms_worker
 
 REPLICAS = 4
 SHAPE = (2, 3, 3, 4)  # per-replica batch [B, H, W, C]
 EPS = 1e-3
 MOMENTUM = 0.75
-REPO_ROOT = Path(__file__).resolve().parents[3]
+MWMS_TIMEOUT_S = 120  # both workers together; a peer that never comes is bounded by this
 
 
 @pytest.fixture(scope="module")
@@ -296,7 +291,7 @@ def test_plain_keras_bn_outside_replica_context_and_in_inference(strategy):
     )
 
 
-def test_same_variables_checkpoint_and_config_as_keras_bn():
+def test_same_variables_checkpoint_and_config_as_keras_bn(tmp_path):
     reference = keras.layers.BatchNormalization(momentum=0.9, name="bn")
     reference.build((None, 4))
     for i, v in enumerate(reference.weights):
@@ -305,11 +300,15 @@ def test_same_variables_checkpoint_and_config_as_keras_bn():
     layer.build((None, 4))
     assert [v.path for v in layer.weights] == [v.path for v in reference.weights]
     assert [v.name for v in layer.weights] == ["gamma", "beta", "moving_mean", "moving_variance"]
-    with tempfile.TemporaryDirectory() as tmp:
-        path = tf.train.Checkpoint(layer=reference).write(os.path.join(tmp, "ckpt"))
-        tf.train.Checkpoint(layer=layer).read(path).assert_consumed()
+    path = tf.train.Checkpoint(layer=reference).write(str(tmp_path / "ckpt"))
+    tf.train.Checkpoint(layer=layer).read(path).assert_consumed()
     for got, want in zip(layer.weights, reference.weights):
         np.testing.assert_array_equal(got.numpy(), want.numpy())
+
+    positional = CrossReplicaBatchNormalization(
+        1, 0.5, group_size=2
+    )  # Keras' order: axis, momentum
+    assert (positional.axis, positional.momentum, positional.group_size) == (1, 0.5, 2)
 
     config = layer.get_config()
     assert config["group_size"] == 2
@@ -371,44 +370,28 @@ def test_grouped_statistics_compile_under_xla():
         np.testing.assert_allclose(var, ref_var, rtol=1e-5, atol=1e-5)
 
 
-def _free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_multi_worker_mirrored_group_spans_both_workers(tmp_path):
     """Two MultiWorkerMirroredStrategy workers on 127.0.0.1, one CPU replica each, group size 2."""
-    workers = [f"127.0.0.1:{_free_port()}" for _ in range(2)]
-    procs = []
-    deadline = time.monotonic() + 120.0
+    cluster = {"worker": [f"127.0.0.1:{port}" for port in processes.free_ports(2)]}
+    procs, logs = [], []
     try:
         for index in range(2):
-            tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
-            env = dict(
-                os.environ,
-                TF_CONFIG=json.dumps(tf_config),
-                TF_CPP_MIN_LOG_LEVEL="2",
-                PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]),
-            )
-            procs.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", "tests.mlperf_tf.layers.mwms_worker",
-                     str(tmp_path / f"worker{index}.npz")],
-                    cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                )
-            )  # fmt: skip
-        for index, proc in enumerate(procs):
-            try:
-                out, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pytest.fail(f"MWMS worker {index} did not finish within 120 s")
-            assert proc.returncode == 0, f"worker {index} failed:\n{out.decode()[-3000:]}"
+            tf_config = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
+            logs.append(str(tmp_path / f"worker{index}.log"))
+            args = [
+                "-m",
+                "tests.mlperf_tf.layers.mwms_worker",
+                str(tmp_path / f"worker{index}.npz"),
+            ]
+            procs.append(processes.start(args, logs[-1], TF_CONFIG=tf_config))
+        deadline = time.monotonic() + MWMS_TIMEOUT_S
+        for proc, log in zip(procs, logs):
+            code = processes.wait(proc, max(1.0, deadline - time.monotonic()), log)
+            with open(log, encoding="utf-8", errors="replace") as f:
+                assert code == 0, f.read()[-3000:]
     finally:
         for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout=10)
+            processes.kill(proc)
 
     results = [np.load(tmp_path / f"worker{index}.npz") for index in range(2)]
     xs, ws = zip(*(mwms_worker.replica_data(r) for r in range(2)))
@@ -426,3 +409,11 @@ def test_multi_worker_mirrored_group_spans_both_workers(tmp_path):
         np.testing.assert_allclose(
             result["moving_variance"], momentum + (1 - momentum) * var, rtol=1e-5, atol=1e-5
         )
+
+
+def test_model_bn_span():
+    assert model_bn_span(32, 1) == 32
+    assert model_bn_span(32, 4) == 128
+    for bad in [(0, 2), (32, 0), (32, 2.0), (-8, 1), (True, 2)]:
+        with pytest.raises(ConfigError, match="must be a positive integer"):
+            model_bn_span(*bad)
