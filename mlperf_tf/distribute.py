@@ -235,7 +235,27 @@ def wait_for_peers(tf_config: dict, timeout_s: float) -> None:
         listener.close()
 
 
+def wait_for_address(address: str, timeout_s: float, what: str) -> None:
+    """Returns when `address` (host:port, optionally grpc://) accepts TCP; UserError at the deadline."""
+    host_port = _split_address(address)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection(host_port, timeout=1.0):
+                return
+        except OSError as e:
+            if time.monotonic() > deadline:
+                raise UserError(
+                    f"{what} at {address} not reachable within {timeout_s:g} s ({e.strerror or e})"
+                ) from None
+            time.sleep(0.5)
+
+
 def _tpu_strategy(tpu: str, timeout_s: float) -> tf.distribute.Strategy:
+    if tpu.startswith("grpc://"):
+        # TF's own connect retries without a deadline: probe the worker first.
+        wait_for_address(tpu, timeout_s, "TPU worker")
+
     def connect():
         resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu or None)
         tf.config.experimental_connect_to_cluster(resolver)

@@ -64,3 +64,11 @@ def test_fp16_trains_with_loss_scaling(tmp_path):
         precision.set_policy("fp32")
     with pytest.raises(UserError, match="--dtype='int8'"):
         precision.set_policy("int8")
+
+
+def test_unreachable_tpu_address_is_a_clear_error_within_the_deadline():
+    (port,) = processes.free_ports(1)
+    begin = time.monotonic()
+    with pytest.raises(UserError, match=f"TPU worker at grpc://127.0.0.1:{port} not reachable"):
+        distribute.resolve_strategy("tpu", tpu=f"grpc://127.0.0.1:{port}", timeout_s=1)
+    assert time.monotonic() - begin < 10
