@@ -68,6 +68,11 @@ def _run_command(argv: list[str]) -> int:
         return _fail(str(e))
     run_flags.define_flags()
     FLAGS = flags.FLAGS
+    if any(arg in ("-h", "--help", "--helpfull") for arg in argv):
+        print("usage: mlperf-tf run --benchmark=NAME [--preset=P] --model_dir=DIR [flags]\n")
+        print(FLAGS.module_help(run_flags))
+        print("\n  --config.KEY=VALUE: override a field of the benchmark's config (typed)")
+        return 0
     FLAGS.unparse_flags()  # a second `run` in one process starts from the defaults
     try:
         FLAGS(["mlperf-tf run", *argv])
