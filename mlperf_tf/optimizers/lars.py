@@ -216,6 +216,9 @@ class LARS(keras.optimizers.Optimizer):
             raise ValueError(f"`eeta` ({eeta!r}) must be > 0.")
         self.epsilon = check_number("epsilon", epsilon)
         self.nesterov = bool(nesterov)
+        # Weight decay folds into the velocity when dividing by mu is harmless (and the
+        # Nesterov step, which reuses lr * (g + wd * w), is off).
+        self._fold_weight_decay = not self.nesterov and self.momentum >= 0.1
         self.exclude_patterns = compile_exclusion_patterns(
             "exclude_from_weight_decay", exclude_from_weight_decay
         )
@@ -247,6 +250,7 @@ class LARS(keras.optimizers.Optimizer):
         dtype = var.dtype
         lr = tf.cast(learning_rate, dtype)
         g = dense_gradient(gradient, dtype)
+        velocity = tf_variable(self._momentums[index])
         if self._adapt[index]:
             w_norm = l2_norm(var)
             g_norm = l2_norm(g)
@@ -259,15 +263,26 @@ class LARS(keras.optimizers.Optimizer):
                 tf.cast(self.eeta, dtype) * w_norm / safe_denom,
                 tf.ones_like(w_norm),
             )
-            if self.weight_decay_rate:
-                g = g + wd * var
             lr = lr * trust
+            if self.weight_decay_rate:
+                if self._fold_weight_decay:
+                    # velocity = mu * (velocity - lr * wd / mu * w) - lr * g is the velocity of
+                    # g + wd * w: one fused in-place pass instead of materializing g + wd * w
+                    # (ResNet-50: LARS/SGD-momentum 1.18x -> 0.95x, see the README).
+                    tf.raw_ops.ResourceApplyGradientDescent(
+                        var=velocity.handle,
+                        alpha=lr * wd / tf.cast(self.momentum, dtype),
+                        delta=var,
+                        use_locking=False,
+                    )
+                else:
+                    g = g + wd * var
         # One fused kernel for classic momentum with the LR inside: it keeps the velocity
         # -m (Keras' SGD convention), velocity = mu * velocity - lr * g; w += velocity
         # (Nesterov: w += mu * velocity - lr * g).
         tf.raw_ops.ResourceApplyKerasMomentum(
             var=var.handle,
-            accum=tf_variable(self._momentums[index]).handle,
+            accum=velocity.handle,
             lr=lr,
             grad=g,
             momentum=tf.cast(self.momentum, dtype),
