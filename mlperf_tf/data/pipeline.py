@@ -189,9 +189,21 @@ def _file_sizes(files: Sequence[str]) -> list[int]:
     return sizes
 
 
-# Status of an element between the reader and the checks: a record, the end marker of a corrupt
-# file (strict mode), or the end of a finite stream.
+# What an element between the reader and the checks is: a record, the marker left by a corrupt
+# file (strict mode), or the end of a finite stream (eval).
 _RECORD, _CORRUPT_FILE, _END = 0, 1, 2
+# Elements per vectorized bookkeeping step (byte counts, running numbers, checks).
+_CHUNK = 64
+
+
+def _code(value: int) -> tf.Tensor:
+    return tf.constant(value, tf.int64)
+
+
+def _warn(*parts) -> tf.Tensor:
+    """Prints one warning line to stderr from inside a pipeline (not subject to TF's log level)."""
+    tf.print(tf.strings.join(["WARNING: mlperf_tf data: ", *parts]), output_stream=sys.stderr)
+    return tf.constant(True)
 
 
 def _read_records(
@@ -203,13 +215,14 @@ def _read_records(
     deterministic: bool | None,
     skip_bad_records: bool,
 ) -> tf.data.Dataset:
-    """`(record, file_index, status)` triples read from `files` with a parallel interleave.
+    """`(record, file_index, code)` triples read from `files` with a parallel interleave.
 
-    Each file is read by a TFRecordDataset whose read errors are ignored (a corrupt record makes
-    it drop the rest of its file), and a marker at the file's end compares the bytes read with the
-    file's size. For a corrupt file, with `skip_bad_records` a warning naming the file is printed;
-    without it, the marker travels on with status `_CORRUPT_FILE` and `_checked_map` raises. (The
-    reader cannot raise itself: `_checked_map`'s `ignore_errors` would swallow the error.)
+    A corrupt record makes TFRecordDataset fail and, under `ignore_errors`, drop the rest of its
+    file; so each file's reader counts the bytes it read and compares them with the file's size
+    at the end. For a corrupt file, with `skip_bad_records` a warning naming it is printed;
+    without, one marker element with code `_CORRUPT_FILE` travels on, and `_checks` raises.
+    (The reader cannot raise itself: the `ignore_errors` of `_apply` would swallow the error.)
+    Bookkeeping runs on chunks of records, so it costs little per record.
     """
     paths = tf.constant(list(files), dtype=tf.string)
     sizes = tf.constant(_file_sizes(files), dtype=tf.int64)
@@ -218,24 +231,21 @@ def _read_records(
     def read_one(index):
         path, size = paths[index], sizes[index]
         records = tf.data.TFRecordDataset(path, buffer_size=1 << 20).ignore_errors(log_warning=True)
-        records = records.map(lambda r: (r, False)).concatenate(
-            tf.data.Dataset.from_tensors((tf.constant("", tf.string), True))
+        # [n] records per chunk, then one empty chunk: the end of the file.
+        chunks = records.batch(_CHUNK).concatenate(
+            tf.data.Dataset.from_tensors(tf.zeros([0], tf.string))
         )
 
-        # [record, is_end, bytes of the records before it]
-        def count_bytes(total, element):
-            record, is_end = element
-            length = tf.cast(tf.strings.length(record), tf.int64) + _TFRECORD_OVERHEAD
-            return total + length, (record, is_end, total)
+        def count_bytes(total, chunk):
+            lengths = tf.cast(tf.strings.length(chunk), tf.int64) + _TFRECORD_OVERHEAD
+            return total + tf.reduce_sum(lengths), (chunk, total)
 
-        records = records.scan(tf.constant(0, tf.int64), count_bytes)
-
-        def status(record, is_end, total):
-            corrupt = tf.logical_and(is_end, tf.not_equal(total, size))
+        def label(chunk, total):
+            corrupt = tf.logical_and(tf.equal(tf.size(chunk), 0), tf.not_equal(total, size))
             if skip_bad_records:
-
-                def warn():
-                    _warn(
+                warned = tf.cond(
+                    corrupt,
+                    lambda: _warn(
                         "skipped the rest of corrupt TFRecord file '",
                         path,
                         "' (read ",
@@ -243,18 +253,19 @@ def _read_records(
                         " of ",
                         tf.strings.as_string(size),
                         " bytes)",
-                    )
-                    return tf.constant(True)
-
-                corrupt = tf.cond(corrupt, warn, lambda: tf.constant(False))
-                keep = tf.logical_not(is_end)
+                    ),
+                    lambda: tf.constant(False),
+                )
+                with tf.control_dependencies([warned]):
+                    chunk = tf.identity(chunk)
+                corrupt = tf.constant(False)
             else:
-                keep = tf.logical_or(tf.logical_not(is_end), corrupt)
-            code = tf.where(corrupt, _CORRUPT_FILE, _RECORD)
-            return record, index, code, keep
+                chunk = tf.concat([chunk, tf.fill([tf.cast(corrupt, tf.int32)], "")], 0)
+            n = tf.shape(chunk)[:1]
+            code = tf.fill(n, tf.where(corrupt, _code(_CORRUPT_FILE), _code(_RECORD)))
+            return chunk, tf.fill(n, index), code
 
-        records = records.map(status).filter(lambda record, index, code, keep: keep)
-        return records.map(lambda record, index, code, keep: (record, index, code))
+        return chunks.scan(tf.constant(0, tf.int64), count_bytes).map(label).unbatch()
 
     indices = tf.data.Dataset.range(num_files)
     if shuffle_files and record_shard is None and num_files > 1:
@@ -277,110 +288,150 @@ def _read_records(
     return records
 
 
-def _warn(*parts) -> None:
-    """Prints one warning line to stderr from inside a pipeline (not subject to TF's log level)."""
-    tf.print(tf.strings.join(["WARNING: mlperf_tf data: ", *parts]), output_stream=sys.stderr)
+def _number(elements: tf.data.Dataset, *, chunked: bool) -> tf.data.Dataset:
+    """`(payload, file, code)` -> `(meta, payload)`, meta = `(count, file, previous_file,
+    previous_code, code)`: a running number and what came just before, which names the file of
+    an element that `_apply` drops. `chunked` numbers 64 at a time (payloads must batch)."""
+    init = (tf.constant(0, tf.int64), tf.constant(-1, tf.int64), _code(_RECORD))
+    if chunked:
+
+        def number_chunk(state, chunk):
+            count, previous_file, previous_code = state
+            payload, file, code = chunk
+            n = tf.size(code, out_type=tf.int64)
+            meta = (
+                count + tf.range(n),
+                file,
+                tf.concat([[previous_file], file[:-1]], 0),
+                tf.concat([[previous_code], code[:-1]], 0),
+                code,
+            )
+            return (count + n, file[-1], code[-1]), (meta, payload)
+
+        return elements.batch(_CHUNK).scan(init, number_chunk).unbatch()
+
+    def number_one(state, element):
+        count, previous_file, previous_code = state
+        payload, file, code = element
+        meta = (count, file, previous_file, previous_code, code)
+        return (count + 1, file, code), (meta, payload)
+
+    return elements.scan(init, number_one)
 
 
-def _checked_map(
-    records: tf.data.Dataset,
-    fn: Callable[[tf.Tensor], Any],
+def _apply(numbered: tf.data.Dataset, fn: Callable, *, end_dummy: Any = None) -> tf.data.Dataset:
+    """Maps `fn` over the payloads in parallel, in order; drops the elements where it fails.
+
+    Corrupt-file markers fail here on purpose (an Assert), so they are dropped too and reported
+    by `_checks` through the next element's `previous_code`. End markers (finite streams) pass
+    as `end_dummy`, zeros of `fn`'s output structure.
+    """
+
+    def apply(meta, payload):
+        code = meta[4]
+        not_marker = tf.debugging.Assert(
+            tf.not_equal(code, _CORRUPT_FILE), ["marker of a corrupt TFRecord file"]
+        )
+        with tf.control_dependencies([not_marker]):
+            payload = tf.nest.map_structure(tf.identity, payload)
+        if end_dummy is None:
+            return meta, fn(payload)
+        return meta, tf.cond(tf.equal(code, _END), lambda: end_dummy, lambda: fn(payload))
+
+    mapped = numbered.map(apply, num_parallel_calls=AUTOTUNE, deterministic=True)
+    return mapped.ignore_errors(log_warning=True)
+
+
+def _checks(
+    elements: tf.data.Dataset,
     files: Sequence[str],
     *,
     skip_bad_records: bool,
-    with_end: bool,
+    batched: bool,
+    keep_file: bool = False,
+    drop_end: bool = False,
 ) -> tf.data.Dataset:
-    """Maps `fn` over `_read_records`' triples in parallel; bad records fail or are skipped.
+    """Spots the records `_apply` dropped (gaps in the running numbers) and raises or warns.
 
-    Each element gets a running number before the parallel map; `ignore_errors` drops the
-    elements whose `fn` raised, and a scan after it spots the gap in the numbers. The element
-    after a gap carries the file index of its predecessor, which is the dropped record's file.
-    The map keeps the order (`deterministic=True`) so that gaps are visible; the interleave
-    before it need not. The scan only computes a status (raising inside it would leave its state
-    behind and misreport later elements); a stateless map after it raises or warns.
+    A scan finds the gaps (vectorized over a batch when `batched`) and only computes what to
+    report, since raising inside a scan would leave its state behind; a stateless map after it
+    raises (strict) or prints a warning line per batch with the files and the running count of
+    skipped records (`skip_bad_records`), and strips the bookkeeping.
 
     Args:
-      records: `(serialized_record, file_index, status)` triples from `_read_records`.
-      fn: serialized record -> example.
-      files: the file paths that `file_index` points into.
-      skip_bad_records: skip and report bad records instead of failing.
-      with_end: add an end marker so that a bad last record is also seen (finite datasets).
+      elements: `(meta, example)`, or batches of them when `batched`.
+      files: the paths that meta's file indices point into.
+      skip_bad_records: warn and go on instead of raising.
+      batched: elements are batches (leading dimension on meta and example).
+      keep_file: return `(example, file_index)` instead of `example`.
+      drop_end: remove end markers (needs `batched`).
     """
     paths = tf.constant(list(files), dtype=tf.string)
-    if with_end:
-        records = records.concatenate(
-            tf.data.Dataset.from_tensors(
-                (tf.constant("", tf.string), tf.constant(-1, tf.int64), tf.constant(_END))
-            )
-        )
-    # Markers pass the map as zeros of fn's output structure (traced here, not run).
-    probe = tf.data.Dataset.from_tensors(tf.constant("", tf.string)).map(fn)
-    dummy = _zeros_of_spec(probe.element_spec)
 
-    # [running number, file index of the previous element, record, file index, status]
-    def number(state, element):
-        count, previous_file = state
-        record, file_index, code = element
-        return (count + 1, file_index), (count, previous_file, record, file_index, code)
-
-    numbered = records.scan((tf.constant(0, tf.int64), tf.constant(-1, tf.int64)), number)
-
-    def apply(count, previous_file, record, file_index, code):
-        example = tf.cond(tf.equal(code, _RECORD), lambda: fn(record), lambda: dummy)
-        return count, previous_file, file_index, code, example
-
-    mapped = numbered.map(apply, num_parallel_calls=AUTOTUNE, deterministic=True)
-    mapped = mapped.ignore_errors(log_warning=True)
-
-    # -> [gap (records dropped just before this element), skipped so far, name, code, example]
-    def check(state, element):
+    def find_gaps(state, element):
         expected, skipped = state
-        count, previous_file, file_index, code, example = element
-        gap = count - expected
-        corrupt = tf.equal(code, _CORRUPT_FILE)
-        name = tf.where(
-            corrupt, paths[tf.maximum(file_index, 0)], paths[tf.maximum(previous_file, 0)]
+        meta, example = element
+        if not batched:
+            meta = tuple(m[tf.newaxis] for m in meta)
+        count, _, previous_file, previous_code, _ = meta
+        gaps = count - tf.concat([[expected], count[:-1] + 1], 0)
+        skipped += tf.reduce_sum(gaps)
+        bad = gaps > 0
+        corrupt = tf.logical_and(bad, tf.equal(previous_code, _CORRUPT_FILE))
+        names = tf.gather(paths, tf.maximum(previous_file, 0))
+        report = (
+            tf.strings.reduce_join(tf.boolean_mask(names, corrupt)[:1]),
+            tf.strings.reduce_join(tf.boolean_mask(names, bad & ~corrupt)[:1]),
+            tf.strings.reduce_join(tf.boolean_mask(names, bad), separator="', '"),
+            tf.reduce_sum(gaps),
+            skipped,
         )
-        return (count + 1, skipped + gap), (gap, skipped + gap, name, code, example)
+        return (count[-1] + 1, skipped), (report, element)
 
-    checked = mapped.scan((tf.constant(0, tf.int64), tf.constant(0, tf.int64)), check)
-
-    def report(gap, skipped, name, code, example):
-        bad_record = gap > 0
+    def report(report, element):
+        corrupt_name, bad_name, all_names, num_gaps, skipped = report
         if skip_bad_records:
-
-            def warn():
-                _warn(
-                    "skipped a bad record (parse_fn or transform_fn failed) in file '",
-                    name,
-                    "' (",
-                    tf.strings.as_string(skipped),
-                    " skipped by this input pipeline so far)",
+            checks = [
+                tf.cond(
+                    num_gaps > 0,
+                    lambda: _warn(
+                        "skipped ",
+                        tf.strings.as_string(num_gaps),
+                        " bad record(s) (parse_fn or transform_fn failed) in file(s) '",
+                        all_names,
+                        "' (",
+                        tf.strings.as_string(skipped),
+                        " skipped by this input pipeline so far)",
+                    ),
+                    lambda: tf.constant(False),
                 )
-                return tf.constant(True)
-
-            checks = [tf.cond(bad_record, warn, lambda: tf.constant(False))]
+            ]
         else:
-            corrupt = tf.equal(code, _CORRUPT_FILE)
             checks = [
                 tf.debugging.Assert(
-                    tf.logical_not(corrupt),
-                    [f"{DATA_ERROR_PREFIX} corrupt TFRecord file", name],
+                    tf.equal(corrupt_name, ""),
+                    [f"{DATA_ERROR_PREFIX} corrupt TFRecord file", corrupt_name],
                 ),
                 tf.debugging.Assert(
-                    tf.logical_not(bad_record),
+                    tf.equal(bad_name, ""),
                     [
                         f"{DATA_ERROR_PREFIX} bad record (parse_fn or transform_fn failed) in file",
-                        name,
+                        bad_name,
                     ],
                 ),
             ]
+        meta, example = element
         with tf.control_dependencies(checks):
-            return tf.identity(code), example
+            example = tf.nest.map_structure(tf.identity, example)
+        file = meta[1]
+        if drop_end:
+            keep = tf.not_equal(meta[4], _END)
+            example = tf.nest.map_structure(lambda t: tf.boolean_mask(t, keep), example)
+            file = tf.boolean_mask(file, keep)
+        return (example, file) if keep_file else example
 
-    reported = checked.map(report)
-    reported = reported.filter(lambda code, example: tf.equal(code, _RECORD))
-    return reported.map(lambda code, example: example)
+    init = (tf.constant(0, tf.int64), tf.constant(0, tf.int64))
+    return elements.scan(init, find_gaps).map(report)
 
 
 def _zeros_of_spec(spec):
@@ -462,9 +513,14 @@ def training_pipeline(
     """An endless dataset of training batches for one input pipeline.
 
     Files are sharded per pipeline (see `shard_files`), shuffled and read with a parallel
-    interleave; records are (optionally cached,) shuffled, repeated, then parsed and transformed
-    with `num_parallel_calls=AUTOTUNE`, batched with `drop_remainder=True` (static shapes) and
-    prefetched.
+    interleave; records are shuffled, repeated, parsed and transformed with
+    `num_parallel_calls=AUTOTUNE`, batched with `drop_remainder=True` (static shapes) and
+    prefetched. With `cache=True`, records are parsed first, `parse_fn`'s outputs are cached in
+    memory and shuffled, and only `transform_fn` runs every epoch.
+
+    Put deterministic work (parsing; decoding, when caching) in `parse_fn` and random
+    augmentation in `transform_fn`: caching what comes before the random augmentation is legal
+    under the MLPerf rules (the augmentation still differs every epoch).
 
     Args:
       files: TFRecord files (see `list_files`), in the same order on every worker.
@@ -473,10 +529,11 @@ def training_pipeline(
       transform_fn: example -> example (decode, augment); None for parse only. Its outputs must
         have static shapes, since batches are.
       batch_size: examples per batch: the per-replica batch size.
-      shuffle_buffer: records in the shuffle buffer (serialized, so cheap); 1 disables shuffling.
+      shuffle_buffer: elements in the shuffle buffer (serialized records; parsed examples when
+        caching, which share memory with the cache); 1 disables shuffling.
       seed: seed of the file and record shuffles (None: random each run).
-      cache: cache the raw records in memory after the first epoch (legal for training: it is
-        before any random augmentation; needs RAM for this pipeline's share of the files).
+      cache: parse once and cache `parse_fn`'s outputs in memory (RAM: this pipeline's whole
+        parsed shard, e.g. decoded images); the first epoch fills the cache.
       skip_bad_records: skip (and report) corrupt records and records whose parse or transform
         fails, instead of failing with an error naming the file.
       num_epochs: passes over this pipeline's shard; None (the default) repeats forever.
@@ -490,6 +547,8 @@ def training_pipeline(
     """
     _check_positive("batch_size", batch_size)
     _check_positive("shuffle_buffer", shuffle_buffer)
+    if num_epochs is not None:
+        _check_positive("num_epochs", num_epochs)
     fn = _compose(parse_fn, transform_fn)
     shard, record_shard = shard_files(files, input_context)
     records = _read_records(
@@ -500,25 +559,30 @@ def training_pipeline(
         deterministic=None,
         skip_bad_records=skip_bad_records,
     )
+    checks = dict(files=shard, skip_bad_records=skip_bad_records)
     if cache:
-        records = records.cache()
+        # parse_fn's (deterministic) output is cached, so only transform_fn runs every epoch.
+        parsed = _apply(_number(records, chunked=True), parse_fn)
+        parsed = _checks(parsed, **checks, batched=False, keep_file=True).cache()
+        parsed = _shuffle_repeat(parsed, shuffle_buffer, seed, num_epochs)
+        parsed = parsed.map(lambda example, file: (example, file, _code(_RECORD)))
+        # Parsed examples may differ in shape (decoded images): number them one by one.
+        examples = _apply(_number(parsed, chunked=False), transform_fn or (lambda x: x))
+    else:
+        records = _shuffle_repeat(records, shuffle_buffer, seed, num_epochs)
+        examples = _apply(_number(records, chunked=True), fn)
+    batches = examples.batch(batch_size, drop_remainder=True, num_parallel_calls=AUTOTUNE)
+    batches = _checks(batches, **checks, batched=True)
+    # Options before the final prefetch, so the slack optimization finds that prefetch.
+    return batches.with_options(pipeline_options(training=True)).prefetch(AUTOTUNE)
+
+
+def _shuffle_repeat(dataset, shuffle_buffer: int, seed: int | None, num_epochs: int | None):
     if shuffle_buffer > 1:
         # Shuffle before repeat: each epoch is a permutation of the shard's records (epochs stay
         # epochs, which MLPerf's epoch accounting assumes).
-        records = records.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-    if num_epochs is not None:
-        _check_positive("num_epochs", num_epochs)
-    records = records.repeat(num_epochs)
-    examples = _checked_map(
-        records,
-        fn,
-        shard,
-        skip_bad_records=skip_bad_records,
-        with_end=False,
-    )
-    batches = examples.batch(batch_size, drop_remainder=True, num_parallel_calls=AUTOTUNE)
-    # Options before the final prefetch, so the slack optimization finds that prefetch.
-    return batches.with_options(pipeline_options(training=True)).prefetch(AUTOTUNE)
+        dataset = dataset.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+    return dataset.repeat(num_epochs)
 
 
 def eval_pipeline(
@@ -572,13 +636,18 @@ def eval_pipeline(
         deterministic=True,
         skip_bad_records=skip_bad_records,
     )
-    examples = _checked_map(
-        records,
-        fn,
+    end = tf.data.Dataset.from_tensors(("", _code(-1), _code(_END)))
+    numbered = _number(records.concatenate(end), chunked=True)
+    # The end marker passes fn as zeros of its output: a bad last record leaves a visible gap.
+    probe = tf.data.Dataset.from_tensors(tf.constant("", tf.string)).map(fn)
+    examples = _apply(numbered, fn, end_dummy=_zeros_of_spec(probe.element_spec))
+    examples = _checks(
+        examples.batch(_CHUNK),
         shard,
         skip_bad_records=skip_bad_records,
-        with_end=True,
-    )
+        batched=True,
+        drop_end=True,
+    ).unbatch()
     if cache:
         examples = examples.cache()
     batches = pad_eval_dataset(examples, batch_size=batch_size, num_batches=num_batches)
