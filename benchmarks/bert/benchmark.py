@@ -136,12 +136,12 @@ class BertBenchmark(Benchmark):
         """The BERT pretrainer of `model_config` (under the strategy scope, dtype policy set)."""
         return model_lib.build_pretrainer(self.model_config)
 
-    def build_optimizer(self, train_steps: int) -> keras.optimizers.Optimizer:
-        """LAMB with the reference's schedule: polynomial decay from step 0 over
+    def learning_rate_schedule(self, train_steps: int) -> WarmupPolynomialDecay:
+        """The reference's schedule: polynomial decay from step 0 over
         `opt_learning_rate_training_steps`, overridden by the linear warmup that starts at
         `start_warmup_step` and lasts `num_warmup_steps`."""
         opt = self.config.optimizer
-        schedule = WarmupPolynomialDecay(
+        return WarmupPolynomialDecay(
             opt.opt_base_learning_rate,
             warmup_steps=opt.num_warmup_steps,
             decay_steps=self.decay_steps(train_steps),
@@ -150,8 +150,12 @@ class BertBenchmark(Benchmark):
             start_warmup_step=opt.start_warmup_step,
             decay_start_step=0,
         )
+
+    def build_optimizer(self, train_steps: int) -> keras.optimizers.Optimizer:
+        """LAMB (the MLPerf reference's, bias-corrected) on `learning_rate_schedule`."""
+        opt = self.config.optimizer
         return LAMB(
-            schedule,
+            self.learning_rate_schedule(train_steps),
             beta_1=opt.opt_lamb_beta_1,
             beta_2=opt.opt_lamb_beta_2,
             epsilon=opt.opt_epsilon,
