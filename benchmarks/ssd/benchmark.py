@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any
 
 import keras
@@ -15,7 +16,6 @@ from benchmarks.ssd import config as config_lib
 from benchmarks.ssd import input as input_lib
 from benchmarks.ssd import loss as loss_lib
 from benchmarks.ssd import model as model_lib
-from benchmarks.ssd import prepare as prepare_lib
 from mlperf_tf.benchmark import Benchmark
 from mlperf_tf.data import pipeline, synthetic
 from mlperf_tf.errors import DataError, UserError
@@ -93,8 +93,11 @@ class SSDBenchmark(Benchmark):
         if not os.path.isfile(path):
             raise DataError(f"backbone checkpoint '{path}' does not exist")
         try:
-            model.get_layer("backbone").load_weights(path)
-        except (ValueError, KeyError, OSError) as e:
+            with warnings.catch_warnings():
+                # Keras only warns when it skips parts of a file: a partial load is an error here.
+                warnings.filterwarnings("error", category=UserWarning)
+                model.get_layer("backbone").load_weights(path)
+        except (ValueError, KeyError, OSError, UserWarning) as e:
             reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise UserError(
                 f"backbone checkpoint '{path}' does not fit this model's backbone "
@@ -312,4 +315,6 @@ class SSDBenchmark(Benchmark):
 
     @classmethod
     def prepare_mini(cls, data_dir: str) -> None:
-        prepare_lib.prepare_mini(data_dir)
+        from benchmarks.ssd import prepare  # noqa: PLC0415 (keeps `python -m ...prepare` clean)
+
+        prepare.prepare_mini(data_dir)

@@ -26,8 +26,8 @@ COCO_CATEGORY_IDS = (
 
 # The mini dataset (`prepare.prepare_mini`): canvases with scikit-learn's 8x8 digits pasted on
 # them; COCO category id d + 1 is digit d.
-MINI_TRAIN_EXAMPLES = 4000
-MINI_EVAL_EXAMPLES = 500
+MINI_TRAIN_EXAMPLES = 2000
+MINI_EVAL_EXAMPLES = 250
 MINI_CATEGORY_IDS = tuple(range(1, 11))
 
 # MLPerf SSD300 layout (the reference's `dboxes300_coco` and `SSD300`).
@@ -355,30 +355,43 @@ def mlperf() -> SSDConfig:
     return SSDConfig()
 
 
-def mini() -> SSDConfig:
-    """SSD on canvases of scikit-learn's 8x8 digits (10 classes), thin model, small inputs.
+def small_model(**fields) -> ModelConfig:
+    """The reduced-input SSD of the mini and smoke presets (128 px, 5 levels, 1524 boxes).
 
-    Placeholder; finalized after speed measurements.
+    At 128 px the backbone ends at 16x16; four stride-2 extra blocks give 8, 4, 2, 1 (the
+    SSD300 layout needs >= 264 px for its two unpadded 3x3 blocks). Default boxes keep SSD300's
+    recipe: steps = pixels per cell, scales spread from 8 % to 88 % of the image, aspect ratios
+    2 (and 3 on the middle levels).
+    """
+    defaults = dict(
+        num_classes=len(MINI_CATEGORY_IDS) + 1,
+        image_size=128,
+        width_scale=0.25,
+        extra_mid_channels=(256, 256, 128, 128),
+        extra_channels=(512, 512, 256, 256),
+        extra_strides=(2, 2, 2, 2),
+        extra_paddings=(1, 1, 1, 1),
+        anchor_steps=(8.0, 16.0, 32.0, 64.0, 128.0),
+        anchor_scales=(10.0, 20.0, 36.0, 56.0, 80.0, 112.0),
+        anchor_aspect_ratios=((2,), (2, 3), (2, 3), (2,), (2,)),
+    )
+    defaults.update(fields)
+    return ModelConfig(**defaults)
+
+
+def mini() -> SSDConfig:
+    """SSD on canvases of scikit-learn's 8x8 digits (10 classes): thin ResNet-34, 128 px input.
+
+    Placeholder docstring; finalized after measurements.
     """
     return SSDConfig(
         global_batch_size=32,
-        eval_batch_size=100,
+        eval_batch_size=50,
         train_examples=MINI_TRAIN_EXAMPLES,
         eval_examples=MINI_EVAL_EXAMPLES,
-        max_epochs=30.0,
+        max_epochs=40.0,
         data_dir=paths.mini_data_dir(NAME),
-        model=ModelConfig(
-            num_classes=11,
-            image_size=128,
-            width_scale=0.25,
-            extra_strides=(2, 2, 2, 2),
-            extra_paddings=(1, 1, 1, 1),
-            extra_mid_channels=(256, 256, 128, 128),
-            extra_channels=(512, 512, 256, 256),
-            anchor_steps=(8.0, 16.0, 32.0, 64.0, 128.0),
-            anchor_scales=(10.0, 20.0, 36.0, 56.0, 80.0, 112.0),
-            anchor_aspect_ratios=((2,), (2, 3), (2, 3), (2,), (2,)),
-        ),
+        model=small_model(),
         loss=LossConfig(max_num_boxes=8),
         optimizer=OptimizerConfig(
             opt_base_learning_rate=0.02,
@@ -388,25 +401,32 @@ def mini() -> SSDConfig:
         data=DataConfig(
             val_annotations="annotations/instances_val.json",
             category_ids=MINI_CATEGORY_IDS,
+            random_flip=False,
             color_jitter=False,
-            shuffle_buffer=4000,
+            shuffle_buffer=MINI_TRAIN_EXAMPLES,
             cache_train=True,
         ),
     )
 
 
 def smoke() -> SSDConfig:
-    """A thin SSD on synthetic 300 px images; placeholder."""
+    """A tiny SSD (one block per stage, 1/8 width, 128 px) on synthetic images and boxes.
+
+    Command: `mlperf-tf run --benchmark=ssd --preset=smoke --model_dir=/tmp/ssd_smoke`.
+    Hardware: any CPU; seconds. Quality: meaningless (random images); the run ends `aborted`
+    after 10 epochs of 2 steps, with evals after epochs 5 and 10 (MLPerf's cadence). It
+    exercises every code path of a run, its eval (scored by pycocotools against the synthetic
+    boxes) and its MLPerf log.
+    """
     return SSDConfig(
         global_batch_size=4,
         eval_batch_size=4,
         train_examples=8,
         eval_examples=6,
-        max_epochs=2.0,
-        eval_every_epochs=1,
+        max_epochs=10.0,
         data_dir="",
-        model=ModelConfig(num_classes=11, width_scale=0.125, backbone_blocks=(1, 1, 1)),
-        loss=LossConfig(max_num_boxes=8),
-        optimizer=OptimizerConfig(opt_learning_rate_warmup_steps=1),
+        model=small_model(width_scale=0.125, backbone_blocks=(1, 1, 1)),
+        loss=LossConfig(max_num_boxes=4),
+        optimizer=OptimizerConfig(opt_learning_rate_warmup_steps=2),
         data=DataConfig(category_ids=MINI_CATEGORY_IDS),
     )

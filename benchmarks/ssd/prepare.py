@@ -52,7 +52,7 @@ COCO_EVAL_SHARDS = 32
 # The mini dataset.
 MINI_CANVAS_SIDES = (96, 160)  # canvas height and width, pixels, uniform in this range
 MINI_DIGIT_SIDES = (0.2, 0.5)  # pasted digit side as a fraction of the canvas' shorter side
-MINI_MAX_DIGITS = 3  # digits per canvas: 1..this
+MINI_MAX_DIGITS = 5  # digits per canvas: 1..this (fewer when they do not fit)
 MINI_BOX_ALPHA = 0.25  # the box is the tight box of the digit's pixels above this opacity
 MINI_TRAIN_SHARDS = 4
 MINI_EVAL_SHARDS = 2
@@ -361,9 +361,10 @@ def prepare_mini(
 
     scikit-learn's 1797 digits are split 80/20 (held-out digits for the eval canvases); each
     canvas (96-160 px per side) gets 1-3 digits at 20-50 % of its shorter side, in random
-    bright colors on a dark noisy background, never overlapping. Layout: `images/{train,val}/`
-    JPEGs, `annotations/instances_{train,val}.json` (category d + 1 = digit d), and
-    `train-*`/`val-*` TFRecords from `convert_split`. Built in a temporary folder and renamed,
+    bright colors on a dark noisy background, never overlapping. The JPEGs are written to
+    `images/{train,val}/` and converted by `convert_split` into `train-*`/`val-*` TFRecords
+    (then the JPEG folder is removed); `annotations/instances_{train,val}.json` stay
+    (category d + 1 = digit d). Built in a temporary folder and renamed,
     so an interrupted run leaves no partial `data_dir`.
     """
     from sklearn.datasets import load_digits
@@ -406,6 +407,7 @@ def prepare_mini(
                 num_workers=0,
                 progress=False,
             )
+        shutil.rmtree(os.path.join(tmp, "images"))  # the records hold the JPEG bytes
         if os.path.exists(data_dir):
             shutil.rmtree(data_dir)
         os.replace(tmp, data_dir)

@@ -67,6 +67,7 @@ def _benchmark(tmp_path):
     (tmp_path / "gt.json").write_text(json.dumps(_groundtruth(category)))
     cfg = dataclasses.replace(
         cfg,
+        model=config.ModelConfig(num_classes=cfg.model.num_classes),  # SSD300: 8732 boxes
         data_dir=str(tmp_path),
         data=dataclasses.replace(cfg.data, val_annotations="gt.json"),
     )
