@@ -176,7 +176,8 @@ def rules_dir() -> str:
     return list(spec.submodule_search_locations)[0]
 
 
-def _version_key(ruleset: str) -> tuple[int, ...]:
+def version_key(ruleset: str) -> tuple[int, ...]:
+    """Sorts rulesets by version: "0.7.0" < "1.0.0" < "10.0.0"."""
     return tuple(int(part) for part in ruleset.split("."))
 
 
@@ -187,7 +188,7 @@ def available_rulesets() -> list[str]:
         match = re.fullmatch(rf"{USAGE}_(\d+\.\d+\.\d+)", entry)
         if match:
             names.append(match.group(1))
-    return sorted(names, key=_version_key)
+    return sorted(names, key=version_key)
 
 
 def has_rules(ruleset: str, benchmark: str | None) -> bool:

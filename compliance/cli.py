@@ -178,8 +178,11 @@ def _run_report(args: argparse.Namespace) -> int:
 
     written = report.write_reports(args.logs, args.out, jobs=args.jobs, **_check_kwargs(args))
     for item in written:
-        print(f"{item.log}: {item.markdown} {item.png}")
-    return EXIT_PASS
+        if isinstance(item, UserError):
+            print(f"error: {item}", file=sys.stderr)
+        else:
+            print(f"{item.log}: wrote {item.markdown} and {item.png}")
+    return EXIT_USAGE if any(isinstance(item, UserError) for item in written) else EXIT_PASS
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -75,8 +75,10 @@ class Record:
       key: the MLPerf key, e.g. "eval_accuracy".
       value: its value (any JSON value).
       metadata: its metadata dict ({} when absent or not a dict).
-      time_s: the timestamp in seconds (0.6.0 logs write seconds, later ones `time_ms`), or None.
+      time_s: the timestamp in seconds, or None.
       line: the 1-based line number in the file.
+      timestamp: the timestamp as logged: seconds in 0.6.0 logs, milliseconds (`time_ms`) later.
+      units_per_second: 1 or 1000, the unit of `timestamp`.
     """
 
     key: str
@@ -84,6 +86,8 @@ class Record:
     metadata: dict
     time_s: float | None
     line: int
+    timestamp: float | None = None
+    units_per_second: float = 1.0
 
 
 def token_for(ruleset: str) -> str:
@@ -167,7 +171,7 @@ def scan_log(
                     break
                 if not has_token and TOKEN_ANY in previous_tail + piece:
                     has_token = True
-                previous_tail = piece[-(len(TOKEN_ANY) - 1) :]
+                previous_tail = (previous_tail + piece)[-(len(TOKEN_ANY) - 1) :]
                 if dropped or length + len(piece) > max_line_bytes + 1:  # +1: the line end
                     dropped, parts, length = True, [], 0
                     if has_token:
@@ -185,6 +189,8 @@ def scan_log(
                     continue  # the line goes on in the next piece (or the file ends)
                 line_number += 1
                 if has_token:
+                    if length - 1 > max_line_bytes:
+                        raise too_long()
                     lines.append("".join(parts))
                     numbers.append(line_number)
                     kept += length
@@ -192,6 +198,8 @@ def scan_log(
             if parts or dropped:  # a last line without a line end
                 line_number += 1
                 if has_token:
+                    if length > max_line_bytes:
+                        raise too_long()
                     lines.append("".join(parts))
                     numbers.append(line_number)
     except (OSError, UnicodeError) as error:
@@ -205,6 +213,16 @@ def scan_log(
     )
 
 
+def _as_float(value: Any) -> float | None:
+    # As the official parser reads time_ms: float(value), so numeric strings count too.
+    if isinstance(value, dict | list) or value is None:
+        return None
+    try:
+        return _finite(float(value))
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
 def _finite(number: Any) -> float | None:
     if isinstance(number, bool) or not isinstance(number, int | float):
         return None
@@ -216,7 +234,8 @@ def parse_line(line: str, ruleset: str) -> tuple[str, Any, dict, float | None] |
     """Parses one token line as `ruleset`'s parser reads it; None when it does not parse.
 
     Returns:
-      (key, value, metadata, time in seconds or None).
+      (key, value, metadata, timestamp as logged or None): the timestamp is in seconds for the
+      0.6.0 format, in milliseconds for later ones.
     """
     token = token_for(ruleset)
     position = line.rfind(token)  # the official parser strips everything up to the last token
@@ -230,30 +249,31 @@ def parse_line(line: str, ruleset: str) -> tuple[str, Any, dict, float | None] |
                 return None
             payload = json.loads(match.group(3))
             key = match.group(2)
-            time_s = _finite(float(match.group(1)))
+            timestamp = _finite(float(match.group(1)))
             if not isinstance(payload, dict):
-                return key, None, {}, time_s
+                return key, None, {}, timestamp
         else:
             payload = json.loads(text[len(token) :])
             if not isinstance(payload, dict) or not isinstance(payload.get("key"), str):
                 return None
             key = payload["key"]
-            time_ms = _finite(payload.get("time_ms"))
-            time_s = None if time_ms is None else time_ms / 1000.0
+            timestamp = _as_float(payload.get("time_ms"))
     except (ValueError, RecursionError):  # bad JSON, or nesting deeper than the parser allows
         return None
     metadata = payload.get("metadata")
-    return key, payload.get("value"), metadata if isinstance(metadata, dict) else {}, time_s
+    return key, payload.get("value"), metadata if isinstance(metadata, dict) else {}, timestamp
 
 
 def parse_records(scan: LogScan, ruleset: str) -> list[Record]:
     """Parses the records of a scanned log as `ruleset`'s format; unparsable lines are skipped."""
+    units = 1.0 if token_for(ruleset) == TOKEN_V06 else 1000.0
     records = []
     for line, number in zip(scan.lines, scan.line_numbers):
         parsed = parse_line(line, ruleset)
         if parsed is not None:
-            key, value, metadata, time_s = parsed
-            records.append(Record(key, value, metadata, time_s, number))
+            key, value, metadata, timestamp = parsed
+            time_s = None if timestamp is None else timestamp / units
+            records.append(Record(key, value, metadata, time_s, number, timestamp, units))
     return records
 
 

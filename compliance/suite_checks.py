@@ -91,7 +91,7 @@ def _number(value: Any) -> float | None:
 
 
 def _lines(records: Sequence[Record]) -> tuple[int, ...]:
-    return tuple(r.line for r in records[:_MAX_LINES])
+    return tuple(dict.fromkeys(r.line for r in records))[:_MAX_LINES]
 
 
 def _epoch_of(record: Record) -> float | None:

@@ -1,0 +1,73 @@
+"""Tests of the command line: `python -m compliance` and `compliance.cli.main`."""
+
+import json
+import os
+import subprocess
+import sys
+
+from compliance import cli
+from tests.compliance import logs
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _logs(tmp_path):
+    good = logs.write_log(tmp_path / "good.txt", logs.resnet_records())
+    bad = logs.write_log(tmp_path / "bad.txt", logs.resnet_records(accuracies=(0.5,)))
+    return good, bad
+
+
+def test_exit_codes(tmp_path, capsys):
+    good, bad = _logs(tmp_path)
+    assert cli.main(["check", good]) == 0
+    assert cli.main(["check", good, bad]) == 1
+    assert cli.main(["check", good, bad, "--quality=skip"]) == 0
+    assert cli.main(["check", good, str(tmp_path / "nope.txt")]) == 2
+    out, err = capsys.readouterr()
+    assert out.count("PASS  ") >= 3 and "FAIL  " in out
+    assert err.strip().splitlines() == [f"error: {tmp_path / 'nope.txt'}: no such file"]
+
+
+def test_json_output(tmp_path, capsys):
+    good, bad = _logs(tmp_path)
+    assert cli.main(["check", good, bad, "--json", "--ruleset", "0.7.0"]) == 1
+    document = json.loads(capsys.readouterr().out)
+    assert document["passed"] is False
+    first, second = document["logs"]
+    assert first["passed"] and first["ruleset"] == "0.7.0" and first["ruleset_reason"] == "given"
+    assert not second["passed"]
+    (error,) = second["errors"]
+    assert error["check"] == "target" and error["source"] == "official"
+    assert "ERROR - FAILED" in second["official_messages"]
+
+
+def test_bad_options_are_one_line_errors(tmp_path, capsys):
+    good, _ = _logs(tmp_path)
+    for argv in (
+        ["check", good, "--ruleset", "7.7.7"],
+        ["check", good, "--quality", "sometimes"],
+        ["check", good, "--jobs", "0"],
+        ["check"],
+        ["frobnicate"],
+    ):
+        assert cli.main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and err.count("\n") == 1, (argv, err)
+    assert cli.main(["check", "--help"]) == 0
+    assert "--quality" in capsys.readouterr().out
+
+
+def test_python_m_compliance(tmp_path):
+    good, bad = _logs(tmp_path)
+    env = dict(os.environ, PYTHONPATH=REPO)
+    done = subprocess.run(
+        [sys.executable, "-m", "compliance", "check", good, bad, "--strict"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 1, done.stderr
+    assert done.stdout.startswith("PASS  " + good)
+    assert "\nFAIL  " + bad in done.stdout
+    assert "error [official:target]" in done.stdout

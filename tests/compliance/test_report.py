@@ -1,0 +1,70 @@
+"""Tests of compliance.report: the PNG and Markdown summary of a run."""
+
+import pytest
+
+from compliance import cli, logfile, report
+from compliance.suite_checks import Target
+from tests.compliance import logs
+
+
+def _records(tmp_path, **kwargs):
+    path = logs.write_log(tmp_path / "run.txt", logs.resnet_records(**kwargs))
+    return path, logfile.parse_records(logfile.scan_log(path), "1.0.0")
+
+
+def test_series_has_the_evals_and_block_throughput(tmp_path):
+    # One block of 4 epochs of 1000 samples per minute, an eval after each block.
+    _, records = _records(tmp_path, accuracies=(0.5, 0.7, 0.76))
+    series = report.run_series(records, "resnet")
+    assert [round(m, 2) for m, _, _ in series.evals] == [1.0, 2.0, 3.0]
+    assert [a for _, a, _ in series.evals] == [0.5, 0.7, 0.76]
+    assert [e for _, _, e in series.evals] == [4, 8, 12]
+    assert series.throughput_unit == "samples/s"
+    assert [round(r, 1) for _, r in series.throughput] == pytest.approx([4000 / 60] * 3, abs=0.1)
+    assert series.time.minutes == pytest.approx(3.0, abs=0.01)
+
+
+def test_figure_draws_the_target_line(tmp_path):
+    _, records = _records(tmp_path)
+    series = report.run_series(records, "resnet")
+    figure = report.plot_figure(series, Target(0.759, True, "v >= 0.759"), "title")
+    accuracy_axes, throughput_axes = figure.axes
+    assert any(list(line.get_ydata()) == [0.759, 0.759] for line in accuracy_axes.lines)
+    assert list(accuracy_axes.lines[0].get_ydata()) == [0.5, 0.7, 0.76]
+    assert len(throughput_axes.lines[0].get_xdata()) == 3
+
+
+def test_write_report_writes_png_and_markdown(tmp_path):
+    from matplotlib.image import imread
+
+    path, _ = _records(tmp_path, accuracies=(0.5, 0.7, 0.76))
+    files = report.write_report(path, str(tmp_path / "out"), ruleset="1.0.0")
+    image = imread(files.png)
+    assert image.shape[0] > 300 and image.shape[1] > 300
+    text = open(files.markdown).read()
+    assert "Verdict: **PASS**" in text
+    assert "Target 0.759: reached at epoch 12" in text
+    assert "Time to train: 3.0" in text
+    assert "| 8 | 2.000 | 0.7000 |" in text
+    assert "![eval accuracy and throughput](run.png)" in text
+
+
+def test_report_of_a_failed_run_names_the_findings(tmp_path):
+    path, _ = _records(tmp_path, accuracies=(0.5, 0.6), status="aborted")
+    files = report.write_report(path, str(tmp_path / "out"), ruleset="1.0.0")
+    text = open(files.markdown).read()
+    assert "Verdict: **FAIL**" in text
+    assert "Target 0.759: not reached (best 0.6000)" in text
+    assert "[official:target]" in text
+
+
+def test_report_cli_writes_one_pair_per_log_and_reports_bad_ones(tmp_path, capsys):
+    first, _ = _records(tmp_path)
+    other = tmp_path / "sub"
+    other.mkdir()
+    second = logs.write_log(other / "run.txt", logs.resnet_records())  # the same file name
+    out = tmp_path / "out"
+    code = cli.main(["report", first, second, str(tmp_path / "missing.txt"), "--out", str(out)])
+    assert code == 2
+    assert sorted(p.name for p in out.iterdir()) == ["run.md", "run.png", "run_2.md", "run_2.png"]
+    assert "missing.txt: no such file" in capsys.readouterr().err

@@ -1,0 +1,151 @@
+"""Tests of compliance.scoring: times to train and MLPerf benchmark results."""
+
+import json
+import random
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from compliance import cli, scoring
+from mlperf_tf.errors import UserError
+from tests.compliance import logs
+
+
+def _write_runs(directory, accuracy_lists):
+    directory.mkdir(parents=True, exist_ok=True)
+    for i, accuracies in enumerate(accuracy_lists):
+        status = "success" if accuracies[-1] >= 0.759 else "aborted"
+        logs.write_log(
+            directory / f"result_{i}.txt",
+            logs.resnet_records(accuracies=accuracies, status=status),
+        )
+    return str(directory)
+
+
+def test_olympic_mean_matches_result_summarizer():
+    from mlperf_logging.result_summarizer import result_summarizer
+
+    rng = random.Random(0)
+    for _ in range(200):
+        n = rng.randint(0, 12)
+        times = [rng.uniform(1, 100) for _ in range(n)]
+        dropped = rng.randint(0, 1)
+        max_dropped = rng.choice([1, 4])
+        ours = scoring.olympic_mean(times, non_converged=dropped, max_dropped=max_dropped)
+        theirs = result_summarizer._compute_olympic_average(list(times), dropped, max_dropped)
+        assert ours == pytest.approx(theirs) if theirs is not None else ours is None
+
+
+def test_result_of_five_runs_drops_fastest_and_slowest(tmp_path):
+    # One minute per eval block: runs of 1..5 minutes; the result is the mean of 2, 3 and 4.
+    runs = [[0.5] * (n - 1) + [0.76] for n in (3, 1, 5, 2, 4)]
+    result = scoring.score_directory(_write_runs(tmp_path / "resnet", runs), ruleset="1.0.0")
+    assert result.valid, result.format_text()
+    assert result.required_runs == 5
+    assert [round(r.time.minutes) for r in result.runs] == [3, 1, 5, 2, 4]
+    assert result.score_minutes == pytest.approx(3.0, abs=0.01)
+
+
+def test_one_non_converged_run_counts_as_the_slowest(tmp_path):
+    runs = [[0.76], [0.5, 0.76], [0.5, 0.5, 0.76], [0.5, 0.5, 0.5, 0.76], [0.5]]
+    result = scoring.score_directory(_write_runs(tmp_path / "resnet", runs), ruleset="1.0.0")
+    assert result.valid
+    assert [r.converged for r in result.runs] == [True, True, True, True, False]
+    # Dropped: the fastest (1 min) and the non-converged run; mean of 2, 3 and 4 minutes.
+    assert result.score_minutes == pytest.approx(3.0, abs=0.01)
+
+
+def test_two_non_converged_runs_make_the_result_invalid(tmp_path):
+    runs = [[0.76], [0.5, 0.76], [0.5, 0.5, 0.76], [0.5], [0.4]]
+    result = scoring.score_directory(_write_runs(tmp_path / "resnet", runs), ruleset="1.0.0")
+    assert not result.valid and result.score_minutes is None
+    assert any("2 runs did not converge" in p for p in result.problems)
+
+
+def test_too_few_runs_give_no_result_but_a_mean(tmp_path):
+    directory = _write_runs(tmp_path / "resnet", [[0.76], [0.5, 0.76]])
+    result = scoring.score_directory(directory, ruleset="1.0.0")
+    assert not result.valid
+    assert "2 run(s), the rules need 5" in result.problems
+    assert result.mean_minutes == pytest.approx(1.5, abs=0.01)
+    assert cli.main(["score", directory]) == 1
+
+
+def test_score_cli_json_and_bad_input(tmp_path, capsys):
+    runs = [[0.5] * (n - 1) + [0.76] for n in (3, 1, 5, 2, 4)]
+    directory = _write_runs(tmp_path / "resnet", runs)
+    assert cli.main(["score", directory, "--json"]) == 0
+    (document,) = json.loads(capsys.readouterr().out)
+    assert document["valid"] and document["benchmark"] == "resnet"
+    assert len(document["runs"]) == 5
+    assert cli.main(["score", str(tmp_path / "missing")]) == 2
+    assert "not a directory" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match="no result_"):
+        scoring.score_directory(str(tmp_path / "empty"))
+
+
+def test_time_to_train_reads_seconds_and_milliseconds(tmp_path):
+    json_log = logs.write_log(tmp_path / "a.txt", logs.resnet_records(accuracies=(0.5, 0.76)))
+    assert scoring.time_to_train(json_log).minutes == pytest.approx(2.0, abs=0.01)
+    v06 = tmp_path / "b.txt"
+    v06.write_text(
+        ':::MLL 1000.5 run_start: {"value": null, "metadata": {}}\n'
+        ':::MLL 1090.5 run_stop: {"value": null, "metadata": {"status": "success"}}\n'
+    )
+    time = scoring.time_to_train(str(v06))
+    assert time.seconds == 90.0 and time.status == "success"
+
+
+_SUMMARIZER = """
+import contextlib, io, json, sys
+from mlperf_logging.result_summarizer import result_summarizer
+results = []
+for benchmark, folder, ruleset in json.loads(sys.argv[1]):
+    with contextlib.redirect_stdout(io.StringIO()):
+        scores, _, score, _, _ = result_summarizer._compute_strong_score_standalone(
+            benchmark, "system", False, folder, "training", ruleset, return_full_scores=True)
+    results.append({"scores": scores, "score": score})
+print(json.dumps(results))
+"""
+
+
+def test_run_times_match_result_summarizer_on_the_corpus(corpus_dir, corpus_rows, tmp_path):
+    """Per-run times to train and the olympic score equal result_summarizer's on real logs.
+
+    The summarizer takes timestamps as milliseconds, which 0.6.0 logs are not (they write
+    seconds): there its minutes are ours / 1000.
+    """
+    groups = {}
+    for row in corpus_rows:
+        if row["kind"] == "real":
+            groups.setdefault((row["ruleset"], row["benchmark"]), []).append(row)
+    jobs = []
+    for (ruleset, benchmark), rows in sorted(groups.items()):
+        folder = tmp_path / ruleset / benchmark
+        folder.mkdir(parents=True)
+        for i, row in enumerate(rows):
+            shutil.copy(corpus_dir / row["path"], folder / f"result_{i}.txt")
+        jobs.append((benchmark, str(folder), ruleset))
+    done = subprocess.run(
+        [sys.executable, "-c", _SUMMARIZER, json.dumps(jobs)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    compared = 0
+    for (benchmark, folder, ruleset), theirs in zip(jobs, json.loads(done.stdout)):
+        ours = scoring.score_directory(str(folder), ruleset=ruleset)
+        unit = 1000.0 if ruleset == "0.6.0" else 1.0
+        counted = {run.path: run.time.minutes / unit for run in ours.runs if run.converged}
+        assert counted.keys() == theirs["scores"].keys(), (ruleset, benchmark)
+        for path, minutes in counted.items():
+            assert minutes == theirs["scores"][path]  # same arithmetic, same float
+            compared += 1
+        non_converged = len(ours.runs) - len(counted)
+        if non_converged <= 1:
+            olympic = scoring.olympic_mean(list(counted.values()), non_converged=non_converged)
+            assert olympic == pytest.approx(theirs["score"]) if olympic else theirs["score"] is None
+    assert compared >= 50

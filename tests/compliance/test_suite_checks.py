@@ -1,0 +1,117 @@
+"""Tests of compliance.suite_checks on hand-made records."""
+
+import pytest
+
+from compliance.logfile import Record
+from compliance.suite_checks import Target, suite_checks
+
+TARGET = Target(0.759, True, "v['value'] >= 0.759")
+
+
+def rec(key, value=None, t=0.0, line=1, **metadata):
+    return Record(key, value, metadata, t, line)
+
+
+def _evals(epochs, *, start_line=10, key_meta="epoch_num"):
+    out = []
+    for i, epoch in enumerate(epochs):
+        out.append(rec("eval_accuracy", 0.5, t=100.0 + i, line=start_line + i, **{key_meta: epoch}))
+    return out
+
+
+def _checks(records, **kwargs):
+    kwargs.setdefault("target", None)
+    return [(f.check, f.level) for f in suite_checks(records, **kwargs)]
+
+
+@pytest.mark.parametrize(
+    "bench, ruleset, epochs, late",
+    [
+        ("resnet", "1.0.0", [4, 8, 12], False),
+        ("resnet", "1.0.0", [3, 7, 11, 15], False),  # offset 3, epochs counted from 1
+        ("resnet", "1.0.0", [0, 4, 8], False),
+        ("resnet", "1.0.0", [4, 8, 16], True),
+        ("resnet", "1.0.0", [9, 13], True),  # first eval later than epoch 4 (+1)
+        ("ssd", "0.7.0", [40, 50, 55, 60], False),
+        ("ssd", "0.7.0", [41, 51, 56], False),  # numbering from 1
+        ("ssd", "0.7.0", [40, 50, 60], True),  # 10 epochs apart after epoch 50
+        ("ssd", "1.0.0", [5, 10, 15], False),
+        ("ssd", "1.0.0", [5, 15], True),
+        ("transformer", "0.7.0", [1, 2, 3], False),
+        ("transformer", "0.7.0", [1, 3], True),
+    ],
+)
+def test_eval_cadence(bench, ruleset, epochs, late):
+    checks = _checks(_evals(epochs), benchmark=bench, ruleset=ruleset)
+    assert (("eval_cadence", "warning") in checks) is late
+
+
+def test_bert_cadence_in_samples():
+    # v1.0 at global batch 6912: every ceil(0.05 * (230.23 * 6912 + 3e6) / 25000) * 25000 =
+    # 250,000 samples (Google's published run evaluated every 228,096).
+    gbs = [rec("global_batch_size", 6912, line=2)]
+    ok = gbs + _evals([228_096, 456_192, 684_288])
+    late = gbs + _evals([250_000, 500_000, 757_000])
+    assert _checks(ok, benchmark="bert", ruleset="1.0.0") == []
+    assert _checks(late, benchmark="bert", ruleset="1.0.0") == [("eval_cadence", "warning")]
+    placeholder = gbs + _evals([1, 1, 1])
+    assert _checks(placeholder, benchmark="bert", ruleset="1.0.0") == [("eval_cadence", "info")]
+
+
+def test_out_of_order_evals_are_sorted_for_the_cadence_but_flagged():
+    records = _evals([10, 5, 15, 20])
+    assert _checks(records, benchmark="ssd", ruleset="1.0.0") == [("monotonic", "warning")]
+
+
+def test_timestamps_that_go_back_are_flagged_zero_placeholders_are_not():
+    records = [
+        rec("submission_org", "x", t=0.0, line=1),  # a 0 placeholder: ignored
+        rec("init_start", t=10.0, line=2),
+        rec("init_stop", t=12.0, line=3),
+        rec("run_start", t=11.0, line=4),
+        rec("run_stop", t=13.0, line=5, status="aborted"),
+    ]
+    findings = suite_checks(records, benchmark=None, ruleset="1.0.0", target=None)
+    assert [(f.check, f.lines) for f in findings] == [("monotonic", (4,))]
+
+
+def test_pairing_of_blocks_epochs_and_evals():
+    records = [
+        rec("run_start", line=1),
+        rec("block_start", line=2, first_epoch_num=1, epoch_count=2),
+        rec("epoch_start", line=3, epoch_num=1),
+        rec("epoch_start", line=4, epoch_num=2),  # epoch 1 never stopped
+        rec("epoch_stop", line=5, epoch_num=2),
+        rec("block_stop", line=6, first_epoch_num=3),  # closes the block of epoch 1
+        rec("eval_stop", line=7, epoch_num=2),  # no eval_start
+        rec("run_stop", line=8, status="aborted"),
+    ]
+    findings = [f for f in suite_checks(records, benchmark=None, ruleset="1.0.0", target=None)]
+    assert [(f.check, f.line) for f in findings] == [
+        ("pairing", 6),
+        ("pairing", 4),
+        ("pairing", 7),
+    ]
+
+
+def test_run_stop_status_against_the_target():
+    evals = [rec("eval_accuracy", 0.80, line=5, epoch_num=4)]
+    success = [rec("run_start", line=1), *evals, rec("run_stop", line=9, status="success")]
+    aborted = [rec("run_start", line=1), *evals, rec("run_stop", line=9, status="aborted")]
+    low = [rec("run_start", line=1), rec("eval_accuracy", 0.5, line=5, epoch_num=4)]
+    low_success = [*low, rec("run_stop", line=9, status="success")]
+    kwargs = {"benchmark": None, "ruleset": "1.0.0", "target": TARGET}
+    assert _checks(success, **kwargs) == []
+    assert _checks(aborted, **kwargs) == [("run_stop_status", "warning")]
+    assert _checks(low_success, **kwargs) == [("run_stop_status", "warning")]
+    assert _checks(low_success, quality="skip", **kwargs) == []  # the run's own target
+    assert _checks(low, **kwargs) == [("crashed_run", "warning")]
+    assert _checks(low, strict=True, **kwargs) == [("crashed_run", "error")]
+
+
+def test_many_problems_give_few_findings():
+    records = [rec("block_stop", line=n, first_epoch_num=n) for n in range(1, 10_000)]
+    findings = suite_checks(records, benchmark=None, ruleset="1.0.0", target=None)
+    assert len(findings) == 1
+    assert findings[0].message.startswith("9999 unpaired block")
+    assert len(findings[0].lines) == 20
