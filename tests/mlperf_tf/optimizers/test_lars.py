@@ -145,21 +145,25 @@ def test_lars_with_schedule_uses_the_step_learning_rate():
 
 
 def test_default_exclusions_on_keras_layer_paths():
+    # Explicit layer names: Keras numbers default ones ("dense_12") per session.
     model = keras.Sequential(
         [
             keras.Input((8, 8, 3)),
-            keras.layers.Conv2D(4, 3, use_bias=False),
-            keras.layers.BatchNormalization(),
+            keras.layers.Conv2D(4, 3, use_bias=False, name="conv2d"),
+            keras.layers.BatchNormalization(name="batch_normalization"),
             keras.layers.GlobalAveragePooling2D(),
-            keras.layers.Dense(2),
-        ]
+            keras.layers.Dense(2, name="dense"),
+        ],
+        name="net",
     )
-    excluded = {
-        variable_path(v).split("/", 1)[1]
-        for v in model.trainable_variables
-        if matches_any(DEFAULT_LARS_EXCLUDE, variable_path(v))
+    paths = [variable_path(v) for v in model.trainable_variables]
+    assert "net/conv2d/kernel" in paths
+    excluded = {p for p in paths if matches_any(DEFAULT_LARS_EXCLUDE, p)}
+    assert excluded == {
+        "net/batch_normalization/gamma",
+        "net/batch_normalization/beta",
+        "net/dense/bias",
     }
-    assert excluded == {"batch_normalization/gamma", "batch_normalization/beta", "dense/bias"}
 
 
 def test_get_config_round_trip_keeps_every_argument():
