@@ -61,8 +61,10 @@ class Benchmark(abc.ABC):
                 f"{type(self).__name__} needs a {self.config_class.__name__}, got {type(config).__name__}"
             )
         self.config = config
-        self.seed = seed  # the run's seed: data shuffling, augmentation and initializers derive from it
-        self.skip_bad_records = skip_bad_records  # skip and count corrupt records instead of failing
+        # The run's seed: data shuffling, augmentation and initializers derive from it.
+        self.seed = seed
+        # Skip and count corrupt records instead of failing on the first one.
+        self.skip_bad_records = skip_bad_records
         # Set by the runner (from the strategy) before any build_* call; benchmarks read it for
         # e.g. model_bn_span or per-replica shapes.
         self.num_replicas = 1
@@ -71,7 +73,9 @@ class Benchmark(abc.ABC):
     def preset(cls, name: str) -> BenchmarkConfig:
         """Returns the config of preset `name`; raises KeyError naming the known presets."""
         if name not in cls.presets:
-            raise KeyError(f"benchmark '{cls.name}' has no preset '{name}' (presets: {', '.join(cls.presets)})")
+            raise KeyError(
+                f"benchmark '{cls.name}' has no preset '{name}' (presets: {', '.join(cls.presets)})"
+            )
         return cls.presets[name]()
 
     # ---- sizes derived from config -------------------------------------------------------------

@@ -121,7 +121,9 @@ def parse_value(text: str, annotation, key: str) -> Any:
             raise ConfigError(f"config key '{key}' expects a float, got {text!r}") from None
     if annotation is str:
         return text
-    raise ConfigError(f"config key '{key}' has type {annotation!r}, which cannot be set from a flag")
+    raise ConfigError(
+        f"config key '{key}' has type {annotation!r}, which cannot be set from a flag"
+    )
 
 
 def override(config: Any, overrides: dict[str, str]) -> Any:
