@@ -102,39 +102,100 @@ def decode_and_random_crop(
     """
     area_range = _check_range("area_range", area_range)
     aspect_ratio_range = _check_range("aspect_ratio_range", aspect_ratio_range)
-    if area_range[1] > 1.0:
-        raise ValueError(f"`area_range` ({area_range}) must not exceed 1.0.")
-    if max_attempts <= 0:
-        raise ValueError(f"`max_attempts` ({max_attempts}) must be positive.")
-    if image_size is not None and image_size <= 0:
-        raise ValueError(f"`image_size` ({image_size}) must be positive or None.")
     method = _check_method(method)
     shape = tf.io.extract_jpeg_shape(image_bytes)  # [height, width, channels], header only
-    if bbox is None:
-        bbox = tf.constant([[[0.0, 0.0, 1.0, 1.0]]], tf.float32)
-    sample_args = dict(
-        bounding_boxes=bbox,
+    window = _sample_window(
+        shape,
+        bbox,
+        seed=seed,
         min_object_covered=min_object_covered,
         aspect_ratio_range=aspect_ratio_range,
         area_range=area_range,
         max_attempts=max_attempts,
-        use_image_if_no_bounding_boxes=True,
+        fallback=(image_size, crop_padding) if image_size is not None else None,
     )
-    if _is_stateless_seed(seed):
-        begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
-            shape, seed=seed, **sample_args
-        )
-    else:
-        begin, size, _ = tf.image.sample_distorted_bounding_box(shape, seed=seed, **sample_args)
-    # window: [y, x, height, width] in pixels of the full-size image.
-    window = tf.stack([begin[0], begin[1], size[0], size[1]])
     if image_size is None:
         return tf.io.decode_and_crop_jpeg(image_bytes, window, channels=3)
-
-    failed = tf.reduce_all(tf.equal(size[:2], shape[:2]))
-    window = tf.where(failed, _center_window(shape, image_size, crop_padding), window)
     crop = _decode_window(image_bytes, window, image_size if reduced_decode else None)
     return tf.image.resize(crop, [image_size, image_size], method=method)
+
+
+def random_crop(
+    image: tf.Tensor,
+    bbox: tf.Tensor | None = None,
+    *,
+    seed: int | tf.Tensor | None = None,
+    area_range: Sequence[float] = (0.08, 1.0),
+    aspect_ratio_range: Sequence[float] = (3 / 4, 4 / 3),
+    min_object_covered: float = 0.1,
+    max_attempts: int = 10,
+    image_size: int | None = None,
+    crop_padding: int = 32,
+    method: str = "bilinear",
+) -> tf.Tensor:
+    """The crop of `decode_and_random_crop`, on an already decoded `[h, w, c]` image.
+
+    For pipelines that cache decoded images (decoding is deterministic, so it may be cached;
+    the crop is drawn anew every epoch). Same arguments, same fallback to the center crop, same
+    window for the same stateless seed; returns `image`'s dtype when `image_size` is None, else
+    float32 `[image_size, image_size, c]`.
+    """
+    area_range = _check_range("area_range", area_range)
+    aspect_ratio_range = _check_range("aspect_ratio_range", aspect_ratio_range)
+    method = _check_method(method)
+    image = tf.convert_to_tensor(image)
+    window = _sample_window(
+        tf.shape(image),
+        bbox,
+        seed=seed,
+        min_object_covered=min_object_covered,
+        aspect_ratio_range=aspect_ratio_range,
+        area_range=area_range,
+        max_attempts=max_attempts,
+        fallback=(image_size, crop_padding) if image_size is not None else None,
+    )
+    crop = image[window[0] : window[0] + window[2], window[1] : window[1] + window[3]]
+    if image_size is None:
+        return crop
+    return tf.image.resize(crop, [image_size, image_size], method=method)
+
+
+def center_crop(image: tf.Tensor, *, image_size: int, crop_padding: int = 32, method="bilinear"):
+    """The crop of `decode_and_center_crop`, on an already decoded `[h, w, c]` image (float32)."""
+    if image_size <= 0:
+        raise ValueError(f"`image_size` ({image_size}) must be positive.")
+    image = tf.convert_to_tensor(image)
+    window = _center_window(tf.shape(image), image_size, crop_padding)
+    crop = image[window[0] : window[0] + window[2], window[1] : window[1] + window[3]]
+    return tf.image.resize(crop, [image_size, image_size], method=_check_method(method))
+
+
+def _sample_window(shape, bbox, *, seed, fallback, **sample_args) -> tf.Tensor:
+    """[y, x, h, w] of a distorted-bounding-box crop of an image of `shape` ([h, w, c]).
+
+    `fallback` = (image_size, crop_padding): when sampling fails (the op then returns the whole
+    image), use the center crop window instead, like the MLPerf reference; None keeps the
+    whole image.
+    """
+    if sample_args["area_range"][1] > 1.0:
+        raise ValueError(f"`area_range` ({sample_args['area_range']}) must not exceed 1.0.")
+    if sample_args["max_attempts"] <= 0:
+        raise ValueError(f"`max_attempts` ({sample_args['max_attempts']}) must be positive.")
+    if fallback is not None and fallback[0] <= 0:
+        raise ValueError(f"`image_size` ({fallback[0]}) must be positive or None.")
+    if bbox is None:
+        bbox = tf.constant([[[0.0, 0.0, 1.0, 1.0]]], tf.float32)
+    shape = tf.cast(shape, tf.int32)
+    args = dict(bounding_boxes=bbox, use_image_if_no_bounding_boxes=True, **sample_args)
+    if _is_stateless_seed(seed):
+        begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(shape, seed=seed, **args)
+    else:
+        begin, size, _ = tf.image.sample_distorted_bounding_box(shape, seed=seed, **args)
+    window = tf.stack([begin[0], begin[1], size[0], size[1]])
+    if fallback is None:
+        return window
+    failed = tf.reduce_all(tf.equal(size[:2], shape[:2]))
+    return tf.where(failed, _center_window(shape, *fallback), window)
 
 
 def _center_window(shape: tf.Tensor, image_size: int, crop_padding: int) -> tf.Tensor:

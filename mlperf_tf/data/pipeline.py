@@ -190,8 +190,9 @@ def _file_sizes(files: Sequence[str]) -> list[int]:
 
 
 # What an element between the reader and the checks is: a record, the marker left by a corrupt
-# file (strict mode), or the end of a finite stream (eval).
-_RECORD, _CORRUPT_FILE, _END = 0, 1, 2
+# file (strict mode), the end of a finite stream (eval), or (strict mode, cache=True) a parsed
+# example flagged because a bad record came just before it in the first stage.
+_RECORD, _CORRUPT_FILE, _END, _BAD_BEFORE = 0, 1, 2, 3
 # Elements per vectorized bookkeeping step (byte counts, running numbers, checks).
 _CHUNK = 64
 
@@ -322,15 +323,16 @@ def _number(elements: tf.data.Dataset, *, chunked: bool) -> tf.data.Dataset:
 def _apply(numbered: tf.data.Dataset, fn: Callable, *, end_dummy: Any = None) -> tf.data.Dataset:
     """Maps `fn` over the payloads in parallel, in order; drops the elements where it fails.
 
-    Corrupt-file markers fail here on purpose (an Assert), so they are dropped too and reported
-    by `_checks` through the next element's `previous_code`. End markers (finite streams) pass
-    as `end_dummy`, zeros of `fn`'s output structure.
+    Corrupt-file markers and flagged elements fail here on purpose (an Assert), so they are
+    dropped too and reported by `_checks` through the next element's `previous_code` and
+    `previous_file`. End markers (finite streams) pass as `end_dummy`, zeros of `fn`'s output.
     """
 
     def apply(meta, payload):
         code = meta[4]
         not_marker = tf.debugging.Assert(
-            tf.not_equal(code, _CORRUPT_FILE), ["marker of a corrupt TFRecord file"]
+            tf.logical_or(tf.equal(code, _RECORD), tf.equal(code, _END)),
+            ["marker of a bad record or corrupt file"],
         )
         with tf.control_dependencies([not_marker]):
             payload = tf.nest.map_structure(tf.identity, payload)
@@ -350,6 +352,7 @@ def _checks(
     batched: bool,
     keep_file: bool = False,
     drop_end: bool = False,
+    forward: bool = False,
 ) -> tf.data.Dataset:
     """Spots the records `_apply` dropped (gaps in the running numbers) and raises or warns.
 
@@ -365,7 +368,13 @@ def _checks(
       batched: elements are batches (leading dimension on meta and example).
       keep_file: return `(example, file_index)` instead of `example`.
       drop_end: remove end markers (needs `batched`).
+      forward: (strict mode, not batched) instead of raising, return `(example, file, code)`
+        with the first bad file and a `_CORRUPT_FILE`/`_BAD_BEFORE` code, for the checks of a
+        later stage to report: an error raised here would be swallowed by that stage's
+        `ignore_errors`.
     """
+    if forward and batched:
+        raise ValueError("`forward` needs unbatched elements")
     paths = tf.constant(list(files), dtype=tf.string)
 
     def find_gaps(state, element):
@@ -378,18 +387,28 @@ def _checks(
         skipped += tf.reduce_sum(gaps)
         bad = gaps > 0
         corrupt = tf.logical_and(bad, tf.equal(previous_code, _CORRUPT_FILE))
-        names = tf.gather(paths, tf.maximum(previous_file, 0))
+        previous_file = tf.maximum(previous_file, 0)
+        names = tf.gather(paths, previous_file)
         report = (
             tf.strings.reduce_join(tf.boolean_mask(names, corrupt)[:1]),
             tf.strings.reduce_join(tf.boolean_mask(names, bad & ~corrupt)[:1]),
             tf.strings.reduce_join(tf.boolean_mask(names, bad), separator="', '"),
             tf.reduce_sum(gaps),
             skipped,
+            tf.concat([tf.boolean_mask(previous_file, bad), [-1]], 0)[0],
         )
         return (count[-1] + 1, skipped), (report, element)
 
     def report(report, element):
-        corrupt_name, bad_name, all_names, num_gaps, skipped = report
+        corrupt_name, bad_name, all_names, num_gaps, skipped, bad_file = report
+        meta, example = element
+        if forward and not skip_bad_records:
+            code = tf.where(
+                tf.not_equal(corrupt_name, ""),
+                _code(_CORRUPT_FILE),
+                tf.where(num_gaps > 0, _code(_BAD_BEFORE), meta[4]),
+            )
+            return example, tf.where(num_gaps > 0, bad_file, meta[1]), code
         if skip_bad_records:
             checks = [
                 tf.cond(
@@ -420,7 +439,6 @@ def _checks(
                     ],
                 ),
             ]
-        meta, example = element
         with tf.control_dependencies(checks):
             example = tf.nest.map_structure(tf.identity, example)
         file = meta[1]
@@ -428,10 +446,23 @@ def _checks(
             keep = tf.not_equal(meta[4], _END)
             example = tf.nest.map_structure(lambda t: tf.boolean_mask(t, keep), example)
             file = tf.boolean_mask(file, keep)
+        if forward:
+            return example, file, meta[4]
         return (example, file) if keep_file else example
 
     init = (tf.constant(0, tf.int64), tf.constant(0, tf.int64))
     return elements.scan(init, find_gaps).map(report)
+
+
+def _end_marker() -> tf.data.Dataset:
+    """The element that ends a finite stream of `(record, file, code)` triples."""
+    return tf.data.Dataset.from_tensors((tf.constant("", tf.string), _code(-1), _code(_END)))
+
+
+def _zeros_of_output(fn: Callable[[tf.Tensor], Any]):
+    """Zeros of fn's output structure for a serialized record (fn is traced, not run)."""
+    probe = tf.data.Dataset.from_tensors(tf.constant("", tf.string)).map(fn)
+    return _zeros_of_spec(probe.element_spec)
 
 
 def _zeros_of_spec(spec):
@@ -562,10 +593,12 @@ def training_pipeline(
     checks = dict(files=shard, skip_bad_records=skip_bad_records)
     if cache:
         # parse_fn's (deterministic) output is cached, so only transform_fn runs every epoch.
-        parsed = _apply(_number(records, chunked=True), parse_fn)
-        parsed = _checks(parsed, **checks, batched=False, keep_file=True).cache()
+        # An end marker, so that a bad last record of this finite first stage is seen.
+        numbered = _number(records.concatenate(_end_marker()), chunked=True)
+        parsed = _apply(numbered, parse_fn, end_dummy=_zeros_of_output(parse_fn))
+        parsed = _checks(parsed, **checks, batched=False, forward=True)
+        parsed = parsed.filter(lambda example, file, code: tf.not_equal(code, _END)).cache()
         parsed = _shuffle_repeat(parsed, shuffle_buffer, seed, num_epochs)
-        parsed = parsed.map(lambda example, file: (example, file, _code(_RECORD)))
         # Parsed examples may differ in shape (decoded images): number them one by one.
         examples = _apply(_number(parsed, chunked=False), transform_fn or (lambda x: x))
     else:
@@ -636,11 +669,9 @@ def eval_pipeline(
         deterministic=True,
         skip_bad_records=skip_bad_records,
     )
-    end = tf.data.Dataset.from_tensors(("", _code(-1), _code(_END)))
-    numbered = _number(records.concatenate(end), chunked=True)
+    numbered = _number(records.concatenate(_end_marker()), chunked=True)
     # The end marker passes fn as zeros of its output: a bad last record leaves a visible gap.
-    probe = tf.data.Dataset.from_tensors(tf.constant("", tf.string)).map(fn)
-    examples = _apply(numbered, fn, end_dummy=_zeros_of_spec(probe.element_spec))
+    examples = _apply(numbered, fn, end_dummy=_zeros_of_output(fn))
     examples = _checks(
         examples.batch(_CHUNK),
         shard,

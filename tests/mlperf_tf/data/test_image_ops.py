@@ -203,3 +203,31 @@ def test_undecodable_bytes_raise_in_both_modes():
     )
     with pytest.raises(tf.errors.InvalidArgumentError):
         list(dataset)
+
+
+def test_random_crop_of_decoded_image_matches_fused_decode(image):
+    """random_crop on decoded pixels picks the same window as decode_and_random_crop."""
+    pixels, encoded = image
+    for i in range(4):
+        seed = tf.constant([i, 9])
+        eager, mapped = _eager_and_mapped(
+            lambda p, s: image_ops.random_crop(p, None, seed=s), pixels, seed
+        )
+        np.testing.assert_array_equal(eager, mapped)
+        fused = image_ops.decode_and_random_crop(encoded, None, seed=seed).numpy()
+        assert eager.shape == fused.shape and eager.dtype == np.uint8
+        assert np.abs(eager.astype(int) - fused.astype(int)).mean() < 0.5
+        resized = image_ops.random_crop(pixels, None, seed=seed, image_size=20)
+        fused_resized = image_ops.decode_and_random_crop(
+            encoded, None, seed=seed, image_size=20, reduced_decode=False
+        )
+        assert resized.shape == (20, 20, 3)
+        np.testing.assert_allclose(resized.numpy(), fused_resized.numpy(), atol=8)
+
+
+def test_center_crop_of_decoded_image_matches_fused_decode(image):
+    pixels, encoded = image
+    eager, mapped = _eager_and_mapped(lambda p: image_ops.center_crop(p, image_size=24), pixels)
+    np.testing.assert_allclose(eager, mapped, atol=1e-4)
+    fused = image_ops.decode_and_center_crop(encoded, image_size=24).numpy()
+    assert np.abs(eager - fused).mean() < 0.5

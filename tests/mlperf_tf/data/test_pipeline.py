@@ -294,6 +294,9 @@ def test_corrupt_record_names_its_file_or_is_skipped(tmp_path, capfd):
         lambda skip: pipeline.eval_pipeline(
             files, batch_size=1, num_batches=30, skip_bad_records=skip, **common
         ),
+        lambda skip: pipeline.training_pipeline(
+            files, batch_size=1, num_epochs=1, skip_bad_records=skip, cache=True, **common
+        ),
     ):
         with pytest.raises(DataError, match=f"corrupt TFRecord file '{files[1]}'"):
             with pipeline.translate_errors():
@@ -317,3 +320,59 @@ def test_translate_errors_passes_other_errors_through():
         with pipeline.translate_errors():
             tf.debugging.Assert(False, ["unrelated"])
     assert pipeline.data_error_message(ValueError("x")) is None
+
+
+# ---- cache=True: parse_fn's outputs (decoded images) cached, transform_fn every epoch --------
+def _parse_and_decode(record):
+    example = helpers.parse_image(record)
+    return {
+        "image": tf.io.decode_jpeg(example["image/encoded"], channels=3),
+        "label": example["image/class/label"],
+    }
+
+
+def _augment(example):
+    image = image_ops.random_crop(example["image"], None, image_size=8, area_range=(0.1, 0.3))
+    return {"image": image, "label": example["label"]}
+
+
+def test_cached_decoded_images_are_augmented_anew_each_epoch(tmp_path):
+    files = helpers.write_images(tmp_path, 12, 2)
+    ds = pipeline.training_pipeline(
+        files,
+        input_context=None,
+        parse_fn=_parse_and_decode,
+        transform_fn=_augment,
+        batch_size=4,
+        cache=True,
+        num_epochs=2,
+    )
+    batches = list(ds)
+    labels = [x for b in batches for x in b["label"].numpy()]
+    assert sorted(labels[:12]) == sorted(labels[12:]) == list(range(12))
+    first = {lab: img for b in batches[:3] for lab, img in zip(b["label"].numpy(), b["image"])}
+    second = {lab: img for b in batches[3:] for lab, img in zip(b["label"].numpy(), b["image"])}
+    assert all(not np.allclose(first[k], second[k]) for k in range(12))  # new random crops
+
+
+@pytest.mark.parametrize("bad", [7, 11])  # 11: the last record of the first (finite) stage
+def test_cached_pipeline_bad_records(tmp_path, capfd, bad):
+    files = helpers.write_images(tmp_path, 12, 2, bad={bad})
+    common = dict(
+        input_context=None,
+        parse_fn=_parse_and_decode,
+        transform_fn=_augment,
+        batch_size=1,
+        cache=True,
+        num_epochs=2,
+    )
+    with pytest.raises(DataError, match=f"in file '{files[1]}'"):
+        with pipeline.translate_errors():
+            list(pipeline.training_pipeline(files, **common))
+    labels = [
+        b["label"].numpy()[0]
+        for b in pipeline.training_pipeline(files, skip_bad_records=True, **common)
+    ]
+    assert sorted(labels) == sorted([i for i in range(12) if i != bad] * 2)
+    err = capfd.readouterr().err
+    assert err.count("skipped 1 bad record(s)") == 1  # once: the cache holds no bad record
