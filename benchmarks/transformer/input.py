@@ -25,6 +25,9 @@ from mlperf_tf.data import pipeline
 
 EOS_ID = 1
 FIRST_WORD_ID = 3  # ids 0, 1, 2 are pad, EOS and unk
+# Examples per batch of the shared training pipeline before they are regrouped into buckets:
+# amortizes its per-batch bad-record bookkeeping.
+_READ_BATCH = 64
 
 
 def parse_pair(serialized: tf.Tensor) -> dict[str, tf.Tensor]:
@@ -142,7 +145,7 @@ def train_dataset(
     """An endless dataset of per-replica training batches, bucketed by length.
 
     Reading, sharding, shuffling (of serialized records) and the bad-record checks are
-    `mlperf_tf.data.pipeline.training_pipeline`'s, with batches of one example of static shape
+    `mlperf_tf.data.pipeline.training_pipeline`'s, with batches of examples of static shape
     [max_length]; they are unbatched, filtered (`discard`) and regrouped into buckets.
 
     Args:
@@ -167,17 +170,23 @@ def train_dataset(
             f"the last bucket length ({bucket_lengths[-1]}) must be `max_length` ({max_length})."
         )
     batch_sizes = bucket_batch_sizes(bucket_lengths, tokens_per_replica, batch_multiple)
-    singles = pipeline.training_pipeline(
+    read = pipeline.training_pipeline(
         files,
         input_context=input_context,
         parse_fn=parse_pair,
         transform_fn=lambda example: _fit_to_max_length(example, max_length, method),
-        batch_size=1,
+        batch_size=_READ_BATCH,
         shuffle_buffer=shuffle_buffer,
         seed=seed,
         skip_bad_records=skip_bad_records,
     )
-    examples = singles.unbatch().filter(lambda example: example["keep"])
+    # Workaround: with the training pipeline's non-deterministic order, its parallel batching may
+    # hand batches over out of order, which its bad-record check reads as skipped records and
+    # fails on. The order of records is random anyway (shuffled before).
+    options = tf.data.Options()
+    options.deterministic = True
+    read = read.with_options(options)
+    examples = read.unbatch().filter(lambda example: example["keep"])
     batches = bucketize(examples, bucket_lengths=bucket_lengths, batch_sizes=batch_sizes)
     return batches.prefetch(tf.data.AUTOTUNE)
 

@@ -1,0 +1,173 @@
+"""Tests of beam search and greedy decoding: golden brute force, beam 1 = greedy, XLA, reference."""
+
+import itertools
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from benchmarks.transformer import beam_search
+from tests.benchmarks.transformer.test_model import tiny_model
+
+EOS = 1
+
+
+def markov_fn(table: np.ndarray):
+    """symbols_to_logits_fn of a first-order Markov chain: logits = table[previous id].
+
+    The cache counts the steps taken (a tensor with a batch dimension), so the test also sees
+    that caches are carried and reordered with the beams.
+    """
+    table = tf.constant(table, tf.float32)
+
+    def fn(ids, step, cache):
+        logits = tf.gather(table, ids[:, 0])
+        return logits, {"steps": cache["steps"] + 1}
+
+    return fn
+
+
+def brute_force_best(table: np.ndarray, max_len: int, alpha: float):
+    """Best finished sequence (ending in EOS within max_len) by exhaustive search."""
+    log_probs = table - np.log(np.exp(table).sum(axis=1, keepdims=True))
+    vocab = table.shape[0]
+    best, best_score = None, -np.inf
+    for length in range(1, max_len + 1):
+        for body in itertools.product(range(vocab), repeat=length - 1):
+            if EOS in body:
+                continue
+            seq = list(body) + [EOS]
+            previous, total = 0, 0.0
+            for token in seq:
+                total += log_probs[previous, token]
+                previous = token
+            score = total / ((5.0 + length) / 6.0) ** alpha
+            if score > best_score:
+                best, best_score = seq, score
+    return best, best_score
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0])
+def test_exhaustive_beam_finds_the_brute_force_optimum(alpha):
+    rng = np.random.default_rng(3)
+    vocab, max_len = 4, 4
+    for trial in range(3):
+        table = rng.normal(scale=2.0, size=(vocab, vocab))
+        table[:, 0] = -5.0  # the pad id is unlikely but allowed
+        best, best_score = brute_force_best(table, max_len, alpha)
+        # A beam of vocab**max_len keeps every hypothesis: the search is exhaustive.
+        ids, scores = beam_search.sequence_beam_search(
+            markov_fn(table),
+            tf.zeros([1], tf.int32),
+            {"steps": tf.zeros([1], tf.int32)},
+            vocab_size=vocab,
+            beam_size=vocab**max_len // 2,
+            alpha=alpha,
+            max_decode_length=max_len,
+            eos_id=EOS,
+        )
+        got = ids.numpy()[0, 0].tolist()
+        assert got[: len(best)] == best, trial
+        assert all(t == 0 for t in got[len(best) :])
+        assert scores.numpy()[0, 0] == pytest.approx(best_score, rel=1e-5)
+        assert np.all(np.diff(scores.numpy()[0]) <= 1e-6)  # best first
+
+
+def test_beam_one_equals_greedy_on_a_transformer():
+    model = tiny_model(seed=1, scale=3.0)
+    inputs = tf.constant(np.random.default_rng(0).integers(3, 40, size=(6, 7)), tf.int32)
+    encoder_outputs, mask = model.encode(inputs)
+    cache = model.init_cache(encoder_outputs, mask, max_decode_length=10)
+    start = tf.zeros([6], tf.int32)
+    greedy, greedy_log_prob = tf.function(beam_search.greedy_search)(
+        model.decode_step, start, cache, max_decode_length=10, eos_id=EOS
+    )
+    # With alpha 0 the score is the log-probability, so a beam of one is exactly greedy; with
+    # alpha > 0 the length penalty may rightly prefer a longer continuation.
+    beam, beam_scores = tf.function(beam_search.sequence_beam_search)(
+        model.decode_step,
+        start,
+        cache,
+        vocab_size=40,
+        beam_size=1,
+        alpha=0.0,
+        max_decode_length=10,
+        eos_id=EOS,
+    )
+    np.testing.assert_array_equal(beam.numpy()[:, 0], greedy.numpy())
+    np.testing.assert_allclose(beam_scores.numpy()[:, 0], greedy_log_prob.numpy(), rtol=1e-5)
+    assert (greedy.numpy() == EOS).any()  # some sequences end early: the EOS path is covered
+
+
+def test_translate_compiles_under_xla_and_matches_graph_mode():
+    model = tiny_model(seed=2, scale=3.0)
+    inputs = tf.constant(np.random.default_rng(1).integers(3, 40, size=(4, 6)), tf.int32)
+
+    def run(x):
+        return beam_search.translate(
+            model, x, beam_size=4, alpha=0.6, max_decode_length=9, eos_id=EOS
+        )
+
+    graph = tf.function(run)(inputs)
+    compiled = tf.function(run, jit_compile=True)(inputs)
+    assert compiled.shape == (4, 9)
+    np.testing.assert_array_equal(compiled.numpy(), graph.numpy())
+
+
+def test_strip_after_eos():
+    ids = tf.constant([[5, 1, 7, 1], [1, 4, 4, 4], [3, 3, 3, 3]])
+    np.testing.assert_array_equal(
+        beam_search._strip_after_eos(ids, EOS).numpy(),
+        [[5, 1, 0, 0], [1, 0, 0, 0], [3, 3, 3, 3]],
+    )
+
+
+def test_length_penalty_formula():
+    assert float(beam_search.length_penalty(7, 0.6)) == pytest.approx((12 / 6) ** 0.6)
+    assert float(beam_search.length_penalty(7, 0.0)) == 1.0
+
+
+def test_argument_validation():
+    fn = markov_fn(np.zeros([3, 3]))
+    with pytest.raises(ValueError, match="beam_size"):
+        beam_search.sequence_beam_search(
+            fn, tf.zeros([1], tf.int32), {"steps": tf.zeros([1], tf.int32)},
+            vocab_size=3, beam_size=0, alpha=0.6, max_decode_length=3, eos_id=EOS,
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="max_decode_length"):
+        beam_search.greedy_search(
+            fn, tf.zeros([1], tf.int32), {"steps": tf.zeros([1], tf.int32)},
+            max_decode_length=0, eos_id=EOS,
+        )  # fmt: skip
+
+
+@pytest.mark.peers
+def test_matches_model_garden_beam_search():
+    reference = pytest.importorskip("official.nlp.modeling.ops.beam_search")
+    model = tiny_model(seed=4, scale=3.0)
+    inputs = tf.constant(np.random.default_rng(2).integers(3, 40, size=(5, 7)), tf.int32)
+    encoder_outputs, mask = model.encode(inputs)
+    cache = model.init_cache(encoder_outputs, mask, max_decode_length=12)
+
+    # Model Garden's search needs float caches: carry the bool mask as float32.
+    def reference_fn(ids, step, c):
+        logits, c = model.decode_step(ids, step, {**c, "encdec_mask": c["encdec_mask"] > 0.5})
+        return logits, {**c, "encdec_mask": tf.cast(c["encdec_mask"], tf.float32)}
+
+    float_cache = {**cache, "encdec_mask": tf.cast(cache["encdec_mask"], tf.float32)}
+    for beam_size, alpha in ((1, 0.0), (4, 0.6), (3, 1.0)):
+        ids, scores = tf.function(beam_search.sequence_beam_search)(
+            model.decode_step, tf.zeros([5], tf.int32), cache, vocab_size=40,
+            beam_size=beam_size, alpha=alpha, max_decode_length=12, eos_id=EOS,
+        )  # fmt: skip
+        ref_ids, ref_scores = tf.function(reference.sequence_beam_search)(
+            reference_fn, tf.zeros([5], tf.int32), float_cache, vocab_size=40,
+            beam_size=beam_size, alpha=alpha, max_decode_length=12, eos_id=EOS,
+            padded_decode=True, dtype=tf.float32,
+        )  # fmt: skip
+        ref_ids = beam_search._strip_after_eos(ref_ids[:, :, 1:], EOS)
+        np.testing.assert_array_equal(ids.numpy(), ref_ids.numpy())
+        finished = (ids.numpy() == EOS).any(axis=2)
+        np.testing.assert_allclose(
+            scores.numpy()[finished], ref_scores.numpy()[finished], rtol=1e-5
+        )
