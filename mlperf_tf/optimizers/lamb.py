@@ -199,10 +199,18 @@ class LAMB(keras.optimizers.Optimizer):
         dtype = var.dtype
         lr = tf.cast(learning_rate, dtype)
         g = dense_gradient(gradient, dtype)
-        # m += (1 - b1) * (g - m), v += (1 - b2) * (g**2 - v); 1 - b is formed in float64
-        # (in float32, 1 - 0.999 is off by 1.3e-5 relative, which shows on unadapted variables).
-        new_m = m.assign_add((g - m) * tf.cast(1.0 - self.beta_1, dtype))
-        new_v = v.assign_add((tf.square(g) - v) * tf.cast(1.0 - self.beta_2, dtype))
+        # m -= (1 - b1) * (m - g), v -= (1 - b2) * (v - g**2), each one fused in-place kernel;
+        # 1 - b is formed in float64 (in float32, 1 - 0.999 is off by 1.3e-5 relative, which
+        # shows on unadapted variables).
+        tf.raw_ops.ResourceApplyGradientDescent(
+            var=m.handle, alpha=tf.cast(1.0 - self.beta_1, dtype), delta=m - g, use_locking=False
+        )
+        tf.raw_ops.ResourceApplyGradientDescent(
+            var=v.handle,
+            alpha=tf.cast(1.0 - self.beta_2, dtype),
+            delta=v - tf.square(g),
+            use_locking=False,
+        )
         # With c1 = 1 - b1**t and c2 = 1 - b2**t, the bias-corrected Adam step is
         #   m/c1 / (sqrt(v/c2) + eps) = a * u,  a = sqrt(c2) / c1,  u = m / (sqrt(v) + eps'),
         # eps' = eps * sqrt(c2): the scalars fold into a and eps' and save whole-tensor passes.
@@ -215,7 +223,8 @@ class LAMB(keras.optimizers.Optimizer):
         else:
             scale = tf.ones([], dtype)
         # r = a * r' with r' = u + (wd / a) * w.
-        r = new_m / (tf.sqrt(new_v) + epsilon)
+        # Reads of m and v come after their updates (tf.function orders ops on a resource).
+        r = m / (tf.sqrt(v) + epsilon)
         if self._decay[index]:
             r = r + (tf.cast(self.weight_decay_rate, dtype) / scale) * var
         if self._adapt[index]:
