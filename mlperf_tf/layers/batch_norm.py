@@ -91,9 +91,11 @@ def group_moments(
     channels = x.shape[axis]
     if shift is None:
         shift = tf.zeros([channels], x.dtype)
-    shape = [1] * ndim
-    shape[axis] = channels
-    d = x - tf.reshape(shift, shape)
+        d = x
+    else:
+        shape = [1] * ndim
+        shape[axis] = channels
+        d = x - tf.reshape(shift, shape)
     if mask is None:
         s1 = tf.reduce_sum(d, axis=axes)  # [C]
         s2 = tf.reduce_sum(tf.square(d), axis=axes)  # [C]
