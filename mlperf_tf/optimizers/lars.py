@@ -146,10 +146,11 @@ class LARS(keras.optimizers.Optimizer):
     runs in the update (cross-replica) context once per variable: the losses must be divided by
     the global batch size.
 
-    Implementation: the norms use one fused reduction each (`tf.nn.l2_loss`) and the momentum
+    Implementation: the norms use one fused reduction each (`tf.nn.l2_loss`), the momentum
     step is the fused `ResourceApplyKerasMomentum` kernel, so the momentum slot holds the
-    velocity -m (as `keras.optimizers.SGD` does). This needs the TensorFlow backend, like the
-    rest of this suite.
+    velocity -m (as `keras.optimizers.SGD` does), and the weight decay term is folded into the
+    velocity beforehand by one in-place pass (when mu >= 0.1 and not Nesterov). This needs the
+    TensorFlow backend, like the rest of this suite.
     """
 
     def __init__(
