@@ -2,9 +2,10 @@
 
 The official checker (`mlperf_logging.compliance_checker`, pinned at 4.1.68) is the judge of the
 rules; it keeps module-level state and runs Python from its rule files, so every log is checked in
-a new interpreter (`compliance/official_worker.py`) with a time limit and a memory limit. The log is
-first read here in bounded memory (`compliance.logfile`); the worker gets only its ':::MLL' lines,
-which is all the official parser reads, so its verdict and its record numbers are unchanged.
+a fresh process (`OfficialRunner`: a fork of a server that imported the checker but never ran it,
+see compliance/official_worker.py) with a time limit and a memory limit. The log is first read here
+in bounded memory (`compliance.logfile`); the checker gets only its ':::MLL' lines, which is all
+the official parser reads, so its verdict and its record numbers are unchanged.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from mlperf_tf.errors import UserError
 
 USAGE = "training"
 QUALITY_MODES = ("enforce", "skip")
-DEFAULT_TIMEOUT_S = 120.0
+DEFAULT_TIMEOUT_S = 300.0
 DEFAULT_JOBS = 2
 # Address-space limit of the worker: a backstop, since the log it gets is already bounded.
 WORKER_MEMORY_LIMIT_BYTES = 4 * 2**30

@@ -100,7 +100,7 @@ def resnet_records(
 
 def write_log(path, records, *, newline="\n", prefix=""):
     """Writes records (strings) as a log file; returns the path as str."""
-    with open(path, "w", encoding="utf-8", newline="") as handle:
+    with open(path, "w", encoding="utf-8", errors="surrogateescape", newline="") as handle:
         for record in records:
             handle.write(prefix + record + newline)
     return str(path)

@@ -82,6 +82,23 @@ def test_many_logs_in_one_call_give_the_verdicts_of_each_alone(tmp_path):
     assert json.loads(naive.stdout) == [True, True]  # lars log failed: state leaked
 
 
+def test_new_interpreter_per_log_gives_the_same_results_as_the_fork_server(tmp_path):
+    crashing = _replace(logs.resnet_records(optimizer="sgd"), "eval_accuracy", "0.8")
+    paths = [
+        logs.write_log(tmp_path / "crash.txt", crashing),
+        logs.write_log(tmp_path / "lars.txt", logs.resnet_records(optimizer="lars")),
+        logs.write_log(tmp_path / "low.txt", logs.resnet_records(accuracies=(0.5,))),
+    ]
+    results = {}
+    for use_fork in (True, False):
+        with checker.OfficialRunner(use_fork=use_fork) as runner:
+            results[use_fork] = [
+                runner.run(logfile.scan_log(p), "0.7.0", timeout=60) for p in paths
+            ]
+    assert results[True] == results[False]
+    assert [bool(r["crashed"]) for r in results[True]] == [True, False, False]
+
+
 def test_line_numbers_are_file_lines(tmp_path):
     records = _replace(logs.resnet_records(), "sgd_opt_end_learning_rate", 0.001)
     text = []
