@@ -4,6 +4,7 @@ import dataclasses
 import os
 import re
 
+import keras
 import mlperf_logging
 import numpy as np
 import pytest
@@ -169,3 +170,19 @@ def test_train_and_eval_steps_compile_with_xla():
     out = tf.function(bench.eval_step, jit_compile=True)(model, eval_batch)
     assert out["boxes"].shape == (2, cfg.eval.max_detections, 4)
     np.testing.assert_array_equal(out["scores"].numpy()[1], 0.0)  # padding masked
+
+
+def test_mixed_bfloat16_loss_and_eval_are_float32_and_finite():
+    cfg = _tiny_config(width_scale=0.0625)
+    bench = SSDBenchmark(cfg)
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    try:
+        model = bench.build_model()
+        batch = _batch(cfg, 2)
+        loss = bench.compute_loss(model, batch)
+        assert loss.dtype == tf.float32 and np.isfinite(float(loss))
+        codes, _ = model(batch["image"])
+        assert codes.dtype == tf.bfloat16
+    finally:
+        keras.config.set_dtype_policy(previous)
