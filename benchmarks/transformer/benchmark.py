@@ -90,13 +90,11 @@ class TransformerBenchmark(Benchmark):
             pairs = max(1, self.tokens_per_replica // d.max_sequence_length) * self.num_replicas
             pairs *= gradient_accumulation
             return max(1, math.ceil(self.config.train_examples / pairs))
-        sizes = input_lib.bucket_batch_sizes(
-            d.bucket_lengths, self.tokens_per_replica, d.batch_multiple
-        )
+        sizes = input_lib.bucket_batch_sizes(d.buckets, self.tokens_per_replica, d.batch_multiple)
         histogram = {int(k): v for k, v in self.metadata["train_length_histogram"].items()}
         micro_steps = input_lib.steps_per_epoch(
             histogram,
-            bucket_lengths=d.bucket_lengths,
+            bucket_lengths=d.buckets,
             batch_sizes=sizes,
             num_replicas=self.num_replicas,
             max_length=d.max_sequence_length,
@@ -194,7 +192,7 @@ class TransformerBenchmark(Benchmark):
             tokens_per_replica=tokens,
             max_length=d.max_sequence_length,
             method=d.max_length_method,
-            bucket_lengths=d.bucket_lengths,
+            bucket_lengths=d.buckets,
             batch_multiple=d.batch_multiple,
             shuffle_buffer=d.shuffle_buffer,
             seed=self.seed,
