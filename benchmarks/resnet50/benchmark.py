@@ -14,6 +14,7 @@ from benchmarks.resnet50 import model as model_lib
 from mlperf_tf import layers
 from mlperf_tf.benchmark import Benchmark, EvalPoint
 from mlperf_tf.config import ConfigError
+from mlperf_tf.data.pipeline import eval_batches_per_pipeline
 from mlperf_tf.optimizers import LARS, WarmupPolynomialDecay
 
 # MLPerf log keys of the closed_resnet_sgd rules that `mlperf_logging.mllog.constants` lacks.
@@ -110,10 +111,9 @@ class ResNet50Benchmark(Benchmark):
 
     def eval_dataset(self, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
         batch_size = input_context.get_per_replica_batch_size(self.config.eval_batch_size)
-        replicas_per_pipeline = max(
-            1, input_context.num_replicas_in_sync // input_context.num_input_pipelines
+        num_batches = eval_batches_per_pipeline(
+            self.eval_steps(input_context.num_replicas_in_sync), input_context
         )
-        num_batches = self.eval_steps(input_context.num_replicas_in_sync) * replicas_per_pipeline
         if self.config.synthetic:
             return input_lib.synthetic_eval_dataset(
                 self.config, batch_size=batch_size, num_batches=num_batches, seed=self.seed

@@ -217,3 +217,37 @@ def test_step_methods_compile_with_xla():
     assert all(g is not None and np.all(np.isfinite(g.numpy())) for g in grads)
     out = eval_step({**batch, "valid": tf.ones([4])})
     assert out["correct"].shape == (4,) and float(tf.reduce_sum(out["count"])) == 4.0
+
+
+def test_two_replicas_with_grouped_batch_norm_give_the_one_replica_loss():
+    """compute_loss per replica (÷ micro batch) summed over 2 replicas whose batch norm spans
+    both equals one replica's loss on the whole batch: the loss scaling and the BN grouping fit."""
+    config = override(rc.smoke(), {"model.bn_group_size": "2", "data.image_size": "16"})
+    batch = _batch(ResNet50Benchmark(config), 16)
+    single = ResNet50Benchmark(dataclasses.replace(config, model=rc.smoke().model))
+    single_model = single.build_model()
+    expected = float(single.compute_loss(single_model, batch, training=True))
+
+    strategy = tf.distribute.MirroredStrategy(
+        ["CPU:0", "CPU:1"], cross_device_ops=tf.distribute.ReductionToOneDevice()
+    )
+    bench = ResNet50Benchmark(config)
+    bench.num_replicas = strategy.num_replicas_in_sync
+    assert bench.mlperf_hparams()[C.MODEL_BN_SPAN] == 16
+    with strategy.scope():
+        model = bench.build_model()
+    model.set_weights(single_model.get_weights())
+    halves = iter(
+        strategy.experimental_distribute_dataset(
+            tf.data.Dataset.from_tensors(batch).unbatch().batch(16)
+        )
+    )
+
+    @tf.function
+    def loss(inputs):
+        per_replica = strategy.run(
+            lambda b: bench.compute_loss(model, b, training=True), args=(inputs,)
+        )
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+    np.testing.assert_allclose(float(loss(next(halves))), expected, rtol=1e-4)

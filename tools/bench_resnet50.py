@@ -1,0 +1,186 @@
+"""Measures ResNet-50 train-step throughput of this benchmark against Keras' and the Model Garden's.
+
+Contestants, all ResNet-50 with 1000 classes on one fixed synthetic batch (no input cost), at the
+same batch and image size, without XLA (the fast CPU setting; XLA is the TPU path):
+
+  mlperf_tf     `ResNet50Benchmark` (the `mlperf` preset: LARS, label smoothing, grouped BN)
+                trained by the suite's own runner loop (`mlperf_tf.runner.Trainer`).
+  keras_fit     `keras.applications.ResNet50(weights=None)` trained with `model.fit` (SGD with
+                momentum).
+  model_garden  the Model Garden's `official.vision` ResNet-50 (tf_keras) in a custom training
+                loop with its LARS optimizer; skipped when tf-models-official (the `peers` extra)
+                is not installed.
+
+One warm-up call per contestant (tracing), then `--rounds` rounds in which every contestant runs
+`--steps` steps, in a rotating order: the contestants are interleaved in one process, so machine
+load hits all of them alike. Reported: the median images/s over the rounds, and the median of the
+per-round ratios to `mlperf_tf`.
+
+    python tools/bench_resnet50.py [--batch=32] [--image_size=128] [--steps=3] [--rounds=3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")  # what `mlperf-tf` sets (see design.md)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from benchmarks.resnet50 import config as rc  # noqa: E402
+from benchmarks.resnet50.benchmark import ResNet50Benchmark  # noqa: E402
+from mlperf_tf import config as config_lib  # noqa: E402
+from mlperf_tf import runner  # noqa: E402
+
+NUM_CLASSES = 1000
+
+
+def synthetic_batch(batch: int, image_size: int, seed: int = 0):
+    """One random batch: images float32 [batch, size, size, 3], labels int32 [batch]."""
+    rng = np.random.default_rng(seed)
+    images = rng.normal(size=[batch, image_size, image_size, 3]).astype(np.float32)
+    labels = rng.integers(0, NUM_CLASSES, batch).astype(np.int32)
+    return images, labels
+
+
+def mlperf_tf_contestant(batch: int, image_size: int):
+    """This suite: the benchmark's model/optimizer/loss in the runner's compiled host loop."""
+    config = config_lib.override(
+        rc.mlperf(),
+        {"global_batch_size": str(batch), "data.image_size": str(image_size), "data_dir": ""},
+    )
+    bench = ResNet50Benchmark(config)
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")  # what --distribution=auto picks here
+    bench.num_replicas = strategy.num_replicas_in_sync
+    with strategy.scope():
+        model = bench.build_model()
+        optimizer = bench.build_optimizer(bench.train_steps)
+        optimizer.build(model.trainable_variables)
+    trainer = runner.Trainer(
+        strategy=strategy, benchmark=bench, model=model, optimizer=optimizer, xla=False
+    )
+    iterator = iter(strategy.distribute_datasets_from_function(bench.train_dataset))
+
+    def run(steps: int) -> None:
+        trainer.loop(iterator, tf.constant(steps, tf.int32)).numpy()
+
+    return run
+
+
+def keras_fit_contestant(batch: int, image_size: int):
+    """keras.applications.ResNet50 with model.fit (Keras' CPU default: no XLA)."""
+    model = keras.applications.ResNet50(
+        weights=None,
+        input_shape=(image_size, image_size, 3),
+        classes=NUM_CLASSES,
+        classifier_activation=None,
+    )
+    model.compile(
+        optimizer=keras.optimizers.SGD(0.1, momentum=0.9),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    images, labels = synthetic_batch(batch, image_size)
+    dataset = tf.data.Dataset.from_tensors((images, labels)).repeat().prefetch(1)
+
+    def run(steps: int) -> None:
+        model.fit(dataset, epochs=1, steps_per_epoch=steps, verbose=0)
+
+    return run
+
+
+def model_garden_contestant(batch: int, image_size: int):
+    """The Model Garden's ResNet-50 (official.vision, tf_keras) in a custom loop with its LARS."""
+    import tf_keras
+    from official.modeling.optimization import lars
+    from official.vision.modeling import classification_model
+    from official.vision.modeling.backbones import resnet
+
+    input_specs = tf_keras.layers.InputSpec(shape=[None, image_size, image_size, 3])
+    backbone = resnet.ResNet(model_id=50, input_specs=input_specs)
+    model = classification_model.ClassificationModel(backbone, NUM_CLASSES, input_specs=input_specs)
+    optimizer = lars.LARS(learning_rate=0.1, momentum=0.9, weight_decay_rate=1e-4)
+    images, labels = synthetic_batch(batch, image_size)
+    dataset = tf.data.Dataset.from_tensors((images, labels)).repeat().prefetch(1)
+    iterator = iter(dataset)
+
+    @tf.function
+    def loop(steps):
+        for _ in tf.range(steps):
+            x, y = next(iterator)
+            with tf.GradientTape() as tape:
+                logits = model(x, training=True)
+                loss = tf.reduce_mean(
+                    tf_keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True)
+                )
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    def run(steps: int) -> None:
+        loop(tf.constant(steps)).numpy()
+
+    return run
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--image_size", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=3, help="steps per contestant per round")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args(argv)
+    for name in ("batch", "image_size", "steps", "rounds"):
+        if getattr(args, name) <= 0:
+            parser.error(f"--{name} ({getattr(args, name)}) must be positive")
+
+    contestants = {
+        "mlperf_tf": mlperf_tf_contestant(args.batch, args.image_size),
+        "keras_fit": keras_fit_contestant(args.batch, args.image_size),
+    }
+    try:
+        contestants["model_garden"] = model_garden_contestant(args.batch, args.image_size)
+    except ImportError as e:
+        print(f"model_garden: skipped (tf-models-official not importable: {e})")
+
+    load_before = os.getloadavg()
+    for name, run in contestants.items():  # warm-up: tracing, graph building, first step
+        begin = time.perf_counter()
+        run(1)
+        print(f"warm-up {name}: {time.perf_counter() - begin:.1f} s", flush=True)
+
+    names = list(contestants)
+    rates: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(args.rounds):
+        order = names[r % len(names) :] + names[: r % len(names)]
+        for name in order:
+            begin = time.perf_counter()
+            contestants[name](args.steps)
+            rates[name].append(args.steps * args.batch / (time.perf_counter() - begin))
+        print(f"round {r + 1}: " + ", ".join(f"{n} {rates[n][-1]:.2f}" for n in names), flush=True)
+
+    print(
+        f"\nResNet-50 train step, batch {args.batch}, {args.image_size} px, synthetic data, "
+        f"{args.steps} steps x {args.rounds} rounds; TF {tf.__version__}, Keras "
+        f"{keras.__version__}, TF_ENABLE_ONEDNN_OPTS={os.environ.get('TF_ENABLE_ONEDNN_OPTS')}, "
+        f"load average {load_before[0]:.1f} -> {os.getloadavg()[0]:.1f}"
+    )
+    print("| contestant | images/s (median) | ratio to mlperf_tf (median) |")
+    print("|---|---|---|")
+    for name in names:
+        ratios = [a / b for a, b in zip(rates[name], rates["mlperf_tf"])]
+        print(
+            f"| {name} | {statistics.median(rates[name]):.2f} | {statistics.median(ratios):.2f} |"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
