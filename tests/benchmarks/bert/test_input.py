@@ -6,10 +6,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from benchmarks.bert import BertBenchmark
+from benchmarks.bert import BertBenchmark, prepare
 from benchmarks.bert import config as C
 from benchmarks.bert import input as input_lib
-from benchmarks.bert import prepare
 from mlperf_tf.errors import DataError
 from tests.benchmarks.bert.test_prepare import write_text
 
