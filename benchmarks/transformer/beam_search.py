@@ -19,7 +19,7 @@ import tensorflow as tf
 # Stand-in for minus infinity in scores; finite so that sums and products stay finite.
 INF = 1.0e7
 
-SymbolsToLogitsFn = Callable[[tf.Tensor, tf.Tensor, Any], tuple[tf.Tensor, Any]]
+SymbolsToLogitsFn = Callable[[tf.Tensor, tf.Tensor, Any, Any], tuple[tf.Tensor, Any]]
 
 
 def length_penalty(length, alpha: float) -> tf.Tensor:
@@ -72,6 +72,7 @@ def sequence_beam_search(
     initial_ids: tf.Tensor,
     initial_cache: Any,
     *,
+    static: Any = None,
     vocab_size: int,
     beam_size: int,
     alpha: float,
@@ -81,11 +82,14 @@ def sequence_beam_search(
     """Beam search over `max_decode_length` steps.
 
     Args:
-      symbols_to_logits_fn: `(ids [batch * beam, 1], step, cache) -> (logits [batch * beam,
-        vocab], cache)`: the next-token logits given the token at position `step - 1` (the
-        initial id at step 0); the cache is a nest of tensors with a leading batch dimension.
+      symbols_to_logits_fn: `(ids [batch * beam, 1], step, cache, static) -> (logits
+        [batch * beam, vocab], cache)`: the next-token logits given the token at position
+        `step - 1` (the initial id at step 0).
       initial_ids: int32 [batch], usually the pad id.
-      initial_cache: nest of tensors [batch, ...] (e.g. `Transformer.init_cache`).
+      initial_cache: nest of tensors [batch, ...] that changes every step and is reordered with
+        the beams (e.g. the self-attention keys/values of `Transformer.init_cache`).
+      static: nest of tensors [batch, ...] that does not change (e.g. the encoder's keys and
+        values): tiled to [batch * beam, ...] once, never reordered; None for none.
       vocab_size: number of logits.
       beam_size: hypotheses kept per batch entry.
       alpha: length-penalty exponent (0 scores by plain log-probability).
@@ -110,6 +114,11 @@ def sequence_beam_search(
         tf.constant([[0.0] + [-INF] * (beam_size - 1)], tf.float32), [batch_size, 1]
     )
     alive_cache = tf.nest.map_structure(lambda t: _expand_to_beam(t, beam_size), initial_cache)
+    flat_static = None
+    if static is not None:
+        flat_static = tf.nest.map_structure(
+            lambda t: _flatten_beam(_expand_to_beam(t, beam_size)), static
+        )
     finished_seq = tf.zeros_like(alive_seq)
     finished_scores = tf.fill([batch_size, beam_size], -INF)
     finished_flags = tf.zeros([batch_size, beam_size], tf.bool)
@@ -120,7 +129,7 @@ def sequence_beam_search(
         flat_ids = _flatten_beam(alive_seq)  # [batch * beam, length + 1]
         current = tf.gather(flat_ids, [step], axis=1)  # [batch * beam, 1]
         flat_cache = tf.nest.map_structure(_flatten_beam, alive_cache)
-        flat_logits, flat_cache = symbols_to_logits_fn(current, step, flat_cache)
+        flat_logits, flat_cache = symbols_to_logits_fn(current, step, flat_cache, flat_static)
         logits = _unflatten_beam(tf.cast(flat_logits, tf.float32), batch_size, beam_size)
         new_cache = tf.nest.map_structure(
             lambda t: _unflatten_beam(t, batch_size, beam_size), flat_cache
@@ -190,6 +199,7 @@ def greedy_search(
     initial_ids: tf.Tensor,
     initial_cache: Any,
     *,
+    static: Any = None,
     max_decode_length: int,
     eos_id: int,
 ) -> tuple[tf.Tensor, tf.Tensor]:
@@ -208,7 +218,7 @@ def greedy_search(
 
     def body(step, seq, log_prob, done, cache):
         current = tf.gather(seq, [step], axis=1)
-        logits, cache = symbols_to_logits_fn(current, step, cache)
+        logits, cache = symbols_to_logits_fn(current, step, cache, static)
         log_probs = tf.nn.log_softmax(tf.cast(logits, tf.float32))
         ids = tf.argmax(log_probs, axis=-1, output_type=tf.int32)
         chosen = tf.gather(log_probs, ids, axis=1, batch_dims=1)
@@ -266,13 +276,14 @@ def translate(
       int32 [batch, max_decode_length]: the best hypothesis, zeros after its EOS.
     """
     encoder_outputs, mask = model.encode(inputs, training=False)
-    cache = model.init_cache(encoder_outputs, mask, max_decode_length)
+    cache, static = model.init_cache(encoder_outputs, mask, max_decode_length)
     initial_ids = tf.zeros([tf.shape(inputs)[0]], tf.int32)
     if beam_size == 1:
         ids, _ = greedy_search(
             model.decode_step,
             initial_ids,
             cache,
+            static=static,
             max_decode_length=max_decode_length,
             eos_id=eos_id,
         )
@@ -281,6 +292,7 @@ def translate(
         model.decode_step,
         initial_ids,
         cache,
+        static=static,
         vocab_size=model.params.vocab_size,
         beam_size=beam_size,
         alpha=alpha,

@@ -329,19 +329,26 @@ class DecoderLayer(keras.layers.Layer):
         encdec_mask,
         training=False,
         cache=None,
+        encdec_cache=None,
         step=None,
     ):
-        """One decoder layer; with `cache` ({"k","v","enc_k","enc_v"}) decodes position `step`.
+        """One decoder layer; with the caches it decodes the single position `step`.
+
+        Args:
+          x: [batch, length, hidden] decoder stream.
+          encoder_outputs: [batch, src_len, hidden]; unused when `encdec_cache` is given.
+          self_mask: bool mask of the self-attention (causal).
+          encdec_mask: bool mask of the encoder-decoder attention (source padding).
+          training: enables dropout.
+          cache: None, or the self-attention {"k", "v"} [batch, max_len, heads, depth].
+          encdec_cache: None, or the encoder's {"k", "v"} [batch, src_len, heads, depth].
+          step: the position written into `cache`.
 
         Returns:
-          (x [batch, length, hidden], the updated cache or None).
+          (x [batch, length, hidden], the updated self-attention cache or None).
         """
-        self_cache = None if cache is None else {"k": cache["k"], "v": cache["v"]}
-        encdec_cache = None if cache is None else {"k": cache["enc_k"], "v": cache["enc_v"]}
         y = self.self_attention_norm(x)
-        y, self_cache = self.self_attention(
-            y, y, self_mask, training=training, cache=self_cache, step=step
-        )
+        y, cache = self.self_attention(y, y, self_mask, training=training, cache=cache, step=step)
         x = x + self.dropout_layer(y, training=training)
         y = self.encdec_attention_norm(x)
         y, _ = self.encdec_attention(
@@ -349,10 +356,7 @@ class DecoderLayer(keras.layers.Layer):
         )
         x = x + self.dropout_layer(y, training=training)
         y = self.ffn(self.ffn_norm(x), training=training)
-        x = x + self.dropout_layer(y, training=training)
-        if cache is not None:
-            cache = {**cache, "k": self_cache["k"], "v": self_cache["v"]}
-        return x, cache
+        return x + self.dropout_layer(y, training=training), cache
 
 
 class Transformer(keras.Model):
@@ -431,7 +435,9 @@ class Transformer(keras.Model):
         encoder_outputs, mask = self.encode(inputs["inputs"], training=training)
         return self.decode(inputs["targets"], encoder_outputs, mask, training=training)
 
-    def init_cache(self, encoder_outputs, encdec_mask, max_decode_length: int) -> dict[str, Any]:
+    def init_cache(
+        self, encoder_outputs, encdec_mask, max_decode_length: int
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
         """The decoding state for `max_decode_length` positions.
 
         Args:
@@ -440,28 +446,32 @@ class Transformer(keras.Model):
           max_decode_length: static number of decoded positions.
 
         Returns:
-          A dict of tensors, each with a leading batch dimension (beam search tiles and
-          reorders them): per layer "k"/"v" zeros [batch, max_decode_length, heads, depth] and
-          the precomputed encoder keys/values "enc_k"/"enc_v" [batch, src_len, heads, depth],
-          plus "encdec_mask".
+          `(cache, static)`, dicts of tensors with a leading batch dimension. `cache` changes every
+          step and follows the beams: per layer the self-attention keys/values, zeros
+          [batch, max_decode_length, heads, depth]. `static` does not change: per layer the
+          encoder's keys/values [batch, src_len, heads, depth], computed once here, and
+          "encdec_mask"; beam search tiles it once and never reorders it (every beam of a
+          sentence shares it).
         """
         p = self.params
         batch = tf.shape(encoder_outputs)[0]
         depth = p.hidden_size // p.num_heads
         zeros = tf.zeros([batch, max_decode_length, p.num_heads, depth], encoder_outputs.dtype)
-        cache = {"encdec_mask": encdec_mask}
+        cache, static = {}, {"encdec_mask": encdec_mask}
         for i, layer in enumerate(self.decoder_layers):
             enc_k, enc_v = layer.encdec_attention.project_kv(encoder_outputs)
-            cache[f"layer_{i}"] = {"k": zeros, "v": zeros, "enc_k": enc_k, "enc_v": enc_v}
-        return cache
+            cache[f"layer_{i}"] = {"k": zeros, "v": zeros}
+            static[f"layer_{i}"] = {"k": enc_k, "v": enc_v}
+        return cache, static
 
-    def decode_step(self, ids, step, cache):
+    def decode_step(self, ids, step, cache, static):
         """Logits for position `step` given the previous token.
 
         Args:
           ids: [batch, 1] the token at position `step - 1` (the pad id at step 0).
           step: scalar int, the position being predicted (0-based).
-          cache: from `init_cache` (or the previous step).
+          cache: the `cache` of `init_cache` (or of the previous step).
+          static: the `static` of `init_cache`.
 
         Returns:
           (float32 logits [batch, vocab], the updated cache).
@@ -472,15 +482,16 @@ class Transformer(keras.Model):
         x = x + tf.cast(tf.gather(signal, [step]), x.dtype)[None]
         # Row `step` of the causal mask over the fixed-size cache: keys 0..step are visible.
         self_mask = (tf.range(max_len) <= step)[None, None, None, :]
-        new_cache = {"encdec_mask": cache["encdec_mask"]}
+        new_cache = {}
         for i, layer in enumerate(self.decoder_layers):
             x, new_cache[f"layer_{i}"] = layer(
                 x,
                 None,
                 self_mask,
-                cache["encdec_mask"],
+                static["encdec_mask"],
                 training=False,
                 cache=cache[f"layer_{i}"],
+                encdec_cache=static[f"layer_{i}"],
                 step=step,
             )
         logits = self.embedding(self.decoder_norm(x), mode="linear")  # [b, 1, vocab]

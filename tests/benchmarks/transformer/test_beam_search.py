@@ -20,7 +20,8 @@ def markov_fn(table: np.ndarray):
     """
     table = tf.constant(table, tf.float32)
 
-    def fn(ids, step, cache):
+    def fn(ids, step, cache, static):
+        del static
         logits = tf.gather(table, ids[:, 0])
         return logits, {"steps": cache["steps"] + 1}
 
@@ -77,10 +78,10 @@ def test_beam_one_equals_greedy_on_a_transformer():
     model = tiny_model(seed=1, scale=3.0)
     inputs = tf.constant(np.random.default_rng(0).integers(3, 40, size=(6, 7)), tf.int32)
     encoder_outputs, mask = model.encode(inputs)
-    cache = model.init_cache(encoder_outputs, mask, max_decode_length=10)
+    cache, static = model.init_cache(encoder_outputs, mask, max_decode_length=10)
     start = tf.zeros([6], tf.int32)
     greedy, greedy_log_prob = tf.function(beam_search.greedy_search)(
-        model.decode_step, start, cache, max_decode_length=10, eos_id=EOS
+        model.decode_step, start, cache, static=static, max_decode_length=10, eos_id=EOS
     )
     # With alpha 0 the score is the log-probability, so a beam of one is exactly greedy; with
     # alpha > 0 the length penalty may rightly prefer a longer continuation.
@@ -88,6 +89,7 @@ def test_beam_one_equals_greedy_on_a_transformer():
         model.decode_step,
         start,
         cache,
+        static=static,
         vocab_size=40,
         beam_size=1,
         alpha=0.0,
@@ -147,17 +149,20 @@ def test_matches_model_garden_beam_search():
     model = tiny_model(seed=4, scale=3.0)
     inputs = tf.constant(np.random.default_rng(2).integers(3, 40, size=(5, 7)), tf.int32)
     encoder_outputs, mask = model.encode(inputs)
-    cache = model.init_cache(encoder_outputs, mask, max_decode_length=12)
+    cache, static = model.init_cache(encoder_outputs, mask, max_decode_length=12)
 
-    # Model Garden's search needs float caches: carry the bool mask as float32.
+    # Model Garden's search has one cache, all of it reordered with the beams, and needs float
+    # tensors: carry the static part in it, with the bool mask as float32.
     def reference_fn(ids, step, c):
-        logits, c = model.decode_step(ids, step, {**c, "encdec_mask": c["encdec_mask"] > 0.5})
-        return logits, {**c, "encdec_mask": tf.cast(c["encdec_mask"], tf.float32)}
+        static = {**c["static"], "encdec_mask": c["static"]["encdec_mask"] > 0.5}
+        logits, new_cache = model.decode_step(ids, step, c["cache"], static)
+        return logits, {"cache": new_cache, "static": c["static"]}
 
-    float_cache = {**cache, "encdec_mask": tf.cast(cache["encdec_mask"], tf.float32)}
+    float_static = {**static, "encdec_mask": tf.cast(static["encdec_mask"], tf.float32)}
+    float_cache = {"cache": cache, "static": float_static}
     for beam_size, alpha in ((1, 0.0), (4, 0.6), (3, 1.0)):
         ids, scores = tf.function(beam_search.sequence_beam_search)(
-            model.decode_step, tf.zeros([5], tf.int32), cache, vocab_size=40,
+            model.decode_step, tf.zeros([5], tf.int32), cache, static=static, vocab_size=40,
             beam_size=beam_size, alpha=alpha, max_decode_length=12, eos_id=EOS,
         )  # fmt: skip
         ref_ids, ref_scores = tf.function(reference.sequence_beam_search)(

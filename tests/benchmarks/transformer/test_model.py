@@ -113,10 +113,10 @@ def test_cached_incremental_decoding_equals_full_decoding():
     inputs, targets = random_pairs(tgt_len=6)
     encoder_outputs, mask = model.encode(inputs)
     full = model.decode(targets, encoder_outputs, mask).numpy()  # [b, 6, vocab]
-    cache = model.init_cache(encoder_outputs, mask, max_decode_length=8)
+    cache, static = model.init_cache(encoder_outputs, mask, max_decode_length=8)
     previous = tf.zeros([3, 1], tf.int32)
     for step in range(6):
-        logits, cache = model.decode_step(previous, tf.constant(step), cache)
+        logits, cache = model.decode_step(previous, tf.constant(step), cache, static)
         np.testing.assert_allclose(logits.numpy(), full[:, step], atol=1e-4, rtol=1e-4)
         previous = targets[:, step : step + 1]
 
@@ -125,11 +125,11 @@ def test_decode_step_compiles_under_xla():
     model = tiny_model()
     inputs, _ = random_pairs()
     encoder_outputs, mask = model.encode(inputs)
-    cache = model.init_cache(encoder_outputs, mask, max_decode_length=4)
+    cache, static = model.init_cache(encoder_outputs, mask, max_decode_length=4)
     ids = tf.fill([3, 1], 5)
-    eager, _ = model.decode_step(ids, tf.constant(0), cache)
+    eager, _ = model.decode_step(ids, tf.constant(0), cache, static)
     compiled = tf.function(model.decode_step, jit_compile=True)
-    xla, new_cache = compiled(ids, tf.constant(0), cache)
+    xla, new_cache = compiled(ids, tf.constant(0), cache, static)
     np.testing.assert_allclose(xla.numpy(), eager.numpy(), atol=1e-4)
     assert new_cache["layer_0"]["k"].shape == cache["layer_0"]["k"].shape
 
