@@ -185,6 +185,15 @@ class Benchmark(abc.ABC):
             offset_epochs=offset,
         )
 
+    def gradient_clip_norm(self) -> float | None:
+        """Global-norm clip of the full-batch gradient (e.g. 1.0 for BERT); None: no clipping.
+
+        The default reads a `gradient_clip_norm` config field when the config has one. The
+        runner clips the gradient summed over replicas, not each replica's part.
+        """
+        value = getattr(self.config, "gradient_clip_norm", None)
+        return float(value) if value else None
+
     def train_samples(self) -> int:
         """MLPerf's `train_samples`: examples in one training epoch."""
         return self.config.train_examples

@@ -113,6 +113,7 @@ class Trainer:
         self.model = model
         self.optimizer = optimizer
         self.accumulation = benchmark.config.gradient_accumulation_steps
+        self.clip_norm = benchmark.gradient_clip_norm()
         # XLA compiles the forward/backward pass per replica; apply_gradients stays outside it
         # because its cross-replica sum is a merge_call, which XLA cannot hold on CPU/GPU.
         self._grads = tf.function(self._replica_grads, jit_compile=xla, reduce_retracing=True)
@@ -140,9 +141,26 @@ class Trainer:
         if self.accumulation > 1:
             total_grads = [g / self.accumulation for g in total_grads]
             total_loss /= self.accumulation
+        if self.clip_norm:
+            total_grads = self._clip_summed(total_grads)
         # Keras 3 sums gradients across replicas here: losses are already per global batch.
         self.optimizer.apply_gradients(zip(total_grads, variables))
         return total_loss
+
+    def _clip_summed(self, grads):
+        """Clips the cross-replica sum of `grads` to `clip_norm` (global norm), in replica context.
+
+        Keras clips before its own cross-replica sum, i.e. per replica, which is not the
+        reference's clip of the full-batch gradient. So this sums first, clips, and hands Keras
+        each replica's equal share (sum / replicas), which its sum restores: one extra
+        all-reduce, and none with a single replica.
+        """
+        context = tf.distribute.get_replica_context()
+        replicas = context.num_replicas_in_sync if context else 1
+        if replicas > 1:
+            grads = context.all_reduce(tf.distribute.ReduceOp.SUM, grads)
+        grads, _ = tf.clip_by_global_norm(grads, self.clip_norm)
+        return [g / replicas for g in grads] if replicas > 1 else grads
 
     def _loop(self, iterator, num_steps):
         loss_sum = tf.constant(0.0, tf.float32)

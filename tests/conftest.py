@@ -21,3 +21,18 @@ def _split_cpu():
 
 
 _split_cpu()
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--fuzz-examples",
+        type=int,
+        default=None,
+        help="hypothesis examples for the fuzz tests (sets MLPERF_TF_FUZZ_EXAMPLES)",
+    )
+
+
+def pytest_configure(config):
+    examples = config.getoption("--fuzz-examples")
+    if examples is not None:
+        os.environ["MLPERF_TF_FUZZ_EXAMPLES"] = str(examples)

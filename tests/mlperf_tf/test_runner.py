@@ -3,6 +3,7 @@
 import dataclasses
 import json
 
+import keras
 import numpy as np
 import pytest
 from mlperf_logging.mllog import constants as C
@@ -104,3 +105,20 @@ def test_bad_run_settings_are_user_errors(tmp_path):
         runner.RunConfig(model_dir="")
     with pytest.raises(UserError, match="resume_input"):
         runner.RunConfig(model_dir=str(tmp_path), resume_input="rewind")
+
+
+def test_global_norm_clipping_applies_to_the_summed_gradient(tmp_path, monkeypatch):
+    # With a clip far below the gradient norm, SGD moves each weight by lr * clip * g/|g|: one
+    # replica and two replicas (each clipping its own half would differ) end the same.
+    monkeypatch.setattr(TinyBenchmark, "gradient_clip_norm", lambda self: 1e-3)
+    one = _run(tmp_path, "one", distribution="one_device", max_train_steps=2)
+    two = _run(tmp_path, "two", distribution="mirrored", num_cpu_devices=2, max_train_steps=2)
+    for a, b in zip(weights(one.model), weights(two.model), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-5)
+    keras.utils.set_random_seed(0)  # the runner's seed: the same initial weights
+    initial = TinyBenchmark(smoke()).build_model()
+    # Each step's gradient has global norm 1e-3 after clipping; with momentum 0.9 two steps of
+    # SGD(lr) move the weights by at most lr * 1e-3 * (1 + 1.9) in global norm.
+    moved = [a - b for a, b in zip(weights(one.model), weights(initial))]
+    distance = np.sqrt(sum(float(np.sum(d**2)) for d in moved))
+    assert 0.05 * 1e-3 * 0.9 < distance <= 0.05 * 1e-3 * 2.9 * (1 + 1e-4)
