@@ -98,12 +98,29 @@ def detection_rows(
     ).reshape(-1, 7)
 
 
+def to_coco_json(rows: np.ndarray) -> list[dict]:
+    """COCO detection results (the json list pycocotools and the COCO server read) from rows.
+
+    Each row `[image_id, x, y, w, h, score, category_id]` becomes
+    `{"image_id", "category_id", "bbox": [x, y, w, h], "score"}` with plain Python numbers.
+    """
+    return [
+        {
+            "image_id": int(row[0]),
+            "category_id": int(row[6]),
+            "bbox": [float(v) for v in row[1:5]],
+            "score": float(row[5]),
+        }
+        for row in np.asarray(rows, np.float64).reshape(-1, 7)
+    ]
+
+
 def box_map(groundtruth: COCO, rows: np.ndarray, image_ids: Sequence[int]) -> float:
     """COCO box mAP@[.5:.95] (`COCOeval.stats[0]`) of `rows` on the images `image_ids`.
 
     Args:
       groundtruth: the ground truth.
-      rows: `[n, 7]` detection rows (`detection_rows`).
+      rows: `[n, 7]` detection rows (`detection_rows`), scored as their COCO json.
       image_ids: the images evaluated (only these count, with or without detections).
 
     Returns:
@@ -113,7 +130,7 @@ def box_map(groundtruth: COCO, rows: np.ndarray, image_ids: Sequence[int]) -> fl
     if len(rows) == 0 or not image_ids:
         return 0.0
     with contextlib.redirect_stdout(io.StringIO()):
-        detections = groundtruth.loadRes(np.asarray(rows, np.float64))
+        detections = groundtruth.loadRes(to_coco_json(rows))
         evaluator = COCOeval(groundtruth, detections, iouType="bbox")
         evaluator.params.imgIds = image_ids
         evaluator.evaluate()

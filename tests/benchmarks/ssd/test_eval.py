@@ -116,6 +116,12 @@ def test_detection_rows_are_coco_pixels():
         category_ids=(3, 8),
     )
     np.testing.assert_allclose(rows, [[5, 40, 20, 100, 100, 0.9, 8]], atol=1e-9)
+    [result] = coco_metric.to_coco_json(rows)
+    assert result["image_id"] == 5 and result["category_id"] == 8
+    assert result["bbox"] == pytest.approx([40, 20, 100, 100]) and result["score"] == pytest.approx(
+        0.9
+    )
+    json.dumps(result)  # plain Python numbers
 
 
 def test_no_detections_scores_zero(tmp_path):
