@@ -174,3 +174,66 @@ def test_dropout_only_in_training():
     x = batch()
     np.testing.assert_array_equal(model(x)["mlm_logits"], model(x)["mlm_logits"])
     assert not np.allclose(model(x, training=True)["mlm_logits"], model(x)["mlm_logits"])
+
+
+@pytest.mark.peers
+def test_same_outputs_as_model_garden_bert_from_the_same_tf1_checkpoint(tmp_path):
+    """Our weights, saved under the google-research TF1 names and converted by the Model Garden's
+    own TF1 -> V2 converter into its `BertPretrainerV2`, give the same outputs."""
+    pytest.importorskip("official.nlp.modeling")
+    import tf_keras
+    from official.nlp.modeling import models, networks
+    from official.nlp.tools import tf1_bert_checkpoint_converter_lib as converter
+
+    from tests.benchmarks.bert.test_checkpoint import write_tf1_checkpoint
+
+    config = dataclasses.replace(TINY, num_attention_heads=4)
+    ours = M.build_pretrainer(config)
+    values = {name: var.numpy() for name, var in ours.tf1_variables().items()}
+    v1 = write_tf1_checkpoint(str(tmp_path / "v1" / "model.ckpt-1"), values)
+    renamed = str(tmp_path / "renamed" / "ckpt")
+    converter.convert(
+        checkpoint_from_path=v1,
+        checkpoint_to_path=renamed,
+        num_heads=config.num_attention_heads,
+        name_replacements=converter.BERT_V2_NAME_REPLACEMENTS,
+        permutations=converter.BERT_V2_PERMUTATIONS,
+        exclude_patterns=["adam", "Adam"],
+    )
+    encoder = networks.BertEncoder(
+        vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size,
+        num_layers=config.num_hidden_layers,
+        num_attention_heads=config.num_attention_heads,
+        max_sequence_length=config.max_position_embeddings,
+        type_vocab_size=config.type_vocab_size,
+        inner_dim=config.intermediate_size,
+        inner_activation=lambda x: tf.nn.gelu(x, approximate=True),
+        output_dropout=0.0,
+        attention_dropout=0.0,
+    )
+    garden = models.BertPretrainerV2(
+        encoder_network=encoder,
+        mlm_activation=lambda x: tf.nn.gelu(x, approximate=True),
+        mlm_initializer=tf_keras.initializers.TruncatedNormal(stddev=0.02),
+    )
+    garden(garden.inputs)
+    garden.load_weights(renamed).assert_existing_objects_matched()
+
+    x = batch()
+    theirs = garden(
+        {
+            "input_word_ids": x["input_ids"],
+            "input_mask": x["input_mask"],
+            "input_type_ids": x["segment_ids"],
+            "masked_lm_positions": x["masked_lm_positions"],
+        }
+    )
+    seq, pooled = ours.encoder(x["input_ids"], x["input_mask"], x["segment_ids"])
+    mine = ours(x)
+    real = x["input_mask"].numpy().astype(bool)  # padded positions may differ; real ones not
+    np.testing.assert_allclose(
+        seq.numpy()[real], theirs["sequence_output"].numpy()[real], rtol=1e-4, atol=1e-4
+    )
+    np.testing.assert_allclose(pooled, theirs["pooled_output"], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(mine["mlm_logits"], theirs["mlm_logits"], rtol=1e-4, atol=1e-4)
