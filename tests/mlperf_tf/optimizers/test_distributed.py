@@ -6,6 +6,7 @@ import pytest
 import tensorflow as tf
 
 from mlperf_tf.optimizers import LAMB, LARS
+from tests import strategies
 
 GLOBAL_BATCH = 8
 FEATURES = 6
@@ -66,7 +67,7 @@ def train_steps(strategy, kind, initial_weights, num_steps=2):
 def test_two_replicas_equal_one_device_on_the_same_global_batch(kind):
     initial = make_model().get_weights()
     single = train_steps(tf.distribute.OneDeviceStrategy("CPU:0"), kind, initial)
-    mirrored = train_steps(tf.distribute.MirroredStrategy(["CPU:0", "CPU:1"]), kind, initial)
+    mirrored = train_steps(strategies.mirrored(2), kind, initial)
     for a, b, w in zip(mirrored, single, initial):
         assert not np.allclose(b, w)  # the step did something
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
