@@ -270,6 +270,19 @@ def truncate_seq_pair(tokens_a: list[str], tokens_b: list[str], max_num_tokens: 
             trunc.pop()
 
 
+def pick_evenly(items: Sequence, count: int) -> list:
+    """`count` items at evenly spaced indexes `int(i * len / count)`: the reference's
+    `pick_eval_samples.py`, which makes MLPerf's eval_10k from the eval examples.
+
+    Raises:
+      DataError: fewer than `count` items.
+    """
+    if count > len(items):
+        raise DataError(f"cannot pick {count} examples out of {len(items)}")
+    ratio = len(items) / count
+    return [items[int(i * ratio)] for i in range(count)]
+
+
 # ---- examples and files --------------------------------------------------------------------------
 def instance_to_example(
     instance: TrainingInstance,
@@ -364,17 +377,20 @@ def create_examples(
     tokenizer: tokenization.FullTokenizer,
     params: CreationParams,
     *,
-    max_examples: int | None = None,
+    pick_examples: int | None = None,
 ) -> list[tf.train.Example]:
-    """The reference's pipeline from text files to examples (in write order)."""
+    """The reference's pipeline from text files to examples (in write order).
+
+    With `pick_examples`, only that many evenly spaced instances are kept (see `pick_evenly`).
+    """
     documents = read_documents(input_files, tokenizer)
     if not documents:
         raise DataError(f"no documents in {list(input_files)}")
     rng = random.Random(params.random_seed)
     vocab_words = list(tokenizer.vocab.keys())
     instances = create_training_instances(documents, vocab_words, params, rng)
-    if max_examples is not None:
-        instances = instances[:max_examples]
+    if pick_examples is not None:
+        instances = pick_evenly(instances, pick_examples)
     return [
         instance_to_example(inst, tokenizer, params.max_seq_length, params.max_predictions_per_seq)
         for inst in instances
@@ -391,7 +407,7 @@ def prepare(
     vocab_file: str | None = None,
     vocab_size: int = 30522,
     learner: tokenization.Learner = "auto",
-    max_examples: int | None = None,
+    pick_examples: int | None = None,
 ) -> list[str]:
     """Text files -> sharded MLPerf pretraining TFRecords in `output_dir` (and `vocab.txt`).
 
@@ -404,7 +420,7 @@ def prepare(
       vocab_file: a WordPiece vocab to use; None learns one of `vocab_size` from the text.
       vocab_size: size of a learned vocab.
       learner: see `tokenization.learn_vocab`.
-      max_examples: keep only the first N examples after the final shuffle (None: all).
+      pick_examples: keep only N evenly spaced examples (the reference's eval_10k picking).
 
     Returns:
       The shard paths.
@@ -423,7 +439,7 @@ def prepare(
         learner=learner,
         vocab_out=None if vocab_file else os.path.join(output_dir, "vocab.txt"),
     )
-    examples = create_examples(input_files, tokenizer, params, max_examples=max_examples)
+    examples = create_examples(input_files, tokenizer, params, pick_examples=pick_examples)
     paths = shard_paths(output_dir, prefix, num_shards)
     write_examples_round_robin(examples, paths)
     return paths
@@ -558,15 +574,13 @@ def prepare_mini(
     write_examples_round_robin(train_examples, shard_paths(train_dir, "part", 4))
     # The eval set: its own seed, like MLPerf's separately generated eval_10k.
     eval_params = dataclasses.replace(params, random_seed=random_seed + 1)
-    eval_examples = create_examples([eval_txt], tokenizer, eval_params)
-    if len(eval_examples) < config_lib.MINI_EVAL_EXAMPLES:
-        raise DataError(
-            f"the held-out docstrings gave {len(eval_examples)} eval examples, fewer than the "
-            f"{config_lib.MINI_EVAL_EXAMPLES} the mini preset needs"
+    try:
+        eval_examples = create_examples(
+            [eval_txt], tokenizer, eval_params, pick_examples=config_lib.MINI_EVAL_EXAMPLES
         )
-    write_examples_round_robin(
-        eval_examples[: config_lib.MINI_EVAL_EXAMPLES], shard_paths(eval_dir, "eval", 1)
-    )
+    except DataError as e:
+        raise DataError(f"the held-out docstrings are too few for the mini eval set: {e}") from None
+    write_examples_round_robin(eval_examples, shard_paths(eval_dir, "eval", 1))
     return {
         "train_documents": train_docs,
         "eval_documents": eval_docs,
@@ -590,6 +604,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--num_shards", type=int, default=1)
     parser.add_argument("--prefix", default="part")
+    parser.add_argument(
+        "--pick_examples", type=int, default=0, help="keep N evenly spaced examples (eval_10k)"
+    )
     defaults = CreationParams()
     for field in dataclasses.fields(CreationParams):
         value = getattr(defaults, field.name)
@@ -617,6 +634,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             vocab_file=args.vocab_file or None,
             vocab_size=args.vocab_size,
             learner=args.vocab_learner,
+            pick_examples=args.pick_examples or None,
         )
         print("\n".join(paths))
     except (DataError, ValueError) as e:

@@ -296,3 +296,23 @@ def test_prepare_mini_twice_same_bytes(tmp_path):
                 tmp_path / "b" / sub / name
             ).read_bytes()
     assert a["eval_examples"] == 2048
+
+
+def test_pick_evenly_is_the_reference_eval_picker():
+    assert prepare.pick_evenly(list(range(10)), 4) == [0, 2, 5, 7]  # int(i * 2.5)
+    assert prepare.pick_evenly(list(range(5)), 5) == list(range(5))
+    with pytest.raises(DataError, match="cannot pick 6 examples out of 5"):
+        prepare.pick_evenly(list(range(5)), 6)
+
+
+def test_pick_examples_keeps_that_many(tmp_path):
+    text = write_text(tmp_path / "a.txt")
+    paths = prepare.prepare(
+        input_files=[text],
+        output_dir=str(tmp_path / "o"),
+        params=params(),
+        vocab_size=90,
+        learner="builtin",
+        pick_examples=5,
+    )
+    assert len(read_examples(paths)) == 5
