@@ -28,8 +28,10 @@ import glob
 import os
 import random
 import re
+import shutil
 import sys
 import sysconfig
+import tempfile
 from collections.abc import Iterable, Sequence
 
 import tensorflow as tf
@@ -540,13 +542,37 @@ def prepare_mini(
     `eval/eval-00000-of-00001.tfrecord` (exactly `MINI_EVAL_EXAMPLES` examples), with the mini
     preset's sequence length and max predictions.
 
+    The files are written to a temporary sibling folder that is renamed to `data_dir` at the
+    end, so an interrupted run leaves no half-written dataset behind (the CLI prepares the mini
+    data only when `data_dir` does not exist).
+
     Returns:
       A summary: documents, examples and the vocab learner used.
 
     Raises:
-      DataError: the standard library gives too little text, or the eval text fewer than
-        `MINI_EVAL_EXAMPLES` examples.
+      DataError: `data_dir` already exists, the standard library gives too little text, or
+        the eval text fewer than `MINI_EVAL_EXAMPLES` examples.
     """
+    data_dir = os.path.abspath(data_dir)
+    if os.path.exists(data_dir):
+        raise DataError(f"mini data_dir '{data_dir}' already exists; remove it to rebuild")
+    parent = os.path.dirname(data_dir)
+    os.makedirs(parent, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=os.path.basename(data_dir) + ".partial-", dir=parent)
+    try:
+        summary = _write_mini(
+            staging, learner=learner, dupe_factor=dupe_factor, random_seed=random_seed
+        )
+        os.rename(staging, data_dir)
+    finally:
+        if os.path.exists(staging):
+            shutil.rmtree(staging, ignore_errors=True)
+    return summary
+
+
+def _write_mini(
+    data_dir: str, *, learner: tokenization.Learner, dupe_factor: int, random_seed: int
+) -> dict[str, object]:
     text_dir = os.path.join(data_dir, "text")
     os.makedirs(text_dir, exist_ok=True)
     train_txt = os.path.join(text_dir, "train.txt")

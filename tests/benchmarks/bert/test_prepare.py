@@ -316,3 +316,16 @@ def test_pick_examples_keeps_that_many(tmp_path):
         pick_examples=5,
     )
     assert len(read_examples(paths)) == 5
+
+
+def test_prepare_mini_is_atomic(tmp_path, monkeypatch):
+    def fail(*args, **kwargs):
+        raise DataError("boom")
+
+    monkeypatch.setattr(prepare, "write_stdlib_text", fail)
+    with pytest.raises(DataError, match="boom"):
+        prepare.prepare_mini(str(tmp_path / "mini"))
+    assert os.listdir(tmp_path) == []  # neither the target nor a partial folder remains
+    (tmp_path / "mini").mkdir()
+    with pytest.raises(DataError, match="already exists"):
+        prepare.prepare_mini(str(tmp_path / "mini"))
