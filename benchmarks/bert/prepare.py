@@ -563,6 +563,7 @@ def prepare_mini(
         summary = _write_mini(
             staging, learner=learner, dupe_factor=dupe_factor, random_seed=random_seed
         )
+        os.chmod(staging, 0o755)  # mkdtemp makes it private; the dataset is not secret
         os.rename(staging, data_dir)
     finally:
         if os.path.exists(staging):
