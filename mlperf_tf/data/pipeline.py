@@ -604,7 +604,10 @@ def training_pipeline(
     else:
         records = _shuffle_repeat(records, shuffle_buffer, seed, num_epochs)
         examples = _apply(_number(records, chunked=True), fn)
-    batches = examples.batch(batch_size, drop_remainder=True, num_parallel_calls=AUTOTUNE)
+    # In order (unlike the pipeline's other parallel steps): the checks read the running numbers.
+    batches = examples.batch(
+        batch_size, drop_remainder=True, num_parallel_calls=AUTOTUNE, deterministic=True
+    )
     batches = _checks(batches, **checks, batched=True)
     # Options before the final prefetch, so the slack optimization finds that prefetch.
     return batches.with_options(pipeline_options(training=True)).prefetch(AUTOTUNE)
