@@ -6,8 +6,8 @@ of its source and target ids (EOS included); pairs longer than `max_sequence_len
 (bucket_lengths[i-1], bucket_lengths[i]] and pads both sides to exactly bucket_lengths[i], in
 batches of `floor(tokens_per_replica / bucket_lengths[i])` pairs (rounded down to a multiple of
 `batch_multiple`) with `drop_remainder`, so every bucket has one static shape `[batch, length]`.
-The mini preset's buckets (8, 12, 16, 24, 32) with 4096 tokens give shapes [512, 8], [336, 12],
-[256, 16], [168, 24] and [128, 32].
+The mini preset's buckets (8, 12, 16, 24, 32) with 2048 tokens give shapes [256, 8], [168, 12],
+[128, 16], [80, 24] and [64, 32].
 
 Eval batches are `[batch, eval_max_length]`, padded with all-zero examples to a fixed number of
 batches (`mlperf_tf.data.pipeline.eval_pipeline`), each example carrying its `index` in the
