@@ -17,8 +17,9 @@ and a record whose `parse_fn`/`transform_fn` fails (dropped by `ignore_errors`, 
 sees as a gap in a running record number) both raise an error naming the file. The error surfaces
 from the iterator as a `tf.errors.InvalidArgumentError` whose message starts with
 `DATA_ERROR_PREFIX`; `translate_errors()` turns it into a one-line `DataError` on the host. With
-`skip_bad_records=True` the bad records are skipped instead, and each one is reported on stderr
-with the file name and the running count of records skipped by that pipeline (see README.md).
+`skip_bad_records=True` the bad records are skipped instead and reported on stderr (a line per
+batch with skips) with the file names and the running count of records skipped by that pipeline
+(see README.md).
 """
 
 from __future__ import annotations
