@@ -180,12 +180,6 @@ def train_dataset(
         seed=seed,
         skip_bad_records=skip_bad_records,
     )
-    # Workaround: with the training pipeline's non-deterministic order, its parallel batching may
-    # hand batches over out of order, which its bad-record check reads as skipped records and
-    # fails on. The order of records is random anyway (shuffled before).
-    options = tf.data.Options()
-    options.deterministic = True
-    read = read.with_options(options)
     examples = read.unbatch().filter(lambda example: example["keep"])
     batches = bucketize(examples, bucket_lengths=bucket_lengths, batch_sizes=batch_sizes)
     return batches.prefetch(tf.data.AUTOTUNE)
