@@ -116,7 +116,13 @@ class Trainer:
         self.clip_norm = benchmark.gradient_clip_norm()
         # XLA compiles the forward/backward pass per replica; apply_gradients stays outside it
         # because its cross-replica sum is a merge_call, which XLA cannot hold on CPU/GPU.
-        self._grads = tf.function(self._replica_grads, jit_compile=xla, reduce_retracing=True)
+        # Without XLA the pass is inlined into the loop's graph: a nested tf.function would
+        # refuse the all-reduce of cross-replica batch norm ("merge_call ... in a tf.function").
+        self._grads = (
+            tf.function(self._replica_grads, jit_compile=True, reduce_retracing=True)
+            if xla
+            else self._replica_grads
+        )
         self.loop = tf.function(self._loop)
 
     def _replica_grads(self, batch):
@@ -182,7 +188,11 @@ class Evaluator:
         self.model = model
         self.dataset = dataset
         self.steps = benchmark.eval_steps(strategy.num_replicas_in_sync)
-        self._replica_eval = tf.function(self._replica, jit_compile=xla, reduce_retracing=True)
+        self._replica_eval = (
+            tf.function(self._replica, jit_compile=True, reduce_retracing=True)
+            if xla
+            else self._replica
+        )
         self._step = tf.function(self._gathered_step)
 
     def _replica(self, batch):

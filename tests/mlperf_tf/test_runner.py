@@ -122,3 +122,25 @@ def test_global_norm_clipping_applies_to_the_summed_gradient(tmp_path, monkeypat
     moved = [a - b for a, b in zip(weights(one.model), weights(initial))]
     distance = np.sqrt(sum(float(np.sum(d**2)) for d in moved))
     assert 0.05 * 1e-3 * 0.9 < distance <= 0.05 * 1e-3 * 2.9 * (1 + 1e-4)
+
+
+def test_grouped_cross_replica_batch_norm_trains_through_the_runner(tmp_path):
+    # The forward pass all-reduces BN statistics in replica context: the runner must keep it in
+    # the loop's graph (a nested tf.function refuses the merge_call).
+    from benchmarks.resnet50 import config as resnet_config
+    from benchmarks.resnet50.benchmark import ResNet50Benchmark
+
+    cfg = config_lib.override(resnet_config.smoke(), {"model.bn_group_size": "2"})
+    result = runner.run(
+        ResNet50Benchmark(cfg),
+        runner.RunConfig(
+            model_dir=str(tmp_path),
+            distribution="mirrored",
+            num_cpu_devices=2,
+            steps_per_loop=2,
+            max_train_steps=2,
+        ),  # fmt: skip
+    )
+    assert result.steps == 2
+    spans = [e["value"] for e in _log_lines(result.mlperf_log) if e["key"] == C.MODEL_BN_SPAN]
+    assert spans == [2 * cfg.global_batch_size // 2]
