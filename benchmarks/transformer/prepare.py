@@ -25,6 +25,7 @@ the gettext catalogs under /usr/share/locale/de/LC_MESSAGES). Run as a script:
 
 from __future__ import annotations
 
+import argparse
 import collections
 import gettext
 import glob
@@ -34,14 +35,15 @@ import os
 import random
 import re
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterable, Sequence
 
 import sentencepiece as spm
-from absl import app, flags, logging
+from absl import logging
 
 from mlperf_tf.data import tfrecord
-from mlperf_tf.errors import DataError
+from mlperf_tf.errors import DataError, UserError
 
 PAD_ID = 0
 EOS_ID = 1
@@ -420,64 +422,72 @@ def prepare_mini(
     )
 
 
-_FLAGS = flags.FlagValues()
-flags.DEFINE_string(
-    "train_source", None, "Training source text, one sentence per line.", flag_values=_FLAGS
-)
-flags.DEFINE_string("train_target", None, "Training target text, aligned.", flag_values=_FLAGS)
-flags.DEFINE_string(
-    "eval_source", None, "Eval source text (e.g. newstest2014.en).", flag_values=_FLAGS
-)
-flags.DEFINE_string(
-    "eval_target", None, "Eval reference text (e.g. newstest2014.de).", flag_values=_FLAGS
-)
-flags.DEFINE_string("out_dir", None, "Data directory to create.", flag_values=_FLAGS)
-flags.DEFINE_integer("vocab_size", 33708, "Subword vocabulary size.", flag_values=_FLAGS)
-flags.DEFINE_integer("seed", 0, "Seed of the vocabulary training.", flag_values=_FLAGS)
-flags.DEFINE_integer("num_train_shards", 100, "Training TFRecord files.", flag_values=_FLAGS)
-flags.DEFINE_bool(
-    "mini", False, "Write the gettext mini dataset into --out_dir instead.", flag_values=_FLAGS
-)
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of `mlperf-tf prepare transformer` / `python -m ...prepare`."""
+    parser = argparse.ArgumentParser(
+        prog="mlperf-tf prepare transformer",
+        description="Parallel text -> SentencePiece vocabulary -> TFRecords (see README.md).",
+    )
+    parser.add_argument("--out_dir", required=True, help="Data directory to create.")
+    parser.add_argument(
+        "--mini", action="store_true", help="Write the gettext mini dataset instead."
+    )
+    parser.add_argument("--train_source", help="Training source text, one sentence per line.")
+    parser.add_argument("--train_target", help="Training target text, line-aligned.")
+    parser.add_argument("--eval_source", help="Eval source text (e.g. newstest2014.en).")
+    parser.add_argument("--eval_target", help="Eval references (e.g. newstest2014.de).")
+    parser.add_argument("--vocab_size", type=int, default=33708, help="Subword vocabulary size.")
+    parser.add_argument("--seed", type=int, default=0, help="Seed of the vocabulary training.")
+    parser.add_argument("--num_train_shards", type=int, default=100, help="Training files.")
+    return parser
 
 
-def main(argv: Sequence[str]) -> None:
-    """Script entry point (`python -m benchmarks.transformer.prepare --help`)."""
-    _FLAGS(argv)
-    if not _FLAGS.out_dir:
-        raise app.UsageError("--out_dir is required")
-    if _FLAGS.mini:
-        from benchmarks.transformer import config as config_lib
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parses `argv` (without the program name) and prepares the data.
+
+    Raises:
+      UserError: a flag is missing or out of range (the CLI prints it as one line).
+      DataError: an input file is missing or malformed, or `--out_dir` exists.
+    """
+    args = build_parser().parse_args(argv)
+    if args.mini:
+        from benchmarks.transformer import config as config_lib  # noqa: PLC0415 (avoid a cycle)
 
         cfg = config_lib.mini()
         metadata = prepare_mini(
-            _FLAGS.out_dir,
+            args.out_dir,
             vocab_size=cfg.model.vocab_size,
             held_out=cfg.eval_examples,
             seed=cfg.data.split_seed,
         )
     else:
-        missing = [
-            name
-            for name in ("train_source", "train_target", "eval_source", "eval_target")
-            if not _FLAGS[name].value
-        ]
+        names = ("train_source", "train_target", "eval_source", "eval_target")
+        missing = [f"--{name}" for name in names if not getattr(args, name)]
         if missing:
-            raise app.UsageError(f"missing flags: {', '.join('--' + m for m in missing)}")
+            raise UserError(f"missing {', '.join(missing)} (or --mini for the gettext data)")
+        for name in ("vocab_size", "num_train_shards"):
+            if getattr(args, name) < 1:
+                raise UserError(f"--{name} ({getattr(args, name)}) must be a positive integer")
         metadata = prepare_parallel_text(
-            train_source=_FLAGS.train_source,
-            train_target=_FLAGS.train_target,
-            eval_source=_FLAGS.eval_source,
-            eval_target=_FLAGS.eval_target,
-            out_dir=_FLAGS.out_dir,
-            vocab_size=_FLAGS.vocab_size,
-            seed=_FLAGS.seed,
-            num_train_shards=_FLAGS.num_train_shards,
+            train_source=args.train_source,
+            train_target=args.train_target,
+            eval_source=args.eval_source,
+            eval_target=args.eval_target,
+            out_dir=args.out_dir,
+            vocab_size=args.vocab_size,
+            seed=args.seed,
+            num_train_shards=args.num_train_shards,
         )
     print(
         f"wrote {metadata['train_pairs']} train and {metadata['eval_pairs']} eval pairs "
-        f"to {_FLAGS.out_dir}"
+        f"to {args.out_dir}"
     )
+    return 0
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=lambda argv: argv)
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)

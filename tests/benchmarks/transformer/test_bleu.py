@@ -76,6 +76,13 @@ def test_sacrebleu_intl_matches_t2t_bleu_on_the_sample():
     )
 
 
+def test_known_gap_punctuation_between_non_decimal_numbers():
+    # t2t keeps punctuation whole only next to decimal digits (\d), sacrebleu next to any number.
+    intl = sacrebleu.BLEU(tokenize="intl").tokenizer
+    assert bleu.t2t_tokenize("Wert 10²,5") == ["Wert", "10²", ",", "5"]
+    assert intl("Wert 10²,5").split() == ["Wert", "10²,5"]
+
+
 def test_known_gap_corpus_without_4grams():
     # All hypotheses shorter than 4 tokens: t2t leaves the empty order out of its geometric mean,
     # sacrebleu scores 0. Irrelevant for real eval sets (thousands of sentences).

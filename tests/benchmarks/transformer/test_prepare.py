@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 from benchmarks.transformer import prepare
-from mlperf_tf.errors import DataError
+from mlperf_tf.errors import DataError, UserError
 
 
 def write_mo(path, entries, charset="UTF-8"):
@@ -191,3 +191,26 @@ def test_prepare_mini_from_catalogs(tmp_path):
     )
     assert metadata["eval_pairs"] == 5
     assert metadata["train_pairs"] + 5 == len(prepare.read_gettext_pairs(folder))
+
+
+def test_main_prepares_parallel_text_and_reports_missing_flags(tmp_path, capsys):
+    pairs = corpus(120)
+    for name, column in (("train.en", 0), ("train.de", 1)):
+        (tmp_path / name).write_text("".join(p[column] + "\n" for p in pairs[:100]))
+    for name, column in (("test.en", 0), ("test.de", 1)):
+        (tmp_path / name).write_text("".join(p[column] + "\n" for p in pairs[100:]))
+    out = tmp_path / "out"
+    with pytest.raises(UserError, match="--train_target"):
+        prepare.main([f"--out_dir={out}", f"--train_source={tmp_path / 'train.en'}"])
+    argv = [
+        f"--out_dir={out}",
+        f"--train_source={tmp_path / 'train.en'}",
+        f"--train_target={tmp_path / 'train.de'}",
+        f"--eval_source={tmp_path / 'test.en'}",
+        f"--eval_target={tmp_path / 'test.de'}",
+        "--vocab_size=50",
+        "--num_train_shards=2",
+    ]
+    assert prepare.main(argv) == 0
+    assert "wrote 100 train and 20 eval pairs" in capsys.readouterr().out
+    assert len(glob.glob(str(out / "train-*"))) == 2
