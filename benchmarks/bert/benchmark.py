@@ -126,10 +126,10 @@ class BertBenchmark(Benchmark):
         """`opt_learning_rate_training_steps`: the config's, or the run's step budget when 0."""
         return self.config.optimizer.opt_learning_rate_training_steps or max(1, train_steps)
 
-    @property
-    def clip_global_norm(self) -> float:
-        """Global-norm clip of the mean gradient (after the cross-replica sum); 0 disables."""
-        return self.config.optimizer.clip_global_norm
+    def gradient_clip_norm(self) -> float | None:
+        """The reference's global-norm clip (1.0) of the full-batch gradient, which the runner
+        applies to the cross-replica sum; None when `optimizer.clip_global_norm` is 0."""
+        return self.config.optimizer.clip_global_norm or None
 
     # ---- building ------------------------------------------------------------------------------
     def build_model(self) -> keras.Model:

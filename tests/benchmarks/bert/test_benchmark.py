@@ -194,7 +194,7 @@ def test_train_step_compiles_under_xla():
         with tf.GradientTape() as tape:
             loss = bench.compute_loss(model, batch, training=True)
         grads = tape.gradient(loss, model.trainable_variables)
-        grads, _ = tf.clip_by_global_norm(grads, bench.clip_global_norm)
+        grads, _ = tf.clip_by_global_norm(grads, bench.gradient_clip_norm())
         opt.apply_gradients(zip(grads, model.trainable_variables))
         return loss
 
@@ -282,3 +282,10 @@ def test_keras_policy_mixed_bf16_loss_is_float32():
     finally:
         keras.mixed_precision.set_dtype_policy("float32")
     assert loss.dtype == tf.float32 and np.isfinite(loss.numpy())
+
+
+def test_gradient_clip_norm_is_the_reference_one():
+    assert smoke_bench().gradient_clip_norm() == 1.0
+    assert BertBenchmark(C.mlperf()).gradient_clip_norm() == 1.0
+    config = config_base.override(C.smoke(), {"optimizer.clip_global_norm": "0"})
+    assert BertBenchmark(config).gradient_clip_norm() is None
