@@ -169,6 +169,13 @@ def test_normalize_values_and_dtype(image):
         image_ops.IMAGENET_STDDEV_RGB
     )
     np.testing.assert_allclose(eager, expected, rtol=1e-5, atol=1e-5)
+    # Unknown height/width (the broadcast path) gives the same values as the tiled path.
+    dynamic = tf.function(
+        image_ops.normalize, input_signature=[tf.TensorSpec([None, None, 3], tf.uint8)]
+    )
+    np.testing.assert_allclose(dynamic(pixels).numpy(), eager, rtol=1e-6, atol=1e-6)
+    batch = image_ops.normalize(np.stack([pixels, pixels]))  # [batch, h, w, c]
+    np.testing.assert_allclose(batch.numpy()[1], eager, rtol=1e-6, atol=1e-6)
     half = image_ops.normalize(pixels, [127.5] * 3, [127.5] * 3, dtype=tf.bfloat16)
     assert half.dtype == tf.bfloat16
     np.testing.assert_allclose(half.numpy().astype(np.float32), pixels / 127.5 - 1, atol=1e-2)
@@ -193,6 +200,8 @@ def test_argument_validation(image):
         image_ops.decode_and_center_crop(encoded, image_size=0)
     with pytest.raises(ValueError, match="stddev"):
         image_ops.normalize(tf.zeros([2, 2, 3]), [0.0] * 3, [1.0, 0.0, 1.0])
+    with pytest.raises(ValueError, match="one length"):
+        image_ops.normalize(tf.zeros([2, 2, 3]), [0.0] * 3, [1.0, 1.0])
 
 
 def test_undecodable_bytes_raise_in_both_modes():
@@ -231,3 +240,29 @@ def test_center_crop_of_decoded_image_matches_fused_decode(image):
     np.testing.assert_allclose(eager, mapped, atol=1e-4)
     fused = image_ops.decode_and_center_crop(encoded, image_size=24).numpy()
     assert np.abs(eager - fused).mean() < 0.5
+
+
+def test_flip_before_resize_equals_flip_after(image):
+    """flip=True flips the uint8 crop before resizing; the bilinear resize is mirror-symmetric,
+    so each output is the unflipped crop or its mirror image; both occur over seeds."""
+    pixels, encoded = image
+    outcomes = set()
+    for i in range(8):
+        seed = tf.constant([i, 3])
+        plain = image_ops.random_crop(pixels, None, seed=seed, image_size=20).numpy()
+        eager, mapped = _eager_and_mapped(
+            lambda p, s: image_ops.random_crop(p, None, seed=s, image_size=20, flip=True),
+            pixels,
+            seed,
+        )
+        np.testing.assert_array_equal(eager, mapped)
+        if np.allclose(eager, plain, atol=1e-3):
+            outcomes.add("same")
+        else:
+            np.testing.assert_allclose(eager, plain[:, ::-1], atol=1e-3)
+            outcomes.add("flipped")
+        fused = image_ops.decode_and_random_crop(
+            encoded, None, seed=seed, image_size=20, flip=True, reduced_decode=False
+        ).numpy()
+        np.testing.assert_allclose(fused, eager, atol=8)  # same window, same flip
+    assert outcomes == {"same", "flipped"}
