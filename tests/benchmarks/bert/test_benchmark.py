@@ -14,6 +14,7 @@ from benchmarks.bert import BertBenchmark
 from benchmarks.bert import benchmark as B
 from benchmarks.bert import config as C
 from mlperf_tf import config as config_base
+from tests import strategies
 
 
 def smoke_bench(**overrides):
@@ -209,7 +210,7 @@ def test_train_step_compiles_under_xla():
 def test_two_replicas_train_step_with_dropout():
     """Mirrored over 2 CPUs: the step runs in replica context (dropout seeds included)."""
     bench = smoke_bench()
-    strategy = tf.distribute.MirroredStrategy(["CPU:0", "CPU:1"])
+    strategy = strategies.mirrored(2)
     bench.num_replicas = 2
     with strategy.scope():
         model = bench.build_model()

@@ -11,6 +11,7 @@ from benchmarks.bert import checkpoint as ckpt
 from benchmarks.bert import config as C
 from benchmarks.bert.model import build_pretrainer
 from mlperf_tf.errors import DataError
+from tests import strategies
 
 TINY = dataclasses.replace(
     C.bert_tiny(50), hidden_size=8, intermediate_size=16, max_position_embeddings=16
@@ -174,7 +175,7 @@ def test_benchmark_restores_init_checkpoint_under_mirrored_strategy(tmp_path):
         init_checkpoint=prefix,
     )
     bench = BertBenchmark(config)
-    strategy = tf.distribute.MirroredStrategy(["CPU:0", "CPU:1"])
+    strategy = strategies.mirrored(2)
     with strategy.scope():
         model = bench.build_model()
         bench.restore_initial_weights(model)

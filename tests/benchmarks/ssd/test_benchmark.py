@@ -14,6 +14,7 @@ from mlperf_logging.mllog import constants as C
 from benchmarks.ssd import config
 from benchmarks.ssd.benchmark import SSDBenchmark
 from mlperf_tf import registry
+from tests import strategies
 
 RULES = os.path.join(os.path.dirname(mlperf_logging.__file__), "compliance_checker")
 
@@ -116,7 +117,7 @@ def test_two_replicas_with_synced_bn_equal_one_replica():
         loss = single.compute_loss(model, batch)
     expected = tape.gradient(loss, model.trainable_variables)
 
-    strategy = tf.distribute.MirroredStrategy(["CPU:0", "CPU:1"])
+    strategy = strategies.mirrored(2)
     double = SSDBenchmark(cfg)
     double.num_replicas = 2
     with strategy.scope():

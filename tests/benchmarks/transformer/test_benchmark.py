@@ -13,6 +13,7 @@ from benchmarks.transformer import config as config_lib
 from benchmarks.transformer import prepare
 from benchmarks.transformer.benchmark import TransformerBenchmark, label_smoothed_cross_entropy
 from mlperf_tf.config import ConfigError, override
+from tests import strategies
 from tests.benchmarks.transformer.test_prepare import corpus
 
 RULES = os.path.join(os.path.dirname(mlperf_logging.__file__), "compliance_checker")
@@ -171,7 +172,7 @@ def test_loss_is_the_token_mean_over_replicas():
     total, count = label_smoothed_cross_entropy(logits, batch["targets"], 0.1)
     loss = bench.compute_loss(model, batch, training=False)
     assert float(loss) == pytest.approx(float(total / count), rel=1e-5)
-    strategy = tf.distribute.MirroredStrategy(["CPU:0", "CPU:1"])
+    strategy = strategies.mirrored(2)
     with strategy.scope():
         per_replica = strategy.run(lambda: bench.compute_loss(model, batch, training=False))
     values = [float(v) for v in strategy.experimental_local_results(per_replica)]
