@@ -93,17 +93,23 @@ class SSDBenchmark(Benchmark):
         if not os.path.isfile(path):
             raise DataError(f"backbone checkpoint '{path}' does not exist")
         try:
-            with warnings.catch_warnings():
-                # Keras only warns when it skips parts of a file: a partial load is an error here.
-                warnings.filterwarnings("error", category=UserWarning)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", UserWarning)
                 model.get_layer("backbone").load_weights(path)
-        except (ValueError, KeyError, OSError, UserWarning) as e:
-            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise UserError(
-                f"backbone checkpoint '{path}' does not fit this model's backbone "
-                f"(model.backbone_blocks={self.config.model.backbone_blocks}, "
-                f"width_scale={self.config.model.width_scale}): {reason}"
-            ) from None
+        except (ValueError, KeyError, OSError) as e:
+            raise self._checkpoint_error(path, str(e)) from None
+        # Keras only warns when it skips parts of the file: a partial load is an error here.
+        skipped = [w for w in caught if issubclass(w.category, UserWarning)]
+        if skipped:
+            raise self._checkpoint_error(path, str(skipped[0].message))
+
+    def _checkpoint_error(self, path: str, reason: str) -> UserError:
+        reason = reason.strip().splitlines()[0] if reason.strip() else "unreadable"
+        return UserError(
+            f"backbone checkpoint '{path}' does not fit this model's backbone "
+            f"(model.backbone_blocks={self.config.model.backbone_blocks}, "
+            f"width_scale={self.config.model.width_scale}): {reason}"
+        )
 
     # ---- data ----------------------------------------------------------------------------------
     def _per_replica(self, global_batch: int, input_context) -> int:
