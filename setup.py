@@ -9,8 +9,16 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.11",
-    packages=find_packages(include=["mlperf_tf", "mlperf_tf.*", "benchmarks", "benchmarks.*",
-                                    "compliance", "compliance.*"]),
+    packages=find_packages(
+        include=[
+            "mlperf_tf",
+            "mlperf_tf.*",
+            "benchmarks",
+            "benchmarks.*",
+            "compliance",
+            "compliance.*",
+        ]
+    ),
     install_requires=[
         "tensorflow==2.20.*",
         "keras>=3.10,<4",
@@ -24,6 +32,7 @@ setup(
         "scikit-learn>=1.4",
         "matplotlib>=3.8",
         "pyyaml>=6.0",
+        "pillow>=10",
     ],
     extras_require={
         "test": ["pytest>=8", "hypothesis>=6.100", "ruff==0.17.6"],
