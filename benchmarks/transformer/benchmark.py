@@ -289,7 +289,11 @@ class TransformerBenchmark(Benchmark):
         return prepare.read_lines(os.path.join(self.config.data_dir, prepare.EVAL_REFERENCES))
 
     def translations(self, state) -> tuple[list[str], list[str]]:
-        """(references, hypotheses) text of an eval state, in eval-set order."""
+        """(references, hypotheses) text of an eval state, in eval-set order.
+
+        With real data every reference counts: a pair that was not decoded scores as an empty
+        hypothesis (`eval_result` warns about it).
+        """
         indices = sorted(state)
         if self.config.synthetic:
             # Synthetic ids have no text: score id strings against the target ids.
@@ -300,10 +304,10 @@ class TransformerBenchmark(Benchmark):
 
             return [text(state[i][1]) for i in indices], [text(state[i][0]) for i in indices]
         references = self._references
-        return (
-            [references[i] for i in indices],
-            [prepare.decode(self._vocab, state[i][0]) for i in indices],
-        )
+        return references, [
+            prepare.decode(self._vocab, state[i][0]) if i in state else ""
+            for i in range(len(references))
+        ]
 
     def eval_result(self, state) -> float:
         """Uncased BLEU (sacrebleu, intl tokenization) of the eval set, divided by 100."""
