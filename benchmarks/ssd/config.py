@@ -385,9 +385,9 @@ def mini() -> SSDConfig:
     Command: `mlperf-tf run --benchmark=ssd --preset=mini --model_dir=/tmp/ssd_mini` (writes the
     data on first use into `mlperf_tf.paths.mini_data_dir("ssd")`). Hardware: a 2-core CPU.
     Expected: held-out box mAP >= 0.23 at the eval after epoch 10 (20k images; 0.34-0.42 in
-    the runs measured, 0.11-0.25 after epoch 5). Measured: 9.5 min from run_start to run_stop,
-    11.2 min wall including writing the data, on 2 cores shared with other jobs (load average
-    8-11); see README.md.
+    the runs measured, 0.11-0.25 after epoch 5). Measured: 6.8-9.5 min from run_start to
+    run_stop, 7.3-11.2 min wall including writing the data, on 2 cores shared with other jobs
+    (load average 4.5-11); see README.md.
 
     Reduced model (not the SSD300 layout): `small_model` at 128 px (1524 default boxes), 1/4
     width with ResNet-34's depth, and batch norm in the extra blocks (the reference has none;
