@@ -23,7 +23,8 @@ from mlperf_logging.mllog import constants as C
 from compliance.logger import MLPerfLogger
 from mlperf_tf import distribute, precision
 from mlperf_tf.benchmark import Benchmark, EvalPoint
-from mlperf_tf.errors import UserError
+from mlperf_tf.data.pipeline import translate_errors
+from mlperf_tf.errors import DataError, UserError
 
 RESUME_INPUT_MODES = ("skip", "reseed")
 
@@ -243,9 +244,9 @@ def _train_dataset_fn(benchmark: Benchmark, run_config: RunConfig, start_step: i
         if run_config.data_service:
             from mlperf_tf.data import service  # noqa: PLC0415 (only runs that use it pay)
 
-            dataset = service.distribute(
-                dataset, run_config.data_service, job_name=f"{benchmark.name}-train"
-            )
+            # One job per pipeline: pipelines read different shards and must not share a job.
+            job_name = f"{benchmark.name}-train-{input_context.input_pipeline_id}"
+            dataset = service.distribute(dataset, run_config.data_service, job_name=job_name)
         if start_step and run_config.resume_input == "skip":
             local_replicas = input_context.num_replicas_in_sync // input_context.num_input_pipelines
             dataset = dataset.skip(start_step * replicas_per_batch * local_replicas)
@@ -374,50 +375,61 @@ def _run(benchmark, run_config, strategy, mllog: MLPerfLogger, chief: bool) -> R
     samples_per_step = config.global_batch_size
     run_begin = time.monotonic()
     stop = False
-    for point in schedule:
-        if point.step <= step:
-            continue  # evaluated before the restart
-        mllog.start(C.BLOCK_START, metadata=_block_meta(point))
-        while step < point.step:
-            n = min(run_config.steps_per_loop, point.step - step)
-            loop_begin = time.monotonic()
-            loss = float(trainer.loop(iterator, tf.constant(n, tf.int32)).numpy())
-            elapsed = time.monotonic() - loop_begin
-            step += n
-            throughput = n * samples_per_step / max(elapsed, 1e-9)
-            eta = (last_step - step) * samples_per_step / throughput if throughput else math.inf
-            logging.info(
-                "step %d/%d | epoch %.2f | %.1f samples/s | loss %.4f | ETA %s",
-                step, last_step, step / benchmark.steps_per_epoch, throughput, loss,
-                _format_eta(eta),
-            )  # fmt: skip
-            with writer.as_default(step=step):
-                tf.summary.scalar("loss", loss)
-                tf.summary.scalar("samples_per_second", throughput)
-                tf.summary.scalar("learning_rate", _current_lr(optimizer))
-            if not math.isfinite(loss):
-                status, reason = C.ABORTED, f"non-finite loss ({loss}) at step {step}"
-                stop = True
-                break
-            loops_since_save += 1
-            if run_config.checkpoint_every_loops and (
-                loops_since_save >= run_config.checkpoint_every_loops
-            ):
-                _save(manager, step, strategy)
-                loops_since_save = 0
-        mllog.end(C.BLOCK_STOP, metadata=_block_meta(point))
-        if stop:
-            break
-        mllog.start(C.EVAL_START, metadata={C.EPOCH_NUM: point.epoch_num})
-        value = evaluator.evaluate()
-        evals.append((point.epoch_num, value))
-        mllog.event(C.EVAL_ACCURACY, value, metadata={C.EPOCH_NUM: point.epoch_num})
-        mllog.end(C.EVAL_STOP, metadata={C.EPOCH_NUM: point.epoch_num})
-        logging.info("eval at epoch %s: %.5f (target %s)", point.epoch_num, value,
-                     benchmark.quality_target)  # fmt: skip
-        if math.isfinite(value) and value >= benchmark.quality_target:
-            status, reason = C.SUCCESS, f"reached {value:.5f} >= {benchmark.quality_target}"
-            break
+    try:
+        with translate_errors():
+            for point in schedule:
+                if point.step <= step:
+                    continue  # evaluated before the restart
+                mllog.start(C.BLOCK_START, metadata=_block_meta(point))
+                while step < point.step:
+                    n = min(run_config.steps_per_loop, point.step - step)
+                    loop_begin = time.monotonic()
+                    loss = float(trainer.loop(iterator, tf.constant(n, tf.int32)).numpy())
+                    elapsed = time.monotonic() - loop_begin
+                    step += n
+                    throughput = n * samples_per_step / max(elapsed, 1e-9)
+                    eta = (
+                        (last_step - step) * samples_per_step / throughput
+                        if throughput
+                        else math.inf
+                    )
+                    logging.info(
+                        "step %d/%d | epoch %.2f | %.1f samples/s | loss %.4f | ETA %s",
+                        step, last_step, step / benchmark.steps_per_epoch, throughput, loss,
+                        _format_eta(eta),
+                    )  # fmt: skip
+                    with writer.as_default(step=step):
+                        tf.summary.scalar("loss", loss)
+                        tf.summary.scalar("samples_per_second", throughput)
+                        tf.summary.scalar("learning_rate", _current_lr(optimizer))
+                    if not math.isfinite(loss):
+                        status, reason = C.ABORTED, f"non-finite loss ({loss}) at step {step}"
+                        stop = True
+                        break
+                    loops_since_save += 1
+                    if run_config.checkpoint_every_loops and (
+                        loops_since_save >= run_config.checkpoint_every_loops
+                    ):
+                        _save(manager, step, strategy)
+                        loops_since_save = 0
+                mllog.end(C.BLOCK_STOP, metadata=_block_meta(point))
+                if stop:
+                    break
+                mllog.start(C.EVAL_START, metadata={C.EPOCH_NUM: point.epoch_num})
+                value = evaluator.evaluate()
+                evals.append((point.epoch_num, value))
+                mllog.event(C.EVAL_ACCURACY, value, metadata={C.EPOCH_NUM: point.epoch_num})
+                mllog.end(C.EVAL_STOP, metadata={C.EPOCH_NUM: point.epoch_num})
+                logging.info("eval at epoch %s: %.5f (target %s)", point.epoch_num, value,
+                             benchmark.quality_target)  # fmt: skip
+                if math.isfinite(value) and value >= benchmark.quality_target:
+                    status, reason = C.SUCCESS, f"reached {value:.5f} >= {benchmark.quality_target}"
+                    break
+    except DataError:
+        # Bad input mid-run: close the log as an aborted run and keep the work done so far.
+        mllog.end(C.RUN_STOP, metadata={C.STATUS: C.ABORTED})
+        _save(manager, int(optimizer.iterations.numpy()), strategy)
+        raise
     mllog.end(C.RUN_STOP, metadata={C.STATUS: status})
     if status == C.SUCCESS or "non-finite" not in reason:
         _save(manager, step, strategy)  # never save non-finite weights over good ones
