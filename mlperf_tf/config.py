@@ -14,6 +14,12 @@ class ConfigError(UserError, ValueError):
     """A config override names an unknown key or gives a value of the wrong type."""
 
 
+def require_positive_int(name: str, value: Any) -> None:
+    """Raises ConfigError naming the field unless `value` is an int >= 1 (bools are not ints here)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"`{name}` ({value!r}) must be a positive integer.")
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class BenchmarkConfig:
     """Fields every benchmark config has; benchmarks subclass it and add their own.
@@ -32,9 +38,7 @@ class BenchmarkConfig:
 
     def __post_init__(self):
         for name in ("global_batch_size", "eval_batch_size", "train_examples", "eval_examples"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
-                raise ConfigError(f"`{name}` ({value!r}) must be a positive integer.")
+            require_positive_int(name, getattr(self, name))
         if self.gradient_accumulation_steps <= 0:
             raise ConfigError(
                 f"`gradient_accumulation_steps` ({self.gradient_accumulation_steps!r}) "

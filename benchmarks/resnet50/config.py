@@ -7,7 +7,7 @@ import math
 from typing import Literal
 
 from mlperf_tf import paths
-from mlperf_tf.config import BenchmarkConfig, ConfigError
+from mlperf_tf.config import BenchmarkConfig, ConfigError, require_positive_int
 
 NAME = "resnet50"
 
@@ -47,9 +47,9 @@ class ModelConfig:
     zero_init_last_gamma: bool = True
 
     def __post_init__(self):
-        _positive_int("model.num_classes", self.num_classes)
-        _positive_int("model.base_width", self.base_width)
-        _positive_int("model.bn_group_size", self.bn_group_size)
+        require_positive_int("model.num_classes", self.num_classes)
+        require_positive_int("model.base_width", self.base_width)
+        require_positive_int("model.bn_group_size", self.bn_group_size)
         if not self.block_layers or any(not isinstance(n, int) or n < 1 for n in self.block_layers):
             raise ConfigError(
                 f"`model.block_layers` ({self.block_layers!r}) must be positive integers."
@@ -184,9 +184,9 @@ class DataConfig:
     cache_train: bool = False
 
     def __post_init__(self):
-        _positive_int("data.image_size", self.image_size)
-        _positive_int("data.shuffle_buffer", self.shuffle_buffer)
-        _positive_int("data.crop_max_attempts", self.crop_max_attempts)
+        require_positive_int("data.image_size", self.image_size)
+        require_positive_int("data.shuffle_buffer", self.shuffle_buffer)
+        require_positive_int("data.crop_max_attempts", self.crop_max_attempts)
         if not isinstance(self.crop_padding, int) or self.crop_padding < 0:
             raise ConfigError(f"`data.crop_padding` ({self.crop_padding!r}) must be >= 0.")
         for name in ("area_range", "aspect_ratio_range"):
@@ -228,7 +228,7 @@ class ResNet50Config(BenchmarkConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        _positive_int("eval_every_epochs", self.eval_every_epochs)
+        require_positive_int("eval_every_epochs", self.eval_every_epochs)
         if not isinstance(self.eval_offset_epochs, int) or not (
             0 <= self.eval_offset_epochs < self.eval_every_epochs
         ):
@@ -236,11 +236,6 @@ class ResNet50Config(BenchmarkConfig):
                 f"`eval_offset_epochs` ({self.eval_offset_epochs!r}) must be an integer in "
                 f"[0, eval_every_epochs={self.eval_every_epochs})."
             )
-
-
-def _positive_int(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"`{name}` ({value!r}) must be a positive integer.")
 
 
 def mlperf() -> ResNet50Config:

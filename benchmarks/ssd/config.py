@@ -6,7 +6,7 @@ import dataclasses
 import math
 
 from mlperf_tf import paths
-from mlperf_tf.config import BenchmarkConfig, ConfigError
+from mlperf_tf.config import BenchmarkConfig, ConfigError, require_positive_int
 
 NAME = "ssd"
 
@@ -81,9 +81,9 @@ class ModelConfig:
     backbone_checkpoint: str = ""
 
     def __post_init__(self):
-        _positive_int("model.num_classes", self.num_classes)
-        _positive_int("model.image_size", self.image_size)
-        _positive_int("model.bn_group_size", self.bn_group_size)
+        require_positive_int("model.num_classes", self.num_classes)
+        require_positive_int("model.image_size", self.image_size)
+        require_positive_int("model.bn_group_size", self.bn_group_size)
         if self.num_classes < 2:
             raise ConfigError(
                 f"`model.num_classes` ({self.num_classes}) must count background too."
@@ -143,7 +143,7 @@ class LossConfig:
             )
         if self.negative_ratio < 0:
             raise ConfigError(f"`loss.negative_ratio` ({self.negative_ratio!r}) must be >= 0.")
-        _positive_int("loss.max_num_boxes", self.max_num_boxes)
+        require_positive_int("loss.max_num_boxes", self.max_num_boxes)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -188,7 +188,7 @@ class OptimizerConfig:
                 f"`optimizer.reference_learning_rate` ({self.reference_learning_rate!r}) must "
                 "be positive."
             )
-        _positive_int("optimizer.reference_batch_size", self.reference_batch_size)
+        require_positive_int("optimizer.reference_batch_size", self.reference_batch_size)
         if not 0.0 <= self.momentum < 1.0:
             raise ConfigError(f"`optimizer.momentum` ({self.momentum!r}) must be in [0, 1).")
         if self.opt_weight_decay < 0 or not math.isfinite(self.opt_weight_decay):
@@ -262,8 +262,8 @@ class DataConfig:
     cache_train: bool = False
 
     def __post_init__(self):
-        _positive_int("data.max_samples", self.max_samples)
-        _positive_int("data.shuffle_buffer", self.shuffle_buffer)
+        require_positive_int("data.max_samples", self.max_samples)
+        require_positive_int("data.shuffle_buffer", self.shuffle_buffer)
         if not self.category_ids or len(set(self.category_ids)) != len(self.category_ids):
             raise ConfigError(f"`data.category_ids` ({self.category_ids!r}) must be distinct ids.")
         if min(self.category_ids) < 0:
@@ -300,8 +300,8 @@ class EvalConfig:
             raise ConfigError(
                 f"`eval.score_threshold` ({self.score_threshold!r}) must be in [0, 1)."
             )
-        _positive_int("eval.max_candidates_per_class", self.max_candidates_per_class)
-        _positive_int("eval.max_detections", self.max_detections)
+        require_positive_int("eval.max_candidates_per_class", self.max_candidates_per_class)
+        require_positive_int("eval.max_detections", self.max_detections)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -327,17 +327,12 @@ class SSDConfig(BenchmarkConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        _positive_int("eval_every_epochs", self.eval_every_epochs)
+        require_positive_int("eval_every_epochs", self.eval_every_epochs)
         if len(self.data.category_ids) != self.model.num_classes - 1:
             raise ConfigError(
                 f"`data.category_ids` has {len(self.data.category_ids)} ids but "
                 f"`model.num_classes` ({self.model.num_classes}) needs num_classes - 1."
             )
-
-
-def _positive_int(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"`{name}` ({value!r}) must be a positive integer.")
 
 
 def mlperf() -> SSDConfig:
