@@ -1,25 +1,14 @@
 """Runs the SSD presets through the runner and checks their MLPerf logs with the official rules."""
 
-import json
 import os
-import subprocess
-import sys
-import time
 
 import pytest
 from mlperf_logging.mllog import constants as C
 
 from benchmarks.ssd import config
 from benchmarks.ssd.benchmark import SSDBenchmark
-from compliance import checker
 from mlperf_tf import runner
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-
-
-def _log_lines(path):
-    with open(path) as f:
-        return [json.loads(line.split(":::MLLOG", 1)[1]) for line in f if ":::MLLOG" in line]
+from tests import e2e
 
 
 def test_smoke_run_logs_pass_the_official_checker_quality_aside(tmp_path):
@@ -31,45 +20,23 @@ def test_smoke_run_logs_pass_the_official_checker_quality_aside(tmp_path):
     assert result.status == C.ABORTED  # random images: the budget ends first
     assert [epoch for epoch, _ in result.evals] == [5, 10]
     assert all(0.0 <= value < 1.0 for _, value in result.evals)
-    lines = _log_lines(result.mlperf_log)
+    lines = e2e.log_records(result.mlperf_log)
     values = {line["key"]: line["value"] for line in lines}
     assert values[C.SUBMISSION_BENCHMARK] == "ssd"
     assert values[C.MODEL_BN_SPAN] == 4
     assert values[C.MAX_SAMPLES] == 1
     assert values[C.OPT_LR_DECAY_BOUNDARY_EPOCHS] == [40, 50]
     assert values[C.TRAIN_SAMPLES] == 8 and values[C.EVAL_SAMPLES] == 6
-    for ruleset in ("0.7.0", "1.0.0"):
-        report = checker.check_log(result.mlperf_log, ruleset=ruleset, quality="skip")
-        assert report.passed, (ruleset, [str(f) for f in report.errors])
-        assert any("closed_ssd.yaml" in f for f in report.rule_files)
-        assert not report.official_crashed
-        # The official verdict can only fail on the accuracy target (random data).
-        failures = [m for m in report.official_messages if "ERROR" in m or "TRACEBACK" in m]
-        assert all("eval_accuracy" in m or "FAILED" in m for m in failures), failures
+    e2e.assert_passes_quality_aside(result.mlperf_log, ("0.7.0", "1.0.0"), "closed_ssd.yaml")
 
 
 @pytest.mark.slow
 def test_mini_preset_reaches_its_target_and_passes_the_official_checker(tmp_path):
     """The acceptance run: `mlperf-tf run --benchmark=ssd --preset=mini` (minutes)."""
-    env = dict(os.environ, MLPERF_TF_DATA=str(tmp_path / "data"), PYTHONPATH=REPO)
-    model_dir = tmp_path / "run"
-    begin = time.monotonic()
-    subprocess.run(
-        [sys.executable, "-m", "mlperf_tf.cli", "run", "--benchmark=ssd", "--preset=mini",
-         f"--model_dir={model_dir}"],
-        check=True, env=env, cwd=REPO, timeout=3600,
-    )  # fmt: skip
-    minutes = (time.monotonic() - begin) / 60
-    log = str(model_dir / "mlperf_log.txt")
-    stops = [line for line in _log_lines(log) if line["key"] == C.RUN_STOP]
+    log, minutes = e2e.run_mini("ssd", tmp_path)
+    stops = [line for line in e2e.log_records(log) if line["key"] == C.RUN_STOP]
     assert stops[0]["metadata"][C.STATUS] == C.SUCCESS
-    accuracies = [line["value"] for line in _log_lines(log) if line["key"] == C.EVAL_ACCURACY]
+    accuracies = [line["value"] for line in e2e.log_records(log) if line["key"] == C.EVAL_ACCURACY]
     assert accuracies[-1] >= 0.23
-    for ruleset in ("0.7.0", "1.0.0"):
-        official = subprocess.run(
-            [sys.executable, "-m", "mlperf_logging.compliance_checker", "--usage", "training",
-             "--ruleset", ruleset, log],
-            capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
-        assert official.returncode == 0, official.stdout + official.stderr
+    e2e.assert_official_pass(log, ("0.7.0", "1.0.0"))
     assert minutes < 15, f"mini took {minutes:.1f} min (machine load: {os.getloadavg()})"

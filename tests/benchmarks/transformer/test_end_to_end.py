@@ -1,11 +1,5 @@
 """Runs the Transformer presets through the runner and checks their MLPerf logs with the official rules."""
 
-import json
-import os
-import subprocess
-import sys
-import time
-
 import pytest
 from mlperf_logging.mllog import constants as C
 
@@ -13,13 +7,7 @@ from benchmarks.transformer import config as config_lib
 from benchmarks.transformer.benchmark import TransformerBenchmark
 from compliance import checker
 from mlperf_tf import runner
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-
-
-def _log_lines(path):
-    with open(path) as f:
-        return [json.loads(line.split(":::MLLOG", 1)[1]) for line in f if ":::MLLOG" in line]
+from tests import e2e
 
 
 def _assert_passes_quality_aside(log_path):
@@ -42,7 +30,7 @@ def test_smoke_run_logs_pass_the_official_checker_quality_aside(tmp_path):
     assert result.status == C.ABORTED  # random ids: the budget ends before BLEU 0.25
     assert [epoch for epoch, _ in result.evals] == [1, 2]
     assert all(0.0 <= value < 0.25 for _, value in result.evals)
-    lines = _log_lines(result.mlperf_log)
+    lines = e2e.log_records(result.mlperf_log)
     values = {line["key"]: line["value"] for line in lines}
     metadata = {line["key"]: line["metadata"] for line in lines}
     assert values[C.SUBMISSION_BENCHMARK] == "transformer"
@@ -60,19 +48,10 @@ def test_smoke_run_logs_pass_the_official_checker_quality_aside(tmp_path):
 @pytest.mark.slow
 def test_mini_preset_reaches_its_target_and_passes_the_official_checker(tmp_path):
     """The acceptance run: `mlperf-tf run --benchmark=transformer --preset=mini` (minutes)."""
-    env = dict(os.environ, MLPERF_TF_DATA=str(tmp_path / "data"), PYTHONPATH=REPO)
-    model_dir = tmp_path / "run"
-    begin = time.monotonic()
-    subprocess.run(
-        [sys.executable, "-m", "mlperf_tf.cli", "run", "--benchmark=transformer", "--preset=mini",
-         f"--model_dir={model_dir}"],
-        check=True, env=env, cwd=REPO, timeout=3600,
-    )  # fmt: skip
-    minutes = (time.monotonic() - begin) / 60
-    log = str(model_dir / "mlperf_log.txt")
-    stops = [line for line in _log_lines(log) if line["key"] == C.RUN_STOP]
+    log, minutes = e2e.run_mini("transformer", tmp_path)
+    stops = [line for line in e2e.log_records(log) if line["key"] == C.RUN_STOP]
     assert stops[0]["metadata"][C.STATUS] == C.SUCCESS
-    scores = [line["value"] for line in _log_lines(log) if line["key"] == C.EVAL_ACCURACY]
+    scores = [line["value"] for line in e2e.log_records(log) if line["key"] == C.EVAL_ACCURACY]
     assert scores[-1] >= config_lib.mini().quality_target
     _assert_passes_quality_aside(log)
     print(f"mini: BLEU {scores} in {minutes:.1f} min")
