@@ -1,36 +1,16 @@
 """Runs the BERT presets through the runner and checks their MLPerf logs with the official rules."""
 
 import dataclasses
-import json
-import os
-import subprocess
-import sys
-import time
 
 import pytest
 from mlperf_logging.mllog import constants as C
 
 from benchmarks.bert import config as bc
 from benchmarks.bert.benchmark import MAX_PREDICTIONS_PER_SEQ, OPT_EPSILON, BertBenchmark
-from compliance import checker
 from mlperf_tf import runner
+from tests import e2e
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-
-
-def _log_lines(path):
-    with open(path) as f:
-        return [json.loads(line.split(":::MLLOG", 1)[1]) for line in f if ":::MLLOG" in line]
-
-
-def _assert_passes_quality_aside(log):
-    for ruleset in ("0.7.0", "1.0.0"):
-        report = checker.check_log(log, ruleset=ruleset, quality="skip")
-        assert report.passed, (ruleset, [str(f) for f in report.errors])
-        assert any("closed_bert.yaml" in f for f in report.rule_files)
-        assert not report.official_crashed
-        failures = [m for m in report.official_messages if "ERROR" in m or "TRACEBACK" in m]
-        assert all("eval_accuracy" in m or "FAILED" in m for m in failures), failures
+RULESETS = ("0.7.0", "1.0.0")
 
 
 def test_smoke_run_logs_pass_the_official_checker_quality_aside(tmp_path):
@@ -42,7 +22,7 @@ def test_smoke_run_logs_pass_the_official_checker_quality_aside(tmp_path):
     assert result.status == C.ABORTED  # random data: the budget ends first
     # epoch_num counts samples: evals every 3 steps of 8 sequences.
     assert [epoch for epoch, _ in result.evals] == [24, 48]
-    lines = _log_lines(result.mlperf_log)
+    lines = e2e.log_records(result.mlperf_log)
     values = {line["key"]: line["value"] for line in lines}
     assert values[C.SUBMISSION_BENCHMARK] == "bert"
     assert values[C.OPT_NAME] == "lamb"
@@ -60,7 +40,7 @@ def test_smoke_run_logs_pass_the_official_checker_quality_aside(tmp_path):
         {C.FIRST_EPOCH_NUM: 0, C.EPOCH_COUNT: 24},
         {C.FIRST_EPOCH_NUM: 24, C.EPOCH_COUNT: 24},
     ]
-    _assert_passes_quality_aside(result.mlperf_log)
+    e2e.assert_passes_quality_aside(result.mlperf_log, RULESETS, "closed_bert.yaml")
 
 
 def test_gradient_accumulation_run(tmp_path):
@@ -70,25 +50,20 @@ def test_gradient_accumulation_run(tmp_path):
         BertBenchmark(config),
         runner.RunConfig(model_dir=str(tmp_path), distribution="one_device", xla=True),
     )
-    values = {line["key"]: line["value"] for line in _log_lines(result.mlperf_log)}
+    values = {line["key"]: line["value"] for line in e2e.log_records(result.mlperf_log)}
     assert values[C.GRADIENT_ACCUMULATION_STEPS] == 2
     assert result.steps == 2
 
 
 @pytest.mark.slow
-def test_mini_preset_passes_the_official_checker(tmp_path):
+def test_mini_preset_reaches_its_target_and_passes_the_official_checker(tmp_path):
     """The acceptance run: `mlperf-tf run --benchmark=bert --preset=mini` (minutes)."""
-    env = dict(os.environ, MLPERF_TF_DATA=str(tmp_path / "data"), PYTHONPATH=REPO)
-    model_dir = tmp_path / "run"
-    begin = time.monotonic()
-    subprocess.run(
-        [sys.executable, "-m", "mlperf_tf.cli", "run", "--benchmark=bert", "--preset=mini",
-         f"--model_dir={model_dir}"],
-        check=True, env=env, cwd=REPO, timeout=3600,
-    )  # fmt: skip
-    minutes = (time.monotonic() - begin) / 60
-    log = str(model_dir / "mlperf_log.txt")
-    accuracies = [line["value"] for line in _log_lines(log) if line["key"] == C.EVAL_ACCURACY]
-    assert accuracies and accuracies[-1] >= bc.mini().quality_target
-    _assert_passes_quality_aside(log)
+    log, minutes = e2e.run_mini("bert", tmp_path)
+    records = e2e.log_records(log)
+    stops = [r for r in records if r["key"] == C.RUN_STOP]
+    assert stops[0]["metadata"][C.STATUS] == C.SUCCESS
+    accuracies = [r["value"] for r in records if r["key"] == C.EVAL_ACCURACY]
+    assert accuracies[-1] >= bc.mini().quality_target
+    # The MLPerf target (0.712 / 0.720) is out of reach of a tiny BERT: quality aside.
+    e2e.assert_passes_quality_aside(log, RULESETS, "closed_bert.yaml")
     print(f"bert mini: {minutes:.1f} min, masked-LM accuracy {accuracies}")
