@@ -6,7 +6,7 @@ import os
 
 from absl import flags
 
-from mlperf_tf import distribute, precision
+from mlperf_tf import collectives, distribute, precision
 from mlperf_tf.benchmark import PRESET_NAMES
 from mlperf_tf.runner import RunConfig
 
@@ -43,6 +43,19 @@ def define_flags() -> None:
     flags.DEFINE_string("data_service", "", "tf.data service address, e.g. grpc://host:5050.")
     flags.DEFINE_bool("skip_bad_records", False, "Skip and count corrupt records.")
     flags.DEFINE_float("startup_timeout", 120.0, "Seconds to reach a TPU or the peer workers.")
+    flags.DEFINE_enum("all_reduce", "auto", list(collectives.ALGORITHMS),
+                      "Cross-replica gradient sum: auto (the strategy's own, or ring when "
+                      "packing/sharding), ring, hierarchical (rows, then their leaders), torus2d "
+                      "(reduce-scatter rows, all-reduce columns, all-gather rows).")  # fmt: skip
+    flags.DEFINE_string("mesh", "", "Replicas as RxC rows x columns (default: a row per worker, "
+                        "or the most square factorisation).")  # fmt: skip
+    flags.DEFINE_float("pack_mb", 0.0, "Fuse gradients into buckets of about M MiB before "
+                       "summing (0: one collective per tensor).")  # fmt: skip
+    flags.DEFINE_bool("weight_update_sharding", False, "Reduce-scatter the gradients, update a "
+                      "1/N shard per replica (shard-local slots), all-gather the weights.")  # fmt: skip
+    flags.DEFINE_enum("cluster_resolver", "auto", list(collectives.CLUSTER_RESOLVERS),
+                      "How workers find each other: TF_CONFIG, Slurm, Kubernetes or a TPU "
+                      "(auto: from the environment).")  # fmt: skip
     flags.DEFINE_string("submission_org", "mlperf-tf", "MLPerf submission_org.")
     flags.DEFINE_string("submission_platform", "", "MLPerf submission_platform (default: host).")
     flags.DEFINE_enum("submission_division", "closed", ["closed", "open"], "MLPerf division.")
@@ -75,4 +88,9 @@ def run_config_from_flags() -> RunConfig:
         submission_platform=platform,
         submission_division=FLAGS.submission_division,
         submission_status=FLAGS.submission_status,
+        all_reduce=FLAGS.all_reduce,
+        mesh=FLAGS.mesh,
+        pack_mb=FLAGS.pack_mb,
+        weight_update_sharding=FLAGS.weight_update_sharding,
+        cluster_resolver=FLAGS.cluster_resolver,
     )

@@ -21,7 +21,7 @@ from absl import logging
 from mlperf_logging.mllog import constants as C
 
 from compliance.logger import MLPerfLogger
-from mlperf_tf import distribute, precision
+from mlperf_tf import collectives, distribute, precision
 from mlperf_tf.benchmark import Benchmark, EvalPoint
 from mlperf_tf.data.pipeline import translate_errors
 from mlperf_tf.errors import DataError, UserError
@@ -65,8 +65,20 @@ class RunConfig:
     submission_division: str = "closed"
     submission_status: str = "research"
     echo_mlperf_log: bool = False
+    # Gradient summation (mlperf_tf.collectives): algorithm, RxC replica mesh, bucket MiB.
+    all_reduce: str = "auto"
+    mesh: str = ""
+    pack_mb: float = 0.0
+    weight_update_sharding: bool = False
+    cluster_resolver: str = "auto"
 
     def __post_init__(self):
+        collectives.check_settings(
+            all_reduce=self.all_reduce,
+            mesh=self.mesh,
+            pack_mb=self.pack_mb,
+            cluster_resolver=self.cluster_resolver,
+        )
         if not self.model_dir:
             raise UserError("--model_dir is required")
         if self.steps_per_loop <= 0:
@@ -108,8 +120,10 @@ class RunResult:
 class Trainer:
     """One compiled host loop of `steps_per_loop` optimizer steps (replica math in `Benchmark`)."""
 
-    def __init__(self, *, strategy, benchmark: Benchmark, model, optimizer, xla: bool):
+    def __init__(self, *, strategy, benchmark: Benchmark, model, optimizer, xla: bool,
+                 summer: collectives.GradientSummer | None = None):  # fmt: skip
         self.strategy = strategy
+        self.summer = summer
         self.benchmark = benchmark
         self.model = model
         self.optimizer = optimizer
@@ -148,6 +162,9 @@ class Trainer:
         if self.accumulation > 1:
             total_grads = [g / self.accumulation for g in total_grads]
             total_loss /= self.accumulation
+        if self.summer is not None:  # --all_reduce/--pack_mb/--weight_update_sharding
+            self.summer.apply(self.optimizer, total_grads, variables, clip_norm=self.clip_norm)
+            return total_loss
         if self.clip_norm:
             total_grads = self._clip_summed(total_grads)
         # Keras 3 sums gradients across replicas here: losses are already per global batch.
@@ -222,7 +239,7 @@ def _checkpoint_dir(model_dir: str, strategy) -> str:
     return os.path.join(model_dir, f"ckpt_worker{distribute.task_id(strategy)}")
 
 
-def _build(benchmark: Benchmark, run_config: RunConfig, strategy):
+def _build(benchmark: Benchmark, run_config: RunConfig, strategy, summer=None):
     with strategy.scope():
         model = benchmark.build_model()
         if not model.built:
@@ -232,7 +249,12 @@ def _build(benchmark: Benchmark, run_config: RunConfig, strategy):
         budget = run_config.max_train_steps or benchmark.train_steps
         optimizer = precision.wrap_optimizer(benchmark.build_optimizer(budget), run_config.dtype)
         # Slots must exist before the first step under MirroredStrategy (a placeholder error else).
-        optimizer.build(model.trainable_variables)
+        # With weight-update sharding the optimizer keeps no full-size slots: the summer holds
+        # each replica's shard of them.
+        sharded = summer is not None and summer.sharded
+        optimizer.build([] if sharded else model.trainable_variables)
+        if summer is not None:
+            summer.build(optimizer, model.trainable_variables)
     return model, optimizer
 
 
@@ -320,7 +342,16 @@ def _run(benchmark, run_config, strategy, mllog: MLPerfLogger, chief: bool) -> R
     benchmark.seed = run_config.seed
     benchmark.skip_bad_records = run_config.skip_bad_records
 
-    model, optimizer = _build(benchmark, run_config, strategy)
+    settings = collectives.Settings(
+        all_reduce=run_config.all_reduce,
+        mesh=run_config.mesh,
+        pack_mb=run_config.pack_mb,
+        weight_update_sharding=run_config.weight_update_sharding,
+    )
+    summer = None if settings.uses_keras_sum else collectives.GradientSummer(strategy, settings)
+    model, optimizer = _build(benchmark, run_config, strategy, summer)
+    if summer is not None:
+        collectives.record_choices(summer, run_config.model_dir, chief=chief)
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
     ckpt_dir = _checkpoint_dir(run_config.model_dir, strategy)
     manager = tf.train.CheckpointManager(
@@ -352,8 +383,9 @@ def _run(benchmark, run_config, strategy, mllog: MLPerfLogger, chief: bool) -> R
     )
     eval_data = strategy.distribute_datasets_from_function(benchmark.eval_dataset)
     trainer = Trainer(
-        strategy=strategy, benchmark=benchmark, model=model, optimizer=optimizer, xla=run_config.xla
-    )
+        strategy=strategy, benchmark=benchmark, model=model, optimizer=optimizer,
+        xla=run_config.xla, summer=summer,
+    )  # fmt: skip
     evaluator = Evaluator(
         strategy=strategy, benchmark=benchmark, model=model, dataset=eval_data, xla=run_config.xla
     )
