@@ -56,6 +56,7 @@ def define_flags() -> None:
     flags.DEFINE_enum("cluster_resolver", "auto", list(collectives.CLUSTER_RESOLVERS),
                       "How workers find each other: TF_CONFIG, Slurm, Kubernetes or a TPU "
                       "(auto: from the environment).")  # fmt: skip
+    flags.DEFINE_integer("slurm_port_base", 8888, "First worker port on each node (Slurm).")
     flags.DEFINE_string("submission_org", "mlperf-tf", "MLPerf submission_org.")
     flags.DEFINE_string("submission_platform", "", "MLPerf submission_platform (default: host).")
     flags.DEFINE_enum("submission_division", "closed", ["closed", "open"], "MLPerf division.")
@@ -93,4 +94,5 @@ def run_config_from_flags() -> RunConfig:
         pack_mb=FLAGS.pack_mb,
         weight_update_sharding=FLAGS.weight_update_sharding,
         cluster_resolver=FLAGS.cluster_resolver,
+        slurm_port_base=FLAGS.slurm_port_base,
     )

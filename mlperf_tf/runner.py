@@ -70,7 +70,8 @@ class RunConfig:
     mesh: str = ""
     pack_mb: float = 0.0
     weight_update_sharding: bool = False
-    cluster_resolver: str = "auto"
+    cluster_resolver: str = "auto"  # where the workers come from (see distribute.py)
+    slurm_port_base: int = 8888  # first worker port on each node under --cluster_resolver=slurm
 
     def __post_init__(self):
         collectives.check_settings(
@@ -306,6 +307,8 @@ def run(benchmark: Benchmark, run_config: RunConfig) -> RunResult:
         tpu=run_config.tpu,
         num_cpu_devices=run_config.num_cpu_devices,
         timeout_s=run_config.startup_timeout_s,
+        cluster_resolver=run_config.cluster_resolver,
+        port_base=run_config.slurm_port_base,
     )
     chief = distribute.is_chief(strategy)
     os.makedirs(run_config.model_dir, exist_ok=True)

@@ -29,7 +29,12 @@ def main(argv):
         parse = {"bool": lambda v: v == "True", "int": int, "float": float}.get(kind, str)
         kwargs[key] = parse(value)
     cfg = dataclasses.replace(smoke(), max_epochs=float(os.environ.get("TINY_MAX_EPOCHS", "2")))
-    result = runner.run(TinyBenchmark(cfg), runner.RunConfig(model_dir=model_dir, **kwargs))
+    benchmark = TinyBenchmark(cfg)
+    if os.environ.get("TINY_OPTIMIZER"):  # sgd, lars or lamb (the collectives' harness)
+        from tests.mlperf_tf.collectives.harness import make_optimizer  # noqa: PLC0415
+
+        benchmark.build_optimizer = lambda steps: make_optimizer(os.environ["TINY_OPTIMIZER"])
+    result = runner.run(benchmark, runner.RunConfig(model_dir=model_dir, **kwargs))
     np.savez(weights_path, *weights(result.model))
     print(f"done status={result.status} steps={result.steps}", flush=True)
 

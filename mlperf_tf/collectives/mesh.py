@@ -5,10 +5,10 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from mlperf_tf.distribute import CLUSTER_RESOLVERS
 from mlperf_tf.errors import UserError
 
 ALGORITHMS = ("auto", "ring", "hierarchical", "torus2d")
-CLUSTER_RESOLVERS = ("auto", "tf_config", "slurm", "kubernetes", "tpu")
 
 
 @dataclasses.dataclass(frozen=True)
