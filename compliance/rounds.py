@@ -1,0 +1,146 @@
+"""Provides what each MLPerf Training round asks of this suite's benchmarks' logs.
+
+Pure Python (no TensorFlow): the runner asks it which keys a round wants emitted
+(`init_events`, `adapt_hparams`), the checker which rounds have a benchmark (`rounds_with`). The
+rounds' rules themselves are read from the installed official checker's rule files, never copied:
+e.g. the tensor names of `weights_initialization` are the list in the round's
+`closed_<benchmark>.yaml` (`END: CHECK: sorted(s['initialized_tensors']) == sorted([...])`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib.util
+import os
+import re
+from typing import Any
+
+USAGE = "training"
+WEIGHTS_INITIALIZATION = "weights_initialization"  # mlperf_logging.mllog.constants
+TENSOR = "tensor"  # its metadata key
+OPT_EPSILON = "opt_epsilon"
+OPT_LAMB_EPSILON = "opt_lamb_epsilon"
+
+# The rounds whose closed-division rules fit this suite's models, by MLPerf benchmark name. Not
+# read from the rule files, because a file of the same name can be another model: "ssd" is
+# SSD-ResNet34 up to v1.1 and RetinaNet from v2.0 (Adam, target 0.34 mAP); closed_bert.yaml is
+# still shipped in 5.1.0, whose closed_common.yaml no longer accepts 'bert'; ResNet ends at v4.0,
+# Transformer at v0.7 (0.6.0 logs are another format, not emitted here).
+BENCHMARK_ROUNDS: dict[str, tuple[str, ...]] = {
+    "resnet": ("0.7.0", "1.0.0", "1.1.0", "2.0.0", "2.1.0", "3.0.0", "3.1.0", "4.0.0"),
+    "bert": (
+        "0.7.0", "1.0.0", "1.1.0", "2.0.0", "2.1.0", "3.0.0", "3.1.0", "4.0.0", "4.1.0", "5.0.0",
+    ),  # fmt: skip
+    "ssd": ("0.7.0", "1.0.0", "1.1.0"),
+    "transformer": ("0.7.0",),
+}
+
+# Keys a round names differently: (benchmark, old key, new key, first round of the new name).
+_RENAMED_KEYS = (("bert", OPT_EPSILON, OPT_LAMB_EPSILON, "2.1.0"),)
+
+_QUOTED = re.compile(r'"([^"\\]+)"')
+
+
+def version_key(ruleset: str) -> tuple[int, ...]:
+    """Sorts rulesets by version: "0.7.0" < "1.0.0" < "10.0.0"."""
+    return tuple(int(part) for part in ruleset.split("."))
+
+
+def rules_dir() -> str:
+    """The folder of the installed official checker's rule files (found without importing it)."""
+    spec = importlib.util.find_spec("mlperf_logging.compliance_checker")
+    return list(spec.submodule_search_locations)[0]
+
+
+def rounds_with(benchmark: str | None) -> tuple[str, ...]:
+    """The rounds (rulesets) whose closed rules fit this suite's `benchmark`, oldest first."""
+    return BENCHMARK_ROUNDS.get(benchmark or "", ())
+
+
+def default_ruleset(benchmark: str) -> str:
+    """The newest round that has `benchmark`: what `mlperf-tf run` emits for by default.
+
+    Raises:
+      ValueError: the benchmark is in no round this suite knows.
+    """
+    rounds = rounds_with(benchmark)
+    if not rounds:
+        raise ValueError(f"`benchmark` ({benchmark!r}) is in no MLPerf round this suite knows.")
+    return rounds[-1]
+
+
+def validate_ruleset(benchmark: str, ruleset: str) -> None:
+    """Checks that `ruleset` is a round with `benchmark`.
+
+    Raises:
+      ValueError: naming the ruleset and the rounds that have the benchmark.
+    """
+    rounds = rounds_with(benchmark)
+    if ruleset not in rounds:
+        have = ", ".join(rounds) if rounds else "none"
+        raise ValueError(
+            f"ruleset {ruleset!r} has no MLPerf '{benchmark}' this suite can emit; rounds with "
+            f"it: {have}"
+        )
+
+
+@functools.cache
+def initialized_tensors(benchmark: str, ruleset: str) -> tuple[str, ...]:
+    """The tensor names the round's rules require in `weights_initialization` events, or ().
+
+    Read from the END check of the round's `closed_<benchmark>.yaml`: the rules compare the sorted
+    list of logged `tensor` metadata with this list, so each name is logged exactly once.
+    """
+    import yaml
+
+    path = os.path.join(rules_dir(), f"{USAGE}_{ruleset}", f"closed_{benchmark}.yaml")
+    if not re.fullmatch(r"[a-z0-9_]+", benchmark) or not os.path.isfile(path):
+        return ()
+    with open(path) as handle:
+        entries = yaml.load(handle, Loader=yaml.BaseLoader) or []
+    for entry in entries:
+        end = entry.get("END") if isinstance(entry, dict) else None
+        check = end.get("CHECK", "") if isinstance(end, dict) else ""
+        if "initialized_tensors" in check:
+            return tuple(_QUOTED.findall(check))
+    return ()
+
+
+def adapt_hparams(benchmark: str, ruleset: str, hparams: dict[str, Any]) -> dict[str, Any]:
+    """The hyperparameter keys under the names `ruleset` uses, keeping their order.
+
+    A benchmark may give a value under both names of a renamed key (BERT's `opt_epsilon`, called
+    `opt_lamb_epsilon` from v2.1); the rules want the key EXACTLY_ONE time under the round's name,
+    so the other name is dropped (or the value renamed, where only the other name was given).
+    """
+    adapted = dict(hparams)
+    for name, old, new, since in _RENAMED_KEYS:
+        if name != benchmark:
+            continue
+        keep, drop = (new, old) if version_key(ruleset) >= version_key(since) else (old, new)
+        if keep not in adapted and drop in adapted:
+            adapted = {keep if k == drop else k: v for k, v in adapted.items()}
+        adapted.pop(drop, None)
+    return adapted
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    """One MLPerf log event: `mllog.event(key, value, metadata=metadata)`."""
+
+    key: str
+    value: Any = None
+    metadata: dict[str, Any] | None = None
+
+
+def init_events(benchmark: str, ruleset: str) -> tuple[Event, ...]:
+    """The events a round requires during initialization, beyond the hyperparameters.
+
+    Today: one `weights_initialization` event per tensor the round lists (rounds 1.1.0-2.1.0 for
+    resnet, bert and ssd); log them between init_start and init_stop.
+    """
+    return tuple(
+        Event(WEIGHTS_INITIALIZATION, None, {TENSOR: name})
+        for name in initialized_tensors(benchmark, ruleset)
+    )
