@@ -101,9 +101,13 @@ def test_every_listed_round_has_the_benchmark_in_the_official_rules():
     for benchmark, ruleset in CASES:
         assert ruleset in installed, ruleset
         assert checker.has_rules(ruleset, benchmark), (benchmark, ruleset)
-        with open(os.path.join(checker.rules_dir(), f"training_{ruleset}", "closed_common.yaml")) as f:
+        with open(
+            os.path.join(checker.rules_dir(), f"training_{ruleset}", "closed_common.yaml")
+        ) as f:
             common = yaml.safe_load(f)
-        allowed = next(e["KEY"]["CHECK"] for e in common if e["KEY"]["NAME"] == C.SUBMISSION_BENCHMARK)
+        allowed = next(
+            e["KEY"]["CHECK"] for e in common if e["KEY"]["NAME"] == C.SUBMISSION_BENCHMARK
+        )
         assert f"'{benchmark}'" in allowed, (benchmark, ruleset)
     # BERT's rule file is still shipped in 5.1.0 but the round does not accept the benchmark.
     assert "5.1.0" not in rounds.rounds_with("bert") and checker.has_rules("5.1.0", "bert")
@@ -115,7 +119,11 @@ def test_every_listed_round_has_the_benchmark_in_the_official_rules():
 
 def test_initialized_tensors_are_the_rule_files_lists():
     assert len(rounds.initialized_tensors("resnet", "1.1.0")) == 161
-    assert rounds.initialized_tensors("resnet", "1.1.0")[:3] == ("bn0_beta", "bn0_gamma", "conv0_weight")
+    assert rounds.initialized_tensors("resnet", "1.1.0")[:3] == (
+        "bn0_beta",
+        "bn0_gamma",
+        "conv0_weight",
+    )
     assert len(rounds.initialized_tensors("bert", "2.0.0")) == 398
     assert "cls/seq_relationship/output_bias" in rounds.initialized_tensors("bert", "2.1.0")
     assert len(rounds.initialized_tensors("ssd", "1.1.0")) == 119
