@@ -13,7 +13,6 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import datetime
-import importlib.util
 import json
 import os
 import queue
@@ -28,7 +27,7 @@ from typing import Any
 
 from mlperf_logging.mllog import constants as C
 
-from compliance import logfile
+from compliance import logfile, rounds
 from compliance.suite_checks import ERROR, INFO, WARNING, Finding, Target, suite_checks
 from mlperf_tf.errors import UserError
 
@@ -38,10 +37,6 @@ DEFAULT_TIMEOUT_S = 300.0
 DEFAULT_JOBS = 2
 # Address-space limit of the worker: a backstop, since the log it gets is already bounded.
 WORKER_MEMORY_LIMIT_BYTES = 4 * 2**30
-
-# Rulesets this suite validated against the corpus of real logs (0.6.0, 0.7.0, 1.0.0); a default
-# is picked among these unless the log's benchmark has no rules in any of them.
-VALIDATED_RULESETS = ("0.6.0", "0.7.0", "1.0.0")
 
 # The day each MLPerf Training round's results were published (approximate for the last ones): a
 # run logged before it belongs to that round or an earlier one.
@@ -64,6 +59,7 @@ _ROUND_PUBLISHED = {
 
 _WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "official_worker.py")
 _NAME = re.compile(r"^[a-z0-9_]+$")
+_RESULTS_REPOSITORY = re.compile(r"training_results_v(\d+)\.(\d+)(?:[/\\]|$)")
 _TARGET_CONDITIONAL = re.compile(
     r"v\['value'\]\s*>=\s*([0-9.]+)\s+if\s+s\['global_batch_size'\]\s*<\s*([0-9.]+)\s+"
     r"else\s+v\['value'\]\s*>=\s*([0-9.]+)"
@@ -171,25 +167,13 @@ class Report:
         return "\n".join(out)
 
 
-def rules_dir() -> str:
-    """The folder of the installed official checker's rule files."""
-    spec = importlib.util.find_spec("mlperf_logging.compliance_checker")
-    return list(spec.submodule_search_locations)[0]
-
-
-def version_key(ruleset: str) -> tuple[int, ...]:
-    """Sorts rulesets by version: "0.7.0" < "1.0.0" < "10.0.0"."""
-    return tuple(int(part) for part in ruleset.split("."))
+rules_dir = rounds.rules_dir
+version_key = rounds.version_key
 
 
 def available_rulesets() -> list[str]:
     """The training rulesets the installed checker has, oldest first."""
-    names = []
-    for entry in os.listdir(rules_dir()):
-        match = re.fullmatch(rf"{USAGE}_(\d+\.\d+\.\d+)", entry)
-        if match:
-            names.append(match.group(1))
-    return sorted(names, key=version_key)
+    return list(rounds.available_rulesets())
 
 
 def has_rules(ruleset: str, benchmark: str | None) -> bool:
@@ -264,38 +248,122 @@ def _run_date(records: Sequence[logfile.Record]) -> datetime.date | None:
         return None
 
 
-def choose_ruleset(scan: logfile.LogScan) -> tuple[str, str]:
-    """Picks a ruleset with rules for the log's format, benchmark and date.
+def _round_of_date(date: datetime.date, rulesets: Sequence[str]) -> str | None:
+    """The round whose submission window holds `date`: the first published on or after it."""
+    for ruleset in sorted(rulesets, key=version_key):
+        if date <= _ROUND_PUBLISHED.get(ruleset, datetime.date.min):
+            return ruleset
+    return None
 
-    0.6.0-format logs (':::MLL <time> <key>: ...') get 0.6.0. For JSON logs the candidates are the
-    validated rulesets with rules for the log's `submission_benchmark` (all installed rulesets when
-    none has them); the one whose round the run's date falls in is picked, else the newest.
 
-    Returns:
-      (ruleset, the reason, for the report).
+def ruleset_from_path(path: str) -> str | None:
+    """The round of a log inside a results repository (`.../training_results_vX.Y/...`), or None."""
+    matches = _RESULTS_REPOSITORY.findall(os.path.abspath(path))
+    if not matches:
+        return None
+    ruleset = f"{matches[-1][0]}.{matches[-1][1]}.0"
+    return ruleset if ruleset in available_rulesets() else None
+
+
+@dataclasses.dataclass(frozen=True)
+class RulesetChoice:
+    """The ruleset picked for a log, and why.
+
+    Attributes:
+      ruleset: e.g. "3.0.0".
+      reason: what decided, for the report.
+      alternatives: other rounds that fit the log as well, each with different rules; the caller
+        checks the log under them too and refuses to guess when the verdicts differ.
+    """
+
+    ruleset: str
+    reason: str
+    alternatives: tuple[str, ...] = ()
+
+
+def pick_ruleset(scan: logfile.LogScan) -> RulesetChoice:
+    """Picks the round a log belongs to from what the log says.
+
+    0.6.0-format logs (':::MLL <time> <key>: ...') get 0.6.0; a log inside a results repository
+    (`training_results_vX.Y`) gets that round. Otherwise the candidates are the rounds whose
+    rules accept the log's `submission_benchmark` (all rounds when none does), narrowed to those
+    whose required keys the log has the most of: keys only some rounds require or name
+    differently (`weights_initialization` in v1.1-v2.1, BERT's `opt_epsilon` that is
+    `opt_lamb_epsilon` from v2.1, SSD-ResNet34's keys against RetinaNet's `opt_name` from v2.0)
+    tell rounds apart. The run's date then picks the round whose submission window holds it. If
+    several candidates remain (no date, or a date no candidate's window holds), the newest is
+    picked and the others with different rules are returned as `alternatives`.
     """
     log_format = logfile.guess_format(scan)
-    installed = available_rulesets()
-    validated_json = [r for r in VALIDATED_RULESETS if r != "0.6.0" and r in installed]
+    installed = [r for r in available_rulesets() if r != "0.6.0"]
     if log_format == "0.6":
-        return "0.6.0", "default: the log is in the 0.6.0 format (':::MLL <time> <key>: ...')"
+        return RulesetChoice("0.6.0", "the log is in the 0.6.0 format (':::MLL <time> <key>: ...')")
+    from_path = ruleset_from_path(scan.path)
+    if from_path is not None:
+        return RulesetChoice(from_path, f"the log is in a results repository of round {from_path}")
     if log_format is None:
-        return validated_json[-1], "default: no line parses as an MLPerf log record"
-    records = logfile.parse_records(scan, validated_json[-1])
+        return RulesetChoice(installed[-1], "no line parses as an MLPerf log record: newest")
+    records = logfile.parse_records(scan, installed[-1])
     benchmark = _first_value(records, C.SUBMISSION_BENCHMARK)
     benchmark = benchmark if isinstance(benchmark, str) else None
-    candidates = [r for r in validated_json if has_rules(r, benchmark)]
-    if not candidates and benchmark:
-        candidates = [r for r in installed if r != "0.6.0" and has_rules(r, benchmark)]
-    why_benchmark = f"rules for '{benchmark}'" if candidates else "no rules for the benchmark"
-    candidates = candidates or validated_json
+    candidates = [r for r in installed if rounds.has_benchmark(r, benchmark)]
+    if candidates:
+        why = [f"benchmark '{benchmark}' is in rounds {_span(candidates)}"]
+    else:
+        candidates = installed
+        why = [f"no round has benchmark {benchmark!r}" if benchmark else "no submission_benchmark"]
     date = _run_date(records)
-    if date is None:
-        return candidates[-1], f"default: JSON log, {why_benchmark}, no run date: newest"
-    for ruleset in candidates:
-        if date <= _ROUND_PUBLISHED.get(ruleset, datetime.date.max):
-            return ruleset, f"default: JSON log, {why_benchmark}, run dated {date}"
-    return candidates[-1], f"default: JSON log, {why_benchmark}, run dated {date}: newest"
+    # A run cannot belong to a round published before it was made.
+    later = [r for r in candidates if date and date <= _ROUND_PUBLISHED.get(r, datetime.date.max)]
+    if later and len(later) < len(candidates):
+        why.append(f"run dated {date}: rounds published before it are out")
+        candidates = later
+    elif date and not later:
+        why.append(f"run dated {date}, after every such round")
+    division = _first_value(records, C.SUBMISSION_DIVISION)
+    division = division if division in ("closed", "open") else "closed"
+    present = {r.key for r in records}
+    missing = {r: rounds.required_keys(r, benchmark or "", division) - present for r in candidates}
+    fewest = min(len(keys) for keys in missing.values())
+    fitting = [r for r in candidates if len(missing[r]) == fewest]
+    if len(fitting) < len(candidates):
+        told = sorted(
+            set().union(*(missing[r] for r in candidates))
+            - set().union(*(missing[r] for r in fitting))
+        )
+        why.append(
+            f"its keys ({', '.join(told[:3])}{', ...' if len(told) > 3 else ''}) fit "
+            f"{_span(fitting)}"
+        )
+    if len(fitting) == 1:
+        return RulesetChoice(fitting[0], "; ".join(why))
+    # The first round after the run (the one it was made for), else the newest.
+    picked = fitting[0] if later else fitting[-1]
+    if date and _round_of_date(date, available_rulesets()) == picked:
+        why.append(f"in round {picked}'s submission window")
+        return RulesetChoice(picked, "; ".join(why))
+    fingerprints = {rounds.rules_fingerprint(picked, benchmark or "", division)}
+    alternatives = []
+    for ruleset in fitting:
+        fingerprint = rounds.rules_fingerprint(ruleset, benchmark or "", division)
+        if fingerprint not in fingerprints:
+            fingerprints.add(fingerprint)
+            alternatives.append(ruleset)
+    if alternatives:
+        why.append(f"rounds {_span(fitting)} fit: {picked}, if their verdicts agree")
+    else:
+        why.append(f"rounds {_span(fitting)} fit with the same rules: {picked}")
+    return RulesetChoice(picked, "; ".join(why), tuple(alternatives))
+
+
+def _span(rulesets: Sequence[str]) -> str:
+    return ", ".join(rulesets) if len(rulesets) <= 3 else f"{rulesets[0]} ... {rulesets[-1]}"
+
+
+def choose_ruleset(scan: logfile.LogScan) -> tuple[str, str]:
+    """Picks a ruleset for a log: (ruleset, the reason), see `pick_ruleset`."""
+    choice = pick_ruleset(scan)
+    return choice.ruleset, choice.reason
 
 
 def _validate_options(ruleset: str | None, quality: str, timeout: float) -> None:
@@ -487,14 +555,20 @@ def _official_output(result: dict[str, Any]) -> list[str]:
 
 
 def _official_findings(
-    result: dict[str, Any], line_of: Sequence[int], quality: str
+    result: dict[str, Any], line_of: Sequence[int], quality: str, *, hide_crash: bool = False
 ) -> list[Finding]:
-    """Turns the worker's result into findings with file line numbers."""
+    """Turns the worker's result into findings with file line numbers.
+
+    `hide_crash`: the caller already said why the checker crashed (a round without the log's
+    benchmark: its rule file is missing), so the crash's traceback line is not repeated.
+    """
 
     def lines(records: Sequence[int]) -> tuple[int, ...]:
         return tuple(line_of[n] for n in records if 0 <= n < len(line_of))
 
     findings = []
+    if result["crashed"] and hide_crash:
+        return findings
     if result["crashed"]:
         findings.append(
             Finding(
@@ -573,20 +647,78 @@ def check_log(
     _validate_options(ruleset, quality, timeout)
     scan = logfile.scan_log(path, max_log_bytes=max_log_bytes, max_line_bytes=max_line_bytes)
     if ruleset is None:
-        ruleset, reason = choose_ruleset(scan)
+        choice = pick_ruleset(scan)
     else:
-        reason = "given"
+        choice = RulesetChoice(ruleset, "given")
+    options = {"quality": quality, "strict": strict, "timeout": timeout}
     if runner is None:
         with OfficialRunner() as own_runner:
-            result = own_runner.run(scan, ruleset, timeout=timeout)
-    else:
-        result = runner.run(scan, ruleset, timeout=timeout)
-    findings = _official_findings(result, scan.official_line_numbers(ruleset), quality)
-    official_passed = not result["crashed"] and not any(m["fatal"] for m in result["messages"])
+            return _check_choice(scan, choice, own_runner, **options)
+    return _check_choice(scan, choice, runner, **options)
 
+
+def _check_choice(scan, choice: RulesetChoice, runner, **options) -> Report:
+    """Checks under the chosen ruleset; refuses to guess when an alternative's verdict differs."""
+    report = _judge(scan, choice.ruleset, choice.reason, runner, **options)
+    if not choice.alternatives:
+        return report
+    others = [_judge(scan, r, choice.reason, runner, **options) for r in choice.alternatives]
+    differ = [other for other in others if other.passed != report.passed]
+    if differ:
+        verdicts = ", ".join(
+            f"{r.ruleset} {'PASS' if r.passed else 'FAIL'}" for r in [report, *differ]
+        )
+        raise UserError(
+            f"{scan.path}: cannot tell the round: {choice.reason}; their verdicts differ "
+            f"({verdicts}): give --ruleset"
+        )
+    fitting = ", ".join([report.ruleset, *choice.alternatives])
+    return dataclasses.replace(
+        report, ruleset_reason=f"{choice.reason} (same verdict under {fitting})"
+    )
+
+
+def _judge(scan, ruleset, reason, runner, *, quality, strict, timeout) -> Report:
+    """The Report of one log under one ruleset."""
     records = logfile.parse_records(scan, ruleset)
     benchmark = _first_value(records, C.SUBMISSION_BENCHMARK)
     benchmark = benchmark if isinstance(benchmark, str) else None
+    first: list[Finding] = []
+    if scan.size_bytes == 0:
+        first.append(Finding(ERROR, "suite", "empty", "empty log (0 bytes)"))
+    elif not scan.lines:
+        first.append(
+            Finding(
+                ERROR,
+                "suite",
+                "empty",
+                f"no MLPerf log line (':::MLLOG ...') in {scan.total_lines} line(s)",
+            )
+        )
+    no_rules = (
+        benchmark is not None
+        and _NAME.match(benchmark) is not None
+        and ruleset != "0.6.0"
+        and not rounds.has_benchmark(ruleset, benchmark)
+    )
+    if no_rules:
+        have = [r for r in available_rulesets() if has_rules(r, benchmark)]
+        first.append(
+            Finding(
+                ERROR,
+                "suite",
+                "ruleset",
+                f"round {ruleset} has no '{benchmark}' benchmark; rounds with it: "
+                f"{', '.join(have) if have else 'none'}",
+                tuple(r.line for r in records if r.key == C.SUBMISSION_BENCHMARK)[:1],
+            )
+        )
+    result = runner.run(scan, ruleset, timeout=timeout)
+    findings = first + _official_findings(
+        result, scan.official_line_numbers(ruleset), quality, hide_crash=no_rules
+    )
+    official_passed = not result["crashed"] and not any(m["fatal"] for m in result["messages"])
+
     division = _first_value(records, C.SUBMISSION_DIVISION)
     global_batch_size = _first_value(records, C.GLOBAL_BATCH_SIZE)
     target = quality_target(

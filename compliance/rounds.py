@@ -1,7 +1,8 @@
-"""Provides what each MLPerf Training round asks of this suite's benchmarks' logs.
+"""Provides what each MLPerf Training round asks of a log: its benchmarks, keys and rule files.
 
 Pure Python (no TensorFlow): the runner asks it which keys a round wants emitted
-(`init_events`, `adapt_hparams`), the checker which rounds have a benchmark (`rounds_with`). The
+(`init_events`, `adapt_hparams`), the checker which rounds accept a benchmark and which keys each
+requires (`accepted_benchmarks`, `required_keys`, `rules_fingerprint`) to pick a log's round. The
 rounds' rules themselves are read from the installed official checker's rule files, never copied:
 e.g. the tensor names of `weights_initialization` are the list in the round's
 `closed_<benchmark>.yaml` (`END: CHECK: sorted(s['initialized_tensors']) == sorted([...])`).
@@ -49,6 +50,13 @@ BENCHMARK_ROUNDS: dict[str, tuple[str, ...]] = {
 _RENAMED_KEYS = (("bert", OPT_EPSILON, OPT_LAMB_EPSILON, "2.1.0"),)
 
 _QUOTED = re.compile(r'"([^"\\]+)"')
+_SINGLE_QUOTED = re.compile(r"'([^'\\]+)'")
+# `- KEY:` entries of a rule file: NAME, then optionally REQ, as every rule file writes them.
+_KEY_ENTRY = re.compile(r"^\s*NAME:\s*(\S+)\s*\n\s*REQ:\s*(\S+)", re.MULTILINE)
+_BENCHMARK_CHECK = re.compile(
+    r"NAME:\s*submission_benchmark\s*\n(?:.*\n)*?\s*CHECK:\s*\"([^\"]*)\"", re.MULTILINE
+)
+_RULESET_IN_PATH = re.compile(r"training_\d+\.\d+\.\d+/")
 
 
 def version_key(ruleset: str) -> tuple[int, ...]:
@@ -60,6 +68,75 @@ def rules_dir() -> str:
     """The folder of the installed official checker's rule files (found without importing it)."""
     spec = importlib.util.find_spec("mlperf_logging.compliance_checker")
     return list(spec.submodule_search_locations)[0]
+
+
+def available_rulesets() -> tuple[str, ...]:
+    """The training rulesets the installed checker has, oldest first."""
+    names = []
+    for entry in os.listdir(rules_dir()):
+        match = re.fullmatch(rf"{USAGE}_(\d+\.\d+\.\d+)", entry)
+        if match:
+            names.append(match.group(1))
+    return tuple(sorted(names, key=version_key))
+
+
+@functools.cache
+def _rule_text(ruleset: str, name: str) -> str:
+    """The text of one rule file of `ruleset` ("" when it does not exist)."""
+    path = os.path.join(rules_dir(), f"{USAGE}_{ruleset}", name)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read()
+    except FileNotFoundError:
+        return ""
+
+
+def accepted_benchmarks(ruleset: str, division: str = "closed") -> frozenset[str]:
+    """The `submission_benchmark` values the round's `<division>_common.yaml` accepts.
+
+    Empty for 0.6.0 (no such check) and for divisions whose common file does not list them. A
+    listed name may still lack its rule file (resnet in 4.1.0): see `has_benchmark`.
+    """
+    match = _BENCHMARK_CHECK.search(_rule_text(ruleset, f"{division}_common.yaml"))
+    listed = re.search(r"\bin\s*\[([^\]]*)\]", match.group(1)) if match else None
+    return frozenset(_SINGLE_QUOTED.findall(listed.group(1))) if listed else frozenset()
+
+
+def has_benchmark(ruleset: str, benchmark: str | None) -> bool:
+    """Whether the round accepts `benchmark` and has its closed rule file."""
+    if not benchmark or not re.fullmatch(r"[a-z0-9_]+", benchmark):
+        return False
+    return benchmark in accepted_benchmarks(ruleset) and bool(
+        _rule_text(ruleset, f"closed_{benchmark}.yaml")
+    )
+
+
+def required_keys(ruleset: str, benchmark: str, division: str = "closed") -> frozenset[str]:
+    """Keys the round requires (REQ EXACTLY_ONE or AT_LEAST_ONE) of a `benchmark` log.
+
+    From common.yaml, `<division>_common.yaml` and `<division>_<benchmark>.yaml`; optimizer
+    sub-files (closed_resnet_lars.yaml) are left out: they do not change between rounds.
+    """
+    names = ("common.yaml", f"{division}_common.yaml", f"{division}_{benchmark}.yaml")
+    keys = set()
+    for name in names:
+        for key, requirement in _KEY_ENTRY.findall(_rule_text(ruleset, name)):
+            if requirement in ("EXACTLY_ONE", "AT_LEAST_ONE"):
+                keys.add(key)
+    return frozenset(keys)
+
+
+def rules_fingerprint(ruleset: str, benchmark: str, division: str = "closed") -> str:
+    """The text of the rule files that judge a `benchmark` log in `ruleset`, round names removed.
+
+    Two rounds with the same fingerprint give every log the same verdict.
+    """
+    names = ["common.yaml", f"{division}_common.yaml", f"{division}_{benchmark}.yaml"]
+    folder = os.path.join(rules_dir(), f"{USAGE}_{ruleset}")
+    if os.path.isdir(folder):
+        names += sorted(n for n in os.listdir(folder) if n.startswith(f"{division}_{benchmark}_"))
+    text = "\n".join(f"{name}\n{_rule_text(ruleset, name)}" for name in names)
+    return _RULESET_IN_PATH.sub("training_R/", text)
 
 
 def rounds_with(benchmark: str | None) -> tuple[str, ...]:
