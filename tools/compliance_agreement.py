@@ -42,8 +42,9 @@ def main(argv):
                 picked.append(checker.check_log(path, runner=runner))
             except UserError as error:
                 picked.append(error)
-            strict.append(checker.check_log(path, ruleset=row["ruleset"], strict=True,
-                                            runner=runner))
+            strict.append(
+                checker.check_log(path, ruleset=row["ruleset"], strict=True, runner=runner)
+            )
     agree_given = sum(r.passed == _official_pass(row) for r, row in zip(given, rows))
     agree_picked = 0
     for r, row in zip(picked, rows):
@@ -53,20 +54,31 @@ def main(argv):
         ok = r.passed == _official_pass(row)
         agree_picked += ok
         if r.ruleset != row["ruleset"] or not ok:
-            print(f"  picked {r.ruleset} (recorded {row['ruleset']}, verdict "
-                  f"{'agrees' if ok else 'DIFFERS'}): {row['path']}: {r.ruleset_reason}")
-    real_pass = [(r, row) for r, row in zip(strict, rows)
-                 if row.get("kind", "real" if "/real/" in "/" + row["path"] else "mutated")
-                 == "real" and _official_pass(row)]
+            print(
+                f"  picked {r.ruleset} (recorded {row['ruleset']}, verdict "
+                f"{'agrees' if ok else 'DIFFERS'}): {row['path']}: {r.ruleset_reason}"
+            )
+    real_pass = [
+        (r, row)
+        for r, row in zip(strict, rows)
+        if row.get("kind", "real" if "/real/" in "/" + row["path"] else "mutated") == "real"
+        and _official_pass(row)
+    ]
     alarms = [(r, row) for r, row in real_pass if not r.passed]
     for r, row in alarms:
-        print(f"  strict false alarm: {row['path']}: "
-              + "; ".join(f"{f.check}: {f.message[:120]}" for f in r.errors))
+        print(
+            f"  strict false alarm: {row['path']}: "
+            + "; ".join(f"{f.check}: {f.message[:120]}" for f in r.errors)
+        )
     print(f"with the recorded ruleset: {agree_given}/{len(rows)} agree")
-    print(f"ruleset picked from the log: {agree_picked}/{len(rows)} agree, "
-          f"{sum(isinstance(r, UserError) for r in picked)} refused (ask for --ruleset)")
-    print(f"--strict false alarms on real logs the official checker passes: "
-          f"{len(alarms)}/{len(real_pass)}")
+    print(
+        f"ruleset picked from the log: {agree_picked}/{len(rows)} agree, "
+        f"{sum(isinstance(r, UserError) for r in picked)} refused (ask for --ruleset)"
+    )
+    print(
+        f"--strict false alarms on real logs the official checker passes: "
+        f"{len(alarms)}/{len(real_pass)}"
+    )
     return 0
 
 
