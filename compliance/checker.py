@@ -27,8 +27,9 @@ from typing import Any
 
 from mlperf_logging.mllog import constants as C
 
-from compliance import logfile, rounds
+from compliance import logfile
 from compliance.suite_checks import ERROR, INFO, WARNING, Finding, Target, suite_checks
+from mlperf_tf import rounds
 from mlperf_tf.errors import UserError
 
 USAGE = "training"

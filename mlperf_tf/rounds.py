@@ -156,6 +156,21 @@ def default_ruleset(benchmark: str) -> str:
     return rounds[-1]
 
 
+def resolve_ruleset(benchmark: str, ruleset: str) -> str:
+    """The round a run of `benchmark` emits for: `ruleset`, or by default the newest with it.
+
+    Returns "" (no round-specific keys) for a benchmark in no round this suite knows, e.g. a
+    third-party one, when no ruleset is given.
+
+    Raises:
+      ValueError: `ruleset` is given and is not a round with the benchmark.
+    """
+    if ruleset:
+        validate_ruleset(benchmark, ruleset)
+        return ruleset
+    return default_ruleset(benchmark) if rounds_with(benchmark) else ""
+
+
 def validate_ruleset(benchmark: str, ruleset: str) -> None:
     """Checks that `ruleset` is a round with `benchmark`.
 
@@ -202,7 +217,7 @@ def adapt_hparams(benchmark: str, ruleset: str, hparams: dict[str, Any]) -> dict
     """
     adapted = dict(hparams)
     for name, old, new, since in _RENAMED_KEYS:
-        if name != benchmark:
+        if name != benchmark or not ruleset:
             continue
         keep, drop = (new, old) if version_key(ruleset) >= version_key(since) else (old, new)
         if keep not in adapted and drop in adapted:
@@ -226,6 +241,8 @@ def init_events(benchmark: str, ruleset: str) -> tuple[Event, ...]:
     Today: one `weights_initialization` event per tensor the round lists (rounds 1.1.0-2.1.0 for
     resnet, bert and ssd); log them between init_start and init_stop.
     """
+    if not ruleset:
+        return ()
     return tuple(
         Event(WEIGHTS_INITIALIZATION, None, {TENSOR: name})
         for name in initialized_tensors(benchmark, ruleset)

@@ -13,7 +13,9 @@ import pytest
 import yaml
 from mlperf_logging.mllog import constants as C
 
-from compliance import checker, rounds
+from compliance import checker
+from mlperf_tf import rounds
+from mlperf_tf.benchmark import RunContext
 from tests.compliance import logs
 
 # MLPerf benchmark name -> the registry's benchmark class.
@@ -30,8 +32,7 @@ def _hparams(benchmark: str) -> dict:
 
     module, name = _CLASSES[benchmark]
     cls = getattr(importlib.import_module(module), name)
-    bench = cls(cls.preset("mlperf"))
-    bench.num_replicas = 1
+    bench = cls(cls.preset("mlperf")).with_context(RunContext(num_replicas=1))
     config = bench.config
     hparams = {
         C.GLOBAL_BATCH_SIZE: config.global_batch_size,
@@ -146,6 +147,10 @@ def test_renamed_keys_follow_the_round():
 
 def test_validate_ruleset_names_the_rounds_that_have_the_benchmark():
     rounds.validate_ruleset("resnet", "2.0.0")
+    assert rounds.resolve_ruleset("resnet", "") == "4.0.0"
+    assert rounds.resolve_ruleset("resnet", "2.0.0") == "2.0.0"
+    assert rounds.resolve_ruleset("my_benchmark", "") == ""  # third-party: no round's keys
+    assert rounds.init_events("my_benchmark", "") == ()
     with pytest.raises(ValueError, match=r"'1.0.0'.*transformer.*0.7.0"):
         rounds.validate_ruleset("transformer", "1.0.0")
     with pytest.raises(ValueError, match="rounds with it: 0.7.0, 1.0.0, 1.1.0"):
