@@ -10,23 +10,19 @@ the official parser reads, so its verdict and its record numbers are unchanged.
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import datetime
 import json
 import os
-import queue
 import re
-import select
 import signal
-import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from mlperf_logging.mllog import constants as C
-
+from compliance import keys as C
 from compliance import logfile
 from compliance.suite_checks import ERROR, INFO, WARNING, Finding, Target, suite_checks
 from mlperf_tf import rounds
@@ -64,6 +60,9 @@ _RESULTS_REPOSITORY = re.compile(r"training_results_v(\d+)\.(\d+)(?:[/\\]|$)")
 _TARGET_CONDITIONAL = re.compile(
     r"v\['value'\]\s*>=\s*([0-9.]+)\s+if\s+s\['global_batch_size'\]\s*<\s*([0-9.]+)\s+"
     r"else\s+v\['value'\]\s*>=\s*([0-9.]+)"
+)
+_ACCURACY_RULE = re.compile(
+    rf"NAME:\s*{C.EVAL_ACCURACY}\s*\n(?:(?!\s*- *KEY:).*\n)*?\s*ATLEAST_ONE_CHECK:\s*\"([^\"]*)\""
 )
 _TARGET_AT_LEAST = re.compile(r"v\['value'\]\s*>=\s*([0-9.]+)")
 _TARGET_AT_MOST = re.compile(r"v\['value'\]\s*<=\s*([0-9.]+)")
@@ -192,7 +191,7 @@ def quality_target(
     division: str = "closed",
     global_batch_size: float | None = None,
 ) -> Target | None:
-    """The accuracy target of the official rule file, read (not evaluated) from its YAML.
+    """The accuracy target of the official rule file, read (not evaluated) from its text.
 
     Args:
       ruleset: e.g. "0.7.0".
@@ -204,20 +203,15 @@ def quality_target(
       The Target, or None where the rule file has no accuracy target (all of 0.6.0, some open
       rules) or it depends on a batch size that is not known.
     """
-    import yaml
-
     if not benchmark or not _NAME.match(benchmark) or division not in ("closed", "open"):
         return None
-    path = os.path.join(rules_dir(), f"{USAGE}_{ruleset}", f"{division}_{benchmark}.yaml")
-    if ruleset == "0.6.0" or not os.path.isfile(path):
+    if ruleset == "0.6.0":
         return None
-    with open(path) as handle:
-        entries = yaml.load(handle, Loader=yaml.BaseLoader) or []
-    for entry in entries:
-        key = entry.get("KEY") if isinstance(entry, dict) else None
-        if not key or key.get("NAME") != C.EVAL_ACCURACY or "ATLEAST_ONE_CHECK" not in key:
-            continue
-        expression = key["ATLEAST_ONE_CHECK"].strip()
+    # Every rule file writes the check on one line in double quotes; a test holds this reading
+    # equal to a YAML parse of every installed rule file (no YAML import on the check's path).
+    text = rounds.rule_text(ruleset, f"{division}_{benchmark}.yaml")
+    for rule in _ACCURACY_RULE.finditer(text):
+        expression = rule.group(1).strip()
         match = _TARGET_CONDITIONAL.search(expression)
         if match:
             if global_batch_size is None:
@@ -391,14 +385,18 @@ class OfficialRunner:
 
     Where the OS can fork, one server interpreter per runner imports the checker once and forks a
     child per log: every child starts from the checker's pristine module state (the server never
-    checks anything itself), for a few milliseconds instead of an interpreter start-up. Elsewhere
-    each log gets a new interpreter. Use it as a context manager; one thread at a time.
+    checks anything itself), for a few milliseconds instead of an interpreter start-up. With
+    `in_process`, this process is that server (no second interpreter to start: what a single
+    `check LOG` costs); only for a process without other threads, which never runs a check
+    itself. Elsewhere each log gets a new interpreter. Use it as a context manager; one thread at
+    a time.
     """
 
-    def __init__(self, *, use_fork: bool | None = None):
+    def __init__(self, *, use_fork: bool | None = None, in_process: bool = False):
         self._use_fork = hasattr(os, "fork") if use_fork is None else use_fork
+        self._in_process = in_process and self._use_fork
         self._tmp = tempfile.TemporaryDirectory(prefix="mlperf_tf_check_")
-        self._server: subprocess.Popen | None = None
+        self._server = None  # the server's subprocess.Popen, once started
         self._count = 0
 
     def __enter__(self) -> OfficialRunner:
@@ -410,6 +408,8 @@ class OfficialRunner:
     def close(self) -> None:
         """Stops the server (by its pid) and removes the temporary files."""
         if self._server is not None:
+            import subprocess
+
             self._server.stdin.close()
             try:
                 self._server.wait(timeout=10)
@@ -420,7 +420,9 @@ class OfficialRunner:
             self._server = None
         self._tmp.cleanup()
 
-    def _start_server(self) -> subprocess.Popen:
+    def _start_server(self):
+        import subprocess
+
         errors = open(os.path.join(self._tmp.name, "server.err"), "w")  # noqa: SIM115
         with errors:
             return subprocess.Popen(
@@ -433,11 +435,15 @@ class OfficialRunner:
                 env=_worker_env(),
             )
 
-    def _ask_server(self, request: dict[str, Any], wait_s: float) -> dict[str, Any] | None:
+    def _send(self, request: dict[str, Any]) -> None:
         if self._server is None or self._server.poll() is not None:
             self._server = self._start_server()
         self._server.stdin.write(json.dumps(request) + "\n")
         self._server.stdin.flush()
+
+    def _receive(self, wait_s: float) -> dict[str, Any] | None:
+        import select
+
         ready, _, _ = select.select([self._server.stdout], [], [], wait_s)
         reply = self._server.stdout.readline() if ready else ""
         if not reply:  # the server hung or died: never reuse it
@@ -464,30 +470,27 @@ class OfficialRunner:
           UserError: the checker did not finish within `timeout` seconds, ran out of memory, or
             its process failed.
         """
+        return self.submit(scan, ruleset, timeout=timeout, memory_limit=memory_limit)()
+
+    def submit(
+        self,
+        scan: logfile.LogScan,
+        ruleset: str,
+        *,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        memory_limit: int = WORKER_MEMORY_LIMIT_BYTES,
+    ) -> Callable[[], dict[str, Any]]:
+        """Starts the official checker on `scan`; returns a function that waits for its result.
+
+        The caller can do its own work on the log meanwhile (in a separate process where the OS
+        can fork). The returned function raises as `run` does.
+        """
         self._count += 1
+        path = scan.path
         log_copy = os.path.join(self._tmp.name, f"log{self._count}.txt")
         out = os.path.join(self._tmp.name, f"result{self._count}.json")
         with open(log_copy, "w", encoding="latin-1", newline="") as handle:
             handle.writelines(scan.lines)
-        try:
-            if self._use_fork:
-                result = self._run_forked(scan.path, log_copy, out, ruleset, timeout, memory_limit)
-            else:
-                result = self._run_new_interpreter(
-                    scan.path, log_copy, ruleset, timeout, memory_limit
-                )
-        finally:
-            for name in (log_copy, out):
-                if os.path.exists(name):
-                    os.remove(name)
-        if result.get("out_of_memory"):
-            raise UserError(
-                f"{scan.path}: the official checker ran out of memory "
-                f"(limit {memory_limit / 2**30:g} GiB)"
-            )
-        return result
-
-    def _run_forked(self, path, log_copy, out, ruleset, timeout, memory_limit):
         request = {
             "log": log_copy,
             "ruleset": ruleset,
@@ -496,8 +499,51 @@ class OfficialRunner:
             "timeout": timeout,
             "out": out,
         }
-        # The child stops itself with SIGALRM at `timeout`; the margin covers a slow machine.
-        reply = self._ask_server(request, wait_s=timeout + 60)
+
+        def cleanup() -> None:
+            for name in (log_copy, out):
+                if os.path.exists(name):
+                    os.remove(name)
+
+        try:
+            if not self._use_fork:
+                result = self._run_new_interpreter(path, log_copy, ruleset, timeout, memory_limit)
+                finish = lambda: result  # noqa: E731
+            elif self._in_process and threading.active_count() == 1:
+                from compliance import official_worker
+
+                # The first check leaves the checker's import to the child, to overlap it with
+                # this process's own work; later ones share it.
+                pid = official_worker.start_fork(request, preloaded=self._count > 1)
+                finish = lambda: self._forked_result(  # noqa: E731
+                    path, out, official_worker.wait_fork(pid), timeout
+                )
+            else:
+                self._send(request)
+                # The child stops itself with SIGALRM at `timeout`; the margin covers a slow
+                # machine.
+                finish = lambda: self._forked_result(  # noqa: E731
+                    path, out, self._receive(timeout + 60), timeout
+                )
+        except BaseException:
+            cleanup()
+            raise
+
+        def wait() -> dict[str, Any]:
+            try:
+                result = finish()
+            finally:
+                cleanup()
+            if result.get("out_of_memory"):
+                raise UserError(
+                    f"{path}: the official checker ran out of memory "
+                    f"(limit {memory_limit / 2**30:g} GiB)"
+                )
+            return result
+
+        return wait
+
+    def _forked_result(self, path, out, reply, timeout) -> dict[str, Any]:
         if reply is None:
             raise UserError(f"{path}: the official checker's server process failed")
         if reply["signal"] == signal.SIGALRM:
@@ -515,6 +561,8 @@ class OfficialRunner:
             ) from None
 
     def _run_new_interpreter(self, path, log_copy, ruleset, timeout, memory_limit):
+        import subprocess
+
         command = [sys.executable, "-P", _WORKER, log_copy, ruleset, USAGE, str(memory_limit)]
         try:
             done = subprocess.run(
@@ -653,7 +701,7 @@ def check_log(
         choice = RulesetChoice(ruleset, "given")
     options = {"quality": quality, "strict": strict, "timeout": timeout}
     if runner is None:
-        with OfficialRunner() as own_runner:
+        with OfficialRunner(in_process=True) as own_runner:
             return _check_choice(scan, choice, own_runner, **options)
     return _check_choice(scan, choice, runner, **options)
 
@@ -714,12 +762,8 @@ def _judge(scan, ruleset, reason, runner, *, quality, strict, timeout) -> Report
                 tuple(r.line for r in records if r.key == C.SUBMISSION_BENCHMARK)[:1],
             )
         )
-    result = runner.run(scan, ruleset, timeout=timeout)
-    findings = first + _official_findings(
-        result, scan.official_line_numbers(ruleset), quality, hide_crash=no_rules
-    )
-    official_passed = not result["crashed"] and not any(m["fatal"] for m in result["messages"])
-
+    # The official check runs in another process while this one runs the suite's checks.
+    wait_official = runner.submit(scan, ruleset, timeout=timeout)
     division = _first_value(records, C.SUBMISSION_DIVISION)
     global_batch_size = _first_value(records, C.GLOBAL_BATCH_SIZE)
     target = quality_target(
@@ -730,7 +774,7 @@ def _judge(scan, ruleset, reason, runner, *, quality, strict, timeout) -> Report
         if isinstance(global_batch_size, int | float) and not isinstance(global_batch_size, bool)
         else None,
     )
-    findings += suite_checks(
+    suite = suite_checks(
         records,
         benchmark=benchmark,
         ruleset=ruleset,
@@ -738,6 +782,12 @@ def _judge(scan, ruleset, reason, runner, *, quality, strict, timeout) -> Report
         quality=quality,
         strict=strict,
     )
+    result = wait_official()
+    findings = first + _official_findings(
+        result, scan.official_line_numbers(ruleset), quality, hide_crash=no_rules
+    )
+    findings += suite
+    official_passed = not result["crashed"] and not any(m["fatal"] for m in result["messages"])
     passed = not any(f.level == ERROR for f in findings)
     return Report(
         path=scan.path,
@@ -772,6 +822,20 @@ def check_logs(
         raise UserError(f"--jobs ({jobs!r}) must be a positive integer")
 
     paths = list(paths)
+
+    def checked(path: str, runner: OfficialRunner) -> Report | UserError:
+        try:
+            return check_log(path, runner=runner, **kwargs)
+        except UserError as error:
+            return error
+
+    if jobs == 1 or len(paths) <= 1:  # no threads: this process forks the checks itself
+        with OfficialRunner(in_process=True) as runner:
+            return [checked(path, runner) for path in paths]
+
+    import concurrent.futures
+    import queue
+
     runners: queue.SimpleQueue[OfficialRunner] = queue.SimpleQueue()
     started = [OfficialRunner() for _ in range(max(1, min(jobs, len(paths))))]
     for runner in started:
@@ -780,9 +844,7 @@ def check_logs(
     def one(path: str) -> Report | UserError:
         runner = runners.get()
         try:
-            return check_log(path, runner=runner, **kwargs)
-        except UserError as error:
-            return error
+            return checked(path, runner)
         finally:
             runners.put(runner)
 

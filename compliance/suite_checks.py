@@ -14,8 +14,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from mlperf_logging.mllog import constants as C
-
+from compliance import keys as C
 from compliance.logfile import Record
 
 ERROR = "error"

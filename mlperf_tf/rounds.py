@@ -81,8 +81,10 @@ def available_rulesets() -> tuple[str, ...]:
 
 
 @functools.cache
-def _rule_text(ruleset: str, name: str) -> str:
-    """The text of one rule file of `ruleset` ("" when it does not exist)."""
+def rule_text(ruleset: str, name: str) -> str:
+    """The text of one rule file of `ruleset` ("" when it does not exist or is not a name)."""
+    if os.sep in name or "/" in name or not re.fullmatch(r"\d+\.\d+\.\d+", ruleset):
+        return ""
     path = os.path.join(rules_dir(), f"{USAGE}_{ruleset}", name)
     try:
         with open(path, encoding="utf-8") as handle:
@@ -97,7 +99,7 @@ def accepted_benchmarks(ruleset: str, division: str = "closed") -> frozenset[str
     Empty for 0.6.0 (no such check) and for divisions whose common file does not list them. A
     listed name may still lack its rule file (resnet in 4.1.0): see `has_benchmark`.
     """
-    match = _BENCHMARK_CHECK.search(_rule_text(ruleset, f"{division}_common.yaml"))
+    match = _BENCHMARK_CHECK.search(rule_text(ruleset, f"{division}_common.yaml"))
     listed = re.search(r"\bin\s*\[([^\]]*)\]", match.group(1)) if match else None
     return frozenset(_SINGLE_QUOTED.findall(listed.group(1))) if listed else frozenset()
 
@@ -107,7 +109,7 @@ def has_benchmark(ruleset: str, benchmark: str | None) -> bool:
     if not benchmark or not re.fullmatch(r"[a-z0-9_]+", benchmark):
         return False
     return benchmark in accepted_benchmarks(ruleset) and bool(
-        _rule_text(ruleset, f"closed_{benchmark}.yaml")
+        rule_text(ruleset, f"closed_{benchmark}.yaml")
     )
 
 
@@ -120,7 +122,7 @@ def required_keys(ruleset: str, benchmark: str, division: str = "closed") -> fro
     names = ("common.yaml", f"{division}_common.yaml", f"{division}_{benchmark}.yaml")
     keys = set()
     for name in names:
-        for key, requirement in _KEY_ENTRY.findall(_rule_text(ruleset, name)):
+        for key, requirement in _KEY_ENTRY.findall(rule_text(ruleset, name)):
             if requirement in ("EXACTLY_ONE", "AT_LEAST_ONE"):
                 keys.add(key)
     return frozenset(keys)
@@ -135,7 +137,7 @@ def rules_fingerprint(ruleset: str, benchmark: str, division: str = "closed") ->
     folder = os.path.join(rules_dir(), f"{USAGE}_{ruleset}")
     if os.path.isdir(folder):
         names += sorted(n for n in os.listdir(folder) if n.startswith(f"{division}_{benchmark}_"))
-    text = "\n".join(f"{name}\n{_rule_text(ruleset, name)}" for name in names)
+    text = "\n".join(f"{name}\n{rule_text(ruleset, name)}" for name in names)
     return _RULESET_IN_PATH.sub("training_R/", text)
 
 

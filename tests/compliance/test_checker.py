@@ -374,3 +374,43 @@ def test_scan_keeps_the_official_parsers_lines(tmp_path):
     assert scan.total_lines == 5
     assert scan.official_line_numbers("1.0.0") == (2, 5)
     assert scan.official_line_numbers("0.6.0") == (2, 4, 5)
+
+
+def _yaml_target_expressions(path):
+    import yaml
+
+    with open(path) as handle:
+        entries = yaml.load(handle, Loader=yaml.BaseLoader) or []
+    return [
+        entry["KEY"]["ATLEAST_ONE_CHECK"].strip()
+        for entry in entries
+        if isinstance(entry, dict)
+        and isinstance(entry.get("KEY"), dict)
+        and entry["KEY"].get("NAME") == "eval_accuracy"
+        and "ATLEAST_ONE_CHECK" in entry["KEY"]
+    ]
+
+
+def test_targets_read_from_the_rule_text_equal_a_yaml_parse_of_every_rule_file():
+    compared = 0
+    for ruleset in checker.available_rulesets():
+        if ruleset == "0.6.0":
+            continue
+        folder = os.path.join(checker.rules_dir(), f"training_{ruleset}")
+        for name in sorted(os.listdir(folder)):
+            division, _, rest = name.partition("_")
+            if division not in ("closed", "open") or rest == "common.yaml":
+                continue
+            benchmark = rest[: -len(".yaml")]
+            expressions = _yaml_target_expressions(os.path.join(folder, name))
+            target = checker.quality_target(
+                ruleset, benchmark, division=division, global_batch_size=1024
+            )
+            if not expressions:
+                assert target is None, (ruleset, name)
+                continue
+            compared += 1
+            assert target is None or target.expression == expressions[0], (ruleset, name)
+    assert compared > 100
+    resnet = checker.quality_target("4.0.0", "resnet")
+    assert (resnet.value, resnet.higher_is_better) == (0.759, True)
