@@ -60,8 +60,8 @@ def main(argv):
         if args.batch:
             logs = sorted(glob.glob(os.path.join(args.batch, "*.txt")))
             batch, single = [], []
+            one_process = [cli, "check", *logs, "--jobs", "2"]
             for i in range(max(1, args.rounds // 5)):
-                one_process = [cli, "check", *logs, "--jobs", "2"]
                 runs = [
                     ("batch", lambda: _wall(one_process, cwd)),
                     ("single", lambda: sum(_wall([cli, "check", log], cwd) for log in logs)),
