@@ -781,6 +781,7 @@ def _judge(scan, ruleset, reason, runner, *, quality, strict, timeout) -> Report
         target=target,
         quality=quality,
         strict=strict,
+        resumed=logfile.suite_notes(scan, "resumed"),
     )
     result = wait_official()
     findings = first + _official_findings(

@@ -414,3 +414,25 @@ def test_targets_read_from_the_rule_text_equal_a_yaml_parse_of_every_rule_file()
     assert compared > 100
     resnet = checker.quality_target("4.0.0", "resnet")
     assert (resnet.value, resnet.higher_is_better) == (0.759, True)
+
+
+def test_a_resumed_log_counts_only_with_its_first_run_start(tmp_path):
+    records = logs.resnet_records()
+    start_ms = json.loads(next(r for r in records if '"run_start"' in r)[len(":::MLLOG ") :])[
+        "time_ms"
+    ]
+    honest = logs.write_log(
+        tmp_path / "honest.txt",
+        [f'# mlperf-tf resumed {{"step": 120, "original_run_start_ms": {start_ms}}}', *records],
+    )
+    report = checker.check_log(honest, ruleset="1.0.0")
+    assert report.passed
+    assert [(f.check, f.level, f.line) for f in report.notes] == [("resumed", "info", 1)]
+    for mark in ('{"step": 120, "original_run_start_ms": null}', '{"step": 120}', "{oops"):
+        path = logs.write_log(tmp_path / "resumed.txt", [f"# mlperf-tf resumed {mark}", *records])
+        for quality in ("enforce", "skip"):
+            report = checker.check_log(path, ruleset="1.0.0", quality=quality)
+            assert report.official_passed and not report.passed  # the official rules cannot tell
+            (error,) = report.errors
+            assert error.check == "resumed" and error.line == 1
+            assert "without the original run_start" in error.message
