@@ -23,6 +23,8 @@ commands:
                         plots and a summary per run
   data-service --port P --workers N
                         start a tf.data service dispatcher and N workers
+  simulate --benchmark=NAME --system=SYSTEM --chips=N [--json] [--plot PNG]
+                        predicted step time and time to train at scale (docs/scaling.md)
 """
 
 EXIT_USAGE = 2
@@ -176,9 +178,13 @@ def main(argv: list[str] | None = None) -> int:
             from mlperf_tf.data import service
 
             return service.main(rest)
+        if command == "simulate":
+            from mlperf_tf.simulate import cli as simulate_cli
+
+            return simulate_cli.main(rest)
     except UserError as e:
         return _fail(str(e))
-    commands = "run, list, prepare, check, score, report, data-service"
+    commands = "run, list, prepare, check, score, report, data-service, simulate"
     return _fail(f"unknown command '{command}' (commands: {commands})")
 
 
