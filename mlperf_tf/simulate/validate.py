@@ -132,11 +132,17 @@ def summary(table: list[dict]) -> dict[str, float]:
     tests = [r for r in table if not r["role"].startswith("calibrate")]
     rcp = [abs(r["error_rcp"]) for r in tests]
     best = [abs(r.get("error_logged", r["error_rcp"])) for r in tests]
-    return {
+    stats = {
         "test_points": len(tests),
         "median_abs_error_rcp": statistics.median(rcp),
         "median_abs_error_logged_epochs": statistics.median(best),
     }
+    # MLPerf v0.7 runs used the hyperparameters the RCPs were later made with; v0.6 runs and the
+    # papers did not, so their RCP-epoch predictions also carry a convergence difference.
+    v07 = [abs(r["error_rcp"]) for r in tests if r["source"].startswith("v0.7")]
+    if v07:
+        stats["median_abs_error_rcp_v0.7_points"] = statistics.median(v07)
+    return stats
 
 
 def markdown(table: list[dict], stats: dict[str, float]) -> str:
@@ -166,8 +172,13 @@ def markdown(table: list[dict], stats: dict[str, float]) -> str:
         f"**{stats['median_abs_error_rcp']:.0%}** with RCP epochs (the simulator as run), "
         f"**{stats['median_abs_error_logged_epochs']:.0%}** with each run's logged epochs where "
         "the log gives them (the step-time model alone).",
-        "",
     ]
+    if "median_abs_error_rcp_v0.7_points" in stats:
+        lines.append(
+            f"On the MLPerf v0.7 test points alone (the hyperparameter era of the RCPs): "
+            f"**{stats['median_abs_error_rcp_v0.7_points']:.0%}** with RCP epochs."
+        )
+    lines.append("")
     return "\n".join(lines)
 
 
