@@ -11,7 +11,7 @@ Per training step (all times in seconds):
     update    = parameters x optimizer bytes per parameter / memory bandwidth, divided by the
                 chips with weight-update sharding (Kumar et al. 2020: each chip updates 1/p of the
                 weights between the reduce-scatter and the all-gather, at no extra traffic)
-    device    = compute + exposed + update + step overhead
+    device    = compute + exposed + update + step overhead (x replicas where they share cores)
     input     = global batch / (hosts x per-host input rate)
     step      = max(device, input)          (input is prefetched: the slower of the two wins)
 
@@ -292,7 +292,9 @@ def _step(
     update = params * system.optimizer_bytes_per_parameter / system.memory_bandwidth
     if sharding:
         update /= working
-    device = compute + exposed + update + system.step_overhead_s
+    # Logical devices sharing the cores also dispatch their replicas' ops one after another.
+    overhead = system.step_overhead_s * (working if system.shared_compute else 1)
+    device = compute + exposed + update + overhead
     hosts = max(1, math.ceil(working / system.chips_per_host))
     input_limit = global_batch / (hosts * system.input_rate_per_host(benchmark))
     return {
@@ -302,7 +304,7 @@ def _step(
         "allreduce_bandwidth_s": cost.bandwidth_s,
         "exposed_comm_s": exposed,
         "weight_update_s": update,
-        "overhead_s": system.step_overhead_s,
+        "overhead_s": overhead,
         "input_limit_s": input_limit,
         "input_bound": input_limit > device,
         "step_time_s": max(device, input_limit),
