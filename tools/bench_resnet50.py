@@ -178,11 +178,13 @@ def main(argv=None) -> int:
         return profile(contestants, args)
     names = list(contestants)
     rates: dict[str, list[float]] = {n: [] for n in names}
+    cpu: dict[str, list[float]] = {n: [] for n in names}  # process CPU seconds per step
     for r in range(args.rounds):
         order = names[r % len(names) :] + names[: r % len(names)]
         for name in order:
-            begin = time.perf_counter()
+            begin, cpu_begin = time.perf_counter(), time.process_time()
             contestants[name](args.steps)
+            cpu[name].append((time.process_time() - cpu_begin) / args.steps)
             rates[name].append(args.steps * args.batch / (time.perf_counter() - begin))
         print(f"round {r + 1}: " + ", ".join(f"{n} {rates[n][-1]:.2f}" for n in names), flush=True)
 
@@ -205,6 +207,18 @@ def main(argv=None) -> int:
             + " ".join(f"{r:.2f}" for r in ratios)
             + " |"
         )
+    # CPU time is what a step costs the machine; other jobs' load inflates it far less than the
+    # wall time (it still does through shared caches and memory bandwidth).
+    print(f"\n| contestant | CPU s/step (median) | it / {reference} CPU time (total) | "
+          f"it / {reference} CPU time (median of per-round ratios) |")  # fmt: skip
+    print("|---|---|---|---|")
+    for name in names:
+        ratios = [a / b for a, b in zip(cpu[name], cpu[reference])]
+        print(
+            f"| {name} | {statistics.median(cpu[name]):.2f} | "
+            f"{sum(cpu[name]) / sum(cpu[reference]):.2f} | {statistics.median(ratios):.2f} |"
+        )
+    print(f"load averages (1, 5, 15 min) at the end: {os.getloadavg()}")
     return 0
 
 
