@@ -122,29 +122,34 @@ class BenchResult:
         return line + f"; load average {load[0]:.1f} -> {load[1]:.1f}"
 
 
-def matmul_peak(*, device: str, dtype: str = "fp32", seconds: float = 1.0, size: int = 0) -> float:
-    """The FLOP/s of a chain of square matmuls on `device` in `dtype` (a multiply-add is 2).
+class MatmulPeak:
+    """The FLOP/s of a chain of square matmuls on one device in one dtype (a multiply-add is 2).
+
+    The chain is traced once per instance; `measure` can be called between other work.
 
     Args:
       device: a TF device name, e.g. "/cpu:0" or "/GPU:0".
       dtype: fp32, bf16 or fp16.
-      seconds: roughly how long the timed chain runs.
       size: the matrix side (0: 1024 on CPUs, 8192 on accelerators).
 
-    Returns:
-      FLOPs per second of one timed chain (after a warm-up call).
+    Raises:
+      UserError: `dtype` is not one of fp32, bf16, fp16.
     """
-    import tensorflow as tf
 
-    if dtype not in MATMUL_DTYPES:
-        raise UserError(f"--dtype={dtype!r} is not one of {', '.join(MATMUL_DTYPES)}")
-    size = size or (1024 if "CPU" in device.upper() else 8192)
-    tf_dtype = tf.as_dtype(MATMUL_DTYPES[dtype])
-    with tf.device(device):
-        # An orthogonal factor keeps the chain's values bounded in any dtype.
-        q, _ = tf.linalg.qr(tf.random.stateless_normal([size, size], seed=[1, 2]))
-        a = tf.cast(tf.random.stateless_normal([size, size], seed=[3, 4]), tf_dtype)
-        b = tf.cast(q, tf_dtype)
+    def __init__(self, *, device: str, dtype: str = "fp32", size: int = 0):
+        import tensorflow as tf
+
+        if dtype not in MATMUL_DTYPES:
+            raise UserError(f"--dtype={dtype!r} is not one of {', '.join(MATMUL_DTYPES)}")
+        self.size = size or (1024 if "CPU" in device.upper() else 8192)
+        self.device = device
+        tf_dtype = tf.as_dtype(MATMUL_DTYPES[dtype])
+        with tf.device(device):
+            # An orthogonal factor keeps the chain's values bounded in any dtype.
+            shape = [self.size, self.size]
+            q, _ = tf.linalg.qr(tf.random.stateless_normal(shape, seed=[1, 2]))
+            a = tf.cast(tf.random.stateless_normal(shape, seed=[3, 4]), tf_dtype)
+            b = tf.cast(q, tf_dtype)
 
         @tf.function
         def chain(n):
@@ -153,14 +158,35 @@ def matmul_peak(*, device: str, dtype: str = "fp32", seconds: float = 1.0, size:
                 x = tf.matmul(x, b)
             return tf.reduce_sum(tf.cast(x[:1, :1], tf.float32))
 
-        begin = time.perf_counter()
-        chain(tf.constant(2)).numpy()  # traces, and times two products roughly
-        per_matmul = max((time.perf_counter() - begin) / 2, 1e-6)
-        n = max(2, int(seconds / per_matmul))
-        begin = time.perf_counter()
-        chain(tf.constant(n)).numpy()
-        elapsed = time.perf_counter() - begin
-    return 2.0 * size**3 * n / elapsed
+        self._chain = chain
+
+    def measure(self, seconds: float = 1.0, *, cpu_time: bool = False) -> float:
+        """FLOP/s of one timed chain of about `seconds` (after a short calibration call).
+
+        Args:
+          seconds: roughly how long the timed chain runs.
+          cpu_time: divide by this process's CPU seconds instead of wall seconds (FLOPs per
+            CPU-second: on a shared host, other jobs' load distorts it far less).
+        """
+        import tensorflow as tf
+
+        with tf.device(self.device):
+            begin = time.perf_counter()
+            self._chain(tf.constant(2)).numpy()  # the first call also traces
+            per_matmul = max((time.perf_counter() - begin) / 2, 1e-6)
+            n = max(2, int(seconds / per_matmul))
+            clock = time.process_time if cpu_time else time.perf_counter
+            begin = clock()
+            self._chain(tf.constant(n)).numpy()
+            elapsed = clock() - begin
+        return 2.0 * self.size**3 * n / max(elapsed, 1e-9)
+
+
+def matmul_peak(
+    *, device: str, dtype: str = "fp32", seconds: float = 1.0, size: int = 0, cpu_time: bool = False
+) -> float:
+    """`MatmulPeak(device=..., dtype=..., size=...).measure(seconds, cpu_time=...)`, once."""
+    return MatmulPeak(device=device, dtype=dtype, size=size).measure(seconds, cpu_time=cpu_time)
 
 
 def model_flops_per_sample(benchmark) -> float | None:
@@ -250,6 +276,7 @@ def run(config: BenchConfig, run_settings: dict[str, Any], overrides: dict[str, 
     iterator = iter(strategy.distribute_datasets_from_function(benchmark.train_dataset))
     device = strategy.extended.worker_devices[0]
     flops_per_sample = model_flops_per_sample(benchmark) if config.peak_seconds else None
+    peak = MatmulPeak(device=device, dtype=run_settings["dtype"]) if flops_per_sample else None
 
     begin = time.perf_counter()
     trainer.loop(iterator, tf.constant(config.warmup_steps, tf.int32)).numpy()
@@ -268,9 +295,7 @@ def run(config: BenchConfig, run_settings: dict[str, Any], overrides: dict[str, 
             f"step {1e3 * elapsed / config.steps_per_window:.1f} ms, loss {loss:.4g}"
         )
         if flops_per_sample:
-            peaks.append(
-                matmul_peak(device=device, dtype=run_settings["dtype"], seconds=config.peak_seconds)
-            )
+            peaks.append(peak.measure(config.peak_seconds))
             # CPU replicas share the host's cores: one peak; accelerators each have theirs.
             devices = 1 if "CPU" in device.upper() else len(strategy.extended.worker_devices)
             utilizations.append(flops_per_sample * rates[-1] / (peaks[-1] * devices))

@@ -61,8 +61,8 @@ def synthetic_batch(batch: int, image_size: int, seed: int = 0):
     return images, labels
 
 
-def mlperf_tf_contestant(batch: int, image_size: int, *, fused: bool = True):
-    """This suite: the benchmark's model/optimizer/loss in the runner's compiled host loop."""
+def mlperf_tf_parts(batch: int, image_size: int, *, fused: bool = True) -> dict:
+    """This suite's benchmark, model and a `run(steps)` of the runner's compiled host loop."""
     config = config_lib.override(
         rc.mlperf(),
         {"global_batch_size": str(batch), "data.image_size": str(image_size), "data_dir": ""},
@@ -85,7 +85,12 @@ def mlperf_tf_contestant(batch: int, image_size: int, *, fused: bool = True):
     def run(steps: int) -> None:
         trainer.loop(iterator, tf.constant(steps, tf.int32)).numpy()
 
-    return run
+    return {"run": run, "model": model, "benchmark": bench}
+
+
+def mlperf_tf_contestant(batch: int, image_size: int, *, fused: bool = True):
+    """This suite: the benchmark's model/optimizer/loss in the runner's compiled host loop."""
+    return mlperf_tf_parts(batch, image_size, fused=fused)["run"]
 
 
 def keras_fit_contestant(batch: int, image_size: int):
