@@ -15,17 +15,17 @@ from __future__ import annotations
 import collections
 import glob
 import os
+import re
 import time
 
 import tensorflow as tf
 
+_BN_SCOPE = r"_bn(_\d+)?/|batch_norm"
 # Categories, first match wins: (name, predicate on lower-cased (op name, op type)).
 CATEGORIES = (
     ("convolution", lambda name, kind: "conv2d" in kind),
-    (
-        "batch norm",
-        lambda name, kind: "batchnorm" in kind or "_bn/" in name or "batch_norm" in name,
-    ),
+    # Keras names a layer's ops after it ("conv1_bn_1/moments/..."), tf_keras "batch_normalization".
+    ("batch norm", lambda name, kind: "batchnorm" in kind or re.search(_BN_SCOPE, name)),
     ("optimizer", lambda name, kind: "resourceapply" in kind or "lars" in name or "sgd" in name),
     ("matmul (classifier)", lambda name, kind: "matmul" in kind),
     ("relu", lambda name, kind: "relu" in kind),
