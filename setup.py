@@ -48,6 +48,7 @@ setup(
             "adam = mlperf_tf.optimizers.plugins:ADAM",
             "neumann = mlperf_tf.optimizers.neumann:PLUGIN",
             "nlcg = mlperf_tf.optimizers.nlcg:PLUGIN",
+            "kfac = mlperf_tf.optimizers.kfac:PLUGIN",
         ],
     },
 )
