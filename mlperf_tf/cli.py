@@ -14,6 +14,8 @@ USAGE = """usage: mlperf-tf COMMAND [ARGS]
 commands:
   run --benchmark=NAME --preset=smoke|mini|mlperf --model_dir=DIR [--config.KEY=VALUE ...]
                         train a benchmark; prints where its MLPerf log is (--helpfull: all flags)
+  bench --benchmark=NAME [--preset=mlperf] [--distribution=D] [--dtype=fp32] [--xla] [--json]
+                        steady-state training throughput (and MFU) on synthetic data
   list                  registered benchmarks and their presets
   prepare NAME ARGS     convert raw data to TFRecords (`mlperf-tf prepare NAME --help`)
   check LOG... [--ruleset R] [--quality=enforce|skip] [--strict] [--json]
@@ -168,6 +170,10 @@ def main(argv: list[str] | None = None) -> int:
             return _run_command(rest)
         if command == "list":
             return _list_command(rest)
+        if command == "bench":
+            from mlperf_tf import bench
+
+            return bench.main(rest)
         if command == "prepare":
             return _prepare_command(rest)
         if command in ("check", "score", "report"):
@@ -184,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
             return simulate_cli.main(rest)
     except UserError as e:
         return _fail(str(e))
-    commands = "run, list, prepare, check, score, report, data-service, simulate"
+    commands = "run, bench, list, prepare, check, score, report, data-service, simulate"
     return _fail(f"unknown command '{command}' (commands: {commands})")
 
 
