@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import sys
 
+from mlperf_tf import console
+
 USAGE = """usage: mlperf-tf COMMAND [ARGS]
 
 commands:
@@ -33,6 +35,15 @@ def _fail(message: str) -> int:
     return EXIT_USAGE
 
 
+def _leave_now(code: int, stderr_filter: console.StderrFilter | None) -> None:
+    """Exits at once with `code`: TF may hold background threads (servers, collectives) that a
+    normal exit would wait on; the console filter first forwards what was printed."""
+    sys.stdout.flush()
+    if stderr_filter:
+        stderr_filter.close()
+    os._exit(code)
+
+
 def _set_fast_cpu_defaults() -> None:
     # Measured here: oneDNN is 1.4-1.7x faster on these CPUs; it must be set before TF loads.
     os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
@@ -53,7 +64,7 @@ def split_config_overrides(argv: list[str]) -> tuple[list[str], dict[str, str]]:
     return rest, overrides
 
 
-def _run_command(argv: list[str]) -> int:
+def _run_command(argv: list[str], stderr_filter: console.StderrFilter | None = None) -> int:
     from absl import flags
     from absl import logging as absl_logging
 
@@ -78,8 +89,10 @@ def _run_command(argv: list[str]) -> int:
         FLAGS(["mlperf-tf run", *argv])
     except flags.Error as e:
         return _fail(str(e).splitlines()[0])
-    absl_logging.set_verbosity(absl_logging.INFO)
     absl_logging.use_absl_handler()
+    if not console.verbosity_requested(argv):
+        absl_logging.set_verbosity(absl_logging.INFO)
+        console.drop_library_info(absl_logging.get_absl_handler())
     if not FLAGS.benchmark:
         return _fail("--benchmark is required (see `mlperf-tf list`)")
     if not FLAGS.model_dir:
@@ -110,7 +123,7 @@ def _run_command(argv: list[str]) -> int:
     except UserError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         # TF may hold background threads (servers, collectives): leave without waiting on them.
-        os._exit(EXIT_USAGE)
+        _leave_now(EXIT_USAGE, stderr_filter)
     if result.mlperf_log:
         print(f"MLPerf log: {result.mlperf_log}")
     print(f"run_stop status={result.status}: {result.reason}")
@@ -158,12 +171,16 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE)
         return 0 if argv else EXIT_USAGE
     command, rest = argv[0], argv[1:]
+    # The commands that start TensorFlow get its start-up noise filtered (--verbosity: all of it).
+    stderr_filter = (
+        console.quiet_stderr(rest) if command in ("run", "prepare", "data-service") else None
+    )
     _set_fast_cpu_defaults()
     from mlperf_tf.errors import UserError
 
     try:
         if command == "run":
-            return _run_command(rest)
+            return _run_command(rest, stderr_filter)
         if command == "list":
             return _list_command(rest)
         if command == "prepare":
@@ -178,6 +195,9 @@ def main(argv: list[str] | None = None) -> int:
             return service.main(rest)
     except UserError as e:
         return _fail(str(e))
+    finally:
+        if stderr_filter:
+            stderr_filter.close()
     commands = "run, list, prepare, check, score, report, data-service"
     return _fail(f"unknown command '{command}' (commands: {commands})")
 
