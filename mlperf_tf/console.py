@@ -46,9 +46,7 @@ def is_noise(line: str, patterns: tuple[str, ...] = NOISE) -> bool:
 
 def verbosity_requested(argv: list[str]) -> bool:
     """True when `argv` sets absl's `--verbosity`/`-v`: the user asked for TensorFlow's messages."""
-    return any(
-        a in ("-v", "--verbosity") or a.startswith(("--verbosity=", "-v=")) for a in argv
-    )
+    return any(a in ("-v", "--verbosity") or a.startswith(("--verbosity=", "-v=")) for a in argv)
 
 
 class StderrFilter:
