@@ -34,7 +34,14 @@ from mlperf_tf.errors import UserError
 
 # What TF's checkpoint reader raises for a truncated, missing or garbled file (IndexError: "Read
 # less bytes than requested" from a truncated data file).
-_RESTORE_ERRORS = (tf.errors.OpError, ValueError, IndexError, KeyError, AssertionError, RuntimeError)
+_RESTORE_ERRORS = (
+    tf.errors.OpError,
+    ValueError,
+    IndexError,
+    KeyError,
+    AssertionError,
+    RuntimeError,
+)
 
 
 class CheckpointError(UserError):
@@ -165,8 +172,8 @@ class Checkpointer:
         self.checkpoint = checkpoint
         self.chief = chief
         self.chief_directory = os.path.join(model_dir, "ckpt")
-        self.directory = self.chief_directory if chief else os.path.join(
-            model_dir, f"ckpt_worker{task_id}"
+        self.directory = (
+            self.chief_directory if chief else os.path.join(model_dir, f"ckpt_worker{task_id}")
         )
         self.policy = policy or CheckpointPolicy()
         self.strategy = strategy

@@ -134,15 +134,21 @@ def test_full_disk_at_a_save_is_a_checkpoint_error_naming_step_and_folder(tmp_pa
     assert "\n" not in message
 
 
-KILL_TRIES = 4
-
-
 def test_a_kill_during_a_save_leaves_a_restorable_checkpoint(tmp_path):
+    _kill_during_saves(tmp_path, tries=2, seed=20)
+
+
+@pytest.mark.slow
+def test_many_kills_during_saves_leave_a_restorable_checkpoint(tmp_path):
+    _kill_during_saves(tmp_path, tries=15, seed=21)
+
+
+def _kill_during_saves(tmp_path, *, tries: int, seed: int):
     """SIGKILL a process that saves back to back, at random moments; each time the newest listed
     checkpoint must restore, with every value equal to its step (no mix of two saves)."""
-    rng = random.Random(20)
+    rng = random.Random(seed)
     mid_save_kills = 0
-    for attempt in range(KILL_TRIES):
+    for attempt in range(tries):
         directory = tmp_path / f"try{attempt}"
         log = str(tmp_path / f"try{attempt}.out")
         proc = processes.start(["-m", "tests.faults.save_forever", str(directory)], log)
