@@ -31,7 +31,6 @@ from absl import logging
 
 from mlperf_tf.errors import UserError
 
-
 # What TF's checkpoint reader raises for a truncated, missing or garbled file (IndexError: "Read
 # less bytes than requested" from a truncated data file).
 _RESTORE_ERRORS = (

@@ -154,7 +154,7 @@ def _kill_during_saves(tmp_path, *, tries: int, seed: int):
         proc = processes.start(["-m", "tests.faults.save_forever", str(directory)], log)
         try:
             processes.wait_until(
-                lambda log=log: "saved 2" in open(log).read() or proc.poll() is not None,
+                lambda log=log, proc=proc: "saved 2" in open(log).read() or proc.poll() is not None,
                 120, "two saves",
             )  # fmt: skip
             time.sleep(rng.uniform(0.0, 1.5))
