@@ -20,7 +20,7 @@ unhealthy (stopped sending heartbeats):
 The tasks have crashed. Check the task logs for an earlier error, or scheduler events (e.g. \
 preemption, eviction) to debug further.
 The error could be from a previous operation. Restart your program to reset.
-	 [[{{node CollectiveReduceV2}}]] [Op:__inference__gathered_step_1331]"""
+\t [[{{node CollectiveReduceV2}}]] [Op:__inference__gathered_step_1331]"""
 
 
 def test_missing_heartbeats_name_the_task_and_its_address():
