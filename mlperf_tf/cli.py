@@ -115,7 +115,7 @@ def _run_command(argv: list[str], stderr_filter: console.StderrFilter | None = N
         ):
             raise UserError(f"data_dir {config.data_dir!r} is not a readable folder")
         run_config = run_flags.run_config_from_flags()
-        benchmark = benchmark_class(config, seed=run_config.seed)
+        benchmark = benchmark_class(config)  # the runner binds the run's RunContext
     except UserError as e:
         return _fail(str(e))
     try:
@@ -127,7 +127,7 @@ def _run_command(argv: list[str], stderr_filter: console.StderrFilter | None = N
     if result.mlperf_log:
         print(f"MLPerf log: {result.mlperf_log}")
     print(f"run_stop status={result.status}: {result.reason}")
-    return 1 if result.reason.startswith("non-finite") else 0
+    return 1 if result.cause is runner.StopCause.NON_FINITE_LOSS else 0
 
 
 def _list_command(argv: list[str]) -> int:

@@ -40,6 +40,7 @@ from benchmarks.resnet50 import config as rc  # noqa: E402
 from benchmarks.resnet50.benchmark import ResNet50Benchmark  # noqa: E402
 from mlperf_tf import config as config_lib  # noqa: E402
 from mlperf_tf import runner  # noqa: E402
+from mlperf_tf.benchmark import RunContext  # noqa: E402
 
 NUM_CLASSES = 1000
 
@@ -60,7 +61,7 @@ def mlperf_tf_contestant(batch: int, image_size: int):
     )
     bench = ResNet50Benchmark(config)
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")  # what --distribution=auto picks here
-    bench.num_replicas = strategy.num_replicas_in_sync
+    bench = bench.with_context(RunContext(num_replicas=strategy.num_replicas_in_sync))
     with strategy.scope():
         model = bench.build_model()
         optimizer = bench.build_optimizer(bench.train_steps)

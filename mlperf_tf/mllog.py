@@ -1,4 +1,7 @@
-"""Provides `MLPerfLogger`: MLPerf `:::MLLOG {json}` lines through `mlperf_logging.mllog`.
+"""Provides `MLPerfLogger`: writes MLPerf `:::MLLOG {json}` lines through `mlperf_logging.mllog`.
+
+The emitter side of MLPerf logging lives in the library (the runner calls it); `compliance/` is the
+checker side only and imports neither this module nor TensorFlow.
 
 Only the chief worker writes; every other worker gets a logger whose calls do nothing, so callers
 never branch on the task. Log calls are host-side: calling one while a `tf.function` is being traced
