@@ -69,8 +69,8 @@ def _run_command(argv: list[str], stderr_filter: console.StderrFilter | None = N
     from absl import logging as absl_logging
 
     from mlperf_tf import config as config_lib
+    from mlperf_tf import errors, paths, preemption, registry, runner
     from mlperf_tf import flags as run_flags
-    from mlperf_tf import paths, registry, runner
     from mlperf_tf.errors import UserError
 
     try:
@@ -118,16 +118,27 @@ def _run_command(argv: list[str], stderr_filter: console.StderrFilter | None = N
         benchmark = benchmark_class(config)  # the runner binds the run's RunContext
     except UserError as e:
         return _fail(str(e))
+    stop_request = preemption.StopRequest()
     try:
-        result = runner.run(benchmark, run_config)
-    except UserError as e:
+        with preemption.handle_stop_signals(stop_request):
+            result = runner.run(benchmark, run_config, stop_request=stop_request)
+    except (UserError, errors.PeerError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
+        code = errors.EXIT_PEER_FAILED if isinstance(e, errors.PeerError) else EXIT_USAGE
         # TF may hold background threads (servers, collectives): leave without waiting on them.
-        _leave_now(EXIT_USAGE, stderr_filter)
+        _leave_now(code, stderr_filter)
     if result.mlperf_log:
         print(f"MLPerf log: {result.mlperf_log}")
     print(f"run_stop status={result.status}: {result.reason}")
-    return 1 if result.cause is runner.StopCause.NON_FINITE_LOSS else 0
+    if result.cause is runner.StopCause.INTERRUPTED:
+        print(
+            f"stopped at step {result.steps} ({result.reason}) with a checkpoint in "
+            f"{os.path.join(run_config.model_dir, 'ckpt')}: run the same command again to resume",
+            file=sys.stderr,
+            flush=True,
+        )
+        return errors.EXIT_INTERRUPTED
+    return errors.EXIT_NON_FINITE if result.cause is runner.StopCause.NON_FINITE_LOSS else 0
 
 
 def _list_command(argv: list[str]) -> int:

@@ -14,7 +14,7 @@ import dataclasses  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from mlperf_tf import runner  # noqa: E402
+from mlperf_tf import errors, preemption, runner  # noqa: E402
 from tests.tiny_benchmark import TinyBenchmark, smoke, weights  # noqa: E402
 
 
@@ -29,9 +29,14 @@ def main(argv):
         parse = {"bool": lambda v: v == "True", "int": int, "float": float}.get(kind, str)
         kwargs[key] = parse(value)
     cfg = dataclasses.replace(smoke(), max_epochs=float(os.environ.get("TINY_MAX_EPOCHS", "2")))
-    result = runner.run(TinyBenchmark(cfg), runner.RunConfig(model_dir=model_dir, **kwargs))
+    stop = preemption.StopRequest()
+    with preemption.handle_stop_signals(stop):  # as the CLI does
+        run_config = runner.RunConfig(model_dir=model_dir, **kwargs)
+        result = runner.run(TinyBenchmark(cfg), run_config, stop_request=stop)
     np.savez(weights_path, *weights(result.model))
-    print(f"done status={result.status} steps={result.steps}", flush=True)
+    print(f"done status={result.status} steps={result.steps} cause={result.cause.value}", flush=True)
+    if result.cause is runner.StopCause.INTERRUPTED:
+        sys.exit(errors.EXIT_INTERRUPTED)
 
 
 if __name__ == "__main__":
