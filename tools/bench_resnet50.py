@@ -108,7 +108,7 @@ def model_garden_contestant(batch: int, image_size: int):
     input_specs = tf_keras.layers.InputSpec(shape=[None, image_size, image_size, 3])
     backbone = resnet.ResNet(model_id=50, input_specs=input_specs)
     model = classification_model.ClassificationModel(backbone, NUM_CLASSES, input_specs=input_specs)
-    optimizer = lars.LARS(learning_rate=0.1, momentum=0.9, weight_decay_rate=1e-4)
+    optimizer = lars.LARS(learning_rate=0.1, momentum=0.9, weight_decay=1e-4)
     images, labels = synthetic_batch(batch, image_size)
     dataset = tf.data.Dataset.from_tensors((images, labels)).repeat().prefetch(1)
     iterator = iter(dataset)
