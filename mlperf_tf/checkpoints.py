@@ -118,7 +118,7 @@ def agree(strategy, value: bool) -> bool:
         return value
     local = tf.constant(int(value), tf.int32)
     per_replica = strategy.run(lambda: tf.identity(local))
-    return bool(strategy.reduce(tf.distribute.ReduceOp.MAX, per_replica, axis=None).numpy())
+    return bool(strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None).numpy())
 
 
 def _step_of(path: str) -> int:

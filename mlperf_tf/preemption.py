@@ -9,7 +9,7 @@ writes to a wakeup pipe (`signal.set_wakeup_fd`), a daemon thread reading that p
 `tf.Variable`, and the compiled loop reads that variable before each step and breaks out of its
 `tf.range` loop. A second signal ends the process at once.
 
-On several workers the loop breaks on the maximum of the flag over all replicas (one scalar
+On several workers the loop breaks on the sum of the flag over all replicas (one scalar
 all-reduce per step), so every worker stops after the same step even when only one was signaled.
 
 Why not `tf.distribute.experimental.PreemptionCheckpointHandler`: it counts calls to its `run()`
@@ -39,40 +39,60 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 class StopRequest:
     """A stop flag: set from the host (a signal, a test), read by the compiled loop at every step.
 
-    Create it outside any strategy scope: it is a plain host variable, not a mirrored one, so that a
-    host thread can set it while a loop runs.
+    The `tf.Variable` behind it is made at the first `should_stop` (while the loop is traced), not
+    here: making a variable initializes TensorFlow, and MultiWorkerMirroredStrategy must be created
+    before that. It is a plain host variable, not a mirrored one, so that a host thread can set it
+    while a loop runs.
     """
 
     def __init__(self):
-        with tf.init_scope():
-            self._flag = tf.Variable(0, dtype=tf.int32, trainable=False, name="stop_request")
+        self._event = threading.Event()
+        self._lock = threading.Lock()
+        self._flag = None
         self.reason = ""
 
-    def request(self, reason: str) -> None:
+    def request(self, reason: str = "stop requested") -> None:
         """Asks the run to stop at the next step boundary; `reason` says why, for people."""
-        if not self.reason:
-            self.reason = reason
-        self._flag.assign(1)
+        with self._lock:
+            if not self.reason:
+                self.reason = reason
+            self._event.set()
+            if self._flag is not None:
+                self._flag.assign(1)
 
     def clear(self) -> None:
-        self._flag.assign(0)
-        self.reason = ""
+        with self._lock:
+            self._event.clear()
+            self.reason = ""
+            if self._flag is not None:
+                self._flag.assign(0)
 
     @property
     def requested(self) -> bool:
         """This host's flag (host side; across workers use the loop's agreed `should_stop`)."""
-        return bool(self._flag.numpy())
+        return self._event.is_set()
+
+    def _variable(self) -> tf.Variable:
+        with self._lock:
+            if self._flag is None:
+                with tf.init_scope():
+                    self._flag = tf.Variable(
+                        int(self._event.is_set()), dtype=tf.int32, trainable=False,
+                        name="stop_request",
+                    )  # fmt: skip
+            return self._flag
 
     def should_stop(self, strategy: tf.distribute.Strategy | None = None) -> tf.Tensor:
         """A bool tensor: stop now. Call it inside the compiled loop, in cross-replica context.
 
-        With workers on several hosts, this is the maximum of every worker's flag (a scalar
+        With workers on several hosts, this is the sum of every worker's flag (a scalar
         all-reduce), so all of them agree on the step at which they stop.
         """
-        flag = self._flag.read_value()
+        variable = self._variable()
+        flag = variable.read_value()
         if strategy is not None and spans_hosts(strategy):
-            per_replica = strategy.run(lambda: tf.identity(self._flag.read_value()))
-            flag = strategy.reduce(tf.distribute.ReduceOp.MAX, per_replica, axis=None)
+            per_replica = strategy.run(lambda: tf.identity(variable.read_value()))
+            flag = strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
         return flag > 0
 
 
