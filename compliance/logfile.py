@@ -54,6 +54,8 @@ class LogScan:
     line_numbers: tuple[int, ...]
     total_lines: int
     size_bytes: int
+    # parse_records' results by format, so that a log is parsed once whatever asks for it.
+    _parsed: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     def official_line_numbers(self, ruleset: str) -> tuple[int, ...]:
         """File line numbers of the records the official checker counts for `ruleset`.
@@ -265,7 +267,17 @@ def parse_line(line: str, ruleset: str) -> tuple[str, Any, dict, float | None] |
 
 
 def parse_records(scan: LogScan, ruleset: str) -> list[Record]:
-    """Parses the records of a scanned log as `ruleset`'s format; unparsable lines are skipped."""
+    """Parses the records of a scanned log as `ruleset`'s format; unparsable lines are skipped.
+
+    The result is kept on `scan` (one parse per format); callers get their own list.
+    """
+    token = token_for(ruleset)
+    if token not in scan._parsed:
+        scan._parsed[token] = _parse_records(scan, ruleset)
+    return list(scan._parsed[token])
+
+
+def _parse_records(scan: LogScan, ruleset: str) -> tuple[Record, ...]:
     units = 1.0 if token_for(ruleset) == TOKEN_V06 else 1000.0
     records = []
     for line, number in zip(scan.lines, scan.line_numbers):
@@ -274,7 +286,7 @@ def parse_records(scan: LogScan, ruleset: str) -> list[Record]:
             key, value, metadata, timestamp = parsed
             time_s = None if timestamp is None else timestamp / units
             records.append(Record(key, value, metadata, time_s, number, timestamp, units))
-    return records
+    return tuple(records)
 
 
 def guess_format(scan: LogScan) -> str | None:
@@ -283,11 +295,10 @@ def guess_format(scan: LogScan) -> str | None:
     The majority of the token lines that parse decides, so that one stray line of the other format
     does not change the answer.
     """
-    votes = {"json": 0, "0.6": 0}
-    for line in scan.lines:
-        if TOKEN_JSON in line and parse_line(line, "1.0.0") is not None:
-            votes["json"] += 1
-        elif parse_line(line, "0.6.0") is not None:
+    json_lines = {record.line for record in parse_records(scan, "1.0.0")}
+    votes = {"json": len(json_lines), "0.6": 0}
+    for line, number in zip(scan.lines, scan.line_numbers):
+        if number not in json_lines and parse_line(line, "0.6.0") is not None:
             votes["0.6"] += 1
     if not any(votes.values()):
         return None

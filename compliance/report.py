@@ -14,9 +14,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from mlperf_logging.mllog import constants as C
-
 from compliance import checker, logfile, scoring
+from compliance import keys as C
 from compliance.checker import Report
 from compliance.suite_checks import Target
 from mlperf_tf.errors import UserError

@@ -15,8 +15,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from mlperf_logging.mllog import constants as C
-
+from compliance import keys as C
 from compliance import logfile
 from compliance.checker import Report, check_logs, version_key
 from mlperf_tf.errors import UserError

@@ -97,6 +97,12 @@ class RunConfig:
         "research", help="MLPerf submission_status.", choices=SUBMISSION_STATUSES
     )
     echo_mlperf_log: bool = setting(False, help="Also print the MLPerf log lines to stdout.")
+    ruleset: str = setting(
+        "",
+        help="MLPerf Training round whose rules the log follows, e.g. 2.0.0: it decides the keys "
+        "emitted (e.g. weights_initialization in 1.1.0-2.1.0). '' means the newest round that "
+        "has the benchmark.",
+    )
 
     def __post_init__(self):
         if not self.model_dir:

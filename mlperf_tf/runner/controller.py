@@ -20,10 +20,10 @@ import tensorflow as tf
 from absl import logging
 from mlperf_logging.mllog import constants as C
 
-from mlperf_tf import checkpoints, distribute, peers, precision, preemption
+from mlperf_tf import checkpoints, distribute, peers, precision, preemption, rounds
 from mlperf_tf.benchmark import Benchmark, EvalPoint, RunContext
 from mlperf_tf.data.pipeline import translate_errors
-from mlperf_tf.errors import DataError, PeerError
+from mlperf_tf.errors import DataError, PeerError, UserError
 from mlperf_tf.mllog import MLPerfLogger
 from mlperf_tf.preemption import StopRequest
 from mlperf_tf.runner import actions as actions_lib
@@ -56,6 +56,7 @@ def run(
     Raises:
       UserError: bad run settings, unreachable peers, or bad data reported by the benchmark.
     """
+    _resolve_ruleset(benchmark, run_config)  # a bad --ruleset fails before anything starts
     strategy = distribute.resolve_strategy(
         run_config.distribution,
         tpu=run_config.tpu,
@@ -81,6 +82,14 @@ def run(
         return controller.run()
     finally:
         mllog.close()
+
+
+def _resolve_ruleset(benchmark: Benchmark, run_config: RunConfig) -> str:
+    """The MLPerf round the log follows (`--ruleset`, default the newest with the benchmark)."""
+    try:
+        return rounds.resolve_ruleset(benchmark.mlperf_benchmark, run_config.ruleset)
+    except ValueError as error:
+        raise UserError(f"--ruleset: {error}") from None
 
 
 def _keep_previous_log(log_path: str) -> None:
@@ -115,6 +124,7 @@ class Controller:
         self.run_config = run_config
         self.strategy = strategy
         self.mllog = mllog
+        self.ruleset = _resolve_ruleset(benchmark, run_config)
         self.chief = distribute.is_chief(strategy)
         self.stop_request = stop_request or StopRequest()
         self.trainer_class = trainer_class
@@ -334,11 +344,15 @@ class Controller:
         )
         self.benchmark = self.benchmark.with_context(context)
         self._build_model()
+        for event in rounds.init_events(self.benchmark.mlperf_benchmark, self.ruleset):
+            self.mllog.event(event.key, event.value, metadata=event.metadata)
         self.step = self._restore()
         if self.step and cfg.resume_input == "reseed":
             reseeded = dataclasses.replace(context, seed=cfg.seed + self.step)
             self.benchmark = self.benchmark.with_context(reseeded)
-        self.mllog.log_hparams(self._hparams())
+        self.mllog.log_hparams(
+            rounds.adapt_hparams(self.benchmark.mlperf_benchmark, self.ruleset, self._hparams())
+        )
         self._build_loops()
 
     def _log_init_events(self) -> None:

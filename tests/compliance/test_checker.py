@@ -129,7 +129,7 @@ def test_repeated_key_warning_lists_every_occurrence(tmp_path):
 
 @pytest.mark.parametrize("quality", ["enforce", "skip"])
 def test_quality_skip_reports_the_missed_target_without_failing(tmp_path, quality):
-    records = logs.resnet_records(accuracies=(0.3, 0.5, 0.6), status="success")
+    records = logs.resnet_records(accuracies=(0.3, 0.5, 0.6), status="aborted")
     path = logs.write_log(tmp_path / "log.txt", records)
     report = checker.check_log(path, ruleset="0.7.0", quality=quality)
     assert not report.official_passed
@@ -137,9 +137,23 @@ def test_quality_skip_reports_the_missed_target_without_failing(tmp_path, qualit
     assert len(target) == 1 and "0.7590" in target[0].message
     assert report.passed is (quality == "skip")
     assert target[0].level == ("warning" if quality == "skip" else "error")
-    # With the MLPerf target enforced, status 'success' below the target is inconsistent.
-    status = [f for f in report.findings if f.check == "run_stop_status"]
-    assert len(status) == (1 if quality == "enforce" else 0)
+    assert not [f for f in report.findings if f.check == "run_stop_status"]
+
+
+@pytest.mark.parametrize("strict", [False, True])
+@pytest.mark.parametrize("quality", ["enforce", "skip"])
+def test_success_without_reaching_the_target_fails_in_every_mode(tmp_path, quality, strict):
+    records = logs.resnet_records(accuracies=(0.3, 0.5, 0.6), status="success")
+    path = logs.write_log(tmp_path / "log.txt", records)
+    report = checker.check_log(path, ruleset="0.7.0", quality=quality, strict=strict)
+    assert not report.passed
+    (status,) = [f for f in report.findings if f.check == "run_stop_status"]
+    assert status.level == "error" and "best 0.6" in status.message
+    # The same run, honest about its status, passes with --quality=skip.
+    honest = logs.write_log(
+        tmp_path / "honest.txt", [r.replace('"success"', '"aborted"') for r in records]
+    )
+    assert checker.check_log(honest, ruleset="0.7.0", quality="skip", strict=strict).passed
 
 
 def test_quality_skip_still_fails_other_errors(tmp_path):
@@ -360,3 +374,43 @@ def test_scan_keeps_the_official_parsers_lines(tmp_path):
     assert scan.total_lines == 5
     assert scan.official_line_numbers("1.0.0") == (2, 5)
     assert scan.official_line_numbers("0.6.0") == (2, 4, 5)
+
+
+def _yaml_target_expressions(path):
+    import yaml
+
+    with open(path) as handle:
+        entries = yaml.load(handle, Loader=yaml.BaseLoader) or []
+    return [
+        entry["KEY"]["ATLEAST_ONE_CHECK"].strip()
+        for entry in entries
+        if isinstance(entry, dict)
+        and isinstance(entry.get("KEY"), dict)
+        and entry["KEY"].get("NAME") == "eval_accuracy"
+        and "ATLEAST_ONE_CHECK" in entry["KEY"]
+    ]
+
+
+def test_targets_read_from_the_rule_text_equal_a_yaml_parse_of_every_rule_file():
+    compared = 0
+    for ruleset in checker.available_rulesets():
+        if ruleset == "0.6.0":
+            continue
+        folder = os.path.join(checker.rules_dir(), f"training_{ruleset}")
+        for name in sorted(os.listdir(folder)):
+            division, _, rest = name.partition("_")
+            if division not in ("closed", "open") or rest == "common.yaml":
+                continue
+            benchmark = rest[: -len(".yaml")]
+            expressions = _yaml_target_expressions(os.path.join(folder, name))
+            target = checker.quality_target(
+                ruleset, benchmark, division=division, global_batch_size=1024
+            )
+            if not expressions:
+                assert target is None, (ruleset, name)
+                continue
+            compared += 1
+            assert target is None or target.expression == expressions[0], (ruleset, name)
+    assert compared > 100
+    resnet = checker.quality_target("4.0.0", "resnet")
+    assert (resnet.value, resnet.higher_is_better) == (0.759, True)

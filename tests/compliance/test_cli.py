@@ -13,7 +13,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def _logs(tmp_path):
     good = logs.write_log(tmp_path / "good.txt", logs.resnet_records())
-    bad = logs.write_log(tmp_path / "bad.txt", logs.resnet_records(accuracies=(0.5,)))
+    # Short of the target, and says so.
+    bad = logs.write_log(
+        tmp_path / "bad.txt", logs.resnet_records(accuracies=(0.5,), status="aborted")
+    )
     return good, bad
 
 
