@@ -16,6 +16,8 @@ USAGE = """usage: mlperf-tf COMMAND [ARGS]
 commands:
   run --benchmark=NAME --preset=smoke|mini|mlperf --model_dir=DIR [--config.KEY=VALUE ...]
                         train a benchmark; prints where its MLPerf log is (--helpfull: all flags)
+  bench --benchmark=NAME [--preset=mlperf] [--distribution=D] [--dtype=fp32] [--xla] [--json]
+                        steady-state training throughput (and MFU) on synthetic data
   list                  registered benchmarks and their presets
   prepare NAME ARGS     convert raw data to TFRecords (`mlperf-tf prepare NAME --help`)
   check LOG... [--ruleset R] [--quality=enforce|skip] [--strict] [--json]
@@ -25,6 +27,8 @@ commands:
                         plots and a summary per run
   data-service --port P --workers N
                         start a tf.data service dispatcher and N workers
+  simulate --benchmark=NAME --system=SYSTEM --chips=N [--json] [--plot PNG]
+                        predicted step time and time to train at scale (docs/scaling.md)
 """
 
 EXIT_USAGE = 2
@@ -184,7 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     command, rest = argv[0], argv[1:]
     # The commands that start TensorFlow get its start-up noise filtered (--verbosity: all of it).
     stderr_filter = (
-        console.quiet_stderr(rest) if command in ("run", "prepare", "data-service") else None
+        console.quiet_stderr(rest)
+        if command in ("run", "bench", "prepare", "data-service")
+        else None
     )
     _set_fast_cpu_defaults()
     from mlperf_tf.errors import UserError
@@ -194,6 +200,10 @@ def main(argv: list[str] | None = None) -> int:
             return _run_command(rest, stderr_filter)
         if command == "list":
             return _list_command(rest)
+        if command == "bench":
+            from mlperf_tf import bench
+
+            return bench.main(rest)
         if command == "prepare":
             return _prepare_command(rest)
         if command in ("check", "score", "report"):
@@ -204,12 +214,16 @@ def main(argv: list[str] | None = None) -> int:
             from mlperf_tf.data import service
 
             return service.main(rest)
+        if command == "simulate":
+            from mlperf_tf.simulate import cli as simulate_cli
+
+            return simulate_cli.main(rest)
     except UserError as e:
         return _fail(str(e))
     finally:
         if stderr_filter:
             stderr_filter.close()
-    commands = "run, list, prepare, check, score, report, data-service"
+    commands = "run, bench, list, prepare, check, score, report, data-service, simulate"
     return _fail(f"unknown command '{command}' (commands: {commands})")
 
 
