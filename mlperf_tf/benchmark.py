@@ -22,6 +22,22 @@ from mlperf_tf.config import BenchmarkConfig
 PRESET_NAMES = ("mlperf", "mini", "smoke")
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunContext:
+    """What a benchmark is told about the run it is part of; the runner binds it before any build.
+
+    Attributes:
+      num_replicas: replicas in sync of the run's strategy.
+      seed: the seed for data order and augmentation (on a `reseed` resume, the run seed plus the
+        resumed step).
+      skip_bad_records: skip and count corrupt records instead of failing on the first one.
+    """
+
+    num_replicas: int = 1
+    seed: int = 0
+    skip_bad_records: bool = False
+
+
 @dataclasses.dataclass(frozen=True)
 class EvalPoint:
     """One evaluation of the MLPerf schedule and the training block that leads to it.
@@ -55,19 +71,32 @@ class Benchmark(abc.ABC):
     config_class: ClassVar[type[BenchmarkConfig]]
     presets: ClassVar[dict[str, Callable[[], BenchmarkConfig]]]
 
-    def __init__(self, config: BenchmarkConfig, *, seed: int = 0, skip_bad_records: bool = False):
+    def __init__(self, config: BenchmarkConfig, *, context: RunContext | None = None):
         if not isinstance(config, self.config_class):
             raise TypeError(
                 f"{type(self).__name__} needs a {self.config_class.__name__}, got {type(config).__name__}"
             )
         self.config = config
-        # The run's seed: data shuffling, augmentation and initializers derive from it.
-        self.seed = seed
-        # Skip and count corrupt records instead of failing on the first one.
-        self.skip_bad_records = skip_bad_records
-        # Set by the runner (from the strategy) before any build_* call; benchmarks read it for
-        # e.g. model_bn_span or per-replica shapes.
-        self.num_replicas = 1
+        self.context = context or RunContext()
+
+    def with_context(self, context: RunContext) -> Benchmark:
+        """A new benchmark of the same config bound to `context` (the runner's way in; no mutation)."""
+        return type(self)(self.config, context=context)
+
+    @property
+    def seed(self) -> int:
+        """The run's seed: data shuffling, augmentation and initializers derive from it."""
+        return self.context.seed
+
+    @property
+    def skip_bad_records(self) -> bool:
+        """Skip and count corrupt records instead of failing on the first one."""
+        return self.context.skip_bad_records
+
+    @property
+    def num_replicas(self) -> int:
+        """Replicas in sync (from the strategy); e.g. for `model_bn_span` or per-replica shapes."""
+        return self.context.num_replicas
 
     @classmethod
     def preset(cls, name: str) -> BenchmarkConfig:

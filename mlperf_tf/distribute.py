@@ -190,6 +190,7 @@ def resolve_strategy(
     tpu: str = "",
     num_cpu_devices: int = 0,
     timeout_s: float = 120.0,
+    collective_timeout: float = 0.0,
     cluster_resolver: str = "auto",
     port_base: int = 8888,
 ) -> tf.distribute.Strategy:
@@ -200,6 +201,8 @@ def resolve_strategy(
       tpu: TPU name or grpc address for TPUClusterResolver ("local" for a TPU VM).
       num_cpu_devices: if > 0, split the CPU into this many logical devices first.
       timeout_s: deadline for reaching a TPU or the peer workers.
+      collective_timeout: seconds a multi-worker collective may wait for its peers (0: no limit;
+        the coordination service's heartbeat check still ends it when a peer dies or freezes).
       cluster_resolver: where the cluster comes from (see `pick_cluster_resolver`).
       port_base: first worker port on a node for the Slurm resolver.
 
@@ -235,8 +238,11 @@ def resolve_strategy(
                 "kubernetes to name the cluster"
             )
         wait_for_peers(tf_config, timeout_s)
+        options = tf.distribute.experimental.CommunicationOptions(
+            timeout_seconds=collective_timeout or None
+        )
         if kind in ("", "tf_config"):
-            return tf.distribute.MultiWorkerMirroredStrategy()
+            return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
         # TF's Slurm and Kubernetes resolvers found the cluster; hand it over as resolved.
         resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
             tf.train.ClusterSpec(tf_config["cluster"]),
@@ -245,7 +251,9 @@ def resolve_strategy(
             num_accelerators={"GPU": len(tf.config.list_physical_devices("GPU"))},
             rpc_layer="grpc",
         )
-        return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
+        return tf.distribute.MultiWorkerMirroredStrategy(
+            cluster_resolver=resolver, communication_options=options
+        )
     if distribution == "mirrored":
         gpus = tf.config.list_logical_devices("GPU")
         cpus = [d.name for d in tf.config.list_logical_devices("CPU")]

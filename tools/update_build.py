@@ -43,18 +43,15 @@ def render() -> str:
     parts = [HEADER]
     for package in PACKAGES:
         deps = {
-            "mlperf_tf": [":compliance_logger"],
+            "mlperf_tf": [],
             "compliance": [":mlperf_tf"],
-            "benchmarks": [":mlperf_tf", ":compliance"],
+            "benchmarks": [":mlperf_tf"],
         }[package]
-        srcs = [p for p in python_files(package) if p != "compliance/logger.py"]
+        srcs = python_files(package)
         parts.append(
             f'py_library(\n    name = "{package}",\n    srcs = [\n{_list(srcs)}    ],\n'
             f"    deps = [\n{_list(deps)}    ],\n)\n\n"
         )
-    parts.append(
-        'py_library(\n    name = "compliance_logger",\n    srcs = ["compliance/logger.py"],\n)\n\n'
-    )
     parts.append(
         'py_binary(\n    name = "mlperf-tf",\n    srcs = ["mlperf_tf/cli.py"],\n'
         '    main = "mlperf_tf/cli.py",\n    deps = [":mlperf_tf", ":benchmarks", ":compliance"],\n)\n\n'

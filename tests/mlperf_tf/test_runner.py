@@ -2,21 +2,24 @@
 
 import dataclasses
 import json
+import os
 
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 from mlperf_logging.mllog import constants as C
 
 from mlperf_tf import config as config_lib
 from mlperf_tf import runner
+from mlperf_tf.benchmark import RunContext
 from tests.tiny_benchmark import TinyBenchmark, smoke, weights
 
 
-def _run(tmp_path, name, cfg=None, **run_kwargs):
+def _run(tmp_path, name, cfg=None, actions=(), stop_request=None, **run_kwargs):
     benchmark = TinyBenchmark(cfg or smoke())
     run_config = runner.RunConfig(model_dir=str(tmp_path / name), steps_per_loop=3, **run_kwargs)
-    return runner.run(benchmark, run_config)
+    return runner.run(benchmark, run_config, actions=actions, stop_request=stop_request)
 
 
 def _log_lines(path):
@@ -56,6 +59,7 @@ def test_non_finite_loss_aborts_with_a_clear_reason(tmp_path):
     cfg = config_lib.override(smoke(), {"learning_rate": "1e30"})
     result = _run(tmp_path, "nan", cfg=cfg, distribution="one_device")
     assert result.status == C.ABORTED
+    assert result.cause is runner.StopCause.NON_FINITE_LOSS
     assert "non-finite loss" in result.reason
     run_stop = [e for e in _log_lines(result.mlperf_log) if e["key"] == C.RUN_STOP]
     assert run_stop[-1]["metadata"]["status"] == C.ABORTED
@@ -67,6 +71,7 @@ def test_reaching_the_target_stops_with_success(tmp_path):
     cfg = dataclasses.replace(smoke(), quality_target=0.0, max_epochs=5)
     result = _run(tmp_path, "ok", cfg=cfg, distribution="one_device")
     assert result.status == C.SUCCESS
+    assert result.cause is runner.StopCause.TARGET_REACHED
     assert len(result.evals) == 1  # stopped at the first eval, not at the budget
     assert result.steps == TinyBenchmark(cfg).steps_per_epoch
 
@@ -144,3 +149,128 @@ def test_grouped_cross_replica_batch_norm_trains_through_the_runner(tmp_path):
     assert result.steps == 2
     spans = [e["value"] for e in _log_lines(result.mlperf_log) if e["key"] == C.MODEL_BN_SPAN]
     assert spans == [2 * cfg.global_batch_size // 2]
+
+
+class _Recorder(runner.Action):
+    """Records every hook call; optionally stops after the first loop."""
+
+    def __init__(self, stop_after_first_loop=False):
+        self.calls = []
+        self.stop_after_first_loop = stop_after_first_loop
+
+    def attach(self, controller):
+        self.calls.append(("attach", type(controller).__name__))
+
+    def block_begin(self, point):
+        self.calls.append(("block_begin", point.step))
+
+    def after_loop(self, output):
+        self.calls.append(("after_loop", output.step, output.steps))
+        if self.stop_after_first_loop:
+            return runner.Stop(runner.StopCause.INTERRUPTED, "recorder says stop")
+        return None
+
+    def block_end(self, point):
+        self.calls.append(("block_end", point.step))
+
+    def eval_begin(self, point):
+        self.calls.append(("eval_begin", point.step))
+
+    def after_eval(self, output):
+        self.calls.append(("after_eval", output.point.step, output.target))
+
+    def at_end(self, end):
+        self.calls.append(("at_end", end.stop.cause, end.step))
+
+
+def test_actions_are_called_with_each_loop_and_eval_in_order(tmp_path):
+    recorder = _Recorder()
+    benchmark = TinyBenchmark(smoke())  # 10 steps per epoch, evals after epochs 1 and 2
+    run_config = runner.RunConfig(model_dir=str(tmp_path), steps_per_loop=4,
+                                  distribution="one_device")  # fmt: skip
+    result = runner.run(benchmark, run_config, actions=[recorder])
+    assert result.cause is runner.StopCause.BUDGET_ENDED
+    assert recorder.calls == [
+        ("attach", "Controller"),
+        ("block_begin", 10), ("after_loop", 1, 1), ("after_loop", 4, 3), ("after_loop", 8, 4),
+            ("after_loop", 10, 2),
+        ("block_end", 10), ("eval_begin", 10), ("after_eval", 10, 2.0),
+        ("block_begin", 20), ("after_loop", 14, 4), ("after_loop", 18, 4), ("after_loop", 20, 2),
+        ("block_end", 20), ("eval_begin", 20), ("after_eval", 20, 2.0),
+        ("at_end", runner.StopCause.BUDGET_ENDED, 20),
+    ]  # fmt: skip
+
+
+def test_an_action_can_stop_the_run_after_a_loop(tmp_path):
+    recorder = _Recorder(stop_after_first_loop=True)
+    result = _run(tmp_path, "stop", distribution="one_device", actions=[recorder])
+    assert result.cause is runner.StopCause.INTERRUPTED and result.steps == 1  # a 1-step first loop
+    assert result.reason == "recorder says stop"
+    assert result.evals == []  # the block was closed without an eval
+    keys = [e["key"] for e in _log_lines(result.mlperf_log)]
+    assert keys[-2:] == [C.BLOCK_STOP, C.RUN_STOP]
+
+
+def test_a_stop_request_interrupts_between_loops_and_saves(tmp_path):
+    request = runner.StopRequest()
+
+    class RequestAfterFirstLoop(runner.Action):
+        def after_loop(self, output):
+            request.request("SIGTERM")
+
+    result = _run(tmp_path, "req", distribution="one_device", checkpoint_every_loops=0,
+                  actions=[RequestAfterFirstLoop()], stop_request=request)  # fmt: skip
+    assert result.cause is runner.StopCause.INTERRUPTED
+    assert result.reason == "SIGTERM" and result.steps == 1  # the first loop is one step
+    run_stop = [e for e in _log_lines(result.mlperf_log) if e["key"] == C.RUN_STOP]
+    assert run_stop[-1]["metadata"]["status"] == C.ABORTED
+    # Interrupted weights are good weights: the final checkpoint holds them.
+    assert os.path.basename(tf.train.latest_checkpoint(str(tmp_path / "req" / "ckpt"))) == "ckpt-1"
+
+
+def test_stop_causes_map_to_mlperf_status_and_checkpoint_policy():
+    statuses = {cause: cause.status for cause in runner.StopCause}
+    assert statuses == {
+        runner.StopCause.TARGET_REACHED: C.SUCCESS,
+        runner.StopCause.BUDGET_ENDED: C.ABORTED,
+        runner.StopCause.NON_FINITE_LOSS: C.ABORTED,
+        runner.StopCause.BAD_DATA: C.ABORTED,
+        runner.StopCause.INTERRUPTED: C.ABORTED,
+        runner.StopCause.PEER_FAILED: C.ABORTED,
+        runner.StopCause.SAVE_FAILED: C.ABORTED,
+    }
+    assert [c for c in runner.StopCause if not c.keeps_weights] == [
+        runner.StopCause.NON_FINITE_LOSS,
+        runner.StopCause.SAVE_FAILED,
+    ]
+
+
+def test_the_runner_binds_a_run_context_and_leaves_the_benchmark_alone(tmp_path):
+    benchmark = TinyBenchmark(smoke())
+    seen = []
+
+    class SeeBenchmark(runner.Action):
+        def attach(self, controller):
+            seen.append(controller.benchmark)
+
+    run_config = runner.RunConfig(model_dir=str(tmp_path), distribution="mirrored",
+                                  num_cpu_devices=2, seed=7, max_train_steps=1,
+                                  skip_bad_records=True)  # fmt: skip
+    runner.run(benchmark, run_config, actions=[SeeBenchmark()])
+    assert benchmark.context == RunContext()  # the caller's object is untouched
+    assert seen[0].context == RunContext(num_replicas=2, seed=7, skip_bad_records=True)
+    assert seen[0].config is benchmark.config
+
+
+def test_no_runner_function_is_longer_than_60_lines():
+    import ast
+    import pathlib
+
+    folder = pathlib.Path(runner.__file__).parent
+    lengths = {}
+    for path in folder.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lengths[f"{path.name}:{node.name}"] = node.end_lineno - node.lineno + 1
+    assert len(lengths) > 20
+    assert max(lengths.values()) <= 60, sorted(lengths.items(), key=lambda kv: -kv[1])[:3]

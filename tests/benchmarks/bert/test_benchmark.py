@@ -14,6 +14,7 @@ from benchmarks.bert import BertBenchmark
 from benchmarks.bert import benchmark as B
 from benchmarks.bert import config as C
 from mlperf_tf import config as config_base
+from mlperf_tf.benchmark import RunContext
 from tests import strategies
 
 
@@ -47,7 +48,7 @@ def test_loss_matches_the_reference_formula():
     loss = bench.compute_loss(model, batch, training=False).numpy()
     np.testing.assert_allclose(loss, mlm + nsp, rtol=1e-5)  # replica batch = micro batch
     # With 2 replicas each holds half the micro batch and scales its mean by 1/2.
-    bench.num_replicas = 2
+    bench = bench.with_context(RunContext(num_replicas=2))
     half = {k: v[:4] for k, v in batch.items()}
     parts = bench.losses(model, half, training=False)
     np.testing.assert_allclose(
@@ -215,7 +216,7 @@ def test_two_replicas_train_step_with_dropout():
     """Mirrored over 2 CPUs: the step runs in replica context (dropout seeds included)."""
     bench = smoke_bench()
     strategy = strategies.mirrored(2)
-    bench.num_replicas = 2
+    bench = bench.with_context(RunContext(num_replicas=2))
     with strategy.scope():
         model = bench.build_model()
         opt = bench.build_optimizer(bench.train_steps)

@@ -14,6 +14,7 @@ from mlperf_logging.mllog import constants as C
 
 from benchmarks.resnet50 import config as rc
 from benchmarks.resnet50.benchmark import ResNet50Benchmark, decayed_variables
+from mlperf_tf.benchmark import RunContext
 from mlperf_tf.config import ConfigError, override
 from mlperf_tf.optimizers import LARS
 
@@ -56,7 +57,7 @@ def test_loss_is_label_smoothed_cross_entropy_over_the_micro_batch():
 
 def test_sgd_adds_half_weight_decay_l2_over_kernels_per_replica():
     bench = _smoke(**{"optimizer.opt_name": "sgd", "optimizer.sgd_opt_weight_decay": "0.0008"})
-    bench.num_replicas = 2
+    bench = bench.with_context(RunContext(num_replicas=2))
     model = bench.build_model()
     batch = _batch(bench, 8)
     with_wd = float(bench.compute_loss(model, batch, training=False))
@@ -187,11 +188,11 @@ def test_sgd_rules_reject_an_illegal_base_learning_rate():
 
 def test_model_bn_span_follows_replicas_accumulation_and_group_size():
     bench = _smoke(**{"gradient_accumulation_steps": "2", "model.bn_group_size": "2"})
-    bench.num_replicas = 4
+    bench = bench.with_context(RunContext(num_replicas=4))
     # micro batch 16 / 2 = 8 over 4 replicas = 2 per replica, groups of 2 replicas -> 4.
     assert bench.per_replica_batch_size == 2
     assert bench.mlperf_hparams()[C.MODEL_BN_SPAN] == 4
-    bench.num_replicas = 3
+    bench = bench.with_context(RunContext(num_replicas=3))
     with pytest.raises(ConfigError, match="divisible"):
         bench.mlperf_hparams()
 
@@ -232,7 +233,7 @@ def test_two_replicas_with_grouped_batch_norm_give_the_one_replica_loss():
         ["CPU:0", "CPU:1"], cross_device_ops=tf.distribute.ReductionToOneDevice()
     )
     bench = ResNet50Benchmark(config)
-    bench.num_replicas = strategy.num_replicas_in_sync
+    bench = bench.with_context(RunContext(num_replicas=strategy.num_replicas_in_sync))
     assert bench.mlperf_hparams()[C.MODEL_BN_SPAN] == 16
     with strategy.scope():
         model = bench.build_model()

@@ -14,6 +14,7 @@ from mlperf_logging.mllog import constants as C
 from benchmarks.ssd import config
 from benchmarks.ssd.benchmark import SSDBenchmark
 from mlperf_tf import registry
+from mlperf_tf.benchmark import RunContext
 from tests import strategies
 
 RULES = os.path.join(os.path.dirname(mlperf_logging.__file__), "compliance_checker")
@@ -38,7 +39,7 @@ def _is_integer(value):  # the checker's own helper, mlp_compliance.is_integer
 @pytest.mark.parametrize("ruleset", ["0.7.0", "1.0.0"])
 def test_hparams_are_legal_under_closed_ssd(preset, ruleset):
     bench = SSDBenchmark(SSDBenchmark.preset(preset))
-    bench.num_replicas = 1
+    bench = bench.with_context(RunContext(num_replicas=1))
     hparams = bench.mlperf_hparams()
     checks = _closed_ssd_checks(ruleset)
     required = {
@@ -55,7 +56,7 @@ def test_hparams_are_legal_under_closed_ssd(preset, ruleset):
 
 def test_mlperf_hparams_are_the_reference_recipe():
     bench = SSDBenchmark(config.mlperf())
-    bench.num_replicas = 8
+    bench = bench.with_context(RunContext(num_replicas=8))
     hp = bench.mlperf_hparams()
     assert hp[C.OPT_BASE_LR] == pytest.approx(2.5e-3 * 256 / 32)
     assert hp[C.OPT_WEIGHT_DECAY] == 5e-4
@@ -66,7 +67,7 @@ def test_mlperf_hparams_are_the_reference_recipe():
         config.mlperf(), model=dataclasses.replace(config.ModelConfig(), bn_group_size=4)
     )
     bench = SSDBenchmark(grouped)
-    bench.num_replicas = 8
+    bench = bench.with_context(RunContext(num_replicas=8))
     assert bench.mlperf_hparams()[C.MODEL_BN_SPAN] == 128
 
 
@@ -119,7 +120,7 @@ def test_two_replicas_with_synced_bn_equal_one_replica():
 
     strategy = strategies.mirrored(2)
     double = SSDBenchmark(cfg)
-    double.num_replicas = 2
+    double = double.with_context(RunContext(num_replicas=2))
     with strategy.scope():
         model2 = double.build_model()
     model2.set_weights(model.get_weights())

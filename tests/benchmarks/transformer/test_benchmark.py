@@ -20,7 +20,7 @@ RULES = os.path.join(os.path.dirname(mlperf_logging.__file__), "compliance_check
 
 
 def smoke_benchmark(**overrides):
-    return TransformerBenchmark(override(config_lib.smoke(), overrides), seed=0)
+    return TransformerBenchmark(override(config_lib.smoke(), overrides))
 
 
 def reference_loss(logits, targets, smoothing):
@@ -219,7 +219,7 @@ def real_benchmark(data_dir, **overrides):
         "data.eval_max_length": "24",
         **overrides,
     }
-    return TransformerBenchmark(override(config_lib.smoke(), settings), seed=0)
+    return TransformerBenchmark(override(config_lib.smoke(), settings))
 
 
 def test_real_data_sizes_come_from_metadata(prepared):

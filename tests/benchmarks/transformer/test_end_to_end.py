@@ -26,7 +26,6 @@ def test_smoke_run_logs_pass_the_official_checker_quality_aside(tmp_path):
             model_dir=str(tmp_path), distribution="mirrored", num_cpu_devices=2, steps_per_loop=4
         ),
     )
-    assert bench.num_replicas == 2
     assert result.status == C.ABORTED  # random ids: the budget ends before BLEU 0.25
     assert [epoch for epoch, _ in result.evals] == [1, 2]
     assert all(0.0 <= value < 0.25 for _, value in result.evals)

@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 from mlperf_logging.mllog import constants as C
 
-from compliance.logger import MLPerfLogger
+from mlperf_tf.mllog import MLPerfLogger
 
 
 def _records(path):
@@ -32,8 +32,8 @@ def test_lines_are_mllog_json_with_the_caller_and_metadata(tmp_path):
     assert records[3]["value"] == 256 and records[3]["metadata"]["method"] == "discard"
     assert records[4]["metadata"]["status"] == "success"
     # The caller's file, relative to the repo, not this logger's own module.
-    assert records[0]["metadata"]["file"] == "tests/compliance/test_logger.py"
-    assert records[2]["metadata"]["file"] == "tests/compliance/test_logger.py"
+    assert records[0]["metadata"]["file"] == "tests/mlperf_tf/test_mllog.py"
+    assert records[2]["metadata"]["file"] == "tests/mlperf_tf/test_mllog.py"
     assert all(isinstance(r["time_ms"], int) for r in records)
 
 

@@ -1,0 +1,208 @@
+"""Provides `RunConfig` (how to run a benchmark), `StopCause` and `RunResult` (how a run ended).
+
+`RunConfig` is the one declaration of every run setting: `mlperf_tf.flags` builds one absl flag per
+field from its type, default and `help` metadata, so a new run setting is one field here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import os
+from typing import Any
+
+from mlperf_logging.mllog import constants as C
+
+from mlperf_tf import distribute, precision
+from mlperf_tf.collectives import mesh as collectives_mesh
+from mlperf_tf.errors import UserError
+
+RESUME_INPUT_MODES = ("skip", "reseed")
+SUBMISSION_DIVISIONS = ("closed", "open")
+SUBMISSION_STATUSES = ("onprem", "cloud", "preview", "research")
+
+
+def default_platform() -> str:
+    """MLPerf `submission_platform` of this host when none is given, e.g. `2xCPU`."""
+    return f"{os.cpu_count()}xCPU"
+
+
+def setting(default: Any = dataclasses.MISSING, *, help: str, choices=None, factory=None, **kw):  # noqa: A002
+    """A `RunConfig` field with its flag's help text (and allowed values, for enum flags)."""
+    metadata = {"help": help, "choices": tuple(choices) if choices else None}
+    if factory is not None:
+        return dataclasses.field(default_factory=factory, metadata=metadata, **kw)
+    return dataclasses.field(default=default, metadata=metadata, **kw)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    """How to run a benchmark (not what it trains): strategy, precision, loops, checkpoints, log.
+
+    Every field is a flag of `mlperf-tf run` of the same name; its `help` metadata is the flag's
+    help text. Validation errors name the flag and its value.
+    """
+
+    model_dir: str = setting(
+        None, help="Folder for checkpoints (ckpt/), TensorBoard (tensorboard/) and the MLPerf log."
+    )
+    mlperf_log: str = setting("", help="MLPerf log path ('' means <model_dir>/mlperf_log.txt).")
+    distribution: str = setting(
+        "auto", help="tf.distribute strategy.", choices=distribute.DISTRIBUTIONS
+    )
+    tpu: str = setting("", help="TPU name or address for TPUClusterResolver.")
+    num_cpu_devices: int = setting(0, help="Split the CPU into N logical devices (tests).")
+    dtype: str = setting("fp32", help="Compute precision.", choices=precision.DTYPES)
+    xla: bool = setting(False, help="Compile the per-replica train and eval steps with XLA.")
+    steps_per_loop: int = setting(
+        100, help="Optimizer steps per compiled host loop; progress is printed once per loop."
+    )
+    checkpoint_every_loops: int = setting(
+        10, help="Save a checkpoint every N host loops (0: only at the end of the run)."
+    )
+    checkpoint_every_minutes: float = setting(
+        5.0,
+        help="Also save a checkpoint once this many minutes passed since the last (0: off); a "
+        "block without a save gets one before its eval.",
+    )
+    max_checkpoints: int = setting(3, help="Checkpoints to keep.")
+    resume_input: str = setting(
+        "skip",
+        help="On resume: `skip` replays the input past the consumed batches (exact for "
+        "deterministic pipelines; costs their input time); `reseed` restarts it with a seed "
+        "derived from the step (cheap; a different order).",
+        choices=RESUME_INPUT_MODES,
+    )
+    seed: int = setting(0, help="Run seed (MLPerf `seed`): data order, augmentation, initializers.")
+    max_train_steps: int = setting(
+        0, help="Stop after N optimizer steps (0: the benchmark's `max_epochs` budget)."
+    )
+    data_service: str = setting("", help="tf.data service address, e.g. grpc://host:5050.")
+    skip_bad_records: bool = setting(False, help="Skip and count corrupt records.")
+    startup_timeout_s: float = setting(120.0, help="Seconds to reach a TPU or the peer workers.")
+    collective_timeout: float = setting(
+        0.0,
+        help="Seconds a multi-worker collective may wait for its peers before the run stops with "
+        "an error naming them (0: no limit; TF's heartbeat check still ends it in about 10 s "
+        "when a peer dies or freezes).",
+    )
+    submission_org: str = setting("mlperf-tf", help="MLPerf submission_org.")
+    submission_platform: str = setting(
+        help="MLPerf submission_platform (default: this host, e.g. 2xCPU).",
+        factory=default_platform,
+    )
+    submission_division: str = setting(
+        "closed", help="MLPerf submission_division.", choices=SUBMISSION_DIVISIONS
+    )
+    submission_status: str = setting(
+        "research", help="MLPerf submission_status.", choices=SUBMISSION_STATUSES
+    )
+    echo_mlperf_log: bool = setting(False, help="Also print the MLPerf log lines to stdout.")
+    ruleset: str = setting(
+        "",
+        help="MLPerf Training round whose rules the log follows, e.g. 2.0.0: it decides the keys "
+        "emitted (e.g. weights_initialization in 1.1.0-2.1.0). '' means the newest round that "
+        "has the benchmark.",
+    )
+
+    all_reduce: str = setting(
+        "auto",
+        help="Cross-replica gradient sum: auto (the strategy's own inside Keras; ring, or "
+        "hierarchical over several workers, when packing or sharding), ring, hierarchical (sum "
+        "within mesh rows, across their first replicas, broadcast back), torus2d (reduce-scatter "
+        "along rows, all-reduce along columns, all-gather along rows). See "
+        "mlperf_tf/collectives/README.md.",
+        choices=collectives_mesh.ALGORITHMS,
+    )
+    mesh: str = setting(
+        "",
+        help="Replicas as RxC rows x columns, replica i at row i // C ('' means one row per "
+        "worker, or on one host the most square R <= C).",
+    )
+    pack_mb: float = setting(
+        0.0, help="Fuse gradients into buckets of about M MiB before summing (0: one per tensor)."
+    )
+    weight_update_sharding: bool = setting(
+        False,
+        help="Reduce-scatter the summed gradients, update a 1/N shard of each variable per "
+        "replica (optimizer slots for that shard only; SGD, LARS, LAMB), all-gather the weights.",
+    )
+    cluster_resolver: str = setting(
+        "auto",
+        help="Where the workers come from: TF_CONFIG, or TF's SlurmClusterResolver, "
+        "KubernetesClusterResolver or TPUClusterResolver (auto: --tpu, then TF_CONFIG, then a "
+        "Slurm step of several tasks).",
+        choices=distribute.CLUSTER_RESOLVERS,
+    )
+    slurm_port_base: int = setting(
+        8888, help="First worker port on each node with --cluster_resolver=slurm (then +1, ...)."
+    )
+
+    def __post_init__(self):
+        collectives_mesh.check_settings(
+            all_reduce=self.all_reduce,
+            mesh=self.mesh,
+            pack_mb=self.pack_mb,
+            cluster_resolver=self.cluster_resolver,
+        )
+        if not self.model_dir:
+            raise UserError("--model_dir is required")
+        for name in ("steps_per_loop", "max_checkpoints"):
+            if getattr(self, name) <= 0:
+                raise UserError(f"--{name} ({getattr(self, name)}) must be a positive integer.")
+        for name in ("checkpoint_every_loops", "max_train_steps", "num_cpu_devices",
+                     "checkpoint_every_minutes", "collective_timeout"):  # fmt: skip
+            if getattr(self, name) < 0:
+                raise UserError(f"--{name} ({getattr(self, name)}) must not be negative.")
+        for field in dataclasses.fields(self):
+            choices = field.metadata.get("choices")
+            value = getattr(self, field.name)
+            if choices and value not in choices:
+                raise UserError(f"--{field.name}={value!r} is not one of {', '.join(choices)}")
+
+    @property
+    def mlperf_log_path(self) -> str:
+        return self.mlperf_log or os.path.join(self.model_dir, "mlperf_log.txt")
+
+
+class StopCause(enum.Enum):
+    """Why a run stopped. The MLPerf `run_stop` status and the checkpoint policy follow from it."""
+
+    TARGET_REACHED = "target_reached"
+    BUDGET_ENDED = "budget_ended"
+    NON_FINITE_LOSS = "non_finite_loss"
+    BAD_DATA = "bad_data"
+    INTERRUPTED = "interrupted"  # SIGTERM/SIGINT (mlperf_tf.preemption)
+    PEER_FAILED = "peer_failed"  # a peer worker died or froze (mlperf_tf.peers)
+    SAVE_FAILED = "save_failed"  # a checkpoint could not be written (full disk, read-only)
+
+    @property
+    def status(self) -> str:
+        """MLPerf's `run_stop` status: success only at the quality target."""
+        return C.SUCCESS if self is StopCause.TARGET_REACHED else C.ABORTED
+
+    @property
+    def keeps_weights(self) -> bool:
+        """Whether the final weights are worth a checkpoint (never save diverged weights)."""
+        return self not in (StopCause.NON_FINITE_LOSS, StopCause.SAVE_FAILED)
+
+
+@dataclasses.dataclass
+class RunResult:
+    """What a run ended with (on every worker)."""
+
+    cause: StopCause
+    reason: str  # why it stopped, for people
+    steps: int
+    evals: list[tuple[float, float]]  # (epoch_num, eval value) in order
+    mlperf_log: str | None  # the log path on the chief, None on other workers
+    model: Any = None
+
+    @property
+    def status(self) -> str:
+        """MLPerf `run_stop` status: "success" or "aborted"."""
+        return self.cause.status
+
+    @property
+    def success(self) -> bool:
+        return self.cause is StopCause.TARGET_REACHED

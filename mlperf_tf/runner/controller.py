@@ -1,0 +1,496 @@
+"""Provides `Controller` and `run`: the outer MLPerf training loop of any `Benchmark`.
+
+Orbit-shaped: the `Controller` owns the outer loop — a training block up to each evaluation point of
+the benchmark's MLPerf schedule, the evaluation, checkpoints; a `Trainer` runs one compiled loop of
+`steps_per_loop` steps; an `Evaluator` runs the eval set. Side work (the MLPerf log, TensorBoard,
+the progress line, the stops at a non-finite loss or the target) is a list of `actions`; why the
+run stopped is a `StopCause`, never a message to match.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from collections.abc import Sequence
+
+import keras
+import tensorflow as tf
+from absl import logging
+from mlperf_logging.mllog import constants as C
+
+from mlperf_tf import checkpoints, collectives, distribute, peers, precision, preemption, rounds
+from mlperf_tf.benchmark import Benchmark, EvalPoint, RunContext
+from mlperf_tf.data.pipeline import translate_errors
+from mlperf_tf.errors import DataError, PeerError, UserError
+from mlperf_tf.mllog import MLPerfLogger
+from mlperf_tf.preemption import StopRequest
+from mlperf_tf.runner import actions as actions_lib
+from mlperf_tf.runner.actions import Action, EvalOutput, LoopOutput, RunEnd, Stop
+from mlperf_tf.runner.config import RunConfig, RunResult, StopCause
+from mlperf_tf.runner.evaluator import Evaluator
+from mlperf_tf.runner.trainer import Trainer
+
+
+def run(
+    benchmark: Benchmark,
+    run_config: RunConfig,
+    *,
+    actions: Sequence[Action] = (),
+    stop_request: StopRequest | None = None,
+    trainer_class: type[Trainer] = Trainer,
+) -> RunResult:
+    """Trains `benchmark` until its quality target or its budget; logs MLPerf lines on the chief.
+
+    Resumes from the latest checkpoint in `<model_dir>/ckpt` when there is one.
+
+    Args:
+      benchmark: the benchmark to train; the run binds its `RunContext` (a new instance).
+      run_config: how to run it.
+      actions: side work called after the built-in actions (see `mlperf_tf.runner.actions`).
+      stop_request: read before every step (`mlperf_tf.preemption`): a request stops the run
+        as INTERRUPTED at the next step boundary, with a checkpoint of that step.
+      trainer_class: the `Trainer` (subclass one to change how gradients are summed and applied).
+
+    Raises:
+      UserError: bad run settings, unreachable peers, or bad data reported by the benchmark.
+    """
+    _resolve_ruleset(benchmark, run_config)  # a bad --ruleset fails before anything starts
+    strategy = distribute.resolve_strategy(
+        run_config.distribution,
+        tpu=run_config.tpu,
+        num_cpu_devices=run_config.num_cpu_devices,
+        timeout_s=run_config.startup_timeout_s,
+        collective_timeout=run_config.collective_timeout,
+        cluster_resolver=run_config.cluster_resolver,
+        port_base=run_config.slurm_port_base,
+    )
+    chief = distribute.is_chief(strategy)
+    checkpoints.check_model_dir(run_config.model_dir)
+    if chief:
+        _keep_previous_log(run_config.mlperf_log_path)
+    mllog = MLPerfLogger(run_config.mlperf_log_path, enabled=chief, echo=run_config.echo_mlperf_log)
+    try:
+        controller = Controller(
+            benchmark=benchmark,
+            run_config=run_config,
+            strategy=strategy,
+            mllog=mllog,
+            actions=actions,
+            stop_request=stop_request,
+            trainer_class=trainer_class,
+        )
+        return controller.run()
+    finally:
+        mllog.close()
+
+
+def _resolve_ruleset(benchmark: Benchmark, run_config: RunConfig) -> str:
+    """The MLPerf round the log follows (`--ruleset`, default the newest with the benchmark)."""
+    try:
+        return rounds.resolve_ruleset(benchmark.mlperf_benchmark, run_config.ruleset)
+    except ValueError as error:
+        raise UserError(f"--ruleset: {error}") from None
+
+
+def _keep_previous_log(log_path: str) -> None:
+    # A restarted run writes a fresh log; the old one is kept, never overwritten.
+    if not (os.path.exists(log_path) and os.path.getsize(log_path)):
+        return
+    index = 1
+    while os.path.exists(f"{log_path}.{index}"):
+        index += 1
+    os.replace(log_path, f"{log_path}.{index}")
+    logging.info("Kept the previous MLPerf log as %s.%d", log_path, index)
+
+
+class Controller:
+    """Runs one benchmark: init, the blocks and evals of its schedule, the stop, the checkpoints.
+
+    Built by `run`; actions get it through `Action.attach` (e.g. to call `save`).
+    """
+
+    def __init__(
+        self,
+        *,
+        benchmark: Benchmark,
+        run_config: RunConfig,
+        strategy,
+        mllog: MLPerfLogger,
+        actions: Sequence[Action] = (),
+        stop_request: StopRequest | None = None,
+        trainer_class: type[Trainer] = Trainer,
+    ):
+        self.benchmark = benchmark
+        self.run_config = run_config
+        self.strategy = strategy
+        self.mllog = mllog
+        self.ruleset = _resolve_ruleset(benchmark, run_config)
+        self.chief = distribute.is_chief(strategy)
+        self.stop_request = stop_request or StopRequest()
+        self.trainer_class = trainer_class
+        self.extra_actions = list(actions)
+        self.step = 0
+        self.evals: list[tuple[float, float]] = []
+        self._loops_run = 0
+
+    # ---- the run -------------------------------------------------------------------------------
+    def run(self) -> RunResult:
+        """Initializes (the MLPerf init phase), trains and evaluates to a stop; returns the result."""
+        self._initialize()
+        for action in self.actions:
+            action.attach(self)
+        self.mllog.end(C.INIT_STOP)
+        self._log_run_start()
+        begin = time.monotonic()
+        try:
+            with translate_errors():
+                stop = self._train_and_evaluate()
+        except DataError as e:
+            # Bad input mid-run: close the log as an aborted run and keep the work done so far.
+            self._finish(Stop(StopCause.BAD_DATA, str(e)), begin)
+            raise
+        except checkpoints.CheckpointError as e:
+            self._finish(Stop(StopCause.SAVE_FAILED, str(e)), begin)
+            raise
+        except tf.errors.OpError as e:
+            message = peers.peer_failure(
+                e,
+                distribute.parse_tf_config(),
+                collective_timeout=self.run_config.collective_timeout,
+            )
+            if message is None:
+                raise
+            raise PeerError(self._finish_after_peer_failure(message, begin)) from None
+        self._finish(stop, begin)
+        return RunResult(
+            cause=stop.cause,
+            reason=stop.reason,
+            steps=self.step,
+            evals=self.evals,
+            mlperf_log=self.mllog.path if self.chief else None,
+            model=self.model,
+        )
+
+    def _train_and_evaluate(self) -> Stop:
+        iterator = iter(self.train_data)
+        previous_step = 0
+        for point in self.schedule:
+            if point.step <= self.step:
+                previous_step = point.step
+                continue  # evaluated before the restart
+            if self.step > previous_step:  # resumed inside this block: it starts at the checkpoint
+                point = resumed_block(point, previous_step, self.step)
+            previous_step = point.step
+            stop = self._train_block(iterator, point) or self._evaluate(point)
+            if stop:
+                return stop
+        budget = f"budget of {self.last_step} steps ended before the quality target"
+        return Stop(StopCause.BUDGET_ENDED, budget)
+
+    def _train_block(self, iterator, point: EvalPoint) -> Stop | None:
+        """Trains up to `point.step` in host loops; a stop cuts the block short (no eval then)."""
+        self._notify("block_begin", point)
+        stop = None
+        while self.step < point.step:
+            num_steps = min(self._loop_steps(), point.step - self.step)
+            stop = self._stop_requested() or self._train_loop(iterator, num_steps, point.step)
+            if stop:
+                break
+            self.checkpointer.after_loop(self.step, block_ended=self.step >= point.step)
+        self._notify("block_end", point)
+        return stop
+
+    def _loop_steps(self) -> int:
+        """Steps of the next host loop: `steps_per_loop`, except that the run's first loop is one
+        step (its time includes tracing, minutes for big models: the first progress line comes as
+        soon as the loop is compiled) and the second the rest of `steps_per_loop`."""
+        per_loop = self.run_config.steps_per_loop
+        if self._loops_run == 0:
+            return 1
+        if self._loops_run == 1 and per_loop > 1:
+            return per_loop - 1
+        return per_loop
+
+    def _train_loop(self, iterator, num_steps: int, next_eval_step: int) -> Stop | None:
+        first = not self._loops_run
+        begin = time.monotonic()
+        loss, done = self.trainer.loop(iterator, tf.constant(num_steps, tf.int32))
+        loss, done = float(loss.numpy()), int(done.numpy())
+        seconds = time.monotonic() - begin
+        interrupted = Stop(StopCause.INTERRUPTED, self.stop_request.reason or "stop requested")
+        if not done:
+            return interrupted  # stopped before its first step: nothing to report
+        self._loops_run += 1
+        self.step += done
+        samples = done * self.benchmark.config.global_batch_size
+        output = LoopOutput(
+            step=self.step,
+            steps=done,
+            loss=loss,
+            seconds=seconds,
+            samples_per_second=samples / max(seconds, 1e-9),
+            last_step=self.last_step,
+            epoch=self.step / self.benchmark.steps_per_epoch,
+            next_eval_step=next_eval_step,
+            first=first,
+        )
+        stop = self._notify("after_loop", output)
+        return stop or (interrupted if done < num_steps else None)
+
+    def _evaluate(self, point: EvalPoint) -> Stop | None:
+        self._notify("eval_begin", point)
+        value = self.evaluator.evaluate()
+        self.evals.append((point.epoch_num, value))
+        target = self.benchmark.quality_target
+        return self._notify("after_eval", EvalOutput(point=point, value=value, target=target))
+
+    def _stop_requested(self) -> Stop | None:
+        # On several workers only the loop's agreed check may stop (a worker that stopped here
+        # alone would leave the others waiting in their next all-reduce).
+        if self.stop_request.requested and not preemption.spans_hosts(self.strategy):
+            return Stop(StopCause.INTERRUPTED, self.stop_request.reason)
+        return None
+
+    def _notify(self, hook: str, arg) -> Stop | None:
+        """Calls `hook(arg)` of every action in order; the first `Stop` returned wins."""
+        stop = None
+        for action in self.actions:
+            result = getattr(action, hook)(arg)
+            stop = stop or result
+        return stop
+
+    def _finish(self, stop: Stop, begin: float) -> None:
+        end = RunEnd(stop=stop, step=self._optimizer_step(), seconds=time.monotonic() - begin)
+        self._notify("at_end", end)
+        if stop.cause.keeps_weights:
+            self.save()  # never save non-finite weights over good ones
+
+    def _finish_after_peer_failure(self, message: str, begin: float) -> str:
+        """Closes the log, saves the last completed step if this worker still can; the message."""
+        try:
+            self._finish(Stop(StopCause.PEER_FAILED, message), begin)
+        except checkpoints.CheckpointError as e:
+            return f"{message}; no checkpoint could be taken ({e})"
+        saved = self.checkpointer.last_saved_step
+        where = f"the last checkpoint is of step {saved}" if saved else "no checkpoint was saved"
+        return f"{message}; {where}"
+
+    def _log_run_start(self) -> None:
+        """Logs `run_start`; a resumed run re-logs the first attempt's, so its time covers both.
+
+        The checkpoint carries the first `run_start` time; a resumed log also gets the marker
+        line that `mlperf-tf check`/`score` read (`# mlperf-tf resumed {...}`).
+        """
+        now_ms = int(time.time() * 1000)
+        original_ms = int(self.run_state.run_start_ms.numpy()) or None
+        if self.step:
+            marker = {"step": self.step, "original_run_start_ms": original_ms}
+            self.mllog.comment(f"mlperf-tf resumed {json.dumps(marker)}")
+        start_ms = original_ms if (self.step and original_ms) else now_ms
+        self.run_state.run_start_ms.assign(start_ms)
+        self.mllog.start(C.RUN_START, time_ms=start_ms)
+
+    # ---- checkpoints ---------------------------------------------------------------------------
+    def save(self) -> None:
+        """Saves a checkpoint numbered by the optimizer step (every worker must call it).
+
+        Raises:
+          checkpoints.CheckpointError: the write failed (a full disk, a read-only folder).
+        """
+        self.checkpointer.save(self._optimizer_step())
+
+    def _optimizer_step(self) -> int:
+        return int(self.optimizer.iterations.numpy())
+
+    def _restore(self) -> int:
+        """Restores the chief's newest good checkpoint, or the benchmark's initial weights; the step."""
+        cfg = self.run_config
+        # The first attempt's run_start (ms since the epoch; 0: not started), kept so that a
+        # resumed run's log can carry it. A host variable: outside the strategy scope.
+        self.run_state = tf.train.Checkpoint(run_start_ms=tf.Variable(0, dtype=tf.int64))
+        checkpoint = tf.train.Checkpoint(
+            model=self.model, optimizer=self.optimizer, run_state=self.run_state
+        )
+        self.checkpointer = checkpoints.Checkpointer(
+            checkpoint=checkpoint,
+            model_dir=cfg.model_dir,
+            chief=self.chief,
+            task_id=distribute.task_id(self.strategy),
+            max_to_keep=cfg.max_checkpoints,
+            policy=checkpoints.CheckpointPolicy(
+                every_loops=cfg.checkpoint_every_loops, every_minutes=cfg.checkpoint_every_minutes
+            ),
+            strategy=self.strategy,
+        )
+        with self.strategy.scope():
+            latest = self.checkpointer.restore()
+            if latest:
+                logging.info("Resumed from %s", latest)
+            else:
+                self.benchmark.restore_initial_weights(self.model)
+        return self._optimizer_step()
+
+    # ---- initialization ------------------------------------------------------------------------
+    def _initialize(self) -> None:
+        """The MLPerf init phase: log the run's keys, build, restore, log hparams, make the loops."""
+        cfg = self.run_config
+        self._log_init_events()
+        keras.utils.set_random_seed(cfg.seed)
+        precision.set_policy(cfg.dtype)
+        context = RunContext(
+            num_replicas=self.strategy.num_replicas_in_sync,
+            seed=cfg.seed,
+            skip_bad_records=cfg.skip_bad_records,
+        )
+        self.benchmark = self.benchmark.with_context(context)
+        self._build_model()
+        for event in rounds.init_events(self.benchmark.mlperf_benchmark, self.ruleset):
+            self.mllog.event(event.key, event.value, metadata=event.metadata)
+        self.step = self._restore()
+        if self.step and cfg.resume_input == "reseed":
+            reseeded = dataclasses.replace(context, seed=cfg.seed + self.step)
+            self.benchmark = self.benchmark.with_context(reseeded)
+        self.mllog.log_hparams(
+            rounds.adapt_hparams(self.benchmark.mlperf_benchmark, self.ruleset, self._hparams())
+        )
+        self._build_loops()
+
+    def _log_init_events(self) -> None:
+        cfg = self.run_config
+        self.mllog.event(C.CACHE_CLEAR, True)
+        self.mllog.start(C.INIT_START)
+        self.mllog.log_submission(
+            benchmark=self.benchmark.mlperf_benchmark,
+            org=cfg.submission_org,
+            platform=cfg.submission_platform,
+            division=cfg.submission_division,
+            status=cfg.submission_status,
+        )
+        self.mllog.event(C.SEED, cfg.seed)
+
+    def _build_model(self) -> None:
+        benchmark, cfg = self.benchmark, self.run_config
+        settings = collectives.Settings(
+            all_reduce=cfg.all_reduce,
+            mesh=cfg.mesh,
+            pack_mb=cfg.pack_mb,
+            weight_update_sharding=cfg.weight_update_sharding,
+            **({"timeout_s": cfg.collective_timeout} if cfg.collective_timeout else {}),
+        )
+        self.summer = (
+            None if settings.uses_keras_sum else collectives.GradientSummer(self.strategy, settings)
+        )
+        with self.strategy.scope():
+            self.model = benchmark.build_model()
+            if not self.model.built:
+                raise RuntimeError(
+                    f"{type(benchmark).__name__}.build_model() must return a built model"
+                )
+            budget = self.run_config.max_train_steps or benchmark.train_steps
+            optimizer = benchmark.build_optimizer(budget)
+            self.optimizer = precision.wrap_optimizer(optimizer, self.run_config.dtype)
+            # Slots must exist before the first step under MirroredStrategy (a placeholder error).
+            # With weight-update sharding the optimizer keeps no full-size slots: the summer
+            # holds each replica's shard of them.
+            sharded = self.summer is not None and self.summer.sharded
+            self.optimizer.build([] if sharded else self.model.trainable_variables)
+            if self.summer is not None:
+                self.summer.build(self.optimizer, self.model.trainable_variables)
+        if self.summer is not None:
+            collectives.record_choices(self.summer, cfg.model_dir, chief=self.chief)
+
+    def _hparams(self) -> dict:
+        benchmark = self.benchmark
+        hparams = {
+            C.GLOBAL_BATCH_SIZE: benchmark.config.global_batch_size,
+            C.GRADIENT_ACCUMULATION_STEPS: benchmark.config.gradient_accumulation_steps,
+        }
+        hparams.update(benchmark.mlperf_hparams())
+        hparams.setdefault(C.TRAIN_SAMPLES, benchmark.train_samples())
+        hparams.setdefault(C.EVAL_SAMPLES, benchmark.eval_samples())
+        return hparams
+
+    def _build_loops(self) -> None:
+        """The datasets, the Trainer and Evaluator, the schedule and the action list."""
+        strategy, benchmark, cfg = self.strategy, self.benchmark, self.run_config
+        self.train_data = strategy.distribute_datasets_from_function(
+            _train_dataset_fn(benchmark, cfg, self.step)
+        )
+        eval_data = strategy.distribute_datasets_from_function(benchmark.eval_dataset)
+        parts = dict(strategy=strategy, benchmark=benchmark, model=self.model, xla=cfg.xla)
+        self.trainer = self.trainer_class(optimizer=self.optimizer, **parts)
+        self.trainer.stop_request = self.stop_request
+        self.trainer.summer = self.summer
+        self.evaluator = Evaluator(dataset=eval_data, **parts)
+        self.schedule = schedule(benchmark, cfg.max_train_steps)
+        self.last_step = self.schedule[-1].step
+        self.actions = self._default_actions() + self.extra_actions
+
+    def _default_actions(self) -> list[Action]:
+        if self.chief:
+            tensorboard_dir = os.path.join(self.run_config.model_dir, "tensorboard")
+            writer = tf.summary.create_file_writer(tensorboard_dir)
+        else:
+            writer = tf.summary.create_noop_writer()
+        return [
+            actions_lib.MLPerfEvents(self.mllog),
+            actions_lib.ProgressLine(),
+            actions_lib.TensorBoardScalars(writer, self.optimizer),
+            actions_lib.NonFiniteLossStop(),
+            actions_lib.TargetStop(),
+        ]
+
+
+def _train_dataset_fn(benchmark: Benchmark, run_config: RunConfig, start_step: int):
+    micro_batches = benchmark.config.gradient_accumulation_steps
+
+    def dataset_fn(input_context: tf.distribute.InputContext):
+        dataset = benchmark.train_dataset(input_context)
+        if run_config.data_service:
+            from mlperf_tf.data import service  # noqa: PLC0415 (only runs that use it pay)
+
+            # One job per pipeline: pipelines read different shards and must not share a job.
+            job_name = f"{benchmark.name}-train-{input_context.input_pipeline_id}"
+            dataset = service.distribute(dataset, run_config.data_service, job_name=job_name)
+        if start_step and run_config.resume_input == "skip":
+            local_replicas = input_context.num_replicas_in_sync // input_context.num_input_pipelines
+            dataset = dataset.skip(start_step * micro_batches * local_replicas)
+        return dataset
+
+    return dataset_fn
+
+
+def resumed_block(point: EvalPoint, block_begin_step: int, resume_step: int) -> EvalPoint:
+    """`point` with its block's `first_epoch_num`/`epoch_count` starting at `resume_step`.
+
+    The block's epochs map linearly onto its steps [block_begin_step, point.step], which holds for
+    epoch and sample counts alike: resuming ResNet's block `first_epoch_num=1, epoch_count=4` half
+    way gives `first_epoch_num=3, epoch_count=2`.
+    """
+    fraction = (resume_step - block_begin_step) / (point.step - block_begin_step)
+    first = point.first_epoch_num + fraction * point.epoch_count
+    count = point.epoch_count * (1.0 - fraction)
+    return dataclasses.replace(point, first_epoch_num=_clean(first), epoch_count=_clean(count))
+
+
+def _clean(x: float) -> float | int:
+    x = round(x, 6)
+    return int(x) if x == int(x) else x
+
+
+def schedule(benchmark: Benchmark, max_train_steps: int = 0) -> list[EvalPoint]:
+    """The benchmark's eval points in step order, cut at `max_train_steps` (0: no cut).
+
+    The budget's end gets an eval too, so every run logs at least one `eval_accuracy`.
+    """
+    points = sorted(benchmark.eval_schedule(), key=lambda p: p.step)
+    if not points:
+        raise RuntimeError(f"{type(benchmark).__name__}.eval_schedule() returned no eval points")
+    if max_train_steps:
+        kept = [p for p in points if p.step < max_train_steps]
+        last = next((p for p in points if p.step >= max_train_steps), points[-1])
+        kept.append(dataclasses.replace(last, step=min(max_train_steps, last.step)))
+        points = kept
+    return points

@@ -1,0 +1,56 @@
+"""Provides `Evaluator`: runs the eval set, gathers per-replica outputs and reduces them on the host."""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from mlperf_tf.benchmark import Benchmark
+from mlperf_tf.runner.trainer import replica_function
+
+
+class Evaluator:
+    """Evaluates the model on the benchmark's eval set; `evaluate()` returns the quality value.
+
+    Args:
+      strategy: the run's tf.distribute strategy.
+      benchmark: supplies `eval_step` (replica context) and the host-side reduction.
+      model: the Keras model being trained.
+      dataset: the distributed eval dataset (`strategy.distribute_datasets_from_function`).
+      xla: compile each replica's eval step with XLA (chosen by `replica_function`).
+    """
+
+    def __init__(self, *, strategy, benchmark: Benchmark, model, dataset, xla: bool):
+        self.strategy = strategy
+        self.benchmark = benchmark
+        self.model = model
+        self.dataset = dataset
+        self.steps = benchmark.eval_steps(strategy.num_replicas_in_sync)
+        self._replica_eval = replica_function(self._replica, xla=xla)
+        self._step = tf.function(self._gathered_step)
+
+    def _replica(self, batch):
+        outputs = self.benchmark.eval_step(self.model, batch)
+        # Scalars get a leading axis so that gathering concatenates one value per replica.
+        return {k: tf.reshape(v, [1]) if v.shape.rank == 0 else v for k, v in outputs.items()}
+
+    def _gathered_step(self, iterator):
+        outputs = self.strategy.run(self._replica_eval, args=(next(iterator),))
+        return {k: self.strategy.gather(v, axis=0) for k, v in outputs.items()}
+
+    def evaluate(self) -> float:
+        """One pass over the eval set (host loop); the benchmark's `eval_result` of it."""
+        iterator = iter(self.dataset)
+        state = self.benchmark.eval_begin()
+        for _ in range(self.steps):
+            outputs = self._step(iterator)
+            state = self.benchmark.eval_reduce(state, {k: v.numpy() for k, v in outputs.items()})
+        return float(self.benchmark.eval_result(state))
+
+
+def evaluate_only(benchmark: Benchmark, model) -> float:
+    """Evaluates `model` on the benchmark's eval set on the default strategy (tests, tools)."""
+    strategy = tf.distribute.get_strategy()
+    data = strategy.distribute_datasets_from_function(benchmark.eval_dataset)
+    return Evaluator(
+        strategy=strategy, benchmark=benchmark, model=model, dataset=data, xla=False
+    ).evaluate()

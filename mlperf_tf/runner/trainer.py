@@ -1,0 +1,129 @@
+"""Provides `Trainer`: one compiled host loop of `steps_per_loop` optimizer steps.
+
+The replica math (loss, eval outputs) lives in `Benchmark`; the Trainer accumulates micro-batch
+gradients and hands them to `sum_and_apply`, the one place where per-replica gradients are summed
+across replicas and applied. Swap that method (subclass `Trainer` and pass it to `run`) to change
+how gradients are summed (e.g. hierarchical all-reduce) or where the update runs (weight-update
+sharding).
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from mlperf_tf.benchmark import Benchmark
+
+
+def replica_function(fn, *, xla: bool):
+    """`fn` compiled with XLA per replica when `xla`, else `fn` itself (inlined into the caller).
+
+    The one place the runner chooses XLA-or-not, for the Trainer and the Evaluator alike. Without
+    XLA the function is inlined into the loop's graph: a nested `tf.function` would refuse the
+    all-reduce of cross-replica batch norm ("merge_call ... in a tf.function").
+    """
+    return tf.function(fn, jit_compile=True, reduce_retracing=True) if xla else fn
+
+
+class Trainer:
+    """Runs `num_steps` optimizer steps per call of `loop` (one traced `tf.function`).
+
+    Args:
+      strategy: the run's tf.distribute strategy.
+      benchmark: supplies `compute_loss` (replica context) and the gradient clip norm.
+      model: the Keras model, built under `strategy.scope()`.
+      optimizer: the Keras optimizer, built under `strategy.scope()`.
+      xla: compile each replica's forward/backward pass with XLA. `apply_gradients` stays outside
+        it: its cross-replica sum is a merge_call, which XLA cannot hold on CPU/GPU.
+    """
+
+    def __init__(self, *, strategy, benchmark: Benchmark, model, optimizer, xla: bool):
+        self.strategy = strategy
+        self.benchmark = benchmark
+        self.model = model
+        self.optimizer = optimizer
+        self.accumulation = benchmark.config.gradient_accumulation_steps
+        self.clip_norm = benchmark.gradient_clip_norm()
+        self._grads = replica_function(self._replica_grads, xla=xla)
+        # Set by the controller before the first loop (see `mlperf_tf.preemption.StopRequest`).
+        self.stop_request = None
+        # Set by the controller when --all_reduce/--pack_mb/--weight_update_sharding ask for
+        # the collectives' sum (`mlperf_tf.collectives.GradientSummer`); None: Keras' own sum.
+        self.summer = None
+        self.loop = tf.function(self._loop)
+
+    def _replica_grads(self, batch):
+        variables = self.model.trainable_variables
+        with tf.GradientTape() as tape:
+            loss = self.benchmark.compute_loss(self.model, batch, training=True)
+            scaled = self.optimizer.scale_loss(loss)
+        grads = tape.gradient(scaled, variables)
+        return loss, grads
+
+    def _replica_step(self, micro_batches):
+        total_loss = 0.0
+        total_grads = None
+        for batch in micro_batches:  # Python loop: the accumulation count is static
+            loss, grads = self._grads(batch)
+            total_loss += loss
+            if total_grads is None:
+                total_grads = list(grads)
+            else:
+                total_grads = [a + g for a, g in zip(total_grads, grads)]
+        if self.accumulation > 1:
+            total_grads = [g / self.accumulation for g in total_grads]
+            total_loss /= self.accumulation
+        self.sum_and_apply(total_grads)
+        return total_loss
+
+    def sum_and_apply(self, grads: list[tf.Tensor]) -> None:
+        """Sums this replica's `grads` across replicas, clips the sum, and applies it (replica context).
+
+        The seam for gradient summation: every optimizer update of a run goes through here. Each
+        replica's loss is its share of the global mean, so the cross-replica *sum* of `grads` is the
+        full-batch gradient. Keras 3 sums across replicas inside `apply_gradients`; clipping must
+        see that sum, not each replica's part (see `_clip_summed`).
+
+        Args:
+          grads: one gradient per `model.trainable_variables`, of this replica's micro batches.
+        """
+        if self.summer is not None:
+            variables = self.model.trainable_variables
+            self.summer.apply(self.optimizer, grads, variables, clip_norm=self.clip_norm)
+            return
+        if self.clip_norm:
+            grads = self._clip_summed(grads)
+        self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
+
+    def _clip_summed(self, grads):
+        """Clips the cross-replica sum of `grads` to `clip_norm` (global norm), in replica context.
+
+        Keras clips before its own cross-replica sum, i.e. per replica, which is not the
+        reference's clip of the full-batch gradient. So this sums first, clips, and hands Keras
+        each replica's equal share (sum / replicas), which its sum restores: one extra
+        all-reduce, and none with a single replica.
+        """
+        context = tf.distribute.get_replica_context()
+        replicas = context.num_replicas_in_sync if context else 1
+        if replicas > 1:
+            grads = context.all_reduce(tf.distribute.ReduceOp.SUM, grads)
+        grads, _ = tf.clip_by_global_norm(grads, self.clip_norm)
+        return [g / replicas for g in grads] if replicas > 1 else grads
+
+    def _loop(self, iterator, num_steps):
+        """Runs up to `num_steps` steps; returns (mean loss, steps run).
+
+        A stop request (`stop_request`, set by a signal) is read before each step and cuts the
+        loop short at a step boundary; on several workers they agree on it, so all stop together.
+        """
+        loss_sum = tf.constant(0.0, tf.float32)
+        done = tf.constant(0, tf.int32)
+        for _ in tf.range(num_steps):
+            if self.stop_request is not None and self.stop_request.should_stop(self.strategy):
+                break
+            micro_batches = [next(iterator) for _ in range(self.accumulation)]
+            per_replica_loss = self.strategy.run(self._replica_step, args=(micro_batches,))
+            # Each replica's loss is its share of the global mean: the sum is the global loss.
+            loss = self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_loss, axis=None)
+            loss_sum += tf.cast(loss, tf.float32)
+            done += 1
+        return loss_sum / tf.cast(tf.maximum(done, 1), tf.float32), done

@@ -1,0 +1,42 @@
+"""Tests of the package layering: the library emits MLPerf logs, `compliance/` only checks them.
+
+`mlperf_tf/` and `benchmarks/` never import `compliance` (the CLI may, inside its check/score/report
+commands only), and `compliance/` never imports TensorFlow.
+"""
+
+import ast
+import pathlib
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _imports(path: pathlib.Path, top_level_only: bool) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    names = set()
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def _files(package: str) -> list[pathlib.Path]:
+    files = sorted((REPO / package).rglob("*.py"))
+    assert files, package
+    return files
+
+
+def test_the_library_and_benchmarks_never_import_compliance():
+    for package in ("mlperf_tf", "benchmarks"):
+        for path in _files(package):
+            # The CLI is the one face over both: it imports compliance lazily, in a function.
+            top_level_only = path == REPO / "mlperf_tf" / "cli.py"
+            assert "compliance" not in _imports(path, top_level_only), path
+
+
+def test_compliance_never_imports_tensorflow():
+    for path in _files("compliance"):
+        imported = _imports(path, top_level_only=False)
+        assert not imported & {"tensorflow", "keras"}, (path, imported)
