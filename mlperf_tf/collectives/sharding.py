@@ -19,7 +19,7 @@ import tensorflow as tf
 
 from mlperf_tf.errors import UserError
 from mlperf_tf.optimizers import LAMB, LARS
-from mlperf_tf.optimizers.lars import matches_any, variable_path
+from mlperf_tf.optimizers.base import matches_any, variable_path
 
 # Keras features the sharded rules do not reproduce: refused up front rather than ignored.
 _UNSUPPORTED = ("weight_decay", "clipnorm", "clipvalue", "global_clipnorm", "use_ema",
@@ -82,6 +82,10 @@ class LARSRule(ShardRule):
     def __init__(self, optimizer, variables):
         super().__init__(optimizer, variables)
         self.adapt = [not matches_any(optimizer.exclude_patterns, p) for p in self.paths]
+        self.decay = [
+            bool(optimizer.weight_decay_rate) and not matches_any(optimizer.exclude_patterns, p)
+            for p in self.paths
+        ]
 
     def norms_needed(self):
         return True
@@ -103,7 +107,8 @@ class LARSRule(ShardRule):
                 tf.ones_like(w_norm),
             )
             lr = lr * trust
-            g = g + wd * w
+            if self.decay[index]:
+                g = g + wd * w
         mu = tf.cast(opt.momentum, dtype)
         velocity = _assign(slots[0], slots[0] * mu - lr * g)
         return w + (velocity * mu - lr * g if opt.nesterov else velocity)

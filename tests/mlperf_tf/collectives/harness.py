@@ -29,7 +29,7 @@ def make_optimizer(name: str):
         return keras.optimizers.SGD(0.05, momentum=0.9)
     if name == "lars":
         return LARS(0.5, momentum=0.9, weight_decay=1e-3, eeta=0.01)
-    return LAMB(0.01, weight_decay_rate=0.01)
+    return LAMB(0.01, weight_decay=0.01)
 
 
 def train(strategy, optimizer_name: str, settings: Settings | None, *, clip_norm=None,
