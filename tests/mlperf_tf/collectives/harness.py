@@ -16,6 +16,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from mlperf_tf.benchmark import RunContext
 from mlperf_tf.collectives import GradientSummer, Settings
 from mlperf_tf.optimizers import LAMB, LARS
 from tests.tiny_benchmark import TinyBenchmark, smoke, weights
@@ -36,8 +37,8 @@ def train(strategy, optimizer_name: str, settings: Settings | None, *, clip_norm
           steps: int = STEPS):  # fmt: skip
     """Weights after `steps` steps and the summer; `settings=None` is Keras' own sum (the
     reference, with the runner's clipping of the summed gradient)."""
-    benchmark = TinyBenchmark(smoke())
-    benchmark.num_replicas = strategy.num_replicas_in_sync
+    context = RunContext(num_replicas=strategy.num_replicas_in_sync)
+    benchmark = TinyBenchmark(smoke(), context=context)
     keras.utils.set_random_seed(1)
     summer = GradientSummer(strategy, settings) if settings else None
     with strategy.scope():
