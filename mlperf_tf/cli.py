@@ -1,4 +1,4 @@
-"""Provides the `mlperf-tf` command: run, list, prepare, check, score, report, data-service.
+"""Provides the `mlperf-tf` command: run, list, prepare, check, score, report, data-service, sweep.
 
 Bad input (an unknown benchmark, preset, flag or config key, a missing data folder, an unreachable
 peer) is one line on stderr, `error: ...`, and exit code 2.
@@ -23,6 +23,8 @@ commands:
                         plots and a summary per run
   data-service --port P --workers N
                         start a tf.data service dispatcher and N workers
+  sweep --benchmark=NAME --preset=P --out=DIR [--optimizers=..] [--batch_sizes=..] [--grid.KEY=..]
+                        a resumable grid of runs; one table and plots (`mlperf-tf sweep --help`)
 """
 
 EXIT_USAGE = 2
@@ -172,13 +174,17 @@ def main(argv: list[str] | None = None) -> int:
             from compliance import cli as compliance_cli
 
             return compliance_cli.main([command, *rest])
+        if command == "sweep":
+            from mlperf_tf import sweep
+
+            return sweep.main(rest)
         if command == "data-service":
             from mlperf_tf.data import service
 
             return service.main(rest)
     except UserError as e:
         return _fail(str(e))
-    commands = "run, list, prepare, check, score, report, data-service"
+    commands = "run, list, prepare, check, score, report, data-service, sweep"
     return _fail(f"unknown command '{command}' (commands: {commands})")
 
 
