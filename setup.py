@@ -19,6 +19,8 @@ setup(
             "compliance.*",
         ]
     ),
+    # The simulator's committed data (FLOPs cache, published points, system files).
+    package_data={"mlperf_tf.simulate": ["data/*.json", "systems/*.json", "systems/*.yaml"]},
     install_requires=[
         "tensorflow==2.20.*",
         "keras>=3.10,<4",
@@ -48,6 +50,7 @@ setup(
             "adam = mlperf_tf.optimizers.plugins:ADAM",
             "neumann = mlperf_tf.optimizers.neumann:PLUGIN",
             "nlcg = mlperf_tf.optimizers.nlcg:PLUGIN",
+            "kfac = mlperf_tf.optimizers.kfac:PLUGIN",
         ],
     },
 )

@@ -268,9 +268,13 @@ def cell_overrides(spec: SweepSpec, cell: Cell, preset_config) -> tuple[dict[str
     learning_rate = base_lr * factor.get(rule, 1.0)
     if cell.batch_size:
         overrides["global_batch_size"] = str(cell.batch_size)
-    if lr_field not in spec.overrides or rule != "own":
-        overrides[lr_field] = repr(learning_rate)
-    lr = {"optimizer": optimizer, "lr_rule": rule, "lr_field": lr_field, "learning_rate": learning_rate}
+    overrides[lr_field] = repr(learning_rate)
+    lr = {
+        "optimizer": optimizer,
+        "lr_rule": rule,
+        "lr_field": lr_field,
+        "learning_rate": learning_rate,
+    }
     return overrides, lr
 
 
@@ -538,7 +542,9 @@ def write_table(out: str, rows: Sequence[dict[str, Any]]) -> None:
                 flat[key] = f"{row[key]:.6g}"
             for key in ("epochs_to_target", "run_seconds", "wall_seconds"):
                 flat[key] = "" if row[key] is None else f"{row[key]:.4g}"
-            flat["steps_to_target"] = "" if row["steps_to_target"] is None else row["steps_to_target"]
+            flat["steps_to_target"] = (
+                "" if row["steps_to_target"] is None else row["steps_to_target"]
+            )
             writer.writerow(flat)
     os.replace(tmp, os.path.join(out, "results.csv"))
 

@@ -1,5 +1,6 @@
 """Provides the large-batch optimizers (LARS, LAMB, Neumann, NLCG, K-FAC), their registry and learning-rate schedules of the MLPerf references."""
 
+from mlperf_tf.optimizers.kfac import KFAC
 from mlperf_tf.optimizers.lamb import LAMB
 from mlperf_tf.optimizers.lars import LARS
 from mlperf_tf.optimizers.neumann import Neumann
@@ -12,6 +13,7 @@ from mlperf_tf.optimizers.schedules import (
 )
 
 __all__ = [
+    "KFAC",
     "LAMB",
     "LARS",
     "NLCG",

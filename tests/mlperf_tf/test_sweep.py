@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import subprocess
 import sys
 
 import pytest
@@ -179,9 +180,9 @@ def test_two_cells_killed_and_restarted(tmp_path):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
 
     # The same folder with another grid is refused, before any cell runs.
-    other = [a if not a.startswith("--batch_sizes") else "--batch_sizes=8" for a in _sweep_args(out)]
-    import subprocess
-
+    other = [
+        a if not a.startswith("--batch_sizes") else "--batch_sizes=8" for a in _sweep_args(out)
+    ]
     refused = subprocess.run(
         [sys.executable, *other], cwd=processes.REPO_ROOT, env=processes.python_env(),
         capture_output=True, text=True, timeout=120,

@@ -9,7 +9,7 @@ import keras
 import pytest
 
 from mlperf_tf.config import ConfigError
-from mlperf_tf.optimizers import LAMB, LARS, NLCG, Neumann, registry
+from mlperf_tf.optimizers import KFAC, LAMB, LARS, NLCG, Neumann, registry
 
 BUILTINS = {
     "sgd": keras.optimizers.SGD,
@@ -18,6 +18,7 @@ BUILTINS = {
     "adam": keras.optimizers.Adam,
     "neumann": Neumann,
     "nlcg": NLCG,
+    "kfac": KFAC,
 }
 
 
