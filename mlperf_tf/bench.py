@@ -279,7 +279,7 @@ def run(config: BenchConfig, run_settings: dict[str, Any], overrides: dict[str, 
     peak = MatmulPeak(device=device, dtype=run_settings["dtype"]) if flops_per_sample else None
 
     begin = time.perf_counter()
-    trainer.loop(iterator, tf.constant(config.warmup_steps, tf.int32)).numpy()
+    trainer.loop(iterator, tf.constant(config.warmup_steps, tf.int32))[0].numpy()
     warmup_s = time.perf_counter() - begin
     print(f"warm-up: {config.warmup_steps} steps in {warmup_s:.1f} s", file=progress, flush=True)
 
@@ -289,7 +289,7 @@ def run(config: BenchConfig, run_settings: dict[str, Any], overrides: dict[str, 
     steps = tf.constant(config.steps_per_window, tf.int32)
     for window in range(config.windows):
         begin = time.perf_counter()
-        loss = float(trainer.loop(iterator, steps).numpy())
+        loss = float(trainer.loop(iterator, steps)[0].numpy())
         elapsed = time.perf_counter() - begin
         rates.append(config.steps_per_window * global_batch / elapsed)
         line = (

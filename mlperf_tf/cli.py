@@ -1,4 +1,4 @@
-"""Provides the `mlperf-tf` command: run, list, prepare, check, score, report, data-service.
+"""Provides the `mlperf-tf` command: run, list, prepare, check, score, report, data-service, sweep.
 
 Bad input (an unknown benchmark, preset, flag or config key, a missing data folder, an unreachable
 peer) is one line on stderr, `error: ...`, and exit code 2.
@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import sys
+
+from mlperf_tf import console
 
 USAGE = """usage: mlperf-tf COMMAND [ARGS]
 
@@ -25,6 +27,13 @@ commands:
                         plots and a summary per run
   data-service --port P --workers N
                         start a tf.data service dispatcher and N workers
+<<<<<<< HEAD
+  sweep --benchmark=NAME --preset=P --out=DIR [--optimizers=..] [--batch_sizes=..] [--grid.KEY=..]
+                        a resumable grid of runs; one table and plots (`mlperf-tf sweep --help`)
+=======
+  simulate --benchmark=NAME --system=SYSTEM --chips=N [--json] [--plot PNG]
+                        predicted step time and time to train at scale (docs/scaling.md)
+>>>>>>> main
 """
 
 EXIT_USAGE = 2
@@ -33,6 +42,15 @@ EXIT_USAGE = 2
 def _fail(message: str) -> int:
     print(f"error: {message}", file=sys.stderr, flush=True)
     return EXIT_USAGE
+
+
+def _leave_now(code: int, stderr_filter: console.StderrFilter | None) -> None:
+    """Exits at once with `code`: TF may hold background threads (servers, collectives) that a
+    normal exit would wait on; the console filter first forwards what was printed."""
+    sys.stdout.flush()
+    if stderr_filter:
+        stderr_filter.close()
+    os._exit(code)
 
 
 def _set_fast_cpu_defaults() -> None:
@@ -55,13 +73,13 @@ def split_config_overrides(argv: list[str]) -> tuple[list[str], dict[str, str]]:
     return rest, overrides
 
 
-def _run_command(argv: list[str]) -> int:
+def _run_command(argv: list[str], stderr_filter: console.StderrFilter | None = None) -> int:
     from absl import flags
     from absl import logging as absl_logging
 
     from mlperf_tf import config as config_lib
+    from mlperf_tf import errors, paths, preemption, registry, runner
     from mlperf_tf import flags as run_flags
-    from mlperf_tf import paths, registry, runner
     from mlperf_tf.errors import UserError
 
     try:
@@ -80,8 +98,10 @@ def _run_command(argv: list[str]) -> int:
         FLAGS(["mlperf-tf run", *argv])
     except flags.Error as e:
         return _fail(str(e).splitlines()[0])
-    absl_logging.set_verbosity(absl_logging.INFO)
     absl_logging.use_absl_handler()
+    if not console.verbosity_requested(argv):
+        absl_logging.set_verbosity(absl_logging.INFO)
+        console.drop_library_info(absl_logging.get_absl_handler())
     if not FLAGS.benchmark:
         return _fail("--benchmark is required (see `mlperf-tf list`)")
     if not FLAGS.model_dir:
@@ -107,16 +127,27 @@ def _run_command(argv: list[str]) -> int:
         benchmark = benchmark_class(config)  # the runner binds the run's RunContext
     except UserError as e:
         return _fail(str(e))
+    stop_request = preemption.StopRequest()
     try:
-        result = runner.run(benchmark, run_config)
-    except UserError as e:
+        with preemption.handle_stop_signals(stop_request):
+            result = runner.run(benchmark, run_config, stop_request=stop_request)
+    except (UserError, errors.PeerError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
+        code = errors.EXIT_PEER_FAILED if isinstance(e, errors.PeerError) else EXIT_USAGE
         # TF may hold background threads (servers, collectives): leave without waiting on them.
-        os._exit(EXIT_USAGE)
+        _leave_now(code, stderr_filter)
     if result.mlperf_log:
         print(f"MLPerf log: {result.mlperf_log}")
     print(f"run_stop status={result.status}: {result.reason}")
-    return 1 if result.cause is runner.StopCause.NON_FINITE_LOSS else 0
+    if result.cause is runner.StopCause.INTERRUPTED:
+        print(
+            f"stopped at step {result.steps} ({result.reason}) with a checkpoint in "
+            f"{os.path.join(run_config.model_dir, 'ckpt')}: run the same command again to resume",
+            file=sys.stderr,
+            flush=True,
+        )
+        return errors.EXIT_INTERRUPTED
+    return errors.EXIT_NON_FINITE if result.cause is runner.StopCause.NON_FINITE_LOSS else 0
 
 
 def _list_command(argv: list[str]) -> int:
@@ -160,12 +191,18 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE)
         return 0 if argv else EXIT_USAGE
     command, rest = argv[0], argv[1:]
+    # The commands that start TensorFlow get its start-up noise filtered (--verbosity: all of it).
+    stderr_filter = (
+        console.quiet_stderr(rest)
+        if command in ("run", "bench", "prepare", "data-service")
+        else None
+    )
     _set_fast_cpu_defaults()
     from mlperf_tf.errors import UserError
 
     try:
         if command == "run":
-            return _run_command(rest)
+            return _run_command(rest, stderr_filter)
         if command == "list":
             return _list_command(rest)
         if command == "bench":
@@ -178,13 +215,24 @@ def main(argv: list[str] | None = None) -> int:
             from compliance import cli as compliance_cli
 
             return compliance_cli.main([command, *rest])
+        if command == "sweep":
+            from mlperf_tf import sweep
+
+            return sweep.main(rest)
         if command == "data-service":
             from mlperf_tf.data import service
 
             return service.main(rest)
+        if command == "simulate":
+            from mlperf_tf.simulate import cli as simulate_cli
+
+            return simulate_cli.main(rest)
     except UserError as e:
         return _fail(str(e))
-    commands = "run, bench, list, prepare, check, score, report, data-service"
+    finally:
+        if stderr_filter:
+            stderr_filter.close()
+    commands = "run, bench, list, prepare, check, score, report, data-service, simulate, sweep"
     return _fail(f"unknown command '{command}' (commands: {commands})")
 
 

@@ -83,7 +83,7 @@ def mlperf_tf_parts(batch: int, image_size: int, *, fused: bool = True) -> dict:
     iterator = iter(strategy.distribute_datasets_from_function(bench.train_dataset))
 
     def run(steps: int) -> None:
-        trainer.loop(iterator, tf.constant(steps, tf.int32)).numpy()
+        trainer.loop(iterator, tf.constant(steps, tf.int32))[0].numpy()
 
     return {"run": run, "model": model, "benchmark": bench}
 
