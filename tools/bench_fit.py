@@ -60,7 +60,7 @@ def mlperf_tf_contestant(benchmark):
     iterator = iter(strategy.distribute_datasets_from_function(benchmark.train_dataset))
 
     def run(steps: int) -> None:
-        trainer.loop(iterator, tf.constant(steps, tf.int32)).numpy()
+        trainer.loop(iterator, tf.constant(steps, tf.int32))[0].numpy()
 
     return run
 
