@@ -294,6 +294,7 @@ def run_cell(job_path: str) -> int:
     from mlperf_tf import runner
 
     absl_logging.set_verbosity(absl_logging.INFO)  # the runner's progress lines, in output.txt
+    absl_logging.use_absl_handler()
 
     with open(job_path, encoding="utf-8") as f:
         job = json.load(f)
@@ -529,7 +530,8 @@ def collect(out: str, grid: Sequence[Cell]) -> list[dict[str, Any]]:
 
 
 def write_table(out: str, rows: Sequence[dict[str, Any]]) -> None:
-    """`results.json` (rows with their eval curves) and `results.csv` (one line per run)."""
+    """`results.json` (rows with their eval curves), `results.csv` (one line per run) and
+    `results.md` (the main columns, for docs)."""
     _write_json_atomic(os.path.join(out, "results.json"), list(rows))
     tmp = os.path.join(out, f"results.csv.tmp{os.getpid()}")
     with open(tmp, "w", newline="", encoding="utf-8") as f:
@@ -547,6 +549,31 @@ def write_table(out: str, rows: Sequence[dict[str, Any]]) -> None:
             )
             writer.writerow(flat)
     os.replace(tmp, os.path.join(out, "results.csv"))
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(markdown_table(rows))
+    os.replace(tmp, os.path.join(out, "results.md"))
+
+
+def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
+    """The table's main columns as Markdown, for docs (`results.md`)."""
+    lines = [
+        "| optimizer | LR rule | LR | batch | grid | seed | steps | epochs | final | best "
+        "| steps to target | epochs to target | run s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        grid = " ".join(f"{k}={v}" for k, v in row["grid"].items())
+        to_target = ("-", "-")
+        if row["steps_to_target"] is not None:
+            to_target = (str(row["steps_to_target"]), f"{row['epochs_to_target']:.2f}")
+        seconds = "" if row["run_seconds"] is None else f"{row['run_seconds']:.0f}"
+        lines.append(
+            f"| {row['optimizer']} | {row['lr_rule']} | {row['learning_rate']:.4g} "
+            f"| {row['global_batch_size']} | {grid} | {row['seed']} | {row['steps']} "
+            f"| {row['epochs']:.2f} | {row['final_quality']:.3f} | {row['best_quality']:.3f} "
+            f"| {to_target[0]} | {to_target[1]} | {seconds} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def _series_label(row: dict[str, Any]) -> str:

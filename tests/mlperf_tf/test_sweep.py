@@ -176,6 +176,7 @@ def test_two_cells_killed_and_restarted(tmp_path):
     assert rows[0]["learning_rate"] == 0.05 and rows[1]["learning_rate"] == 0.1  # linear
     csv_lines = (out / "results.csv").read_text().splitlines()
     assert csv_lines[0].split(",") == list(sweep.TABLE_COLUMNS) and len(csv_lines) == 3
+    assert len((out / "results.md").read_text().splitlines()) == 2 + 2
     for png in ("quality_vs_batch.png", "quality_vs_epochs.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
 
