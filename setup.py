@@ -19,6 +19,8 @@ setup(
             "compliance.*",
         ]
     ),
+    # The simulator's committed data (FLOPs cache, published points, system files).
+    package_data={"mlperf_tf.simulate": ["data/*.json", "systems/*.json", "systems/*.yaml"]},
     install_requires=[
         "tensorflow==2.20.*",
         "keras>=3.10,<4",

@@ -24,6 +24,10 @@ TOKEN_ANY = ":::MLL"
 TOKEN_V06 = ":::MLL"
 TOKEN_JSON = ":::MLLOG "
 
+# This suite's own lines in a log, outside MLPerf's records: `# mlperf-tf <kind> <json>`.
+SUITE_PREFIX = "# mlperf-tf "
+_MAX_NOTES = 100
+
 DEFAULT_MAX_LOG_BYTES = 64 * 2**20
 # The official parser strips prefixes with re.sub(".*" + TOKEN, ...), which takes time quadratic in
 # a line's length (measured here: 0.4 s at 10 KB, 37 s at 100 KB; a 10 MB line would take days).
@@ -47,6 +51,8 @@ class LogScan:
       line_numbers: the 1-based line number in the file of each entry of `lines`.
       total_lines: the number of lines in the file.
       size_bytes: the file's size in bytes.
+      notes: (line number, text) of this suite's own lines (`# mlperf-tf <kind> <json>`, e.g.
+        the runner's mark of a resumed run), which are not MLPerf records; at most 100.
     """
 
     path: str
@@ -54,6 +60,7 @@ class LogScan:
     line_numbers: tuple[int, ...]
     total_lines: int
     size_bytes: int
+    notes: tuple[tuple[int, str], ...] = ()
     # parse_records' results by format, so that a log is parsed once whatever asks for it.
     _parsed: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
@@ -90,6 +97,22 @@ class Record:
     line: int
     timestamp: float | None = None
     units_per_second: float = 1.0
+
+
+def suite_notes(scan: LogScan, kind: str) -> list[tuple[int, Any]]:
+    """(line number, JSON value) of the suite lines `# mlperf-tf <kind> <json>` of a log.
+
+    A line whose JSON does not parse gives the value None.
+    """
+    prefix = f"{SUITE_PREFIX}{kind} "
+    found = []
+    for number, text in scan.notes:
+        if text.startswith(prefix):
+            try:
+                found.append((number, json.loads(text[len(prefix) :])))
+            except (ValueError, RecursionError):
+                found.append((number, None))
+    return found
 
 
 def token_for(ruleset: str) -> str:
@@ -144,6 +167,7 @@ def scan_log(
     path = os.fspath(path)
     lines: list[str] = []
     numbers: list[int] = []
+    notes: list[tuple[int, str]] = []
     kept = 0
     line_number = 0
 
@@ -196,6 +220,8 @@ def scan_log(
                     lines.append("".join(parts))
                     numbers.append(line_number)
                     kept += length
+                elif parts and parts[0].startswith(SUITE_PREFIX) and len(notes) < _MAX_NOTES:
+                    notes.append((line_number, "".join(parts).rstrip("\n")))
                 parts, length, previous_tail, has_token, dropped = [], 0, "", False, False
             if parts or dropped:  # a last line without a line end
                 line_number += 1
@@ -212,6 +238,7 @@ def scan_log(
         line_numbers=tuple(numbers),
         total_lines=line_number,
         size_bytes=info.st_size,
+        notes=tuple(notes),
     )
 
 

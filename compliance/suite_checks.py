@@ -36,7 +36,7 @@ class Finding:
       source: "official" (the MLCommons checker said it) or "suite" (this module).
       check: what produced it: "official", "parse", "crash", "target" (the official accuracy
         target), or a suite check name ("eval_cadence", "monotonic", "run_stop_status",
-        "pairing", "crashed_run").
+        "pairing", "crashed_run", "timing", "resumed"; "empty" and "ruleset" from the checker).
       message: the text; official messages are the checker's own words (its "line N" counts log
         records from 0, see `lines` for the file's line numbers).
       lines: the 1-based line numbers in the log file the message is about, first the main one.
@@ -377,6 +377,43 @@ def _check_run_stop(records, target, quality, emit):
         )
 
 
+def _check_resumed(records, resumed, emit):
+    """A run resumed from a checkpoint is a valid timed run only with its first `run_start`.
+
+    The runner marks a resumed log with `# mlperf-tf resumed {"step": N,
+    "original_run_start_ms": T}` and re-emits run_start at T; without T (or with another
+    run_start) the time to train leaves out the work before the restart: an error in every mode.
+    """
+    start = next((r for r in records if r.key == C.RUN_START), None)
+    for line, mark in resumed:
+        mark = mark if isinstance(mark, dict) else {}
+        step = mark.get("step", "?")
+        original = mark.get("original_run_start_ms")
+        about = [Record("resumed", None, {}, None, line)]
+        if (
+            isinstance(original, int)
+            and not isinstance(original, bool)
+            and start is not None
+            and start.timestamp == original
+        ):
+            emit(
+                "resumed",
+                f"resumed from step {step}; run_start is the first attempt's, so the time to "
+                f"train covers the whole run",
+                about,
+                level=INFO,
+            )
+        else:
+            emit(
+                "resumed",
+                f"resumed from step {step} without the original run_start (the mark gives "
+                f"{original!r}, run_start is {None if start is None else start.timestamp!r}): "
+                f"its time to train leaves out the work before the restart; not a valid timed run",
+                about + ([start] if start is not None else []),
+                level=ERROR,
+            )
+
+
 def suite_checks(
     records: Sequence[Record],
     *,
@@ -385,6 +422,7 @@ def suite_checks(
     target: Target | None,
     quality: str = "enforce",
     strict: bool = False,
+    resumed: Sequence[tuple[int, Any]] = (),
 ) -> list[Finding]:
     """Runs this suite's checks on the parsed records of one log.
 
@@ -396,6 +434,8 @@ def suite_checks(
       quality: "enforce", or "skip" when the run's target is not the MLPerf one (the run_stop
         status is then not compared with the MLPerf target).
       strict: report the findings as errors instead of warnings.
+      resumed: (line, mark) of the runner's `# mlperf-tf resumed {...}` lines (see
+        `compliance.logfile.suite_notes`).
 
     Returns:
       The findings, at most a few per check.
@@ -415,6 +455,7 @@ def suite_checks(
     global_batch_size = next(
         (_number(r.value) for r in records if r.key == C.GLOBAL_BATCH_SIZE), None
     )
+    _check_resumed(records, resumed, emit)
     _check_run_stop(records, target, quality, emit)
     _check_eval_cadence(records, benchmark, ruleset, global_batch_size, emit)
     _check_timing(records, emit)

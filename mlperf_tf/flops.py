@@ -53,11 +53,13 @@ class FlopCount:
       by_op_type: the same split by TF op type (e.g. {"Conv2D": ..., "MatMul": ...}).
       uncounted_calls: names of nested function-call ops that were not looked into (none for the
         suite's models; a non-empty list means the count is a lower bound).
+      trainable_parameters: trainable weights of the model (0 when no model was involved).
     """
 
     total: float
     by_op_type: Mapping[str, float]
     uncounted_calls: tuple[str, ...] = ()
+    trainable_parameters: int = 0
 
 
 def _dims(tensor) -> list[int]:
@@ -206,6 +208,7 @@ def forward_flops_per_sample(benchmark) -> FlopCount:
         total=count.total / batch,
         by_op_type=per_sample,
         uncounted_calls=count.uncounted_calls,
+        trainable_parameters=int(sum(math.prod(v.shape) for v in model.trainable_variables)),
     )
 
 
@@ -251,10 +254,18 @@ def build_cache(names: list[str] | None = None) -> dict[str, dict[str, dict[str,
         for preset in benchmark_class.presets:
             benchmark = benchmark_class(benchmark_class.preset(preset))
             count = forward_flops_per_sample(benchmark)
+            config = benchmark.config
             table[name][preset] = {
                 "forward_flops_per_sample": count.total,
                 "training_flops_per_sample": TRAINING_FLOPS_PER_FORWARD_FLOP * count.total,
                 "forward_by_op_type": dict(sorted(count.by_op_type.items())),
+                # What the simulator needs of the preset, so that it never imports TF.
+                "trainable_parameters": count.trainable_parameters,
+                "mlperf_benchmark": benchmark_class.mlperf_benchmark,
+                "global_batch_size": config.global_batch_size,
+                "train_examples": config.train_examples,
+                "eval_examples": config.eval_examples,
+                "eval_every_epochs": float(getattr(config, "eval_every_epochs", 1.0)),
             }
     return table
 
