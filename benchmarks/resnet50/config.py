@@ -7,6 +7,7 @@ import math
 
 from mlperf_tf import paths
 from mlperf_tf.config import BenchmarkConfig, ConfigError, require_positive_int
+from mlperf_tf.optimizers import registry
 
 NAME = "resnet50"
 
@@ -101,15 +102,7 @@ class OptimizerConfig:
     sgd_opt_weight_decay: float = 1e-4
 
     def __post_init__(self):
-        if self.opt_name not in ("lars", "sgd"):
-            from mlperf_tf.optimizers import registry  # noqa: PLC0415 (keras: only when needed)
-
-            known = registry.available()
-            if self.opt_name not in known:
-                raise ConfigError(
-                    f"`optimizer.opt_name` ({self.opt_name!r}) must be lars, sgd or a registered "
-                    f"optimizer ({', '.join(sorted(known))})."
-                )
+        registry.check_opt_name(self.opt_name, native=("lars", "sgd"))
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ConfigError(
                 f"`optimizer.label_smoothing` ({self.label_smoothing!r}) must be in [0, 1)."

@@ -77,3 +77,24 @@ def test_third_party_optimizer_runs_through_a_benchmark(installed_optimizer, tmp
     assert ran.returncode == 0, ran.stderr[-3000:]
     events = {e["key"]: e["value"] for e in _log(str(tmp_path / "mlperf_log.txt"))}
     assert events[C.OPT_NAME] == "tiny_scaled_sgd" and events["tiny_scale"] == 0.25
+
+
+@pytest.mark.parametrize(
+    "benchmark_name, native", [("ssd", "sgd"), ("transformer", "adam"), ("bert", "lamb")]
+)
+def test_every_benchmark_builds_and_logs_a_registry_optimizer(benchmark_name, native):
+    from mlperf_tf import registry as benchmarks
+
+    cls = benchmarks.get(benchmark_name)
+    overrides = {"optimizer.opt_name": "nlcg", "optimizer.opt_params": "nlcg_beta_rule=PR"}
+    bench = cls(config_lib.override(cls.preset("smoke"), overrides))
+    optimizer = bench.build_optimizer(bench.train_steps)
+    assert type(optimizer).__name__ == "NLCG" and optimizer.beta_rule == "PR"
+    hparams = bench.mlperf_hparams()
+    assert hparams[C.OPT_NAME] == "nlcg" and hparams["nlcg_beta_rule"] == "PR"
+    native_hparams = cls(cls.preset("smoke")).mlperf_hparams()
+    # (SSD logs no opt_name of its own.)
+    assert native_hparams.get(C.OPT_NAME, native) == native
+    assert "nlcg_beta_rule" not in native_hparams
+    with pytest.raises(config_lib.ConfigError, match="must be a registered optimizer"):
+        config_lib.override(cls.preset("smoke"), {"optimizer.opt_name": "adamw"})
