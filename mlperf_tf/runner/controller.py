@@ -394,6 +394,8 @@ class Controller:
                 )
             budget = self.run_config.max_train_steps or benchmark.train_steps
             optimizer = benchmark.build_optimizer(budget)
+            if hasattr(optimizer, "register_model"):  # K-FAC: finds its Dense/Conv2D layers
+                optimizer.register_model(self.model)
             self.optimizer = precision.wrap_optimizer(optimizer, self.run_config.dtype)
             # Slots must exist before the first step under MirroredStrategy (a placeholder error).
             # With weight-update sharding the optimizer keeps no full-size slots: the summer

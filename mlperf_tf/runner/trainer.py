@@ -9,9 +9,12 @@ sharding).
 
 from __future__ import annotations
 
+import contextlib
+
 import tensorflow as tf
 
 from mlperf_tf.benchmark import Benchmark
+from mlperf_tf.errors import UserError
 
 
 def replica_function(fn, *, xla: bool):
@@ -43,6 +46,11 @@ class Trainer:
         self.optimizer = optimizer
         self.accumulation = benchmark.config.gradient_accumulation_steps
         self.clip_norm = benchmark.gradient_clip_norm()
+        if xla and hasattr(optimizer, "capture"):
+            raise UserError(
+                f"optimizer {type(optimizer).__name__} captures layer activations, which cannot "
+                "leave an XLA-compiled step: run it without --xla"
+            )
         self._grads = replica_function(self._replica_grads, xla=xla)
         # Set by the controller before the first loop (see `mlperf_tf.preemption.StopRequest`).
         self.stop_request = None
@@ -53,11 +61,16 @@ class Trainer:
 
     def _replica_grads(self, batch):
         variables = self.model.trainable_variables
+        # An optimizer that needs layer inputs and output gradients (K-FAC) records them during
+        # the forward pass and takes the gradient itself (`mlperf_tf.optimizers.kfac`).
+        capture = getattr(self.optimizer, "capture", contextlib.nullcontext)
         with tf.GradientTape() as tape:
-            loss = self.benchmark.compute_loss(self.model, batch, training=True)
-            scaled = self.optimizer.scale_loss(loss)
-        grads = tape.gradient(scaled, variables)
-        return loss, grads
+            with capture():
+                loss = self.benchmark.compute_loss(self.model, batch, training=True)
+                scaled = self.optimizer.scale_loss(loss)
+        if hasattr(self.optimizer, "capture"):
+            return loss, self.optimizer.gradients(tape, scaled, variables)
+        return loss, tape.gradient(scaled, variables)
 
     def _replica_step(self, micro_batches):
         total_loss = 0.0
