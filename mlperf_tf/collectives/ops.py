@@ -35,9 +35,6 @@ def _key(*parts) -> int:
     return _KEY_BASE + zlib.crc32(repr(parts).encode()) % _KEY_SPAN
 
 
-def _token():
-    # A resource handle on the current device: the ordering token TF's collectives need.
-    return tf.raw_ops.VarHandleOp(dtype=tf.float32, shape=[], shared_name="mlperf_tf_collectives")
 
 
 @dataclasses.dataclass
@@ -70,6 +67,19 @@ class Collectives:
         self.num_replicas = num_replicas
         self.timeout_s = float(timeout_s)
         self.traffic = traffic
+        self._token = None
+
+    def _ordering_token(self):
+        """One resource handle per replica trace, on the replica's device: TF's collectives
+        need one, and auto control dependencies run the ops that share it one at a time in
+        program order. (A new handle per op would not order them: with pack_mb=0 ResNet-50's
+        ~800 collectives per replica then all wait at once, each holding a thread, until the
+        process cannot start more threads.)"""
+        if self._token is None:
+            self._token = tf.raw_ops.VarHandleOp(
+                dtype=tf.float32, shape=[], shared_name="mlperf_tf_collectives"
+            )
+        return self._token
 
     def _group(self, members: list[int]) -> tuple[int, int, int]:
         if self.replica not in members:
@@ -100,7 +110,7 @@ class Collectives:
             return x
         self.traffic.add("all_reduce", 2 * (n - 1) / n * _nbytes(x))
         return tf.raw_ops.CollectiveReduceV2(
-            input=x, ordering_token=[_token()], merge_op="Add", final_op="Id",
+            input=x, ordering_token=[self._ordering_token()], merge_op="Add", final_op="Id",
             communication_hint="ring", **self._common(members, "reduce", name, x),
         )  # fmt: skip
 
@@ -116,7 +126,7 @@ class Collectives:
             return x[0]
         self.traffic.add("reduce_scatter", (n - 1) / n * _nbytes(x))
         received = tf.raw_ops.CollectiveAllToAllV2(
-            input=x, ordering_token=[_token()], **self._common(members, "all_to_all", name, x)
+            input=x, ordering_token=[self._ordering_token()], **self._common(members, "all_to_all", name, x)
         )  # [n, k]: row i is member i's row for this replica
         return tf.reduce_sum(tf.reshape(received, x.shape), axis=0)
 
@@ -128,7 +138,7 @@ class Collectives:
             return x
         self.traffic.add("all_gather", (n - 1) * _nbytes(x))
         gathered = tf.raw_ops.CollectiveGatherV2(
-            input=x, ordering_token=[_token()], **self._common(members, "gather", name, x)
+            input=x, ordering_token=[self._ordering_token()], **self._common(members, "gather", name, x)
         )
         return tf.reshape(gathered, [n * x.shape[0]])
 
