@@ -37,9 +37,12 @@ class Settings:
     mesh: str = ""
     pack_mb: float = 0.0
     weight_update_sharding: bool = False
-    # A collective waits this long for its peers (a replica's whole forward/backward pass may
-    # come first), then fails with DeadlineExceededError instead of hanging.
-    timeout_s: float = 600.0
+    # Seconds a collective may wait for its peers before DeadlineExceededError (0: no limit,
+    # as tf.distribute's default; TF's heartbeat still ends a multi-worker run whose peer died).
+    # Not on by default: TF starts one sleeping thread per collective execution for a timeout,
+    # so a 600 s timeout kept ~800 threads per step of ResNet-50 alive until the process could
+    # start no more ("Resource temporarily unavailable").
+    timeout_s: float = 0.0
 
     @property
     def uses_keras_sum(self) -> bool:
