@@ -35,8 +35,6 @@ def _key(*parts) -> int:
     return _KEY_BASE + zlib.crc32(repr(parts).encode()) % _KEY_SPAN
 
 
-
-
 @dataclasses.dataclass
 class Traffic:
     """Bytes this replica sends, per kind of collective, counted at trace time (per step)."""
@@ -58,7 +56,7 @@ class Collectives:
       replica: this replica's id in sync (a Python int).
       num_replicas: replicas in sync.
       timeout_s: every collective fails with DeadlineExceededError after this many seconds
-        instead of waiting forever for a peer.
+        instead of waiting forever for a peer (0: no limit; see the README on threads).
       traffic: where the bytes this replica sends are counted (ring formulas per op).
     """
 
@@ -126,7 +124,9 @@ class Collectives:
             return x[0]
         self.traffic.add("reduce_scatter", (n - 1) / n * _nbytes(x))
         received = tf.raw_ops.CollectiveAllToAllV2(
-            input=x, ordering_token=[self._ordering_token()], **self._common(members, "all_to_all", name, x)
+            input=x,
+            ordering_token=[self._ordering_token()],
+            **self._common(members, "all_to_all", name, x),
         )  # [n, k]: row i is member i's row for this replica
         return tf.reduce_sum(tf.reshape(received, x.shape), axis=0)
 
@@ -138,7 +138,9 @@ class Collectives:
             return x
         self.traffic.add("all_gather", (n - 1) * _nbytes(x))
         gathered = tf.raw_ops.CollectiveGatherV2(
-            input=x, ordering_token=[self._ordering_token()], **self._common(members, "gather", name, x)
+            input=x,
+            ordering_token=[self._ordering_token()],
+            **self._common(members, "gather", name, x),
         )
         return tf.reshape(gathered, [n * x.shape[0]])
 
