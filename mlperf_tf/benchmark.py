@@ -200,28 +200,25 @@ class Benchmark(abc.ABC):
         """
 
     def eval_schedule(self) -> list[EvalPoint]:
-        """The MLPerf evaluation points. Default: every `eval_every_epochs` epochs.
+        """The MLPerf evaluation points. Default: `epoch_eval_schedule` of the config's
+        `eval_every_epochs` and `eval_offset_epochs`.
 
-        Override for sample-based schedules (BERT) or offsets (ResNet). The runner trains to the
-        next point, evaluates, and stops at the quality target or after the last point.
+        Override for sample-based schedules (BERT). The runner trains to the next point,
+        evaluates, and stops at the quality target or after the last point.
         """
-        every = float(getattr(self.config, "eval_every_epochs", 1.0))
-        offset = float(getattr(self.config, "eval_offset_epochs", 0.0))
         return epoch_eval_schedule(
             steps_per_epoch=self.steps_per_epoch,
             max_epochs=self.config.max_epochs,
-            every_epochs=every,
-            offset_epochs=offset,
+            every_epochs=self.config.eval_every_epochs,
+            offset_epochs=self.config.eval_offset_epochs,
         )
 
     def gradient_clip_norm(self) -> float | None:
-        """Global-norm clip of the full-batch gradient (e.g. 1.0 for BERT); None: no clipping.
+        """Global-norm clip of the full-batch gradient (`config.gradient_clip_norm`); None: none.
 
-        The default reads a `gradient_clip_norm` config field when the config has one. The
-        runner clips the gradient summed over replicas, not each replica's part.
+        The runner clips the gradient summed over replicas, not each replica's part.
         """
-        value = getattr(self.config, "gradient_clip_norm", None)
-        return float(value) if value else None
+        return float(self.config.gradient_clip_norm) or None
 
     def train_samples(self) -> int:
         """MLPerf's `train_samples`: examples in one training epoch."""
@@ -250,38 +247,39 @@ class Benchmark(abc.ABC):
 def epoch_eval_schedule(
     *, steps_per_epoch: int, max_epochs: float, every_epochs: float, offset_epochs: float = 0.0
 ) -> list[EvalPoint]:
-    """Evaluations after epochs `offset + every`, `offset + 2*every`, ... up to `max_epochs`.
+    """Evaluations at epochs `first, first + every, ...` and at `max_epochs`, where `first` is
+    `offset_epochs`, or `every_epochs` when the offset is 0 (the MLPerf TF2 ResNet reference's
+    `--eval_offset_epochs`).
 
-    MLPerf counts epochs from 1 in `epoch_num` for ResNet-style schedules: the eval after the k-th
-    epoch logs `epoch_num=k`, and the block before it starts at `first_epoch_num` = the previous
-    eval's epoch + 1 (1 for the first block).
+    MLPerf counts epochs from 1: the eval after the k-th epoch logs `epoch_num=k`, and the block
+    before it starts at `first_epoch_num` = the previous eval's epoch + 1 (1 for the first block)
+    and spans `epoch_count` epochs. The last evaluation is at `max_epochs` (the budget), wherever
+    it falls.
 
     Raises:
-      ValueError: `every_epochs` is not positive or `offset_epochs` is negative.
+      ValueError: `every_epochs` is not positive or the offset is outside [0, every_epochs).
     """
     if every_epochs <= 0:
         raise ValueError(f"`every_epochs` ({every_epochs}) must be positive.")
-    if offset_epochs < 0:
-        raise ValueError(f"`offset_epochs` ({offset_epochs}) must not be negative.")
+    if not 0 <= offset_epochs < every_epochs:
+        raise ValueError(f"`offset_epochs` ({offset_epochs}) must be in [0, {every_epochs}).")
     points = []
     previous = 0.0
-    epoch = offset_epochs + every_epochs
+    epoch = float(offset_epochs or every_epochs)
     while True:
-        epoch = min(epoch, max_epochs)
-        step = max(1, int(round(epoch * steps_per_epoch)))
+        epoch = min(epoch, float(max_epochs))
         points.append(
             EvalPoint(
-                step=step,
+                step=max(1, int(round(epoch * steps_per_epoch))),
                 epoch_num=_clean_number(epoch),
                 first_epoch_num=_clean_number(previous + 1),
                 epoch_count=_clean_number(epoch - previous),
             )
         )
         if epoch >= max_epochs:
-            break
+            return points
         previous = epoch
         epoch += every_epochs
-    return points
 
 
 def _clean_number(x: float) -> float | int:

@@ -14,6 +14,7 @@ from benchmarks.bert import checkpoint as checkpoint_lib
 from benchmarks.bert import config as config_lib
 from benchmarks.bert import input as input_lib
 from benchmarks.bert import model as model_lib
+from mlperf_tf import rules
 from mlperf_tf.benchmark import Benchmark, EvalPoint
 from mlperf_tf.config import ConfigError
 from mlperf_tf.optimizers import LAMB, WarmupPolynomialDecay
@@ -28,26 +29,6 @@ MAX_PREDICTIONS_PER_SEQ = "max_predictions_per_seq"
 LAMB_EXCLUDE = ("LayerNorm", "layer_norm", "bias")
 # The reference's denominator guard for the masked-LM mean (`+ 1e-5`).
 _MLM_WEIGHT_EPSILON = 1e-5
-
-
-def eval_interval_samples(rule: str, global_batch_size: int) -> int:
-    """Training samples between evaluations under MLPerf's rules.
-
-    v1.0 (MLCommons reference README, "Stopping criteria"):
-    `floor(0.05 * (230.23 * global_batch_size + 3,000,000) / 25,000) * 25,000`, starting from 0
-    samples. v0.7: every 500,000 samples (the interval of the v0.7 submissions, e.g. 62 steps x
-    8192 in Google's TPU v3-8192 log).
-
-    Raises:
-      ValueError: unknown rule or non-positive batch size.
-    """
-    if global_batch_size <= 0:
-        raise ValueError(f"`global_batch_size` ({global_batch_size}) must be positive.")
-    if rule == "v1.0":
-        return int(math.floor(0.05 * (230.23 * global_batch_size + 3_000_000) / 25_000) * 25_000)
-    if rule == "v0.7":
-        return 500_000
-    raise ValueError(f"`eval_rule` ({rule!r}) must be 'v0.7' or 'v1.0'.")
 
 
 def sample_eval_schedule(
@@ -125,11 +106,6 @@ class BertBenchmark(Benchmark):
     def decay_steps(self, train_steps: int) -> int:
         """`opt_learning_rate_training_steps`: the config's, or the run's step budget when 0."""
         return self.config.optimizer.opt_learning_rate_training_steps or max(1, train_steps)
-
-    def gradient_clip_norm(self) -> float | None:
-        """The reference's global-norm clip (1.0) of the full-batch gradient, which the runner
-        applies to the cross-replica sum; None when `optimizer.clip_global_norm` is 0."""
-        return self.config.optimizer.clip_global_norm or None
 
     # ---- building ------------------------------------------------------------------------------
     def build_model(self) -> keras.Model:
@@ -262,7 +238,7 @@ class BertBenchmark(Benchmark):
 
     def eval_every_samples(self) -> int:
         """Samples between evals: `config.eval_every_samples`, or MLPerf's `eval_rule`."""
-        return self.config.eval_every_samples or eval_interval_samples(
+        return self.config.eval_every_samples or rules.bert_eval_interval_samples(
             self.config.eval_rule, self.config.global_batch_size
         )
 

@@ -12,7 +12,7 @@ from benchmarks.resnet50 import config as config_lib
 from benchmarks.resnet50 import input as input_lib
 from benchmarks.resnet50 import model as model_lib
 from mlperf_tf import layers
-from mlperf_tf.benchmark import Benchmark, EvalPoint
+from mlperf_tf.benchmark import Benchmark
 from mlperf_tf.config import ConfigError
 from mlperf_tf.data.pipeline import eval_batches_per_pipeline
 from mlperf_tf.optimizers import LARS, WarmupPolynomialDecay
@@ -163,19 +163,6 @@ class ResNet50Benchmark(Benchmark):
             raise ValueError("eval saw no real examples: the eval set is empty")
         return float(state["correct"]) / count
 
-    def eval_schedule(self) -> list[EvalPoint]:
-        """MLPerf ResNet: every `eval_every_epochs` (4) epochs; the first after
-        `eval_offset_epochs` epochs (1, 2 or 3), or after `eval_every_epochs` when it is 0.
-
-        The last evaluation is at `max_epochs` (the budget), wherever it falls.
-        """
-        return resnet_eval_schedule(
-            steps_per_epoch=self.steps_per_epoch,
-            max_epochs=self.config.max_epochs,
-            every_epochs=self.config.eval_every_epochs,
-            offset_epochs=self.config.eval_offset_epochs,
-        )
-
     def model_bn_span(self) -> int:
         """MLPerf's `model_bn_span`: examples one batch-norm layer normalizes over in training."""
         return layers.model_bn_span(self.per_replica_batch_size, self.config.model.bn_group_size)
@@ -221,43 +208,3 @@ class ResNet50Benchmark(Benchmark):
 def decayed_variables(model: keras.Model) -> list:
     """The variables that get weight decay: convolution and dense kernels (rank >= 2)."""
     return [v for v in model.trainable_variables if len(v.shape) >= 2]
-
-
-def resnet_eval_schedule(
-    *, steps_per_epoch: int, max_epochs: float, every_epochs: int, offset_epochs: int
-) -> list[EvalPoint]:
-    """Evaluations at epochs `first, first + every, ...` and at `max_epochs`, where `first` is
-    `offset_epochs`, or `every_epochs` when the offset is 0 (the MLPerf TF2 reference's
-    `--eval_offset_epochs`).
-
-    Epochs count from 1 (`first_epoch_num` of the first block is 1; each block spans
-    `epoch_count` epochs and ends with the evaluation whose `epoch_num` is its last epoch).
-
-    Raises:
-      ValueError: `every_epochs` is not positive or the offset is outside [0, every_epochs).
-    """
-    if every_epochs <= 0:
-        raise ValueError(f"`every_epochs` ({every_epochs}) must be positive.")
-    if not 0 <= offset_epochs < every_epochs:
-        raise ValueError(f"`offset_epochs` ({offset_epochs}) must be in [0, {every_epochs}).")
-    points = []
-    previous = 0.0
-    epoch = float(offset_epochs or every_epochs)
-    while True:
-        epoch = min(epoch, float(max_epochs))
-        points.append(
-            EvalPoint(
-                step=max(1, int(round(epoch * steps_per_epoch))),
-                epoch_num=_number(epoch),
-                first_epoch_num=_number(previous + 1),
-                epoch_count=_number(epoch - previous),
-            )
-        )
-        if epoch >= max_epochs:
-            return points
-        previous = epoch
-        epoch += every_epochs
-
-
-def _number(x: float) -> int | float:
-    return int(x) if float(x).is_integer() else float(x)
