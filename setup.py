@@ -38,5 +38,14 @@ setup(
         "test": ["pytest>=8", "hypothesis>=6.100", "ruff==0.17.6"],
         "peers": ["tf-models-official==2.20.*"],
     },
-    entry_points={"console_scripts": ["mlperf-tf = mlperf_tf.cli:run_main"]},
+    entry_points={
+        "console_scripts": ["mlperf-tf = mlperf_tf.cli:run_main"],
+        # The built-in benchmarks register like any third-party package (mlperf_tf/registry.py).
+        "mlperf_tf.benchmarks": [
+            "bert = benchmarks.bert.benchmark:BertBenchmark",
+            "resnet50 = benchmarks.resnet50.benchmark:ResNet50Benchmark",
+            "ssd = benchmarks.ssd.benchmark:SSDBenchmark",
+            "transformer = benchmarks.transformer.benchmark:TransformerBenchmark",
+        ],
+    },
 )

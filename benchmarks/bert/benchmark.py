@@ -15,7 +15,7 @@ from benchmarks.bert import config as config_lib
 from benchmarks.bert import input as input_lib
 from benchmarks.bert import model as model_lib
 from mlperf_tf import rules
-from mlperf_tf.benchmark import Benchmark, EvalPoint
+from mlperf_tf.benchmark import Benchmark, EvalPoint, eval_ratio
 from mlperf_tf.config import ConfigError
 from mlperf_tf.optimizers import LAMB, WarmupPolynomialDecay
 
@@ -81,6 +81,7 @@ class BertBenchmark(Benchmark):
     mlperf_benchmark = C.BERT
     config_class = config_lib.BertConfig
     presets = {"mlperf": config_lib.mlperf, "mini": config_lib.mini, "smoke": config_lib.smoke}
+    input_module = input_lib  # synthetic or record batches (the Benchmark's input hooks)
 
     config: config_lib.BertConfig
 
@@ -151,39 +152,6 @@ class BertBenchmark(Benchmark):
             len(report.skipped),
         )
 
-    # ---- data ----------------------------------------------------------------------------------
-    def train_dataset(self, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
-        batch_size = input_context.get_per_replica_batch_size(self.micro_batch_size)
-        if self.config.synthetic:
-            return input_lib.synthetic_train_dataset(
-                self.config, batch_size=batch_size, seed=self.seed
-            )
-        return input_lib.train_dataset(
-            self.config,
-            input_context=input_context,
-            batch_size=batch_size,
-            seed=self.seed,
-            skip_bad_records=self.skip_bad_records,
-        )
-
-    def eval_dataset(self, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
-        batch_size = input_context.get_per_replica_batch_size(self.config.eval_batch_size)
-        replicas_per_pipeline = max(
-            1, input_context.num_replicas_in_sync // input_context.num_input_pipelines
-        )
-        num_batches = self.eval_steps(input_context.num_replicas_in_sync) * replicas_per_pipeline
-        if self.config.synthetic:
-            return input_lib.synthetic_eval_dataset(
-                self.config, batch_size=batch_size, num_batches=num_batches, seed=self.seed
-            )
-        return input_lib.eval_dataset(
-            self.config,
-            input_context=input_context,
-            batch_size=batch_size,
-            num_batches=num_batches,
-            skip_bad_records=self.skip_bad_records,
-        )
-
     # ---- steps (replica context) ---------------------------------------------------------------
     def losses(self, model: keras.Model, batch: Any, training: bool) -> dict[str, tf.Tensor]:
         """This replica's masked-LM loss (weighted mean over its masked tokens, as the
@@ -231,10 +199,7 @@ class BertBenchmark(Benchmark):
     # ---- host side -----------------------------------------------------------------------------
     def eval_result(self, state: dict[str, float]) -> float:
         """Masked-LM accuracy: correct predictions over the weight of all masked tokens."""
-        weight = float(state.get("weight", 0.0))
-        if weight <= 0:
-            raise ValueError("eval saw no masked tokens: the eval set is empty")
-        return float(state["correct"]) / weight
+        return eval_ratio(state, "correct", "weight", what="masked tokens")
 
     def eval_every_samples(self) -> int:
         """Samples between evals: `config.eval_every_samples`, or MLPerf's `eval_rule`."""

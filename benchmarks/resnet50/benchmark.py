@@ -12,9 +12,7 @@ from benchmarks.resnet50 import config as config_lib
 from benchmarks.resnet50 import input as input_lib
 from benchmarks.resnet50 import model as model_lib
 from mlperf_tf import layers
-from mlperf_tf.benchmark import Benchmark
-from mlperf_tf.config import ConfigError
-from mlperf_tf.data.pipeline import eval_batches_per_pipeline
+from mlperf_tf.benchmark import Benchmark, eval_ratio
 from mlperf_tf.optimizers import LARS, WarmupPolynomialDecay
 
 # MLPerf log keys of the closed_resnet_sgd rules that `mlperf_logging.mllog.constants` lacks.
@@ -37,24 +35,11 @@ class ResNet50Benchmark(Benchmark):
     mlperf_benchmark = C.RESNET
     config_class = config_lib.ResNet50Config
     presets = {"mlperf": config_lib.mlperf, "mini": config_lib.mini, "smoke": config_lib.smoke}
+    input_module = input_lib  # synthetic or record batches (the Benchmark's input hooks)
 
     config: config_lib.ResNet50Config
 
     # ---- sizes ---------------------------------------------------------------------------------
-    @property
-    def per_replica_batch_size(self) -> int:
-        """Examples per replica per forward/backward pass (the micro batch over the replicas).
-
-        Raises:
-          ConfigError: the micro batch does not split evenly over `num_replicas`.
-        """
-        if self.micro_batch_size % self.num_replicas:
-            raise ConfigError(
-                f"`global_batch_size` / `gradient_accumulation_steps` ({self.micro_batch_size}) "
-                f"must be divisible by the number of replicas ({self.num_replicas})."
-            )
-        return self.micro_batch_size // self.num_replicas
-
     def warmup_steps(self) -> int:
         """Optimizer steps of the linear learning-rate warmup."""
         return int(round(self.config.optimizer.warmup_epochs * self.steps_per_epoch))
@@ -94,38 +79,6 @@ class ResNet50Benchmark(Benchmark):
         # SGD's weight decay is the L2 term of `compute_loss`.
         return keras.optimizers.SGD(schedule, momentum=opt.sgd_opt_momentum)
 
-    # ---- data ----------------------------------------------------------------------------------
-    def train_dataset(self, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
-        batch_size = input_context.get_per_replica_batch_size(self.micro_batch_size)
-        if self.config.synthetic:
-            return input_lib.synthetic_train_dataset(
-                self.config, batch_size=batch_size, seed=self.seed
-            )
-        return input_lib.train_dataset(
-            self.config,
-            input_context=input_context,
-            batch_size=batch_size,
-            seed=self.seed,
-            skip_bad_records=self.skip_bad_records,
-        )
-
-    def eval_dataset(self, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
-        batch_size = input_context.get_per_replica_batch_size(self.config.eval_batch_size)
-        num_batches = eval_batches_per_pipeline(
-            self.eval_steps(input_context.num_replicas_in_sync), input_context
-        )
-        if self.config.synthetic:
-            return input_lib.synthetic_eval_dataset(
-                self.config, batch_size=batch_size, num_batches=num_batches, seed=self.seed
-            )
-        return input_lib.eval_dataset(
-            self.config,
-            input_context=input_context,
-            batch_size=batch_size,
-            num_batches=num_batches,
-            skip_bad_records=self.skip_bad_records,
-        )
-
     # ---- steps (replica context) ---------------------------------------------------------------
     def compute_loss(self, model: keras.Model, batch: Any, training: bool = True) -> tf.Tensor:
         """Label-smoothed cross entropy summed over this replica's batch / `micro_batch_size`.
@@ -158,10 +111,7 @@ class ResNet50Benchmark(Benchmark):
     # ---- host side -----------------------------------------------------------------------------
     def eval_result(self, state: dict[str, float]) -> float:
         """Top-1 accuracy over the real (non-padding) eval examples."""
-        count = float(state.get("count", 0.0))
-        if count <= 0:
-            raise ValueError("eval saw no real examples: the eval set is empty")
-        return float(state["correct"]) / count
+        return eval_ratio(state, "correct", "count", what="real examples")
 
     def model_bn_span(self) -> int:
         """MLPerf's `model_bn_span`: examples one batch-norm layer normalizes over in training."""
