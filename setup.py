@@ -19,6 +19,8 @@ setup(
             "compliance.*",
         ]
     ),
+    # The simulator's committed data (FLOPs cache, published points, system files).
+    package_data={"mlperf_tf.simulate": ["data/*.json", "systems/*.json", "systems/*.yaml"]},
     install_requires=[
         "tensorflow==2.20.*",
         "keras>=3.10,<4",
@@ -46,6 +48,16 @@ setup(
             "resnet50 = benchmarks.resnet50.benchmark:ResNet50Benchmark",
             "ssd = benchmarks.ssd.benchmark:SSDBenchmark",
             "transformer = benchmarks.transformer.benchmark:TransformerBenchmark",
+        ],
+        # Optimizer plug-ins (mlperf_tf/optimizers/registry.py); third-party packages add theirs.
+        "mlperf_tf.optimizers": [
+            "sgd = mlperf_tf.optimizers.plugins:SGD",
+            "lars = mlperf_tf.optimizers.plugins:LARS_PLUGIN",
+            "lamb = mlperf_tf.optimizers.plugins:LAMB_PLUGIN",
+            "adam = mlperf_tf.optimizers.plugins:ADAM",
+            "neumann = mlperf_tf.optimizers.neumann:PLUGIN",
+            "nlcg = mlperf_tf.optimizers.nlcg:PLUGIN",
+            "kfac = mlperf_tf.optimizers.kfac:PLUGIN",
         ],
     },
 )

@@ -10,26 +10,22 @@ the official parser reads, so its verdict and its record numbers are unchanged.
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import datetime
-import importlib.util
 import json
 import os
-import queue
 import re
-import select
 import signal
-import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from mlperf_logging.mllog import constants as C
-
+from compliance import keys as C
 from compliance import logfile
 from compliance.suite_checks import ERROR, INFO, WARNING, Finding, Target, suite_checks
+from mlperf_tf import rounds
 from mlperf_tf.errors import UserError
 
 USAGE = "training"
@@ -38,10 +34,6 @@ DEFAULT_TIMEOUT_S = 300.0
 DEFAULT_JOBS = 2
 # Address-space limit of the worker: a backstop, since the log it gets is already bounded.
 WORKER_MEMORY_LIMIT_BYTES = 4 * 2**30
-
-# Rulesets this suite validated against the corpus of real logs (0.6.0, 0.7.0, 1.0.0); a default
-# is picked among these unless the log's benchmark has no rules in any of them.
-VALIDATED_RULESETS = ("0.6.0", "0.7.0", "1.0.0")
 
 # The day each MLPerf Training round's results were published (approximate for the last ones): a
 # run logged before it belongs to that round or an earlier one.
@@ -64,9 +56,13 @@ _ROUND_PUBLISHED = {
 
 _WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "official_worker.py")
 _NAME = re.compile(r"^[a-z0-9_]+$")
+_RESULTS_REPOSITORY = re.compile(r"training_results_v(\d+)\.(\d+)(?:[/\\]|$)")
 _TARGET_CONDITIONAL = re.compile(
     r"v\['value'\]\s*>=\s*([0-9.]+)\s+if\s+s\['global_batch_size'\]\s*<\s*([0-9.]+)\s+"
     r"else\s+v\['value'\]\s*>=\s*([0-9.]+)"
+)
+_ACCURACY_RULE = re.compile(
+    rf"NAME:\s*{C.EVAL_ACCURACY}\s*\n(?:(?!\s*- *KEY:).*\n)*?\s*ATLEAST_ONE_CHECK:\s*\"([^\"]*)\""
 )
 _TARGET_AT_LEAST = re.compile(r"v\['value'\]\s*>=\s*([0-9.]+)")
 _TARGET_AT_MOST = re.compile(r"v\['value'\]\s*<=\s*([0-9.]+)")
@@ -171,25 +167,13 @@ class Report:
         return "\n".join(out)
 
 
-def rules_dir() -> str:
-    """The folder of the installed official checker's rule files."""
-    spec = importlib.util.find_spec("mlperf_logging.compliance_checker")
-    return list(spec.submodule_search_locations)[0]
-
-
-def version_key(ruleset: str) -> tuple[int, ...]:
-    """Sorts rulesets by version: "0.7.0" < "1.0.0" < "10.0.0"."""
-    return tuple(int(part) for part in ruleset.split("."))
+rules_dir = rounds.rules_dir
+version_key = rounds.version_key
 
 
 def available_rulesets() -> list[str]:
     """The training rulesets the installed checker has, oldest first."""
-    names = []
-    for entry in os.listdir(rules_dir()):
-        match = re.fullmatch(rf"{USAGE}_(\d+\.\d+\.\d+)", entry)
-        if match:
-            names.append(match.group(1))
-    return sorted(names, key=version_key)
+    return list(rounds.available_rulesets())
 
 
 def has_rules(ruleset: str, benchmark: str | None) -> bool:
@@ -207,7 +191,7 @@ def quality_target(
     division: str = "closed",
     global_batch_size: float | None = None,
 ) -> Target | None:
-    """The accuracy target of the official rule file, read (not evaluated) from its YAML.
+    """The accuracy target of the official rule file, read (not evaluated) from its text.
 
     Args:
       ruleset: e.g. "0.7.0".
@@ -219,20 +203,15 @@ def quality_target(
       The Target, or None where the rule file has no accuracy target (all of 0.6.0, some open
       rules) or it depends on a batch size that is not known.
     """
-    import yaml
-
     if not benchmark or not _NAME.match(benchmark) or division not in ("closed", "open"):
         return None
-    path = os.path.join(rules_dir(), f"{USAGE}_{ruleset}", f"{division}_{benchmark}.yaml")
-    if ruleset == "0.6.0" or not os.path.isfile(path):
+    if ruleset == "0.6.0":
         return None
-    with open(path) as handle:
-        entries = yaml.load(handle, Loader=yaml.BaseLoader) or []
-    for entry in entries:
-        key = entry.get("KEY") if isinstance(entry, dict) else None
-        if not key or key.get("NAME") != C.EVAL_ACCURACY or "ATLEAST_ONE_CHECK" not in key:
-            continue
-        expression = key["ATLEAST_ONE_CHECK"].strip()
+    # Every rule file writes the check on one line in double quotes; a test holds this reading
+    # equal to a YAML parse of every installed rule file (no YAML import on the check's path).
+    text = rounds.rule_text(ruleset, f"{division}_{benchmark}.yaml")
+    for rule in _ACCURACY_RULE.finditer(text):
+        expression = rule.group(1).strip()
         match = _TARGET_CONDITIONAL.search(expression)
         if match:
             if global_batch_size is None:
@@ -246,6 +225,20 @@ def quality_target(
         match = _TARGET_AT_MOST.search(expression)
         if match:
             return Target(float(match.group(1)), False, expression)
+    return None
+
+
+def logged_target(scan: logfile.LogScan) -> Target | None:
+    """The run's own target, from the runner's `# mlperf-tf target {"quality_target": X}` line.
+
+    A mini or smoke preset aims at its own target (e.g. 0.90 on the digits mini set for ResNet),
+    not MLPerf's; None when the log does not say.
+    """
+    for _, mark in logfile.suite_notes(scan, "target"):
+        value = mark.get("quality_target") if isinstance(mark, dict) else None
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            higher = mark.get("higher_is_better", True)
+            return Target(float(value), higher is not False, f"logged by the run: {value}")
     return None
 
 
@@ -264,38 +257,122 @@ def _run_date(records: Sequence[logfile.Record]) -> datetime.date | None:
         return None
 
 
-def choose_ruleset(scan: logfile.LogScan) -> tuple[str, str]:
-    """Picks a ruleset with rules for the log's format, benchmark and date.
+def _round_of_date(date: datetime.date, rulesets: Sequence[str]) -> str | None:
+    """The round whose submission window holds `date`: the first published on or after it."""
+    for ruleset in sorted(rulesets, key=version_key):
+        if date <= _ROUND_PUBLISHED.get(ruleset, datetime.date.min):
+            return ruleset
+    return None
 
-    0.6.0-format logs (':::MLL <time> <key>: ...') get 0.6.0. For JSON logs the candidates are the
-    validated rulesets with rules for the log's `submission_benchmark` (all installed rulesets when
-    none has them); the one whose round the run's date falls in is picked, else the newest.
 
-    Returns:
-      (ruleset, the reason, for the report).
+def ruleset_from_path(path: str) -> str | None:
+    """The round of a log inside a results repository (`.../training_results_vX.Y/...`), or None."""
+    matches = _RESULTS_REPOSITORY.findall(os.path.abspath(path))
+    if not matches:
+        return None
+    ruleset = f"{matches[-1][0]}.{matches[-1][1]}.0"
+    return ruleset if ruleset in available_rulesets() else None
+
+
+@dataclasses.dataclass(frozen=True)
+class RulesetChoice:
+    """The ruleset picked for a log, and why.
+
+    Attributes:
+      ruleset: e.g. "3.0.0".
+      reason: what decided, for the report.
+      alternatives: other rounds that fit the log as well, each with different rules; the caller
+        checks the log under them too and refuses to guess when the verdicts differ.
+    """
+
+    ruleset: str
+    reason: str
+    alternatives: tuple[str, ...] = ()
+
+
+def pick_ruleset(scan: logfile.LogScan) -> RulesetChoice:
+    """Picks the round a log belongs to from what the log says.
+
+    0.6.0-format logs (':::MLL <time> <key>: ...') get 0.6.0; a log inside a results repository
+    (`training_results_vX.Y`) gets that round. Otherwise the candidates are the rounds whose
+    rules accept the log's `submission_benchmark` (all rounds when none does), narrowed to those
+    whose required keys the log has the most of: keys only some rounds require or name
+    differently (`weights_initialization` in v1.1-v2.1, BERT's `opt_epsilon` that is
+    `opt_lamb_epsilon` from v2.1, SSD-ResNet34's keys against RetinaNet's `opt_name` from v2.0)
+    tell rounds apart. The run's date then picks the round whose submission window holds it. If
+    several candidates remain (no date, or a date no candidate's window holds), the newest is
+    picked and the others with different rules are returned as `alternatives`.
     """
     log_format = logfile.guess_format(scan)
-    installed = available_rulesets()
-    validated_json = [r for r in VALIDATED_RULESETS if r != "0.6.0" and r in installed]
+    installed = [r for r in available_rulesets() if r != "0.6.0"]
     if log_format == "0.6":
-        return "0.6.0", "default: the log is in the 0.6.0 format (':::MLL <time> <key>: ...')"
+        return RulesetChoice("0.6.0", "the log is in the 0.6.0 format (':::MLL <time> <key>: ...')")
+    from_path = ruleset_from_path(scan.path)
+    if from_path is not None:
+        return RulesetChoice(from_path, f"the log is in a results repository of round {from_path}")
     if log_format is None:
-        return validated_json[-1], "default: no line parses as an MLPerf log record"
-    records = logfile.parse_records(scan, validated_json[-1])
+        return RulesetChoice(installed[-1], "no line parses as an MLPerf log record: newest")
+    records = logfile.parse_records(scan, installed[-1])
     benchmark = _first_value(records, C.SUBMISSION_BENCHMARK)
     benchmark = benchmark if isinstance(benchmark, str) else None
-    candidates = [r for r in validated_json if has_rules(r, benchmark)]
-    if not candidates and benchmark:
-        candidates = [r for r in installed if r != "0.6.0" and has_rules(r, benchmark)]
-    why_benchmark = f"rules for '{benchmark}'" if candidates else "no rules for the benchmark"
-    candidates = candidates or validated_json
+    candidates = [r for r in installed if rounds.has_benchmark(r, benchmark)]
+    if candidates:
+        why = [f"benchmark '{benchmark}' is in rounds {_span(candidates)}"]
+    else:
+        candidates = installed
+        why = [f"no round has benchmark {benchmark!r}" if benchmark else "no submission_benchmark"]
     date = _run_date(records)
-    if date is None:
-        return candidates[-1], f"default: JSON log, {why_benchmark}, no run date: newest"
-    for ruleset in candidates:
-        if date <= _ROUND_PUBLISHED.get(ruleset, datetime.date.max):
-            return ruleset, f"default: JSON log, {why_benchmark}, run dated {date}"
-    return candidates[-1], f"default: JSON log, {why_benchmark}, run dated {date}: newest"
+    # A run cannot belong to a round published before it was made.
+    later = [r for r in candidates if date and date <= _ROUND_PUBLISHED.get(r, datetime.date.max)]
+    if later and len(later) < len(candidates):
+        why.append(f"run dated {date}: rounds published before it are out")
+        candidates = later
+    elif date and not later:
+        why.append(f"run dated {date}, after every such round")
+    division = _first_value(records, C.SUBMISSION_DIVISION)
+    division = division if division in ("closed", "open") else "closed"
+    present = {r.key for r in records}
+    missing = {r: rounds.required_keys(r, benchmark or "", division) - present for r in candidates}
+    fewest = min(len(keys) for keys in missing.values())
+    fitting = [r for r in candidates if len(missing[r]) == fewest]
+    if len(fitting) < len(candidates):
+        told = sorted(
+            set().union(*(missing[r] for r in candidates))
+            - set().union(*(missing[r] for r in fitting))
+        )
+        why.append(
+            f"its keys ({', '.join(told[:3])}{', ...' if len(told) > 3 else ''}) fit "
+            f"{_span(fitting)}"
+        )
+    if len(fitting) == 1:
+        return RulesetChoice(fitting[0], "; ".join(why))
+    # The first round after the run (the one it was made for), else the newest.
+    picked = fitting[0] if later else fitting[-1]
+    if date and _round_of_date(date, available_rulesets()) == picked:
+        why.append(f"in round {picked}'s submission window")
+        return RulesetChoice(picked, "; ".join(why))
+    fingerprints = {rounds.rules_fingerprint(picked, benchmark or "", division)}
+    alternatives = []
+    for ruleset in fitting:
+        fingerprint = rounds.rules_fingerprint(ruleset, benchmark or "", division)
+        if fingerprint not in fingerprints:
+            fingerprints.add(fingerprint)
+            alternatives.append(ruleset)
+    if alternatives:
+        why.append(f"rounds {_span(fitting)} fit: {picked}, if their verdicts agree")
+    else:
+        why.append(f"rounds {_span(fitting)} fit with the same rules: {picked}")
+    return RulesetChoice(picked, "; ".join(why), tuple(alternatives))
+
+
+def _span(rulesets: Sequence[str]) -> str:
+    return ", ".join(rulesets) if len(rulesets) <= 3 else f"{rulesets[0]} ... {rulesets[-1]}"
+
+
+def choose_ruleset(scan: logfile.LogScan) -> tuple[str, str]:
+    """Picks a ruleset for a log: (ruleset, the reason), see `pick_ruleset`."""
+    choice = pick_ruleset(scan)
+    return choice.ruleset, choice.reason
 
 
 def _validate_options(ruleset: str | None, quality: str, timeout: float) -> None:
@@ -322,14 +399,18 @@ class OfficialRunner:
 
     Where the OS can fork, one server interpreter per runner imports the checker once and forks a
     child per log: every child starts from the checker's pristine module state (the server never
-    checks anything itself), for a few milliseconds instead of an interpreter start-up. Elsewhere
-    each log gets a new interpreter. Use it as a context manager; one thread at a time.
+    checks anything itself), for a few milliseconds instead of an interpreter start-up. With
+    `in_process`, this process is that server (no second interpreter to start: what a single
+    `check LOG` costs); only for a process without other threads, which never runs a check
+    itself. Elsewhere each log gets a new interpreter. Use it as a context manager; one thread at
+    a time.
     """
 
-    def __init__(self, *, use_fork: bool | None = None):
+    def __init__(self, *, use_fork: bool | None = None, in_process: bool = False):
         self._use_fork = hasattr(os, "fork") if use_fork is None else use_fork
+        self._in_process = in_process and self._use_fork
         self._tmp = tempfile.TemporaryDirectory(prefix="mlperf_tf_check_")
-        self._server: subprocess.Popen | None = None
+        self._server = None  # the server's subprocess.Popen, once started
         self._count = 0
 
     def __enter__(self) -> OfficialRunner:
@@ -341,6 +422,8 @@ class OfficialRunner:
     def close(self) -> None:
         """Stops the server (by its pid) and removes the temporary files."""
         if self._server is not None:
+            import subprocess
+
             self._server.stdin.close()
             try:
                 self._server.wait(timeout=10)
@@ -351,7 +434,9 @@ class OfficialRunner:
             self._server = None
         self._tmp.cleanup()
 
-    def _start_server(self) -> subprocess.Popen:
+    def _start_server(self):
+        import subprocess
+
         errors = open(os.path.join(self._tmp.name, "server.err"), "w")  # noqa: SIM115
         with errors:
             return subprocess.Popen(
@@ -364,11 +449,15 @@ class OfficialRunner:
                 env=_worker_env(),
             )
 
-    def _ask_server(self, request: dict[str, Any], wait_s: float) -> dict[str, Any] | None:
+    def _send(self, request: dict[str, Any]) -> None:
         if self._server is None or self._server.poll() is not None:
             self._server = self._start_server()
         self._server.stdin.write(json.dumps(request) + "\n")
         self._server.stdin.flush()
+
+    def _receive(self, wait_s: float) -> dict[str, Any] | None:
+        import select
+
         ready, _, _ = select.select([self._server.stdout], [], [], wait_s)
         reply = self._server.stdout.readline() if ready else ""
         if not reply:  # the server hung or died: never reuse it
@@ -395,30 +484,27 @@ class OfficialRunner:
           UserError: the checker did not finish within `timeout` seconds, ran out of memory, or
             its process failed.
         """
+        return self.submit(scan, ruleset, timeout=timeout, memory_limit=memory_limit)()
+
+    def submit(
+        self,
+        scan: logfile.LogScan,
+        ruleset: str,
+        *,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        memory_limit: int = WORKER_MEMORY_LIMIT_BYTES,
+    ) -> Callable[[], dict[str, Any]]:
+        """Starts the official checker on `scan`; returns a function that waits for its result.
+
+        The caller can do its own work on the log meanwhile (in a separate process where the OS
+        can fork). The returned function raises as `run` does.
+        """
         self._count += 1
+        path = scan.path
         log_copy = os.path.join(self._tmp.name, f"log{self._count}.txt")
         out = os.path.join(self._tmp.name, f"result{self._count}.json")
         with open(log_copy, "w", encoding="latin-1", newline="") as handle:
             handle.writelines(scan.lines)
-        try:
-            if self._use_fork:
-                result = self._run_forked(scan.path, log_copy, out, ruleset, timeout, memory_limit)
-            else:
-                result = self._run_new_interpreter(
-                    scan.path, log_copy, ruleset, timeout, memory_limit
-                )
-        finally:
-            for name in (log_copy, out):
-                if os.path.exists(name):
-                    os.remove(name)
-        if result.get("out_of_memory"):
-            raise UserError(
-                f"{scan.path}: the official checker ran out of memory "
-                f"(limit {memory_limit / 2**30:g} GiB)"
-            )
-        return result
-
-    def _run_forked(self, path, log_copy, out, ruleset, timeout, memory_limit):
         request = {
             "log": log_copy,
             "ruleset": ruleset,
@@ -427,8 +513,51 @@ class OfficialRunner:
             "timeout": timeout,
             "out": out,
         }
-        # The child stops itself with SIGALRM at `timeout`; the margin covers a slow machine.
-        reply = self._ask_server(request, wait_s=timeout + 60)
+
+        def cleanup() -> None:
+            for name in (log_copy, out):
+                if os.path.exists(name):
+                    os.remove(name)
+
+        try:
+            if not self._use_fork:
+                result = self._run_new_interpreter(path, log_copy, ruleset, timeout, memory_limit)
+                finish = lambda: result  # noqa: E731
+            elif self._in_process and threading.active_count() == 1:
+                from compliance import official_worker
+
+                # The first check leaves the checker's import to the child, to overlap it with
+                # this process's own work; later ones share it.
+                pid = official_worker.start_fork(request, preloaded=self._count > 1)
+                finish = lambda: self._forked_result(  # noqa: E731
+                    path, out, official_worker.wait_fork(pid), timeout
+                )
+            else:
+                self._send(request)
+                # The child stops itself with SIGALRM at `timeout`; the margin covers a slow
+                # machine.
+                finish = lambda: self._forked_result(  # noqa: E731
+                    path, out, self._receive(timeout + 60), timeout
+                )
+        except BaseException:
+            cleanup()
+            raise
+
+        def wait() -> dict[str, Any]:
+            try:
+                result = finish()
+            finally:
+                cleanup()
+            if result.get("out_of_memory"):
+                raise UserError(
+                    f"{path}: the official checker ran out of memory "
+                    f"(limit {memory_limit / 2**30:g} GiB)"
+                )
+            return result
+
+        return wait
+
+    def _forked_result(self, path, out, reply, timeout) -> dict[str, Any]:
         if reply is None:
             raise UserError(f"{path}: the official checker's server process failed")
         if reply["signal"] == signal.SIGALRM:
@@ -446,6 +575,8 @@ class OfficialRunner:
             ) from None
 
     def _run_new_interpreter(self, path, log_copy, ruleset, timeout, memory_limit):
+        import subprocess
+
         command = [sys.executable, "-P", _WORKER, log_copy, ruleset, USAGE, str(memory_limit)]
         try:
             done = subprocess.run(
@@ -487,14 +618,20 @@ def _official_output(result: dict[str, Any]) -> list[str]:
 
 
 def _official_findings(
-    result: dict[str, Any], line_of: Sequence[int], quality: str
+    result: dict[str, Any], line_of: Sequence[int], quality: str, *, hide_crash: bool = False
 ) -> list[Finding]:
-    """Turns the worker's result into findings with file line numbers."""
+    """Turns the worker's result into findings with file line numbers.
+
+    `hide_crash`: the caller already said why the checker crashed (a round without the log's
+    benchmark: its rule file is missing), so the crash's traceback line is not repeated.
+    """
 
     def lines(records: Sequence[int]) -> tuple[int, ...]:
         return tuple(line_of[n] for n in records if 0 <= n < len(line_of))
 
     findings = []
+    if result["crashed"] and hide_crash:
+        return findings
     if result["crashed"]:
         findings.append(
             Finding(
@@ -573,20 +710,74 @@ def check_log(
     _validate_options(ruleset, quality, timeout)
     scan = logfile.scan_log(path, max_log_bytes=max_log_bytes, max_line_bytes=max_line_bytes)
     if ruleset is None:
-        ruleset, reason = choose_ruleset(scan)
+        choice = pick_ruleset(scan)
     else:
-        reason = "given"
+        choice = RulesetChoice(ruleset, "given")
+    options = {"quality": quality, "strict": strict, "timeout": timeout}
     if runner is None:
-        with OfficialRunner() as own_runner:
-            result = own_runner.run(scan, ruleset, timeout=timeout)
-    else:
-        result = runner.run(scan, ruleset, timeout=timeout)
-    findings = _official_findings(result, scan.official_line_numbers(ruleset), quality)
-    official_passed = not result["crashed"] and not any(m["fatal"] for m in result["messages"])
+        with OfficialRunner(in_process=True) as own_runner:
+            return _check_choice(scan, choice, own_runner, **options)
+    return _check_choice(scan, choice, runner, **options)
 
+
+def _check_choice(scan, choice: RulesetChoice, runner, **options) -> Report:
+    """Checks under the chosen ruleset; refuses to guess when an alternative's verdict differs."""
+    report = _judge(scan, choice.ruleset, choice.reason, runner, **options)
+    if not choice.alternatives:
+        return report
+    others = [_judge(scan, r, choice.reason, runner, **options) for r in choice.alternatives]
+    differ = [other for other in others if other.passed != report.passed]
+    if differ:
+        verdicts = ", ".join(
+            f"{r.ruleset} {'PASS' if r.passed else 'FAIL'}" for r in [report, *differ]
+        )
+        raise UserError(
+            f"{scan.path}: cannot tell the round: {choice.reason}; their verdicts differ "
+            f"({verdicts}): give --ruleset"
+        )
+    fitting = ", ".join([report.ruleset, *choice.alternatives])
+    return dataclasses.replace(
+        report, ruleset_reason=f"{choice.reason} (same verdict under {fitting})"
+    )
+
+
+def _judge(scan, ruleset, reason, runner, *, quality, strict, timeout) -> Report:
+    """The Report of one log under one ruleset."""
     records = logfile.parse_records(scan, ruleset)
     benchmark = _first_value(records, C.SUBMISSION_BENCHMARK)
     benchmark = benchmark if isinstance(benchmark, str) else None
+    first: list[Finding] = []
+    if scan.size_bytes == 0:
+        first.append(Finding(ERROR, "suite", "empty", "empty log (0 bytes)"))
+    elif not scan.lines:
+        first.append(
+            Finding(
+                ERROR,
+                "suite",
+                "empty",
+                f"no MLPerf log line (':::MLLOG ...') in {scan.total_lines} line(s)",
+            )
+        )
+    no_rules = (
+        benchmark is not None
+        and _NAME.match(benchmark) is not None
+        and ruleset != "0.6.0"
+        and not rounds.has_benchmark(ruleset, benchmark)
+    )
+    if no_rules:
+        have = [r for r in available_rulesets() if has_rules(r, benchmark)]
+        first.append(
+            Finding(
+                ERROR,
+                "suite",
+                "ruleset",
+                f"round {ruleset} has no '{benchmark}' benchmark; rounds with it: "
+                f"{', '.join(have) if have else 'none'}",
+                tuple(r.line for r in records if r.key == C.SUBMISSION_BENCHMARK)[:1],
+            )
+        )
+    # The official check runs in another process while this one runs the suite's checks.
+    wait_official = runner.submit(scan, ruleset, timeout=timeout)
     division = _first_value(records, C.SUBMISSION_DIVISION)
     global_batch_size = _first_value(records, C.GLOBAL_BATCH_SIZE)
     target = quality_target(
@@ -597,14 +788,24 @@ def check_log(
         if isinstance(global_batch_size, int | float) and not isinstance(global_batch_size, bool)
         else None,
     )
-    findings += suite_checks(
+    if quality == "skip":
+        # Skip is for runs aiming at their own target: judge the status by it where logged.
+        target = logged_target(scan) or target
+    suite = suite_checks(
         records,
         benchmark=benchmark,
         ruleset=ruleset,
         target=target,
         quality=quality,
         strict=strict,
+        resumed=logfile.suite_notes(scan, "resumed"),
     )
+    result = wait_official()
+    findings = first + _official_findings(
+        result, scan.official_line_numbers(ruleset), quality, hide_crash=no_rules
+    )
+    findings += suite
+    official_passed = not result["crashed"] and not any(m["fatal"] for m in result["messages"])
     passed = not any(f.level == ERROR for f in findings)
     return Report(
         path=scan.path,
@@ -639,6 +840,20 @@ def check_logs(
         raise UserError(f"--jobs ({jobs!r}) must be a positive integer")
 
     paths = list(paths)
+
+    def checked(path: str, runner: OfficialRunner) -> Report | UserError:
+        try:
+            return check_log(path, runner=runner, **kwargs)
+        except UserError as error:
+            return error
+
+    if jobs == 1 or len(paths) <= 1:  # no threads: this process forks the checks itself
+        with OfficialRunner(in_process=True) as runner:
+            return [checked(path, runner) for path in paths]
+
+    import concurrent.futures
+    import queue
+
     runners: queue.SimpleQueue[OfficialRunner] = queue.SimpleQueue()
     started = [OfficialRunner() for _ in range(max(1, min(jobs, len(paths))))]
     for runner in started:
@@ -647,9 +862,7 @@ def check_logs(
     def one(path: str) -> Report | UserError:
         runner = runners.get()
         try:
-            return check_log(path, runner=runner, **kwargs)
-        except UserError as error:
-            return error
+            return checked(path, runner)
         finally:
             runners.put(runner)
 

@@ -7,7 +7,10 @@ Exit codes: 0 every log passes, 1 some log fails, 2 bad input (one line `error: 
 from __future__ import annotations
 
 import argparse
+import glob
 import json
+import os
+import re
 import sys
 from collections.abc import Sequence
 
@@ -55,6 +58,13 @@ def _add_check_options(parser: argparse.ArgumentParser) -> None:
         "benchmark and date; the report says which)",
     )
     parser.add_argument(
+        "--round",
+        default=None,
+        metavar="X.Y",
+        help="MLPerf round of the logs, e.g. 2.0 (the same as --ruleset 2.0.0); a log under a "
+        "training_results_vX.Y folder is taken as that round",
+    )
+    parser.add_argument(
         "--quality",
         choices=QUALITY_MODES,
         default="enforce",
@@ -97,7 +107,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="Check MLPerf logs with the official MLCommons checker and this suite's "
         "checks. Exit 0 only if every log passes.",
     )
-    check.add_argument("logs", nargs="+", metavar="LOG")
+    check.add_argument(
+        "logs",
+        nargs="+",
+        metavar="LOG",
+        help="a log, or a folder: its result_*.txt files at any depth (a results repository), "
+        "else its *.txt and *.log files",
+    )
     _add_check_options(check)
     check.add_argument(
         "--strict", action="store_true", help="this suite's findings are errors, not warnings"
@@ -126,9 +142,43 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _ruleset(args: argparse.Namespace) -> str | None:
+    if args.round is None:
+        return args.ruleset
+    if not re.fullmatch(r"\d+\.\d+", args.round):
+        raise UserError(f"--round {args.round!r} must be a round such as 2.0")
+    ruleset = f"{args.round}.0"
+    if args.ruleset is not None and args.ruleset != ruleset:
+        raise UserError(f"--round {args.round} and --ruleset {args.ruleset} disagree")
+    return ruleset
+
+
+def _expand(paths: Sequence[str]) -> list[str]:
+    """Logs named, with folders replaced by the logs in them (see the `check` help)."""
+    logs = []
+    for path in paths:
+        if not os.path.isdir(path):
+            logs.append(path)
+            continue
+        found = sorted(
+            glob.glob(os.path.join(glob.escape(path), "**", "result_*.txt"), recursive=True)
+        )
+        if not found:
+            found = sorted(
+                p
+                for pattern in ("*.txt", "*.log")
+                for p in glob.glob(os.path.join(glob.escape(path), pattern))
+            )
+        found = [p for p in found if os.path.isfile(p)]
+        if not found:
+            raise UserError(f"{path}: no result_*.txt (or *.txt, *.log) log in this folder")
+        logs += found
+    return logs
+
+
 def _check_kwargs(args: argparse.Namespace) -> dict:
     return {
-        "ruleset": args.ruleset,
+        "ruleset": _ruleset(args),
         "quality": args.quality,
         "timeout": args.timeout,
         "max_log_bytes": max(1, int(args.max_log_mb * 2**20)),
@@ -139,6 +189,7 @@ def _check_kwargs(args: argparse.Namespace) -> dict:
 def _run_check(args: argparse.Namespace) -> int:
     from compliance.checker import check_logs
 
+    args.logs = _expand(args.logs)
     results = check_logs(args.logs, jobs=args.jobs, strict=args.strict, **_check_kwargs(args))
     bad_input = any(isinstance(r, UserError) for r in results)
     failed = any(not r.passed for r in results if not isinstance(r, UserError))

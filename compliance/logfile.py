@@ -24,6 +24,10 @@ TOKEN_ANY = ":::MLL"
 TOKEN_V06 = ":::MLL"
 TOKEN_JSON = ":::MLLOG "
 
+# This suite's own lines in a log, outside MLPerf's records: `# mlperf-tf <kind> <json>`.
+SUITE_PREFIX = "# mlperf-tf "
+_MAX_NOTES = 100
+
 DEFAULT_MAX_LOG_BYTES = 64 * 2**20
 # The official parser strips prefixes with re.sub(".*" + TOKEN, ...), which takes time quadratic in
 # a line's length (measured here: 0.4 s at 10 KB, 37 s at 100 KB; a 10 MB line would take days).
@@ -47,6 +51,8 @@ class LogScan:
       line_numbers: the 1-based line number in the file of each entry of `lines`.
       total_lines: the number of lines in the file.
       size_bytes: the file's size in bytes.
+      notes: (line number, text) of this suite's own lines (`# mlperf-tf <kind> <json>`, e.g.
+        the runner's mark of a resumed run), which are not MLPerf records; at most 100.
     """
 
     path: str
@@ -54,6 +60,9 @@ class LogScan:
     line_numbers: tuple[int, ...]
     total_lines: int
     size_bytes: int
+    notes: tuple[tuple[int, str], ...] = ()
+    # parse_records' results by format, so that a log is parsed once whatever asks for it.
+    _parsed: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     def official_line_numbers(self, ruleset: str) -> tuple[int, ...]:
         """File line numbers of the records the official checker counts for `ruleset`.
@@ -88,6 +97,22 @@ class Record:
     line: int
     timestamp: float | None = None
     units_per_second: float = 1.0
+
+
+def suite_notes(scan: LogScan, kind: str) -> list[tuple[int, Any]]:
+    """(line number, JSON value) of the suite lines `# mlperf-tf <kind> <json>` of a log.
+
+    A line whose JSON does not parse gives the value None.
+    """
+    prefix = f"{SUITE_PREFIX}{kind} "
+    found = []
+    for number, text in scan.notes:
+        if text.startswith(prefix):
+            try:
+                found.append((number, json.loads(text[len(prefix) :])))
+            except (ValueError, RecursionError):
+                found.append((number, None))
+    return found
 
 
 def token_for(ruleset: str) -> str:
@@ -142,6 +167,7 @@ def scan_log(
     path = os.fspath(path)
     lines: list[str] = []
     numbers: list[int] = []
+    notes: list[tuple[int, str]] = []
     kept = 0
     line_number = 0
 
@@ -194,6 +220,8 @@ def scan_log(
                     lines.append("".join(parts))
                     numbers.append(line_number)
                     kept += length
+                elif parts and parts[0].startswith(SUITE_PREFIX) and len(notes) < _MAX_NOTES:
+                    notes.append((line_number, "".join(parts).rstrip("\n")))
                 parts, length, previous_tail, has_token, dropped = [], 0, "", False, False
             if parts or dropped:  # a last line without a line end
                 line_number += 1
@@ -210,6 +238,7 @@ def scan_log(
         line_numbers=tuple(numbers),
         total_lines=line_number,
         size_bytes=info.st_size,
+        notes=tuple(notes),
     )
 
 
@@ -265,7 +294,17 @@ def parse_line(line: str, ruleset: str) -> tuple[str, Any, dict, float | None] |
 
 
 def parse_records(scan: LogScan, ruleset: str) -> list[Record]:
-    """Parses the records of a scanned log as `ruleset`'s format; unparsable lines are skipped."""
+    """Parses the records of a scanned log as `ruleset`'s format; unparsable lines are skipped.
+
+    The result is kept on `scan` (one parse per format); callers get their own list.
+    """
+    token = token_for(ruleset)
+    if token not in scan._parsed:
+        scan._parsed[token] = _parse_records(scan, ruleset)
+    return list(scan._parsed[token])
+
+
+def _parse_records(scan: LogScan, ruleset: str) -> tuple[Record, ...]:
     units = 1.0 if token_for(ruleset) == TOKEN_V06 else 1000.0
     records = []
     for line, number in zip(scan.lines, scan.line_numbers):
@@ -274,7 +313,7 @@ def parse_records(scan: LogScan, ruleset: str) -> list[Record]:
             key, value, metadata, timestamp = parsed
             time_s = None if timestamp is None else timestamp / units
             records.append(Record(key, value, metadata, time_s, number, timestamp, units))
-    return records
+    return tuple(records)
 
 
 def guess_format(scan: LogScan) -> str | None:
@@ -283,11 +322,10 @@ def guess_format(scan: LogScan) -> str | None:
     The majority of the token lines that parse decides, so that one stray line of the other format
     does not change the answer.
     """
-    votes = {"json": 0, "0.6": 0}
-    for line in scan.lines:
-        if TOKEN_JSON in line and parse_line(line, "1.0.0") is not None:
-            votes["json"] += 1
-        elif parse_line(line, "0.6.0") is not None:
+    json_lines = {record.line for record in parse_records(scan, "1.0.0")}
+    votes = {"json": len(json_lines), "0.6": 0}
+    for line, number in zip(scan.lines, scan.line_numbers):
+        if number not in json_lines and parse_line(line, "0.6.0") is not None:
             votes["0.6"] += 1
     if not any(votes.values()):
         return None

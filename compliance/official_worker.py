@@ -1,10 +1,10 @@
 """Runs the official MLCommons compliance checker on one log, in a fresh process, and prints JSON.
 
-This file is run as a script by `compliance.checker`: every log is checked in a fresh process (a
-fork of a server that imported the checker but never ran it, or a new interpreter), so that the
-checker's module-level state (`mlp_compliance.enqueued_configs`) and whatever its rule files' Python
-does cannot leak from one check into the next. It imports only the standard library and
-`mlperf_logging`, and it is never imported by the rest of the package.
+`compliance.checker` runs this file as a script, or calls `start_fork` in its own process: every
+log is checked in a fresh process (a fork of a process that imported the checker but never ran
+it, or a new interpreter), so that the checker's module-level state
+(`mlp_compliance.enqueued_configs`) and whatever its rule files' Python does cannot leak from one
+check into the next. It imports only the standard library and `mlperf_logging`.
 
 Usage: python -P official_worker.py LOG RULESET USAGE MEMORY_LIMIT_BYTES (one check, result on
 stdout), or python -P official_worker.py --serve (a fork server, see `serve`).
@@ -182,35 +182,59 @@ def _check_to_file(request):
     os.replace(partial, request["out"])
 
 
-def serve(stdin, stdout):
-    """Checks one log per request line, each in a fresh fork of this process.
+def preload():
+    """Imports the checker's modules (without running a check) so that forks start with them."""
+    import mlperf_logging.compliance_checker.mlp_compliance  # noqa: F401
+    import mlperf_logging.compliance_checker.mlp_parser  # noqa: F401
 
-    This process imports the checker but never runs it, so every forked child starts from the
-    checker's pristine module state, as a new interpreter would, without paying its start-up.
-    Request: {"log", "ruleset", "usage", "memory_limit", "timeout", "out"}; reply:
-    {"exit_code": int or null, "signal": int or null}.
+
+def start_fork(request, *, preloaded=True):
+    """Starts checking one log in a fresh fork of this process; returns the child's pid.
+
+    The calling process must never run a check itself: then every fork starts from the checker's
+    pristine module state, as a new interpreter would, without paying its start-up. Call from a
+    process without other threads.
+
+    Args:
+      request: {"log", "ruleset", "usage", "memory_limit", "timeout", "out"}; the result JSON is
+        written to request["out"].
+      preloaded: import the checker here first, so that this and later forks share the import;
+        False leaves the import to the child, so that the caller works while the child imports.
     """
     import signal
 
-    import mlperf_logging.compliance_checker.mlp_compliance  # noqa: F401 - imported once, here
-    import mlperf_logging.compliance_checker.mlp_parser  # noqa: F401
+    if preloaded:
+        preload()
+    pid = os.fork()
+    if pid == 0:  # the child: check, write the result, leave without cleanup handlers
+        code = 0
+        try:
+            signal.setitimer(signal.ITIMER_REAL, float(request["timeout"]))  # SIGALRM ends it
+            _check_to_file(request)
+        except BaseException:  # noqa: BLE001 - report through the exit code, never return
+            code = 4
+        os._exit(code)
+    return pid
 
+
+def wait_fork(pid):
+    """Waits for a child of `start_fork`: {"exit_code": int or None, "signal": int or None}."""
+    _, status = os.waitpid(pid, 0)
+    return {
+        "exit_code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
+        "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
+    }
+
+
+def serve(stdin, stdout):
+    """Checks one log per request line, each in a fresh fork of this process (`start_fork`).
+
+    Request: {"log", "ruleset", "usage", "memory_limit", "timeout", "out"}; reply:
+    {"exit_code": int or null, "signal": int or null}.
+    """
+    preload()
     for text in stdin:
-        request = json.loads(text)
-        pid = os.fork()
-        if pid == 0:  # the child: check, write the result, leave without cleanup handlers
-            code = 0
-            try:
-                signal.setitimer(signal.ITIMER_REAL, float(request["timeout"]))  # SIGALRM ends it
-                _check_to_file(request)
-            except BaseException:  # noqa: BLE001 - report through the exit code, never return
-                code = 4
-            os._exit(code)
-        _, status = os.waitpid(pid, 0)
-        reply = {
-            "exit_code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
-            "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
-        }
+        reply = wait_fork(start_fork(json.loads(text)))
         stdout.write(json.dumps(reply) + "\n")
         stdout.flush()
 

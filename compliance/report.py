@@ -1,7 +1,7 @@
 """Provides `write_report`: a PNG and a Markdown summary of one MLPerf run, drawn with matplotlib.
 
-The PNG has two panels: eval accuracy against minutes since run_start with the official target as
-a line, and training throughput (samples/s) of each block (or epoch). The Markdown page gives the
+The PNG has two panels: eval accuracy against minutes since run_start with the run's own target
+(the one it logged, else the official one) as a line and MLPerf's where it differs, and training throughput (samples/s) of each block (or epoch). The Markdown page gives the
 verdict, the time to train, when the target was reached, the evaluations and the findings.
 Matplotlib is used through its object API with the Agg canvas: no pyplot, no global backend.
 """
@@ -14,9 +14,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from mlperf_logging.mllog import constants as C
-
 from compliance import checker, logfile, scoring
+from compliance import keys as C
 from compliance.checker import Report
 from compliance.suite_checks import Target
 from mlperf_tf.errors import UserError
@@ -106,6 +105,39 @@ def run_series(records: Sequence[logfile.Record], benchmark: str | None) -> RunS
     return RunSeries(evals, tuple(throughput), unit, time)
 
 
+@dataclasses.dataclass(frozen=True)
+class Targets:
+    """The targets a report draws.
+
+    Attributes:
+      run: the target the run aimed at: the one it logged (`# mlperf-tf target {...}`), else
+        the official one.
+      official: MLPerf's target from the round's rules (None where the rules have none).
+      run_source: where `run` comes from ("the run's log" or "MLPerf's rules").
+    """
+
+    run: Target | None
+    official: Target | None
+    run_source: str
+
+    @property
+    def differ(self) -> bool:
+        return (
+            self.run is not None
+            and self.official is not None
+            and self.run.value != self.official.value
+        )
+
+
+def targets_of(report: Report, scan: logfile.LogScan) -> Targets:
+    """The run's own target (as logged) and MLPerf's, for `report`'s log."""
+    official = _target_of(report, logfile.parse_records(scan, report.ruleset))
+    logged = checker.logged_target(scan)
+    if logged is not None:
+        return Targets(logged, official, "the run's log")
+    return Targets(official, official, "MLPerf's rules")
+
+
 def _target_of(report: Report, records: Sequence[logfile.Record]) -> Target | None:
     division = next((r.value for r in records if r.key == C.SUBMISSION_DIVISION), "closed")
     gbs = next((_number(r.value) for r in records if r.key == C.GLOBAL_BATCH_SIZE), None)
@@ -117,8 +149,10 @@ def _target_of(report: Report, records: Sequence[logfile.Record]) -> Target | No
     )
 
 
-def plot_figure(series: RunSeries, target: Target | None, title: str):
-    """The report's figure: accuracy vs time with the target line, and throughput per block.
+def plot_figure(series: RunSeries, targets: Targets, title: str):
+    """The report's figure: accuracy vs time with the target lines, and throughput per block.
+
+    The run's own target is the red line; MLPerf's, where it differs, a grey one.
 
     Returns:
       A matplotlib Figure on an Agg canvas.
@@ -136,9 +170,20 @@ def plot_figure(series: RunSeries, target: Target | None, title: str):
         )
     else:
         accuracy_axes.text(0.5, 0.5, "no eval_accuracy in the log", ha="center", va="center")
-    if target is not None:
+    if targets.run is not None:
+        label = "target" if not targets.differ else "run's target"
         accuracy_axes.axhline(
-            target.value, color="tab:red", linestyle="--", label=f"target {target.value:g}"
+            targets.run.value,
+            color="tab:red",
+            linestyle="--",
+            label=f"{label} {targets.run.value:g}",
+        )
+    if targets.differ:
+        accuracy_axes.axhline(
+            targets.official.value,
+            color="tab:gray",
+            linestyle="-.",
+            label=f"MLPerf target {targets.official.value:g}",
         )
     if series.time.minutes is not None:
         accuracy_axes.axvline(
@@ -163,7 +208,7 @@ def plot_figure(series: RunSeries, target: Target | None, title: str):
 
 
 def _markdown(
-    report: Report, series: RunSeries, target: Target | None, png_name: str, log_name: str
+    report: Report, series: RunSeries, targets: Targets, png_name: str, log_name: str
 ) -> str:
     verdict = "PASS" if report.passed else "FAIL"
     official = (
@@ -185,20 +230,24 @@ def _markdown(
         )
     else:
         lines.append("- Time to train: unknown (no run_start or no run_stop: crashed run?)")
-    if target is not None:
+    shown = [(targets.run, f"Target ({targets.run_source})")]
+    if targets.differ:
+        shown.append((targets.official, "MLPerf's target (not this run's)"))
+    for target, name in shown:
+        if target is None:
+            lines.append("- Target: none in the official rules for this benchmark and ruleset")
+            continue
         reached = [(m, a, e) for m, a, e in series.evals if target.reached(a)]
         if reached:
             m, a, e = reached[0]
             at = f"epoch {e:g}, " if e is not None else ""
-            lines.append(f"- Target {target.value:g}: reached at {at}{m:.3f} min ({a:.4f})")
+            lines.append(f"- {name} {target.value:g}: reached at {at}{m:.3f} min ({a:.4f})")
         else:
             best = max((a for _, a, _ in series.evals), default=None)
             lines.append(
-                f"- Target {target.value:g}: not reached (best "
+                f"- {name} {target.value:g}: not reached (best "
                 f"{'none' if best is None else f'{best:.4f}'})"
             )
-    else:
-        lines.append("- Target: none in the official rules for this benchmark and ruleset")
     if series.throughput:
         rates = [r for _, r in series.throughput]
         lines.append(
@@ -236,17 +285,18 @@ def _unique_stem(stem: str, taken: set[str]) -> str:
 
 
 def _write(path: str, report: Report, out_dir: str, stem: str) -> ReportFiles:
-    records = logfile.parse_records(logfile.scan_log(path), report.ruleset)
+    scan = logfile.scan_log(path)
+    records = logfile.parse_records(scan, report.ruleset)
     series = run_series(records, report.benchmark)
-    target = _target_of(report, records)
+    targets = targets_of(report, scan)
     try:
         os.makedirs(out_dir, exist_ok=True)
         png = os.path.join(out_dir, f"{stem}.png")
         markdown = os.path.join(out_dir, f"{stem}.md")
         title = f"{report.benchmark or '?'} ({report.ruleset}): {os.path.basename(path)}"
-        plot_figure(series, target, title).savefig(png)
+        plot_figure(series, targets, title).savefig(png)
         with open(markdown, "w", encoding="utf-8") as handle:
-            handle.write(_markdown(report, series, target, os.path.basename(png), stem))
+            handle.write(_markdown(report, series, targets, os.path.basename(png), stem))
     except OSError as error:
         raise UserError(f"{out_dir}: cannot write the report: {error.strerror or error}") from None
     return ReportFiles(log=path, png=png, markdown=markdown)

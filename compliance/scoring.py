@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import logging
 import os
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from mlperf_logging.mllog import constants as C
-
+from compliance import keys as C
 from compliance import logfile
-from compliance.checker import Report, check_logs, version_key
+from compliance.checker import USAGE, Report, check_logs, version_key
 from mlperf_tf.errors import UserError
 
 # Runs per benchmark result, from the training rules of each round ("Benchmark Results" table).
@@ -170,6 +171,103 @@ class ScoredRun:
 
 
 @dataclasses.dataclass(frozen=True)
+class RcpResult:
+    """The official `rcp_checker`'s verdict on a result directory.
+
+    Attributes:
+      checked: the check ran (False: the round or benchmark has no RCPs, or nothing to check).
+      passed: its verdict (None when not checked).
+      message: its message ("RCP found", "RCP Interpolation", "Insufficient convergence", ...), or
+        why it did not run.
+      norm_factor: the factor result_summarizer multiplies a passing result by (RCP mean over the
+        runs' mean epochs to converge, when they converge faster within the allowed speedup; else
+        1).
+      log: the checker's own log lines (the RCP record used, the runs' mean epochs).
+    """
+
+    checked: bool
+    passed: bool | None
+    message: str
+    norm_factor: float = 1.0
+    log: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self) | {"log": list(self.log)}
+
+
+class _LogLines(logging.Handler):
+    def __init__(self):
+        super().__init__(level=logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(f"{record.levelname} - {record.getMessage().strip()}")
+
+
+def rcp_check(directory: str, benchmark: str | None, ruleset: str | None) -> RcpResult:
+    """Runs the official `mlperf_logging.rcp_checker` of `ruleset` over the runs in `directory`.
+
+    The same call as the package checker makes (pruned RCPs, no bypass); scaling.json is not
+    written. MLPerf has required RCPs since v1.0; the checker reads the directory's
+    `result_*.txt` files.
+    """
+    if benchmark is None or ruleset is None:
+        return RcpResult(False, None, "no RCP check: the runs' benchmark or round is not known")
+    if version_key(ruleset) < version_key("1.0.0"):
+        return RcpResult(
+            False, None, f"no RCP check: RCPs exist from round 1.0.0 on; these runs are {ruleset}"
+        )
+    from mlperf_logging import rcp_checker as rcp_package
+
+    rcp_root = os.path.dirname(rcp_package.__file__)
+
+    def has_rcps(round_name: str) -> bool:
+        return os.path.isfile(
+            os.path.join(rcp_root, f"training_{round_name}", f"rcps_{benchmark}.json")
+        )
+
+    if not has_rcps(ruleset):
+        have = [
+            name[len("training_") :]
+            for name in sorted(os.listdir(rcp_root))
+            if name.startswith("training_") and has_rcps(name[len("training_") :])
+        ]
+        return RcpResult(
+            False,
+            None,
+            f"no RCP check: round {ruleset} has no RCPs for '{benchmark}' (rounds with them: "
+            f"{', '.join(have) if have else 'none'})",
+        )
+    if not glob.glob(os.path.join(glob.escape(directory), "result_*.txt")):
+        return RcpResult(
+            False, None, "no RCP check: the rcp_checker reads result_*.txt files, none here"
+        )
+    from mlperf_logging.rcp_checker import rcp_checker
+
+    handler = _LogLines()
+    root = logging.getLogger()
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    try:
+        with warnings.catch_warnings(record=True) as caught:  # numpy's, e.g. a mean of no runs
+            warnings.simplefilter("always")
+            passed, message, norm_factor = rcp_checker.check_directory(
+                directory, USAGE, ruleset, False, False, rcp_pass="pruned_rcps"
+            )
+        handler.lines += [f"WARNING - {w.message}" for w in caught]
+    except Exception as error:  # noqa: BLE001 - the official code's failure is its verdict
+        return RcpResult(
+            True, False, f"the rcp_checker failed: {type(error).__name__}: {error}", 1.0,
+            tuple(handler.lines),
+        )  # fmt: skip
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+    return RcpResult(True, bool(passed), str(message), float(norm_factor), tuple(handler.lines))
+
+
+@dataclasses.dataclass(frozen=True)
 class DirectoryScore:
     """The benchmark result of a result directory.
 
@@ -183,6 +281,7 @@ class DirectoryScore:
         there are too few runs for olympic scoring), or None.
       problems: why the result is not valid, if it is not.
       input_errors: logs that could not be checked, as "path: message".
+      rcp: the official RCP check of the runs (a failed check makes the result not valid).
     """
 
     directory: str
@@ -194,10 +293,19 @@ class DirectoryScore:
     mean_minutes: float | None
     problems: tuple[str, ...]
     input_errors: tuple[str, ...] = ()
+    rcp: RcpResult | None = None
 
     @property
     def valid(self) -> bool:
         return self.score_minutes is not None and not self.problems
+
+    @property
+    def normalized_minutes(self) -> float | None:
+        """The result as result_summarizer reports it: times the RCP factor when RCPs pass."""
+        if not self.valid:
+            return None
+        factor = self.rcp.norm_factor if self.rcp is not None and self.rcp.passed else 1.0
+        return self.score_minutes * factor
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -210,6 +318,8 @@ class DirectoryScore:
             "mean_minutes": self.mean_minutes,
             "problems": list(self.problems),
             "input_errors": list(self.input_errors),
+            "rcp": None if self.rcp is None else self.rcp.to_dict(),
+            "normalized_minutes": self.normalized_minutes,
             "runs": [run.to_dict() for run in self.runs],
         }
 
@@ -228,8 +338,16 @@ class DirectoryScore:
                 f"{run.time.status or '-'}, {counted}"
             )
         out += [f"  error: {message}" for message in self.input_errors]
+        if self.rcp is not None:
+            verdict = "PASS" if self.rcp.passed else "FAIL" if self.rcp.checked else "-"
+            out.append(f"  RCP check ({self.ruleset}): {verdict}: {self.rcp.message}")
         if self.valid:
             out.append(f"  result: {self.score_minutes:.3f} min (olympic mean)")
+            if self.rcp is not None and self.rcp.passed:
+                out.append(
+                    f"  RCP-normalised result: {self.normalized_minutes:.3f} min (x "
+                    f"{self.rcp.norm_factor:.4f}, as result_summarizer scales it)"
+                )
         else:
             out.append("  result: not valid: " + "; ".join(self.problems))
             if self.mean_minutes is not None:
@@ -309,6 +427,9 @@ def score_directory(directory: str, *, jobs: int = 2, **check_kwargs: Any) -> Di
             f"{non_converged} runs did not converge (fail the check, no run_stop, or status not "
             f"'{C.SUCCESS}'); at most {max_dropped} may be dropped"
         )
+    rcp = rcp_check(directory, benchmark, ruleset)
+    if rcp.checked and not rcp.passed:
+        problems.append(f"the official RCP check failed: {rcp.message}")
     score = None
     if non_converged <= max_dropped:
         score = olympic_mean(minutes, non_converged=non_converged, max_dropped=max_dropped)
@@ -324,4 +445,5 @@ def score_directory(directory: str, *, jobs: int = 2, **check_kwargs: Any) -> Di
         mean_minutes=sum(minutes) / len(minutes) if minutes else None,
         problems=tuple(problems),
         input_errors=tuple(input_errors),
+        rcp=rcp,
     )

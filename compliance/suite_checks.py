@@ -14,8 +14,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from mlperf_logging.mllog import constants as C
-
+from compliance import keys as C
 from compliance.logfile import Record
 from mlperf_tf import rules
 
@@ -38,7 +37,7 @@ class Finding:
       source: "official" (the MLCommons checker said it) or "suite" (this module).
       check: what produced it: "official", "parse", "crash", "target" (the official accuracy
         target), or a suite check name ("eval_cadence", "monotonic", "run_stop_status",
-        "pairing", "crashed_run").
+        "pairing", "crashed_run", "timing", "resumed"; "empty" and "ruleset" from the checker).
       message: the text; official messages are the checker's own words (its "line N" counts log
         records from 0, see `lines` for the file's line numbers).
       lines: the 1-based line numbers in the log file the message is about, first the main one.
@@ -179,7 +178,54 @@ def _check_eval_cadence(records, benchmark, ruleset, global_batch_size, emit):
         )
 
 
+# Clock skew between the ranks that write one log: records of the timed phase stamped this much
+# before run_start are still taken as written after it.
+_CLOCK_SKEW_S = 1.0
+
+
+def _check_timing(records, emit):
+    """The time to train covers the work: run_stop after run_start, no training before it.
+
+    These are errors under --strict. Other timestamps that go back (ranks logging with skewed
+    clocks, evaluations logged when they finish) are normal in published logs: a warning.
+    """
+    starts = [r for r in records if r.key == C.RUN_START and r.time_s and r.time_s > 0]
+    stops = [r for r in records if r.key == C.RUN_STOP and r.time_s and r.time_s > 0]
+    if starts and stops and stops[0].time_s < starts[0].time_s:
+        emit(
+            "timing",
+            f"run_stop (line {stops[0].line}) is {starts[0].time_s - stops[0].time_s:.3f} s "
+            f"before run_start (line {starts[0].line})",
+            [stops[0], starts[0]],
+        )
+    if starts:
+        begin = starts[0].time_s
+        early = [
+            r
+            for r in records
+            if r.key in _TIMED_KEYS and r.time_s and 0 < r.time_s < begin - _CLOCK_SKEW_S
+        ]
+        if early:
+            emit(
+                "timing",
+                f"{len(early)} training/eval record(s) stamped before run_start: e.g. line "
+                f"{early[0].line} ({early[0].key}) is {begin - early[0].time_s:.3f} s before "
+                f"run_start (line {starts[0].line}): work outside the timed run",
+                early,
+            )
+
+
+_TIMED_KEYS = frozenset(
+    (C.BLOCK_START, C.BLOCK_STOP, C.EPOCH_START, C.EPOCH_STOP, C.EVAL_START, C.EVAL_STOP)
+)
+
+
 def _check_monotonic(records, emit):
+    """Timestamps and epoch numbers that go back: warnings only, never errors.
+
+    Published logs that the official checker passes do both legitimately: several ranks write one
+    log with slightly skewed clocks, and asynchronous evaluations are logged when they finish.
+    """
     backwards = []
     latest = None
     for record in records:
@@ -196,6 +242,7 @@ def _check_monotonic(records, emit):
             f"{len(backwards)} timestamp(s) go back in time: e.g. line {record.line} "
             f"({record.key}) is {before.time_s - record.time_s:.3f} s before line {before.line}",
             [r for _, r in backwards],
+            level=WARNING,
         )
     families = {
         "epoch_start": (C.EPOCH_START,),
@@ -224,48 +271,69 @@ def _check_monotonic(records, emit):
                 f"{len(decreasing)} {name} epoch number(s) go back: e.g. line {record.line} has "
                 f"{epoch:g} after {before_epoch:g} on line {before.line}",
                 [r for _, r, _ in decreasing],
+                level=WARNING,
             )
 
 
 def _check_pairing(records, emit):
+    """Starts and stops of blocks, epochs and evals.
+
+    Errors under --strict: a stop with nothing open to close, or one that closes a later epoch
+    than its own (numbers going back). Warnings: what published logs do legitimately: a start
+    while another is open (asynchronous evals, a start logged per epoch of a block), a stop whose
+    epoch number is past its start's (BERT counts samples, fractional epochs), and the last
+    start left open when the run stopped at the target (the rules allow it).
+    """
     pairs = (
         ("block", C.BLOCK_START, C.BLOCK_STOP),
         ("epoch", C.EPOCH_START, C.EPOCH_STOP),
         ("eval", C.EVAL_START, C.EVAL_STOP),
     )
     for name, start_key, stop_key in pairs:
-        problems: list[tuple[str, Record]] = []
-        open_record: Record | None = None
+        hard: list[tuple[str, Record]] = []
+        soft: list[tuple[str, Record]] = []
+        open_records: list[Record] = []
         for record in records:
             if record.key == start_key:
-                if open_record is not None:
-                    problems.append(
-                        (f"{start_key} while the {name} of line {open_record.line} is open", record)
-                    )
-                open_record = record
-            elif record.key == stop_key:
-                if open_record is None:
-                    problems.append((f"{stop_key} without an open {start_key}", record))
-                elif _epoch_of(open_record) != _epoch_of(record):
-                    problems.append(
+                if open_records:
+                    soft.append(
                         (
-                            f"{stop_key} for epoch {_epoch_of(record)} closes the {start_key} of "
-                            f"epoch {_epoch_of(open_record)} (line {open_record.line})",
+                            f"{start_key} while the {name} of line {open_records[-1].line} is open",
                             record,
                         )
                     )
-                    open_record = None
+                open_records.append(record)
+            elif record.key == stop_key:
+                epoch = _epoch_of(record)
+                same = [r for r in open_records if _epoch_of(r) == epoch]
+                if same:
+                    open_records.remove(same[0])
+                elif not open_records:
+                    hard.append((f"{stop_key} without an open {start_key}", record))
                 else:
-                    open_record = None
-        if open_record is not None:
-            problems.append((f"{start_key} never stopped", open_record))
-        if problems:
-            text, record = problems[0]
-            emit(
-                "pairing",
-                f"{len(problems)} unpaired {name} start/stop(s): e.g. line {record.line}: {text}",
-                [r for _, r in problems],
-            )
+                    opened = open_records.pop()
+                    text = (
+                        f"{stop_key} for epoch {epoch} closes the {start_key} of epoch "
+                        f"{_epoch_of(opened)} (line {opened.line})"
+                    )
+                    goes_back = (
+                        epoch is not None
+                        and _epoch_of(opened) is not None
+                        and epoch < _epoch_of(opened)
+                    )
+                    (hard if goes_back else soft).append((text, record))
+        for record in open_records:
+            soft.append((f"{start_key} never stopped", record))
+        for problems, level in ((hard, None), (soft, WARNING)):
+            if problems:
+                text, record = problems[0]
+                emit(
+                    "pairing",
+                    f"{len(problems)} unpaired {name} start/stop(s): e.g. line {record.line}: "
+                    f"{text}",
+                    [r for _, r in problems],
+                    level=level,
+                )
 
 
 def _check_run_stop(records, target, quality, emit):
@@ -280,7 +348,7 @@ def _check_run_stop(records, target, quality, emit):
             starts[:1] + [last],
         )
         return
-    if not stops:
+    if not stops or target is None:
         return
     stop = stops[0]
     status = stop.metadata.get("status")
@@ -288,26 +356,62 @@ def _check_run_stop(records, target, quality, emit):
         (record, _number(record.value)) for record in records if record.key == C.EVAL_ACCURACY
     ]
     accuracies = [(record, value) for record, value in accuracies if value is not None]
-    if quality == "skip":
-        return  # the run's own target is not in the log: nothing to compare the status with
-    if target is None:
-        return
     reached = [record for record, value in accuracies if target.reached(value)]
     if status == C.SUCCESS and not reached:
+        # An error in every mode: --quality=skip is for runs that did not reach the target and
+        # say so (status aborted), never for a log that claims a success it did not have.
         best = max((value for _, value in accuracies), default=None)
         emit(
             "run_stop_status",
             f"run_stop status is '{C.SUCCESS}' but no eval_accuracy reached the target "
             f"{target.value:g} (best {'none' if best is None else f'{best:g}'})",
             [stop],
+            level=ERROR,
         )
-    elif status != C.SUCCESS and reached:
+    elif status != C.SUCCESS and reached and quality != "skip":
         emit(
             "run_stop_status",
             f"run_stop status is {status!r} but eval_accuracy reached the target {target.value:g} "
             f"on line {reached[0].line}",
             [stop, reached[0]],
         )
+
+
+def _check_resumed(records, resumed, emit):
+    """A run resumed from a checkpoint is a valid timed run only with its first `run_start`.
+
+    The runner marks a resumed log with `# mlperf-tf resumed {"step": N,
+    "original_run_start_ms": T}` and re-emits run_start at T; without T (or with another
+    run_start) the time to train leaves out the work before the restart: an error in every mode.
+    """
+    start = next((r for r in records if r.key == C.RUN_START), None)
+    for line, mark in resumed:
+        mark = mark if isinstance(mark, dict) else {}
+        step = mark.get("step", "?")
+        original = mark.get("original_run_start_ms")
+        about = [Record("resumed", None, {}, None, line)]
+        if (
+            isinstance(original, int)
+            and not isinstance(original, bool)
+            and start is not None
+            and start.timestamp == original
+        ):
+            emit(
+                "resumed",
+                f"resumed from step {step}; run_start is the first attempt's, so the time to "
+                f"train covers the whole run",
+                about,
+                level=INFO,
+            )
+        else:
+            emit(
+                "resumed",
+                f"resumed from step {step} without the original run_start (the mark gives "
+                f"{original!r}, run_start is {None if start is None else start.timestamp!r}): "
+                f"its time to train leaves out the work before the restart; not a valid timed run",
+                about + ([start] if start is not None else []),
+                level=ERROR,
+            )
 
 
 def suite_checks(
@@ -318,6 +422,7 @@ def suite_checks(
     target: Target | None,
     quality: str = "enforce",
     strict: bool = False,
+    resumed: Sequence[tuple[int, Any]] = (),
 ) -> list[Finding]:
     """Runs this suite's checks on the parsed records of one log.
 
@@ -329,6 +434,8 @@ def suite_checks(
       quality: "enforce", or "skip" when the run's target is not the MLPerf one (the run_stop
         status is then not compared with the MLPerf target).
       strict: report the findings as errors instead of warnings.
+      resumed: (line, mark) of the runner's `# mlperf-tf resumed {...}` lines (see
+        `compliance.logfile.suite_notes`).
 
     Returns:
       The findings, at most a few per check.
@@ -348,8 +455,10 @@ def suite_checks(
     global_batch_size = next(
         (_number(r.value) for r in records if r.key == C.GLOBAL_BATCH_SIZE), None
     )
+    _check_resumed(records, resumed, emit)
     _check_run_stop(records, target, quality, emit)
     _check_eval_cadence(records, benchmark, ruleset, global_batch_size, emit)
+    _check_timing(records, emit)
     _check_monotonic(records, emit)
     _check_pairing(records, emit)
     return findings

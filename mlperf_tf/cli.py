@@ -9,11 +9,15 @@ from __future__ import annotations
 import os
 import sys
 
+from mlperf_tf import console
+
 USAGE = """usage: mlperf-tf COMMAND [ARGS]
 
 commands:
   run --benchmark=NAME --preset=smoke|mini|mlperf --model_dir=DIR [--config.KEY=VALUE ...]
                         train a benchmark; prints where its MLPerf log is (--helpfull: all flags)
+  bench --benchmark=NAME [--preset=mlperf] [--distribution=D] [--dtype=fp32] [--xla] [--json]
+                        steady-state training throughput (and MFU) on synthetic data
   list                  registered benchmarks and their presets
   prepare NAME ARGS     convert raw data to TFRecords (`mlperf-tf prepare NAME --help`)
   check LOG... [--ruleset R] [--quality=enforce|skip] [--strict] [--json]
@@ -23,6 +27,8 @@ commands:
                         plots and a summary per run
   data-service --port P --workers N
                         start a tf.data service dispatcher and N workers
+  simulate --benchmark=NAME --system=SYSTEM --chips=N [--json] [--plot PNG]
+                        predicted step time and time to train at scale (docs/scaling.md)
 """
 
 EXIT_USAGE = 2
@@ -31,6 +37,15 @@ EXIT_USAGE = 2
 def _fail(message: str) -> int:
     print(f"error: {message}", file=sys.stderr, flush=True)
     return EXIT_USAGE
+
+
+def _leave_now(code: int, stderr_filter: console.StderrFilter | None) -> None:
+    """Exits at once with `code`: TF may hold background threads (servers, collectives) that a
+    normal exit would wait on; the console filter first forwards what was printed."""
+    sys.stdout.flush()
+    if stderr_filter:
+        stderr_filter.close()
+    os._exit(code)
 
 
 def _set_fast_cpu_defaults() -> None:
@@ -53,13 +68,13 @@ def split_config_overrides(argv: list[str]) -> tuple[list[str], dict[str, str]]:
     return rest, overrides
 
 
-def _run_command(argv: list[str]) -> int:
+def _run_command(argv: list[str], stderr_filter: console.StderrFilter | None = None) -> int:
     from absl import flags
     from absl import logging as absl_logging
 
     from mlperf_tf import config as config_lib
+    from mlperf_tf import errors, paths, preemption, registry, runner
     from mlperf_tf import flags as run_flags
-    from mlperf_tf import paths, registry, runner
     from mlperf_tf.errors import UserError
 
     try:
@@ -78,8 +93,10 @@ def _run_command(argv: list[str]) -> int:
         FLAGS(["mlperf-tf run", *argv])
     except flags.Error as e:
         return _fail(str(e).splitlines()[0])
-    absl_logging.set_verbosity(absl_logging.INFO)
     absl_logging.use_absl_handler()
+    if not console.verbosity_requested(argv):
+        absl_logging.set_verbosity(absl_logging.INFO)
+        console.drop_library_info(absl_logging.get_absl_handler())
     if not FLAGS.benchmark:
         return _fail("--benchmark is required (see `mlperf-tf list`)")
     if not FLAGS.model_dir:
@@ -105,16 +122,27 @@ def _run_command(argv: list[str]) -> int:
         benchmark = benchmark_class(config)  # the runner binds the run's RunContext
     except UserError as e:
         return _fail(str(e))
+    stop_request = preemption.StopRequest()
     try:
-        result = runner.run(benchmark, run_config)
-    except UserError as e:
+        with preemption.handle_stop_signals(stop_request):
+            result = runner.run(benchmark, run_config, stop_request=stop_request)
+    except (UserError, errors.PeerError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
+        code = errors.EXIT_PEER_FAILED if isinstance(e, errors.PeerError) else EXIT_USAGE
         # TF may hold background threads (servers, collectives): leave without waiting on them.
-        os._exit(EXIT_USAGE)
+        _leave_now(code, stderr_filter)
     if result.mlperf_log:
         print(f"MLPerf log: {result.mlperf_log}")
     print(f"run_stop status={result.status}: {result.reason}")
-    return 1 if result.cause is runner.StopCause.NON_FINITE_LOSS else 0
+    if result.cause is runner.StopCause.INTERRUPTED:
+        print(
+            f"stopped at step {result.steps} ({result.reason}) with a checkpoint in "
+            f"{os.path.join(run_config.model_dir, 'ckpt')}: run the same command again to resume",
+            file=sys.stderr,
+            flush=True,
+        )
+        return errors.EXIT_INTERRUPTED
+    return errors.EXIT_NON_FINITE if result.cause is runner.StopCause.NON_FINITE_LOSS else 0
 
 
 def _list_command(argv: list[str]) -> int:
@@ -158,14 +186,24 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE)
         return 0 if argv else EXIT_USAGE
     command, rest = argv[0], argv[1:]
+    # The commands that start TensorFlow get its start-up noise filtered (--verbosity: all of it).
+    stderr_filter = (
+        console.quiet_stderr(rest)
+        if command in ("run", "bench", "prepare", "data-service")
+        else None
+    )
     _set_fast_cpu_defaults()
     from mlperf_tf.errors import UserError
 
     try:
         if command == "run":
-            return _run_command(rest)
+            return _run_command(rest, stderr_filter)
         if command == "list":
             return _list_command(rest)
+        if command == "bench":
+            from mlperf_tf import bench
+
+            return bench.main(rest)
         if command == "prepare":
             return _prepare_command(rest)
         if command in ("check", "score", "report"):
@@ -176,9 +214,16 @@ def main(argv: list[str] | None = None) -> int:
             from mlperf_tf.data import service
 
             return service.main(rest)
+        if command == "simulate":
+            from mlperf_tf.simulate import cli as simulate_cli
+
+            return simulate_cli.main(rest)
     except UserError as e:
         return _fail(str(e))
-    commands = "run, list, prepare, check, score, report, data-service"
+    finally:
+        if stderr_filter:
+            stderr_filter.close()
+    commands = "run, bench, list, prepare, check, score, report, data-service, simulate"
     return _fail(f"unknown command '{command}' (commands: {commands})")
 
 

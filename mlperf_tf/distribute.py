@@ -113,6 +113,7 @@ def resolve_strategy(
     tpu: str = "",
     num_cpu_devices: int = 0,
     timeout_s: float = 120.0,
+    collective_timeout: float = 0.0,
 ) -> tf.distribute.Strategy:
     """Creates the strategy that `--distribution` asks for.
 
@@ -121,6 +122,8 @@ def resolve_strategy(
       tpu: TPU name or grpc address for TPUClusterResolver ("local" for a TPU VM).
       num_cpu_devices: if > 0, split the CPU into this many logical devices first.
       timeout_s: deadline for reaching a TPU or the peer workers.
+      collective_timeout: seconds a multi-worker collective may wait for its peers (0: no limit;
+        the coordination service's heartbeat check still ends it when a peer dies or freezes).
 
     Raises:
       UserError: an unknown distribution, a bad TF_CONFIG, or an unreachable TPU/peer.
@@ -148,7 +151,10 @@ def resolve_strategy(
         if not tf_config:
             raise UserError("--distribution=multi_worker needs TF_CONFIG to name the cluster")
         wait_for_peers(tf_config, timeout_s)
-        return tf.distribute.MultiWorkerMirroredStrategy()
+        options = tf.distribute.experimental.CommunicationOptions(
+            timeout_seconds=collective_timeout or None
+        )
+        return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
     if distribution == "mirrored":
         gpus = tf.config.list_logical_devices("GPU")
         cpus = [d.name for d in tf.config.list_logical_devices("CPU")]

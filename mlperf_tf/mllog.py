@@ -78,12 +78,29 @@ class MLPerfLogger:
             self._flush()
 
     def start(
-        self, key: str, value: Any = None, metadata: dict | None = None, *, _depth: int = 0
+        self,
+        key: str,
+        value: Any = None,
+        metadata: dict | None = None,
+        *,
+        time_ms: int | None = None,
+        _depth: int = 0,
     ) -> None:
-        """Logs the start of an interval (`INTERVAL_START`), e.g. `run_start`."""
+        """Logs the start of an interval (`INTERVAL_START`), e.g. `run_start`.
+
+        `time_ms` overrides the line's time (a resumed run re-logs its first `run_start`).
+        """
         self._check_host(key)
         if self.enabled:
-            self._mllogger.start(key=key, value=value, metadata=metadata, stack_offset=2 + _depth)
+            self._mllogger.start(
+                key=key, value=value, metadata=metadata, time_ms=time_ms, stack_offset=2 + _depth
+            )
+            self._flush()
+
+    def comment(self, text: str) -> None:
+        """Writes `# text` as its own line: not an MLPerf record (the official parser skips it)."""
+        if self.enabled:
+            self._py_logger.info("# %s", text)
             self._flush()
 
     def end(

@@ -75,7 +75,7 @@ def ours_step(args, model_config):
     from mlperf_tf.optimizers import LAMB
 
     optimizer = LAMB(
-        LEARNING_RATE, weight_decay_rate=WEIGHT_DECAY, exclude_from_weight_decay=LAMB_EXCLUDE
+        LEARNING_RATE, weight_decay=WEIGHT_DECAY, exclude_from_weight_decay=LAMB_EXCLUDE
     )
     optimizer.build(model.trainable_variables)
 

@@ -45,7 +45,7 @@ def make_optimizer(name: str) -> keras.optimizers.Optimizer:
     if name == "adam":
         return keras.optimizers.Adam(lr, epsilon=1e-6)
     if name == "lamb":
-        return LAMB(lr, weight_decay_rate=0.01)
+        return LAMB(lr, weight_decay=0.01)
     raise ValueError(f"unknown optimizer {name!r}")
 
 

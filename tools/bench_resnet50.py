@@ -10,6 +10,8 @@ same batch and image size, without XLA (the fast CPU setting; XLA is the TPU pat
   model_garden  the Model Garden's `official.vision` ResNet-50 (tf_keras) in a custom training
                 loop with its LARS optimizer; skipped when tf-models-official (the `peers` extra)
                 is not installed.
+  mlperf_tf_unfused  (ablation, only when named in `--contestants`) `mlperf_tf` with the batch
+                norms' fused-kernel fast path off (`fused=False`: Keras 3's separate ops).
 
 One warm-up call per contestant (tracing), then `--rounds` rounds in which every contestant runs
 `--steps` steps, in a rotating order: the contestants are interleaved in one process, so machine
@@ -17,7 +19,11 @@ load hits all of them alike. Reported: the median images/s over the rounds, the 
 (all images over all time), and the ratios to `mlperf_tf` (pooled, and the median of the
 per-round ratios). On a loaded machine, raise `--rounds`.
 
+With `--profile=DIR`, each contestant instead runs `--steps` steps under TF's profiler after its
+warm-up, and the op time per step is printed by category and by op type (`tools/bench_profile.py`).
+
     python tools/bench_resnet50.py [--batch=32] [--image_size=128] [--steps=3] [--rounds=3]
+        [--contestants=mlperf_tf,keras_fit,model_garden] [--profile=DIR]
 """
 
 from __future__ import annotations
@@ -41,6 +47,8 @@ from benchmarks.resnet50.benchmark import ResNet50Benchmark  # noqa: E402
 from mlperf_tf import config as config_lib  # noqa: E402
 from mlperf_tf import runner  # noqa: E402
 from mlperf_tf.benchmark import RunContext  # noqa: E402
+from mlperf_tf.layers import CrossReplicaBatchNormalization  # noqa: E402
+from tools import bench_profile  # noqa: E402
 
 NUM_CLASSES = 1000
 
@@ -53,8 +61,8 @@ def synthetic_batch(batch: int, image_size: int, seed: int = 0):
     return images, labels
 
 
-def mlperf_tf_contestant(batch: int, image_size: int):
-    """This suite: the benchmark's model/optimizer/loss in the runner's compiled host loop."""
+def mlperf_tf_parts(batch: int, image_size: int, *, fused: bool = True) -> dict:
+    """This suite's benchmark, model and a `run(steps)` of the runner's compiled host loop."""
     config = config_lib.override(
         rc.mlperf(),
         {"global_batch_size": str(batch), "data.image_size": str(image_size), "data_dir": ""},
@@ -64,6 +72,9 @@ def mlperf_tf_contestant(batch: int, image_size: int):
     bench = bench.with_context(RunContext(num_replicas=strategy.num_replicas_in_sync))
     with strategy.scope():
         model = bench.build_model()
+        for layer in model.layers:
+            if isinstance(layer, CrossReplicaBatchNormalization):
+                layer.fused = fused  # before the first trace
         optimizer = bench.build_optimizer(bench.train_steps)
         optimizer.build(model.trainable_variables)
     trainer = runner.Trainer(
@@ -72,9 +83,14 @@ def mlperf_tf_contestant(batch: int, image_size: int):
     iterator = iter(strategy.distribute_datasets_from_function(bench.train_dataset))
 
     def run(steps: int) -> None:
-        trainer.loop(iterator, tf.constant(steps, tf.int32)).numpy()
+        trainer.loop(iterator, tf.constant(steps, tf.int32))[0].numpy()
 
-    return run
+    return {"run": run, "model": model, "benchmark": bench}
+
+
+def mlperf_tf_contestant(batch: int, image_size: int, *, fused: bool = True):
+    """This suite: the benchmark's model/optimizer/loss in the runner's compiled host loop."""
+    return mlperf_tf_parts(batch, image_size, fused=fused)["run"]
 
 
 def keras_fit_contestant(batch: int, image_size: int):
@@ -138,19 +154,24 @@ def main(argv=None) -> int:
     parser.add_argument("--image_size", type=int, default=128)
     parser.add_argument("--steps", type=int, default=3, help="steps per contestant per round")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--contestants", default=",".join(DEFAULT_CONTESTANTS))
+    parser.add_argument("--profile", default="", help="profile each contestant into this folder")
     args = parser.parse_args(argv)
     for name in ("batch", "image_size", "steps", "rounds"):
         if getattr(args, name) <= 0:
             parser.error(f"--{name} ({getattr(args, name)}) must be positive")
+    wanted = [n for n in args.contestants.split(",") if n]
+    unknown = sorted(set(wanted) - set(BUILDERS))
+    if unknown or not wanted:
+        parser.error(f"--contestants ({args.contestants!r}): choose from {', '.join(BUILDERS)}")
 
-    contestants = {
-        "mlperf_tf": mlperf_tf_contestant(args.batch, args.image_size),
-        "keras_fit": keras_fit_contestant(args.batch, args.image_size),
-    }
-    try:
-        contestants["model_garden"] = model_garden_contestant(args.batch, args.image_size)
-    except ImportError as e:
-        print(f"model_garden: skipped (tf-models-official not importable: {e})")
+    contestants = {}
+    for name in wanted:
+        try:
+            contestants[name] = BUILDERS[name](args.batch, args.image_size)
+        except ImportError as e:
+            print(f"{name}: skipped (tf-models-official not importable: {e})")
+    reference = "mlperf_tf" if "mlperf_tf" in contestants else next(iter(contestants))
 
     load_before = os.getloadavg()
     for name, run in contestants.items():  # warm-up: tracing, graph building, first step
@@ -158,13 +179,17 @@ def main(argv=None) -> int:
         run(1)
         print(f"warm-up {name}: {time.perf_counter() - begin:.1f} s", flush=True)
 
+    if args.profile:
+        return profile(contestants, args)
     names = list(contestants)
     rates: dict[str, list[float]] = {n: [] for n in names}
+    cpu: dict[str, list[float]] = {n: [] for n in names}  # process CPU seconds per step
     for r in range(args.rounds):
         order = names[r % len(names) :] + names[: r % len(names)]
         for name in order:
-            begin = time.perf_counter()
+            begin, cpu_begin = time.perf_counter(), time.process_time()
             contestants[name](args.steps)
+            cpu[name].append((time.process_time() - cpu_begin) / args.steps)
             rates[name].append(args.steps * args.batch / (time.perf_counter() - begin))
         print(f"round {r + 1}: " + ", ".join(f"{n} {rates[n][-1]:.2f}" for n in names), flush=True)
 
@@ -174,17 +199,59 @@ def main(argv=None) -> int:
         f"{keras.__version__}, TF_ENABLE_ONEDNN_OPTS={os.environ.get('TF_ENABLE_ONEDNN_OPTS')}, "
         f"load average {load_before[0]:.1f} -> {os.getloadavg()[0]:.1f}"
     )
-    print("| contestant | images/s (median of rounds) | images/s (pooled) | ratio to mlperf_tf "
-          "(pooled) | ratio to mlperf_tf (median of per-round ratios) |")  # fmt: skip
-    print("|---|---|---|---|---|")
+    print(f"| contestant | images/s (median of rounds) | images/s (pooled) | {reference} / it "
+          f"(pooled) | {reference} / it (median of per-round ratios) | {reference} / it per "
+          "round |")  # fmt: skip
+    print("|---|---|---|---|---|---|")
     pooled = {n: len(rates[n]) / sum(1.0 / r for r in rates[n]) for n in names}
     for name in names:
-        ratios = [a / b for a, b in zip(rates[name], rates["mlperf_tf"])]
+        ratios = [a / b for a, b in zip(rates[reference], rates[name])]
         print(
             f"| {name} | {statistics.median(rates[name]):.2f} | {pooled[name]:.2f} | "
-            f"{pooled[name] / pooled['mlperf_tf']:.2f} | {statistics.median(ratios):.2f} |"
+            f"{pooled[reference] / pooled[name]:.2f} | {statistics.median(ratios):.2f} | "
+            + " ".join(f"{r:.2f}" for r in ratios)
+            + " |"
         )
+    # CPU time is what a step costs the machine; other jobs' load inflates it far less than the
+    # wall time (it still does through shared caches and memory bandwidth).
+    print(f"\n| contestant | CPU s/step (median) | it / {reference} CPU time (total) | "
+          f"it / {reference} CPU time (median of per-round ratios) |")  # fmt: skip
+    print("|---|---|---|---|")
+    for name in names:
+        ratios = [a / b for a, b in zip(cpu[name], cpu[reference])]
+        print(
+            f"| {name} | {statistics.median(cpu[name]):.2f} | "
+            f"{sum(cpu[name]) / sum(cpu[reference]):.2f} | {statistics.median(ratios):.2f} |"
+        )
+    print(f"load averages (1, 5, 15 min) at the end: {os.getloadavg()}")
     return 0
+
+
+def profile(contestants: dict, args) -> int:
+    """Profiles `args.steps` steps of each contestant and prints op time per step."""
+    profiles = {}
+    for name, run in contestants.items():
+        logdir = os.path.join(args.profile, name)
+        profiles[name] = bench_profile.profile_ops(run, args.steps, logdir)
+        print(f"profiled {name}: {profiles[name]['wall_s']:.2f} s/step", flush=True)
+    print(
+        f"\nResNet-50 train step, batch {args.batch}, {args.image_size} px, {args.steps} profiled "
+        f"steps each; TF {tf.__version__}, load average {os.getloadavg()[0]:.1f}\n"
+    )
+    print(bench_profile.markdown_table(profiles, "by_category", top=12) + "\n")
+    print(bench_profile.markdown_table(profiles, "by_type", top=25))
+    return 0
+
+
+BUILDERS = {
+    "mlperf_tf": mlperf_tf_contestant,
+    "keras_fit": keras_fit_contestant,
+    "model_garden": model_garden_contestant,
+    "mlperf_tf_unfused": lambda batch, image_size: mlperf_tf_contestant(
+        batch, image_size, fused=False
+    ),
+}
+DEFAULT_CONTESTANTS = ("mlperf_tf", "keras_fit", "model_garden")
 
 
 if __name__ == "__main__":

@@ -136,7 +136,7 @@ class BertBenchmark(Benchmark):
             beta_1=opt.opt_lamb_beta_1,
             beta_2=opt.opt_lamb_beta_2,
             epsilon=opt.opt_epsilon,
-            weight_decay_rate=opt.opt_lamb_weight_decay_rate,
+            weight_decay=opt.opt_lamb_weight_decay_rate,
             exclude_from_weight_decay=LAMB_EXCLUDE,
         )
 

@@ -1,7 +1,10 @@
-"""Provides the large-batch optimizers (LARS, LAMB) and learning-rate schedules of the MLPerf references."""
+"""Provides the large-batch optimizers (LARS, LAMB, Neumann, NLCG, K-FAC), their registry and learning-rate schedules of the MLPerf references."""
 
+from mlperf_tf.optimizers.kfac import KFAC
 from mlperf_tf.optimizers.lamb import LAMB
 from mlperf_tf.optimizers.lars import LARS
+from mlperf_tf.optimizers.neumann import Neumann
+from mlperf_tf.optimizers.nlcg import NLCG
 from mlperf_tf.optimizers.schedules import (
     PiecewiseConstantWithWarmup,
     WarmupPolynomialDecay,
@@ -10,8 +13,11 @@ from mlperf_tf.optimizers.schedules import (
 )
 
 __all__ = [
+    "KFAC",
     "LAMB",
     "LARS",
+    "NLCG",
+    "Neumann",
     "PiecewiseConstantWithWarmup",
     "WarmupPolynomialDecay",
     "WarmupRsqrtDecay",

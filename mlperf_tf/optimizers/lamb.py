@@ -8,16 +8,8 @@ from collections.abc import Iterable
 import keras
 import tensorflow as tf
 
-from mlperf_tf.optimizers.lars import (
-    as_learning_rate,
-    check_number,
-    compile_exclusion_patterns,
-    dense_gradient,
-    l2_norm,
-    matches_any,
-    tf_variable,
-    variable_path,
-)
+from mlperf_tf.optimizers import base
+from mlperf_tf.optimizers.base import check_number, dense_gradient, l2_norm, tf_variable
 
 DEFAULT_LAMB_EXCLUDE = ("LayerNorm", "layer_norm", "bias")
 
@@ -31,12 +23,13 @@ def _one_minus_power(beta: float, step):
 
 
 @keras.saving.register_keras_serializable(package="mlperf_tf")
-class LAMB(keras.optimizers.Optimizer):
+@base.document_base_keyword_args
+class LAMB(base.Optimizer):
     """LAMB with the formula of the MLPerf BERT reference (MLPerf log key `opt_name: lamb`).
 
     For each variable w with (cross-replica summed) gradient g at step t = iterations + 1,
     learning rate lr, beta_1 b1 (`opt_lamb_beta_1`), beta_2 b2 (`opt_lamb_beta_2`), epsilon eps
-    (`opt_epsilon` / `opt_lamb_epsilon`) and weight decay rate wd (`opt_lamb_weight_decay_rate`):
+    (`opt_epsilon` / `opt_lamb_epsilon`) and weight decay wd (`opt_lamb_weight_decay_rate`):
 
         m = b1 * m + (1 - b1) * g
         v = b2 * v + (1 - b2) * g**2
@@ -57,10 +50,11 @@ class LAMB(keras.optimizers.Optimizer):
     Google's original BERT `lamb_optimizer.py` (no 1 - b**t terms). With wd = 0 and no
     exclusions it is `keras.optimizers.Lamb`.
 
-    Keras' own decoupled `weight_decay` is not used (it must stay None): weight decay is part of
-    r above. Exclusion patterns are regular expressions matched with `re.search` against each
+    `weight_decay` means what it means for every optimizer here (`mlperf_tf.optimizers.base`):
+    the rate wd of a term added inside this update (to r above); Keras' decoupled decay stays
+    off. Exclusion patterns are regular expressions matched with `re.search` against each
     variable's Keras `path` (e.g. "encoder/layer_norm/gamma", "dense/bias"; see
-    `mlperf_tf.optimizers.lars.variable_path`), decided once in `build`.
+    `mlperf_tf.optimizers.base.variable_path`), decided once in `build`.
 
     Under `tf.distribute`, Keras sums the gradients across replicas before `update_step`, which
     runs in the update (cross-replica) context once per variable.
@@ -78,20 +72,11 @@ class LAMB(keras.optimizers.Optimizer):
         beta_1: float = 0.9,
         beta_2: float = 0.999,
         epsilon: float = 1e-6,
-        weight_decay_rate: float = 0.0,
-        exclude_from_weight_decay: Iterable[str] | None = DEFAULT_LAMB_EXCLUDE,
         exclude_from_layer_adaptation: Iterable[str] | None = None,
         bias_correction: bool = True,
-        weight_decay=None,
-        clipnorm=None,
-        clipvalue=None,
-        global_clipnorm=None,
-        use_ema=False,
-        ema_momentum=0.99,
-        ema_overwrite_frequency=None,
-        loss_scale_factor=None,
-        gradient_accumulation_steps=None,
-        name="LAMB",
+        weight_decay: float = 0.0,
+        exclude_from_weight_decay: Iterable[str] | None = DEFAULT_LAMB_EXCLUDE,
+        name: str = "LAMB",
         **kwargs,
     ):
         """Creates the optimizer.
@@ -102,57 +87,32 @@ class LAMB(keras.optimizers.Optimizer):
           beta_1: b1 in [0, 1) (`opt_lamb_beta_1`).
           beta_2: b2 in [0, 1) (`opt_lamb_beta_2`).
           epsilon: eps >= 0 (`opt_epsilon`; the BERT reference uses 1e-6).
-          weight_decay_rate: wd >= 0 (`opt_lamb_weight_decay_rate`), added to the Adam update.
-          exclude_from_weight_decay: regular expressions; matching variables get no weight
-            decay (default: LayerNorm parameters and biases). None means no exclusions.
           exclude_from_layer_adaptation: regular expressions; matching variables get trust
             ratio 1. None (the default) means the same list as `exclude_from_weight_decay`, as in
             the reference; `()` means adapt every variable.
           bias_correction: divide the moments by (1 - b1**t) and (1 - b2**t) (Adam's bias
             correction); False reproduces Google's original BERT `lamb_optimizer.py`.
-          weight_decay: Keras' decoupled weight decay; must be None (use `weight_decay_rate`).
-            Accepted so that `from_config(get_config())` round-trips.
-          clipnorm, clipvalue, global_clipnorm, use_ema, ema_momentum, ema_overwrite_frequency,
-            loss_scale_factor, gradient_accumulation_steps, name: as for
-            `keras.optimizers.Optimizer`.
-          **kwargs: passed to `keras.optimizers.Optimizer` (unknown ones raise there).
+          {{base_keyword_args}}
 
         Raises:
-          ValueError: a hyperparameter is out of range, a pattern does not compile, or
-            `weight_decay` is set.
+          ValueError: a hyperparameter is out of range or a pattern does not compile.
         """
-        if weight_decay is not None:
-            raise ValueError(
-                f"`weight_decay` ({weight_decay!r}) must be None for LAMB: "
-                "use `weight_decay_rate` (opt_lamb_weight_decay_rate)."
-            )
         super().__init__(
-            learning_rate=as_learning_rate(learning_rate),
-            weight_decay=None,
-            clipnorm=clipnorm,
-            clipvalue=clipvalue,
-            global_clipnorm=global_clipnorm,
-            use_ema=use_ema,
-            ema_momentum=ema_momentum,
-            ema_overwrite_frequency=ema_overwrite_frequency,
-            loss_scale_factor=loss_scale_factor,
-            gradient_accumulation_steps=gradient_accumulation_steps,
+            learning_rate,
+            weight_decay=weight_decay,
+            exclude_from_weight_decay=exclude_from_weight_decay,
             name=name,
             **kwargs,
         )
         self.beta_1 = check_number("beta_1", beta_1, high=1.0)
         self.beta_2 = check_number("beta_2", beta_2, high=1.0)
         self.epsilon = check_number("epsilon", epsilon)
-        self.weight_decay_rate = check_number("weight_decay_rate", weight_decay_rate)
         self.bias_correction = bool(bias_correction)
-        self.exclude_patterns = compile_exclusion_patterns(
-            "exclude_from_weight_decay", exclude_from_weight_decay
-        )
         # None is remembered (not resolved) so that get_config round-trips it.
         self.exclude_from_layer_adaptation_patterns = (
             None
             if exclude_from_layer_adaptation is None
-            else compile_exclusion_patterns(
+            else base.compile_exclusion_patterns(
                 "exclude_from_layer_adaptation", exclude_from_layer_adaptation
             )
         )
@@ -163,12 +123,6 @@ class LAMB(keras.optimizers.Optimizer):
         if self.exclude_from_layer_adaptation_patterns is None:
             return self.exclude_patterns
         return self.exclude_from_layer_adaptation_patterns
-
-    def exclude_from_weight_decay(self, var_list=None, var_names=None):
-        """Not supported: pass `exclude_from_weight_decay=` to the constructor instead."""
-        raise NotImplementedError(
-            "LAMB takes its exclusions as the `exclude_from_weight_decay` constructor argument."
-        )
 
     def build(self, var_list):
         """Creates the two moment slots per variable and decides its exclusions once.
@@ -182,13 +136,12 @@ class LAMB(keras.optimizers.Optimizer):
         super().build(var_list)
         self._momentums = [self.add_variable_from_reference(v, name="m") for v in var_list]
         self._velocities = [self.add_variable_from_reference(v, name="v") for v in var_list]
-        paths = [variable_path(v) for v in var_list]
-        # Python bools per variable index: update_step branches at trace time.
-        self._decay = [
-            bool(self.weight_decay_rate) and not matches_any(self.exclude_patterns, p)
-            for p in paths
+        # Python bools per variable index (the base class made `_decay`): update_step branches
+        # at trace time.
+        self._adapt = [
+            not base.matches_any(self.layer_adaptation_patterns, base.variable_path(v))
+            for v in var_list
         ]
-        self._adapt = [not matches_any(self.layer_adaptation_patterns, p) for p in paths]
 
     def update_step(self, gradient, variable, learning_rate):
         """Applies one LAMB step to one variable (update context, summed gradient)."""
@@ -251,9 +204,7 @@ class LAMB(keras.optimizers.Optimizer):
                 "beta_1": self.beta_1,
                 "beta_2": self.beta_2,
                 "epsilon": self.epsilon,
-                "weight_decay_rate": self.weight_decay_rate,
                 "bias_correction": self.bias_correction,
-                "exclude_from_weight_decay": list(self.exclude_patterns),
                 "exclude_from_layer_adaptation": None if adaptation is None else list(adaptation),
             }
         )

@@ -2,110 +2,20 @@
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 import keras
 import tensorflow as tf
 
+from mlperf_tf.optimizers import base
+from mlperf_tf.optimizers.base import check_number, dense_gradient, l2_norm, tf_variable
+
 DEFAULT_LARS_EXCLUDE = ("bias", "batch_norm", "bn", "gamma", "beta")
 
 
-def compile_exclusion_patterns(arg_name: str, patterns: Iterable[str] | None) -> tuple[str, ...]:
-    """Validates a list of regular expressions given as an optimizer argument.
-
-    Args:
-      arg_name: the argument's name, for error messages.
-      patterns: regular expressions (strings), or None for none. A single string is rejected
-        because iterating it would silently give one pattern per character.
-
-    Returns:
-      The patterns as a tuple of strings (what `get_config` stores).
-
-    Raises:
-      ValueError: `patterns` is a bare string, holds a non-string, or a pattern does not compile.
-    """
-    if patterns is None:
-        return ()
-    if isinstance(patterns, str):
-        raise ValueError(
-            f"`{arg_name}` ({patterns!r}) must be a list of regular expressions, not one string."
-        )
-    result = []
-    for pattern in patterns:
-        if not isinstance(pattern, str):
-            raise ValueError(f"`{arg_name}` entry ({pattern!r}) must be a string.")
-        try:
-            re.compile(pattern)
-        except re.error as e:
-            raise ValueError(
-                f"`{arg_name}` entry ({pattern!r}) is not a valid regular expression: {e}."
-            ) from e
-        result.append(pattern)
-    return tuple(result)
-
-
-def variable_path(variable) -> str:
-    """The name that exclusion patterns are matched against (with `re.search`).
-
-    For a Keras 3 variable it is `variable.path`, e.g. "dense/kernel" or
-    "resnet/conv1_bn/gamma" (layer names joined by "/"); for a plain `tf.Variable` it is its
-    name without the ":0" suffix.
-    """
-    path = getattr(variable, "path", None)
-    if path is None:
-        path = re.sub(r":\d+$", "", str(variable.name))
-    return path
-
-
-def tf_variable(variable) -> tf.Variable:
-    """The `tf.Variable` behind a Keras variable (a `tf.Variable` passes through).
-
-    Under `tf.distribute` this is a distributed variable whose `.handle`, inside
-    `strategy.extended.update` (where `update_step` runs), is the local replica's.
-    """
-    if isinstance(variable, keras.Variable):
-        return variable.value
-    return variable
-
-
-def dense_gradient(gradient, dtype) -> tf.Tensor:
-    """`gradient` as a dense tensor of `dtype` (an embedding's `IndexedSlices` is densified,
-    since the layer-wise norms and the weight decay touch every row anyway)."""
-    if isinstance(gradient, tf.IndexedSlices):
-        gradient = tf.convert_to_tensor(gradient)
-    return tf.cast(gradient, dtype)
-
-
-def l2_norm(x) -> tf.Tensor:
-    """|x|_2 over all elements, with one fused reduction (`tf.nn.l2_loss` = sum(x**2) / 2)."""
-    return tf.sqrt(2.0 * tf.nn.l2_loss(x))
-
-
-def matches_any(patterns: Sequence[str], path: str) -> bool:
-    """Whether any regular expression in `patterns` occurs in `path` (`re.search`)."""
-    return any(re.search(p, path) is not None for p in patterns)
-
-
-def check_number(name: str, value, *, low: float = 0.0, high: float | None = None) -> float:
-    """Validates a float hyperparameter: low <= value (< high when given); returns it as float."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"`{name}` ({value!r}) must be a number.")
-    if value < low or (high is not None and value >= high):
-        bounds = f">= {low}" if high is None else f"in [{low}, {high})"
-        raise ValueError(f"`{name}` ({value!r}) must be {bounds}.")
-    return float(value)
-
-
-def as_learning_rate(learning_rate):
-    """Lets an int learning rate through Keras' float-only check; schedules pass unchanged."""
-    if isinstance(learning_rate, int) and not isinstance(learning_rate, bool):
-        return float(learning_rate)
-    return learning_rate
-
-
 @keras.saving.register_keras_serializable(package="mlperf_tf")
-class LARS(keras.optimizers.Optimizer):
+@base.document_base_keyword_args
+class LARS(base.Optimizer):
     """LARS with the formula of the MLPerf ResNet-50 reference (MLPerf log key `opt_name: lars`).
 
     For each variable w with (cross-replica summed) gradient g, learning rate lr, weight decay
@@ -136,9 +46,9 @@ class LARS(keras.optimizers.Optimizer):
         reference); the Model Garden has a second, `exclude_from_layer_adaptation`.
       * `get_config` here keeps the exclusion list (the Model Garden's drops it).
 
-    Keras' own decoupled `weight_decay` is not used: weight decay is part of the LARS update, so
-    the base optimizer's `weight_decay` is always None and this class's `weight_decay` argument
-    is stored as `weight_decay_rate`. Exclusion patterns are regular expressions matched with
+    `weight_decay` means what it means for every optimizer here (`mlperf_tf.optimizers.base`):
+    the rate wd of a term added inside this update; Keras' decoupled decay stays off. Exclusion
+    patterns are regular expressions matched with
     `re.search` against each variable's Keras `path` (e.g. "conv2d/kernel",
     "batch_normalization/gamma"; see `variable_path`), decided once in `build`.
 
@@ -158,20 +68,12 @@ class LARS(keras.optimizers.Optimizer):
         learning_rate,
         *,
         momentum: float = 0.9,
-        weight_decay: float = 0.0,
         eeta: float = 0.001,
         epsilon: float = 0.0,
-        exclude_from_weight_decay: Iterable[str] | None = DEFAULT_LARS_EXCLUDE,
         nesterov: bool = False,
-        clipnorm=None,
-        clipvalue=None,
-        global_clipnorm=None,
-        use_ema=False,
-        ema_momentum=0.99,
-        ema_overwrite_frequency=None,
-        loss_scale_factor=None,
-        gradient_accumulation_steps=None,
-        name="LARS",
+        weight_decay: float = 0.0,
+        exclude_from_weight_decay: Iterable[str] | None = DEFAULT_LARS_EXCLUDE,
+        name: str = "LARS",
         **kwargs,
     ):
         """Creates the optimizer.
@@ -180,38 +82,22 @@ class LARS(keras.optimizers.Optimizer):
           learning_rate: float, or a `keras.optimizers.schedules.LearningRateSchedule` (per
             step), e.g. `WarmupPolynomialDecay` (`lars_opt_base_learning_rate` etc.).
           momentum: mu in [0, 1) (`lars_opt_momentum`).
-          weight_decay: L2 weight decay rate wd >= 0 (`lars_opt_weight_decay`), added to the
-            gradient inside the update (not Keras' decoupled weight decay).
           eeta: LARS coefficient > 0 (the paper's trust coefficient).
           epsilon: eps >= 0 in the trust ratio's denominator (`lars_epsilon`).
-          exclude_from_weight_decay: regular expressions; variables whose path matches any get
-            neither weight decay nor layer adaptation (default: biases and batch-norm
-            parameters). None means no exclusions.
           nesterov: use Nesterov momentum.
-          clipnorm, clipvalue, global_clipnorm, use_ema, ema_momentum, ema_overwrite_frequency,
-            loss_scale_factor, gradient_accumulation_steps, name: as for
-            `keras.optimizers.Optimizer`.
-          **kwargs: passed to `keras.optimizers.Optimizer` (unknown ones raise there).
+          {{base_keyword_args}}
 
         Raises:
           ValueError: a hyperparameter is out of range or a pattern does not compile.
         """
         super().__init__(
-            learning_rate=as_learning_rate(learning_rate),
-            weight_decay=None,
-            clipnorm=clipnorm,
-            clipvalue=clipvalue,
-            global_clipnorm=global_clipnorm,
-            use_ema=use_ema,
-            ema_momentum=ema_momentum,
-            ema_overwrite_frequency=ema_overwrite_frequency,
-            loss_scale_factor=loss_scale_factor,
-            gradient_accumulation_steps=gradient_accumulation_steps,
+            learning_rate,
+            weight_decay=weight_decay,
+            exclude_from_weight_decay=exclude_from_weight_decay,
             name=name,
             **kwargs,
         )
         self.momentum = check_number("momentum", momentum, high=1.0)
-        self.weight_decay_rate = check_number("weight_decay", weight_decay)
         self.eeta = check_number("eeta", eeta)
         if self.eeta <= 0:
             raise ValueError(f"`eeta` ({eeta!r}) must be > 0.")
@@ -220,15 +106,6 @@ class LARS(keras.optimizers.Optimizer):
         # Weight decay folds into the velocity when dividing by mu is harmless (and the
         # Nesterov step, which reuses lr * (g + wd * w), is off).
         self._fold_weight_decay = not self.nesterov and self.momentum >= 0.1
-        self.exclude_patterns = compile_exclusion_patterns(
-            "exclude_from_weight_decay", exclude_from_weight_decay
-        )
-
-    def exclude_from_weight_decay(self, var_list=None, var_names=None):
-        """Not supported: pass `exclude_from_weight_decay=` to the constructor instead."""
-        raise NotImplementedError(
-            "LARS takes its exclusions as the `exclude_from_weight_decay` constructor argument."
-        )
 
     def build(self, var_list):
         """Creates one momentum slot per variable and decides its exclusion once.
@@ -242,7 +119,9 @@ class LARS(keras.optimizers.Optimizer):
         super().build(var_list)
         self._momentums = [self.add_variable_from_reference(v, name="momentum") for v in var_list]
         # Python bools, one per variable index: update_step branches at trace time.
-        self._adapt = [not matches_any(self.exclude_patterns, variable_path(v)) for v in var_list]
+        self._adapt = [
+            not base.matches_any(self.exclude_patterns, base.variable_path(v)) for v in var_list
+        ]
 
     def update_step(self, gradient, variable, learning_rate):
         """Applies one LARS step to one variable (update context, summed gradient)."""
@@ -265,7 +144,7 @@ class LARS(keras.optimizers.Optimizer):
                 tf.ones_like(w_norm),
             )
             lr = lr * trust
-            if self.weight_decay_rate:
+            if self._decay[index]:
                 if self._fold_weight_decay:
                     # velocity = mu * (velocity - lr * wd / mu * w) - lr * g is the velocity of
                     # g + wd * w: one fused in-place pass instead of materializing g + wd * w
@@ -292,15 +171,13 @@ class LARS(keras.optimizers.Optimizer):
         )
 
     def get_config(self):
-        """Returns every constructor argument (exclusion list included)."""
+        """Returns every constructor argument (the base class adds weight decay and exclusions)."""
         config = super().get_config()
         config.update(
             {
                 "momentum": self.momentum,
-                "weight_decay": self.weight_decay_rate,
                 "eeta": self.eeta,
                 "epsilon": self.epsilon,
-                "exclude_from_weight_decay": list(self.exclude_patterns),
                 "nesterov": self.nesterov,
             }
         )

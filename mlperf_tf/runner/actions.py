@@ -41,6 +41,8 @@ class LoopOutput:
     samples_per_second: float
     last_step: int  # the step at which the run's budget ends
     epoch: float  # `step` in epochs
+    next_eval_step: int = 0  # the step of the next evaluation (0: unknown)
+    first: bool = False  # the run's first loop (one step; its time includes tracing)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,12 +131,20 @@ class ProgressLine(Action):
     """Prints one absl line per loop (step, epoch, throughput, loss, ETA), per eval and at the end."""
 
     def after_loop(self, output):
-        # The remaining steps at this loop's pace.
-        eta = (output.last_step - output.step) * output.seconds / max(output.steps, 1)
+        if output.first:
+            logging.info(
+                "step %d/%d | epoch %.2f | loss %.4f | first step done in %.1f s (tracing included)",
+                output.step, output.last_step, output.epoch, output.loss, output.seconds,
+            )  # fmt: skip
+            return
+        # The remaining steps at this loop's pace, to the budget's end and to the next eval.
+        per_step = output.seconds / max(output.steps, 1)
+        eta = (output.last_step - output.step) * per_step
+        to_eval = max(output.next_eval_step - output.step, 0) * per_step
         logging.info(
-            "step %d/%d | epoch %.2f | %.1f samples/s | loss %.4f | ETA %s",
+            "step %d/%d | epoch %.2f | %.1f samples/s | loss %.4f | next eval in %s | ETA %s",
             output.step, output.last_step, output.epoch, output.samples_per_second, output.loss,
-            format_eta(eta),
+            format_eta(to_eval), format_eta(eta),
         )  # fmt: skip
 
     def after_eval(self, output):

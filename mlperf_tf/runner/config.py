@@ -59,6 +59,11 @@ class RunConfig:
     checkpoint_every_loops: int = setting(
         10, help="Save a checkpoint every N host loops (0: only at the end of the run)."
     )
+    checkpoint_every_minutes: float = setting(
+        5.0,
+        help="Also save a checkpoint once this many minutes passed since the last (0: off); a "
+        "block without a save gets one before its eval.",
+    )
     max_checkpoints: int = setting(3, help="Checkpoints to keep.")
     resume_input: str = setting(
         "skip",
@@ -74,6 +79,12 @@ class RunConfig:
     data_service: str = setting("", help="tf.data service address, e.g. grpc://host:5050.")
     skip_bad_records: bool = setting(False, help="Skip and count corrupt records.")
     startup_timeout_s: float = setting(120.0, help="Seconds to reach a TPU or the peer workers.")
+    collective_timeout: float = setting(
+        0.0,
+        help="Seconds a multi-worker collective may wait for its peers before the run stops with "
+        "an error naming them (0: no limit; TF's heartbeat check still ends it in about 10 s "
+        "when a peer dies or freezes).",
+    )
     submission_org: str = setting("mlperf-tf", help="MLPerf submission_org.")
     submission_platform: str = setting(
         help="MLPerf submission_platform (default: this host, e.g. 2xCPU).",
@@ -86,6 +97,12 @@ class RunConfig:
         "research", help="MLPerf submission_status.", choices=SUBMISSION_STATUSES
     )
     echo_mlperf_log: bool = setting(False, help="Also print the MLPerf log lines to stdout.")
+    ruleset: str = setting(
+        "",
+        help="MLPerf Training round whose rules the log follows, e.g. 2.0.0: it decides the keys "
+        "emitted (e.g. weights_initialization in 1.1.0-2.1.0). '' means the newest round that "
+        "has the benchmark.",
+    )
 
     def __post_init__(self):
         if not self.model_dir:
@@ -93,7 +110,8 @@ class RunConfig:
         for name in ("steps_per_loop", "max_checkpoints"):
             if getattr(self, name) <= 0:
                 raise UserError(f"--{name} ({getattr(self, name)}) must be a positive integer.")
-        for name in ("checkpoint_every_loops", "max_train_steps", "num_cpu_devices"):
+        for name in ("checkpoint_every_loops", "max_train_steps", "num_cpu_devices",
+                     "checkpoint_every_minutes", "collective_timeout"):  # fmt: skip
             if getattr(self, name) < 0:
                 raise UserError(f"--{name} ({getattr(self, name)}) must not be negative.")
         for field in dataclasses.fields(self):
@@ -114,7 +132,9 @@ class StopCause(enum.Enum):
     BUDGET_ENDED = "budget_ended"
     NON_FINITE_LOSS = "non_finite_loss"
     BAD_DATA = "bad_data"
-    INTERRUPTED = "interrupted"
+    INTERRUPTED = "interrupted"  # SIGTERM/SIGINT (mlperf_tf.preemption)
+    PEER_FAILED = "peer_failed"  # a peer worker died or froze (mlperf_tf.peers)
+    SAVE_FAILED = "save_failed"  # a checkpoint could not be written (full disk, read-only)
 
     @property
     def status(self) -> str:
@@ -124,7 +144,7 @@ class StopCause(enum.Enum):
     @property
     def keeps_weights(self) -> bool:
         """Whether the final weights are worth a checkpoint (never save diverged weights)."""
-        return self is not StopCause.NON_FINITE_LOSS
+        return self not in (StopCause.NON_FINITE_LOSS, StopCause.SAVE_FAILED)
 
 
 @dataclasses.dataclass

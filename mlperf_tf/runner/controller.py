@@ -10,9 +10,8 @@ run stopped is a `StopCause`, never a message to match.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
-import shutil
-import threading
 import time
 from collections.abc import Sequence
 
@@ -21,39 +20,17 @@ import tensorflow as tf
 from absl import logging
 from mlperf_logging.mllog import constants as C
 
-from mlperf_tf import distribute, precision
+from mlperf_tf import checkpoints, distribute, peers, precision, preemption, rounds
 from mlperf_tf.benchmark import Benchmark, EvalPoint, RunContext
 from mlperf_tf.data.pipeline import translate_errors
-from mlperf_tf.errors import DataError
+from mlperf_tf.errors import DataError, PeerError, UserError
 from mlperf_tf.mllog import MLPerfLogger
+from mlperf_tf.preemption import StopRequest
 from mlperf_tf.runner import actions as actions_lib
 from mlperf_tf.runner.actions import Action, EvalOutput, LoopOutput, RunEnd, Stop
 from mlperf_tf.runner.config import RunConfig, RunResult, StopCause
 from mlperf_tf.runner.evaluator import Evaluator
 from mlperf_tf.runner.trainer import Trainer
-
-
-class StopRequest:
-    """A request, from outside the loop (a signal handler, a watchdog), to stop the run early.
-
-    The controller checks it between host loops and stops with `StopCause.INTERRUPTED`: the block
-    is closed, `run_stop` is logged as aborted and a checkpoint is saved. Under a multi-worker
-    strategy every worker must see the request at the same loop (agree on it first), or the
-    workers that go on wait for the others in their next all-reduce.
-    """
-
-    def __init__(self):
-        self._event = threading.Event()
-        self.reason = ""
-
-    def request(self, reason: str = "stop requested") -> None:
-        """Asks the run to stop after its current loop (thread- and signal-safe)."""
-        self.reason = reason
-        self._event.set()
-
-    @property
-    def requested(self) -> bool:
-        return self._event.is_set()
 
 
 def run(
@@ -72,20 +49,23 @@ def run(
       benchmark: the benchmark to train; the run binds its `RunContext` (a new instance).
       run_config: how to run it.
       actions: side work called after the built-in actions (see `mlperf_tf.runner.actions`).
-      stop_request: checked between host loops; a request stops the run as INTERRUPTED.
+      stop_request: read before every step (`mlperf_tf.preemption`): a request stops the run
+        as INTERRUPTED at the next step boundary, with a checkpoint of that step.
       trainer_class: the `Trainer` (subclass one to change how gradients are summed and applied).
 
     Raises:
       UserError: bad run settings, unreachable peers, or bad data reported by the benchmark.
     """
+    _resolve_ruleset(benchmark, run_config)  # a bad --ruleset fails before anything starts
     strategy = distribute.resolve_strategy(
         run_config.distribution,
         tpu=run_config.tpu,
         num_cpu_devices=run_config.num_cpu_devices,
         timeout_s=run_config.startup_timeout_s,
+        collective_timeout=run_config.collective_timeout,
     )
     chief = distribute.is_chief(strategy)
-    os.makedirs(run_config.model_dir, exist_ok=True)
+    checkpoints.check_model_dir(run_config.model_dir)
     if chief:
         _keep_previous_log(run_config.mlperf_log_path)
     mllog = MLPerfLogger(run_config.mlperf_log_path, enabled=chief, echo=run_config.echo_mlperf_log)
@@ -102,6 +82,14 @@ def run(
         return controller.run()
     finally:
         mllog.close()
+
+
+def _resolve_ruleset(benchmark: Benchmark, run_config: RunConfig) -> str:
+    """The MLPerf round the log follows (`--ruleset`, default the newest with the benchmark)."""
+    try:
+        return rounds.resolve_ruleset(benchmark.mlperf_benchmark, run_config.ruleset)
+    except ValueError as error:
+        raise UserError(f"--ruleset: {error}") from None
 
 
 def _keep_previous_log(log_path: str) -> None:
@@ -136,13 +124,14 @@ class Controller:
         self.run_config = run_config
         self.strategy = strategy
         self.mllog = mllog
+        self.ruleset = _resolve_ruleset(benchmark, run_config)
         self.chief = distribute.is_chief(strategy)
-        self.stop_request = stop_request
+        self.stop_request = stop_request or StopRequest()
         self.trainer_class = trainer_class
         self.extra_actions = list(actions)
         self.step = 0
         self.evals: list[tuple[float, float]] = []
-        self._loops_since_save = 0
+        self._loops_run = 0
 
     # ---- the run -------------------------------------------------------------------------------
     def run(self) -> RunResult:
@@ -151,7 +140,7 @@ class Controller:
         for action in self.actions:
             action.attach(self)
         self.mllog.end(C.INIT_STOP)
-        self.mllog.start(C.RUN_START)
+        self._log_run_start()
         begin = time.monotonic()
         try:
             with translate_errors():
@@ -160,6 +149,18 @@ class Controller:
             # Bad input mid-run: close the log as an aborted run and keep the work done so far.
             self._finish(Stop(StopCause.BAD_DATA, str(e)), begin)
             raise
+        except checkpoints.CheckpointError as e:
+            self._finish(Stop(StopCause.SAVE_FAILED, str(e)), begin)
+            raise
+        except tf.errors.OpError as e:
+            message = peers.peer_failure(
+                e,
+                distribute.parse_tf_config(),
+                collective_timeout=self.run_config.collective_timeout,
+            )
+            if message is None:
+                raise
+            raise PeerError(self._finish_after_peer_failure(message, begin)) from None
         self._finish(stop, begin)
         return RunResult(
             cause=stop.cause,
@@ -172,9 +173,14 @@ class Controller:
 
     def _train_and_evaluate(self) -> Stop:
         iterator = iter(self.train_data)
+        previous_step = 0
         for point in self.schedule:
             if point.step <= self.step:
+                previous_step = point.step
                 continue  # evaluated before the restart
+            if self.step > previous_step:  # resumed inside this block: it starts at the checkpoint
+                point = resumed_block(point, previous_step, self.step)
+            previous_step = point.step
             stop = self._train_block(iterator, point) or self._evaluate(point)
             if stop:
                 return stop
@@ -186,30 +192,50 @@ class Controller:
         self._notify("block_begin", point)
         stop = None
         while self.step < point.step:
-            num_steps = min(self.run_config.steps_per_loop, point.step - self.step)
-            stop = self._stop_requested() or self._train_loop(iterator, num_steps)
+            num_steps = min(self._loop_steps(), point.step - self.step)
+            stop = self._stop_requested() or self._train_loop(iterator, num_steps, point.step)
             if stop:
                 break
-            self._maybe_checkpoint()
+            self.checkpointer.after_loop(self.step, block_ended=self.step >= point.step)
         self._notify("block_end", point)
         return stop
 
-    def _train_loop(self, iterator, num_steps: int) -> Stop | None:
+    def _loop_steps(self) -> int:
+        """Steps of the next host loop: `steps_per_loop`, except that the run's first loop is one
+        step (its time includes tracing, minutes for big models: the first progress line comes as
+        soon as the loop is compiled) and the second the rest of `steps_per_loop`."""
+        per_loop = self.run_config.steps_per_loop
+        if self._loops_run == 0:
+            return 1
+        if self._loops_run == 1 and per_loop > 1:
+            return per_loop - 1
+        return per_loop
+
+    def _train_loop(self, iterator, num_steps: int, next_eval_step: int) -> Stop | None:
+        first = not self._loops_run
         begin = time.monotonic()
-        loss = float(self.trainer.loop(iterator, tf.constant(num_steps, tf.int32)).numpy())
+        loss, done = self.trainer.loop(iterator, tf.constant(num_steps, tf.int32))
+        loss, done = float(loss.numpy()), int(done.numpy())
         seconds = time.monotonic() - begin
-        self.step += num_steps
-        samples = num_steps * self.benchmark.config.global_batch_size
+        interrupted = Stop(StopCause.INTERRUPTED, self.stop_request.reason or "stop requested")
+        if not done:
+            return interrupted  # stopped before its first step: nothing to report
+        self._loops_run += 1
+        self.step += done
+        samples = done * self.benchmark.config.global_batch_size
         output = LoopOutput(
             step=self.step,
-            steps=num_steps,
+            steps=done,
             loss=loss,
             seconds=seconds,
             samples_per_second=samples / max(seconds, 1e-9),
             last_step=self.last_step,
             epoch=self.step / self.benchmark.steps_per_epoch,
+            next_eval_step=next_eval_step,
+            first=first,
         )
-        return self._notify("after_loop", output)
+        stop = self._notify("after_loop", output)
+        return stop or (interrupted if done < num_steps else None)
 
     def _evaluate(self, point: EvalPoint) -> Stop | None:
         self._notify("eval_begin", point)
@@ -219,7 +245,9 @@ class Controller:
         return self._notify("after_eval", EvalOutput(point=point, value=value, target=target))
 
     def _stop_requested(self) -> Stop | None:
-        if self.stop_request is not None and self.stop_request.requested:
+        # On several workers only the loop's agreed check may stop (a worker that stopped here
+        # alone would leave the others waiting in their next all-reduce).
+        if self.stop_request.requested and not preemption.spans_hosts(self.strategy):
             return Stop(StopCause.INTERRUPTED, self.stop_request.reason)
         return None
 
@@ -237,43 +265,66 @@ class Controller:
         if stop.cause.keeps_weights:
             self.save()  # never save non-finite weights over good ones
 
-    # ---- checkpoints ---------------------------------------------------------------------------
-    def _maybe_checkpoint(self) -> None:
-        """Saves every `checkpoint_every_loops` host loops (0: only at the end)."""
-        every = self.run_config.checkpoint_every_loops
-        self._loops_since_save += 1
-        if every and self._loops_since_save >= every:
-            self.save()
+    def _finish_after_peer_failure(self, message: str, begin: float) -> str:
+        """Closes the log, saves the last completed step if this worker still can; the message."""
+        try:
+            self._finish(Stop(StopCause.PEER_FAILED, message), begin)
+        except checkpoints.CheckpointError as e:
+            return f"{message}; no checkpoint could be taken ({e})"
+        saved = self.checkpointer.last_saved_step
+        where = f"the last checkpoint is of step {saved}" if saved else "no checkpoint was saved"
+        return f"{message}; {where}"
 
+    def _log_run_start(self) -> None:
+        """Logs `run_start`; a resumed run re-logs the first attempt's, so its time covers both.
+
+        The checkpoint carries the first `run_start` time; a resumed log also gets the marker
+        line that `mlperf-tf check`/`score` read (`# mlperf-tf resumed {...}`).
+        """
+        now_ms = int(time.time() * 1000)
+        original_ms = int(self.run_state.run_start_ms.numpy()) or None
+        if self.step:
+            marker = {"step": self.step, "original_run_start_ms": original_ms}
+            self.mllog.comment(f"mlperf-tf resumed {json.dumps(marker)}")
+        start_ms = original_ms if (self.step and original_ms) else now_ms
+        self.run_state.run_start_ms.assign(start_ms)
+        self.mllog.start(C.RUN_START, time_ms=start_ms)
+
+    # ---- checkpoints ---------------------------------------------------------------------------
     def save(self) -> None:
-        """Saves a checkpoint numbered by the optimizer step (every worker must call it)."""
-        self.checkpoints.save(checkpoint_number=self._optimizer_step())
-        self._loops_since_save = 0
-        if not self.chief:
-            shutil.rmtree(self.checkpoints.directory, ignore_errors=True)
+        """Saves a checkpoint numbered by the optimizer step (every worker must call it).
+
+        Raises:
+          checkpoints.CheckpointError: the write failed (a full disk, a read-only folder).
+        """
+        self.checkpointer.save(self._optimizer_step())
 
     def _optimizer_step(self) -> int:
         return int(self.optimizer.iterations.numpy())
 
-    def _checkpoint_dir(self) -> str:
-        # Workers other than the chief write to their own throw-away folder: every worker must
-        # take part in a save (mirrored variables), but only the chief's copy is kept and restored.
-        if self.chief:
-            return os.path.join(self.run_config.model_dir, "ckpt")
-        return os.path.join(
-            self.run_config.model_dir, f"ckpt_worker{distribute.task_id(self.strategy)}"
-        )
-
     def _restore(self) -> int:
-        """Restores the chief's latest checkpoint, or the benchmark's initial weights; the step."""
-        checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer)
-        self.checkpoints = tf.train.CheckpointManager(
-            checkpoint, self._checkpoint_dir(), max_to_keep=self.run_config.max_checkpoints
+        """Restores the chief's newest good checkpoint, or the benchmark's initial weights; the step."""
+        cfg = self.run_config
+        # The first attempt's run_start (ms since the epoch; 0: not started), kept so that a
+        # resumed run's log can carry it. A host variable: outside the strategy scope.
+        self.run_state = tf.train.Checkpoint(run_start_ms=tf.Variable(0, dtype=tf.int64))
+        checkpoint = tf.train.Checkpoint(
+            model=self.model, optimizer=self.optimizer, run_state=self.run_state
         )
-        latest = tf.train.latest_checkpoint(os.path.join(self.run_config.model_dir, "ckpt"))
+        self.checkpointer = checkpoints.Checkpointer(
+            checkpoint=checkpoint,
+            model_dir=cfg.model_dir,
+            chief=self.chief,
+            task_id=distribute.task_id(self.strategy),
+            max_to_keep=cfg.max_checkpoints,
+            policy=checkpoints.CheckpointPolicy(
+                every_loops=cfg.checkpoint_every_loops, every_minutes=cfg.checkpoint_every_minutes
+            ),
+            strategy=self.strategy,
+        )
         with self.strategy.scope():
+            latest = self.checkpointer.restore()
             if latest:
-                checkpoint.restore(latest).expect_partial()
                 logging.info("Resumed from %s", latest)
             else:
                 self.benchmark.restore_initial_weights(self.model)
@@ -293,11 +344,15 @@ class Controller:
         )
         self.benchmark = self.benchmark.with_context(context)
         self._build_model()
+        for event in rounds.init_events(self.benchmark.mlperf_benchmark, self.ruleset):
+            self.mllog.event(event.key, event.value, metadata=event.metadata)
         self.step = self._restore()
         if self.step and cfg.resume_input == "reseed":
             reseeded = dataclasses.replace(context, seed=cfg.seed + self.step)
             self.benchmark = self.benchmark.with_context(reseeded)
-        self.mllog.log_hparams(self._hparams())
+        self.mllog.log_hparams(
+            rounds.adapt_hparams(self.benchmark.mlperf_benchmark, self.ruleset, self._hparams())
+        )
         self._build_loops()
 
     def _log_init_events(self) -> None:
@@ -347,6 +402,7 @@ class Controller:
         eval_data = strategy.distribute_datasets_from_function(benchmark.eval_dataset)
         parts = dict(strategy=strategy, benchmark=benchmark, model=self.model, xla=cfg.xla)
         self.trainer = self.trainer_class(optimizer=self.optimizer, **parts)
+        self.trainer.stop_request = self.stop_request
         self.evaluator = Evaluator(dataset=eval_data, **parts)
         self.schedule = schedule(benchmark, cfg.max_train_steps)
         self.last_step = self.schedule[-1].step
@@ -384,6 +440,24 @@ def _train_dataset_fn(benchmark: Benchmark, run_config: RunConfig, start_step: i
         return dataset
 
     return dataset_fn
+
+
+def resumed_block(point: EvalPoint, block_begin_step: int, resume_step: int) -> EvalPoint:
+    """`point` with its block's `first_epoch_num`/`epoch_count` starting at `resume_step`.
+
+    The block's epochs map linearly onto its steps [block_begin_step, point.step], which holds for
+    epoch and sample counts alike: resuming ResNet's block `first_epoch_num=1, epoch_count=4` half
+    way gives `first_epoch_num=3, epoch_count=2`.
+    """
+    fraction = (resume_step - block_begin_step) / (point.step - block_begin_step)
+    first = point.first_epoch_num + fraction * point.epoch_count
+    count = point.epoch_count * (1.0 - fraction)
+    return dataclasses.replace(point, first_epoch_num=_clean(first), epoch_count=_clean(count))
+
+
+def _clean(x: float) -> float | int:
+    x = round(x, 6)
+    return int(x) if x == int(x) else x
 
 
 def schedule(benchmark: Benchmark, max_train_steps: int = 0) -> list[EvalPoint]:

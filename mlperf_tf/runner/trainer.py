@@ -44,6 +44,8 @@ class Trainer:
         self.accumulation = benchmark.config.gradient_accumulation_steps
         self.clip_norm = benchmark.gradient_clip_norm()
         self._grads = replica_function(self._replica_grads, xla=xla)
+        # Set by the controller before the first loop (see `mlperf_tf.preemption.StopRequest`).
+        self.stop_request = None
         self.loop = tf.function(self._loop)
 
     def _replica_grads(self, batch):
@@ -101,11 +103,20 @@ class Trainer:
         return [g / replicas for g in grads] if replicas > 1 else grads
 
     def _loop(self, iterator, num_steps):
+        """Runs up to `num_steps` steps; returns (mean loss, steps run).
+
+        A stop request (`stop_request`, set by a signal) is read before each step and cuts the
+        loop short at a step boundary; on several workers they agree on it, so all stop together.
+        """
         loss_sum = tf.constant(0.0, tf.float32)
+        done = tf.constant(0, tf.int32)
         for _ in tf.range(num_steps):
+            if self.stop_request is not None and self.stop_request.should_stop(self.strategy):
+                break
             micro_batches = [next(iterator) for _ in range(self.accumulation)]
             per_replica_loss = self.strategy.run(self._replica_step, args=(micro_batches,))
             # Each replica's loss is its share of the global mean: the sum is the global loss.
             loss = self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_loss, axis=None)
             loss_sum += tf.cast(loss, tf.float32)
-        return loss_sum / tf.cast(num_steps, tf.float32)
+            done += 1
+        return loss_sum / tf.cast(tf.maximum(done, 1), tf.float32), done

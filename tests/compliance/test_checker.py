@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from compliance import checker, logfile
+from compliance.cli import main as cli_main
 from mlperf_tf.errors import UserError
 from tests.compliance import logs
 
@@ -129,7 +130,7 @@ def test_repeated_key_warning_lists_every_occurrence(tmp_path):
 
 @pytest.mark.parametrize("quality", ["enforce", "skip"])
 def test_quality_skip_reports_the_missed_target_without_failing(tmp_path, quality):
-    records = logs.resnet_records(accuracies=(0.3, 0.5, 0.6), status="success")
+    records = logs.resnet_records(accuracies=(0.3, 0.5, 0.6), status="aborted")
     path = logs.write_log(tmp_path / "log.txt", records)
     report = checker.check_log(path, ruleset="0.7.0", quality=quality)
     assert not report.official_passed
@@ -137,9 +138,23 @@ def test_quality_skip_reports_the_missed_target_without_failing(tmp_path, qualit
     assert len(target) == 1 and "0.7590" in target[0].message
     assert report.passed is (quality == "skip")
     assert target[0].level == ("warning" if quality == "skip" else "error")
-    # With the MLPerf target enforced, status 'success' below the target is inconsistent.
-    status = [f for f in report.findings if f.check == "run_stop_status"]
-    assert len(status) == (1 if quality == "enforce" else 0)
+    assert not [f for f in report.findings if f.check == "run_stop_status"]
+
+
+@pytest.mark.parametrize("strict", [False, True])
+@pytest.mark.parametrize("quality", ["enforce", "skip"])
+def test_success_without_reaching_the_target_fails_in_every_mode(tmp_path, quality, strict):
+    records = logs.resnet_records(accuracies=(0.3, 0.5, 0.6), status="success")
+    path = logs.write_log(tmp_path / "log.txt", records)
+    report = checker.check_log(path, ruleset="0.7.0", quality=quality, strict=strict)
+    assert not report.passed
+    (status,) = [f for f in report.findings if f.check == "run_stop_status"]
+    assert status.level == "error" and "best 0.6" in status.message
+    # The same run, honest about its status, passes with --quality=skip.
+    honest = logs.write_log(
+        tmp_path / "honest.txt", [r.replace('"success"', '"aborted"') for r in records]
+    )
+    assert checker.check_log(honest, ruleset="0.7.0", quality="skip", strict=strict).passed
 
 
 def test_quality_skip_still_fails_other_errors(tmp_path):
@@ -360,3 +375,121 @@ def test_scan_keeps_the_official_parsers_lines(tmp_path):
     assert scan.total_lines == 5
     assert scan.official_line_numbers("1.0.0") == (2, 5)
     assert scan.official_line_numbers("0.6.0") == (2, 4, 5)
+
+
+def _yaml_target_expressions(path):
+    import yaml
+
+    with open(path) as handle:
+        entries = yaml.load(handle, Loader=yaml.BaseLoader) or []
+    return [
+        entry["KEY"]["ATLEAST_ONE_CHECK"].strip()
+        for entry in entries
+        if isinstance(entry, dict)
+        and isinstance(entry.get("KEY"), dict)
+        and entry["KEY"].get("NAME") == "eval_accuracy"
+        and "ATLEAST_ONE_CHECK" in entry["KEY"]
+    ]
+
+
+def test_targets_read_from_the_rule_text_equal_a_yaml_parse_of_every_rule_file():
+    compared = 0
+    for ruleset in checker.available_rulesets():
+        if ruleset == "0.6.0":
+            continue
+        folder = os.path.join(checker.rules_dir(), f"training_{ruleset}")
+        for name in sorted(os.listdir(folder)):
+            division, _, rest = name.partition("_")
+            if division not in ("closed", "open") or rest == "common.yaml":
+                continue
+            benchmark = rest[: -len(".yaml")]
+            expressions = _yaml_target_expressions(os.path.join(folder, name))
+            target = checker.quality_target(
+                ruleset, benchmark, division=division, global_batch_size=1024
+            )
+            if not expressions:
+                assert target is None, (ruleset, name)
+                continue
+            compared += 1
+            assert target is None or target.expression == expressions[0], (ruleset, name)
+    assert compared > 100
+    resnet = checker.quality_target("4.0.0", "resnet")
+    assert (resnet.value, resnet.higher_is_better) == (0.759, True)
+
+
+def test_a_resumed_log_counts_only_with_its_first_run_start(tmp_path):
+    records = logs.resnet_records()
+    start_ms = json.loads(next(r for r in records if '"run_start"' in r)[len(":::MLLOG ") :])[
+        "time_ms"
+    ]
+    honest = logs.write_log(
+        tmp_path / "honest.txt",
+        [f'# mlperf-tf resumed {{"step": 120, "original_run_start_ms": {start_ms}}}', *records],
+    )
+    report = checker.check_log(honest, ruleset="1.0.0")
+    assert report.passed
+    assert [(f.check, f.level, f.line) for f in report.notes] == [("resumed", "info", 1)]
+    for mark in ('{"step": 120, "original_run_start_ms": null}', '{"step": 120}', "{oops"):
+        path = logs.write_log(tmp_path / "resumed.txt", [f"# mlperf-tf resumed {mark}", *records])
+        for quality in ("enforce", "skip"):
+            report = checker.check_log(path, ruleset="1.0.0", quality=quality)
+            assert report.official_passed and not report.passed  # the official rules cannot tell
+            (error,) = report.errors
+            assert error.check == "resumed" and error.line == 1
+            assert "without the original run_start" in error.message
+
+
+def _with_one_tensor(records):
+    at = next(i for i, r in enumerate(records) if '"init_stop"' in r)
+    time_ms = json.loads(records[at][len(":::MLLOG ") :])["time_ms"]
+    tensor = logs.line(
+        "weights_initialization", time_ms=time_ms, metadata={"tensor": "conv0_weight"}
+    )
+    return [*records[:at], tensor, *records[at:]]
+
+
+def test_when_fitting_rounds_disagree_the_check_asks_for_the_ruleset(tmp_path):
+    # weights_initialization with one tensor: rounds 1.1.0-2.1.0 want all 161 of them, the others
+    # ignore the key; dated after every round, the log fits them all.
+    late = logs.write_log(
+        tmp_path / "late.txt", _with_one_tensor(logs.resnet_records(t0_ms=1_800_000_000_000))
+    )
+    with pytest.raises(UserError, match=r"cannot tell the round.*verdicts differ.*give --ruleset"):
+        checker.check_log(late)
+    assert cli_main(["check", late]) == 2
+    assert checker.check_log(late, ruleset="4.0.0").passed
+    assert not checker.check_log(late, ruleset="2.0.0").passed
+    # Dated in the v1.1 window (2021-09), the round is 1.1.0: no guess, its verdict.
+    dated = logs.write_log(
+        tmp_path / "dated.txt", _with_one_tensor(logs.resnet_records(t0_ms=1_631_000_000_000))
+    )
+    report = checker.check_log(dated)
+    assert report.ruleset == "1.1.0" and not report.passed
+    assert "submission window" in report.ruleset_reason
+    # Without the key the log fits the rounds that do not ask for it, whose verdicts agree.
+    plain = logs.write_log(tmp_path / "plain.txt", logs.resnet_records(t0_ms=1_800_000_000_000))
+    report = checker.check_log(plain)
+    assert report.ruleset == "4.0.0" and report.passed
+    assert "same verdict under" in report.ruleset_reason
+
+
+def test_a_round_without_the_benchmark_and_an_empty_log_say_so_first(tmp_path):
+    transformer = [
+        r.replace('"value": "resnet"', '"value": "transformer"') for r in logs.resnet_records()
+    ]
+    path = logs.write_log(tmp_path / "transformer.txt", transformer)
+    report = checker.check_log(path, ruleset="1.0.0")
+    assert not report.passed and report.official_crashed
+    first = report.errors[0]
+    assert first.check == "ruleset"
+    assert first.message == (
+        "round 1.0.0 has no 'transformer' benchmark; rounds with it: 0.6.0, 0.7.0"
+    )
+    assert not any("FileNotFoundError" in f.message for f in report.findings)
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    report = checker.check_log(str(empty))
+    assert report.errors[0].check == "empty" and report.errors[0].message == "empty log (0 bytes)"
+    text = tmp_path / "text.txt"
+    text.write_text("hello\nworld\n")
+    assert checker.check_log(str(text)).errors[0].message.startswith("no MLPerf log line")

@@ -13,7 +13,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def _logs(tmp_path):
     good = logs.write_log(tmp_path / "good.txt", logs.resnet_records())
-    bad = logs.write_log(tmp_path / "bad.txt", logs.resnet_records(accuracies=(0.5,)))
+    # Short of the target, and says so.
+    bad = logs.write_log(
+        tmp_path / "bad.txt", logs.resnet_records(accuracies=(0.5,), status="aborted")
+    )
     return good, bad
 
 
@@ -71,3 +74,29 @@ def test_python_m_compliance(tmp_path):
     assert done.stdout.startswith("PASS  " + good)
     assert "\nFAIL  " + bad in done.stdout
     assert "error [official:target]" in done.stdout
+
+
+def test_check_a_results_repository_folder_takes_the_round_from_it(tmp_path, capsys):
+    # A log dated 2020-09 (the v1.0 window) filed under a v0.7 results repository.
+    folder = tmp_path / "training_results_v0.7" / "Org" / "results" / "sys" / "resnet"
+    folder.mkdir(parents=True)
+    for i in range(2):
+        logs.write_log(folder / f"result_{i}.txt", logs.resnet_records())
+    (folder / "notes.txt").write_text("not a log")
+    assert cli.main(["check", str(tmp_path / "training_results_v0.7"), "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert [os.path.basename(r["path"]) for r in document["logs"]] == [
+        "result_0.txt",
+        "result_1.txt",
+    ]
+    assert {r["ruleset"] for r in document["logs"]} == {"0.7.0"}
+    assert "results repository of round 0.7.0" in document["logs"][0]["ruleset_reason"]
+    # Outside such a folder, --round says the same.
+    plain = logs.write_log(tmp_path / "result_0.txt", logs.resnet_records())
+    assert cli.main(["check", plain, "--round", "0.7", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["logs"][0]["ruleset"] == "0.7.0"
+    assert cli.main(["check", plain, "--round", "0.7", "--ruleset", "1.0.0"]) == 2
+    assert "disagree" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert cli.main(["check", str(tmp_path / "empty")]) == 2
+    assert "no result_*.txt" in capsys.readouterr().err

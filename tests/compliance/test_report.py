@@ -27,7 +27,8 @@ def test_series_has_the_evals_and_block_throughput(tmp_path):
 def test_figure_draws_the_target_line(tmp_path):
     _, records = _records(tmp_path)
     series = report.run_series(records, "resnet")
-    figure = report.plot_figure(series, Target(0.759, True, "v >= 0.759"), "title")
+    official = Target(0.759, True, "v >= 0.759")
+    figure = report.plot_figure(series, report.Targets(official, official, "MLPerf's rules"), "t")
     accuracy_axes, throughput_axes = figure.axes
     assert any(list(line.get_ydata()) == [0.759, 0.759] for line in accuracy_axes.lines)
     assert list(accuracy_axes.lines[0].get_ydata()) == [0.5, 0.7, 0.76]
@@ -43,7 +44,7 @@ def test_write_report_writes_png_and_markdown(tmp_path):
     assert image.shape[0] > 300 and image.shape[1] > 300
     text = open(files.markdown).read()
     assert "Verdict: **PASS**" in text
-    assert "Target 0.759: reached at epoch 12" in text
+    assert "Target (MLPerf's rules) 0.759: reached at epoch 12" in text
     assert "Time to train: 3.0" in text
     assert "| 8 | 2.000 | 0.7000 |" in text
     assert "![eval accuracy and throughput](run.png)" in text
@@ -54,7 +55,7 @@ def test_report_of_a_failed_run_names_the_findings(tmp_path):
     files = report.write_report(path, str(tmp_path / "out"), ruleset="1.0.0")
     text = open(files.markdown).read()
     assert "Verdict: **FAIL**" in text
-    assert "Target 0.759: not reached (best 0.6000)" in text
+    assert "Target (MLPerf's rules) 0.759: not reached (best 0.6000)" in text
     assert "[official:target]" in text
 
 
@@ -68,3 +69,36 @@ def test_report_cli_writes_one_pair_per_log_and_reports_bad_ones(tmp_path, capsy
     assert code == 2
     assert sorted(p.name for p in out.iterdir()) == ["run.md", "run.png", "run_2.md", "run_2.png"]
     assert "missing.txt: no such file" in capsys.readouterr().err
+
+
+def test_a_run_with_its_own_target_is_drawn_against_it_and_mlperfs_is_marked(tmp_path):
+    # A mini run aiming at 0.90 (say), which reached 0.76 at epoch 8: MLPerf's 0.759 is met too.
+    records = logs.resnet_records(accuracies=(0.5, 0.76, 0.91), status="success")
+    path = logs.write_log(
+        tmp_path / "mini.txt", ['# mlperf-tf target {"quality_target": 0.9}', *records]
+    )
+    files = report.write_report(path, str(tmp_path / "out"), ruleset="1.0.0", quality="skip")
+    text = open(files.markdown).read()
+    assert "Target (the run's log) 0.9: reached at epoch 12" in text
+    assert "MLPerf's target (not this run's) 0.759: reached at epoch 8" in text
+    scan = logfile.scan_log(path)
+    checked = report.checker.check_log(path, ruleset="1.0.0", quality="skip")
+    targets = report.targets_of(checked, scan)
+    assert (targets.run.value, targets.official.value, targets.differ) == (0.9, 0.759, True)
+    figure = report.plot_figure(report.run_series(logfile.parse_records(scan, "1.0.0"), "resnet"),
+                                targets, "t")  # fmt: skip
+    labels = figure.axes[0].get_legend_handles_labels()[1]
+    assert "run's target 0.9" in labels and "MLPerf target 0.759" in labels
+
+
+def test_skip_judges_the_status_by_the_runs_own_target_when_logged(tmp_path):
+    # A mini run that reached its own 0.6 and says success: honest under --quality=skip...
+    records = logs.resnet_records(accuracies=(0.5, 0.61), status="success")
+    path = logs.write_log(
+        tmp_path / "a.txt", ['# mlperf-tf target {"quality_target": 0.6}', *records]
+    )
+    assert report.checker.check_log(path, ruleset="1.0.0", quality="skip").passed
+    # ...but not without the logged target, nor with the MLPerf target enforced.
+    bare = logs.write_log(tmp_path / "b.txt", records)
+    assert not report.checker.check_log(bare, ruleset="1.0.0", quality="skip").passed
+    assert not report.checker.check_log(path, ruleset="1.0.0").passed

@@ -41,8 +41,11 @@ def test_olympic_mean_matches_result_summarizer():
 def test_result_of_five_runs_drops_fastest_and_slowest(tmp_path):
     # One minute per eval block: runs of 1..5 minutes; the result is the mean of 2, 3 and 4.
     runs = [[0.5] * (n - 1) + [0.76] for n in (3, 1, 5, 2, 4)]
-    result = scoring.score_directory(_write_runs(tmp_path / "resnet", runs), ruleset="1.0.0")
+    # Round 0.7.0 has no RCPs: the olympic scoring alone.
+    result = scoring.score_directory(_write_runs(tmp_path / "resnet", runs), ruleset="0.7.0")
     assert result.valid, result.format_text()
+    assert not result.rcp.checked and "RCPs exist from round 1.0.0 on" in result.rcp.message
+    assert result.normalized_minutes == result.score_minutes
     assert result.required_runs == 5
     assert [round(r.time.minutes) for r in result.runs] == [3, 1, 5, 2, 4]
     assert result.score_minutes == pytest.approx(3.0, abs=0.01)
@@ -50,7 +53,7 @@ def test_result_of_five_runs_drops_fastest_and_slowest(tmp_path):
 
 def test_one_non_converged_run_counts_as_the_slowest(tmp_path):
     runs = [[0.76], [0.5, 0.76], [0.5, 0.5, 0.76], [0.5, 0.5, 0.5, 0.76], [0.5]]
-    result = scoring.score_directory(_write_runs(tmp_path / "resnet", runs), ruleset="1.0.0")
+    result = scoring.score_directory(_write_runs(tmp_path / "resnet", runs), ruleset="0.7.0")
     assert result.valid
     assert [r.converged for r in result.runs] == [True, True, True, True, False]
     # Dropped: the fastest (1 min) and the non-converged run; mean of 2, 3 and 4 minutes.
@@ -76,7 +79,7 @@ def test_too_few_runs_give_no_result_but_a_mean(tmp_path):
 def test_score_cli_json_and_bad_input(tmp_path, capsys):
     runs = [[0.5] * (n - 1) + [0.76] for n in (3, 1, 5, 2, 4)]
     directory = _write_runs(tmp_path / "resnet", runs)
-    assert cli.main(["score", directory, "--json"]) == 0
+    assert cli.main(["score", directory, "--json", "--ruleset", "0.7.0"]) == 0
     (document,) = json.loads(capsys.readouterr().out)
     assert document["valid"] and document["benchmark"] == "resnet"
     assert len(document["runs"]) == 5
@@ -85,6 +88,79 @@ def test_score_cli_json_and_bad_input(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     with pytest.raises(UserError, match="no result_"):
         scoring.score_directory(str(tmp_path / "empty"))
+
+
+def _rcp_runs(directory, conv_epochs, *, epochs_per_eval):
+    """Five converged runs at global batch 1632 (an RCP of v1.0 ResNet: mean 35.0 epochs, max
+    speedup 1.035, so at least 33.8 epochs), each converging at `conv_epochs`."""
+    directory.mkdir(parents=True)
+    evals = conv_epochs // epochs_per_eval
+    for i in range(5):
+        records = logs.resnet_records(
+            accuracies=[0.5] * (evals - 1) + [0.76], epochs_per_eval=epochs_per_eval, gbs=1632
+        )
+        logs.write_log(directory / f"result_{i}.txt", records)
+    return str(directory)
+
+
+def test_rcp_check_is_the_official_rcp_checker(tmp_path):
+    from mlperf_logging.rcp_checker import rcp_checker
+
+    slower = scoring.score_directory(
+        _rcp_runs(tmp_path / "a", 36, epochs_per_eval=4), ruleset="1.0.0"
+    )
+    assert slower.valid and slower.rcp.passed and slower.rcp.message == "RCP found"
+    assert slower.rcp.norm_factor == 1.0 and slower.normalized_minutes == slower.score_minutes
+    # Faster than the RCP mean, within the speedup it allows: the result is scaled up, as
+    # result_summarizer scales it (RCP mean / the runs' mean epochs).
+    faster = scoring.score_directory(
+        _rcp_runs(tmp_path / "b", 34, epochs_per_eval=2), ruleset="1.0.0"
+    )
+    assert faster.valid and faster.rcp.passed
+    assert faster.rcp.norm_factor == pytest.approx(35.0 / 34.0, rel=1e-3)
+    assert faster.normalized_minutes == faster.score_minutes * faster.rcp.norm_factor
+    assert "RCP-normalised result" in faster.format_text()
+    # Too fast for the RCP: not a valid result.
+    too_fast = scoring.score_directory(
+        _rcp_runs(tmp_path / "c", 32, epochs_per_eval=4), ruleset="1.0.0"
+    )
+    assert not too_fast.rcp.passed and not too_fast.valid
+    assert any("RCP check failed" in p for p in too_fast.problems)
+    # The same verdicts as the official function called directly.
+    for folder, result in (("a", slower), ("b", faster), ("c", too_fast)):
+        passed, message, factor = rcp_checker.check_directory(
+            str(tmp_path / folder), "training", "1.0.0", False, False, rcp_pass="pruned_rcps"
+        )
+        assert (passed, message, factor) == (
+            result.rcp.passed,
+            result.rcp.message,
+            result.rcp.norm_factor,
+        )
+
+
+def test_rounds_and_benchmarks_without_rcps_say_so(tmp_path):
+    directory = _rcp_runs(tmp_path / "a", 36, epochs_per_eval=4)
+    assert (
+        "RCPs exist from round 1.0.0 on" in scoring.rcp_check(directory, "resnet", "0.7.0").message
+    )
+    result = scoring.rcp_check(directory, "transformer", "1.0.0")
+    assert not result.checked and "round 1.0.0 has no RCPs for 'transformer'" in result.message
+    assert "rounds with them: none" in result.message
+    assert "rounds with them: 1.0.0" in scoring.rcp_check(directory, "resnet", "5.0.0").message
+
+
+def test_a_resumed_run_without_its_first_run_start_is_not_counted(tmp_path):
+    directory = _write_runs(
+        tmp_path / "resnet", [[0.5] * (n - 1) + [0.76] for n in (3, 1, 5, 2, 4)]
+    )
+    first = tmp_path / "resnet" / "result_1.txt"
+    first.write_text(
+        '# mlperf-tf resumed {"step": 40, "original_run_start_ms": null}\n' + first.read_text()
+    )
+    result = scoring.score_directory(directory, ruleset="0.7.0")
+    assert [r.converged for r in result.runs] == [True, False, True, True, True]
+    # The resumed run (1 min, the fastest) counts as the slowest: mean of 3, 4 and 5 minutes.
+    assert result.score_minutes == pytest.approx(4.0, abs=0.01)
 
 
 def test_time_to_train_reads_seconds_and_milliseconds(tmp_path):

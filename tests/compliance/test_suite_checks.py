@@ -103,8 +103,12 @@ def test_run_stop_status_against_the_target():
     kwargs = {"benchmark": None, "ruleset": "1.0.0", "target": TARGET}
     assert _checks(success, **kwargs) == []
     assert _checks(aborted, **kwargs) == [("run_stop_status", "warning")]
-    assert _checks(low_success, **kwargs) == [("run_stop_status", "warning")]
-    assert _checks(low_success, quality="skip", **kwargs) == []  # the run's own target
+    assert _checks(aborted, quality="skip", **kwargs) == []
+    # A success that did not reach the target fails in every mode.
+    for quality in ("enforce", "skip"):
+        for strict in (False, True):
+            checks = _checks(low_success, quality=quality, strict=strict, **kwargs)
+            assert checks == [("run_stop_status", "error")]
     assert _checks(low, **kwargs) == [("crashed_run", "warning")]
     assert _checks(low, strict=True, **kwargs) == [("crashed_run", "error")]
 
@@ -115,3 +119,38 @@ def test_many_problems_give_few_findings():
     assert len(findings) == 1
     assert findings[0].message.startswith("9999 unpaired block")
     assert len(findings[0].lines) == 20
+
+
+def test_strict_errors_are_the_problems_not_what_published_logs_do():
+    legit = [
+        rec("run_start", t=100.0, line=1),
+        rec("block_start", t=101.0, line=2, first_epoch_num=1, epoch_count=1),
+        rec("block_start", t=101.0, line=3, first_epoch_num=1, epoch_count=1),  # per-epoch start
+        rec("epoch_start", t=101.0, line=4, epoch_num=0),
+        rec("epoch_stop", t=150.0, line=5, epoch_num=2_548_994),  # BERT counts samples
+        rec("block_stop", t=150.0, line=6, first_epoch_num=1),
+        rec("eval_start", t=151.0, line=7, epoch_num=10),
+        rec("eval_start", t=151.5, line=8, epoch_num=5),  # asynchronous evals
+        rec("eval_stop", t=152.0, line=9, epoch_num=5),
+        rec("eval_stop", t=150.9, line=10, epoch_num=10),  # another rank's clock, 1.1 s behind
+        rec("block_start", t=153.0, line=11, first_epoch_num=2, epoch_count=1),  # stopped at target
+        rec("run_stop", t=160.0, line=12, status="aborted"),
+    ]
+    findings = suite_checks(legit, benchmark=None, ruleset="1.0.0", target=None, strict=True)
+    assert {f.check for f in findings} == {"monotonic", "pairing"}
+    assert all(f.level == "warning" for f in findings)
+
+    wrong = [
+        rec("run_start", t=100.0, line=1),
+        rec("block_start", t=90.0, line=2, first_epoch_num=1, epoch_count=1),  # before run_start
+        rec("block_stop", t=101.0, line=3, first_epoch_num=1),
+        rec("eval_stop", t=102.0, line=4, epoch_num=1),  # no eval_start at all
+        rec("epoch_start", t=103.0, line=5, epoch_num=4),
+        rec("epoch_stop", t=104.0, line=6, epoch_num=2),  # closes a later epoch
+        rec("run_stop", t=99.0, line=7, status="aborted"),  # before run_start
+    ]
+    findings = suite_checks(wrong, benchmark=None, ruleset="1.0.0", target=None, strict=True)
+    errors = [(f.check, f.line) for f in findings if f.level == "error"]
+    assert errors == [("timing", 7), ("timing", 2), ("pairing", 6), ("pairing", 4)]
+    relaxed = suite_checks(wrong, benchmark=None, ruleset="1.0.0", target=None)
+    assert not [f for f in relaxed if f.level == "error"]

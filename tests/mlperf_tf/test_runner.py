@@ -192,7 +192,8 @@ def test_actions_are_called_with_each_loop_and_eval_in_order(tmp_path):
     assert result.cause is runner.StopCause.BUDGET_ENDED
     assert recorder.calls == [
         ("attach", "Controller"),
-        ("block_begin", 10), ("after_loop", 4, 4), ("after_loop", 8, 4), ("after_loop", 10, 2),
+        ("block_begin", 10), ("after_loop", 1, 1), ("after_loop", 4, 3), ("after_loop", 8, 4),
+            ("after_loop", 10, 2),
         ("block_end", 10), ("eval_begin", 10), ("after_eval", 10, 2.0),
         ("block_begin", 20), ("after_loop", 14, 4), ("after_loop", 18, 4), ("after_loop", 20, 2),
         ("block_end", 20), ("eval_begin", 20), ("after_eval", 20, 2.0),
@@ -203,7 +204,7 @@ def test_actions_are_called_with_each_loop_and_eval_in_order(tmp_path):
 def test_an_action_can_stop_the_run_after_a_loop(tmp_path):
     recorder = _Recorder(stop_after_first_loop=True)
     result = _run(tmp_path, "stop", distribution="one_device", actions=[recorder])
-    assert result.cause is runner.StopCause.INTERRUPTED and result.steps == 3
+    assert result.cause is runner.StopCause.INTERRUPTED and result.steps == 1  # a 1-step first loop
     assert result.reason == "recorder says stop"
     assert result.evals == []  # the block was closed without an eval
     keys = [e["key"] for e in _log_lines(result.mlperf_log)]
@@ -220,11 +221,11 @@ def test_a_stop_request_interrupts_between_loops_and_saves(tmp_path):
     result = _run(tmp_path, "req", distribution="one_device", checkpoint_every_loops=0,
                   actions=[RequestAfterFirstLoop()], stop_request=request)  # fmt: skip
     assert result.cause is runner.StopCause.INTERRUPTED
-    assert result.reason == "SIGTERM" and result.steps == 3
+    assert result.reason == "SIGTERM" and result.steps == 1  # the first loop is one step
     run_stop = [e for e in _log_lines(result.mlperf_log) if e["key"] == C.RUN_STOP]
     assert run_stop[-1]["metadata"]["status"] == C.ABORTED
     # Interrupted weights are good weights: the final checkpoint holds them.
-    assert os.path.basename(tf.train.latest_checkpoint(str(tmp_path / "req" / "ckpt"))) == "ckpt-3"
+    assert os.path.basename(tf.train.latest_checkpoint(str(tmp_path / "req" / "ckpt"))) == "ckpt-1"
 
 
 def test_stop_causes_map_to_mlperf_status_and_checkpoint_policy():
@@ -235,9 +236,12 @@ def test_stop_causes_map_to_mlperf_status_and_checkpoint_policy():
         runner.StopCause.NON_FINITE_LOSS: C.ABORTED,
         runner.StopCause.BAD_DATA: C.ABORTED,
         runner.StopCause.INTERRUPTED: C.ABORTED,
+        runner.StopCause.PEER_FAILED: C.ABORTED,
+        runner.StopCause.SAVE_FAILED: C.ABORTED,
     }
     assert [c for c in runner.StopCause if not c.keeps_weights] == [
-        runner.StopCause.NON_FINITE_LOSS
+        runner.StopCause.NON_FINITE_LOSS,
+        runner.StopCause.SAVE_FAILED,
     ]
 
 

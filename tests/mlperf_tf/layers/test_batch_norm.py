@@ -254,6 +254,7 @@ def test_group_size_not_dividing_replicas_fails_at_build(strategy):
         ({"group_size": 2.0}, "group_size"),
         ({"group_size": 2, "synchronized": True}, "synchronized"),
         ({"group_size": 2, "renorm": True}, "renorm"),
+        ({"fused": 1}, "fused"),
     ],
 )
 def test_bad_arguments(kwargs, message):
@@ -268,10 +269,12 @@ def test_plain_keras_bn_outside_replica_context_and_in_inference(strategy):
     for bn in (layer, reference):
         bn.build(x.shape)
         bn.gamma.assign(np.arange(1, 5, dtype=np.float32))
-    # No strategy: the default context is plain BN, whatever the group size.
-    np.testing.assert_array_equal(layer(x, training=True), reference(x, training=True))
-    np.testing.assert_array_equal(layer.moving_mean.numpy(), reference.moving_mean.numpy())
-    np.testing.assert_array_equal(layer(x, training=False), reference(x, training=False))
+    # No strategy: the default context is plain BN, whatever the group size (fused kernel: equal
+    # up to rounding).
+    tol = {"rtol": 1e-5, "atol": 1e-5}
+    np.testing.assert_allclose(layer(x, training=True), reference(x, training=True), **tol)
+    np.testing.assert_allclose(layer.moving_mean.numpy(), reference.moving_mean.numpy(), **tol)
+    np.testing.assert_allclose(layer(x, training=False), reference(x, training=False), **tol)
     # Cross-replica context under a strategy: plain BN too.
     with strategy.scope():
         crbn = CrossReplicaBatchNormalization(group_size=4)
@@ -288,6 +291,86 @@ def test_plain_keras_bn_outside_replica_context_and_in_inference(strategy):
     mm, mv = crbn.moving_mean.numpy(), crbn.moving_variance.numpy()
     np.testing.assert_allclose(
         strategy.experimental_local_results(y)[2], (xs[2] - mm) / np.sqrt(mv + 1e-3), rtol=1e-5
+    )
+
+
+def _bn_train_and_grads(layer, x, w):
+    """Training output, moving statistics and gradients (x, gamma, beta) of sum(y * w)."""
+    xt = tf.constant(x)
+    with tf.GradientTape() as tape:
+        tape.watch(xt)
+        y = layer(xt, training=True)
+        loss = tf.reduce_sum(tf.cast(y, tf.float32) * w)
+    grads = tape.gradient(loss, [xt, layer.gamma.value, layer.beta.value])
+    return [np.asarray(t, np.float64) for t in [y, layer.moving_mean, layer.moving_variance]] + [
+        g.numpy().astype(np.float64) for g in grads
+    ]
+
+
+def _op_types(fn, *args):
+    return {op.type for op in tf.function(fn).get_concrete_function(*args).graph.get_operations()}
+
+
+@pytest.mark.parametrize("shape", [(4, 3, 3, 4), (1, 1, 1, 4)])
+def test_fused_path_matches_keras_bn_and_numpy(shape):
+    """The fused kernel's output, gradients and (biased) moving variance equal Keras' BN."""
+    rng = np.random.RandomState(3)
+    x = rng.normal(2.0, 3.0, shape).astype(np.float32)
+    w = rng.normal(0.0, 1.0, shape).astype(np.float32)
+    results = {}
+    for name, layer in [
+        ("fused", CrossReplicaBatchNormalization(momentum=MOMENTUM, epsilon=EPS)),
+        ("unfused", CrossReplicaBatchNormalization(momentum=MOMENTUM, epsilon=EPS, fused=False)),
+        ("keras", keras.layers.BatchNormalization(momentum=MOMENTUM, epsilon=EPS)),
+    ]:
+        layer.build(shape)
+        layer.gamma.assign(np.linspace(0.5, 1.5, shape[-1]).astype(np.float32))
+        layer.beta.assign(np.linspace(-1.0, 1.0, shape[-1]).astype(np.float32))
+        layer.moving_variance.assign(np.full(shape[-1], 2.0, np.float32))
+        results[name] = _bn_train_and_grads(layer, x, w) + [
+            layer(x, training=False).numpy().astype(np.float64)
+        ]
+    for got, want in zip(results["unfused"], results["keras"]):
+        np.testing.assert_array_equal(got, want)  # fused=False is Keras' own code path
+    for got, want in zip(results["fused"], results["keras"]):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    ref_y, mean, var = _numpy_bn(x, np.linspace(0.5, 1.5, shape[-1]), np.linspace(-1, 1, shape[-1]))
+    np.testing.assert_allclose(results["fused"][0], ref_y, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(results["fused"][1], (1 - MOMENTUM) * mean, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        results["fused"][2], MOMENTUM * 2.0 + (1 - MOMENTUM) * var, rtol=1e-5, atol=1e-6
+    )
+
+
+def test_fused_path_bf16_inputs_keep_fp32_statistics():
+    x = np.random.RandomState(4).normal(1.0, 2.0, (8, 2, 2, 3)).astype(np.float32)
+    layer = CrossReplicaBatchNormalization(momentum=MOMENTUM, epsilon=EPS, dtype="mixed_bfloat16")
+    layer.build(x.shape)
+    y = layer(tf.cast(x, tf.bfloat16), training=True)
+    assert y.dtype == tf.bfloat16 and layer.moving_mean.dtype == "float32"
+    ref_y, mean, _ = _numpy_bn(x, 1.0, 0.0)
+    np.testing.assert_allclose(tf.cast(y, tf.float32), ref_y, atol=0.05)
+    np.testing.assert_allclose(layer.moving_mean.numpy(), (1 - MOMENTUM) * mean, rtol=0.02)
+
+
+def test_fused_kernel_only_where_statistics_are_local(strategy):
+    """group_size 1 (and inference) run FusedBatchNormV3; a group > 1 keeps its all-reduce."""
+    x = tf.zeros((2, 3, 3, 4))
+    local, grouped = _make_layer(strategy, 1), _make_layer(strategy, 2)
+    masked = CrossReplicaBatchNormalization()
+    masked.build((None, 3, 4))
+
+    def replica_types(layer, training):
+        return _op_types(lambda a: strategy.run(lambda b: layer(b, training=training), (a,)), x)
+
+    assert "FusedBatchNormV3" in replica_types(local, True)
+    assert "FusedBatchNormV3" in replica_types(grouped, False)
+    assert "FusedBatchNormV3" not in replica_types(grouped, True)
+    unfused = CrossReplicaBatchNormalization(fused=False)
+    assert "FusedBatchNormV3" not in _op_types(lambda a: unfused(a, training=True), x)
+    mask = tf.ones((2, 3))
+    assert "FusedBatchNormV3" not in _op_types(
+        lambda a, m: masked(a, training=True, mask=m), tf.zeros((2, 3, 4)), mask
     )
 
 
@@ -311,7 +394,7 @@ def test_same_variables_checkpoint_and_config_as_keras_bn(tmp_path):
     assert (positional.axis, positional.momentum, positional.group_size) == (1, 0.5, 2)
 
     config = layer.get_config()
-    assert config["group_size"] == 2
+    assert config["group_size"] == 2 and config["fused"] is True
     assert set(reference.get_config()) <= set(config)
     clone = keras.layers.deserialize(keras.layers.serialize(layer))
     assert isinstance(clone, CrossReplicaBatchNormalization) and clone.group_size == 2

@@ -18,7 +18,7 @@ Y = _RNG.normal(size=(GLOBAL_BATCH, 2)).astype("float32")
 def make_optimizer(kind):
     if kind == "lars":
         return LARS(0.1, momentum=0.9, weight_decay=0.01, eeta=0.1)
-    return LAMB(0.05, weight_decay_rate=0.01)
+    return LAMB(0.05, weight_decay=0.01)
 
 
 def make_model(dtype=None):
@@ -79,7 +79,7 @@ def test_fp16_with_loss_scaling_reduces_the_loss(kind):
     inner = (
         LARS(0.1, momentum=0.9, weight_decay=1e-4, eeta=0.1)
         if kind == "lars"
-        else LAMB(0.02, weight_decay_rate=1e-4)
+        else LAMB(0.02, weight_decay=1e-4)
     )
     optimizer = keras.optimizers.LossScaleOptimizer(inner)
     x, y = tf.constant(X), tf.constant(Y)

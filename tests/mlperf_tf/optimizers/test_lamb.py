@@ -9,8 +9,8 @@ import pytest
 import tensorflow as tf
 
 from mlperf_tf.optimizers import LAMB, LARS, WarmupPolynomialDecay
+from mlperf_tf.optimizers.base import matches_any, variable_path
 from mlperf_tf.optimizers.lamb import DEFAULT_LAMB_EXCLUDE
-from mlperf_tf.optimizers.lars import matches_any, variable_path
 
 NUM_STEPS = 5
 
@@ -48,7 +48,7 @@ def make_variables():
 
 
 def numpy_lamb(
-    lrs, *, beta_1, beta_2, epsilon, weight_decay_rate, no_decay, no_adapt, bias_correction=True
+    lrs, *, beta_1, beta_2, epsilon, weight_decay, no_decay, no_adapt, bias_correction=True
 ):
     """The MLPerf BERT LAMB formula in float64 NumPy; returns the weights after each step."""
     w = [init.astype(np.float64) for _, _, init, _ in VARIABLES]
@@ -64,7 +64,7 @@ def numpy_lamb(
                 m_hat, v_hat = m[i] / (1 - beta_1**t), v[i] / (1 - beta_2**t)
             r = m_hat / (np.sqrt(v_hat) + epsilon)
             if not no_decay[i]:
-                r = r + weight_decay_rate * w[i]
+                r = r + weight_decay * w[i]
             trust = 1.0
             if not no_adapt[i]:
                 w_norm, r_norm = np.linalg.norm(w[i]), np.linalg.norm(r)
@@ -100,7 +100,7 @@ def flags(patterns, variables):
 @pytest.mark.parametrize("bias_correction", [True, False])
 def test_lamb_matches_numpy_formula_with_default_exclusions(bias_correction):
     variables = make_variables()
-    optimizer = LAMB(0.05, weight_decay_rate=0.1, epsilon=1e-6, bias_correction=bias_correction)
+    optimizer = LAMB(0.05, weight_decay=0.1, epsilon=1e-6, bias_correction=bias_correction)
     excluded = flags(DEFAULT_LAMB_EXCLUDE, variables)
     assert excluded == [False, True, True, False, False, False]
     expected = numpy_lamb(
@@ -108,7 +108,7 @@ def test_lamb_matches_numpy_formula_with_default_exclusions(bias_correction):
         beta_1=0.9,
         beta_2=0.999,
         epsilon=1e-6,
-        weight_decay_rate=0.1,
+        weight_decay=0.1,
         no_decay=excluded,
         no_adapt=excluded,
         bias_correction=bias_correction,
@@ -128,7 +128,7 @@ def test_separate_exclusion_lists():
         beta_1=0.8,
         beta_2=0.95,
         epsilon=1e-4,
-        weight_decay_rate=0.05,
+        weight_decay=0.05,
         exclude_from_weight_decay=["layer_norm", "bias"],
         exclude_from_layer_adaptation=["^output/", "bias"],
     )
@@ -140,7 +140,7 @@ def test_separate_exclusion_lists():
         beta_1=0.8,
         beta_2=0.95,
         epsilon=1e-4,
-        weight_decay_rate=0.05,
+        weight_decay=0.05,
         no_decay=no_decay,
         no_adapt=no_adapt,
     )
@@ -149,7 +149,7 @@ def test_separate_exclusion_lists():
 
 def test_zero_weights_and_zero_gradients():
     variables = make_variables()
-    optimizer = LAMB(0.05, weight_decay_rate=0.1, epsilon=1e-6)
+    optimizer = LAMB(0.05, weight_decay=0.1, epsilon=1e-6)
     run_optimizer(optimizer, variables, steps=GRADIENTS[:1])
     # |w| = 0: trust 1, the first step is lr * m_hat / (sqrt(v_hat) + eps) = lr * g / (|g| + eps).
     g = GRADIENTS[0][3]
@@ -192,7 +192,7 @@ def test_get_config_round_trip_keeps_every_argument():
             beta_1=0.85,
             beta_2=0.99,
             epsilon=1e-8,
-            weight_decay_rate=0.01,
+            weight_decay=0.01,
             exclude_from_weight_decay=["bias"],
             exclude_from_layer_adaptation=adaptation,
             bias_correction=False,
@@ -204,7 +204,7 @@ def test_get_config_round_trip_keeps_every_argument():
         assert restored.get_config() == config
         assert config["exclude_from_weight_decay"] == ["bias"]
         assert config["exclude_from_layer_adaptation"] == adaptation
-        assert config["bias_correction"] is False and config["weight_decay_rate"] == 0.01
+        assert config["bias_correction"] is False and config["weight_decay"] == 0.01
         again = keras.optimizers.deserialize(keras.optimizers.serialize(optimizer))
         assert isinstance(again, LAMB) and again.get_config() == config
 
@@ -212,8 +212,8 @@ def test_get_config_round_trip_keeps_every_argument():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"weight_decay": 0.01}, "weight_decay_rate"),
-        ({"weight_decay_rate": -0.1}, "weight_decay_rate"),
+        ({"weight_decay": -0.1}, "weight_decay"),
+        ({"weight_decay_rate": 0.1}, "weight_decay_rate"),
         ({"beta_1": 1.0}, "beta_1"),
         ({"beta_2": -0.1}, "beta_2"),
         ({"exclude_from_layer_adaptation": "bias"}, "exclude_from_layer_adaptation"),
@@ -228,7 +228,7 @@ def test_bad_arguments_name_the_argument(kwargs, message):
 @pytest.mark.parametrize(
     "make",
     [
-        lambda: LAMB(0.01, weight_decay_rate=0.1),
+        lambda: LAMB(0.01, weight_decay=0.1),
         lambda: LARS(0.5, weight_decay=0.1, eeta=0.1),
     ],
     ids=["lamb", "lars"],

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from mlperf_tf.optimizers import LARS, WarmupPolynomialDecay
-from mlperf_tf.optimizers.lars import DEFAULT_LARS_EXCLUDE, matches_any, variable_path
+from mlperf_tf.optimizers.base import matches_any, variable_path
+from mlperf_tf.optimizers.lars import DEFAULT_LARS_EXCLUDE
 
 NUM_STEPS = 5
 

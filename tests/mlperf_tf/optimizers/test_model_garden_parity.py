@@ -138,7 +138,7 @@ def test_lamb_matches_model_garden(adaptation):
         beta_1=beta_1,
         beta_2=beta_2,
         epsilon=1e-6,
-        weight_decay_rate=0.01,
+        weight_decay=0.01,
         exclude_from_weight_decay=EXCLUDE,
         exclude_from_layer_adaptation=adaptation,
     )

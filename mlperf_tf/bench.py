@@ -1,0 +1,387 @@
+"""Provides `mlperf-tf bench`: steady-state training throughput of a benchmark, for hardware teams.
+
+What tf_cnn_benchmarks gave hardware teams, for every registered benchmark through the `Benchmark`
+interface: the benchmark's own model, loss and optimizer are trained by the runner's `Trainer` (the
+compiled host loop of `mlperf-tf run`, not a second training loop) on synthetic data of the real
+shapes. The first `--warmup_steps` (tracing, graph optimization, allocator growth) are excluded;
+then `--windows` timed windows of `--steps_per_window` steps each give samples/s per window, and
+the summary is their median with the spread (min, max).
+
+MFU (model FLOPs utilization) is reported where the FLOPs of the model are known
+(`mlperf_tf.flops`): training FLOPs per sample x samples/s, over the matmul peak of the same
+device in the same dtype, measured by this command between the windows (so that machine load hits
+both alike). With `--config.data_dir=DIR`, the benchmark's real input pipeline is also timed alone
+(one host pipeline, no training) to show whether input can keep up.
+
+    mlperf-tf bench --benchmark=resnet50 [--preset=mlperf] [--distribution=auto] [--dtype=fp32]
+        [--xla] [--json] [--windows=5] [--steps_per_window=10] [--config.KEY=VALUE ...]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from typing import Any
+
+from absl import flags
+
+from mlperf_tf.errors import UserError
+from mlperf_tf.runner.config import RunConfig, setting
+
+# The run settings `bench` shares with `mlperf-tf run`: declared once, in `RunConfig`.
+SHARED_RUN_SETTINGS = (
+    "distribution",
+    "tpu",
+    "num_cpu_devices",
+    "dtype",
+    "xla",
+    "seed",
+    "startup_timeout_s",
+)
+MATMUL_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BenchConfig:
+    """What `mlperf-tf bench` measures and how long (each field is a flag of the same name)."""
+
+    benchmark: str = setting("", help="Registered benchmark name (see `mlperf-tf list`).")
+    preset: str = setting("mlperf", help="Config preset whose model and batch are measured.")
+    warmup_steps: int = setting(3, help="Untimed steps first (tracing, graph optimization).")
+    windows: int = setting(5, help="Timed windows; the summary is their median and spread.")
+    steps_per_window: int = setting(10, help="Optimizer steps per timed window.")
+    input_batches: int = setting(
+        50, help="Batches of the real input pipeline to time (with --config.data_dir)."
+    )
+    peak_seconds: float = setting(
+        1.0, help="Seconds of matmul-peak measurement after each window (0: no MFU)."
+    )
+    json: bool = setting(False, help="Print the result as one JSON object on stdout.")
+
+    def __post_init__(self):
+        if not self.benchmark:
+            raise UserError("--benchmark is required (see `mlperf-tf list`)")
+        for name in ("warmup_steps", "windows", "steps_per_window", "input_batches"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise UserError(f"--{name} ({value!r}) must be a positive integer.")
+        if not self.peak_seconds >= 0:
+            raise UserError(f"--peak_seconds ({self.peak_seconds!r}) must not be negative.")
+
+
+@dataclasses.dataclass
+class BenchResult:
+    """One `bench` measurement. Rates are of the whole sync group (all replicas) unless named."""
+
+    benchmark: str
+    preset: str
+    dtype: str
+    xla: bool
+    strategy: str
+    replicas: int
+    global_batch_size: int
+    steps_per_window: int
+    window_samples_per_s: list[float]
+    samples_per_s: float  # median over the windows
+    samples_per_s_min: float
+    samples_per_s_max: float
+    samples_per_s_per_replica: float
+    step_time_ms: float  # at the median rate
+    warmup_s: float
+    flops_per_sample: float | None = None  # training FLOPs (a multiply-add is 2)
+    peak_flops_per_s: float | None = None  # the best matmul rate measured
+    mfu: float | None = None  # median over windows of (model FLOP/s / adjacent matmul peak)
+    input_samples_per_s: float | None = None
+    load_average: tuple[float, float] = (0.0, 0.0)  # 1-min load before and after
+    device: str = ""
+    tensorflow: str = ""
+
+    def summary(self) -> str:
+        """One line for people."""
+        spread = f"min {self.samples_per_s_min:.4g}, max {self.samples_per_s_max:.4g}"
+        line = (
+            f"bench {self.benchmark} ({self.preset}, {self.dtype}, {'XLA' if self.xla else 'no XLA'}"
+            f", {self.strategy} x{self.replicas}, batch {self.global_batch_size}): "
+            f"{self.samples_per_s:.4g} samples/s median ({spread}; {len(self.window_samples_per_s)}"
+            f" windows of {self.steps_per_window} steps), "
+            f"{self.samples_per_s_per_replica:.4g} samples/s/replica, step {self.step_time_ms:.1f} ms"
+        )
+        if self.mfu is not None:
+            line += (
+                f", MFU {100 * self.mfu:.1f}% ({self.flops_per_sample / 1e9:.3g} GFLOP/sample, "
+                f"matmul peak {self.peak_flops_per_s / 1e9:.4g} GFLOP/s)"
+            )
+        if self.input_samples_per_s is not None:
+            line += f", input pipeline {self.input_samples_per_s:.4g} samples/s"
+        load = self.load_average
+        return line + f"; load average {load[0]:.1f} -> {load[1]:.1f}"
+
+
+class MatmulPeak:
+    """The FLOP/s of a chain of square matmuls on one device in one dtype (a multiply-add is 2).
+
+    The chain is traced once per instance; `measure` can be called between other work.
+
+    Args:
+      device: a TF device name, e.g. "/cpu:0" or "/GPU:0".
+      dtype: fp32, bf16 or fp16.
+      size: the matrix side (0: 1024 on CPUs, 8192 on accelerators).
+
+    Raises:
+      UserError: `dtype` is not one of fp32, bf16, fp16.
+    """
+
+    def __init__(self, *, device: str, dtype: str = "fp32", size: int = 0):
+        import tensorflow as tf
+
+        if dtype not in MATMUL_DTYPES:
+            raise UserError(f"--dtype={dtype!r} is not one of {', '.join(MATMUL_DTYPES)}")
+        self.size = size or (1024 if "CPU" in device.upper() else 8192)
+        self.device = device
+        tf_dtype = tf.as_dtype(MATMUL_DTYPES[dtype])
+        with tf.device(device):
+            # An orthogonal factor keeps the chain's values bounded in any dtype.
+            shape = [self.size, self.size]
+            q, _ = tf.linalg.qr(tf.random.stateless_normal(shape, seed=[1, 2]))
+            a = tf.cast(tf.random.stateless_normal(shape, seed=[3, 4]), tf_dtype)
+            b = tf.cast(q, tf_dtype)
+
+        @tf.function
+        def chain(n):
+            x = a
+            for _ in tf.range(n):
+                x = tf.matmul(x, b)
+            return tf.reduce_sum(tf.cast(x[:1, :1], tf.float32))
+
+        self._chain = chain
+
+    def measure(self, seconds: float = 1.0, *, cpu_time: bool = False) -> float:
+        """FLOP/s of one timed chain of about `seconds` (after a short calibration call).
+
+        Args:
+          seconds: roughly how long the timed chain runs.
+          cpu_time: divide by this process's CPU seconds instead of wall seconds (FLOPs per
+            CPU-second: on a shared host, other jobs' load distorts it far less).
+        """
+        import tensorflow as tf
+
+        with tf.device(self.device):
+            begin = time.perf_counter()
+            self._chain(tf.constant(2)).numpy()  # the first call also traces
+            per_matmul = max((time.perf_counter() - begin) / 2, 1e-6)
+            n = max(2, int(seconds / per_matmul))
+            clock = time.process_time if cpu_time else time.perf_counter
+            begin = clock()
+            self._chain(tf.constant(n)).numpy()
+            elapsed = clock() - begin
+        return 2.0 * self.size**3 * n / max(elapsed, 1e-9)
+
+
+def matmul_peak(
+    *, device: str, dtype: str = "fp32", seconds: float = 1.0, size: int = 0, cpu_time: bool = False
+) -> float:
+    """`MatmulPeak(device=..., dtype=..., size=...).measure(seconds, cpu_time=...)`, once."""
+    return MatmulPeak(device=device, dtype=dtype, size=size).measure(seconds, cpu_time=cpu_time)
+
+
+def model_flops_per_sample(benchmark) -> float | None:
+    """Training FLOPs per sample from `mlperf_tf.flops`, or None where they are not known."""
+    try:
+        from mlperf_tf import flops
+    except ImportError:
+        return None
+    try:
+        return float(flops.training_flops_per_sample(benchmark))
+    except (NotImplementedError, ValueError, TypeError) as e:
+        print(f"bench: no FLOP count for {benchmark.name}: {e}", file=sys.stderr)
+        return None
+
+
+def input_rate(benchmark, *, batches: int, num_replicas: int) -> float:
+    """Samples/s of one host's real training input pipeline, alone (after 3 untimed batches)."""
+    import tensorflow as tf
+
+    context = tf.distribute.InputContext(
+        num_input_pipelines=1, input_pipeline_id=0, num_replicas_in_sync=num_replicas
+    )
+    iterator = iter(benchmark.train_dataset(context))
+    for _ in range(3):
+        next(iterator)
+    samples = 0
+    begin = time.perf_counter()
+    for _ in range(batches):
+        batch = next(iterator)
+        samples += int(tf.nest.flatten(batch)[0].shape[0])
+    return samples / (time.perf_counter() - begin)
+
+
+def run(config: BenchConfig, run_settings: dict[str, Any], overrides: dict[str, str]):
+    """Measures `config.benchmark`; prints a progress line per window; returns a `BenchResult`.
+
+    Args:
+      config: what to measure and for how long.
+      run_settings: the `RunConfig` fields named in `SHARED_RUN_SETTINGS` (strategy, dtype, ...).
+      overrides: `--config.KEY=VALUE` overrides of the benchmark config (`data_dir` selects the
+        input-pipeline measurement; training always runs on synthetic data).
+
+    Raises:
+      UserError: an unknown benchmark, preset or config key, or a bad setting.
+    """
+    import keras
+    import tensorflow as tf
+
+    from mlperf_tf import config as config_lib
+    from mlperf_tf import distribute, precision, registry
+    from mlperf_tf.benchmark import RunContext
+    from mlperf_tf.runner import Trainer
+
+    progress = sys.stderr if config.json else sys.stdout
+    load_before = os.getloadavg()[0]
+    benchmark_class = registry.get(config.benchmark)
+    try:
+        preset = benchmark_class.preset(config.preset)
+    except KeyError as e:
+        raise UserError(e.args[0]) from None
+    real_config = config_lib.override(preset, overrides)
+    synthetic_config = dataclasses.replace(real_config, data_dir="")
+    strategy = distribute.resolve_strategy(
+        run_settings["distribution"],
+        tpu=run_settings["tpu"],
+        num_cpu_devices=run_settings["num_cpu_devices"],
+        timeout_s=run_settings["startup_timeout_s"],
+    )
+    keras.utils.set_random_seed(run_settings["seed"])
+    precision.set_policy(run_settings["dtype"])
+    context = RunContext(num_replicas=strategy.num_replicas_in_sync, seed=run_settings["seed"])
+    benchmark = benchmark_class(synthetic_config).with_context(context)
+    global_batch = synthetic_config.global_batch_size
+    with strategy.scope():
+        model = benchmark.build_model()
+        optimizer = precision.wrap_optimizer(
+            benchmark.build_optimizer(benchmark.train_steps), run_settings["dtype"]
+        )
+        optimizer.build(model.trainable_variables)
+    trainer = Trainer(
+        strategy=strategy,
+        benchmark=benchmark,
+        model=model,
+        optimizer=optimizer,
+        xla=run_settings["xla"],
+    )
+    iterator = iter(strategy.distribute_datasets_from_function(benchmark.train_dataset))
+    device = strategy.extended.worker_devices[0]
+    flops_per_sample = model_flops_per_sample(benchmark) if config.peak_seconds else None
+    peak = MatmulPeak(device=device, dtype=run_settings["dtype"]) if flops_per_sample else None
+
+    begin = time.perf_counter()
+    trainer.loop(iterator, tf.constant(config.warmup_steps, tf.int32))[0].numpy()
+    warmup_s = time.perf_counter() - begin
+    print(f"warm-up: {config.warmup_steps} steps in {warmup_s:.1f} s", file=progress, flush=True)
+
+    rates, peaks, utilizations = [], [], []
+    steps = tf.constant(config.steps_per_window, tf.int32)
+    for window in range(config.windows):
+        begin = time.perf_counter()
+        loss = float(trainer.loop(iterator, steps)[0].numpy())
+        elapsed = time.perf_counter() - begin
+        rates.append(config.steps_per_window * global_batch / elapsed)
+        line = (
+            f"window {window + 1}/{config.windows}: {rates[-1]:.4g} samples/s, "
+            f"step {1e3 * elapsed / config.steps_per_window:.1f} ms, loss {loss:.4g}"
+        )
+        if flops_per_sample:
+            peaks.append(peak.measure(config.peak_seconds))
+            # CPU replicas share the host's cores: one peak; accelerators each have theirs.
+            devices = 1 if "CPU" in device.upper() else len(strategy.extended.worker_devices)
+            utilizations.append(flops_per_sample * rates[-1] / (peaks[-1] * devices))
+            line += f", MFU {100 * utilizations[-1]:.1f}%"
+        print(line, file=progress, flush=True)
+
+    median = statistics.median(rates)
+    input_samples_per_s = None
+    if real_config.data_dir:
+        real = benchmark_class(real_config).with_context(context)
+        input_samples_per_s = input_rate(
+            real, batches=config.input_batches, num_replicas=strategy.num_replicas_in_sync
+        )
+    return BenchResult(
+        benchmark=config.benchmark,
+        preset=config.preset,
+        dtype=run_settings["dtype"],
+        xla=run_settings["xla"],
+        strategy=type(strategy).__name__,
+        replicas=strategy.num_replicas_in_sync,
+        global_batch_size=global_batch,
+        steps_per_window=config.steps_per_window,
+        window_samples_per_s=rates,
+        samples_per_s=median,
+        samples_per_s_min=min(rates),
+        samples_per_s_max=max(rates),
+        samples_per_s_per_replica=median / strategy.num_replicas_in_sync,
+        step_time_ms=1e3 * global_batch / median,
+        warmup_s=warmup_s,
+        flops_per_sample=flops_per_sample,
+        peak_flops_per_s=max(peaks) if peaks else None,
+        mfu=statistics.median(utilizations) if utilizations else None,
+        input_samples_per_s=input_samples_per_s,
+        load_average=(load_before, os.getloadavg()[0]),
+        device=device,
+        tensorflow=tf.__version__,
+    )
+
+
+def _define_flags(flag_values: flags.FlagValues) -> None:
+    """The bench flags: `BenchConfig`'s fields and the shared `RunConfig` fields."""
+    run_fields = {f.name: f for f in dataclasses.fields(RunConfig)}
+    fields = list(dataclasses.fields(BenchConfig)) + [run_fields[n] for n in SHARED_RUN_SETTINGS]
+    definers = {
+        str: flags.DEFINE_string,
+        bool: flags.DEFINE_bool,
+        int: flags.DEFINE_integer,
+        float: flags.DEFINE_float,
+    }
+    for field in fields:
+        help_text, choices = field.metadata["help"], field.metadata.get("choices")
+        if choices:
+            flags.DEFINE_enum(
+                field.name, field.default, list(choices), help_text, flag_values=flag_values
+            )
+        else:
+            kind = type(field.default)
+            definers[kind](field.name, field.default, help_text, flag_values=flag_values)
+
+
+def main(argv: list[str]) -> int:
+    """`mlperf-tf bench ARGS`: returns the exit code (2 with a one-line error on bad input)."""
+    from mlperf_tf.cli import split_config_overrides
+
+    try:
+        argv, overrides = split_config_overrides(argv)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    flag_values = flags.FlagValues()
+    _define_flags(flag_values)
+    if any(arg in ("-h", "--help", "--helpfull") for arg in argv):
+        print(__doc__.split("\n\n")[-1].strip() + "\n")
+        print(flag_values.main_module_help() or flag_values.get_help())
+        print("\n  --config.KEY=VALUE: override a field of the benchmark's config (typed)")
+        return 0
+    try:
+        flag_values(["mlperf-tf bench", *argv])
+    except flags.Error as e:
+        raise UserError(str(e).splitlines()[0]) from None
+    values = {name: flag_values[name].value for name in flag_values}
+    config = BenchConfig(**{f.name: values[f.name] for f in dataclasses.fields(BenchConfig)})
+    run_settings = {name: values[name] for name in SHARED_RUN_SETTINGS}
+    RunConfig(model_dir="unused", **run_settings)  # the run flags' own checks (choices, signs)
+    result = run(config, run_settings, overrides)
+    if config.json:
+        print(json.dumps(dataclasses.asdict(result), allow_nan=False))
+    else:
+        print(result.summary())
+    return 0 if all(math.isfinite(r) for r in result.window_samples_per_s) else 1

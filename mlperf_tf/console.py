@@ -1,0 +1,134 @@
+"""Provides `quiet_stderr`: TensorFlow's known start-up noise kept off the console, real errors kept.
+
+A CPU run of TensorFlow prints `E ... cuda_platform.cc] failed call to cuInit` (no GPU driver, which
+is expected on a CPU) and `W ... slack.cc] Could not find a final prefetch` (a tf.data optimization
+that does not apply) from C++, before anything of ours; a new user reads that as failure. Those
+lines come from C++ loggers that `TF_CPP_MIN_LOG_LEVEL` does not fully govern, and raising that level
+to 3 would also hide real errors. So the process's stderr (file descriptor 2, which C++ writes to)
+goes through a small filter process that drops only lines matching `NOISE` and forwards every other
+byte unchanged. A separate process rather than a thread: if TensorFlow aborts (a `CHECK` failure),
+its last words are already in the pipe and the filter still forwards them.
+
+`--verbosity` (absl's flag) given on the command line turns the filter off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+
+# Lines that say nothing is wrong on a CPU host. Each pattern names the C++ file that logs it, so
+# that a real error with similar words elsewhere still shows.
+NOISE = (
+    r"cuda_platform\.cc:\d+\] failed call to cuInit",
+    r"cuda_diagnostics\.cc:\d+\]",
+    r"slack\.cc:\d+\] Could not find a final `prefetch`",
+    r"All log messages before absl::InitializeLog\(\) is called are written to STDERR",
+    r"Unable to register cu(DNN|FFT|BLAS) factory",
+    r"computation_placer\.cc:\d+\] computation placer already registered",
+    r"TF-TRT Warning: Could not find TensorRT",
+    r"oneDNN custom operations are on",
+    r"This TensorFlow binary is optimized to use available CPU instructions",
+    r"To enable the following instructions: .* rebuild TensorFlow",
+)
+_CLOSE_TIMEOUT_S = 3.0
+
+
+def is_noise(line: str, patterns: tuple[str, ...] = NOISE) -> bool:
+    """True when `line` is one of the known harmless start-up messages."""
+    return any(re.search(p, line) for p in patterns)
+
+
+def verbosity_requested(argv: list[str]) -> bool:
+    """True when `argv` sets absl's `--verbosity`/`-v`: the user asked for TensorFlow's messages."""
+    return any(a in ("-v", "--verbosity") or a.startswith(("--verbosity=", "-v=")) for a in argv)
+
+
+class StderrFilter:
+    """Routes file descriptor 2 through a filter process until `close` (see the module docstring).
+
+    Use `quiet_stderr()`; `close()` is idempotent and waits (bounded) until every line written
+    before it has reached the terminal, so call it before `os._exit`.
+    """
+
+    def __init__(self):
+        sys.stderr.flush()
+        self._original = os.dup(2)
+        read_end, write_end = os.pipe()
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "mlperf_tf.console"],
+            stdin=read_end,
+            stdout=self._original,
+            stderr=self._original,
+            close_fds=True,
+        )
+        os.close(read_end)
+        os.dup2(write_end, 2)
+        os.close(write_end)
+        self.closed = False
+
+    def close(self) -> None:
+        """Restores fd 2 and waits for the filter to forward what it has (at most a few seconds)."""
+        if self.closed:
+            return
+        self.closed = True
+        with contextlib.suppress(ValueError, OSError):
+            sys.stderr.flush()
+        os.dup2(self._original, 2)  # drops this process's last handle on the pipe: EOF
+        os.close(self._original)
+        try:
+            self._process.wait(timeout=_CLOSE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            # A child process (a data service worker) still holds the pipe; do not wait on it.
+            pass
+
+
+class DropLibraryInfo(logging.Filter):
+    """Drops INFO (and lower) records logged from inside TensorFlow's or Keras' own modules.
+
+    TensorFlow logs some timings through absl's logger directly (e.g. the checkpoint saver's
+    "Sharding callback duration"), so filtering by logger name is not enough: this filters by
+    the file that logged. Warnings and errors still pass.
+    """
+
+    _PARTS = (f"{os.sep}tensorflow{os.sep}", f"{os.sep}keras{os.sep}")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.WARNING:
+            return True
+        return not any(part in record.pathname for part in self._PARTS)
+
+
+def drop_library_info(handler: logging.Handler) -> None:
+    """Adds `DropLibraryInfo` to `handler` once (a second `run` in one process adds nothing)."""
+    if not any(isinstance(f, DropLibraryInfo) for f in handler.filters):
+        handler.addFilter(DropLibraryInfo())
+
+
+def quiet_stderr(argv: list[str]) -> StderrFilter | None:
+    """Starts the stderr filter unless `argv` asks for verbosity; returns it (or None)."""
+    if verbosity_requested(argv):
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0")
+        return None
+    return StderrFilter()
+
+
+def _filter_main() -> None:
+    """The filter process: copies stdin to stdout line by line, dropping `NOISE`."""
+    # Ctrl-C reaches the whole process group: the filter must outlive the run's last message.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    source, sink = sys.stdin.buffer, sys.stdout.buffer
+    for raw in iter(source.readline, b""):
+        if not is_noise(raw.decode("utf-8", "replace")):
+            sink.write(raw)
+            sink.flush()
+
+
+if __name__ == "__main__":
+    _filter_main()

@@ -1,0 +1,225 @@
+"""Provides `Optimizer`, the base class of this suite's optimizers, and the helpers they share.
+
+What "weight decay" means here, once for every optimizer of this package: `weight_decay` is the
+rate wd of a term wd * w that the optimizer adds *inside its own update*, on variables that no
+`exclude_from_weight_decay` pattern matches. Where the term goes is part of each optimizer's
+formula (LARS adds it to the gradient before the trust ratio and momentum, i.e. an L2 penalty;
+LAMB adds it to the Adam direction before the trust ratio, i.e. decoupled from the moments), and
+each optimizer's docstring says where. Keras' own decoupled weight decay, which the Keras base
+class would apply before `update_step` to every variable, is always off (`self.weight_decay` is
+None); the rate is stored as `weight_decay_rate` and `get_config` writes it back as
+`weight_decay`. The MLPerf log key that carries it is the benchmark's (`lars_opt_weight_decay`,
+`opt_lamb_weight_decay_rate`, ...): benchmark configs name their fields after those keys and
+pass the value as `weight_decay=`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+
+import keras
+import tensorflow as tf
+
+# Keras documents its base keyword arguments once (`base_optimizer_keyword_args`); this is the
+# same text for this suite's optimizers, substituted into each class docstring by
+# `document_base_keyword_args`.
+BASE_KEYWORD_ARGS = """\
+weight_decay: rate wd >= 0 of the weight-decay term wd * w that this optimizer adds inside its
+  own update (its formula says where), on variables that no `exclude_from_weight_decay`
+  pattern matches. 0 turns it off. Keras' decoupled weight decay is never used.
+exclude_from_weight_decay: regular expressions matched with `re.search` against each
+  variable's Keras `path` (e.g. "dense/bias", "resnet/conv1_bn/gamma"); matching variables
+  get no weight decay. None means no exclusions; a bare string is an error.
+name: the optimizer's name (prefix of its slot variables).
+**kwargs: the other `keras.optimizers.Optimizer` arguments, passed through unchanged:
+  `clipnorm`, `clipvalue`, `global_clipnorm` (clipping of the cross-replica summed gradients),
+  `use_ema`, `ema_momentum`, `ema_overwrite_frequency`, `loss_scale_factor`,
+  `gradient_accumulation_steps` (unknown names raise there)."""
+
+
+def document_base_keyword_args(cls):
+    """Class decorator: replaces `{{base_keyword_args}}` in the class's and its `__init__`'s
+    docstrings with `BASE_KEYWORD_ARGS`, indented like the placeholder (as Keras does with
+    `{{base_optimizer_keyword_args}}`)."""
+
+    def fill(doc: str | None) -> str | None:
+        if not doc:
+            return doc
+        match = re.search(r"^( *)\{\{base_keyword_args\}\}$", doc, flags=re.MULTILINE)
+        if match is None:
+            return doc
+        indent = match.group(1)
+        text = "\n".join(indent + line for line in BASE_KEYWORD_ARGS.splitlines())
+        return doc[: match.start()] + text + doc[match.end() :]
+
+    cls.__doc__ = fill(cls.__doc__)
+    cls.__init__.__doc__ = fill(cls.__init__.__doc__)
+    return cls
+
+
+def compile_exclusion_patterns(arg_name: str, patterns: Iterable[str] | None) -> tuple[str, ...]:
+    """Validates a list of regular expressions given as an optimizer argument.
+
+    Args:
+      arg_name: the argument's name, for error messages.
+      patterns: regular expressions (strings), or None for none. A single string is rejected
+        because iterating it would silently give one pattern per character.
+
+    Returns:
+      The patterns as a tuple of strings (what `get_config` stores).
+
+    Raises:
+      ValueError: `patterns` is a bare string, holds a non-string, or a pattern does not compile.
+    """
+    if patterns is None:
+        return ()
+    if isinstance(patterns, str):
+        raise ValueError(
+            f"`{arg_name}` ({patterns!r}) must be a list of regular expressions, not one string."
+        )
+    result = []
+    for pattern in patterns:
+        if not isinstance(pattern, str):
+            raise ValueError(f"`{arg_name}` entry ({pattern!r}) must be a string.")
+        try:
+            re.compile(pattern)
+        except re.error as e:
+            raise ValueError(
+                f"`{arg_name}` entry ({pattern!r}) is not a valid regular expression: {e}."
+            ) from e
+        result.append(pattern)
+    return tuple(result)
+
+
+def variable_path(variable) -> str:
+    """The name that exclusion patterns are matched against (with `re.search`).
+
+    For a Keras 3 variable it is `variable.path`, e.g. "dense/kernel" or
+    "resnet/conv1_bn/gamma" (layer names joined by "/"); for a plain `tf.Variable` it is its
+    name without the ":0" suffix.
+    """
+    path = getattr(variable, "path", None)
+    if path is None:
+        path = re.sub(r":\d+$", "", str(variable.name))
+    return path
+
+
+def matches_any(patterns: Sequence[str], path: str) -> bool:
+    """Whether any regular expression in `patterns` occurs in `path` (`re.search`)."""
+    return any(re.search(p, path) is not None for p in patterns)
+
+
+def tf_variable(variable) -> tf.Variable:
+    """The `tf.Variable` behind a Keras variable (a `tf.Variable` passes through).
+
+    Under `tf.distribute` this is a distributed variable whose `.handle`, inside
+    `strategy.extended.update` (where `update_step` runs), is the local replica's.
+    """
+    if isinstance(variable, keras.Variable):
+        return variable.value
+    return variable
+
+
+def dense_gradient(gradient, dtype) -> tf.Tensor:
+    """`gradient` as a dense tensor of `dtype` (an embedding's `IndexedSlices` is densified,
+    since layer-wise norms and weight decay touch every row anyway)."""
+    if isinstance(gradient, tf.IndexedSlices):
+        gradient = tf.convert_to_tensor(gradient)
+    return tf.cast(gradient, dtype)
+
+
+def l2_norm(x) -> tf.Tensor:
+    """|x|_2 over all elements, with one fused reduction (`tf.nn.l2_loss` = sum(x**2) / 2)."""
+    return tf.sqrt(2.0 * tf.nn.l2_loss(x))
+
+
+def check_number(name: str, value, *, low: float = 0.0, high: float | None = None) -> float:
+    """Validates a float hyperparameter: low <= value (< high when given); returns it as float."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"`{name}` ({value!r}) must be a number.")
+    if value != value or value < low or (high is not None and value >= high):
+        bounds = f">= {low}" if high is None else f"in [{low}, {high})"
+        raise ValueError(f"`{name}` ({value!r}) must be {bounds}.")
+    return float(value)
+
+
+def check_positive_int(name: str, value) -> int:
+    """Validates an int hyperparameter >= 1 (a step count or interval); returns it."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"`{name}` ({value!r}) must be a positive integer.")
+    return value
+
+
+def as_learning_rate(learning_rate):
+    """Lets an int learning rate through Keras' float-only check; schedules pass unchanged."""
+    if isinstance(learning_rate, int) and not isinstance(learning_rate, bool):
+        return float(learning_rate)
+    return learning_rate
+
+
+class Optimizer(keras.optimizers.Optimizer):
+    """Base class of this suite's optimizers: the shared `weight_decay` and exclusion handling.
+
+    Subclasses call `super().__init__(learning_rate, weight_decay=..., exclude_from_weight_decay=
+    ..., name=..., **kwargs)`, create their slots in `build` (calling `super().build` first,
+    which also decides `self._decay`, one Python bool per variable index: whether weight decay
+    applies to it), and add their own arguments to `get_config`.
+    """
+
+    def __init__(
+        self,
+        learning_rate,
+        *,
+        weight_decay: float = 0.0,
+        exclude_from_weight_decay: Iterable[str] | None = (),
+        name: str,
+        **kwargs,
+    ):
+        """Creates the optimizer (arguments: see the module docstring and `BASE_KEYWORD_ARGS`).
+
+        Raises:
+          ValueError: `weight_decay` is negative or not a number, or a pattern does not compile.
+        """
+        super().__init__(
+            learning_rate=as_learning_rate(learning_rate), weight_decay=None, name=name, **kwargs
+        )
+        if weight_decay is None:  # Keras' convention for "off".
+            weight_decay = 0.0
+        self.weight_decay_rate = check_number("weight_decay", weight_decay)
+        self.exclude_patterns = compile_exclusion_patterns(
+            "exclude_from_weight_decay", exclude_from_weight_decay
+        )
+
+    def exclude_from_weight_decay(self, var_list=None, var_names=None):
+        """Not supported: pass `exclude_from_weight_decay=` to the constructor instead."""
+        raise NotImplementedError(
+            f"{type(self).__name__} takes its exclusions as the `exclude_from_weight_decay` "
+            "constructor argument."
+        )
+
+    def build(self, var_list):
+        """Builds the base state and decides, once per variable, whether weight decay applies.
+
+        Args:
+          var_list: the model's trainable variables (Keras variables). Under a strategy, call
+            this inside `strategy.scope()` before the first step.
+        """
+        super().build(var_list)
+        # Python bools per variable index: update_step branches at trace time.
+        self._decay = [
+            bool(self.weight_decay_rate)
+            and not matches_any(self.exclude_patterns, variable_path(v))
+            for v in var_list
+        ]
+
+    def get_config(self):
+        """Returns the base arguments, `weight_decay` and the exclusion list included."""
+        config = super().get_config()
+        config.update(
+            {
+                "weight_decay": self.weight_decay_rate,
+                "exclude_from_weight_decay": list(self.exclude_patterns),
+            }
+        )
+        return config

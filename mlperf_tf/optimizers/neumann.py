@@ -1,0 +1,207 @@
+"""Provides `Neumann`, the Neumann optimizer of Krishnan, Xiao and Saurous (2017)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import keras
+from keras import ops
+
+from mlperf_tf.optimizers import base
+from mlperf_tf.optimizers.registry import OptimizerPlugin
+
+
+@keras.saving.register_keras_serializable(package="mlperf_tf")
+@base.document_base_keyword_args
+class Neumann(base.Optimizer):
+    """The practical Neumann optimizer (Algorithm 2 of Krishnan et al. 2017, arXiv:1712.03298).
+
+    The paper solves the mini-batch Newton system by a Neumann series whose Hessian-vector
+    products are replaced by gradients at displaced weights, and convexifies the mini-batch loss
+    with a cubic regularizer (alpha / 3) |w - v|^3 and a repulsive one beta / |w - v| around a
+    moving average v of the weights. With step t counted from the end of the warm-up
+    (t = 0, 1, ...), learning rate eta(t) (the one hyperparameter; the benchmark's schedule) and
+    gradient g_t at the stored (displaced) weights w, for each variable:
+
+        warm-up (the first `warmup_steps` optimizer steps, "run vanilla SGD"):
+            w = w - eta * g;   m = 0;   v = w
+        reset step (t mod K == 0; Algorithm 2, line 7):
+            d_t = g_t;   m_t = -eta * g_t
+        other steps (lines 9-10):
+            d_t = g_t + (alpha |w - v|^2 - beta / |w - v|^2) (w - v) / |w - v|
+            m_t = mu(t) m_{t-1} - eta d_t
+        every step after warm-up (lines 11-12):
+            w_t = w_{t-1} + mu(t) m_t - eta d_t
+            v_t = w_t + gamma (v_{t-1} - w_t)
+
+    The stored weights are displaced by mu m (the point where the next gradient is taken);
+    Algorithm 2 returns w - mu m, which `finalize_variable_values` applies. Our reading of the
+    algorithm: lines 11-12 run on reset steps too (the reset only restarts the Neumann iterate),
+    the regularizer term is 0 where |w - v| = 0 (e.g. right after the warm-up), and norms are per
+    variable with beta = `repulsive_regularizer` * (elements of the variable) (the paper's
+    beta = 1e-5 x number of variables). The paper's defaults: alpha = 1e-7, gamma = 0.99, the
+    momentum mu(t) rising from 0.5 to 0.9 as 1 - 1 / (2 + t / `momentum_ramp_steps`) (the paper
+    counts t in epochs), and K doubled over training (here K is fixed per run).
+    Weight decay, when set, is added to g_t (an L2 term) before all of the above.
+
+    Under `tf.distribute`, Keras sums the gradients across replicas before `update_step`: every
+    replica applies the same update to its copy of w, m and v.
+    """
+
+    def __init__(
+        self,
+        learning_rate,
+        *,
+        cubic_regularizer: float = 1e-7,
+        repulsive_regularizer: float = 1e-5,
+        moving_average: float = 0.99,
+        reset_interval: int = 100,
+        warmup_steps: int = 0,
+        momentum_max: float = 0.9,
+        momentum_ramp_steps: int = 100,
+        weight_decay: float = 0.0,
+        exclude_from_weight_decay=(),
+        name: str = "Neumann",
+        **kwargs,
+    ):
+        """Creates the optimizer.
+
+        Args:
+          learning_rate: eta(t): a float or a `keras.optimizers.schedules.LearningRateSchedule`.
+          cubic_regularizer: alpha >= 0.
+          repulsive_regularizer: beta per element >= 0 (beta = this * variable size).
+          moving_average: gamma in [0, 1) of the weights' moving average v.
+          reset_interval: K >= 1, steps between resets of the Neumann iterate m.
+          warmup_steps: optimizer steps of plain SGD before the Neumann steps (>= 0).
+          momentum_max: the cap of mu(t), in [0.5, 1).
+          momentum_ramp_steps: steps per unit of t in mu(t) = 1 - 1 / (2 + t / ramp) (>= 1).
+          {{base_keyword_args}}
+
+        Raises:
+          ValueError: a hyperparameter is out of range.
+        """
+        super().__init__(
+            learning_rate,
+            weight_decay=weight_decay,
+            exclude_from_weight_decay=exclude_from_weight_decay,
+            name=name,
+            **kwargs,
+        )
+        self.cubic_regularizer = base.check_number("cubic_regularizer", cubic_regularizer)
+        self.repulsive_regularizer = base.check_number(
+            "repulsive_regularizer", repulsive_regularizer
+        )
+        self.moving_average = base.check_number("moving_average", moving_average, high=1.0)
+        self.reset_interval = base.check_positive_int("reset_interval", reset_interval)
+        if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
+            raise ValueError(f"`warmup_steps` ({warmup_steps!r}) must be an integer >= 0.")
+        self.warmup_steps = warmup_steps
+        self.momentum_max = base.check_number("momentum_max", momentum_max, low=0.5, high=1.0)
+        self.momentum_ramp_steps = base.check_positive_int(
+            "momentum_ramp_steps", momentum_ramp_steps
+        )
+
+    def build(self, var_list):
+        """Creates the Neumann iterate m (zeros) and the moving average v (= w) per variable."""
+        if self.built:
+            return
+        super().build(var_list)
+        self._iterates = [self.add_variable_from_reference(v, name="iterate") for v in var_list]
+        self._averages = [self.add_variable_from_reference(v, name="average") for v in var_list]
+        for average, variable in zip(self._averages, var_list):
+            average.assign(variable)
+
+    def momentum(self, step):
+        """mu(t) for optimizer step `step` (a tensor; t = step - warmup_steps, from 0)."""
+        t = ops.maximum(ops.cast(step, "float32") - self.warmup_steps, 0.0)
+        mu = 1.0 - 1.0 / (2.0 + ops.floor(t / self.momentum_ramp_steps))
+        return ops.minimum(mu, self.momentum_max)
+
+    def update_step(self, gradient, variable, learning_rate):
+        """Applies one step of Algorithm 2 to one variable (update context, summed gradient)."""
+        index = self._get_variable_index(variable)
+        dtype = variable.dtype
+        w = ops.convert_to_tensor(variable)
+        g = ops.cast(base.dense_gradient(gradient, dtype), dtype)
+        if self._decay[index]:
+            g = g + ops.cast(self.weight_decay_rate, dtype) * w
+        lr = ops.cast(learning_rate, dtype)
+        m_var, v_var = self._iterates[index], self._averages[index]
+        m, v = ops.convert_to_tensor(m_var), ops.convert_to_tensor(v_var)
+        step = self.iterations
+        mu = ops.cast(self.momentum(step), dtype)
+        t = step - self.warmup_steps
+        warmup = t < 0
+        reset = ops.equal(ops.mod(ops.maximum(t, 0), self.reset_interval), 0)
+
+        delta = w - v
+        norm = ops.sqrt(ops.sum(ops.square(delta)))
+        safe = ops.where(norm > 0, norm, ops.ones_like(norm))
+        size = float(max(1, math.prod(variable.shape)))
+        alpha = self.cubic_regularizer
+        beta = self.repulsive_regularizer * size
+        coefficient = ops.where(norm > 0, (alpha * safe**2 - beta / safe**2) / safe, 0.0)
+        d = ops.where(reset, g, g + ops.cast(coefficient, dtype) * delta)
+        m_new = ops.where(reset, -lr * g, mu * m - lr * d)
+        w_new = w + mu * m_new - lr * d
+        v_new = w_new + self.moving_average * (v - w_new)
+
+        sgd = w - lr * g
+        self.assign(variable, ops.where(warmup, sgd, w_new))
+        self.assign(m_var, ops.where(warmup, ops.zeros_like(m), m_new))
+        self.assign(v_var, ops.where(warmup, sgd, v_new))
+
+    def finalize_variable_values(self, var_list):
+        """Returns the weights to w - mu m (Algorithm 2's output), after Keras' own EMA step."""
+        super().finalize_variable_values(var_list)
+        mu = self.momentum(self.iterations - 1)
+        for variable in var_list:
+            index = self._get_variable_index(variable)
+            iterate = self._iterates[index]
+            variable.assign(variable - ops.cast(mu, variable.dtype) * iterate)
+
+    def get_config(self):
+        """Returns every constructor argument."""
+        config = super().get_config()
+        config.update(
+            {
+                "cubic_regularizer": self.cubic_regularizer,
+                "repulsive_regularizer": self.repulsive_regularizer,
+                "moving_average": self.moving_average,
+                "reset_interval": self.reset_interval,
+                "warmup_steps": self.warmup_steps,
+                "momentum_max": self.momentum_max,
+                "momentum_ramp_steps": self.momentum_ramp_steps,
+            }
+        )
+        return config
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class NeumannHparams:
+    """Registry hyperparameters of `Neumann` (MLPerf has no keys for it: `neumann_` prefix)."""
+
+    neumann_cubic_regularizer: float = 1e-7
+    neumann_repulsive_regularizer: float = 1e-5
+    neumann_moving_average: float = 0.99
+    neumann_reset_interval: int = 100
+    neumann_warmup_steps: int = 0
+    neumann_momentum_max: float = 0.9
+    neumann_momentum_ramp_steps: int = 100
+
+
+def _make(h: NeumannHparams, learning_rate) -> Neumann:
+    return Neumann(
+        learning_rate,
+        cubic_regularizer=h.neumann_cubic_regularizer,
+        repulsive_regularizer=h.neumann_repulsive_regularizer,
+        moving_average=h.neumann_moving_average,
+        reset_interval=h.neumann_reset_interval,
+        warmup_steps=h.neumann_warmup_steps,
+        momentum_max=h.neumann_momentum_max,
+        momentum_ramp_steps=h.neumann_momentum_ramp_steps,
+    )
+
+
+PLUGIN = OptimizerPlugin(hparams_class=NeumannHparams, make=_make, log_name="neumann")

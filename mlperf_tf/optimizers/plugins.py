@@ -1,0 +1,100 @@
+"""Provides the registry plug-ins of the first-order optimizers the MLPerf references use.
+
+SGD-momentum (ResNet-50, SSD), LARS (ResNet-50), LAMB (BERT) and Adam (Transformer), each an
+`OptimizerPlugin` registered in setup.py's `mlperf_tf.optimizers` entry points. Hyperparameter
+fields are named after the MLPerf log keys; `alias` lists the other names a benchmark config uses
+for the same setting. Weight decay of plain SGD stays where the benchmarks put it (an L2 term in
+their loss), so the SGD plug-in has none.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import keras
+
+from mlperf_tf.optimizers.lamb import DEFAULT_LAMB_EXCLUDE, LAMB
+from mlperf_tf.optimizers.lars import DEFAULT_LARS_EXCLUDE, LARS
+from mlperf_tf.optimizers.registry import OptimizerPlugin, alias
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SGDHparams:
+    """SGD with classic momentum (Keras' `SGD`: velocity = mu * velocity - lr * g; w += velocity)."""
+
+    sgd_opt_momentum: float = alias(0.9, "momentum", "opt_momentum")
+    sgd_opt_nesterov: bool = False
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LARSHparams:
+    """`LARS` (MLPerf ResNet-50); `lars_eeta` is not an MLPerf key but the resnet50 config's."""
+
+    lars_opt_momentum: float = alias(0.9, "momentum", "opt_momentum")
+    lars_opt_weight_decay: float = alias(1e-4, "opt_weight_decay")
+    lars_epsilon: float = 0.0
+    lars_eeta: float = 0.001
+    lars_exclude_from_weight_decay: tuple[str, ...] = DEFAULT_LARS_EXCLUDE
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LAMBHparams:
+    """`LAMB` (MLPerf BERT)."""
+
+    opt_lamb_beta_1: float = 0.9
+    opt_lamb_beta_2: float = 0.999
+    opt_epsilon: float = alias(1e-6, "opt_lamb_epsilon")
+    opt_lamb_weight_decay_rate: float = alias(0.01, "opt_weight_decay")
+    opt_lamb_exclude_from_weight_decay: tuple[str, ...] = DEFAULT_LAMB_EXCLUDE
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AdamHparams:
+    """Keras' `Adam` (MLPerf Transformer)."""
+
+    opt_adam_beta_1: float = 0.9
+    opt_adam_beta_2: float = 0.997
+    opt_adam_epsilon: float = 1e-9
+
+
+def _sgd(h: SGDHparams, learning_rate) -> keras.optimizers.Optimizer:
+    return keras.optimizers.SGD(
+        learning_rate, momentum=h.sgd_opt_momentum, nesterov=h.sgd_opt_nesterov
+    )
+
+
+def _lars(h: LARSHparams, learning_rate) -> keras.optimizers.Optimizer:
+    return LARS(
+        learning_rate,
+        momentum=h.lars_opt_momentum,
+        weight_decay=h.lars_opt_weight_decay,
+        epsilon=h.lars_epsilon,
+        eeta=h.lars_eeta,
+        exclude_from_weight_decay=h.lars_exclude_from_weight_decay,
+    )
+
+
+def _lamb(h: LAMBHparams, learning_rate) -> keras.optimizers.Optimizer:
+    return LAMB(
+        learning_rate,
+        beta_1=h.opt_lamb_beta_1,
+        beta_2=h.opt_lamb_beta_2,
+        epsilon=h.opt_epsilon,
+        weight_decay=h.opt_lamb_weight_decay_rate,
+        exclude_from_weight_decay=h.opt_lamb_exclude_from_weight_decay,
+    )
+
+
+def _adam(h: AdamHparams, learning_rate) -> keras.optimizers.Optimizer:
+    return keras.optimizers.Adam(
+        learning_rate,
+        beta_1=h.opt_adam_beta_1,
+        beta_2=h.opt_adam_beta_2,
+        epsilon=h.opt_adam_epsilon,
+    )
+
+
+SGD = OptimizerPlugin(hparams_class=SGDHparams, make=_sgd, log_name="sgd")
+LARS_PLUGIN = OptimizerPlugin(hparams_class=LARSHparams, make=_lars, log_name="lars")
+LAMB_PLUGIN = OptimizerPlugin(hparams_class=LAMBHparams, make=_lamb, log_name="lamb")
+ADAM = OptimizerPlugin(hparams_class=AdamHparams, make=_adam, log_name="adam")

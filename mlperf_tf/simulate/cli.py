@@ -1,0 +1,114 @@
+"""Provides the `mlperf-tf simulate` command: predicted step time and time to train at scale."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from mlperf_tf.errors import UserError
+from mlperf_tf.simulate import model, systems
+
+_ALGORITHMS = ("ring", "hierarchical", "torus2d")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse would print usage and exit; we want one line
+        raise UserError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="mlperf-tf simulate",
+        description="Predict a benchmark's step time, throughput and time to train on a system "
+        "of N chips (α–β all-reduce models; see docs/scaling.md).",
+    )
+    parser.add_argument("--benchmark", required=True, help="resnet50, ssd, transformer or bert")
+    system = parser.add_mutually_exclusive_group(required=True)
+    system.add_argument("--system", help=f"built-in system: {', '.join(systems.available())}")
+    system.add_argument("--system_file", help="a system of your own (JSON or YAML)")
+    parser.add_argument(
+        "--chips", required=True, type=_int_list, help="chips, or a comma list: 256,1024,4096"
+    )
+    parser.add_argument("--global_batch", type=int, help="samples per step (default: per system)")
+    parser.add_argument("--all_reduce", choices=_ALGORITHMS, help="default: the system's best")
+    parser.add_argument("--weight_update_sharding", action="store_true")
+    parser.add_argument("--failed_chips", type=int, default=0, help="holes in a torus/mesh")
+    parser.add_argument("--wraparound", choices=("auto", "on", "off"), default="auto")
+    parser.add_argument("--preset", default="mlperf", help="the benchmark preset's model")
+    parser.add_argument("--epochs", type=float, help="override epochs to target")
+    parser.add_argument("--json", action="store_true", help="one JSON object per configuration")
+    parser.add_argument("--plot", metavar="PNG", help="draw samples/s and time to train vs chips")
+    return parser
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer or a comma list") from None
+    if not values:
+        raise argparse.ArgumentTypeError("no chip count given")
+    return values
+
+
+def _table(results: list[model.Result]) -> str:
+    head = (
+        f"{'chips':>6} {'layout':>14} {'algo':>12} {'batch':>7} {'step ms':>8} {'compute':>8} "
+        f"{'allred':>7} {'exposed':>7} {'update':>7} {'samples/s':>11} {'eff':>5} "
+        f"{'epochs':>6} {'TTT min':>8}"
+    )
+    rows = [head]
+    for r in results:
+        rows.append(
+            f"{r.chips:>6} {r.layout:>14} {r.algorithm:>12} {r.global_batch:>7} "
+            f"{r.step_time_s * 1e3:>8.2f} {r.compute_s * 1e3:>8.2f} {r.allreduce_s * 1e3:>7.2f} "
+            f"{r.exposed_comm_s * 1e3:>7.2f} {r.weight_update_s * 1e3:>7.2f} "
+            f"{r.samples_per_s:>11.0f} {r.scaling_efficiency:>5.2f} {r.epochs_to_target:>6.1f} "
+            f"{r.time_to_train_min:>8.2f}" + ("  (input-bound)" if r.input_bound else "")
+        )
+    return "\n".join(rows)
+
+
+def main(argv: list[str]) -> int:
+    """Runs `mlperf-tf simulate`; returns the exit code (UserError propagates to the CLI)."""
+    if any(a in ("-h", "--help") for a in argv):
+        build_parser().print_help()
+        return 0
+    args = build_parser().parse_args(argv)
+    system = systems.load(args.system) if args.system else systems.load_file(args.system_file)
+    results = [
+        model.simulate(
+            benchmark=args.benchmark,
+            system=system,
+            chips=chips,
+            global_batch=args.global_batch,
+            algorithm=args.all_reduce,
+            weight_update_sharding=args.weight_update_sharding,
+            failed_chips=args.failed_chips,
+            wraparound=args.wraparound,
+            preset=args.preset,
+            epochs_to_target=args.epochs,
+        )
+        for chips in args.chips
+    ]
+    if args.json:
+        for r in results:
+            print(json.dumps(r.as_dict(), sort_keys=True))
+    else:
+        print(f"{args.benchmark} on {system.name}: {system.description}")
+        print(_table(results))
+        print(f"epochs to target: {results[0].convergence_source}")
+    if args.plot:
+        from mlperf_tf.simulate import plot
+
+        path = plot.scaling_plot(
+            benchmark=args.benchmark,
+            system=system,
+            chips=args.chips,
+            global_batch=args.global_batch,
+            preset=args.preset,
+            out=args.plot,
+        )
+        print(f"plot: {path}", file=sys.stderr if args.json else sys.stdout)
+    return 0

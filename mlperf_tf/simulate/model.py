@@ -1,0 +1,311 @@
+"""Provides `simulate()`: one benchmark on one system at one scale, step time to time to train.
+
+Per training step (all times in seconds):
+
+    compute   = per-chip batch x training FLOPs per sample / (peak x efficiency)
+                (forward 1/3, backward 2/3: the 3x convention of `mlperf_tf.flops`)
+    allreduce = the α–β time of the chosen algorithm on the system's layout
+                (gradient bytes = parameters x `gradient_bytes`)
+    exposed   = allreduce - min(overlap_fraction x allreduce, backward): the part of the
+                all-reduce that the backward pass cannot hide
+    update    = parameters x optimizer bytes per parameter / memory bandwidth, divided by the
+                chips with weight-update sharding (Kumar et al. 2020: each chip updates 1/p of the
+                weights between the reduce-scatter and the all-gather, at no extra traffic)
+    device    = compute + exposed + update + step overhead (x replicas where they share cores)
+    input     = global batch / (hosts x per-host input rate)
+    step      = max(device, input)          (input is prefetched: the slower of the two wins)
+
+Time to train = steps to target x step + evaluations x (eval forward passes + eval overhead),
+with epochs to target from `convergence.curve` at the global batch. Per-sample FLOPs and the
+preset sizes come from the committed cache (`mlperf_tf/simulate/data/flops.json`), so no
+TensorFlow is imported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import os
+from typing import Any
+
+from mlperf_tf.errors import UserError
+from mlperf_tf.simulate import collectives, convergence
+from mlperf_tf.simulate.systems import System
+
+FLOPS_CACHE = os.path.join(os.path.dirname(__file__), "data", "flops.json")
+
+
+@functools.cache
+def _flops_table() -> dict[str, Any]:
+    with open(FLOPS_CACHE, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def benchmark_facts(benchmark: str, preset: str = "mlperf") -> dict[str, Any]:
+    """The cached FLOPs, parameters and sizes of a benchmark preset (see `mlperf_tf.flops`).
+
+    Raises:
+      UserError: the benchmark or preset is not in the cache (a third-party benchmark: run
+        `python -m mlperf_tf.flops --write NAME` first).
+    """
+    table = _flops_table()
+    if benchmark not in table:
+        raise UserError(
+            f"unknown benchmark '{benchmark}' for simulate (cached: {', '.join(sorted(table))}; "
+            f"add one with `python -m mlperf_tf.flops --write {benchmark}`)"
+        )
+    if preset not in table[benchmark]:
+        raise UserError(
+            f"benchmark '{benchmark}' has no preset '{preset}' "
+            f"(presets: {', '.join(sorted(table[benchmark]))})"
+        )
+    return table[benchmark][preset]
+
+
+@dataclasses.dataclass(frozen=True)
+class Result:
+    """One simulated configuration. Times in seconds unless the name says minutes."""
+
+    benchmark: str
+    system: str
+    chips: int
+    failed_chips: int
+    layout: str
+    algorithm: str
+    weight_update_sharding: bool
+    global_batch: int
+    per_chip_batch: float
+    compute_s: float
+    allreduce_s: float
+    allreduce_latency_s: float
+    allreduce_bandwidth_s: float
+    exposed_comm_s: float
+    weight_update_s: float
+    overhead_s: float
+    input_limit_s: float
+    input_bound: bool
+    step_time_s: float
+    samples_per_s: float
+    single_chip_samples_per_s: float
+    scaling_efficiency: float
+    epochs_to_target: float
+    samples_to_target: float
+    convergence_source: str
+    eval_s: float
+    time_to_train_min: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def simulate(
+    *,
+    benchmark: str,
+    system: System,
+    chips: int,
+    global_batch: int | None = None,
+    algorithm: str | None = None,
+    weight_update_sharding: bool = False,
+    failed_chips: int = 0,
+    wraparound: str = "auto",
+    preset: str = "mlperf",
+    epochs_to_target: float | None = None,
+) -> Result:
+    """Predicts one configuration (see the module docstring for the model).
+
+    Args:
+      benchmark: a cached benchmark name (resnet50, ssd, transformer, bert).
+      system: the machine.
+      chips: chips (GPUs, TPU chips, logical devices) taking part, failed ones included.
+      global_batch: samples per step; default the system's per-chip batch x working chips, or
+        the preset's global batch.
+      algorithm: all-reduce algorithm; default the system's first (torus2d on a torus,
+        hierarchical on a switched cluster, ring on a local machine).
+      weight_update_sharding: each chip updates 1/p of the weights.
+      failed_chips: holes in a torus/mesh that the all-reduce routes around; their share of the
+        batch moves to the working chips.
+      wraparound: torus wrap-around links: auto, on or off.
+      preset: which preset's model and sizes.
+      epochs_to_target: override the convergence curve (e.g. a published run's own epochs).
+
+    Raises:
+      UserError: an unknown benchmark or algorithm, chips that do not fit the system, failed
+        chips off a torus or not fewer than the chips, or a batch smaller than the chips.
+    """
+    facts = benchmark_facts(benchmark, preset)
+    layout = system.layout(chips, wraparound=wraparound)
+    algorithm = algorithm or system.default_algorithm
+    if algorithm not in system.algorithms:
+        raise UserError(
+            f"--all_reduce ({algorithm!r}) is not available on '{system.name}' "
+            f"({system.kind}: {', '.join(system.algorithms)})"
+        )
+    if failed_chips < 0 or failed_chips >= chips:
+        raise UserError(f"--failed_chips ({failed_chips}) must be in [0, {chips - 1}]")
+    if failed_chips and system.kind != "torus":
+        raise UserError(
+            f"--failed_chips needs a torus/mesh system; '{system.name}' is {system.kind}"
+        )
+    working = chips - failed_chips
+    if global_batch is None:
+        per_chip_default = system.per_chip_batch.get(
+            benchmark, system.per_chip_batch.get("default", 0)
+        )
+        global_batch = per_chip_default * working or int(facts["global_batch_size"])
+    if global_batch < working:
+        raise UserError(
+            f"--global_batch ({global_batch}) is smaller than the {working} working chips"
+        )
+    flops = float(facts["training_flops_per_sample"])
+    params = float(facts["trainable_parameters"])
+    per_chip_batch = global_batch / working
+
+    step = _step(
+        system=system,
+        benchmark=benchmark,
+        layout=layout,
+        algorithm=algorithm,
+        per_chip_batch=per_chip_batch,
+        global_batch=global_batch,
+        flops=flops,
+        params=params,
+        sharding=weight_update_sharding,
+        failed_chips=failed_chips,
+        working=working,
+    )
+    single = _step(
+        system=system,
+        benchmark=benchmark,
+        layout=system.layout(1) if system.kind != "torus" else None,
+        algorithm=algorithm,
+        per_chip_batch=per_chip_batch,
+        global_batch=per_chip_batch,
+        flops=flops,
+        params=params,
+        sharding=False,
+        failed_chips=0,
+        working=1,
+    )
+    samples_per_s = global_batch / step["step_time_s"]
+    single_rate = per_chip_batch / single["step_time_s"]
+
+    curve = convergence.curve(benchmark)
+    epoch_examples = float(facts["train_examples"])
+    if epochs_to_target is not None:
+        epochs, source = float(epochs_to_target), "given"
+    elif curve.in_samples:
+        epochs, source = curve.at(global_batch) / epoch_examples, curve.source
+    else:
+        epochs, source = curve.at(global_batch), curve.source
+    samples = epochs * epoch_examples
+    steps = math.ceil(samples / global_batch)
+    evals = max(1, math.ceil(epochs / float(facts["eval_every_epochs"])))
+    eval_flops = float(facts["forward_flops_per_sample"]) * float(facts["eval_examples"])
+    compute_rate = _chip_flops(system, benchmark, working) * working
+    eval_s = evals * (eval_flops / compute_rate + system.eval_overhead_s)
+    time_to_train_s = steps * step["step_time_s"] + eval_s
+
+    return Result(
+        benchmark=benchmark,
+        system=system.name,
+        chips=chips,
+        failed_chips=failed_chips,
+        layout=layout.describe(),
+        algorithm=algorithm,
+        weight_update_sharding=weight_update_sharding,
+        global_batch=int(global_batch),
+        per_chip_batch=per_chip_batch,
+        single_chip_samples_per_s=single_rate,
+        samples_per_s=samples_per_s,
+        scaling_efficiency=samples_per_s / (single_rate * chips),
+        epochs_to_target=epochs,
+        samples_to_target=samples,
+        convergence_source=source,
+        eval_s=eval_s,
+        time_to_train_min=time_to_train_s / 60.0,
+        **step,
+    )
+
+
+def _chip_flops(system: System, benchmark: str, working: int) -> float:
+    rate = system.peak_flops * system.efficiency(benchmark)
+    return rate / working if system.shared_compute else rate
+
+
+def allreduce_cost(
+    system: System, layout, algorithm: str, nbytes: float, failed_chips: int = 0
+) -> collectives.Cost:
+    """The α–β all-reduce time of `nbytes` per chip with `algorithm` on `layout`."""
+    if layout is None or layout.chips <= 1:
+        return collectives.ZERO
+    if system.kind == "torus":
+        if algorithm == "torus2d":
+            return collectives.torus_allreduce(
+                nbytes, layout.shape, layout.wraps, system.link, failed_chips=failed_chips
+            )
+        # One ring snaking through every chip (a Hamiltonian cycle of the slice), run in both
+        # directions; a hole breaks it into a folded line with detours like a torus line.
+        cost = collectives.ring_allreduce(nbytes, layout.chips, system.link, bidirectional=True)
+        if failed_chips:
+            factor = collectives.detour_contention(layout.shape, failed_chips)
+            cost = collectives.Cost(
+                cost.latency_s + 4 * failed_chips * system.link.alpha, cost.bandwidth_s * factor
+            )
+        return cost
+    if system.kind == "switched":
+        fn = (
+            collectives.hierarchical_allreduce
+            if algorithm == "hierarchical"
+            else collectives.flat_ring_allreduce
+        )
+        return fn(
+            nbytes,
+            gpus_per_node=layout.chips_per_node,
+            nodes=layout.nodes,
+            intra=system.link,
+            inter=system.network,
+        )
+    return collectives.ring_allreduce(nbytes, layout.chips, system.link)
+
+
+def _step(
+    *,
+    system: System,
+    benchmark: str,
+    layout,
+    algorithm: str,
+    per_chip_batch: float,
+    global_batch: float,
+    flops: float,
+    params: float,
+    sharding: bool,
+    failed_chips: int,
+    working: int,
+) -> dict[str, Any]:
+    compute = per_chip_batch * flops / _chip_flops(system, benchmark, working)
+    backward = compute * 2.0 / 3.0
+    cost = allreduce_cost(system, layout, algorithm, params * system.gradient_bytes, failed_chips)
+    allreduce = cost.total_s
+    exposed = allreduce - min(system.overlap_fraction * allreduce, backward)
+    update = params * system.optimizer_bytes_per_parameter / system.memory_bandwidth
+    if sharding:
+        update /= working
+    # Logical devices sharing the cores also dispatch their replicas' ops one after another.
+    overhead = system.step_overhead_s * (working if system.shared_compute else 1)
+    device = compute + exposed + update + overhead
+    hosts = max(1, math.ceil(working / system.chips_per_host))
+    input_limit = global_batch / (hosts * system.input_rate_per_host(benchmark))
+    return {
+        "compute_s": compute,
+        "allreduce_s": allreduce,
+        "allreduce_latency_s": cost.latency_s,
+        "allreduce_bandwidth_s": cost.bandwidth_s,
+        "exposed_comm_s": exposed,
+        "weight_update_s": update,
+        "overhead_s": overhead,
+        "input_limit_s": input_limit,
+        "input_bound": input_limit > device,
+        "step_time_s": max(device, input_limit),
+    }

@@ -1,0 +1,286 @@
+"""Provides `System`: a machine described as data (a JSON or YAML file), and its chip layouts.
+
+Built-in systems live in `mlperf_tf/simulate/systems/NAME.json`, each with its numbers and the
+documents they come from (`sources`); `--system_file=PATH` reads a user's own in the same format
+(see `docs/scaling.md` for every field). Three topology kinds:
+
+- `torus`: chips on an N-d torus/mesh of point-to-point links (TPU pods). A slice holds a power of
+  two chips; its shape fills the dims as evenly as `max_shape` allows, and a dim has wrap-around
+  links when its length is in [`wrap_min`, `wrap_max`] and a multiple of `wrap_multiple`, and the
+  slice has at least `wrap_min_chips` chips.
+- `switched`: nodes of `chips_per_node` GPUs on NVLink/NVSwitch, nodes on a network (DGX clusters).
+- `local`: logical devices of one process (the CPU tests), one ring with a measured α and β.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from typing import Any
+
+from mlperf_tf.errors import UserError
+from mlperf_tf.simulate.collectives import Link
+
+SYSTEMS_DIR = os.path.join(os.path.dirname(__file__), "systems")
+TOPOLOGY_KINDS = ("torus", "switched", "local")
+ALGORITHMS_BY_KIND = {
+    "torus": ("torus2d", "ring"),
+    "switched": ("hierarchical", "ring"),
+    "local": ("ring",),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Where `chips` chips sit: the torus shape and wrap-around, or nodes x chips per node."""
+
+    chips: int
+    shape: tuple[int, ...] = ()
+    wraps: tuple[bool, ...] = ()
+    nodes: int = 1
+    chips_per_node: int = 1
+
+    def describe(self) -> str:
+        if self.shape:
+            dims = "x".join(str(d) for d in self.shape)
+            kind = "torus" if all(self.wraps) else ("mesh" if not any(self.wraps) else "torus/mesh")
+            return f"{dims} {kind}"
+        return f"{self.nodes} node(s) x {self.chips_per_node}"
+
+
+@dataclasses.dataclass(frozen=True)
+class System:
+    """A machine for the simulator. Units: FLOP/s, bytes/s, seconds, bytes.
+
+    Attributes:
+      name: what `--system` calls it.
+      description: one line.
+      peak_flops: per chip, at the training precision (bf16/fp16 matmul peak).
+      memory_bandwidth: per chip (HBM), bytes/s: bounds the optimizer's weight update.
+      compute_efficiency: fraction of `peak_flops` the model's products sustain, per benchmark
+        name, with a "default"; the calibrated constants (docs/scaling.md says which points).
+      topology: the raw topology dict (kind and its fields).
+      link: chip-to-chip link of a torus or a local ring; intra-node link of a switched system.
+      network: per-GPU share of the network of a switched system.
+      chips_per_host: chips one input host feeds.
+      input_samples_per_s_per_host: the input pipeline's rate per host, per benchmark (+default).
+      gradient_bytes: bytes per gradient element that the all-reduce moves (4 fp32, 2 bf16/fp16).
+      optimizer_bytes_per_parameter: bytes read and written per parameter by the update.
+      overlap_fraction: part of the all-reduce that can run under the backward pass.
+      step_overhead_s: fixed time per step (host loop, launch, cross-replica BN, ...).
+      eval_overhead_s: fixed time per evaluation besides its forward passes.
+      shared_compute: all chips share one compute budget (logical devices on one CPU).
+      per_chip_batch: default per-chip batch by benchmark (+default) when no global batch is given.
+      sources: citations of every number.
+    """
+
+    name: str
+    description: str
+    peak_flops: float
+    memory_bandwidth: float
+    compute_efficiency: dict[str, float]
+    topology: dict[str, Any]
+    link: Link
+    network: Link | None
+    chips_per_host: int
+    input_samples_per_s_per_host: dict[str, float]
+    gradient_bytes: float
+    optimizer_bytes_per_parameter: float
+    overlap_fraction: float
+    step_overhead_s: float
+    eval_overhead_s: float
+    shared_compute: bool
+    per_chip_batch: dict[str, int]
+    sources: dict[str, str]
+
+    @property
+    def kind(self) -> str:
+        return self.topology["kind"]
+
+    @property
+    def algorithms(self) -> tuple[str, ...]:
+        return ALGORITHMS_BY_KIND[self.kind]
+
+    @property
+    def default_algorithm(self) -> str:
+        return self.algorithms[0]
+
+    def efficiency(self, benchmark: str) -> float:
+        return float(self.compute_efficiency.get(benchmark, self.compute_efficiency["default"]))
+
+    def input_rate_per_host(self, benchmark: str) -> float:
+        rates = self.input_samples_per_s_per_host
+        return float(rates.get(benchmark, rates.get("default", math.inf)))
+
+    def layout(self, chips: int, *, wraparound: str = "auto") -> Layout:
+        """Places `chips` chips on this system.
+
+        Args:
+          chips: how many chips take part.
+          wraparound: for a torus: "auto" (the slice's own links), "on" (every dim wraps) or
+            "off" (a mesh: no dim wraps).
+
+        Raises:
+          UserError: the chips do not fit the topology (not a power of two on a torus, more than
+            the largest slice, not whole nodes of a switched system, ...).
+        """
+        topo = self.topology
+        if chips < 1:
+            raise UserError(f"--chips ({chips}) must be a positive integer")
+        if wraparound not in ("auto", "on", "off"):
+            raise UserError(f"--wraparound ({wraparound!r}) must be auto, on or off")
+        if self.kind == "torus":
+            return self._torus_layout(chips, wraparound)
+        if wraparound != "auto":
+            raise UserError(f"--wraparound applies to torus systems; '{self.name}' is {self.kind}")
+        if self.kind == "switched":
+            per_node = int(topo["chips_per_node"])
+            max_nodes = int(topo.get("max_nodes", 1 << 30))
+            if chips <= per_node:
+                if per_node % chips:
+                    raise UserError(
+                        f"--chips ({chips}) must divide the {per_node} GPUs of a '{self.name}' "
+                        "node, or be a multiple of them"
+                    )
+                return Layout(chips=chips, nodes=1, chips_per_node=chips)
+            if chips % per_node or chips // per_node > max_nodes:
+                raise UserError(
+                    f"--chips ({chips}) must be whole '{self.name}' nodes: a multiple of "
+                    f"{per_node} up to {per_node * max_nodes}"
+                )
+            return Layout(chips=chips, nodes=chips // per_node, chips_per_node=per_node)
+        max_chips = int(topo.get("max_chips", 1 << 30))
+        if chips > max_chips:
+            raise UserError(f"--chips ({chips}) exceeds the {max_chips} devices of '{self.name}'")
+        return Layout(chips=chips, nodes=1, chips_per_node=chips)
+
+    def _torus_layout(self, chips: int, wraparound: str) -> Layout:
+        topo = self.topology
+        max_shape = [int(d) for d in topo["max_shape"]]
+        min_chips = int(topo.get("min_chips", 1))
+        largest = math.prod(max_shape)
+        if chips & (chips - 1) or not min_chips <= chips <= largest:
+            raise UserError(
+                f"--chips ({chips}) does not fit '{self.name}': a slice of its "
+                f"{'x'.join(map(str, max_shape))} {len(max_shape)}-D torus holds a power of two "
+                f"chips from {min_chips} to {largest}"
+            )
+        shape = [1] * len(max_shape)
+        remaining = chips
+        while remaining > 1:  # double the shortest dim that can still grow
+            growable = [i for i in range(len(shape)) if shape[i] * 2 <= max_shape[i]]
+            i = min(growable, key=lambda j: (shape[j], j))
+            shape[i] *= 2
+            remaining //= 2
+        wrap_min = int(topo.get("wrap_min", 1 << 30))
+        wrap_max = int(topo.get("wrap_max", 1 << 30))
+        multiple = int(topo.get("wrap_multiple", 1))
+        big_enough = chips >= int(topo.get("wrap_min_chips", 1))
+        if wraparound == "auto":
+            wraps = tuple(
+                big_enough and wrap_min <= d <= wrap_max and d % multiple == 0 for d in shape
+            )
+        else:
+            wraps = tuple(wraparound == "on" and d > 2 for d in shape)
+        return Layout(chips=chips, shape=tuple(shape), wraps=wraps)
+
+
+_REQUIRED = ("name", "peak_flops", "memory_bandwidth", "compute_efficiency", "topology", "link")
+
+
+def _link(value: Any, where: str) -> Link:
+    try:
+        return Link(bandwidth=float(value["bandwidth"]), alpha=float(value["alpha"]))
+    except (KeyError, TypeError, ValueError) as e:
+        raise UserError(
+            f"{where} must be {{bandwidth: bytes/s > 0, alpha: s >= 0}} ({e})"
+        ) from None
+
+
+def from_dict(data: dict[str, Any], origin: str) -> System:
+    """Builds a `System` from a parsed system file; `origin` names the file in errors."""
+    if not isinstance(data, dict):
+        raise UserError(f"system file {origin} must hold a mapping, got {type(data).__name__}")
+    missing = [k for k in _REQUIRED if k not in data]
+    if missing:
+        raise UserError(f"system file {origin} lacks {', '.join(missing)}")
+    topology = data["topology"]
+    if not isinstance(topology, dict) or topology.get("kind") not in TOPOLOGY_KINDS:
+        raise UserError(
+            f"system file {origin}: topology.kind must be one of {', '.join(TOPOLOGY_KINDS)}"
+        )
+    if topology["kind"] == "torus" and not topology.get("max_shape"):
+        raise UserError(f"system file {origin}: a torus topology needs max_shape")
+    if topology["kind"] == "switched" and "chips_per_node" not in topology:
+        raise UserError(f"system file {origin}: a switched topology needs chips_per_node")
+    if topology["kind"] == "switched" and "network" not in data:
+        raise UserError(f"system file {origin}: a switched topology needs network")
+    efficiency = data["compute_efficiency"]
+    if not isinstance(efficiency, dict) or "default" not in efficiency:
+        raise UserError(f"system file {origin}: compute_efficiency needs a 'default' entry")
+    try:
+        return System(
+            name=str(data["name"]),
+            description=str(data.get("description", "")),
+            peak_flops=float(data["peak_flops"]),
+            memory_bandwidth=float(data["memory_bandwidth"]),
+            compute_efficiency={k: float(v) for k, v in efficiency.items()},
+            topology=dict(topology),
+            link=_link(data["link"], f"{origin}: link"),
+            network=_link(data["network"], f"{origin}: network") if "network" in data else None,
+            chips_per_host=int(data.get("chips_per_host", 1)),
+            input_samples_per_s_per_host={
+                k: float(v) for k, v in data.get("input_samples_per_s_per_host", {}).items()
+            },
+            gradient_bytes=float(data.get("gradient_bytes", 4)),
+            optimizer_bytes_per_parameter=float(data.get("optimizer_bytes_per_parameter", 24)),
+            overlap_fraction=float(data.get("overlap_fraction", 0.0)),
+            step_overhead_s=float(data.get("step_overhead_s", 0.0)),
+            eval_overhead_s=float(data.get("eval_overhead_s", 0.0)),
+            shared_compute=bool(data.get("shared_compute", False)),
+            per_chip_batch={k: int(v) for k, v in data.get("per_chip_batch", {}).items()},
+            sources=dict(data.get("sources", {})),
+        )
+    except (TypeError, ValueError) as e:
+        raise UserError(f"system file {origin} has a bad value: {e}") from None
+
+
+def available() -> list[str]:
+    """Names of the built-in systems."""
+    return sorted(
+        os.path.splitext(f)[0] for f in os.listdir(SYSTEMS_DIR) if f.endswith((".json", ".yaml"))
+    )
+
+
+def load_file(path: str) -> System:
+    """Reads a system from a JSON or YAML file (by extension; JSON otherwise)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise UserError(f"--system_file {path!r} cannot be read: {e.strerror}") from None
+    try:
+        if path.endswith((".yaml", ".yml")):
+            import yaml
+
+            data = yaml.safe_load(text)
+        else:
+            data = json.loads(text)
+    except Exception as e:  # json.JSONDecodeError or yaml.YAMLError: both name the line
+        raise UserError(f"system file {path!r} is not valid: {str(e).splitlines()[0]}") from None
+    return from_dict(data, repr(path))
+
+
+def load(name: str) -> System:
+    """A built-in system by name.
+
+    Raises:
+      UserError: no built-in system has that name (the message lists them).
+    """
+    for ext in (".json", ".yaml"):
+        path = os.path.join(SYSTEMS_DIR, name + ext)
+        if os.path.exists(path):
+            return load_file(path)
+    raise UserError(f"unknown system '{name}' (systems: {', '.join(available())})")

@@ -1,0 +1,120 @@
+"""Tests for mlperf_tf.optimizers.registry: built-ins by entry point, hparams from configs."""
+
+import dataclasses
+import subprocess
+import sys
+import textwrap
+
+import keras
+import pytest
+
+from mlperf_tf.config import ConfigError
+from mlperf_tf.optimizers import KFAC, LAMB, LARS, NLCG, Neumann, registry
+
+BUILTINS = {
+    "sgd": keras.optimizers.SGD,
+    "lars": LARS,
+    "lamb": LAMB,
+    "adam": keras.optimizers.Adam,
+    "neumann": Neumann,
+    "nlcg": NLCG,
+    "kfac": KFAC,
+}
+
+
+@pytest.mark.parametrize("name, cls", sorted(BUILTINS.items()))
+def test_builtins_register_through_entry_points(name, cls):
+    assert name in registry.available()
+    optimizer = registry.build(name, 0.1)
+    assert isinstance(optimizer, cls)
+    hparams = registry.mlperf_hparams(name)
+    assert hparams["opt_name"] == name and len(hparams) > 1
+
+
+@dataclasses.dataclass(frozen=True)
+class SSDLikeConfig:
+    momentum: float = 0.8  # an alias of sgd_opt_momentum
+    opt_params: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class ResNetLikeConfig:
+    lars_opt_momentum: float = 0.95
+    lars_opt_weight_decay: float = 5e-5
+
+
+def test_hparams_come_from_params_then_config_fields_then_defaults():
+    assert registry.resolve_hparams("sgd", SSDLikeConfig()).sgd_opt_momentum == 0.8
+    lars = registry.resolve_hparams("lars", ResNetLikeConfig(), ["lars_eeta=0.01"])
+    assert (lars.lars_opt_momentum, lars.lars_opt_weight_decay, lars.lars_eeta) == (
+        0.95,
+        5e-5,
+        0.01,
+    )
+    assert lars.lars_epsilon == 0.0  # the default
+    optimizer = registry.build("lars", 0.1, ResNetLikeConfig(), ["lars_opt_momentum=0.5"])
+    assert optimizer.momentum == 0.5 and optimizer.weight_decay_rate == 5e-5
+    logged = registry.mlperf_hparams("lars", ResNetLikeConfig())
+    assert logged["lars_opt_weight_decay"] == 5e-5 and logged["opt_name"] == "lars"
+
+
+@pytest.mark.parametrize(
+    "name, params, error, message",
+    [
+        ("momentum_sgd", (), registry.UnknownOptimizerError, "unknown optimizer 'momentum_sgd'"),
+        ("lars", ["lars_beta=1"], ConfigError, "optimizer 'lars': unknown config key"),
+        ("lars", ["lars_eeta=big"], ConfigError, "expects a float"),
+        ("lars", ["lars_eeta"], registry.UserError, "must be key=value"),
+    ],
+)
+def test_bad_names_and_params_are_user_errors(name, params, error, message):
+    with pytest.raises(error, match=message):
+        registry.build(name, 0.1, None, params)
+
+
+PLUGIN_SOURCE = """
+import dataclasses
+import keras
+from mlperf_tf.optimizers.registry import OptimizerPlugin
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Hparams:
+    tiny_scale: float = 0.5
+
+def make(h, learning_rate):
+    # Plain SGD whose step is scaled by tiny_scale: a researcher's own optimizer.
+    return keras.optimizers.SGD(learning_rate * h.tiny_scale)
+
+PLUGIN = OptimizerPlugin(hparams_class=Hparams, make=make, log_name="tiny_scaled_sgd")
+"""
+
+
+@pytest.fixture(scope="module")
+def installed_optimizer(tmp_path_factory):
+    """A third-party package, pip-installed into a folder, registering `tiny_sgd`."""
+    source = tmp_path_factory.mktemp("opt_src")
+    (source / "tiny_opt").mkdir()
+    (source / "tiny_opt" / "__init__.py").write_text(PLUGIN_SOURCE)
+    (source / "setup.py").write_text(textwrap.dedent("""
+        from setuptools import setup
+        setup(name="tiny-opt", version="0.1", packages=["tiny_opt"],
+              entry_points={"mlperf_tf.optimizers": ["tiny_sgd = tiny_opt:PLUGIN"]})
+    """))  # fmt: skip
+    target = tmp_path_factory.mktemp("opt_site")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
+         "--no-build-isolation", "--target", str(target), str(source)],
+        check=True, timeout=300, capture_output=True,
+    )  # fmt: skip
+    return target
+
+
+def test_third_party_optimizer_is_found_and_built(installed_optimizer, monkeypatch):
+    monkeypatch.syspath_prepend(str(installed_optimizer))
+    assert "tiny_sgd" in registry.available()
+    optimizer = registry.build("tiny_sgd", 0.2, None, ["tiny_scale=0.25"])
+    assert float(optimizer.learning_rate) == pytest.approx(0.05)
+    assert registry.mlperf_hparams("tiny_sgd") == {
+        "opt_name": "tiny_scaled_sgd",
+        "tiny_scale": 0.5,
+    }

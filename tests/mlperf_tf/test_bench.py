@@ -1,0 +1,99 @@
+"""Tests `mlperf-tf bench` on the smoke presets: its numbers agree with each other, bad input is one line."""
+
+import json
+import statistics
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from benchmarks.resnet50 import prepare
+from mlperf_tf import bench, cli
+
+FAST = ["--windows=2", "--steps_per_window=1", "--warmup_steps=1", "--peak_seconds=0.05"]
+
+
+def _bench_json(capsys, *args):
+    assert cli.main(["bench", *args, *FAST, "--json"]) == 0
+    out = capsys.readouterr()
+    assert "window 2/2:" in out.err  # progress lines go to stderr with --json
+    return json.loads(out.out)
+
+
+def test_resnet50_smoke_windows_median_spread_and_step_time(capsys):
+    result = _bench_json(capsys, "--benchmark=resnet50", "--preset=smoke")
+    rates = result["window_samples_per_s"]
+    assert len(rates) == 2 and all(r > 0 for r in rates)
+    assert result["samples_per_s"] == pytest.approx(statistics.median(rates))
+    assert result["samples_per_s_min"] <= result["samples_per_s"] <= result["samples_per_s_max"]
+    assert result["replicas"] == 1 and result["strategy"] == "OneDeviceStrategy"
+    assert result["samples_per_s_per_replica"] == pytest.approx(result["samples_per_s"])
+    assert result["global_batch_size"] == 16  # the smoke preset's batch
+    assert result["step_time_ms"] == pytest.approx(1e3 * 16 / result["samples_per_s"])
+    assert result["input_samples_per_s"] is None  # synthetic preset: no input measurement
+    if result["flops_per_sample"] is not None:  # once mlperf_tf.flops counts this model
+        assert result["peak_flops_per_s"] > 0 and result["mfu"] > 0
+
+
+def test_mirrored_replicas_and_overrides_reach_the_benchmark(capsys):
+    result = _bench_json(
+        capsys,
+        "--benchmark=resnet50",
+        "--preset=smoke",
+        "--distribution=mirrored",
+        "--num_cpu_devices=2",
+        "--config.global_batch_size=8",
+    )
+    assert result["replicas"] == 2 and result["global_batch_size"] == 8
+    assert result["samples_per_s_per_replica"] == pytest.approx(result["samples_per_s"] / 2)
+
+
+def test_input_pipeline_rate_on_real_records(capsys, tmp_path):
+    rng = np.random.default_rng(0)
+    with tf.io.TFRecordWriter(str(tmp_path / "train-00000-of-00001")) as writer:
+        for i in range(8):
+            image = rng.integers(0, 256, [40, 40, 3], dtype=np.uint8)
+            jpeg = tf.io.encode_jpeg(image).numpy()
+            example = prepare.image_example(jpeg, label=1 + i % 2, wnid="n0", file_name="x.JPEG")
+            writer.write(example.SerializeToString())
+    result = _bench_json(
+        capsys,
+        "--benchmark=resnet50",
+        "--preset=smoke",
+        "--input_batches=3",
+        f"--config.data_dir={tmp_path}",
+    )
+    assert result["input_samples_per_s"] > 0
+    assert len(result["window_samples_per_s"]) == 2  # training itself stays on synthetic data
+
+
+def test_summary_line_without_json(capsys):
+    assert cli.main(["bench", "--benchmark=resnet50", "--preset=smoke", *FAST]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].startswith("warm-up: 1 steps")
+    assert lines[-1].startswith("bench resnet50 (smoke, fp32, no XLA, OneDeviceStrategy x1")
+    assert "samples/s median" in lines[-1] and "load average" in lines[-1]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--preset=smoke"], "--benchmark is required"),
+        (["--benchmark=nope"], "nope"),
+        (["--benchmark=resnet50", "--preset=huge"], "huge"),
+        (["--benchmark=resnet50", "--windows=0"], "--windows (0)"),
+        (["--benchmark=resnet50", "--dtype=fp8"], "fp8"),
+        (["--benchmark=resnet50", "--num_cpu_devices=-1"], "num_cpu_devices"),
+        (["--benchmark=resnet50", "--config.no_such_key=1"], "no_such_key"),
+        (["--benchmark=resnet50", "--no_such_flag"], "no_such_flag"),
+    ],
+)
+def test_bad_input_is_one_error_line(capsys, args, message):
+    assert cli.main(["bench", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and message in err and "\n" not in err
+
+
+def test_matmul_peak_is_a_plausible_cpu_rate():
+    peak = bench.matmul_peak(device="/cpu:0", seconds=0.05, size=128)
+    assert 1e6 < peak < 1e14  # FLOP/s: above a 1990s PC, below any CPU socket today

@@ -1,0 +1,196 @@
+"""Each round's official rules against the keys this suite's benchmarks emit for that round.
+
+For every benchmark and every round that has it, a log is built from what the runner emits (the
+runner's own keys, the benchmark's `mlperf_hparams()` adapted by `rounds.adapt_hparams`, and
+`rounds.init_events`) around one block and one evaluation at the target, and the official checker
+judges it with that round's rules. The same log under a round whose events it lacks fails: the
+test can fail.
+"""
+
+import os
+
+import pytest
+import yaml
+from mlperf_logging.mllog import constants as C
+
+from compliance import checker
+from mlperf_tf import rounds
+from mlperf_tf.benchmark import RunContext
+from tests.compliance import logs
+
+# MLPerf benchmark name -> the registry's benchmark class.
+_CLASSES = {
+    "resnet": ("benchmarks.resnet50.benchmark", "ResNet50Benchmark"),
+    "bert": ("benchmarks.bert.benchmark", "BertBenchmark"),
+    "ssd": ("benchmarks.ssd.benchmark", "SSDBenchmark"),
+    "transformer": ("benchmarks.transformer.benchmark", "TransformerBenchmark"),
+}
+
+
+def _hparams(benchmark: str) -> dict:
+    import importlib
+
+    module, name = _CLASSES[benchmark]
+    cls = getattr(importlib.import_module(module), name)
+    bench = cls(cls.preset("mlperf")).with_context(RunContext(num_replicas=1))
+    config = bench.config
+    hparams = {
+        C.GLOBAL_BATCH_SIZE: config.global_batch_size,
+        C.GRADIENT_ACCUMULATION_STEPS: config.gradient_accumulation_steps,
+    }
+    hparams.update(bench.mlperf_hparams())
+    hparams.setdefault(C.TRAIN_SAMPLES, bench.train_samples())
+    hparams.setdefault(C.EVAL_SAMPLES, bench.eval_samples())
+    return hparams
+
+
+@pytest.fixture(scope="module")
+def emitted_hparams():
+    return {name: _hparams(name) for name in rounds.BENCHMARK_ROUNDS}
+
+
+def _log(path, benchmark, ruleset, hparams, *, with_init_events=True, adapt=True):
+    """The runner's sequence of records for `ruleset`, with one eval at the round's target."""
+    t = logs.T0_MS
+    out = []
+
+    def add(key, value=None, metadata=None, event_type="POINT_IN_TIME"):
+        nonlocal t
+        out.append(logs.line(key, value, time_ms=t, metadata=metadata, event_type=event_type))
+        t += 1000
+
+    add(C.CACHE_CLEAR, True)
+    add(C.INIT_START, event_type="INTERVAL_START")
+    for key, value in [
+        (C.SUBMISSION_BENCHMARK, benchmark),
+        (C.SUBMISSION_ORG, "mlperf-tf tests"),
+        (C.SUBMISSION_DIVISION, "closed"),
+        (C.SUBMISSION_STATUS, "research"),
+        (C.SUBMISSION_PLATFORM, "cpu"),
+        (C.SEED, 0),
+    ]:
+        add(key, value)
+    if with_init_events:
+        for event in rounds.init_events(benchmark, ruleset):
+            add(event.key, event.value, event.metadata)
+    if adapt:
+        hparams = rounds.adapt_hparams(benchmark, ruleset, hparams)
+    for key, value in hparams.items():
+        if isinstance(value, tuple):
+            add(key, value[0], value[1])
+        else:
+            add(key, value)
+    add(C.INIT_STOP, event_type="INTERVAL_END")
+    add(C.RUN_START, event_type="INTERVAL_START")
+    add(C.BLOCK_START, None, {"first_epoch_num": 1, "epoch_count": 1}, "INTERVAL_START")
+    add(C.BLOCK_STOP, None, {"first_epoch_num": 1}, "INTERVAL_END")
+    add(C.EVAL_START, None, {C.EPOCH_NUM: 1}, "INTERVAL_START")
+    target = checker.quality_target(
+        ruleset, benchmark, global_batch_size=hparams[C.GLOBAL_BATCH_SIZE]
+    )
+    add(C.EVAL_ACCURACY, target.value, {C.EPOCH_NUM: 1})
+    add(C.EVAL_STOP, None, {C.EPOCH_NUM: 1}, "INTERVAL_END")
+    add(C.RUN_STOP, None, {C.STATUS: C.SUCCESS}, "INTERVAL_END")
+    return logs.write_log(path, out)
+
+
+CASES = [(b, r) for b, rs in rounds.BENCHMARK_ROUNDS.items() for r in rs]
+
+
+def test_every_listed_round_has_the_benchmark_in_the_official_rules():
+    installed = checker.available_rulesets()
+    for benchmark, ruleset in CASES:
+        assert ruleset in installed, ruleset
+        assert checker.has_rules(ruleset, benchmark), (benchmark, ruleset)
+        with open(
+            os.path.join(checker.rules_dir(), f"training_{ruleset}", "closed_common.yaml")
+        ) as f:
+            common = yaml.safe_load(f)
+        allowed = next(
+            e["KEY"]["CHECK"] for e in common if e["KEY"]["NAME"] == C.SUBMISSION_BENCHMARK
+        )
+        assert f"'{benchmark}'" in allowed, (benchmark, ruleset)
+    # BERT's rule file is still shipped in 5.1.0 but the round does not accept the benchmark.
+    assert "5.1.0" not in rounds.rounds_with("bert") and checker.has_rules("5.1.0", "bert")
+    assert rounds.default_ruleset("resnet") == "4.0.0"
+    assert rounds.default_ruleset("bert") == "5.0.0"
+    assert rounds.default_ruleset("ssd") == "1.1.0"
+    assert rounds.default_ruleset("transformer") == "0.7.0"
+
+
+def test_initialized_tensors_are_the_rule_files_lists():
+    assert len(rounds.initialized_tensors("resnet", "1.1.0")) == 161
+    assert rounds.initialized_tensors("resnet", "1.1.0")[:3] == (
+        "bn0_beta",
+        "bn0_gamma",
+        "conv0_weight",
+    )
+    assert len(rounds.initialized_tensors("bert", "2.0.0")) == 398
+    assert "cls/seq_relationship/output_bias" in rounds.initialized_tensors("bert", "2.1.0")
+    assert len(rounds.initialized_tensors("ssd", "1.1.0")) == 119
+    assert rounds.initialized_tensors("resnet", "1.0.0") == ()
+    assert rounds.initialized_tensors("resnet", "3.0.0") == ()
+    assert rounds.initialized_tensors("transformer", "1.0.0") == ()  # no such rule file
+    for name, ruleset in CASES:
+        tensors = rounds.initialized_tensors(name, ruleset)
+        assert len(set(tensors)) == len(tensors)  # each logged once: the rules compare sorted lists
+
+
+def test_renamed_keys_follow_the_round():
+    both = {"a": 1, rounds.OPT_EPSILON: 1e-6, rounds.OPT_LAMB_EPSILON: 1e-6}
+    assert list(rounds.adapt_hparams("bert", "2.0.0", both)) == ["a", rounds.OPT_EPSILON]
+    assert list(rounds.adapt_hparams("bert", "2.1.0", both)) == ["a", rounds.OPT_LAMB_EPSILON]
+    old_only = {rounds.OPT_EPSILON: 1e-6, "b": 2}
+    assert list(rounds.adapt_hparams("bert", "5.0.0", old_only)) == [rounds.OPT_LAMB_EPSILON, "b"]
+    assert rounds.adapt_hparams("resnet", "2.1.0", both) == both
+
+
+def test_validate_ruleset_names_the_rounds_that_have_the_benchmark():
+    rounds.validate_ruleset("resnet", "2.0.0")
+    assert rounds.resolve_ruleset("resnet", "") == "4.0.0"
+    assert rounds.resolve_ruleset("resnet", "2.0.0") == "2.0.0"
+    assert rounds.resolve_ruleset("my_benchmark", "") == ""  # third-party: no round's keys
+    assert rounds.init_events("my_benchmark", "") == ()
+    with pytest.raises(ValueError, match=r"'1.0.0'.*transformer.*0.7.0"):
+        rounds.validate_ruleset("transformer", "1.0.0")
+    with pytest.raises(ValueError, match="rounds with it: 0.7.0, 1.0.0, 1.1.0"):
+        rounds.validate_ruleset("ssd", "2.0.0")  # RetinaNet from v2.0
+
+
+def test_each_round_passes_the_keys_emitted_for_it(tmp_path, emitted_hparams):
+    paths, expected = [], []
+    for benchmark, ruleset in CASES:
+        paths.append(_log(tmp_path / f"{benchmark}_{ruleset}.txt", benchmark, ruleset,
+                          emitted_hparams[benchmark]))  # fmt: skip
+        expected.append((benchmark, ruleset))
+    with checker.OfficialRunner() as runner:
+        reports = [
+            checker.check_log(path, ruleset=ruleset, runner=runner)
+            for path, (_, ruleset) in zip(paths, expected)
+        ]
+    failures = [
+        (case, [m for m in r.official_messages])
+        for case, r in zip(expected, reports)
+        if not r.official_passed
+    ]
+    assert failures == []
+
+
+@pytest.mark.parametrize(
+    ("name", "ruleset"), [("resnet", "2.0.0"), ("bert", "1.1.0"), ("ssd", "1.1.0")]
+)
+def test_without_the_init_events_the_round_fails(tmp_path, emitted_hparams, name, ruleset):
+    path = _log(tmp_path / "log.txt", name, ruleset, emitted_hparams[name],
+                with_init_events=False)  # fmt: skip
+    report = checker.check_log(path, ruleset=ruleset)
+    assert not report.official_passed
+    assert any("weights_initialization" in m for m in report.official_messages)
+
+
+def test_bert_epsilon_under_another_rounds_name_fails(tmp_path, emitted_hparams):
+    old_names = rounds.adapt_hparams("bert", "2.0.0", emitted_hparams["bert"])
+    assert rounds.OPT_LAMB_EPSILON not in old_names
+    path = _log(tmp_path / "log.txt", "bert", "3.0.0", old_names, adapt=False)
+    report = checker.check_log(path, ruleset="3.0.0")
+    assert not report.official_passed
+    assert any("opt_lamb_epsilon" in m for m in report.official_messages)
