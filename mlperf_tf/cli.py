@@ -1,4 +1,4 @@
-"""Provides the `mlperf-tf` command: run, list, prepare, check, score, report, data-service.
+"""Provides the `mlperf-tf` command: run, list, prepare, check, score, report, data-service, sweep.
 
 Bad input (an unknown benchmark, preset, flag or config key, a missing data folder, an unreachable
 peer) is one line on stderr, `error: ...`, and exit code 2.
@@ -27,8 +27,13 @@ commands:
                         plots and a summary per run
   data-service --port P --workers N
                         start a tf.data service dispatcher and N workers
+<<<<<<< HEAD
+  sweep --benchmark=NAME --preset=P --out=DIR [--optimizers=..] [--batch_sizes=..] [--grid.KEY=..]
+                        a resumable grid of runs; one table and plots (`mlperf-tf sweep --help`)
+=======
   simulate --benchmark=NAME --system=SYSTEM --chips=N [--json] [--plot PNG]
                         predicted step time and time to train at scale (docs/scaling.md)
+>>>>>>> main
 """
 
 EXIT_USAGE = 2
@@ -210,6 +215,10 @@ def main(argv: list[str] | None = None) -> int:
             from compliance import cli as compliance_cli
 
             return compliance_cli.main([command, *rest])
+        if command == "sweep":
+            from mlperf_tf import sweep
+
+            return sweep.main(rest)
         if command == "data-service":
             from mlperf_tf.data import service
 
@@ -223,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if stderr_filter:
             stderr_filter.close()
-    commands = "run, bench, list, prepare, check, score, report, data-service, simulate"
+    commands = "run, bench, list, prepare, check, score, report, data-service, simulate, sweep"
     return _fail(f"unknown command '{command}' (commands: {commands})")
 
 
