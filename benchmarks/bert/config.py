@@ -9,6 +9,7 @@ from typing import Literal
 
 from mlperf_tf import paths
 from mlperf_tf.config import BenchmarkConfig, ConfigError, require
+from mlperf_tf.optimizers import registry
 
 # MLPerf's rule for the BERT eval cadence, in training samples (see README.md, "Evaluation").
 EvalRule = Literal["v0.7", "v1.0"]
@@ -111,6 +112,10 @@ class OptimizerConfig:
     checkpoint).
     """
 
+    # lamb (the reference), or any registered optimizer (`mlperf_tf.optimizers.registry`) on the
+    # same schedule and clipping, with `opt_params` "key=value"s.
+    opt_name: str = "lamb"
+    opt_params: tuple[str, ...] = ()
     opt_base_learning_rate: float = 0.00288293
     opt_epsilon: float = 1e-6
     opt_lamb_beta_1: float = 0.88
@@ -123,6 +128,7 @@ class OptimizerConfig:
     opt_lamb_learning_rate_decay_poly_power: float = 1.0
 
     def __post_init__(self):
+        registry.check_opt_name(self.opt_name, native=("lamb",))
         require(
             self,
             prefix="optimizer.",

@@ -13,7 +13,7 @@ from benchmarks.resnet50 import input as input_lib
 from benchmarks.resnet50 import model as model_lib
 from mlperf_tf import layers
 from mlperf_tf.benchmark import Benchmark, eval_ratio
-from mlperf_tf.optimizers import LARS, WarmupPolynomialDecay
+from mlperf_tf.optimizers import LARS, WarmupPolynomialDecay, registry
 
 # MLPerf log keys of the closed_resnet_sgd rules that `mlperf_logging.mllog.constants` lacks.
 SGD_OPT_BASE_LR = "sgd_opt_base_learning_rate"
@@ -22,6 +22,7 @@ SGD_OPT_LR_DECAY_POLY_POWER = "sgd_opt_learning_rate_decay_poly_power"
 SGD_OPT_LR_DECAY_STEPS = "sgd_opt_learning_rate_decay_steps"
 SGD_OPT_WEIGHT_DECAY = "sgd_opt_weight_decay"
 SGD_OPT_MOMENTUM = "sgd_opt_momentum"
+OPT_LR_DECAY_POLY_POWER = "opt_learning_rate_decay_poly_power"  # registry optimizers
 
 
 class ResNet50Benchmark(Benchmark):
@@ -76,8 +77,10 @@ class ResNet50Benchmark(Benchmark):
                 eeta=opt.lars_eeta,
                 epsilon=opt.lars_epsilon,
             )
-        # SGD's weight decay is the L2 term of `compute_loss`.
-        return keras.optimizers.SGD(schedule, momentum=opt.sgd_opt_momentum)
+        if opt.opt_name == "sgd":
+            # SGD's weight decay is the L2 term of `compute_loss`.
+            return keras.optimizers.SGD(schedule, momentum=opt.sgd_opt_momentum)
+        return registry.build(opt.opt_name, schedule, opt, opt.opt_params)
 
     # ---- steps (replica context) ---------------------------------------------------------------
     def compute_loss(self, model: keras.Model, batch: Any, training: bool = True) -> tf.Tensor:
@@ -132,6 +135,15 @@ class ResNet50Benchmark(Benchmark):
                 C.LARS_OPT_MOMENTUM: opt.lars_opt_momentum,
                 C.LARS_OPT_WEIGHT_DECAY: opt.lars_opt_weight_decay,
                 C.LARS_EPSILON: opt.lars_epsilon,
+            }
+        elif opt.opt_name != "sgd":  # a registry optimizer on the LARS schedule
+            hparams = {
+                C.OPT_BASE_LR: opt.lars_opt_base_learning_rate,
+                C.OPT_END_LR: opt.lars_opt_end_learning_rate,
+                OPT_LR_DECAY_POLY_POWER: opt.lars_opt_learning_rate_decay_poly_power,
+                C.OPT_LR_DECAY_STEPS: decay_steps,
+                C.OPT_LR_WARMUP_EPOCHS: opt.lars_opt_learning_rate_warmup_epochs,
+                **registry.mlperf_hparams(opt.opt_name, opt, opt.opt_params),
             }
         else:
             hparams = {
