@@ -115,9 +115,9 @@ class KFAC(LARS):
     (damping 0.001, factor decay 0.95, factors every 10 steps, inverses every 100, kl_clip 0.001)
     are kfac-pytorch's. The preconditioned gradients of the registered layers, and the plain
     gradients of every other variable (batch norm, embeddings, ...), then go to the base update:
-    `base="sgd"`, classic momentum (Keras' SGD: velocity = mu velocity - lr g; no weight decay
-    here, as the benchmarks put SGD's in the loss), or `base="lars"`, `LARS` with its trust ratio,
-    weight decay and exclusions.
+    `base_optimizer="sgd"`, classic momentum (Keras' SGD: velocity = mu velocity - lr g, with
+    g = P + wd * w on variables not excluded from weight decay), or `base_optimizer="lars"`,
+    `LARS` with its trust ratio, weight decay and exclusions.
 
     Distributed: factors are summed with the strategy's reduce, each layer's eigendecomposition
     runs on worker device l mod R (one replica's device in a single-host `MirroredStrategy`) and
@@ -321,6 +321,13 @@ class KFAC(LARS):
         super().build(var_list)
         if self.base_optimizer == "sgd":
             self._adapt = [False] * len(var_list)
+
+    def update_step(self, gradient, variable, learning_rate):
+        """The base update; with `base_optimizer="sgd"`, g + wd * w on decayed variables first
+        (L2 on the preconditioned gradient, as torch's SGD in kfac-pytorch)."""
+        if self.base_optimizer == "sgd" and self._decay[self._get_variable_index(variable)]:
+            gradient = ops.add(gradient, ops.multiply(self.weight_decay_rate, variable))
+        super().update_step(gradient, variable, learning_rate)
 
     def apply_gradients(self, grads_and_vars):
         """Preconditions the registered layers' gradients, then applies the base update."""
