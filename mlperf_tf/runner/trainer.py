@@ -54,6 +54,9 @@ class Trainer:
         self._grads = replica_function(self._replica_grads, xla=xla)
         # Set by the controller before the first loop (see `mlperf_tf.preemption.StopRequest`).
         self.stop_request = None
+        # Set by the controller when --all_reduce/--pack_mb/--weight_update_sharding ask for
+        # the collectives' sum (`mlperf_tf.collectives.GradientSummer`); None: Keras' own sum.
+        self.summer = None
         self.loop = tf.function(self._loop)
 
     def _replica_grads(self, batch):
@@ -96,6 +99,10 @@ class Trainer:
         Args:
           grads: one gradient per `model.trainable_variables`, of this replica's micro batches.
         """
+        if self.summer is not None:
+            variables = self.model.trainable_variables
+            self.summer.apply(self.optimizer, grads, variables, clip_norm=self.clip_norm)
+            return
         if self.clip_norm:
             grads = self._clip_summed(grads)
         self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
