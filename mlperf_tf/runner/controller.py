@@ -64,6 +64,8 @@ def run(
         timeout_s=run_config.startup_timeout_s,
         collective_timeout=run_config.collective_timeout,
     )
+    if stop_request is not None:
+        stop_request.reclaim_signals()  # TF's coordination service may have taken SIGTERM
     chief = distribute.is_chief(strategy)
     checkpoints.check_model_dir(run_config.model_dir)
     if chief:
