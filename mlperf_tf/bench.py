@@ -8,9 +8,9 @@ then `--windows` timed windows of `--steps_per_window` steps each give samples/s
 the summary is their median with the spread (min, max).
 
 MFU (model FLOPs utilization) is reported where the FLOPs of the model are known
-(`mlperf_tf.flops`): training FLOPs per sample x samples/s, over the matmul peak of the same
-device in the same dtype, measured by this command between the windows (so that machine load hits
-both alike). With `--config.data_dir=DIR`, the benchmark's real input pipeline is also timed alone
+(`mlperf_tf.flops`): training FLOPs per sample x the median samples/s, over the best matmul peak
+of the same device in the same dtype, measured by this command after each window (on a loaded
+machine the best of several peaks is the closest to the machine's real one). With `--config.data_dir=DIR`, the benchmark's real input pipeline is also timed alone
 (one host pipeline, no training) to show whether input can keep up.
 
     mlperf-tf bench --benchmark=resnet50 [--preset=mlperf] [--distribution=auto] [--dtype=fp32]
@@ -95,7 +95,7 @@ class BenchResult:
     warmup_s: float
     flops_per_sample: float | None = None  # training FLOPs (a multiply-add is 2)
     peak_flops_per_s: float | None = None  # the best matmul rate measured
-    mfu: float | None = None  # median over windows of (model FLOP/s / adjacent matmul peak)
+    mfu: float | None = None  # model FLOP/s at the median rate / (best matmul peak x devices)
     input_samples_per_s: float | None = None
     load_average: tuple[float, float] = (0.0, 0.0)  # 1-min load before and after
     device: str = ""
@@ -283,7 +283,9 @@ def run(config: BenchConfig, run_settings: dict[str, Any], overrides: dict[str, 
     warmup_s = time.perf_counter() - begin
     print(f"warm-up: {config.warmup_steps} steps in {warmup_s:.1f} s", file=progress, flush=True)
 
-    rates, peaks, utilizations = [], [], []
+    rates, peaks = [], []
+    # CPU replicas share the host's cores: one peak; accelerators each have theirs.
+    devices = 1 if "CPU" in device.upper() else len(strategy.extended.worker_devices)
     steps = tf.constant(config.steps_per_window, tf.int32)
     for window in range(config.windows):
         begin = time.perf_counter()
@@ -296,10 +298,7 @@ def run(config: BenchConfig, run_settings: dict[str, Any], overrides: dict[str, 
         )
         if flops_per_sample:
             peaks.append(peak.measure(config.peak_seconds))
-            # CPU replicas share the host's cores: one peak; accelerators each have theirs.
-            devices = 1 if "CPU" in device.upper() else len(strategy.extended.worker_devices)
-            utilizations.append(flops_per_sample * rates[-1] / (peaks[-1] * devices))
-            line += f", MFU {100 * utilizations[-1]:.1f}%"
+            line += f", MFU {100 * flops_per_sample * rates[-1] / (max(peaks) * devices):.1f}%"
         print(line, file=progress, flush=True)
 
     median = statistics.median(rates)
@@ -327,7 +326,7 @@ def run(config: BenchConfig, run_settings: dict[str, Any], overrides: dict[str, 
         warmup_s=warmup_s,
         flops_per_sample=flops_per_sample,
         peak_flops_per_s=max(peaks) if peaks else None,
-        mfu=statistics.median(utilizations) if utilizations else None,
+        mfu=flops_per_sample * median / (max(peaks) * devices) if peaks else None,
         input_samples_per_s=input_samples_per_s,
         load_average=(load_before, os.getloadavg()[0]),
         device=device,

@@ -86,7 +86,9 @@ USAGE = """usage: mlperf-tf sweep --benchmark=NAME --preset=P --out=DIR [options
   --budget=epochs|target  train every cell for the whole budget (default), or stop at the target
   --target=Q              the quality that counts as reached (default: the preset's)
   --lr_rule=RULE          linear, sqrt or own, or per optimizer: sgd:linear,lars:own
-  --lr_field=PATH         the config field of the base learning rate (default: found by name)
+  --lr_field=PATH         the config field of the base learning rate (default: found by name),
+                          or per optimizer: kfac:optimizer.lars_opt_base_learning_rate,...
+  --opt.NAME.KEY=VALUE    a config override for optimizer NAME's cells only (its base LR, ...)
   --run.KEY=VALUE         a `mlperf-tf run` flag for every cell, e.g. --run.num_cpu_devices=4
   --plots=true|false      write the PNGs (default: true)
 """
@@ -103,12 +105,15 @@ class SweepSpec:
       batch_sizes: global batch sizes (0 keeps the preset's).
       grid: dotted config field -> the values (flag text) it takes.
       overrides: dotted config field -> value (flag text) for every cell.
+      optimizer_overrides: optimizer -> {dotted field -> value} for that optimizer's cells only
+        (e.g. its base learning rate or `opt_params`), applied after `overrides`.
       seeds: run seeds, one run per seed per cell.
       epochs: the epoch budget (`max_epochs`); 0 keeps the preset's.
       budget: "epochs" (train to the budget) or "target" (stop at the target).
       target: the quality that counts as reached; None means the preset's `quality_target`.
       lr_rules: optimizer -> rule ("*" for every optimizer).
-      lr_field: dotted path of the base learning rate; "" finds it by name per optimizer.
+      lr_fields: optimizer ("*" for any) -> dotted path of its base learning rate; an optimizer
+        without one has it found by name (`LR_FIELD_CANDIDATES`).
       run_flags: `RunConfig` field -> value (flag text).
     """
 
@@ -118,12 +123,13 @@ class SweepSpec:
     batch_sizes: tuple[int, ...] = (0,)
     grid: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
     overrides: dict[str, str] = dataclasses.field(default_factory=dict)
+    optimizer_overrides: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
     seeds: tuple[int, ...] = (0,)
     epochs: float = 0.0
     budget: str = "epochs"
     target: float | None = None
     lr_rules: dict[str, str] = dataclasses.field(default_factory=lambda: {"*": "linear"})
-    lr_field: str = ""
+    lr_fields: dict[str, str] = dataclasses.field(default_factory=dict)
     run_flags: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
@@ -140,6 +146,12 @@ class SweepSpec:
             raise UserError(f"--batch_sizes ({self.batch_sizes}) must be positive")
         if self.epochs < 0:
             raise UserError(f"--epochs ({self.epochs}) must be positive")
+        unknown = set(self.optimizer_overrides) - set(self.optimizers)
+        if unknown:
+            raise UserError(
+                f"--opt.{sorted(unknown)[0]}.*: that optimizer is not in --optimizers "
+                f"({','.join(self.optimizers)})"
+            )
         if not self.seeds:
             raise UserError("--seeds must name at least one seed")
         for key in ("model_dir", "seed", "mlperf_log"):
@@ -228,6 +240,7 @@ def cell_overrides(spec: SweepSpec, cell: Cell, preset_config) -> tuple[dict[str
 
     paths = config_lib.field_paths(preset_config)
     overrides = dict(spec.overrides)
+    overrides.update(spec.optimizer_overrides.get(cell.optimizer, {}))
     if cell.optimizer:
         opt_field = _find_field(paths, OPT_NAME_FIELD)
         if opt_field is None:
@@ -248,7 +261,7 @@ def cell_overrides(spec: SweepSpec, cell: Cell, preset_config) -> tuple[dict[str
     paths = config_lib.field_paths(config)
     opt_field = _find_field(paths, OPT_NAME_FIELD)
     optimizer = str(paths[opt_field]) if opt_field else (cell.optimizer or "")
-    lr_field = spec.lr_field
+    lr_field = spec.lr_fields.get(optimizer, spec.lr_fields.get("*", ""))
     if not lr_field:
         for pattern in LR_FIELD_CANDIDATES:
             lr_field = _find_field(paths, pattern.format(opt=optimizer))
@@ -294,6 +307,7 @@ def run_cell(job_path: str) -> int:
     from mlperf_tf import runner
 
     absl_logging.set_verbosity(absl_logging.INFO)  # the runner's progress lines, in output.txt
+    absl_logging.use_absl_handler()
 
     with open(job_path, encoding="utf-8") as f:
         job = json.load(f)
@@ -529,7 +543,8 @@ def collect(out: str, grid: Sequence[Cell]) -> list[dict[str, Any]]:
 
 
 def write_table(out: str, rows: Sequence[dict[str, Any]]) -> None:
-    """`results.json` (rows with their eval curves) and `results.csv` (one line per run)."""
+    """`results.json` (rows with their eval curves), `results.csv` (one line per run) and
+    `results.md` (the main columns, for docs)."""
     _write_json_atomic(os.path.join(out, "results.json"), list(rows))
     tmp = os.path.join(out, f"results.csv.tmp{os.getpid()}")
     with open(tmp, "w", newline="", encoding="utf-8") as f:
@@ -547,6 +562,31 @@ def write_table(out: str, rows: Sequence[dict[str, Any]]) -> None:
             )
             writer.writerow(flat)
     os.replace(tmp, os.path.join(out, "results.csv"))
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(markdown_table(rows))
+    os.replace(tmp, os.path.join(out, "results.md"))
+
+
+def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
+    """The table's main columns as Markdown, for docs (`results.md`)."""
+    lines = [
+        "| optimizer | LR rule | LR | batch | grid | seed | steps | epochs | final | best "
+        "| steps to target | epochs to target | run s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        grid = " ".join(f"{k}={v}" for k, v in row["grid"].items())
+        to_target = ("-", "-")
+        if row["steps_to_target"] is not None:
+            to_target = (str(row["steps_to_target"]), f"{row['epochs_to_target']:.2f}")
+        seconds = "" if row["run_seconds"] is None else f"{row['run_seconds']:.0f}"
+        lines.append(
+            f"| {row['optimizer']} | {row['lr_rule']} | {row['learning_rate']:.4g} "
+            f"| {row['global_batch_size']} | {grid} | {row['seed']} | {row['steps']} "
+            f"| {row['epochs']:.2f} | {row['final_quality']:.3f} | {row['best_quality']:.3f} "
+            f"| {to_target[0]} | {to_target[1]} | {seconds} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def _series_label(row: dict[str, Any]) -> str:
@@ -645,12 +685,13 @@ def split_top_level(text: str) -> list[str]:
     return items
 
 
-def _parse_lr_rules(text: str) -> dict[str, str]:
-    rules = {}
+def _per_optimizer(text: str) -> dict[str, str]:
+    """`a:x,b:y,z` -> {"a": "x", "b": "y", "*": "z"} (a value without a name is everyone's)."""
+    values = {}
     for item in split_top_level(text):
-        name, sep, rule = item.rpartition(":")
-        rules[name if sep else "*"] = rule
-    return rules
+        name, sep, value = item.partition(":")
+        values[name if sep else "*"] = value if sep else name
+    return values
 
 
 def parse_args(argv: Sequence[str]) -> tuple[SweepSpec, str, bool]:
@@ -660,7 +701,7 @@ def parse_args(argv: Sequence[str]) -> tuple[SweepSpec, str, bool]:
       UserError: an unknown or malformed argument (named in the message).
     """
     values: dict[str, str] = {"preset": "mini", "seeds": "0", "plots": "true"}
-    grid, overrides, run_flags = {}, {}, {}
+    grid, overrides, run_flags, optimizer_overrides = {}, {}, {}, {}
     known = {"benchmark", "preset", "out", "optimizers", "batch_sizes", "seeds", "epochs",
              "budget", "target", "lr_rule", "lr_field", "plots"}  # fmt: skip
     for arg in argv:
@@ -673,6 +714,11 @@ def parse_args(argv: Sequence[str]) -> tuple[SweepSpec, str, bool]:
                 raise UserError(f"{arg}: give at least one value")
         elif key.startswith("config."):
             overrides[key[len("config.") :]] = value
+        elif key.startswith("opt."):
+            name, _, field = key[len("opt.") :].partition(".")
+            if not name or not field:
+                raise UserError(f"{arg}: must look like --opt.NAME.KEY=VALUE")
+            optimizer_overrides.setdefault(name, {})[field] = value
         elif key.startswith("run."):
             run_flags[key[len("run.") :]] = value
         elif key in known:
@@ -700,12 +746,13 @@ def parse_args(argv: Sequence[str]) -> tuple[SweepSpec, str, bool]:
         batch_sizes=numbers("batch_sizes", int) or (0,),
         grid=grid,
         overrides=overrides,
+        optimizer_overrides=optimizer_overrides,
         seeds=numbers("seeds", int),
         epochs=epochs,
         budget=values.get("budget", "epochs"),
         target=target,
-        lr_rules=_parse_lr_rules(values.get("lr_rule", "linear")),
-        lr_field=values.get("lr_field", ""),
+        lr_rules=_per_optimizer(values.get("lr_rule", "linear")),
+        lr_fields=_per_optimizer(values.get("lr_field", "")),
         run_flags=run_flags,
     )
     return spec, values["out"], values["plots"].lower() in ("true", "1", "yes")

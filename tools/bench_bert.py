@@ -169,13 +169,19 @@ def garden_step(args, model_config):
     return step
 
 
-def time_steps(step, batch, steps: int) -> float:
-    """Seconds per step over `steps` steps (the loss is fetched once at the end)."""
-    begin = time.perf_counter()
+def time_steps(step, batch, steps: int, cpu_seconds: list | None = None) -> float:
+    """Seconds per step over `steps` steps (the loss is fetched once at the end).
+
+    Appends the process CPU seconds per step to `cpu_seconds` when given: CPU time is what a step
+    costs the machine, which other jobs' load distorts far less than the wall time.
+    """
+    begin, cpu_begin = time.perf_counter(), time.process_time()
     loss = None
     for _ in range(steps):
         loss = step(batch)
     float(loss)
+    if cpu_seconds is not None:
+        cpu_seconds.append((time.process_time() - cpu_begin) / steps)
     return (time.perf_counter() - begin) / steps
 
 
@@ -206,10 +212,11 @@ def main(argv=None) -> int:
         print(f"warmed up {name}", flush=True)
 
     seconds: dict[str, list[float]] = {name: [] for name in sides}
+    cpu: dict[str, list[float]] = {name: [] for name in sides}
     ratios = []
     for repeat in range(args.repeats):
         order = list(sides) if repeat % 2 == 0 else list(reversed(sides))
-        this = {name: time_steps(sides[name], batch, args.steps) for name in order}
+        this = {name: time_steps(sides[name], batch, args.steps, cpu[name]) for name in order}
         for name, value in this.items():
             seconds[name].append(value)
         if garden is not None:
@@ -228,10 +235,18 @@ def main(argv=None) -> int:
             f"{name:>13}: {args.batch_size / statistics.median(values):8.2f} sequences/s (median)"
         )
     if ratios:
+        pooled = sum(seconds["model_garden"]) / sum(seconds["ours"])
+        cpu_ratios = [g / o for g, o in zip(cpu["model_garden"], cpu["ours"])]
         print(
             f"ours / model_garden sequences/s: {statistics.median(ratios):.3f} "
-            f"(median of per-repeat ratios; min {min(ratios):.3f}, max {max(ratios):.3f})"
+            f"(median of per-repeat ratios; min {min(ratios):.3f}, max {max(ratios):.3f}); "
+            f"pooled {pooled:.3f}"
         )
+        print(
+            f"by CPU time per step: model_garden / ours {sum(cpu['model_garden']) / sum(cpu['ours']):.3f}"
+            f" total, {statistics.median(cpu_ratios):.3f} median of per-repeat ratios"
+        )
+    print(f"load average at the end: {os.getloadavg()}")
     return 0
 
 

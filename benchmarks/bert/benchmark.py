@@ -16,7 +16,7 @@ from benchmarks.bert import input as input_lib
 from benchmarks.bert import model as model_lib
 from mlperf_tf.benchmark import Benchmark, EvalPoint
 from mlperf_tf.config import ConfigError
-from mlperf_tf.optimizers import LAMB, WarmupPolynomialDecay
+from mlperf_tf.optimizers import LAMB, WarmupPolynomialDecay, registry
 
 # MLPerf log keys of closed_bert.yaml (0.7.0, 1.0.0) that `mlperf_logging.mllog.constants` lacks.
 OPT_EPSILON = "opt_epsilon"
@@ -154,6 +154,10 @@ class BertBenchmark(Benchmark):
     def build_optimizer(self, train_steps: int) -> keras.optimizers.Optimizer:
         """LAMB (the MLPerf reference's, bias-corrected) on `learning_rate_schedule`."""
         opt = self.config.optimizer
+        if opt.opt_name != "lamb":
+            return registry.build(
+                opt.opt_name, self.learning_rate_schedule(train_steps), opt, opt.opt_params
+            )
         return LAMB(
             self.learning_rate_schedule(train_steps),
             beta_1=opt.opt_lamb_beta_1,
@@ -277,15 +281,21 @@ class BertBenchmark(Benchmark):
     def mlperf_hparams(self) -> dict[str, Any]:
         """The keys of closed_bert.yaml (rulesets 0.7.0 and 1.0.0) and the reference's extras."""
         opt = self.config.optimizer
+        if opt.opt_name == "lamb":
+            optimizer_keys = {
+                C.OPT_NAME: C.LAMB,
+                OPT_EPSILON: opt.opt_epsilon,
+                C.OPT_LAMB_EPSILON: opt.opt_epsilon,  # the key's name from ruleset 2.1 on
+                C.OPT_LAMB_BETA_1: opt.opt_lamb_beta_1,
+                C.OPT_LAMB_BETA_2: opt.opt_lamb_beta_2,
+                C.OPT_LAMB_WEIGHT_DECAY: opt.opt_lamb_weight_decay_rate,
+                C.OPT_LAMB_LR_DECAY_POLY_POWER: opt.opt_lamb_learning_rate_decay_poly_power,
+            }
+        else:  # a registry optimizer on the same schedule: its own keys
+            optimizer_keys = registry.mlperf_hparams(opt.opt_name, opt, opt.opt_params)
         return {
-            C.OPT_NAME: C.LAMB,
+            **optimizer_keys,
             C.OPT_BASE_LR: opt.opt_base_learning_rate,
-            OPT_EPSILON: opt.opt_epsilon,
-            C.OPT_LAMB_EPSILON: opt.opt_epsilon,  # the key's name from ruleset 2.1 on
-            C.OPT_LAMB_BETA_1: opt.opt_lamb_beta_1,
-            C.OPT_LAMB_BETA_2: opt.opt_lamb_beta_2,
-            C.OPT_LAMB_WEIGHT_DECAY: opt.opt_lamb_weight_decay_rate,
-            C.OPT_LAMB_LR_DECAY_POLY_POWER: opt.opt_lamb_learning_rate_decay_poly_power,
             C.OPT_LR_TRAINING_STEPS: self.decay_steps(self.train_steps),
             C.OPT_LR_WARMUP_STEPS: opt.num_warmup_steps,
             C.NUM_WARMUP_STEPS: opt.num_warmup_steps,

@@ -9,6 +9,7 @@ from typing import Literal
 
 from mlperf_tf import paths
 from mlperf_tf.config import BenchmarkConfig, ConfigError
+from mlperf_tf.optimizers import registry
 
 # MLPerf's rule for the BERT eval cadence, in training samples (see README.md, "Evaluation").
 EvalRule = Literal["v0.7", "v1.0"]
@@ -113,6 +114,10 @@ class OptimizerConfig:
     checkpoint).
     """
 
+    # lamb (the reference), or any registered optimizer (`mlperf_tf.optimizers.registry`) on the
+    # same schedule and clipping, with `opt_params` "key=value"s.
+    opt_name: str = "lamb"
+    opt_params: tuple[str, ...] = ()
     opt_base_learning_rate: float = 0.00288293
     opt_epsilon: float = 1e-6
     opt_lamb_beta_1: float = 0.88
@@ -127,6 +132,7 @@ class OptimizerConfig:
     clip_global_norm: float = 1.0
 
     def __post_init__(self):
+        registry.check_opt_name(self.opt_name, native=("lamb",))
         if self.opt_base_learning_rate <= 0:
             raise ConfigError(
                 f"`optimizer.opt_base_learning_rate` ({self.opt_base_learning_rate!r}) "

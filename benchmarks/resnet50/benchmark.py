@@ -15,7 +15,7 @@ from mlperf_tf import layers
 from mlperf_tf.benchmark import Benchmark, EvalPoint
 from mlperf_tf.config import ConfigError
 from mlperf_tf.data.pipeline import eval_batches_per_pipeline
-from mlperf_tf.optimizers import LARS, WarmupPolynomialDecay
+from mlperf_tf.optimizers import LARS, WarmupPolynomialDecay, registry
 
 # MLPerf log keys of the closed_resnet_sgd rules that `mlperf_logging.mllog.constants` lacks.
 SGD_OPT_BASE_LR = "sgd_opt_base_learning_rate"
@@ -24,6 +24,7 @@ SGD_OPT_LR_DECAY_POLY_POWER = "sgd_opt_learning_rate_decay_poly_power"
 SGD_OPT_LR_DECAY_STEPS = "sgd_opt_learning_rate_decay_steps"
 SGD_OPT_WEIGHT_DECAY = "sgd_opt_weight_decay"
 SGD_OPT_MOMENTUM = "sgd_opt_momentum"
+OPT_LR_DECAY_POLY_POWER = "opt_learning_rate_decay_poly_power"  # registry optimizers
 
 
 class ResNet50Benchmark(Benchmark):
@@ -91,8 +92,10 @@ class ResNet50Benchmark(Benchmark):
                 eeta=opt.lars_eeta,
                 epsilon=opt.lars_epsilon,
             )
-        # SGD's weight decay is the L2 term of `compute_loss`.
-        return keras.optimizers.SGD(schedule, momentum=opt.sgd_opt_momentum)
+        if opt.opt_name == "sgd":
+            # SGD's weight decay is the L2 term of `compute_loss`.
+            return keras.optimizers.SGD(schedule, momentum=opt.sgd_opt_momentum)
+        return registry.build(opt.opt_name, schedule, opt, opt.opt_params)
 
     # ---- data ----------------------------------------------------------------------------------
     def train_dataset(self, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
@@ -195,6 +198,15 @@ class ResNet50Benchmark(Benchmark):
                 C.LARS_OPT_MOMENTUM: opt.lars_opt_momentum,
                 C.LARS_OPT_WEIGHT_DECAY: opt.lars_opt_weight_decay,
                 C.LARS_EPSILON: opt.lars_epsilon,
+            }
+        elif opt.opt_name != "sgd":  # a registry optimizer on the LARS schedule
+            hparams = {
+                C.OPT_BASE_LR: opt.lars_opt_base_learning_rate,
+                C.OPT_END_LR: opt.lars_opt_end_learning_rate,
+                OPT_LR_DECAY_POLY_POWER: opt.lars_opt_learning_rate_decay_poly_power,
+                C.OPT_LR_DECAY_STEPS: decay_steps,
+                C.OPT_LR_WARMUP_EPOCHS: opt.lars_opt_learning_rate_warmup_epochs,
+                **registry.mlperf_hparams(opt.opt_name, opt, opt.opt_params),
             }
         else:
             hparams = {

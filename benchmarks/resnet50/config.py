@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Literal
 
 from mlperf_tf import paths
 from mlperf_tf.config import BenchmarkConfig, ConfigError, require_positive_int
+from mlperf_tf.optimizers import registry
 
 NAME = "resnet50"
 
@@ -65,7 +65,10 @@ class OptimizerConfig:
     """The optimizer and its schedule; fields are named after their MLPerf log keys.
 
     `opt_name` picks LARS (the `lars_*` fields) or SGD with momentum (the `sgd_*` fields and
-    `opt_learning_rate_warmup_epochs`); both use a linear warmup from 0 and then a polynomial
+    `opt_learning_rate_warmup_epochs`), or any optimizer of the registry
+    (`mlperf_tf.optimizers.registry`: neumann, nlcg, kfac, or a plug-in's), which runs on the
+    `lars_*` schedule with its own hyperparameters from `opt_params` ("key=value" strings) or
+    the fields above of the same names; all use a linear warmup from 0 and then a polynomial
     decay to the end learning rate over the remaining steps (MLPerf's
     `*_opt_learning_rate_decay_steps` is derived from the run length, not set here).
 
@@ -78,7 +81,8 @@ class OptimizerConfig:
       lars_eeta: LARS' trust coefficient (not an MLPerf log key; the reference uses 0.001).
     """
 
-    opt_name: Literal["lars", "sgd"] = "lars"
+    opt_name: str = "lars"
+    opt_params: tuple[str, ...] = ()
     label_smoothing: float = 0.1
 
     lars_opt_base_learning_rate: float = 10.0
@@ -98,15 +102,14 @@ class OptimizerConfig:
     sgd_opt_weight_decay: float = 1e-4
 
     def __post_init__(self):
-        if self.opt_name not in ("lars", "sgd"):
-            raise ConfigError(f"`optimizer.opt_name` ({self.opt_name!r}) must be lars or sgd.")
+        registry.check_opt_name(self.opt_name, native=("lars", "sgd"))
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ConfigError(
                 f"`optimizer.label_smoothing` ({self.label_smoothing!r}) must be in [0, 1)."
             )
         for prefix in ("lars_", "sgd_", "opt_"):
             for field in dataclasses.fields(self):
-                if not field.name.startswith(prefix) or field.name == "opt_name":
+                if not field.name.startswith(prefix) or field.name in ("opt_name", "opt_params"):
                     continue
                 value = getattr(self, field.name)
                 if value < 0 or not math.isfinite(value):
@@ -120,30 +123,35 @@ class OptimizerConfig:
             raise ConfigError(f"`optimizer.lars_eeta` ({self.lars_eeta!r}) must be positive.")
 
     @property
+    def _prefix(self) -> str:
+        """The schedule fields' prefix: `sgd` for SGD, `lars` for LARS and registry optimizers."""
+        return "sgd" if self.opt_name == "sgd" else "lars"
+
+    @property
     def base_learning_rate(self) -> float:
-        return getattr(self, f"{self.opt_name}_opt_base_learning_rate")
+        return getattr(self, f"{self._prefix}_opt_base_learning_rate")
 
     @property
     def end_learning_rate(self) -> float:
-        return getattr(self, f"{self.opt_name}_opt_end_learning_rate")
+        return getattr(self, f"{self._prefix}_opt_end_learning_rate")
 
     @property
     def poly_power(self) -> float:
-        return getattr(self, f"{self.opt_name}_opt_learning_rate_decay_poly_power")
+        return getattr(self, f"{self._prefix}_opt_learning_rate_decay_poly_power")
 
     @property
     def warmup_epochs(self) -> float:
-        if self.opt_name == "lars":
+        if self.opt_name != "sgd":
             return self.lars_opt_learning_rate_warmup_epochs
         return self.opt_learning_rate_warmup_epochs
 
     @property
     def momentum(self) -> float:
-        return getattr(self, f"{self.opt_name}_opt_momentum")
+        return getattr(self, f"{self._prefix}_opt_momentum")
 
     @property
     def weight_decay(self) -> float:
-        return getattr(self, f"{self.opt_name}_opt_weight_decay")
+        return getattr(self, f"{self._prefix}_opt_weight_decay")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

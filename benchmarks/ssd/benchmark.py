@@ -20,7 +20,7 @@ from mlperf_tf.benchmark import Benchmark
 from mlperf_tf.data import pipeline, synthetic
 from mlperf_tf.errors import DataError, UserError
 from mlperf_tf.layers import model_bn_span
-from mlperf_tf.optimizers import PiecewiseConstantWithWarmup
+from mlperf_tf.optimizers import PiecewiseConstantWithWarmup, registry
 
 # Offset of the synthetic eval examples' seeds, so they differ from the training batch's.
 _SYNTHETIC_EVAL_SEED = 1_000_000
@@ -76,6 +76,9 @@ class SSDBenchmark(Benchmark):
     def build_optimizer(self, train_steps: int) -> keras.optimizers.Optimizer:
         """SGD with momentum on the warmup + step schedule; weight decay is in the loss."""
         del train_steps  # the schedule is in epochs, not relative to the run length
+        opt = self.config.optimizer
+        if opt.opt_name != "sgd":
+            return registry.build(opt.opt_name, self.learning_rate_schedule(), opt, opt.opt_params)
         return keras.optimizers.SGD(
             learning_rate=self.learning_rate_schedule(), momentum=self.config.optimizer.momentum
         )
@@ -309,7 +312,13 @@ class SSDBenchmark(Benchmark):
         opt = cfg.optimizer
         per_replica = max(1, self.micro_batch_size // max(1, self.num_replicas))
         factor = opt.opt_learning_rate_warmup_factor
+        optimizer_keys = (
+            registry.mlperf_hparams(opt.opt_name, opt, opt.opt_params)
+            if opt.opt_name != "sgd"
+            else {}
+        )
         return {
+            **optimizer_keys,
             C.MODEL_BN_SPAN: model_bn_span(per_replica, cfg.model.bn_group_size),
             C.OPT_BASE_LR: opt.base_learning_rate(cfg.global_batch_size),
             C.OPT_WEIGHT_DECAY: opt.opt_weight_decay,

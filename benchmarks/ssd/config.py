@@ -7,6 +7,7 @@ import math
 
 from mlperf_tf import paths
 from mlperf_tf.config import BenchmarkConfig, ConfigError, require_positive_int
+from mlperf_tf.optimizers import registry
 
 NAME = "ssd"
 
@@ -167,6 +168,10 @@ class OptimizerConfig:
         `40 * (1 + k/10)` and `50 * (1 + k/10)`).
     """
 
+    # sgd (the reference), or any registered optimizer (`mlperf_tf.optimizers.registry`) on the
+    # same schedule and loss (weight decay stays the loss' L2 term), with `opt_params` "key=value"s.
+    opt_name: str = "sgd"
+    opt_params: tuple[str, ...] = ()
     opt_base_learning_rate: float | None = None
     reference_learning_rate: float = 2.5e-3
     reference_batch_size: int = 32
@@ -178,6 +183,7 @@ class OptimizerConfig:
     learning_rate_decay_factor: float = 0.1
 
     def __post_init__(self):
+        registry.check_opt_name(self.opt_name, native=("sgd",))
         if self.opt_base_learning_rate is not None and not self.opt_base_learning_rate > 0:
             raise ConfigError(
                 f"`optimizer.opt_base_learning_rate` ({self.opt_base_learning_rate!r}) must be "

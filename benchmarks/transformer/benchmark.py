@@ -20,7 +20,7 @@ from benchmarks.transformer import model as model_lib
 from mlperf_tf.benchmark import Benchmark
 from mlperf_tf.config import ConfigError
 from mlperf_tf.data import pipeline
-from mlperf_tf.optimizers import WarmupRsqrtDecay
+from mlperf_tf.optimizers import WarmupRsqrtDecay, registry
 
 
 def label_smoothed_cross_entropy(
@@ -161,6 +161,8 @@ class TransformerBenchmark(Benchmark):
         """Adam (beta_1, beta_2, epsilon from config) with linear warmup and rsqrt decay."""
         del train_steps  # the rsqrt decay has no end
         opt = self.config.optimizer
+        if opt.opt_name != "adam":
+            return registry.build(opt.opt_name, self.learning_rate_schedule(), opt, opt.opt_params)
         return keras.optimizers.Adam(
             learning_rate=self.learning_rate_schedule(),
             beta_1=opt.opt_adam_beta_1,
@@ -322,14 +324,19 @@ class TransformerBenchmark(Benchmark):
 
     def mlperf_hparams(self) -> dict[str, Any]:
         opt, d = self.config.optimizer, self.config.data
-        return {
-            C.OPT_NAME: opt.opt_name,
+        hparams = {
             C.OPT_BASE_LR: opt.opt_base_learning_rate,
             C.OPT_LR_WARMUP_STEPS: opt.opt_learning_rate_warmup_steps,
+            C.MAX_SEQUENCE_LENGTH: (d.max_sequence_length, {"method": d.max_length_method}),
+        }
+        if opt.opt_name != "adam":  # a registry optimizer: its own keys
+            return {**hparams, **registry.mlperf_hparams(opt.opt_name, opt, opt.opt_params)}
+        return {
+            C.OPT_NAME: opt.opt_name,
             C.OPT_ADAM_BETA_1: opt.opt_adam_beta_1,
             C.OPT_ADAM_BETA_2: opt.opt_adam_beta_2,
             C.OPT_ADAM_EPSILON: opt.opt_adam_epsilon,
-            C.MAX_SEQUENCE_LENGTH: (d.max_sequence_length, {"method": d.max_length_method}),
+            **hparams,
         }
 
     @classmethod

@@ -15,6 +15,7 @@ from typing import Literal
 
 from mlperf_tf import paths
 from mlperf_tf.config import BenchmarkConfig, ConfigError
+from mlperf_tf.optimizers import registry
 
 NAME = "transformer"
 
@@ -45,13 +46,19 @@ class OptimizerConfig:
     (`mlperf_tf.optimizers.WarmupRsqrtDecay` with `factor=hidden_size**-0.5`).
     """
 
-    opt_name: Literal["adam"] = "adam"  # Keras 3 has no lazy (sparse) Adam
+    # adam (Keras 3 has no lazy, sparse Adam), or any registered optimizer
+    # (`mlperf_tf.optimizers.registry`) on the same schedule, with `opt_params` "key=value"s.
+    opt_name: str = "adam"
+    opt_params: tuple[str, ...] = ()
     opt_base_learning_rate: float = 2.0
     opt_learning_rate_warmup_steps: int = 16000
     opt_adam_beta_1: float = 0.9
     opt_adam_beta_2: float = 0.997
     opt_adam_epsilon: float = 1e-9
     label_smoothing: float = 0.1
+
+    def __post_init__(self):
+        registry.check_opt_name(self.opt_name, native=("adam",))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -31,9 +31,10 @@ RCP_SOURCES = {
 
 # Stated models where no RCP exists: (batch, epochs) points, same interpolation rules.
 STATED_MODELS = {
-    # Transformer-big (batch in tokens): MLPerf v0.6/v0.7 TPU-v3 result logs converged in 2-3
-    # epochs at 512 sentence pairs (~0.26 M tokens) and 5-6 at 2048 pairs (~1 M tokens), e.g.
-    # training_results_v0.6 Google/results/tpu-v3-{32,2048}/transformer (docs/scaling.md).
+    # Transformer-big (batch in tokens): MLPerf v0.6 TPU-v3 result logs converged in 2-3 epochs
+    # at global batch 512 and in 5 at 2048 (training_results_v0.6 Google/results/
+    # tpu-v3-{32,2048}/transformer); their batch unit is taken as 512 tokens (an assumption: a
+    # padded pair), giving the points below. A stated model, not a measurement.
     "transformer": ((262144, 3.0), (1048576, 5.0)),
 }
 

@@ -119,8 +119,8 @@ def simulate(
       benchmark: a cached benchmark name (resnet50, ssd, transformer, bert).
       system: the machine.
       chips: chips (GPUs, TPU chips, logical devices) taking part, failed ones included.
-      global_batch: samples per step; default the system's per-chip batch x working chips, or
-        the preset's global batch.
+      global_batch: samples per step; default the system's per-chip batch x working chips (or
+        the preset's global batch), capped at the largest batch of the convergence data.
       algorithm: all-reduce algorithm; default the system's first (torus2d on a torus,
         hierarchical on a switched cluster, ring on a local machine).
       weight_update_sharding: each chip updates 1/p of the weights.
@@ -154,6 +154,8 @@ def simulate(
             benchmark, system.per_chip_batch.get("default", 0)
         )
         global_batch = per_chip_default * working or int(facts["global_batch_size"])
+        # No larger than the largest batch with convergence data (beyond it epochs are guesses).
+        global_batch = max(min(global_batch, convergence.curve(benchmark).batches[-1]), working)
     if global_batch < working:
         raise UserError(
             f"--global_batch ({global_batch}) is smaller than the {working} working chips"

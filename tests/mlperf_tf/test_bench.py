@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 from benchmarks.resnet50 import prepare
-from mlperf_tf import bench, cli
+from mlperf_tf import bench, cli, flops, registry
 
 FAST = ["--windows=2", "--steps_per_window=1", "--warmup_steps=1", "--peak_seconds=0.05"]
 
@@ -31,8 +31,21 @@ def test_resnet50_smoke_windows_median_spread_and_step_time(capsys):
     assert result["global_batch_size"] == 16  # the smoke preset's batch
     assert result["step_time_ms"] == pytest.approx(1e3 * 16 / result["samples_per_s"])
     assert result["input_samples_per_s"] is None  # synthetic preset: no input measurement
-    if result["flops_per_sample"] is not None:  # once mlperf_tf.flops counts this model
-        assert result["peak_flops_per_s"] > 0 and result["mfu"] > 0
+    assert result["flops_per_sample"] == pytest.approx(
+        flops.training_flops_per_sample("resnet50", "smoke")
+    )
+    assert result["peak_flops_per_s"] > 0
+    assert result["mfu"] == pytest.approx(
+        result["flops_per_sample"] * result["samples_per_s"] / result["peak_flops_per_s"]
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(registry.available()))
+def test_every_registered_benchmark_benches_on_its_smoke_preset(capsys, name):
+    result = _bench_json(capsys, f"--benchmark={name}", "--preset=smoke")
+    assert result["benchmark"] == name and min(result["window_samples_per_s"]) > 0
+    assert result["mfu"] > 0  # mlperf_tf.flops counts every built-in model
 
 
 def test_mirrored_replicas_and_overrides_reach_the_benchmark(capsys):

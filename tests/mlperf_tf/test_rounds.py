@@ -7,6 +7,7 @@ judges it with that round's rules. The same log under a round whose events it la
 test can fail.
 """
 
+import json
 import os
 
 import pytest
@@ -194,3 +195,40 @@ def test_bert_epsilon_under_another_rounds_name_fails(tmp_path, emitted_hparams)
     report = checker.check_log(path, ruleset="3.0.0")
     assert not report.official_passed
     assert any("opt_lamb_epsilon" in m for m in report.official_messages)
+
+
+def test_the_runner_emits_the_rounds_events_and_its_own_target(tmp_path):
+    from mlperf_tf import runner
+    from mlperf_tf.errors import UserError
+    from tests.tiny_benchmark import TinyBenchmark, smoke  # MLPerf benchmark "resnet"
+
+    def run(ruleset):
+        config = runner.RunConfig(
+            model_dir=str(tmp_path / (ruleset or "default")), steps_per_loop=3, ruleset=ruleset
+        )
+        return runner.run(TinyBenchmark(smoke()), config).mlperf_log
+
+    with open(run("2.0.0")) as f:
+        lines = f.read().splitlines()
+    keys = [
+        json.loads(line.split(":::MLLOG ", 1)[1])["key"] for line in lines if ":::MLLOG" in line
+    ]
+    tensors = [
+        json.loads(line.split(":::MLLOG ", 1)[1])["metadata"]["tensor"]
+        for line in lines
+        if '"weights_initialization"' in line
+    ]
+    assert tensors == list(rounds.initialized_tensors("resnet", "2.0.0"))
+    first, last = (
+        keys.index("weights_initialization"),
+        len(keys) - 1 - keys[::-1].index("weights_initialization"),
+    )
+    assert keys.index(C.INIT_START) < first and last < keys.index(C.INIT_STOP)
+    assert '# mlperf-tf target {"quality_target": 2.0}' in lines
+    with open(run("")) as f:  # the newest round with resnet, 4.0.0, asks for no tensors
+        assert "weights_initialization" not in f.read()
+    with pytest.raises(
+        UserError, match=r"--ruleset: ruleset '5.0.0' has no MLPerf 'resnet'.*4.0.0"
+    ):
+        run("5.0.0")
+    assert not (tmp_path / "5.0.0").exists()  # refused before anything started

@@ -77,6 +77,26 @@ def test_learning_rate_rules_scale_from_the_preset_batch(optimizer, rule, factor
     assert float(overrides["quality_target"]) == sweep.UNREACHABLE_TARGET
 
 
+def test_per_optimizer_overrides_and_lr_field():
+    spec, _, _ = sweep.parse_args([
+        "--benchmark=resnet50", "--out=x", "--optimizers=lars,sgd", "--batch_sizes=128",
+        "--lr_rule=own", "--lr_field=sgd:optimizer.lars_opt_base_learning_rate",
+        "--opt.sgd.optimizer.lars_opt_base_learning_rate=0.5",
+        "--opt.sgd.optimizer.label_smoothing=0.2",
+    ])  # fmt: skip
+    preset = resnet_config.mini()
+    lars, sgd = sweep.cells(spec)
+    overrides, lr = sweep.cell_overrides(spec, lars, preset)
+    assert "optimizer.label_smoothing" not in overrides
+    assert lr["learning_rate"] == preset.optimizer.lars_opt_base_learning_rate
+    overrides, lr = sweep.cell_overrides(spec, sgd, preset)
+    assert overrides["optimizer.label_smoothing"] == "0.2"
+    assert lr["lr_field"] == "optimizer.lars_opt_base_learning_rate"
+    assert lr["learning_rate"] == 0.5
+    with pytest.raises(UserError, match="not in --optimizers"):
+        sweep.parse_args(["--benchmark=resnet50", "--out=x", "--opt.nlcg.a=1"])
+
+
 def test_target_budget_keeps_the_target_and_grid_values_override():
     preset = resnet_config.mini()
     spec = _spec(budget="target", target=0.5, epochs=3, grid={"model.bn_group_size": ("2",)})
@@ -87,7 +107,7 @@ def test_target_budget_keeps_the_target_and_grid_values_override():
 
 
 def test_missing_learning_rate_field_names_the_optimizer():
-    spec = _spec(lr_field="optimizer.no_such_rate")
+    spec = _spec(lr_fields={"*": "optimizer.no_such_rate"})
     with pytest.raises(UserError, match="no base learning-rate field"):
         sweep.cell_overrides(spec, sweep.cells(spec)[0], resnet_config.mini())
 
@@ -176,6 +196,7 @@ def test_two_cells_killed_and_restarted(tmp_path):
     assert rows[0]["learning_rate"] == 0.05 and rows[1]["learning_rate"] == 0.1  # linear
     csv_lines = (out / "results.csv").read_text().splitlines()
     assert csv_lines[0].split(",") == list(sweep.TABLE_COLUMNS) and len(csv_lines) == 3
+    assert len((out / "results.md").read_text().splitlines()) == 2 + 2
     for png in ("quality_vs_batch.png", "quality_vs_epochs.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
 

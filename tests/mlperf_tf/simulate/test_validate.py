@@ -40,3 +40,10 @@ def test_committed_validation_table_is_up_to_date():
     for row in table:
         if row["role"].startswith("calibrate"):
             assert abs(row.get("error_logged", row["error_rcp"])) < 0.01, row["id"]
+
+
+def test_committed_studies_are_up_to_date():
+    from mlperf_tf.simulate import report
+
+    with open(os.path.join(validate.DOCS_DIR, "studies.md"), encoding="utf-8") as f:
+        assert f.read() == report.studies_text()

@@ -1,0 +1,154 @@
+"""Measures any benchmark's train step in the suite's runner against Keras `model.fit` of the same model.
+
+For a benchmark with no Model Garden trainer at matching settings, the nearest default a user
+would run is Keras' own loop. Contestants, on the benchmark's synthetic batches (one per step,
+no input cost beyond the synthetic pipeline):
+
+  mlperf_tf  `build_model`, `build_optimizer`, `compute_loss` in the runner's `Trainer` (the
+             compiled host loop of `mlperf-tf run`), one `tf.range` loop per call.
+  keras_fit  a fresh `build_model()` wrapped in a `keras.Model` whose `train_step` is Keras'
+             default one (tape, `compute_loss`, `optimizer.apply_gradients`, metrics update)
+             with the benchmark's loss, compiled with the benchmark's optimizer and Keras'
+             default `jit_compile`, and trained by `model.fit(steps_per_epoch=N)` per call.
+
+Rounds interleave the contestants in a rotating order (one warm-up call each first); reported:
+images or sequences per second (median, pooled), the ratio mlperf_tf / keras_fit (pooled and the
+median of per-round ratios) and process CPU seconds per step, which other jobs' load distorts
+far less than wall time.
+
+    python tools/bench_fit.py --benchmark=transformer --preset=mini [--steps=2] [--rounds=6]
+        [--config.KEY=VALUE ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import keras  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from mlperf_tf import config as config_lib  # noqa: E402
+from mlperf_tf import registry, runner  # noqa: E402
+from mlperf_tf.benchmark import RunContext  # noqa: E402
+from mlperf_tf.cli import split_config_overrides  # noqa: E402
+
+
+def make_benchmark(name: str, preset: str, overrides: dict[str, str]):
+    """The benchmark on synthetic data, one replica."""
+    benchmark_class = registry.get(name)
+    config = config_lib.override(benchmark_class.preset(preset), {**overrides, "data_dir": ""})
+    return benchmark_class(config).with_context(RunContext(num_replicas=1))
+
+
+def mlperf_tf_contestant(benchmark):
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    with strategy.scope():
+        model = benchmark.build_model()
+        optimizer = benchmark.build_optimizer(benchmark.train_steps)
+        optimizer.build(model.trainable_variables)
+    trainer = runner.Trainer(
+        strategy=strategy, benchmark=benchmark, model=model, optimizer=optimizer, xla=False
+    )
+    iterator = iter(strategy.distribute_datasets_from_function(benchmark.train_dataset))
+
+    def run(steps: int) -> None:
+        trainer.loop(iterator, tf.constant(steps, tf.int32))[0].numpy()
+
+    return run
+
+
+class _FitModel(keras.Model):
+    """Keras' default train step around a benchmark's model and loss (TF backend)."""
+
+    def __init__(self, benchmark, inner: keras.Model):
+        super().__init__()
+        self.benchmark = benchmark
+        self.inner = inner
+
+    def call(self, inputs, training=False):
+        return self.inner(inputs, training=training)
+
+    def train_step(self, data):
+        with tf.GradientTape() as tape:
+            loss = self.benchmark.compute_loss(self.inner, data, training=True)
+        grads = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply_gradients(zip(grads, self.trainable_variables))
+        return {"loss": loss}
+
+
+def keras_fit_contestant(benchmark):
+    model = _FitModel(benchmark, benchmark.build_model())
+    model.compile(optimizer=benchmark.build_optimizer(benchmark.train_steps))
+    dataset = benchmark.train_dataset(tf.distribute.InputContext())
+
+    def run(steps: int) -> None:
+        model.fit(dataset, epochs=1, steps_per_epoch=steps, verbose=0)
+
+    return run
+
+
+def main(argv=None) -> int:
+    argv, overrides = split_config_overrides(list(sys.argv[1:] if argv is None else argv))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--benchmark", required=True)
+    parser.add_argument("--preset", default="mini")
+    parser.add_argument("--steps", type=int, default=2, help="steps per contestant per round")
+    parser.add_argument("--rounds", type=int, default=6)
+    args = parser.parse_args(argv)
+    for name in ("steps", "rounds"):
+        if getattr(args, name) <= 0:
+            parser.error(f"--{name} ({getattr(args, name)}) must be positive")
+    keras.utils.set_random_seed(0)
+    contestants = {
+        "mlperf_tf": mlperf_tf_contestant(make_benchmark(args.benchmark, args.preset, overrides)),
+        "keras_fit": keras_fit_contestant(make_benchmark(args.benchmark, args.preset, overrides)),
+    }
+    batch = make_benchmark(args.benchmark, args.preset, overrides).config.global_batch_size
+    load_before = os.getloadavg()
+    for name, run in contestants.items():
+        begin = time.perf_counter()
+        run(1)
+        print(f"warm-up {name}: {time.perf_counter() - begin:.1f} s", flush=True)
+    names = list(contestants)
+    rates = {n: [] for n in names}
+    cpu = {n: [] for n in names}
+    for r in range(args.rounds):
+        for name in names[r % 2 :] + names[: r % 2]:
+            begin, cpu_begin = time.perf_counter(), time.process_time()
+            contestants[name](args.steps)
+            cpu[name].append((time.process_time() - cpu_begin) / args.steps)
+            rates[name].append(args.steps * batch / (time.perf_counter() - begin))
+        print(f"round {r + 1}: " + ", ".join(f"{n} {rates[n][-1]:.2f}" for n in names), flush=True)
+    pooled = {n: len(rates[n]) / sum(1.0 / x for x in rates[n]) for n in names}
+    ratios = [a / b for a, b in zip(rates["mlperf_tf"], rates["keras_fit"])]
+    cpu_ratios = [b / a for a, b in zip(cpu["mlperf_tf"], cpu["keras_fit"])]
+    print(
+        f"\n{args.benchmark} ({args.preset}) train step, batch {batch}, {args.steps} steps x "
+        f"{args.rounds} rounds; TF {tf.__version__}, Keras {keras.__version__}; load average "
+        f"{load_before[0]:.1f} -> {os.getloadavg()[0]:.1f}"
+    )
+    for name in names:
+        print(
+            f"{name:>10}: {statistics.median(rates[name]):.2f} samples/s (median), "
+            f"{pooled[name]:.2f} pooled, CPU {statistics.median(cpu[name]):.3f} s/step (median)"
+        )
+    print(
+        f"mlperf_tf / keras_fit: {pooled['mlperf_tf'] / pooled['keras_fit']:.2f} pooled, "
+        f"{statistics.median(ratios):.2f} median of per-round ratios "
+        f"({' '.join(f'{x:.2f}' for x in ratios)}); by CPU time "
+        f"{sum(cpu['keras_fit']) / sum(cpu['mlperf_tf']):.2f} total, "
+        f"{statistics.median(cpu_ratios):.2f} median"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
