@@ -21,6 +21,7 @@ from absl import logging
 from mlperf_tf.errors import UserError
 
 DISTRIBUTIONS = ("auto", "tpu", "multi_worker", "mirrored", "one_device")
+CLUSTER_RESOLVERS = ("auto", "tf_config", "slurm", "kubernetes", "tpu")
 
 
 def split_cpu(num_devices: int) -> None:
@@ -63,6 +64,82 @@ def parse_tf_config() -> dict:
     if not isinstance(tf_config, dict) or "cluster" not in tf_config or "task" not in tf_config:
         raise UserError("TF_CONFIG must be a JSON object with 'cluster' and 'task'")
     return tf_config
+
+
+def _slurm_tasks() -> int:
+    try:
+        return int(os.environ.get("SLURM_STEP_NUM_TASKS") or os.environ.get("SLURM_NTASKS") or 0)
+    except ValueError:
+        return 0
+
+
+def pick_cluster_resolver(kind: str = "auto", *, tpu: str = "") -> str:
+    """Which resolver `--cluster_resolver=auto` means here: `tpu` when `--tpu` is given,
+    `tf_config` when TF_CONFIG is set, `slurm` inside a Slurm step of several tasks (SLURM_PROCID
+    and SLURM_STEP_NUM_TASKS/SLURM_NTASKS > 1), else "" (one host). Other kinds pass through.
+
+    Raises:
+      UserError: an unknown kind.
+    """
+    if kind not in CLUSTER_RESOLVERS:
+        raise UserError(f"--cluster_resolver={kind!r} is not one of {', '.join(CLUSTER_RESOLVERS)}")
+    if kind != "auto":
+        return kind
+    if tpu:
+        return "tpu"
+    if os.environ.get("TF_CONFIG"):
+        return "tf_config"
+    if "SLURM_PROCID" in os.environ and _slurm_tasks() > 1:
+        return "slurm"
+    return ""
+
+
+def cluster_config(kind: str, *, port_base: int = 8888) -> dict:
+    """The cluster of this task as a TF_CONFIG-shaped dict, from TF's own resolver of `kind`.
+
+    `tf_config` reads TF_CONFIG; `slurm` uses TF's `SlurmClusterResolver` (workers on the step's
+    nodes, ports `port_base`, `port_base + 1`, ... per node; no GPU assignment on CPU hosts);
+    `kubernetes` uses TF's `KubernetesClusterResolver` (pods labelled `job-name=worker`; needs
+    the `kubernetes` package and in-cluster credentials). So no user writes TF_CONFIG by hand.
+
+    Raises:
+      UserError: the environment lacks what the resolver needs.
+    """
+    resolvers = tf.distribute.cluster_resolver
+    if kind == "tf_config":
+        return parse_tf_config()
+    if kind == "slurm":
+        if "SLURM_PROCID" not in os.environ:
+            raise UserError("--cluster_resolver=slurm: SLURM_PROCID is not set (run under srun)")
+        gpus = len(tf.config.list_physical_devices("GPU"))
+        # TF's resolver also deals out GPUs per task and divides by zero on CPU-only nodes:
+        # there it is given nominal GPUs that it does not set (auto_set_gpu=False).
+        gpu_args = (
+            {"gpus_per_node": gpus} if gpus else {"gpus_per_node": 1 << 16, "gpus_per_task": 1}
+        )
+        try:
+            resolver = resolvers.SlurmClusterResolver(
+                port_base=port_base, auto_set_gpu=bool(gpus), **gpu_args
+            )
+            spec = resolver.cluster_spec().as_dict()
+        except (RuntimeError, KeyError, ValueError) as e:
+            raise UserError(f"--cluster_resolver=slurm: {e}") from None
+    elif kind == "kubernetes":
+        try:
+            resolver = resolvers.KubernetesClusterResolver({"worker": ["job-name=worker"]})
+            spec = resolver.cluster_spec().as_dict()
+        except ImportError:
+            raise UserError(
+                "--cluster_resolver=kubernetes needs the `kubernetes` package (pip install "
+                "kubernetes)"
+            ) from None
+        except Exception as e:  # the client's API and config errors have no common base
+            raise UserError(f"--cluster_resolver=kubernetes: {type(e).__name__}: {e}") from None
+    else:
+        raise UserError(f"--cluster_resolver={kind!r} names no multi-worker cluster")
+    task_type = resolver.task_type or "worker"
+    task_id = int(resolver.task_id or 0)
+    return {"cluster": spec, "task": {"type": task_type, "index": task_id}}
 
 
 def _num_tasks(tf_config: dict) -> int:
@@ -114,6 +191,8 @@ def resolve_strategy(
     num_cpu_devices: int = 0,
     timeout_s: float = 120.0,
     collective_timeout: float = 0.0,
+    cluster_resolver: str = "auto",
+    port_base: int = 8888,
 ) -> tf.distribute.Strategy:
     """Creates the strategy that `--distribution` asks for.
 
@@ -124,6 +203,8 @@ def resolve_strategy(
       timeout_s: deadline for reaching a TPU or the peer workers.
       collective_timeout: seconds a multi-worker collective may wait for its peers (0: no limit;
         the coordination service's heartbeat check still ends it when a peer dies or freezes).
+      cluster_resolver: where the cluster comes from (see `pick_cluster_resolver`).
+      port_base: first worker port on a node for the Slurm resolver.
 
     Raises:
       UserError: an unknown distribution, a bad TF_CONFIG, or an unreachable TPU/peer.
@@ -132,7 +213,10 @@ def resolve_strategy(
         raise UserError(f"--distribution={distribution!r} is not one of {', '.join(DISTRIBUTIONS)}")
     if num_cpu_devices:
         split_cpu(num_cpu_devices)
-    tf_config = parse_tf_config()
+    kind = pick_cluster_resolver(cluster_resolver, tpu=tpu)
+    if kind == "tpu" and distribution in ("auto", "tpu"):
+        distribution = "tpu"
+    tf_config = cluster_config(kind, port_base=port_base) if kind not in ("", "tpu") else {}
     if distribution == "auto":
         gpus = tf.config.list_physical_devices("GPU")
         if tpu:
@@ -149,12 +233,27 @@ def resolve_strategy(
         return _tpu_strategy(tpu, timeout_s)
     if distribution == "multi_worker":
         if not tf_config:
-            raise UserError("--distribution=multi_worker needs TF_CONFIG to name the cluster")
+            raise UserError(
+                "--distribution=multi_worker needs TF_CONFIG or --cluster_resolver=slurm|"
+                "kubernetes to name the cluster"
+            )
         wait_for_peers(tf_config, timeout_s)
         options = tf.distribute.experimental.CommunicationOptions(
             timeout_seconds=collective_timeout or None
         )
-        return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+        if kind in ("", "tf_config"):
+            return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+        # TF's Slurm and Kubernetes resolvers found the cluster; hand it over as resolved.
+        resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+            tf.train.ClusterSpec(tf_config["cluster"]),
+            task_type=tf_config["task"]["type"],
+            task_id=tf_config["task"]["index"],
+            num_accelerators={"GPU": len(tf.config.list_physical_devices("GPU"))},
+            rpc_layer="grpc",
+        )
+        return tf.distribute.MultiWorkerMirroredStrategy(
+            cluster_resolver=resolver, communication_options=options
+        )
     if distribution == "mirrored":
         gpus = tf.config.list_logical_devices("GPU")
         cpus = [d.name for d in tf.config.list_logical_devices("CPU")]

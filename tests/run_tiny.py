@@ -19,6 +19,18 @@ from mlperf_tf import errors, preemption, runner  # noqa: E402
 from tests.tiny_benchmark import TinyBenchmark, smoke, weights  # noqa: E402
 
 
+class _Tiny(TinyBenchmark):
+    """The tiny benchmark; TINY_OPTIMIZER=sgd|lars|lamb picks the collectives tests' optimizer."""
+
+    def build_optimizer(self, train_steps):
+        name = os.environ.get("TINY_OPTIMIZER")
+        if not name:
+            return super().build_optimizer(train_steps)
+        from tests.mlperf_tf.collectives.harness import make_optimizer  # noqa: PLC0415
+
+        return make_optimizer(name)
+
+
 def main(argv):
     model_dir, weights_path, *fields = argv
     tf.config.experimental.enable_op_determinism()
@@ -38,7 +50,7 @@ def main(argv):
     stop = preemption.StopRequest()
     with preemption.handle_stop_signals(stop):  # as the CLI does
         run_config = runner.RunConfig(model_dir=model_dir, **kwargs)
-        result = runner.run(TinyBenchmark(cfg), run_config, stop_request=stop)
+        result = runner.run(_Tiny(cfg), run_config, stop_request=stop)
     np.savez(weights_path, *weights(result.model))
     print(
         f"done status={result.status} steps={result.steps} cause={result.cause.value}", flush=True

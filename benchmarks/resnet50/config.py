@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-import math
-from typing import Literal
 
 from mlperf_tf import paths
-from mlperf_tf.config import BenchmarkConfig, ConfigError, require_positive_int
+from mlperf_tf.config import BenchmarkConfig, ConfigError, require
+from mlperf_tf.optimizers import registry
 
 NAME = "resnet50"
 
@@ -47,17 +46,17 @@ class ModelConfig:
     zero_init_last_gamma: bool = True
 
     def __post_init__(self):
-        require_positive_int("model.num_classes", self.num_classes)
-        require_positive_int("model.base_width", self.base_width)
-        require_positive_int("model.bn_group_size", self.bn_group_size)
+        require(
+            self,
+            prefix="model.",
+            positive_int=("num_classes", "base_width", "bn_group_size"),
+            positive=("bn_epsilon",),
+            fraction=("bn_momentum",),
+        )
         if not self.block_layers or any(not isinstance(n, int) or n < 1 for n in self.block_layers):
             raise ConfigError(
                 f"`model.block_layers` ({self.block_layers!r}) must be positive integers."
             )
-        if not 0.0 <= self.bn_momentum < 1.0:
-            raise ConfigError(f"`model.bn_momentum` ({self.bn_momentum!r}) must be in [0, 1).")
-        if self.bn_epsilon <= 0:
-            raise ConfigError(f"`model.bn_epsilon` ({self.bn_epsilon!r}) must be positive.")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -65,7 +64,10 @@ class OptimizerConfig:
     """The optimizer and its schedule; fields are named after their MLPerf log keys.
 
     `opt_name` picks LARS (the `lars_*` fields) or SGD with momentum (the `sgd_*` fields and
-    `opt_learning_rate_warmup_epochs`); both use a linear warmup from 0 and then a polynomial
+    `opt_learning_rate_warmup_epochs`), or any optimizer of the registry
+    (`mlperf_tf.optimizers.registry`: neumann, nlcg, kfac, or a plug-in's), which runs on the
+    `lars_*` schedule with its own hyperparameters from `opt_params` ("key=value" strings) or
+    the fields above of the same names; all use a linear warmup from 0 and then a polynomial
     decay to the end learning rate over the remaining steps (MLPerf's
     `*_opt_learning_rate_decay_steps` is derived from the run length, not set here).
 
@@ -78,7 +80,8 @@ class OptimizerConfig:
       lars_eeta: LARS' trust coefficient (not an MLPerf log key; the reference uses 0.001).
     """
 
-    opt_name: Literal["lars", "sgd"] = "lars"
+    opt_name: str = "lars"
+    opt_params: tuple[str, ...] = ()
     label_smoothing: float = 0.1
 
     lars_opt_base_learning_rate: float = 10.0
@@ -98,52 +101,51 @@ class OptimizerConfig:
     sgd_opt_weight_decay: float = 1e-4
 
     def __post_init__(self):
-        if self.opt_name not in ("lars", "sgd"):
-            raise ConfigError(f"`optimizer.opt_name` ({self.opt_name!r}) must be lars or sgd.")
-        if not 0.0 <= self.label_smoothing < 1.0:
-            raise ConfigError(
-                f"`optimizer.label_smoothing` ({self.label_smoothing!r}) must be in [0, 1)."
-            )
-        for prefix in ("lars_", "sgd_", "opt_"):
-            for field in dataclasses.fields(self):
-                if not field.name.startswith(prefix) or field.name == "opt_name":
-                    continue
-                value = getattr(self, field.name)
-                if value < 0 or not math.isfinite(value):
-                    raise ConfigError(
-                        f"`optimizer.{field.name}` ({value!r}) must be a finite number >= 0."
-                    )
-        for name in ("lars_opt_momentum", "sgd_opt_momentum"):
-            if getattr(self, name) >= 1.0:
-                raise ConfigError(f"`optimizer.{name}` ({getattr(self, name)!r}) must be < 1.")
-        if self.lars_eeta <= 0:
-            raise ConfigError(f"`optimizer.lars_eeta` ({self.lars_eeta!r}) must be positive.")
+        registry.check_opt_name(self.opt_name, native=("lars", "sgd"))
+        numbers = [
+            f.name
+            for f in dataclasses.fields(self)
+            if f.name.startswith(("lars_", "sgd_", "opt_l"))
+        ]
+        momenta = ("lars_opt_momentum", "sgd_opt_momentum")
+        require(
+            self,
+            prefix="optimizer.",
+            non_negative=[n for n in numbers if n not in momenta + ("lars_eeta",)],
+            positive=("lars_eeta",),
+            fraction=("label_smoothing", *momenta),
+        )
+
+    @property
+    def _prefix(self) -> str:
+        """The schedule fields' prefix: `sgd` for SGD, `lars` for LARS and registry optimizers."""
+        return "sgd" if self.opt_name == "sgd" else "lars"
 
     @property
     def base_learning_rate(self) -> float:
-        return getattr(self, f"{self.opt_name}_opt_base_learning_rate")
+        return getattr(self, f"{self._prefix}_opt_base_learning_rate")
 
     @property
     def end_learning_rate(self) -> float:
-        return getattr(self, f"{self.opt_name}_opt_end_learning_rate")
+        return getattr(self, f"{self._prefix}_opt_end_learning_rate")
 
     @property
     def poly_power(self) -> float:
-        return getattr(self, f"{self.opt_name}_opt_learning_rate_decay_poly_power")
+        return getattr(self, f"{self._prefix}_opt_learning_rate_decay_poly_power")
 
     @property
     def warmup_epochs(self) -> float:
-        if self.opt_name == "lars":
+        if self.opt_name != "sgd":
             return self.lars_opt_learning_rate_warmup_epochs
         return self.opt_learning_rate_warmup_epochs
 
     @property
     def momentum(self) -> float:
-        return getattr(self, f"{self.opt_name}_opt_momentum")
+        return getattr(self, f"{self._prefix}_opt_momentum")
 
     @property
     def weight_decay(self) -> float:
-        return getattr(self, f"{self.opt_name}_opt_weight_decay")
+        return getattr(self, f"{self._prefix}_opt_weight_decay")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -184,11 +186,12 @@ class DataConfig:
     cache_train: bool = False
 
     def __post_init__(self):
-        require_positive_int("data.image_size", self.image_size)
-        require_positive_int("data.shuffle_buffer", self.shuffle_buffer)
-        require_positive_int("data.crop_max_attempts", self.crop_max_attempts)
-        if not isinstance(self.crop_padding, int) or self.crop_padding < 0:
-            raise ConfigError(f"`data.crop_padding` ({self.crop_padding!r}) must be >= 0.")
+        require(
+            self,
+            prefix="data.",
+            positive_int=("image_size", "shuffle_buffer", "crop_max_attempts"),
+            non_negative_int=("crop_padding",),
+        )
         for name in ("area_range", "aspect_ratio_range"):
             low_high = getattr(self, name)
             if len(low_high) != 2 or not 0 < low_high[0] <= low_high[1]:
@@ -208,10 +211,8 @@ class DataConfig:
 class ResNet50Config(BenchmarkConfig):
     """The ResNet-50 benchmark config (the defaults are the `mlperf` preset's).
 
-    Attributes:
-      eval_every_epochs: epochs between evaluations (MLPerf: 4).
-      eval_offset_epochs: the first evaluation runs after this many epochs (MLPerf allows 1,
-        2, 3; 0 means after `eval_every_epochs`), then every `eval_every_epochs` epochs.
+    MLPerf evaluates every 4 epochs (`eval_every_epochs`), the first after 1, 2, 3 or 4
+    (`eval_offset_epochs`; 0 means after `eval_every_epochs`): whole epochs, so both are ints.
     """
 
     global_batch_size: int = 4096
@@ -228,14 +229,7 @@ class ResNet50Config(BenchmarkConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        require_positive_int("eval_every_epochs", self.eval_every_epochs)
-        if not isinstance(self.eval_offset_epochs, int) or not (
-            0 <= self.eval_offset_epochs < self.eval_every_epochs
-        ):
-            raise ConfigError(
-                f"`eval_offset_epochs` ({self.eval_offset_epochs!r}) must be an integer in "
-                f"[0, eval_every_epochs={self.eval_every_epochs})."
-            )
+        require(self, positive_int=("eval_every_epochs",), non_negative_int=("eval_offset_epochs",))
 
 
 def mlperf() -> ResNet50Config:

@@ -14,7 +14,8 @@ import dataclasses
 from typing import Literal
 
 from mlperf_tf import paths
-from mlperf_tf.config import BenchmarkConfig, ConfigError
+from mlperf_tf.config import BenchmarkConfig, ConfigError, require
+from mlperf_tf.optimizers import registry
 
 NAME = "transformer"
 
@@ -45,13 +46,19 @@ class OptimizerConfig:
     (`mlperf_tf.optimizers.WarmupRsqrtDecay` with `factor=hidden_size**-0.5`).
     """
 
-    opt_name: Literal["adam"] = "adam"  # Keras 3 has no lazy (sparse) Adam
+    # adam (Keras 3 has no lazy, sparse Adam), or any registered optimizer
+    # (`mlperf_tf.optimizers.registry`) on the same schedule, with `opt_params` "key=value"s.
+    opt_name: str = "adam"
+    opt_params: tuple[str, ...] = ()
     opt_base_learning_rate: float = 2.0
     opt_learning_rate_warmup_steps: int = 16000
     opt_adam_beta_1: float = 0.9
     opt_adam_beta_2: float = 0.997
     opt_adam_epsilon: float = 1e-9
     label_smoothing: float = 0.1
+
+    def __post_init__(self):
+        registry.check_opt_name(self.opt_name, native=("adam",))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -91,7 +98,6 @@ class TransformerConfig(BenchmarkConfig):
     model: ModelConfig = ModelConfig()
     optimizer: OptimizerConfig = OptimizerConfig()
     data: DataConfig = DataConfig()
-    eval_every_epochs: float = 1.0
 
     def __post_init__(self):
         super().__post_init__()
@@ -103,11 +109,8 @@ class TransformerConfig(BenchmarkConfig):
             raise ConfigError(
                 f"`data.bucket_lengths` ({d.bucket_lengths!r}) must be increasing and positive."
             )
-        if d.max_sequence_length <= 0 or d.eval_max_length <= 0:
-            raise ConfigError(
-                f"`data.max_sequence_length` ({d.max_sequence_length}) and `data.eval_max_length` "
-                f"({d.eval_max_length}) must be positive."
-            )
+        require(d, prefix="data.", positive_int=("max_sequence_length", "eval_max_length"))
+        require(self.model, prefix="model.", positive_int=("beam_size",))
         if self.global_batch_size < d.max_sequence_length:
             raise ConfigError(
                 f"`global_batch_size` ({self.global_batch_size} tokens) must hold at least one "
@@ -118,8 +121,6 @@ class TransformerConfig(BenchmarkConfig):
                 f"`model.hidden_size` ({self.model.hidden_size}) must be divisible by "
                 f"`model.num_heads` ({self.model.num_heads})."
             )
-        if self.model.beam_size < 1:
-            raise ConfigError(f"`model.beam_size` ({self.model.beam_size}) must be >= 1.")
 
 
 def mlperf() -> TransformerConfig:

@@ -104,6 +104,23 @@ def get(name: str) -> OptimizerPlugin:
     raise UnknownOptimizerError(f"unknown optimizer '{name}' (registered: {hint})")
 
 
+def check_opt_name(name: str, native: Iterable[str] = ()) -> None:
+    """Validates a benchmark config's `opt_name`: one of its `native` optimizers or registered.
+
+    Raises:
+      ConfigError: neither (the message lists both).
+    """
+    native = tuple(native)
+    if name in native:
+        return
+    known = available()
+    if name not in known:
+        choices = ", ".join([*native, *sorted(n for n in known if n not in native)])
+        raise config_lib.ConfigError(
+            f"`optimizer.opt_name` ({name!r}) must be a registered optimizer ({choices})."
+        )
+
+
 def parse_params(params: Iterable[str]) -> dict[str, str]:
     """Parses "key=value" strings (the config's `opt_params`) into a dict of flag texts.
 

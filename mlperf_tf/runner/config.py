@@ -14,6 +14,7 @@ from typing import Any
 from mlperf_logging.mllog import constants as C
 
 from mlperf_tf import distribute, precision
+from mlperf_tf.collectives import mesh as collectives_mesh
 from mlperf_tf.errors import UserError
 
 RESUME_INPUT_MODES = ("skip", "reseed")
@@ -104,7 +105,46 @@ class RunConfig:
         "has the benchmark.",
     )
 
+    all_reduce: str = setting(
+        "auto",
+        help="Cross-replica gradient sum: auto (the strategy's own inside Keras; ring, or "
+        "hierarchical over several workers, when packing or sharding), ring, hierarchical (sum "
+        "within mesh rows, across their first replicas, broadcast back), torus2d (reduce-scatter "
+        "along rows, all-reduce along columns, all-gather along rows). See "
+        "mlperf_tf/collectives/README.md.",
+        choices=collectives_mesh.ALGORITHMS,
+    )
+    mesh: str = setting(
+        "",
+        help="Replicas as RxC rows x columns, replica i at row i // C ('' means one row per "
+        "worker, or on one host the most square R <= C).",
+    )
+    pack_mb: float = setting(
+        0.0, help="Fuse gradients into buckets of about M MiB before summing (0: one per tensor)."
+    )
+    weight_update_sharding: bool = setting(
+        False,
+        help="Reduce-scatter the summed gradients, update a 1/N shard of each variable per "
+        "replica (optimizer slots for that shard only; SGD, LARS, LAMB), all-gather the weights.",
+    )
+    cluster_resolver: str = setting(
+        "auto",
+        help="Where the workers come from: TF_CONFIG, or TF's SlurmClusterResolver, "
+        "KubernetesClusterResolver or TPUClusterResolver (auto: --tpu, then TF_CONFIG, then a "
+        "Slurm step of several tasks).",
+        choices=distribute.CLUSTER_RESOLVERS,
+    )
+    slurm_port_base: int = setting(
+        8888, help="First worker port on each node with --cluster_resolver=slurm (then +1, ...)."
+    )
+
     def __post_init__(self):
+        collectives_mesh.check_settings(
+            all_reduce=self.all_reduce,
+            mesh=self.mesh,
+            pack_mb=self.pack_mb,
+            cluster_resolver=self.cluster_resolver,
+        )
         if not self.model_dir:
             raise UserError("--model_dir is required")
         for name in ("steps_per_loop", "max_checkpoints"):

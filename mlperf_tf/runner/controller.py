@@ -20,7 +20,7 @@ import tensorflow as tf
 from absl import logging
 from mlperf_logging.mllog import constants as C
 
-from mlperf_tf import checkpoints, distribute, peers, precision, preemption, rounds
+from mlperf_tf import checkpoints, collectives, distribute, peers, precision, preemption, rounds
 from mlperf_tf.benchmark import Benchmark, EvalPoint, RunContext
 from mlperf_tf.data.pipeline import translate_errors
 from mlperf_tf.errors import DataError, PeerError, UserError
@@ -63,7 +63,11 @@ def run(
         num_cpu_devices=run_config.num_cpu_devices,
         timeout_s=run_config.startup_timeout_s,
         collective_timeout=run_config.collective_timeout,
+        cluster_resolver=run_config.cluster_resolver,
+        port_base=run_config.slurm_port_base,
     )
+    if stop_request is not None:
+        stop_request.reclaim_signals()  # TF's coordination service may have taken SIGTERM
     chief = distribute.is_chief(strategy)
     checkpoints.check_model_dir(run_config.model_dir)
     if chief:
@@ -373,7 +377,17 @@ class Controller:
         self.mllog.event(C.SEED, cfg.seed)
 
     def _build_model(self) -> None:
-        benchmark = self.benchmark
+        benchmark, cfg = self.benchmark, self.run_config
+        settings = collectives.Settings(
+            all_reduce=cfg.all_reduce,
+            mesh=cfg.mesh,
+            pack_mb=cfg.pack_mb,
+            weight_update_sharding=cfg.weight_update_sharding,
+            **({"timeout_s": cfg.collective_timeout} if cfg.collective_timeout else {}),
+        )
+        self.summer = (
+            None if settings.uses_keras_sum else collectives.GradientSummer(self.strategy, settings)
+        )
         with self.strategy.scope():
             self.model = benchmark.build_model()
             if not self.model.built:
@@ -382,9 +396,18 @@ class Controller:
                 )
             budget = self.run_config.max_train_steps or benchmark.train_steps
             optimizer = benchmark.build_optimizer(budget)
+            if hasattr(optimizer, "register_model"):  # K-FAC: finds its Dense/Conv2D layers
+                optimizer.register_model(self.model)
             self.optimizer = precision.wrap_optimizer(optimizer, self.run_config.dtype)
             # Slots must exist before the first step under MirroredStrategy (a placeholder error).
-            self.optimizer.build(self.model.trainable_variables)
+            # With weight-update sharding the optimizer keeps no full-size slots: the summer
+            # holds each replica's shard of them.
+            sharded = self.summer is not None and self.summer.sharded
+            self.optimizer.build([] if sharded else self.model.trainable_variables)
+            if self.summer is not None:
+                self.summer.build(self.optimizer, self.model.trainable_variables)
+        if self.summer is not None:
+            collectives.record_choices(self.summer, cfg.model_dir, chief=self.chief)
 
     def _hparams(self) -> dict:
         benchmark = self.benchmark
@@ -407,6 +430,7 @@ class Controller:
         parts = dict(strategy=strategy, benchmark=benchmark, model=self.model, xla=cfg.xla)
         self.trainer = self.trainer_class(optimizer=self.optimizer, **parts)
         self.trainer.stop_request = self.stop_request
+        self.trainer.summer = self.summer
         self.evaluator = Evaluator(dataset=eval_data, **parts)
         self.schedule = schedule(benchmark, cfg.max_train_steps)
         self.last_step = self.schedule[-1].step

@@ -9,9 +9,12 @@ sharding).
 
 from __future__ import annotations
 
+import contextlib
+
 import tensorflow as tf
 
 from mlperf_tf.benchmark import Benchmark
+from mlperf_tf.errors import UserError
 
 
 def replica_function(fn, *, xla: bool):
@@ -43,18 +46,31 @@ class Trainer:
         self.optimizer = optimizer
         self.accumulation = benchmark.config.gradient_accumulation_steps
         self.clip_norm = benchmark.gradient_clip_norm()
+        if xla and hasattr(optimizer, "capture"):
+            raise UserError(
+                f"optimizer {type(optimizer).__name__} captures layer activations, which cannot "
+                "leave an XLA-compiled step: run it without --xla"
+            )
         self._grads = replica_function(self._replica_grads, xla=xla)
         # Set by the controller before the first loop (see `mlperf_tf.preemption.StopRequest`).
         self.stop_request = None
+        # Set by the controller when --all_reduce/--pack_mb/--weight_update_sharding ask for
+        # the collectives' sum (`mlperf_tf.collectives.GradientSummer`); None: Keras' own sum.
+        self.summer = None
         self.loop = tf.function(self._loop)
 
     def _replica_grads(self, batch):
         variables = self.model.trainable_variables
+        # An optimizer that needs layer inputs and output gradients (K-FAC) records them during
+        # the forward pass and takes the gradient itself (`mlperf_tf.optimizers.kfac`).
+        capture = getattr(self.optimizer, "capture", contextlib.nullcontext)
         with tf.GradientTape() as tape:
-            loss = self.benchmark.compute_loss(self.model, batch, training=True)
-            scaled = self.optimizer.scale_loss(loss)
-        grads = tape.gradient(scaled, variables)
-        return loss, grads
+            with capture():
+                loss = self.benchmark.compute_loss(self.model, batch, training=True)
+                scaled = self.optimizer.scale_loss(loss)
+        if hasattr(self.optimizer, "capture"):
+            return loss, self.optimizer.gradients(tape, scaled, variables)
+        return loss, tape.gradient(scaled, variables)
 
     def _replica_step(self, micro_batches):
         total_loss = 0.0
@@ -83,6 +99,10 @@ class Trainer:
         Args:
           grads: one gradient per `model.trainable_variables`, of this replica's micro batches.
         """
+        if self.summer is not None:
+            variables = self.model.trainable_variables
+            self.summer.apply(self.optimizer, grads, variables, clip_norm=self.clip_norm)
+            return
         if self.clip_norm:
             grads = self._clip_summed(grads)
         self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))

@@ -10,7 +10,7 @@ from tests import strategies
 from tests.mlperf_tf.optimizers import golden
 
 
-def numpy_kfac(weights, batches, *, lr, momentum, damping, decay, fi, ii, kl_clip):
+def numpy_kfac(weights, batches, *, lr, momentum, damping, decay, fi, ii, kl_clip, wd=0.0):
     """The algorithm of the `KFAC` docstring on the two Dense layers, SGD-momentum base."""
     w = [np.asarray(p, np.float64) for p in weights]
     velocity = [np.zeros_like(p) for p in w]
@@ -50,6 +50,8 @@ def numpy_kfac(weights, batches, *, lr, momentum, damping, decay, fi, ii, kl_cli
         new_grads = []
         for p, _ in pre:
             new_grads += [p[:-1], p[-1]]
+        for i in (0, 2):  # the kernels; biases are excluded from weight decay
+            new_grads[i] = new_grads[i] + wd * w[i]
         for i, g in enumerate(new_grads):
             velocity[i] = momentum * velocity[i] - lr * g
             w[i] = w[i] + velocity[i]
@@ -84,7 +86,7 @@ def run_kfac(make, weights, batches, strategy=None):
     return optimizer, [v.numpy() for v in net.trainable_variables]
 
 
-SETTINGS = dict(lr=0.05, momentum=0.9, damping=0.05, decay=0.8, fi=2, ii=3, kl_clip=0.0)
+SETTINGS = dict(lr=0.05, momentum=0.9, damping=0.05, decay=0.8, fi=2, ii=3, kl_clip=0.0, wd=0.0)
 
 
 def make(**overrides):
@@ -97,10 +99,11 @@ def make(**overrides):
         factor_update_interval=s["fi"],
         inverse_update_interval=s["ii"],
         kl_clip=s["kl_clip"],
+        weight_decay=s["wd"],
     )
 
 
-@pytest.mark.parametrize("overrides", [{}, {"kl_clip": 1e-4}, {"fi": 1, "ii": 1}])
+@pytest.mark.parametrize("overrides", [{}, {"kl_clip": 1e-4}, {"fi": 1, "ii": 1}, {"wd": 0.05}])
 def test_matches_numpy_kfac(overrides):
     weights, batches = golden.problem(seed=6, steps=7)
     expected = numpy_kfac(weights, batches, **{**SETTINGS, **overrides})
@@ -183,3 +186,13 @@ def test_config_round_trip():
 def test_bad_arguments_name_the_argument(kwargs, message):
     with pytest.raises(ValueError, match=message):
         KFAC(0.1, **kwargs)
+
+
+def test_apply_without_the_capture_protocol_is_refused():
+    weights, _ = golden.problem(seed=6, steps=1)
+    net = golden.model(weights)
+    optimizer = make()
+    optimizer.register_model(net)
+    grads = [tf.zeros_like(v) for v in net.trainable_variables]
+    with pytest.raises(ValueError, match="capture"):
+        optimizer.apply_gradients(zip(grads, net.trainable_variables))

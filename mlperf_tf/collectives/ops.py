@@ -1,0 +1,149 @@
+"""Provides `Collectives`: all-reduce, reduce-scatter, all-gather and broadcast over replica groups.
+
+Runs in replica context on TF's public collective ops (`tf.raw_ops.Collective*V2`), so one
+replica can talk to a subset of the replicas (a mesh row or column) under MirroredStrategy and
+MultiWorkerMirroredStrategy alike. Three facts of TF 2.20 shape this module:
+
+* A collective op without an `ordering_token` never completes (it times out); each op here gets
+  a per-device resource handle as its token, which also orders the collectives of one device in
+  program order (the same on every replica, so no two devices wait on each other crosswise).
+* `CollectiveReduceScatterV2` has only an NCCL implementation ("did not find collective
+  implementation" on CPUs). A true reduce-scatter is built from `CollectiveAllToAllV2` (which
+  the CPU runtime has) plus a local sum: each replica sends (n-1)/n of its bytes, as a ring
+  reduce-scatter does, where all-reduce-then-slice would send 2(n-1)/n.
+* Group and instance keys are process-wide. Keys here are hashes of the group's members and of
+  the op's purpose and shape, far above the small keys tf.distribute numbers from 1, so
+  strategies built one after another in a process do not collide with them or with each other.
+
+A replica's rank in a group is the position of its replica id among the members' ids: TF ranks
+group members by device name (task, then device index), and replica ids follow that order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import zlib
+
+import tensorflow as tf
+
+# Keys live in [2**24, 2**30): tf.distribute's own keys start at 1 and count up.
+_KEY_BASE = 1 << 24
+_KEY_SPAN = (1 << 30) - _KEY_BASE
+
+
+def _key(*parts) -> int:
+    return _KEY_BASE + zlib.crc32(repr(parts).encode()) % _KEY_SPAN
+
+
+def _token():
+    # A resource handle on the current device: the ordering token TF's collectives need.
+    return tf.raw_ops.VarHandleOp(dtype=tf.float32, shape=[], shared_name="mlperf_tf_collectives")
+
+
+@dataclasses.dataclass
+class Traffic:
+    """Bytes this replica sends, per kind of collective, counted at trace time (per step)."""
+
+    sent: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    def add(self, kind: str, nbytes: float) -> None:
+        self.sent[kind] = self.sent.get(kind, 0.0) + nbytes
+
+    @property
+    def total(self) -> float:
+        return sum(self.sent.values())
+
+
+class Collectives:
+    """Collectives of one replica (replica context), over groups given as lists of replica ids.
+
+    Args:
+      replica: this replica's id in sync (a Python int).
+      num_replicas: replicas in sync.
+      timeout_s: every collective fails with DeadlineExceededError after this many seconds
+        instead of waiting forever for a peer.
+      traffic: where the bytes this replica sends are counted (ring formulas per op).
+    """
+
+    def __init__(self, *, replica: int, num_replicas: int, timeout_s: float, traffic: Traffic):
+        self.replica = replica
+        self.num_replicas = num_replicas
+        self.timeout_s = float(timeout_s)
+        self.traffic = traffic
+
+    def _group(self, members: list[int]) -> tuple[int, int, int]:
+        if self.replica not in members:
+            raise ValueError(f"replica {self.replica} is not in the group {members}")
+        size = len(members)
+        return size, _key("group", self.num_replicas, tuple(members)), members.index(self.replica)
+
+    def _common(self, members, kind, name, x):
+        size, group_key, _ = self._group(members)
+        # One instance per (group, op kind, purpose, shape): a key reused with another kind or
+        # shape fails the whole process's collectives.
+        instance_key = _key("instance", group_key, kind, name, tuple(x.shape), x.dtype.name)
+        return {
+            "group_size": size,
+            "group_key": group_key,
+            "instance_key": instance_key,
+            "timeout_seconds": self.timeout_s,
+        }
+
+    def rank(self, members: list[int]) -> int:
+        """This replica's position in the group `members`."""
+        return self._group(members)[2]
+
+    def all_reduce(self, x, members: list[int], name: str):
+        """Sum of `x` over `members` (TF's ring all-reduce on CPUs): 2(n-1)/n of x's bytes."""
+        n = len(members)
+        if n == 1:
+            return x
+        self.traffic.add("all_reduce", 2 * (n - 1) / n * _nbytes(x))
+        return tf.raw_ops.CollectiveReduceV2(
+            input=x, ordering_token=[_token()], merge_op="Add", final_op="Id",
+            communication_hint="ring", **self._common(members, "reduce", name, x),
+        )  # fmt: skip
+
+    def reduce_scatter(self, x, members: list[int], name: str):
+        """Row `rank` of the sum of `x` ([n, k]) over `members`, as a [k] tensor.
+
+        All-to-all (row j goes to the member of rank j) then a local sum: (n-1)/n of x's bytes.
+        """
+        n = len(members)
+        if x.shape[0] != n:
+            raise ValueError(f"reduce_scatter input's first dimension {x.shape} must be {n}")
+        if n == 1:
+            return x[0]
+        self.traffic.add("reduce_scatter", (n - 1) / n * _nbytes(x))
+        received = tf.raw_ops.CollectiveAllToAllV2(
+            input=x, ordering_token=[_token()], **self._common(members, "all_to_all", name, x)
+        )  # [n, k]: row i is member i's row for this replica
+        return tf.reduce_sum(tf.reshape(received, x.shape), axis=0)
+
+    def all_gather(self, x, members: list[int], name: str):
+        """`x` ([k]) of every member, concatenated in rank order: [n * k]; sends (n-1) x's bytes
+        per member in a ring, i.e. (n-1)/n of the result's bytes."""
+        n = len(members)
+        if n == 1:
+            return x
+        self.traffic.add("all_gather", (n - 1) * _nbytes(x))
+        gathered = tf.raw_ops.CollectiveGatherV2(
+            input=x, ordering_token=[_token()], **self._common(members, "gather", name, x)
+        )
+        return tf.reshape(gathered, [n * x.shape[0]])
+
+    def broadcast(self, x, members: list[int], root: int, name: str):
+        """`x` of replica `root` on every member (the others' `x` gives only shape and dtype)."""
+        if len(members) == 1:
+            return x
+        common = self._common(members, "broadcast", name, x)
+        if self.replica == root:
+            self.traffic.add("broadcast", _nbytes(x))
+            return tf.raw_ops.CollectiveBcastSendV2(input=x, communication_hint="auto", **common)
+        return tf.raw_ops.CollectiveBcastRecvV2(
+            shape=tf.shape(x), T=x.dtype, communication_hint="auto", **common
+        )
+
+
+def _nbytes(x) -> float:
+    return float(x.shape.num_elements() * x.dtype.size)

@@ -1,0 +1,266 @@
+"""Provides `GradientSummer`: the runner's cross-replica gradient sum and optimizer apply.
+
+Replaces the sum that Keras' `apply_gradients` does (through the strategy's cross-device ops)
+with the chosen algorithm on the replica mesh, optionally on packed buckets, and optionally
+with the weight update sharded across replicas:
+
+    unsharded: pack -> all-reduce per bucket -> unpack -> [clip] -> optimizer.apply_gradients
+    sharded:   pack -> reduce-scatter per bucket -> [clip] -> shard update -> all-gather -> assign
+
+`apply` runs in replica context (inside `strategy.run`); the optimizer apply and the weight
+assignment happen in one `merge_call`, where the summed values are identical on every replica,
+so Keras sums nothing again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import keras
+import tensorflow as tf
+from absl import logging
+
+from mlperf_tf.collectives.algorithms import ALGORITHM_CLASSES
+from mlperf_tf.collectives.mesh import Mesh, resolve_mesh
+from mlperf_tf.collectives.ops import Collectives, Traffic
+from mlperf_tf.collectives.packing import Packing
+from mlperf_tf.collectives.sharding import check_optimizer, rule_for
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """The gradient-summation choices of a run (the RunConfig fields, resolved)."""
+
+    all_reduce: str = "auto"
+    mesh: str = ""
+    pack_mb: float = 0.0
+    weight_update_sharding: bool = False
+    # A collective waits this long for its peers (a replica's whole forward/backward pass may
+    # come first), then fails with DeadlineExceededError instead of hanging.
+    timeout_s: float = 600.0
+
+    @property
+    def uses_keras_sum(self) -> bool:
+        """`auto` without packing or sharding keeps Keras' own sum (the strategy's ops)."""
+        return self.all_reduce == "auto" and not self.pack_mb and not self.weight_update_sharding
+
+
+def _num_workers(strategy) -> int:
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None:
+        return 1
+    spec = resolver.cluster_spec().as_dict()
+    return max(1, sum(len(spec.get(kind, [])) for kind in ("chief", "worker")))
+
+
+def _tf_variable(variable):
+    return variable.value if isinstance(variable, keras.Variable) else variable
+
+
+class GradientSummer:
+    """Sums per-replica gradients with `settings.all_reduce` and applies the optimizer.
+
+    Args:
+      strategy: the run's strategy (MirroredStrategy, MultiWorkerMirroredStrategy, ...).
+      settings: the choices.
+
+    Raises:
+      UserError: a mesh that does not fit the replica count, or torus2d on one replica.
+    """
+
+    def __init__(self, strategy, settings: Settings):
+        self.strategy = strategy
+        self.settings = settings
+        replicas = strategy.num_replicas_in_sync
+        workers = _num_workers(strategy)
+        algorithm = settings.all_reduce
+        if algorithm == "auto":
+            algorithm = "hierarchical" if workers > 1 else "ring"
+        self.algorithm = algorithm
+        self.mesh: Mesh = resolve_mesh(
+            settings.mesh, replicas, algorithm=algorithm, num_workers=workers
+        )
+        self.traffic: dict[int, Traffic] = {}  # per replica id, filled when the step is traced
+        self.rule = None
+        self.slots: list[list[tf.Variable]] = []
+        self.packing: Packing | None = None
+
+    def metadata(self) -> dict:
+        """The choices, for the suite's own run metadata (not MLPerf keys)."""
+        return {
+            "all_reduce": self.algorithm,
+            "mesh": str(self.mesh),
+            "pack_mb": self.settings.pack_mb,
+            "weight_update_sharding": self.settings.weight_update_sharding,
+        }
+
+    @property
+    def sharded(self) -> bool:
+        return self.settings.weight_update_sharding
+
+    def build(self, optimizer, variables) -> None:
+        """Makes the shard slots (one [k] copy per replica); call under `strategy.scope()`.
+
+        Raises:
+          UserError: sharding with an optimizer that has no sharded rule.
+        """
+        n = self.mesh.size
+        self.packing = Packing(
+            [v.shape for v in variables],
+            [v.dtype for v in variables],
+            num_shards=n,
+            pack_mb=self.settings.pack_mb,
+        )
+        check_optimizer(optimizer, f"--all_reduce={self.algorithm}")
+        if not self.sharded:
+            return
+        self.rule = rule_for(optimizer, variables)
+        self.slots = [
+            [
+                tf.Variable(
+                    tf.zeros([slot.cols], variables[slot.index].dtype),
+                    trainable=False,
+                    name=f"shard_{name}_{slot.index}",
+                    synchronization=tf.VariableSynchronization.ON_READ,
+                    aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+                )
+                for name in self.rule.slot_names
+            ]
+            for slot in self.packing.slots
+        ]
+
+    def bytes_sent_per_replica(self) -> float:
+        """Mean bytes one replica sends per step (counted when the step was traced)."""
+        if not self.traffic:
+            return 0.0
+        return sum(t.total for t in self.traffic.values()) / len(self.traffic)
+
+    def slot_bytes_per_replica(self) -> int:
+        """Bytes of optimizer slots one replica holds for the sharded update."""
+        return sum(
+            int(s.shape.num_elements()) * s.dtype.size for group in self.slots for s in group
+        )
+
+    def _replica_collectives(self):
+        context = tf.distribute.get_replica_context()
+        replica = tf.get_static_value(context.replica_id_in_sync_group)
+        if replica is None:
+            raise ValueError("GradientSummer needs a static replica id (MirroredStrategy-like)")
+        traffic = self.traffic[int(replica)] = Traffic()
+        ops = Collectives(
+            replica=int(replica),
+            num_replicas=self.mesh.size,
+            timeout_s=self.settings.timeout_s,
+            traffic=traffic,
+        )
+        algorithm = ALGORITHM_CLASSES[self.algorithm](self.mesh, ops)
+        return ops, algorithm
+
+    def sum_gradients(self, grads):
+        """The sum of `grads` over all replicas, packed as planned (replica context)."""
+        _, algorithm = self._replica_collectives()
+        buckets = self.packing.pack([tf.convert_to_tensor(g) for g in grads])
+        summed = [algorithm.all_reduce(b, f"grad{i}") for i, b in enumerate(buckets)]
+        return self.packing.unpack(summed)
+
+    def apply(self, optimizer, grads, variables, *, clip_norm: float | None = None):
+        """Sums `grads` over replicas, clips them (global norm), applies `optimizer` (replica context).
+
+        Args:
+          optimizer: the run's Keras optimizer (built; with sharding, built without slots).
+          grads: this replica's gradients (losses already divided by the global batch).
+          variables: the trainable variables, in the order `build` saw them.
+          clip_norm: clip the summed gradients to this global norm (None or 0: no clipping).
+        """
+        context = tf.distribute.get_replica_context()
+        if not self.sharded:
+            grads = self.sum_gradients(grads)
+            if clip_norm:
+                grads, _ = tf.clip_by_global_norm(grads, clip_norm)
+            context.merge_call(_apply_gradients, args=(optimizer, grads, variables))
+            return
+        ops, algorithm = self._replica_collectives()
+        buckets = self.packing.pack([tf.convert_to_tensor(g) for g in grads])
+        shards = [algorithm.reduce_scatter(b, f"grad{i}") for i, b in enumerate(buckets)]
+        g_parts = self.packing.split_shards(shards)
+        w_parts = [
+            self.packing.as_rows(_tf_variable(v).read_value(), slot)[algorithm.shard]
+            for v, slot in zip(variables, self.packing.slots, strict=True)
+        ]
+        everyone = list(range(self.mesh.size))
+        if clip_norm:
+            square = tf.add_n([tf.reduce_sum(tf.square(tf.cast(g, tf.float32))) for g in g_parts])
+            norm = tf.sqrt(ops.all_reduce(tf.reshape(square, [1]), everyone, "clip_norm")[0])
+            scale = clip_norm / tf.maximum(norm, clip_norm)
+            g_parts = [g * tf.cast(scale, g.dtype) for g in g_parts]
+        new_parts = self._sharded_update(optimizer, ops, everyone, w_parts, g_parts)
+        joined = self.packing.join_shards(new_parts)
+        gathered = [algorithm.all_gather(s, f"weights{i}") for i, s in enumerate(joined)]
+        values = self.packing.unpack(gathered)
+        context.merge_call(_assign_weights, args=(optimizer, values, variables))
+
+    def _sharded_update(self, optimizer, ops, everyone, w_parts, g_parts):
+        step = optimizer.iterations + 1
+        states, partials = [], []
+        for i, (w, g) in enumerate(zip(w_parts, g_parts, strict=True)):
+            g = tf.cast(g, w.dtype)
+            state, pair = self.rule.direction(i, w, g, self.slots[i], step)
+            states.append(state)
+            partials.append(
+                None
+                if pair is None
+                else tf.stack([tf.reduce_sum(tf.square(tf.cast(t, tf.float32))) for t in pair])
+            )
+        needed = [p for p in partials if p is not None]
+        norms_table = None
+        if needed:  # one small all-reduce: [tensors adapted, 2] sums of squares
+            norms_table = tf.sqrt(ops.all_reduce(tf.stack(needed), everyone, "norms"))
+        lr = optimizer.learning_rate
+        new_parts, row = [], 0
+        for i, (w, state) in enumerate(zip(w_parts, states, strict=True)):
+            norms = None
+            if partials[i] is not None:
+                norms = tf.cast(norms_table[row], w.dtype)
+                row += 1
+            new_parts.append(
+                self.rule.finish(i, state, w, self.slots[i], tf.cast(lr, w.dtype), norms)
+            )
+        return new_parts
+
+
+def _apply_gradients(strategy, optimizer, grads, variables):
+    # Cross-replica context, as in Keras' own update after its sum: each replica's copy of a
+    # variable is updated with that replica's (identical) summed gradient by `update_step`.
+    learning_rate = optimizer.learning_rate
+    for grad, variable in zip(grads, variables, strict=True):
+        strategy.extended.update(
+            _tf_variable(variable),
+            lambda var, g: optimizer.update_step(g, var, learning_rate),
+            args=(grad,),
+            group=False,
+        )
+    optimizer.iterations.assign_add(1)
+
+
+def _assign_weights(strategy, optimizer, values, variables):
+    for variable, value in zip(variables, values, strict=True):
+        strategy.extended.update(
+            _tf_variable(variable), lambda var, x: var.assign(x), args=(value,), group=False
+        )
+    optimizer.iterations.assign_add(1)
+
+
+METADATA_FILE = "gradient_summation.json"
+
+
+def record_choices(summer: GradientSummer, model_dir: str, *, chief: bool) -> None:
+    """Logs the run's gradient-summation choices and, on the chief, writes them next to the
+    MLPerf log as the suite's own metadata (`<model_dir>/gradient_summation.json`): MLPerf has
+    no keys for them, and none are invented in `:::MLLOG` lines."""
+    metadata = summer.metadata()
+    logging.info("gradient summation: %s", metadata)
+    if chief:
+        with open(os.path.join(model_dir, METADATA_FILE), "w", encoding="utf-8") as f:
+            json.dump(metadata, f, indent=1)
