@@ -23,13 +23,7 @@ PACKAGE_SOURCE = os.path.join(processes.REPO_ROOT, "examples", "efficientnet")
 def plugin_site(tmp_path_factory):
     """The plug-in pip-installed into a fresh folder, which is then put on sys.path."""
     target = tmp_path_factory.mktemp("efficientnet_site")
-    build = tmp_path_factory.mktemp("efficientnet_build")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
-         "--no-build-isolation", "--target", str(target), PACKAGE_SOURCE],
-        check=True, timeout=300, capture_output=True, cwd=build,
-        env=dict(os.environ, PIP_NO_CACHE_DIR="1"),
-    )  # fmt: skip
+    processes.pip_install_target(PACKAGE_SOURCE, target)
     sys.path.insert(0, str(target))
     yield target
     sys.path.remove(str(target))

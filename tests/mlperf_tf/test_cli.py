@@ -75,11 +75,7 @@ def installed_plugin(tmp_path_factory):
               entry_points={"mlperf_tf.benchmarks": ["tiny = tiny_plugin:TinyBenchmark"]})
     """))  # fmt: skip
     target = tmp_path_factory.mktemp("plugin_site")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
-         "--no-build-isolation", "--target", str(target), str(source)],
-        check=True, timeout=300, capture_output=True,
-    )  # fmt: skip
+    processes.pip_install_target(source, target)
     return target
 
 
