@@ -42,6 +42,13 @@ setup(
     },
     entry_points={
         "console_scripts": ["mlperf-tf = mlperf_tf.cli:run_main"],
+        # The built-in benchmarks register like any third-party package (mlperf_tf/registry.py).
+        "mlperf_tf.benchmarks": [
+            "bert = benchmarks.bert.benchmark:BertBenchmark",
+            "resnet50 = benchmarks.resnet50.benchmark:ResNet50Benchmark",
+            "ssd = benchmarks.ssd.benchmark:SSDBenchmark",
+            "transformer = benchmarks.transformer.benchmark:TransformerBenchmark",
+        ],
         # Optimizer plug-ins (mlperf_tf/optimizers/registry.py); third-party packages add theirs.
         "mlperf_tf.optimizers": [
             "sgd = mlperf_tf.optimizers.plugins:SGD",

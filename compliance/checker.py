@@ -493,11 +493,13 @@ class OfficialRunner:
         *,
         timeout: float = DEFAULT_TIMEOUT_S,
         memory_limit: int = WORKER_MEMORY_LIMIT_BYTES,
+        skip_missing_rules: bool = False,
     ) -> Callable[[], dict[str, Any]]:
         """Starts the official checker on `scan`; returns a function that waits for its result.
 
         The caller can do its own work on the log meanwhile (in a separate process where the OS
-        can fork). The returned function raises as `run` does.
+        can fork). The returned function raises as `run` does. `skip_missing_rules`: see
+        `official_worker.run` (for benchmarks that no round has).
         """
         self._count += 1
         path = scan.path
@@ -512,6 +514,7 @@ class OfficialRunner:
             "memory_limit": memory_limit,
             "timeout": timeout,
             "out": out,
+            "skip_missing_rules": skip_missing_rules,
         }
 
         def cleanup() -> None:
@@ -521,7 +524,9 @@ class OfficialRunner:
 
         try:
             if not self._use_fork:
-                result = self._run_new_interpreter(path, log_copy, ruleset, timeout, memory_limit)
+                result = self._run_new_interpreter(
+                    path, log_copy, ruleset, timeout, memory_limit, skip_missing_rules
+                )
                 finish = lambda: result  # noqa: E731
             elif self._in_process and threading.active_count() == 1:
                 from compliance import official_worker
@@ -574,10 +579,12 @@ class OfficialRunner:
                 f"{path}: the official checker process failed (exit code {reply['exit_code']})"
             ) from None
 
-    def _run_new_interpreter(self, path, log_copy, ruleset, timeout, memory_limit):
+    def _run_new_interpreter(self, path, log_copy, ruleset, timeout, memory_limit, skip_missing):
         import subprocess
 
         command = [sys.executable, "-P", _WORKER, log_copy, ruleset, USAGE, str(memory_limit)]
+        if skip_missing:
+            command.append("skip_missing_rules")
         try:
             done = subprocess.run(
                 command,
@@ -617,13 +624,55 @@ def _official_output(result: dict[str, Any]) -> list[str]:
     return items
 
 
+def _names_only_the_benchmark(text: str, benchmark: str) -> bool:
+    """True for the official message that rejects `submission_benchmark`'s value (and only it)."""
+    return C.SUBMISSION_BENCHMARK in text and f"'{benchmark}'" in text.replace('"', "'")
+
+
+def _not_mlperf_finding(benchmark, ruleset, division, records) -> Finding:
+    """What a log of a benchmark that no MLPerf round has (a plug-in's) is judged by.
+
+    No round has rules for it, so it cannot be a closed-division result; as an open-division log
+    the official checker runs the round's common rules (`common.yaml`, `open_common.yaml`:
+    the event sequence, submission keys, `eval_accuracy` with `epoch_num`), skips the missing
+    `open_<benchmark>.yaml`, and its one complaint about the benchmark's name is expected.
+    """
+    where = tuple(r.line for r in records if r.key == C.SUBMISSION_BENCHMARK)[:1]
+    if division != "open":
+        return Finding(
+            ERROR,
+            "suite",
+            "division",
+            f"'{benchmark}' is not an MLPerf benchmark (no round has rules for it), so its log "
+            f"can only be an open-division log, but submission_division is {division!r}: run "
+            "with --submission_division=open",
+            where,
+        )
+    return Finding(
+        INFO,
+        "suite",
+        "open",
+        f"'{benchmark}' is not an MLPerf benchmark (no round has rules for it): judged as an "
+        f"open-division log by round {ruleset}'s common rules; the rule file "
+        f"open_{benchmark}.yaml does not exist and was skipped",
+        where,
+    )
+
+
 def _official_findings(
-    result: dict[str, Any], line_of: Sequence[int], quality: str, *, hide_crash: bool = False
+    result: dict[str, Any],
+    line_of: Sequence[int],
+    quality: str,
+    *,
+    hide_crash: bool = False,
+    foreign_benchmark: str | None = None,
 ) -> list[Finding]:
     """Turns the worker's result into findings with file line numbers.
 
     `hide_crash`: the caller already said why the checker crashed (a round without the log's
     benchmark: its rule file is missing), so the crash's traceback line is not repeated.
+    `foreign_benchmark`: a benchmark that no round has; the official check of its name in
+    `submission_benchmark` is expected to fail and becomes an info line.
     """
 
     def lines(records: Sequence[int]) -> tuple[int, ...]:
@@ -657,6 +706,16 @@ def _official_findings(
         if not message["fatal"]:
             findings.append(
                 Finding(WARNING, "official", "official", text, lines(message["records"]))
+            )
+        elif foreign_benchmark and _names_only_the_benchmark(text, foreign_benchmark):
+            findings.append(
+                Finding(
+                    INFO,
+                    "official",
+                    "benchmark",
+                    f"expected for a benchmark outside MLPerf: {text}",
+                    lines(message["records"]),
+                )
             )
         elif text.startswith(_ACCURACY_CHECK_MESSAGE):
             if quality == "skip":
@@ -764,8 +823,12 @@ def _judge(scan, ruleset, reason, runner, *, quality, strict, timeout) -> Report
         and ruleset != "0.6.0"
         and not rounds.has_benchmark(ruleset, benchmark)
     )
-    if no_rules:
-        have = [r for r in available_rulesets() if has_rules(r, benchmark)]
+    division = _first_value(records, C.SUBMISSION_DIVISION)
+    have = [r for r in available_rulesets() if has_rules(r, benchmark)] if no_rules else []
+    not_mlperf = no_rules and not have
+    if not_mlperf:
+        first.append(_not_mlperf_finding(benchmark, ruleset, division, records))
+    elif no_rules:
         first.append(
             Finding(
                 ERROR,
@@ -777,8 +840,7 @@ def _judge(scan, ruleset, reason, runner, *, quality, strict, timeout) -> Report
             )
         )
     # The official check runs in another process while this one runs the suite's checks.
-    wait_official = runner.submit(scan, ruleset, timeout=timeout)
-    division = _first_value(records, C.SUBMISSION_DIVISION)
+    wait_official = runner.submit(scan, ruleset, timeout=timeout, skip_missing_rules=not_mlperf)
     global_batch_size = _first_value(records, C.GLOBAL_BATCH_SIZE)
     target = quality_target(
         ruleset,
@@ -802,7 +864,11 @@ def _judge(scan, ruleset, reason, runner, *, quality, strict, timeout) -> Report
     )
     result = wait_official()
     findings = first + _official_findings(
-        result, scan.official_line_numbers(ruleset), quality, hide_crash=no_rules
+        result,
+        scan.official_line_numbers(ruleset),
+        quality,
+        hide_crash=no_rules,
+        foreign_benchmark=benchmark if not_mlperf else None,
     )
     findings += suite
     official_passed = not result["crashed"] and not any(m["fatal"] for m in result["messages"])

@@ -89,7 +89,7 @@ class _ConfigRecorder(logging.Handler):
             self.configs.append(str(record.args[0]))
 
 
-def _guard_rule_file_paths(mlp_compliance, checker):
+def _guard_rule_file_paths(mlp_compliance, checker, skipped):
     """Refuses rule files outside the package's rule folders.
 
     Rule files enqueue further rule files named after log values, e.g.
@@ -97,6 +97,10 @@ def _guard_rule_file_paths(mlp_compliance, checker):
     `submission_division`: a log value such as '../../../tmp/x' would make the checker load, and
     run the Python of, a YAML file anywhere on disk. A name that leaves the package folder raises
     here instead; the checker reports the failed rule code (verdict FAIL), and a message says why.
+
+    `skipped`: None, or a list that collects the benchmark rule files (`open_<name>.yaml`,
+    `closed_<name>.yaml`) that do not exist, which are then skipped instead of crashing the
+    checker: used for benchmarks that no MLPerf round has, so the round's common rules still run.
     """
     package_dir = os.path.dirname(os.path.abspath(mlp_compliance.__file__))
     official_enqueue = mlp_compliance.enqueue_config
@@ -107,14 +111,21 @@ def _guard_rule_file_paths(mlp_compliance, checker):
             message = f"rule file outside the checker's package refused: {config}"
             checker.put_message(message)
             raise FileNotFoundError(message)
+        if skipped is not None and not os.path.exists(resolved):
+            skipped.append(str(config))
+            return
         official_enqueue(config)
 
     # configured_checks() reads the module global each time it builds the rule-code namespace.
     mlp_compliance.enqueue_config = enqueue_config
 
 
-def run(log_path, ruleset, usage="training"):
-    """Checks one log the way `python -m mlperf_logging.compliance_checker` does; returns a dict."""
+def run(log_path, ruleset, usage="training", skip_missing_rules=False):
+    """Checks one log the way `python -m mlperf_logging.compliance_checker` does; returns a dict.
+
+    `skip_missing_rules`: skip (and list in "skipped_rules") rule files that do not exist, for a
+    benchmark that no round has; otherwise the checker crashes on them as the official CLI does.
+    """
     from mlperf_logging.compliance_checker import mlp_compliance, mlp_parser
 
     recorder = _ConfigRecorder()
@@ -122,10 +133,17 @@ def run(log_path, ruleset, usage="training"):
     root.handlers = [recorder]
     root.setLevel(logging.INFO)
 
-    result = {"configs": recorder.configs, "parse_errors": [], "messages": [], "crashed": None}
+    skipped = [] if skip_missing_rules else None
+    result = {
+        "configs": recorder.configs,
+        "parse_errors": [],
+        "messages": [],
+        "crashed": None,
+        "skipped_rules": skipped if skipped is not None else [],
+    }
     config_file = f"{usage}_{ruleset}/common.yaml"
     checker = mlp_compliance.make_checker(usage, ruleset, False, False)
-    _guard_rule_file_paths(mlp_compliance, checker)
+    _guard_rule_file_paths(mlp_compliance, checker, skipped)
     loglines = []
     try:
         # The same steps as ComplianceChecker.check_file(), which prints instead of returning the
@@ -173,7 +191,12 @@ def _check_to_file(request):
         # A backstop: the caller already bounds the log it hands over.
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     try:
-        result = run(request["log"], request["ruleset"], request.get("usage", "training"))
+        result = run(
+            request["log"],
+            request["ruleset"],
+            request.get("usage", "training"),
+            request.get("skip_missing_rules", False),
+        )
     except MemoryError:
         result = {"out_of_memory": True}
     partial = request["out"] + ".partial"
@@ -247,7 +270,7 @@ def main(argv):
     if memory_limit > 0 and resource is not None:
         resource.setrlimit(resource.RLIMIT_AS, (memory_limit, memory_limit))
     try:
-        result = run(log_path, ruleset, usage)
+        result = run(log_path, ruleset, usage, argv[5:] == ["skip_missing_rules"])
     except MemoryError:
         sys.stdout.write(json.dumps({"out_of_memory": True}))
         return 3

@@ -16,6 +16,7 @@ from typing import Any
 
 from compliance import keys as C
 from compliance.logfile import Record
+from mlperf_tf import rules
 
 ERROR = "error"
 WARNING = "warning"
@@ -99,13 +100,12 @@ def _epoch_of(record: Record) -> float | None:
 
 
 def _bert_eval_interval_samples(ruleset: str, global_batch_size: float | None) -> float | None:
-    if ruleset == "0.7.0":
-        return 500_000.0  # training rules v0.7: "Starting at 3M samples, then every 500K samples"
-    if global_batch_size is None:
+    # Training rules v0.7: "Starting at 3M samples, then every 500K samples"; v1.0 and later:
+    # a formula of the global batch. The benchmark schedules its evals by the same function.
+    rule = "v0.7" if ruleset == "0.7.0" else "v1.0"
+    if rule == "v1.0" and global_batch_size is None:
         return None
-    # Training rules v1.0 and later: every 0.05 * (230.23 * batch + 3,000,000) samples, rounded up
-    # to a multiple of 25,000.
-    return math.ceil(0.05 * (230.23 * global_batch_size + 3_000_000) / 25_000) * 25_000.0
+    return float(rules.bert_eval_interval_samples(rule, int(global_batch_size or 1)))
 
 
 def _cadence(benchmark: str | None, ruleset: str, global_batch_size: float | None):

@@ -12,12 +12,13 @@ import abc
 import dataclasses
 import math
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any, ClassVar
 
 import numpy as np
 import tensorflow as tf
 
-from mlperf_tf.config import BenchmarkConfig
+from mlperf_tf.config import BenchmarkConfig, ConfigError
 
 PRESET_NAMES = ("mlperf", "mini", "smoke")
 
@@ -118,6 +119,30 @@ class Benchmark(abc.ABC):
         """
         return self.config.global_batch_size // self.config.gradient_accumulation_steps
 
+    def replica_batch_size(self, global_batch: int, input_context=None) -> int:
+        """`global_batch` split over the replicas: the one per-replica batch formula.
+
+        Args:
+          global_batch: examples (or tokens) over all replicas, e.g. `micro_batch_size`.
+          input_context: the pipeline's context; None uses the run's `num_replicas`.
+
+        Raises:
+          ConfigError: `global_batch` does not split evenly over the replicas.
+        """
+        replicas = input_context.num_replicas_in_sync if input_context else self.num_replicas
+        if global_batch % replicas:
+            raise ConfigError(
+                f"the batch ({global_batch}, from `global_batch_size` / "
+                "`gradient_accumulation_steps` or `eval_batch_size`) must be divisible by the "
+                f"number of replicas ({replicas})."
+            )
+        return global_batch // replicas
+
+    @property
+    def per_replica_batch_size(self) -> int:
+        """Examples per replica per forward/backward pass (the micro batch over the replicas)."""
+        return self.replica_batch_size(self.micro_batch_size)
+
     @property
     def steps_per_epoch(self) -> int:
         return self.config.steps_per_epoch
@@ -147,21 +172,80 @@ class Benchmark(abc.ABC):
     def build_optimizer(self, train_steps: int) -> Any:
         """Builds the optimizer and its schedule for a run of `train_steps` optimizer steps."""
 
-    @abc.abstractmethod
     def train_dataset(self, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
         """An endless dataset of per-replica training batches (static shapes) for one input pipeline.
 
-        The batch size is `input_context.get_per_replica_batch_size(self.micro_batch_size)`.
+        The default picks `synthetic_train_data` or `record_train_data` by `config.synthetic`, at
+        the per-replica micro batch (`replica_batch_size(micro_batch_size, input_context)`).
+        Override the two hooks, or this method for a pipeline of another shape.
         """
+        batch_size = self.replica_batch_size(self.micro_batch_size, input_context)
+        if self.config.synthetic:
+            return self.synthetic_train_data(input_context, batch_size)
+        return self.record_train_data(input_context, batch_size)
 
-    @abc.abstractmethod
     def eval_dataset(self, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
         """Per-replica eval batches (static shapes) of this pipeline's shard of the eval set.
 
         It must yield at least `eval_steps(num_replicas)` batches for each local replica; padding
         examples beyond the real eval set must be marked so `eval_step` ignores them (see
-        `mlperf_tf.data.pipeline.pad_eval_dataset`).
+        `mlperf_tf.data.pipeline.pad_eval_dataset`). The default picks `synthetic_eval_data` or
+        `record_eval_data` by `config.synthetic`, with the per-replica eval batch and the number of
+        batches this pipeline must yield.
         """
+        from mlperf_tf.data import pipeline  # noqa: PLC0415 (the data package imports TF I/O)
+
+        batch_size = self.replica_batch_size(self.config.eval_batch_size, input_context)
+        replicas = input_context.num_replicas_in_sync if input_context else self.num_replicas
+        num_batches = pipeline.eval_batches_per_pipeline(self.eval_steps(replicas), input_context)
+        if self.config.synthetic:
+            return self.synthetic_eval_data(input_context, batch_size, num_batches)
+        return self.record_eval_data(input_context, batch_size, num_batches)
+
+    # The input hooks. Their defaults call the functions of `input_module`, a module with the
+    # standard four (benchmarks/resnet50/input.py and benchmarks/bert/input.py have them):
+    #   synthetic_train_dataset(config, *, batch_size, seed)
+    #   train_dataset(config, *, input_context, batch_size, seed, skip_bad_records)
+    #   synthetic_eval_dataset(config, *, batch_size, num_batches, seed)
+    #   eval_dataset(config, *, input_context, batch_size, num_batches, skip_bad_records)
+    input_module: ClassVar[ModuleType | None] = None
+
+    def _input_function(self, name: str):
+        if self.input_module is None:
+            raise NotImplementedError(
+                f"benchmark '{self.name}' sets no `input_module`: override the input hooks"
+            )
+        return getattr(self.input_module, name)
+
+    def synthetic_train_data(self, input_context, batch_size: int) -> tf.data.Dataset:
+        """Endless synthetic training batches of `batch_size` (no `data_dir`)."""
+        make = self._input_function("synthetic_train_dataset")
+        return make(self.config, batch_size=batch_size, seed=self.seed)
+
+    def record_train_data(self, input_context, batch_size: int) -> tf.data.Dataset:
+        """Endless training batches of `batch_size` from the records under `config.data_dir`."""
+        return self._input_function("train_dataset")(
+            self.config,
+            input_context=input_context,
+            batch_size=batch_size,
+            seed=self.seed,
+            skip_bad_records=self.skip_bad_records,
+        )
+
+    def synthetic_eval_data(self, input_context, batch_size: int, num_batches: int):
+        """`num_batches` synthetic eval batches of `batch_size`, padding marked."""
+        make = self._input_function("synthetic_eval_dataset")
+        return make(self.config, batch_size=batch_size, num_batches=num_batches, seed=self.seed)
+
+    def record_eval_data(self, input_context, batch_size: int, num_batches: int):
+        """`num_batches` eval batches of `batch_size` from `config.data_dir`, padding marked."""
+        return self._input_function("eval_dataset")(
+            self.config,
+            input_context=input_context,
+            batch_size=batch_size,
+            num_batches=num_batches,
+            skip_bad_records=self.skip_bad_records,
+        )
 
     @abc.abstractmethod
     def compute_loss(self, model: Any, batch: Any, training: bool = True) -> tf.Tensor:
@@ -200,28 +284,25 @@ class Benchmark(abc.ABC):
         """
 
     def eval_schedule(self) -> list[EvalPoint]:
-        """The MLPerf evaluation points. Default: every `eval_every_epochs` epochs.
+        """The MLPerf evaluation points. Default: `epoch_eval_schedule` of the config's
+        `eval_every_epochs` and `eval_offset_epochs`.
 
-        Override for sample-based schedules (BERT) or offsets (ResNet). The runner trains to the
-        next point, evaluates, and stops at the quality target or after the last point.
+        Override for sample-based schedules (BERT). The runner trains to the next point,
+        evaluates, and stops at the quality target or after the last point.
         """
-        every = float(getattr(self.config, "eval_every_epochs", 1.0))
-        offset = float(getattr(self.config, "eval_offset_epochs", 0.0))
         return epoch_eval_schedule(
             steps_per_epoch=self.steps_per_epoch,
             max_epochs=self.config.max_epochs,
-            every_epochs=every,
-            offset_epochs=offset,
+            every_epochs=self.config.eval_every_epochs,
+            offset_epochs=self.config.eval_offset_epochs,
         )
 
     def gradient_clip_norm(self) -> float | None:
-        """Global-norm clip of the full-batch gradient (e.g. 1.0 for BERT); None: no clipping.
+        """Global-norm clip of the full-batch gradient (`config.gradient_clip_norm`); None: none.
 
-        The default reads a `gradient_clip_norm` config field when the config has one. The
-        runner clips the gradient summed over replicas, not each replica's part.
+        The runner clips the gradient summed over replicas, not each replica's part.
         """
-        value = getattr(self.config, "gradient_clip_norm", None)
-        return float(value) if value else None
+        return float(self.config.gradient_clip_norm) or None
 
     def train_samples(self) -> int:
         """MLPerf's `train_samples`: examples in one training epoch."""
@@ -250,39 +331,52 @@ class Benchmark(abc.ABC):
 def epoch_eval_schedule(
     *, steps_per_epoch: int, max_epochs: float, every_epochs: float, offset_epochs: float = 0.0
 ) -> list[EvalPoint]:
-    """Evaluations after epochs `offset + every`, `offset + 2*every`, ... up to `max_epochs`.
+    """Evaluations at epochs `first, first + every, ...` and at `max_epochs`, where `first` is
+    `offset_epochs`, or `every_epochs` when the offset is 0 (the MLPerf TF2 ResNet reference's
+    `--eval_offset_epochs`).
 
-    MLPerf counts epochs from 1 in `epoch_num` for ResNet-style schedules: the eval after the k-th
-    epoch logs `epoch_num=k`, and the block before it starts at `first_epoch_num` = the previous
-    eval's epoch + 1 (1 for the first block).
+    MLPerf counts epochs from 1: the eval after the k-th epoch logs `epoch_num=k`, and the block
+    before it starts at `first_epoch_num` = the previous eval's epoch + 1 (1 for the first block)
+    and spans `epoch_count` epochs. The last evaluation is at `max_epochs` (the budget), wherever
+    it falls.
 
     Raises:
-      ValueError: `every_epochs` is not positive or `offset_epochs` is negative.
+      ValueError: `every_epochs` is not positive or the offset is outside [0, every_epochs).
     """
     if every_epochs <= 0:
         raise ValueError(f"`every_epochs` ({every_epochs}) must be positive.")
-    if offset_epochs < 0:
-        raise ValueError(f"`offset_epochs` ({offset_epochs}) must not be negative.")
+    if not 0 <= offset_epochs < every_epochs:
+        raise ValueError(f"`offset_epochs` ({offset_epochs}) must be in [0, {every_epochs}).")
     points = []
     previous = 0.0
-    epoch = offset_epochs + every_epochs
+    epoch = float(offset_epochs or every_epochs)
     while True:
-        epoch = min(epoch, max_epochs)
-        step = max(1, int(round(epoch * steps_per_epoch)))
+        epoch = min(epoch, float(max_epochs))
         points.append(
             EvalPoint(
-                step=step,
+                step=max(1, int(round(epoch * steps_per_epoch))),
                 epoch_num=_clean_number(epoch),
                 first_epoch_num=_clean_number(previous + 1),
                 epoch_count=_clean_number(epoch - previous),
             )
         )
         if epoch >= max_epochs:
-            break
+            return points
         previous = epoch
         epoch += every_epochs
-    return points
 
 
 def _clean_number(x: float) -> float | int:
     return int(x) if float(x).is_integer() else float(x)
+
+
+def eval_ratio(state: dict[str, float], numerator: str, denominator: str, *, what: str) -> float:
+    """`state[numerator] / state[denominator]` of a reduced eval (e.g. correct over real examples).
+
+    Raises:
+      ValueError: the denominator is 0: the eval saw no `what` (the eval set is empty).
+    """
+    total = float(state.get(denominator, 0.0))
+    if total <= 0:
+        raise ValueError(f"eval saw no {what}: the eval set is empty")
+    return float(state[numerator]) / total

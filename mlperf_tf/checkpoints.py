@@ -109,16 +109,21 @@ def _spans_hosts(strategy) -> bool:
     return sum(len(cluster.get(kind, [])) for kind in ("chief", "worker")) > 1
 
 
-def agree(strategy, value: bool) -> bool:
-    """`value` OR-ed over all workers (a scalar all-reduce); `value` itself on one host.
+def agreement(strategy):
+    """A function `value -> bool`: `value` OR-ed over all workers (a scalar all-reduce, compiled
+    once: an eager collective is slow), or `value` itself on one host.
 
     Call it at the same point on every worker: it is a collective.
     """
     if strategy is None or not _spans_hosts(strategy):
-        return value
-    local = tf.constant(int(value), tf.int32)
-    per_replica = strategy.run(lambda: tf.identity(local))
-    return bool(strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None).numpy())
+        return bool
+
+    @tf.function
+    def summed(local):
+        per_replica = strategy.run(lambda: tf.identity(local))
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+    return lambda value: bool(summed(tf.constant(int(value), tf.int32)).numpy())
 
 
 def _step_of(path: str) -> int:
@@ -175,7 +180,7 @@ class Checkpointer:
             self.chief_directory if chief else os.path.join(model_dir, f"ckpt_worker{task_id}")
         )
         self.policy = policy or CheckpointPolicy()
-        self.strategy = strategy
+        self._agree = agreement(strategy)
         self.manager = tf.train.CheckpointManager(checkpoint, self.directory, max_to_keep)
         self.last_saved_step: int | None = None
         self._loops_since_save = 0
@@ -227,7 +232,7 @@ class Checkpointer:
             block_ended=block_ended and not self._saved_in_block,
         )
         saved = False
-        if agree(self.strategy, due):
+        if self._agree(due):
             saved = self.save(step)
         if block_ended:
             self._saved_in_block = False

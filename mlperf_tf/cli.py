@@ -181,7 +181,15 @@ def _prepare_command(argv: list[str]) -> int:
         prepare = importlib.import_module(f"{package}.prepare")
     except ModuleNotFoundError:
         return _fail(f"benchmark '{name}' has no prepare module ({package}.prepare)")
-    return int(prepare.main(rest) or 0)
+    try:
+        return int(prepare.main(rest) or 0)
+    except OSError as e:
+        # e.g. `--out_dir` names a file (NotADirectoryError) or a read-only/full disk.
+        path = e.filename
+        if path and os.path.exists(path) and not os.path.isdir(path):
+            return _fail(f"prepare {name}: {path!r} is a file, not a folder")
+        where = f" {path!r}" if path else ""
+        return _fail(f"prepare {name}: cannot write{where}: {e.strerror or e}")
 
 
 def main(argv: list[str] | None = None) -> int:

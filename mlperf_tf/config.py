@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
+from collections.abc import Sequence
 from typing import Any
 
 from mlperf_tf.errors import UserError
@@ -20,37 +22,110 @@ def require_positive_int(name: str, value: Any) -> None:
         raise ConfigError(f"`{name}` ({value!r}) must be a positive integer.")
 
 
+def require(
+    config: Any,
+    *,
+    prefix: str = "",
+    positive_int: Sequence[str] = (),
+    non_negative_int: Sequence[str] = (),
+    positive: Sequence[str] = (),
+    non_negative: Sequence[str] = (),
+    fraction: Sequence[str] = (),
+) -> None:
+    """Validates fields of `config` by name; the one place the benchmarks' configs check numbers.
+
+    Args:
+      config: a config dataclass (called from its `__post_init__`).
+      prefix: how the fields are addressed in overrides, e.g. "optimizer." (for the message).
+      positive_int: fields that must be ints >= 1.
+      non_negative_int: fields that must be ints >= 0.
+      positive: fields that must be finite numbers > 0.
+      non_negative: fields that must be finite numbers >= 0.
+      fraction: fields that must be in [0, 1) (probabilities, momenta, smoothing).
+
+    Raises:
+      ConfigError: the first field that breaks its rule, named with its value.
+    """
+    rules = (
+        (positive_int, lambda v: _is_int(v) and v >= 1, "a positive integer"),
+        (non_negative_int, lambda v: _is_int(v) and v >= 0, "a non-negative integer"),
+        (positive, lambda v: _is_number(v) and v > 0, "positive"),
+        (non_negative, lambda v: _is_number(v) and v >= 0, "non-negative"),
+        (fraction, lambda v: _is_number(v) and 0 <= v < 1, "in [0, 1)"),
+    )
+    for names, ok, what in rules:
+        for name in names:
+            value = getattr(config, name)
+            if not ok(value):
+                raise ConfigError(f"`{prefix}{name}` ({value!r}) must be {what}.")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class BenchmarkConfig:
     """Fields every benchmark config has; benchmarks subclass it and add their own.
 
     Sizes are in examples (images, sentence pairs, sequences) unless a name says otherwise.
+
+    Attributes:
+      global_batch_size: examples in one optimizer step over all replicas.
+      eval_batch_size: examples in one eval step over all replicas.
+      train_examples: examples in one training epoch.
+      eval_examples: examples in the whole eval set.
+      max_epochs: the budget: the run is aborted when it ends without reaching the target.
+      data_dir: where the benchmark's TFRecords are; "" means synthetic data.
+      gradient_accumulation_steps: micro batches summed into one optimizer step.
+      quality_target: eval value that ends the run with status success.
+      eval_every_epochs: epochs between evaluations (epoch-based schedules; `eval_schedule`).
+      eval_offset_epochs: the first evaluation runs after this many epochs, then every
+        `eval_every_epochs`; 0 means the first runs after `eval_every_epochs` (MLPerf ResNet's
+        `eval_offset_epochs`). Must be below `eval_every_epochs`.
+      gradient_clip_norm: global-norm clip of the full-batch gradient (summed over replicas,
+        before the optimizer); 0 disables clipping.
     """
 
     global_batch_size: int
     eval_batch_size: int
-    train_examples: int  # examples in one training epoch
-    eval_examples: int  # examples in the whole eval set
-    max_epochs: float  # budget: the run is aborted when it ends without reaching the target
-    data_dir: str = ""  # where the benchmark's TFRecords are; "" means synthetic data
+    train_examples: int
+    eval_examples: int
+    max_epochs: float
+    data_dir: str = ""
     gradient_accumulation_steps: int = 1
-    quality_target: float = 0.0  # eval value that ends the run with status success
+    quality_target: float = 0.0
+    eval_every_epochs: float = 1.0
+    eval_offset_epochs: float = 0.0
+    gradient_clip_norm: float = 0.0
 
     def __post_init__(self):
-        for name in ("global_batch_size", "eval_batch_size", "train_examples", "eval_examples"):
-            require_positive_int(name, getattr(self, name))
-        if self.gradient_accumulation_steps <= 0:
-            raise ConfigError(
-                f"`gradient_accumulation_steps` ({self.gradient_accumulation_steps!r}) "
-                "must be a positive integer."
-            )
+        require(
+            self,
+            positive_int=(
+                "global_batch_size",
+                "eval_batch_size",
+                "train_examples",
+                "eval_examples",
+                "gradient_accumulation_steps",
+            ),
+            positive=("max_epochs", "eval_every_epochs"),
+            non_negative=("eval_offset_epochs", "gradient_clip_norm"),
+        )
         if self.global_batch_size % self.gradient_accumulation_steps:
             raise ConfigError(
                 f"`global_batch_size` ({self.global_batch_size}) must be divisible by "
                 f"`gradient_accumulation_steps` ({self.gradient_accumulation_steps})."
             )
-        if self.max_epochs <= 0:
-            raise ConfigError(f"`max_epochs` ({self.max_epochs!r}) must be positive.")
+        if self.eval_offset_epochs >= self.eval_every_epochs:
+            raise ConfigError(
+                f"`eval_offset_epochs` ({self.eval_offset_epochs!r}) must be below "
+                f"`eval_every_epochs` ({self.eval_every_epochs!r})."
+            )
 
     @property
     def synthetic(self) -> bool:

@@ -36,7 +36,10 @@ NOISE = (
     r"This TensorFlow binary is optimized to use available CPU instructions",
     r"To enable the following instructions: .* rebuild TensorFlow",
 )
-_CLOSE_TIMEOUT_S = 3.0
+_CLOSE_TIMEOUT_S = 10.0
+# Written by `close`: the filter exits once it has forwarded everything before it, without
+# waiting for end-of-file (a child process may still hold the pipe).
+_CLOSE_LINE = b"\x00mlperf-tf console filter: close\x00\n"
 
 
 def is_noise(line: str, patterns: tuple[str, ...] = NOISE) -> bool:
@@ -79,13 +82,14 @@ class StderrFilter:
         self.closed = True
         with contextlib.suppress(ValueError, OSError):
             sys.stderr.flush()
-        os.dup2(self._original, 2)  # drops this process's last handle on the pipe: EOF
+        with contextlib.suppress(OSError):
+            os.write(2, _CLOSE_LINE)
+        os.dup2(self._original, 2)
         os.close(self._original)
         try:
             self._process.wait(timeout=_CLOSE_TIMEOUT_S)
         except subprocess.TimeoutExpired:
-            # A child process (a data service worker) still holds the pipe; do not wait on it.
-            pass
+            pass  # a filter that is still starting on a loaded host goes on forwarding after us
 
 
 class DropLibraryInfo(logging.Filter):
@@ -125,6 +129,8 @@ def _filter_main() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     source, sink = sys.stdin.buffer, sys.stdout.buffer
     for raw in iter(source.readline, b""):
+        if raw == _CLOSE_LINE:
+            return
         if not is_noise(raw.decode("utf-8", "replace")):
             sink.write(raw)
             sink.flush()

@@ -248,7 +248,7 @@ def build_cache(names: list[str] | None = None) -> dict[str, dict[str, dict[str,
     from mlperf_tf import registry
 
     table: dict[str, dict[str, dict[str, Any]]] = {}
-    for name in names or list(registry.BUILTIN_BENCHMARKS):
+    for name in names or list(registry.available()):
         benchmark_class = registry.get(name)
         table[name] = {}
         for preset in benchmark_class.presets:
@@ -265,7 +265,7 @@ def build_cache(names: list[str] | None = None) -> dict[str, dict[str, dict[str,
                 "global_batch_size": config.global_batch_size,
                 "train_examples": config.train_examples,
                 "eval_examples": config.eval_examples,
-                "eval_every_epochs": float(getattr(config, "eval_every_epochs", 1.0)),
+                "eval_every_epochs": float(config.eval_every_epochs),
             }
     return table
 

@@ -49,7 +49,18 @@ class StopRequest:
         self._event = threading.Event()
         self._lock = threading.Lock()
         self._flag = None
+        self._reclaim = None  # set by `handle_stop_signals`
         self.reason = ""
+
+    def reclaim_signals(self) -> None:
+        """Re-installs this request's signal handlers (call after creating a strategy).
+
+        MultiWorkerMirroredStrategy starts TensorFlow's coordination service, whose C++ preemption
+        notifier installs its own SIGTERM handler over ours; without this a SIGTERM to a worker
+        would go unseen. No-op outside `handle_stop_signals` or off the main thread.
+        """
+        if self._reclaim is not None and threading.current_thread() is threading.main_thread():
+            self._reclaim()
 
     def request(self, reason: str = "stop requested") -> None:
         """Asks the run to stop at the next step boundary; `reason` says why, for people."""
@@ -133,9 +144,17 @@ def handle_stop_signals(
         target=_watch, args=(read_end, stop, on_second), daemon=True, name="stop-signals"
     )
     watcher.start()
+
+    def reclaim():
+        signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, _ignore_in_python)
+
+    stop._reclaim = reclaim
     try:
         yield
     finally:
+        stop._reclaim = None
         signal.set_wakeup_fd(previous_fd)
         for sig, handler in previous.items():
             signal.signal(sig, handler)

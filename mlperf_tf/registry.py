@@ -1,10 +1,12 @@
-"""Provides the benchmark registry: built-in benchmarks by name, plus third-party entry points.
+"""Provides the benchmark registry: every benchmark by name, from `mlperf_tf.benchmarks` entry points.
 
-Built-ins are listed explicitly (import path strings, so one benchmark's import error does not
-hide the others). A third-party package adds a benchmark with an entry point in the group
-`mlperf_tf.benchmarks`, e.g. in its setup.py:
+Built-ins and third-party packages register the same way, with an entry point in the group
+`mlperf_tf.benchmarks` (the built-ins in this repository's setup.py), e.g.:
 
     entry_points={"mlperf_tf.benchmarks": ["my_model = my_pkg.benchmark:MyBenchmark"]}
+
+so adding a benchmark never edits this module. Targets stay import strings until `get`, so one
+benchmark's import error does not hide the others.
 """
 
 from __future__ import annotations
@@ -15,13 +17,6 @@ import importlib.metadata
 from mlperf_tf.errors import UserError
 
 ENTRY_POINT_GROUP = "mlperf_tf.benchmarks"
-
-BUILTIN_BENCHMARKS = {
-    "resnet50": "benchmarks.resnet50.benchmark:ResNet50Benchmark",
-    "ssd": "benchmarks.ssd.benchmark:SSDBenchmark",
-    "transformer": "benchmarks.transformer.benchmark:TransformerBenchmark",
-    "bert": "benchmarks.bert.benchmark:BertBenchmark",
-}
 
 
 class UnknownBenchmarkError(UserError, KeyError):
@@ -38,11 +33,14 @@ def _load(target: str):
 
 
 def available() -> dict[str, str]:
-    """Maps every registered name to its import target ("module:Class"); built-ins first."""
-    names = dict(BUILTIN_BENCHMARKS)
+    """Maps every registered name to its import target ("module:Class"), sorted by name.
+
+    When two installed packages register one name, the first found wins.
+    """
+    names: dict[str, str] = {}
     for entry_point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
         names.setdefault(entry_point.name, entry_point.value)
-    return names
+    return dict(sorted(names.items()))
 
 
 def get(name: str):
@@ -53,7 +51,6 @@ def get(name: str):
     """
     targets = available()
     if name not in targets:
-        raise UnknownBenchmarkError(
-            f"unknown benchmark '{name}' (registered: {', '.join(sorted(targets))})"
-        )
+        registered = ", ".join(targets) or "none: is mlperf-tf installed? (pip install -e .)"
+        raise UnknownBenchmarkError(f"unknown benchmark '{name}' (registered: {registered})")
     return _load(targets[name])

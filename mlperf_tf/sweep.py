@@ -94,6 +94,10 @@ USAGE = """usage: mlperf-tf sweep --benchmark=NAME --preset=P --out=DIR [options
 """
 
 
+class CellFailedError(UserError):
+    """A cell's run ended without a result (a crash, a kill, a bad override found late)."""
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SweepSpec:
     """What one sweep runs; saved as `OUT/sweep.json` so a restart can check it is the same sweep.
@@ -299,8 +303,6 @@ def run_cell(job_path: str) -> int:
 
     Writes `run_result.json` next to it: how the run ended, its steps, its eval curve.
     """
-    import typing
-
     from absl import logging as absl_logging
 
     from mlperf_tf import config as config_lib
@@ -313,13 +315,7 @@ def run_cell(job_path: str) -> int:
         job = json.load(f)
     benchmark_class = load_benchmark(job["benchmark"])
     config = config_lib.override(_preset(benchmark_class, job["preset"]), job["overrides"])
-    kwargs = {}
-    hints = typing.get_type_hints(runner.RunConfig)
-    for key, text in job["run_flags"].items():
-        if key not in hints:
-            raise UserError(f"--run.{key}: `mlperf-tf run` has no flag --{key}")
-        kwargs[key] = config_lib.parse_value(text, hints[key], f"run.{key}")
-    run_config = runner.RunConfig(model_dir=job["model_dir"], seed=job["seed"], **kwargs)
+    run_config = run_config_for(job["run_flags"], model_dir=job["model_dir"], seed=job["seed"])
     started = time.time()
     result = runner.run(benchmark_class(config), run_config)
     out = {
@@ -335,6 +331,26 @@ def run_cell(job_path: str) -> int:
     }
     _write_json_atomic(os.path.join(os.path.dirname(job_path), "run_result.json"), out)
     return 0
+
+
+def run_config_for(run_flags: dict[str, str], *, model_dir: str, seed: int):
+    """The `RunConfig` of a cell from `--run.KEY=VALUE` texts, each parsed to its field's type.
+
+    Raises:
+      UserError: a key that is no `mlperf-tf run` flag, or a value of the wrong type.
+    """
+    import typing
+
+    from mlperf_tf import config as config_lib
+    from mlperf_tf import runner
+
+    kwargs = {}
+    hints = typing.get_type_hints(runner.RunConfig)
+    for key, text in run_flags.items():
+        if key not in hints:
+            raise UserError(f"--run.{key}: `mlperf-tf run` has no flag --{key}")
+        kwargs[key] = config_lib.parse_value(text, hints[key], f"run.{key}")
+    return runner.RunConfig(model_dir=model_dir, seed=seed, **kwargs)
 
 
 # ---- reading a run back ----------------------------------------------------------------------------
@@ -442,21 +458,35 @@ def run_sweep(
 
     Raises:
       UserError: bad arguments, or `out` holds a different sweep.
+      CellFailedError: after every cell was tried, when some failed (the table has the others).
     """
+    from mlperf_tf import config as config_lib
+
     benchmark_class = load_benchmark(spec.benchmark)
     preset_config = _preset(benchmark_class, spec.preset)
     target = spec.target if spec.target is not None else float(preset_config.quality_target)
     grid = cells(spec)
-    jobs = [(cell, *cell_overrides(spec, cell, preset_config)) for cell in grid]  # fail early
+    # Bad overrides and run flags fail here, before any cell runs.
+    jobs = [(cell, *cell_overrides(spec, cell, preset_config)) for cell in grid]
+    for _, overrides, _ in jobs:
+        config_lib.override(preset_config, overrides)
+    run_config_for(spec.run_flags, model_dir=out, seed=0)
     _check_same_sweep(out, spec)
     _prepare_data(benchmark_class, spec, preset_config)
+    failed = []
     for number, (cell, overrides, lr) in enumerate(jobs, 1):
         cell_dir = os.path.join(out, "cells", cell.name)
         if os.path.exists(os.path.join(cell_dir, "result.json")):
             print(f"[{number}/{len(jobs)}] {cell.name}: done before, skipped", flush=True)
             continue
         print(f"[{number}/{len(jobs)}] {cell.name}: running", flush=True)
-        row = _run_one(spec, cell, overrides, lr, cell_dir, target, env)
+        try:
+            row = _run_one(spec, cell, overrides, lr, cell_dir, target, env)
+        except CellFailedError as e:
+            # The other cells still run; a rerun of the sweep retries only the failed ones.
+            print(f"[{number}/{len(jobs)}] {e}", flush=True)
+            failed.append(cell.name)
+            continue
         _write_json_atomic(os.path.join(cell_dir, "result.json"), row)
         print(
             f"[{number}/{len(jobs)}] {cell.name}: {row['status']} final={row['final_quality']:.4f}"
@@ -467,6 +497,11 @@ def run_sweep(
     write_table(out, rows)
     if plots:
         write_plots(out, rows)
+    if failed:
+        raise CellFailedError(
+            f"{len(failed)} of {len(jobs)} cells failed ({', '.join(failed)}); the table has the "
+            "others; rerun the same command to retry the failed cells"
+        )
     return rows
 
 
@@ -506,7 +541,7 @@ def _run_one(spec, cell, overrides, lr, cell_dir, target, env) -> dict[str, Any]
     wall = time.time() - started
     result_path = os.path.join(cell_dir, "run_result.json")
     if code != 0 or not os.path.exists(result_path):
-        raise UserError(
+        raise CellFailedError(
             f"cell {cell.name} failed (exit {code}); see {os.path.join(cell_dir, 'output.txt')}"
         )
     with open(result_path, encoding="utf-8") as f:

@@ -68,3 +68,13 @@ def wait_until(predicate, timeout_s: float, what: str, poll_s: float = 0.1) -> N
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
         time.sleep(poll_s)
+
+
+def pip_install_target(source, target) -> None:
+    """Installs the package folder `source` into the folder `target` as a user would (pip, no
+    dependencies, no index): how the plug-in tests put a third-party package beside the suite."""
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
+         "--no-build-isolation", "--target", str(target), str(source)],
+        check=True, timeout=300, capture_output=True, cwd=str(target),
+    )  # fmt: skip

@@ -23,7 +23,6 @@ class TinyConfig(BenchmarkConfig):
     image_size: int = 8
     num_classes: int = 4
     learning_rate: float = 0.05
-    eval_every_epochs: float = 1.0
 
 
 def smoke() -> TinyConfig:

@@ -14,7 +14,8 @@ from benchmarks.bert import checkpoint as checkpoint_lib
 from benchmarks.bert import config as config_lib
 from benchmarks.bert import input as input_lib
 from benchmarks.bert import model as model_lib
-from mlperf_tf.benchmark import Benchmark, EvalPoint
+from mlperf_tf import rules
+from mlperf_tf.benchmark import Benchmark, EvalPoint, eval_ratio
 from mlperf_tf.config import ConfigError
 from mlperf_tf.optimizers import LAMB, WarmupPolynomialDecay, registry
 
@@ -28,26 +29,6 @@ MAX_PREDICTIONS_PER_SEQ = "max_predictions_per_seq"
 LAMB_EXCLUDE = ("LayerNorm", "layer_norm", "bias")
 # The reference's denominator guard for the masked-LM mean (`+ 1e-5`).
 _MLM_WEIGHT_EPSILON = 1e-5
-
-
-def eval_interval_samples(rule: str, global_batch_size: int) -> int:
-    """Training samples between evaluations under MLPerf's rules.
-
-    v1.0 (MLCommons reference README, "Stopping criteria"):
-    `floor(0.05 * (230.23 * global_batch_size + 3,000,000) / 25,000) * 25,000`, starting from 0
-    samples. v0.7: every 500,000 samples (the interval of the v0.7 submissions, e.g. 62 steps x
-    8192 in Google's TPU v3-8192 log).
-
-    Raises:
-      ValueError: unknown rule or non-positive batch size.
-    """
-    if global_batch_size <= 0:
-        raise ValueError(f"`global_batch_size` ({global_batch_size}) must be positive.")
-    if rule == "v1.0":
-        return int(math.floor(0.05 * (230.23 * global_batch_size + 3_000_000) / 25_000) * 25_000)
-    if rule == "v0.7":
-        return 500_000
-    raise ValueError(f"`eval_rule` ({rule!r}) must be 'v0.7' or 'v1.0'.")
 
 
 def sample_eval_schedule(
@@ -100,6 +81,7 @@ class BertBenchmark(Benchmark):
     mlperf_benchmark = C.BERT
     config_class = config_lib.BertConfig
     presets = {"mlperf": config_lib.mlperf, "mini": config_lib.mini, "smoke": config_lib.smoke}
+    input_module = input_lib  # synthetic or record batches (the Benchmark's input hooks)
 
     config: config_lib.BertConfig
 
@@ -125,11 +107,6 @@ class BertBenchmark(Benchmark):
     def decay_steps(self, train_steps: int) -> int:
         """`opt_learning_rate_training_steps`: the config's, or the run's step budget when 0."""
         return self.config.optimizer.opt_learning_rate_training_steps or max(1, train_steps)
-
-    def gradient_clip_norm(self) -> float | None:
-        """The reference's global-norm clip (1.0) of the full-batch gradient, which the runner
-        applies to the cross-replica sum; None when `optimizer.clip_global_norm` is 0."""
-        return self.config.optimizer.clip_global_norm or None
 
     # ---- building ------------------------------------------------------------------------------
     def build_model(self) -> keras.Model:
@@ -179,39 +156,6 @@ class BertBenchmark(Benchmark):
             len(report.skipped),
         )
 
-    # ---- data ----------------------------------------------------------------------------------
-    def train_dataset(self, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
-        batch_size = input_context.get_per_replica_batch_size(self.micro_batch_size)
-        if self.config.synthetic:
-            return input_lib.synthetic_train_dataset(
-                self.config, batch_size=batch_size, seed=self.seed
-            )
-        return input_lib.train_dataset(
-            self.config,
-            input_context=input_context,
-            batch_size=batch_size,
-            seed=self.seed,
-            skip_bad_records=self.skip_bad_records,
-        )
-
-    def eval_dataset(self, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
-        batch_size = input_context.get_per_replica_batch_size(self.config.eval_batch_size)
-        replicas_per_pipeline = max(
-            1, input_context.num_replicas_in_sync // input_context.num_input_pipelines
-        )
-        num_batches = self.eval_steps(input_context.num_replicas_in_sync) * replicas_per_pipeline
-        if self.config.synthetic:
-            return input_lib.synthetic_eval_dataset(
-                self.config, batch_size=batch_size, num_batches=num_batches, seed=self.seed
-            )
-        return input_lib.eval_dataset(
-            self.config,
-            input_context=input_context,
-            batch_size=batch_size,
-            num_batches=num_batches,
-            skip_bad_records=self.skip_bad_records,
-        )
-
     # ---- steps (replica context) ---------------------------------------------------------------
     def losses(self, model: keras.Model, batch: Any, training: bool) -> dict[str, tf.Tensor]:
         """This replica's masked-LM loss (weighted mean over its masked tokens, as the
@@ -259,14 +203,11 @@ class BertBenchmark(Benchmark):
     # ---- host side -----------------------------------------------------------------------------
     def eval_result(self, state: dict[str, float]) -> float:
         """Masked-LM accuracy: correct predictions over the weight of all masked tokens."""
-        weight = float(state.get("weight", 0.0))
-        if weight <= 0:
-            raise ValueError("eval saw no masked tokens: the eval set is empty")
-        return float(state["correct"]) / weight
+        return eval_ratio(state, "correct", "weight", what="masked tokens")
 
     def eval_every_samples(self) -> int:
         """Samples between evals: `config.eval_every_samples`, or MLPerf's `eval_rule`."""
-        return self.config.eval_every_samples or eval_interval_samples(
+        return self.config.eval_every_samples or rules.bert_eval_interval_samples(
             self.config.eval_rule, self.config.global_batch_size
         )
 

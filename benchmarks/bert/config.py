@@ -8,7 +8,7 @@ import os
 from typing import Literal
 
 from mlperf_tf import paths
-from mlperf_tf.config import BenchmarkConfig, ConfigError
+from mlperf_tf.config import BenchmarkConfig, ConfigError, require
 from mlperf_tf.optimizers import registry
 
 # MLPerf's rule for the BERT eval cadence, in training samples (see README.md, "Evaluation").
@@ -35,27 +35,25 @@ class ModelConfig:
     layer_norm_epsilon: float = 1e-12
 
     def __post_init__(self):
-        for name in (
-            "vocab_size",
-            "hidden_size",
-            "num_hidden_layers",
-            "num_attention_heads",
-            "intermediate_size",
-            "max_position_embeddings",
-            "type_vocab_size",
-        ):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
-                raise ConfigError(f"`model.{name}` ({value!r}) must be a positive integer.")
+        require(
+            self,
+            prefix="model.",
+            positive_int=(
+                "vocab_size",
+                "hidden_size",
+                "num_hidden_layers",
+                "num_attention_heads",
+                "intermediate_size",
+                "max_position_embeddings",
+                "type_vocab_size",
+            ),
+            fraction=("hidden_dropout_prob", "attention_probs_dropout_prob"),
+        )
         if self.hidden_size % self.num_attention_heads:
             raise ConfigError(
                 f"`model.hidden_size` ({self.hidden_size}) must be divisible by "
                 f"`model.num_attention_heads` ({self.num_attention_heads})."
             )
-        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
-            value = getattr(self, name)
-            if not 0.0 <= value < 1.0:
-                raise ConfigError(f"`model.{name}` ({value!r}) must be in [0, 1).")
 
 
 def bert_large() -> ModelConfig:
@@ -128,34 +126,16 @@ class OptimizerConfig:
     num_warmup_steps: int = 287
     start_warmup_step: int = -76
     opt_lamb_learning_rate_decay_poly_power: float = 1.0
-    # The reference clips the global gradient norm (of the mean gradient) to 1.0 before LAMB.
-    clip_global_norm: float = 1.0
 
     def __post_init__(self):
         registry.check_opt_name(self.opt_name, native=("lamb",))
-        if self.opt_base_learning_rate <= 0:
-            raise ConfigError(
-                f"`optimizer.opt_base_learning_rate` ({self.opt_base_learning_rate!r}) "
-                "must be positive."
-            )
-        if self.opt_learning_rate_training_steps < 0:
-            raise ConfigError(
-                "`optimizer.opt_learning_rate_training_steps` "
-                f"({self.opt_learning_rate_training_steps!r}) must not be negative."
-            )
-        if self.num_warmup_steps < 0:
-            raise ConfigError(
-                f"`optimizer.num_warmup_steps` ({self.num_warmup_steps!r}) must not be negative."
-            )
-        for name in ("opt_lamb_beta_1", "opt_lamb_beta_2"):
-            value = getattr(self, name)
-            if not 0.0 <= value < 1.0:
-                raise ConfigError(f"`optimizer.{name}` ({value!r}) must be in [0, 1).")
-        if self.clip_global_norm < 0:
-            raise ConfigError(
-                f"`optimizer.clip_global_norm` ({self.clip_global_norm!r}) must not be negative "
-                "(0 disables clipping)."
-            )
+        require(
+            self,
+            prefix="optimizer.",
+            positive=("opt_base_learning_rate",),
+            non_negative_int=("opt_learning_rate_training_steps", "num_warmup_steps"),
+            fraction=("opt_lamb_beta_1", "opt_lamb_beta_2"),
+        )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -183,8 +163,13 @@ class BertConfig(BenchmarkConfig):
     """BERT pretraining (MLPerf language/bert). Sizes are in sequences (examples).
 
     `train_examples` is the training budget in samples (MLPerf's `train_samples`), so one
-    "epoch" is the whole budget and `max_epochs` is normally 1.
+    "epoch" is the whole budget and `max_epochs` is normally 1. The eval cadence is in samples
+    (`eval_rule`, `eval_every_samples`), so the epoch-based `eval_every_epochs` and
+    `eval_offset_epochs` are unused.
     """
+
+    # The reference clips the global gradient norm (of the mean gradient) to 1.0 before LAMB.
+    gradient_clip_norm: float = 1.0
 
     model: ModelConfig = dataclasses.field(default_factory=bert_large)
     optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
@@ -199,10 +184,7 @@ class BertConfig(BenchmarkConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        if self.eval_every_samples < 0:
-            raise ConfigError(
-                f"`eval_every_samples` ({self.eval_every_samples!r}) must not be negative."
-            )
+        require(self, non_negative_int=("eval_every_samples",))
         if self.data.max_seq_length > self.model.max_position_embeddings and not (
             self.bert_config_file
         ):

@@ -14,7 +14,7 @@ import os
 import tensorflow as tf
 
 from benchmarks.bert.config import BertConfig
-from mlperf_tf.data import eval_pipeline, list_files, pad_eval_dataset, training_pipeline
+from mlperf_tf.data import eval_pipeline, list_files, training_pipeline
 
 INT_KEYS = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids")
 
@@ -150,8 +150,12 @@ def synthetic_eval_dataset(
     config: BertConfig, *, batch_size: int, num_batches: int, seed: int
 ) -> tf.data.Dataset:
     """`num_batches` batches of random examples (`eval_examples` of them, the rest padding)."""
-    count = min(config.eval_examples, batch_size * num_batches)
-    examples = tf.data.Dataset.range(count).map(
-        lambda i: synthetic_example(config, seed + 1_000_000 + tf.cast(i, tf.int32))
+    from mlperf_tf.data import synthetic  # noqa: PLC0415 (as synthetic_train_dataset)
+
+    return synthetic.synthetic_eval_dataset(
+        lambda s: synthetic_example(config, s),
+        count=config.eval_examples,
+        batch_size=batch_size,
+        num_batches=num_batches,
+        seed=seed + 1_000_000,
     )
-    return pad_eval_dataset(examples, batch_size=batch_size, num_batches=num_batches)

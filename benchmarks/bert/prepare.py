@@ -14,9 +14,9 @@ bytes.
 the docstrings of the standard library's modules (read with `ast`, nothing is imported).
 
 Command line:
-  python -m benchmarks.bert.prepare --input_file=TEXT[,TEXT...] --output_dir=DIR
+  python -m benchmarks.bert.prepare --input_file=TEXT[,TEXT...] --out_dir=DIR
       [--vocab_file=vocab.txt | --vocab_size=30522] [--max_seq_length=512 ...]
-  python -m benchmarks.bert.prepare --mini --output_dir=DIR
+  python -m benchmarks.bert.prepare --mini --out_dir=DIR
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ import os
 import random
 import re
 import shutil
-import sys
 import sysconfig
 import tempfile
 from collections.abc import Iterable, Sequence
@@ -38,7 +37,8 @@ import tensorflow as tf
 
 from benchmarks.bert import config as config_lib
 from benchmarks.bert import tokenization
-from mlperf_tf.errors import DataError
+from mlperf_tf import prepare_cli
+from mlperf_tf.errors import DataError, UserError
 
 # The seed MLPerf fixes for its TFRecords ("It is extremely critical to set random_seed to 12345").
 MLPERF_RANDOM_SEED = 12345
@@ -620,10 +620,8 @@ def _write_mini(
 # ---- command line --------------------------------------------------------------------------------
 def main(argv: Sequence[str] | None = None) -> int:
     """`python -m benchmarks.bert.prepare ...` (see the module docstring)."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--mini", action="store_true", help="write the mini dataset")
+    parser = prepare_cli.parser("bert", __doc__.split("\n")[0], mini_help="write the mini dataset")
     parser.add_argument("--input_file", default="", help="comma-separated text files or globs")
-    parser.add_argument("--output_dir", required=True)
     parser.add_argument("--vocab_file", default="")
     parser.add_argument("--vocab_size", type=int, default=30522)
     parser.add_argument(
@@ -640,21 +638,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         kind = {bool: _parse_bool, int: int, float: float}[type(value)]
         parser.add_argument(f"--{field.name}", type=kind, default=value)
     args = parser.parse_args(argv)
+    if args.mini:
+        print(prepare_mini(args.out_dir, learner=args.vocab_learner))
+        return 0
+    files = sorted(
+        f for pattern in args.input_file.split(",") if pattern for f in glob.glob(pattern)
+    )
+    if not files:
+        raise DataError(f"--input_file {args.input_file!r} matches no file")
     try:
-        if args.mini:
-            print(prepare_mini(args.output_dir, learner=args.vocab_learner))
-            return 0
-        files = sorted(
-            f for pattern in args.input_file.split(",") if pattern for f in glob.glob(pattern)
-        )
-        if not files:
-            raise DataError(f"--input_file {args.input_file!r} matches no file")
         params = CreationParams(
             **{f.name: getattr(args, f.name) for f in dataclasses.fields(CreationParams)}
         )
         paths = prepare(
             input_files=files,
-            output_dir=args.output_dir,
+            output_dir=args.out_dir,
             params=params,
             num_shards=args.num_shards,
             prefix=args.prefix,
@@ -663,10 +661,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             learner=args.vocab_learner,
             pick_examples=args.pick_examples or None,
         )
-        print("\n".join(paths))
-    except (DataError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    except UserError:
+        raise
+    except ValueError as e:  # a bad creation parameter or vocabulary setting
+        raise UserError(str(e)) from None
+    print("\n".join(paths))
     return 0
 
 
@@ -679,4 +678,4 @@ def _parse_bool(text: str) -> bool:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    prepare_cli.module_main(main)

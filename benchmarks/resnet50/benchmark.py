@@ -12,9 +12,7 @@ from benchmarks.resnet50 import config as config_lib
 from benchmarks.resnet50 import input as input_lib
 from benchmarks.resnet50 import model as model_lib
 from mlperf_tf import layers
-from mlperf_tf.benchmark import Benchmark, EvalPoint
-from mlperf_tf.config import ConfigError
-from mlperf_tf.data.pipeline import eval_batches_per_pipeline
+from mlperf_tf.benchmark import Benchmark, eval_ratio
 from mlperf_tf.optimizers import LARS, WarmupPolynomialDecay, registry
 
 # MLPerf log keys of the closed_resnet_sgd rules that `mlperf_logging.mllog.constants` lacks.
@@ -38,24 +36,11 @@ class ResNet50Benchmark(Benchmark):
     mlperf_benchmark = C.RESNET
     config_class = config_lib.ResNet50Config
     presets = {"mlperf": config_lib.mlperf, "mini": config_lib.mini, "smoke": config_lib.smoke}
+    input_module = input_lib  # synthetic or record batches (the Benchmark's input hooks)
 
     config: config_lib.ResNet50Config
 
     # ---- sizes ---------------------------------------------------------------------------------
-    @property
-    def per_replica_batch_size(self) -> int:
-        """Examples per replica per forward/backward pass (the micro batch over the replicas).
-
-        Raises:
-          ConfigError: the micro batch does not split evenly over `num_replicas`.
-        """
-        if self.micro_batch_size % self.num_replicas:
-            raise ConfigError(
-                f"`global_batch_size` / `gradient_accumulation_steps` ({self.micro_batch_size}) "
-                f"must be divisible by the number of replicas ({self.num_replicas})."
-            )
-        return self.micro_batch_size // self.num_replicas
-
     def warmup_steps(self) -> int:
         """Optimizer steps of the linear learning-rate warmup."""
         return int(round(self.config.optimizer.warmup_epochs * self.steps_per_epoch))
@@ -97,38 +82,6 @@ class ResNet50Benchmark(Benchmark):
             return keras.optimizers.SGD(schedule, momentum=opt.sgd_opt_momentum)
         return registry.build(opt.opt_name, schedule, opt, opt.opt_params)
 
-    # ---- data ----------------------------------------------------------------------------------
-    def train_dataset(self, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
-        batch_size = input_context.get_per_replica_batch_size(self.micro_batch_size)
-        if self.config.synthetic:
-            return input_lib.synthetic_train_dataset(
-                self.config, batch_size=batch_size, seed=self.seed
-            )
-        return input_lib.train_dataset(
-            self.config,
-            input_context=input_context,
-            batch_size=batch_size,
-            seed=self.seed,
-            skip_bad_records=self.skip_bad_records,
-        )
-
-    def eval_dataset(self, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
-        batch_size = input_context.get_per_replica_batch_size(self.config.eval_batch_size)
-        num_batches = eval_batches_per_pipeline(
-            self.eval_steps(input_context.num_replicas_in_sync), input_context
-        )
-        if self.config.synthetic:
-            return input_lib.synthetic_eval_dataset(
-                self.config, batch_size=batch_size, num_batches=num_batches, seed=self.seed
-            )
-        return input_lib.eval_dataset(
-            self.config,
-            input_context=input_context,
-            batch_size=batch_size,
-            num_batches=num_batches,
-            skip_bad_records=self.skip_bad_records,
-        )
-
     # ---- steps (replica context) ---------------------------------------------------------------
     def compute_loss(self, model: keras.Model, batch: Any, training: bool = True) -> tf.Tensor:
         """Label-smoothed cross entropy summed over this replica's batch / `micro_batch_size`.
@@ -161,23 +114,7 @@ class ResNet50Benchmark(Benchmark):
     # ---- host side -----------------------------------------------------------------------------
     def eval_result(self, state: dict[str, float]) -> float:
         """Top-1 accuracy over the real (non-padding) eval examples."""
-        count = float(state.get("count", 0.0))
-        if count <= 0:
-            raise ValueError("eval saw no real examples: the eval set is empty")
-        return float(state["correct"]) / count
-
-    def eval_schedule(self) -> list[EvalPoint]:
-        """MLPerf ResNet: every `eval_every_epochs` (4) epochs; the first after
-        `eval_offset_epochs` epochs (1, 2 or 3), or after `eval_every_epochs` when it is 0.
-
-        The last evaluation is at `max_epochs` (the budget), wherever it falls.
-        """
-        return resnet_eval_schedule(
-            steps_per_epoch=self.steps_per_epoch,
-            max_epochs=self.config.max_epochs,
-            every_epochs=self.config.eval_every_epochs,
-            offset_epochs=self.config.eval_offset_epochs,
-        )
+        return eval_ratio(state, "correct", "count", what="real examples")
 
     def model_bn_span(self) -> int:
         """MLPerf's `model_bn_span`: examples one batch-norm layer normalizes over in training."""
@@ -233,43 +170,3 @@ class ResNet50Benchmark(Benchmark):
 def decayed_variables(model: keras.Model) -> list:
     """The variables that get weight decay: convolution and dense kernels (rank >= 2)."""
     return [v for v in model.trainable_variables if len(v.shape) >= 2]
-
-
-def resnet_eval_schedule(
-    *, steps_per_epoch: int, max_epochs: float, every_epochs: int, offset_epochs: int
-) -> list[EvalPoint]:
-    """Evaluations at epochs `first, first + every, ...` and at `max_epochs`, where `first` is
-    `offset_epochs`, or `every_epochs` when the offset is 0 (the MLPerf TF2 reference's
-    `--eval_offset_epochs`).
-
-    Epochs count from 1 (`first_epoch_num` of the first block is 1; each block spans
-    `epoch_count` epochs and ends with the evaluation whose `epoch_num` is its last epoch).
-
-    Raises:
-      ValueError: `every_epochs` is not positive or the offset is outside [0, every_epochs).
-    """
-    if every_epochs <= 0:
-        raise ValueError(f"`every_epochs` ({every_epochs}) must be positive.")
-    if not 0 <= offset_epochs < every_epochs:
-        raise ValueError(f"`offset_epochs` ({offset_epochs}) must be in [0, {every_epochs}).")
-    points = []
-    previous = 0.0
-    epoch = float(offset_epochs or every_epochs)
-    while True:
-        epoch = min(epoch, float(max_epochs))
-        points.append(
-            EvalPoint(
-                step=max(1, int(round(epoch * steps_per_epoch))),
-                epoch_num=_number(epoch),
-                first_epoch_num=_number(previous + 1),
-                epoch_count=_number(epoch - previous),
-            )
-        )
-        if epoch >= max_epochs:
-            return points
-        previous = epoch
-        epoch += every_epochs
-
-
-def _number(x: float) -> int | float:
-    return int(x) if float(x).is_integer() else float(x)

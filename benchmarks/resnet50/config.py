@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 
 from mlperf_tf import paths
-from mlperf_tf.config import BenchmarkConfig, ConfigError, require_positive_int
+from mlperf_tf.config import BenchmarkConfig, ConfigError, require
 from mlperf_tf.optimizers import registry
 
 NAME = "resnet50"
@@ -47,17 +46,17 @@ class ModelConfig:
     zero_init_last_gamma: bool = True
 
     def __post_init__(self):
-        require_positive_int("model.num_classes", self.num_classes)
-        require_positive_int("model.base_width", self.base_width)
-        require_positive_int("model.bn_group_size", self.bn_group_size)
+        require(
+            self,
+            prefix="model.",
+            positive_int=("num_classes", "base_width", "bn_group_size"),
+            positive=("bn_epsilon",),
+            fraction=("bn_momentum",),
+        )
         if not self.block_layers or any(not isinstance(n, int) or n < 1 for n in self.block_layers):
             raise ConfigError(
                 f"`model.block_layers` ({self.block_layers!r}) must be positive integers."
             )
-        if not 0.0 <= self.bn_momentum < 1.0:
-            raise ConfigError(f"`model.bn_momentum` ({self.bn_momentum!r}) must be in [0, 1).")
-        if self.bn_epsilon <= 0:
-            raise ConfigError(f"`model.bn_epsilon` ({self.bn_epsilon!r}) must be positive.")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -103,24 +102,19 @@ class OptimizerConfig:
 
     def __post_init__(self):
         registry.check_opt_name(self.opt_name, native=("lars", "sgd"))
-        if not 0.0 <= self.label_smoothing < 1.0:
-            raise ConfigError(
-                f"`optimizer.label_smoothing` ({self.label_smoothing!r}) must be in [0, 1)."
-            )
-        for prefix in ("lars_", "sgd_", "opt_"):
-            for field in dataclasses.fields(self):
-                if not field.name.startswith(prefix) or field.name in ("opt_name", "opt_params"):
-                    continue
-                value = getattr(self, field.name)
-                if value < 0 or not math.isfinite(value):
-                    raise ConfigError(
-                        f"`optimizer.{field.name}` ({value!r}) must be a finite number >= 0."
-                    )
-        for name in ("lars_opt_momentum", "sgd_opt_momentum"):
-            if getattr(self, name) >= 1.0:
-                raise ConfigError(f"`optimizer.{name}` ({getattr(self, name)!r}) must be < 1.")
-        if self.lars_eeta <= 0:
-            raise ConfigError(f"`optimizer.lars_eeta` ({self.lars_eeta!r}) must be positive.")
+        numbers = [
+            f.name
+            for f in dataclasses.fields(self)
+            if f.name.startswith(("lars_", "sgd_", "opt_l"))
+        ]
+        momenta = ("lars_opt_momentum", "sgd_opt_momentum")
+        require(
+            self,
+            prefix="optimizer.",
+            non_negative=[n for n in numbers if n not in momenta + ("lars_eeta",)],
+            positive=("lars_eeta",),
+            fraction=("label_smoothing", *momenta),
+        )
 
     @property
     def _prefix(self) -> str:
@@ -192,11 +186,12 @@ class DataConfig:
     cache_train: bool = False
 
     def __post_init__(self):
-        require_positive_int("data.image_size", self.image_size)
-        require_positive_int("data.shuffle_buffer", self.shuffle_buffer)
-        require_positive_int("data.crop_max_attempts", self.crop_max_attempts)
-        if not isinstance(self.crop_padding, int) or self.crop_padding < 0:
-            raise ConfigError(f"`data.crop_padding` ({self.crop_padding!r}) must be >= 0.")
+        require(
+            self,
+            prefix="data.",
+            positive_int=("image_size", "shuffle_buffer", "crop_max_attempts"),
+            non_negative_int=("crop_padding",),
+        )
         for name in ("area_range", "aspect_ratio_range"):
             low_high = getattr(self, name)
             if len(low_high) != 2 or not 0 < low_high[0] <= low_high[1]:
@@ -216,10 +211,8 @@ class DataConfig:
 class ResNet50Config(BenchmarkConfig):
     """The ResNet-50 benchmark config (the defaults are the `mlperf` preset's).
 
-    Attributes:
-      eval_every_epochs: epochs between evaluations (MLPerf: 4).
-      eval_offset_epochs: the first evaluation runs after this many epochs (MLPerf allows 1,
-        2, 3; 0 means after `eval_every_epochs`), then every `eval_every_epochs` epochs.
+    MLPerf evaluates every 4 epochs (`eval_every_epochs`), the first after 1, 2, 3 or 4
+    (`eval_offset_epochs`; 0 means after `eval_every_epochs`): whole epochs, so both are ints.
     """
 
     global_batch_size: int = 4096
@@ -236,14 +229,7 @@ class ResNet50Config(BenchmarkConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        require_positive_int("eval_every_epochs", self.eval_every_epochs)
-        if not isinstance(self.eval_offset_epochs, int) or not (
-            0 <= self.eval_offset_epochs < self.eval_every_epochs
-        ):
-            raise ConfigError(
-                f"`eval_offset_epochs` ({self.eval_offset_epochs!r}) must be an integer in "
-                f"[0, eval_every_epochs={self.eval_every_epochs})."
-            )
+        require(self, positive_int=("eval_every_epochs",), non_negative_int=("eval_offset_epochs",))
 
 
 def mlperf() -> ResNet50Config:

@@ -15,10 +15,10 @@ from mlperf_tf.data import (
     eval_pipeline,
     image_ops,
     list_files,
+    synthetic,
     synthetic_dataset,
     training_pipeline,
 )
-from mlperf_tf.data.synthetic import random_example
 
 _BBOX_KEYS = ("ymin", "xmin", "ymax", "xmax")  # the order sample_distorted_bounding_box wants
 
@@ -168,7 +168,7 @@ def _synthetic_example_fn(config: ResNet50Config):
         "image": tf.TensorSpec([size, size, 3], tf.float32),
         "label": tf.TensorSpec([], tf.int32),
     }
-    return lambda seed: random_example(specs, seed, maxval=config.model.num_classes)
+    return lambda seed: synthetic.random_example(specs, seed, maxval=config.model.num_classes)
 
 
 def synthetic_train_dataset(
@@ -181,11 +181,11 @@ def synthetic_train_dataset(
 def synthetic_eval_dataset(
     config: ResNet50Config, *, batch_size: int, num_batches: int, seed: int = 0
 ) -> tf.data.Dataset:
-    """`num_batches` copies of one random batch, every example marked valid."""
-    make = _synthetic_example_fn(config)
-
-    def example(s: int) -> dict[str, tf.Tensor]:
-        return {**make(s), "valid": tf.constant(1.0, tf.float32)}
-
-    dataset = synthetic_dataset(example, batch_size=batch_size, seed=seed + 1_000_000)
-    return dataset.take(num_batches)
+    """`eval_examples` random examples (the rest of `num_batches` batches is padding)."""
+    return synthetic.synthetic_eval_dataset(
+        _synthetic_example_fn(config),
+        count=config.eval_examples,
+        batch_size=batch_size,
+        num_batches=num_batches,
+        seed=seed + 1_000_000,
+    )

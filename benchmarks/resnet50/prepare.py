@@ -18,7 +18,6 @@ training wnids (1..1000). PNG images and CMYK JPEGs are re-encoded as RGB JPEGs 
 
 from __future__ import annotations
 
-import argparse
 import csv
 import os
 import shutil
@@ -30,6 +29,7 @@ import numpy as np
 import tensorflow as tf
 
 from benchmarks.resnet50.config import MINI_EVAL_EXAMPLES
+from mlperf_tf import prepare_cli
 from mlperf_tf.data import tfrecord
 from mlperf_tf.errors import DataError, UserError
 
@@ -425,20 +425,19 @@ def prepare_mini(data_dir: str, *, progress: bool = False) -> dict[str, int]:
 # ------------------------------------------------------------------------------------------------
 # Command line
 # ------------------------------------------------------------------------------------------------
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="mlperf-tf prepare resnet50",
-        description="Convert ImageNet (train/<wnid>/*.JPEG, val/ + labels) into TFRecords, "
+def build_parser() -> prepare_cli.ArgumentParser:
+    parser = prepare_cli.parser(
+        "resnet50",
+        "Convert ImageNet (train/<wnid>/*.JPEG, val/ + labels) into TFRecords, "
         "or write the offline digits mini dataset (--mini).",
+        mini_help="write the digits mini dataset",
     )
     parser.add_argument("--raw_dir", help="the ImageNet tree (train/, val/)")
-    parser.add_argument("--out_dir", required=True, help="output folder of the TFRecords")
     parser.add_argument("--val_labels", default=None, help="validation labels file")
     parser.add_argument("--bbox_csv", default=None, help="training boxes: file,xmin,ymin,xmax,ymax")
     parser.add_argument("--train_shards", type=int, default=1024)
     parser.add_argument("--eval_shards", type=int, default=128)
     parser.add_argument("--num_workers", type=int, default=None, help="default: CPU count")
-    parser.add_argument("--mini", action="store_true", help="write the digits mini dataset")
     return parser
 
 
@@ -454,9 +453,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         if not args.raw_dir:
             raise UserError("--raw_dir is required (or --mini for the digits dataset)")
-        for name in ("train_shards", "eval_shards"):
-            if getattr(args, name) < 1:
-                raise UserError(f"--{name} ({getattr(args, name)}) must be a positive integer")
+        prepare_cli.require_positive(args, ("train_shards", "eval_shards"))
         counts = prepare_imagenet(
             args.raw_dir,
             args.out_dir,
@@ -474,8 +471,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main(sys.argv[1:]))
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    prepare_cli.module_main(main)

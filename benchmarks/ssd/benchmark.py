@@ -115,23 +115,18 @@ class SSDBenchmark(Benchmark):
         )
 
     # ---- data ----------------------------------------------------------------------------------
-    def _per_replica(self, global_batch: int, input_context) -> int:
-        if input_context is None:
-            return global_batch
-        return input_context.get_per_replica_batch_size(global_batch)
+    def synthetic_train_data(self, input_context, batch_size: int) -> tf.data.Dataset:
+        keys = ("image", "boxes", "classes")
+        return synthetic.synthetic_dataset(
+            lambda s: {
+                k: v for k, v in input_lib.synthetic_example(self.config, s).items() if k in keys
+            },
+            batch_size=batch_size,
+            seed=self.seed,
+        )
 
-    def train_dataset(self, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
-        batch = self._per_replica(self.micro_batch_size, input_context)
+    def record_train_data(self, input_context, batch_size: int) -> tf.data.Dataset:
         cfg = self.config
-        if cfg.synthetic:
-            keys = ("image", "boxes", "classes")
-            return synthetic.synthetic_dataset(
-                lambda s: {
-                    k: v for k, v in input_lib.synthetic_example(cfg, s).items() if k in keys
-                },
-                batch_size=batch,
-                seed=self.seed,
-            )
         files = pipeline.list_files(
             os.path.join(cfg.data_dir, cfg.data.train_pattern), what="SSD train"
         )
@@ -147,30 +142,28 @@ class SSDBenchmark(Benchmark):
             input_context=input_context,
             parse_fn=input_lib.parse_record,
             transform_fn=transform,
-            batch_size=batch,
+            batch_size=batch_size,
             shuffle_buffer=cfg.data.shuffle_buffer,
             seed=seed,
             cache=cfg.data.cache_train,
             skip_bad_records=self.skip_bad_records,
         )
 
-    def eval_dataset(self, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
+    def synthetic_eval_data(self, input_context, batch_size: int, num_batches: int):
+        pipelines = input_context.num_input_pipelines if input_context else 1
+        index = input_context.input_pipeline_id if input_context else 0
+        examples = [self._synthetic_eval_example(i) for i in range(self.config.eval_examples)]
+        examples = examples[index::pipelines]
+        keys = ("image", "source_id", "height", "width")
+        stacked = {k: np.stack([e[k] for e in examples]) for k in keys}
+        return pipeline.pad_eval_dataset(
+            tf.data.Dataset.from_tensor_slices(stacked),
+            batch_size=batch_size,
+            num_batches=num_batches,
+        )
+
+    def record_eval_data(self, input_context, batch_size: int, num_batches: int):
         cfg = self.config
-        batch = self._per_replica(cfg.eval_batch_size, input_context)
-        replicas = input_context.num_replicas_in_sync if input_context else 1
-        num_batches = pipeline.eval_batches_per_pipeline(self.eval_steps(replicas), input_context)
-        if cfg.synthetic:
-            pipelines = input_context.num_input_pipelines if input_context else 1
-            index = input_context.input_pipeline_id if input_context else 0
-            examples = [self._synthetic_eval_example(i) for i in range(cfg.eval_examples)]
-            examples = examples[index::pipelines]
-            keys = ("image", "source_id", "height", "width")
-            stacked = {k: np.stack([e[k] for e in examples]) for k in keys}
-            return pipeline.pad_eval_dataset(
-                tf.data.Dataset.from_tensor_slices(stacked),
-                batch_size=batch,
-                num_batches=num_batches,
-            )
         files = pipeline.list_files(
             os.path.join(cfg.data_dir, cfg.data.eval_pattern), what="SSD eval"
         )
@@ -179,7 +172,7 @@ class SSDBenchmark(Benchmark):
             input_context=input_context,
             parse_fn=input_lib.parse_record,
             transform_fn=lambda example: input_lib.eval_transform(cfg, example),
-            batch_size=batch,
+            batch_size=batch_size,
             num_batches=num_batches,
             skip_bad_records=self.skip_bad_records,
         )
@@ -310,7 +303,6 @@ class SSDBenchmark(Benchmark):
         """The keys closed_ssd.yaml (MLPerf 0.7.0 / 1.0.0) requires, from the config."""
         cfg = self.config
         opt = cfg.optimizer
-        per_replica = max(1, self.micro_batch_size // max(1, self.num_replicas))
         factor = opt.opt_learning_rate_warmup_factor
         optimizer_keys = (
             registry.mlperf_hparams(opt.opt_name, opt, opt.opt_params)
@@ -319,7 +311,7 @@ class SSDBenchmark(Benchmark):
         )
         return {
             **optimizer_keys,
-            C.MODEL_BN_SPAN: model_bn_span(per_replica, cfg.model.bn_group_size),
+            C.MODEL_BN_SPAN: model_bn_span(self.per_replica_batch_size, cfg.model.bn_group_size),
             C.OPT_BASE_LR: opt.base_learning_rate(cfg.global_batch_size),
             C.OPT_WEIGHT_DECAY: opt.opt_weight_decay,
             C.OPT_LR_WARMUP_STEPS: opt.opt_learning_rate_warmup_steps,

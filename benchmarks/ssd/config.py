@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 
 from mlperf_tf import paths
-from mlperf_tf.config import BenchmarkConfig, ConfigError, require_positive_int
+from mlperf_tf.config import BenchmarkConfig, ConfigError, require
 from mlperf_tf.optimizers import registry
 
 NAME = "ssd"
@@ -82,9 +81,13 @@ class ModelConfig:
     backbone_checkpoint: str = ""
 
     def __post_init__(self):
-        require_positive_int("model.num_classes", self.num_classes)
-        require_positive_int("model.image_size", self.image_size)
-        require_positive_int("model.bn_group_size", self.bn_group_size)
+        require(
+            self,
+            prefix="model.",
+            positive_int=("num_classes", "image_size", "bn_group_size"),
+            positive=("width_scale", "bn_epsilon"),
+            fraction=("bn_momentum",),
+        )
         if self.num_classes < 2:
             raise ConfigError(
                 f"`model.num_classes` ({self.num_classes}) must count background too."
@@ -95,8 +98,6 @@ class ModelConfig:
             raise ConfigError(
                 f"`model.backbone_blocks` ({self.backbone_blocks!r}) must be 3 positive integers."
             )
-        if not self.width_scale > 0:
-            raise ConfigError(f"`model.width_scale` ({self.width_scale!r}) must be positive.")
         extras = len(self.extra_channels)
         for name in ("extra_mid_channels", "extra_strides", "extra_paddings"):
             if len(getattr(self, name)) != extras:
@@ -116,10 +117,6 @@ class ModelConfig:
                 f"`model.anchor_scales` ({self.anchor_scales!r}) needs levels + 1 = "
                 f"{levels + 1} values."
             )
-        if not 0.0 <= self.bn_momentum < 1.0:
-            raise ConfigError(f"`model.bn_momentum` ({self.bn_momentum!r}) must be in [0, 1).")
-        if self.bn_epsilon <= 0:
-            raise ConfigError(f"`model.bn_epsilon` ({self.bn_epsilon!r}) must be positive.")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -142,9 +139,9 @@ class LossConfig:
             raise ConfigError(
                 f"`loss.match_iou_threshold` ({self.match_iou_threshold!r}) must be in (0, 1)."
             )
-        if self.negative_ratio < 0:
-            raise ConfigError(f"`loss.negative_ratio` ({self.negative_ratio!r}) must be >= 0.")
-        require_positive_int("loss.max_num_boxes", self.max_num_boxes)
+        require(
+            self, prefix="loss.", positive_int=("max_num_boxes",), non_negative=("negative_ratio",)
+        )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -189,32 +186,15 @@ class OptimizerConfig:
                 f"`optimizer.opt_base_learning_rate` ({self.opt_base_learning_rate!r}) must be "
                 "positive (or None to scale the reference's)."
             )
-        if not self.reference_learning_rate > 0:
-            raise ConfigError(
-                f"`optimizer.reference_learning_rate` ({self.reference_learning_rate!r}) must "
-                "be positive."
-            )
-        require_positive_int("optimizer.reference_batch_size", self.reference_batch_size)
-        if not 0.0 <= self.momentum < 1.0:
-            raise ConfigError(f"`optimizer.momentum` ({self.momentum!r}) must be in [0, 1).")
-        if self.opt_weight_decay < 0 or not math.isfinite(self.opt_weight_decay):
-            raise ConfigError(
-                f"`optimizer.opt_weight_decay` ({self.opt_weight_decay!r}) must be >= 0."
-            )
-        if (
-            isinstance(self.opt_learning_rate_warmup_steps, bool)
-            or not isinstance(self.opt_learning_rate_warmup_steps, int)
-            or self.opt_learning_rate_warmup_steps < 0
-        ):
-            raise ConfigError(
-                "`optimizer.opt_learning_rate_warmup_steps` "
-                f"({self.opt_learning_rate_warmup_steps!r}) must be an integer >= 0."
-            )
-        if self.opt_learning_rate_warmup_factor < 0:
-            raise ConfigError(
-                "`optimizer.opt_learning_rate_warmup_factor` "
-                f"({self.opt_learning_rate_warmup_factor!r}) must be >= 0."
-            )
+        require(
+            self,
+            prefix="optimizer.",
+            positive=("reference_learning_rate",),
+            positive_int=("reference_batch_size",),
+            fraction=("momentum",),
+            non_negative=("opt_weight_decay", "opt_learning_rate_warmup_factor"),
+            non_negative_int=("opt_learning_rate_warmup_steps",),
+        )
         bounds = self.opt_learning_rate_decay_boundary_epochs
         if any(b <= 0 for b in bounds) or any(b2 <= b1 for b1, b2 in zip(bounds, bounds[1:])):
             raise ConfigError(
@@ -268,8 +248,7 @@ class DataConfig:
     cache_train: bool = False
 
     def __post_init__(self):
-        require_positive_int("data.max_samples", self.max_samples)
-        require_positive_int("data.shuffle_buffer", self.shuffle_buffer)
+        require(self, prefix="data.", positive_int=("max_samples", "shuffle_buffer"))
         if not self.category_ids or len(set(self.category_ids)) != len(self.category_ids):
             raise ConfigError(f"`data.category_ids` ({self.category_ids!r}) must be distinct ids.")
         if min(self.category_ids) < 0:
@@ -302,20 +281,19 @@ class EvalConfig:
             raise ConfigError(
                 f"`eval.nms_iou_threshold` ({self.nms_iou_threshold!r}) must be in (0, 1]."
             )
-        if not 0.0 <= self.score_threshold < 1.0:
-            raise ConfigError(
-                f"`eval.score_threshold` ({self.score_threshold!r}) must be in [0, 1)."
-            )
-        require_positive_int("eval.max_candidates_per_class", self.max_candidates_per_class)
-        require_positive_int("eval.max_detections", self.max_detections)
+        require(
+            self,
+            prefix="eval.",
+            fraction=("score_threshold",),
+            positive_int=("max_candidates_per_class", "max_detections"),
+        )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SSDConfig(BenchmarkConfig):
     """The SSD-ResNet34 benchmark config (the defaults are the `mlperf` preset's).
 
-    Attributes:
-      eval_every_epochs: epochs between evaluations (MLPerf: every 5).
+    MLPerf evaluates every 5 epochs (`eval_every_epochs`).
     """
 
     global_batch_size: int = 256
@@ -333,7 +311,6 @@ class SSDConfig(BenchmarkConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        require_positive_int("eval_every_epochs", self.eval_every_epochs)
         if len(self.data.category_ids) != self.model.num_classes - 1:
             raise ConfigError(
                 f"`data.category_ids` has {len(self.data.category_ids)} ids but "

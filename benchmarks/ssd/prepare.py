@@ -22,17 +22,15 @@ The mini dataset (`prepare_mini`) is written by the same converter: canvases wit
 scikit-learn's 8x8 digits pasted at random scales and positions are saved as JPEG files with a
 COCO instances json, then converted exactly like COCO.
 
-Command: `python -m benchmarks.ssd.prepare --coco_dir=COCO --output_dir=OUT`, or
-`python -m benchmarks.ssd.prepare --mini --output_dir=OUT`.
+Command: `python -m benchmarks.ssd.prepare --coco_dir=COCO --out_dir=OUT`, or
+`python -m benchmarks.ssd.prepare --mini --out_dir=OUT`.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
-import sys
 import tempfile
 from collections import defaultdict
 from collections.abc import Sequence
@@ -40,8 +38,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from benchmarks.ssd.config import MINI_EVAL_EXAMPLES, MINI_TRAIN_EXAMPLES
+from mlperf_tf import prepare_cli
 from mlperf_tf.data import tfrecord
-from mlperf_tf.errors import DataError
+from mlperf_tf.errors import DataError, UserError
 
 TRAIN_PREFIX = "train"
 EVAL_PREFIX = "val"
@@ -417,24 +416,25 @@ def prepare_mini(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    """`mlperf-tf prepare ssd ...`: parses `argv` (without the program name), converts.
+
+    Raises:
+      UserError: a flag is missing; DataError: an input is missing or malformed.
+    """
+    parser = prepare_cli.parser(
+        "ssd", __doc__.split("\n")[0], mini_help="write the offline digits dataset"
+    )
     parser.add_argument("--coco_dir", help="COCO 2017 folder (train2017/, val2017/, annotations/)")
-    parser.add_argument("--output_dir", required=True, help="where the TFRecords go")
-    parser.add_argument("--mini", action="store_true", help="write the offline digits dataset")
     parser.add_argument("--num_workers", type=int, default=None, help="processes (default: CPUs)")
     args = parser.parse_args(argv)
-    try:
-        if args.mini:
-            prepare_mini(args.output_dir)
-        elif args.coco_dir:
-            prepare_coco(args.coco_dir, args.output_dir, num_workers=args.num_workers)
-        else:
-            parser.error("give --coco_dir or --mini")
-    except DataError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    if args.mini:
+        prepare_mini(args.out_dir)
+    elif args.coco_dir:
+        prepare_coco(args.coco_dir, args.out_dir, num_workers=args.num_workers)
+    else:
+        raise UserError("give --coco_dir or --mini")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    prepare_cli.module_main(main)

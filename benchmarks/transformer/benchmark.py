@@ -64,12 +64,7 @@ class TransformerBenchmark(Benchmark):
     config_class = config_lib.TransformerConfig
     presets = {"mlperf": config_lib.mlperf, "mini": config_lib.mini, "smoke": config_lib.smoke}
 
-    # ---- sizes ---------------------------------------------------------------------------------
-    @property
-    def tokens_per_replica(self) -> int:
-        """Token slots in one replica's batch (the micro batch over the replicas)."""
-        return max(1, self.micro_batch_size // max(1, self.num_replicas))
-
+    # ---- sizes (`per_replica_batch_size` is in tokens here) -------------------------------------
     @functools.cached_property
     def metadata(self) -> dict | None:
         """metadata.json of the prepared data, or None for synthetic data."""
@@ -87,10 +82,12 @@ class TransformerBenchmark(Benchmark):
         d = self.config.data
         gradient_accumulation = self.config.gradient_accumulation_steps
         if self.metadata is None:
-            pairs = max(1, self.tokens_per_replica // d.max_sequence_length) * self.num_replicas
+            pairs = max(1, self.per_replica_batch_size // d.max_sequence_length) * self.num_replicas
             pairs *= gradient_accumulation
             return max(1, math.ceil(self.config.train_examples / pairs))
-        sizes = input_lib.bucket_batch_sizes(d.buckets, self.tokens_per_replica, d.batch_multiple)
+        sizes = input_lib.bucket_batch_sizes(
+            d.buckets, self.per_replica_batch_size, d.batch_multiple
+        )
         histogram = {int(k): v for k, v in self.metadata["train_length_histogram"].items()}
         micro_steps = input_lib.steps_per_epoch(
             histogram,
@@ -171,27 +168,23 @@ class TransformerBenchmark(Benchmark):
         )
 
     # ---- data ----------------------------------------------------------------------------------
-    def train_dataset(self, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
-        d = self.config.data
-        tokens = (
-            input_context.get_per_replica_batch_size(self.micro_batch_size)
-            if input_context is not None
-            else self.micro_batch_size
+    def synthetic_train_data(self, input_context, batch_size: int) -> tf.data.Dataset:
+        return input_lib.synthetic_train_dataset(
+            tokens_per_replica=batch_size,
+            max_length=self.config.data.max_sequence_length,
+            vocab_size=self.config.model.vocab_size,
+            seed=self.seed,
         )
-        if self.config.synthetic:
-            return input_lib.synthetic_train_dataset(
-                tokens_per_replica=tokens,
-                max_length=d.max_sequence_length,
-                vocab_size=self.config.model.vocab_size,
-                seed=self.seed,
-            )
+
+    def record_train_data(self, input_context, batch_size: int) -> tf.data.Dataset:
+        d = self.config.data
         files = pipeline.list_files(
             os.path.join(self.config.data_dir, "train-*"), what="transformer train"
         )
         return input_lib.train_dataset(
             files,
             input_context=input_context,
-            tokens_per_replica=tokens,
+            tokens_per_replica=batch_size,
             max_length=d.max_sequence_length,
             method=d.max_length_method,
             bucket_lengths=d.buckets,
@@ -201,36 +194,27 @@ class TransformerBenchmark(Benchmark):
             skip_bad_records=self.skip_bad_records,
         )
 
-    def eval_dataset(self, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
-        d = self.config.data
-        num_replicas = input_context.num_replicas_in_sync if input_context else 1
-        batch = (
-            input_context.get_per_replica_batch_size(self.config.eval_batch_size)
-            if input_context is not None
-            else self.config.eval_batch_size
+    def synthetic_eval_data(self, input_context, batch_size: int, num_batches: int):
+        return input_lib.synthetic_eval_dataset(
+            input_context=input_context,
+            num_examples=self.config.eval_examples,
+            batch_size=batch_size,
+            num_batches=num_batches,
+            eval_max_length=self.config.data.eval_max_length,
+            vocab_size=self.config.model.vocab_size,
+            seed=self.seed + 1,
         )
-        num_batches = pipeline.eval_batches_per_pipeline(
-            self.eval_steps(num_replicas), input_context
-        )
-        if self.config.synthetic:
-            return input_lib.synthetic_eval_dataset(
-                input_context=input_context,
-                num_examples=self.config.eval_examples,
-                batch_size=batch,
-                num_batches=num_batches,
-                eval_max_length=d.eval_max_length,
-                vocab_size=self.config.model.vocab_size,
-                seed=self.seed + 1,
-            )
+
+    def record_eval_data(self, input_context, batch_size: int, num_batches: int):
         files = pipeline.list_files(
             os.path.join(self.config.data_dir, "eval-*"), what="transformer eval"
         )
         return input_lib.eval_dataset(
             files,
             input_context=input_context,
-            batch_size=batch,
+            batch_size=batch_size,
             num_batches=num_batches,
-            eval_max_length=d.eval_max_length,
+            eval_max_length=self.config.data.eval_max_length,
             skip_bad_records=self.skip_bad_records,
         )
 

@@ -14,7 +14,7 @@ import dataclasses
 from typing import Literal
 
 from mlperf_tf import paths
-from mlperf_tf.config import BenchmarkConfig, ConfigError
+from mlperf_tf.config import BenchmarkConfig, ConfigError, require
 from mlperf_tf.optimizers import registry
 
 NAME = "transformer"
@@ -98,7 +98,6 @@ class TransformerConfig(BenchmarkConfig):
     model: ModelConfig = ModelConfig()
     optimizer: OptimizerConfig = OptimizerConfig()
     data: DataConfig = DataConfig()
-    eval_every_epochs: float = 1.0
 
     def __post_init__(self):
         super().__post_init__()
@@ -110,11 +109,8 @@ class TransformerConfig(BenchmarkConfig):
             raise ConfigError(
                 f"`data.bucket_lengths` ({d.bucket_lengths!r}) must be increasing and positive."
             )
-        if d.max_sequence_length <= 0 or d.eval_max_length <= 0:
-            raise ConfigError(
-                f"`data.max_sequence_length` ({d.max_sequence_length}) and `data.eval_max_length` "
-                f"({d.eval_max_length}) must be positive."
-            )
+        require(d, prefix="data.", positive_int=("max_sequence_length", "eval_max_length"))
+        require(self.model, prefix="model.", positive_int=("beam_size",))
         if self.global_batch_size < d.max_sequence_length:
             raise ConfigError(
                 f"`global_batch_size` ({self.global_batch_size} tokens) must hold at least one "
@@ -125,8 +121,6 @@ class TransformerConfig(BenchmarkConfig):
                 f"`model.hidden_size` ({self.model.hidden_size}) must be divisible by "
                 f"`model.num_heads` ({self.model.num_heads})."
             )
-        if self.model.beam_size < 1:
-            raise ConfigError(f"`model.beam_size` ({self.model.beam_size}) must be >= 1.")
 
 
 def mlperf() -> TransformerConfig:

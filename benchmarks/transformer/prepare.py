@@ -25,7 +25,6 @@ the gettext catalogs under /usr/share/locale/de/LC_MESSAGES). Run as a script:
 
 from __future__ import annotations
 
-import argparse
 import collections
 import gettext
 import glob
@@ -35,13 +34,13 @@ import os
 import random
 import re
 import shutil
-import sys
 import tempfile
 from collections.abc import Iterable, Sequence
 
 import sentencepiece as spm
 from absl import logging
 
+from mlperf_tf import prepare_cli
 from mlperf_tf.data import tfrecord
 from mlperf_tf.errors import DataError, UserError
 
@@ -422,15 +421,12 @@ def prepare_mini(
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> prepare_cli.ArgumentParser:
     """The command line of `mlperf-tf prepare transformer` / `python -m ...prepare`."""
-    parser = argparse.ArgumentParser(
-        prog="mlperf-tf prepare transformer",
-        description="Parallel text -> SentencePiece vocabulary -> TFRecords (see README.md).",
-    )
-    parser.add_argument("--out_dir", required=True, help="Data directory to create.")
-    parser.add_argument(
-        "--mini", action="store_true", help="Write the gettext mini dataset instead."
+    parser = prepare_cli.parser(
+        "transformer",
+        "Parallel text -> SentencePiece vocabulary -> TFRecords (see README.md).",
+        mini_help="Write the gettext mini dataset instead.",
     )
     parser.add_argument("--train_source", help="Training source text, one sentence per line.")
     parser.add_argument("--train_target", help="Training target text, line-aligned.")
@@ -465,9 +461,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         missing = [f"--{name}" for name in names if not getattr(args, name)]
         if missing:
             raise UserError(f"missing {', '.join(missing)} (or --mini for the gettext data)")
-        for name in ("vocab_size", "num_train_shards"):
-            if getattr(args, name) < 1:
-                raise UserError(f"--{name} ({getattr(args, name)}) must be a positive integer")
+        prepare_cli.require_positive(args, ("vocab_size", "num_train_shards"))
         metadata = prepare_parallel_text(
             train_source=args.train_source,
             train_target=args.train_target,
@@ -486,8 +480,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main(sys.argv[1:]))
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    prepare_cli.module_main(main)

@@ -14,12 +14,13 @@ import tensorflow as tf
 
 def random_example(specs: Mapping[str, tf.TensorSpec], seed: int = 0, *, maxval: int = 2) -> dict:
     """A random example matching `specs` (fully defined shapes): floats ~ N(0, 1), ints in
-    [0, maxval), bools at random, strings empty. Deterministic in `seed`."""
+    [0, maxval), bools at random, strings empty. Deterministic in `seed` (an int or a scalar
+    tensor, e.g. inside `tf.data.Dataset.map`)."""
     out = {}
     for index, (key, spec) in enumerate(sorted(specs.items())):
         if not spec.shape.is_fully_defined():
             raise ValueError(f"synthetic feature '{key}' needs a fixed shape, got {spec.shape}")
-        op_seed = tf.constant([seed, index], tf.int32)
+        op_seed = tf.stack([tf.cast(seed, tf.int32), tf.constant(index, tf.int32)])
         shape = spec.shape.as_list()
         if spec.dtype.is_floating:
             value = tf.random.stateless_normal(shape, op_seed, dtype=tf.float32)
@@ -77,3 +78,26 @@ def synthetic_dataset(
     options = tf.data.Options()
     options.deterministic = True
     return dataset.with_options(options).prefetch(1)
+
+
+def synthetic_eval_dataset(
+    example: Callable[[tf.Tensor], Mapping[str, Any]],
+    *,
+    count: int,
+    batch_size: int,
+    num_batches: int,
+    seed: int = 0,
+) -> tf.data.Dataset:
+    """A synthetic eval set: `count` examples `example(seed + i)`, padded to `num_batches` batches.
+
+    The synthetic counterpart of a real eval set: `count` (the config's `eval_examples`) real
+    examples, then padding marked `valid` 0 (`pipeline.pad_eval_dataset`), so the eval covers the
+    whole set once whatever the batch size. At most `batch_size * num_batches` examples are used.
+    """
+    from mlperf_tf.data.pipeline import pad_eval_dataset  # noqa: PLC0415 (pipeline imports this)
+
+    count = min(count, batch_size * num_batches)
+    examples = tf.data.Dataset.range(count).map(
+        lambda i: dict(example(seed + tf.cast(i, tf.int32)))
+    )
+    return pad_eval_dataset(examples, batch_size=batch_size, num_batches=num_batches)

@@ -329,9 +329,14 @@ class KFAC(LARS):
             gradient = ops.add(gradient, ops.multiply(self.weight_decay_rate, variable))
         super().update_step(gradient, variable, learning_rate)
 
-    def apply_gradients(self, grads_and_vars):
-        """Preconditions the registered layers' gradients, then applies the base update."""
-        grads_and_vars = list(grads_and_vars)
+    def apply(self, grads, trainable_variables=None):
+        """Preconditions the registered layers' gradients, then applies the base update.
+
+        `apply_gradients` (and a wrapper's call of `apply`) come through here.
+        """
+        if trainable_variables is None:
+            trainable_variables = self._trainable_variables
+        grads_and_vars = list(zip(grads, trainable_variables))
         by_id = {id(v): i for i, (_, v) in enumerate(grads_and_vars)}
         slots = []  # (block, kernel index, bias index or None)
         for block in self._blocks:
@@ -339,8 +344,15 @@ class KFAC(LARS):
                 bias_index = by_id.get(id(block.bias)) if block.bias is not None else None
                 slots.append((block, by_id[id(block.kernel)], bias_index))
         if not slots:
-            return super().apply_gradients(grads_and_vars)
+            return super().apply(grads, trainable_variables)
         statistics = getattr(self, "_statistics", {})
+        if not statistics:
+            raise ValueError(
+                "K-FAC's update needs this step's layer statistics: run the forward "
+                "pass under `optimizer.capture()` and take the gradients with "
+                "`optimizer.gradients(tape, loss, variables)` (a loss-scaling wrapper, as for "
+                "--dtype=fp16, hides both; K-FAC does not run under it)."
+            )
         self._statistics = {}
         local = []
         for _, k, b in slots:
@@ -361,7 +373,7 @@ class KFAC(LARS):
             grads[k] = tf.cast(tf.reshape(kernel_part, block.kernel.shape), grads[k].dtype)
             if b is not None:
                 grads[b] = tf.cast(p[-1], grads[b].dtype)
-        return super().apply_gradients(zip(grads, [v for _, v in grads_and_vars]))
+        return super().apply(grads, [v for _, v in grads_and_vars])
 
     def _kfac_step(self, strategy, blocks, local_grads, stats):
         """Cross-replica context: factor update, eigendecompositions, preconditioning, KL clip."""

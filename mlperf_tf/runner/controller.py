@@ -66,6 +66,8 @@ def run(
         cluster_resolver=run_config.cluster_resolver,
         port_base=run_config.slurm_port_base,
     )
+    if stop_request is not None:
+        stop_request.reclaim_signals()  # TF's coordination service may have taken SIGTERM
     chief = distribute.is_chief(strategy)
     checkpoints.check_model_dir(run_config.model_dir)
     if chief:

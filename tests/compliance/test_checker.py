@@ -493,3 +493,29 @@ def test_a_round_without_the_benchmark_and_an_empty_log_say_so_first(tmp_path):
     text = tmp_path / "text.txt"
     text.write_text("hello\nworld\n")
     assert checker.check_log(str(text)).errors[0].message.startswith("no MLPerf log line")
+
+
+@pytest.mark.parametrize("division", ["open", "closed"])
+def test_a_benchmark_no_round_has_is_judged_as_an_open_division_log(tmp_path, division):
+    """A plug-in's log (here 'effnet'): the round's common rules run without crashing, the name
+    check is expected, and only the open division is possible."""
+    records = [
+        r.replace('"value": "resnet"', '"value": "effnet"').replace(
+            '"value": "closed"', f'"value": "{division}"'
+        )
+        for r in logs.resnet_records()
+    ]
+    path = logs.write_log(tmp_path / "effnet.txt", records)
+    report = checker.check_log(path, ruleset="1.0.0")
+    assert not report.official_crashed
+    assert report.rule_files == (
+        "training_1.0.0/common.yaml",
+        f"training_1.0.0/{division}_common.yaml",
+    )
+    assert "not an MLPerf benchmark" in report.findings[0].message
+    assert report.passed == (division == "open"), [str(f) for f in report.errors]
+    # A structural fault is still caught by the official common rules.
+    broken = logs.write_log(
+        tmp_path / "broken.txt", [r for r in records if '"key": "run_start"' not in r]
+    )
+    assert not checker.check_log(broken, ruleset="1.0.0").passed

@@ -128,3 +128,37 @@ def test_a_second_signal_stops_at_once(tmp_path):
     if code == errors.EXIT_KILLED_AT_ONCE:
         assert "error: stopped at once by a second SIGINT" in text
     assert "Traceback" not in text
+
+
+def test_sigterm_to_one_worker_stops_both_after_the_same_step(tmp_path):
+    """Only worker 1 is signaled; the per-step all-reduce of the stop flag stops worker 0 too,
+    after the same step, both with a checkpoint (the chief's is kept) and exit code 3."""
+    ports = processes.free_ports(2)
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
+    procs, logs = [], []
+    try:
+        for index in range(2):
+            tf_config = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
+            log = str(tmp_path / f"worker{index}.out")
+            args = ["-m", "tests.run_tiny", str(tmp_path / "model"), str(tmp_path / f"w{index}.npz"),
+                    "distribution=multi_worker", *LONG_LOOP, "startup_timeout_s=90",
+                    f"mlperf_log={tmp_path / f'mlperf_log_{index}.txt'}"]  # fmt: skip
+            procs.append(processes.start(args, log, TF_CONFIG=tf_config, **ENV))
+            logs.append(log)
+        _wait_for_training(procs[0], logs[0])
+        time.sleep(5.0)
+        os.kill(procs[1].pid, signal.SIGTERM)
+        codes = [processes.wait(proc, TIMEOUT_S, log) for proc, log in zip(procs, logs)]
+    finally:
+        for proc in procs:
+            processes.kill(proc)
+    texts = [_read(log) for log in logs]
+    assert codes == [errors.EXIT_INTERRUPTED] * 2, [t[-2000:] for t in texts]
+    steps = [int(t.split("cause=interrupted")[0].rsplit("steps=", 1)[1]) for t in texts]
+    assert steps[0] == steps[1] and 1 < steps[0] < STEPS, steps  # inside the long loop
+    for a, b in zip(_npz(tmp_path / "w0.npz"), _npz(tmp_path / "w1.npz"), strict=True):
+        np.testing.assert_array_equal(a, b)
+    latest = tf.train.latest_checkpoint(str(tmp_path / "model" / "ckpt"))
+    assert latest.endswith(f"ckpt-{steps[0]}"), latest
+    records = _log_records(tmp_path / "mlperf_log_0.txt")
+    assert records[-1]["key"] == C.RUN_STOP and records[-1]["metadata"]["status"] == C.ABORTED

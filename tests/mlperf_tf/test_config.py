@@ -70,8 +70,13 @@ def test_accumulation_must_divide_the_batch():
 def test_epoch_schedule_with_offset_numbers_blocks_from_one():
     points = epoch_eval_schedule(steps_per_epoch=10, max_epochs=10, every_epochs=4,
                                  offset_epochs=1)  # fmt: skip
+    # The offset is the epoch of the first eval (MLPerf ResNet's `eval_offset_epochs`).
     assert [(p.step, p.epoch_num, p.first_epoch_num, p.epoch_count) for p in points] == [
-        (50, 5, 1, 5), (90, 9, 6, 4), (100, 10, 10, 1),
+        (10, 1, 1, 1), (50, 5, 2, 4), (90, 9, 6, 4), (100, 10, 10, 1),
     ]  # fmt: skip
+    no_offset = epoch_eval_schedule(steps_per_epoch=10, max_epochs=10, every_epochs=4)
+    assert [p.epoch_num for p in no_offset] == [4, 8, 10]
     with pytest.raises(ValueError, match="every_epochs"):
         epoch_eval_schedule(steps_per_epoch=1, max_epochs=1, every_epochs=0)
+    with pytest.raises(ValueError, match="offset_epochs"):
+        epoch_eval_schedule(steps_per_epoch=1, max_epochs=9, every_epochs=4, offset_epochs=4)

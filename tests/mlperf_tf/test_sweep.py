@@ -210,3 +210,24 @@ def test_two_cells_killed_and_restarted(tmp_path):
     )  # fmt: skip
     assert refused.returncode == 2
     assert "holds a different sweep (differs in batch_sizes)" in refused.stderr
+
+
+def test_bad_run_flag_fails_before_any_cell(tmp_path):
+    spec = sweep.SweepSpec(benchmark=TINY, preset="smoke", run_flags={"no_such_flag": "1"})
+    with pytest.raises(UserError, match="--run.no_such_flag: `mlperf-tf run` has no flag"):
+        sweep.run_sweep(spec, str(tmp_path / "sweep"), plots=False)
+    assert not (tmp_path / "sweep" / "cells").exists()
+
+
+def test_failed_cells_do_not_stop_the_others(tmp_path, monkeypatch):
+    """Cells whose process cannot import the benchmark fail; every cell is still tried."""
+    monkeypatch.chdir(tmp_path)  # the cells' `python -m` sees no `tests` package
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    spec = sweep.SweepSpec(benchmark=TINY, preset="smoke", batch_sizes=(16, 32))
+    out = tmp_path / "sweep"
+    with pytest.raises(sweep.CellFailedError, match="2 of 2 cells failed"):
+        sweep.run_sweep(spec, str(out), plots=False, env=env)
+    for cell in sweep.cells(spec):
+        assert "cannot be imported" in (out / "cells" / cell.name / "output.txt").read_text()
+        assert not (out / "cells" / cell.name / "result.json").exists()
+    assert (out / "results.csv").read_text().splitlines() == [",".join(sweep.TABLE_COLUMNS)]

@@ -91,7 +91,7 @@ def test_cli_in_a_fresh_process_writes_the_same_bytes(tmp_path):
         "-m",
         "benchmarks.bert.prepare",
         f"--input_file={text}",
-        f"--output_dir={tmp_path / 'there'}",
+        f"--out_dir={tmp_path / 'there'}",
         "--vocab_size=90",
         "--vocab_learner=builtin",
         "--max_seq_length=24",
@@ -112,7 +112,7 @@ def test_cli_bad_input_is_a_one_line_error(tmp_path):
         "-m",
         "benchmarks.bert.prepare",
         f"--input_file={tmp_path / 'none*.txt'}",
-        f"--output_dir={tmp_path / 'out'}",
+        f"--out_dir={tmp_path / 'out'}",
     ]
     result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=REPO)
     assert result.returncode == 2

@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from benchmarks.ssd import input as input_lib
 from benchmarks.ssd import prepare
-from mlperf_tf.errors import DataError
+from mlperf_tf.errors import DataError, UserError
 
 
 def _records(pattern):
@@ -125,7 +125,7 @@ def test_missing_inputs_are_data_errors(tmp_path):
             image_dir=str(tmp_path / "imgs"), annotations_file=str(tmp_path / "ann.json"),
             out_dir=str(tmp_path), prefix="val", num_shards=1, skip_empty=False,
         )  # fmt: skip
-    assert (
-        prepare.main(["--coco_dir", str(tmp_path / "nowhere"), "--output_dir", str(tmp_path / "o")])
-        == 2
-    )
+    with pytest.raises(DataError, match="nowhere"):
+        prepare.main(["--coco_dir", str(tmp_path / "nowhere"), "--out_dir", str(tmp_path / "o")])
+    with pytest.raises(UserError, match="--coco_dir or --mini"):
+        prepare.main(["--out_dir", str(tmp_path / "o")])

@@ -186,3 +186,13 @@ def test_config_round_trip():
 def test_bad_arguments_name_the_argument(kwargs, message):
     with pytest.raises(ValueError, match=message):
         KFAC(0.1, **kwargs)
+
+
+def test_apply_without_the_capture_protocol_is_refused():
+    weights, _ = golden.problem(seed=6, steps=1)
+    net = golden.model(weights)
+    optimizer = make()
+    optimizer.register_model(net)
+    grads = [tf.zeros_like(v) for v in net.trainable_variables]
+    with pytest.raises(ValueError, match="capture"):
+        optimizer.apply_gradients(zip(grads, net.trainable_variables))

@@ -1,8 +1,6 @@
 """Tests for mlperf_tf.optimizers.registry: built-ins by entry point, hparams from configs."""
 
 import dataclasses
-import subprocess
-import sys
 import textwrap
 
 import keras
@@ -10,6 +8,7 @@ import pytest
 
 from mlperf_tf.config import ConfigError
 from mlperf_tf.optimizers import KFAC, LAMB, LARS, NLCG, Neumann, registry
+from tests import processes
 
 BUILTINS = {
     "sgd": keras.optimizers.SGD,
@@ -101,11 +100,7 @@ def installed_optimizer(tmp_path_factory):
               entry_points={"mlperf_tf.optimizers": ["tiny_sgd = tiny_opt:PLUGIN"]})
     """))  # fmt: skip
     target = tmp_path_factory.mktemp("opt_site")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
-         "--no-build-isolation", "--target", str(target), str(source)],
-        check=True, timeout=300, capture_output=True,
-    )  # fmt: skip
+    processes.pip_install_target(source, target)
     return target
 
 

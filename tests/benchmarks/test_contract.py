@@ -1,0 +1,133 @@
+"""Checks every registered benchmark against the `Benchmark` contract, through the runner.
+
+Parametrized over `registry.available()`: a benchmark registered by entry point gets these checks
+for free. Each uses the benchmark's `smoke` preset (synthetic data, seconds): a run whose MLPerf
+log passes the official checker (quality aside) and holds the benchmark's hparams, an eval whose
+padding is masked, and a resumed run that continues from its checkpoint. The log is checked for
+the round a run emits for by default (`mlperf_tf.rounds.default_ruleset`).
+"""
+
+import dataclasses
+import json
+import os
+
+import keras
+import pytest
+from mlperf_logging.mllog import constants as C
+
+from mlperf_tf import registry, rounds, runner
+from tests import e2e
+
+NAMES = sorted(registry.available())
+
+
+@pytest.fixture(scope="module", params=NAMES)
+def smoke_run(request, tmp_path_factory):
+    """(benchmark class, RunResult) of one smoke run per registered benchmark."""
+    benchmark_class = registry.get(request.param)
+    model_dir = tmp_path_factory.mktemp(f"smoke_{request.param}")
+    result = runner.run(
+        benchmark_class(benchmark_class.preset("smoke")),
+        runner.RunConfig(model_dir=str(model_dir), distribution="one_device", steps_per_loop=8),
+    )
+    return benchmark_class, result
+
+
+def test_registry_lists_the_builtins():
+    assert {"resnet50", "ssd", "transformer", "bert"} <= set(NAMES)
+
+
+def test_smoke_run_trains_its_budget_and_evaluates_on_its_schedule(smoke_run):
+    benchmark_class, result = smoke_run
+    benchmark = benchmark_class(benchmark_class.preset("smoke"))
+    schedule = runner.schedule(benchmark)
+    assert result.cause in (runner.StopCause.BUDGET_ENDED, runner.StopCause.TARGET_REACHED)
+    if result.cause is runner.StopCause.BUDGET_ENDED:
+        assert result.steps == schedule[-1].step
+        assert [epoch for epoch, _ in result.evals] == [p.epoch_num for p in schedule]
+    assert result.evals and all(value == value for _, value in result.evals)  # no NaN
+
+
+def test_smoke_log_passes_the_official_checker_quality_aside(smoke_run):
+    benchmark_class, result = smoke_run
+    # The round `mlperf-tf run` emits for by default: the newest with the benchmark.
+    ruleset = rounds.default_ruleset(benchmark_class.mlperf_benchmark)
+    e2e.assert_passes_quality_aside(result.mlperf_log, (ruleset,))
+
+
+def _jsonable(value):
+    return json.loads(json.dumps(value))
+
+
+def test_smoke_log_holds_the_benchmarks_hparams(smoke_run):
+    benchmark_class, result = smoke_run
+    config = benchmark_class.preset("smoke")
+    benchmark = benchmark_class(config)
+    records = e2e.log_records(result.mlperf_log)
+    logged = {r["key"]: r for r in records}
+    expected = {
+        C.SUBMISSION_BENCHMARK: benchmark_class.mlperf_benchmark,
+        C.GLOBAL_BATCH_SIZE: config.global_batch_size,
+        C.GRADIENT_ACCUMULATION_STEPS: config.gradient_accumulation_steps,
+        C.SEED: 0,
+    }
+    ruleset = rounds.default_ruleset(benchmark_class.mlperf_benchmark)
+    hparams = rounds.adapt_hparams(
+        benchmark_class.mlperf_benchmark, ruleset, benchmark.mlperf_hparams()
+    )
+    expected.setdefault(C.TRAIN_SAMPLES, hparams.get(C.TRAIN_SAMPLES, benchmark.train_samples()))
+    expected.setdefault(C.EVAL_SAMPLES, hparams.get(C.EVAL_SAMPLES, benchmark.eval_samples()))
+    for key, value in {**hparams, **expected}.items():
+        assert key in logged, f"{key} missing from the log"
+        if isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], dict):
+            value, metadata = value
+            assert _jsonable(metadata).items() <= logged[key]["metadata"].items(), key
+        assert logged[key]["value"] == _jsonable(value), key
+    for key in (
+        C.SUBMISSION_ORG,
+        C.SUBMISSION_PLATFORM,
+        C.SUBMISSION_DIVISION,
+        C.SUBMISSION_STATUS,
+    ):
+        assert [r["key"] for r in records].count(key) == 1, key
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_eval_padding_is_masked(name):
+    """The eval value is the same whether or not the last eval batch is padded."""
+    benchmark_class = registry.get(name)
+    config = benchmark_class.preset("smoke")
+    count = config.eval_examples
+    assert count > 2, "the smoke eval set is too small to pad"
+    whole = benchmark_class(dataclasses.replace(config, eval_batch_size=count))
+    keras.utils.set_random_seed(0)
+    model = whole.build_model()
+    # count - 1 per batch: the second batch holds one real example and count - 2 padding ones.
+    padded = benchmark_class(dataclasses.replace(config, eval_batch_size=count - 1))
+    assert padded.eval_steps(1) == 2
+    assert runner.evaluate_only(padded, model) == pytest.approx(
+        runner.evaluate_only(whole, model), rel=1e-5, abs=1e-6
+    )
+
+
+class _FirstLoop(runner.Action):
+    def __init__(self):
+        self.first = None
+
+    def after_loop(self, output):
+        self.first = self.first or output
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_run_resumes_from_its_checkpoint(name, tmp_path):
+    """Stopped after one step, a run restarted in the same folder continues from that step."""
+    benchmark_class = registry.get(name)
+    benchmark = benchmark_class(benchmark_class.preset("smoke"))
+    settings = dict(model_dir=str(tmp_path), distribution="one_device", steps_per_loop=8)
+    first = runner.run(benchmark, runner.RunConfig(max_train_steps=1, **settings))
+    assert first.steps == 1 and len(first.evals) == 1  # the budget's end is evaluated
+    loop = _FirstLoop()
+    second = runner.run(benchmark, runner.RunConfig(max_train_steps=2, **settings), actions=[loop])
+    assert (loop.first.step - loop.first.steps, loop.first.step) == (1, 2)  # began at step 1
+    assert second.steps == 2 and len(second.evals) == 1
+    assert os.path.exists(first.mlperf_log + ".1")  # the first run's log was kept
