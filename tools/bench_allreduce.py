@@ -166,7 +166,7 @@ def _child(args) -> None:
             @tf.function
             def optimizer_step(g):
                 strategy.run(replica, args=(g,))
-                return optimizer.iterations.read_value()
+                return tf.identity(optimizer.iterations)
 
             return optimizer_step
 
