@@ -47,8 +47,9 @@ def test_eval_cadence(bench, ruleset, epochs, late):
 
 
 def test_bert_cadence_in_samples():
-    # v1.0 at global batch 6912: every ceil(0.05 * (230.23 * 6912 + 3e6) / 25000) * 25000 =
-    # 250,000 samples (Google's published run evaluated every 228,096).
+    # v1.0 at global batch 6912: every floor(0.05 * (230.23 * 6912 + 3e6) / 25000) * 25000 =
+    # 225,000 samples (Google's published run evaluated every 228,096); a gap is late beyond one
+    # 25,000-sample rounding unit and one global batch more (256,912).
     gbs = [rec("global_batch_size", 6912, line=2)]
     ok = gbs + _evals([228_096, 456_192, 684_288])
     late = gbs + _evals([250_000, 500_000, 757_000])
