@@ -183,3 +183,35 @@ def test_parameter_count_matches_the_architecture():
     decoder = n * (2 * attention + ffn + 3 * norm) + norm
     total = sum(int(np.prod(w.shape)) for w in model.trainable_variables)
     assert total == v * h + encoder + decoder
+
+
+@pytest.mark.parametrize("to_heads", [True, False])
+def test_heads_projection_equals_the_einsum_dense_it_replaces(to_heads):
+    """Same kernel shape, Glorot fans and seed as Keras' EinsumDense; same product; plain MatMuls."""
+    hidden, heads = 12, 3
+    equation, in_shape, out_shape = (
+        ("bte,enh->btnh", (None, None, hidden), (None, heads, hidden // heads))
+        if to_heads
+        else ("btnh,nhe->bte", (None, None, heads, hidden // heads), (None, hidden))
+    )
+    keras.utils.set_random_seed(7)
+    einsum = keras.layers.EinsumDense(equation, output_shape=out_shape)
+    einsum.build(in_shape)
+    keras.utils.set_random_seed(7)
+    ours = model_lib.HeadsProjection(hidden, heads, to_heads)
+    ours.build()
+    np.testing.assert_array_equal(ours.kernel.numpy(), einsum.kernel.numpy())
+
+    x = tf.random.stateless_normal((2, 5, *in_shape[2:]), seed=(1, 2))
+    np.testing.assert_allclose(ours(x).numpy(), einsum(x).numpy(), rtol=1e-5, atol=1e-6)
+
+    @tf.function
+    def kernel_gradient(x):
+        with tf.GradientTape() as tape:
+            y = ours(x)
+        return tape.gradient(y, ours.kernel, output_gradients=tf.ones_like(y))
+
+    graph = kernel_gradient.get_concrete_function(x).graph
+    op_types = {op.type for op in graph.get_operations()}
+    assert "MatMul" in op_types
+    assert not op_types & {"BatchMatMulV2", "BatchMatMulV3", "Einsum", "Sum"}, op_types
