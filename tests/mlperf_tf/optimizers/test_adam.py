@@ -93,3 +93,26 @@ def test_amsgrad_takes_keras_update():
     _, stock = golden.run_keras(keras.optimizers.Adam(0.01, amsgrad=True), weights, batches)
     for a, b in zip(fused, stock):
         np.testing.assert_array_equal(a, b)
+
+
+def test_step_scalars_are_built_once_per_step_not_per_variable():
+    variables = [keras.Variable(np.ones((3,), np.float32) * i) for i in range(1, 6)]
+    optimizer = FusedAdam(schedule(), **SETTINGS)
+    optimizer.build(variables)
+
+    @tf.function
+    def step():
+        optimizer.apply([tf.ones((3,)) for _ in variables], variables)
+
+    graph = step.get_concrete_function().graph
+    types = [op.type for op in graph.get_operations()]
+    assert types.count("ResourceApplyAdam") == 5
+    assert types.count("Pow") == 2  # beta_1**t and beta_2**t, shared by the 5 variables
+    step()
+    step()  # the second step must see t = 2, not a cached t = 1
+    stock = [keras.Variable(np.ones((3,), np.float32) * i) for i in range(1, 6)]
+    reference = keras.optimizers.Adam(schedule(), **SETTINGS)
+    for _ in range(2):
+        reference.apply([tf.ones((3,)) for _ in stock], stock)
+    for a, b in zip(variables, stock):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6)
