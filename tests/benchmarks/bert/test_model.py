@@ -138,6 +138,25 @@ def test_mlm_output_is_tied_to_word_embeddings():
     np.testing.assert_allclose(model(x)["mlm_logits"], expected, rtol=1e-5, atol=1e-5)
 
 
+def test_mlm_projection_gradient_is_plain_matmuls():
+    """The tied projection is one 2-D MatMul: no batch matmul broadcasting the [vocab, hidden]
+    table, whose gradient would sum over the batch (the profile's cost, issue 14)."""
+    model = M.build_pretrainer(TINY)
+    x = batch()
+    seq, _ = model.encoder(x["input_ids"], x["input_mask"], x["segment_ids"])
+    table = model.encoder.embeddings.word_embeddings
+
+    @tf.function
+    def table_gradient(seq):
+        with tf.GradientTape() as tape:
+            logits = model.mlm_head(seq, x["masked_lm_positions"], table)
+        return tape.gradient(logits, table.value, output_gradients=tf.ones_like(logits))
+
+    ops = {op.type for op in table_gradient.get_concrete_function(seq).graph.get_operations()}
+    assert "MatMul" in ops
+    assert not ops & {"BatchMatMulV2", "BatchMatMulV3", "Einsum"}, ops
+
+
 def test_gelu_is_the_tanh_approximation():
     x = np.linspace(-4, 4, 17).astype(np.float32)
     ref = 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
