@@ -55,7 +55,9 @@ class FusedAdam(keras.optimizers.Adam):
         Per variable they were 2 `Pow`, a read, an add and a cast of `iterations`: about 900 of
         the 3,800 ops a Transformer-base step executed (184 variables).
         """
-        key = (tf.compat.v1.get_default_graph(), dtype, id(learning_rate))
+        # `apply` empties the cache for each step; the graph keys it because a tensor of one
+        # graph (say, a loop body) cannot feed another.
+        key = (tf.compat.v1.get_default_graph(), dtype)
         cache = self.__dict__.setdefault("_step_scalar_cache", {})
         if key not in cache:
             step = tf.cast(self.iterations + 1, dtype)
