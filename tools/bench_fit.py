@@ -9,7 +9,9 @@ no input cost beyond the synthetic pipeline):
   keras_fit  a fresh `build_model()` wrapped in a `keras.Model` whose `train_step` is Keras'
              default one (tape, `compute_loss`, `optimizer.apply_gradients`, metrics update)
              with the benchmark's loss, compiled with the benchmark's optimizer and Keras'
-             default `jit_compile`, and trained by `model.fit(steps_per_epoch=N)` per call.
+             default `jit_compile`, and trained by `model.fit(steps_per_epoch=N)` per call,
+             timed from its first step's start to its last step's end
+             (`interleave.keras_fit_run`: a call's own set-up and teardown are left out).
 
 Rounds interleave the contestants in a rotating order (one warm-up call each first;
 `tools/interleave.py`); reported: samples per second in the preset's batch unit (images, or
@@ -92,11 +94,7 @@ def keras_fit_contestant(benchmark):
     model = _FitModel(benchmark, benchmark.build_model())
     model.compile(optimizer=benchmark.build_optimizer(benchmark.train_steps))
     dataset = benchmark.train_dataset(tf.distribute.InputContext())
-
-    def run(steps: int) -> None:
-        model.fit(dataset, epochs=1, steps_per_epoch=steps, verbose=0)
-
-    return run
+    return interleave.keras_fit_run(model, dataset)
 
 
 def main(argv=None) -> int:
