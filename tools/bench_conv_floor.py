@@ -38,6 +38,7 @@ import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from tools import bench_resnet50, interleave  # noqa: E402
+from tools.args import require_positive  # noqa: E402
 
 # The peers of `tools/bench_resnet50.py` and the speed-up issue 14 asks over each.
 PEER_GOALS = {"model_garden": 1.1, "keras_fit": 1.6}
@@ -113,9 +114,7 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=2, help="full steps per contestant per round")
     parser.add_argument("--rounds", type=int, default=6)
     args = parser.parse_args(argv)
-    for name in ("batch", "image_size", "repeats", "steps", "rounds"):
-        if getattr(args, name) <= 0:
-            parser.error(f"--{name} ({getattr(args, name)}) must be positive")
+    require_positive(parser, args, "batch", "image_size", "repeats", "steps", "rounds")
 
     ours = bench_resnet50.mlperf_tf_parts(args.batch, args.image_size)
     contestants = {"mlperf_tf": ours["run"]}

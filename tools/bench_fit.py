@@ -41,6 +41,7 @@ from mlperf_tf import registry, runner  # noqa: E402
 from mlperf_tf.benchmark import RunContext  # noqa: E402
 from mlperf_tf.cli import split_config_overrides  # noqa: E402
 from tools import interleave  # noqa: E402
+from tools.args import require_positive  # noqa: E402
 
 
 def make_benchmark(name: str, preset: str, overrides: dict[str, str]):
@@ -105,9 +106,7 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=2, help="steps per contestant per round")
     parser.add_argument("--rounds", type=int, default=6)
     args = parser.parse_args(argv)
-    for name in ("steps", "rounds"):
-        if getattr(args, name) <= 0:
-            parser.error(f"--{name} ({getattr(args, name)}) must be positive")
+    require_positive(parser, args, "steps", "rounds")
     keras.utils.set_random_seed(0)
     contestants = {
         "mlperf_tf": mlperf_tf_contestant(make_benchmark(args.benchmark, args.preset, overrides)),

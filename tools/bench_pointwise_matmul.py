@@ -34,6 +34,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from tools import bench_conv_floor, bench_resnet50  # noqa: E402
+from tools.args import require_positive  # noqa: E402
 
 
 def pointwise_shapes(convs: list[dict]) -> collections.Counter:
@@ -90,9 +91,7 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=5, help="calls timed per kernel")
     parser.add_argument("--rounds", type=int, default=3, help="passes over all the layers")
     args = parser.parse_args(argv)
-    for name in ("batch", "image_size", "repeats", "rounds"):
-        if getattr(args, name) <= 0:
-            parser.error(f"--{name} ({getattr(args, name)}) must be positive")
+    require_positive(parser, args, "batch", "image_size", "repeats", "rounds")
 
     model = bench_resnet50.mlperf_tf_parts(args.batch, args.image_size)["model"]
     shapes = pointwise_shapes(bench_conv_floor.conv_kernels(model, args.batch))

@@ -51,6 +51,7 @@ from mlperf_tf import runner  # noqa: E402
 from mlperf_tf.benchmark import RunContext  # noqa: E402
 from mlperf_tf.layers import CrossReplicaBatchNormalization  # noqa: E402
 from tools import bench_profile, interleave  # noqa: E402
+from tools.args import require_positive  # noqa: E402
 
 NUM_CLASSES = 1000
 
@@ -146,9 +147,7 @@ def main(argv=None) -> int:
     parser.add_argument("--contestants", default=",".join(DEFAULT_CONTESTANTS))
     parser.add_argument("--profile", default="", help="profile each contestant into this folder")
     args = parser.parse_args(argv)
-    for name in ("batch", "image_size", "steps", "rounds"):
-        if getattr(args, name) <= 0:
-            parser.error(f"--{name} ({getattr(args, name)}) must be positive")
+    require_positive(parser, args, "batch", "image_size", "steps", "rounds")
     wanted = [n for n in args.contestants.split(",") if n]
     unknown = sorted(set(wanted) - set(BUILDERS))
     if unknown or not wanted:

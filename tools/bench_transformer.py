@@ -53,6 +53,7 @@ import tensorflow as tf  # noqa: E402
 
 from mlperf_tf.cli import split_config_overrides  # noqa: E402
 from tools import bench_fit, bench_profile, interleave  # noqa: E402
+from tools.args import require_positive  # noqa: E402
 
 
 def model_garden_contestant(benchmark):
@@ -189,9 +190,7 @@ def main(argv=None) -> int:
     parser.add_argument("--contestants", default=",".join(DEFAULT_CONTESTANTS))
     parser.add_argument("--profile", default="", help="profile each contestant into this folder")
     args = parser.parse_args(argv)
-    for name in ("steps", "rounds"):
-        if getattr(args, name) <= 0:
-            parser.error(f"--{name} ({getattr(args, name)}) must be positive")
+    require_positive(parser, args, "steps", "rounds")
     wanted = [n for n in args.contestants.split(",") if n]
     unknown = sorted(set(wanted) - set(BUILDERS))
     if unknown or not wanted:

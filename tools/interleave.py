@@ -43,7 +43,7 @@ class StepWindow:
     cpu_seconds: float
 
 
-def warm_up(contestants: dict[str, Callable[[int], None]]) -> None:
+def warm_up(contestants: dict[str, Callable[[int], StepWindow | None]]) -> None:
     """One call of one step per contestant (tracing, graph building), timed and printed."""
     for name, run in contestants.items():
         begin = time.perf_counter()

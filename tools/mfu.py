@@ -37,6 +37,7 @@ import tensorflow as tf  # noqa: E402
 
 from mlperf_tf import bench  # noqa: E402
 from tools import bench_resnet50  # noqa: E402
+from tools.args import require_positive  # noqa: E402
 
 TRAINING_PER_FORWARD = 3.0
 
@@ -71,9 +72,7 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=1, help="train steps per window")
     parser.add_argument("--peak_seconds", type=float, default=2.0)
     args = parser.parse_args(argv)
-    for name in ("batch", "image_size", "windows", "steps"):
-        if getattr(args, name) <= 0:
-            parser.error(f"--{name} ({getattr(args, name)}) must be positive")
+    require_positive(parser, args, "batch", "image_size", "windows", "steps")
 
     parts = bench_resnet50.mlperf_tf_parts(args.batch, args.image_size)
     run, model, benchmark = parts["run"], parts["model"], parts["benchmark"]
