@@ -257,7 +257,11 @@ def run(config: BenchConfig, run_settings: dict[str, Any], overrides: dict[str, 
     )
     keras.utils.set_random_seed(run_settings["seed"])
     precision.set_policy(run_settings["dtype"])
-    context = RunContext(num_replicas=strategy.num_replicas_in_sync, seed=run_settings["seed"])
+    context = RunContext(
+        num_replicas=strategy.num_replicas_in_sync,
+        seed=run_settings["seed"],
+        static_shapes=distribute.needs_static_shapes(strategy, xla=run_settings["xla"]),
+    )
     benchmark = benchmark_class(synthetic_config).with_context(context)
     global_batch = synthetic_config.global_batch_size
     with strategy.scope():

@@ -32,11 +32,16 @@ class RunContext:
       seed: the seed for data order and augmentation (on a `reseed` resume, the run seed plus the
         resumed step).
       skip_bad_records: skip and count corrupt records instead of failing on the first one.
+      static_shapes: the steps must keep every tensor's shape fixed by the batch's shape (XLA-
+        compiled steps, TPUs, FLOP counting). Without it a step may drop padding with a
+        data-dependent gather (the Transformer's vocabulary projection does), which XLA cannot
+        compile.
     """
 
     num_replicas: int = 1
     seed: int = 0
     skip_bad_records: bool = False
+    static_shapes: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,6 +98,11 @@ class Benchmark(abc.ABC):
     def skip_bad_records(self) -> bool:
         """Skip and count corrupt records instead of failing on the first one."""
         return self.context.skip_bad_records
+
+    @property
+    def static_shapes(self) -> bool:
+        """Whether the steps must keep static shapes (see `RunContext.static_shapes`)."""
+        return self.context.static_shapes
 
     @property
     def num_replicas(self) -> int:

@@ -184,6 +184,13 @@ def _with_deadline(fn: Callable, timeout_s: float, what: str):
     return result["value"]
 
 
+def needs_static_shapes(strategy: tf.distribute.Strategy, *, xla: bool) -> bool:
+    """Whether steps under `strategy` must keep static shapes: XLA-compiled, or on TPUs (which
+    compile every step with XLA). The runner tells the benchmark through `RunContext`."""
+    tpu_strategies = (tf.distribute.TPUStrategy, tf.distribute.experimental.TPUStrategy)
+    return xla or isinstance(strategy, tpu_strategies)
+
+
 def resolve_strategy(
     distribution: str = "auto",
     *,

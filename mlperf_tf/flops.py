@@ -178,7 +178,9 @@ def _tracing_benchmark(benchmark):
             )
         except ConfigError:
             continue
-        return type(benchmark)(config, context=benchmark.context), batch
+        # Static shapes: every slot of the batch is counted, padding included (the model's FLOPs).
+        context = dataclasses.replace(benchmark.context, static_shapes=True)
+        return type(benchmark)(config, context=context), batch
     raise ValueError(f"no tracing batch in {_TRACE_BATCHES} fits the config of '{benchmark.name}'")
 
 

@@ -41,8 +41,8 @@ def label_smoothed_cross_entropy(
     (`tools/bench_transformer.py`, ablation `mlperf_tf_gather_loss`).
 
     Args:
-      logits: [batch, length, vocab] (cast to float32 here).
-      targets: int [batch, length]; 0 is padding and does not count.
+      logits: [..., vocab] (cast to float32 here), e.g. [batch, length, vocab].
+      targets: int [...], the logits' leading shape; 0 is padding and does not count.
       smoothing: label smoothing in [0, 1).
 
     Returns:
@@ -226,10 +226,22 @@ class TransformerBenchmark(Benchmark):
         1/replicas), so that the gradients summed over replicas are the mean of the replicas'
         token-mean gradients. Batches are token-count batches whose pair count varies by bucket,
         so the loss is normalized by real tokens rather than `micro_batch_size`.
+
+        Only the real (non-pad) target positions go through the vocabulary projection and the
+        loss, unless the run needs static shapes (`--xla`, TPUs): padded positions weigh 0 in
+        the loss, so the loss and every gradient are the same, and the largest matmul of the
+        step and the [tokens, vocab] softmax shrink by the padding fraction (issue 14;
+        `tools/bench_transformer.py`, contestant `mlperf_tf_padded_logits`).
         """
-        logits = model({"inputs": batch["inputs"], "targets": batch["targets"]}, training=training)
+        targets = batch["targets"]
+        states = model.teacher_forced_states(
+            {"inputs": batch["inputs"], "targets": targets}, training=training
+        )
+        if not self.static_shapes:
+            real = tf.not_equal(targets, model_lib.PAD_ID)
+            states, targets = tf.boolean_mask(states, real), tf.boolean_mask(targets, real)
         loss_sum, tokens = label_smoothed_cross_entropy(
-            logits, batch["targets"], self.config.optimizer.label_smoothing
+            model.logits(states), targets, self.config.optimizer.label_smoothing
         )
         context = tf.distribute.get_replica_context()
         replicas = context.num_replicas_in_sync if context is not None else self.num_replicas

@@ -452,8 +452,12 @@ class Transformer(keras.Model):
             x = layer(x, mask, training=training)
         return self.encoder_norm(x), mask
 
-    def decode(self, targets, encoder_outputs, encdec_mask, training=False):
-        """Teacher-forced decoding: logits [batch, tgt_len, vocab] for next-token prediction."""
+    def decode_states(self, targets, encoder_outputs, encdec_mask, training=False):
+        """Teacher-forced decoding up to the vocabulary: normalized states [batch, tgt_len, hidden].
+
+        `logits` turns (any subset of) them into next-token logits; the training loss projects
+        only the real target positions (`TransformerBenchmark.compute_loss`).
+        """
         # Decoder input: targets shifted right by one; position 0 is the pad id (start symbol).
         decoder_inputs = tf.pad(targets, [[0, 0], [1, 0]])[:, :-1]
         length = tf.shape(decoder_inputs)[1]
@@ -461,11 +465,23 @@ class Transformer(keras.Model):
         self_mask = causal_mask(length)
         for layer in self.decoder_layers:
             x, _ = layer(x, encoder_outputs, self_mask, encdec_mask, training=training)
-        return self.embedding(self.decoder_norm(x), mode="linear")
+        return self.decoder_norm(x)
+
+    def decode(self, targets, encoder_outputs, encdec_mask, training=False):
+        """Teacher-forced decoding: logits [batch, tgt_len, vocab] for next-token prediction."""
+        return self.logits(self.decode_states(targets, encoder_outputs, encdec_mask, training))
+
+    def logits(self, states):
+        """Vocabulary logits [..., vocab] of decoder states [..., hidden] (the tied projection)."""
+        return self.embedding(states, mode="linear")
+
+    def teacher_forced_states(self, inputs, training=False):
+        """`decode_states` of {"inputs", "targets"} ids: [batch, tgt_len, hidden]."""
+        encoder_outputs, mask = self.encode(inputs["inputs"], training=training)
+        return self.decode_states(inputs["targets"], encoder_outputs, mask, training=training)
 
     def call(self, inputs, training=False):
-        encoder_outputs, mask = self.encode(inputs["inputs"], training=training)
-        return self.decode(inputs["targets"], encoder_outputs, mask, training=training)
+        return self.logits(self.teacher_forced_states(inputs, training=training))
 
     def init_cache(
         self, encoder_outputs, encdec_mask, max_decode_length: int
@@ -526,5 +542,5 @@ class Transformer(keras.Model):
                 encdec_cache=static[f"layer_{i}"],
                 step=step,
             )
-        logits = self.embedding(self.decoder_norm(x), mode="linear")  # [b, 1, vocab]
+        logits = self.logits(self.decoder_norm(x))  # [b, 1, vocab]
         return tf.cast(logits[:, 0, :], tf.float32), new_cache

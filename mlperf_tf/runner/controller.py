@@ -424,6 +424,7 @@ class Controller:
             num_replicas=self.strategy.num_replicas_in_sync,
             seed=cfg.seed,
             skip_bad_records=cfg.skip_bad_records,
+            static_shapes=distribute.needs_static_shapes(self.strategy, xla=cfg.xla),
         )
         self.benchmark = self.benchmark.with_context(context)
         self._build_model()

@@ -57,6 +57,31 @@ def test_train_step_compiles_with_xla(tmp_path):
     assert all(np.isfinite(w).all() for w in weights(result.model))
 
 
+class _StaticShapesSeen(TinyBenchmark):
+    """Records `static_shapes` each time the runner traces its step."""
+
+    seen: list[bool] = []
+
+    def compute_loss(self, model, batch, training=True):
+        _StaticShapesSeen.seen.append(self.static_shapes)
+        return super().compute_loss(model, batch, training)
+
+
+@pytest.mark.parametrize("xla", [False, True])
+def test_the_runner_binds_static_shapes_exactly_under_xla(tmp_path, xla):
+    _StaticShapesSeen.seen = []
+    run_config = runner.RunConfig(
+        model_dir=str(tmp_path / "run"),
+        steps_per_loop=2,
+        distribution="one_device",
+        xla=xla,
+        max_train_steps=2,
+    )
+    result = runner.run(_StaticShapesSeen(smoke()), run_config)
+    assert result.steps == 2
+    assert _StaticShapesSeen.seen and set(_StaticShapesSeen.seen) == {xla}
+
+
 def test_non_finite_loss_aborts_with_a_clear_reason(tmp_path):
     cfg = config_lib.override(smoke(), {"learning_rate": "1e30"})
     result = _run(tmp_path, "nan", cfg=cfg, distribution="one_device")
