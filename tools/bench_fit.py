@@ -2,7 +2,8 @@
 
 For a benchmark with no Model Garden trainer at matching settings, the nearest default a user
 would run is Keras' own loop. Contestants, on the benchmark's synthetic batches (one per step,
-no input cost beyond the synthetic pipeline):
+no input cost beyond the synthetic pipeline), or on its real training data when
+`--config.data_dir=DIR` is given:
 
   mlperf_tf  `build_model`, `build_optimizer`, `compute_loss` in the runner's `Trainer` (the
              compiled host loop of `mlperf-tf run`), one `tf.range` loop per call.
@@ -45,9 +46,9 @@ from tools.args import require_positive  # noqa: E402
 
 
 def make_benchmark(name: str, preset: str, overrides: dict[str, str]):
-    """The benchmark on synthetic data, one replica."""
+    """The benchmark on one replica, on synthetic data unless `--config.data_dir` is given."""
     benchmark_class = registry.get(name)
-    config = config_lib.override(benchmark_class.preset(preset), {**overrides, "data_dir": ""})
+    config = config_lib.override(benchmark_class.preset(preset), {"data_dir": "", **overrides})
     return benchmark_class(config).with_context(RunContext(num_replicas=1))
 
 

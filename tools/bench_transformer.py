@@ -3,7 +3,10 @@
 Contestants, one train step each = forward (teacher-forced), label-smoothed cross-entropy over
 the non-pad target tokens, backward, Adam with linear warmup and rsqrt decay; all fp32, no XLA
 (the fast CPU setting), on the same fixed synthetic batch (`input.synthetic_train_dataset` of the
-preset: pairs of random length, padded to the preset's maximum length):
+preset: pairs of random length, padded to the preset's maximum length), or with
+`--config.data_dir=DIR` on real training batches of that folder (length buckets, so less
+padding): the first `--steps` batches of its pipeline, read once and then cycled, so that every
+contestant trains on the same batches in every round (`fixed_batches`):
 
   mlperf_tf     `TransformerBenchmark` (model, `compute_loss`, `build_optimizer`) in the runner's
                 compiled host loop (`mlperf_tf.runner.Trainer`), as `mlperf-tf run` trains it.
@@ -22,8 +25,9 @@ preset: pairs of random length, padded to the preset's maximum length):
 Ablations, only when named in `--contestants`: `mlperf_tf_keras_adam` (Keras' Adam instead of
 `FusedAdam`), `mlperf_tf_gather_loss` (the loss as log-softmax and gather instead of the fused
 one-hot kernel), `mlperf_tf_before` (both: the step before these two changes) and
-`mlperf_tf_padded_logits` (the vocabulary projection and loss over every target slot, padding
-included, as under `--xla` or on TPUs).
+`mlperf_tf_padded` (every layer, the vocabulary projection and the loss over every slot,
+padding included, as under `--xla` or on TPUs) and `mlperf_tf_packed_logits` (only the
+projection and the loss skip the padding).
 
 Equal settings on both models: vocabulary, layers, hidden size, heads, filter size, dropout 0.1
 (residual, attention, ReLU), label smoothing, Adam's betas and epsilon, the schedule's base
@@ -54,6 +58,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from benchmarks.transformer.benchmark import label_smoothed_cross_entropy  # noqa: E402
 from mlperf_tf.cli import split_config_overrides  # noqa: E402
 from tools import bench_fit, bench_profile, interleave  # noqa: E402
 from tools.args import require_positive  # noqa: E402
@@ -170,10 +175,50 @@ class GatherLossBenchmark:
         return tf.reduce_sum((xent - entropy) * weights) / tf.maximum(tf.reduce_sum(weights), 1.0)
 
 
-def padded_logits(benchmark):
-    """The benchmark bound to static shapes: logits and loss over every target slot, padding
-    included (what it computed before it dropped the padding; what `--xla` and TPUs run)."""
+def padded(benchmark):
+    """The benchmark bound to static shapes: every layer, the vocabulary projection and the
+    loss over every slot, padding included (what `--xla` and TPUs run; all of ours before
+    2026-11-25)."""
     return benchmark.with_context(dataclasses.replace(benchmark.context, static_shapes=True))
+
+
+class PackedLogitsBenchmark:
+    """The benchmark with only the vocabulary projection and the loss over the real target tokens
+    (ablation: the first of the two padding changes; the layers still run on every slot)."""
+
+    def __init__(self, benchmark):
+        self._benchmark = benchmark
+
+    def __getattr__(self, name):
+        return getattr(self._benchmark, name)
+
+    def compute_loss(self, model, batch, training: bool = True) -> tf.Tensor:
+        targets = batch["targets"]
+        real = tf.not_equal(targets, 0)
+        states = tf.boolean_mask(model.teacher_forced_states(batch, training=training), real)
+        loss_sum, tokens = label_smoothed_cross_entropy(
+            model.logits(states),
+            tf.boolean_mask(targets, real),
+            self._benchmark.config.optimizer.label_smoothing,
+        )
+        return loss_sum / tf.maximum(tokens, 1.0)
+
+
+def fixed_batches(benchmark, batches: list):
+    """`benchmark` whose training data is `batches`, cycled (kept through `with_context`).
+
+    The real pipeline, read live by several contestants on two shared cores, stalls in some
+    rounds and not in others; a fixed cycle of real batches takes the input out of the race.
+    """
+
+    class FixedBatches(type(benchmark)):
+        def train_dataset(self, input_context=None):
+            dataset = tf.data.Dataset.from_tensors(batches[0])
+            for batch in batches[1:]:
+                dataset = dataset.concatenate(tf.data.Dataset.from_tensors(batch))
+            return dataset.repeat()
+
+    return FixedBatches(benchmark.config, context=benchmark.context)
 
 
 BUILDERS = {
@@ -186,7 +231,8 @@ BUILDERS = {
     "mlperf_tf_before": lambda b: bench_fit.mlperf_tf_contestant(
         GatherLossBenchmark(b), keras_adam
     ),
-    "mlperf_tf_padded_logits": lambda b: bench_fit.mlperf_tf_contestant(padded_logits(b)),
+    "mlperf_tf_padded": lambda b: bench_fit.mlperf_tf_contestant(padded(b)),
+    "mlperf_tf_packed_logits": lambda b: bench_fit.mlperf_tf_contestant(PackedLogitsBenchmark(b)),
 }
 DEFAULT_CONTESTANTS = ("mlperf_tf", "model_garden", "keras_fit")
 
@@ -207,26 +253,38 @@ def main(argv=None) -> int:
         parser.error(f"--contestants ({args.contestants!r}): choose from {', '.join(BUILDERS)}")
 
     keras.utils.set_random_seed(0)
+    real_batches = None
+    if overrides.get("data_dir"):
+        source = bench_fit.make_benchmark("transformer", args.preset, overrides)
+        real_batches = list(source.train_dataset(tf.distribute.InputContext()).take(args.steps))
     contestants = {}
     for name in wanted:
         benchmark = bench_fit.make_benchmark("transformer", args.preset, overrides)
+        if real_batches:
+            benchmark = fixed_batches(benchmark, real_batches)
         try:
             contestants[name] = BUILDERS[name](benchmark)
         except ImportError as e:
             print(f"{name}: skipped (tf-models-official not importable: {e})")
     config = benchmark.config
-    targets = next(iter(benchmark.train_dataset(tf.distribute.InputContext())))["targets"]
-    pairs, length = targets.shape
+    batches = real_batches or [next(iter(benchmark.train_dataset(tf.distribute.InputContext())))]
+    shapes = " ".join(f"{b['targets'].shape[0]}x{b['targets'].shape[1]}" for b in batches)
+    real = sum(int(tf.reduce_sum(tf.cast(b["targets"] > 0, tf.int32))) for b in batches)
+    slots = sum(b["targets"].shape.num_elements() for b in batches)
+    pairs = sum(b["targets"].shape[0] for b in batches) / len(batches)  # per step
     m = config.model
     shape = (
         f"Transformer vocab {m.vocab_size}, {m.num_layers}+{m.num_layers} layers, hidden "
         f"{m.hidden_size}, {m.num_heads} heads, filter {m.filter_size}, dropout {m.dropout}; "
-        f"batch {pairs} pairs x {length} tokens ({config.global_batch_size} token slots), "
-        f"{int(tf.reduce_sum(tf.cast(targets > 0, tf.int32)))} real target tokens; fp32, no XLA; "
+        f"{'real' if real_batches else 'synthetic'} batches (pairs x tokens) {shapes}: "
+        f"{real} real target tokens of {slots} slots; fp32, no XLA; "
         f"TF {tf.__version__}, Keras {keras.__version__}, "
         f"TF_ENABLE_ONEDNN_OPTS={os.environ.get('TF_ENABLE_ONEDNN_OPTS')}"
     )
     interleave.warm_up(contestants)
+    if real_batches:  # each batch shape once more, so that no round pays a first-shape cost
+        for run in contestants.values():
+            run(len(real_batches))
     reference = "mlperf_tf" if "mlperf_tf" in contestants else next(iter(contestants))
     if args.profile:
         profiles = {}

@@ -227,19 +227,21 @@ class TransformerBenchmark(Benchmark):
         token-mean gradients. Batches are token-count batches whose pair count varies by bucket,
         so the loss is normalized by real tokens rather than `micro_batch_size`.
 
-        Only the real (non-pad) target positions go through the vocabulary projection and the
-        loss, unless the run needs static shapes (`--xla`, TPUs): padded positions weigh 0 in
-        the loss, so the loss and every gradient are the same, and the largest matmul of the
-        step and the [tokens, vocab] softmax shrink by the padding fraction (issue 14;
-        `tools/bench_transformer.py`, contestant `mlperf_tf_padded_logits`).
+        Padding is skipped unless the run needs static shapes (`--xla`, TPUs): both streams run
+        packed (`model.PackedTokens`: every per-token layer on the real tokens only, attention
+        on unpacked [batch, length] tensors with its masks), and only the real target positions
+        reach the vocabulary projection and the loss. Padded positions weigh 0 in the loss and
+        are masked out of every attention, so the loss and the gradients are the same; the
+        work saved is the batch's padding (issue 14; `tools/bench_transformer.py`, ablations
+        `mlperf_tf_padded` and `mlperf_tf_packed_logits`).
         """
         targets = batch["targets"]
+        packed = not self.static_shapes
         states = model.teacher_forced_states(
-            {"inputs": batch["inputs"], "targets": targets}, training=training
+            {"inputs": batch["inputs"], "targets": targets}, training=training, packed=packed
         )
-        if not self.static_shapes:
-            real = tf.not_equal(targets, model_lib.PAD_ID)
-            states, targets = tf.boolean_mask(states, real), tf.boolean_mask(targets, real)
+        if packed:  # the states of the real target tokens, in row-major order
+            targets = tf.boolean_mask(targets, tf.not_equal(targets, model_lib.PAD_ID))
         loss_sum, tokens = label_smoothed_cross_entropy(
             model.logits(states), targets, self.config.optimizer.label_smoothing
         )

@@ -115,6 +115,46 @@ def causal_mask(length) -> tf.Tensor:
     return (positions[None, :] <= positions[:, None])[None, None, :, :]
 
 
+class PaddedTokens:
+    """A stream of tokens kept as [batch, length, ...]: every slot, padding included.
+
+    What the model runs under static shapes (XLA, TPUs) and while decoding.
+    """
+
+    def pack(self, x):
+        return x
+
+    def unpack(self, x):
+        return x
+
+
+class PackedTokens:
+    """A stream of tokens kept as [tokens, ...]: only the real (non-pad) slots of `ids`.
+
+    Every per-token layer (projections, feed-forward, layer norm, dropout, residuals) then skips
+    the padding; attention `unpack`s its queries, keys and values into [batch, length, ...] and
+    `pack`s its output. Real positions see exactly what they see in the padded stream, since
+    attention masks hide padded keys (issue 14: the padding of a batch is work saved).
+    """
+
+    def __init__(self, ids: tf.Tensor):
+        """`ids` [batch, length]: the token ids that decide which slots are real."""
+        self.positions = tf.where(tf.not_equal(ids, PAD_ID))  # [tokens, 2], row-major
+        self.slots = tf.shape(ids, out_type=tf.int64)
+
+    def pack(self, x):
+        """[batch, length, ...] -> [tokens, ...]."""
+        return tf.gather_nd(x, self.positions)
+
+    def unpack(self, x):
+        """[tokens, ...] -> [batch, length, ...], zeros in the padded slots."""
+        shape = tf.concat([self.slots, tf.shape(x, out_type=tf.int64)[1:]], 0)
+        return tf.scatter_nd(self.positions, x, shape)
+
+
+PADDED = PaddedTokens()
+
+
 class SharedEmbedding(keras.layers.Layer):
     """Token embedding whose matrix also projects the decoder output to vocabulary logits."""
 
@@ -175,16 +215,17 @@ class HeadsProjection(keras.layers.Layer):
         super().build(input_shape)
 
     def call(self, x):
-        """[b, t, hidden] -> [b, t, heads, depth] if `to_heads`, else the reverse."""
+        """[..., hidden] -> [..., heads, depth] if `to_heads`, else the reverse.
+
+        The leading axes are the tokens: [batch, length] or, packed, [tokens].
+        """
         # Row-major: [hidden, heads, depth] and [heads, depth, hidden] are both [hidden, hidden].
         kernel = tf.reshape(tf.cast(self.kernel, self.compute_dtype), [self.hidden_size] * 2)
-        tokens = tf.shape(x)[:2]
         if not self.to_heads:
-            x = tf.reshape(x, tf.concat([tokens, [self.hidden_size]], 0))
+            flat = tf.reshape(x, tf.concat([tf.shape(x)[:-2], [self.hidden_size]], 0))
+            return token_matmul(flat, kernel)
         y = token_matmul(x, kernel)
-        if self.to_heads:
-            y = tf.reshape(y, tf.concat([tokens, [self.num_heads, self.depth]], 0))
-        return y
+        return tf.reshape(y, tf.concat([tf.shape(x)[:-1], [self.num_heads, self.depth]], 0))
 
 
 class Attention(keras.layers.Layer):
@@ -215,7 +256,17 @@ class Attention(keras.layers.Layer):
         """Keys and values of `source` [batch, length, hidden]: each [batch, length, heads, depth]."""
         return self.key_dense(source), self.value_dense(source)
 
-    def call(self, query_input, source, mask, training=False, cache=None, step=None):
+    def call(
+        self,
+        query_input,
+        source,
+        mask,
+        training=False,
+        cache=None,
+        step=None,
+        query_tokens=PADDED,
+        source_tokens=PADDED,
+    ):
         """Attends from `query_input` [batch, q_len, hidden] to `source` [batch, kv_len, hidden].
 
         Args:
@@ -227,13 +278,15 @@ class Attention(keras.layers.Layer):
           cache: None, or {"k", "v"}: [batch, kv_len, heads, depth].
           step: with `cache`, the int position this call writes (decoder self-attention while
             decoding one position: `query_input` and `source` are [batch, 1, hidden]).
+          query_tokens, source_tokens: the layouts (`PaddedTokens`, `PackedTokens`) of
+            `query_input` and `source`; packed inputs are [tokens, hidden].
 
         Returns:
-          (output [batch, q_len, hidden], the updated cache or None).
+          (output in the layout of `query_input`, the updated cache or None).
         """
-        query = self.query_dense(query_input) * (self.depth**-0.5)  # [b, q, n, h]
+        query = query_tokens.unpack(self.query_dense(query_input) * (self.depth**-0.5))
         if cache is None:
-            key, value = self.project_kv(source)
+            key, value = (source_tokens.unpack(t) for t in self.project_kv(source))
         elif step is None:
             key, value = cache["k"], cache["v"]
         else:
@@ -249,7 +302,7 @@ class Attention(keras.layers.Layer):
         weights = tf.cast(tf.nn.softmax(logits, axis=-1), query.dtype)
         weights = self.dropout_layer(weights, training=training)
         attended = tf.einsum("bnft,btnh->bfnh", weights, value)  # [b, q, n, h]
-        return self.output_dense(attended), cache
+        return self.output_dense(query_tokens.pack(attended)), cache
 
 
 class FeedForward(keras.layers.Layer):
@@ -304,9 +357,12 @@ class EncoderLayer(keras.layers.Layer):
             layer.build(shape)
         super().build(input_shape)
 
-    def call(self, x, mask, training=False):
+    def call(self, x, mask, training=False, tokens=PADDED):
+        """`x`: [batch, length, hidden], or [tokens, hidden] when `tokens` is `PackedTokens`."""
         y = self.attention_norm(x)
-        y, _ = self.attention(y, y, mask, training=training)
+        y, _ = self.attention(
+            y, y, mask, training=training, query_tokens=tokens, source_tokens=tokens
+        )
         x = x + self.dropout_layer(y, training=training)
         y = self.ffn(self.ffn_norm(x), training=training)
         return x + self.dropout_layer(y, training=training)
@@ -363,6 +419,8 @@ class DecoderLayer(keras.layers.Layer):
         cache=None,
         encdec_cache=None,
         step=None,
+        tokens=PADDED,
+        encoder_tokens=PADDED,
     ):
         """One decoder layer; with the caches it decodes the single position `step`.
 
@@ -375,16 +433,33 @@ class DecoderLayer(keras.layers.Layer):
           cache: None, or the self-attention {"k", "v"} [batch, max_len, heads, depth].
           encdec_cache: None, or the encoder's {"k", "v"} [batch, src_len, heads, depth].
           step: the position written into `cache`.
+          tokens, encoder_tokens: the layouts of `x` and of `encoder_outputs` (packed:
+            [tokens, hidden]; see `PackedTokens`).
 
         Returns:
-          (x [batch, length, hidden], the updated self-attention cache or None).
+          (x in the layout of the input, the updated self-attention cache or None).
         """
         y = self.self_attention_norm(x)
-        y, cache = self.self_attention(y, y, self_mask, training=training, cache=cache, step=step)
+        y, cache = self.self_attention(
+            y,
+            y,
+            self_mask,
+            training=training,
+            cache=cache,
+            step=step,
+            query_tokens=tokens,
+            source_tokens=tokens,
+        )
         x = x + self.dropout_layer(y, training=training)
         y = self.encdec_attention_norm(x)
         y, _ = self.encdec_attention(
-            y, encoder_outputs, encdec_mask, training=training, cache=encdec_cache
+            y,
+            encoder_outputs,
+            encdec_mask,
+            training=training,
+            cache=encdec_cache,
+            query_tokens=tokens,
+            source_tokens=encoder_tokens,
         )
         x = x + self.dropout_layer(y, training=training)
         y = self.ffn(self.ffn_norm(x), training=training)
@@ -433,38 +508,61 @@ class Transformer(keras.Model):
         self.decoder_norm.build(hidden)
         super().build(input_shape)
 
-    def _embed_with_positions(self, ids, training):
+    def _embed_with_positions(self, ids, training, tokens=PADDED):
         length = tf.shape(ids)[1]
         x = self.embedding(ids)  # [b, l, hidden]
         positions = position_encoding(length, self.params.hidden_size)
         x = x + tf.cast(positions, x.dtype)[None]
-        return self.input_dropout(x, training=training)
+        return self.input_dropout(tokens.pack(x), training=training)
 
-    def encode(self, inputs, training=False):
+    def encode(self, inputs, training=False, tokens=PADDED):
         """Encodes source ids [batch, src_len].
 
+        Args:
+          inputs: source ids [batch, src_len].
+          training: enables dropout.
+          tokens: `PADDED`, or `PackedTokens(inputs)` to skip the padding.
+
         Returns:
-          (encoder outputs [batch, src_len, hidden], padding mask [batch, 1, 1, src_len]).
+          (encoder outputs [batch, src_len, hidden] (packed: [tokens, hidden]), padding mask
+          [batch, 1, 1, src_len]).
         """
         mask = padding_mask(inputs)
-        x = self._embed_with_positions(inputs, training)
+        x = self._embed_with_positions(inputs, training, tokens)
         for layer in self.encoder_layers:
-            x = layer(x, mask, training=training)
+            x = layer(x, mask, training=training, tokens=tokens)
         return self.encoder_norm(x), mask
 
-    def decode_states(self, targets, encoder_outputs, encdec_mask, training=False):
+    def decode_states(
+        self,
+        targets,
+        encoder_outputs,
+        encdec_mask,
+        training=False,
+        tokens=PADDED,
+        encoder_tokens=PADDED,
+    ):
         """Teacher-forced decoding up to the vocabulary: normalized states [batch, tgt_len, hidden].
 
-        `logits` turns (any subset of) them into next-token logits; the training loss projects
-        only the real target positions (`TransformerBenchmark.compute_loss`).
+        With `tokens=PackedTokens(targets)` (and the encoder's layout in `encoder_tokens`) only
+        the real target positions are computed: [tokens, hidden]. `logits` turns states into
+        next-token logits.
         """
         # Decoder input: targets shifted right by one; position 0 is the pad id (start symbol).
         decoder_inputs = tf.pad(targets, [[0, 0], [1, 0]])[:, :-1]
         length = tf.shape(decoder_inputs)[1]
-        x = self._embed_with_positions(decoder_inputs, training)
+        x = self._embed_with_positions(decoder_inputs, training, tokens)
         self_mask = causal_mask(length)
         for layer in self.decoder_layers:
-            x, _ = layer(x, encoder_outputs, self_mask, encdec_mask, training=training)
+            x, _ = layer(
+                x,
+                encoder_outputs,
+                self_mask,
+                encdec_mask,
+                training=training,
+                tokens=tokens,
+                encoder_tokens=encoder_tokens,
+            )
         return self.decoder_norm(x)
 
     def decode(self, targets, encoder_outputs, encdec_mask, training=False):
@@ -475,10 +573,26 @@ class Transformer(keras.Model):
         """Vocabulary logits [..., vocab] of decoder states [..., hidden] (the tied projection)."""
         return self.embedding(states, mode="linear")
 
-    def teacher_forced_states(self, inputs, training=False):
-        """`decode_states` of {"inputs", "targets"} ids: [batch, tgt_len, hidden]."""
-        encoder_outputs, mask = self.encode(inputs["inputs"], training=training)
-        return self.decode_states(inputs["targets"], encoder_outputs, mask, training=training)
+    def teacher_forced_states(self, inputs, training=False, packed=False):
+        """`decode_states` of {"inputs", "targets"} ids: [batch, tgt_len, hidden].
+
+        `packed`: skip the padding of both streams (`PackedTokens`); the states are then those
+        of the real target positions, [tokens, hidden] in row-major order (as
+        `tf.boolean_mask(targets, targets != PAD_ID)` orders them). Data-dependent shapes: not
+        for XLA.
+        """
+        source, targets = inputs["inputs"], inputs["targets"]
+        source_tokens = PackedTokens(source) if packed else PADDED
+        target_tokens = PackedTokens(targets) if packed else PADDED
+        encoder_outputs, mask = self.encode(source, training=training, tokens=source_tokens)
+        return self.decode_states(
+            targets,
+            encoder_outputs,
+            mask,
+            training=training,
+            tokens=target_tokens,
+            encoder_tokens=source_tokens,
+        )
 
     def call(self, inputs, training=False):
         return self.logits(self.teacher_forced_states(inputs, training=training))

@@ -185,7 +185,7 @@ def _vocab_projection_rows(bench, model, batch):
     ]
 
 
-def test_vocab_projection_skips_padding_with_the_same_loss_and_gradients():
+def test_skipping_the_padding_gives_the_same_loss_and_gradients():
     bench = smoke_benchmark()
     model = bench.build_model()
     batch = next(iter(bench.train_dataset(tf.distribute.InputContext())))
@@ -199,7 +199,8 @@ def test_vocab_projection_skips_padding_with_the_same_loss_and_gradients():
         grads = tape.gradient(loss, model.trainable_variables)
         results[static] = float(loss), [tf.convert_to_tensor(g).numpy() for g in grads]
         rows = _vocab_projection_rows(bound, model, batch)
-        # Static: one projection of every target slot; otherwise of the real tokens only.
+        # Static: one projection of every target slot; otherwise of the real tokens only (the
+        # layers' own packing is tested in test_model.py).
         assert rows == ([batch["targets"].shape.num_elements()] if static else [None])
     assert results[False][0] == pytest.approx(results[True][0], rel=1e-6)
     for skipped, full in zip(results[False][1], results[True][1], strict=True):

@@ -215,3 +215,47 @@ def test_heads_projection_equals_the_einsum_dense_it_replaces(to_heads):
     op_types = {op.type for op in graph.get_operations()}
     assert "MatMul" in op_types
     assert not op_types & {"BatchMatMulV2", "BatchMatMulV3", "Einsum", "Sum"}, op_types
+
+
+def test_packed_tokens_unpack_what_they_pack_and_zero_the_padding():
+    ids = tf.constant([[4, 5, 0], [0, 0, 0], [6, 0, 0]])
+    tokens = model_lib.PackedTokens(ids)
+    x = tf.reshape(tf.range(18, dtype=tf.float32), [3, 3, 2])
+    packed = tokens.pack(x)
+    np.testing.assert_array_equal(packed, [[0, 1], [2, 3], [12, 13]])  # row-major real slots
+    unpacked = tokens.unpack(packed).numpy()
+    np.testing.assert_array_equal(unpacked[ids.numpy() != 0], packed)
+    assert not unpacked[ids.numpy() == 0].any()
+
+
+def test_packed_streams_give_the_padded_states_of_every_real_target():
+    model = tiny_model(scale=2.0)
+    inputs, targets = random_pairs(src_len=7, tgt_len=6)
+    batch = {"inputs": inputs, "targets": targets}
+    padded = model.teacher_forced_states(batch)  # [b, l, hidden]
+    packed = model.teacher_forced_states(batch, packed=True)  # [tokens, hidden]
+    real = targets.numpy() != model_lib.PAD_ID
+    assert packed.shape == (real.sum(), 16)
+    np.testing.assert_allclose(packed, padded.numpy()[real], atol=1e-5, rtol=1e-5)
+    # Not trivially equal: the padded source changes what its real targets see.
+    other = dict(batch, inputs=tf.where(inputs == 0, 9, inputs))
+    moved = model.teacher_forced_states(other, packed=True).numpy() - packed.numpy()
+    assert np.abs(moved).max() > 1e-3
+
+
+def test_packed_streams_run_every_per_token_matmul_on_the_real_tokens_only():
+    model = tiny_model()
+    inputs, targets = random_pairs()  # [3, 6] and [3, 5]
+
+    def matmul_rows(packed):
+        graph = (
+            tf.function(lambda batch: model.teacher_forced_states(batch, True, packed))
+            .get_concrete_function({"inputs": inputs, "targets": targets})
+            .graph
+        )
+        return {op.outputs[0].shape[0] for op in graph.get_operations() if op.type == "MatMul"}
+
+    # Projections and feed-forward are 2-D MatMuls over the tokens: every slot when padded,
+    # the real tokens only (a data-dependent count) when packed.
+    assert matmul_rows(packed=False) == {3 * 6, 3 * 5}
+    assert matmul_rows(packed=True) == {None}
