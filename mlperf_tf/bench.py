@@ -12,9 +12,9 @@ MFU (model FLOPs utilization) is reported where the FLOPs of the model are known
 of the same device in the same dtype, measured by this command after each window (on a loaded
 machine the best of several peaks is the closest to the machine's real one). The FLOPs are
 those of every slot of the batch, padding included (`mlperf_tf.flops` traces with static
-shapes): for a step that skips its padding (the Transformer without `--xla`) MFU counts the
-padded slots as done work and so reads high by the padding share of the synthetic batch. With
-`--config.data_dir=DIR`, the benchmark's real input pipeline is also timed alone
+shapes): for a step that skips its padding (the Transformer and BERT without `--xla`) MFU
+counts the padded slots as done work and so reads high by the padding share of the synthetic
+batch. With `--config.data_dir=DIR`, the benchmark's real input pipeline is also timed alone
 (one host pipeline, no training) to show whether input can keep up.
 
     mlperf-tf bench --benchmark=resnet50 [--preset=mlperf] [--distribution=auto] [--dtype=fp32]

@@ -9,12 +9,17 @@ excluded), in one `tf.function` per side:
   `layers.MaskedLM` (tied to the encoder's embedding table), a 2-way dense head on the pooled
   output, the same loss, and `official.modeling.optimization.lamb.LAMB`.
 
-Both get the same synthetic batch. Repetitions of the two are interleaved in one run (the order
-alternates), and each ratio is taken within a repetition, so machine noise cancels in the ratio.
-The peer side needs the `peers` extra (tf-models-official); without it only ours is timed.
+Both get the same synthetic batch: full-length sequences (`--lengths=full`, no padding), or
+sequences of random length in [seq_length/2, seq_length] (`--lengths=random`, as the suite's
+synthetic data and real pretraining data, which are not all full). Ours skips the padding in its
+encoder blocks unless `--jit_compile` (XLA needs static shapes); `--padded_ours` adds ours in the
+padded form as a third side (ablation). Repetitions of the sides are interleaved in one run (the
+order alternates), and each ratio is taken within a repetition, so machine noise cancels in the
+ratio. The peer side needs the `peers` extra (tf-models-official); without it only ours is timed.
 
     python tools/bench_bert.py [--layers=12] [--seq_length=128] [--batch_size=8]
-        [--predictions=20] [--repeats=5] [--steps=5] [--jit_compile]
+        [--predictions=20] [--repeats=5] [--steps=5] [--lengths=full|random] [--padded_ours]
+        [--jit_compile]
 
 Defaults are BERT-base (12 layers, hidden 768, vocab 30522) at a reduced sequence length and
 batch, so the run takes a few minutes on 2 CPU cores.
@@ -37,22 +42,26 @@ import tensorflow as tf  # noqa: E402
 
 from benchmarks.bert import config as config_lib  # noqa: E402
 from benchmarks.bert.benchmark import LAMB_EXCLUDE, BertBenchmark  # noqa: E402
+from mlperf_tf.benchmark import RunContext  # noqa: E402
 
 WEIGHT_DECAY = 0.01
 LEARNING_RATE = 1e-4
 
 
 def make_batch(args, vocab_size: int, seed: int = 0) -> dict[str, np.ndarray]:
-    """A synthetic batch with the MLPerf structure (full-length sequences, all slots used)."""
+    """A synthetic batch with the MLPerf structure: full-length sequences, or (`--lengths=random`)
+    lengths uniform in [seq/2, seq] with the masked positions inside each sequence."""
     rng = np.random.default_rng(seed)
     b, s, p = args.batch_size, args.seq_length, args.predictions
+    lengths = np.full(b, s) if args.lengths == "full" else rng.integers(s // 2, s + 1, b)
     positions = np.sort(
-        np.stack([rng.choice(np.arange(1, s), size=p, replace=False) for _ in range(b)]), axis=1
+        np.stack([rng.choice(np.arange(1, n), size=p, replace=False) for n in lengths]), axis=1
     )
+    mask = (np.arange(s)[None] < lengths[:, None]).astype(np.int32)
     return {
-        "input_ids": rng.integers(5, vocab_size, (b, s)).astype(np.int32),
-        "input_mask": np.ones((b, s), np.int32),
-        "segment_ids": (np.arange(s)[None] >= s // 2).repeat(b, 0).astype(np.int32),
+        "input_ids": rng.integers(5, vocab_size, (b, s)).astype(np.int32) * mask,
+        "input_mask": mask,
+        "segment_ids": (np.arange(s)[None] >= lengths[:, None] // 2).astype(np.int32) * mask,
         "masked_lm_positions": positions.astype(np.int32),
         "masked_lm_ids": rng.integers(5, vocab_size, (b, p)).astype(np.int32),
         "masked_lm_weights": np.ones((b, p), np.float32),
@@ -60,8 +69,8 @@ def make_batch(args, vocab_size: int, seed: int = 0) -> dict[str, np.ndarray]:
     }
 
 
-def ours_step(args, model_config):
-    """Our train step (a compiled tf.function) and its config."""
+def ours_step(args, model_config, padded: bool = False):
+    """Our train step (a compiled tf.function); `padded`: the static-shape form (ablation)."""
     config = dataclasses.replace(
         config_lib.smoke(),
         global_batch_size=args.batch_size,
@@ -70,7 +79,7 @@ def ours_step(args, model_config):
             max_seq_length=args.seq_length, max_predictions_per_seq=args.predictions
         ),
     )
-    bench = BertBenchmark(config)
+    bench = BertBenchmark(config, context=RunContext(static_shapes=padded or args.jit_compile))
     model = bench.build_model()
     from mlperf_tf.optimizers import LAMB
 
@@ -194,6 +203,8 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--jit_compile", action="store_true")
+    parser.add_argument("--lengths", choices=("full", "random"), default="full")
+    parser.add_argument("--padded_ours", action="store_true", help="add ours, padded (ablation)")
     args = parser.parse_args(argv)
 
     model_config = dataclasses.replace(
@@ -206,6 +217,8 @@ def main(argv=None) -> int:
     garden = garden_step(args, model_config)
     if garden is not None:
         sides["model_garden"] = garden
+    if args.padded_ours:
+        sides["ours_padded"] = ours_step(args, model_config, padded=True)
     for name, step in sides.items():  # compile and warm up outside the timing
         step(batch)
         time_steps(step, batch, 1)
@@ -213,20 +226,19 @@ def main(argv=None) -> int:
 
     seconds: dict[str, list[float]] = {name: [] for name in sides}
     cpu: dict[str, list[float]] = {name: [] for name in sides}
-    ratios = []
     for repeat in range(args.repeats):
         order = list(sides) if repeat % 2 == 0 else list(reversed(sides))
         this = {name: time_steps(sides[name], batch, args.steps, cpu[name]) for name in order}
         for name, value in this.items():
             seconds[name].append(value)
-        if garden is not None:
-            ratios.append(this["model_garden"] / this["ours"])  # >1: ours is faster
         line = "  ".join(f"{n} {args.batch_size / t:7.2f} seq/s" for n, t in this.items())
         print(f"repeat {repeat + 1}/{args.repeats}: {line}", flush=True)
 
+    real = int(batch["input_mask"].numpy().sum())
     shape = (
         f"BERT L={args.layers} H={model_config.hidden_size} seq={args.seq_length} "
-        f"batch={args.batch_size} predictions={args.predictions} "
+        f"batch={args.batch_size} predictions={args.predictions} lengths={args.lengths} "
+        f"({real} real tokens of {batch['input_mask'].shape.num_elements()}) "
         f"xla={'on' if args.jit_compile else 'off'}"
     )
     print(f"\n{shape}")
@@ -234,16 +246,17 @@ def main(argv=None) -> int:
         print(
             f"{name:>13}: {args.batch_size / statistics.median(values):8.2f} sequences/s (median)"
         )
-    if ratios:
-        pooled = sum(seconds["model_garden"]) / sum(seconds["ours"])
-        cpu_ratios = [g / o for g, o in zip(cpu["model_garden"], cpu["ours"])]
+    for other in [name for name in sides if name != "ours"]:
+        ratios = [o / u for o, u in zip(seconds[other], seconds["ours"])]  # >1: ours is faster
+        pooled = sum(seconds[other]) / sum(seconds["ours"])
+        cpu_ratios = [o / u for o, u in zip(cpu[other], cpu["ours"])]
         print(
-            f"ours / model_garden sequences/s: {statistics.median(ratios):.3f} "
+            f"ours / {other} sequences/s: {statistics.median(ratios):.3f} "
             f"(median of per-repeat ratios; min {min(ratios):.3f}, max {max(ratios):.3f}); "
             f"pooled {pooled:.3f}"
         )
         print(
-            f"by CPU time per step: model_garden / ours {sum(cpu['model_garden']) / sum(cpu['ours']):.3f}"
+            f"by CPU time per step: {other} / ours {sum(cpu[other]) / sum(cpu['ours']):.3f}"
             f" total, {statistics.median(cpu_ratios):.3f} median of per-repeat ratios"
         )
     print(f"load average at the end: {os.getloadavg()}")

@@ -159,8 +159,13 @@ class BertBenchmark(Benchmark):
     # ---- steps (replica context) ---------------------------------------------------------------
     def losses(self, model: keras.Model, batch: Any, training: bool) -> dict[str, tf.Tensor]:
         """This replica's masked-LM loss (weighted mean over its masked tokens, as the
-        reference's `get_masked_lm_output`) and next-sentence loss (mean over its examples)."""
-        outputs = model(batch, training=training)
+        reference's `get_masked_lm_output`) and next-sentence loss (mean over its examples).
+
+        The encoder skips the padding (`packed`: its blocks run on the real tokens only) unless
+        the run needs static shapes (`--xla`, TPUs); the losses and gradients are the same
+        (issue 14; `tools/bench_bert.py`, ablation `mlperf_tf_padded`).
+        """
+        outputs = model(batch, training=training, packed=not self.static_shapes)
         mlm_logits = tf.cast(outputs["mlm_logits"], tf.float32)  # [batch, predictions, vocab]
         weights = tf.cast(batch["masked_lm_weights"], tf.float32)  # [batch, predictions]
         token_loss = tf.nn.sparse_softmax_cross_entropy_with_logits(

@@ -16,7 +16,7 @@ import tensorflow as tf
 from keras import ops
 
 from benchmarks.bert.config import ModelConfig
-from mlperf_tf.layers import token_matmul
+from mlperf_tf.layers import PADDED, PackedTokens, token_matmul
 
 # google-research/bert masks attention with this additive bias (not -inf), which also fits fp16.
 _MASK_BIAS = -10000.0
@@ -128,11 +128,14 @@ class TransformerBlock(keras.layers.Layer):
         x = ops.reshape(x, (batch, seq, self.num_heads, self.head_size))
         return ops.transpose(x, (0, 2, 1, 3))
 
-    def call(self, x, attention_bias, training=False):
-        # x: [batch, seq, hidden]; attention_bias: [batch, 1, 1, seq] (0 keep, -10000 masked)
-        q = self._split_heads(self.query(x))
-        k = self._split_heads(self.key(x))
-        v = self._split_heads(self.value(x))
+    def call(self, x, attention_bias, training=False, tokens=PADDED):
+        """One block. `x`: [batch, seq, hidden], or [tokens, hidden] when `tokens` is a
+        `PackedTokens` (then every per-token layer skips the padding and attention runs on the
+        unpacked [batch, seq] layout); `attention_bias`: [batch, 1, 1, seq], 0 keep, -10000
+        masked."""
+        q = self._split_heads(tokens.unpack(self.query(x)))
+        k = self._split_heads(tokens.unpack(self.key(x)))
+        v = self._split_heads(tokens.unpack(self.value(x)))
         scores = ops.einsum("bnqd,bnkd->bnqk", q, k)  # [batch, heads, seq, seq]
         # Softmax in float32: the scores of long sequences overflow fp16/bf16 precision.
         # (Keras casts float call arguments to the compute dtype: back to float32 for the bias.)
@@ -141,9 +144,10 @@ class TransformerBlock(keras.layers.Layer):
         probs = ops.cast(ops.softmax(scores, axis=-1), self.compute_dtype)
         probs = self.attention_dropout(probs, training=training)
         context = ops.einsum("bnqk,bnkd->bnqd", probs, v)  # [batch, heads, seq, head_size]
-        context = ops.transpose(context, (0, 2, 1, 3))
-        batch = -1 if x.shape[0] is None else x.shape[0]
-        context = ops.reshape(context, (batch, x.shape[1], self.config.hidden_size))
+        context = ops.transpose(context, (0, 2, 1, 3))  # [batch, seq, heads, head_size]
+        batch = -1 if context.shape[0] is None else context.shape[0]
+        context = ops.reshape(context, (batch, context.shape[1], self.config.hidden_size))
+        context = tokens.pack(context)
         attention = self.hidden_dropout(self.attention_output(context), training=training)
         x = self.attention_layer_norm(attention + x)
         hidden = self.output_dense(self.intermediate(x))
@@ -181,13 +185,19 @@ class BertEncoder(keras.layers.Layer):
             block.build((None, None, h))
         self.pooler.build((None, h))
 
-    def call(self, input_ids, input_mask, segment_ids, training=False):
+    def call(self, input_ids, input_mask, segment_ids, training=False, packed=False):
+        """`packed`: run the blocks on the real tokens only (`PackedTokens` of `input_mask`;
+        data-dependent shapes, not for XLA). The outputs are the same at every real position;
+        padded positions of `sequence_output` are then zeros."""
         x = self.embeddings(input_ids, segment_ids, training=training)
         # [batch, seq] -> additive bias [batch, 1, 1, seq]; float32 as the scores are.
         keep = ops.cast(input_mask, "float32")[:, None, None, :]
         attention_bias = (1.0 - keep) * _MASK_BIAS
+        tokens = PackedTokens(tf.not_equal(input_mask, 0)) if packed else PADDED
+        x = tokens.pack(x)
         for block in self.blocks:
-            x = block(x, attention_bias, training=training)
+            x = block(x, attention_bias, training=training, tokens=tokens)
+        x = tokens.unpack(x)
         pooled = self.pooler(x[:, 0])
         return x, pooled
 
@@ -274,9 +284,14 @@ class BertPretrainer(keras.Model):
         self.nsp_head.build((None, self.config.hidden_size))
         self.built = True
 
-    def call(self, inputs, training=False):
+    def call(self, inputs, training=False, packed=False):
+        """`packed`: skip the padding in the encoder blocks (`BertEncoder.call`)."""
         sequence_output, pooled = self.encoder(
-            inputs["input_ids"], inputs["input_mask"], inputs["segment_ids"], training=training
+            inputs["input_ids"],
+            inputs["input_mask"],
+            inputs["segment_ids"],
+            training=training,
+            packed=packed,
         )
         return {
             "mlm_logits": self.mlm_head(

@@ -228,7 +228,7 @@ class TransformerBenchmark(Benchmark):
         so the loss is normalized by real tokens rather than `micro_batch_size`.
 
         Padding is skipped unless the run needs static shapes (`--xla`, TPUs): both streams run
-        packed (`model.PackedTokens`: every per-token layer on the real tokens only, attention
+        packed (`mlperf_tf.layers.PackedTokens`: every per-token layer on the real tokens only, attention
         on unpacked [batch, length] tensors with its masks), and only the real target positions
         reach the vocabulary projection and the loss. Padded positions weigh 0 in the loss and
         are masked out of every attention, so the loss and the gradients are the same; the

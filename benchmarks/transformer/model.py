@@ -17,7 +17,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from mlperf_tf.layers import token_matmul
+from mlperf_tf.layers import PADDED, PackedTokens, token_matmul
 
 # Logit of masked attention positions. Masks are boolean tensors (Keras casts float arguments of a
 # layer call to the compute dtype, which would turn -1e9 into -inf in float16) and are applied to
@@ -113,46 +113,6 @@ def causal_mask(length) -> tf.Tensor:
     """Attention mask, True where key position <= query position: [1, 1, length, length]."""
     positions = tf.range(length)
     return (positions[None, :] <= positions[:, None])[None, None, :, :]
-
-
-class PaddedTokens:
-    """A stream of tokens kept as [batch, length, ...]: every slot, padding included.
-
-    What the model runs under static shapes (XLA, TPUs) and while decoding.
-    """
-
-    def pack(self, x):
-        return x
-
-    def unpack(self, x):
-        return x
-
-
-class PackedTokens:
-    """A stream of tokens kept as [tokens, ...]: only the real (non-pad) slots of `ids`.
-
-    Every per-token layer (projections, feed-forward, layer norm, dropout, residuals) then skips
-    the padding; attention `unpack`s its queries, keys and values into [batch, length, ...] and
-    `pack`s its output. Real positions see exactly what they see in the padded stream, since
-    attention masks hide padded keys (issue 14: the padding of a batch is work saved).
-    """
-
-    def __init__(self, ids: tf.Tensor):
-        """`ids` [batch, length]: the token ids that decide which slots are real."""
-        self.positions = tf.where(tf.not_equal(ids, PAD_ID))  # [tokens, 2], row-major
-        self.slots = tf.shape(ids, out_type=tf.int64)
-
-    def pack(self, x):
-        """[batch, length, ...] -> [tokens, ...]."""
-        return tf.gather_nd(x, self.positions)
-
-    def unpack(self, x):
-        """[tokens, ...] -> [batch, length, ...], zeros in the padded slots."""
-        shape = tf.concat([self.slots, tf.shape(x, out_type=tf.int64)[1:]], 0)
-        return tf.scatter_nd(self.positions, x, shape)
-
-
-PADDED = PaddedTokens()
 
 
 class SharedEmbedding(keras.layers.Layer):
@@ -521,7 +481,7 @@ class Transformer(keras.Model):
         Args:
           inputs: source ids [batch, src_len].
           training: enables dropout.
-          tokens: `PADDED`, or `PackedTokens(inputs)` to skip the padding.
+          tokens: `PADDED`, or `PackedTokens(inputs != PAD_ID)` to skip the padding.
 
         Returns:
           (encoder outputs [batch, src_len, hidden] (packed: [tokens, hidden]), padding mask
@@ -544,7 +504,7 @@ class Transformer(keras.Model):
     ):
         """Teacher-forced decoding up to the vocabulary: normalized states [batch, tgt_len, hidden].
 
-        With `tokens=PackedTokens(targets)` (and the encoder's layout in `encoder_tokens`) only
+        With `tokens=PackedTokens(targets != PAD_ID)` (and the encoder's layout in `encoder_tokens`) only
         the real target positions are computed: [tokens, hidden]. `logits` turns states into
         next-token logits.
         """
@@ -582,8 +542,8 @@ class Transformer(keras.Model):
         for XLA.
         """
         source, targets = inputs["inputs"], inputs["targets"]
-        source_tokens = PackedTokens(source) if packed else PADDED
-        target_tokens = PackedTokens(targets) if packed else PADDED
+        source_tokens = PackedTokens(tf.not_equal(source, PAD_ID)) if packed else PADDED
+        target_tokens = PackedTokens(tf.not_equal(targets, PAD_ID)) if packed else PADDED
         encoder_outputs, mask = self.encode(source, training=training, tokens=source_tokens)
         return self.decode_states(
             targets,

@@ -1,7 +1,16 @@
-"""Provides layers shared by the benchmarks: cross-replica batch norm with a group size, and
-`token_matmul`, the 2-D projection the attention models use."""
+"""Provides layers shared by the benchmarks: cross-replica batch norm with a group size,
+`token_matmul`, the 2-D projection the attention models use, and the token layouts with which
+they skip padding (`PackedTokens`)."""
 
 from mlperf_tf.layers.batch_norm import CrossReplicaBatchNormalization, model_bn_span
 from mlperf_tf.layers.matmul import token_matmul
+from mlperf_tf.layers.packing import PADDED, PackedTokens, PaddedTokens
 
-__all__ = ["CrossReplicaBatchNormalization", "model_bn_span", "token_matmul"]
+__all__ = [
+    "PADDED",
+    "CrossReplicaBatchNormalization",
+    "PackedTokens",
+    "PaddedTokens",
+    "model_bn_span",
+    "token_matmul",
+]

@@ -172,7 +172,8 @@ def test_train_step_compiles_under_xla():
     model_config = dataclasses.replace(
         C.smoke().model, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
     )
-    bench = smoke_bench(model=model_config)
+    # Bound as the runner binds it under --xla: static shapes, the padded encoder.
+    bench = smoke_bench(model=model_config).with_context(RunContext(static_shapes=True))
     model = bench.build_model()
     opt = bench.build_optimizer(100)
     opt.build(model.trainable_variables)
@@ -278,3 +279,28 @@ def test_gradient_clip_norm_is_the_reference_one():
     assert BertBenchmark(C.mlperf()).gradient_clip_norm() == 1.0
     config = config_base.override(C.smoke(), {"gradient_clip_norm": "0"})
     assert BertBenchmark(config).gradient_clip_norm() is None
+
+
+def test_skipping_the_padding_gives_the_same_loss_and_gradients():
+    bench = smoke_bench()
+    model = bench.build_model()
+    batch = first_batch(bench)
+    assert not batch["input_mask"].numpy().all()  # the synthetic batch has padding to skip
+    results = {}
+    for static in (False, True):
+        bound = bench.with_context(RunContext(static_shapes=static))
+        with tf.GradientTape() as tape:
+            loss = bound.compute_loss(model, batch, training=False)
+        grads = tape.gradient(loss, model.trainable_variables)
+        results[static] = float(loss), [tf.convert_to_tensor(g).numpy() for g in grads]
+        graph = (
+            tf.function(lambda batch, bound=bound: bound.compute_loss(model, batch, training=True))
+            .get_concrete_function(batch)
+            .graph
+        )
+        rows = [op.outputs[0].shape[0] for op in graph.get_operations() if op.type == "MatMul"]
+        # The encoder blocks' products: on the real tokens (a data-dependent count) unless static.
+        assert (None in rows) is not static
+    assert results[False][0] == pytest.approx(results[True][0], rel=1e-6)
+    for packed, padded in zip(results[False][1], results[True][1], strict=True):
+        np.testing.assert_allclose(packed, padded, rtol=1e-5, atol=1e-7)

@@ -256,3 +256,42 @@ def test_same_outputs_as_model_garden_bert_from_the_same_tf1_checkpoint(tmp_path
     )
     np.testing.assert_allclose(pooled, theirs["pooled_output"], rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(mine["mlm_logits"], theirs["mlm_logits"], rtol=1e-4, atol=1e-4)
+
+
+def test_packed_encoder_gives_the_padded_outputs_at_every_real_position():
+    keras.utils.set_random_seed(0)
+    model = M.build_pretrainer(TINY)
+    inputs = batch()
+    real = inputs["input_mask"].numpy() > 0
+    assert not real.all()  # the batch has padding to skip
+    padded = model.encoder(inputs["input_ids"], inputs["input_mask"], inputs["segment_ids"])
+    packed = model.encoder(
+        inputs["input_ids"], inputs["input_mask"], inputs["segment_ids"], packed=True
+    )
+    np.testing.assert_allclose(packed[0].numpy()[real], padded[0].numpy()[real], atol=1e-5)
+    assert not packed[0].numpy()[~real].any()  # padded slots are zeros, not computed
+    np.testing.assert_allclose(packed[1], padded[1], atol=1e-5)  # the [CLS] pooler
+    outputs = model(inputs, packed=True)
+    np.testing.assert_allclose(outputs["mlm_logits"], model(inputs)["mlm_logits"], atol=1e-4)
+
+
+def test_packed_encoder_runs_its_block_matmuls_on_the_real_tokens_only():
+    model = M.build_pretrainer(TINY)
+    inputs = batch()  # [2, 12]
+
+    def block_matmul_rows(packed):
+        graph = (
+            tf.function(lambda x: model.encoder(*x, training=True, packed=packed))
+            .get_concrete_function(
+                (inputs["input_ids"], inputs["input_mask"], inputs["segment_ids"])
+            )
+            .graph
+        )
+        return {
+            op.outputs[0].shape[0]
+            for op in graph.get_operations()
+            if op.type == "MatMul" and "layer_" in op.name
+        }
+
+    assert block_matmul_rows(packed=False) == {2 * 12}
+    assert block_matmul_rows(packed=True) == {None}

@@ -217,17 +217,6 @@ def test_heads_projection_equals_the_einsum_dense_it_replaces(to_heads):
     assert not op_types & {"BatchMatMulV2", "BatchMatMulV3", "Einsum", "Sum"}, op_types
 
 
-def test_packed_tokens_unpack_what_they_pack_and_zero_the_padding():
-    ids = tf.constant([[4, 5, 0], [0, 0, 0], [6, 0, 0]])
-    tokens = model_lib.PackedTokens(ids)
-    x = tf.reshape(tf.range(18, dtype=tf.float32), [3, 3, 2])
-    packed = tokens.pack(x)
-    np.testing.assert_array_equal(packed, [[0, 1], [2, 3], [12, 13]])  # row-major real slots
-    unpacked = tokens.unpack(packed).numpy()
-    np.testing.assert_array_equal(unpacked[ids.numpy() != 0], packed)
-    assert not unpacked[ids.numpy() == 0].any()
-
-
 def test_packed_streams_give_the_padded_states_of_every_real_target():
     model = tiny_model(scale=2.0)
     inputs, targets = random_pairs(src_len=7, tgt_len=6)
