@@ -15,7 +15,7 @@ from benchmarks.bert import benchmark as B
 from benchmarks.bert import config as C
 from mlperf_tf import config as config_base
 from mlperf_tf.benchmark import RunContext
-from tests import strategies
+from tests import padding, strategies
 
 
 def smoke_bench(**overrides):
@@ -286,21 +286,5 @@ def test_skipping_the_padding_gives_the_same_loss_and_gradients():
     model = bench.build_model()
     batch = first_batch(bench)
     assert not batch["input_mask"].numpy().all()  # the synthetic batch has padding to skip
-    results = {}
-    for static in (False, True):
-        bound = bench.with_context(RunContext(static_shapes=static))
-        with tf.GradientTape() as tape:
-            loss = bound.compute_loss(model, batch, training=False)
-        grads = tape.gradient(loss, model.trainable_variables)
-        results[static] = float(loss), [tf.convert_to_tensor(g).numpy() for g in grads]
-        graph = (
-            tf.function(lambda batch, bound=bound: bound.compute_loss(model, batch, training=True))
-            .get_concrete_function(batch)
-            .graph
-        )
-        rows = [op.outputs[0].shape[0] for op in graph.get_operations() if op.type == "MatMul"]
-        # The encoder blocks' products: on the real tokens (a data-dependent count) unless static.
-        assert (None in rows) is not static
-    assert results[False][0] == pytest.approx(results[True][0], rel=1e-6)
-    for packed, padded in zip(results[False][1], results[True][1], strict=True):
-        np.testing.assert_allclose(packed, padded, rtol=1e-5, atol=1e-7)
+    # The encoder blocks' products run on the real tokens (a data-dependent count) unless static.
+    padding.assert_packed_step_equals_padded(bench, model, batch)

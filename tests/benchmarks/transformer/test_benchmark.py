@@ -14,7 +14,7 @@ from benchmarks.transformer import prepare
 from benchmarks.transformer.benchmark import TransformerBenchmark, label_smoothed_cross_entropy
 from mlperf_tf.benchmark import RunContext
 from mlperf_tf.config import ConfigError, override
-from tests import strategies
+from tests import padding, strategies
 from tests.benchmarks.transformer.test_prepare import corpus
 
 RULES = os.path.join(os.path.dirname(mlperf_logging.__file__), "compliance_checker")
@@ -168,47 +168,28 @@ def test_train_step_compiles_under_xla_and_learns():
     assert np.isfinite(first) and last < first
 
 
-def _vocab_projection_rows(bench, model, batch):
-    """Static row counts of the traced step's tied [rows, vocab] projections (None: unknown)."""
-    graph = (
-        tf.function(lambda batch: bench.compute_loss(model, batch, training=True))
-        .get_concrete_function(batch)
-        .graph
-    )
-    vocab = bench.config.model.vocab_size
-    return [
-        op.outputs[0].shape[0]
-        for op in graph.get_operations()
-        if op.type == "MatMul"
-        and op.get_attr("transpose_b")  # states times the [vocab, hidden] embedding matrix
-        and op.outputs[0].shape[-1] == vocab
-    ]
-
-
 def test_skipping_the_padding_gives_the_same_loss_and_gradients():
     bench = smoke_benchmark()
     model = bench.build_model()
     batch = next(iter(bench.train_dataset(tf.distribute.InputContext())))
     real = int(tf.reduce_sum(tf.cast(batch["targets"] > 0, tf.int32)))
     assert 0 < real < batch["targets"].shape.num_elements()  # the batch has padding to skip
-    results = {}
-    for static in (False, True):
+    losses = padding.assert_packed_step_equals_padded(bench, model, batch)
+    # The tied vocabulary projection (states times the [vocab, hidden] matrix): every target
+    # slot when static, the real targets only (a data-dependent count) otherwise.
+    vocab = bench.config.model.vocab_size
+    for static, rows in ((True, batch["targets"].shape.num_elements()), (False, None)):
         bound = bench.with_context(RunContext(static_shapes=static))
-        with tf.GradientTape() as tape:
-            loss = bound.compute_loss(model, batch, training=False)
-        grads = tape.gradient(loss, model.trainable_variables)
-        results[static] = float(loss), [tf.convert_to_tensor(g).numpy() for g in grads]
-        rows = _vocab_projection_rows(bound, model, batch)
-        # Static: one projection of every target slot; otherwise of the real tokens only (the
-        # layers' own packing is tested in test_model.py).
-        assert rows == ([batch["targets"].shape.num_elements()] if static else [None])
-    assert results[False][0] == pytest.approx(results[True][0], rel=1e-6)
-    for skipped, full in zip(results[False][1], results[True][1], strict=True):
-        np.testing.assert_allclose(skipped, full, rtol=1e-5, atol=1e-7)
+        projections = [
+            op.outputs[0].shape[0]
+            for op in padding.traced_matmuls(bound, model, batch)
+            if op.get_attr("transpose_b") and op.outputs[0].shape[-1] == vocab
+        ]
+        assert projections == [rows]
     # And the loss is the formula's over the real tokens of the full logits.
     total, count = reference_loss(model(batch).numpy(), batch["targets"].numpy(), 0.1)
     assert count == real
-    assert results[False][0] == pytest.approx(total / count, rel=1e-4)
+    assert losses[False] == pytest.approx(total / count, rel=1e-4)
 
 
 def test_loss_is_the_token_mean_over_replicas():
