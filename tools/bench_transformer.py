@@ -6,7 +6,8 @@ the non-pad target tokens, backward, Adam with linear warmup and rsqrt decay; al
 preset: pairs of random length, padded to the preset's maximum length), or with
 `--config.data_dir=DIR` on real training batches of that folder (length buckets, so less
 padding): the first `--steps` batches of its pipeline, read once and then cycled, so that every
-contestant trains on the same batches in every round (`fixed_batches`):
+contestant trains on the same batches in every round (`fixed_batches`); `--lengths=full` fills
+the synthetic batch's padding with tokens (no padding: what skipping it costs when there is none):
 
   mlperf_tf     `TransformerBenchmark` (model, `compute_loss`, `build_optimizer`) in the runner's
                 compiled host loop (`mlperf_tf.runner.Trainer`), as `mlperf-tf run` trains it.
@@ -35,7 +36,7 @@ rate and warmup, batch and length. Rounds interleave the contestants (`tools/int
 With `--profile=DIR`, each contestant instead runs `--steps` steps under TF's profiler and the
 op time per step is printed by op type (`tools/bench_profile.py`).
 
-    python tools/bench_transformer.py [--preset=mini] [--steps=3] [--rounds=6]
+    python tools/bench_transformer.py [--preset=mini] [--steps=3] [--rounds=6] [--lengths=full]
         [--contestants=mlperf_tf,model_garden,keras_fit] [--profile=DIR] [--config.KEY=VALUE ...]
 
 `--config.model.*`, `--config.global_batch_size` (tokens) and
@@ -245,6 +246,12 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--contestants", default=",".join(DEFAULT_CONTESTANTS))
     parser.add_argument("--profile", default="", help="profile each contestant into this folder")
+    parser.add_argument(
+        "--lengths",
+        choices=("random", "full"),
+        default="random",
+        help="synthetic pairs of random length (padded), or every pair at full length (no padding)",
+    )
     args = parser.parse_args(argv)
     require_positive(parser, args, "steps", "rounds")
     wanted = [n for n in args.contestants.split(",") if n]
@@ -254,9 +261,18 @@ def main(argv=None) -> int:
 
     keras.utils.set_random_seed(0)
     real_batches = None
+    source = bench_fit.make_benchmark("transformer", args.preset, overrides)
     if overrides.get("data_dir"):
-        source = bench_fit.make_benchmark("transformer", args.preset, overrides)
         real_batches = list(source.train_dataset(tf.distribute.InputContext()).take(args.steps))
+    elif args.lengths == "full":  # the synthetic batch with every pad slot given a token
+        batch = next(iter(source.train_dataset(tf.distribute.InputContext())))
+        vocab = source.config.model.vocab_size
+        real_batches = [
+            {
+                k: tf.where(v == 0, tf.random.uniform(v.shape, 3, vocab, v.dtype), v)
+                for k, v in batch.items()
+            }
+        ]
     contestants = {}
     for name in wanted:
         benchmark = bench_fit.make_benchmark("transformer", args.preset, overrides)
@@ -276,13 +292,13 @@ def main(argv=None) -> int:
     shape = (
         f"Transformer vocab {m.vocab_size}, {m.num_layers}+{m.num_layers} layers, hidden "
         f"{m.hidden_size}, {m.num_heads} heads, filter {m.filter_size}, dropout {m.dropout}; "
-        f"{'real' if real_batches else 'synthetic'} batches (pairs x tokens) {shapes}: "
+        f"{'real' if overrides.get('data_dir') else 'synthetic'} batches (pairs x tokens) {shapes}: "
         f"{real} real target tokens of {slots} slots; fp32, no XLA; "
         f"TF {tf.__version__}, Keras {keras.__version__}, "
         f"TF_ENABLE_ONEDNN_OPTS={os.environ.get('TF_ENABLE_ONEDNN_OPTS')}"
     )
     interleave.warm_up(contestants)
-    if real_batches:  # each batch shape once more, so that no round pays a first-shape cost
+    if real_batches and len(real_batches) > 1:  # each batch shape once more before the rounds
         for run in contestants.values():
             run(len(real_batches))
     reference = "mlperf_tf" if "mlperf_tf" in contestants else next(iter(contestants))
