@@ -33,9 +33,9 @@ class RunContext:
         resumed step).
       skip_bad_records: skip and count corrupt records instead of failing on the first one.
       static_shapes: the steps must keep every tensor's shape fixed by the batch's shape (XLA-
-        compiled steps, TPUs, FLOP counting). Without it a step may drop padding with a
-        data-dependent gather (the Transformer's vocabulary projection does), which XLA cannot
-        compile.
+        compiled steps, TPUs, FLOP counting). Without it a step may skip padding with
+        data-dependent gathers (`mlperf_tf.layers.PackedTokens`: the Transformer and BERT do),
+        which XLA cannot compile.
     """
 
     num_replicas: int = 1

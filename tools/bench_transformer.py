@@ -222,6 +222,21 @@ def fixed_batches(benchmark, batches: list):
     return FixedBatches(benchmark.config, context=benchmark.context)
 
 
+def batches_to_fix(benchmark, args, overrides) -> list | None:
+    """The batches every contestant cycles through (`fixed_batches`), or None for the
+    benchmark's own synthetic batch: the first `--steps` real batches with `--config.data_dir`,
+    or with `--lengths=full` the synthetic batch with every pad slot given a token."""
+    dataset = benchmark.train_dataset(tf.distribute.InputContext())
+    if overrides.get("data_dir"):
+        return list(dataset.take(args.steps))
+    if args.lengths == "full":
+        vocab = benchmark.config.model.vocab_size
+        batch = next(iter(dataset))
+        fill = {k: tf.random.uniform(v.shape, 3, vocab, v.dtype) for k, v in batch.items()}
+        return [{k: tf.where(v == 0, fill[k], v) for k, v in batch.items()}]
+    return None
+
+
 BUILDERS = {
     "mlperf_tf": bench_fit.mlperf_tf_contestant,
     "model_garden": model_garden_contestant,
@@ -260,30 +275,20 @@ def main(argv=None) -> int:
         parser.error(f"--contestants ({args.contestants!r}): choose from {', '.join(BUILDERS)}")
 
     keras.utils.set_random_seed(0)
-    real_batches = None
-    source = bench_fit.make_benchmark("transformer", args.preset, overrides)
-    if overrides.get("data_dir"):
-        real_batches = list(source.train_dataset(tf.distribute.InputContext()).take(args.steps))
-    elif args.lengths == "full":  # the synthetic batch with every pad slot given a token
-        batch = next(iter(source.train_dataset(tf.distribute.InputContext())))
-        vocab = source.config.model.vocab_size
-        real_batches = [
-            {
-                k: tf.where(v == 0, tf.random.uniform(v.shape, 3, vocab, v.dtype), v)
-                for k, v in batch.items()
-            }
-        ]
+    fixed = batches_to_fix(
+        bench_fit.make_benchmark("transformer", args.preset, overrides), args, overrides
+    )
     contestants = {}
     for name in wanted:
         benchmark = bench_fit.make_benchmark("transformer", args.preset, overrides)
-        if real_batches:
-            benchmark = fixed_batches(benchmark, real_batches)
+        if fixed:
+            benchmark = fixed_batches(benchmark, fixed)
         try:
             contestants[name] = BUILDERS[name](benchmark)
         except ImportError as e:
             print(f"{name}: skipped (tf-models-official not importable: {e})")
     config = benchmark.config
-    batches = real_batches or [next(iter(benchmark.train_dataset(tf.distribute.InputContext())))]
+    batches = fixed or [next(iter(benchmark.train_dataset(tf.distribute.InputContext())))]
     shapes = " ".join(f"{b['targets'].shape[0]}x{b['targets'].shape[1]}" for b in batches)
     real = sum(int(tf.reduce_sum(tf.cast(b["targets"] > 0, tf.int32))) for b in batches)
     slots = sum(b["targets"].shape.num_elements() for b in batches)
@@ -298,9 +303,9 @@ def main(argv=None) -> int:
         f"TF_ENABLE_ONEDNN_OPTS={os.environ.get('TF_ENABLE_ONEDNN_OPTS')}"
     )
     interleave.warm_up(contestants)
-    if real_batches and len(real_batches) > 1:  # each batch shape once more before the rounds
+    if fixed and len(fixed) > 1:  # each batch shape once more before the rounds
         for run in contestants.values():
-            run(len(real_batches))
+            run(len(fixed))
     reference = "mlperf_tf" if "mlperf_tf" in contestants else next(iter(contestants))
     if args.profile:
         profiles = {}

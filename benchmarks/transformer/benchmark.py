@@ -228,9 +228,9 @@ class TransformerBenchmark(Benchmark):
         so the loss is normalized by real tokens rather than `micro_batch_size`.
 
         Padding is skipped unless the run needs static shapes (`--xla`, TPUs): both streams run
-        packed (`mlperf_tf.layers.PackedTokens`: every per-token layer on the real tokens only, attention
-        on unpacked [batch, length] tensors with its masks), and only the real target positions
-        reach the vocabulary projection and the loss. Padded positions weigh 0 in the loss and
+        packed (`mlperf_tf.layers.PackedTokens`: every per-token layer on the real tokens only,
+        attention on unpacked [batch, length] tensors with its masks), and only the real target
+        positions reach the vocabulary projection and the loss. Padded positions weigh 0 in the loss and
         are masked out of every attention, so the loss and the gradients are the same; the
         work saved is the batch's padding (issue 14; `tools/bench_transformer.py`, ablations
         `mlperf_tf_padded` and `mlperf_tf_packed_logits`).

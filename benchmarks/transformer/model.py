@@ -504,9 +504,9 @@ class Transformer(keras.Model):
     ):
         """Teacher-forced decoding up to the vocabulary: normalized states [batch, tgt_len, hidden].
 
-        With `tokens=PackedTokens(targets != PAD_ID)` (and the encoder's layout in `encoder_tokens`) only
-        the real target positions are computed: [tokens, hidden]. `logits` turns states into
-        next-token logits.
+        With `tokens=PackedTokens(targets != PAD_ID)` (and the encoder's layout in
+        `encoder_tokens`) only the real target positions are computed: [tokens, hidden].
+        `logits` turns states into next-token logits.
         """
         # Decoder input: targets shifted right by one; position 0 is the pad id (start symbol).
         decoder_inputs = tf.pad(targets, [[0, 0], [1, 0]])[:, :-1]
