@@ -38,7 +38,7 @@ setup(
     ],
     extras_require={
         "test": ["pytest>=8", "hypothesis>=6.100", "ruff==0.17.6"],
-        "peers": ["tf-models-official==2.20.*"],
+        "peers": ["tf-models-official==2.20.*", "keras-hub>=0.21"],
     },
     entry_points={
         "console_scripts": ["mlperf-tf = mlperf_tf.cli:run_main"],

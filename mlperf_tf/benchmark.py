@@ -19,6 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from mlperf_tf.config import BenchmarkConfig, ConfigError
+from mlperf_tf.parallel.mesh import DeviceMesh
 
 PRESET_NAMES = ("mlperf", "mini", "smoke")
 
@@ -36,12 +37,21 @@ class RunContext:
         compiled steps, TPUs, FLOP counting). Without it a step may skip padding with
         data-dependent gathers (`mlperf_tf.layers.PackedTokens`: the Transformer and BERT do),
         which XLA cannot compile.
+      mesh: the run's device mesh (`mlperf_tf.parallel.DeviceMesh`): how the replicas split
+        into data, expert, spatial and model axes. None means data parallelism over all
+        `num_replicas` (the mesh `DeviceMesh(data=num_replicas)`).
     """
 
     num_replicas: int = 1
     seed: int = 0
     skip_bad_records: bool = False
     static_shapes: bool = False
+    mesh: DeviceMesh | None = None
+
+    @property
+    def device_mesh(self) -> DeviceMesh:
+        """`mesh`, or data parallelism over `num_replicas` when none was given."""
+        return self.mesh if self.mesh is not None else DeviceMesh(data=self.num_replicas)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,12 +80,16 @@ class Benchmark(abc.ABC):
         "bert"); the checker picks its rules from it.
       config_class: the benchmark's frozen config dataclass (a `BenchmarkConfig` subclass).
       presets: maps preset names (`mlperf`, `mini`, `smoke`) to functions returning a config.
+      parallel_axes: the device-mesh axes the benchmark supports (`mlperf_tf.parallel.AXES`):
+        "data" always; "model", "expert", "spatial" where its model has the layers for them.
+        The runner refuses a run that sizes another axis above 1, with one line.
     """
 
     name: ClassVar[str]
     mlperf_benchmark: ClassVar[str]
     config_class: ClassVar[type[BenchmarkConfig]]
     presets: ClassVar[dict[str, Callable[[], BenchmarkConfig]]]
+    parallel_axes: ClassVar[tuple[str, ...]] = ("data",)
 
     def __init__(self, config: BenchmarkConfig, *, context: RunContext | None = None):
         if not isinstance(config, self.config_class):
@@ -109,6 +123,11 @@ class Benchmark(abc.ABC):
         """Replicas in sync (from the strategy); e.g. for `model_bn_span` or per-replica shapes."""
         return self.context.num_replicas
 
+    @property
+    def mesh(self) -> DeviceMesh:
+        """The run's device mesh (see `RunContext.mesh`)."""
+        return self.context.device_mesh
+
     @classmethod
     def preset(cls, name: str) -> BenchmarkConfig:
         """Returns the config of preset `name`; raises KeyError naming the known presets."""
@@ -132,14 +151,17 @@ class Benchmark(abc.ABC):
     def replica_batch_size(self, global_batch: int, input_context=None) -> int:
         """`global_batch` split over the replicas: the one per-replica batch formula.
 
+        Replicas that share a batch (a spatial or model group of the mesh) count once: the
+        runner's input context says `batch_shards` replicas in sync on such a mesh.
+
         Args:
           global_batch: examples (or tokens) over all replicas, e.g. `micro_batch_size`.
-          input_context: the pipeline's context; None uses the run's `num_replicas`.
+          input_context: the pipeline's context; None uses the mesh's `batch_shards`.
 
         Raises:
           ConfigError: `global_batch` does not split evenly over the replicas.
         """
-        replicas = input_context.num_replicas_in_sync if input_context else self.num_replicas
+        replicas = input_context.num_replicas_in_sync if input_context else self.mesh.batch_shards
         if global_batch % replicas:
             raise ConfigError(
                 f"the batch ({global_batch}, from `global_batch_size` / "
@@ -228,9 +250,16 @@ class Benchmark(abc.ABC):
         return getattr(self.input_module, name)
 
     def synthetic_train_data(self, input_context, batch_size: int) -> tf.data.Dataset:
-        """Endless synthetic training batches of `batch_size` (no `data_dir`)."""
+        """Endless synthetic training batches of `batch_size` (no `data_dir`); each batch shard
+        (data-parallel replica) gets its own (`synthetic.per_batch_shard`)."""
+        from mlperf_tf.data import synthetic  # noqa: PLC0415
+
         make = self._input_function("synthetic_train_dataset")
-        return make(self.config, batch_size=batch_size, seed=self.seed)
+        return synthetic.per_batch_shard(
+            lambda seed: make(self.config, batch_size=batch_size, seed=seed),
+            seed=self.seed,
+            input_context=input_context,
+        )
 
     def record_train_data(self, input_context, batch_size: int) -> tf.data.Dataset:
         """Endless training batches of `batch_size` from the records under `config.data_dir`."""

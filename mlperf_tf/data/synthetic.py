@@ -101,3 +101,35 @@ def synthetic_eval_dataset(
         lambda i: dict(example(seed + tf.cast(i, tf.int32)))
     )
     return pad_eval_dataset(examples, batch_size=batch_size, num_batches=num_batches)
+
+
+# Seeds of two batch shards' synthetic data lie this far apart, so that a benchmark whose examples
+# take consecutive seeds (`synthetic_dataset` with a function) never shares an example between them.
+SHARD_SEED_STRIDE = 100_003
+
+
+def per_batch_shard(
+    make: Callable[[int], tf.data.Dataset], *, seed: int, input_context=None
+) -> tf.data.Dataset:
+    """One pipeline's endless synthetic batches with a different batch for each batch shard.
+
+    A synthetic dataset repeats one batch, and a pipeline hands its batches to its local
+    replicas in turn, so without this every data-parallel replica would train on the same batch
+    and a cross-replica gradient sum would never be really exercised. Batch shard `j` (the
+    pipeline's `j`-th replica in sync, counting the pipelines before it) gets `make(seed + j *
+    SHARD_SEED_STRIDE)`; shard 0 gets `make(seed)`, so a one-replica run is unchanged.
+
+    Args:
+      make: seed -> an endless dataset of per-replica batches.
+      seed: the run's seed.
+      input_context: the pipeline's `tf.distribute.InputContext` (None: one replica).
+    """
+    if input_context is None:
+        return make(seed)
+    local = input_context.num_replicas_in_sync // input_context.num_input_pipelines
+    first = input_context.input_pipeline_id * local
+    datasets = [make(seed + (first + j) * SHARD_SEED_STRIDE) for j in range(max(1, local))]
+    if len(datasets) == 1:
+        return datasets[0]
+    order = tf.data.Dataset.range(len(datasets)).repeat()
+    return tf.data.Dataset.choose_from_datasets(datasets, order)

@@ -16,6 +16,7 @@ from mlperf_logging.mllog import constants as C
 from mlperf_tf import distribute, precision
 from mlperf_tf.collectives import mesh as collectives_mesh
 from mlperf_tf.errors import UserError
+from mlperf_tf.parallel import mesh as parallel_mesh
 
 RESUME_INPUT_MODES = ("skip", "reseed")
 SUBMISSION_DIVISIONS = ("closed", "open")
@@ -144,12 +145,35 @@ class RunConfig:
         8888, help="First worker port on each node with --cluster_resolver=slurm (then +1, ...)."
     )
 
+    # The device mesh (mlperf_tf/parallel/mesh.py): each flag sizes one axis; the replicas left
+    # over form the data axis. A benchmark declares the axes it supports.
+    model_parallel: int = setting(
+        1,
+        help="Tensor (model) parallelism: split the weights of the benchmark's Megatron-style "
+        "layers over M replicas that share one batch (1: off).",
+    )
+    expert_parallel: int = setting(
+        1,
+        help="Expert parallelism: split each mixture-of-experts layer's experts over E replicas "
+        "(which read different batches); tokens travel by all-to-all (1: off).",
+    )
+    spatial_partition: str = setting(
+        "1",
+        help="Spatial partitioning: K (slabs of rows) or KxL (tiles) replicas share one batch of "
+        "images, each holding a part of every activation; convolutions exchange halos (1: off).",
+    )
+
     def __post_init__(self):
         collectives_mesh.check_settings(
             all_reduce=self.all_reduce,
             mesh=self.mesh,
             pack_mb=self.pack_mb,
             cluster_resolver=self.cluster_resolver,
+        )
+        parallel_mesh.check_flags(
+            model_parallel=self.model_parallel,
+            expert_parallel=self.expert_parallel,
+            spatial_partition=self.spatial_partition,
         )
         if not self.model_dir:
             raise UserError("--model_dir is required")

@@ -37,6 +37,7 @@ from mlperf_tf.benchmark import Benchmark, EvalPoint, RunContext
 from mlperf_tf.data.pipeline import translate_errors
 from mlperf_tf.errors import DataError, PeerError, UserError
 from mlperf_tf.mllog import MLPerfLogger
+from mlperf_tf.parallel import mesh as parallel_mesh
 from mlperf_tf.preemption import StopRequest
 from mlperf_tf.runner import actions as actions_lib
 from mlperf_tf.runner.actions import Action, EvalOutput, LoopOutput, RunEnd, Stop
@@ -420,11 +421,19 @@ class Controller:
         self._log_init_events()
         keras.utils.set_random_seed(cfg.seed)
         precision.set_policy(cfg.dtype)
+        mesh = parallel_mesh.build_mesh(
+            self.strategy.num_replicas_in_sync,
+            model_parallel=cfg.model_parallel,
+            expert_parallel=cfg.expert_parallel,
+            spatial_partition=cfg.spatial_partition,
+        )
+        parallel_mesh.check_supported(mesh, self.benchmark.name, self.benchmark.parallel_axes)
         context = RunContext(
             num_replicas=self.strategy.num_replicas_in_sync,
             seed=cfg.seed,
             skip_bad_records=cfg.skip_bad_records,
             static_shapes=distribute.needs_static_shapes(self.strategy, xla=cfg.xla),
+            mesh=mesh,
         )
         self.benchmark = self.benchmark.with_context(context)
         self._build_model()
@@ -514,7 +523,9 @@ class Controller:
         self.train_data = strategy.distribute_datasets_from_function(
             _train_dataset_fn(benchmark, cfg, self.step, self.data_watchdog)
         )
-        eval_data = strategy.distribute_datasets_from_function(benchmark.eval_dataset)
+        eval_data = strategy.distribute_datasets_from_function(
+            parallel_mesh.for_mesh(benchmark.eval_dataset, benchmark.mesh)
+        )
         parts = dict(strategy=strategy, benchmark=benchmark, model=self.model, xla=cfg.xla)
         self.trainer = self.trainer_class(optimizer=self.optimizer, **parts)
         self.trainer.stop_request = self.stop_request
@@ -547,6 +558,9 @@ def _train_dataset_fn(benchmark: Benchmark, run_config: RunConfig, start_step: i
     micro_batches = benchmark.config.gradient_accumulation_steps
 
     def dataset_fn(input_context: tf.distribute.InputContext):
+        # Replicas of one mesh group (spatial x model) read one batch: the benchmark's pipeline
+        # sees the batch shards as its replicas, and each batch goes to every group member.
+        input_context, repeats = parallel_mesh.mesh_input_context(input_context, benchmark.mesh)
         dataset = benchmark.train_dataset(input_context)
         if run_config.data_service:
             from mlperf_tf.data import service  # noqa: PLC0415 (only runs that use it pay)
@@ -559,7 +573,7 @@ def _train_dataset_fn(benchmark: Benchmark, run_config: RunConfig, start_step: i
         if start_step and run_config.resume_input == "skip":
             local_replicas = input_context.num_replicas_in_sync // input_context.num_input_pipelines
             dataset = dataset.skip(start_step * micro_batches * local_replicas)
-        return dataset
+        return parallel_mesh.repeat_for_group(dataset, repeats)
 
     return dataset_fn
 

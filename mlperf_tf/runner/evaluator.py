@@ -5,7 +5,11 @@ from __future__ import annotations
 import tensorflow as tf
 
 from mlperf_tf.benchmark import Benchmark
+from mlperf_tf.parallel import mesh as parallel_mesh
 from mlperf_tf.runner.trainer import replica_function
+
+# Prefix of the per-output masks that mark the rows of each mesh group's first replica.
+_LEADER = "__mesh_group_leader__/"
 
 
 class Evaluator:
@@ -36,11 +40,25 @@ class Evaluator:
     def _replica(self, batch):
         outputs = self.benchmark.eval_step(self.model, batch)
         # Scalars get a leading axis so that gathering concatenates one value per replica.
-        return {k: tf.reshape(v, [1]) if v.shape.rank == 0 else v for k, v in outputs.items()}
+        outputs = {k: tf.reshape(v, [1]) if v.shape.rank == 0 else v for k, v in outputs.items()}
+        group = self.benchmark.mesh.group_size
+        if group > 1:
+            # The replicas of a mesh group (spatial x model) evaluated the same batch: only the
+            # first of each group (ids are consecutive within a group) is counted on the host.
+            replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+            leader = tf.equal(tf.math.floormod(replica, group), 0)
+            for key in list(outputs):
+                outputs[_LEADER + key] = tf.fill(tf.shape(outputs[key])[:1], leader)
+        return outputs
 
     def _gathered_step(self, iterator):
         outputs = self.strategy.run(self._replica_eval, args=(next(iterator),))
-        return {k: self.strategy.gather(v, axis=0) for k, v in outputs.items()}
+        gathered = {k: self.strategy.gather(v, axis=0) for k, v in outputs.items()}
+        return {
+            k: tf.boolean_mask(v, gathered[_LEADER + k]) if _LEADER + k in gathered else v
+            for k, v in gathered.items()
+            if not k.startswith(_LEADER)
+        }
 
     def evaluate(self) -> float:
         """One pass over the eval set (host loop); the benchmark's `eval_result` of it."""
@@ -60,7 +78,9 @@ class Evaluator:
 def evaluate_only(benchmark: Benchmark, model) -> float:
     """Evaluates `model` on the benchmark's eval set on the default strategy (tests, tools)."""
     strategy = tf.distribute.get_strategy()
-    data = strategy.distribute_datasets_from_function(benchmark.eval_dataset)
+    data = strategy.distribute_datasets_from_function(
+        parallel_mesh.for_mesh(benchmark.eval_dataset, benchmark.mesh)
+    )
     return Evaluator(
         strategy=strategy, benchmark=benchmark, model=model, dataset=data, xla=False
     ).evaluate()

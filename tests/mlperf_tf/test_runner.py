@@ -15,6 +15,7 @@ from mlperf_logging.mllog import constants as C
 from mlperf_tf import config as config_lib
 from mlperf_tf import runner
 from mlperf_tf.benchmark import RunContext
+from mlperf_tf.parallel import DeviceMesh
 from tests.tiny_benchmark import TinyBenchmark, smoke, weights
 
 
@@ -313,7 +314,9 @@ def test_the_runner_binds_a_run_context_and_leaves_the_benchmark_alone(tmp_path)
                                   skip_bad_records=True)  # fmt: skip
     runner.run(benchmark, run_config, actions=[SeeBenchmark()])
     assert benchmark.context == RunContext()  # the caller's object is untouched
-    assert seen[0].context == RunContext(num_replicas=2, seed=7, skip_bad_records=True)
+    assert seen[0].context == RunContext(
+        num_replicas=2, seed=7, skip_bad_records=True, mesh=DeviceMesh(data=2)
+    )
     assert seen[0].config is benchmark.config
 
 

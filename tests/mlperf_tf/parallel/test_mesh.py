@@ -1,0 +1,119 @@
+"""Tests of the device mesh: coordinates, groups, the flags' checks and the input routing."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from mlperf_tf.data import synthetic
+from mlperf_tf.errors import UserError
+from mlperf_tf.parallel import mesh as mesh_lib
+from mlperf_tf.parallel.mesh import DeviceMesh
+
+
+def test_replica_ids_are_row_major_with_model_fastest():
+    mesh = DeviceMesh(data=2, expert=1, spatial=2, model=2)
+    assert mesh.size == 8
+    assert mesh.coords(0) == {"data": 0, "expert": 0, "spatial": 0, "model": 0}
+    assert mesh.coords(1) == {"data": 0, "expert": 0, "spatial": 0, "model": 1}
+    assert mesh.coords(2) == {"data": 0, "expert": 0, "spatial": 1, "model": 0}
+    assert mesh.coords(5) == {"data": 1, "expert": 0, "spatial": 0, "model": 1}
+    for replica in range(mesh.size):
+        assert mesh.replica(**mesh.coords(replica)) == replica
+
+
+def test_groups_vary_only_along_their_axes():
+    mesh = DeviceMesh(data=2, expert=2, model=2)
+    assert mesh.group(0, "model") == [0, 1]
+    assert mesh.group(3, "model") == [2, 3]
+    # The data-axis sum of a model shard: same model index, every data and expert index.
+    assert mesh.group(1, "data", "expert") == [1, 3, 5, 7]
+    assert mesh.group(6, "data") == [2, 6]
+    assert mesh.group(5) == [5]
+    assert [mesh.batch_shard(r) for r in range(8)] == [0, 0, 1, 1, 2, 2, 3, 3]
+    with pytest.raises(ValueError, match="unknown mesh axis 'pipeline'"):
+        mesh.group(0, "pipeline")
+
+
+def test_build_mesh_puts_the_rest_on_the_data_axis():
+    mesh = mesh_lib.build_mesh(8, model_parallel=2, expert_parallel=2)
+    assert mesh.shape == {"data": 2, "expert": 2, "spatial": 1, "model": 2}
+    tiles = mesh_lib.build_mesh(4, spatial_partition="2x2")
+    assert (tiles.spatial, tiles.spatial_rows, tiles.spatial_cols) == (4, 2, 2)
+    assert str(tiles) == "DeviceMesh(spatial=2x2)"
+    assert mesh_lib.build_mesh(4).shape == {"data": 4, "expert": 1, "spatial": 1, "model": 1}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (
+            {"model_parallel": 3},
+            r"--model_parallel=3 needs a multiple of 3 replicas; this run has 4",
+        ),
+        (
+            {"model_parallel": 2, "spatial_partition": "4"},
+            r"--model_parallel=2 x --spatial_partition=4 needs a multiple of 8 replicas",
+        ),
+        ({"model_parallel": 0}, r"--model_parallel \(0\) must be a positive integer"),
+        ({"expert_parallel": -2}, r"--expert_parallel \(-2\) must be a positive integer"),
+        ({"spatial_partition": "2x"}, r"--spatial_partition='2x' must be K or KxL"),
+        ({"spatial_partition": "nan"}, r"--spatial_partition='nan' must be K or KxL"),
+    ],
+)
+def test_bad_mesh_flags_are_one_line_errors(kwargs, message):
+    with pytest.raises(UserError, match=message) as raised:
+        mesh_lib.build_mesh(4, **kwargs)
+    assert "\n" not in str(raised.value)
+
+
+def test_a_benchmark_refuses_an_axis_it_does_not_declare():
+    mesh = DeviceMesh(data=2, model=2)
+    mesh_lib.check_supported(mesh, "bert", ("data", "model"))
+    with pytest.raises(UserError, match=r"--model_parallel: benchmark 'resnet50' does not support"):
+        mesh_lib.check_supported(mesh, "resnet50", ("data",))
+
+
+def _routed(mesh, pipelines, pipeline_id):
+    """Which batch shard each local replica of one pipeline receives."""
+    context = tf.distribute.InputContext(
+        num_input_pipelines=pipelines, input_pipeline_id=pipeline_id, num_replicas_in_sync=mesh.size
+    )
+    inner, repeats = mesh_lib.mesh_input_context(context, mesh)
+    local_shards = inner.num_replicas_in_sync // inner.num_input_pipelines
+    first = inner.input_pipeline_id * local_shards
+    # A pipeline that yields its shards' ids in turn, as a benchmark's pipeline yields batches.
+    dataset = tf.data.Dataset.range(first, first + local_shards).repeat()
+    dataset = mesh_lib.repeat_for_group(dataset, repeats)
+    local = mesh.size // pipelines
+    return [int(x) for x in dataset.take(local)]
+
+
+def test_replicas_of_a_group_read_one_batch_and_data_groups_differ():
+    mesh = DeviceMesh(data=2, model=2)  # one worker, 4 replicas
+    assert _routed(mesh, 1, 0) == [mesh.batch_shard(r) for r in range(4)] == [0, 0, 1, 1]
+    spatial = DeviceMesh(data=1, spatial=2, model=2)
+    assert _routed(spatial, 1, 0) == [0, 0, 0, 0]
+
+
+def test_a_model_group_across_workers_reads_the_same_batch_on_each():
+    mesh = DeviceMesh(data=2, model=2)  # 4 workers of one replica each: groups span workers
+    shards = [_routed(mesh, 4, worker)[0] for worker in range(4)]
+    assert shards == [mesh.batch_shard(r) for r in range(4)] == [0, 0, 1, 1]
+    wide = DeviceMesh(data=2, model=4)  # 2 workers of 4 replicas: whole groups on each
+    assert _routed(wide, 2, 0) == [0] * 4 and _routed(wide, 2, 1) == [1] * 4
+
+
+def test_synthetic_batches_differ_between_batch_shards_only():
+    def make(seed):
+        return tf.data.Dataset.from_tensors(tf.random.stateless_normal([3], [seed, 0])).repeat()
+
+    context = tf.distribute.InputContext(
+        num_input_pipelines=1, input_pipeline_id=0, num_replicas_in_sync=2
+    )
+    a, b, a_again = [
+        x.numpy() for x in synthetic.per_batch_shard(make, seed=7, input_context=context).take(3)
+    ]
+    assert not np.allclose(a, b)
+    np.testing.assert_array_equal(a, a_again)
+    alone = next(iter(synthetic.per_batch_shard(make, seed=7))).numpy()
+    np.testing.assert_array_equal(alone, a)  # shard 0 is what one replica trains on
