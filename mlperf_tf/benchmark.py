@@ -190,6 +190,12 @@ class Benchmark(abc.ABC):
         del num_replicas  # eval_batch_size is global; each replica gets eval_batch_size/replicas.
         return max(1, int(math.ceil(self.config.eval_examples / global_eval_batch)))
 
+    def parameter_count(self) -> int | None:
+        """The model's parameter count from its config alone, without building or allocating the
+        weights (an 8-billion-parameter model must be countable on a laptop); None where the
+        benchmark does not say (`mlperf-tf simulate` and `list` then leave it out)."""
+        return None
+
     @property
     def quality_target(self) -> float:
         """The eval value at which the run stops with status success."""
