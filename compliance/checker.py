@@ -586,6 +586,28 @@ def _check_choice(scan, choice: RulesetChoice, runner, **options) -> Report:
     )
 
 
+def _closed_division_problem(records, ruleset, benchmark, division, no_rules) -> Finding | None:
+    """A closed log whose settings the round's closed rules do not list (ResNet with K-FAC): the
+    official checker would crash looking for a rule file of that optimizer; say the rule."""
+    if division != "closed" or no_rules or not benchmark or ruleset == "0.6.0":
+        return None
+    opt_name = _first_value(records, "opt_name")
+    if not isinstance(opt_name, str):
+        return None
+    problem = rounds.closed_division_problem(ruleset, benchmark, {"opt_name": opt_name})
+    if problem is None:
+        return None
+    lines = tuple(r.line for r in records if r.key == "opt_name")[:1]
+    return Finding(
+        ERROR,
+        "suite",
+        "division",
+        f"{problem}; log it with submission_division open (`mlperf-tf run` picks open by "
+        "default for such runs)",
+        lines,
+    )
+
+
 def _judge(scan, ruleset, reason, runner, *, quality, strict, timeout, final=False) -> Report:
     """The Report of one log under one ruleset."""
     records = logfile.parse_records(scan, ruleset)
@@ -625,6 +647,9 @@ def _judge(scan, ruleset, reason, runner, *, quality, strict, timeout, final=Fal
                 tuple(r.line for r in records if r.key == C.SUBMISSION_BENCHMARK)[:1],
             )
         )
+    closed_problem = _closed_division_problem(records, ruleset, benchmark, division, no_rules)
+    if closed_problem:
+        first.append(closed_problem)
     # The official check runs in another process while this one runs the suite's checks.
     wait_official = runner.submit(
         scan, ruleset, timeout=timeout, skip_missing_rules=not_mlperf, final=final
@@ -655,7 +680,7 @@ def _judge(scan, ruleset, reason, runner, *, quality, strict, timeout, final=Fal
         result,
         scan.official_line_numbers(ruleset),
         quality,
-        hide_crash=no_rules,
+        hide_crash=no_rules or closed_problem is not None,
         foreign_benchmark=benchmark if not_mlperf else None,
     )
     findings += suite

@@ -83,7 +83,7 @@ def _run_command(argv: list[str], stderr_filter: console.StderrFilter | None = N
     from absl import logging as absl_logging
 
     from mlperf_tf import config as config_lib
-    from mlperf_tf import console, errors, paths, preemption, registry, runner
+    from mlperf_tf import console, errors, paths, preemption, registry, runlog, runner
     from mlperf_tf import flags as run_flags
     from mlperf_tf.errors import UserError
 
@@ -134,8 +134,15 @@ def _run_command(argv: list[str], stderr_filter: console.StderrFilter | None = N
         return _fail(str(e))
     stop_request = preemption.StopRequest()
     try:
-        with preemption.handle_stop_signals(stop_request):
+        with preemption.handle_stop_signals(
+            stop_request,
+            on_second=lambda name: preemption.stop_at_once(name, run_config.model_dir),
+            before_start=lambda name: preemption.stop_in_setup(name, run_config.model_dir),
+        ):
             result = runner.run(benchmark, run_config, stop_request=stop_request)
+    except runlog.RunFinished as e:
+        print(f"mlperf-tf: {e}", file=sys.stderr, flush=True)
+        return 0  # nothing started yet (no strategy, no TF threads)
     except (UserError, errors.PeerError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         code = errors.EXIT_PEER_FAILED if isinstance(e, errors.PeerError) else EXIT_USAGE

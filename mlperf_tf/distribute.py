@@ -24,6 +24,35 @@ DISTRIBUTIONS = ("auto", "tpu", "multi_worker", "mirrored", "one_device")
 CLUSTER_RESOLVERS = ("auto", "tf_config", "slurm", "kubernetes", "tpu")
 
 
+# Bounds of --num_cpu_devices: TF builds thread pools and a device object per logical device, so
+# 100,000 of them spent 10+ minutes in set-up here; a test needs a handful.
+CPU_DEVICES_PER_CORE = 16
+CPU_DEVICE_MEMORY_MB = 64
+
+
+def max_cpu_devices() -> int:
+    """The most logical CPU devices this host may be split into (per core and per memory)."""
+    cores = os.cpu_count() or 1
+    try:
+        memory_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
+    except (ValueError, OSError, AttributeError):  # not POSIX: bound by cores only
+        memory_mb = cores * CPU_DEVICES_PER_CORE * CPU_DEVICE_MEMORY_MB
+    return max(1, min(cores * CPU_DEVICES_PER_CORE, memory_mb // CPU_DEVICE_MEMORY_MB))
+
+
+def check_cpu_device_count(num_devices: int) -> None:
+    """Raises UserError unless `num_devices` is in [1, `max_cpu_devices()`] (no TF needed)."""
+    if isinstance(num_devices, bool) or not isinstance(num_devices, int) or num_devices <= 0:
+        raise UserError(f"--num_cpu_devices ({num_devices!r}) must be a positive integer.")
+    limit = max_cpu_devices()
+    if num_devices > limit:
+        raise UserError(
+            f"--num_cpu_devices={num_devices} is more than this host can hold ({limit}: "
+            f"{CPU_DEVICES_PER_CORE} per core of {os.cpu_count()}, one per "
+            f"{CPU_DEVICE_MEMORY_MB} MB of memory)"
+        )
+
+
 def split_cpu(num_devices: int) -> None:
     """Splits the host CPU into `num_devices` logical devices (for replica tests without GPUs).
 
@@ -32,8 +61,7 @@ def split_cpu(num_devices: int) -> None:
     Raises:
       UserError: `num_devices` is not positive, or TF was already initialized with fewer devices.
     """
-    if num_devices <= 0:
-        raise UserError(f"--num_cpu_devices ({num_devices}) must be a positive integer.")
+    check_cpu_device_count(num_devices)
     cpu = tf.config.list_physical_devices("CPU")[0]
     try:
         tf.config.set_logical_device_configuration(
@@ -107,6 +135,11 @@ def cluster_config(kind: str, *, port_base: int = 8888) -> dict:
     """
     resolvers = tf.distribute.cluster_resolver
     if kind == "tf_config":
+        if not os.environ.get("TF_CONFIG"):
+            raise UserError(
+                "--cluster_resolver=tf_config: TF_CONFIG is not set (it names the cluster and "
+                "this task); set it, or use --cluster_resolver=auto for a one-host run"
+            )
         return parse_tf_config()
     if kind == "slurm":
         if "SLURM_PROCID" not in os.environ:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import sys
 import threading
@@ -31,7 +32,7 @@ from collections.abc import Callable, Iterator
 import tensorflow as tf
 from absl import logging
 
-from mlperf_tf.errors import EXIT_KILLED_AT_ONCE
+from mlperf_tf.errors import EXIT_INTERRUPTED, EXIT_KILLED_AT_ONCE
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -50,6 +51,7 @@ class StopRequest:
         self._lock = threading.Lock()
         self._flag = None
         self._reclaim = None  # set by `handle_stop_signals`
+        self._armed = threading.Event()  # set when the first loop is built: a step can follow
         self.reason = ""
 
     def reclaim_signals(self) -> None:
@@ -79,6 +81,11 @@ class StopRequest:
                 self._flag.assign(0)
 
     @property
+    def armed(self) -> bool:
+        """Whether the compiled loop reads this flag yet (before that, no step can stop on it)."""
+        return self._armed.is_set()
+
+    @property
     def requested(self) -> bool:
         """This host's flag (host side; across workers use the loop's agreed `should_stop`)."""
         return self._event.is_set()
@@ -91,6 +98,7 @@ class StopRequest:
                         int(self._event.is_set()), dtype=tf.int32, trainable=False,
                         name="stop_request",
                     )  # fmt: skip
+                self._armed.set()
             return self._flag
 
     def should_stop(self, strategy: tf.distribute.Strategy | None = None) -> tf.Tensor:
@@ -122,13 +130,18 @@ def signal_name(signum: int) -> str:
 
 @contextlib.contextmanager
 def handle_stop_signals(
-    stop: StopRequest, *, on_second: Callable[[str], None] | None = None
+    stop: StopRequest,
+    *,
+    on_second: Callable[[str], None] | None = None,
+    before_start: Callable[[str], None] | None = None,
 ) -> Iterator[None]:
     """Turns SIGTERM/SIGINT into `stop.request(...)` while the block runs; restores handlers after.
 
     The first signal prints one line on stderr and sets the flag. A second one calls
     `on_second(name)` (default: print one line and `os._exit(EXIT_KILLED_AT_ONCE)`): the user asked
-    twice, so nothing more is saved.
+    twice, so nothing more is saved. A first signal that comes before the run's first loop is
+    built (`StopRequest.armed`: set-up, where no step boundary will come for minutes) calls
+    `before_start(name)` when given (the CLI's ends the process at once: nothing to save yet).
 
     Outside the main thread (signals can only be handled there) this does nothing.
     """
@@ -141,7 +154,10 @@ def handle_stop_signals(
     previous_fd = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
     on_second = on_second or _stop_at_once
     watcher = threading.Thread(
-        target=_watch, args=(read_end, stop, on_second), daemon=True, name="stop-signals"
+        target=_watch,
+        args=(read_end, stop, on_second, before_start),
+        daemon=True,
+        name="stop-signals",
     )
     watcher.start()
 
@@ -167,7 +183,12 @@ def _ignore_in_python(signum, frame) -> None:
     """Python-level handler: the watcher thread already acted on the signal's wakeup byte."""
 
 
-def _watch(read_end: int, stop: StopRequest, on_second: Callable[[str], None]) -> None:
+def _watch(
+    read_end: int,
+    stop: StopRequest,
+    on_second: Callable[[str], None],
+    before_start: Callable[[str], None] | None,
+) -> None:
     wanted = {int(s) for s in STOP_SIGNALS}
     seen = 0
     while True:
@@ -182,7 +203,9 @@ def _watch(read_end: int, stop: StopRequest, on_second: Callable[[str], None]) -
                 continue
             name = signal_name(signum)
             seen += 1
-            if seen == 1:
+            if seen == 1 and before_start is not None and not stop.armed:
+                before_start(name)
+            elif seen == 1:
                 stop.request(f"stopped by {name}")
                 print(
                     f"{name}: stopping at the next step boundary with a checkpoint "
@@ -197,8 +220,47 @@ def _watch(read_end: int, stop: StopRequest, on_second: Callable[[str], None]) -
 
 def _stop_at_once(name: str) -> None:
     print(
-        f"error: stopped at once by a second {name}; the last periodic checkpoint is kept",
+        f"error: stopped at once by a second {name}; nothing was saved since the last checkpoint",
         file=sys.stderr,
         flush=True,
     )
     os._exit(EXIT_KILLED_AT_ONCE)
+
+
+def last_checkpoint_words(model_dir: str) -> str:
+    """Names the newest checkpoint in `<model_dir>/ckpt` (its `.index` file), or says there is none.
+
+    Read from the folder, without TensorFlow: a signal handler thread calls it.
+    """
+    directory = os.path.join(model_dir, "ckpt")
+    steps = []
+    for name in os.listdir(directory) if os.path.isdir(directory) else ():
+        match = re.fullmatch(r"ckpt-(\d+)\.index", name)
+        if match:
+            steps.append(int(match.group(1)))
+    if not steps:
+        return "no checkpoint exists, so the same command starts again from step 0"
+    step = max(steps)
+    path = os.path.join(directory, f"ckpt-{step}")
+    return f"the checkpoint of step {step} ({path}) is kept: the same command resumes from it"
+
+
+def stop_at_once(name: str, model_dir: str) -> None:
+    """The CLI's second signal: one honest line naming what is kept, then exit 130."""
+    print(
+        f"error: stopped at once by a second {name}; {last_checkpoint_words(model_dir)}",
+        file=sys.stderr,
+        flush=True,
+    )
+    os._exit(EXIT_KILLED_AT_ONCE)
+
+
+def stop_in_setup(name: str, model_dir: str) -> None:
+    """The CLI's signal during set-up (no training loop yet): end at once, exit 3."""
+    print(
+        f"error: stopped by {name} during set-up, before the first step; nothing new to save: "
+        f"{last_checkpoint_words(model_dir)}",
+        file=sys.stderr,
+        flush=True,
+    )
+    os._exit(EXIT_INTERRUPTED)

@@ -212,6 +212,58 @@ def initialized_tensors(benchmark: str, ruleset: str) -> tuple[str, ...]:
     return ()
 
 
+@functools.cache
+def closed_allowed_values(ruleset: str, benchmark: str, key: str) -> tuple[Any, ...] | None:
+    """The values the round's closed rules allow for `key` of a `benchmark` log, or None.
+
+    Read from `closed_<benchmark>.yaml`: a `CHECK: " v['value'] in [...] "` of the key (ResNet's
+    `opt_name` in ['sgd', 'lars']). None when the rules do not restrict the key that way.
+    """
+    import ast
+
+    import yaml
+
+    path = os.path.join(rules_dir(), f"{USAGE}_{ruleset}", f"closed_{benchmark}.yaml")
+    if not re.fullmatch(r"[a-z0-9_]+", benchmark or "") or not os.path.isfile(path):
+        return None
+    with open(path) as handle:
+        entries = yaml.load(handle, Loader=yaml.BaseLoader) or []
+    for entry in entries:
+        rule = entry.get("KEY") if isinstance(entry, dict) else None
+        if not isinstance(rule, dict) or rule.get("NAME") != key:
+            continue
+        match = re.search(r"v\['value'\]\s+in\s+(\[[^\]]*\])", str(rule.get("CHECK", "")))
+        if match:
+            try:
+                return tuple(ast.literal_eval(match.group(1)))
+            except (ValueError, SyntaxError):
+                return None
+    return None
+
+
+def closed_division_problem(ruleset: str, benchmark: str, hparams: dict[str, Any]) -> str | None:
+    """Why a closed-division log of `benchmark` with these hparams breaks the round's rules.
+
+    Checks the keys whose allowed values the closed rules list (ResNet's `opt_name`: an optimizer
+    the closed division does not allow makes it an open-division run), and that some round has
+    the benchmark at all (`ruleset` ""). None: no such problem.
+    """
+    if not rounds_with(benchmark):
+        return f"no MLPerf round has benchmark {benchmark!r}: its logs belong to the open division"
+    for key in ("opt_name",):
+        if key not in hparams:
+            continue
+        allowed = closed_allowed_values(ruleset, benchmark, key)
+        if allowed is not None and hparams[key] not in allowed:
+            return (
+                f"the closed division of round {ruleset} allows {key} "
+                f"{' or '.join(repr(v) for v in allowed)} for {benchmark}, not "
+                f"{hparams[key]!r} ({USAGE}_{ruleset}/closed_{benchmark}.yaml): such a run "
+                "belongs to the open division"
+            )
+    return None
+
+
 def adapt_hparams(benchmark: str, ruleset: str, hparams: dict[str, Any]) -> dict[str, Any]:
     """The hyperparameter keys under the names `ruleset` uses, keeping their order.
 

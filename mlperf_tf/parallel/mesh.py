@@ -229,6 +229,25 @@ def build_mesh(
     )
 
 
+def check_flags_supported(
+    benchmark_name: str, supported: tuple[str, ...], *, model_parallel: int = 1,
+    expert_parallel: int = 1, spatial_partition: str = "1",
+) -> None:  # fmt: skip
+    """`check_supported` from the flags alone: before the strategy, the log or any set-up.
+
+    Raises:
+      UserError: one line naming the flag, the benchmark and the axes it supports.
+    """
+    rows, cols = parse_spatial(spatial_partition)
+    sizes = {"expert": expert_parallel, "spatial": rows * cols, "model": model_parallel}
+    for axis in AXES[1:]:
+        if sizes[axis] > 1 and axis not in supported:
+            raise UserError(
+                f"{AXIS_FLAGS[axis]}: benchmark '{benchmark_name}' does not support {axis} "
+                f"parallelism (it supports: {', '.join(supported)})"
+            )
+
+
 def check_supported(mesh: DeviceMesh, benchmark_name: str, supported: tuple[str, ...]) -> None:
     """Refuses a mesh axis the benchmark does not declare (`Benchmark.parallel_axes`).
 

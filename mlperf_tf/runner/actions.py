@@ -17,6 +17,7 @@ import tensorflow as tf
 from absl import logging
 from mlperf_logging.mllog import constants as C
 
+from mlperf_tf import runlog
 from mlperf_tf.benchmark import EvalPoint
 from mlperf_tf.mllog import MLPerfLogger
 from mlperf_tf.runner.config import StopCause
@@ -116,7 +117,11 @@ class MLPerfEvents(Action):
         self.mllog.end(C.EVAL_STOP, metadata=metadata)
 
     def at_end(self, end):
-        self.mllog.end(C.RUN_STOP, metadata={C.STATUS: end.stop.cause.status})
+        cause = end.stop.cause
+        if cause in (StopCause.TARGET_REACHED, StopCause.BUDGET_ENDED):
+            # Read by the next start of the same command: a finished run is not resumed.
+            self.mllog.comment(runlog.finished_note(cause.value, end.step, cause.status))
+        self.mllog.end(C.RUN_STOP, metadata={C.STATUS: cause.status})
 
 
 def format_eta(seconds: float) -> str:

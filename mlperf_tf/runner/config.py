@@ -8,18 +8,19 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 import os
 from typing import Any
 
 from mlperf_logging.mllog import constants as C
 
-from mlperf_tf import distribute, precision
+from mlperf_tf import distribute, precision, runlog
 from mlperf_tf.collectives import mesh as collectives_mesh
 from mlperf_tf.errors import UserError
 from mlperf_tf.parallel import mesh as parallel_mesh
 
 RESUME_INPUT_MODES = ("skip", "reseed")
-SUBMISSION_DIVISIONS = ("closed", "open")
+SUBMISSION_DIVISIONS = ("auto", "closed", "open")
 SUBMISSION_STATUSES = ("onprem", "cloud", "preview", "research")
 
 
@@ -47,12 +48,26 @@ class RunConfig:
     model_dir: str = setting(
         None, help="Folder for checkpoints (ckpt/), TensorBoard (tensorboard/) and the MLPerf log."
     )
-    mlperf_log: str = setting("", help="MLPerf log path ('' means <model_dir>/mlperf_log.txt).")
+    mlperf_log: str = setting(
+        "",
+        help="MLPerf log path ('' means <model_dir>/mlperf_log.txt; a folder: the log inside it). "
+        "Only an old log of this suite at that path is ever moved aside (to <log>.N).",
+    )
+    restart: bool = setting(
+        False,
+        help="Start a new run even though the log says this run finished: the old log and "
+        "checkpoints are kept as <log>.N and ckpt.N (without it, a finished run is not resumed).",
+    )
     distribution: str = setting(
         "auto", help="tf.distribute strategy.", choices=distribute.DISTRIBUTIONS
     )
     tpu: str = setting("", help="TPU name or address for TPUClusterResolver.")
-    num_cpu_devices: int = setting(0, help="Split the CPU into N logical devices (tests).")
+    num_cpu_devices: int = setting(
+        0,
+        help="Split the CPU into N logical devices (tests); at most "
+        f"{distribute.CPU_DEVICES_PER_CORE} per core and one per "
+        f"{distribute.CPU_DEVICE_MEMORY_MB} MB of memory.",
+    )
     dtype: str = setting("fp32", help="Compute precision.", choices=precision.DTYPES)
     xla: bool = setting(False, help="Compile the per-replica train and eval steps with XLA.")
     steps_per_loop: int = setting(
@@ -99,7 +114,10 @@ class RunConfig:
         factory=default_platform,
     )
     submission_division: str = setting(
-        "closed", help="MLPerf submission_division.", choices=SUBMISSION_DIVISIONS
+        "auto",
+        help="MLPerf submission_division (auto: closed, or open when the round's closed rules do "
+        "not allow the run's settings, e.g. a K-FAC, NLCG or Neumann optimizer for ResNet).",
+        choices=SUBMISSION_DIVISIONS,
     )
     submission_status: str = setting(
         "research", help="MLPerf submission_status.", choices=SUBMISSION_STATUSES
@@ -164,6 +182,7 @@ class RunConfig:
     )
 
     def __post_init__(self):
+        _check_numbers(self)
         collectives_mesh.check_settings(
             all_reduce=self.all_reduce,
             mesh=self.mesh,
@@ -177,23 +196,94 @@ class RunConfig:
         )
         if not self.model_dir:
             raise UserError("--model_dir is required")
-        for name in ("steps_per_loop", "max_checkpoints"):
-            if getattr(self, name) <= 0:
-                raise UserError(f"--{name} ({getattr(self, name)}) must be a positive integer.")
-        for name in ("checkpoint_every_loops", "max_train_steps", "num_cpu_devices",
-                     "checkpoint_every_minutes", "collective_timeout",
-                     "data_service_timeout_s"):  # fmt: skip
-            if getattr(self, name) < 0:
-                raise UserError(f"--{name} ({getattr(self, name)}) must not be negative.")
         for field in dataclasses.fields(self):
             choices = field.metadata.get("choices")
             value = getattr(self, field.name)
             if choices and value not in choices:
                 raise UserError(f"--{field.name}={value!r} is not one of {', '.join(choices)}")
+        if self.num_cpu_devices:
+            distribute.check_cpu_device_count(self.num_cpu_devices)
+        _check_no_effect(self)
+        runlog.resolve_path(self.mlperf_log, self.model_dir)  # a bad path fails before any work
 
     @property
     def mlperf_log_path(self) -> str:
-        return self.mlperf_log or os.path.join(self.model_dir, "mlperf_log.txt")
+        """The log file: `--mlperf_log` (inside it when it is a folder) or the default."""
+        return runlog.resolve_path(self.mlperf_log, self.model_dir)
+
+
+# Upper bounds of the numeric settings: beyond them a value means nothing on any system (steps
+# and counts are int32 inside the compiled loop; a year of seconds or minutes is "off" in
+# disguise). Lower bounds: `_POSITIVE` > 0, the rest >= 0.
+_MAX_COUNT = 2**31 - 1
+_MAX_SECONDS = 366 * 24 * 3600.0
+_BOUNDS = {
+    "steps_per_loop": _MAX_COUNT,
+    "checkpoint_every_loops": _MAX_COUNT,
+    "checkpoint_every_minutes": _MAX_SECONDS / 60,
+    "max_checkpoints": 10_000,
+    "seed": _MAX_COUNT,
+    "max_train_steps": _MAX_COUNT,
+    "data_service_timeout_s": _MAX_SECONDS,
+    "startup_timeout_s": _MAX_SECONDS,
+    "collective_timeout": _MAX_SECONDS,
+    "pack_mb": 1024.0 * 1024,
+    "slurm_port_base": 65535,
+    "model_parallel": 1 << 20,
+    "expert_parallel": 1 << 20,
+    "num_cpu_devices": 1 << 20,
+}
+_POSITIVE = ("steps_per_loop", "max_checkpoints", "startup_timeout_s", "slurm_port_base")
+
+
+def _check_numbers(config: RunConfig) -> None:
+    """Every numeric flag is finite and within its range; the message names the flag."""
+    for name, upper in _BOUNDS.items():
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise UserError(f"--{name}={value!r} must be a number")
+        if not math.isfinite(value):
+            raise UserError(f"--{name}={value!r} must be a finite number")
+        if name in _POSITIVE and value <= 0:
+            raise UserError(f"--{name} ({value}) must be positive.")
+        if value < 0:
+            raise UserError(f"--{name} ({value}) must not be negative.")
+        if value > upper:
+            raise UserError(f"--{name} ({value}) is too large (at most {upper:g})")
+
+
+def _check_no_effect(config: RunConfig) -> None:
+    """A setting that changes nothing in the chosen mode is an error, not silently ignored."""
+    keras_sum = config.all_reduce == "auto" and not config.pack_mb
+    if config.mesh and keras_sum and not config.weight_update_sharding:
+        raise UserError(
+            f"--mesh={config.mesh!r} has no effect with --all_reduce=auto (Keras' own sum): "
+            "pick --all_reduce=ring|hierarchical|torus2d, or drop --mesh"
+        )
+    defaults = {f.name: f.default for f in dataclasses.fields(RunConfig)}
+    if config.slurm_port_base != defaults["slurm_port_base"] and config.cluster_resolver not in (
+        "slurm",
+        "auto",
+    ):
+        raise UserError(
+            f"--slurm_port_base={config.slurm_port_base} has no effect with "
+            f"--cluster_resolver={config.cluster_resolver}"
+        )
+    changed_timeout = config.data_service_timeout_s != defaults["data_service_timeout_s"]
+    if changed_timeout and not config.data_service:
+        raise UserError(
+            f"--data_service_timeout_s={config.data_service_timeout_s:g} has no effect without "
+            "--data_service"
+        )
+    if config.tpu and config.distribution not in ("auto", "tpu"):
+        raise UserError(
+            f"--tpu={config.tpu!r} has no effect with --distribution={config.distribution}"
+        )
+    if config.num_cpu_devices and config.distribution in ("tpu", "one_device"):
+        raise UserError(
+            f"--num_cpu_devices={config.num_cpu_devices} has no effect with "
+            f"--distribution={config.distribution}"
+        )
 
 
 class StopCause(enum.Enum):

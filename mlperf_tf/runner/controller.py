@@ -32,6 +32,7 @@ from mlperf_tf import (
     precision,
     preemption,
     rounds,
+    runlog,
 )
 from mlperf_tf.benchmark import Benchmark, EvalPoint, RunContext
 from mlperf_tf.data.pipeline import translate_errors
@@ -69,7 +70,18 @@ def run(
     Raises:
       UserError: bad run settings, unreachable peers, or bad data reported by the benchmark.
     """
-    _resolve_ruleset(benchmark, run_config)  # a bad --ruleset fails before anything starts
+    ruleset = _resolve_ruleset(benchmark, run_config)  # a bad --ruleset fails before anything
+    run_config = _resolve_division(benchmark, run_config, ruleset)
+    parallel_mesh.check_flags_supported(
+        benchmark.name,
+        benchmark.parallel_axes,
+        model_parallel=run_config.model_parallel,
+        expert_parallel=run_config.expert_parallel,
+        spatial_partition=run_config.spatial_partition,
+    )
+    log_path = run_config.mlperf_log_path
+    # A finished run is not resumed, and no file but an old log of this suite is ever moved.
+    runlog.check_before_start(log_path, model_dir=run_config.model_dir, restart=run_config.restart)
     strategy = distribute.resolve_strategy(
         run_config.distribution,
         tpu=run_config.tpu,
@@ -84,8 +96,12 @@ def run(
     chief = distribute.is_chief(strategy)
     checkpoints.check_model_dir(run_config.model_dir)
     if chief:
-        _keep_previous_log(run_config.mlperf_log_path)
-    mllog = MLPerfLogger(run_config.mlperf_log_path, enabled=chief, echo=run_config.echo_mlperf_log)
+        kept = runlog.keep_previous(
+            log_path, model_dir=run_config.model_dir, restart=run_config.restart
+        )
+        if kept:
+            logging.info("Kept the previous MLPerf log as %s", kept)
+    mllog = MLPerfLogger(log_path, enabled=chief, echo=run_config.echo_mlperf_log)
     try:
         controller = Controller(
             benchmark=benchmark,
@@ -101,23 +117,32 @@ def run(
         mllog.close()
 
 
+def _resolve_division(benchmark: Benchmark, run_config: RunConfig, ruleset: str) -> RunConfig:
+    """`run_config` with its division decided: a run the closed rules forbid is open (auto) or
+    refused (closed), never a closed log that `check` must fail.
+
+    Raises:
+      UserError: `--submission_division=closed` for a run the round's closed rules do not allow.
+    """
+    problem = rounds.closed_division_problem(
+        ruleset, benchmark.mlperf_benchmark, benchmark.mlperf_hparams()
+    )
+    if problem and run_config.submission_division == "closed":
+        raise UserError(f"--submission_division=closed: {problem}; use open (or auto)")
+    if run_config.submission_division != "auto":
+        return run_config
+    if problem:
+        logging.info("submission_division open: %s", problem)
+    division = "open" if problem else "closed"
+    return dataclasses.replace(run_config, submission_division=division)
+
+
 def _resolve_ruleset(benchmark: Benchmark, run_config: RunConfig) -> str:
     """The MLPerf round the log follows (`--ruleset`, default the newest with the benchmark)."""
     try:
         return rounds.resolve_ruleset(benchmark.mlperf_benchmark, run_config.ruleset)
     except ValueError as error:
         raise UserError(f"--ruleset: {error}") from None
-
-
-def _keep_previous_log(log_path: str) -> None:
-    # A restarted run writes a fresh log; the old one is kept, never overwritten.
-    if not (os.path.exists(log_path) and os.path.getsize(log_path)):
-        return
-    index = 1
-    while os.path.exists(f"{log_path}.{index}"):
-        index += 1
-    os.replace(log_path, f"{log_path}.{index}")
-    logging.info("Kept the previous MLPerf log as %s.%d", log_path, index)
 
 
 class Controller:

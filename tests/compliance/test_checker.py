@@ -636,3 +636,22 @@ def test_the_checks_address_space_limit_is_counted_beyond_what_the_process_maps(
     limit = official_worker.address_space_limit(1 << 30)
     assert limit - (1 << 30) >= mapped * 0.9  # what is mapped now (it may grow a little)
     assert limit - (1 << 30) <= mapped * 1.1 + (64 << 20)
+
+
+@pytest.mark.parametrize("optimizer", ["kfac", "nlcg", "neumann"])
+def test_a_closed_log_with_an_optimizer_the_rules_forbid_is_explained_not_a_crash(
+    tmp_path, optimizer
+):
+    """closed_resnet.yaml allows opt_name sgd or lars and then loads closed_resnet_<opt>.yaml,
+    which does not exist for K-FAC: the verdict stays FAIL, the reason is the rule."""
+    records = _replace(logs.resnet_records(optimizer="sgd"), "opt_name", optimizer)
+    report = checker.check_log(logs.write_log(tmp_path / "log.txt", records), ruleset="1.0.0")
+    assert not report.passed
+    (finding,) = [f for f in report.errors if f.check == "division"]
+    assert f"not '{optimizer}'" in finding.message and "open division" in finding.message
+    assert "'sgd' or 'lars'" in finding.message
+    assert not any("crashed" in f.message for f in report.errors), report.format_text()
+    # The same log in the open division has no such finding.
+    records = _replace(records, "submission_division", "open")
+    report = checker.check_log(logs.write_log(tmp_path / "open.txt", records), ruleset="1.0.0")
+    assert not [f for f in report.findings if f.check == "division"]
