@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import glob
 import json
+import math
 import os
 import re
 import sys
@@ -31,13 +32,17 @@ class _Parser(argparse.ArgumentParser):
         raise UserError(f"{self.prog}: {message}")
 
 
+_MOST = 1e9  # seconds, MiB or KiB: beyond it a limit means nothing (time_t overflows at 1e30)
+_MOST_JOBS = 1024
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    if not 1 <= value <= _MOST_JOBS:
+        raise argparse.ArgumentTypeError(f"{text!r} must be in [1, {_MOST_JOBS}]")
     return value
 
 
@@ -46,8 +51,8 @@ def _positive_float(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
+    if not (math.isfinite(value) and 0 < value <= _MOST):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive number (at most {_MOST:g})")
     return value
 
 
@@ -243,6 +248,8 @@ def _run_score(args: argparse.Namespace) -> int:
 def _run_report(args: argparse.Namespace) -> int:
     from compliance import report
 
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise UserError(f"--out {args.out!r} is a file, not a folder")
     written = report.write_reports(args.logs, args.out, jobs=args.jobs, **_check_kwargs(args))
     for item in written:
         if isinstance(item, UserError):

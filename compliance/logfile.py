@@ -128,7 +128,7 @@ def _open_checked(path: str):
     try:
         info = os.stat(path)
     except FileNotFoundError:
-        raise UserError(f"{path}: no such file") from None
+        raise UserError(f"{path}: does not exist") from None
     except OSError as error:
         raise UserError(f"{path}: cannot read: {error.strerror or error}") from None
     if stat.S_ISDIR(info.st_mode):

@@ -343,6 +343,10 @@ def write_reports(
         if isinstance(report, UserError):
             results.append(report)
             continue
+        empty = [f for f in report.findings if f.check == "empty"]
+        if empty:  # nothing to plot: an error, as `check` fails it, and no files written
+            results.append(UserError(f"{path}: {empty[0].message}"))
+            continue
         try:
             results.append(_write(path, report, out_dir, stem))
         except UserError as error:

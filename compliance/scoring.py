@@ -361,6 +361,8 @@ def result_files(directory: str) -> list[str]:
     Raises:
       UserError: not a directory, or no log in it.
     """
+    if not os.path.exists(directory):
+        raise UserError(f"{directory}: does not exist (score takes a result directory)")
     if not os.path.isdir(directory):
         raise UserError(f"{directory}: not a directory (score takes a result directory)")
     files = sorted(glob.glob(os.path.join(glob.escape(directory), "result_*.txt")))

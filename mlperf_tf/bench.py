@@ -50,6 +50,12 @@ SHARED_RUN_SETTINGS = (
 MATMUL_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
+# Upper bounds of the counts: beyond them a measurement would run for days.
+_MOST = {"warmup_steps": 100_000, "windows": 10_000, "steps_per_window": 1_000_000,
+         "input_batches": 1_000_000}  # fmt: skip
+_MOST_PEAK_SECONDS = 3600.0
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class BenchConfig:
     """What `mlperf-tf bench` measures and how long (each field is a flag of the same name)."""
@@ -70,12 +76,16 @@ class BenchConfig:
     def __post_init__(self):
         if not self.benchmark:
             raise UserError("--benchmark is required (see `mlperf-tf list`)")
-        for name in ("warmup_steps", "windows", "steps_per_window", "input_batches"):
+        for name, most in _MOST.items():
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise UserError(f"--{name} ({value!r}) must be a positive integer.")
-        if not self.peak_seconds >= 0:
-            raise UserError(f"--peak_seconds ({self.peak_seconds!r}) must not be negative.")
+            if value > most:
+                raise UserError(f"--{name} ({value}) is too large (at most {most:,})")
+        if not 0 <= self.peak_seconds <= _MOST_PEAK_SECONDS:
+            raise UserError(
+                f"--peak_seconds ({self.peak_seconds!r}) must be in [0, {_MOST_PEAK_SECONDS:g}]"
+            )
 
 
 @dataclasses.dataclass
@@ -224,6 +234,23 @@ def input_rate(benchmark, *, batches: int, num_replicas: int) -> float:
     return samples / (time.perf_counter() - begin)
 
 
+def benchmark_config(config: BenchConfig, overrides: dict[str, str]):
+    """(benchmark class, its preset's config with `overrides`) of a bench, TF not needed.
+
+    Raises:
+      UserError: an unknown benchmark, preset or config key, or a bad config value.
+    """
+    from mlperf_tf import config as config_lib
+    from mlperf_tf import registry
+
+    benchmark_class = registry.get(config.benchmark)
+    try:
+        preset = benchmark_class.preset(config.preset)
+    except KeyError as e:
+        raise UserError(e.args[0]) from None
+    return benchmark_class, config_lib.override(preset, overrides)
+
+
 def run(config: BenchConfig, run_settings: dict[str, Any], overrides: dict[str, str]):
     """Measures `config.benchmark`; prints a progress line per window; returns a `BenchResult`.
 
@@ -239,19 +266,13 @@ def run(config: BenchConfig, run_settings: dict[str, Any], overrides: dict[str, 
     import keras
     import tensorflow as tf
 
-    from mlperf_tf import config as config_lib
-    from mlperf_tf import distribute, precision, registry
+    from mlperf_tf import distribute, precision
     from mlperf_tf.benchmark import RunContext
     from mlperf_tf.runner import Trainer
 
     progress = sys.stderr if config.json else sys.stdout
     load_before = os.getloadavg()[0]
-    benchmark_class = registry.get(config.benchmark)
-    try:
-        preset = benchmark_class.preset(config.preset)
-    except KeyError as e:
-        raise UserError(e.args[0]) from None
-    real_config = config_lib.override(preset, overrides)
+    benchmark_class, real_config = benchmark_config(config, overrides)
     synthetic_config = dataclasses.replace(real_config, data_dir="")
     strategy = distribute.resolve_strategy(
         run_settings["distribution"],
@@ -365,7 +386,7 @@ def _define_flags(flag_values: flags.FlagValues) -> None:
 
 def main(argv: list[str]) -> int:
     """`mlperf-tf bench ARGS`: returns the exit code (2 with a one-line error on bad input)."""
-    from mlperf_tf.cli import split_config_overrides
+    from mlperf_tf.config import split_config_overrides
 
     try:
         argv, overrides = split_config_overrides(argv)
@@ -386,6 +407,7 @@ def main(argv: list[str]) -> int:
     config = BenchConfig(**{f.name: values[f.name] for f in dataclasses.fields(BenchConfig)})
     run_settings = {name: values[name] for name in SHARED_RUN_SETTINGS}
     RunConfig(model_dir="unused", **run_settings)  # the run flags' own checks (choices, signs)
+    benchmark_config(config, overrides)  # a bad preset or config value fails before TF starts
     result = run(config, run_settings, overrides)
     if config.json:
         print(json.dumps(dataclasses.asdict(result), allow_nan=False))

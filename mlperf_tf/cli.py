@@ -1,4 +1,5 @@
-"""Provides the `mlperf-tf` command: run, list, prepare, check, score, report, data-service, sweep.
+"""Provides the `mlperf-tf` command: run, bench, list, prepare, check, score, report, data-service,
+sweep, simulate.
 
 Bad input (an unknown benchmark, preset, flag or config key, a missing data folder, an unreachable
 peer) is one line on stderr, `error: ...`, and exit code 2.
@@ -17,7 +18,8 @@ USAGE = """usage: mlperf-tf COMMAND [ARGS]
 
 commands:
   run --benchmark=NAME --preset=smoke|mini|mlperf --model_dir=DIR [--config.KEY=VALUE ...]
-                        train a benchmark; prints where its MLPerf log is (--helpfull: all flags)
+                        train a benchmark; prints where its MLPerf log is (--helpfull: all flags;
+                        --helpconfig: the config keys; --restart: a new run where one finished)
   bench --benchmark=NAME [--preset=mlperf] [--distribution=D] [--dtype=fp32] [--xla] [--json]
                         steady-state training throughput (and MFU) on synthetic data
   list                  registered benchmarks and their presets
@@ -29,7 +31,8 @@ commands:
                         plots and a summary per run
   data-service --port P --workers N [--dispatcher grpc://HOST:PORT]
                         start a tf.data service dispatcher and N workers (or workers
-                        that join a running dispatcher)
+                        that join a running dispatcher); it listens on every interface without
+                        authentication: run it on a private network or behind a firewall
   sweep --benchmark=NAME --preset=P --out=DIR [--optimizers=..] [--batch_sizes=..] [--grid.KEY=..]
                         a resumable grid of runs; one table and plots (`mlperf-tf sweep --help`)
   simulate --benchmark=NAME --system=SYSTEM --chips=N [--json] [--plot PNG]
@@ -64,20 +67,6 @@ def _set_fast_cpu_defaults() -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
-def split_config_overrides(argv: list[str]) -> tuple[list[str], dict[str, str]]:
-    """Separates `--config.a.b=value` arguments (typed config overrides) from absl flags."""
-    rest, overrides = [], {}
-    for arg in argv:
-        if arg.startswith("--config."):
-            key, sep, value = arg[len("--config.") :].partition("=")
-            if not sep or not key:
-                raise ValueError(f"config override {arg!r} must look like --config.key=value")
-            overrides[key] = value
-        else:
-            rest.append(arg)
-    return rest, overrides
-
-
 def _run_command(argv: list[str], stderr_filter: console.StderrFilter | None = None) -> int:
     from absl import flags
     from absl import logging as absl_logging
@@ -88,7 +77,7 @@ def _run_command(argv: list[str], stderr_filter: console.StderrFilter | None = N
     from mlperf_tf.errors import UserError
 
     try:
-        argv, overrides = split_config_overrides(argv)
+        argv, overrides = config_lib.split_config_overrides(argv)
     except ValueError as e:
         return _fail(str(e))
     run_flags.define_flags()
@@ -97,7 +86,10 @@ def _run_command(argv: list[str], stderr_filter: console.StderrFilter | None = N
         print("usage: mlperf-tf run --benchmark=NAME [--preset=P] --model_dir=DIR [flags]\n")
         print(FLAGS.module_help(run_flags))
         print("\n  --config.KEY=VALUE: override a field of the benchmark's config (typed)")
+        print("  --helpconfig: list the config keys of --benchmark (and --preset) with values")
         return 0
+    help_config = "--helpconfig" in argv
+    argv = [arg for arg in argv if arg != "--helpconfig"]
     FLAGS.unparse_flags()  # a second `run` in one process starts from the defaults
     try:
         FLAGS(["mlperf-tf run", *argv])
@@ -109,6 +101,11 @@ def _run_command(argv: list[str], stderr_filter: console.StderrFilter | None = N
         console.drop_library_info(absl_logging.get_absl_handler())
     if not FLAGS.benchmark:
         return _fail("--benchmark is required (see `mlperf-tf list`)")
+    if help_config:
+        try:
+            return _print_config_keys(FLAGS.benchmark, FLAGS.preset, overrides)
+        except UserError as e:
+            return _fail(str(e))
     if not FLAGS.model_dir:
         return _fail("--model_dir is required")
     try:
@@ -130,8 +127,12 @@ def _run_command(argv: list[str], stderr_filter: console.StderrFilter | None = N
             raise UserError(f"data_dir {config.data_dir!r} is not a readable folder")
         run_config = run_flags.run_config_from_flags()
         benchmark = benchmark_class(config)  # the runner binds the run's RunContext
+        runner.preflight(benchmark, run_config)  # bad input fails here, before any set-up
     except UserError as e:
         return _fail(str(e))
+    except runlog.RunFinished as e:
+        print(f"mlperf-tf: {e}", file=sys.stderr, flush=True)
+        return 0
     stop_request = preemption.StopRequest()
     try:
         with preemption.handle_stop_signals(
@@ -140,9 +141,6 @@ def _run_command(argv: list[str], stderr_filter: console.StderrFilter | None = N
             before_start=lambda name: preemption.stop_in_setup(name, run_config.model_dir),
         ):
             result = runner.run(benchmark, run_config, stop_request=stop_request)
-    except runlog.RunFinished as e:
-        print(f"mlperf-tf: {e}", file=sys.stderr, flush=True)
-        return 0  # nothing started yet (no strategy, no TF threads)
     except (UserError, errors.PeerError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         code = errors.EXIT_PEER_FAILED if isinstance(e, errors.PeerError) else EXIT_USAGE
@@ -160,6 +158,32 @@ def _run_command(argv: list[str], stderr_filter: console.StderrFilter | None = N
         )
         return errors.EXIT_INTERRUPTED
     return errors.EXIT_NON_FINITE if result.cause is runner.StopCause.NON_FINITE_LOSS else 0
+
+
+def _print_config_keys(benchmark: str, preset: str, overrides: dict[str, str]) -> int:
+    """`run --benchmark=NAME --helpconfig`: every `--config.KEY` of the preset, its type and value."""
+    import typing
+
+    from mlperf_tf import config as config_lib
+    from mlperf_tf import registry
+    from mlperf_tf.errors import UserError
+
+    benchmark_class = registry.get(benchmark)
+    try:
+        config = benchmark_class.preset(preset)
+    except KeyError as e:
+        raise UserError(e.args[0]) from None
+    config = config_lib.override(config, overrides)
+    print(f"config keys of {benchmark} (preset {preset}); set one with --config.KEY=VALUE:")
+    for key, value in config_lib.field_paths(config).items():
+        owner = config
+        *parents, name = key.split(".")
+        for part in parents:
+            owner = getattr(owner, part)
+        annotation = typing.get_type_hints(type(owner)).get(name)
+        kind = getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
+        print(f"  {key:44s} {kind:16s} {value!r}")
+    return 0
 
 
 def _list_command(argv: list[str]) -> int:

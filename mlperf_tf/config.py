@@ -18,8 +18,14 @@ class ConfigError(UserError, ValueError):
 
 def require_positive_int(name: str, value: Any) -> None:
     """Raises ConfigError naming the field unless `value` is an int >= 1 (bools are not ints here)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_INT:
         raise ConfigError(f"`{name}` ({value!r}) must be a positive integer.")
+
+
+# Beyond these a config value means nothing on any system: counts and sizes are int32 in the
+# compiled loops, and a float of 1e12 epochs, steps or seconds is "forever" in disguise.
+MAX_INT = 2**31 - 1
+MAX_NUMBER = 1e12
 
 
 def require(
@@ -47,10 +53,26 @@ def require(
       ConfigError: the first field that breaks its rule, named with its value.
     """
     rules = (
-        (positive_int, lambda v: _is_int(v) and v >= 1, "a positive integer"),
-        (non_negative_int, lambda v: _is_int(v) and v >= 0, "a non-negative integer"),
-        (positive, lambda v: _is_number(v) and v > 0, "positive"),
-        (non_negative, lambda v: _is_number(v) and v >= 0, "non-negative"),
+        (
+            positive_int,
+            lambda v: _is_int(v) and 1 <= v <= MAX_INT,
+            f"a positive integer (at most {MAX_INT})",
+        ),
+        (
+            non_negative_int,
+            lambda v: _is_int(v) and 0 <= v <= MAX_INT,
+            f"a non-negative integer (at most {MAX_INT})",
+        ),
+        (
+            positive,
+            lambda v: _is_number(v) and 0 < v <= MAX_NUMBER,
+            f"positive (at most {MAX_NUMBER:g})",
+        ),
+        (
+            non_negative,
+            lambda v: _is_number(v) and 0 <= v <= MAX_NUMBER,
+            f"non-negative (at most {MAX_NUMBER:g})",
+        ),
         (fraction, lambda v: _is_number(v) and 0 <= v < 1, "in [0, 1)"),
     )
     for names, ok, what in rules:
@@ -104,6 +126,10 @@ class BenchmarkConfig:
     gradient_clip_norm: float = 0.0
 
     def __post_init__(self):
+        if not _is_number(self.quality_target):
+            raise ConfigError(
+                f"`quality_target` ({self.quality_target!r}) must be a finite number."
+            )
         require(
             self,
             positive_int=(
@@ -203,6 +229,24 @@ def parse_value(text: str, annotation, key: str) -> Any:
     raise ConfigError(
         f"config key '{key}' has type {annotation!r}, which cannot be set from a flag"
     )
+
+
+def split_config_overrides(argv: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+    """Separates `--config.a.b=value` arguments (typed config overrides) from the other flags.
+
+    Raises:
+      ValueError: an argument starts with `--config.` but has no key or no `=value`.
+    """
+    rest, overrides = [], {}
+    for arg in argv:
+        if arg.startswith("--config."):
+            key, sep, value = arg[len("--config.") :].partition("=")
+            if not sep or not key:
+                raise ValueError(f"config override {arg!r} must look like --config.key=value")
+            overrides[key] = value
+        else:
+            rest.append(arg)
+    return rest, overrides
 
 
 def override(config: Any, overrides: dict[str, str]) -> Any:

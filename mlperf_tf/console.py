@@ -109,9 +109,15 @@ class DropLibraryInfo(logging.Filter):
 
 
 def drop_library_info(handler: logging.Handler) -> None:
-    """Adds `DropLibraryInfo` to `handler` once (a second `run` in one process adds nothing)."""
-    if not any(isinstance(f, DropLibraryInfo) for f in handler.filters):
-        handler.addFilter(DropLibraryInfo())
+    """Adds `DropLibraryInfo` to `handler` and to TF's own logger, once each.
+
+    TF's logger may carry its own handler (mirrored runs printed "Reduce to ... then broadcast
+    to ..." through it), so the filter sits on that logger too. A second `run` in one process
+    adds nothing.
+    """
+    for target in (handler, logging.getLogger("tensorflow")):
+        if not any(isinstance(f, DropLibraryInfo) for f in target.filters):
+            target.addFilter(DropLibraryInfo())
 
 
 def quiet_stderr(argv: list[str]) -> StderrFilter | None:

@@ -122,6 +122,19 @@ def pick_cluster_resolver(kind: str = "auto", *, tpu: str = "") -> str:
     return ""
 
 
+def check_resolver_environment(cluster_resolver: str) -> None:
+    """Raises UserError when an explicitly named resolver lacks what it reads (no TF needed)."""
+    if cluster_resolver == "tf_config" and not os.environ.get("TF_CONFIG"):
+        raise UserError(
+            "--cluster_resolver=tf_config: TF_CONFIG is not set (it names the cluster and this "
+            "task); set it, or use --cluster_resolver=auto for a one-host run"
+        )
+    if cluster_resolver == "slurm" and "SLURM_PROCID" not in os.environ:
+        raise UserError("--cluster_resolver=slurm: SLURM_PROCID is not set (run under srun)")
+    if cluster_resolver == "tf_config":
+        parse_tf_config()  # a TF_CONFIG that is not JSON fails here
+
+
 def cluster_config(kind: str, *, port_base: int = 8888) -> dict:
     """The cluster of this task as a TF_CONFIG-shaped dict, from TF's own resolver of `kind`.
 
@@ -135,11 +148,7 @@ def cluster_config(kind: str, *, port_base: int = 8888) -> dict:
     """
     resolvers = tf.distribute.cluster_resolver
     if kind == "tf_config":
-        if not os.environ.get("TF_CONFIG"):
-            raise UserError(
-                "--cluster_resolver=tf_config: TF_CONFIG is not set (it names the cluster and "
-                "this task); set it, or use --cluster_resolver=auto for a one-host run"
-            )
+        check_resolver_environment(kind)
         return parse_tf_config()
     if kind == "slurm":
         if "SLURM_PROCID" not in os.environ:

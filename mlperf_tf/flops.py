@@ -273,14 +273,23 @@ def build_cache(names: list[str] | None = None) -> dict[str, dict[str, dict[str,
 
 
 def main(argv: list[str]) -> int:
-    """`python -m mlperf_tf.flops [--write] [NAME...]`: prints (or writes) the FLOPs cache."""
+    """`python -m mlperf_tf.flops [--write [--builtin]] [NAME...]`: prints (or writes) FLOPs.
+
+    `--write` adds the counts to the user's cache (`$MLPERF_TF_DATA/flops.json`), which
+    `mlperf-tf simulate` reads after the committed one; `--builtin` writes the committed cache
+    instead (the suite's own benchmarks, for maintainers).
+    """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     write = "--write" in argv
     names = [a for a in argv if not a.startswith("--")]
     table = build_cache(names or None)
     text = json.dumps(table, indent=2, sort_keys=True) + "\n"
     if write:
-        path = cache_path()
+        # The committed cache is the suite's; a user's counts (plug-in benchmarks) go to the
+        # user cache, which `simulate` reads too: no one edits a file inside the package.
+        from mlperf_tf import paths
+
+        path = cache_path() if "--builtin" in argv else paths.user_flops_cache()
         existing = {}
         if os.path.exists(path):
             with open(path, encoding="utf-8") as f:

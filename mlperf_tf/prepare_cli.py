@@ -9,6 +9,7 @@ input, and ends with `module_main(main)`. So `mlperf-tf prepare NAME ...` and
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
@@ -17,10 +18,33 @@ from mlperf_tf.errors import UserError
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """An argparse parser whose errors (a missing or malformed flag) are `UserError`s."""
+    """An argparse parser whose errors (a missing or malformed flag) are `UserError`s.
+
+    A parsed `--out_dir` is checked before any work: a file, or a folder under a file, is an error.
+    """
 
     def error(self, message: str) -> NoReturn:
         raise UserError(message)
+
+    def parse_args(self, args=None, namespace=None):  # noqa: D102 - argparse's, plus the check
+        parsed = super().parse_args(args, namespace)
+        if getattr(parsed, "out_dir", None):
+            check_out_dir(parsed.out_dir)
+        return parsed
+
+
+def check_out_dir(path: str) -> None:
+    """Raises UserError when `path` cannot become a folder: it, or a folder above it, is a file."""
+    probe = os.path.abspath(path)
+    while probe and not os.path.exists(probe):
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            break
+        probe = parent
+    if os.path.exists(probe) and not os.path.isdir(probe):
+        raise UserError(f"--out_dir {path!r}: {probe!r} is a file, not a folder")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise UserError(f"--out_dir {path!r}: the folder {probe!r} is not writable")
 
 
 def parser(name: str, description: str, *, mini_help: str) -> ArgumentParser:
@@ -37,12 +61,17 @@ def parser(name: str, description: str, *, mini_help: str) -> ArgumentParser:
     return result
 
 
-def require_positive(args: argparse.Namespace, names: Sequence[str]) -> None:
-    """Raises UserError naming the first of `names` whose value is not a positive integer."""
+# The most shards, workers or vocabulary entries a conversion may ask for: beyond it a value
+# means nothing (and would spin up that many files or processes).
+MOST = 1_000_000
+
+
+def require_positive(args: argparse.Namespace, names: Sequence[str], *, most: int = MOST) -> None:
+    """Raises UserError naming the first of `names` whose value is not an integer in [1, most]."""
     for name in names:
         value = getattr(args, name)
-        if value is not None and value < 1:
-            raise UserError(f"--{name} ({value}) must be a positive integer")
+        if value is not None and not 1 <= value <= most:
+            raise UserError(f"--{name} ({value}) must be a positive integer (at most {most:,})")
 
 
 def module_main(main: Callable[[list[str]], int | None]) -> NoReturn:

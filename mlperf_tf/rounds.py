@@ -221,18 +221,13 @@ def closed_allowed_values(ruleset: str, benchmark: str, key: str) -> tuple[Any, 
     """
     import ast
 
-    import yaml
-
-    path = os.path.join(rules_dir(), f"{USAGE}_{ruleset}", f"closed_{benchmark}.yaml")
-    if not re.fullmatch(r"[a-z0-9_]+", benchmark or "") or not os.path.isfile(path):
+    if not re.fullmatch(r"[a-z0-9_]+", benchmark or ""):
         return None
-    with open(path) as handle:
-        entries = yaml.load(handle, Loader=yaml.BaseLoader) or []
-    for entry in entries:
-        rule = entry.get("KEY") if isinstance(entry, dict) else None
-        if not isinstance(rule, dict) or rule.get("NAME") != key:
+    # Read as text (no YAML parser: `check` keeps its process light): one entry per "- KEY:".
+    for entry in re.split(r"^- ", rule_text(ruleset, f"closed_{benchmark}.yaml"), flags=re.M):
+        if not re.search(rf"^\s+NAME:\s*{re.escape(key)}\s*$", entry, flags=re.M):
             continue
-        match = re.search(r"v\['value'\]\s+in\s+(\[[^\]]*\])", str(rule.get("CHECK", "")))
+        match = re.search(r"CHECK:.*v\['value'\]\s+in\s+(\[[^\]]*\])", entry)
         if match:
             try:
                 return tuple(ast.literal_eval(match.group(1)))

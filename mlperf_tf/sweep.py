@@ -33,6 +33,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from mlperf_tf.config import MAX_INT, MAX_NUMBER
 from mlperf_tf.errors import UserError
 
 LR_RULES = ("linear", "sqrt", "own")
@@ -146,10 +147,17 @@ class SweepSpec:
                 raise UserError(
                     f"--lr_rule: {name}:{rule} names no rule (rules: {', '.join(LR_RULES)})"
                 )
-        if any(b < 0 for b in self.batch_sizes):
-            raise UserError(f"--batch_sizes ({self.batch_sizes}) must be positive")
-        if self.epochs < 0:
-            raise UserError(f"--epochs ({self.epochs}) must be positive")
+        if self.batch_sizes != (0,) and any(not 1 <= b <= MAX_INT for b in self.batch_sizes):
+            raise UserError(
+                f"--batch_sizes ({','.join(map(str, self.batch_sizes))}) must be positive "
+                f"integers (at most {MAX_INT})"
+            )
+        if any(not 0 <= s <= MAX_INT for s in self.seeds):
+            raise UserError(f"--seeds ({','.join(map(str, self.seeds))}) must be in [0, {MAX_INT}]")
+        if not (math.isfinite(self.epochs) and 0 <= self.epochs <= MAX_NUMBER):
+            raise UserError(f"--epochs ({self.epochs}) must be positive (0: the preset's)")
+        if self.target is not None and not math.isfinite(self.target):
+            raise UserError(f"--target ({self.target}) must be a finite number")
         unknown = set(self.optimizer_overrides) - set(self.optimizers)
         if unknown:
             raise UserError(
@@ -762,6 +770,8 @@ def parse_args(argv: Sequence[str]) -> tuple[SweepSpec, str, bool]:
             raise UserError(f"unknown sweep argument --{key} (see `mlperf-tf sweep --help`)")
     if "out" not in values:
         raise UserError("--out is required (the sweep's folder)")
+    if os.path.exists(values["out"]) and not os.path.isdir(values["out"]):
+        raise UserError(f"--out={values['out']!r} is a file, not a folder")
 
     def numbers(key: str, kind):
         try:
@@ -774,11 +784,14 @@ def parse_args(argv: Sequence[str]) -> tuple[SweepSpec, str, bool]:
         target = float(values["target"]) if "target" in values else None
     except ValueError:
         raise UserError("--epochs and --target must be numbers") from None
+    batch_sizes = numbers("batch_sizes", int)
+    if any(b < 1 for b in batch_sizes):
+        raise UserError(f"--batch_sizes={values['batch_sizes']!r} must be positive integers")
     spec = SweepSpec(
         benchmark=values.get("benchmark", ""),
         preset=values["preset"],
         optimizers=tuple(split_top_level(values.get("optimizers", ""))) or ("",),
-        batch_sizes=numbers("batch_sizes", int) or (0,),
+        batch_sizes=batch_sizes or (0,),
         grid=grid,
         overrides=overrides,
         optimizer_overrides=optimizer_overrides,

@@ -40,7 +40,7 @@ import tensorflow as tf  # noqa: E402
 from mlperf_tf import config as config_lib  # noqa: E402
 from mlperf_tf import registry, runner  # noqa: E402
 from mlperf_tf.benchmark import RunContext  # noqa: E402
-from mlperf_tf.cli import split_config_overrides  # noqa: E402
+from mlperf_tf.config import split_config_overrides  # noqa: E402
 from tools import interleave  # noqa: E402
 from tools.args import require_positive  # noqa: E402
 

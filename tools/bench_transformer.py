@@ -60,7 +60,7 @@ import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from benchmarks.transformer.benchmark import label_smoothed_cross_entropy  # noqa: E402
-from mlperf_tf.cli import split_config_overrides  # noqa: E402
+from mlperf_tf.config import split_config_overrides  # noqa: E402
 from tools import bench_fit, bench_profile, interleave  # noqa: E402
 from tools.args import require_positive  # noqa: E402
 

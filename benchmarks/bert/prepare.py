@@ -638,6 +638,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         kind = {bool: _parse_bool, int: int, float: float}[type(value)]
         parser.add_argument(f"--{field.name}", type=kind, default=value)
     args = parser.parse_args(argv)
+    prepare_cli.require_positive(args, ("num_shards", "vocab_size"))
     if args.mini:
         print(prepare_mini(args.out_dir, learner=args.vocab_learner))
         return 0

@@ -111,8 +111,12 @@ class OptimizerConfig:
         require(
             self,
             prefix="optimizer.",
-            non_negative=[n for n in numbers if n not in momenta + ("lars_eeta",)],
-            positive=("lars_eeta",),
+            non_negative=[
+                n
+                for n in numbers
+                if n not in momenta + ("lars_eeta",) and not n.endswith("base_learning_rate")
+            ],
+            positive=("lars_eeta", *(n for n in numbers if n.endswith("base_learning_rate"))),
             fraction=("label_smoothing", *momenta),
         )
 

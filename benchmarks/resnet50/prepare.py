@@ -454,6 +454,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.raw_dir:
             raise UserError("--raw_dir is required (or --mini for the digits dataset)")
         prepare_cli.require_positive(args, ("train_shards", "eval_shards"))
+        prepare_cli.require_positive(args, ("num_workers",), most=1024)
         counts = prepare_imagenet(
             args.raw_dir,
             args.out_dir,

@@ -427,6 +427,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--coco_dir", help="COCO 2017 folder (train2017/, val2017/, annotations/)")
     parser.add_argument("--num_workers", type=int, default=None, help="processes (default: CPUs)")
     args = parser.parse_args(argv)
+    prepare_cli.require_positive(args, ("num_workers",), most=1024)
     if args.mini:
         prepare_mini(args.out_dir)
     elif args.coco_dir:

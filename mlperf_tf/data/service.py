@@ -8,7 +8,7 @@ mlperf_tf.data.service ...`) and train with `--data_service=grpc://HOST:5050`.
 
 from __future__ import annotations
 
-import argparse
+import math
 import re
 import socket
 import sys
@@ -231,12 +231,20 @@ def serve(
     return None
 
 
+_MOST_WORKERS = 1024  # worker servers in one process
+_MOST_S = 366 * 24 * 3600.0
+
+
 def main(argv: Sequence[str]) -> int:
     """`mlperf-tf data-service --port P --workers N [--host H] [--dispatcher grpc://H:P]`."""
-    parser = argparse.ArgumentParser(
+    from mlperf_tf.prepare_cli import ArgumentParser  # noqa: PLC0415 (errors as UserErrors)
+
+    parser = ArgumentParser(
         prog="mlperf-tf data-service",
         description="Start a tf.data service dispatcher and N workers; train with "
-        "--data_service=grpc://HOST:PORT.",
+        "--data_service=grpc://HOST:PORT. SECURITY: TF's data service listens on every network "
+        "interface, without authentication or encryption: anyone who can reach its ports can "
+        "join as a worker or read the data. Run it on a private network or behind a firewall.",
     )
     parser.add_argument("--port", type=int, default=5050, help="dispatcher port (0: any free)")
     parser.add_argument(
@@ -259,10 +267,16 @@ def main(argv: Sequence[str]) -> int:
     args = parser.parse_args(list(argv))
     if not 0 <= args.port < 65536:
         parser.error(f"--port ({args.port}) must be in [0, 65535]")
-    if args.workers < (1 if args.dispatcher else 0):
-        parser.error(f"--workers ({args.workers}) must be at least {1 if args.dispatcher else 0}")
-    if args.worker_timeout_s < 0:
-        parser.error(f"--worker_timeout_s ({args.worker_timeout_s}) must be >= 0")
+    least = 1 if args.dispatcher else 0
+    if not least <= args.workers <= _MOST_WORKERS:
+        parser.error(f"--workers ({args.workers}) must be in [{least}, {_MOST_WORKERS}]")
+    if not (math.isfinite(args.worker_timeout_s) and 0 <= args.worker_timeout_s <= _MOST_S):
+        parser.error(f"--worker_timeout_s ({args.worker_timeout_s}) must be in [0, {_MOST_S:g}]")
+    if args.dispatcher:
+        try:
+            parse_address(args.dispatcher)
+        except UserError as e:
+            parser.error(f"--dispatcher: {e}")
     serve(
         args.port,
         args.workers,

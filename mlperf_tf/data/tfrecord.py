@@ -9,6 +9,8 @@ worker process, and a progress line on stderr counts the examples written.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import math
 import multiprocessing
 import os
 import sys
@@ -123,17 +125,39 @@ def write_sharded(
     paths = shard_paths(out_dir, prefix=prefix, num_shards=num_shards)
     tf.io.gfile.makedirs(out_dir)
     writers = [tf.io.TFRecordWriter(p) for p in paths]
-    try:
-        for i, example in enumerate(examples):
-            writers[i % num_shards].write(_serialize(example))
-    finally:
-        for writer in writers:
-            writer.close()
+    with _removed_on_failure(paths):
+        try:
+            for i, example in enumerate(examples):
+                writers[i % num_shards].write(_serialize(example))
+        finally:
+            for writer in writers:
+                writer.close()
     return paths
 
 
+@contextlib.contextmanager
+def _removed_on_failure(paths: Sequence[str]):
+    """Deletes the shards `paths` when the block raises: a failed conversion leaves no empty or
+    partial shards that a later run would read as data."""
+    try:
+        yield
+    except BaseException:
+        for path in paths:
+            with contextlib.suppress(OSError):
+                os.remove(path)
+        raise
+
+
 class Progress:
-    """A one-line progress bar on a text stream: `prefix [####......] 1234/5000 310/s eta 12s`."""
+    """A progress line: `prefix [####......] 1234/5000 310/s eta 12s`.
+
+    On a terminal it is redrawn in place (`\\r`) at most every `TTY_INTERVAL_S`; to a file or a
+    pipe it is a plain line at most every `PLAIN_INTERVAL_S` (a log file once held 55 KB of
+    carriage returns from one redraw per shard). The last state is always written by `close`.
+    """
+
+    TTY_INTERVAL_S = 0.2
+    PLAIN_INTERVAL_S = 10.0
 
     def __init__(self, total: int, *, prefix: str = "", stream: TextIO | None = None):
         self.total = max(0, int(total))
@@ -141,23 +165,41 @@ class Progress:
         self.stream = stream if stream is not None else sys.stderr
         self.done = 0
         self._start = time.monotonic()
+        isatty = getattr(self.stream, "isatty", None)
+        self._tty = bool(isatty and isatty())
+        self._interval = self.TTY_INTERVAL_S if self._tty else self.PLAIN_INTERVAL_S
+        self._last_draw = -math.inf
+        self._drawn = None
 
-    def update(self, count: int) -> None:
-        self.done += count
+    def _text(self) -> str:
         elapsed = max(time.monotonic() - self._start, 1e-9)
         rate = self.done / elapsed
         width = 30
-        filled = int(width * self.done / self.total) if self.total else width
+        filled = min(width, int(width * self.done / self.total)) if self.total else width
         eta = (self.total - self.done) / rate if rate > 0 else 0.0
-        self.stream.write(
-            f"\r{self.prefix} [{'#' * filled}{'.' * (width - filled)}] "
+        return (
+            f"{self.prefix} [{'#' * filled}{'.' * (width - filled)}] "
             f"{self.done}/{self.total} {rate:.0f}/s eta {eta:.0f}s"
         )
+
+    def _draw(self) -> None:
+        text = self._text()
+        self.stream.write(f"\r{text}" if self._tty else f"{text}\n")
         self.stream.flush()
+        self._drawn = self.done
+        self._last_draw = time.monotonic()
+
+    def update(self, count: int) -> None:
+        self.done += count
+        if time.monotonic() - self._last_draw >= self._interval:
+            self._draw()
 
     def close(self) -> None:
-        self.stream.write("\n")
-        self.stream.flush()
+        if self._drawn != self.done:
+            self._draw()
+        if self._tty:
+            self.stream.write("\n")
+            self.stream.flush()
 
 
 def _write_shard(
@@ -218,7 +260,7 @@ def write_sharded_parallel(
     jobs = [(paths[k], items[k::num_shards]) for k in range(num_shards)]
     bar = Progress(len(items), prefix=prefix) if progress else None
     written = skipped = 0
-    try:
+    with _removed_on_failure(paths), _closing(bar):
         if num_workers == 0:
             for path, shard_items in jobs:
                 w, s = _write_shard(path, shard_items, make_example_fn)
@@ -237,9 +279,17 @@ def write_sharded_parallel(
                     written, skipped = written + w, skipped + s
                     if bar:
                         bar.update(w + s)
+        if items and not written:
+            raise DataError(
+                f"no {prefix} examples written to '{out_dir}': all {skipped} items skipped"
+            )
+    return paths
+
+
+@contextlib.contextmanager
+def _closing(bar: Progress | None):
+    try:
+        yield
     finally:
         if bar:
             bar.close()
-    if items and not written:
-        raise DataError(f"no {prefix} examples written to '{out_dir}': all {skipped} items skipped")
-    return paths

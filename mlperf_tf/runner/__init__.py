@@ -8,7 +8,7 @@ declaration of the run settings; `StopCause`; `RunResult`).
 
 from mlperf_tf.runner.actions import Action, EvalOutput, LoopOutput, RunEnd, Stop
 from mlperf_tf.runner.config import RunConfig, RunResult, StopCause
-from mlperf_tf.runner.controller import Controller, StopRequest, run, schedule
+from mlperf_tf.runner.controller import Controller, StopRequest, preflight, run, schedule
 from mlperf_tf.runner.evaluator import Evaluator, evaluate_only
 from mlperf_tf.runner.trainer import Trainer, replica_function
 
@@ -26,6 +26,7 @@ __all__ = [
     "StopRequest",
     "Trainer",
     "evaluate_only",
+    "preflight",
     "replica_function",
     "run",
     "schedule",

@@ -70,18 +70,8 @@ def run(
     Raises:
       UserError: bad run settings, unreachable peers, or bad data reported by the benchmark.
     """
-    ruleset = _resolve_ruleset(benchmark, run_config)  # a bad --ruleset fails before anything
-    run_config = _resolve_division(benchmark, run_config, ruleset)
-    parallel_mesh.check_flags_supported(
-        benchmark.name,
-        benchmark.parallel_axes,
-        model_parallel=run_config.model_parallel,
-        expert_parallel=run_config.expert_parallel,
-        spatial_partition=run_config.spatial_partition,
-    )
+    run_config = preflight(benchmark, run_config)
     log_path = run_config.mlperf_log_path
-    # A finished run is not resumed, and no file but an old log of this suite is ever moved.
-    runlog.check_before_start(log_path, model_dir=run_config.model_dir, restart=run_config.restart)
     strategy = distribute.resolve_strategy(
         run_config.distribution,
         tpu=run_config.tpu,
@@ -115,6 +105,34 @@ def run(
         return controller.run()
     finally:
         mllog.close()
+
+
+def preflight(benchmark: Benchmark, run_config: RunConfig) -> RunConfig:
+    """The checks of a run that need no strategy and touch no file; `run_config` with its
+    division decided. `run` calls it first; the CLI calls it before its signal handlers, so that
+    bad input is one line there, before any set-up.
+
+    Raises:
+      UserError: a bad `--ruleset`, a mesh axis the benchmark does not support, a closed
+        division its rules forbid, or a file that is not a log of this suite at the log path.
+      runlog.RunFinished: the log says this run finished (and `--restart` is not set).
+    """
+    ruleset = _resolve_ruleset(benchmark, run_config)
+    if os.path.exists(run_config.model_dir) and not os.path.isdir(run_config.model_dir):
+        raise UserError(f"--model_dir={run_config.model_dir!r} is a file, not a folder")
+    distribute.check_resolver_environment(run_config.cluster_resolver)
+    parallel_mesh.check_flags_supported(
+        benchmark.name,
+        benchmark.parallel_axes,
+        model_parallel=run_config.model_parallel,
+        expert_parallel=run_config.expert_parallel,
+        spatial_partition=run_config.spatial_partition,
+    )
+    run_config = _resolve_division(benchmark, run_config, ruleset)
+    runlog.check_before_start(
+        run_config.mlperf_log_path, model_dir=run_config.model_dir, restart=run_config.restart
+    )
+    return run_config
 
 
 def _resolve_division(benchmark: Benchmark, run_config: RunConfig, ruleset: str) -> RunConfig:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
 
 from mlperf_tf.errors import UserError
@@ -70,12 +72,53 @@ def _table(results: list[model.Result]) -> str:
     return "\n".join(rows)
 
 
+PLOT_FORMATS = (".png", ".pdf", ".svg")
+_MOST_CHIPS = 1 << 24
+_MOST_BATCH = 2**31 - 1
+_MOST_EPOCHS = 1e6
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    """Every number in its range and the plot path writable, before any work (one line each)."""
+    for chips in args.chips:
+        if not 1 <= chips <= _MOST_CHIPS:
+            raise UserError(f"--chips ({chips}) must be in [1, {_MOST_CHIPS}]")
+    if args.global_batch is not None and not 1 <= args.global_batch <= _MOST_BATCH:
+        raise UserError(f"--global_batch ({args.global_batch}) must be in [1, {_MOST_BATCH}]")
+    if args.failed_chips < 0 or any(args.failed_chips >= chips for chips in args.chips):
+        raise UserError(
+            f"--failed_chips ({args.failed_chips}) must be >= 0 and below --chips "
+            f"({min(args.chips)})"
+        )
+    if args.epochs is not None and not (
+        math.isfinite(args.epochs) and 0 < args.epochs <= _MOST_EPOCHS
+    ):
+        raise UserError(f"--epochs ({args.epochs}) must be in (0, {_MOST_EPOCHS:g}]")
+    if args.plot:
+        _check_plot_path(args.plot)
+
+
+def _check_plot_path(path: str) -> None:
+    if os.path.splitext(path)[1].lower() not in PLOT_FORMATS:
+        raise UserError(
+            f"--plot {path!r}: the image format must be one of {', '.join(PLOT_FORMATS)}"
+        )
+    if os.path.isdir(path):
+        raise UserError(f"--plot {path!r} is a folder; name an image file")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise UserError(f"--plot {path!r}: the folder {folder!r} does not exist")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise UserError(f"--plot {path!r}: the folder {folder!r} is not writable")
+
+
 def main(argv: list[str]) -> int:
     """Runs `mlperf-tf simulate`; returns the exit code (UserError propagates to the CLI)."""
     if any(a in ("-h", "--help") for a in argv):
         build_parser().print_help()
         return 0
     args = build_parser().parse_args(argv)
+    _check_args(args)
     system = systems.load(args.system) if args.system else systems.load_file(args.system_file)
     results = [
         model.simulate(

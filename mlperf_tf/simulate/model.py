@@ -30,6 +30,7 @@ import math
 import os
 from typing import Any
 
+from mlperf_tf import paths
 from mlperf_tf.errors import UserError
 from mlperf_tf.simulate import collectives, convergence
 from mlperf_tf.simulate.systems import System
@@ -37,8 +38,21 @@ from mlperf_tf.simulate.systems import System
 FLOPS_CACHE = os.path.join(os.path.dirname(__file__), "data", "flops.json")
 
 
-@functools.cache
 def _flops_table() -> dict[str, Any]:
+    """The committed FLOPs cache, updated with the user's (plug-in benchmarks) when it exists."""
+    table = dict(_committed_flops())
+    user = paths.user_flops_cache()
+    if os.path.isfile(user):
+        try:
+            with open(user, encoding="utf-8") as f:
+                table.update(json.load(f))
+        except (OSError, ValueError) as e:
+            raise UserError(f"the FLOPs cache {user!r} cannot be read: {e}") from None
+    return table
+
+
+@functools.cache
+def _committed_flops() -> dict[str, Any]:
     with open(FLOPS_CACHE, encoding="utf-8") as f:
         return json.load(f)
 
@@ -54,7 +68,8 @@ def benchmark_facts(benchmark: str, preset: str = "mlperf") -> dict[str, Any]:
     if benchmark not in table:
         raise UserError(
             f"unknown benchmark '{benchmark}' for simulate (cached: {', '.join(sorted(table))}; "
-            f"add one with `python -m mlperf_tf.flops --write {benchmark}`)"
+            f"a plug-in benchmark's FLOPs go to your cache {paths.user_flops_cache()} with "
+            f"`python -m mlperf_tf.flops --write {benchmark}`)"
         )
     if preset not in table[benchmark]:
         raise UserError(

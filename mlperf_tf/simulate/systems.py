@@ -190,13 +190,76 @@ class System:
 _REQUIRED = ("name", "peak_flops", "memory_bandwidth", "compute_efficiency", "topology", "link")
 
 
-def _link(value: Any, where: str) -> Link:
-    try:
-        return Link(bandwidth=float(value["bandwidth"]), alpha=float(value["alpha"]))
-    except (KeyError, TypeError, ValueError) as e:
+def _link(value: Any, where: str, origin: str) -> Link:
+    if not isinstance(value, dict):
         raise UserError(
-            f"{where} must be {{bandwidth: bytes/s > 0, alpha: s >= 0}} ({e})"
-        ) from None
+            f"system file {origin}: {where} must be {{bandwidth: bytes/s > 0, alpha: s >= 0}}"
+        )
+    return Link(
+        bandwidth=_number(value.get("bandwidth"), f"{where}.bandwidth", "bytes/s", origin),
+        alpha=_number(value.get("alpha"), f"{where}.alpha", "s", origin, low=0.0),
+    )
+
+
+# (unit, low, low allowed, high) of every numeric field: a value outside is one line naming it.
+_FIELDS = {
+    "peak_flops": ("FLOP/s per chip", 0.0, False, 1e21),
+    "memory_bandwidth": ("bytes/s per chip", 0.0, False, 1e16),
+    "gradient_bytes": ("bytes per element", 0.0, False, 64.0),
+    "optimizer_bytes_per_parameter": ("bytes", 0.0, True, 1e4),
+    "overlap_fraction": ("a fraction", 0.0, True, 1.0),
+    "step_overhead_s": ("s", 0.0, True, 3600.0),
+    "eval_overhead_s": ("s", 0.0, True, 86400.0),
+}
+
+
+def _number(
+    value: Any, field: str, unit: str, origin: str, *, low: float = 0.0, low_ok: bool = False,
+    high: float = 1e30, integer: bool = False,
+) -> float:  # fmt: skip
+    """`value` as a finite number in its range, or a UserError naming the field, unit and range."""
+    kind = "an integer" if integer else "a number"
+    bound = f"{'[' if low_ok else '('}{low:g}, {high:g}]"
+    where = f"system file {origin}: {field}"
+    if isinstance(value, str):  # PyYAML reads 1.0e12 (no sign in the exponent) as a string
+        try:
+            value = float(value.strip())
+        except ValueError:
+            raise UserError(f"{where} ({value!r}) must be {kind} ({unit}) in {bound}") from None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise UserError(f"{where} ({value!r}) must be {kind} ({unit}) in {bound}")
+    if integer and value != int(value):
+        raise UserError(f"{where} ({value!r}) must be an integer ({unit})")
+    if not (math.isfinite(value) and (low <= value if low_ok else low < value) and value <= high):
+        raise UserError(f"{where} ({value!r}) must be {kind} ({unit}) in {bound}")
+    return int(value) if integer else float(value)
+
+
+def _table(data: dict, field: str, unit: str, origin: str, **bounds) -> dict[str, Any]:
+    """A {benchmark: number} field, each entry checked as `_number` does."""
+    table = data.get(field, {})
+    if not isinstance(table, dict):
+        raise UserError(f"system file {origin}: {field} must map benchmark names to numbers")
+    return {k: _number(v, f"{field}.{k}", unit, origin, **bounds) for k, v in table.items()}
+
+
+def _check_topology(topology: dict, origin: str) -> None:
+    counts = ("chips_per_node", "max_nodes", "max_chips", "min_chips", "wrap_min", "wrap_max",
+              "wrap_multiple", "wrap_min_chips")  # fmt: skip
+    for key in counts:
+        if key in topology:
+            _number(topology[key], f"topology.{key}", "chips", origin, low=1, low_ok=True,
+                    high=2**31 - 1, integer=True)  # fmt: skip
+    if "max_shape" in topology:
+        shape = topology["max_shape"]
+        if not isinstance(shape, list) or not shape:
+            raise UserError(
+                f"system file {origin}: topology.max_shape ({shape!r}) must be a list of chips per "
+                "dimension"
+            )
+        for dim in shape:
+            _number(dim, "topology.max_shape", "chips", origin, low=1, low_ok=True,
+                    high=2**20, integer=True)  # fmt: skip
 
 
 def from_dict(data: dict[str, Any], origin: str) -> System:
@@ -220,31 +283,57 @@ def from_dict(data: dict[str, Any], origin: str) -> System:
     efficiency = data["compute_efficiency"]
     if not isinstance(efficiency, dict) or "default" not in efficiency:
         raise UserError(f"system file {origin}: compute_efficiency needs a 'default' entry")
-    try:
-        return System(
-            name=str(data["name"]),
-            description=str(data.get("description", "")),
-            peak_flops=float(data["peak_flops"]),
-            memory_bandwidth=float(data["memory_bandwidth"]),
-            compute_efficiency={k: float(v) for k, v in efficiency.items()},
-            topology=dict(topology),
-            link=_link(data["link"], f"{origin}: link"),
-            network=_link(data["network"], f"{origin}: network") if "network" in data else None,
-            chips_per_host=int(data.get("chips_per_host", 1)),
-            input_samples_per_s_per_host={
-                k: float(v) for k, v in data.get("input_samples_per_s_per_host", {}).items()
-            },
-            gradient_bytes=float(data.get("gradient_bytes", 4)),
-            optimizer_bytes_per_parameter=float(data.get("optimizer_bytes_per_parameter", 24)),
-            overlap_fraction=float(data.get("overlap_fraction", 0.0)),
-            step_overhead_s=float(data.get("step_overhead_s", 0.0)),
-            eval_overhead_s=float(data.get("eval_overhead_s", 0.0)),
-            shared_compute=bool(data.get("shared_compute", False)),
-            per_chip_batch={k: int(v) for k, v in data.get("per_chip_batch", {}).items()},
-            sources=dict(data.get("sources", {})),
-        )
-    except (TypeError, ValueError) as e:
-        raise UserError(f"system file {origin} has a bad value: {e}") from None
+    _check_topology(topology, origin)
+    defaults = {"gradient_bytes": 4, "optimizer_bytes_per_parameter": 24, "overlap_fraction": 0.0,
+                "step_overhead_s": 0.0, "eval_overhead_s": 0.0}  # fmt: skip
+    numbers = {
+        name: _number(
+            data.get(name, defaults.get(name)),
+            name,
+            unit,
+            origin,
+            low=low,
+            low_ok=low_ok,
+            high=high,
+        )  # fmt: skip
+        for name, (unit, low, low_ok, high) in _FIELDS.items()
+    }
+    return System(
+        name=str(data["name"]),
+        description=str(data.get("description", "")),
+        compute_efficiency=_table(
+            data, "compute_efficiency", "a fraction of peak", origin, high=1.0
+        ),  # fmt: skip
+        topology=dict(topology),
+        link=_link(data["link"], "link", origin),
+        network=_link(data["network"], "network", origin) if "network" in data else None,
+        chips_per_host=_number(
+            data.get("chips_per_host", 1),
+            "chips_per_host",
+            "chips",
+            origin,
+            low=1,
+            low_ok=True,
+            high=2**20,
+            integer=True,
+        ),  # fmt: skip
+        input_samples_per_s_per_host=_table(
+            data, "input_samples_per_s_per_host", "samples/s", origin
+        ),
+        shared_compute=bool(data.get("shared_compute", False)),
+        per_chip_batch=_table(
+            data,
+            "per_chip_batch",
+            "samples",
+            origin,
+            low=1,
+            low_ok=True,
+            high=2**31 - 1,
+            integer=True,
+        ),  # fmt: skip
+        sources=dict(data.get("sources", {})) if isinstance(data.get("sources"), dict) else {},
+        **numbers,
+    )
 
 
 def available() -> list[str]:
@@ -261,6 +350,8 @@ def load_file(path: str) -> System:
             text = f.read()
     except OSError as e:
         raise UserError(f"--system_file {path!r} cannot be read: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise UserError(f"--system_file {path!r} is not a text file (JSON or YAML)") from None
     try:
         if path.endswith((".yaml", ".yml")):
             import yaml

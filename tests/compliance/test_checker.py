@@ -288,7 +288,7 @@ def test_a_10mb_log_line_is_refused_with_one_line(tmp_path):
     "make, expected",
     [
         (lambda tmp: str(tmp), "is a directory"),
-        (lambda tmp: str(tmp / "missing.txt"), "no such file"),
+        (lambda tmp: str(tmp / "missing.txt"), "does not exist"),
     ],
 )
 def test_bad_paths_are_one_line_user_errors(tmp_path, make, expected):

@@ -29,7 +29,7 @@ def test_exit_codes(tmp_path, capsys):
     assert cli.main(["check", good, str(tmp_path / "nope.txt")]) == 2
     out, err = capsys.readouterr()
     assert out.count("PASS  ") >= 3 and "FAIL  " in out
-    assert err.strip().splitlines() == [f"error: {tmp_path / 'nope.txt'}: no such file"]
+    assert err.strip().splitlines() == [f"error: {tmp_path / 'nope.txt'}: does not exist"]
 
 
 def test_check_leaves_heavy_imports_and_the_official_checker_out_of_its_process(tmp_path):

@@ -68,7 +68,7 @@ def test_report_cli_writes_one_pair_per_log_and_reports_bad_ones(tmp_path, capsy
     code = cli.main(["report", first, second, str(tmp_path / "missing.txt"), "--out", str(out)])
     assert code == 2
     assert sorted(p.name for p in out.iterdir()) == ["run.md", "run.png", "run_2.md", "run_2.png"]
-    assert "missing.txt: no such file" in capsys.readouterr().err
+    assert "missing.txt: does not exist" in capsys.readouterr().err
 
 
 def test_a_run_with_its_own_target_is_drawn_against_it_and_mlperfs_is_marked(tmp_path):

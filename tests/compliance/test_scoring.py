@@ -84,7 +84,7 @@ def test_score_cli_json_and_bad_input(tmp_path, capsys):
     assert document["valid"] and document["benchmark"] == "resnet"
     assert len(document["runs"]) == 5
     assert cli.main(["score", str(tmp_path / "missing")]) == 2
-    assert "not a directory" in capsys.readouterr().err
+    assert "does not exist" in capsys.readouterr().err
     (tmp_path / "empty").mkdir()
     with pytest.raises(UserError, match="no result_"):
         scoring.score_directory(str(tmp_path / "empty"))

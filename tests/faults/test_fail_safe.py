@@ -210,3 +210,38 @@ def test_a_resnet_run_with_an_optimizer_closed_rules_forbid_is_open_or_refused(t
     assert controller._resolve_division(lars, _config(tmp_path), "4.0.0").submission_division == (
         "closed"
     )
+
+
+def test_progress_to_a_file_is_a_few_plain_lines_not_a_redraw_per_shard():
+    import io
+
+    from mlperf_tf.data import tfrecord
+
+    stream = io.StringIO()  # not a terminal, like a redirected log
+    bar = tfrecord.Progress(10_000, prefix="train", stream=stream)
+    for _ in range(10_000):
+        bar.update(1)
+    bar.close()
+    text = stream.getvalue()
+    assert "\r" not in text
+    assert text.count("\n") <= 3 and "10000/10000" in text.splitlines()[-1]
+
+
+def test_a_failed_conversion_leaves_no_shards(tmp_path):
+    from mlperf_tf.data import tfrecord
+
+    def examples():
+        yield b"record"
+        raise OSError("disk gone")
+
+    with pytest.raises(OSError, match="disk gone"):
+        tfrecord.write_sharded(examples(), str(tmp_path / "out"), prefix="train", num_shards=4)
+    assert os.listdir(tmp_path / "out") == []
+
+
+def test_bench_and_cli_do_not_import_each_other():
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[2] / "mlperf_tf"
+    assert "mlperf_tf.cli" not in (root / "bench.py").read_text()
+    assert "split_config_overrides" in (root / "config.py").read_text()

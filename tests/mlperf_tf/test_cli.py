@@ -8,6 +8,7 @@ import textwrap
 import pytest
 
 from mlperf_tf import cli, registry
+from mlperf_tf import config as config_lib
 from tests import processes
 
 
@@ -52,13 +53,13 @@ def test_list_prints_every_builtin_with_its_presets(capsys):
 
 
 def test_config_overrides_split_from_absl_flags():
-    rest, overrides = cli.split_config_overrides(
+    rest, overrides = config_lib.split_config_overrides(
         ["--preset=mini", "--config.optimizer.lars_opt_weight_decay=2e-4", "--xla"]
     )
     assert rest == ["--preset=mini", "--xla"]
     assert overrides == {"optimizer.lars_opt_weight_decay": "2e-4"}
     with pytest.raises(ValueError, match="--config.key=value"):
-        cli.split_config_overrides(["--config.novalue"])
+        config_lib.split_config_overrides(["--config.novalue"])
 
 
 @pytest.fixture(scope="module")
