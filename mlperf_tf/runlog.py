@@ -131,9 +131,13 @@ def _next_free(path: str) -> str:
     return f"{path}.{index}"
 
 
-def check_before_start(log_path: str, *, model_dir: str, restart: bool) -> None:
+def check_before_start(
+    log_path: str, *, model_dir: str, restart: bool, budget_steps: int | None = None
+) -> None:
     """Refuses to touch a foreign file at the log path and to resume a finished run.
 
+    A run whose step budget ended is continued (not refused) when this run's budget,
+    `budget_steps`, is larger than the step it ended at: a longer `--max_train_steps` extends it.
     Read-only: every worker may call it before the strategy is built.
 
     Raises:
@@ -146,12 +150,16 @@ def check_before_start(log_path: str, *, model_dir: str, restart: bool) -> None:
             "left as it is: name another file"
         )
     done = None if restart else finished(log_path)
+    longer = done is not None and done.cause == "budget_ended" and done.step
+    if longer and budget_steps is not None and budget_steps > done.step:
+        return  # a longer budget: the run goes on from its last checkpoint
     if done is not None:
         at = f" at step {done.step}" if done.step else ""
         raise RunFinished(
             f"the run in {model_dir} finished ({done.cause}{at}, run_stop {done.status}); its "
             f"MLPerf log {log_path} is kept as it is. Pass --restart to start a new run (the old "
-            "log and checkpoints are kept under new names), or use another --model_dir"
+            "log and checkpoints are kept under new names), a larger step budget to go on, or "
+            "another --model_dir"
         )
 
 

@@ -130,7 +130,10 @@ def preflight(benchmark: Benchmark, run_config: RunConfig) -> RunConfig:
     )
     run_config = _resolve_division(benchmark, run_config, ruleset)
     runlog.check_before_start(
-        run_config.mlperf_log_path, model_dir=run_config.model_dir, restart=run_config.restart
+        run_config.mlperf_log_path,
+        model_dir=run_config.model_dir,
+        restart=run_config.restart,
+        budget_steps=run_config.max_train_steps or benchmark.train_steps,
     )
     return run_config
 

@@ -90,6 +90,10 @@ def test_a_finished_run_is_not_resumed_and_its_log_is_kept(tmp_path):
     new = _log_lines(again.mlperf_log)
     assert [e["key"] for e in new].count(C.EVAL_ACCURACY) >= 1
     assert "mlperf-tf resumed" not in _read(again.mlperf_log)
+    # A longer step budget goes on from the last checkpoint (and keeps the finished log).
+    longer = _run(tmp_path / "m", max_train_steps=6)
+    assert longer.steps == 6 and "mlperf-tf resumed" in _read(longer.mlperf_log)
+    assert _read(again.mlperf_log + ".2") != _read(longer.mlperf_log)
 
 
 def test_a_run_that_reached_its_target_is_not_resumed(tmp_path):

@@ -124,7 +124,7 @@ def test_restarted_run_keeps_the_previous_log(tmp_path):
     first = _run(tmp_path, "again", distribution="one_device", max_train_steps=2)
     with open(first.mlperf_log, encoding="utf-8") as f:
         first_text = f.read()
-    _run(tmp_path, "again", distribution="one_device", max_train_steps=4, restart=True)
+    _run(tmp_path, "again", distribution="one_device", max_train_steps=4)
     with open(first.mlperf_log + ".1", encoding="utf-8") as f:
         assert f.read() == first_text
 
