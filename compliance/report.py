@@ -410,7 +410,10 @@ def write_breakdowns(paths: Sequence[str], out_dir: str) -> str | None:
     for path in paths:
         breakdown = time_breakdown.from_log(path)
         if breakdown:
-            runs.append((_unique_stem(os.path.basename(path), taken), breakdown))
+            # The runner names every log mlperf_log.txt: its folder tells runs apart.
+            name = os.path.join(os.path.basename(os.path.dirname(os.path.abspath(path))),
+                                os.path.basename(path))  # fmt: skip
+            runs.append((_unique_stem(name, taken), breakdown))
     if not runs:
         return None
     from matplotlib.backends.backend_agg import FigureCanvasAgg
