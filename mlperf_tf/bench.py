@@ -408,6 +408,9 @@ def main(argv: list[str]) -> int:
     run_settings = {name: values[name] for name in SHARED_RUN_SETTINGS}
     RunConfig(model_dir="unused", **run_settings)  # the run flags' own checks (choices, signs)
     benchmark_config(config, overrides)  # a bad preset or config value fails before TF starts
+    if run_settings["distribution"] == "multi_worker" and not os.environ.get("TF_CONFIG"):
+        # `run`'s message names --cluster_resolver, a flag bench does not have.
+        raise UserError("--distribution=multi_worker needs TF_CONFIG to name the cluster")
     result = run(config, run_settings, overrides)
     if config.json:
         print(json.dumps(dataclasses.asdict(result), allow_nan=False))

@@ -120,7 +120,11 @@ BENCH_FLAGS = {
 BENCH_CASES = (
     _cases("--", BENCH_FLAGS, BENCH_BASE)
     + _cases("--config.", {"global_batch_size": ["0", NEG], "max_epochs": [NAN]}, BENCH_BASE)
-    + [(["bench", "--benchmark=resnet50", "--preset=nosuch"], "nosuch")]
+    + [
+        (["bench", "--benchmark=resnet50", "--preset=nosuch"], "nosuch"),
+        ([*BENCH_BASE, "--distribution=multi_worker"], "TF_CONFIG"),
+        ([*BENCH_BASE, "--cluster_resolver=slurm"], "cluster_resolver"),
+    ]
 )
 
 # ---- sweep ---------------------------------------------------------------------------------------
