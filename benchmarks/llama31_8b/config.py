@@ -100,6 +100,22 @@ class ModelConfig:
         return self.num_hidden_layers * layer + 2 * v * h + h
 
 
+    def training_flops(self, seq: int) -> float:
+        """Training FLOPs of one sequence of `seq` tokens (a multiply-add is 2; 3x forward).
+
+        Forward: 2 FLOPs per weight of every projection (q, k, v, o, gate, up, down, output;
+        the embedding is a lookup) per token, plus attention's two products per layer, scores
+        and context, each 2 x seq x seq x heads x head_dim per sequence: the full square, as the
+        model computes it (masked, not skipped; causal kernels that skip the upper triangle do
+        half). `mlperf_tf.flops` counts the same from the traced graph (a test holds them equal).
+        """
+        h, d = self.hidden_size, self.head_dim
+        projections = self.parameter_count() - 2 * h * self.num_hidden_layers - h
+        projections -= self.vocab_size * h  # the embedding lookup
+        attention = 4.0 * seq * seq * self.num_attention_heads * d * self.num_hidden_layers
+        return 3.0 * (2.0 * seq * projections + attention)
+
+
 def llama31_8b() -> ModelConfig:
     """Llama 3.1 8B: 32 layers, hidden 4,096, GQA 32/8 heads of 128, SwiGLU 14,336."""
     return ModelConfig()

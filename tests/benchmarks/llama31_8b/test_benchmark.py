@@ -165,3 +165,19 @@ def test_mlperf_preset_logs_every_key_the_closed_rules_require(ruleset):
     assert hparams[C.OPT_LR_DECAY_STEPS] + hparams[C.OPT_LR_WARMUP_STEPS] == 1_200_000
     assert bench.eval_samples() == 1024
     assert ("tensor_parallelism" in hparams) == (ruleset == "6.1.0")
+
+
+def test_analytic_training_flops_equal_the_traced_count_attention_included():
+    from mlperf_tf import flops
+
+    bench = _bench("smoke")
+    traced = flops.training_flops_per_sample(bench)
+    assert bench.training_flops_per_sample() == pytest.approx(traced, rel=1e-9)
+    c, seq = bench.config.model, bench.config.data.max_sequence_length
+    attention = 3 * 4 * seq * seq * c.num_attention_heads * c.head_dim * c.num_hidden_layers
+    assert attention > 0.1 * traced  # attention is a visible part at this shape
+    # 8B at 8,192 tokens: 6 x the 7.5 B projection weights (all but norms and the embedding)
+    # x 8,192 + attention.
+    mlperf = _bench().training_flops_per_sample()
+    assert mlperf == pytest.approx(6 * 7_504_658_432 * 8192 + 12 * 8192**2 * 4096 * 32, rel=1e-12)
+    assert _bench().tokens_per_sample() == 8192
