@@ -99,7 +99,6 @@ class ModelConfig:
         layer = attention + 3 * h * f + 2 * h
         return self.num_hidden_layers * layer + 2 * v * h + h
 
-
     def training_flops(self, seq: int) -> float:
         """Training FLOPs of one sequence of `seq` tokens (a multiply-add is 2; 3x forward).
 
