@@ -17,6 +17,7 @@ import tensorflow as tf
 from absl import logging
 from mlperf_logging.mllog import constants as C
 
+from mlperf_tf import time_breakdown
 from mlperf_tf.benchmark import EvalPoint
 from mlperf_tf.mllog import MLPerfLogger
 from mlperf_tf.runner.config import StopCause
@@ -42,7 +43,8 @@ class LoopOutput:
     last_step: int  # the step at which the run's budget ends
     epoch: float  # `step` in epochs
     next_eval_step: int = 0  # the step of the next evaluation (0: unknown)
-    first: bool = False  # the run's first loop (one step; its time includes tracing)
+    first: bool = False  # the run's first loop (one step; without warm-up, its time has tracing)
+    input_wait_s: float = 0.0  # seconds the loop's steps were blocked on the input iterator
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,12 +149,20 @@ def format_eta(seconds: float) -> str:
 
 
 class ProgressLine(Action):
-    """Prints one absl line per loop (step, epoch, throughput, loss, ETA), per eval and at the end."""
+    """Prints one absl line per loop (step, epoch, throughput, loss, ETA), per eval and at the end.
+
+    Args:
+      breakdown: a `TimeBreakdown` action called before this one: the run_stop line then also
+        says where the time went (`mlperf_tf.time_breakdown.one_line`).
+    """
+
+    def __init__(self, breakdown=None):
+        self.breakdown = breakdown
 
     def after_loop(self, output):
         if output.first:
             logging.info(
-                "step %d/%d | epoch %.2f | loss %.4f | first step done in %.1f s (tracing included)",
+                "step %d/%d | epoch %.2f | loss %.4f | first step done in %.1f s",
                 output.step, output.last_step, output.epoch, output.loss, output.seconds,
             )  # fmt: skip
             return
@@ -171,9 +181,11 @@ class ProgressLine(Action):
                      output.target)  # fmt: skip
 
     def at_end(self, end):
+        result = getattr(self.breakdown, "result", None)
+        where = f" | {time_breakdown.one_line(result)}" if result else ""
         logging.info(
-            "run_stop status=%s after %d steps, %.1f s: %s",
-            end.stop.cause.status, end.step, end.seconds, end.stop.reason,
+            "run_stop status=%s after %d steps, %.1f s: %s%s",
+            end.stop.cause.status, end.step, end.seconds, end.stop.reason, where,
         )  # fmt: skip
 
 
