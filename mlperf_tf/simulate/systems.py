@@ -69,6 +69,8 @@ class System:
       gradient_bytes: bytes per gradient element that the all-reduce moves (4 fp32, 2 bf16/fp16).
       optimizer_bytes_per_parameter: bytes read and written per parameter by the update.
       overlap_fraction: part of the all-reduce that can run under the backward pass.
+      overlap_fraction_by_benchmark: per benchmark, where its runs differ from the system's
+        (fraction in [0, 1]; e.g. NVIDIA's v0.7 BERT all-reduced after the backward pass).
       step_overhead_s: fixed time per step (host loop, launch, cross-replica BN, ...).
       eval_overhead_s: fixed time per evaluation besides its forward passes.
       shared_compute: all chips share one compute budget (logical devices on one CPU).
@@ -94,6 +96,7 @@ class System:
     shared_compute: bool
     per_chip_batch: dict[str, int]
     sources: dict[str, str]
+    overlap_fraction_by_benchmark: dict[str, float] = dataclasses.field(default_factory=dict)
 
     @property
     def kind(self) -> str:
@@ -109,6 +112,10 @@ class System:
 
     def efficiency(self, benchmark: str) -> float:
         return float(self.compute_efficiency.get(benchmark, self.compute_efficiency["default"]))
+
+    def overlap(self, benchmark: str) -> float:
+        """The part of the all-reduce hidden under the backward pass for `benchmark`."""
+        return float(self.overlap_fraction_by_benchmark.get(benchmark, self.overlap_fraction))
 
     def input_rate_per_host(self, benchmark: str) -> float:
         rates = self.input_samples_per_s_per_host
@@ -332,6 +339,9 @@ def from_dict(data: dict[str, Any], origin: str) -> System:
             integer=True,
         ),  # fmt: skip
         sources=dict(data.get("sources", {})) if isinstance(data.get("sources"), dict) else {},
+        overlap_fraction_by_benchmark=_table(
+            data, "overlap_fraction_by_benchmark", "a fraction", origin, low_ok=True, high=1.0
+        ),
         **numbers,
     )
 
