@@ -269,6 +269,20 @@ def _check_topology(topology: dict, origin: str) -> None:
                     high=2**20, integer=True)  # fmt: skip
 
 
+def _fractions(value: Any, where: str) -> dict[str, float]:
+    """A {benchmark: fraction in [0, 1]} table (dimensionless)."""
+    if not isinstance(value, dict):
+        raise UserError(f"{where} must map benchmark names to fractions in [0, 1]")
+    out = {}
+    for name, fraction in value.items():
+        if isinstance(fraction, bool) or not isinstance(fraction, int | float):
+            raise UserError(f"{where}[{name}] ({fraction!r}) must be a number in [0, 1]")
+        if not (math.isfinite(fraction) and 0.0 <= float(fraction) <= 1.0):
+            raise UserError(f"{where}[{name}] ({fraction}) must be in [0, 1]")
+        out[str(name)] = float(fraction)
+    return out
+
+
 def from_dict(data: dict[str, Any], origin: str) -> System:
     """Builds a `System` from a parsed system file; `origin` names the file in errors."""
     if not isinstance(data, dict):
@@ -339,8 +353,9 @@ def from_dict(data: dict[str, Any], origin: str) -> System:
             integer=True,
         ),  # fmt: skip
         sources=dict(data.get("sources", {})) if isinstance(data.get("sources"), dict) else {},
-        overlap_fraction_by_benchmark=_table(
-            data, "overlap_fraction_by_benchmark", "a fraction", origin, low_ok=True, high=1.0
+        overlap_fraction_by_benchmark=_fractions(
+            data.get("overlap_fraction_by_benchmark", {}),
+            f"{origin}: overlap_fraction_by_benchmark",
         ),
         **numbers,
     )
