@@ -4,11 +4,11 @@ data-dependent matmul shapes."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import tensorflow as tf
 
 from mlperf_tf.benchmark import RunContext
+from tests.numerics import assert_close
 
 
 def traced_matmuls(benchmark, model, batch) -> list[tf.Operation]:
@@ -39,5 +39,5 @@ def assert_packed_step_equals_padded(benchmark, model, batch) -> dict[bool, floa
         assert (None in rows) is not static
     assert results[False][0] == pytest.approx(results[True][0], rel=1e-6)
     for packed, padded in zip(results[False][1], results[True][1], strict=True):
-        np.testing.assert_allclose(packed, padded, rtol=1e-5, atol=1e-7)
+        assert_close(packed, padded, rtol=1e-5)
     return {static: loss for static, (loss, _) in results.items()}
