@@ -12,7 +12,7 @@ values' error). `rtol` says how exact the computation is: 1e-6 for elementwise f
 1e-5 for a few float32 layers or reductions, 1e-4 for a deep stack (a model's logits or
 gradients through several layers), measured under the three oneDNN settings CI uses with at
 least a 5x margin. A test of a bug must still fail on that bug: the bug's effect must be far
-above `rtol` times the scale (each changed test in `tests/README.md` was shown to fail on it).
+above `rtol` times the scale (`tests/README.md` lists the bugs the changed tests were run on).
 """
 
 from __future__ import annotations
