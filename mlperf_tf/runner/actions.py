@@ -54,6 +54,14 @@ class EvalOutput:
     point: EvalPoint
     value: float
     target: float  # the benchmark's quality target
+    higher_is_better: bool = True  # False: the target is a maximum (a loss, a perplexity)
+
+    @property
+    def reached(self) -> bool:
+        """Whether `value` is finite and at or beyond the target in the metric's direction."""
+        if not math.isfinite(self.value):
+            return False
+        return self.value >= self.target if self.higher_is_better else self.value <= self.target
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,7 +102,16 @@ class Action:
 
 
 def _block_meta(point: EvalPoint) -> dict:
-    return {C.FIRST_EPOCH_NUM: point.first_epoch_num, C.EPOCH_COUNT: point.epoch_count}
+    return {
+        C.FIRST_EPOCH_NUM: point.first_epoch_num,
+        C.EPOCH_COUNT: point.epoch_count,
+        **_samples_meta(point),
+    }
+
+
+def _samples_meta(point: EvalPoint) -> dict:
+    """`samples_count` metadata where the benchmark's rules want it (llama31_8b's eval_accuracy)."""
+    return {} if point.samples_count is None else {C.SAMPLES_COUNT: point.samples_count}
 
 
 class MLPerfEvents(Action):
@@ -110,10 +127,12 @@ class MLPerfEvents(Action):
         self.mllog.end(C.BLOCK_STOP, metadata=_block_meta(point))
 
     def eval_begin(self, point):
-        self.mllog.start(C.EVAL_START, metadata={C.EPOCH_NUM: point.epoch_num})
+        self.mllog.start(
+            C.EVAL_START, metadata={C.EPOCH_NUM: point.epoch_num, **_samples_meta(point)}
+        )
 
     def after_eval(self, output):
-        metadata = {C.EPOCH_NUM: output.point.epoch_num}
+        metadata = {C.EPOCH_NUM: output.point.epoch_num, **_samples_meta(output.point)}
         self.mllog.event(C.EVAL_ACCURACY, output.value, metadata=metadata)
         self.mllog.end(C.EVAL_STOP, metadata=metadata)
 
@@ -207,7 +226,8 @@ class TargetStop(Action):
     """Stops the run with status success when an eval reaches the quality target."""
 
     def after_eval(self, output):
-        if math.isfinite(output.value) and output.value >= output.target:
-            reason = f"reached {output.value:.5f} >= {output.target}"
+        if output.reached:
+            relation = ">=" if output.higher_is_better else "<="
+            reason = f"reached {output.value:.5f} {relation} {output.target}"
             return Stop(StopCause.TARGET_REACHED, reason)
         return None
