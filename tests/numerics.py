@@ -2,17 +2,18 @@
 
 float32 results move between machines: oneDNN picks other kernels and summation orders on
 AVX-512 and AVX2-only CPUs, and TF's own kernels differ again with oneDNN off (`tests/README.md`
-has the numbers: a Transformer logit of ~28 moved by 1.5e-4). An absolute tolerance chosen on one
-machine fails on another, and one chosen for values of ~1 hides real errors in values of ~1e-3.
+has the numbers: a Transformer logit of ~28 moved by 1.5e-4), so an absolute tolerance chosen on
+one machine fails on another.
 
 The rule: the tolerance is relative, and its absolute floor follows the tensor's scale, the
-largest magnitude of the expected tensor (rounding errors are proportional to the magnitudes the
-values were computed from, so a value near zero in a tensor of large values carries the large
-values' error). `rtol` says how exact the computation is: 1e-6 for elementwise float32 work,
-1e-5 for a few float32 layers or reductions, 1e-4 for a deep stack (a model's logits or
-gradients through several layers), measured under the three oneDNN settings CI uses with at
-least a 5x margin. A test of a bug must still fail on that bug: the bug's effect must be far
-above `rtol` times the scale (each changed test in `tests/README.md` was shown to fail on it).
+largest magnitude of the expected tensor, at least 1 (rounding errors are proportional to the
+magnitudes the values were computed from, so a value near zero in a tensor of large values
+carries the large values' error; `scale=` states that magnitude where the default does not fit,
+e.g. tighter for a tensor of small gradients). `rtol` says how exact the computation is: 1e-6
+for elementwise float32 work, 1e-5 for a few float32 layers or reductions, 1e-4 for a deep stack
+(a model's logits or gradients through several layers). A test of a bug must still fail on that
+bug: the bug's effect must be far above `rtol` times the scale (`tests/README.md` lists the bugs
+the changed tests were run on).
 """
 
 from __future__ import annotations
@@ -27,10 +28,14 @@ LOG_ENV = "TESTS_NUMERICS_LOG"
 
 
 def scale_of(expected) -> float:
-    """The magnitude that sets the absolute floor: max |expected|, or 1 if it is all zeros."""
+    """The magnitude that sets the absolute floor: max |expected|, at least 1.
+
+    At least 1 because the values of a tensor of small values often come from terms of ~1 (a
+    gradient, a difference); where they do not, pass `assert_close(..., scale=)` to compare more
+    tightly.
+    """
     values = np.asarray(expected, dtype=np.float64)
-    largest = float(np.max(np.abs(values))) if values.size else 0.0
-    return largest if largest > 0 else 1.0
+    return max(1.0, float(np.max(np.abs(values)))) if values.size else 1.0
 
 
 def assert_close(
@@ -43,9 +48,9 @@ def assert_close(
       expected: the reference values, same shape.
       rtol: relative tolerance; the absolute floor is `rtol * scale`.
       err_msg: added to the failure message.
-      scale: the magnitude of the terms the values were computed from, where it is not the
-        expected tensor's own (a difference or a sum that cancels to ~0); default
-        `scale_of(expected)`.
+      scale: the magnitude of the terms the values were computed from, where `scale_of(expected)`
+        does not fit: smaller for a tensor of small values computed from small terms (a tighter
+        check), larger for a sum that cancels to ~0.
 
     Raises:
       AssertionError: some value differs by more than `rtol * (|expected| + scale)`.

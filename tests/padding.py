@@ -9,6 +9,7 @@ import pytest
 import tensorflow as tf
 
 from mlperf_tf.benchmark import RunContext
+from tests.numerics import assert_close
 
 
 def traced_matmuls(benchmark, model, batch) -> list[tf.Operation]:
@@ -39,5 +40,7 @@ def assert_packed_step_equals_padded(benchmark, model, batch) -> dict[bool, floa
         assert (None in rows) is not static
     assert results[False][0] == pytest.approx(results[True][0], rel=1e-6)
     for packed, padded in zip(results[False][1], results[True][1], strict=True):
-        np.testing.assert_allclose(packed, padded, rtol=1e-5, atol=1e-7)
+        # The gradients' own scale (often below 1), never a floor under the 1e-7 this had.
+        scale = max(float(np.abs(padded).max()), 1e-2)
+        assert_close(packed, padded, rtol=1e-5, scale=scale)
     return {static: loss for static, (loss, _) in results.items()}

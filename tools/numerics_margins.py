@@ -29,19 +29,20 @@ SETTINGS = {
 def run(setting: str, pytest_args: list[str], log_dir: str, keep: str) -> dict[str, float]:
     """Runs pytest under `setting`; returns the largest share used per test id.
 
-    Keeps pytest's output in `keep`/<setting>.out when `keep` is given.
+    Keeps pytest's output in `keep`/<setting>.out (written as it runs) when `keep` is given.
     """
     log = os.path.join(log_dir, f"{setting}.log")
     env = {**os.environ, **SETTINGS[setting], "TESTS_NUMERICS_LOG": log}
     command = [sys.executable, "-m", "pytest", "-q", *pytest_args]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
-    if keep:
-        with open(os.path.join(keep, f"{setting}.out"), "w", encoding="utf-8") as out:
-            out.write(done.stdout + done.stderr)
-    tail = done.stdout.strip().splitlines()[-1:] or ["(no output)"]
-    print(f"{setting}: pytest exit {done.returncode}: {tail[0]}", flush=True)
-    if done.returncode not in (0, 5):
-        print("\n".join(line for line in done.stdout.splitlines() if "FAILED" in line))
+    output = os.path.join(keep or log_dir, f"{setting}.out")  # written as pytest runs
+    with open(output, "w", encoding="utf-8") as out:
+        code = subprocess.run(command, env=env, stdout=out, stderr=subprocess.STDOUT).returncode
+    with open(output, encoding="utf-8") as out:
+        lines = out.read().splitlines()
+    tail = lines[-1:] or ["(no output)"]
+    print(f"{setting}: pytest exit {code}: {tail[0]}", flush=True)
+    if code not in (0, 5):
+        print("\n".join(line for line in lines if line.startswith("FAILED")))
     shares: dict[str, float] = collections.defaultdict(float)
     if os.path.exists(log):
         with open(log, encoding="utf-8") as f:

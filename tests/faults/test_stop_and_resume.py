@@ -15,6 +15,7 @@ from mlperf_logging.mllog import constants as C
 
 from mlperf_tf import errors
 from tests import processes
+from tests.numerics import assert_close
 
 TIMEOUT_S = 240
 # 3,000 steps in one block with one host loop of up to 3,000 steps: a stop must cut the loop short.
@@ -96,7 +97,7 @@ def test_a_signal_stops_inside_a_long_loop_saves_and_the_resume_matches(tmp_path
         processes.kill(proc)
     assert f"steps={STEPS}" in _read(log + ".2")
     for a, b in zip(_npz(tmp_path / "u.npz"), _npz(tmp_path / "b.npz"), strict=True):
-        np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-6)
+        assert_close(a, b, rtol=1e-6)
     # The resumed log is honest: marked, with the first attempt's run_start, and its block
     # starts where the checkpoint was (10 steps per epoch: epoch 1 + stopped_at / 10).
     resumed_text = _read(model_dir / "mlperf_log.txt")

@@ -16,6 +16,7 @@ from mlperf_tf import config as config_lib
 from mlperf_tf import runner
 from mlperf_tf.benchmark import RunContext
 from mlperf_tf.parallel import DeviceMesh
+from tests.numerics import assert_close
 from tests.tiny_benchmark import TinyBenchmark, smoke, weights
 
 
@@ -35,7 +36,7 @@ def test_two_replicas_equal_one_device_on_the_same_global_batch(tmp_path):
     two = _run(tmp_path, "two", distribution="mirrored", num_cpu_devices=2, max_train_steps=4)
     assert one.steps == two.steps == 4
     for a, b in zip(weights(one.model), weights(two.model), strict=True):
-        np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
+        assert_close(a, b, rtol=1e-5)
     # And the weights did move: equality is not the trivial "nothing trained".
     untrained = TinyBenchmark(smoke()).build_model()
     moved = [np.abs(a - b).max() for a, b in zip(weights(one.model), weights(untrained))]
@@ -49,7 +50,7 @@ def test_gradient_accumulation_equals_the_full_batch(tmp_path):
         tmp_path, "acc", cfg=accumulated_cfg, distribution="one_device", max_train_steps=3
     )
     for a, b in zip(weights(full.model), weights(accumulated.model), strict=True):
-        np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
+        assert_close(a, b, rtol=1e-5)
 
 
 def test_train_step_compiles_with_xla(tmp_path):
@@ -147,7 +148,7 @@ def test_global_norm_clipping_applies_to_the_summed_gradient(tmp_path, monkeypat
     one = _run(tmp_path, "one", distribution="one_device", max_train_steps=2)
     two = _run(tmp_path, "two", distribution="mirrored", num_cpu_devices=2, max_train_steps=2)
     for a, b in zip(weights(one.model), weights(two.model), strict=True):
-        np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-5)
+        assert_close(a, b, rtol=1e-5)
     keras.utils.set_random_seed(0)  # the runner's seed: the same initial weights
     initial = TinyBenchmark(smoke()).build_model()
     # Each step's gradient has global norm 1e-3 after clipping; with momentum 0.9 two steps of

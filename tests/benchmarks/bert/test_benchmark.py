@@ -16,8 +16,7 @@ from benchmarks.bert import config as C
 from mlperf_tf import config as config_base
 from mlperf_tf.benchmark import RunContext
 from tests import padding, strategies
-
-pytestmark = pytest.mark.numerics
+from tests.numerics import assert_close
 
 
 def smoke_bench(**overrides):
@@ -35,6 +34,7 @@ def log_softmax(x):
     return x - np.log(np.exp(x).sum(-1, keepdims=True))
 
 
+@pytest.mark.numerics
 def test_loss_matches_the_reference_formula():
     bench = smoke_bench()
     model = bench.build_model()
@@ -48,12 +48,12 @@ def test_loss_matches_the_reference_formula():
     nsp_lp = log_softmax(out["nsp_logits"].numpy())
     nsp = -nsp_lp[np.arange(8), batch["next_sentence_labels"].numpy()].mean()
     loss = bench.compute_loss(model, batch, training=False).numpy()
-    np.testing.assert_allclose(loss, mlm + nsp, rtol=1e-5)  # replica batch = micro batch
+    assert_close(loss, mlm + nsp, rtol=1e-5)  # replica batch = micro batch
     # With 2 replicas each holds half the micro batch and scales its mean by 1/2.
     bench = bench.with_context(RunContext(num_replicas=2))
     half = {k: v[:4] for k, v in batch.items()}
     parts = bench.losses(model, half, training=False)
-    np.testing.assert_allclose(
+    assert_close(
         bench.compute_loss(model, half, training=False).numpy(),
         0.5 * (parts["mlm"] + parts["nsp"]).numpy(),
         rtol=1e-6,
@@ -277,6 +277,7 @@ def test_keras_policy_mixed_bf16_loss_is_float32():
     assert loss.dtype == tf.float32 and np.isfinite(loss.numpy())
 
 
+@pytest.mark.numerics
 def test_gradient_clip_norm_is_the_reference_one():
     assert smoke_bench().gradient_clip_norm() == 1.0
     assert BertBenchmark(C.mlperf()).gradient_clip_norm() == 1.0
@@ -284,6 +285,7 @@ def test_gradient_clip_norm_is_the_reference_one():
     assert BertBenchmark(config).gradient_clip_norm() is None
 
 
+@pytest.mark.numerics
 def test_skipping_the_padding_gives_the_same_loss_and_gradients():
     bench = smoke_bench()
     model = bench.build_model()

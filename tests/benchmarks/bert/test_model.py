@@ -12,6 +12,7 @@ import yaml
 
 from benchmarks.bert import config as C
 from benchmarks.bert import model as M
+from tests.numerics import assert_close
 
 pytestmark = pytest.mark.numerics
 
@@ -108,8 +109,8 @@ def test_padding_does_not_change_real_positions():
     ids[0, 8:] = 33  # change only the padded tokens of example 0
     y["input_ids"] = tf.constant(ids)
     a, b = model(x), model(y)
-    np.testing.assert_allclose(a["mlm_logits"][0], b["mlm_logits"][0], rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(a["nsp_logits"][0], b["nsp_logits"][0], rtol=1e-5, atol=1e-5)
+    assert_close(a["mlm_logits"][0], b["mlm_logits"][0], rtol=1e-5)
+    assert_close(a["nsp_logits"][0], b["nsp_logits"][0], rtol=1e-5)
 
 
 def test_mlm_head_gathers_the_same_logits_as_a_full_sequence_head():
@@ -124,7 +125,7 @@ def test_mlm_head_gathers_the_same_logits_as_a_full_sequence_head():
     gathered = model(x)["mlm_logits"].numpy()
     positions = x["masked_lm_positions"].numpy()
     for i in range(2):
-        np.testing.assert_allclose(gathered[i], full[i, positions[i]], rtol=1e-5, atol=1e-5)
+        assert_close(gathered[i], full[i, positions[i]], rtol=1e-5)
 
 
 def test_mlm_output_is_tied_to_word_embeddings():
@@ -137,7 +138,7 @@ def test_mlm_output_is_tied_to_word_embeddings():
     expected = (
         tf.einsum("bph,vh->bpv", h, model.encoder.embeddings.word_embeddings) + head.output_bias
     )
-    np.testing.assert_allclose(model(x)["mlm_logits"], expected, rtol=1e-5, atol=1e-5)
+    assert_close(model(x)["mlm_logits"], expected, rtol=1e-5)
 
 
 def test_mlm_projection_gradient_is_plain_matmuls():
@@ -162,7 +163,7 @@ def test_mlm_projection_gradient_is_plain_matmuls():
 def test_gelu_is_the_tanh_approximation():
     x = np.linspace(-4, 4, 17).astype(np.float32)
     ref = 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
-    np.testing.assert_allclose(M.gelu(tf.constant(x)), ref, rtol=1e-6, atol=1e-6)
+    assert_close(M.gelu(tf.constant(x)), ref, rtol=1e-6)
 
 
 def test_initializers_follow_the_reference():
@@ -255,11 +256,9 @@ def test_same_outputs_as_model_garden_bert_from_the_same_tf1_checkpoint(tmp_path
     seq, pooled = ours.encoder(x["input_ids"], x["input_mask"], x["segment_ids"])
     mine = ours(x)
     real = x["input_mask"].numpy().astype(bool)  # padded positions may differ; real ones not
-    np.testing.assert_allclose(
-        seq.numpy()[real], theirs["sequence_output"].numpy()[real], rtol=1e-4, atol=1e-4
-    )
-    np.testing.assert_allclose(pooled, theirs["pooled_output"], rtol=1e-4, atol=1e-4)
-    np.testing.assert_allclose(mine["mlm_logits"], theirs["mlm_logits"], rtol=1e-4, atol=1e-4)
+    assert_close(seq.numpy()[real], theirs["sequence_output"].numpy()[real], rtol=1e-4)
+    assert_close(pooled, theirs["pooled_output"], rtol=1e-4)
+    assert_close(mine["mlm_logits"], theirs["mlm_logits"], rtol=1e-4)
 
 
 def test_packed_encoder_gives_the_padded_outputs_at_every_real_position():
@@ -272,11 +271,11 @@ def test_packed_encoder_gives_the_padded_outputs_at_every_real_position():
     packed = model.encoder(
         inputs["input_ids"], inputs["input_mask"], inputs["segment_ids"], packed=True
     )
-    np.testing.assert_allclose(packed[0].numpy()[real], padded[0].numpy()[real], atol=1e-5)
+    assert_close(packed[0].numpy()[real], padded[0].numpy()[real], rtol=1e-5)
     assert not packed[0].numpy()[~real].any()  # padded slots are zeros, not computed
-    np.testing.assert_allclose(packed[1], padded[1], atol=1e-5)  # the [CLS] pooler
+    assert_close(packed[1], padded[1], rtol=1e-5)  # the [CLS] pooler
     outputs = model(inputs, packed=True)
-    np.testing.assert_allclose(outputs["mlm_logits"], model(inputs)["mlm_logits"], atol=1e-4)
+    assert_close(outputs["mlm_logits"], model(inputs)["mlm_logits"], rtol=1e-4)
 
 
 def test_packed_encoder_runs_its_block_matmuls_on_the_real_tokens_only():

@@ -17,8 +17,7 @@ from benchmarks.resnet50.benchmark import ResNet50Benchmark, decayed_variables
 from mlperf_tf.benchmark import RunContext
 from mlperf_tf.config import ConfigError, override
 from mlperf_tf.optimizers import LARS
-
-pytestmark = pytest.mark.numerics
+from tests.numerics import assert_close
 
 RULES_DIR = os.path.dirname(compliance_checker.__file__)
 
@@ -44,6 +43,7 @@ def test_registry_names_this_class():
     assert set(ResNet50Benchmark.presets) == {"mlperf", "mini", "smoke"}
 
 
+@pytest.mark.numerics
 def test_loss_is_label_smoothed_cross_entropy_over_the_micro_batch():
     bench = _smoke()
     model = bench.build_model()
@@ -54,9 +54,10 @@ def test_loss_is_label_smoothed_cross_entropy_over_the_micro_batch():
         from_logits=True, label_smoothing=0.1, reduction="sum"
     )(tf.one_hot(batch["label"], 10), logits)
     # Summed over this replica's 4 examples, divided by the global micro batch (16).
-    np.testing.assert_allclose(float(loss), float(reference) / 16, rtol=1e-5)
+    assert_close(float(loss), float(reference) / 16, rtol=1e-5)
 
 
+@pytest.mark.numerics
 def test_sgd_adds_half_weight_decay_l2_over_kernels_per_replica():
     bench = _smoke(**{"optimizer.opt_name": "sgd", "optimizer.sgd_opt_weight_decay": "0.0008"})
     bench = bench.with_context(RunContext(num_replicas=2))
@@ -75,7 +76,7 @@ def test_sgd_adds_half_weight_decay_l2_over_kernels_per_replica():
     names = " ".join(v.path for v in kernels)
     assert "bn" not in names and "bias" not in names
     l2 = sum(float(np.sum(np.square(v.numpy()))) for v in kernels)
-    np.testing.assert_allclose(with_wd - plain, 0.5 * 0.0008 * l2 / 2, rtol=1e-4)
+    assert_close(with_wd - plain, 0.5 * 0.0008 * l2 / 2, rtol=1e-4)
 
 
 def test_eval_step_counts_only_valid_examples():
@@ -216,12 +217,13 @@ def test_step_methods_compile_with_xla():
 
     loss, grads = loss_and_grads(batch)
     eager_loss = bench.compute_loss(model, batch, training=True)
-    np.testing.assert_allclose(float(loss), float(eager_loss), rtol=1e-4)
+    assert_close(float(loss), float(eager_loss), rtol=1e-4)
     assert all(g is not None and np.all(np.isfinite(g.numpy())) for g in grads)
     out = eval_step({**batch, "valid": tf.ones([4])})
     assert out["correct"].shape == (4,) and float(tf.reduce_sum(out["count"])) == 4.0
 
 
+@pytest.mark.numerics
 def test_two_replicas_with_grouped_batch_norm_give_the_one_replica_loss():
     """compute_loss per replica (÷ micro batch) summed over 2 replicas whose batch norm spans
     both equals one replica's loss on the whole batch: the loss scaling and the BN grouping fit."""
@@ -253,4 +255,4 @@ def test_two_replicas_with_grouped_batch_norm_give_the_one_replica_loss():
         )
         return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
 
-    np.testing.assert_allclose(float(loss(next(halves))), expected, rtol=1e-4)
+    assert_close(float(loss(next(halves))), expected, rtol=1e-4)

@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 from benchmarks.ssd import anchors
+from tests.numerics import assert_close
 
 pytestmark = pytest.mark.numerics
 
@@ -51,17 +52,17 @@ def test_ssd300_boxes_are_the_reference_set():
     ours = anchors.ssd300_boxes().center  # [cy, cx, h, w]
     ref = _reference_boxes_xywh()[:, [1, 0, 3, 2]]
     sort = lambda a: a[np.lexsort(np.round(a, 6).T[::-1])]  # noqa: E731
-    np.testing.assert_allclose(sort(ours), sort(ref.astype(np.float32)), atol=1e-6)
+    assert_close(sort(ours), sort(ref.astype(np.float32)), rtol=1e-6)
 
 
 def test_anchor_order_is_position_major_per_level():
     boxes = anchors.ssd300_boxes().center
     # Level 0 position (0, 1): boxes 4..7 share its center; the 4 sizes follow the reference.
-    np.testing.assert_allclose(boxes[4:8, :2], [[4 / 300, 12 / 300]] * 4, atol=1e-6)
+    assert_close(boxes[4:8, :2], [[4 / 300, 12 / 300]] * 4, rtol=1e-6)
     s1, s2 = 21 / 300, 45 / 300
-    np.testing.assert_allclose(boxes[4, 2:], [s1, s1], atol=1e-6)
-    np.testing.assert_allclose(boxes[5, 2:], [math.sqrt(s1 * s2)] * 2, atol=1e-6)
-    np.testing.assert_allclose(boxes[6, 2:], [s1 / math.sqrt(2), s1 * math.sqrt(2)], atol=1e-6)
+    assert_close(boxes[4, 2:], [s1, s1], rtol=1e-6)
+    assert_close(boxes[5, 2:], [math.sqrt(s1 * s2)] * 2, rtol=1e-6)
+    assert_close(boxes[6, 2:], [s1 / math.sqrt(2), s1 * math.sqrt(2)], rtol=1e-6)
 
 
 def test_default_boxes_validates_lengths():
@@ -78,14 +79,14 @@ def test_encode_decode_is_identity():
     hw = rng.uniform(0.01, 0.4, (3, boxes.num_anchors, 2))
     corners = tf.constant(np.concatenate([yx, yx + hw], -1), tf.float32)
     codes = anchors.encode(corners, tf.constant(boxes.center))
-    np.testing.assert_allclose(anchors.decode(codes, tf.constant(boxes.center)), corners, atol=2e-6)
+    assert_close(anchors.decode(codes, tf.constant(boxes.center)), corners, rtol=2e-6)
 
 
 def test_encode_uses_variances_0p1_0p2():
     anchor = tf.constant([[0.5, 0.5, 0.2, 0.4]])  # cy, cx, h, w
     box = tf.constant([[0.42, 0.34, 0.62, 0.74]])  # center (0.52, 0.54), h 0.2, w 0.4
     code = anchors.encode(box, anchor).numpy()[0]
-    np.testing.assert_allclose(code, [0.02 / 0.2 / 0.1, 0.04 / 0.4 / 0.1, 0.0, 0.0], atol=1e-5)
+    assert_close(code, [0.02 / 0.2 / 0.1, 0.04 / 0.4 / 0.1, 0.0, 0.0], rtol=1e-5)
     box = tf.constant([[0.4, 0.3, 0.6 + 0.2, 0.7]])  # h doubled: th = log(2) / 0.2
     assert anchors.encode(box, anchor).numpy()[0, 2] == pytest.approx(math.log(2) / 0.2, rel=1e-5)
 
@@ -93,7 +94,7 @@ def test_encode_uses_variances_0p1_0p2():
 def test_pairwise_iou_hand_values():
     a = tf.constant([[0.0, 0.0, 1.0, 1.0], [0.0, 0.0, 0.5, 0.5]])
     b = tf.constant([[0.0, 0.0, 0.5, 1.0], [2.0, 2.0, 3.0, 3.0], [0.0, 0.0, 0.0, 0.0]])
-    np.testing.assert_allclose(anchors.pairwise_iou(a, b), [[0.5, 0, 0], [0.5, 0, 0]], atol=1e-6)
+    assert_close(anchors.pairwise_iou(a, b), [[0.5, 0, 0], [0.5, 0, 0]], rtol=1e-6)
 
 
 def _toy_anchors():

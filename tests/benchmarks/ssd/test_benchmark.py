@@ -16,8 +16,7 @@ from benchmarks.ssd.benchmark import SSDBenchmark
 from mlperf_tf import registry
 from mlperf_tf.benchmark import RunContext
 from tests import strategies
-
-pytestmark = pytest.mark.numerics
+from tests.numerics import assert_close
 
 RULES = os.path.join(os.path.dirname(mlperf_logging.__file__), "compliance_checker")
 
@@ -109,6 +108,7 @@ def _batch(cfg, n):
     }
 
 
+@pytest.mark.numerics
 def test_two_replicas_with_synced_bn_equal_one_replica():
     # Global batch 4 on 1 replica vs 2 replicas x 2 with batch norm over both (group size 2):
     # the summed replica gradients (data loss / global batch, L2 / replicas) must be equal.
@@ -147,7 +147,7 @@ def test_two_replicas_with_synced_bn_equal_one_replica():
     loss2, got = grads(dist_batch)
     assert float(loss2) == pytest.approx(float(loss), rel=1e-4)
     for want, have, var in zip(expected, got, model.trainable_variables):
-        np.testing.assert_allclose(have, want, rtol=2e-3, atol=2e-5, err_msg=var.path)
+        assert_close(have, want, rtol=2e-3, err_msg=var.path)
 
 
 def test_train_and_eval_steps_compile_with_xla():

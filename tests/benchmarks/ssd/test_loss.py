@@ -5,6 +5,7 @@ import pytest
 import tensorflow as tf
 
 from benchmarks.ssd import anchors, loss
+from tests.numerics import assert_close
 
 pytestmark = pytest.mark.numerics
 
@@ -46,7 +47,7 @@ def test_perfect_prediction_has_near_zero_loss():
     gt_boxes, gt_classes = _ground_truth()
     codes, logits, _ = _perfect_outputs(boxes, gt_boxes, gt_classes)
     terms = loss.ssd_loss(codes, logits, gt_boxes, gt_classes, boxes)
-    np.testing.assert_allclose(terms.total.numpy(), [0.0, 0.0], atol=1e-6)
+    assert_close(terms.total.numpy(), [0.0, 0.0], rtol=1e-6)
     # A wrong class on the positives costs about `margin` per positive.
     wrong = tf.roll(logits, shift=1, axis=-1)
     assert float(tf.reduce_min(loss.ssd_loss(codes, wrong, gt_boxes, gt_classes, boxes).total)) > 10
@@ -128,7 +129,7 @@ def test_matches_the_reference_formula():
     logits = rng.normal(size=(2, boxes.num_anchors, 4)).astype(np.float32)
     ours = loss.ssd_loss(codes, logits, gt_boxes, gt_classes, boxes).total.numpy()
     ref = _reference_loss(codes, logits, gt_boxes.numpy(), gt_classes.numpy(), boxes)
-    np.testing.assert_allclose(ours, ref, rtol=1e-4)
+    assert_close(ours, ref, rtol=1e-4)
 
 
 def test_loss_and_gradient_compile_with_xla():
@@ -145,6 +146,6 @@ def test_loss_and_gradient_compile_with_xla():
 
     eager = value_and_grad()
     compiled = tf.function(value_and_grad, jit_compile=True)()
-    np.testing.assert_allclose(compiled[0], eager[0], rtol=1e-5)
+    assert_close(compiled[0], eager[0], rtol=1e-5)
     for x, y in zip(compiled[1], eager[1]):
-        np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6)
+        assert_close(x, y, rtol=1e-4)

@@ -5,6 +5,7 @@ import pytest
 import tensorflow as tf
 
 from benchmarks.ssd import anchors, postprocess
+from tests.numerics import assert_close
 
 pytestmark = pytest.mark.numerics
 
@@ -62,8 +63,8 @@ def test_detect_decodes_classes_scores_and_suppresses_duplicates():
     n = int(out["num_detections"][0])
     assert n == 3
     np.testing.assert_array_equal(out["classes"][0, :n], [2, 3, 1])  # by descending score
-    np.testing.assert_allclose(out["boxes"][0, 0], box, atol=1e-5)
-    np.testing.assert_allclose(out["boxes"][0, 1], other, atol=1e-5)
+    assert_close(out["boxes"][0, 0], box, rtol=1e-5)
+    assert_close(out["boxes"][0, 1], other, rtol=1e-5)
     assert out["scores"][0, 0] > out["scores"][0, 1] > out["scores"][0, 2] > 0.05
     assert out["boxes"].shape == (1, 10, 4)
     np.testing.assert_array_equal(out["scores"][0, n:], 0.0)
@@ -96,5 +97,5 @@ def test_detect_compiles_with_xla():
     eager = fn(codes, logits)
     compiled = tf.function(fn, jit_compile=True)(codes, logits)
     for key in eager:
-        np.testing.assert_allclose(compiled[key], eager[key], rtol=1e-5, atol=1e-6)
+        assert_close(compiled[key], eager[key], rtol=1e-5)
     assert int(tf.reduce_sum(eager["num_detections"])) > 0

@@ -8,6 +8,7 @@ import tensorflow as tf
 
 from benchmarks.transformer import beam_search
 from tests.benchmarks.transformer.test_model import tiny_model
+from tests.numerics import assert_close
 
 pytestmark = pytest.mark.numerics
 
@@ -99,7 +100,7 @@ def test_beam_one_equals_greedy_on_a_transformer():
         eos_id=EOS,
     )
     np.testing.assert_array_equal(beam.numpy()[:, 0], greedy.numpy())
-    np.testing.assert_allclose(beam_scores.numpy()[:, 0], greedy_log_prob.numpy(), rtol=1e-5)
+    assert_close(beam_scores.numpy()[:, 0], greedy_log_prob.numpy(), rtol=1e-5)
     assert (greedy.numpy() == EOS).any()  # some sequences end early: the EOS path is covered
 
 
@@ -175,6 +176,4 @@ def test_matches_model_garden_beam_search():
         ref_ids = beam_search._strip_after_eos(ref_ids[:, :, 1:], EOS)
         np.testing.assert_array_equal(ids.numpy(), ref_ids.numpy())
         finished = (ids.numpy() == EOS).any(axis=2)
-        np.testing.assert_allclose(
-            scores.numpy()[finished], ref_scores.numpy()[finished], rtol=1e-5
-        )
+        assert_close(scores.numpy()[finished], ref_scores.numpy()[finished], rtol=1e-5)

@@ -17,8 +17,6 @@ from mlperf_tf.config import ConfigError, override
 from tests import padding, strategies
 from tests.benchmarks.transformer.test_prepare import corpus
 
-pytestmark = pytest.mark.numerics
-
 RULES = os.path.join(os.path.dirname(mlperf_logging.__file__), "compliance_checker")
 
 
@@ -40,6 +38,7 @@ def reference_loss(logits, targets, smoothing):
     return ((xent - entropy) * weights).sum(), weights.sum()
 
 
+@pytest.mark.numerics
 def test_label_smoothed_loss_matches_the_formula_and_masks_padding():
     rng = np.random.default_rng(0)
     logits = rng.normal(size=(2, 5, 11))
@@ -59,6 +58,7 @@ def test_label_smoothed_loss_matches_the_formula_and_masks_padding():
     assert float(loss) == pytest.approx(0.0, abs=1e-4)
 
 
+@pytest.mark.numerics
 @pytest.mark.peers
 def test_loss_matches_model_garden_transformer_loss():
     metrics = pytest.importorskip("official.legacy.transformer.metrics")
@@ -170,6 +170,7 @@ def test_train_step_compiles_under_xla_and_learns():
     assert np.isfinite(first) and last < first
 
 
+@pytest.mark.numerics
 def test_skipping_the_padding_gives_the_same_loss_and_gradients():
     bench = smoke_benchmark()
     model = bench.build_model()
@@ -194,6 +195,7 @@ def test_skipping_the_padding_gives_the_same_loss_and_gradients():
     assert losses[False] == pytest.approx(total / count, rel=1e-4)
 
 
+@pytest.mark.numerics
 def test_loss_is_the_token_mean_over_replicas():
     bench = smoke_benchmark()
     model = bench.build_model()

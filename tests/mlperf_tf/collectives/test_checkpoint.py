@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from mlperf_tf import runner
 from mlperf_tf.optimizers import LARS
+from tests.numerics import assert_close
 from tests.tiny_benchmark import TinyBenchmark, smoke, weights
 
 pytestmark = pytest.mark.numerics
@@ -53,7 +54,7 @@ def test_a_resumed_sharded_run_matches_the_unbroken_run(tmp_path, lars_tiny):
     resumed = _run(tmp_path / "broken", FIRST_STEPS + MORE_STEPS)
     assert resumed.steps == FIRST_STEPS + MORE_STEPS
     for a, b in zip(weights(resumed.model), weights(unbroken.model), strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+        assert_close(a, b, rtol=1e-6)
 
     # The checkpoint holds each momentum slot once, at its variable's full shape, not non-zero
     # by accident: after 3 steps of LARS every slot has moved.
@@ -76,4 +77,4 @@ def test_a_sharded_checkpoint_resumes_under_another_algorithm(tmp_path, lars_tin
     _run(tmp_path / "broken", FIRST_STEPS)
     resumed = _run(tmp_path / "broken", FIRST_STEPS + MORE_STEPS, all_reduce="ring")
     for a, b in zip(weights(resumed.model), weights(unbroken.model), strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+        assert_close(a, b, rtol=1e-5)

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from tests import processes
+from tests.numerics import assert_close
 
 TIMEOUT_S = 240
 RTOL = 1e-5
@@ -133,4 +134,4 @@ def test_two_workers_sharded_resume_matches_the_unbroken_run(tmp_path):
         assert f"steps={STEPS}" in f.read()
     for got, want, mirror in zip(resumed, unbroken, other, strict=True):
         np.testing.assert_array_equal(got, mirror)
-        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+        assert_close(got, want, rtol=1e-6)

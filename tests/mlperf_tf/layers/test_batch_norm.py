@@ -15,6 +15,7 @@ from mlperf_tf.layers import CrossReplicaBatchNormalization, model_bn_span
 from mlperf_tf.layers.batch_norm import group_moments, table_group_sum
 from tests import processes
 from tests.mlperf_tf.layers import mwms_worker
+from tests.numerics import assert_close
 
 pytestmark = pytest.mark.numerics
 
@@ -134,20 +135,14 @@ def test_grouped_statistics_and_gradients_match_group_batch(group_size, strategy
         members = slice(g * group_size, (g + 1) * group_size)
         group_batch = x[members].reshape((-1,) + SHAPE[1:])  # the group's concatenated batch
         ref_y, mean, var = _numpy_bn(group_batch, gamma, beta)
-        np.testing.assert_allclose(y[members].reshape(ref_y.shape), ref_y, rtol=1e-5, atol=1e-5)
+        assert_close(y[members].reshape(ref_y.shape), ref_y, rtol=1e-5)
         for r in range(g * group_size, (g + 1) * group_size):
-            np.testing.assert_allclose(
-                moving_mean[r], MOMENTUM * mm0 + (1 - MOMENTUM) * mean, rtol=1e-5, atol=1e-5
-            )
-            np.testing.assert_allclose(
-                moving_var[r], MOMENTUM * mv0 + (1 - MOMENTUM) * var, rtol=1e-5, atol=1e-5
-            )
+            assert_close(moving_mean[r], MOMENTUM * mm0 + (1 - MOMENTUM) * mean, rtol=1e-5)
+            assert_close(moving_var[r], MOMENTUM * mv0 + (1 - MOMENTUM) * var, rtol=1e-5)
         ref_grad = _keras_input_grad(
             group_batch.astype(np.float32), w[members].reshape(group_batch.shape), gamma, beta
         )
-        np.testing.assert_allclose(
-            grad[members].reshape(ref_grad.shape), ref_grad, rtol=1e-4, atol=1e-5
-        )
+        assert_close(grad[members].reshape(ref_grad.shape), ref_grad, rtol=1e-4)
     # Groups really differ (replica means differ), so a wrong row would be caught above.
     if group_size < REPLICAS:
         assert not np.allclose(moving_mean[0], moving_mean[-1])
@@ -207,15 +202,13 @@ def test_layer_called_twice_in_one_step(strategy):
         group_batch = x[members].reshape((-1,) + SHAPE[1:])
         for y, batch in ((y1, group_batch), (y2, group_batch * 2.0 + 1.0)):
             ref_y, _, _ = _numpy_bn(batch, gamma, beta)
-            np.testing.assert_allclose(y[members].reshape(ref_y.shape), ref_y, rtol=1e-5, atol=1e-5)
+            assert_close(y[members].reshape(ref_y.shape), ref_y, rtol=1e-5)
         # d/dx of BN(x) + BN(2x + 1) = grad_BN(x) + 2 grad_BN(2x + 1), both over the group.
         group_w = w[members].reshape(group_batch.shape)
         ref_grad = _keras_input_grad(group_batch, group_w, gamma, beta) + 2.0 * _keras_input_grad(
             group_batch * 2.0 + 1.0, group_w, gamma, beta
         )
-        np.testing.assert_allclose(
-            grad[members].reshape(ref_grad.shape), ref_grad, rtol=1e-4, atol=1e-4
-        )
+        assert_close(grad[members].reshape(ref_grad.shape), ref_grad, rtol=1e-4)
 
 
 def test_moving_mean_shift_limits_cancellation(strategy):
@@ -234,10 +227,8 @@ def test_moving_mean_shift_limits_cancellation(strategy):
         group_batch = x[2 * g : 2 * g + 2].reshape((-1,) + SHAPE[1:])
         ref_y, _, var = _numpy_bn(group_batch, gamma, beta)
         # fp32 x * (1 / std) near 1000 rounds to ~6e-5 before the mean is subtracted.
-        np.testing.assert_allclose(y[2 * g : 2 * g + 2].reshape(ref_y.shape), ref_y, atol=1e-3)
-        np.testing.assert_allclose(
-            moving_var[2 * g], MOMENTUM + (1 - MOMENTUM) * var, rtol=1e-5, atol=1e-5
-        )
+        assert_close(y[2 * g : 2 * g + 2].reshape(ref_y.shape), ref_y, rtol=1e-3)
+        assert_close(moving_var[2 * g], MOMENTUM + (1 - MOMENTUM) * var, rtol=1e-5)
 
     # Without a shift the same sums lose the variance to rounding: the shift is what helps.
     group_batch = x[:2].reshape((-1,) + SHAPE[1:])
@@ -263,12 +254,8 @@ def test_half_precision_inputs_keep_fp32_statistics(dtype, strategy):
     x64 = x.astype(np.float64)
     for g in range(2):
         ref_y, mean, _ = _numpy_bn(x64[2 * g : 2 * g + 2].reshape((-1,) + SHAPE[1:]), gamma, beta)
-        np.testing.assert_allclose(
-            y[2 * g : 2 * g + 2].astype(np.float64).reshape(ref_y.shape), ref_y, atol=0.05
-        )
-        np.testing.assert_allclose(
-            moving_mean[2 * g], MOMENTUM * mm0 + (1 - MOMENTUM) * mean, rtol=1e-5
-        )
+        assert_close(y[2 * g : 2 * g + 2].astype(np.float64).reshape(ref_y.shape), ref_y, rtol=0.05)
+        assert_close(moving_mean[2 * g], MOMENTUM * mm0 + (1 - MOMENTUM) * mean, rtol=1e-5)
 
 
 def test_masked_inputs_count_only_unmasked_positions(strategy):
@@ -285,7 +272,7 @@ def test_masked_inputs_count_only_unmasked_positions(strategy):
     y = np.stack([t.numpy() for t in strategy.experimental_local_results(y)])
     kept = x.astype(np.float64)[mask]  # [N, C]
     ref = (x - kept.mean(0)) / np.sqrt(kept.var(0) + EPS)
-    np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5)
+    assert_close(y, ref, rtol=1e-5)
 
 
 def test_group_size_not_dividing_replicas_fails_at_build(strategy):
@@ -326,17 +313,16 @@ def test_plain_keras_bn_outside_replica_context_and_in_inference(strategy):
         bn.gamma.assign(np.arange(1, 5, dtype=np.float32))
     # No strategy: the default context is plain BN, whatever the group size (fused kernel: equal
     # up to rounding).
-    tol = {"rtol": 1e-5, "atol": 1e-5}
-    np.testing.assert_allclose(layer(x, training=True), reference(x, training=True), **tol)
-    np.testing.assert_allclose(layer.moving_mean.numpy(), reference.moving_mean.numpy(), **tol)
-    np.testing.assert_allclose(layer(x, training=False), reference(x, training=False), **tol)
+    assert_close(layer(x, training=True), reference(x, training=True), rtol=1e-5)
+    assert_close(layer.moving_mean.numpy(), reference.moving_mean.numpy(), rtol=1e-5)
+    assert_close(layer(x, training=False), reference(x, training=False), rtol=1e-5)
     # Cross-replica context under a strategy: plain BN too.
     with strategy.scope():
         crbn = CrossReplicaBatchNormalization(group_size=4)
         crbn.build(x.shape)
         out = crbn(x, training=True)
     _, mean, _ = _numpy_bn(x, 1.0, 0.0)
-    np.testing.assert_allclose(crbn.moving_mean.numpy(), 0.01 * mean, rtol=1e-5)
+    assert_close(crbn.moving_mean.numpy(), 0.01 * mean, rtol=1e-5)
     assert out.shape == x.shape
     # Inference in replica context uses the moving statistics, no collective.
     xs, _ = _replica_inputs()
@@ -344,7 +330,7 @@ def test_plain_keras_bn_outside_replica_context_and_in_inference(strategy):
         tf.function(lambda a: crbn(a, training=False)), args=(_per_replica(strategy, xs),)
     )
     mm, mv = crbn.moving_mean.numpy(), crbn.moving_variance.numpy()
-    np.testing.assert_allclose(
+    assert_close(
         strategy.experimental_local_results(y)[2], (xs[2] - mm) / np.sqrt(mv + 1e-3), rtol=1e-5
     )
 
@@ -388,13 +374,11 @@ def test_fused_path_matches_keras_bn_and_numpy(shape):
     for got, want in zip(results["unfused"], results["keras"]):
         np.testing.assert_array_equal(got, want)  # fused=False is Keras' own code path
     for got, want in zip(results["fused"], results["keras"]):
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+        assert_close(got, want, rtol=1e-4)
     ref_y, mean, var = _numpy_bn(x, np.linspace(0.5, 1.5, shape[-1]), np.linspace(-1, 1, shape[-1]))
-    np.testing.assert_allclose(results["fused"][0], ref_y, rtol=1e-4, atol=1e-4)
-    np.testing.assert_allclose(results["fused"][1], (1 - MOMENTUM) * mean, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(
-        results["fused"][2], MOMENTUM * 2.0 + (1 - MOMENTUM) * var, rtol=1e-5, atol=1e-6
-    )
+    assert_close(results["fused"][0], ref_y, rtol=1e-4)
+    assert_close(results["fused"][1], (1 - MOMENTUM) * mean, rtol=1e-5)
+    assert_close(results["fused"][2], MOMENTUM * 2.0 + (1 - MOMENTUM) * var, rtol=1e-5)
 
 
 @pytest.mark.bfloat16
@@ -405,8 +389,8 @@ def test_fused_path_bf16_inputs_keep_fp32_statistics():
     y = layer(tf.cast(x, tf.bfloat16), training=True)
     assert y.dtype == tf.bfloat16 and layer.moving_mean.dtype == "float32"
     ref_y, mean, _ = _numpy_bn(x, 1.0, 0.0)
-    np.testing.assert_allclose(tf.cast(y, tf.float32), ref_y, atol=0.05)
-    np.testing.assert_allclose(layer.moving_mean.numpy(), (1 - MOMENTUM) * mean, rtol=0.02)
+    assert_close(tf.cast(y, tf.float32), ref_y, rtol=0.05)
+    assert_close(layer.moving_mean.numpy(), (1 - MOMENTUM) * mean, rtol=0.02)
 
 
 def test_fused_kernel_only_where_statistics_are_local(strategy):
@@ -473,8 +457,8 @@ def test_compiles_under_xla_single_device():
     assert "ENTRY" in step.experimental_get_compiler_ir(x)(stage="hlo")  # XLA compiled it
     y, _ = step(x)
     ref_y, mean, _ = _numpy_bn(x.numpy(), 1.0, 0.0)
-    np.testing.assert_allclose(y, ref_y, rtol=1e-4, atol=1e-4)
-    np.testing.assert_allclose(layer.moving_mean.numpy(), 0.01 * mean, rtol=1e-5)
+    assert_close(y, ref_y, rtol=1e-4)
+    assert_close(layer.moving_mean.numpy(), 0.01 * mean, rtol=1e-5)
 
 
 def test_grouped_statistics_compile_under_xla():
@@ -506,8 +490,8 @@ def test_grouped_statistics_compile_under_xla():
         g = r // group_size
         group_batch = x[g * group_size : (g + 1) * group_size].reshape((-1,) + SHAPE[1:])
         _, ref_mean, ref_var = _numpy_bn(group_batch, 1.0, 0.0)
-        np.testing.assert_allclose(mean, ref_mean, rtol=1e-5, atol=1e-5)
-        np.testing.assert_allclose(var, ref_var, rtol=1e-5, atol=1e-5)
+        assert_close(mean, ref_mean, rtol=1e-5)
+        assert_close(var, ref_var, rtol=1e-5)
 
 
 def test_multi_worker_mirrored_group_spans_both_workers(tmp_path):
@@ -543,12 +527,10 @@ def test_multi_worker_mirrored_group_spans_both_workers(tmp_path):
     for index, result in enumerate(results):
         assert int(result["num_replicas"]) == 2 and int(result["replica_id"]) == index
         rows = slice(index * n, (index + 1) * n)
-        np.testing.assert_allclose(result["y"], ref_y[rows], rtol=1e-5, atol=1e-5)
-        np.testing.assert_allclose(result["grad"], ref_grad[rows], rtol=1e-4, atol=1e-5)
-        np.testing.assert_allclose(result["moving_mean"], (1 - momentum) * mean, atol=1e-5)
-        np.testing.assert_allclose(
-            result["moving_variance"], momentum + (1 - momentum) * var, rtol=1e-5, atol=1e-5
-        )
+        assert_close(result["y"], ref_y[rows], rtol=1e-5)
+        assert_close(result["grad"], ref_grad[rows], rtol=1e-4)
+        assert_close(result["moving_mean"], (1 - momentum) * mean, rtol=1e-5)
+        assert_close(result["moving_variance"], momentum + (1 - momentum) * var, rtol=1e-5)
 
 
 def test_model_bn_span():

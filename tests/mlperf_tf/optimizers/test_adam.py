@@ -8,6 +8,7 @@ import tensorflow as tf
 from mlperf_tf.optimizers import FusedAdam, WarmupRsqrtDecay
 from tests import strategies
 from tests.mlperf_tf.optimizers import golden
+from tests.numerics import assert_close
 
 pytestmark = pytest.mark.numerics
 
@@ -41,11 +42,11 @@ def test_matches_the_adam_formula_and_keras_adam():
     _, stock = golden.run_keras(keras.optimizers.Adam(schedule(), **SETTINGS), weights, batches)
     expected = numpy_adam(weights, batches, **SETTINGS)
     for got, keras_value, want in zip(fused, stock, expected):
-        np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-6)
+        assert_close(got, want, rtol=2e-5)
         # Keras' separate float32 ops round more often (here up to 5e-6 from float64, where the
         # fused kernel stays within 1e-6); the two agree to float32 rounding, not bit for bit.
-        np.testing.assert_allclose(keras_value, want, rtol=1e-4, atol=1e-5)
-        np.testing.assert_allclose(got, keras_value, rtol=1e-4, atol=1e-5)
+        assert_close(keras_value, want, rtol=1e-4)
+        assert_close(got, keras_value, rtol=1e-4)
     assert not all(np.array_equal(a, b) for a, b in zip(fused, weights))  # it did train
 
 
@@ -56,7 +57,7 @@ def test_two_replicas_equal_one_on_the_same_global_batch():
         lambda: FusedAdam(schedule(), **SETTINGS), weights, batches, strategies.mirrored(2)
     )
     for a, b in zip(one, two):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+        assert_close(a, b, rtol=1e-5)
 
 
 def test_sparse_gradients_take_keras_update():
@@ -118,4 +119,4 @@ def test_step_scalars_are_built_once_per_step_not_per_variable():
     for _ in range(2):
         reference.apply([tf.ones((3,)) for _ in stock], stock)
     for a, b in zip(variables, stock):
-        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6)
+        assert_close(a.numpy(), b.numpy(), rtol=1e-6)

@@ -8,6 +8,7 @@ import tensorflow as tf
 from mlperf_tf.optimizers import KFAC
 from tests import strategies
 from tests.mlperf_tf.optimizers import golden
+from tests.numerics import assert_close
 
 pytestmark = pytest.mark.numerics
 
@@ -111,7 +112,7 @@ def test_matches_numpy_kfac(overrides):
     expected = numpy_kfac(weights, batches, **{**SETTINGS, **overrides})
     _, got = run_kfac(lambda: make(**overrides), weights, batches)
     for a, b in zip(got, expected):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+        assert_close(a, b, rtol=1e-5)
 
 
 def test_preconditioning_changes_the_trajectory():
@@ -126,7 +127,7 @@ def test_two_replicas_equal_one_device():
     _, one = run_kfac(lambda: make(kl_clip=1e-3), weights, batches)
     _, two = run_kfac(lambda: make(kl_clip=1e-3), weights, batches, strategies.mirrored(2))
     for a, b in zip(one, two):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+        assert_close(a, b, rtol=1e-5)
 
 
 def test_conv2d_factors_use_patches_and_other_layers_fall_back():
@@ -154,15 +155,14 @@ def test_conv2d_factors_use_patches_and_other_layers_fall_back():
     conv = optimizer._blocks[0]
     patches = tf.image.extract_patches(x, [1, 3, 3, 1], [1, 2, 2, 1], [1, 1, 1, 1], "SAME")
     a = np.concatenate([patches.numpy().reshape(-1, 18), np.ones((36, 1))], axis=1)
-    np.testing.assert_allclose(conv.a_factor.numpy(), a.T @ a / 36, rtol=1e-5, atol=1e-6)
+    assert_close(conv.a_factor.numpy(), a.T @ a / 36, rtol=1e-5)
     assert conv.g_factor.numpy().shape == (3, 3)
     # Batch norm's gamma moved by plain SGD-momentum: -lr * g on the first step.
     gamma_index = [i for i, v in enumerate(net.trainable_variables) if "gamma" in v.path][0]
-    np.testing.assert_allclose(
+    assert_close(
         net.trainable_variables[gamma_index].numpy(),
         before[gamma_index] - 0.1 * grads[gamma_index].numpy(),
         rtol=1e-5,
-        atol=1e-7,
     )
     # The layers' own calls are restored after capture.
     assert "call" not in net.layers[0].__dict__

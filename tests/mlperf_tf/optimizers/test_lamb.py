@@ -11,6 +11,7 @@ import tensorflow as tf
 from mlperf_tf.optimizers import LAMB, LARS, WarmupPolynomialDecay
 from mlperf_tf.optimizers.base import matches_any, variable_path
 from mlperf_tf.optimizers.lamb import DEFAULT_LAMB_EXCLUDE
+from tests.numerics import assert_close
 
 pytestmark = pytest.mark.numerics
 
@@ -87,12 +88,10 @@ def run_optimizer(optimizer, variables, steps=GRADIENTS):
     return history
 
 
-def assert_histories_close(actual, expected, atol=1e-6):
+def assert_histories_close(actual, expected, rtol=1e-6):
     for step, (got, want) in enumerate(zip(actual, expected)):
         for (scope, name, _, _), a, e in zip(VARIABLES, got, want):
-            np.testing.assert_allclose(
-                a, e, rtol=1e-6, atol=atol, err_msg=f"step {step + 1}, {scope}/{name}"
-            )
+            assert_close(a, e, rtol=rtol, err_msg=f"step {step + 1}, {scope}/{name}")
 
 
 def flags(patterns, variables):
@@ -155,12 +154,10 @@ def test_zero_weights_and_zero_gradients():
     run_optimizer(optimizer, variables, steps=GRADIENTS[:1])
     # |w| = 0: trust 1, the first step is lr * m_hat / (sqrt(v_hat) + eps) = lr * g / (|g| + eps).
     g = GRADIENTS[0][3]
-    np.testing.assert_allclose(
-        variables[3].numpy(), -0.05 * g / (np.abs(g) + 1e-6), rtol=1e-6, atol=1e-6
-    )
+    assert_close(variables[3].numpy(), -0.05 * g / (np.abs(g) + 1e-6), rtol=1e-6)
     # g = 0: r = wd * w, trust = |w| / |wd * w| = 1 / wd, so w <- w - lr * w.
     still = VARIABLES[4][2]
-    np.testing.assert_allclose(variables[4].numpy(), still * (1 - 0.05), rtol=1e-6, atol=1e-6)
+    assert_close(variables[4].numpy(), still * (1 - 0.05), rtol=1e-6)
 
 
 def test_matches_keras_lamb_without_weight_decay():
@@ -252,4 +249,4 @@ def test_sparse_embedding_gradients_equal_dense_ones(make):
             )
         results.append(embedding.numpy())
     assert not np.allclose(results[0], table)
-    np.testing.assert_allclose(results[0], results[1], rtol=1e-6, atol=1e-7)
+    assert_close(results[0], results[1], rtol=1e-6)

@@ -9,6 +9,7 @@ import pytest
 from mlperf_tf.optimizers import LARS, WarmupPolynomialDecay
 from mlperf_tf.optimizers.base import matches_any, variable_path
 from mlperf_tf.optimizers.lars import DEFAULT_LARS_EXCLUDE
+from tests.numerics import assert_close
 
 pytestmark = pytest.mark.numerics
 
@@ -76,9 +77,7 @@ def run_optimizer(optimizer, variables):
 def assert_histories_close(actual, expected):
     for step, (got, want) in enumerate(zip(actual, expected)):
         for (scope, name, _, _), a, e in zip(VARIABLES, got, want):
-            np.testing.assert_allclose(
-                a, e, rtol=1e-6, atol=1e-6, err_msg=f"step {step + 1}, {scope}/{name}"
-            )
+            assert_close(a, e, rtol=1e-6, err_msg=f"step {step + 1}, {scope}/{name}")
 
 
 @pytest.mark.parametrize(
@@ -122,16 +121,10 @@ def test_lars_edge_cases_follow_the_formula():
         [(keras.ops.convert_to_tensor(g, "float32"), v) for g, v in zip(GRADIENTS[0], variables)]
     )
     zero_init, still_init = VARIABLES[3][2], VARIABLES[4][2]
-    np.testing.assert_allclose(
-        variables[3].numpy(), zero_init - 0.5 * GRADIENTS[0][3], rtol=1e-6, atol=1e-6
-    )
-    np.testing.assert_allclose(
-        variables[4].numpy(), still_init * (1 - 0.5 * 0.1), rtol=1e-6, atol=1e-6
-    )
+    assert_close(variables[3].numpy(), zero_init - 0.5 * GRADIENTS[0][3], rtol=1e-6)
+    assert_close(variables[4].numpy(), still_init * (1 - 0.5 * 0.1), rtol=1e-6)
     # Excluded bias: plain momentum SGD on the raw gradient.
-    np.testing.assert_allclose(
-        variables[1].numpy(), VARIABLES[1][2] - 0.5 * GRADIENTS[0][1], rtol=1e-6, atol=1e-6
-    )
+    assert_close(variables[1].numpy(), VARIABLES[1][2] - 0.5 * GRADIENTS[0][1], rtol=1e-6)
 
 
 def test_lars_with_schedule_uses_the_step_learning_rate():

@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests.numerics import assert_close
+
 pytest.importorskip("official")
 from official.modeling.optimization import lamb as mg_lamb  # noqa: E402
 from official.modeling.optimization import lars as mg_lars  # noqa: E402
@@ -54,9 +56,7 @@ def apply(optimizer, variables, grads):
 
 def assert_same(ours, theirs, step):
     for (scope, name, _, _), a, b in zip(VARIABLES, ours, theirs):
-        np.testing.assert_allclose(
-            a.numpy(), b.numpy(), rtol=1e-6, atol=1e-6, err_msg=f"step {step}, {scope}/{name}"
-        )
+        assert_close(a.numpy(), b.numpy(), rtol=1e-6, err_msg=f"step {step}, {scope}/{name}")
 
 
 @pytest.mark.parametrize("nesterov", [False, True])
@@ -117,11 +117,10 @@ def test_lars_differs_from_model_garden_exactly_as_documented():
                 trust_mg = eeta * w_norm / decayed_norm if w_norm > 0 and decayed_norm > 0 else 1.0
                 factor = trust_ours / trust_mg
                 saw_a_difference |= abs(factor - 1) > 1e-3
-            np.testing.assert_allclose(
+            assert_close(
                 ours_delta,
                 theirs_delta * factor,
                 rtol=1e-5,
-                atol=1e-6,  # deltas of float32 weights of size ~2: a few ulps
                 err_msg=f"step {step}, {scope}/{name}",
             )
     assert saw_a_difference

@@ -7,6 +7,7 @@ import pytest
 from mlperf_tf.optimizers import Neumann
 from tests import strategies
 from tests.mlperf_tf.optimizers import golden
+from tests.numerics import assert_close
 
 pytestmark = pytest.mark.numerics
 
@@ -88,7 +89,7 @@ def test_matches_numpy_algorithm_2(warmup, scope):
     expected, _ = numpy_neumann(weights, batches, **settings)
     _, got = golden.run_keras(make(**settings), weights, batches)
     for a, b in zip(got, expected):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+        assert_close(a, b, rtol=1e-5)
     # The regularizers matter: without them the trajectory differs.
     plain, _ = numpy_neumann(weights, batches, **{**settings, "alpha": 0.0, "beta_scale": 0.0})
     assert max(np.abs(a - b).max() for a, b in zip(plain, expected)) > 1e-4
@@ -110,7 +111,7 @@ def test_finalize_returns_w_minus_mu_m():
     optimizer.finalize_variable_values(net.trainable_variables)
     mu = min(0.9, 1.0 - 1.0 / (2.0 + (len(batches) - 1 - SETTINGS["warmup"]) // SETTINGS["ramp"]))
     for var, w, mm in zip(net.trainable_variables, expected, m):
-        np.testing.assert_allclose(var.numpy(), w - mu * mm, rtol=1e-5, atol=1e-5)
+        assert_close(var.numpy(), w - mu * mm, rtol=1e-5)
 
 
 @pytest.mark.parametrize("scope", ["model", "variable"])
@@ -121,7 +122,7 @@ def test_two_replicas_equal_one_device(scope):
         lambda: make(scope=scope), weights, batches, strategy=strategies.mirrored(2)
     )
     for a, b in zip(one, two):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+        assert_close(a, b, rtol=1e-5)
 
 
 def test_config_round_trip():

@@ -7,6 +7,7 @@ import pytest
 from mlperf_tf.optimizers import NLCG
 from tests import strategies
 from tests.mlperf_tf.optimizers import golden
+from tests.numerics import assert_close
 
 pytestmark = pytest.mark.numerics
 
@@ -56,7 +57,7 @@ def test_matches_numpy_nlcg(rule, precondition, restart):
     optimizer = NLCG(0.05, beta_rule=rule, precondition=precondition, restart_interval=restart)
     _, got = golden.run_keras(optimizer, weights, batches)
     for a, b in zip(got, expected):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+        assert_close(a, b, rtol=1e-5)
 
 
 def test_conjugate_directions_differ_from_preconditioned_descent():
@@ -74,7 +75,7 @@ def test_two_replicas_equal_one_device():
         lambda: NLCG(0.05, beta_rule="PR"), weights, batches, strategy=strategies.mirrored(2)
     )
     for a, b in zip(one, two):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+        assert_close(a, b, rtol=1e-5)
 
 
 def test_config_round_trip():

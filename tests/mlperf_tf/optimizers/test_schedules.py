@@ -14,6 +14,7 @@ from mlperf_tf.optimizers import (
     WarmupRsqrtDecay,
     scale_learning_rate,
 )
+from tests.numerics import assert_close
 
 pytestmark = pytest.mark.numerics
 
@@ -25,7 +26,7 @@ def evaluate(schedule, steps=STEPS):
     eager = np.array([float(schedule(int(s))) for s in steps])
     graph_fn = tf.function(lambda s: schedule(s))
     graph = np.array([float(graph_fn(tf.constant(int(s), tf.int64))) for s in steps[:3]])
-    np.testing.assert_allclose(graph, eager[:3], rtol=1e-6)
+    assert_close(graph, eager[:3], rtol=1e-6)
     return eager
 
 
@@ -70,7 +71,7 @@ def test_warmup_polynomial_decay_matches_numpy(warmup, decay, end, power, start,
         )
         for s in STEPS
     ]
-    np.testing.assert_allclose(evaluate(schedule), expected, rtol=1e-6, atol=1e-6)
+    assert_close(evaluate(schedule), expected, rtol=1e-6)
 
 
 def test_warmup_polynomial_decay_without_warmup_is_keras_polynomial_decay():
@@ -81,7 +82,7 @@ def test_warmup_polynomial_decay_without_warmup_is_keras_polynomial_decay():
         0.4, decay_steps=25, end_learning_rate=0.01, power=2.0
     )
     expected = [float(keras_schedule(int(s))) for s in STEPS]
-    np.testing.assert_allclose(evaluate(ours), expected, rtol=1e-6, atol=1e-7)
+    assert_close(evaluate(ours), expected, rtol=1e-6)
 
 
 def test_warmup_peaks_at_base_and_is_continuous():
@@ -122,7 +123,7 @@ def test_piecewise_constant_with_warmup_matches_numpy(warmup, factor, boundaries
         )
         for s in STEPS
     ]
-    np.testing.assert_allclose(evaluate(schedule), expected, rtol=1e-6, atol=1e-7)
+    assert_close(evaluate(schedule), expected, rtol=1e-6)
 
 
 def test_piecewise_drops_at_the_boundary_step():
@@ -137,7 +138,7 @@ def test_piecewise_drops_at_the_boundary_step():
 def test_warmup_rsqrt_decay_matches_the_transformer_reference(warmup, factor):
     schedule = WarmupRsqrtDecay(2.0, warmup_steps=warmup, factor=factor)
     expected = [2.0 * factor * min(1.0, s / warmup) / math.sqrt(max(s, warmup)) for s in STEPS]
-    np.testing.assert_allclose(evaluate(schedule), expected, rtol=1e-6, atol=1e-8)
+    assert_close(evaluate(schedule), expected, rtol=1e-6)
     # The peak is at step W: base * factor / sqrt(W).
     assert float(schedule(warmup)) == pytest.approx(2.0 * factor / math.sqrt(warmup), rel=1e-6)
 
