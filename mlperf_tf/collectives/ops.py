@@ -1,4 +1,4 @@
-"""Provides `Collectives`: all-reduce, reduce-scatter, all-gather and broadcast over replica groups.
+"""Provides `Collectives`: all-reduce, reduce-scatter, all-gather, all-to-all and broadcast over replica groups.
 
 Runs in replica context on TF's public collective ops (`tf.raw_ops.Collective*V2`), so one
 replica can talk to a subset of the replicas (a mesh row or column) under MirroredStrategy and
@@ -156,6 +156,37 @@ class Collectives:
             **self._common(members, "all_to_all", name, x),
         )  # [n, k]: row i is member i's row for this replica
         return tf.reduce_sum(tf.reshape(received, x.shape), axis=0)
+
+    def all_to_all(self, x, members: list[int], name: str):
+        """Row j of `x` ([n, ...]) to the member of rank j; returns [n, ...] whose row i came from
+        the member of rank i (`CollectiveAllToAllV2`, which CPUs have): (n-1)/n of x's bytes."""
+        n = len(members)
+        if x.shape[0] != n:
+            raise ValueError(f"all_to_all input's first dimension {x.shape} must be {n}")
+        if n == 1:
+            return x
+        self.traffic.add("all_to_all", (n - 1) / n * _nbytes(x))
+        received = tf.raw_ops.CollectiveAllToAllV2(
+            input=x,
+            ordering_token=[self._ordering_token()],
+            **self._common(members, "all_to_all", name, x),
+        )
+        return tf.reshape(received, tf.shape(x))
+
+    def differentiable_all_to_all(self, x, members: list[int], name: str):
+        """`all_to_all` with its gradient: the all-to-all of the upstream gradient over the same
+        members (the exchange is its own inverse: row j of rank i goes to row i of rank j, and
+        back). Each backward call gets its own instance (`name/grad0`, ...)."""
+        backward_calls = itertools.count()
+
+        @tf.custom_gradient
+        def exchanged(t):
+            def grad(upstream):
+                return self.all_to_all(upstream, members, f"{name}/grad{next(backward_calls)}")
+
+            return self.all_to_all(t, members, name), grad
+
+        return exchanged(x)
 
     def all_gather(self, x, members: list[int], name: str):
         """`x` ([k]) of every member, concatenated in rank order: [n * k]; sends (n-1) x's bytes

@@ -236,7 +236,7 @@ class GradientSummer:
             grads = self.sum_gradients(grads)
             if clip_norm:
                 grads, _ = tf.clip_by_global_norm(grads, clip_norm)
-            context.merge_call(_apply_gradients, args=(optimizer, grads, variables))
+            context.merge_call(apply_gradients, args=(optimizer, grads, variables))
             return
         ops, algorithm = self._replica_collectives()
         buckets = self.packing.pack([tf.convert_to_tensor(g) for g in grads])
@@ -314,7 +314,9 @@ class ShardedSlots(tf.Module):
         self._summer.load_full_slots(dict(restored_tensors))
 
 
-def _apply_gradients(strategy, optimizer, grads, variables):
+def apply_gradients(strategy, optimizer, grads, variables):
+    """Applies `optimizer` to each replica copy of `variables` with that replica's `grads`
+    (cross-replica context, in a `merge_call`; Keras sums nothing)."""
     # Cross-replica context, as in Keras' own update after its sum: each replica's copy of a
     # variable is updated with that replica's (identical) summed gradient by `update_step`.
     learning_rate = optimizer.learning_rate
