@@ -58,6 +58,31 @@ def static_replica_id(context) -> int | None:
     return None if replica is None else int(replica)
 
 
+def replica_collectives(*, num_replicas: int, timeout_s: float) -> Collectives:
+    """The one `Collectives` of the current replica context (made on first use, then shared).
+
+    Collectives issued by different parts of one step (an MoE layer's all-to-alls, their
+    gradients, the gradient sum) must share one ordering token per replica, so that every
+    replica runs them in the same program order; with a token each, replicas may start them in
+    different orders and wait on each other forever. The object lives on the replica context
+    (one per `strategy.run` call per replica).
+
+    Raises:
+      ValueError: no replica context with a static replica id.
+    """
+    context = tf.distribute.get_replica_context()
+    replica = None if context is None else static_replica_id(context)
+    if replica is None:
+        raise ValueError("collectives run in a replica context with static replica ids")
+    ops = getattr(context, "mlperf_tf_collectives", None)
+    if ops is None or ops.num_replicas != num_replicas:
+        ops = Collectives(
+            replica=replica, num_replicas=num_replicas, timeout_s=timeout_s, traffic=Traffic()
+        )
+        context.mlperf_tf_collectives = ops
+    return ops
+
+
 class Collectives:
     """Collectives of one replica (replica context), over groups given as lists of replica ids.
 
@@ -75,6 +100,15 @@ class Collectives:
         self.timeout_s = float(timeout_s)
         self.traffic = traffic
         self._token = None
+        self._names: dict[str, int] = {}
+
+    def unique_name(self, prefix: str) -> str:
+        """`prefix/k`, k counting this object's calls with `prefix`: an instance name that is
+        the same on every replica when each replica issues its collectives in the same order
+        (a counter shared by the replicas' threads would differ between them)."""
+        k = self._names.get(prefix, 0)
+        self._names[prefix] = k + 1
+        return f"{prefix}/{k}"
 
     def _ordering_token(self):
         """One resource handle per replica trace, on the replica's device: TF's collectives

@@ -47,14 +47,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import itertools
 import math
 from typing import Literal
 
 import keras
 import tensorflow as tf
 
-from mlperf_tf.collectives.ops import Collectives, Traffic, static_replica_id
+from mlperf_tf.collectives.ops import replica_collectives
 from mlperf_tf.config import ConfigError
 from mlperf_tf.parallel.layout import EXPERT_LAYOUT, set_layout
 from mlperf_tf.parallel.mesh import DeviceMesh
@@ -203,6 +202,131 @@ def _check(
         )
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MoEConfig:
+    """A model's mixture-of-experts settings (`--config.model.moe.*`); ST-MoE's defaults.
+
+    Attributes:
+      num_experts: experts per MoE layer (0: a dense model, no MoE layer).
+      every: every `every`-th feed-forward block is an MoE layer (layers every-1, 2*every-1, ...;
+        1: all of them; ST-MoE uses 4, Switch 2).
+      top_k: experts per token (1 Switch, 2 GShard/ST-MoE, 4 gpt-oss).
+      capacity_factor: training capacity factor (0: dropless); `MoEFeedForward`.
+      eval_capacity_factor: the same for evaluation (0: dropless).
+      router_softmax: "before" or "after" the top-k.
+      z_loss_coef: router z-loss coefficient (ST-MoE: 1e-3).
+      balance_loss_coef: load-balancing loss coefficient (ST-MoE: 1e-2).
+      jitter: router input jitter in training (0: off).
+    """
+
+    num_experts: int = 0
+    every: int = 2
+    top_k: int = 2
+    capacity_factor: float = 1.25
+    eval_capacity_factor: float = 2.0
+    router_softmax: Literal["before", "after"] = "before"
+    z_loss_coef: float = 1e-3
+    balance_loss_coef: float = 1e-2
+    jitter: float = 0.0
+
+    def __post_init__(self):
+        if isinstance(self.num_experts, bool) or not isinstance(self.num_experts, int):
+            raise ConfigError(f"moe `num_experts` ({self.num_experts!r}) must be an integer")
+        if self.num_experts < 0:
+            raise ConfigError(f"moe `num_experts` ({self.num_experts}) must be >= 0 (0: dense)")
+        if isinstance(self.every, bool) or not isinstance(self.every, int) or self.every < 1:
+            raise ConfigError(f"moe `every` ({self.every!r}) must be a positive integer")
+        for name in ("z_loss_coef", "balance_loss_coef"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise ConfigError(f"moe `{name}` ({value!r}) must be >= 0")
+        if self.num_experts:
+            _check(
+                num_experts=self.num_experts, top_k=self.top_k,
+                capacity_factor=self.capacity_factor,
+                eval_capacity_factor=self.eval_capacity_factor,
+                router_softmax=self.router_softmax, expert_parallel=1, jitter=self.jitter,
+            )  # fmt: skip
+
+    @property
+    def enabled(self) -> bool:
+        return self.num_experts > 0
+
+    def is_moe(self, layer_index: int) -> bool:
+        """Whether feed-forward block `layer_index` (0-based) is an MoE layer."""
+        return self.enabled and (layer_index + 1) % self.every == 0
+
+    def count(self, num_layers: int) -> int:
+        """MoE layers among `num_layers` blocks."""
+        return sum(self.is_moe(i) for i in range(num_layers))
+
+    def layer(self, *, hidden_size: int, filter_size: int, **kwargs) -> MoEFeedForward:
+        """The `MoEFeedForward` of these settings (`kwargs`: dropout, group_size, mesh, ...)."""
+        return MoEFeedForward(
+            hidden_size=hidden_size, filter_size=filter_size, num_experts=self.num_experts,
+            top_k=self.top_k, capacity_factor=self.capacity_factor,
+            eval_capacity_factor=self.eval_capacity_factor, router_softmax=self.router_softmax,
+            z_loss_coef=self.z_loss_coef, balance_loss_coef=self.balance_loss_coef,
+            jitter=self.jitter, **kwargs,
+        )  # fmt: skip
+
+
+class Collector:
+    """Collects (layer, `MoEStats`) of each MoE layer call of one forward pass.
+
+    Passed down a model's call as an argument (Flax's `sow`, made explicit). Not a list: Keras
+    copies list arguments of a layer call, so appends would be lost.
+    """
+
+    def __init__(self):
+        self.calls: list[tuple[MoEFeedForward, MoEStats]] = []
+
+    def add(self, layer: MoEFeedForward, stats: MoEStats) -> None:
+        self.calls.append((layer, stats))
+
+
+def metric_shapes(num_moe_layers: int, num_experts: int) -> dict[str, tuple[int, ...]]:
+    """The training metrics `summarize` returns (`Benchmark.train_metric_shapes`)."""
+    if not num_moe_layers:
+        return {}
+    return {
+        "moe/aux_loss": (),
+        "moe/balance_loss": (),
+        "moe/z_loss": (),
+        "moe/dropped": (),
+        "moe/max_router_logit": (),
+        "moe/dropped_per_layer": (num_moe_layers,),
+        "moe/load": (num_moe_layers, num_experts),
+    }
+
+
+def summarize(collector: Collector) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
+    """The weighted auxiliary loss of a forward pass and its metrics.
+
+    Args:
+      collector: the (layer, `MoEStats`) of each MoE layer call, in model order.
+
+    Returns:
+      (sum over layers of `layer.aux_loss(stats)`, metrics as in `metric_shapes`: the two losses
+      and the dropped fraction are means over layers, the max logit a max).
+    """
+    calls = collector.calls
+    if not calls:
+        return tf.constant(0.0), {}
+    stats = [s for _, s in calls]
+    aux = tf.add_n([layer.aux_loss(s) for layer, s in calls])
+    dropped = tf.stack([s.dropped for s in stats])
+    return aux, {
+        "moe/aux_loss": aux,
+        "moe/balance_loss": tf.reduce_mean(tf.stack([s.balance_loss for s in stats])),
+        "moe/z_loss": tf.reduce_mean(tf.stack([s.z_loss for s in stats])),
+        "moe/dropped": tf.reduce_mean(dropped),
+        "moe/max_router_logit": tf.reduce_max(tf.stack([s.max_logit for s in stats])),
+        "moe/dropped_per_layer": dropped,
+        "moe/load": tf.stack([s.load for s in stats]),
+    }
+
+
 class MoEFeedForward(keras.layers.Layer):
     """Mixture-of-experts feed-forward block: router, E two-layer ReLU experts, weighted combine.
 
@@ -220,8 +344,9 @@ class MoEFeedForward(keras.layers.Layer):
       z_loss_coef, balance_loss_coef: coefficients of the two auxiliary losses (`aux_loss`).
       jitter: router input jitter amplitude in training (0: off).
       dropout: dropout on the experts' hidden activations in training.
-      group_size: static tokens per group for the capacity (None: the batch's count); needed
-        for expert parallelism, whose buffers must have one shape on every replica.
+      group_size: static tokens per group for the training capacity (None: the batch's count);
+        needed for expert parallelism, whose buffers must have one shape on every replica. Eval
+        uses the batch's count (see `whole_experts`).
       expert_parallel: P, replicas the experts are split over (the mesh's `expert` axis).
       mesh: the run's `DeviceMesh` (required when P > 1).
       collective_timeout_s: the all-to-alls' timeout (0: none).
@@ -278,7 +403,6 @@ class MoEFeedForward(keras.layers.Layer):
         self.collective_timeout_s = collective_timeout_s
         self.local_experts = num_experts // expert_parallel
         self.seed_generator = keras.random.SeedGenerator(seed)
-        self._calls = itertools.count()  # instance names of the all-to-alls, per trace
         self._gathered = None  # eval: the whole experts, see `whole_experts`
 
     def build(self, input_shape=None):
@@ -326,7 +450,7 @@ class MoEFeedForward(keras.layers.Layer):
 
     def capacity(self, tokens, training):
         factor = self.capacity_factor if training else self.eval_capacity_factor
-        if self.group_size is not None:
+        if training and self.group_size is not None:
             tokens = self.group_size
         return expert_capacity(
             tokens, num_experts=self.num_experts, top_k=self.top_k, capacity_factor=factor
@@ -397,7 +521,7 @@ class MoEFeedForward(keras.layers.Layer):
         p, e = self.expert_parallel, self.local_experts
         capacity = tf.shape(buffer)[1]
         send = tf.reshape(buffer, [p, e, -1, self.hidden_size])  # row j: peer j's experts
-        name = f"moe/{self.name}/call{next(self._calls)}"
+        name = ops.unique_name(f"moe/{self.path}/call")
         received = ops.differentiable_all_to_all(send, members, f"{name}/dispatch")
         # [p (source), e, C, d] -> [e, p * C, d]: each local expert's buffer from every source.
         local = tf.reshape(tf.transpose(received, [1, 0, 2, 3]), [e, -1, self.hidden_size])
@@ -407,19 +531,9 @@ class MoEFeedForward(keras.layers.Layer):
         return tf.reshape(back, [self.num_experts, capacity, self.hidden_size])
 
     def _expert_group(self):
-        context = tf.distribute.get_replica_context()
-        replica = None if context is None else static_replica_id(context)
-        if replica is None:
-            raise ValueError(
-                "an expert-parallel MoE layer runs in replica context with static replica ids"
-            )
-        ops = Collectives(
-            replica=replica,
-            num_replicas=self.mesh.size,
-            timeout_s=self.collective_timeout_s,
-            traffic=Traffic(),
-        )
-        return ops, self.mesh.group(replica, "expert")
+        """(this replica's shared `Collectives`, its expert group's members)."""
+        ops = replica_collectives(num_replicas=self.mesh.size, timeout_s=self.collective_timeout_s)
+        return ops, self.mesh.group(ops.replica, "expert")
 
     @contextlib.contextmanager
     def whole_experts(self):
@@ -430,7 +544,7 @@ class MoEFeedForward(keras.layers.Layer):
             yield
             return
         ops, members = self._expert_group()
-        name = f"moe/{self.name}/gather{next(self._calls)}"
+        name = ops.unique_name(f"moe/{self.path}/gather")
         gathered = []
         for i, w in enumerate(self.expert_weights):
             flat = tf.reshape(tf.convert_to_tensor(w), [-1])

@@ -28,7 +28,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from mlperf_tf.collectives.ops import Collectives, Traffic, static_replica_id
+from mlperf_tf.collectives.ops import Traffic, replica_collectives
 from mlperf_tf.collectives.summer import apply_gradients
 from mlperf_tf.parallel.mesh import AXES, DeviceMesh
 
@@ -155,21 +155,30 @@ class LayoutSummer:
 
     def apply(self, optimizer, grads, variables, *, clip_norm: float | None = None):
         """Sums `grads` per layout, clips, applies `optimizer` to `variables` (replica context)."""
+        ops, replica = self._ops()
+        summed = self._sum(ops, replica, grads, variables)
+        if clip_norm:
+            summed = self._clip(ops, replica, summed, variables, clip_norm)
         context = tf.distribute.get_replica_context()
-        replica = static_replica_id(context)
-        if replica is None:
-            raise ValueError("LayoutSummer needs a static replica id (MirroredStrategy-like)")
-        traffic = self.traffic[replica] = Traffic()
-        ops = Collectives(
-            replica=replica, num_replicas=self.mesh.size, timeout_s=self.timeout_s, traffic=traffic
-        )
+        context.merge_call(apply_gradients, args=(optimizer, summed, variables))
+
+    def sum(self, grads, variables) -> list[tf.Tensor]:
+        """Each of `grads` summed over its variable's layout's axes (replica context)."""
+        ops, replica = self._ops()
+        return self._sum(ops, replica, grads, variables)
+
+    def _ops(self):
+        # The replica's shared collectives: ordered after the MoE layers' all-to-alls.
+        ops = replica_collectives(num_replicas=self.mesh.size, timeout_s=self.timeout_s)
+        self.traffic[ops.replica] = ops.traffic
+        return ops, ops.replica
+
+    def _sum(self, ops, replica, grads, variables):
         summed = []
         for i, (g, v) in enumerate(zip(grads, variables, strict=True)):
             members = self.mesh.group(replica, *layout_of(v).sum_axes)
             summed.append(ops.all_reduce(tf.convert_to_tensor(g), members, f"layout_grad{i}"))
-        if clip_norm:
-            summed = self._clip(ops, replica, summed, variables, clip_norm)
-        context.merge_call(apply_gradients, args=(optimizer, summed, variables))
+        return summed
 
     def _clip(self, ops, replica, grads, variables, clip_norm):
         replicated, split = tf.constant(0.0), {}
