@@ -217,6 +217,8 @@ class MoEConfig:
       z_loss_coef: router z-loss coefficient (ST-MoE: 1e-3).
       balance_loss_coef: load-balancing loss coefficient (ST-MoE: 1e-2).
       jitter: router input jitter in training (0: off).
+      filter_size: each expert's inner width (0: the model's feed-forward width). Top-k experts
+        of width F/k cost the active FLOPs of one dense block of width F.
     """
 
     num_experts: int = 0
@@ -228,8 +230,13 @@ class MoEConfig:
     z_loss_coef: float = 1e-3
     balance_loss_coef: float = 1e-2
     jitter: float = 0.0
+    filter_size: int = 0
 
     def __post_init__(self):
+        if isinstance(self.filter_size, bool) or not isinstance(self.filter_size, int):
+            raise ConfigError(f"moe `filter_size` ({self.filter_size!r}) must be an integer")
+        if self.filter_size < 0:
+            raise ConfigError(f"moe `filter_size` ({self.filter_size}) must be >= 0 (0: model's)")
         if isinstance(self.num_experts, bool) or not isinstance(self.num_experts, int):
             raise ConfigError(f"moe `num_experts` ({self.num_experts!r}) must be an integer")
         if self.num_experts < 0:
@@ -263,7 +270,8 @@ class MoEConfig:
     def layer(self, *, hidden_size: int, filter_size: int, **kwargs) -> MoEFeedForward:
         """The `MoEFeedForward` of these settings (`kwargs`: dropout, group_size, mesh, ...)."""
         return MoEFeedForward(
-            hidden_size=hidden_size, filter_size=filter_size, num_experts=self.num_experts,
+            hidden_size=hidden_size, filter_size=self.filter_size or filter_size,
+            num_experts=self.num_experts,
             top_k=self.top_k, capacity_factor=self.capacity_factor,
             eval_capacity_factor=self.eval_capacity_factor, router_softmax=self.router_softmax,
             z_loss_coef=self.z_loss_coef, balance_loss_coef=self.balance_loss_coef,
