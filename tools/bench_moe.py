@@ -2,7 +2,7 @@
 against a dense feed-forward block of the same active FLOPs.
 
 On `--devices` logical CPUs (MirroredStrategy), each replica runs forward + backward + the
-gradient sum (`mlperf_tf.parallel.layout.LayoutSummer`, no optimizer update) of one block on its
+gradient sum (`mlperf_tf.parallel.expert_layout.LayoutSummer`, no optimizer update) of one block on its
 own [tokens, hidden] batch:
 
 * `dense`: a ReLU feed-forward block of width `--filter` (data parallel);
@@ -37,7 +37,7 @@ import tensorflow as tf  # noqa: E402
 
 from mlperf_tf.distribute import split_cpu  # noqa: E402
 from mlperf_tf.layers import moe  # noqa: E402
-from mlperf_tf.parallel import layout  # noqa: E402
+from mlperf_tf.parallel import expert_layout as layout  # noqa: E402
 from mlperf_tf.parallel.mesh import DeviceMesh  # noqa: E402
 from tools.args import require_positive  # noqa: E402
 

@@ -38,7 +38,7 @@ of 1/P the size. Forward: one all-to-all over the replica's expert group sends e
 [E/P, C, d] buffer rows of its experts, the local experts run on [E/P, P * C, d], and a second
 all-to-all returns the outputs. Backward: the same two all-to-alls in reverse order (an
 all-to-all's gradient is an all-to-all). The expert weights' gradients are summed over the
-`data` axis only, the router's over every replica (`mlperf_tf.parallel.layout`). Routing is per
+`data` axis only, the router's over every replica (`mlperf_tf.parallel.expert_layout`). Routing is per
 replica (a replica's tokens are one group), so a token's experts, its place in their buffers and
 its output are those of the unsplit layer: P changes where the work runs, not what is computed.
 """
@@ -55,7 +55,7 @@ import tensorflow as tf
 
 from mlperf_tf.collectives.ops import replica_collectives
 from mlperf_tf.config import ConfigError
-from mlperf_tf.parallel.layout import EXPERT_LAYOUT, set_layout
+from mlperf_tf.parallel.expert_layout import EXPERT_LAYOUT, set_layout
 from mlperf_tf.parallel.mesh import DeviceMesh
 
 # Flaxformer's router initializer (`routing.default_kernel_init`): normal, stddev 2e-2.

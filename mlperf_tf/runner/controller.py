@@ -37,7 +37,7 @@ from mlperf_tf.benchmark import Benchmark, EvalPoint, RunContext
 from mlperf_tf.data.pipeline import translate_errors
 from mlperf_tf.errors import DataError, PeerError, UserError
 from mlperf_tf.mllog import MLPerfLogger
-from mlperf_tf.parallel import layout as parallel_layout
+from mlperf_tf.parallel import expert_layout as parallel_layout
 from mlperf_tf.parallel import mesh as parallel_mesh
 from mlperf_tf.preemption import StopRequest
 from mlperf_tf.runner import actions as actions_lib

@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from mlperf_tf.collectives.ops import Collectives, Traffic, static_replica_id
 from mlperf_tf.layers import moe
-from mlperf_tf.parallel import layout
+from mlperf_tf.parallel import expert_layout as layout
 from mlperf_tf.parallel.mesh import DeviceMesh
 from tests.numerics import assert_close
 from tests.strategies import mirrored

@@ -16,8 +16,12 @@ copies hold different parts: the optimizer's update runs per copy with that copy
 `gather_whole` convert between those copies and the whole tensor (single-process strategies:
 they read and write the copies directly).
 
-This is the minimal piece MoE needs; tensor parallelism's column/row splits (a `model` axis and
-a dimension other than 0) fit the same `Layout` and summer.
+This is the minimal piece MoE needs, written before the tensor-parallel branch's
+`mlperf_tf/parallel/layout.py` landed (issue 27). That module's `Layout(split_axis=0,
+split_over=("expert",), sum_over=("data",))` is `EXPERT_LAYOUT`, its `GradientSummer` group
+view does `LayoutSummer`'s sum, and its whole-tensor checkpoints are what this module lacks: when
+both are on one branch, this module folds into that one (the MoE layer needs only `set_layout`
+and a layout per expert weight).
 """
 
 from __future__ import annotations
