@@ -90,7 +90,8 @@ class MoEStats:
     """What one MoE layer reports per call (float32 scalars unless said).
 
     Attributes:
-      balance_loss: the load-balancing loss (1.0 when balanced, up to E when not).
+      balance_loss: the load-balancing loss (k for a balanced top-k router: a token counts for
+        each of its k experts, Flaxformer's form; E when every token picks one expert, k = 1).
       z_loss: mean over tokens of logsumexp(logits)^2.
       load: [E] fraction of the k * T choices that picked each expert (before capacity).
       dropped: fraction of the k * T choices dropped past capacity.
@@ -151,7 +152,7 @@ def balance_loss(probs, expert):
     """Switch/GShard load-balancing loss: E^2 * mean_e(fraction routed to e * mean prob of e).
 
     `fraction routed` counts a token for each expert among its top k, before capacity
-    (Flaxformer `_load_balancing_loss`). 1.0 for a uniform router.
+    (Flaxformer `_load_balancing_loss`). k for a balanced top-k router (1.0 for Switch's top-1).
     """
     num_experts = probs.shape[-1]
     chosen = tf.reduce_max(tf.one_hot(expert, num_experts, dtype=tf.float32), axis=-2)  # [T, E]
