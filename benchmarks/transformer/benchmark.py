@@ -20,8 +20,9 @@ from benchmarks.transformer import input as input_lib
 from benchmarks.transformer import model as model_lib
 from mlperf_tf.benchmark import Benchmark
 from mlperf_tf.config import ConfigError
-from mlperf_tf.data import pipeline
+from mlperf_tf.data import pipeline, synthetic
 from mlperf_tf.layers import moe
+from mlperf_tf.layers.tensor_parallel import vocab_parallel_cross_entropy
 from mlperf_tf.optimizers import WarmupRsqrtDecay, registry
 
 
@@ -74,8 +75,9 @@ class TransformerBenchmark(Benchmark):
 
     @property
     def parallel_axes(self) -> tuple[str, ...]:
-        """Data parallelism; expert parallelism too when the config has MoE layers."""
-        return ("data", "expert") if self.config.model.moe.enabled else ("data",)
+        """Data and model (tensor) parallelism; expert parallelism too when the config has MoE
+        layers (a dense config refuses --expert_parallel in one line)."""
+        return ("data", "model", "expert") if self.config.model.moe.enabled else ("data", "model")
 
     # ---- sizes (`per_replica_batch_size` is in tokens here) -------------------------------------
     @functools.cached_property
@@ -186,11 +188,16 @@ class TransformerBenchmark(Benchmark):
 
     # ---- data ----------------------------------------------------------------------------------
     def synthetic_train_data(self, input_context, batch_size: int) -> tf.data.Dataset:
-        return input_lib.synthetic_train_dataset(
-            tokens_per_replica=batch_size,
-            max_length=self.config.data.max_sequence_length,
-            vocab_size=self.config.model.vocab_size,
+        """Synthetic token batches, different for each batch shard (`synthetic.per_batch_shard`)."""
+        return synthetic.per_batch_shard(
+            lambda seed: input_lib.synthetic_train_dataset(
+                tokens_per_replica=batch_size,
+                max_length=self.config.data.max_sequence_length,
+                vocab_size=self.config.model.vocab_size,
+                seed=seed,
+            ),
             seed=self.seed,
+            input_context=input_context,
         )
 
     def record_train_data(self, input_context, batch_size: int) -> tf.data.Dataset:
@@ -208,6 +215,7 @@ class TransformerBenchmark(Benchmark):
             batch_multiple=d.batch_multiple,
             shuffle_buffer=d.shuffle_buffer,
             seed=self.seed,
+            cache=d.cache_train,
             skip_bad_records=self.skip_bad_records,
         )
 
@@ -272,11 +280,21 @@ class TransformerBenchmark(Benchmark):
         )
         if packed:  # the states of the real target tokens, in row-major order
             targets = tf.boolean_mask(targets, tf.not_equal(targets, model_lib.PAD_ID))
-        loss_sum, tokens = label_smoothed_cross_entropy(
-            model.logits(states), targets, self.config.optimizer.label_smoothing
-        )
+        smoothing = self.config.optimizer.label_smoothing
+        if self.mesh.model > 1:  # this shard's [tokens, vocab/M] logits, never gathered
+            xent = vocab_parallel_cross_entropy(
+                model.logits(states), targets, vocab_size=self.config.model.vocab_size,
+                smoothing=smoothing, axis=model.axis,
+            )  # fmt: skip
+            weights = tf.cast(tf.not_equal(targets, model_lib.PAD_ID), tf.float32)
+            loss_sum, tokens = tf.reduce_sum(xent * weights), tf.reduce_sum(weights)
+        else:
+            loss_sum, tokens = label_smoothed_cross_entropy(
+                model.logits(states), targets, smoothing
+            )
+        # The replicas that read different batches (a model group shares one).
         context = tf.distribute.get_replica_context()
-        replicas = context.num_replicas_in_sync if context is not None else self.num_replicas
+        replicas = self.mesh.batch_shards if context is not None else self.num_replicas
         loss = loss_sum / tf.maximum(tokens, 1.0)
         aux_loss, metrics = moe.summarize(aux)
         if aux.calls:

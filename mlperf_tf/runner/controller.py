@@ -38,10 +38,13 @@ from mlperf_tf.data.pipeline import translate_errors
 from mlperf_tf.errors import DataError, PeerError, UserError
 from mlperf_tf.mllog import MLPerfLogger
 from mlperf_tf.parallel import expert_layout as parallel_layout
+from mlperf_tf.parallel import layout
 from mlperf_tf.parallel import mesh as parallel_mesh
 from mlperf_tf.preemption import StopRequest
 from mlperf_tf.runner import actions as actions_lib
+from mlperf_tf.runner import warmup
 from mlperf_tf.runner.actions import Action, EvalOutput, LoopOutput, RunEnd, Stop
+from mlperf_tf.runner.breakdown import TimeBreakdown
 from mlperf_tf.runner.config import RunConfig, RunResult, StopCause
 from mlperf_tf.runner.evaluator import Evaluator
 from mlperf_tf.runner.trainer import Trainer
@@ -154,6 +157,8 @@ class Controller:
         self.data_watchdog = None  # a StallWatchdog with --data_service
         self.train_iterator = None  # held from the first step until `run` returns
         self.evaluator = None  # built with the loops, in `_initialize`
+        self.start_step = 0  # the step this process started from (a resumed run's checkpoint)
+        self.warm_up_s = 0.0  # init-phase warm-up (`mlperf_tf.runner.warmup`), before run_start
 
     # ---- the run -------------------------------------------------------------------------------
     def run(self) -> RunResult:
@@ -254,7 +259,9 @@ class Controller:
             else contextlib.nullcontext()
         )
         with watching:
-            loss, done, metrics = self.trainer.loop(iterator, tf.constant(num_steps, tf.int32))
+            loss, done, waited, metrics = self.trainer.loop(
+                iterator, tf.constant(num_steps, tf.int32)
+            )
         loss, done = float(loss.numpy()), int(done.numpy())
         metrics = {name: value.numpy() for name, value in metrics.items()}
         seconds = time.monotonic() - begin
@@ -274,6 +281,7 @@ class Controller:
             epoch=self.step / self.benchmark.steps_per_epoch,
             next_eval_step=next_eval_step,
             first=first,
+            input_wait_s=float(waited.numpy()),
             metrics=metrics,
         )
         stop = self._notify("after_loop", output)
@@ -283,8 +291,13 @@ class Controller:
         self._notify("eval_begin", point)
         value = self.evaluator.evaluate()
         self.evals.append((point.epoch_num, value))
-        target = self.benchmark.quality_target
-        return self._notify("after_eval", EvalOutput(point=point, value=value, target=target))
+        output = EvalOutput(
+            point=point,
+            value=value,
+            target=self.benchmark.quality_target,
+            higher_is_better=self.benchmark.higher_is_better,
+        )
+        return self._notify("after_eval", output)
 
     def _stop_requested(self) -> Stop | None:
         # On several workers only the loop's agreed check may stop (a worker that stopped here
@@ -450,6 +463,21 @@ class Controller:
             rounds.adapt_hparams(self.benchmark.mlperf_benchmark, self.ruleset, self._hparams())
         )
         self._build_loops()
+        self.start_step = self.step
+        if cfg.warm_up:
+            self._warm_up()
+
+    def _warm_up(self) -> None:
+        """Traces (with --xla compiles) the train and eval steps on synthetic batches, so that the
+        first timed step is a steady one; the state training starts from is restored after."""
+        self.warm_up_s = warmup.warm_up(
+            strategy=self.strategy,
+            trainer=self.trainer,
+            evaluator=self.evaluator,
+            train_spec=self._train_specs.element_spec,
+            eval_spec=self._eval_specs.element_spec,
+            variables=warmup.run_state_variables(self.model, self.optimizer, self.summer),
+        )
 
     def _log_init_events(self) -> None:
         cfg = self.run_config
@@ -465,7 +493,12 @@ class Controller:
         # The run's own target (a mini preset's is not MLPerf's): `check --quality=skip` judges
         # the run_stop status by it and `report` draws it.
         target = {"quality_target": self.benchmark.quality_target}
+        if not self.benchmark.higher_is_better:
+            target["higher_is_better"] = False
         self.mllog.comment(f"mlperf-tf target {json.dumps(target)}")
+        scaled = self.benchmark.scaled_settings()
+        if scaled:  # `check --quality=skip` explains these keys' failed CHECKs
+            self.mllog.comment(f"mlperf-tf scaled {json.dumps(scaled)}")
         self.mllog.event(C.SEED, cfg.seed)
 
     def _build_model(self) -> None:
@@ -477,9 +510,11 @@ class Controller:
             weight_update_sharding=cfg.weight_update_sharding,
             **({"timeout_s": cfg.collective_timeout} if cfg.collective_timeout else {}),
         )
-        self.summer = (
-            None if settings.uses_keras_sum else collectives.GradientSummer(self.strategy, settings)
-        )
+        mesh = benchmark.mesh
+        # Keras' own sum adds every replica's gradient; with split variables (model
+        # parallelism) the gradients are summed along the batch axes only: the summer's job.
+        own_sum = settings.uses_keras_sum and mesh.group_size == 1
+        self.summer = None if own_sum else collectives.GradientSummer(self.strategy, settings, mesh)
         with self.strategy.scope():
             self.model = benchmark.build_model()
             if not self.model.built:
@@ -498,14 +533,16 @@ class Controller:
             self.optimizer.build([] if sharded else self.model.trainable_variables)
             if self.summer is not None:
                 self.summer.build(self.optimizer, self.model.trainable_variables)
+            # Slots of split variables are split alike, and saved whole.
+            layout.split_slots(self.optimizer, mesh)
         variables = self.model.trainable_variables
         if parallel_layout.has_split(variables):
-            # Variables split over a mesh axis (an expert-parallel MoE layer's experts): their
-            # parts start different, and each gradient is summed over its layout's axes only.
+            # An expert-parallel MoE layer's experts (`parallel.expert_layout`): their parts
+            # start different, and each gradient is summed over its layout's axes only.
             if self.summer is not None:
                 raise UserError(
                     f"--expert_parallel={cfg.expert_parallel} does not combine with "
-                    "--all_reduce/--pack_mb/--weight_update_sharding yet"
+                    "--all_reduce/--pack_mb/--weight_update_sharding or model parallelism yet"
                 )
             with self.strategy.scope():
                 parallel_layout.initialize_split(
@@ -539,12 +576,15 @@ class Controller:
                 timeout_s=cfg.data_service_timeout_s,
                 on_stall=self._end_after_data_stall,
             )
-        self.train_data = strategy.distribute_datasets_from_function(
+        # The pipelines are built (their records not read) here; the warm-up reads their specs.
+        self._train_specs = warmup.SpecRecorder(
             _train_dataset_fn(benchmark, cfg, self.step, self.data_watchdog)
         )
-        eval_data = strategy.distribute_datasets_from_function(
+        self._eval_specs = warmup.SpecRecorder(
             parallel_mesh.for_mesh(benchmark.eval_dataset, benchmark.mesh)
         )
+        self.train_data = strategy.distribute_datasets_from_function(self._train_specs)
+        eval_data = strategy.distribute_datasets_from_function(self._eval_specs)
         parts = dict(strategy=strategy, benchmark=benchmark, model=self.model, xla=cfg.xla)
         self.trainer = self.trainer_class(optimizer=self.optimizer, **parts)
         self.trainer.stop_request = self.stop_request
@@ -560,9 +600,11 @@ class Controller:
             writer = tf.summary.create_file_writer(tensorboard_dir)
         else:
             writer = tf.summary.create_noop_writer()
+        breakdown = TimeBreakdown()  # right after run_stop is logged; the progress line says it
         return [
             actions_lib.MLPerfEvents(self.mllog),
-            actions_lib.ProgressLine(),
+            breakdown,
+            actions_lib.ProgressLine(breakdown),
             actions_lib.TensorBoardScalars(writer, self.optimizer),
             actions_lib.NonFiniteLossStop(),
             actions_lib.TargetStop(),
