@@ -152,6 +152,8 @@ class LayoutSummer:
       timeout_s: the collectives' timeout (0: none).
     """
 
+    sharded = False  # no weight-update sharding (the runner's warm-up and checkpoints ask)
+
     def __init__(self, mesh: DeviceMesh, *, timeout_s: float = 0.0):
         self.mesh = mesh
         self.timeout_s = timeout_s
