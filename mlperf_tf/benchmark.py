@@ -316,6 +316,23 @@ class Benchmark(abc.ABC):
     def compute_loss(self, model: Any, batch: Any, training: bool = True) -> tf.Tensor:
         """Per-replica scalar loss, already divided by `micro_batch_size` (replica context)."""
 
+    def compute_loss_and_metrics(
+        self, model: Any, batch: Any, training: bool = True
+    ) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
+        """`compute_loss` and the step's training metrics (replica context).
+
+        Override it (and `train_metric_shapes`) to report more than the loss: e.g. the
+        auxiliary losses and expert load of mixture-of-experts layers. The runner averages each
+        metric over replicas and over the steps of a host loop, prints the scalar ones in the
+        progress line and writes all of them to TensorBoard. The default: no metrics.
+        """
+        return self.compute_loss(model, batch, training), {}
+
+    def train_metric_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Name -> shape of each metric `compute_loss_and_metrics` returns (float32); the
+        compiled loop needs them before its first step."""
+        return {}
+
     @abc.abstractmethod
     def eval_step(self, model: Any, batch: Any) -> dict[str, tf.Tensor]:
         """Per-replica eval outputs (replica context).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
@@ -20,6 +21,7 @@ from benchmarks.transformer import model as model_lib
 from mlperf_tf.benchmark import Benchmark
 from mlperf_tf.config import ConfigError
 from mlperf_tf.data import pipeline, synthetic
+from mlperf_tf.layers import moe
 from mlperf_tf.layers.tensor_parallel import vocab_parallel_cross_entropy
 from mlperf_tf.optimizers import WarmupRsqrtDecay, registry
 
@@ -68,9 +70,14 @@ class TransformerBenchmark(Benchmark):
 
     name = "transformer"
     mlperf_benchmark = "transformer"
-    parallel_axes = ("data", "model")
     config_class = config_lib.TransformerConfig
     presets = {"mlperf": config_lib.mlperf, "mini": config_lib.mini, "smoke": config_lib.smoke}
+
+    @property
+    def parallel_axes(self) -> tuple[str, ...]:
+        """Data and model (tensor) parallelism; expert parallelism too when the config has MoE
+        layers (a dense config refuses --expert_parallel in one line)."""
+        return ("data", "model", "expert") if self.config.model.moe.enabled else ("data", "model")
 
     # ---- sizes (`per_replica_batch_size` is in tokens here) -------------------------------------
     @functools.cached_property
@@ -133,6 +140,11 @@ class TransformerBenchmark(Benchmark):
             dropout=m.dropout,
             attention_dropout=m.attention_dropout,
             relu_dropout=m.relu_dropout,
+            moe=m.moe,
+            # Training capacity counts the replica's token budget, not each batch's real tokens:
+            # one buffer shape on every replica (expert parallelism's all-to-all needs it), and
+            # the same for every --expert_parallel.
+            moe_group_size=self.per_replica_batch_size if m.moe.enabled else None,
         )
 
     def build_model(self) -> model_lib.Transformer:
@@ -149,6 +161,11 @@ class TransformerBenchmark(Benchmark):
                 f"`model.vocab_size` ({self.config.model.vocab_size}) differs from the vocabulary "
                 f"in '{self.config.data_dir}' ({self.metadata['vocab_size']}); set "
                 f"--config.model.vocab_size={self.metadata['vocab_size']}"
+            )
+        if self.mesh.expert > 1 and self.config.model.moe.num_experts % self.mesh.expert:
+            raise ConfigError(
+                f"--expert_parallel={self.mesh.expert} must divide `model.moe.num_experts` "
+                f"({self.config.model.moe.num_experts})"
             )
         model = model_lib.Transformer(self.model_params(), mesh=self.mesh)
         model.build()
@@ -228,7 +245,16 @@ class TransformerBenchmark(Benchmark):
 
     # ---- steps (replica context) ---------------------------------------------------------------
     def compute_loss(self, model, batch, training: bool = True) -> tf.Tensor:
-        """Label-smoothed cross-entropy, mean over this replica's target tokens / replicas.
+        """`compute_loss_and_metrics` without the metrics."""
+        return self.compute_loss_and_metrics(model, batch, training)[0]
+
+    def train_metric_shapes(self) -> dict[str, tuple[int, ...]]:
+        m = self.config.model
+        return moe.metric_shapes(2 * m.moe.count(m.num_layers), m.moe.num_experts)
+
+    def compute_loss_and_metrics(self, model, batch, training: bool = True):
+        """Label-smoothed cross-entropy, mean over this replica's target tokens / replicas, plus
+        the MoE layers' weighted auxiliary losses / replicas (and their metrics, if any).
 
         As in the reference (tensorflow/models transformer: per-replica token mean, scaled by
         1/replicas), so that the gradients summed over replicas are the mean of the replicas'
@@ -245,8 +271,12 @@ class TransformerBenchmark(Benchmark):
         """
         targets = batch["targets"]
         packed = not self.static_shapes
+        aux = moe.Collector()
         states = model.teacher_forced_states(
-            {"inputs": batch["inputs"], "targets": targets}, training=training, packed=packed
+            {"inputs": batch["inputs"], "targets": targets},
+            training=training,
+            packed=packed,
+            aux=aux,
         )
         if packed:  # the states of the real target tokens, in row-major order
             targets = tf.boolean_mask(targets, tf.not_equal(targets, model_lib.PAD_ID))
@@ -265,19 +295,29 @@ class TransformerBenchmark(Benchmark):
         # The replicas that read different batches (a model group shares one).
         context = tf.distribute.get_replica_context()
         replicas = self.mesh.batch_shards if context is not None else self.num_replicas
-        return loss_sum / tf.maximum(tokens, 1.0) / float(replicas)
+        loss = loss_sum / tf.maximum(tokens, 1.0)
+        aux_loss, metrics = moe.summarize(aux)
+        if aux.calls:
+            loss += aux_loss
+        return loss / float(replicas), metrics
 
     def eval_step(self, model, batch) -> dict[str, tf.Tensor]:
         """Beam-search translations of the batch (padding rows are marked by `valid`)."""
         m = self.config.model
-        hypotheses = beam_search.translate(
-            model,
-            batch["inputs"],
-            beam_size=m.beam_size,
-            alpha=m.alpha,
-            max_decode_length=self.max_decode_length,
-            eos_id=prepare.EOS_ID,
-        )
+        with contextlib.ExitStack() as stack:
+            # Expert parallelism: each replica gathers every expert once for the batch; the
+            # decoding loop stops at different steps on different replicas, so it cannot hold
+            # all-to-alls.
+            for layer in model.moe_layers:
+                stack.enter_context(layer.whole_experts())
+            hypotheses = beam_search.translate(
+                model,
+                batch["inputs"],
+                beam_size=m.beam_size,
+                alpha=m.alpha,
+                max_decode_length=self.max_decode_length,
+                eos_id=prepare.EOS_ID,
+            )
         return {
             "hypotheses": hypotheses,
             "targets": batch["targets"],

@@ -15,6 +15,7 @@ from typing import Literal
 
 from mlperf_tf import paths
 from mlperf_tf.config import BenchmarkConfig, ConfigError, require
+from mlperf_tf.layers.moe import MoEConfig
 from mlperf_tf.optimizers import registry
 
 NAME = "transformer"
@@ -35,6 +36,8 @@ class ModelConfig:
     beam_size: int = 4  # 1 decodes greedily
     alpha: float = 0.6  # length-penalty exponent of the beam search
     extra_decode_length: int = 50  # decoded positions = eval source length + this
+    # Mixture-of-experts feed-forward blocks (ST-MoE); num_experts=0 keeps the dense model.
+    moe: MoEConfig = MoEConfig()
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

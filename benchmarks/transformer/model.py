@@ -25,6 +25,7 @@ import keras
 import tensorflow as tf
 
 from mlperf_tf.layers import PADDED, PackedTokens, token_matmul
+from mlperf_tf.layers.moe import MoEConfig
 from mlperf_tf.layers.tensor_parallel import (
     ColumnParallelDense,
     ModelAxis,
@@ -55,6 +56,9 @@ class TransformerParams:
       dropout: residual (post-processing) and embedding dropout rate.
       attention_dropout: dropout on the attention weights.
       relu_dropout: dropout after the feed-forward ReLU.
+      moe: mixture-of-experts feed-forward blocks (`num_experts=0`: all dense); every
+        `moe.every`-th block of the encoder and of the decoder is an `MoEFeedForward`.
+      moe_group_size: static tokens per replica for the MoE capacity (None: each batch's count).
     """
 
     vocab_size: int
@@ -65,6 +69,8 @@ class TransformerParams:
     dropout: float = 0.1
     attention_dropout: float = 0.1
     relu_dropout: float = 0.1
+    moe: MoEConfig = MoEConfig()
+    moe_group_size: int | None = None
 
     def __post_init__(self):
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "filter_size"):
@@ -347,10 +353,41 @@ class FeedForward(keras.layers.Layer):
         return self.output_layer(hidden)
 
 
+def feed_forward(params: TransformerParams, index: int, mesh: DeviceMesh | None, policy):
+    """Block `index`'s feed-forward layer: dense, or an `MoEFeedForward` per `params.moe`."""
+    p = params
+    if not p.moe.is_moe(index):
+        return FeedForward(
+            p.hidden_size, p.filter_size, p.relu_dropout, mesh=mesh, name="ffn", dtype=policy
+        )
+    return p.moe.layer(
+        hidden_size=p.hidden_size,
+        filter_size=p.filter_size,
+        dropout=p.relu_dropout,
+        group_size=p.moe_group_size,
+        expert_parallel=mesh.expert if mesh is not None else 1,
+        mesh=mesh,
+        name="moe_ffn",
+        dtype=policy,
+    )
+
+
+def apply_ffn(ffn, x, training, aux):
+    """`ffn(x)`; an MoE layer's stats go to `aux` (a `moe.Collector`, or None)."""
+    y = ffn(x, training=training)
+    if not isinstance(ffn, FeedForward):  # an MoEFeedForward: (y, stats)
+        y, stats = y
+        if aux is not None:
+            aux.add(ffn, stats)
+    return y
+
+
 class EncoderLayer(keras.layers.Layer):
     """Pre-norm self-attention block and feed-forward block, each with a residual."""
 
-    def __init__(self, params: TransformerParams, mesh: DeviceMesh | None = None, **kwargs):
+    def __init__(
+        self, params: TransformerParams, index: int = 0, mesh: DeviceMesh | None = None, **kwargs
+    ):
         super().__init__(**kwargs)
         p = params
         policy = self.dtype_policy
@@ -364,9 +401,7 @@ class EncoderLayer(keras.layers.Layer):
         self.ffn_norm = keras.layers.LayerNormalization(
             epsilon=LAYER_NORM_EPSILON, name="ffn_norm", dtype=policy
         )
-        self.ffn = FeedForward(
-            p.hidden_size, p.filter_size, p.relu_dropout, mesh=mesh, name="ffn", dtype=policy
-        )
+        self.ffn = feed_forward(p, index, mesh, policy)
         self.dropout_layer = keras.layers.Dropout(p.dropout, dtype=policy)
         self.hidden_size = p.hidden_size
 
@@ -376,21 +411,24 @@ class EncoderLayer(keras.layers.Layer):
             layer.build(shape)
         super().build(input_shape)
 
-    def call(self, x, mask, training=False, tokens=PADDED):
-        """`x`: [batch, length, hidden], or [tokens, hidden] when `tokens` is `PackedTokens`."""
+    def call(self, x, mask, training=False, tokens=PADDED, aux=None):
+        """`x`: [batch, length, hidden], or [tokens, hidden] when `tokens` is `PackedTokens`;
+        `aux`: a `moe.Collector` of the MoE layer's stats, or None."""
         y = self.attention_norm(x)
         y, _ = self.attention(
             y, y, mask, training=training, query_tokens=tokens, source_tokens=tokens
         )
         x = x + self.dropout_layer(y, training=training)
-        y = self.ffn(self.ffn_norm(x), training=training)
+        y = apply_ffn(self.ffn, self.ffn_norm(x), training, aux)
         return x + self.dropout_layer(y, training=training)
 
 
 class DecoderLayer(keras.layers.Layer):
     """Pre-norm causal self-attention, encoder-decoder attention and feed-forward blocks."""
 
-    def __init__(self, params: TransformerParams, mesh: DeviceMesh | None = None, **kwargs):
+    def __init__(
+        self, params: TransformerParams, index: int = 0, mesh: DeviceMesh | None = None, **kwargs
+    ):
         super().__init__(**kwargs)
         p = params
         policy = self.dtype_policy
@@ -411,9 +449,7 @@ class DecoderLayer(keras.layers.Layer):
             dtype=policy,
         )  # fmt: skip
         self.ffn_norm = norm("ffn_norm")
-        self.ffn = FeedForward(
-            p.hidden_size, p.filter_size, p.relu_dropout, mesh=mesh, name="ffn", dtype=policy
-        )
+        self.ffn = feed_forward(p, index, mesh, policy)
         self.dropout_layer = keras.layers.Dropout(p.dropout, dtype=policy)
         self.hidden_size = p.hidden_size
 
@@ -442,6 +478,7 @@ class DecoderLayer(keras.layers.Layer):
         step=None,
         tokens=PADDED,
         encoder_tokens=PADDED,
+        aux=None,
     ):
         """One decoder layer; with the caches it decodes the single position `step`.
 
@@ -456,6 +493,7 @@ class DecoderLayer(keras.layers.Layer):
           step: the position written into `cache`.
           tokens, encoder_tokens: the layouts of `x` and of `encoder_outputs` (packed:
             [tokens, hidden]; see `PackedTokens`).
+          aux: a `moe.Collector` of the MoE layer's stats, or None.
 
         Returns:
           (x in the layout of the input, the updated self-attention cache or None).
@@ -483,7 +521,7 @@ class DecoderLayer(keras.layers.Layer):
             source_tokens=encoder_tokens,
         )
         x = x + self.dropout_layer(y, training=training)
-        y = self.ffn(self.ffn_norm(x), training=training)
+        y = apply_ffn(self.ffn, self.ffn_norm(x), training, aux)
         return x + self.dropout_layer(y, training=training), cache
 
 
@@ -497,7 +535,8 @@ class Transformer(keras.Model):
 
     def __init__(self, params: TransformerParams, mesh: DeviceMesh | None = None, **kwargs):
         """`mesh`: the run's device mesh; `mesh.model` > 1 splits the model over its `model`
-        axis (it must divide num_heads, filter_size and vocab_size: `UserError` otherwise)."""
+        axis (it must divide num_heads, filter_size and vocab_size: `UserError` otherwise), and
+        `mesh.expert` > 1 splits the experts of MoE blocks over its `expert` axis."""
         kwargs.setdefault("name", "transformer")
         super().__init__(**kwargs)
         self.params = params
@@ -514,14 +553,14 @@ class Transformer(keras.Model):
             params.vocab_size, params.hidden_size, mesh=mesh, name="embedding", dtype=policy
         )
         self.encoder_layers = [
-            EncoderLayer(params, mesh=mesh, name=f"encoder_layer_{i}", dtype=policy)
+            EncoderLayer(params, i, mesh=mesh, name=f"encoder_layer_{i}", dtype=policy)
             for i in range(params.num_layers)
         ]
         self.encoder_norm = keras.layers.LayerNormalization(
             epsilon=LAYER_NORM_EPSILON, name="encoder_norm", dtype=policy
         )
         self.decoder_layers = [
-            DecoderLayer(params, mesh=mesh, name=f"decoder_layer_{i}", dtype=policy)
+            DecoderLayer(params, i, mesh=mesh, name=f"decoder_layer_{i}", dtype=policy)
             for i in range(params.num_layers)
         ]
         self.decoder_norm = keras.layers.LayerNormalization(
@@ -546,13 +585,23 @@ class Transformer(keras.Model):
         x = x + tf.cast(positions, x.dtype)[None]
         return self.input_dropout(tokens.pack(x), training=training)
 
-    def encode(self, inputs, training=False, tokens=PADDED):
+    @property
+    def moe_layers(self) -> list:
+        """The MoE feed-forward layers, encoder then decoder (the order of a `moe.Collector`)."""
+        return [
+            layer.ffn
+            for layer in self.encoder_layers + self.decoder_layers
+            if not isinstance(layer.ffn, FeedForward)
+        ]
+
+    def encode(self, inputs, training=False, tokens=PADDED, aux=None):
         """Encodes source ids [batch, src_len].
 
         Args:
           inputs: source ids [batch, src_len].
           training: enables dropout.
           tokens: `PADDED`, or `PackedTokens(inputs != PAD_ID)` to skip the padding.
+          aux: a `moe.Collector` of the MoE layers' stats, or None.
 
         Returns:
           (encoder outputs [batch, src_len, hidden] (packed: [tokens, hidden]), padding mask
@@ -561,7 +610,7 @@ class Transformer(keras.Model):
         mask = padding_mask(inputs)
         x = self._embed_with_positions(inputs, training, tokens)
         for layer in self.encoder_layers:
-            x = layer(x, mask, training=training, tokens=tokens)
+            x = layer(x, mask, training=training, tokens=tokens, aux=aux)
         return self.encoder_norm(x), mask
 
     def decode_states(
@@ -572,6 +621,7 @@ class Transformer(keras.Model):
         training=False,
         tokens=PADDED,
         encoder_tokens=PADDED,
+        aux=None,
     ):
         """Teacher-forced decoding up to the vocabulary: normalized states [batch, tgt_len, hidden].
 
@@ -593,6 +643,7 @@ class Transformer(keras.Model):
                 training=training,
                 tokens=tokens,
                 encoder_tokens=encoder_tokens,
+                aux=aux,
             )
         return self.decoder_norm(x)
 
@@ -612,18 +663,20 @@ class Transformer(keras.Model):
         logits are gathered (decoding needs them; training's loss never does)."""
         return self.axis.gather_last(self.logits(states))
 
-    def teacher_forced_states(self, inputs, training=False, packed=False):
+    def teacher_forced_states(self, inputs, training=False, packed=False, aux=None):
         """`decode_states` of {"inputs", "targets"} ids: [batch, tgt_len, hidden].
 
         `packed`: skip the padding of both streams (`PackedTokens`); the states are then those
         of the real target positions, [tokens, hidden] in row-major order (as
         `tf.boolean_mask(targets, targets != PAD_ID)` orders them). Data-dependent shapes: not
-        for XLA.
+        for XLA. `aux`: a `moe.Collector` of the MoE layers' stats, or None.
         """
         source, targets = inputs["inputs"], inputs["targets"]
         source_tokens = PackedTokens(tf.not_equal(source, PAD_ID)) if packed else PADDED
         target_tokens = PackedTokens(tf.not_equal(targets, PAD_ID)) if packed else PADDED
-        encoder_outputs, mask = self.encode(source, training=training, tokens=source_tokens)
+        encoder_outputs, mask = self.encode(
+            source, training=training, tokens=source_tokens, aux=aux
+        )
         return self.decode_states(
             targets,
             encoder_outputs,
@@ -631,6 +684,7 @@ class Transformer(keras.Model):
             training=training,
             tokens=target_tokens,
             encoder_tokens=source_tokens,
+            aux=aux,
         )
 
     def call(self, inputs, training=False):

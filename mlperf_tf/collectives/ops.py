@@ -1,4 +1,4 @@
-"""Provides `Collectives`: all-reduce, reduce-scatter, all-gather and broadcast over replica groups.
+"""Provides `Collectives`: all-reduce, reduce-scatter, all-gather, all-to-all and broadcast over replica groups.
 
 Runs in replica context on TF's public collective ops (`tf.raw_ops.Collective*V2`), so one
 replica can talk to a subset of the replicas (a mesh row or column) under MirroredStrategy and
@@ -58,6 +58,31 @@ def static_replica_id(context) -> int | None:
     return None if replica is None else int(replica)
 
 
+def replica_collectives(*, num_replicas: int, timeout_s: float) -> Collectives:
+    """The one `Collectives` of the current replica context (made on first use, then shared).
+
+    Collectives issued by different parts of one step (an MoE layer's all-to-alls, their
+    gradients, the gradient sum) must share one ordering token per replica, so that every
+    replica runs them in the same program order; with a token each, replicas may start them in
+    different orders and wait on each other forever. The object lives on the replica context
+    (one per `strategy.run` call per replica).
+
+    Raises:
+      ValueError: no replica context with a static replica id.
+    """
+    context = tf.distribute.get_replica_context()
+    replica = None if context is None else static_replica_id(context)
+    if replica is None:
+        raise ValueError("collectives run in a replica context with static replica ids")
+    ops = getattr(context, "mlperf_tf_collectives", None)
+    if ops is None or ops.num_replicas != num_replicas:
+        ops = Collectives(
+            replica=replica, num_replicas=num_replicas, timeout_s=timeout_s, traffic=Traffic()
+        )
+        context.mlperf_tf_collectives = ops
+    return ops
+
+
 class Collectives:
     """Collectives of one replica (replica context), over groups given as lists of replica ids.
 
@@ -75,6 +100,15 @@ class Collectives:
         self.timeout_s = float(timeout_s)
         self.traffic = traffic
         self._token = None
+        self._names: dict[str, int] = {}
+
+    def unique_name(self, prefix: str) -> str:
+        """`prefix/k`, k counting this object's calls with `prefix`: an instance name that is
+        the same on every replica when each replica issues its collectives in the same order
+        (a counter shared by the replicas' threads would differ between them)."""
+        k = self._names.get(prefix, 0)
+        self._names[prefix] = k + 1
+        return f"{prefix}/{k}"
 
     def _ordering_token(self):
         """One resource handle per replica trace, on the replica's device: TF's collectives
@@ -156,6 +190,37 @@ class Collectives:
             **self._common(members, "all_to_all", name, x),
         )  # [n, k]: row i is member i's row for this replica
         return tf.reduce_sum(tf.reshape(received, x.shape), axis=0)
+
+    def all_to_all(self, x, members: list[int], name: str):
+        """Row j of `x` ([n, ...]) to the member of rank j; returns [n, ...] whose row i came from
+        the member of rank i (`CollectiveAllToAllV2`, which CPUs have): (n-1)/n of x's bytes."""
+        n = len(members)
+        if x.shape[0] != n:
+            raise ValueError(f"all_to_all input's first dimension {x.shape} must be {n}")
+        if n == 1:
+            return x
+        self.traffic.add("all_to_all", (n - 1) / n * _nbytes(x))
+        received = tf.raw_ops.CollectiveAllToAllV2(
+            input=x,
+            ordering_token=[self._ordering_token()],
+            **self._common(members, "all_to_all", name, x),
+        )
+        return tf.reshape(received, tf.shape(x))
+
+    def differentiable_all_to_all(self, x, members: list[int], name: str):
+        """`all_to_all` with its gradient: the all-to-all of the upstream gradient over the same
+        members (the exchange is its own inverse: row j of rank i goes to row i of rank j, and
+        back). Each backward call gets its own instance (`name/grad0`, ...)."""
+        backward_calls = itertools.count()
+
+        @tf.custom_gradient
+        def exchanged(t):
+            def grad(upstream):
+                return self.all_to_all(upstream, members, f"{name}/grad{next(backward_calls)}")
+
+            return self.all_to_all(t, members, name), grad
+
+        return exchanged(x)
 
     def all_gather(self, x, members: list[int], name: str):
         """`x` ([k]) of every member, concatenated in rank order: [n * k]; sends (n-1) x's bytes

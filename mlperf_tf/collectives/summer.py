@@ -420,6 +420,13 @@ class ShardedSlots(tf.Module):
         self._summer.load_full_slots(dict(restored_tensors))
 
 
+def apply_gradients(strategy, optimizer, grads, variables):
+    """Applies `optimizer` to each replica copy of `variables` with that replica's `grads`
+    (cross-replica context, in a `merge_call`; Keras sums nothing). Used by
+    `mlperf_tf.parallel.expert_layout.LayoutSummer`."""
+    _apply_gradients(strategy, optimizer, grads, variables, [None] * len(grads))
+
+
 def _apply_gradients(strategy, optimizer, grads, variables, norms):
     # Cross-replica context, as in Keras' own update after its sum: each replica's copy of a
     # variable is updated with that replica's summed gradient by `update_step` (identical on

@@ -13,6 +13,7 @@ import dataclasses
 import math
 
 import keras
+import numpy as np
 import tensorflow as tf
 from absl import logging
 from mlperf_logging.mllog import constants as C
@@ -45,6 +46,16 @@ class LoopOutput:
     next_eval_step: int = 0  # the step of the next evaluation (0: unknown)
     first: bool = False  # the run's first loop (one step; without warm-up, its time has tracing)
     input_wait_s: float = 0.0  # seconds the loop's steps were blocked on the input iterator
+    # The benchmark's training metrics (`Benchmark.train_metric_shapes`), means over the loop.
+    metrics: dict = dataclasses.field(default_factory=dict)
+
+    def scalar_metrics(self) -> str:
+        """The rank-0 metrics as ` | name value` parts of the progress line."""
+        return "".join(
+            f" | {name} {float(value):.4g}"
+            for name, value in self.metrics.items()
+            if np.ndim(value) == 0
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,8 +177,9 @@ class ProgressLine(Action):
     def after_loop(self, output):
         if output.first:
             logging.info(
-                "step %d/%d | epoch %.2f | loss %.4f | first step done in %.1f s",
-                output.step, output.last_step, output.epoch, output.loss, output.seconds,
+                "step %d/%d | epoch %.2f | loss %.4f%s | first step done in %.1f s",
+                output.step, output.last_step, output.epoch, output.loss,
+                output.scalar_metrics(), output.seconds,
             )  # fmt: skip
             return
         # The remaining steps at this loop's pace, to the budget's end and to the next eval.
@@ -175,9 +187,9 @@ class ProgressLine(Action):
         eta = (output.last_step - output.step) * per_step
         to_eval = max(output.next_eval_step - output.step, 0) * per_step
         logging.info(
-            "step %d/%d | epoch %.2f | %.1f samples/s | loss %.4f | next eval in %s | ETA %s",
+            "step %d/%d | epoch %.2f | %.1f samples/s | loss %.4f%s | next eval in %s | ETA %s",
             output.step, output.last_step, output.epoch, output.samples_per_second, output.loss,
-            format_eta(to_eval), format_eta(eta),
+            output.scalar_metrics(), format_eta(to_eval), format_eta(eta),
         )  # fmt: skip
 
     def after_eval(self, output):
@@ -214,6 +226,11 @@ class TensorBoardScalars(Action):
             tf.summary.scalar("loss", output.loss)
             tf.summary.scalar("samples_per_second", output.samples_per_second)
             tf.summary.scalar("learning_rate", current_learning_rate(self.optimizer))
+            for name, value in output.metrics.items():
+                # A vector or matrix metric (e.g. per-layer expert load) as one scalar per entry.
+                for index in np.ndindex(np.shape(value)):
+                    suffix = "".join(f"/{i}" for i in index)
+                    tf.summary.scalar(name + suffix, float(np.asarray(value)[index]))
 
 
 class NonFiniteLossStop(Action):

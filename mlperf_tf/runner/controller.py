@@ -38,6 +38,7 @@ from mlperf_tf.benchmark import Benchmark, EvalPoint, RunContext
 from mlperf_tf.data.pipeline import translate_errors
 from mlperf_tf.errors import DataError, PeerError, UserError
 from mlperf_tf.mllog import MLPerfLogger
+from mlperf_tf.parallel import expert_layout as parallel_layout
 from mlperf_tf.parallel import layout
 from mlperf_tf.parallel import mesh as parallel_mesh
 from mlperf_tf.preemption import StopRequest
@@ -305,8 +306,11 @@ class Controller:
             else contextlib.nullcontext()
         )
         with watching:
-            loss, done, waited = self.trainer.loop(iterator, tf.constant(num_steps, tf.int32))
+            loss, done, waited, metrics = self.trainer.loop(
+                iterator, tf.constant(num_steps, tf.int32)
+            )
         loss, done = float(loss.numpy()), int(done.numpy())
+        metrics = {name: value.numpy() for name, value in metrics.items()}
         seconds = time.monotonic() - begin
         interrupted = Stop(StopCause.INTERRUPTED, self.stop_request.reason or "stop requested")
         if not done:
@@ -325,6 +329,7 @@ class Controller:
             next_eval_step=next_eval_step,
             first=first,
             input_wait_s=float(waited.numpy()),
+            metrics=metrics,
         )
         stop = self._notify("after_loop", output)
         return stop or (interrupted if done < num_steps else None)
@@ -449,7 +454,7 @@ class Controller:
         # resumed run's log can carry it. A host variable: outside the strategy scope.
         self.run_state = tf.train.Checkpoint(run_start_ms=tf.Variable(0, dtype=tf.int64))
         parts = dict(model=self.model, optimizer=self.optimizer, run_state=self.run_state)
-        if self.summer is not None and self.summer.sharded:
+        if isinstance(self.summer, collectives.GradientSummer) and self.summer.sharded:
             # The optimizer holds no slots: the summer's shards, saved at full size.
             parts["sharded_slots"] = self.summer.checkpointable()
         checkpoint = tf.train.Checkpoint(**parts)
@@ -577,7 +582,23 @@ class Controller:
                 self.summer.build(self.optimizer, self.model.trainable_variables)
             # Slots of split variables are split alike, and saved whole.
             layout.split_slots(self.optimizer, mesh)
-        if self.summer is not None:
+        variables = self.model.trainable_variables
+        if parallel_layout.has_split(variables):
+            # An expert-parallel MoE layer's experts (`parallel.expert_layout`): their parts
+            # start different, and each gradient is summed over its layout's axes only.
+            if self.summer is not None:
+                raise UserError(
+                    f"--expert_parallel={cfg.expert_parallel} does not combine with "
+                    "--all_reduce/--pack_mb/--weight_update_sharding or model parallelism yet"
+                )
+            with self.strategy.scope():
+                parallel_layout.initialize_split(
+                    self.strategy, benchmark.mesh, variables, seed=cfg.seed
+                )
+            self.summer = parallel_layout.LayoutSummer(
+                benchmark.mesh, timeout_s=cfg.collective_timeout
+            )
+        if isinstance(self.summer, collectives.GradientSummer):
             collectives.record_choices(self.summer, cfg.model_dir, chief=self.chief)
 
     def _hparams(self) -> dict:

@@ -66,18 +66,23 @@ class Trainer:
         capture = getattr(self.optimizer, "capture", contextlib.nullcontext)
         with tf.GradientTape() as tape:
             with capture():
-                loss = self.benchmark.compute_loss(self.model, batch, training=True)
+                loss, metrics = self.benchmark.compute_loss_and_metrics(
+                    self.model, batch, training=True
+                )
                 scaled = self.optimizer.scale_loss(loss)
         if hasattr(self.optimizer, "capture"):
-            return loss, self.optimizer.gradients(tape, scaled, variables)
-        return loss, tape.gradient(scaled, variables)
+            return loss, self.optimizer.gradients(tape, scaled, variables), metrics
+        return loss, tape.gradient(scaled, variables), metrics
 
     def _replica_step(self, micro_batches):
         total_loss = 0.0
         total_grads = None
+        total_metrics = {}
         for batch in micro_batches:  # Python loop: the accumulation count is static
-            loss, grads = self._grads(batch)
+            loss, grads, metrics = self._grads(batch)
             total_loss += loss
+            for name, value in metrics.items():
+                total_metrics[name] = total_metrics.get(name, 0.0) + tf.cast(value, tf.float32)
             if total_grads is None:
                 total_grads = list(grads)
             else:
@@ -86,7 +91,8 @@ class Trainer:
             total_grads = [g / self.accumulation for g in total_grads]
             total_loss /= self.accumulation
         self.sum_and_apply(total_grads)
-        return total_loss
+        metrics = {k: v / float(self.accumulation) for k, v in total_metrics.items()}
+        return total_loss, metrics
 
     def sum_and_apply(self, grads: list[tf.Tensor]) -> None:
         """Sums this replica's `grads` across replicas, clips the sum, and applies it (replica context).
@@ -123,7 +129,10 @@ class Trainer:
         return [g / replicas for g in grads] if replicas > 1 else grads
 
     def _loop(self, iterator, num_steps):
-        """Runs up to `num_steps` steps; returns (mean loss, steps run, seconds waited for input).
+        """Runs up to `num_steps` steps; returns (mean loss, steps run, seconds waited for input,
+        mean metrics).
+
+        The metrics (`Benchmark.train_metric_shapes`) are averaged over replicas and steps.
 
         A stop request (`stop_request`, set by a signal) is read before each step and cuts the
         loop short at a step boundary; on several workers they agree on it, so all stop together.
@@ -132,6 +141,8 @@ class Trainer:
         """
         loss_sum = tf.constant(0.0, tf.float32)
         done = tf.constant(0, tf.int32)
+        shapes = self.benchmark.train_metric_shapes()
+        metric_sums = {name: tf.zeros(shape, tf.float32) for name, shape in shapes.items()}
         waited = tf.constant(0.0, tf.float64)
         for _ in tf.range(num_steps):
             if self.stop_request is not None and self.stop_request.should_stop(self.strategy):
@@ -141,11 +152,21 @@ class Trainer:
                 micro_batches = [next(iterator) for _ in range(self.accumulation)]
             with tf.control_dependencies(tf.nest.flatten(micro_batches, expand_composites=True)):
                 waited += tf.timestamp() - asked
-            per_replica_loss = self.strategy.run(self._replica_step, args=(micro_batches,))
+            per_replica_loss, per_replica_metrics = self.strategy.run(
+                self._replica_step, args=(micro_batches,)
+            )
             # Each replica's loss is its share of the global mean: the sum is the global loss
             # (counted once per mesh group: the replicas of a model group share one batch).
             loss = self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_loss, axis=None)
             loss /= self.benchmark.mesh.group_size
             loss_sum += tf.cast(loss, tf.float32)
+            metric_sums = {
+                name: total
+                + self.strategy.reduce(
+                    tf.distribute.ReduceOp.MEAN, per_replica_metrics[name], axis=None
+                )
+                for name, total in metric_sums.items()
+            }
             done += 1
-        return loss_sum / tf.cast(tf.maximum(done, 1), tf.float32), done, waited
+        steps = tf.cast(tf.maximum(done, 1), tf.float32)
+        return loss_sum / steps, done, waited, {k: v / steps for k, v in metric_sums.items()}

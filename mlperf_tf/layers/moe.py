@@ -1,0 +1,566 @@
+"""Provides `MoEFeedForward`: a token-choice mixture-of-experts feed-forward layer (ST-MoE), with
+expert parallelism over the mesh's `expert` axis.
+
+The routing follows Flaxformer's `TokensChooseMaskedRouter` (google/flaxformer,
+`flaxformer/architectures/moe/routing.py`, `_compute_routing_instructions`) and its two auxiliary
+losses (`_load_balancing_loss`: Switch Transformer eqs. 4-6, the GShard form; `_router_z_loss`:
+ST-MoE eq. 5), with these choices:
+
+* **Top-k priority.** Every token's first choice is placed before any token's second choice
+  (Flaxformer and Mesh TensorFlow's `_top_2_gating` in `mesh_tensorflow/transformer/moe.py` both
+  do this); within one rank tokens go in order. A choice whose place in its expert's buffer is
+  `>= capacity` is dropped: its token gets nothing from that expert, and where all its choices are
+  dropped the token passes through the residual unchanged (the layer's output for it is 0).
+* **Second-expert policy.** Mesh TensorFlow's `second_policy` "all" (every selected expert is
+  used); its "random"/"threshold" policies that drop low-weight second choices are not offered.
+* **Gates.** `router_softmax="before"`: softmax over all experts, then top-k; the gates are
+  those probabilities (Flaxformer's combine array; Switch, GShard, ST-MoE). `"after"`: softmax
+  over the k selected logits (Mixtral), which equals Mesh TensorFlow's top-2 renormalization
+  `gate_i / (gate_1 + gate_2)`.
+* **Capacity.** Per expert and per group (a replica's tokens): `ceil(k * capacity_factor * T /
+  experts)`, at most T (Flaxformer's `MoeLayer` writes `capacity_factor * T / experts`, k
+  folded into the factor; here the factor 1.0 means exactly the slots of a balanced router,
+  as in DeepSpeed and Megatron). `capacity_factor=0` is dropless: capacity T, which no expert
+  can exceed (a token picks an expert at most once). T is the static `group_size` when one is
+  given (so every replica's buffers have one shape), else the batch's token count.
+* **Router precision.** Logits, softmax, top-k and both losses in float32 whatever the compute
+  dtype (ST-MoE section 3.2, "selective precision"); optional jitter multiplies the router input
+  by U(1 - eps, 1 + eps) in training (Flaxformer `_compute_router_probabilities`).
+
+Dispatch is by index, not by the one-hot [T, E, C] masks (`dispatch_and_combine` builds those
+for tests): each kept choice writes its token into row `expert * C + position` of an [E * C, d]
+buffer (a scatter whose gradient is a gather), the experts run as one batched matmul over
+[E, C, d], and each token gathers its choices' rows back, weighted by the gates.
+
+Expert parallelism (`expert_parallel=P > 1`, in replica context on `mesh`): each replica holds
+experts `[i * E/P, (i+1) * E/P)` of each layer (i: its index on the `expert` axis), as variables
+of 1/P the size. Forward: one all-to-all over the replica's expert group sends each peer the
+[E/P, C, d] buffer rows of its experts, the local experts run on [E/P, P * C, d], and a second
+all-to-all returns the outputs. Backward: the same two all-to-alls in reverse order (an
+all-to-all's gradient is an all-to-all). The expert weights' gradients are summed over the
+`data` axis only, the router's over every replica (`mlperf_tf.parallel.expert_layout`). Routing is per
+replica (a replica's tokens are one group), so a token's experts, its place in their buffers and
+its output are those of the unsplit layer: P changes where the work runs, not what is computed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+from typing import Literal
+
+import keras
+import tensorflow as tf
+
+from mlperf_tf.collectives.ops import replica_collectives
+from mlperf_tf.config import ConfigError
+from mlperf_tf.parallel.expert_layout import EXPERT_LAYOUT, set_layout
+from mlperf_tf.parallel.mesh import DeviceMesh
+
+# Flaxformer's router initializer (`routing.default_kernel_init`): normal, stddev 2e-2.
+ROUTER_STDDEV = 2e-2
+
+
+@dataclasses.dataclass(frozen=True)
+class Routing:
+    """One group's routing decisions (float32 and int32 tensors).
+
+    Attributes:
+      logits: [T, E] router logits.
+      probs: [T, E] softmax over all experts.
+      expert: [T, k] the chosen experts, best first.
+      position: [T, k] each choice's place in its expert's buffer (in priority order).
+      kept: [T, k] bool, position < capacity.
+      gates: [T, k] combine weights of the choices, 0 where dropped.
+      capacity: scalar int, the buffer length per expert.
+    """
+
+    logits: tf.Tensor
+    probs: tf.Tensor
+    expert: tf.Tensor
+    position: tf.Tensor
+    kept: tf.Tensor
+    gates: tf.Tensor
+    capacity: tf.Tensor
+
+
+@dataclasses.dataclass(frozen=True)
+class MoEStats:
+    """What one MoE layer reports per call (float32 scalars unless said).
+
+    Attributes:
+      balance_loss: the load-balancing loss (k for a balanced top-k router: a token counts for
+        each of its k experts, Flaxformer's form; E when every token picks one expert, k = 1).
+      z_loss: mean over tokens of logsumexp(logits)^2.
+      load: [E] fraction of the k * T choices that picked each expert (before capacity).
+      dropped: fraction of the k * T choices dropped past capacity.
+      max_logit: max |router logit| over the group.
+    """
+
+    balance_loss: tf.Tensor
+    z_loss: tf.Tensor
+    load: tf.Tensor
+    dropped: tf.Tensor
+    max_logit: tf.Tensor
+
+
+def expert_capacity(tokens, *, num_experts: int, top_k: int, capacity_factor: float):
+    """Buffer length per expert for a group of `tokens` (int or scalar tensor); 0 factor: T."""
+    if capacity_factor == 0:
+        return tokens
+    if isinstance(tokens, int):
+        return min(tokens, math.ceil(top_k * capacity_factor * tokens / num_experts))
+    t = tf.cast(tokens, tf.float32)
+    slots = tf.cast(tf.math.ceil(top_k * capacity_factor * t / num_experts), tf.int32)
+    return tf.minimum(tf.cast(tokens, tf.int32), slots)
+
+
+def route(logits, *, top_k: int, capacity, router_softmax: str = "before") -> Routing:
+    """Token-choice top-k routing of one group (Flaxformer `TokensChooseMaskedRouter`).
+
+    Args:
+      logits: float32 [T, E] router logits.
+      top_k: experts per token.
+      capacity: buffer length per expert (int or scalar int tensor).
+      router_softmax: "before" (gates: softmax over all experts) or "after" (softmax over the
+        k selected logits).
+
+    Returns:
+      The `Routing`.
+    """
+    num_experts = logits.shape[-1]
+    probs = tf.nn.softmax(logits, axis=-1)  # [T, E]
+    top_probs, expert = tf.math.top_k(probs, k=top_k)  # [T, k], best first
+    if router_softmax == "after":
+        gates = tf.nn.softmax(tf.gather(logits, expert, batch_dims=1), axis=-1)
+    else:
+        gates = top_probs
+    # Choice-major order: all first choices, then all second choices, ...; a choice's place in
+    # its expert's buffer is the number of earlier choices of that expert.
+    flat = tf.reshape(tf.transpose(expert), [-1])  # [k * T]
+    one_hot = tf.one_hot(flat, num_experts, dtype=tf.int32)  # [k * T, E]
+    before = tf.cumsum(one_hot, axis=0, exclusive=True)
+    position = tf.reduce_sum(before * one_hot, axis=-1)  # [k * T]
+    position = tf.transpose(tf.reshape(position, [top_k, -1]))  # [T, k]
+    kept = position < tf.cast(capacity, tf.int32)
+    gates = gates * tf.cast(kept, gates.dtype)
+    return Routing(logits, probs, expert, position, kept, gates, tf.cast(capacity, tf.int32))
+
+
+def balance_loss(probs, expert):
+    """Switch/GShard load-balancing loss: E^2 * mean_e(fraction routed to e * mean prob of e).
+
+    `fraction routed` counts a token for each expert among its top k, before capacity
+    (Flaxformer `_load_balancing_loss`). k for a balanced top-k router (1.0 for Switch's top-1).
+    """
+    num_experts = probs.shape[-1]
+    chosen = tf.reduce_max(tf.one_hot(expert, num_experts, dtype=tf.float32), axis=-2)  # [T, E]
+    density = tf.reduce_mean(chosen, axis=0)
+    mean_probs = tf.reduce_mean(probs, axis=0)
+    return tf.reduce_mean(density * mean_probs) * float(num_experts**2)
+
+
+def z_loss(logits):
+    """ST-MoE eq. 5: mean over tokens of logsumexp(logits)^2."""
+    return tf.reduce_mean(tf.square(tf.reduce_logsumexp(logits, axis=-1)))
+
+
+def dispatch_and_combine(routing: Routing, num_experts: int, capacity: int):
+    """The one-hot dispatch mask and combine array of `routing` ([T, E, C] float32 each), as
+    Flaxformer's masked router returns them (for tests: the layer dispatches by index)."""
+    slot = tf.one_hot(routing.position, capacity, dtype=tf.float32)  # [T, k, C] (0 past C)
+    slot *= tf.cast(routing.kept, tf.float32)[..., None]
+    expert = tf.one_hot(routing.expert, num_experts, dtype=tf.float32)  # [T, k, E]
+    dispatch = tf.einsum("tke,tkc->tec", expert, slot)
+    combine = tf.einsum("tke,tkc,tk->tec", expert, slot, routing.gates)
+    return dispatch, combine
+
+
+def _check(
+    *, num_experts, top_k, capacity_factor, eval_capacity_factor, router_softmax,
+    expert_parallel, jitter,
+):  # fmt: skip
+    if isinstance(num_experts, bool) or not isinstance(num_experts, int) or num_experts < 1:
+        raise ConfigError(f"moe `num_experts` ({num_experts!r}) must be a positive integer")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= num_experts:
+        raise ConfigError(
+            f"moe `top_k` ({top_k!r}) must be an integer from 1 to the experts ({num_experts})"
+        )
+    for name, value in (
+        ("capacity_factor", capacity_factor),
+        ("eval_capacity_factor", eval_capacity_factor),
+    ):
+        if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise ConfigError(f"moe `{name}` ({value!r}) must be >= 0 (0: dropless)")
+    if router_softmax not in ("before", "after"):
+        raise ConfigError(f"moe `router_softmax` ({router_softmax!r}) must be 'before' or 'after'")
+    if not 0 <= jitter < 1:
+        raise ConfigError(f"moe `jitter` ({jitter!r}) must be in [0, 1)")
+    if num_experts % expert_parallel:
+        raise ConfigError(
+            f"--expert_parallel={expert_parallel} must divide moe `num_experts` ({num_experts})"
+        )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MoEConfig:
+    """A model's mixture-of-experts settings (`--config.model.moe.*`); ST-MoE's defaults.
+
+    Attributes:
+      num_experts: experts per MoE layer (0: a dense model, no MoE layer).
+      every: every `every`-th feed-forward block is an MoE layer (layers every-1, 2*every-1, ...;
+        1: all of them; ST-MoE uses 4, Switch 2).
+      top_k: experts per token (1 Switch, 2 GShard/ST-MoE, 4 gpt-oss).
+      capacity_factor: training capacity factor (0: dropless); `MoEFeedForward`.
+      eval_capacity_factor: the same for evaluation (0: dropless).
+      router_softmax: "before" or "after" the top-k.
+      z_loss_coef: router z-loss coefficient (ST-MoE: 1e-3).
+      balance_loss_coef: load-balancing loss coefficient (ST-MoE: 1e-2).
+      jitter: router input jitter in training (0: off).
+      filter_size: each expert's inner width (0: the model's feed-forward width). Top-k experts
+        of width F/k cost the active FLOPs of one dense block of width F.
+    """
+
+    num_experts: int = 0
+    every: int = 2
+    top_k: int = 2
+    capacity_factor: float = 1.25
+    eval_capacity_factor: float = 2.0
+    router_softmax: Literal["before", "after"] = "before"
+    z_loss_coef: float = 1e-3
+    balance_loss_coef: float = 1e-2
+    jitter: float = 0.0
+    filter_size: int = 0
+
+    def __post_init__(self):
+        if isinstance(self.filter_size, bool) or not isinstance(self.filter_size, int):
+            raise ConfigError(f"moe `filter_size` ({self.filter_size!r}) must be an integer")
+        if self.filter_size < 0:
+            raise ConfigError(f"moe `filter_size` ({self.filter_size}) must be >= 0 (0: model's)")
+        if isinstance(self.num_experts, bool) or not isinstance(self.num_experts, int):
+            raise ConfigError(f"moe `num_experts` ({self.num_experts!r}) must be an integer")
+        if self.num_experts < 0:
+            raise ConfigError(f"moe `num_experts` ({self.num_experts}) must be >= 0 (0: dense)")
+        if isinstance(self.every, bool) or not isinstance(self.every, int) or self.every < 1:
+            raise ConfigError(f"moe `every` ({self.every!r}) must be a positive integer")
+        for name in ("z_loss_coef", "balance_loss_coef"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise ConfigError(f"moe `{name}` ({value!r}) must be >= 0")
+        if self.num_experts:
+            _check(
+                num_experts=self.num_experts, top_k=self.top_k,
+                capacity_factor=self.capacity_factor,
+                eval_capacity_factor=self.eval_capacity_factor,
+                router_softmax=self.router_softmax, expert_parallel=1, jitter=self.jitter,
+            )  # fmt: skip
+
+    @property
+    def enabled(self) -> bool:
+        return self.num_experts > 0
+
+    def is_moe(self, layer_index: int) -> bool:
+        """Whether feed-forward block `layer_index` (0-based) is an MoE layer."""
+        return self.enabled and (layer_index + 1) % self.every == 0
+
+    def count(self, num_layers: int) -> int:
+        """MoE layers among `num_layers` blocks."""
+        return sum(self.is_moe(i) for i in range(num_layers))
+
+    def layer(self, *, hidden_size: int, filter_size: int, **kwargs) -> MoEFeedForward:
+        """The `MoEFeedForward` of these settings (`kwargs`: dropout, group_size, mesh, ...)."""
+        return MoEFeedForward(
+            hidden_size=hidden_size, filter_size=self.filter_size or filter_size,
+            num_experts=self.num_experts,
+            top_k=self.top_k, capacity_factor=self.capacity_factor,
+            eval_capacity_factor=self.eval_capacity_factor, router_softmax=self.router_softmax,
+            z_loss_coef=self.z_loss_coef, balance_loss_coef=self.balance_loss_coef,
+            jitter=self.jitter, **kwargs,
+        )  # fmt: skip
+
+
+class Collector:
+    """Collects (layer, `MoEStats`) of each MoE layer call of one forward pass.
+
+    Passed down a model's call as an argument (Flax's `sow`, made explicit). Not a list: Keras
+    copies list arguments of a layer call, so appends would be lost.
+    """
+
+    def __init__(self):
+        self.calls: list[tuple[MoEFeedForward, MoEStats]] = []
+
+    def add(self, layer: MoEFeedForward, stats: MoEStats) -> None:
+        self.calls.append((layer, stats))
+
+
+def metric_shapes(num_moe_layers: int, num_experts: int) -> dict[str, tuple[int, ...]]:
+    """The training metrics `summarize` returns (`Benchmark.train_metric_shapes`)."""
+    if not num_moe_layers:
+        return {}
+    return {
+        "moe/aux_loss": (),
+        "moe/balance_loss": (),
+        "moe/z_loss": (),
+        "moe/dropped": (),
+        "moe/max_router_logit": (),
+        "moe/dropped_per_layer": (num_moe_layers,),
+        "moe/load": (num_moe_layers, num_experts),
+    }
+
+
+def summarize(collector: Collector) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
+    """The weighted auxiliary loss of a forward pass and its metrics.
+
+    Args:
+      collector: the (layer, `MoEStats`) of each MoE layer call, in model order.
+
+    Returns:
+      (sum over layers of `layer.aux_loss(stats)`, metrics as in `metric_shapes`: the two losses
+      and the dropped fraction are means over layers, the max logit a max).
+    """
+    calls = collector.calls
+    if not calls:
+        return tf.constant(0.0), {}
+    stats = [s for _, s in calls]
+    aux = tf.add_n([layer.aux_loss(s) for layer, s in calls])
+    dropped = tf.stack([s.dropped for s in stats])
+    return aux, {
+        "moe/aux_loss": aux,
+        "moe/balance_loss": tf.reduce_mean(tf.stack([s.balance_loss for s in stats])),
+        "moe/z_loss": tf.reduce_mean(tf.stack([s.z_loss for s in stats])),
+        "moe/dropped": tf.reduce_mean(dropped),
+        "moe/max_router_logit": tf.reduce_max(tf.stack([s.max_logit for s in stats])),
+        "moe/dropped_per_layer": dropped,
+        "moe/load": tf.stack([s.load for s in stats]),
+    }
+
+
+class MoEFeedForward(keras.layers.Layer):
+    """Mixture-of-experts feed-forward block: router, E two-layer ReLU experts, weighted combine.
+
+    Call on x [..., d] (e.g. [tokens, d] or [batch, length, d]) with `training`; returns
+    (y [..., d] in the compute dtype, `MoEStats`). Add `aux_loss(stats)` to the training loss.
+
+    Args:
+      hidden_size: d.
+      filter_size: each expert's inner width.
+      num_experts: E (all experts of the layer, over every replica).
+      top_k: experts per token.
+      capacity_factor: training capacity factor (0: dropless); see the module docstring.
+      eval_capacity_factor: the same for `training=False`.
+      router_softmax: "before" or "after" the top-k.
+      z_loss_coef, balance_loss_coef: coefficients of the two auxiliary losses (`aux_loss`).
+      jitter: router input jitter amplitude in training (0: off).
+      dropout: dropout on the experts' hidden activations in training.
+      group_size: static tokens per group for the training capacity (None: the batch's count);
+        needed for expert parallelism, whose buffers must have one shape on every replica. Eval
+        uses the batch's count (see `whole_experts`).
+      expert_parallel: P, replicas the experts are split over (the mesh's `expert` axis).
+      mesh: the run's `DeviceMesh` (required when P > 1).
+      collective_timeout_s: the all-to-alls' timeout (0: none).
+      seed: seed of the jitter and dropout.
+    """
+
+    def __init__(
+        self,
+        *,
+        hidden_size: int,
+        filter_size: int,
+        num_experts: int,
+        top_k: int = 2,
+        capacity_factor: float = 1.25,
+        eval_capacity_factor: float = 2.0,
+        router_softmax: Literal["before", "after"] = "before",
+        z_loss_coef: float = 1e-3,
+        balance_loss_coef: float = 1e-2,
+        jitter: float = 0.0,
+        dropout: float = 0.0,
+        group_size: int | None = None,
+        expert_parallel: int = 1,
+        mesh: DeviceMesh | None = None,
+        collective_timeout_s: float = 0.0,
+        seed: int | None = None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        _check(
+            num_experts=num_experts, top_k=top_k, capacity_factor=capacity_factor,
+            eval_capacity_factor=eval_capacity_factor, router_softmax=router_softmax,
+            expert_parallel=expert_parallel, jitter=jitter,
+        )  # fmt: skip
+        if expert_parallel > 1 and (mesh is None or mesh.expert != expert_parallel):
+            raise ValueError(
+                f"expert_parallel={expert_parallel} needs a mesh with that expert axis"
+            )
+        if expert_parallel > 1 and group_size is None:
+            raise ValueError("expert parallelism needs a static `group_size`")
+        self.hidden_size = hidden_size
+        self.filter_size = filter_size
+        self.num_experts = num_experts
+        self.top_k = top_k
+        self.capacity_factor = float(capacity_factor)
+        self.eval_capacity_factor = float(eval_capacity_factor)
+        self.router_softmax = router_softmax
+        self.z_loss_coef = float(z_loss_coef)
+        self.balance_loss_coef = float(balance_loss_coef)
+        self.jitter = float(jitter)
+        self.dropout_rate = float(dropout)
+        self.group_size = group_size
+        self.expert_parallel = expert_parallel
+        self.mesh = mesh
+        self.collective_timeout_s = collective_timeout_s
+        self.local_experts = num_experts // expert_parallel
+        self.seed_generator = keras.random.SeedGenerator(seed)
+        self._gathered = None  # eval: the whole experts, see `whole_experts`
+
+    def build(self, input_shape=None):
+        d, f, e = self.hidden_size, self.filter_size, self.local_experts
+        # Router in float32 (ST-MoE "selective precision").
+        self.router_kernel = self.add_weight(
+            name="router_kernel",
+            shape=(d, self.num_experts),
+            initializer=keras.initializers.RandomNormal(stddev=ROUTER_STDDEV),
+            dtype="float32",
+            autocast=False,  # stays float32 inside a mixed-precision call
+        )
+        # Each expert as Keras' Dense would start it: Glorot-uniform kernels, zero biases.
+        limit = math.sqrt(6.0 / (d + f))
+        uniform = keras.initializers.RandomUniform(-limit, limit)
+        self.w_in = self.add_weight(name="w_in", shape=(e, d, f), initializer=uniform)
+        self.b_in = self.add_weight(name="b_in", shape=(e, f), initializer="zeros")
+        self.w_out = self.add_weight(name="w_out", shape=(e, f, d), initializer=uniform)
+        self.b_out = self.add_weight(name="b_out", shape=(e, d), initializer="zeros")
+        if self.expert_parallel > 1:
+            for w, init in zip(self.expert_weights, (uniform, "zeros", uniform, "zeros")):
+                set_layout(w, EXPERT_LAYOUT)
+                w.mesh_initializer = keras.initializers.get(init)
+        super().build(input_shape)
+
+    @property
+    def expert_weights(self) -> list:
+        """The per-expert variables (leading dimension: this replica's experts)."""
+        return [self.w_in, self.b_in, self.w_out, self.b_out]
+
+    def aux_loss(self, stats: MoEStats):
+        """`balance_loss_coef * balance_loss + z_loss_coef * z_loss` (float32 scalar)."""
+        return self.balance_loss_coef * stats.balance_loss + self.z_loss_coef * stats.z_loss
+
+    # ---- forward -------------------------------------------------------------------------------
+    def router_logits(self, tokens, training):
+        """float32 [T, E] logits of `tokens` [T, d] (jittered in training)."""
+        x = tf.cast(tokens, tf.float32)
+        if training and self.jitter > 0:
+            noise = keras.random.uniform(
+                tf.shape(x), 1.0 - self.jitter, 1.0 + self.jitter, seed=self.seed_generator
+            )
+            x = x * noise
+        return tf.matmul(x, self.router_kernel)
+
+    def capacity(self, tokens, training):
+        factor = self.capacity_factor if training else self.eval_capacity_factor
+        if training and self.group_size is not None:
+            tokens = self.group_size
+        return expert_capacity(
+            tokens, num_experts=self.num_experts, top_k=self.top_k, capacity_factor=factor
+        )
+
+    def call(self, x, training=False):
+        shape = tf.shape(x)
+        tokens = tf.reshape(x, [-1, self.hidden_size])  # [T, d]
+        num_tokens = tf.shape(tokens)[0]
+        capacity = self.capacity(num_tokens, training)
+        routing = route(
+            self.router_logits(tokens, training),
+            top_k=self.top_k,
+            capacity=capacity,
+            router_softmax=self.router_softmax,
+        )
+        # Row of each choice in the [E * C + 1, d] buffer; dropped choices write the spare row.
+        rows = self.num_experts * capacity
+        index = routing.expert * capacity + routing.position  # [T, k]
+        index = tf.where(routing.kept, index, rows)
+        token_of = tf.repeat(tf.range(num_tokens)[:, None], self.top_k, axis=1)  # [T, k]
+        buffer = tf.scatter_nd(
+            tf.reshape(index, [-1, 1]),
+            tf.gather(tokens, tf.reshape(token_of, [-1])),
+            tf.stack([rows + 1, self.hidden_size]),
+        )[:rows]
+        buffer = tf.reshape(buffer, [self.num_experts, capacity, self.hidden_size])
+        out = self._experts_everywhere(buffer, training)  # [E, C, d]
+        out = tf.concat(
+            [tf.reshape(out, [rows, self.hidden_size]), tf.zeros([1, self.hidden_size], out.dtype)],
+            axis=0,
+        )
+        picked = tf.gather(out, index)  # [T, k, d]
+        y = tf.einsum("tkd,tk->td", picked, tf.cast(routing.gates, picked.dtype))
+        stats = self._stats(routing)
+        return tf.reshape(y, shape), stats
+
+    def _stats(self, routing: Routing) -> MoEStats:
+        choices = tf.cast(tf.size(routing.expert), tf.float32)
+        load = tf.reduce_sum(
+            tf.one_hot(routing.expert, self.num_experts, dtype=tf.float32), axis=[0, 1]
+        ) / tf.maximum(choices, 1.0)
+        dropped = 1.0 - tf.reduce_sum(tf.cast(routing.kept, tf.float32)) / tf.maximum(choices, 1.0)
+        return MoEStats(
+            balance_loss=balance_loss(routing.probs, routing.expert),
+            z_loss=z_loss(routing.logits),
+            load=load,
+            dropped=dropped,
+            max_logit=tf.reduce_max(tf.abs(routing.logits)),
+        )
+
+    def _expert_ffn(self, x, weights, training):
+        """Experts on their buffers: x [e, n, d] with weights of e experts -> [e, n, d]."""
+        w_in, b_in, w_out, b_out = (tf.cast(w, self.compute_dtype) for w in weights)
+        h = tf.nn.relu(tf.einsum("end,edf->enf", x, w_in) + b_in[:, None, :])
+        if training and self.dropout_rate > 0:
+            h = keras.random.dropout(h, self.dropout_rate, seed=self.seed_generator)
+        return tf.einsum("enf,efd->end", h, w_out) + b_out[:, None, :]
+
+    def _experts_everywhere(self, buffer, training):
+        """[E, C, d] buffers -> the experts' outputs [E, C, d], wherever the experts live."""
+        buffer = tf.cast(buffer, self.compute_dtype)
+        if self._gathered is not None:  # eval with the whole experts gathered on this replica
+            return self._expert_ffn(buffer, self._gathered, training)
+        if self.expert_parallel == 1:
+            return self._expert_ffn(buffer, self.expert_weights, training)
+        ops, members = self._expert_group()
+        p, e = self.expert_parallel, self.local_experts
+        capacity = tf.shape(buffer)[1]
+        send = tf.reshape(buffer, [p, e, -1, self.hidden_size])  # row j: peer j's experts
+        name = ops.unique_name(f"moe/{self.path}/call")
+        received = ops.differentiable_all_to_all(send, members, f"{name}/dispatch")
+        # [p (source), e, C, d] -> [e, p * C, d]: each local expert's buffer from every source.
+        local = tf.reshape(tf.transpose(received, [1, 0, 2, 3]), [e, -1, self.hidden_size])
+        out = self._expert_ffn(local, self.expert_weights, training)
+        out = tf.transpose(tf.reshape(out, [e, p, -1, self.hidden_size]), [1, 0, 2, 3])
+        back = ops.differentiable_all_to_all(out, members, f"{name}/combine")  # [p, e, C, d]
+        return tf.reshape(back, [self.num_experts, capacity, self.hidden_size])
+
+    def _expert_group(self):
+        """(this replica's shared `Collectives`, its expert group's members)."""
+        ops = replica_collectives(num_replicas=self.mesh.size, timeout_s=self.collective_timeout_s)
+        return ops, self.mesh.group(ops.replica, "expert")
+
+    @contextlib.contextmanager
+    def whole_experts(self):
+        """Within it (replica context, one trace), calls use every expert of the layer,
+        all-gathered once over the expert group: for eval, whose decoding loop may run a
+        different number of steps on each replica and so cannot hold collectives."""
+        if self.expert_parallel == 1:
+            yield
+            return
+        ops, members = self._expert_group()
+        name = ops.unique_name(f"moe/{self.path}/gather")
+        gathered = []
+        for i, w in enumerate(self.expert_weights):
+            flat = tf.reshape(tf.convert_to_tensor(w), [-1])
+            whole = ops.all_gather(flat, members, f"{name}/{i}")
+            gathered.append(tf.reshape(whole, [self.num_experts, *w.shape[1:]]))
+        self._gathered = gathered
+        try:
+            yield
+        finally:
+            self._gathered = None

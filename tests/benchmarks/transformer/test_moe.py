@@ -1,0 +1,93 @@
+"""The Transformer with mixture-of-experts blocks (`model.moe`): config, losses, metrics, decoding."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from benchmarks.transformer import model as model_lib
+from benchmarks.transformer.benchmark import TransformerBenchmark
+from mlperf_tf import config as config_lib
+from mlperf_tf.benchmark import RunContext
+from mlperf_tf.config import ConfigError
+from mlperf_tf.layers import moe
+from mlperf_tf.parallel.mesh import DeviceMesh
+
+pytestmark = pytest.mark.numerics
+
+MOE = {"model.moe.num_experts": "4", "model.moe.every": "2"}
+
+
+def _benchmark(overrides=MOE, mesh=None):
+    cfg = config_lib.override(TransformerBenchmark.preset("smoke"), dict(overrides))
+    context = RunContext(mesh=mesh) if mesh is not None else None
+    return TransformerBenchmark(cfg, context=context)
+
+
+def _batch(seed=0):
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(1, 64, size=(4, 8)).astype(np.int32)
+    ids[:, 6:] = 0
+    return {"inputs": tf.constant(ids), "targets": tf.constant(ids[:, ::-1].copy())}
+
+
+def test_every_second_block_is_moe_and_the_aux_loss_joins_the_loss():
+    benchmark = _benchmark()
+    model = benchmark.build_model()
+    assert len(model.moe_layers) == 2  # block 1 of the encoder and of the decoder
+    assert isinstance(model.encoder_layers[0].ffn, model_lib.FeedForward)
+    loss, metrics = benchmark.compute_loss_and_metrics(model, _batch(), training=False)
+    assert {k: tuple(v.shape) for k, v in metrics.items()} == benchmark.train_metric_shapes()
+    # The same model without the auxiliary losses: the difference is their weighted sum.
+    for layer in model.moe_layers:
+        layer.z_loss_coef = layer.balance_loss_coef = 0.0
+    plain, _ = benchmark.compute_loss_and_metrics(model, _batch(), training=False)
+    np.testing.assert_allclose(float(loss - plain), float(metrics["moe/aux_loss"]), rtol=1e-5)
+    assert float(metrics["moe/aux_loss"]) > 0
+    np.testing.assert_allclose(np.sum(metrics["moe/load"].numpy(), axis=1), 1.0, rtol=1e-6)
+
+
+def test_moe_model_decodes():
+    benchmark = _benchmark()
+    model = benchmark.build_model()
+    out = benchmark.eval_step(
+        model, {**_batch(), "index": tf.range(4), "valid": tf.ones([4], tf.int32)}
+    )
+    assert out["hypotheses"].shape[0] == 4
+
+
+def test_dense_config_has_no_metrics_and_refuses_expert_parallelism():
+    dense = _benchmark({})
+    assert dense.train_metric_shapes() == {}
+    assert "expert" not in dense.parallel_axes
+    assert "expert" in _benchmark().parallel_axes
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"model.moe.num_experts": "2", "model.moe.top_k": "4"}, "top_k"),
+        ({"model.moe.num_experts": "2", "model.moe.capacity_factor": "-1"}, "capacity_factor"),
+        ({"model.moe.every": "0"}, "every"),
+    ],
+)
+def test_bad_moe_settings_are_one_line_config_errors(overrides, message):
+    with pytest.raises(ConfigError, match=message) as error:
+        _benchmark(overrides)
+    assert "\n" not in str(error.value)
+
+
+def test_expert_parallel_must_divide_the_experts():
+    benchmark = _benchmark(
+        {"model.moe.num_experts": "6", "model.moe.every": "2"}, mesh=DeviceMesh(expert=4)
+    )
+    with pytest.raises(ConfigError, match="--expert_parallel=4 must divide"):
+        benchmark.build_model()
+
+
+def test_moe_config_defaults_are_st_moe():
+    cfg = moe.MoEConfig(num_experts=8)
+    assert (cfg.top_k, cfg.capacity_factor, cfg.eval_capacity_factor) == (2, 1.25, 2.0)
+    assert (cfg.z_loss_coef, cfg.balance_loss_coef) == (1e-3, 1e-2)
+    assert [cfg.is_moe(i) for i in range(4)] == [False, True, False, True]
