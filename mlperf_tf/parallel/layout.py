@@ -144,6 +144,13 @@ def _local_replica_ids(strategy) -> list[int]:
     return [int(v) for v in strategy.experimental_local_results(ids)]
 
 
+def _strategy_of(tf_var):
+    """The strategy `tf_var` was made under (a distributed variable knows it), else the current
+    one: the runner saves and restores checkpoints outside `strategy.scope()`, where the current
+    strategy is the default one, which sees a single component."""
+    return getattr(tf_var, "distribute_strategy", None) or tf.distribute.get_strategy()
+
+
 def assign_whole(variable, whole, mesh: DeviceMesh) -> None:
     """Gives each replica's component of `variable` its shard of `whole` (cross-replica context).
 
@@ -154,7 +161,7 @@ def assign_whole(variable, whole, mesh: DeviceMesh) -> None:
     """
     layout = layout_of(variable)
     tf_var = variable.value if isinstance(variable, keras.Variable) else variable
-    strategy = tf.distribute.get_strategy()
+    strategy = _strategy_of(tf_var)
     whole = tf.cast(whole, tf_var.dtype)
     if not layout.split or layout.num_shards(mesh) == 1:
         tf_var.assign(whole)
@@ -180,7 +187,7 @@ def whole_value(variable, mesh: DeviceMesh):
     tf_var = variable.value if isinstance(variable, keras.Variable) else variable
     if not layout.split or layout.num_shards(mesh) == 1:
         return tf.convert_to_tensor(tf_var)
-    strategy = tf.distribute.get_strategy()
+    strategy = _strategy_of(tf_var)
     components = strategy.experimental_local_results(tf_var)
     ids = _local_replica_ids(strategy) if len(components) > 1 else [0]
     by_replica = dict(zip(ids, components, strict=True))
