@@ -240,8 +240,9 @@ class Controller:
 
     def _loop_steps(self) -> int:
         """Steps of the next host loop: `steps_per_loop`, except that the run's first loop is one
-        step (its time includes tracing, minutes for big models: the first progress line comes as
-        soon as the loop is compiled) and the second the rest of `steps_per_loop`."""
+        step (with --nowarm_up its time includes tracing, minutes for big models: the first
+        progress line comes as soon as the loop is compiled) and the second the rest of
+        `steps_per_loop`."""
         per_loop = self.run_config.steps_per_loop
         if self._loops_run == 0:
             return 1
