@@ -157,6 +157,24 @@ class Collectives:
         )  # [n, k]: row i is member i's row for this replica
         return tf.reduce_sum(tf.reshape(received, x.shape), axis=0)
 
+    def all_to_all(self, x, members: list[int], name: str):
+        """Row `j` of `x` ([n, ...]) goes to the member of rank `j`; returns [n, ...] whose row
+        `i` came from the member of rank `i`. Sends (n-1)/n of x's bytes (its own row stays).
+        The halo exchange of spatial partitioning is built on it (`mlperf_tf.layers.spatial`):
+        TF's collectives have no point-to-point send in replica context."""
+        n = len(members)
+        if x.shape[0] != n:
+            raise ValueError(f"all_to_all input's first dimension {x.shape} must be {n}")
+        if n == 1:
+            return x
+        self.traffic.add("all_to_all", (n - 1) / n * _nbytes(x))
+        received = tf.raw_ops.CollectiveAllToAllV2(
+            input=x,
+            ordering_token=[self._ordering_token()],
+            **self._common(members, "all_to_all", name, x),
+        )
+        return tf.reshape(received, x.shape)
+
     def all_gather(self, x, members: list[int], name: str):
         """`x` ([k]) of every member, concatenated in rank order: [n * k]; sends (n-1) x's bytes
         per member in a ring, i.e. (n-1)/n of the result's bytes."""
