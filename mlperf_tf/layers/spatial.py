@@ -37,6 +37,7 @@ import tensorflow as tf
 
 from mlperf_tf.collectives import ops as collective_ops
 from mlperf_tf.parallel import spatial as spatial_lib
+from mlperf_tf.parallel.mesh import DeviceMesh
 from mlperf_tf.parallel.spatial import SpatialLayout
 
 
@@ -146,14 +147,6 @@ def exchange_halo(x, group: _Group, *, top: int, bottom: int, edge_value: float 
     return exchanged(x)
 
 
-def _window_pads(size, *, kernel, stride, dilation, padding) -> tuple[int, int]:
-    if padding == "same":
-        return spatial_lib.same_padding(size, kernel=kernel, stride=stride, dilation=dilation)
-    if padding == "valid":
-        return 0, 0
-    return int(padding), int(padding)
-
-
 def _check_padding(padding, layer: str):
     if padding not in ("same", "valid") and not (
         isinstance(padding, int) and not isinstance(padding, bool) and padding >= 0
@@ -171,10 +164,10 @@ class _SlabWindow:
         width padding: what a 'valid' window op turns into this slab's rows of the whole op."""
         parts = self.layout.parts
         height, width = x.shape[1] * parts, x.shape[2]
-        pad_top, pad_bottom = _window_pads(
+        pad_top, pad_bottom = spatial_lib.window_pads(
             height, kernel=kernel[0], stride=stride[0], dilation=dilation[0], padding=self.pad
         )
-        left, right = _window_pads(
+        left, right = spatial_lib.window_pads(
             width, kernel=kernel[1], stride=stride[1], dilation=dilation[1], padding=self.pad
         )
         if parts == 1:
@@ -196,11 +189,11 @@ class _SlabWindow:
     def _slab_output_shape(self, input_shape, *, kernel, stride, dilation, channels):
         batch, rows, width = input_shape[0], input_shape[1], input_shape[2]
         parts = self.layout.parts
-        pads = _window_pads(
+        pads = spatial_lib.window_pads(
             rows * parts, kernel=kernel[0], stride=stride[0], dilation=dilation[0], padding=self.pad
         )
         out_rows = (rows * parts + sum(pads) - (kernel[0] - 1) * dilation[0] - 1) // stride[0] + 1
-        left, right = _window_pads(
+        left, right = spatial_lib.window_pads(
             width, kernel=kernel[1], stride=stride[1], dilation=dilation[1], padding=self.pad
         )
         out_width = (width + left + right - (kernel[1] - 1) * dilation[1] - 1) // stride[1] + 1
@@ -428,3 +421,100 @@ class SpatialGlobalAveragePooling2D(_LayoutLayer):
 
     def compute_output_shape(self, input_shape):
         return (input_shape[0], input_shape[-1])
+
+
+class SpatialBuilder:
+    """Builds a convolutional trunk (Keras functional) whose activations are slabs while they
+    split, and whole (replicated over the group) after: the one place a model chooses between
+    the halo layers and Keras' own.
+
+    With `layout.parts == 1` every method makes exactly the plain Keras layers (an int padding
+    is `ZeroPadding2D` + a 'valid' op), so the unsplit model is unchanged. With K slabs the
+    activations start split (`start`); before a group of window ops that cannot run on slabs
+    (`keep_split`: a height that does not split into K slabs of a multiple of the stride, or a
+    halo wider than a slab) the slabs are gathered (`SpatialGather`) and the rest of the trunk
+    runs whole on every member of the group. That is exact: batch norm over K identical copies
+    has the statistics of one (`batch_norm_group`), and the gather's backward sums the members'
+    gradients. The state only goes from split to whole.
+
+    Args:
+      layout: the spatial layout (K = `layout.parts`).
+    """
+
+    def __init__(self, layout: SpatialLayout | None):
+        self.layout = layout or SpatialLayout(DeviceMesh())
+        self.split = self.layout.parts > 1
+
+    @property
+    def parts(self) -> int:
+        return self.layout.parts
+
+    def batch_norm_group(self, group_size: int) -> int:
+        """`CrossReplicaBatchNormalization`'s group size for a BN group of `group_size` batch
+        shards: the K slabs (or K copies) of each of them, consecutive replica ids."""
+        return group_size * self.parts
+
+    def rows(self, x) -> int:
+        """Rows of the whole image's activation `x` (split or not)."""
+        return x.shape[1] * (self.parts if self.split else 1)
+
+    def start(self, images):
+        """The model's whole input images -> this replica's slab (unchanged when K = 1)."""
+        if not self.split:
+            return images
+        return SpatialSlice(layout=self.layout, name="spatial_slice")(images)
+
+    def splits(self, x, windows) -> bool:
+        """Whether `x` is split and stays split through `windows` ((kernel, stride, padding))."""
+        return self.split and spatial_lib.splits(self.rows(x), self.parts, windows)
+
+    def keep_split(self, x, windows, *, name: str):
+        """`x`, gathered whole first when it is split but `windows` cannot run on its slabs."""
+        if self.split and not self.splits(x, windows):
+            x = SpatialGather(1, layout=self.layout, name=f"{name}_gather")(x)
+            self.split = False
+        return x
+
+    def conv(self, x, filters, kernel, *, stride=1, padding="same", name, split=None, **kwargs):
+        """A convolution of `x` (split when `split`, default: the builder's state).
+
+        Args:
+          padding: "same", "valid" or an int of zero rows and columns on each side.
+          **kwargs: `Conv2D` arguments (use_bias, initializers, ...).
+        """
+        if self.split if split is None else split:
+            return HaloConv2D(
+                filters, kernel, strides=stride, padding=padding, layout=self.layout,
+                name=name, **kwargs,
+            )(x)  # fmt: skip
+        if isinstance(padding, int) and not isinstance(padding, bool):
+            if padding:
+                x = keras.layers.ZeroPadding2D(padding, name=f"{name}_pad")(x)
+            padding = "valid"
+        return keras.layers.Conv2D(
+            filters, kernel, strides=stride, padding=padding, name=name, **kwargs
+        )(x)
+
+    def max_pool(self, x, pool_size, *, stride, padding="same", name):
+        """Max pooling ("same": Keras' -inf padding; an int: zero padding, as SSD's)."""
+        if self.split:
+            return HaloMaxPooling2D(
+                pool_size, stride, padding=padding, layout=self.layout, name=name
+            )(x)
+        if isinstance(padding, int) and not isinstance(padding, bool):
+            x = keras.layers.ZeroPadding2D(padding, name=f"{name}_pad")(x)
+            padding = "valid"
+        return keras.layers.MaxPooling2D(pool_size, strides=stride, padding=padding, name=name)(x)
+
+    def global_average_pool(self, x, *, name):
+        """`[b, h, w, c]` -> `[b, c]`, the mean over the whole image (whole on every member)."""
+        if self.split:
+            return SpatialGlobalAveragePooling2D(layout=self.layout, name=name)(x)
+        return keras.layers.GlobalAveragePooling2D(name=name)(x)
+
+    def whole(self, x, *, axis=1, name, split=None):
+        """`x` whole on every member: gathered along `axis` if it is split (`split`, default:
+        the builder's state), else itself."""
+        if self.split if split is None else split:
+            return SpatialGather(axis, layout=self.layout, name=name)(x)
+        return x

@@ -128,17 +128,31 @@ def halo(
     return Halo(top=pad_top, bottom=bottom)
 
 
-def splits(height: int, parts: int, *, windows: tuple[tuple[int, int, int, int], ...]) -> bool:
+def window_pads(
+    size: int, *, kernel: int, stride: int, dilation: int = 1, padding
+) -> tuple[int, int]:
+    """(before, after) padding of a window op along an axis of `size`: `padding` is "same"
+    (TF's), "valid" or an int (PyTorch's symmetric padding)."""
+    if padding == "same":
+        return same_padding(size, kernel=kernel, stride=stride, dilation=dilation)
+    if padding == "valid":
+        return 0, 0
+    return int(padding), int(padding)
+
+
+def splits(height: int, parts: int, windows) -> bool:
     """Whether an activation of `height` rows can stay in `parts` slabs through `windows`.
 
     Args:
-      windows: (kernel, stride, pad_top, pad_bottom) of the window ops that read it.
+      windows: (kernel, stride, padding) of the window ops that read it, padding as in
+        `window_pads`.
     """
     try:
-        for kernel, stride, pad_top, pad_bottom in windows:
+        for kernel, stride, padding in windows:
+            top, bottom = window_pads(height, kernel=kernel, stride=stride, padding=padding)
             halo(
                 height=height, parts=parts, kernel=kernel, stride=stride, dilation=1,
-                pad_top=pad_top, pad_bottom=pad_bottom,
+                pad_top=top, pad_bottom=bottom,
             )  # fmt: skip
     except ValueError:
         return False
