@@ -166,8 +166,8 @@ def main() -> None:
             print(f"K={k} batch {batch}: {json.dumps(result)} (load {load:.1f})", flush=True)
             results.setdefault((k, batch), []).append(result)
     print(
-        f"| K | global batch | images per group | activation MiB per replica | input MiB per "
-        f"replica | step s (CPU s), median | runs |"
+        "| K | global batch | images per group | activation MiB per replica | input MiB per "
+        "replica | step s (CPU s), median | runs |"
     )
     print("|---|---|---|---|---|---|---|")
     for (k, batch), values in results.items():
