@@ -1,4 +1,4 @@
-"""Packaging for mlperf-tf: the library, the four benchmarks and the compliance tools."""
+"""Packaging for mlperf-tf: the library, the five benchmarks and the compliance tools."""
 
 from setuptools import find_packages, setup
 
@@ -45,6 +45,7 @@ setup(
         # The built-in benchmarks register like any third-party package (mlperf_tf/registry.py).
         "mlperf_tf.benchmarks": [
             "bert = benchmarks.bert.benchmark:BertBenchmark",
+            "llama31_8b = benchmarks.llama31_8b.benchmark:Llama31Benchmark",
             "resnet50 = benchmarks.resnet50.benchmark:ResNet50Benchmark",
             "ssd = benchmarks.ssd.benchmark:SSDBenchmark",
             "transformer = benchmarks.transformer.benchmark:TransformerBenchmark",
@@ -55,6 +56,7 @@ setup(
             "lars = mlperf_tf.optimizers.plugins:LARS_PLUGIN",
             "lamb = mlperf_tf.optimizers.plugins:LAMB_PLUGIN",
             "adam = mlperf_tf.optimizers.plugins:ADAM",
+            "adamw = mlperf_tf.optimizers.plugins:ADAMW",
             "neumann = mlperf_tf.optimizers.neumann:PLUGIN",
             "nlcg = mlperf_tf.optimizers.nlcg:PLUGIN",
             "kfac = mlperf_tf.optimizers.kfac:PLUGIN",

@@ -237,6 +237,23 @@ def logged_target(scan: logfile.LogScan) -> Target | None:
     return None
 
 
+def logged_scaled_settings(scan: logfile.LogScan) -> dict[str, str]:
+    """Log keys the run declares scaled down from the closed rules, with why: the runner's
+    `# mlperf-tf scaled {"max_sequence_length": "..."}` line (a mini preset's sequence length).
+
+    Under `--quality=skip` the official check of such a key is a warning that says so.
+    """
+    scaled: dict[str, str] = {}
+    for _, mark in logfile.suite_notes(scan, "scaled"):
+        if isinstance(mark, dict):
+            scaled.update({str(k): str(v) for k, v in mark.items()})
+    return scaled
+
+
+_FAILED_CHECK = re.compile(r"^CHECK for '([A-Za-z0-9_]+)' failed")
+_FAILED_TEST = re.compile(r"failed test:\s*(.*)$", re.MULTILINE)
+
+
 def _first_value(records: Sequence[logfile.Record], key: str) -> Any:
     return next((r.value for r in records if r.key == key), None)
 
@@ -439,6 +456,7 @@ def _official_findings(
     *,
     hide_crash: bool = False,
     foreign_benchmark: str | None = None,
+    scaled: dict[str, str] | None = None,
 ) -> list[Finding]:
     """Turns the worker's result into findings with file line numbers.
 
@@ -446,6 +464,8 @@ def _official_findings(
     benchmark: its rule file is missing), so the crash's traceback line is not repeated.
     `foreign_benchmark`: a benchmark that no round has; the official check of its name in
     `submission_benchmark` is expected to fail and becomes an info line.
+    `scaled`: keys the run declares scaled down (`logged_scaled_settings`); under
+    quality="skip" their failed CHECKs become one-line warnings saying so.
     """
 
     def lines(records: Sequence[int]) -> tuple[int, ...]:
@@ -487,6 +507,23 @@ def _official_findings(
                     "official",
                     "benchmark",
                     f"expected for a benchmark outside MLPerf: {text}",
+                    lines(message["records"]),
+                )
+            )
+        elif (
+            quality == "skip"
+            and (match := _FAILED_CHECK.match(text))
+            and match.group(1) in (scaled or {})
+        ):
+            test = _FAILED_TEST.search(text)
+            rule = test.group(1).strip() if test else "its CHECK"
+            findings.append(
+                Finding(
+                    WARNING,
+                    "official",
+                    "scaled",
+                    f"{match.group(1)} scaled down by the run ({scaled[match.group(1)]}); the "
+                    f"closed rules want {rule} (ignored: --quality=skip)",
                     lines(message["records"]),
                 )
             )
@@ -657,6 +694,7 @@ def _judge(scan, ruleset, reason, runner, *, quality, strict, timeout, final=Fal
         quality,
         hide_crash=no_rules,
         foreign_benchmark=benchmark if not_mlperf else None,
+        scaled=logged_scaled_settings(scan),
     )
     findings += suite
     official_passed = not result["crashed"] and not any(m["fatal"] for m in result["messages"])

@@ -249,6 +249,13 @@ def _run_report(args: argparse.Namespace) -> int:
             print(f"error: {item}", file=sys.stderr)
         else:
             print(f"{item.log}: wrote {item.markdown} and {item.png}")
+    try:
+        breakdowns = report.write_breakdowns(args.logs, args.out)
+    except UserError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    if breakdowns:
+        print(f"time breakdown of every run: wrote {breakdowns}")
     return EXIT_USAGE if any(isinstance(item, UserError) for item in written) else EXIT_PASS
 
 

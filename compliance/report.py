@@ -18,6 +18,7 @@ from compliance import checker, logfile, scoring
 from compliance import keys as C
 from compliance.checker import Report
 from compliance.suite_checks import Target
+from mlperf_tf import time_breakdown
 from mlperf_tf.errors import UserError
 
 _MAX_TABLE_ROWS = 60
@@ -149,10 +150,13 @@ def _target_of(report: Report, records: Sequence[logfile.Record]) -> Target | No
     )
 
 
-def plot_figure(series: RunSeries, targets: Targets, title: str):
+def plot_figure(
+    series: RunSeries, targets: Targets, title: str, breakdown: dict[str, Any] | None = None
+):
     """The report's figure: accuracy vs time with the target lines, and throughput per block.
 
-    The run's own target is the red line; MLPerf's, where it differs, a grey one.
+    The run's own target is the red line; MLPerf's, where it differs, a grey one. With the run's
+    time breakdown (`mlperf_tf.time_breakdown`), a third panel draws it as one stacked bar.
 
     Returns:
       A matplotlib Figure on an Agg canvas.
@@ -160,9 +164,14 @@ def plot_figure(series: RunSeries, targets: Targets, title: str):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=(8, 6.5), dpi=100)
+    figure = Figure(figsize=(8, 8.5 if breakdown else 6.5), dpi=100)
     FigureCanvasAgg(figure)
-    accuracy_axes, throughput_axes = figure.subplots(2, 1)
+    if breakdown:
+        ratios = {"height_ratios": [3, 3, 1.2]}
+        accuracy_axes, throughput_axes, breakdown_axes = figure.subplots(3, 1, gridspec_kw=ratios)
+        draw_breakdown(breakdown_axes, [("this run", breakdown)])
+    else:
+        accuracy_axes, throughput_axes = figure.subplots(2, 1)
     figure.suptitle(title, fontsize=10)
     if series.evals:
         accuracy_axes.plot(
@@ -207,8 +216,42 @@ def plot_figure(series: RunSeries, targets: Targets, title: str):
     return figure
 
 
+def draw_breakdown(axes, runs: Sequence[tuple[str, dict[str, Any]]]) -> None:
+    """One horizontal stacked bar per (label, breakdown): seconds of each part of the run."""
+    for row, (_, breakdown) in enumerate(runs):
+        left = 0.0
+        for index, key in enumerate(time_breakdown.PARTS):
+            seconds = max(0.0, float(breakdown.get(key) or 0.0))
+            label = time_breakdown.LABELS[key] if row == 0 else None
+            axes.barh(row, seconds, left=left, color=f"C{index}", label=label)
+            left += seconds
+    axes.set_yticks(range(len(runs)), [label for label, _ in runs])
+    axes.set_xlabel("seconds from run_start to run_stop")
+    axes.legend(loc="upper center", bbox_to_anchor=(0.5, -0.45), ncol=6, fontsize=8)
+
+
+def breakdown_table(breakdown: dict[str, Any]) -> list[str]:
+    """Markdown rows of the run's time breakdown: each part's seconds and share."""
+    total = float(breakdown.get(time_breakdown.TOTAL) or 0.0)
+    lines = ["## Where the time went", "", "| part | seconds | share |", "|---|---:|---:|"]
+    for key in time_breakdown.PARTS:
+        seconds = float(breakdown.get(key) or 0.0)
+        share = f"{100 * seconds / total:.1f} %" if total > 0 else "-"
+        lines.append(f"| {time_breakdown.LABELS[key]} | {seconds:.1f} | {share} |")
+    lines.append(f"| **time to train** | **{total:.1f}** | 100 % |")
+    warm_up = breakdown.get("warm_up_s")
+    if isinstance(warm_up, int | float) and warm_up > 0:
+        lines += ["", f"Warm-up before run_start (init time, not counted): {warm_up:.1f} s."]
+    return [*lines, ""]
+
+
 def _markdown(
-    report: Report, series: RunSeries, targets: Targets, png_name: str, log_name: str
+    report: Report,
+    series: RunSeries,
+    targets: Targets,
+    png_name: str,
+    log_name: str,
+    breakdown: dict[str, Any] | None = None,
 ) -> str:
     verdict = "PASS" if report.passed else "FAIL"
     official = (
@@ -255,6 +298,8 @@ def _markdown(
             f"{len(rates)} block(s)"
         )
     lines += ["", f"![eval accuracy and throughput]({png_name})", ""]
+    if breakdown:
+        lines += breakdown_table(breakdown)
     if series.evals:
         lines += ["## Evaluations", "", "| epoch | minutes | accuracy |", "|---:|---:|---:|"]
         for m, a, e in series.evals[:_MAX_TABLE_ROWS]:
@@ -294,9 +339,10 @@ def _write(path: str, report: Report, out_dir: str, stem: str) -> ReportFiles:
         png = os.path.join(out_dir, f"{stem}.png")
         markdown = os.path.join(out_dir, f"{stem}.md")
         title = f"{report.benchmark or '?'} ({report.ruleset}): {os.path.basename(path)}"
-        plot_figure(series, targets, title).savefig(png)
+        breakdown = time_breakdown.from_log(path)
+        plot_figure(series, targets, title, breakdown).savefig(png)
         with open(markdown, "w", encoding="utf-8") as handle:
-            handle.write(_markdown(report, series, targets, os.path.basename(png), stem))
+            handle.write(_markdown(report, series, targets, os.path.basename(png), stem, breakdown))
     except OSError as error:
         raise UserError(f"{out_dir}: cannot write the report: {error.strerror or error}") from None
     return ReportFiles(log=path, png=png, markdown=markdown)
@@ -348,3 +394,49 @@ def write_reports(
         except UserError as error:
             results.append(error)
     return results
+
+
+def write_breakdowns(paths: Sequence[str], out_dir: str) -> str | None:
+    """Writes `time_breakdown.png` (a stacked bar per run) and `time_breakdown.md` (a table).
+
+    Returns:
+      The Markdown file's path, or None when no log has a time breakdown.
+
+    Raises:
+      UserError: `out_dir` cannot be written.
+    """
+    taken: set[str] = set()
+    runs = []
+    for path in paths:
+        breakdown = time_breakdown.from_log(path)
+        if breakdown:
+            # The runner names every log mlperf_log.txt: its folder tells runs apart.
+            name = os.path.join(os.path.basename(os.path.dirname(os.path.abspath(path))),
+                                os.path.basename(path))  # fmt: skip
+            runs.append((_unique_stem(name, taken), breakdown))
+    if not runs:
+        return None
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(8, 1.5 + 0.45 * len(runs)), dpi=100)
+    FigureCanvasAgg(figure)
+    draw_breakdown(figure.subplots(), runs)
+    figure.tight_layout()
+    header = "| run | " + " | ".join(time_breakdown.LABELS[k] for k in time_breakdown.PARTS)
+    lines = ["# Where the time went (seconds)", "", "![time breakdown](time_breakdown.png)", ""]
+    lines += [header + " | time to train | train share |", "|---" * 9 + "|"]
+    for name, b in runs:
+        total = float(b[time_breakdown.TOTAL])
+        cells = " | ".join(f"{float(b[k]):.1f}" for k in time_breakdown.PARTS)
+        share = f"{100 * float(b['train']) / total:.1f} %" if total > 0 else "-"
+        lines.append(f"| {name} | {cells} | {total:.1f} | {share} |")
+    markdown = os.path.join(out_dir, "time_breakdown.md")
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        figure.savefig(os.path.join(out_dir, "time_breakdown.png"))
+        with open(markdown, "w", encoding="utf-8") as handle:
+            handle.write("\n".join(lines) + "\n")
+    except OSError as error:
+        raise UserError(f"{out_dir}: cannot write the report: {error.strerror or error}") from None
+    return markdown

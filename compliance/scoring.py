@@ -20,6 +20,7 @@ from typing import Any
 from compliance import keys as C
 from compliance import logfile
 from compliance.checker import USAGE, Report, check_logs, version_key
+from mlperf_tf import time_breakdown
 from mlperf_tf.errors import UserError
 
 # Runs per benchmark result, from the training rules of each round ("Benchmark Results" table).
@@ -153,12 +154,15 @@ class ScoredRun:
       report: its compliance Report.
       time: its run_start/run_stop.
       converged: it counts towards the result: it passes the check and run_stop says success.
+      breakdown: where its time went, as the runner recorded it (`mlperf_tf.time_breakdown`), or
+        None for a log without one.
     """
 
     path: str
     report: Report
     time: RunTime
     converged: bool
+    breakdown: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -167,6 +171,7 @@ class ScoredRun:
             "status": self.time.status,
             "converged": self.converged,
             "minutes": self.time.minutes,
+            "time_breakdown": self.breakdown,
         }
 
 
@@ -337,6 +342,8 @@ class DirectoryScore:
                 f"  {os.path.basename(run.path)}: {minutes}  {verdict}, status "
                 f"{run.time.status or '-'}, {counted}"
             )
+            if run.breakdown:
+                out.append(f"    {time_breakdown.one_line(run.breakdown)}")
         out += [f"  error: {message}" for message in self.input_errors]
         if self.rcp is not None:
             verdict = "PASS" if self.rcp.passed else "FAIL" if self.rcp.checked else "-"
@@ -401,7 +408,8 @@ def score_directory(directory: str, *, jobs: int = 2, **check_kwargs: Any) -> Di
         records = logfile.parse_records(logfile.scan_log(path), report.ruleset)
         time = run_time(records)
         converged = report.passed and time.seconds is not None and time.status == C.SUCCESS
-        runs.append(ScoredRun(path, report, time, converged))
+        breakdown = time_breakdown.from_log(path)
+        runs.append(ScoredRun(path, report, time, converged, breakdown))
     # A log without submission_benchmark fails its check; it does not make a second benchmark.
     benchmarks = sorted({run.report.benchmark for run in runs if run.report.benchmark})
     if len(benchmarks) > 1:

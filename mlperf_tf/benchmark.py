@@ -63,12 +63,16 @@ class EvalPoint:
       epoch_num: what MLPerf logs as `epoch_num` of `eval_accuracy` (epochs, or samples for BERT).
       first_epoch_num: `first_epoch_num` of the block before it (MLPerf's block metadata).
       epoch_count: `epoch_count` of that block.
+      samples_count: training samples before this evaluation, logged as `samples_count`
+        metadata of the block and eval events (rules that count samples: llama31_8b); None
+        leaves it out.
     """
 
     step: int
     epoch_num: float
     first_epoch_num: float
     epoch_count: float
+    samples_count: int | None = None
 
 
 class Benchmark(abc.ABC):
@@ -83,6 +87,9 @@ class Benchmark(abc.ABC):
       parallel_axes: the device-mesh axes the benchmark supports (`mlperf_tf.parallel.AXES`):
         "data" always; "model", "expert", "spatial" where its model has the layers for them.
         The runner refuses a run that sizes another axis above 1, with one line.
+      higher_is_better: whether the quality value improves upward (accuracies, the default)
+        or downward (a log perplexity): the run stops when an eval reaches `quality_target`
+        in that direction, and the log's target note says so for `mlperf-tf check`.
     """
 
     name: ClassVar[str]
@@ -90,6 +97,7 @@ class Benchmark(abc.ABC):
     config_class: ClassVar[type[BenchmarkConfig]]
     presets: ClassVar[dict[str, Callable[[], BenchmarkConfig]]]
     parallel_axes: ClassVar[tuple[str, ...]] = ("data",)
+    higher_is_better: ClassVar[bool] = True
 
     def __init__(self, config: BenchmarkConfig, *, context: RunContext | None = None):
         if not isinstance(config, self.config_class):
@@ -196,9 +204,16 @@ class Benchmark(abc.ABC):
         benchmark does not say (`mlperf-tf simulate` and `list` then leave it out)."""
         return None
 
+    def scaled_settings(self) -> dict[str, str]:
+        """MLPerf log keys whose value this config sets off what the closed rules fix, each
+        with why (e.g. a `mini` preset's sequence length). The runner notes them in the log, and
+        `mlperf-tf check --quality=skip` reports their failed CHECKs as one-line warnings."""
+        return {}
+
     @property
     def quality_target(self) -> float:
-        """The eval value at which the run stops with status success."""
+        """The eval value at which the run stops with status success (at or above it, or at or
+        below it where `higher_is_better` is False)."""
         return self.config.quality_target
 
     # ---- to implement --------------------------------------------------------------------------

@@ -186,6 +186,7 @@ class Checkpointer:
         self._loops_since_save = 0
         self._saved_in_block = False
         self._last_save_time = time.monotonic()
+        self.save_seconds = 0.0  # spent in `save` so far (the run's time breakdown reads it)
 
     def restore(self) -> str | None:
         """Restores the newest checkpoint that reads cleanly; returns its path (None: none exist).
@@ -249,6 +250,7 @@ class Checkpointer:
         self._saved_in_block = True
         if step == self.last_saved_step:
             return False  # rewriting the newest checkpoint in place is the one non-atomic save
+        begin = time.monotonic()
         try:
             self.manager.save(checkpoint_number=step)
         except (tf.errors.OpError, OSError) as e:
@@ -258,6 +260,7 @@ class Checkpointer:
         finally:
             if not self.chief:
                 shutil.rmtree(self.directory, ignore_errors=True)
+            self.save_seconds += time.monotonic() - begin
         self.last_saved_step = step
         return True
 

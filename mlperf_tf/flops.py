@@ -240,6 +240,82 @@ def training_flops_per_sample(benchmark: Any, preset: str = "mlperf") -> float:
     return TRAINING_FLOPS_PER_FORWARD_FLOP * forward_flops_per_sample(benchmark).total
 
 
+# Models over this many parameters are counted analytically (`decoder_forward_flops_per_token`)
+# instead of traced: tracing builds the model, and Llama 3.1 8B's weights alone are 32 GB.
+TRACE_PARAMETER_LIMIT = 1_000_000_000
+
+
+def decoder_forward_flops_per_token(model: Any, sequence_length: int) -> dict[str, float]:
+    """Forward FLOPs per token of a Llama-style decoder, counted from its config (no weights).
+
+    The same products the tracer counts, written out: every weight matrix is one multiply-add
+    per token per element (2 FLOPs), i.e. q, k, v, o, gate, up and down of each layer and the
+    untied output projection; the input embedding is a lookup and the RMSNorm scales are
+    element-wise (neither counted). Attention adds, per layer, the scores Q·Kᵀ and the context
+    P·V over the whole window: 2 x 2 x sequence x (query heads x head size) per token, the full
+    S x S square as the model computes it (the causal mask zeroes half of it but the products
+    are made; PaLM's appendix-B convention, 6N + 12·L·H·Q·T per training token).
+
+    Args:
+      model: a config with `vocab_size, hidden_size, num_hidden_layers, num_attention_heads,
+        num_key_value_heads, head_dim, intermediate_size` (e.g. `benchmarks.llama31_8b`'s
+        `ModelConfig`).
+      sequence_length: tokens per sample.
+
+    Returns:
+      {"dense": weight products, "attention": scores and context, "total": both}, FLOPs per
+      token (a multiply-add is 2).
+    """
+    h, d, f = model.hidden_size, model.head_dim, model.intermediate_size
+    q, kv, layers = model.num_attention_heads, model.num_key_value_heads, model.num_hidden_layers
+    per_layer = h * q * d * 2 + h * kv * d * 2 + 3 * h * f  # q, o; k, v; gate, up, down
+    dense = 2.0 * (layers * per_layer + h * model.vocab_size)
+    attention = 2.0 * 2.0 * layers * sequence_length * q * d
+    return {"dense": dense, "attention": attention, "total": dense + attention}
+
+
+def _analytic_entry(benchmark) -> dict[str, Any]:
+    config = benchmark.config
+    seq = config.data.max_sequence_length
+    per_token = decoder_forward_flops_per_token(config.model, seq)
+    return {
+        "counted": "analytic (mlperf_tf.flops.decoder_forward_flops_per_token)",
+        "forward_flops_per_sample": per_token["total"] * seq,
+        "forward_by_part": {k: per_token[k] * seq for k in ("attention", "dense")},
+        "trainable_parameters": benchmark.parameter_count(),
+    }
+
+
+def _cache_entry(benchmark) -> dict[str, Any]:
+    """One preset's entry: traced, or counted from the config when the model is too large."""
+    config = benchmark.config
+    params = benchmark.parameter_count()
+    if params is not None and params > TRACE_PARAMETER_LIMIT:
+        entry = _analytic_entry(benchmark)
+    else:
+        count = forward_flops_per_sample(benchmark)
+        entry = {
+            "forward_flops_per_sample": count.total,
+            "forward_by_op_type": dict(sorted(count.by_op_type.items())),
+            "trainable_parameters": count.trainable_parameters,
+        }
+    entry["training_flops_per_sample"] = (
+        TRAINING_FLOPS_PER_FORWARD_FLOP * entry["forward_flops_per_sample"]
+    )
+    every = getattr(config, "eval_every_samples", None)  # sample-scheduled evals (Llama)
+    entry.update(
+        # What the simulator needs of the preset, so that it never imports TF.
+        mlperf_benchmark=type(benchmark).mlperf_benchmark,
+        global_batch_size=config.global_batch_size,
+        train_examples=config.train_examples,
+        eval_examples=config.eval_examples,
+        eval_every_epochs=float(
+            every / config.train_examples if every else config.eval_every_epochs
+        ),
+    )
+    return entry
+
+
 def cache_path() -> str:
     """The committed cache of per-sample FLOPs of every built-in benchmark and preset."""
     return os.path.join(os.path.dirname(__file__), "simulate", "data", "flops.json")
@@ -255,20 +331,7 @@ def build_cache(names: list[str] | None = None) -> dict[str, dict[str, dict[str,
         table[name] = {}
         for preset in benchmark_class.presets:
             benchmark = benchmark_class(benchmark_class.preset(preset))
-            count = forward_flops_per_sample(benchmark)
-            config = benchmark.config
-            table[name][preset] = {
-                "forward_flops_per_sample": count.total,
-                "training_flops_per_sample": TRAINING_FLOPS_PER_FORWARD_FLOP * count.total,
-                "forward_by_op_type": dict(sorted(count.by_op_type.items())),
-                # What the simulator needs of the preset, so that it never imports TF.
-                "trainable_parameters": count.trainable_parameters,
-                "mlperf_benchmark": benchmark_class.mlperf_benchmark,
-                "global_batch_size": config.global_batch_size,
-                "train_examples": config.train_examples,
-                "eval_examples": config.eval_examples,
-                "eval_every_epochs": float(config.eval_every_epochs),
-            }
+            table[name][preset] = _cache_entry(benchmark)
     return table
 
 

@@ -44,10 +44,28 @@ BENCHMARK_ROUNDS: dict[str, tuple[str, ...]] = {
     ),  # fmt: skip
     "ssd": ("0.7.0", "1.0.0", "1.1.0"),
     "transformer": ("0.7.0",),
+    "llama31_8b": ("5.1.0", "6.0.0", "6.1.0"),
 }
 
 # Keys a round names differently: (benchmark, old key, new key, first round of the new name).
 _RENAMED_KEYS = (("bert", OPT_EPSILON, OPT_LAMB_EPSILON, "2.1.0"),)
+
+# Keys that a round's common rules require from that round on (EXACTLY_ONE: an older round's
+# log leaves them out): 6.1.0's precision, parallelism and run-config disclosure.
+_FIRST_ROUND_OF_KEY = {
+    key: "6.1.0"
+    for key in (
+        "lowest_numerical_precision_in_linear",
+        "lowest_numerical_precision_in_attn",
+        "lowest_numerical_precision_in_comm",
+        "tensor_parallelism",
+        "pipeline_parallelism",
+        "context_parallelism",
+        "expert_parallelism",
+        "micro_batch_size",
+        "config_filename",
+    )
+}
 
 _QUOTED = re.compile(r'"([^"\\]+)"')
 _SINGLE_QUOTED = re.compile(r"'([^'\\]+)'")
@@ -218,6 +236,8 @@ def adapt_hparams(benchmark: str, ruleset: str, hparams: dict[str, Any]) -> dict
     A benchmark may give a value under both names of a renamed key (BERT's `opt_epsilon`, called
     `opt_lamb_epsilon` from v2.1); the rules want the key EXACTLY_ONE time under the round's name,
     so the other name is dropped (or the value renamed, where only the other name was given).
+    Keys that only a later round's rules know (6.1.0's disclosure keys) are dropped for older
+    rounds.
     """
     adapted = dict(hparams)
     for name, old, new, since in _RENAMED_KEYS:
@@ -227,6 +247,12 @@ def adapt_hparams(benchmark: str, ruleset: str, hparams: dict[str, Any]) -> dict
         if keep not in adapted and drop in adapted:
             adapted = {keep if k == drop else k: v for k, v in adapted.items()}
         adapted.pop(drop, None)
+    if ruleset:
+        adapted = {
+            key: value
+            for key, value in adapted.items()
+            if version_key(ruleset) >= version_key(_FIRST_ROUND_OF_KEY.get(key, "0.0.0"))
+        }
     return adapted
 
 

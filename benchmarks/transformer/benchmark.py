@@ -191,6 +191,7 @@ class TransformerBenchmark(Benchmark):
             batch_multiple=d.batch_multiple,
             shuffle_buffer=d.shuffle_buffer,
             seed=self.seed,
+            cache=d.cache_train,
             skip_bad_records=self.skip_bad_records,
         )
 

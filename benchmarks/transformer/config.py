@@ -70,7 +70,9 @@ class DataConfig:
     `max_sequence_length` itself): bucket i holds pairs of length in (L[i-1], L[i]], padded to
     exactly L[i], in batches of `floor(tokens_per_replica / L[i])` pairs rounded down to a
     multiple of `batch_multiple`. So every bucket has one static shape [batch, length] (each
-    traces once, and compiles once under XLA).
+    traces once, and compiles once under XLA). `cache_train` keeps the parsed training pairs in
+    memory after the first epoch (small sets: the mini data), so later epochs skip the reading
+    and parsing; the shuffle still differs every epoch.
     """
 
     max_sequence_length: int = 256  # MLPerf's max_sequence_length
@@ -79,6 +81,7 @@ class DataConfig:
     batch_multiple: int = 8  # TPU-friendly batch sizes
     eval_max_length: int = 256  # eval sources are padded (or truncated) to this
     shuffle_buffer: int = 100000
+    cache_train: bool = False
 
     @property
     def buckets(self) -> tuple[int, ...]:
@@ -176,6 +179,7 @@ def mini() -> TransformerConfig:
             batch_multiple=8,
             eval_max_length=32,
             shuffle_buffer=40000,
+            cache_train=True,
         ),
     )
 

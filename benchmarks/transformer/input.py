@@ -140,6 +140,7 @@ def train_dataset(
     batch_multiple: int,
     shuffle_buffer: int,
     seed: int,
+    cache: bool = False,
     skip_bad_records: bool = False,
 ) -> tf.data.Dataset:
     """An endless dataset of per-replica training batches, bucketed by length.
@@ -158,6 +159,7 @@ def train_dataset(
       batch_multiple: batch sizes are rounded down to a multiple of this.
       shuffle_buffer: records in the shuffle buffer.
       seed: shuffle seed.
+      cache: keep the parsed pairs in memory after the first epoch (`training_pipeline`).
       skip_bad_records: skip and report corrupt records instead of failing.
 
     Returns:
@@ -178,6 +180,7 @@ def train_dataset(
         batch_size=_READ_BATCH,
         shuffle_buffer=shuffle_buffer,
         seed=seed,
+        cache=cache,
         skip_bad_records=skip_bad_records,
     )
     examples = read.unbatch().filter(lambda example: example["keep"])

@@ -1,6 +1,6 @@
 """Provides the registry plug-ins of the first-order optimizers the MLPerf references use.
 
-SGD-momentum (ResNet-50, SSD), LARS (ResNet-50), LAMB (BERT) and Adam (Transformer), each an
+SGD-momentum (ResNet-50, SSD), LARS (ResNet-50), LAMB (BERT), Adam (Transformer) and AdamW (Llama 3.1), each an
 `OptimizerPlugin` registered in setup.py's `mlperf_tf.optimizers` entry points. Hyperparameter
 fields are named after the MLPerf log keys; `alias` lists the other names a benchmark config uses
 for the same setting. Weight decay of plain SGD stays where the benchmarks put it (an L2 term in
@@ -14,6 +14,7 @@ import dataclasses
 import keras
 
 from mlperf_tf.optimizers.adam import FusedAdam
+from mlperf_tf.optimizers.adamw import AdamW
 from mlperf_tf.optimizers.lamb import DEFAULT_LAMB_EXCLUDE, LAMB
 from mlperf_tf.optimizers.lars import DEFAULT_LARS_EXCLUDE, LARS
 from mlperf_tf.optimizers.registry import OptimizerPlugin, alias
@@ -58,6 +59,16 @@ class AdamHparams:
     opt_adam_epsilon: float = 1e-9
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AdamWHparams:
+    """`AdamW` (MLPerf llama31_8b; PyTorch's formula). The keys are the closed rules' names."""
+
+    opt_adamw_beta_1: float = 0.9
+    opt_adamw_beta_2: float = 0.95
+    opt_adamw_epsilon: float = 1e-5
+    opt_adamw_weight_decay: float = alias(0.1, "opt_weight_decay")
+
+
 def _sgd(h: SGDHparams, learning_rate) -> keras.optimizers.Optimizer:
     return keras.optimizers.SGD(
         learning_rate, momentum=h.sgd_opt_momentum, nesterov=h.sgd_opt_nesterov
@@ -95,7 +106,25 @@ def _adam(h: AdamHparams, learning_rate) -> keras.optimizers.Optimizer:
     )
 
 
+def _adamw(h: AdamWHparams, learning_rate) -> keras.optimizers.Optimizer:
+    # 1-D variables (norm scales, biases) get no decay, as Megatron's param groups.
+    return AdamW(
+        learning_rate,
+        beta_1=h.opt_adamw_beta_1,
+        beta_2=h.opt_adamw_beta_2,
+        epsilon=h.opt_adamw_epsilon,
+        weight_decay=h.opt_adamw_weight_decay,
+        exclude_from_weight_decay=ADAMW_EXCLUDE,
+    )
+
+
+# Variable paths (re.search) without weight decay: Megatron-core's `_get_param_groups` exempts
+# biases and every 1-D parameter (norm scales); this suite's layers name theirs ".../bias",
+# ".../scale", ".../gamma", ".../beta".
+ADAMW_EXCLUDE = (r"/bias$", r"/scale$", r"/gamma$", r"/beta$")
+
 SGD = OptimizerPlugin(hparams_class=SGDHparams, make=_sgd, log_name="sgd")
 LARS_PLUGIN = OptimizerPlugin(hparams_class=LARSHparams, make=_lars, log_name="lars")
 LAMB_PLUGIN = OptimizerPlugin(hparams_class=LAMBHparams, make=_lamb, log_name="lamb")
 ADAM = OptimizerPlugin(hparams_class=AdamHparams, make=_adam, log_name="adam")
+ADAMW = OptimizerPlugin(hparams_class=AdamWHparams, make=_adamw, log_name="adamw")

@@ -6,6 +6,7 @@ integer count of applied updates, the same on every replica) to a float32 learni
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import keras
@@ -305,5 +306,78 @@ class WarmupRsqrtDecay(keras.optimizers.schedules.LearningRateSchedule):
             "base_learning_rate": self.base_learning_rate,
             "warmup_steps": self.warmup_steps,
             "factor": self.factor,
+            "name": self.name,
+        }
+
+
+@keras.saving.register_keras_serializable(package="mlperf_tf")
+class WarmupCosineDecay(keras.optimizers.schedules.LearningRateSchedule):
+    """Linear warmup, then cosine decay to an end LR (MLPerf `llama31_8b`: NeMo's
+    `CosineAnnealing`, "cosine with linear warmup").
+
+    With base LR b (`opt_base_learning_rate`), end LR e (`opt_end_learning_rate`), W =
+    `warmup_steps` (`opt_learning_rate_warmup_steps`) and D = `decay_steps`
+    (`opt_learning_rate_decay_steps`, the reference's max_steps - W), as NeMo's
+    `nemo/core/optim/lr_scheduler.py` computes it on its step counter (0 for the first update):
+
+        step <= W (W > 0):  lr = b * (step + 1) / (W + 1)
+        W < step <= W + D:  lr = (b - e) * 0.5 * (1 + cos(pi * (step - W) / D)) + e
+        step > W + D:       lr = e
+    """
+
+    def __init__(
+        self,
+        base_learning_rate: float,
+        *,
+        warmup_steps: int,
+        decay_steps: int,
+        end_learning_rate: float = 0.0,
+        name: str = "WarmupCosineDecay",
+    ):
+        """Creates the schedule.
+
+        Args:
+          base_learning_rate: peak LR b (> 0).
+          warmup_steps: W >= 0 steps of linear warmup.
+          decay_steps: D >= 1 steps of cosine decay after the warmup.
+          end_learning_rate: e in [0, b].
+          name: name scope of the ops.
+
+        Raises:
+          ValueError: an argument is out of range.
+        """
+        super().__init__()
+        self.base_learning_rate = _check_float(
+            "base_learning_rate", base_learning_rate, strict=True
+        )
+        self.warmup_steps = _check_int("warmup_steps", warmup_steps, low=0)
+        self.decay_steps = _check_int("decay_steps", decay_steps, low=1)
+        self.end_learning_rate = _check_float("end_learning_rate", end_learning_rate)
+        if self.end_learning_rate > self.base_learning_rate:
+            raise ValueError(
+                f"`end_learning_rate` ({end_learning_rate!r}) must be <= "
+                f"`base_learning_rate` ({base_learning_rate!r})."
+            )
+        self.name = name
+
+    def __call__(self, step):
+        """Returns the float32 LR for `step` (scalar int or float tensor)."""
+        with keras.name_scope(self.name):
+            step = ops.cast(step, "float32")
+            b, e, w = self.base_learning_rate, self.end_learning_rate, float(self.warmup_steps)
+            progress = ops.clip((step - w) / float(self.decay_steps), 0.0, 1.0)
+            decayed = (b - e) * 0.5 * (1.0 + ops.cos(math.pi * progress)) + e
+            if self.warmup_steps == 0:
+                return decayed
+            warm = b * (step + 1.0) / (w + 1.0)
+            return ops.where(step <= w, warm, decayed)
+
+    def get_config(self):
+        """Returns every constructor argument."""
+        return {
+            "base_learning_rate": self.base_learning_rate,
+            "warmup_steps": self.warmup_steps,
+            "decay_steps": self.decay_steps,
+            "end_learning_rate": self.end_learning_rate,
             "name": self.name,
         }

@@ -17,6 +17,7 @@ import tensorflow as tf
 from absl import logging
 from mlperf_logging.mllog import constants as C
 
+from mlperf_tf import time_breakdown
 from mlperf_tf.benchmark import EvalPoint
 from mlperf_tf.mllog import MLPerfLogger
 from mlperf_tf.runner.config import StopCause
@@ -42,7 +43,8 @@ class LoopOutput:
     last_step: int  # the step at which the run's budget ends
     epoch: float  # `step` in epochs
     next_eval_step: int = 0  # the step of the next evaluation (0: unknown)
-    first: bool = False  # the run's first loop (one step; its time includes tracing)
+    first: bool = False  # the run's first loop (one step; without warm-up, its time has tracing)
+    input_wait_s: float = 0.0  # seconds the loop's steps were blocked on the input iterator
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +54,14 @@ class EvalOutput:
     point: EvalPoint
     value: float
     target: float  # the benchmark's quality target
+    higher_is_better: bool = True  # False: the target is a maximum (a loss, a perplexity)
+
+    @property
+    def reached(self) -> bool:
+        """Whether `value` is finite and at or beyond the target in the metric's direction."""
+        if not math.isfinite(self.value):
+            return False
+        return self.value >= self.target if self.higher_is_better else self.value <= self.target
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,7 +102,16 @@ class Action:
 
 
 def _block_meta(point: EvalPoint) -> dict:
-    return {C.FIRST_EPOCH_NUM: point.first_epoch_num, C.EPOCH_COUNT: point.epoch_count}
+    return {
+        C.FIRST_EPOCH_NUM: point.first_epoch_num,
+        C.EPOCH_COUNT: point.epoch_count,
+        **_samples_meta(point),
+    }
+
+
+def _samples_meta(point: EvalPoint) -> dict:
+    """`samples_count` metadata where the benchmark's rules want it (llama31_8b's eval_accuracy)."""
+    return {} if point.samples_count is None else {C.SAMPLES_COUNT: point.samples_count}
 
 
 class MLPerfEvents(Action):
@@ -108,10 +127,12 @@ class MLPerfEvents(Action):
         self.mllog.end(C.BLOCK_STOP, metadata=_block_meta(point))
 
     def eval_begin(self, point):
-        self.mllog.start(C.EVAL_START, metadata={C.EPOCH_NUM: point.epoch_num})
+        self.mllog.start(
+            C.EVAL_START, metadata={C.EPOCH_NUM: point.epoch_num, **_samples_meta(point)}
+        )
 
     def after_eval(self, output):
-        metadata = {C.EPOCH_NUM: output.point.epoch_num}
+        metadata = {C.EPOCH_NUM: output.point.epoch_num, **_samples_meta(output.point)}
         self.mllog.event(C.EVAL_ACCURACY, output.value, metadata=metadata)
         self.mllog.end(C.EVAL_STOP, metadata=metadata)
 
@@ -128,12 +149,20 @@ def format_eta(seconds: float) -> str:
 
 
 class ProgressLine(Action):
-    """Prints one absl line per loop (step, epoch, throughput, loss, ETA), per eval and at the end."""
+    """Prints one absl line per loop (step, epoch, throughput, loss, ETA), per eval and at the end.
+
+    Args:
+      breakdown: a `TimeBreakdown` action called before this one: the run_stop line then also
+        says where the time went (`mlperf_tf.time_breakdown.one_line`).
+    """
+
+    def __init__(self, breakdown=None):
+        self.breakdown = breakdown
 
     def after_loop(self, output):
         if output.first:
             logging.info(
-                "step %d/%d | epoch %.2f | loss %.4f | first step done in %.1f s (tracing included)",
+                "step %d/%d | epoch %.2f | loss %.4f | first step done in %.1f s",
                 output.step, output.last_step, output.epoch, output.loss, output.seconds,
             )  # fmt: skip
             return
@@ -152,9 +181,11 @@ class ProgressLine(Action):
                      output.target)  # fmt: skip
 
     def at_end(self, end):
+        result = getattr(self.breakdown, "result", None)
+        where = f" | {time_breakdown.one_line(result)}" if result else ""
         logging.info(
-            "run_stop status=%s after %d steps, %.1f s: %s",
-            end.stop.cause.status, end.step, end.seconds, end.stop.reason,
+            "run_stop status=%s after %d steps, %.1f s: %s%s",
+            end.stop.cause.status, end.step, end.seconds, end.stop.reason, where,
         )  # fmt: skip
 
 
@@ -195,7 +226,8 @@ class TargetStop(Action):
     """Stops the run with status success when an eval reaches the quality target."""
 
     def after_eval(self, output):
-        if math.isfinite(output.value) and output.value >= output.target:
-            reason = f"reached {output.value:.5f} >= {output.target}"
+        if output.reached:
+            relation = ">=" if output.higher_is_better else "<="
+            reason = f"reached {output.value:.5f} {relation} {output.target}"
             return Stop(StopCause.TARGET_REACHED, reason)
         return None

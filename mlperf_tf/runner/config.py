@@ -55,6 +55,12 @@ class RunConfig:
     num_cpu_devices: int = setting(0, help="Split the CPU into N logical devices (tests).")
     dtype: str = setting("fp32", help="Compute precision.", choices=precision.DTYPES)
     xla: bool = setting(False, help="Compile the per-replica train and eval steps with XLA.")
+    warm_up: bool = setting(
+        True,
+        help="Before run_start, trace (with --xla compile) the train and eval steps on synthetic "
+        "batches of the real shapes, then restore the initial state: the first timed step is a "
+        "steady one (MLPerf allows model execution before the clock, not data).",
+    )
     steps_per_loop: int = setting(
         100, help="Optimizer steps per compiled host loop; progress is printed once per loop."
     )

@@ -123,20 +123,27 @@ class Trainer:
         return [g / replicas for g in grads] if replicas > 1 else grads
 
     def _loop(self, iterator, num_steps):
-        """Runs up to `num_steps` steps; returns (mean loss, steps run).
+        """Runs up to `num_steps` steps; returns (mean loss, steps run, seconds waited for input).
 
         A stop request (`stop_request`, set by a signal) is read before each step and cuts the
         loop short at a step boundary; on several workers they agree on it, so all stop together.
+        The input wait is the time between asking the iterator for the step's batches and having
+        them (two `tf.timestamp`s; stateful ops run in program order), summed over the steps.
         """
         loss_sum = tf.constant(0.0, tf.float32)
         done = tf.constant(0, tf.int32)
+        waited = tf.constant(0.0, tf.float64)
         for _ in tf.range(num_steps):
             if self.stop_request is not None and self.stop_request.should_stop(self.strategy):
                 break
-            micro_batches = [next(iterator) for _ in range(self.accumulation)]
+            asked = tf.timestamp()
+            with tf.control_dependencies([asked]):
+                micro_batches = [next(iterator) for _ in range(self.accumulation)]
+            with tf.control_dependencies(tf.nest.flatten(micro_batches, expand_composites=True)):
+                waited += tf.timestamp() - asked
             per_replica_loss = self.strategy.run(self._replica_step, args=(micro_batches,))
             # Each replica's loss is its share of the global mean: the sum is the global loss.
             loss = self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_loss, axis=None)
             loss_sum += tf.cast(loss, tf.float32)
             done += 1
-        return loss_sum / tf.cast(tf.maximum(done, 1), tf.float32), done
+        return loss_sum / tf.cast(tf.maximum(done, 1), tf.float32), done, waited

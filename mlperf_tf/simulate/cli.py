@@ -7,7 +7,7 @@ import json
 import sys
 
 from mlperf_tf.errors import UserError
-from mlperf_tf.simulate import model, systems
+from mlperf_tf.simulate import model, parallelism, systems
 
 _ALGORITHMS = ("ring", "hierarchical", "torus2d")
 
@@ -23,7 +23,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Predict a benchmark's step time, throughput and time to train on a system "
         "of N chips (α–β all-reduce models; see docs/scaling.md).",
     )
-    parser.add_argument("--benchmark", required=True, help="resnet50, ssd, transformer or bert")
+    parser.add_argument(
+        "--benchmark", required=True, help="resnet50, ssd, transformer, bert or llama31_8b"
+    )
     system = parser.add_mutually_exclusive_group(required=True)
     system.add_argument("--system", help=f"built-in system: {', '.join(systems.available())}")
     system.add_argument("--system_file", help="a system of your own (JSON or YAML)")
@@ -37,6 +39,28 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--wraparound", choices=("auto", "on", "off"), default="auto")
     parser.add_argument("--preset", default="mlperf", help="the benchmark preset's model")
     parser.add_argument("--epochs", type=float, help="override epochs to target")
+    # The mesh flags of `mlperf-tf run` (RunConfig fields; mlperf_tf/parallel/mesh.py), same names
+    # and validation.
+    parser.add_argument(
+        "--model_parallel", type=int, default=1, help="M chips share a batch, weights split (TP)"
+    )
+    parser.add_argument(
+        "--spatial_partition", default="1", help="K chips share a batch, images split in slabs"
+    )
+    parser.add_argument(
+        "--expert_parallel", type=int, default=1, help="E chips split the MoE layers' experts"
+    )
+    # The MoE config as `mlperf-tf run` takes it (`--config.model.moe.X=V`; Transformer, Llama).
+    for field, kind, default in (
+        ("num_experts", int, 0),
+        ("every", int, 1),
+        ("top_k", int, 2),
+        ("capacity_factor", float, 1.25),
+    ):
+        parser.add_argument(
+            f"--config.model.moe.{field}", dest=f"moe_{field}", type=kind, default=default,
+            help=f"mixture of experts: {field} (default {default})",
+        )  # fmt: skip
     parser.add_argument("--json", action="store_true", help="one JSON object per configuration")
     parser.add_argument("--plot", metavar="PNG", help="draw samples/s and time to train vs chips")
     return parser
@@ -77,6 +101,12 @@ def main(argv: list[str]) -> int:
         return 0
     args = build_parser().parse_args(argv)
     system = systems.load(args.system) if args.system else systems.load_file(args.system_file)
+    moe = parallelism.Moe(
+        num_experts=args.moe_num_experts,
+        every=args.moe_every,
+        top_k=args.moe_top_k,
+        capacity_factor=args.moe_capacity_factor,
+    )
     results = [
         model.simulate(
             benchmark=args.benchmark,
@@ -89,6 +119,10 @@ def main(argv: list[str]) -> int:
             wraparound=args.wraparound,
             preset=args.preset,
             epochs_to_target=args.epochs,
+            model_parallel=args.model_parallel,
+            spatial_partition=args.spatial_partition,
+            expert_parallel=args.expert_parallel,
+            moe=moe,
         )
         for chips in args.chips
     ]

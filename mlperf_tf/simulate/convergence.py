@@ -27,6 +27,8 @@ RCP_SOURCES = {
     "bert": ("training_4.0.0/rcps_bert.json", "bert_ref_", True),
     # SSD-ResNet34 (this suite's SSD) has RCPs up to MLPerf 1.1; later "ssd" is RetinaNet.
     "ssd": ("training_1.1.0/rcps_ssd.json", "ssd_ref_", False),
+    # Llama 3.1 8B: samples (sequences of 8,192 tokens) to log perplexity 3.3, BS 16 ... 128.
+    "llama31_8b": ("training_5.1.0/rcps_llama31_8b.json", "llama31_8b_ref_", True),
 }
 
 # Stated models where no RCP exists: (batch, epochs) points, same interpolation rules.
@@ -68,7 +70,8 @@ def rcp_folder() -> str:
 
 
 def curve(benchmark: str) -> ConvergenceCurve:
-    """The convergence curve of a simulator benchmark name (resnet50, bert, ssd, transformer).
+    """The convergence curve of a simulator benchmark name (resnet50, bert, ssd, transformer,
+    llama31_8b).
 
     Raises:
       UserError: no RCP and no stated model exist for it.

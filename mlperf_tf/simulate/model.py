@@ -16,9 +16,12 @@ Per training step (all times in seconds):
     step      = max(device, input)          (input is prefetched: the slower of the two wins)
 
 Time to train = steps to target x step + evaluations x (eval forward passes + eval overhead),
-with epochs to target from `convergence.curve` at the global batch. Per-sample FLOPs and the
-preset sizes come from the committed cache (`mlperf_tf/simulate/data/flops.json`), so no
-TensorFlow is imported.
+with epochs to target from `convergence.curve` at the global batch. Per-sample FLOPs, the
+parameter count and the preset sizes come from the committed cache
+(`mlperf_tf/simulate/data/flops.json`), so no TensorFlow is imported: traced from the model, or
+for a model too large to trace (Llama 3.1 8B) counted from its config
+(`mlperf_tf.flops.decoder_forward_flops_per_token`, parameters from
+`Benchmark.parameter_count()`).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import os
 from typing import Any
 
 from mlperf_tf.errors import UserError
-from mlperf_tf.simulate import collectives, convergence
+from mlperf_tf.simulate import collectives, convergence, parallelism
 from mlperf_tf.simulate.systems import System
 
 FLOPS_CACHE = os.path.join(os.path.dirname(__file__), "data", "flops.json")
@@ -77,6 +80,13 @@ class Result:
     weight_update_sharding: bool
     global_batch: int
     per_chip_batch: float
+    parameters: int
+    model_parallel: int
+    spatial_partition: str
+    expert_parallel: int
+    model_parallel_s: float
+    halo_s: float
+    all_to_all_s: float
     compute_s: float
     allreduce_s: float
     allreduce_latency_s: float
@@ -112,6 +122,10 @@ def simulate(
     wraparound: str = "auto",
     preset: str = "mlperf",
     epochs_to_target: float | None = None,
+    model_parallel: int = 1,
+    spatial_partition: str = "1",
+    expert_parallel: int = 1,
+    moe: parallelism.Moe | None = None,
 ) -> Result:
     """Predicts one configuration (see the module docstring for the model).
 
@@ -129,10 +143,15 @@ def simulate(
       wraparound: torus wrap-around links: auto, on or off.
       preset: which preset's model and sizes.
       epochs_to_target: override the convergence curve (e.g. a published run's own epochs).
+      model_parallel: M chips share a batch and split every weight (tensor parallelism).
+      spatial_partition: K (or KxL) chips share a batch and split every image into slabs.
+      expert_parallel: E chips split each MoE layer's experts (with `moe`).
+      moe: a mixture-of-experts config (`model.moe` of the Transformer-family benchmarks).
 
     Raises:
       UserError: an unknown benchmark or algorithm, chips that do not fit the system, failed
-        chips off a torus or not fewer than the chips, or a batch smaller than the chips.
+        chips off a torus or not fewer than the chips, a batch smaller than the data-parallel
+        groups, or a parallel flag that does not divide the chips or fit the benchmark.
     """
     facts = benchmark_facts(benchmark, preset)
     layout = system.layout(chips, wraparound=wraparound)
@@ -156,13 +175,26 @@ def simulate(
         global_batch = per_chip_default * working or int(facts["global_batch_size"])
         # No larger than the largest batch with convergence data (beyond it epochs are guesses).
         global_batch = max(min(global_batch, convergence.curve(benchmark).batches[-1]), working)
-    if global_batch < working:
-        raise UserError(
-            f"--global_batch ({global_batch}) is smaller than the {working} working chips"
-        )
+    moe = moe or parallelism.Moe()
+    split, spatial_rows = _check_parallel(
+        benchmark, layout, working, model_parallel, spatial_partition, expert_parallel, moe
+    )
+    groups = working // split  # data-parallel replicas of one shard
+    if global_batch < groups:
+        what = "working chips" if split == 1 else f"data-parallel groups ({working} / {split})"
+        raise UserError(f"--global_batch ({global_batch}) is smaller than the {groups} {what}")
     flops = float(facts["training_flops_per_sample"])
     params = float(facts["trainable_parameters"])
-    per_chip_batch = global_batch / working
+    expert_params = 0.0
+    if moe.num_experts:
+        b = parallelism.blocks_of(benchmark, "config.model.moe.num_experts")
+        layers = moe.layers(b.blocks)
+        # Each MoE layer holds num_experts feed-forwards instead of one; a token runs top_k of
+        # them (its capacity padding computed too).
+        expert_params = layers * moe.num_experts * b.ffn_parameters
+        params += expert_params - layers * b.ffn_parameters
+        flops += 3 * layers * b.tokens_per_sample * b.ffn_flops_per_token * (moe.slots - 1)
+    per_chip_batch = global_batch / groups  # samples per group (each chip does 1/split of them)
 
     step = _step(
         system=system,
@@ -176,14 +208,22 @@ def simulate(
         sharding=weight_update_sharding,
         failed_chips=failed_chips,
         working=working,
+        parallel=_Parallel(
+            split=split,
+            model=model_parallel,
+            rows=spatial_rows,
+            experts=expert_parallel,
+            moe=moe,
+            expert_params=expert_params,
+        ),
     )
     single = _step(
         system=system,
         benchmark=benchmark,
         layout=system.layout(1) if system.kind != "torus" else None,
         algorithm=algorithm,
-        per_chip_batch=per_chip_batch,
-        global_batch=per_chip_batch,
+        per_chip_batch=per_chip_batch / split,
+        global_batch=per_chip_batch / split,
         flops=flops,
         params=params,
         sharding=False,
@@ -191,7 +231,7 @@ def simulate(
         working=1,
     )
     samples_per_s = global_batch / step["step_time_s"]
-    single_rate = per_chip_batch / single["step_time_s"]
+    single_rate = per_chip_batch / split / single["step_time_s"]
 
     curve = convergence.curve(benchmark)
     epoch_examples = float(facts["train_examples"])
@@ -218,7 +258,11 @@ def simulate(
         algorithm=algorithm,
         weight_update_sharding=weight_update_sharding,
         global_batch=int(global_batch),
-        per_chip_batch=per_chip_batch,
+        per_chip_batch=per_chip_batch / split,
+        parameters=int(params),
+        model_parallel=model_parallel,
+        spatial_partition=str(spatial_partition),
+        expert_parallel=expert_parallel,
         single_chip_samples_per_s=single_rate,
         samples_per_s=samples_per_s,
         scaling_efficiency=samples_per_s / (single_rate * chips),
@@ -229,6 +273,55 @@ def simulate(
         time_to_train_min=time_to_train_s / 60.0,
         **step,
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Parallel:
+    """How the chips split the model: `split` chips share a batch (model x spatial)."""
+
+    split: int = 1
+    model: int = 1
+    rows: int = 1
+    experts: int = 1
+    moe: parallelism.Moe = parallelism.Moe()
+    expert_params: float = 0.0
+
+
+def _check_parallel(benchmark, layout, working, model_parallel, spatial, experts, moe):
+    """Validates the parallel flags as `mlperf-tf run` does; returns (split, spatial rows)."""
+    if (model_parallel, str(spatial), experts) != (1, "1", 1):
+        from mlperf_tf.parallel import mesh  # imports TensorFlow: only when a flag is given
+
+        mesh.check_flags(
+            model_parallel=model_parallel, expert_parallel=experts, spatial_partition=str(spatial)
+        )
+        rows, cols = mesh.parse_spatial(str(spatial))
+    else:
+        rows, cols = 1, 1
+    if model_parallel > 1:
+        parallelism.blocks_of(benchmark, "model_parallel")
+    if rows * cols > 1:
+        parallelism.convs_of(benchmark)
+        if cols > 1:
+            raise UserError(
+                f"--spatial_partition={spatial}: the simulator models slabs of rows only (K)"
+            )
+    if experts > 1:
+        parallelism.blocks_of(benchmark, "expert_parallel")
+        if not moe.num_experts or moe.num_experts % experts:
+            raise UserError(
+                f"--expert_parallel ({experts}) must divide --config.model.moe.num_experts "
+                f"({moe.num_experts})"
+            )
+    split = model_parallel * rows * cols
+    if working % (split * experts):
+        raise UserError(
+            f"--model_parallel={model_parallel} x --spatial_partition={spatial} x "
+            f"--expert_parallel={experts} needs a multiple of {split * experts} chips; "
+            f"{working} work"
+        )
+    parallelism.check_fits(layout, split, f"--model_parallel x --spatial_partition ({split})")
+    return split, rows * cols
 
 
 def _chip_flops(system: System, benchmark: str, working: int) -> float:
@@ -285,18 +378,36 @@ def _step(
     sharding: bool,
     failed_chips: int,
     working: int,
+    parallel: _Parallel = _Parallel(),
 ) -> dict[str, Any]:
-    compute = per_chip_batch * flops / _chip_flops(system, benchmark, working)
+    split = parallel.split
+    compute = per_chip_batch * flops / split / _chip_flops(system, benchmark, working)
     backward = compute * 2.0 / 3.0
-    cost = allreduce_cost(system, layout, algorithm, params * system.gradient_bytes, failed_chips)
+    # Each chip holds 1/M of the weights (experts: 1/E of them); the gradient all-reduce runs
+    # over the replicas of one shard, every split-th chip.
+    dense = params - parallel.expert_params
+    held = dense / parallel.model + parallel.expert_params / max(1, parallel.experts)
+    replicas = parallelism.data_layout(system, layout, split) if layout is not None else None
+    cost = allreduce_cost(system, replicas, algorithm, held * system.gradient_bytes, failed_chips)
     allreduce = cost.total_s
     exposed = allreduce - min(system.overlap_fraction * allreduce, backward)
-    update = params * system.optimizer_bytes_per_parameter / system.memory_bandwidth
+    update = held * system.optimizer_bytes_per_parameter / system.memory_bandwidth
     if sharding:
-        update /= working
+        update /= max(1, working // split)
+    model_s = halo_s = a2a_s = 0.0
+    if layout is not None and layout.chips > 1:
+        model_s = parallelism.tensor_parallel_cost(
+            system, layout, benchmark, parallel.model, per_chip_batch
+        ).total_s
+        halo_s = parallelism.halo_cost(
+            system, layout, benchmark, parallel.rows, per_chip_batch
+        ).total_s
+        a2a_s = parallelism.moe_all_to_all_cost(
+            system, layout, benchmark, parallel.moe, parallel.experts, per_chip_batch / split
+        ).total_s
     # Logical devices sharing the cores also dispatch their replicas' ops one after another.
     overhead = system.step_overhead_s * (working if system.shared_compute else 1)
-    device = compute + exposed + update + overhead
+    device = compute + exposed + update + overhead + model_s + halo_s + a2a_s
     hosts = max(1, math.ceil(working / system.chips_per_host))
     input_limit = global_batch / (hosts * system.input_rate_per_host(benchmark))
     return {
@@ -305,6 +416,9 @@ def _step(
         "allreduce_latency_s": cost.latency_s,
         "allreduce_bandwidth_s": cost.bandwidth_s,
         "exposed_comm_s": exposed,
+        "model_parallel_s": model_s,
+        "halo_s": halo_s,
+        "all_to_all_s": a2a_s,
         "weight_update_s": update,
         "overhead_s": overhead,
         "input_limit_s": input_limit,

@@ -42,6 +42,8 @@ def _predict(point: dict, system: systems.System, *, logged: bool) -> model.Resu
         global_batch=point["global_batch"],
         epochs_to_target=epochs,
         weight_update_sharding=bool(point.get("weight_update_sharding", False)),
+        model_parallel=int(point.get("model_parallel", 1)),
+        spatial_partition=str(point.get("spatial_partition", "1")),
     )
 
 
@@ -79,7 +81,7 @@ def _calibrate_once(points: list[dict], loaded: dict[str, systems.System]) -> li
         if not match:
             continue
         name, field, key = match.groups()
-        lo, hi = (0.01, 1.0) if field == "compute_efficiency" else (0.0, 0.05)
+        lo, hi = (0.01, 1.0) if field == "compute_efficiency" else (0.0, 0.2)
         target = point.get("minutes", point.get("samples_per_s"))
         for _ in range(60):
             mid = (lo + hi) / 2
@@ -137,6 +139,10 @@ def summary(table: list[dict]) -> dict[str, float]:
         "median_abs_error_rcp": statistics.median(rcp),
         "median_abs_error_logged_epochs": statistics.median(best),
     }
+    for benchmark in sorted({r["benchmark"] for r in tests}):
+        errors = [abs(r["error_rcp"]) for r in tests if r["benchmark"] == benchmark]
+        stats[f"median_abs_error_rcp_{benchmark}"] = statistics.median(errors)
+        stats[f"test_points_{benchmark}"] = len(errors)
     # MLPerf v0.7 runs used the hyperparameters the RCPs were later made with; v0.6 runs and the
     # papers did not, so their RCP-epoch predictions also carry a convergence difference.
     v07 = [abs(r["error_rcp"]) for r in tests if r["source"].startswith("v0.7")]
@@ -178,6 +184,12 @@ def markdown(table: list[dict], stats: dict[str, float]) -> str:
             f"On the MLPerf v0.7 test points alone (the hyperparameter era of the RCPs): "
             f"**{stats['median_abs_error_rcp_v0.7_points']:.0%}** with RCP epochs."
         )
+    per_benchmark = ", ".join(
+        f"{key[len('median_abs_error_rcp_') :]} {value:.0%} ({stats['test_points_' + key[21:]]})"
+        for key, value in sorted(stats.items())
+        if key.startswith("median_abs_error_rcp_") and not key.endswith("points")
+    )
+    lines.append(f"By benchmark (RCP epochs, test points): {per_benchmark}.")
     lines.append("")
     return "\n".join(lines)
 

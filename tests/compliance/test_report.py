@@ -102,3 +102,36 @@ def test_skip_judges_the_status_by_the_runs_own_target_when_logged(tmp_path):
     bare = logs.write_log(tmp_path / "b.txt", records)
     assert not report.checker.check_log(bare, ruleset="1.0.0", quality="skip").passed
     assert not report.checker.check_log(path, ruleset="1.0.0").passed
+
+
+_BREAKDOWN = (
+    '# mlperf-tf time_breakdown {"train": 150.0, "compile": 0.5, "eval": 20.0, "checkpoint": 2.0,'
+    ' "input_wait": 4.5, "other": 3.0, "time_to_train_s": 180.0, "warm_up_s": 9.0}'
+)
+
+
+def test_a_runs_time_breakdown_is_drawn_and_tabled_and_the_log_still_passes(tmp_path):
+    records = logs.resnet_records(accuracies=(0.5, 0.7, 0.76))
+    path = logs.write_log(tmp_path / "run.txt", [*records, _BREAKDOWN])
+    plain = logs.write_log(tmp_path / "plain.txt", records)
+    files = report.write_report(path, str(tmp_path / "out"), ruleset="1.0.0")
+    text = open(files.markdown).read()
+    assert "Verdict: **PASS**" in text  # the comment line is no MLPerf record
+    assert "| train | 150.0 | 83.3 % |" in text and "| input wait | 4.5 | 2.5 % |" in text
+    assert "Warm-up before run_start (init time, not counted): 9.0 s." in text
+    out = tmp_path / "both"
+    assert cli.main(["report", path, plain, "--out", str(out), "--ruleset", "1.0.0"]) == 0
+    table = (out / "time_breakdown.md").read_text()
+    row = f"| {tmp_path.name}/run.txt | 150.0 | 0.5 | 20.0 | 2.0 | 4.5 | 3.0 | 180.0 | 83.3 % |"
+    assert row in table
+    assert "plain.txt" not in table  # no breakdown in that log: no row
+    assert (out / "time_breakdown.png").stat().st_size > 1000
+    figure = report.plot_figure(
+        report.run_series(logfile.parse_records(logfile.scan_log(path), "1.0.0"), "resnet"),
+        report.Targets(None, None, "none"),
+        "t",
+        {"train": 150.0, "compile": 0.5, "eval": 20.0, "checkpoint": 2.0, "input_wait": 4.5,
+         "other": 3.0, "time_to_train_s": 180.0},
+    )  # fmt: skip
+    bars = figure.axes[2].patches
+    assert [round(b.get_width(), 1) for b in bars] == [150.0, 0.5, 20.0, 2.0, 4.5, 3.0]

@@ -225,3 +225,18 @@ def test_run_times_match_result_summarizer_on_the_corpus(corpus_dir, corpus_rows
             olympic = scoring.olympic_mean(list(counted.values()), non_converged=non_converged)
             assert olympic == pytest.approx(theirs["score"]) if olympic else theirs["score"] is None
     assert compared >= 50
+
+
+def test_score_prints_each_runs_time_breakdown(tmp_path):
+    directory = tmp_path / "runs"
+    _write_runs(directory, [(0.5, 0.76)] * 2)
+    with open(directory / "result_0.txt", "a", encoding="utf-8") as f:
+        f.write(
+            '# mlperf-tf time_breakdown {"train": 100.0, "compile": 0.0, "eval": 10.0, '
+            '"checkpoint": 0.0, "input_wait": 5.0, "other": 5.0, "time_to_train_s": 120.0}\n'
+        )
+    score = scoring.score_directory(str(directory), ruleset="1.0.0")
+    assert score.runs[0].breakdown["train"] == 100.0 and score.runs[1].breakdown is None
+    text = score.format_text()
+    assert "    time to train 120.0 s: train 100.0 s (83 %), compile 0.0 s (0 %)" in text
+    assert score.to_dict()["runs"][0]["time_breakdown"]["input_wait"] == 5.0

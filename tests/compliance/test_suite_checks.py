@@ -145,7 +145,9 @@ def test_strict_errors_are_the_problems_not_what_published_logs_do():
         rec("run_start", t=100.0, line=1),
         rec("block_start", t=90.0, line=2, first_epoch_num=1, epoch_count=1),  # before run_start
         rec("block_stop", t=101.0, line=3, first_epoch_num=1),
-        rec("eval_stop", t=102.0, line=4, epoch_num=1),  # no eval_start at all
+        rec("eval_start", t=101.5, line=8, epoch_num=1),
+        rec("eval_stop", t=101.6, line=9, epoch_num=1),
+        rec("eval_stop", t=102.0, line=4, epoch_num=1),  # a second stop: nothing is open
         rec("epoch_start", t=103.0, line=5, epoch_num=4),
         rec("epoch_stop", t=104.0, line=6, epoch_num=2),  # closes a later epoch
         rec("run_stop", t=99.0, line=7, status="aborted"),  # before run_start
@@ -155,3 +157,68 @@ def test_strict_errors_are_the_problems_not_what_published_logs_do():
     assert errors == [("timing", 7), ("timing", 2), ("pairing", 6), ("pairing", 4)]
     relaxed = suite_checks(wrong, benchmark=None, ruleset="1.0.0", target=None)
     assert not [f for f in relaxed if f.level == "error"]
+
+
+def _gnn_log(stop_epoch, *, start_epoch=1):
+    """The epoch markers of a published GNN log (v4.0 `gnn` to v5.1 `rgat`), synthesized.
+
+    E.g. mlcommons/training_results_v5.0 Dell/results/1xXE9680Lx8B200-SXM-180GB/rgat/result_0.txt:
+    one `epoch_start` with epoch_num 1, evals every 0.05 epoch, and at the target an
+    `epoch_stop` with epoch_num 0.85 (the fraction of an epoch done), then `run_stop`.
+    """
+    records = [
+        rec("run_start", t=100.0, line=1),
+        rec("epoch_start", t=101.0, line=2, epoch_num=start_epoch),
+    ]
+    for i, epoch in enumerate((0.05, 0.1, 0.85)):
+        line = 3 + 3 * i
+        records += [
+            rec("eval_start", epoch, t=102.0 + i, line=line, epoch_num=epoch),
+            rec("eval_accuracy", (0.6, 0.68, 0.73)[i], t=102.1 + i, line=line + 1, epoch_num=epoch),
+            rec("eval_stop", epoch, t=102.2 + i, line=line + 2, epoch_num=epoch),
+        ]
+    return records + [
+        rec("epoch_stop", t=110.0, line=12, epoch_num=stop_epoch),
+        rec("run_stop", t=110.0, line=13, status="success", epoch_num=stop_epoch),
+    ]
+
+
+def test_gnn_fractional_epoch_stop_inside_its_epoch_is_paired():
+    # The published pattern: no finding at all, strict or not (it was a strict error before).
+    target = Target(0.72, True, "v['value'] >= 0.72")
+    for start in (1, 0):  # counted from 1 (ceil) or from 0 (floor)
+        for strict in (False, True):
+            log = _gnn_log(0.85, start_epoch=start)
+            findings = suite_checks(log, benchmark=None, ruleset="5.0.0", target=target,
+                                    strict=strict)  # fmt: skip
+            assert findings == []
+    # A fractional stop of an earlier epoch than its start's still goes back: a strict error.
+    log = _gnn_log(1.5, start_epoch=3)
+    findings = suite_checks(log, benchmark=None, ruleset="5.0.0", target=target, strict=True)
+    assert [(f.check, f.level, f.line) for f in findings] == [("pairing", "error", 12)]
+
+
+def test_stops_whose_starts_are_never_logged_are_warnings():
+    # NVIDIA's NeMo llama31_405b (v5.0) logs eval_stop after each eval and never eval_start;
+    # Google's MaxText gpt3 (v4.0) logs no block_start for the first block (run_start opens it).
+    # The official checker passes both; so must --strict.
+    log = [
+        rec("run_start", t=100.0, line=1),
+        rec("block_stop", t=101.0, line=2, first_epoch_num=0),
+        rec("eval_accuracy", 3.0, t=101.0, line=3, epoch_num=10),
+        rec("eval_stop", t=101.0, line=4, epoch_num=10),
+        rec("block_start", t=101.0, line=5, first_epoch_num=10, epoch_count=10),
+        rec("block_stop", t=102.0, line=6, first_epoch_num=10),
+        rec("eval_accuracy", 2.0, t=102.0, line=7, epoch_num=20),
+        rec("eval_stop", t=102.0, line=8, epoch_num=20),
+        rec("run_stop", t=102.0, line=9, status="aborted"),
+    ]
+    findings = suite_checks(log, benchmark=None, ruleset="5.0.0", target=None, strict=True)
+    assert [(f.check, f.level, f.lines) for f in findings] == [
+        ("pairing", "warning", (2,)),
+        ("pairing", "warning", (4, 8)),
+    ]
+    # A second block_stop once block starts are logged is more stops than starts: an error.
+    extra = log[:6] + [rec("block_stop", t=102.0, line=7, first_epoch_num=10)] + log[6:]
+    findings = suite_checks(extra, benchmark=None, ruleset="5.0.0", target=None, strict=True)
+    assert [(f.line, f.level) for f in findings if f.level == "error"] == [(7, "error")]

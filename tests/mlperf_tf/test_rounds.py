@@ -25,6 +25,7 @@ _CLASSES = {
     "bert": ("benchmarks.bert.benchmark", "BertBenchmark"),
     "ssd": ("benchmarks.ssd.benchmark", "SSDBenchmark"),
     "transformer": ("benchmarks.transformer.benchmark", "TransformerBenchmark"),
+    "llama31_8b": ("benchmarks.llama31_8b.benchmark", "Llama31Benchmark"),
 }
 
 
@@ -89,7 +90,7 @@ def _log(path, benchmark, ruleset, hparams, *, with_init_events=True, adapt=True
     target = checker.quality_target(
         ruleset, benchmark, global_batch_size=hparams[C.GLOBAL_BATCH_SIZE]
     )
-    add(C.EVAL_ACCURACY, target.value, {C.EPOCH_NUM: 1})
+    add(C.EVAL_ACCURACY, target.value, {C.EPOCH_NUM: 1, C.SAMPLES_COUNT: 1})
     add(C.EVAL_STOP, None, {C.EPOCH_NUM: 1}, "INTERVAL_END")
     add(C.RUN_STOP, None, {C.STATUS: C.SUCCESS}, "INTERVAL_END")
     return logs.write_log(path, out)

@@ -17,6 +17,8 @@ from mlperf_tf import config as config_base
 from mlperf_tf.benchmark import RunContext
 from tests import padding, strategies
 
+pytestmark = pytest.mark.numerics
+
 
 def smoke_bench(**overrides):
     return BertBenchmark(dataclasses.replace(C.smoke(), **overrides))
@@ -263,6 +265,7 @@ def test_registry_finds_the_benchmark():
     assert BertBenchmark.mlperf_benchmark == "bert"
 
 
+@pytest.mark.bfloat16
 def test_keras_policy_mixed_bf16_loss_is_float32():
     keras.mixed_precision.set_dtype_policy("mixed_bfloat16")
     try:

@@ -13,6 +13,8 @@ import yaml
 from benchmarks.bert import config as C
 from benchmarks.bert import model as M
 
+pytestmark = pytest.mark.numerics
+
 TINY = dataclasses.replace(
     C.bert_tiny(40),
     hidden_size=16,
@@ -172,7 +174,9 @@ def test_initializers_follow_the_reference():
     assert np.all(model.encoder.blocks[0].output_layer_norm.gamma.numpy() == 1)
 
 
-@pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
+@pytest.mark.parametrize(
+    "policy", [pytest.param("mixed_bfloat16", marks=pytest.mark.bfloat16), "mixed_float16"]
+)
 def test_mixed_precision_policy(policy):
     keras.mixed_precision.set_dtype_policy(policy)
     try:

@@ -18,6 +18,8 @@ from mlperf_tf.benchmark import RunContext
 from mlperf_tf.config import ConfigError, override
 from mlperf_tf.optimizers import LARS
 
+pytestmark = pytest.mark.numerics
+
 RULES_DIR = os.path.dirname(compliance_checker.__file__)
 
 

@@ -11,6 +11,8 @@ from benchmarks.resnet50 import model as model_lib
 from mlperf_tf.layers import CrossReplicaBatchNormalization
 from mlperf_tf.optimizers.lars import DEFAULT_LARS_EXCLUDE
 
+pytestmark = pytest.mark.numerics
+
 TINY = rc.ModelConfig(num_classes=10, block_layers=(1, 1, 1, 1), base_width=8)
 
 
@@ -104,6 +106,7 @@ def test_lars_exclusions_select_exactly_batch_norm_and_biases():
         assert excluded == is_bn_or_bias, variable.path
 
 
+@pytest.mark.bfloat16
 def test_tiny_forward_shapes_and_bfloat16_policy():
     previous = keras.mixed_precision.global_policy()
     try:

@@ -9,6 +9,8 @@ import tensorflow as tf
 
 from benchmarks.ssd import anchors
 
+pytestmark = pytest.mark.numerics
+
 
 def _reference_boxes_xywh():
     """The reference's `DefaultBoxes` for dboxes300_coco, written out independently.

@@ -17,6 +17,8 @@ from mlperf_tf import registry
 from mlperf_tf.benchmark import RunContext
 from tests import strategies
 
+pytestmark = pytest.mark.numerics
+
 RULES = os.path.join(os.path.dirname(mlperf_logging.__file__), "compliance_checker")
 
 
@@ -174,6 +176,7 @@ def test_train_and_eval_steps_compile_with_xla():
     np.testing.assert_array_equal(out["scores"].numpy()[1], 0.0)  # padding masked
 
 
+@pytest.mark.bfloat16
 def test_mixed_bfloat16_loss_and_eval_are_float32_and_finite():
     cfg = _tiny_config(width_scale=0.0625)
     bench = SSDBenchmark(cfg)

@@ -1,9 +1,12 @@
 """Tests of the SSD loss: perfect predictions, hard-negative mining, the reference formula, XLA."""
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from benchmarks.ssd import anchors, loss
+
+pytestmark = pytest.mark.numerics
 
 
 def _layout():

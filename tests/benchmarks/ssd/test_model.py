@@ -11,6 +11,8 @@ from benchmarks.ssd import config, model
 from benchmarks.ssd.benchmark import SSDBenchmark
 from mlperf_tf.errors import DataError, UserError
 
+pytestmark = pytest.mark.numerics
+
 # A thin, shallow SSD300: the real layout and anchor count at a fraction of the compute.
 TINY = config.ModelConfig(num_classes=5, width_scale=0.125, backbone_blocks=(1, 1, 1))
 

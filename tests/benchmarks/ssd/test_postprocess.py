@@ -1,9 +1,12 @@
 """Tests of batched SSD decoding and per-class greedy NMS."""
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from benchmarks.ssd import anchors, postprocess
+
+pytestmark = pytest.mark.numerics
 
 
 def test_greedy_nms_equals_tf_image_nms():

@@ -9,6 +9,8 @@ import tensorflow as tf
 from benchmarks.transformer import beam_search
 from tests.benchmarks.transformer.test_model import tiny_model
 
+pytestmark = pytest.mark.numerics
+
 EOS = 1
 
 

@@ -17,6 +17,8 @@ from mlperf_tf.config import ConfigError, override
 from tests import padding, strategies
 from tests.benchmarks.transformer.test_prepare import corpus
 
+pytestmark = pytest.mark.numerics
+
 RULES = os.path.join(os.path.dirname(mlperf_logging.__file__), "compliance_checker")
 
 

@@ -188,3 +188,20 @@ def test_synthetic_data_shapes():
     index = np.concatenate([b["index"].numpy() for b in batches])
     valid = np.concatenate([b["valid"].numpy() for b in batches])
     assert index[valid > 0].tolist() == [1, 3]
+
+
+def test_cached_training_pairs_reshuffle_every_epoch_and_keep_every_pair(tmp_path):
+    """`cache=True` (the mini preset) parses once; every epoch still holds each pair once, in a
+    new order."""
+    files = write_pairs(tmp_path, [3 + i % 9 for i in range(48)], with_index=True)
+    epochs = {}
+    for cache in (False, True):
+        dataset = input_lib.train_dataset(
+            files, input_context=None, tokens_per_replica=12, max_length=12, method="discard",
+            bucket_lengths=(12,), batch_multiple=1, shuffle_buffer=64, seed=3, cache=cache,
+        )  # fmt: skip
+        rows = [tuple(r) for b in dataset.take(96).as_numpy_iterator() for r in b["inputs"]]
+        epochs[cache] = [rows[:48], rows[48:96]]
+    for first, second in (epochs[True], epochs[False]):
+        assert sorted(first) == sorted(second) and first != second
+    assert sorted(epochs[True][0]) == sorted(epochs[False][0])  # the same pairs

@@ -8,6 +8,9 @@ import pytest
 import tensorflow as tf
 
 from benchmarks.transformer import model as model_lib
+from tests.numerics import assert_close
+
+pytestmark = pytest.mark.numerics
 
 VOCAB = 40
 
@@ -55,11 +58,9 @@ def test_embedding_is_shared_with_the_softmax():
     assert len(matrices) == 1  # no separate softmax or target embedding
     x = tf.random.normal([2, 3, 16])
     expected = tf.einsum("blh,vh->blv", x, matrices[0])
-    np.testing.assert_allclose(model.embedding(x, mode="linear"), expected, rtol=1e-5)
+    assert_close(model.embedding(x, mode="linear"), expected, rtol=1e-5)
     ids = tf.constant([[5, 7]])
-    np.testing.assert_allclose(
-        model.embedding(ids), tf.gather(matrices[0], ids) * math.sqrt(16), rtol=1e-6
-    )
+    assert_close(model.embedding(ids), tf.gather(matrices[0], ids) * math.sqrt(16), rtol=1e-6)
 
 
 def test_position_encoding_matches_the_formula():
@@ -67,10 +68,9 @@ def test_position_encoding_matches_the_formula():
     signal = model_lib.position_encoding(length, hidden).numpy()
     half = hidden // 2
     for pos in (0, 3, 6):
-        for i in range(half):
-            timescale = 1.0e4 ** (i / (half - 1))
-            assert signal[pos, i] == pytest.approx(math.sin(pos / timescale), abs=1e-5)
-            assert signal[pos, half + i] == pytest.approx(math.cos(pos / timescale), abs=1e-5)
+        timescales = [1.0e4 ** (i / (half - 1)) for i in range(half)]
+        assert_close(signal[pos, :half], [math.sin(pos / t) for t in timescales], rtol=1e-5)
+        assert_close(signal[pos, half:], [math.cos(pos / t) for t in timescales], rtol=1e-5)
 
 
 def test_decoder_is_causal():
@@ -81,8 +81,8 @@ def test_decoder_is_causal():
     changed[:, 3:] = 7  # change the future from position 3 on
     new_logits = model({"inputs": inputs, "targets": tf.constant(changed)}).numpy()
     # Position t sees targets < t (the input is shifted right), so 0..3 are unchanged.
-    np.testing.assert_allclose(new_logits[:, :4], logits[:, :4], atol=1e-5)
-    assert np.abs(new_logits[:, 4] - logits[:, 4]).max() > 1e-3
+    assert_close(new_logits[:, :4], logits[:, :4], rtol=1e-4)
+    assert np.abs(new_logits[:, 4] - logits[:, 4]).max() > 1e-2 * np.abs(logits).max()
 
 
 def test_source_padding_is_masked():
@@ -90,16 +90,14 @@ def test_source_padding_is_masked():
     inputs, targets = random_pairs()
     logits = model({"inputs": inputs, "targets": targets}).numpy()
     longer = tf.pad(inputs, [[0, 0], [0, 4]])  # more pad positions change nothing
-    np.testing.assert_allclose(
-        model({"inputs": longer, "targets": targets}).numpy(), logits, atol=1e-5
-    )
+    # A longer source runs other matmul shapes (so other oneDNN kernels and summation orders):
+    # logits of ~28 move by up to 1.5e-4 between CPUs; an unmasked pad moves them by ~25.
+    assert_close(model({"inputs": longer, "targets": targets}).numpy(), logits, rtol=1e-4)
     # A real token does change the output.
     other = inputs.numpy().copy()
     other[0, 0] = (other[0, 0] + 1 - 3) % (VOCAB - 3) + 3
-    assert (
-        np.abs(model({"inputs": tf.constant(other), "targets": targets}).numpy() - logits).max()
-        > 1e-3
-    )
+    moved = model({"inputs": tf.constant(other), "targets": targets}).numpy() - logits
+    assert np.abs(moved).max() > 1e-2 * np.abs(logits).max()
 
 
 def test_all_pad_source_stays_finite():
@@ -117,7 +115,7 @@ def test_cached_incremental_decoding_equals_full_decoding():
     previous = tf.zeros([3, 1], tf.int32)
     for step in range(6):
         logits, cache = model.decode_step(previous, tf.constant(step), cache, static)
-        np.testing.assert_allclose(logits.numpy(), full[:, step], atol=1e-4, rtol=1e-4)
+        assert_close(logits.numpy(), full[:, step], rtol=1e-4)
         previous = targets[:, step : step + 1]
 
 
@@ -130,7 +128,7 @@ def test_decode_step_compiles_under_xla():
     eager, _ = model.decode_step(ids, tf.constant(0), cache, static)
     compiled = tf.function(model.decode_step, jit_compile=True)
     xla, new_cache = compiled(ids, tf.constant(0), cache, static)
-    np.testing.assert_allclose(xla.numpy(), eager.numpy(), atol=1e-4)
+    assert_close(xla.numpy(), eager.numpy(), rtol=1e-4)
     assert new_cache["layer_0"]["k"].shape == cache["layer_0"]["k"].shape
 
 
@@ -142,6 +140,7 @@ def test_training_dropout_is_active_only_in_training():
     assert np.abs(model(batch, training=True).numpy() - model(batch).numpy()).max() > 1e-4
 
 
+@pytest.mark.bfloat16
 def test_mixed_bfloat16_policy():
     previous = keras.config.dtype_policy()
     keras.config.set_dtype_policy("mixed_bfloat16")
@@ -203,7 +202,7 @@ def test_heads_projection_equals_the_einsum_dense_it_replaces(to_heads):
     np.testing.assert_array_equal(ours.kernel.numpy(), einsum.kernel.numpy())
 
     x = tf.random.stateless_normal((2, 5, *in_shape[2:]), seed=(1, 2))
-    np.testing.assert_allclose(ours(x).numpy(), einsum(x).numpy(), rtol=1e-5, atol=1e-6)
+    assert_close(ours(x).numpy(), einsum(x).numpy(), rtol=1e-5)
 
     @tf.function
     def kernel_gradient(x):
@@ -225,11 +224,11 @@ def test_packed_streams_give_the_padded_states_of_every_real_target():
     packed = model.teacher_forced_states(batch, packed=True)  # [tokens, hidden]
     real = targets.numpy() != model_lib.PAD_ID
     assert packed.shape == (real.sum(), 16)
-    np.testing.assert_allclose(packed, padded.numpy()[real], atol=1e-5, rtol=1e-5)
+    assert_close(packed, padded.numpy()[real], rtol=1e-4)
     # Not trivially equal: the padded source changes what its real targets see.
     other = dict(batch, inputs=tf.where(inputs == 0, 9, inputs))
     moved = model.teacher_forced_states(other, packed=True).numpy() - packed.numpy()
-    assert np.abs(moved).max() > 1e-3
+    assert np.abs(moved).max() > 1e-2 * np.abs(packed.numpy()).max()
 
 
 def test_packed_streams_run_every_per_token_matmul_on_the_real_tokens_only():

@@ -14,6 +14,8 @@ from mlperf_tf import runner
 from mlperf_tf.optimizers import LARS
 from tests.tiny_benchmark import TinyBenchmark, smoke, weights
 
+pytestmark = pytest.mark.numerics
+
 FIRST_STEPS, MORE_STEPS = 3, 3
 
 

@@ -1,9 +1,12 @@
 """Tests of gradient packing: buckets of about M MiB, [N, K] layout, exact round trips."""
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from mlperf_tf.collectives.packing import MIB, Packing
+
+pytestmark = pytest.mark.numerics
 
 SHAPES = [(3, 5), (7,), (1,), (64, 64), (2, 3, 4)]
 

@@ -19,6 +19,8 @@ from mlperf_tf.errors import UserError
 from tests import processes, strategies
 from tests.mlperf_tf.collectives import harness
 
+pytestmark = pytest.mark.numerics
+
 RTOL = 1e-5
 
 

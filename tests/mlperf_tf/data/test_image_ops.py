@@ -161,6 +161,7 @@ def test_random_flip_stateless_and_stateful(image):
         assert np.array_equal(out, pixels) or np.array_equal(out, pixels[:, ::-1])
 
 
+@pytest.mark.bfloat16
 def test_normalize_values_and_dtype(image):
     pixels, _ = image
     eager, mapped = _eager_and_mapped(image_ops.normalize, pixels)

@@ -16,6 +16,8 @@ from mlperf_tf.layers.batch_norm import group_moments, table_group_sum
 from tests import processes
 from tests.mlperf_tf.layers import mwms_worker
 
+pytestmark = pytest.mark.numerics
+
 REPLICAS = 4
 SHAPE = (2, 3, 3, 4)  # per-replica batch [B, H, W, C]
 EPS = 1e-3
@@ -243,7 +245,7 @@ def test_moving_mean_shift_limits_cancellation(strategy):
     assert np.max(np.abs(unshifted_var.numpy() - group_batch.var((0, 1, 2)))) > 1e-3
 
 
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float16", pytest.param("bfloat16", marks=pytest.mark.bfloat16)])
 def test_half_precision_inputs_keep_fp32_statistics(dtype, strategy):
     policy = "mixed_float16" if dtype == "float16" else "mixed_bfloat16"
     layer = _make_layer(strategy, 2, dtype=policy)
@@ -395,6 +397,7 @@ def test_fused_path_matches_keras_bn_and_numpy(shape):
     )
 
 
+@pytest.mark.bfloat16
 def test_fused_path_bf16_inputs_keep_fp32_statistics():
     x = np.random.RandomState(4).normal(1.0, 2.0, (8, 2, 2, 3)).astype(np.float32)
     layer = CrossReplicaBatchNormalization(momentum=MOMENTUM, epsilon=EPS, dtype="mixed_bfloat16")

@@ -6,6 +6,8 @@ import tensorflow as tf
 
 from mlperf_tf.layers import token_matmul
 
+pytestmark = pytest.mark.numerics
+
 
 @pytest.mark.parametrize("transpose_b", [False, True])
 def test_equals_the_einsum_with_plain_matmul_gradients(transpose_b):

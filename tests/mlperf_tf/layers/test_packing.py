@@ -2,9 +2,12 @@
 restores them and zeroes the padding, and gradients flow through both."""
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from mlperf_tf.layers import PADDED, PackedTokens
+
+pytestmark = pytest.mark.numerics
 
 
 def test_packed_tokens_unpack_what_they_pack_and_zero_the_padding():

@@ -2,11 +2,14 @@
 
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from mlperf_tf.optimizers import FusedAdam, WarmupRsqrtDecay
 from tests import strategies
 from tests.mlperf_tf.optimizers import golden
+
+pytestmark = pytest.mark.numerics
 
 SETTINGS = {"beta_1": 0.9, "beta_2": 0.997, "epsilon": 1e-9}
 

@@ -8,6 +8,8 @@ import tensorflow as tf
 from mlperf_tf.optimizers import LAMB, LARS
 from tests import strategies
 
+pytestmark = pytest.mark.numerics
+
 GLOBAL_BATCH = 8
 FEATURES = 6
 _RNG = np.random.default_rng(3)

@@ -9,6 +9,8 @@ from mlperf_tf.optimizers import KFAC
 from tests import strategies
 from tests.mlperf_tf.optimizers import golden
 
+pytestmark = pytest.mark.numerics
+
 
 def numpy_kfac(weights, batches, *, lr, momentum, damping, decay, fi, ii, kl_clip, wd=0.0):
     """The algorithm of the `KFAC` docstring on the two Dense layers, SGD-momentum base."""

@@ -12,6 +12,8 @@ from mlperf_tf.optimizers import LAMB, LARS, WarmupPolynomialDecay
 from mlperf_tf.optimizers.base import matches_any, variable_path
 from mlperf_tf.optimizers.lamb import DEFAULT_LAMB_EXCLUDE
 
+pytestmark = pytest.mark.numerics
+
 NUM_STEPS = 5
 
 # (name scope, variable name, initial value, gradient kind). "zero/kernel" starts at 0

@@ -10,6 +10,8 @@ from mlperf_tf.optimizers import LARS, WarmupPolynomialDecay
 from mlperf_tf.optimizers.base import matches_any, variable_path
 from mlperf_tf.optimizers.lars import DEFAULT_LARS_EXCLUDE
 
+pytestmark = pytest.mark.numerics
+
 NUM_STEPS = 5
 
 # (name scope, variable name, initial value, gradient kind). Paths: "conv/kernel", ...

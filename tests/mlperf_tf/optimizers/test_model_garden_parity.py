@@ -15,7 +15,7 @@ from official.modeling.optimization import lars as mg_lars  # noqa: E402
 from mlperf_tf.optimizers import LAMB, LARS  # noqa: E402
 from tests.mlperf_tf.optimizers.test_lamb import make_variable  # noqa: E402
 
-pytestmark = pytest.mark.peers
+pytestmark = [pytest.mark.peers, pytest.mark.numerics]
 
 NUM_STEPS = 10
 _RNG = np.random.default_rng(2)

@@ -8,6 +8,8 @@ from mlperf_tf.optimizers import Neumann
 from tests import strategies
 from tests.mlperf_tf.optimizers import golden
 
+pytestmark = pytest.mark.numerics
+
 
 def numpy_neumann(
     weights, batches, *, lr, alpha, beta_scale, gamma, reset, warmup, mu_max, ramp, scope="model"

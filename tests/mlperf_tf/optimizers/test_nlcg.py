@@ -8,6 +8,8 @@ from mlperf_tf.optimizers import NLCG
 from tests import strategies
 from tests.mlperf_tf.optimizers import golden
 
+pytestmark = pytest.mark.numerics
+
 EPS = 1e-8
 
 

@@ -7,7 +7,7 @@ import keras
 import pytest
 
 from mlperf_tf.config import ConfigError
-from mlperf_tf.optimizers import KFAC, LAMB, LARS, NLCG, FusedAdam, Neumann, registry
+from mlperf_tf.optimizers import KFAC, LAMB, LARS, NLCG, AdamW, FusedAdam, Neumann, registry
 from tests import processes
 
 BUILTINS = {
@@ -15,6 +15,7 @@ BUILTINS = {
     "lars": LARS,
     "lamb": LAMB,
     "adam": FusedAdam,
+    "adamw": AdamW,
     "neumann": Neumann,
     "nlcg": NLCG,
     "kfac": KFAC,

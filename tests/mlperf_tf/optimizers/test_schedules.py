@@ -15,6 +15,8 @@ from mlperf_tf.optimizers import (
     scale_learning_rate,
 )
 
+pytestmark = pytest.mark.numerics
+
 STEPS = np.arange(0, 40)
 
 

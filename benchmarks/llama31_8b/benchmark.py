@@ -1,0 +1,239 @@
+"""Provides `Llama31Benchmark`: MLPerf `llama31_8b` (Llama 3.1 8B pretraining on C4 to log
+perplexity 3.3)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import keras
+import tensorflow as tf
+from absl import logging
+from mlperf_logging.mllog import constants as C
+
+from benchmarks.llama31_8b import config as config_lib
+from benchmarks.llama31_8b import input as input_lib
+from benchmarks.llama31_8b import model as model_lib
+from mlperf_tf.benchmark import Benchmark, EvalPoint
+from mlperf_tf.optimizers import WarmupCosineDecay, registry
+
+# MLPerf log keys of closed_llama31_8b.yaml that `mlperf_logging.mllog.constants` spells
+# differently or lacks.
+MAX_STEPS = "max_steps"
+DECAY_SCHEDULE = "cosine with linear warmup"
+# Disclosure keys of the 6.1.0 common rules (`rounds.ROUND_ONLY_KEYS` drops them for older rounds).
+PRECISION_KEYS = (
+    "lowest_numerical_precision_in_linear",
+    "lowest_numerical_precision_in_attn",
+    "lowest_numerical_precision_in_comm",
+)
+_PRECISION_NAMES = {"float32": "fp32", "bfloat16": "bfloat16", "float16": "fp16"}
+
+
+def sample_eval_schedule(
+    *, global_batch_size: int, train_steps: int, every_samples: int
+) -> list[EvalPoint]:
+    """Evaluations every `ceil(every_samples / global_batch_size)` steps and at the last step.
+
+    The reference's cadence (`pretrain_llama31.py`: `eval_every_n_batches = ceil(eval_every /
+    gbs)`, `eval_every` 12,288 sequences). `epoch_num` and `samples_count` are the sequences
+    trained before the eval (the reference logs `samples_count`; the suite's common keys
+    want `epoch_num` too); a block spans the sequences since the previous eval.
+
+    Raises:
+      ValueError: an argument is not positive.
+    """
+    for name, value in (
+        ("global_batch_size", global_batch_size),
+        ("train_steps", train_steps),
+        ("every_samples", every_samples),
+    ):
+        if value <= 0:
+            raise ValueError(f"`{name}` ({value}) must be positive.")
+    every_steps = max(1, math.ceil(every_samples / global_batch_size))
+    steps = list(range(every_steps, train_steps, every_steps)) + [train_steps]
+    points = []
+    previous = 0
+    for step in steps:
+        points.append(
+            EvalPoint(
+                step=step,
+                epoch_num=step * global_batch_size,
+                first_epoch_num=previous * global_batch_size,
+                epoch_count=(step - previous) * global_batch_size,
+                samples_count=step * global_batch_size,
+            )
+        )
+        previous = step
+    return points
+
+
+class Llama31Benchmark(Benchmark):
+    """Llama 3.1 causal-LM pretraining with AdamW to the MLPerf log-perplexity target.
+
+    Batches are dicts of int32 `input_ids` and `labels` [batch, seq] (labels are the inputs
+    shifted by one, see input.py) and, in eval, float32 `valid` [batch]. The quality value is
+    the eval set's log perplexity: the mean next-token cross-entropy (nats) over all its tokens,
+    which the run drives down to `quality_target` (`higher_is_better` is False).
+    """
+
+    name = "llama31_8b"
+    mlperf_benchmark = "llama31_8b"
+    config_class = config_lib.LlamaConfig
+    presets = {"mlperf": config_lib.mlperf, "mini": config_lib.mini, "smoke": config_lib.smoke}
+    input_module = input_lib
+    # Tensor parallelism ("model") comes with the column/row-parallel layers (issue 26, branch
+    # `tensor`); until then data parallelism only.
+    parallel_axes = ("data",)
+    higher_is_better = False
+
+    config: config_lib.LlamaConfig
+
+    # ---- sizes and schedule --------------------------------------------------------------------
+    def parameter_count(self) -> int:
+        """Parameters of `config.model` (8,030,261,248 for the `mlperf` preset), from the config."""
+        return self.config.model.parameter_count()
+
+    def learning_rate_and_warmup(self) -> tuple[float, int]:
+        """(base LR, warm-up steps): the config's, or the RCP's for the global batch size.
+
+        Raises:
+          ConfigError: taken from the RCPs, and the batch size has none.
+        """
+        opt = self.config.optimizer
+        lr, warmup = opt.opt_base_learning_rate, opt.opt_learning_rate_warmup_steps
+        if not lr or warmup < 0:
+            rcp_lr, rcp_warmup = config_lib.rcp_hparams(self.config.global_batch_size)
+            lr = lr or rcp_lr
+            warmup = rcp_warmup if warmup < 0 else warmup
+        return lr, warmup
+
+    def end_learning_rate(self) -> float:
+        """`opt_end_learning_rate`, or 0.1 x the base LR (NeMo's `min_lr`) when -1."""
+        end = self.config.optimizer.opt_end_learning_rate
+        return end if end >= 0 else config_lib.END_LR_FRACTION * self.learning_rate_and_warmup()[0]
+
+    def decay_steps(self) -> int:
+        """`opt_learning_rate_decay_steps`: max_steps - warm-up (the rules check this sum)."""
+        return max(1, self.config.optimizer.max_steps - self.learning_rate_and_warmup()[1])
+
+    def eval_schedule(self) -> list[EvalPoint]:
+        """Every `eval_every_samples` sequences (rounded up to whole steps) and at the end."""
+        return sample_eval_schedule(
+            global_batch_size=self.config.global_batch_size,
+            train_steps=self.train_steps,
+            every_samples=self.config.eval_every_samples,
+        )
+
+    def scaled_settings(self) -> dict[str, str]:
+        """`max_sequence_length` when below the rules' 8,192 (the mini and smoke presets)."""
+        seq = self.config.data.max_sequence_length
+        if seq == config_lib.MLPERF_SEQUENCE_LENGTH:
+            return {}
+        return {
+            C.MAX_SEQUENCE_LENGTH: f"sequence {seq} instead of "
+            f"{config_lib.MLPERF_SEQUENCE_LENGTH}: a scaled-down preset"
+        }
+
+    # ---- building ------------------------------------------------------------------------------
+    def build_model(self) -> keras.Model:
+        """The Llama of `config.model` (under the strategy scope, dtype policy set)."""
+        return model_lib.build_model(self.config.model)
+
+    def learning_rate_schedule(self) -> WarmupCosineDecay:
+        lr, warmup = self.learning_rate_and_warmup()
+        return WarmupCosineDecay(
+            lr,
+            warmup_steps=warmup,
+            decay_steps=self.decay_steps(),
+            end_learning_rate=self.end_learning_rate(),
+        )
+
+    def build_optimizer(self, train_steps: int) -> keras.optimizers.Optimizer:
+        """AdamW (registry `adamw`, or `opt_name`) on the warm-up + cosine schedule.
+
+        The schedule runs over `optimizer.max_steps`, not `train_steps`: the rules fix it.
+        """
+        del train_steps
+        opt = self.config.optimizer
+        return registry.build(opt.opt_name, self.learning_rate_schedule(), opt, opt.opt_params)
+
+    # ---- steps (replica context) ---------------------------------------------------------------
+    def token_losses(self, model: keras.Model, batch: Any, training: bool) -> tf.Tensor:
+        """Next-token cross-entropy (nats, float32) per token [batch, seq]."""
+        logits = tf.cast(model(batch["input_ids"], training=training), tf.float32)
+        return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=batch["labels"], logits=logits)
+
+    def compute_loss(self, model: keras.Model, batch: Any, training: bool = True) -> tf.Tensor:
+        """Mean token loss of this replica x its share of the micro batch.
+
+        The reference's loss is the mean over its batch's tokens (every window is full); with
+        gradients summed across replicas, each replica scales its mean by its share.
+        """
+        losses = self.token_losses(model, batch, training)
+        local_batch = batch["input_ids"].shape[0]
+        return tf.reduce_mean(losses) * (float(local_batch) / float(self.micro_batch_size))
+
+    def eval_step(self, model: keras.Model, batch: Any) -> dict[str, tf.Tensor]:
+        """Per example: summed token loss and token count `[batch]` (padding examples: 0)."""
+        losses = self.token_losses(model, batch, training=False)
+        valid = tf.cast(batch["valid"], tf.float32)
+        tokens = tf.cast(tf.shape(losses)[1], tf.float32)
+        return {"loss": tf.reduce_sum(losses, axis=1) * valid, "tokens": tokens * valid}
+
+    # ---- host side -----------------------------------------------------------------------------
+    def eval_result(self, state: dict[str, float]) -> float:
+        """Log perplexity: summed token loss over the eval set's tokens (Megatron's val loss)."""
+        tokens = float(state.get("tokens", 0.0))
+        if tokens <= 0:
+            raise ValueError("eval saw no tokens: the eval set is empty")
+        return float(state["loss"]) / tokens
+
+    def train_samples(self) -> int:
+        """`train_samples`: the sequences of the whole schedule (max_steps x batch)."""
+        return self.config.optimizer.max_steps * self.config.global_batch_size
+
+    def mlperf_hparams(self) -> dict[str, Any]:
+        """The keys of closed_llama31_8b.yaml (5.1.0, 6.0.0, 6.1.0) and 6.1.0's disclosure keys."""
+        opt = self.config.optimizer
+        lr, warmup = self.learning_rate_and_warmup()
+        if opt.opt_name == "adamw":
+            optimizer_keys = {
+                C.OPT_NAME: "adamw",
+                C.OPT_ADAMW_BETA_1: opt.opt_adamw_beta_1,
+                C.OPT_ADAMW_BETA_2: opt.opt_adamw_beta_2,
+                C.OPT_ADAMW_EPSILON: opt.opt_adamw_epsilon,
+                C.OPT_ADAMW_WEIGHT_DECAY: opt.opt_adamw_weight_decay,
+            }
+        else:
+            optimizer_keys = registry.mlperf_hparams(opt.opt_name, opt, opt.opt_params)
+        precision = _PRECISION_NAMES.get(
+            keras.mixed_precision.global_policy().compute_dtype, "fp32"
+        )
+        return {
+            **optimizer_keys,
+            C.OPT_BASE_LR: lr,
+            C.OPT_END_LR: self.end_learning_rate(),
+            C.OPT_LR_WARMUP_STEPS: warmup,
+            C.OPT_LR_DECAY_STEPS: self.decay_steps(),
+            C.OPT_LR_DECAY_SCHEDULE: DECAY_SCHEDULE,
+            C.OPT_GRADIENT_CLIP_NORM: float(self.config.gradient_clip_norm),
+            C.MAX_SEQUENCE_LENGTH: self.config.data.max_sequence_length,
+            MAX_STEPS: opt.max_steps,
+            # 6.1.0 disclosure keys (precision of the run's dtype policy; the mesh's axes).
+            **{key: precision for key in PRECISION_KEYS},
+            "tensor_parallelism": self.mesh.model,
+            "pipeline_parallelism": 1,
+            "context_parallelism": 1,
+            "expert_parallelism": self.mesh.expert,
+            "micro_batch_size": self.per_replica_batch_size,
+            "config_filename": "benchmarks/llama31_8b/config.py",
+        }
+
+    @classmethod
+    def prepare_mini(cls, data_dir: str) -> None:
+        """Writes the offline mini data set (TFRecords + BPE vocabulary) into `data_dir`."""
+        from benchmarks.llama31_8b import prepare  # noqa: PLC0415
+
+        summary = prepare.prepare_mini(data_dir)
+        logging.info("llama31_8b: mini dataset in %s: %s", data_dir, summary)

@@ -1,0 +1,323 @@
+"""Provides `LlamaConfig`, the Llama 3.1 8B pretraining benchmark's frozen config, and its presets.
+
+The MLPerf reference is NeMo's (`mlcommons/training` `small_llm_pretraining/nemo/`, read at
+commit aa344c7): `pretrain_llama31.py` (model `Llama31Config8B` at sequence 8,192, AdamW via
+`distributed_fused_adam_with_cosine_annealing` with `min_lr = 0.1 * max_lr`, `max_steps`
+1,200,000, an eval every 12,288 sequences on 1,024 sequences) and its README (C4 `c4/en` 3.0.1;
+target log perplexity 3.3). Learning rate and warm-up per batch size come from the reference
+convergence points (`mlperf_logging/rcp_checker/training_5.1.0/rcps_llama31_8b.json`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import os
+
+from mlperf_tf import paths
+from mlperf_tf.config import BenchmarkConfig, ConfigError, require
+from mlperf_tf.optimizers import registry
+
+# What the closed rules of 5.1.0, 6.0.0 and 6.1.0 fix (closed_llama31_8b.yaml).
+MAX_STEPS = 1_200_000
+MLPERF_SEQUENCE_LENGTH = 8192
+EVAL_SAMPLES = 1024
+EVAL_EVERY_SAMPLES = 12_288  # the reference's `--eval_every` (sequences)
+TARGET_LOG_PERPLEXITY = 3.3
+END_LR_FRACTION = 0.1  # NeMo: min_lr = max_lr * 0.1
+RCP_FILE = "rcp_checker/training_5.1.0/rcps_llama31_8b.json"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """The decoder's shape; the defaults are Llama 3.1 8B (MLPerf's model).
+
+    Field names follow Hugging Face's `LlamaConfig` (and its `rope_scaling` of Llama 3.1).
+    """
+
+    vocab_size: int = 128_256
+    hidden_size: int = 4096
+    num_hidden_layers: int = 32
+    num_attention_heads: int = 32
+    num_key_value_heads: int = 8
+    head_dim: int = 128
+    intermediate_size: int = 14_336
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 500_000.0
+    # Llama 3.1's frequency scaling ("rope_type": "llama3"); factor 1 with both frequency
+    # factors 0 turns it off (plain RoPE).
+    rope_scaling_factor: float = 8.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_position: int = 8192
+    max_position_embeddings: int = 131_072
+    initializer_range: float = 0.02  # Megatron's init_method_std (NeMo's Llama31Config8B: 0.02)
+
+    def __post_init__(self):
+        require(
+            self,
+            prefix="model.",
+            positive_int=(
+                "vocab_size",
+                "hidden_size",
+                "num_hidden_layers",
+                "num_attention_heads",
+                "num_key_value_heads",
+                "head_dim",
+                "intermediate_size",
+                "rope_original_max_position",
+                "max_position_embeddings",
+            ),
+            positive=("rms_norm_eps", "rope_theta", "rope_scaling_factor", "initializer_range"),
+        )
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ConfigError(
+                f"`model.num_attention_heads` ({self.num_attention_heads}) must be divisible by "
+                f"`model.num_key_value_heads` ({self.num_key_value_heads})."
+            )
+        if self.head_dim % 2:
+            raise ConfigError(f"`model.head_dim` ({self.head_dim}) must be even (RoPE pairs).")
+        if self.rope_scaling_factor != 1.0 and not (
+            0 < self.rope_low_freq_factor < self.rope_high_freq_factor
+        ):
+            raise ConfigError(
+                f"`model.rope_low_freq_factor` ({self.rope_low_freq_factor}) must be positive "
+                f"and below `model.rope_high_freq_factor` ({self.rope_high_freq_factor})."
+            )
+
+    def parameter_count(self) -> int:
+        """Parameters of this shape, from the config alone (no weights are allocated).
+
+        Per layer: q (h x n_q d) + k, v (h x n_kv d each) + o (n_q d x h) + gate, up (h x f
+        each) + down (f x h) + two norm scales (h each); plus the embedding (V x h), the
+        untied output projection (h x V) and the final norm (h).
+        """
+        h, f, v, d = self.hidden_size, self.intermediate_size, self.vocab_size, self.head_dim
+        attention = 2 * h * self.num_attention_heads * d + 2 * h * self.num_key_value_heads * d
+        layer = attention + 3 * h * f + 2 * h
+        return self.num_hidden_layers * layer + 2 * v * h + h
+
+
+def llama31_8b() -> ModelConfig:
+    """Llama 3.1 8B: 32 layers, hidden 4,096, GQA 32/8 heads of 128, SwiGLU 14,336."""
+    return ModelConfig()
+
+
+def tiny(vocab_size: int = 128) -> ModelConfig:
+    """A 2-layer Llama for tests and `smoke` (GQA 4/2 heads of 8, scaling kept)."""
+    return ModelConfig(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        intermediate_size=64,
+        rope_original_max_position=32,
+        max_position_embeddings=256,
+    )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OptimizerConfig:
+    """AdamW and its schedule; fields are named after the MLPerf log keys they become.
+
+    `opt_base_learning_rate` 0 and `opt_learning_rate_warmup_steps` -1 mean "the reference
+    convergence point's for the global batch size" (`rcp_hparams`); `opt_end_learning_rate` -1
+    means 0.1 x the base rate (NeMo's `min_lr`).
+    """
+
+    opt_name: str = "adamw"
+    opt_params: tuple[str, ...] = ()
+    opt_base_learning_rate: float = 0.0
+    opt_end_learning_rate: float = -1.0
+    opt_learning_rate_warmup_steps: int = -1
+    max_steps: int = MAX_STEPS  # the schedule's length; decay steps are max_steps - warmup
+    opt_adamw_beta_1: float = 0.9
+    opt_adamw_beta_2: float = 0.95
+    opt_adamw_epsilon: float = 1e-5
+    opt_adamw_weight_decay: float = 0.1
+
+    def __post_init__(self):
+        registry.check_opt_name(self.opt_name)
+        require(
+            self,
+            prefix="optimizer.",
+            non_negative=("opt_base_learning_rate", "opt_adamw_epsilon", "opt_adamw_weight_decay"),
+            positive_int=("max_steps",),
+            fraction=("opt_adamw_beta_1", "opt_adamw_beta_2"),
+        )
+        if self.opt_learning_rate_warmup_steps < -1:
+            raise ConfigError(
+                "`optimizer.opt_learning_rate_warmup_steps` "
+                f"({self.opt_learning_rate_warmup_steps}) must be >= 0 (or -1: from the RCP)."
+            )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    """Packed token windows (TFRecords under `data_dir`, written by prepare.py)."""
+
+    max_sequence_length: int = 8192
+    train_pattern: str = "train/*.tfrecord"
+    eval_pattern: str = "eval/*.tfrecord"
+    shuffle_buffer: int = 1024  # windows
+
+    def __post_init__(self):
+        if isinstance(self.max_sequence_length, bool) or self.max_sequence_length < 2:
+            raise ConfigError(
+                f"`data.max_sequence_length` ({self.max_sequence_length!r}) must be >= 2."
+            )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LlamaConfig(BenchmarkConfig):
+    """Llama 3.1 pretraining (MLPerf `llama31_8b`). Sizes are in sequences (token windows).
+
+    The training budget is `optimizer.max_steps` steps of `global_batch_size` (one "epoch" is
+    the whole budget: `train_examples` = max_steps x batch, `max_epochs` 1); a run stops at the
+    target long before. Evaluations run every `eval_every_samples` training sequences (rounded
+    up to whole steps, as the reference's `ceil(eval_every / gbs)`).
+    """
+
+    gradient_clip_norm: float = 1.0
+    model: ModelConfig = dataclasses.field(default_factory=llama31_8b)
+    optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    eval_every_samples: int = EVAL_EVERY_SAMPLES
+
+    def __post_init__(self):
+        super().__post_init__()
+        require(self, positive_int=("eval_every_samples",))
+        if self.data.max_sequence_length > self.model.max_position_embeddings:
+            raise ConfigError(
+                f"`data.max_sequence_length` ({self.data.max_sequence_length}) exceeds "
+                f"`model.max_position_embeddings` ({self.model.max_position_embeddings})."
+            )
+
+
+@functools.cache
+def reference_points() -> dict[int, tuple[float, int]]:
+    """Batch size -> (base LR, warm-up samples) of the reference convergence points."""
+    import mlperf_logging  # noqa: PLC0415 (only where the RCPs are read)
+
+    path = os.path.join(os.path.dirname(mlperf_logging.__file__), RCP_FILE)
+    with open(path, encoding="utf-8") as handle:
+        rcps = json.load(handle)
+    points = {}
+    for entry in rcps.values():
+        hparams = entry["Hyperparams"]
+        points[int(entry["BS"])] = (
+            float(hparams["opt_base_learning_rate"]),
+            int(hparams["opt_learning_rate_warmup_samples"]),
+        )
+    return dict(sorted(points.items()))
+
+
+def rcp_hparams(global_batch_size: int) -> tuple[float, int]:
+    """(base LR, warm-up steps) of the reference convergence point for `global_batch_size`.
+
+    Warm-up steps are the RCP's warm-up samples over the batch, rounded up (BS 96's 16,348
+    samples give 171 steps; the other four divide evenly).
+
+    Raises:
+      ConfigError: no RCP has this batch size (no interpolation: the rules accept only the
+        RCPs' hyperparameters or ones a submitter borrows and justifies).
+    """
+    points = reference_points()
+    if global_batch_size not in points:
+        raise ConfigError(
+            f"`global_batch_size` ({global_batch_size}) has no llama31_8b reference convergence "
+            f"point (batch sizes {', '.join(map(str, points))}); set "
+            "`optimizer.opt_base_learning_rate` and `optimizer.opt_learning_rate_warmup_steps`."
+        )
+    lr, warmup_samples = points[global_batch_size]
+    return lr, math.ceil(warmup_samples / global_batch_size)
+
+
+# ---- presets ------------------------------------------------------------------------------------
+
+
+def mlperf() -> LlamaConfig:
+    """The MLPerf closed-division run: Llama 3.1 8B at sequence 8,192, batch 32 (RCP: LR 8e-4,
+    warm-up 128 steps), C4 prepared by `mlperf-tf prepare llama31_8b`.
+
+    Command: `mlperf-tf run --benchmark=llama31_8b --preset=mlperf --dtype=bf16
+    --model_dir=DIR --config.data_dir=C4_TFRECORDS`. Hardware: 8+ accelerators of >= 80 GB
+    (the 8B model with AdamW state is ~128 GB in fp32; see README.md). Expected: log perplexity
+    3.3 after about 180,000 sequences (the BS-32 RCP's mean).
+    """
+    batch = 32
+    return LlamaConfig(
+        global_batch_size=batch,
+        eval_batch_size=32,
+        train_examples=MAX_STEPS * batch,
+        eval_examples=EVAL_SAMPLES,
+        max_epochs=1.0,
+        quality_target=TARGET_LOG_PERPLEXITY,
+        model=llama31_8b(),
+        data=DataConfig(max_sequence_length=8192),
+        data_dir=os.path.join(paths.data_root(), "llama31-c4"),
+    )
+
+
+# The mini data set's shapes: prepare_mini writes exactly these (see prepare.py).
+MINI_VOCAB_SIZE = 1024
+MINI_SEQ_LENGTH = 256
+
+
+def mini() -> LlamaConfig:
+    """A 4-layer Llama (hidden 256, GQA 4/2 heads of 64) on English text of an installed package.
+
+    Command: `mlperf-tf run --benchmark=llama31_8b --preset=mini --model_dir=/tmp/llama_mini`
+    (writes the data to `mlperf_tf.paths.mini_data_dir("llama31_8b")` on first use). Hardware:
+    2 CPU cores. Keeps every setting the closed rules fix but the sequence length (256): AdamW
+    0.9/0.95/1e-5/0.1, clip 1.0, 1,024 eval sequences, max_steps 1,200,000 with the cosine
+    over them, the BS-16 RCP's LR and warm-up. Expected: see README.md ("mini").
+    """
+    batch = 16
+    return LlamaConfig(
+        global_batch_size=batch,
+        eval_batch_size=64,
+        train_examples=MAX_STEPS * batch,
+        eval_examples=EVAL_SAMPLES,
+        max_epochs=1.0,
+        quality_target=TARGET_LOG_PERPLEXITY,
+        model=ModelConfig(
+            vocab_size=MINI_VOCAB_SIZE,
+            hidden_size=256,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=64,
+            intermediate_size=768,
+            rope_original_max_position=MINI_SEQ_LENGTH,
+            max_position_embeddings=MINI_SEQ_LENGTH,
+        ),
+        data=DataConfig(max_sequence_length=MINI_SEQ_LENGTH, shuffle_buffer=4096),
+        data_dir=paths.mini_data_dir("llama31_8b"),
+        eval_every_samples=16 * 100,
+    )
+
+
+def smoke() -> LlamaConfig:
+    """Synthetic tokens and a 2-layer Llama with a 128-token vocabulary: a few steps, seconds.
+
+    Command: `mlperf-tf run --benchmark=llama31_8b --preset=smoke --model_dir=/tmp/llama_smoke`.
+    Hardware: any CPU. Expected: well under a minute; the perplexity is meaningless.
+    """
+    return LlamaConfig(
+        global_batch_size=8,
+        eval_batch_size=256,
+        train_examples=8 * 6,
+        eval_examples=EVAL_SAMPLES,
+        max_epochs=1.0,
+        quality_target=TARGET_LOG_PERPLEXITY,
+        model=tiny(128),
+        optimizer=OptimizerConfig(opt_base_learning_rate=1e-3, opt_learning_rate_warmup_steps=2),
+        data=DataConfig(max_sequence_length=32),
+        data_dir="",
+        eval_every_samples=8 * 3,
+    )

@@ -1,0 +1,96 @@
+"""Provides `AdamW`: Adam with decoupled weight decay, in PyTorch's (and Megatron's) formula."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import tensorflow as tf
+
+from mlperf_tf.optimizers.base import (
+    Optimizer,
+    check_number,
+    dense_gradient,
+    document_base_keyword_args,
+)
+
+
+@document_base_keyword_args
+class AdamW(Optimizer):
+    """AdamW (Loshchilov & Hutter 2019) as `torch.optim.AdamW` and Megatron/Apex's fused Adam
+    (`adam_w_mode=True`) compute it, which the MLPerf `llama31_8b` reference (NeMo) runs.
+
+    For each variable w with (cross-replica summed) gradient g at step t = iterations + 1,
+    learning rate lr, betas b1, b2, epsilon eps and weight decay wd:
+
+        w = w - lr * wd * w                         (decoupled; skipped for excluded variables)
+        m = b1 * m + (1 - b1) * g
+        v = b2 * v + (1 - b2) * g**2
+        w = w - lr / (1 - b1**t) * m / (sqrt(v) / sqrt(1 - b2**t) + eps)
+
+    eps is added to the bias-corrected sqrt(v), as PyTorch does. Keras' `AdamW` adds it to the
+    uncorrected sqrt(v) (an effective eps / sqrt(1 - b2**t), 4.5x larger at t = 1 for b2 =
+    0.95): that is why this is not `keras.optimizers.AdamW`.
+
+    Args:
+      learning_rate: a float or a `LearningRateSchedule`.
+      beta_1: b1 in [0, 1).
+      beta_2: b2 in [0, 1).
+      epsilon: eps >= 0.
+      {{base_keyword_args}}
+    """
+
+    def __init__(
+        self,
+        learning_rate=1e-3,
+        *,
+        beta_1: float = 0.9,
+        beta_2: float = 0.999,
+        epsilon: float = 1e-8,
+        weight_decay: float = 0.01,
+        exclude_from_weight_decay: Iterable[str] | None = (),
+        name: str = "adamw",
+        **kwargs,
+    ):
+        super().__init__(
+            learning_rate,
+            weight_decay=weight_decay,
+            exclude_from_weight_decay=exclude_from_weight_decay,
+            name=name,
+            **kwargs,
+        )
+        self.beta_1 = check_number("beta_1", beta_1, high=1.0)
+        self.beta_2 = check_number("beta_2", beta_2, high=1.0)
+        self.epsilon = check_number("epsilon", epsilon)
+
+    def build(self, var_list):
+        """Creates the first and second moments (zeros, the variables' shapes and dtypes)."""
+        if self.built:
+            return
+        super().build(var_list)
+        self._momentums, self._velocities = self.add_optimizer_variables(
+            var_list, ["momentum", "velocity"]
+        )
+
+    def update_step(self, gradient, variable, learning_rate):
+        """One AdamW step of one variable (update context, summed gradient)."""
+        index = self._get_variable_index(variable)
+        dtype = variable.dtype
+        g = dense_gradient(gradient, dtype)
+        lr = tf.cast(learning_rate, dtype)
+        step = tf.cast(self.iterations + 1, dtype)
+        m = self._momentums[index]
+        v = self._velocities[index]
+        if self._decay[index]:
+            variable.assign_sub(variable * (lr * tf.cast(self.weight_decay_rate, dtype)))
+        m.assign_add((g - m) * (1.0 - self.beta_1))
+        v.assign_add((tf.square(g) - v) * (1.0 - self.beta_2))
+        correction_1 = 1.0 - tf.pow(tf.cast(self.beta_1, dtype), step)
+        correction_2 = 1.0 - tf.pow(tf.cast(self.beta_2, dtype), step)
+        denominator = tf.sqrt(v) / tf.sqrt(correction_2) + self.epsilon
+        variable.assign_sub(m * (lr / correction_1) / denominator)
+
+    def get_config(self):
+        """Returns every constructor argument."""
+        config = super().get_config()
+        config.update({"beta_1": self.beta_1, "beta_2": self.beta_2, "epsilon": self.epsilon})
+        return config

@@ -1,0 +1,315 @@
+"""Provides the simulator's costs of model parallelism: tensor-parallel activation all-reduces,
+spatial-partition halo exchanges, and mixture-of-experts all-to-alls, on a system's topology.
+
+The run's chips form the mesh of `mlperf_tf/parallel/mesh.py` (data, expert, spatial, model;
+`model` fastest): a model group of M chips (`--model_parallel`) or a spatial group of K
+(`--spatial_partition`) shares one batch and splits its work, and sits on consecutive chips:
+inside one node of a switched cluster when it fits (else across nodes), or along one dimension
+of a torus. Each cost is an α–β time (`collectives.Cost`) per training step.
+
+- **Tensor parallelism** (Megatron, Shoeybi et al. 2019): each transformer block does one
+  all-reduce of its activations (batch x tokens x hidden, bf16) after the row-parallel attention
+  output and one after the feed-forward, in the forward pass, and the same two in the backward
+  pass (the conjugate operators), over the M chips of the group; none overlaps computation.
+- **Spatial partitioning** (Kumar et al. 2019, SSD on TPU-v3): each convolution of kernel k
+  exchanges k // 2 halo rows with each neighbour slab (forward, and the same for the gradients
+  in the backward pass) over neighbour links; each batch norm sums its statistics over the K
+  slabs (a small all-reduce, latency-bound).
+- **Expert parallelism** (GShard, ST-MoE): each MoE layer sends its tokens' hidden vectors to
+  the experts' chips and back (dispatch and return), forward and backward: 4 all-to-alls of
+  tokens x top_k x capacity x hidden bf16 values per chip, (E-1)/E of which leave the chip.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from mlperf_tf.errors import UserError
+from mlperf_tf.simulate import collectives
+from mlperf_tf.simulate.systems import Layout, System
+
+ACTIVATION_BYTES = 2  # bf16 activations (every run modelled here trains in bf16/fp16)
+
+
+@dataclasses.dataclass(frozen=True)
+class Blocks:
+    """A Transformer-family model as tensor parallelism sees it.
+
+    Attributes:
+      blocks: transformer blocks (encoder + decoder layers).
+      allreduces_per_block: forward all-reduces per block (2: attention and feed-forward; 3 for
+        a decoder block with cross-attention, averaged over the model).
+      hidden: model width.
+      tokens_per_sample: tokens of one sample of the global batch (the Transformer's batch
+        counts tokens: 1).
+      ffn_parameters: weights of one block's feed-forward (what an MoE layer has per expert).
+      ffn_flops_per_token: forward FLOPs of one block's feed-forward per token.
+    """
+
+    blocks: int
+    allreduces_per_block: float
+    hidden: int
+    tokens_per_sample: int
+    ffn_parameters: int
+    ffn_flops_per_token: float
+
+
+def _llama() -> Blocks:
+    # Llama 3.1 8B (benchmarks/llama31_8b/config.py ModelConfig; a test holds these equal).
+    hidden, ffn = 4096, 14_336
+    return Blocks(32, 2, hidden, 8192, 3 * hidden * ffn, 2.0 * 3 * hidden * ffn)
+
+
+# BERT-large (24 layers, hidden 1,024, FFN 4,096, sequence 512) and Transformer-big (6 encoder
+# layers of 2 all-reduces, 6 decoder layers of 3: 2.5 a block on average; hidden 1,024, FFN
+# 4,096), the `mlperf` presets of benchmarks/bert and benchmarks/transformer.
+BLOCKS = {
+    "bert": Blocks(24, 2, 1024, 512, 2 * 1024 * 4096, 2.0 * 2 * 1024 * 4096),
+    "transformer": Blocks(12, 2.5, 1024, 1, 2 * 1024 * 4096, 2.0 * 2 * 1024 * 4096),
+    "llama31_8b": _llama(),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Conv:
+    """Convolutions of one feature-map size: `count` layers of kernel `kernel` reading `width` x
+    `channels` activations at height `height` (for halos: rows of width x channels)."""
+
+    count: int
+    kernel: int
+    height: int
+    width: int
+    channels: int
+
+
+# SSD-ResNet34 at 300 px (benchmarks/ssd: ResNet-34 to conv4 at stride 8, conv4 kept at 38 x 38,
+# then the extra layers and the 3 x 3 class/box heads on six maps); batch norm in the trunk.
+CONVS = {
+    "ssd": (
+        Conv(1, 7, 300, 300, 3),  # conv1 (stride 2)
+        Conv(6, 3, 75, 75, 64),  # layer1
+        Conv(8, 3, 38, 38, 128),  # layer2
+        Conv(12, 3, 38, 38, 256),  # layer3 (stride 1 in SSD)
+        Conv(2, 3, 38, 38, 256),  # first extra 3x3 (stride 2) and heads on 38 x 38
+        Conv(3, 3, 19, 19, 512),  # extra, heads on 19 x 19
+        Conv(3, 3, 10, 10, 512),
+        Conv(3, 3, 5, 5, 256),
+        Conv(3, 3, 3, 3, 256),
+    ),
+    # ResNet-50 at 224 px: the 3 x 3 convolutions of each stage and the 7 x 7 stem.
+    "resnet50": (
+        Conv(1, 7, 224, 224, 3),
+        Conv(3, 3, 56, 56, 64),
+        Conv(4, 3, 28, 28, 128),
+        Conv(6, 3, 14, 14, 256),
+        Conv(3, 3, 7, 7, 512),
+    ),
+}
+BATCH_NORMS = {"ssd": 37, "resnet50": 53}  # layers whose statistics a spatial group sums
+
+
+def blocks_of(benchmark: str, flag: str) -> Blocks:
+    if benchmark not in BLOCKS:
+        raise UserError(
+            f"--{flag} needs a Transformer-family benchmark ({', '.join(sorted(BLOCKS))}); "
+            f"'{benchmark}' has no tensor-parallel or MoE layers"
+        )
+    return BLOCKS[benchmark]
+
+
+def convs_of(benchmark: str) -> tuple[Conv, ...]:
+    if benchmark not in CONVS:
+        raise UserError(
+            f"--spatial_partition needs a benchmark with a convolutional trunk "
+            f"({', '.join(sorted(CONVS))}); '{benchmark}' has none"
+        )
+    return CONVS[benchmark]
+
+
+def _group_ring(system: System, layout: Layout, size: int) -> tuple[collectives.Link, bool, int]:
+    """(link, bidirectional, nodes spanned) of a group of `size` consecutive chips."""
+    if system.kind == "torus":
+        # Along one torus dim: the whole dim (a ring, both directions when it wraps) or a segment
+        # of a line (one direction, as the folded ring of a mesh line).
+        dims = [(d, w) for d, w in zip(layout.shape, layout.wraps) if d % size == 0]
+        wraps = any(d == size and w for d, w in dims)
+        return system.link, wraps, 1
+    if system.kind == "switched" and size > layout.chips_per_node:
+        return system.network, False, size // max(1, layout.chips_per_node)
+    return system.link, False, 1
+
+
+def group_allreduce(system: System, layout: Layout, size: int, nbytes: float) -> collectives.Cost:
+    """All-reduce of `nbytes` per chip over a group of `size` consecutive chips."""
+    if size <= 1:
+        return collectives.ZERO
+    if system.kind == "switched" and size > layout.chips_per_node:
+        per_node = layout.chips_per_node
+        return collectives.hierarchical_allreduce(
+            nbytes, gpus_per_node=per_node, nodes=size // per_node, intra=system.link,
+            inter=system.network,
+        )  # fmt: skip
+    link, both, _ = _group_ring(system, layout, size)
+    return collectives.ring_allreduce(nbytes, size, link, bidirectional=both)
+
+
+def data_layout(system: System, layout: Layout, split: int) -> Layout:
+    """Where the data-parallel replicas of one shard sit once groups of `split` chips share a
+    batch: every `split`-th chip (so the gradient all-reduce runs over chips / split)."""
+    if split <= 1:
+        return layout
+    groups = layout.chips // split
+    if layout.shape:
+        shape = list(layout.shape)
+        i = max((j for j, d in enumerate(shape) if d % split == 0), key=lambda j: shape[j])
+        shape[i] //= split
+        wraps = list(layout.wraps)
+        wraps[i] = wraps[i] and shape[i] > 2
+        return Layout(chips=groups, shape=tuple(shape), wraps=tuple(wraps))
+    if layout.chips_per_node >= split:
+        return Layout(
+            chips=groups, nodes=layout.nodes, chips_per_node=layout.chips_per_node // split
+        )
+    return Layout(chips=groups, nodes=groups, chips_per_node=1)
+
+
+def check_fits(layout: Layout, split: int, what: str) -> None:
+    """A group of `split` must fit one torus dim (a divisor of one) or whole nodes/one node."""
+    if split <= 1:
+        return
+    if layout.shape and not any(d % split == 0 for d in layout.shape):
+        raise UserError(
+            f"{what} does not divide any dimension of the {layout.describe()} slice; a group "
+            "runs along one torus dimension"
+        )
+    if not layout.shape and layout.nodes > 1 and split > layout.chips_per_node:
+        if split % layout.chips_per_node:
+            raise UserError(
+                f"{what} must divide the {layout.chips_per_node} chips of a node or be whole nodes"
+            )
+
+
+def tensor_parallel_cost(
+    system: System, layout: Layout, benchmark: str, model_parallel: int, group_batch: float
+) -> collectives.Cost:
+    """The activation all-reduces of one step: 2 x blocks x per-block all-reduces (forward and
+    backward) of group batch x tokens x hidden bf16 values each, over the model group."""
+    if model_parallel <= 1:
+        return collectives.ZERO
+    b = blocks_of(benchmark, "model_parallel")
+    nbytes = group_batch * b.tokens_per_sample * b.hidden * ACTIVATION_BYTES
+    one = group_allreduce(system, layout, model_parallel, nbytes)
+    count = 2 * b.blocks * b.allreduces_per_block
+    return collectives.Cost(one.latency_s * count, one.bandwidth_s * count)
+
+
+def halo_cost(
+    system: System, layout: Layout, benchmark: str, rows: int, group_batch: float
+) -> collectives.Cost:
+    """Halo exchanges and batch-norm sums of one step on `rows` horizontal slabs.
+
+    Per convolution of kernel k: k // 2 rows of width x channels go to each neighbour (both
+    neighbours at once, over two links or one link's two directions), forward and backward.
+    A slab thinner than the halo (a map of fewer rows than slabs) exchanges whole slabs: the
+    height / rows rows it has. Per batch norm: an all-reduce of 2 x 256 fp32 statistics (a
+    latency-bound message) over the group, forward and backward.
+    """
+    if rows <= 1:
+        return collectives.ZERO
+    link, _, _ = _group_ring(system, layout, rows)
+    cost = collectives.ZERO
+    for conv in convs_of(benchmark):
+        if conv.kernel <= 1:
+            continue
+        halo_rows = min(conv.kernel // 2, max(1, math.ceil(conv.height / rows)))
+        nbytes = group_batch * halo_rows * conv.width * conv.channels * ACTIVATION_BYTES
+        per = collectives.Cost(link.alpha, nbytes / link.bandwidth)
+        cost = cost + collectives.Cost(
+            per.latency_s * 2 * conv.count, per.bandwidth_s * 2 * conv.count
+        )
+    stats = group_allreduce(system, layout, rows, 2 * 256 * 4)
+    norms = 2 * BATCH_NORMS.get(benchmark, 0)
+    return cost + collectives.Cost(stats.latency_s * norms, stats.bandwidth_s * norms)
+
+
+@dataclasses.dataclass(frozen=True)
+class Moe:
+    """A mixture-of-experts config, named as `model.moe` in the benchmarks' configs.
+
+    Attributes:
+      num_experts: experts per MoE layer (0: dense).
+      every: an MoE layer every N-th block.
+      top_k: experts per token.
+      capacity_factor: slots per expert over the even share (0: dropless, charged as 1.0 plus
+        no padding).
+    """
+
+    num_experts: int = 0
+    every: int = 1
+    top_k: int = 2
+    capacity_factor: float = 1.25
+
+    def __post_init__(self):
+        for name in ("num_experts", "every", "top_k"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise UserError(f"--config.model.moe.{name} ({value!r}) must be an integer >= 0")
+        if self.every < 1 or self.top_k < 1:
+            raise UserError("--config.model.moe.every and top_k must be >= 1")
+        if self.num_experts and self.top_k > self.num_experts:
+            raise UserError(
+                f"--config.model.moe.top_k ({self.top_k}) exceeds num_experts ({self.num_experts})"
+            )
+        if self.capacity_factor < 0:
+            raise UserError(
+                f"--config.model.moe.capacity_factor ({self.capacity_factor}) must be > 0 "
+                "(0: dropless)"
+            )
+
+    def layers(self, blocks: int) -> int:
+        return blocks // self.every if self.num_experts else 0
+
+    @property
+    def slots(self) -> float:
+        """Expert slots per token: top_k x capacity factor (dropless: top_k)."""
+        return self.top_k * (self.capacity_factor or 1.0)
+
+
+def all_to_all(system: System, layout: Layout, size: int, nbytes: float) -> collectives.Cost:
+    """All-to-all of `nbytes` per chip among `size` consecutive chips ((size-1)/size leaves).
+
+    NVSwitch (one node): every chip sends at its link rate: (p-1)α + (p-1)/p · n/B. Across
+    nodes: the off-node part (1 - g/p of n) goes through each GPU's NIC share. Torus dim of p:
+    the bisection bounds it: a byte travels p/4 hops on average over 2 directions, so
+    n · p / (8 B) on a wrapped ring, twice that on a line; (p-1) steps of α.
+    """
+    if size <= 1:
+        return collectives.ZERO
+    steps = (size - 1) * system.link.alpha
+    if system.kind == "torus":
+        link, both, _ = _group_ring(system, layout, size)
+        return collectives.Cost(steps, nbytes * size / ((8 if both else 4) * link.bandwidth))
+    per_node = layout.chips_per_node
+    if system.kind == "switched" and size > per_node:
+        off_node = nbytes * (1 - per_node / size)
+        on_node = nbytes * (per_node - 1) / size
+        return collectives.Cost(
+            (per_node - 1) * system.link.alpha + (size // per_node - 1) * system.network.alpha,
+            max(on_node / system.link.bandwidth, off_node / system.network.bandwidth),
+        )
+    return collectives.Cost(steps, nbytes * (size - 1) / size / system.link.bandwidth)
+
+
+def moe_all_to_all_cost(
+    system: System, layout: Layout, benchmark: str, moe: Moe, expert_parallel: int,
+    group_batch: float,
+) -> collectives.Cost:  # fmt: skip
+    """4 all-to-alls (dispatch, return; forward, backward) per MoE layer per step."""
+    if not moe.num_experts or expert_parallel <= 1:
+        return collectives.ZERO
+    b = blocks_of(benchmark, "expert_parallel")
+    nbytes = group_batch * b.tokens_per_sample * moe.slots * b.hidden * ACTIVATION_BYTES
+    one = all_to_all(system, layout, expert_parallel, nbytes)
+    count = 4 * moe.layers(b.blocks)
+    return collectives.Cost(one.latency_s * count, one.bandwidth_s * count)
