@@ -4,7 +4,9 @@ Each case is a fresh process (synthetic data, MirroredStrategy over `--devices` 
 devices, the mesh `data = devices / K, spatial = K`) that builds the runner's `Trainer` and
 reports: the activation bytes one replica holds for the backward pass (the sum of every
 layer output's per-replica shape x the images per batch shard x 4 bytes: a slab's rows, or the
-whole tensor after a gather), the median wall and CPU seconds of a step after two warm-up
+whole tensor after a gather; per image it is about 1/K of the unsplit model's, so at a fixed
+global batch the per-replica total stays about the same: K lets a group of K replicas hold the
+batch one replica held, or the same replicas hold K times the images), the median wall and CPU seconds of a step after two warm-up
 steps, and the images per batch shard (a global batch of `devices / K` images gives each group
 of K replicas one image: fewer images than replicas). Cases run in rounds, the load average
 is printed with each.
@@ -166,8 +168,8 @@ def main() -> None:
             print(f"K={k} batch {batch}: {json.dumps(result)} (load {load:.1f})", flush=True)
             results.setdefault((k, batch), []).append(result)
     print(
-        "| K | global batch | images per group | activation MiB per replica | input MiB per "
-        "replica | step s (CPU s), median | runs |"
+        "| K | global batch | images per group | activation MiB per replica (per image) | "
+        "input MiB per replica | step s (CPU s), median | runs |"
     )
     print("|---|---|---|---|---|---|---|")
     for (k, batch), values in results.items():
@@ -177,7 +179,8 @@ def main() -> None:
 
         print(
             f"| {k} | {batch} | {values[0]['images_per_batch_shard']} | "
-            f"{values[0]['activation_mib_per_replica']:.2f} | "
+            f"{values[0]['activation_mib_per_replica']:.2f} "
+            f"({values[0]['activation_mib_per_replica'] / values[0]['images_per_batch_shard']:.3f}) | "
             f"{values[0]['input_mib_per_replica']:.2f} | "
             f"{median('step_s'):.3f} ({median('step_cpu_s'):.3f}) | {len(values)} |"
         )
