@@ -101,6 +101,7 @@ class BenchResult:
     peak_flops_per_s: float | None = None  # the best matmul rate measured
     mfu: float | None = None  # model FLOP/s at the median rate / (best matmul peak x devices)
     input_samples_per_s: float | None = None
+    tokens_per_sample: int | None = None  # a language model's tokens per sequence
     load_average: tuple[float, float] = (0.0, 0.0)  # 1-min load before and after
     device: str = ""
     tensorflow: str = ""
@@ -115,6 +116,8 @@ class BenchResult:
             f" windows of {self.steps_per_window} steps), "
             f"{self.samples_per_s_per_replica:.4g} samples/s/replica, step {self.step_time_ms:.1f} ms"
         )
+        if self.tokens_per_sample:
+            line += f", {self.samples_per_s * self.tokens_per_sample:.4g} tokens/s"
         if self.mfu is not None:
             line += (
                 f", MFU {100 * self.mfu:.1f}% ({self.flops_per_sample / 1e9:.3g} GFLOP/sample, "
@@ -336,6 +339,7 @@ def run(config: BenchConfig, run_settings: dict[str, Any], overrides: dict[str, 
         peak_flops_per_s=max(peaks) if peaks else None,
         mfu=flops_per_sample * median / (max(peaks) * devices) if peaks else None,
         input_samples_per_s=input_samples_per_s,
+        tokens_per_sample=benchmark.tokens_per_sample(),
         load_average=(load_before, os.getloadavg()[0]),
         device=device,
         tensorflow=tf.__version__,

@@ -204,6 +204,11 @@ class Benchmark(abc.ABC):
         benchmark does not say (`mlperf-tf simulate` and `list` then leave it out)."""
         return None
 
+    def tokens_per_sample(self) -> int | None:
+        """Tokens in one training sample of a language model (`mlperf-tf bench` then reports
+        tokens/s); None for other models."""
+        return None
+
     def scaled_settings(self) -> dict[str, str]:
         """MLPerf log keys whose value this config sets off what the closed rules fix, each
         with why (e.g. a `mini` preset's sequence length). The runner notes them in the log, and

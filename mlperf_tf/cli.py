@@ -20,7 +20,7 @@ commands:
                         train a benchmark; prints where its MLPerf log is (--helpfull: all flags)
   bench --benchmark=NAME [--preset=mlperf] [--distribution=D] [--dtype=fp32] [--xla] [--json]
                         steady-state training throughput (and MFU) on synthetic data
-  list                  registered benchmarks and their presets
+  list [--json]         registered benchmarks, their presets and parameter counts
   prepare NAME ARGS     convert raw data to TFRecords (`mlperf-tf prepare NAME --help`)
   check LOG... [--ruleset R] [--quality=enforce|skip] [--strict] [--json]
                         check MLPerf logs with the official MLCommons rules plus suite checks
@@ -155,18 +155,47 @@ def _run_command(argv: list[str], stderr_filter: console.StderrFilter | None = N
     return errors.EXIT_NON_FINITE if result.cause is runner.StopCause.NON_FINITE_LOSS else 0
 
 
+def _parameter_count(benchmark_class) -> int | None:
+    """The `mlperf` preset's parameter count from its config (no weights), or None."""
+    try:
+        return benchmark_class(benchmark_class.preset("mlperf")).parameter_count()
+    except Exception:  # noqa: BLE001 (a third-party preset may not build; the count is optional)
+        return None
+
+
 def _list_command(argv: list[str]) -> int:
+    import json
+
     from mlperf_tf import registry
 
-    if argv:
-        return _fail(f"`list` takes no arguments, got {' '.join(argv)}")
+    as_json = argv == ["--json"]
+    if argv and not as_json:
+        return _fail(f"`list` takes only --json, got {' '.join(argv)}")
+    entries = []
     for name, target in registry.available().items():
         try:
             benchmark_class = registry.get(name)
-            presets = ", ".join(benchmark_class.presets)
-            print(f"{name:14s} presets: {presets:24s} ({benchmark_class.mlperf_benchmark})")
+            parameters = _parameter_count(benchmark_class)
+            entries.append(
+                {
+                    "name": name,
+                    "presets": list(benchmark_class.presets),
+                    "mlperf_benchmark": benchmark_class.mlperf_benchmark,
+                    **({"parameters": parameters} if parameters is not None else {}),
+                }
+            )
+            if not as_json:
+                presets = ", ".join(benchmark_class.presets)
+                count = f"  {parameters / 1e6:,.1f} M parameters" if parameters else ""
+                print(
+                    f"{name:14s} presets: {presets:24s} ({benchmark_class.mlperf_benchmark}){count}"
+                )
         except Exception as e:  # a broken third-party package must not hide the others
-            print(f"{name:14s} cannot be loaded from {target}: {type(e).__name__}: {e}")
+            entries.append({"name": name, "error": f"{type(e).__name__}: {e}"})
+            if not as_json:
+                print(f"{name:14s} cannot be loaded from {target}: {type(e).__name__}: {e}")
+    if as_json:
+        print(json.dumps(entries, indent=1))
     return 0
 
 

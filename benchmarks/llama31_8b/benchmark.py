@@ -125,6 +125,14 @@ class Llama31Benchmark(Benchmark):
             every_samples=self.config.eval_every_samples,
         )
 
+    def tokens_per_sample(self) -> int:
+        """Tokens per training sequence (`mlperf-tf bench` reports tokens/s)."""
+        return self.config.data.max_sequence_length
+
+    def training_flops_per_sample(self) -> float:
+        """Training FLOPs of one sequence, analytic (`ModelConfig.training_flops`)."""
+        return self.config.model.training_flops(self.config.data.max_sequence_length)
+
     def scaled_settings(self) -> dict[str, str]:
         """`max_sequence_length` when below the rules' 8,192 (the mini and smoke presets)."""
         seq = self.config.data.max_sequence_length
