@@ -156,9 +156,11 @@ class Trainer:
                 self._replica_step, args=(micro_batches,)
             )
             # Each replica's loss is its share of the global mean: the sum is the global loss
-            # (counted once per mesh group: the replicas of a model group share one batch).
+            # (counted once per model group: the replicas of a model group share one batch and
+            # each returns its whole loss; spatial replicas each return 1/K of theirs, since
+            # Keras sums their partial gradients).
             loss = self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_loss, axis=None)
-            loss /= self.benchmark.mesh.group_size
+            loss /= self.benchmark.mesh.model
             loss_sum += tf.cast(loss, tf.float32)
             metric_sums = {
                 name: total
