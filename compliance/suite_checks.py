@@ -291,9 +291,9 @@ def _check_pairing(records, emit):
     is past its start's (BERT counts samples, fractional epochs), the last start left open when
     the run stopped at the target (the rules allow it), and stops before any start of their kind
     was logged (an implementation that does not log those starts: NVIDIA's NeMo `llama31_405b`
-    of v5.0 logs `eval_stop` and never `eval_start`; Google's MaxText `gpt3` of v4.0 logs no
-    `block_start` for the first block, which `run_start` opens). The official checker passes
-    all of these.
+    of v5.0 logs `eval_stop` and never `eval_start`; Google's MaxText `gpt3` and several
+    `llama2_70b_lora` logs of v4.0 log no `block_start` for the first block, which `run_start`
+    opens). The official checker passes all of these.
 
     Not a finding at all: a fractional stop inside its start's epoch. The GNN (`gnn`, `rgat`)
     logs of v4.0-v5.1 open `epoch_start` with `epoch_num` 1 and, stopping at the target part of

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -60,6 +61,16 @@ def _records(log_path: str) -> list[dict]:
         return [json.loads(x.split(":::MLLOG", 1)[1]) for x in handle if ":::MLLOG" in x]
 
 
+def _first_step_seconds(output_path: str) -> float | None:
+    """The progress line's "first step done in X s" (old runs: tracing included), or None."""
+    with open(output_path, encoding="utf-8", errors="replace") as handle:
+        for line in handle:
+            match = re.search(r"first step done in ([0-9.]+) s", line)
+            if match:
+                return float(match.group(1))
+    return None
+
+
 def one_run(checkout: str, name: str, model_dir: str, steps: int) -> dict:
     """Runs one mini preset from `checkout`; its time to train, status, evals and breakdown."""
     command = [
@@ -74,6 +85,7 @@ def one_run(checkout: str, name: str, model_dir: str, steps: int) -> dict:
               "w", encoding="utf-8") as out:  # fmt: skip
         code = subprocess.call(command, stdout=out, stderr=subprocess.STDOUT, cwd=checkout)
     result = {"preset": name, "checkout": checkout, "exit": code, "load_before": load,
+              "first_step_s": _first_step_seconds(out.name),
               "wall_s": round(time.monotonic() - begin, 1), "load_after": os.getloadavg()}  # fmt: skip
     log = os.path.join(model_dir, "mlperf_log.txt")
     if not os.path.exists(log):
@@ -96,6 +108,8 @@ def one_run(checkout: str, name: str, model_dir: str, steps: int) -> dict:
 def _line(r: dict, side: str) -> str:
     ttt = f"{r['ttt_s']:7.1f} s" if "ttt_s" in r else "   ---   "
     text = f"  {side:3s} {ttt} {r.get('status', '?'):8s} load {r['load_before'][0]:5.2f}"
+    if r.get("first_step_s") is not None:
+        text += f" first step {r['first_step_s']:.1f} s"
     b = r.get("breakdown")
     if b:
         share = 100 * b["train"] / b["time_to_train_s"] if b["time_to_train_s"] else 0
@@ -121,6 +135,9 @@ def main(argv=None) -> int:
     if unknown:
         parser.error(f"--presets: unknown {unknown} (known: {', '.join(FIRST_GOOD_EVAL)})")
     sides = {"old": os.path.abspath(args.old), "new": os.path.abspath(args.new)}
+    for side, checkout in sides.items():
+        if not os.access(os.path.join(checkout, ".venv", "bin", "mlperf-tf"), os.X_OK):
+            parser.error(f"--{side} ({checkout}) has no .venv/bin/mlperf-tf (see the docstring)")
     os.makedirs(args.out, exist_ok=True)
     results_path = os.path.join(args.out, "results.jsonl")
     summary = {}

@@ -17,6 +17,7 @@ from benchmarks.bert import model as model_lib
 from mlperf_tf import rules
 from mlperf_tf.benchmark import Benchmark, EvalPoint, eval_ratio
 from mlperf_tf.config import ConfigError
+from mlperf_tf.layers.tensor_parallel import vocab_parallel_cross_entropy
 from mlperf_tf.optimizers import LAMB, WarmupPolynomialDecay, registry
 
 # MLPerf log keys of closed_bert.yaml (0.7.0, 1.0.0) that `mlperf_logging.mllog.constants` lacks.
@@ -79,6 +80,7 @@ class BertBenchmark(Benchmark):
 
     name = "bert"
     mlperf_benchmark = C.BERT
+    parallel_axes = ("data", "model")
     config_class = config_lib.BertConfig
     presets = {"mlperf": config_lib.mlperf, "mini": config_lib.mini, "smoke": config_lib.smoke}
     input_module = input_lib  # synthetic or record batches (the Benchmark's input hooks)
@@ -111,7 +113,7 @@ class BertBenchmark(Benchmark):
     # ---- building ------------------------------------------------------------------------------
     def build_model(self) -> keras.Model:
         """The BERT pretrainer of `model_config` (under the strategy scope, dtype policy set)."""
-        return model_lib.build_pretrainer(self.model_config)
+        return model_lib.build_pretrainer(self.model_config, mesh=self.mesh)
 
     def learning_rate_schedule(self, train_steps: int) -> WarmupPolynomialDecay:
         """The reference's schedule: polynomial decay from step 0 over
@@ -168,9 +170,15 @@ class BertBenchmark(Benchmark):
         outputs = model(batch, training=training, packed=not self.static_shapes)
         mlm_logits = tf.cast(outputs["mlm_logits"], tf.float32)  # [batch, predictions, vocab]
         weights = tf.cast(batch["masked_lm_weights"], tf.float32)  # [batch, predictions]
-        token_loss = tf.nn.sparse_softmax_cross_entropy_with_logits(
-            labels=batch["masked_lm_ids"], logits=mlm_logits
-        )
+        if self.mesh.model > 1:  # this shard's [batch, predictions, vocab/M], never gathered
+            token_loss = vocab_parallel_cross_entropy(
+                mlm_logits, batch["masked_lm_ids"], vocab_size=self.model_config.vocab_size,
+                smoothing=0.0, axis=model.mlm_head.axis,
+            )  # fmt: skip
+        else:
+            token_loss = tf.nn.sparse_softmax_cross_entropy_with_logits(
+                labels=batch["masked_lm_ids"], logits=mlm_logits
+            )
         mlm = tf.reduce_sum(token_loss * weights) / (tf.reduce_sum(weights) + _MLM_WEIGHT_EPSILON)
         nsp_logits = tf.cast(outputs["nsp_logits"], tf.float32)  # [batch, 2]
         nsp = tf.reduce_mean(
@@ -199,7 +207,9 @@ class BertBenchmark(Benchmark):
         weights=masked_lm_weights)`; padding examples (`valid` 0) weigh 0.
         """
         outputs = model(batch, training=False)
-        predictions = tf.argmax(outputs["mlm_logits"], axis=-1, output_type=tf.int32)
+        # Under model parallelism the shards' logits are gathered for the argmax (eval only).
+        logits = model.mlm_head.axis.gather_last(outputs["mlm_logits"])
+        predictions = tf.argmax(logits, axis=-1, output_type=tf.int32)
         valid = tf.cast(batch["valid"], tf.float32)[:, None]
         weights = tf.cast(batch["masked_lm_weights"], tf.float32) * valid  # [batch, predictions]
         correct = tf.cast(tf.equal(predictions, batch["masked_lm_ids"]), tf.float32) * weights

@@ -5,6 +5,14 @@ approximation of GELU, an additive -10000 attention mask, a tanh pooler over [CL
 head tied to the word embeddings (plus its own output bias) and a 2-way next-sentence head.
 `BertPretrainer.tf1_variables()` names every weight as the TF1 checkpoints do, so a
 google-research/MLPerf checkpoint loads by name (see checkpoint.py).
+
+Tensor parallelism (`mesh.model` = M > 1, Megatron's layout; `mlperf_tf.layers.tensor_parallel`):
+each block's attention splits its heads (query/key/value column-parallel, the output
+projection row-parallel) and its feed-forward block the intermediate width; the word embeddings
+split their vocabulary rows (a vocabulary-parallel lookup), and the tied masked-LM projection
+gives each shard the logits of its own ids (`mlm_logits` is [batch, predictions, vocab/M]; the
+loss is the vocabulary-parallel cross-entropy). Layer norms, the position and token-type
+embeddings, the pooler and the next-sentence head are replicated.
 """
 
 from __future__ import annotations
@@ -17,6 +25,14 @@ from keras import ops
 
 from benchmarks.bert.config import ModelConfig
 from mlperf_tf.layers import PADDED, PackedTokens, token_matmul
+from mlperf_tf.layers.tensor_parallel import (
+    ColumnParallelDense,
+    ModelAxis,
+    RowParallelDense,
+    vocab_parallel_lookup,
+)
+from mlperf_tf.parallel.layout import add_split_weight, check_divides, model_split
+from mlperf_tf.parallel.mesh import DeviceMesh
 
 # google-research/bert masks attention with this additive bias (not -inf), which also fits fp16.
 _MASK_BIAS = -10000.0
@@ -39,9 +55,11 @@ class Embeddings(keras.layers.Layer):
     projection (tied weights).
     """
 
-    def __init__(self, config: ModelConfig, **kwargs):
+    def __init__(self, config: ModelConfig, mesh: DeviceMesh | None = None, **kwargs):
         super().__init__(**kwargs)
         self.config = config
+        self.mesh = mesh
+        self.axis = ModelAxis(mesh, self)
         self.layer_norm = keras.layers.LayerNormalization(
             epsilon=config.layer_norm_epsilon, dtype=self.dtype_policy, name="LayerNorm"
         )
@@ -50,9 +68,10 @@ class Embeddings(keras.layers.Layer):
     def build(self, input_shape):
         c = self.config
         init = _initializer(c)
-        self.word_embeddings = self.add_weight(
-            name="word_embeddings", shape=(c.vocab_size, c.hidden_size), initializer=init
-        )
+        self.word_embeddings = add_split_weight(
+            self, name="word_embeddings", shape=(c.vocab_size, c.hidden_size), initializer=init,
+            layout=model_split(0), mesh=self.mesh,
+        )  # fmt: skip
         self.token_type_embeddings = self.add_weight(
             name="token_type_embeddings", shape=(c.type_vocab_size, c.hidden_size), initializer=init
         )
@@ -67,7 +86,8 @@ class Embeddings(keras.layers.Layer):
         # input_ids, segment_ids: [batch, seq] int
         seq_length = input_ids.shape[1]
         dtype = self.compute_dtype
-        words = ops.take(ops.cast(self.word_embeddings, dtype), input_ids, axis=0)
+        # Vocabulary-parallel under model parallelism (g: one all-reduce forward).
+        words = vocab_parallel_lookup(ops.cast(self.word_embeddings, dtype), input_ids, self.axis)
         # One-hot matmul for the few token types, as modeling.py: a dense gradient (a gather's
         # gradient is IndexedSlices, which not every optimizer takes).
         one_hot = ops.one_hot(segment_ids, self.config.type_vocab_size, dtype=dtype)
@@ -78,34 +98,48 @@ class Embeddings(keras.layers.Layer):
 
 
 class TransformerBlock(keras.layers.Layer):
-    """One post-LN encoder block: self-attention, add & norm, GELU feed-forward, add & norm."""
+    """One post-LN encoder block: self-attention, add & norm, GELU feed-forward, add & norm.
 
-    def __init__(self, config: ModelConfig, **kwargs):
+    Under model parallelism (M shards): f once on the block input for query/key/value (one
+    all-reduce backward), g in the attention output (one all-reduce forward), and the same pair
+    around the feed-forward block; each shard computes heads/M heads and intermediate/M units.
+    """
+
+    def __init__(self, config: ModelConfig, mesh: DeviceMesh | None = None, **kwargs):
         super().__init__(**kwargs)
         self.config = config
         c = config
-        self.num_heads = c.num_attention_heads
+        self.axis = ModelAxis(mesh, self)
+        self.num_heads = c.num_attention_heads // self.axis.size  # this shard's heads
         self.head_size = c.hidden_size // c.num_attention_heads
         policy = self.dtype_policy
 
-        def dense(units, name, activation=None):
-            return keras.layers.Dense(
+        def dense(units, name, activation=None, kind=ColumnParallelDense, **extra):
+            return kind(
                 units,
+                mesh=mesh,
                 activation=activation,
                 kernel_initializer=_initializer(c),
                 dtype=policy,
                 name=name,
+                **extra,
             )
 
-        self.query = dense(c.hidden_size, "query")
-        self.key = dense(c.hidden_size, "key")
-        self.value = dense(c.hidden_size, "value")
-        self.attention_output = dense(c.hidden_size, "attention_output")
+        self.query = dense(c.hidden_size, "query", copy_input=False)
+        self.key = dense(c.hidden_size, "key", copy_input=False)
+        self.value = dense(c.hidden_size, "value", copy_input=False)
+        self.attention_output = RowParallelDense(
+            c.hidden_size, mesh=mesh, kernel_initializer=_initializer(c), dtype=policy,
+            name="attention_output",
+        )  # fmt: skip
         self.attention_layer_norm = keras.layers.LayerNormalization(
             epsilon=c.layer_norm_epsilon, dtype=policy, name="attention_LayerNorm"
         )
         self.intermediate = dense(c.intermediate_size, "intermediate", activation=gelu)
-        self.output_dense = dense(c.hidden_size, "output")
+        self.output_dense = RowParallelDense(
+            c.hidden_size, mesh=mesh, kernel_initializer=_initializer(c), dtype=policy,
+            name="output",
+        )  # fmt: skip
         self.output_layer_norm = keras.layers.LayerNormalization(
             epsilon=c.layer_norm_epsilon, dtype=policy, name="output_LayerNorm"
         )
@@ -133,9 +167,10 @@ class TransformerBlock(keras.layers.Layer):
         `PackedTokens` (then every per-token layer skips the padding and attention runs on the
         unpacked [batch, seq] layout); `attention_bias`: [batch, 1, 1, seq], 0 keep, -10000
         masked."""
-        q = self._split_heads(tokens.unpack(self.query(x)))
-        k = self._split_heads(tokens.unpack(self.key(x)))
-        v = self._split_heads(tokens.unpack(self.value(x)))
+        shared = self.axis.copy(x)  # f: one all-reduce of the input gradient for q, k and v
+        q = self._split_heads(tokens.unpack(self.query(shared)))
+        k = self._split_heads(tokens.unpack(self.key(shared)))
+        v = self._split_heads(tokens.unpack(self.value(shared)))
         scores = ops.einsum("bnqd,bnkd->bnqk", q, k)  # [batch, heads, seq, seq]
         # Softmax in float32: the scores of long sequences overflow fp16/bf16 precision.
         # (Keras casts float call arguments to the compute dtype: back to float32 for the bias.)
@@ -146,7 +181,8 @@ class TransformerBlock(keras.layers.Layer):
         context = ops.einsum("bnqk,bnkd->bnqd", probs, v)  # [batch, heads, seq, head_size]
         context = ops.transpose(context, (0, 2, 1, 3))  # [batch, seq, heads, head_size]
         batch = -1 if context.shape[0] is None else context.shape[0]
-        context = ops.reshape(context, (batch, context.shape[1], self.config.hidden_size))
+        local = self.num_heads * self.head_size
+        context = ops.reshape(context, (batch, context.shape[1], local))
         context = tokens.pack(context)
         attention = self.hidden_dropout(self.attention_output(context), training=training)
         x = self.attention_layer_norm(attention + x)
@@ -161,13 +197,13 @@ class BertEncoder(keras.layers.Layer):
     Returns (sequence_output [batch, seq, hidden], pooled_output [batch, hidden]).
     """
 
-    def __init__(self, config: ModelConfig, **kwargs):
+    def __init__(self, config: ModelConfig, mesh: DeviceMesh | None = None, **kwargs):
         super().__init__(**kwargs)
         self.config = config
         policy = self.dtype_policy
-        self.embeddings = Embeddings(config, dtype=policy, name="embeddings")
+        self.embeddings = Embeddings(config, mesh=mesh, dtype=policy, name="embeddings")
         self.blocks = [
-            TransformerBlock(config, dtype=policy, name=f"layer_{i}")
+            TransformerBlock(config, mesh=mesh, dtype=policy, name=f"layer_{i}")
             for i in range(config.num_hidden_layers)
         ]
         self.pooler = keras.layers.Dense(
@@ -206,12 +242,16 @@ class MaskedLMHead(keras.layers.Layer):
     """Transform (dense + GELU + LayerNorm) of the masked positions, then the tied vocab projection.
 
     Only the `max_predictions_per_seq` masked positions are gathered, so the cost of the
-    [hidden x vocab] projection does not grow with the sequence length.
+    [hidden x vocab] projection does not grow with the sequence length. Under model parallelism
+    the projection is vocabulary-parallel (f on its input: one all-reduce backward; the output
+    bias split like the table) and the logits are this shard's [..., vocab/M].
     """
 
-    def __init__(self, config: ModelConfig, **kwargs):
+    def __init__(self, config: ModelConfig, mesh: DeviceMesh | None = None, **kwargs):
         super().__init__(**kwargs)
         self.config = config
+        self.mesh = mesh
+        self.axis = ModelAxis(mesh, self)
         self.transform = keras.layers.Dense(
             config.hidden_size,
             activation=gelu,
@@ -227,9 +267,10 @@ class MaskedLMHead(keras.layers.Layer):
         h = self.config.hidden_size
         self.transform.build((None, None, h))
         self.layer_norm.build((None, None, h))
-        self.output_bias = self.add_weight(
-            name="output_bias", shape=(self.config.vocab_size,), initializer="zeros"
-        )
+        self.output_bias = add_split_weight(
+            self, name="output_bias", shape=(self.config.vocab_size,), initializer="zeros",
+            layout=model_split(0), mesh=self.mesh,
+        )  # fmt: skip
 
     def call(self, sequence_output, positions, word_embeddings):
         # sequence_output: [batch, seq, hidden]; positions: [batch, predictions] int;
@@ -238,7 +279,7 @@ class MaskedLMHead(keras.layers.Layer):
         x = self.layer_norm(self.transform(gathered))  # [batch, predictions, hidden]
         table = ops.cast(word_embeddings, self.compute_dtype)
         # One 2-D MatMul against the transposed table, as modeling.py (see `token_matmul`).
-        logits = token_matmul(x, table, transpose_b=True)  # [batch, predictions, vocab]
+        logits = token_matmul(self.axis.copy(x), table, transpose_b=True)  # [b, p, vocab(/M)]
         return logits + ops.cast(self.output_bias, self.compute_dtype)
 
 
@@ -270,12 +311,22 @@ class BertPretrainer(keras.Model):
     [batch, predictions, vocab] and `nsp_logits` [batch, 2], in the compute dtype.
     """
 
-    def __init__(self, config: ModelConfig, **kwargs):
+    def __init__(self, config: ModelConfig, mesh: DeviceMesh | None = None, **kwargs):
+        """`mesh`: the run's device mesh; `mesh.model` > 1 splits the model over its `model`
+        axis (it must divide the heads, the intermediate size and the vocabulary: `UserError`
+        otherwise)."""
         super().__init__(**kwargs)
         self.config = config
+        self.mesh = mesh
+        if mesh is not None:
+            check_divides(
+                mesh, **{"model.num_attention_heads": config.num_attention_heads,
+                         "model.intermediate_size": config.intermediate_size,
+                         "model.vocab_size": config.vocab_size}
+            )  # fmt: skip
         policy = self.dtype_policy
-        self.encoder = BertEncoder(config, dtype=policy, name="bert")
-        self.mlm_head = MaskedLMHead(config, dtype=policy, name="cls_predictions")
+        self.encoder = BertEncoder(config, mesh=mesh, dtype=policy, name="bert")
+        self.mlm_head = MaskedLMHead(config, mesh=mesh, dtype=policy, name="cls_predictions")
         self.nsp_head = NextSentenceHead(config, dtype=policy, name="cls_seq_relationship")
 
     def build(self, input_shape=None):
@@ -347,8 +398,8 @@ def _add_layer_norm(names: dict, prefix: str, layer: keras.layers.LayerNormaliza
     names[f"{prefix}/beta"] = layer.beta
 
 
-def build_pretrainer(config: ModelConfig) -> BertPretrainer:
+def build_pretrainer(config: ModelConfig, mesh: DeviceMesh | None = None) -> BertPretrainer:
     """A built `BertPretrainer` (weights created, following the global dtype policy)."""
-    model = BertPretrainer(config, name="bert_pretrainer")
+    model = BertPretrainer(config, mesh=mesh, name="bert_pretrainer")
     model.build()
     return model

@@ -19,7 +19,8 @@ from benchmarks.transformer import input as input_lib
 from benchmarks.transformer import model as model_lib
 from mlperf_tf.benchmark import Benchmark
 from mlperf_tf.config import ConfigError
-from mlperf_tf.data import pipeline
+from mlperf_tf.data import pipeline, synthetic
+from mlperf_tf.layers.tensor_parallel import vocab_parallel_cross_entropy
 from mlperf_tf.optimizers import WarmupRsqrtDecay, registry
 
 
@@ -67,6 +68,7 @@ class TransformerBenchmark(Benchmark):
 
     name = "transformer"
     mlperf_benchmark = "transformer"
+    parallel_axes = ("data", "model")
     config_class = config_lib.TransformerConfig
     presets = {"mlperf": config_lib.mlperf, "mini": config_lib.mini, "smoke": config_lib.smoke}
 
@@ -148,7 +150,7 @@ class TransformerBenchmark(Benchmark):
                 f"in '{self.config.data_dir}' ({self.metadata['vocab_size']}); set "
                 f"--config.model.vocab_size={self.metadata['vocab_size']}"
             )
-        model = model_lib.Transformer(self.model_params())
+        model = model_lib.Transformer(self.model_params(), mesh=self.mesh)
         model.build()
         return model
 
@@ -169,11 +171,16 @@ class TransformerBenchmark(Benchmark):
 
     # ---- data ----------------------------------------------------------------------------------
     def synthetic_train_data(self, input_context, batch_size: int) -> tf.data.Dataset:
-        return input_lib.synthetic_train_dataset(
-            tokens_per_replica=batch_size,
-            max_length=self.config.data.max_sequence_length,
-            vocab_size=self.config.model.vocab_size,
+        """Synthetic token batches, different for each batch shard (`synthetic.per_batch_shard`)."""
+        return synthetic.per_batch_shard(
+            lambda seed: input_lib.synthetic_train_dataset(
+                tokens_per_replica=batch_size,
+                max_length=self.config.data.max_sequence_length,
+                vocab_size=self.config.model.vocab_size,
+                seed=seed,
+            ),
             seed=self.seed,
+            input_context=input_context,
         )
 
     def record_train_data(self, input_context, batch_size: int) -> tf.data.Dataset:
@@ -243,11 +250,21 @@ class TransformerBenchmark(Benchmark):
         )
         if packed:  # the states of the real target tokens, in row-major order
             targets = tf.boolean_mask(targets, tf.not_equal(targets, model_lib.PAD_ID))
-        loss_sum, tokens = label_smoothed_cross_entropy(
-            model.logits(states), targets, self.config.optimizer.label_smoothing
-        )
+        smoothing = self.config.optimizer.label_smoothing
+        if self.mesh.model > 1:  # this shard's [tokens, vocab/M] logits, never gathered
+            xent = vocab_parallel_cross_entropy(
+                model.logits(states), targets, vocab_size=self.config.model.vocab_size,
+                smoothing=smoothing, axis=model.axis,
+            )  # fmt: skip
+            weights = tf.cast(tf.not_equal(targets, model_lib.PAD_ID), tf.float32)
+            loss_sum, tokens = tf.reduce_sum(xent * weights), tf.reduce_sum(weights)
+        else:
+            loss_sum, tokens = label_smoothed_cross_entropy(
+                model.logits(states), targets, smoothing
+            )
+        # The replicas that read different batches (a model group shares one).
         context = tf.distribute.get_replica_context()
-        replicas = context.num_replicas_in_sync if context is not None else self.num_replicas
+        replicas = self.mesh.batch_shards if context is not None else self.num_replicas
         return loss_sum / tf.maximum(tokens, 1.0) / float(replicas)
 
     def eval_step(self, model, batch) -> dict[str, tf.Tensor]:

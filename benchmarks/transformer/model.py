@@ -6,6 +6,13 @@ positions, pre-layer-norm residual blocks with a final layer norm per stack, pad
 every attention and a causal mask in the decoder's self-attention. `init_cache`/`decode_step`
 run the decoder one position at a time against a fixed-size cache (static shapes, so the
 decoding loop compiles under XLA).
+
+Tensor parallelism (`mesh.model` = M > 1, Megatron's layout; `mlperf_tf.layers.tensor_parallel`):
+each attention splits its heads over the model shards (query/key/value column-parallel, the
+output projection row-parallel), each feed-forward block its filter width, and the shared
+embedding its vocabulary rows (a vocabulary-parallel lookup, and the tied softmax gives each
+shard the logits of its own ids: `logits` returns [..., vocab/M], which the loss takes as they
+are). Layer norms and the residual stream are replicated.
 """
 
 from __future__ import annotations
@@ -18,6 +25,14 @@ import keras
 import tensorflow as tf
 
 from mlperf_tf.layers import PADDED, PackedTokens, token_matmul
+from mlperf_tf.layers.tensor_parallel import (
+    ColumnParallelDense,
+    ModelAxis,
+    RowParallelDense,
+    vocab_parallel_lookup,
+)
+from mlperf_tf.parallel.layout import add_split_weight, check_divides, model_split
+from mlperf_tf.parallel.mesh import DeviceMesh
 
 # Logit of masked attention positions. Masks are boolean tensors (Keras casts float arguments of a
 # layer call to the compute dtype, which would turn -1e9 into -inf in float16) and are applied to
@@ -116,32 +131,42 @@ def causal_mask(length) -> tf.Tensor:
 
 
 class SharedEmbedding(keras.layers.Layer):
-    """Token embedding whose matrix also projects the decoder output to vocabulary logits."""
+    """Token embedding whose matrix also projects the decoder output to vocabulary logits.
 
-    def __init__(self, vocab_size: int, hidden_size: int, **kwargs):
+    With `mesh.model` = M > 1 the matrix's vocabulary rows are split over `model` ([vocab/M,
+    hidden] per shard): the lookup is vocabulary-parallel (g: one all-reduce forward, none
+    backward) and `linear` gives this shard's logits [..., vocab/M] (f on its input: none
+    forward, one all-reduce backward).
+    """
+
+    def __init__(self, vocab_size: int, hidden_size: int, mesh: DeviceMesh | None = None,
+                 **kwargs):  # fmt: skip
         super().__init__(**kwargs)
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
+        self.mesh = mesh
+        self.axis = ModelAxis(mesh, self)
 
     def build(self, input_shape=None):
-        self.shared_weights = self.add_weight(
-            name="weights",
-            shape=(self.vocab_size, self.hidden_size),
+        self.shared_weights = add_split_weight(
+            self, name="weights", shape=(self.vocab_size, self.hidden_size),
             initializer=keras.initializers.RandomNormal(stddev=self.hidden_size**-0.5),
-        )
+            layout=model_split(0), mesh=self.mesh,
+        )  # fmt: skip
         super().build(input_shape)
 
     def call(self, ids, mode: str = "embedding"):
         """`embedding`: ids [batch, length] -> [batch, length, hidden] (scaled by sqrt(hidden)).
 
-        `linear`: x [batch, length, hidden] -> logits [batch, length, vocab].
+        `linear`: x [batch, length, hidden] -> logits [batch, length, vocab] (this shard's
+        [..., vocab/M] under model parallelism).
         """
         weights = tf.cast(self.shared_weights, self.compute_dtype)
         if mode == "embedding":
-            return tf.gather(weights, ids) * (self.hidden_size**0.5)
+            return vocab_parallel_lookup(weights, ids, self.axis) * (self.hidden_size**0.5)
         if mode == "linear":
             # A 2-D MatMul, not an einsum: its gradients profiled 1.2x cheaper (issue 14).
-            return token_matmul(ids, weights, transpose_b=True)
+            return token_matmul(self.axis.copy(ids), weights, transpose_b=True)
         raise ValueError(f"`mode` ({mode!r}) must be 'embedding' or 'linear'.")
 
 
@@ -152,14 +177,23 @@ class HeadsProjection(keras.layers.Layer):
     out of them), Glorot fans and seed, so the weights are the same; the product is one 2-D
     MatMul (`token_matmul`), where `EinsumDense`'s broadcast batch matmul cost 1.1 s of
     `BatchMatMulV2` and 0.2 s of `Sum` per Transformer-base step (issue 14).
+
+    With `mesh.model` = M > 1 the heads are split over `model`: into the heads it is
+    column-parallel (kernel [hidden, heads/M, depth]; its input is already copied by the
+    attention's f), out of them row-parallel (kernel [heads/M, depth, hidden]; g: one all-reduce
+    of the output forward, none backward).
     """
 
-    def __init__(self, hidden_size: int, num_heads: int, to_heads: bool, **kwargs):
+    def __init__(self, hidden_size: int, num_heads: int, to_heads: bool,
+                 mesh: DeviceMesh | None = None, **kwargs):  # fmt: skip
         super().__init__(**kwargs)
         self.hidden_size = hidden_size
         self.num_heads = num_heads
         self.depth = hidden_size // num_heads
         self.to_heads = to_heads
+        self.mesh = mesh
+        self.axis = ModelAxis(mesh, self)
+        self.local_heads = num_heads // self.axis.size
         # Built here, as EinsumDense builds its initializer, so the seeds drawn are the same.
         input_axes, output_axes = ([0], [1, 2]) if to_heads else ([0, 1], [2])
         self.kernel_initializer = keras.initializers.GlorotUniform(
@@ -169,9 +203,10 @@ class HeadsProjection(keras.layers.Layer):
     def build(self, input_shape=None):
         heads = (self.num_heads, self.depth)
         shape = (self.hidden_size, *heads) if self.to_heads else (*heads, self.hidden_size)
-        self.kernel = self.add_weight(
-            name="kernel", shape=shape, initializer=self.kernel_initializer
-        )
+        self.kernel = add_split_weight(
+            self, name="kernel", shape=shape, initializer=self.kernel_initializer,
+            layout=model_split(1 if self.to_heads else 0), mesh=self.mesh,
+        )  # fmt: skip
         super().build(input_shape)
 
     def call(self, x):
@@ -179,27 +214,39 @@ class HeadsProjection(keras.layers.Layer):
 
         The leading axes are the tokens: [batch, length] or, packed, [tokens].
         """
-        # Row-major: [hidden, heads, depth] and [heads, depth, hidden] are both [hidden, hidden].
-        kernel = tf.reshape(tf.cast(self.kernel, self.compute_dtype), [self.hidden_size] * 2)
+        # Row-major: [hidden, heads, depth] and [heads, depth, hidden] are both [hidden, hidden]
+        # (this shard's heads: [hidden, local] and [local, hidden], local = heads/M * depth).
+        local = self.local_heads * self.depth
+        kernel = tf.cast(self.kernel, self.compute_dtype)
         if not self.to_heads:
-            flat = tf.reshape(x, tf.concat([tf.shape(x)[:-2], [self.hidden_size]], 0))
-            return token_matmul(flat, kernel)
-        y = token_matmul(x, kernel)
-        return tf.reshape(y, tf.concat([tf.shape(x)[:-1], [self.num_heads, self.depth]], 0))
+            kernel = tf.reshape(kernel, [local, self.hidden_size])
+            flat = tf.reshape(x, tf.concat([tf.shape(x)[:-2], [local]], 0))
+            return self.axis.reduce(token_matmul(flat, kernel))
+        y = token_matmul(x, tf.reshape(kernel, [self.hidden_size, local]))
+        return tf.reshape(y, tf.concat([tf.shape(x)[:-1], [self.local_heads, self.depth]], 0))
 
 
 class Attention(keras.layers.Layer):
-    """Multi-head dot-product attention with an optional fixed-size decoding cache."""
+    """Multi-head dot-product attention with an optional fixed-size decoding cache.
 
-    def __init__(self, hidden_size: int, num_heads: int, dropout: float, **kwargs):
+    Under model parallelism each shard attends with its heads/M heads: f (`ModelAxis.copy`)
+    once on the query input and once on a different source (none forward, one all-reduce
+    backward each), g in the output projection (one all-reduce forward).
+    """
+
+    def __init__(self, hidden_size: int, num_heads: int, dropout: float,
+                 mesh: DeviceMesh | None = None, **kwargs):  # fmt: skip
         super().__init__(**kwargs)
         self.hidden_size = hidden_size
         self.num_heads = num_heads
         self.depth = hidden_size // num_heads
+        self.axis = ModelAxis(mesh, self)
         policy = self.dtype_policy
 
         def projection(name, to_heads=True):
-            return HeadsProjection(hidden_size, num_heads, to_heads, name=name, dtype=policy)
+            return HeadsProjection(
+                hidden_size, num_heads, to_heads, mesh=mesh, name=name, dtype=policy
+            )
 
         self.query_dense = projection("query")
         self.key_dense = projection("key")
@@ -244,6 +291,10 @@ class Attention(keras.layers.Layer):
         Returns:
           (output in the layout of `query_input`, the updated cache or None).
         """
+        same_source = source is query_input
+        query_input = self.axis.copy(query_input)
+        if source is not None:
+            source = query_input if same_source else self.axis.copy(source)
         query = query_tokens.unpack(self.query_dense(query_input) * (self.depth**-0.5))
         if cache is None:
             key, value = (source_tokens.unpack(t) for t in self.project_kv(source))
@@ -266,15 +317,22 @@ class Attention(keras.layers.Layer):
 
 
 class FeedForward(keras.layers.Layer):
-    """Position-wise feed-forward network: dense ReLU (filter_size), dropout, dense (hidden)."""
+    """Position-wise feed-forward network: dense ReLU (filter_size), dropout, dense (hidden).
 
-    def __init__(self, hidden_size: int, filter_size: int, dropout: float, **kwargs):
+    Megatron's MLP under model parallelism: the filter layer column-parallel (f: one all-reduce
+    backward), the output layer row-parallel (g: one all-reduce forward); each shard holds
+    filter_size/M of the width.
+    """
+
+    def __init__(self, hidden_size: int, filter_size: int, dropout: float,
+                 mesh: DeviceMesh | None = None, **kwargs):  # fmt: skip
         super().__init__(**kwargs)
-        self.filter_layer = keras.layers.Dense(
-            filter_size, activation="relu", name="filter_layer", dtype=self.dtype_policy
-        )
-        self.output_layer = keras.layers.Dense(
-            hidden_size, name="output_layer", dtype=self.dtype_policy
+        self.filter_layer = ColumnParallelDense(
+            filter_size, mesh=mesh, activation="relu", name="filter_layer",
+            dtype=self.dtype_policy,
+        )  # fmt: skip
+        self.output_layer = RowParallelDense(
+            hidden_size, mesh=mesh, name="output_layer", dtype=self.dtype_policy
         )
         self.dropout_layer = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
         self.hidden_size = hidden_size
@@ -292,7 +350,7 @@ class FeedForward(keras.layers.Layer):
 class EncoderLayer(keras.layers.Layer):
     """Pre-norm self-attention block and feed-forward block, each with a residual."""
 
-    def __init__(self, params: TransformerParams, **kwargs):
+    def __init__(self, params: TransformerParams, mesh: DeviceMesh | None = None, **kwargs):
         super().__init__(**kwargs)
         p = params
         policy = self.dtype_policy
@@ -300,13 +358,14 @@ class EncoderLayer(keras.layers.Layer):
             epsilon=LAYER_NORM_EPSILON, name="attention_norm", dtype=policy
         )
         self.attention = Attention(
-            p.hidden_size, p.num_heads, p.attention_dropout, name="self_attention", dtype=policy
-        )
+            p.hidden_size, p.num_heads, p.attention_dropout, mesh=mesh, name="self_attention",
+            dtype=policy,
+        )  # fmt: skip
         self.ffn_norm = keras.layers.LayerNormalization(
             epsilon=LAYER_NORM_EPSILON, name="ffn_norm", dtype=policy
         )
         self.ffn = FeedForward(
-            p.hidden_size, p.filter_size, p.relu_dropout, name="ffn", dtype=policy
+            p.hidden_size, p.filter_size, p.relu_dropout, mesh=mesh, name="ffn", dtype=policy
         )
         self.dropout_layer = keras.layers.Dropout(p.dropout, dtype=policy)
         self.hidden_size = p.hidden_size
@@ -331,7 +390,7 @@ class EncoderLayer(keras.layers.Layer):
 class DecoderLayer(keras.layers.Layer):
     """Pre-norm causal self-attention, encoder-decoder attention and feed-forward blocks."""
 
-    def __init__(self, params: TransformerParams, **kwargs):
+    def __init__(self, params: TransformerParams, mesh: DeviceMesh | None = None, **kwargs):
         super().__init__(**kwargs)
         p = params
         policy = self.dtype_policy
@@ -343,15 +402,17 @@ class DecoderLayer(keras.layers.Layer):
 
         self.self_attention_norm = norm("self_attention_norm")
         self.self_attention = Attention(
-            p.hidden_size, p.num_heads, p.attention_dropout, name="self_attention", dtype=policy
-        )
+            p.hidden_size, p.num_heads, p.attention_dropout, mesh=mesh, name="self_attention",
+            dtype=policy,
+        )  # fmt: skip
         self.encdec_attention_norm = norm("encdec_attention_norm")
         self.encdec_attention = Attention(
-            p.hidden_size, p.num_heads, p.attention_dropout, name="encdec_attention", dtype=policy
-        )
+            p.hidden_size, p.num_heads, p.attention_dropout, mesh=mesh, name="encdec_attention",
+            dtype=policy,
+        )  # fmt: skip
         self.ffn_norm = norm("ffn_norm")
         self.ffn = FeedForward(
-            p.hidden_size, p.filter_size, p.relu_dropout, name="ffn", dtype=policy
+            p.hidden_size, p.filter_size, p.relu_dropout, mesh=mesh, name="ffn", dtype=policy
         )
         self.dropout_layer = keras.layers.Dropout(p.dropout, dtype=policy)
         self.hidden_size = p.hidden_size
@@ -434,23 +495,33 @@ class Transformer(keras.Model):
     dtype. Decoding uses `encode`, `init_cache` and `decode_step` (see `beam_search.py`).
     """
 
-    def __init__(self, params: TransformerParams, **kwargs):
+    def __init__(self, params: TransformerParams, mesh: DeviceMesh | None = None, **kwargs):
+        """`mesh`: the run's device mesh; `mesh.model` > 1 splits the model over its `model`
+        axis (it must divide num_heads, filter_size and vocab_size: `UserError` otherwise)."""
         kwargs.setdefault("name", "transformer")
         super().__init__(**kwargs)
         self.params = params
+        self.mesh = mesh
+        if mesh is not None:
+            check_divides(
+                mesh, **{"model.num_heads": params.num_heads,
+                         "model.filter_size": params.filter_size,
+                         "model.vocab_size": params.vocab_size}
+            )  # fmt: skip
+        self.axis = ModelAxis(mesh, self)
         policy = self.dtype_policy
         self.embedding = SharedEmbedding(
-            params.vocab_size, params.hidden_size, name="embedding", dtype=policy
+            params.vocab_size, params.hidden_size, mesh=mesh, name="embedding", dtype=policy
         )
         self.encoder_layers = [
-            EncoderLayer(params, name=f"encoder_layer_{i}", dtype=policy)
+            EncoderLayer(params, mesh=mesh, name=f"encoder_layer_{i}", dtype=policy)
             for i in range(params.num_layers)
         ]
         self.encoder_norm = keras.layers.LayerNormalization(
             epsilon=LAYER_NORM_EPSILON, name="encoder_norm", dtype=policy
         )
         self.decoder_layers = [
-            DecoderLayer(params, name=f"decoder_layer_{i}", dtype=policy)
+            DecoderLayer(params, mesh=mesh, name=f"decoder_layer_{i}", dtype=policy)
             for i in range(params.num_layers)
         ]
         self.decoder_norm = keras.layers.LayerNormalization(
@@ -530,8 +601,16 @@ class Transformer(keras.Model):
         return self.logits(self.decode_states(targets, encoder_outputs, encdec_mask, training))
 
     def logits(self, states):
-        """Vocabulary logits [..., vocab] of decoder states [..., hidden] (the tied projection)."""
+        """Vocabulary logits [..., vocab] of decoder states [..., hidden] (the tied projection).
+
+        Under model parallelism: this shard's [..., vocab/M] (for the vocabulary-parallel loss).
+        """
         return self.embedding(states, mode="linear")
+
+    def full_logits(self, states):
+        """`logits` over the whole vocabulary, [..., vocab]: under model parallelism the shards'
+        logits are gathered (decoding needs them; training's loss never does)."""
+        return self.axis.gather_last(self.logits(states))
 
     def teacher_forced_states(self, inputs, training=False, packed=False):
         """`decode_states` of {"inputs", "targets"} ids: [batch, tgt_len, hidden].
@@ -578,10 +657,12 @@ class Transformer(keras.Model):
         p = self.params
         batch = tf.shape(encoder_outputs)[0]
         depth = p.hidden_size // p.num_heads
-        zeros = tf.zeros([batch, max_decode_length, p.num_heads, depth], encoder_outputs.dtype)
+        heads = p.num_heads // self.axis.size  # this shard's heads
+        zeros = tf.zeros([batch, max_decode_length, heads, depth], encoder_outputs.dtype)
         cache, static = {}, {"encdec_mask": encdec_mask}
         for i, layer in enumerate(self.decoder_layers):
-            enc_k, enc_v = layer.encdec_attention.project_kv(encoder_outputs)
+            attention = layer.encdec_attention
+            enc_k, enc_v = attention.project_kv(attention.axis.copy(encoder_outputs))
             cache[f"layer_{i}"] = {"k": zeros, "v": zeros}
             static[f"layer_{i}"] = {"k": enc_k, "v": enc_v}
         return cache, static
@@ -616,5 +697,5 @@ class Transformer(keras.Model):
                 encdec_cache=static[f"layer_{i}"],
                 step=step,
             )
-        logits = self.logits(self.decoder_norm(x))  # [b, 1, vocab]
+        logits = self.full_logits(self.decoder_norm(x))  # [b, 1, vocab]
         return tf.cast(logits[:, 0, :], tf.float32), new_cache

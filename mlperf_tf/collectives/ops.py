@@ -185,4 +185,46 @@ class Collectives:
 
 
 def _nbytes(x) -> float:
-    return float(x.shape.num_elements() * x.dtype.size)
+    """Bytes of `x` at trace time; 0 for a data-dependent shape (packed tokens), which is not
+    known until it runs."""
+    elements = x.shape.num_elements()
+    return 0.0 if elements is None else float(elements * x.dtype.size)
+
+
+class GroupView:
+    """`Collectives` of one replica over a sub-group of the replicas, addressed by position.
+
+    The all-reduce algorithms (`algorithms.py`) lay replicas 0..n-1 out on their R x C mesh;
+    on a device mesh with model (or other) axes the gradient of a variable is summed over its
+    data axis only, whose members are not 0..n-1. This view maps the algorithm's positions to
+    those members' replica ids (rank order is kept: positions follow the ids' order).
+
+    Args:
+      ops: the replica's collectives over all replicas.
+      members: the replica ids of the group, ascending; `ops.replica` is one of them.
+    """
+
+    def __init__(self, ops: Collectives, members: list[int]):
+        self.ops = ops
+        self.members = list(members)
+        self.replica = self.members.index(ops.replica)
+        self.num_replicas = len(self.members)
+        self.traffic = ops.traffic
+
+    def _ids(self, positions):
+        return [self.members[p] for p in positions]
+
+    def rank(self, members):
+        return self.ops.rank(self._ids(members))
+
+    def all_reduce(self, x, members, name):
+        return self.ops.all_reduce(x, self._ids(members), name)
+
+    def reduce_scatter(self, x, members, name):
+        return self.ops.reduce_scatter(x, self._ids(members), name)
+
+    def all_gather(self, x, members, name):
+        return self.ops.all_gather(x, self._ids(members), name)
+
+    def broadcast(self, x, members, root, name):
+        return self.ops.broadcast(x, self._ids(members), self.members[root], name)

@@ -10,6 +10,13 @@ with the weight update sharded across replicas:
 `apply` runs in replica context (inside `strategy.run`); the optimizer apply and the weight
 assignment happen in one `merge_call`, where the summed values are identical on every replica,
 so Keras sums nothing again.
+
+On a device mesh with more than the data axis (`--model_parallel`), each variable's gradient is
+summed over its layout's `sum_over` axes only (`mlperf_tf.parallel.layout`): the algorithms run
+over that group's members (`GroupView`), the packing and the weight-update shards span it, and
+each replica's component of a split variable is updated with its own summed gradient. Global
+norms (clipping, an optimizer's `whole_norm_terms`) add the squares of a split variable's
+shards over the axes it is split over, once for replicated variables.
 """
 
 from __future__ import annotations
@@ -24,9 +31,12 @@ from absl import logging
 
 from mlperf_tf.collectives.algorithms import ALGORITHM_CLASSES
 from mlperf_tf.collectives.mesh import Mesh, resolve_mesh
-from mlperf_tf.collectives.ops import Collectives, Traffic, static_replica_id
+from mlperf_tf.collectives.ops import Collectives, GroupView, Traffic, static_replica_id
 from mlperf_tf.collectives.packing import Packing
 from mlperf_tf.collectives.sharding import check_optimizer, rule_for
+from mlperf_tf.errors import UserError
+from mlperf_tf.parallel.layout import layout_of
+from mlperf_tf.parallel.mesh import DeviceMesh
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,18 +83,24 @@ class GradientSummer:
       UserError: a mesh that does not fit the replica count, or torus2d on one replica.
     """
 
-    def __init__(self, strategy, settings: Settings):
+    def __init__(self, strategy, settings: Settings, device_mesh: DeviceMesh | None = None):
         self.strategy = strategy
         self.settings = settings
         replicas = strategy.num_replicas_in_sync
+        self.device_mesh = device_mesh if device_mesh is not None else DeviceMesh(data=replicas)
+        if self.device_mesh.size != replicas:
+            raise ValueError(f"{self.device_mesh} does not have the strategy's {replicas} replicas")
         workers = _num_workers(strategy)
         algorithm = settings.all_reduce
         if algorithm == "auto":
             algorithm = "hierarchical" if workers > 1 else "ring"
         self.algorithm = algorithm
+        # The all-reduce's R x C view is of the replicas one gradient is summed over.
         self.mesh: Mesh = resolve_mesh(
-            settings.mesh, replicas, algorithm=algorithm, num_workers=workers
-        )
+            settings.mesh, self.device_mesh.batch_shards, algorithm=algorithm,
+            num_workers=workers,
+        )  # fmt: skip
+        self.layouts = []
         self.traffic: dict[int, Traffic] = {}  # per replica id, filled when the step is traced
         self.rule = None
         self.slots: list[list[tf.Variable]] = []
@@ -110,6 +126,22 @@ class GradientSummer:
         Raises:
           UserError: sharding with an optimizer that has no sharded rule.
         """
+        self.layouts = [layout_of(v) for v in variables]
+        sum_axes = {layout.sum_over for layout in self.layouts}
+        if len(sum_axes) > 1:
+            raise UserError(
+                f"the gradient summer sums every variable over the same mesh axes; these "
+                f"variables ask for {sorted(sum_axes)}"
+            )
+        split = [v.path for v, layout in zip(variables, self.layouts, strict=True)
+                 if layout.split and layout.num_shards(self.device_mesh) > 1]  # fmt: skip
+        if split and getattr(optimizer, "uses_layer_norms", False):
+            if not hasattr(optimizer, "whole_norm_terms"):
+                raise UserError(
+                    f"optimizer {type(optimizer).__name__} uses layer-wise norms but cannot take "
+                    f"them whole for variables split across replicas ({split[0]}, ...): use "
+                    "LAMB or Adam with --model_parallel"
+                )
         n = self.mesh.size
         self.packing = Packing(
             [v.shape for v in variables],
@@ -157,12 +189,72 @@ class GradientSummer:
             traffic = self.traffic[replica] = Traffic()
         ops = Collectives(
             replica=replica,
-            num_replicas=self.mesh.size,
+            num_replicas=self.device_mesh.size,
             timeout_s=self.settings.timeout_s,
             traffic=traffic,
         )
-        algorithm = ALGORITHM_CLASSES[self.algorithm](self.mesh, ops)
+        members = self._sum_members(replica)
+        view = ops if len(members) == self.device_mesh.size else GroupView(ops, members)
+        algorithm = ALGORITHM_CLASSES[self.algorithm](self.mesh, view)
         return ops, algorithm
+
+    def _sum_members(self, replica: int) -> list[int]:
+        """The replicas whose gradients `replica`'s are summed with (the layouts' `sum_over`)."""
+        if not self.layouts:
+            return list(range(self.device_mesh.size))
+        return self.layouts[0].sum_group(self.device_mesh, replica)
+
+    def _split_members(self, index: int, replica: int) -> tuple[int, ...] | None:
+        """The replicas holding the other shards of variable `index` (None: replicated)."""
+        layout = self.layouts[index] if self.layouts else None
+        if layout is None or not layout.split or layout.num_shards(self.device_mesh) == 1:
+            return None
+        return tuple(layout.shard_group(self.device_mesh, replica))
+
+    def _whole_squares(self, ops, squares, name: str):
+        """Per-variable sums of squares ([k] each, or None) -> sums over the whole tensors:
+        the split variables' are all-reduced over their shard groups (one all-reduce per
+        group, of a stacked table), the replicated ones are already whole."""
+        replica = ops.replica
+        by_group: dict[tuple[int, ...], list[int]] = {}
+        for i, sq in enumerate(squares):
+            members = None if sq is None else self._split_members(i, replica)
+            if members is not None:
+                by_group.setdefault(members, []).append(i)
+        out = list(squares)
+        for g, (members, indices) in enumerate(sorted(by_group.items())):
+            table = ops.all_reduce(
+                tf.stack([squares[i] for i in indices]), list(members), f"{name}{g}"
+            )
+            for row, i in enumerate(indices):
+                out[i] = table[row]
+        return out
+
+    def _global_norm(self, ops, grads):
+        """The global L2 norm of the whole (summed) gradients (replica context)."""
+        squares = [tf.reshape(tf.reduce_sum(tf.square(tf.cast(g, tf.float32))), [1]) for g in grads]
+        return tf.sqrt(tf.add_n(self._whole_squares(ops, squares, "clip_norm")))[0]
+
+    def _whole_norms(self, ops, optimizer, grads, variables):
+        """Per variable, the whole-tensor norms its update needs ([k], or None: the optimizer
+        computes them from its own shard, which is the whole tensor when not split)."""
+        terms_fn = getattr(optimizer, "whole_norm_terms", None)
+        norms = [None] * len(variables)
+        if terms_fn is None:
+            return norms
+        squares = [None] * len(variables)
+        for i, (g, v) in enumerate(zip(grads, variables, strict=True)):
+            if self._split_members(i, ops.replica) is None:
+                continue
+            terms = terms_fn(g, v)
+            if terms is not None:
+                squares[i] = tf.stack(
+                    [tf.reduce_sum(tf.square(tf.cast(t, tf.float32))) for t in terms]
+                )
+        for i, sq in enumerate(self._whole_squares(ops, squares, "norms")):
+            if sq is not None:
+                norms[i] = tf.sqrt(sq)
+        return norms
 
     def checkpointable(self) -> ShardedSlots:
         """The sharded slots as one object for `tf.train.Checkpoint` (saved at full size)."""
@@ -233,10 +325,15 @@ class GradientSummer:
         """
         context = tf.distribute.get_replica_context()
         if not self.sharded:
-            grads = self.sum_gradients(grads)
+            ops, algorithm = self._replica_collectives()
+            buckets = self.packing.pack([tf.convert_to_tensor(g) for g in grads])
+            summed = [algorithm.all_reduce(b, f"grad{i}") for i, b in enumerate(buckets)]
+            grads = self.packing.unpack(summed)
             if clip_norm:
-                grads, _ = tf.clip_by_global_norm(grads, clip_norm)
-            context.merge_call(_apply_gradients, args=(optimizer, grads, variables))
+                norm = self._global_norm(ops, grads)
+                grads, _ = tf.clip_by_global_norm(grads, clip_norm, use_norm=norm)
+            norms = self._whole_norms(ops, optimizer, grads, variables)
+            context.merge_call(_apply_gradients, args=(optimizer, grads, variables, norms))
             return
         ops, algorithm = self._replica_collectives()
         buckets = self.packing.pack([tf.convert_to_tensor(g) for g in grads])
@@ -246,19 +343,27 @@ class GradientSummer:
             self.packing.as_rows(_tf_variable(v).read_value(), slot)[algorithm.shard]
             for v, slot in zip(variables, self.packing.slots, strict=True)
         ]
+        data_ops = algorithm.ops  # the sum group, addressed by position
         everyone = list(range(self.mesh.size))
         if clip_norm:
-            square = tf.add_n([tf.reduce_sum(tf.square(tf.cast(g, tf.float32))) for g in g_parts])
-            norm = tf.sqrt(ops.all_reduce(tf.reshape(square, [1]), everyone, "clip_norm")[0])
+            squares = [tf.reshape(tf.reduce_sum(tf.square(tf.cast(g, tf.float32))), [1])
+                       for g in g_parts]  # fmt: skip
+            square = tf.add_n(self._sharded_whole_squares(ops, squares, "clip_norm"))
+            norm = tf.sqrt(data_ops.all_reduce(square, everyone, "clip_norm")[0])
             scale = clip_norm / tf.maximum(norm, clip_norm)
             g_parts = [g * tf.cast(scale, g.dtype) for g in g_parts]
-        new_parts = self._sharded_update(optimizer, ops, everyone, w_parts, g_parts)
+        new_parts = self._sharded_update(optimizer, ops, data_ops, everyone, w_parts, g_parts)
         joined = self.packing.join_shards(new_parts)
         gathered = [algorithm.all_gather(s, f"weights{i}") for i, s in enumerate(joined)]
         values = self.packing.unpack(gathered)
         context.merge_call(_assign_weights, args=(optimizer, values, variables))
 
-    def _sharded_update(self, optimizer, ops, everyone, w_parts, g_parts):
+    def _sharded_whole_squares(self, ops, squares, name):
+        """`_whole_squares` for weight-update shards: a split variable's shard-of-a-shard
+        squares are summed over its shard group here, and over the data axis by the caller."""
+        return self._whole_squares(ops, squares, name + "/model")
+
+    def _sharded_update(self, optimizer, ops, data_ops, everyone, w_parts, g_parts):
         step = optimizer.iterations + 1
         states, partials = [], []
         for i, (w, g) in enumerate(zip(w_parts, g_parts, strict=True)):
@@ -270,10 +375,11 @@ class GradientSummer:
                 if pair is None
                 else tf.stack([tf.reduce_sum(tf.square(tf.cast(t, tf.float32))) for t in pair])
             )
+        partials = self._sharded_whole_squares(ops, partials, "norms")
         needed = [p for p in partials if p is not None]
         norms_table = None
         if needed:  # one small all-reduce: [tensors adapted, 2] sums of squares
-            norms_table = tf.sqrt(ops.all_reduce(tf.stack(needed), everyone, "norms"))
+            norms_table = tf.sqrt(data_ops.all_reduce(tf.stack(needed), everyone, "norms"))
         lr = optimizer.learning_rate
         new_parts, row = [], 0
         for i, (w, state) in enumerate(zip(w_parts, states, strict=True)):
@@ -314,17 +420,27 @@ class ShardedSlots(tf.Module):
         self._summer.load_full_slots(dict(restored_tensors))
 
 
-def _apply_gradients(strategy, optimizer, grads, variables):
+def _apply_gradients(strategy, optimizer, grads, variables, norms):
     # Cross-replica context, as in Keras' own update after its sum: each replica's copy of a
-    # variable is updated with that replica's (identical) summed gradient by `update_step`.
+    # variable is updated with that replica's summed gradient by `update_step` (identical on
+    # every replica, except for split variables, whose components are different shards).
+    # `norms`: per variable None, or the whole-tensor norms its update needs (per replica).
     learning_rate = optimizer.learning_rate
-    for grad, variable in zip(grads, variables, strict=True):
-        strategy.extended.update(
-            _tf_variable(variable),
-            lambda var, g: optimizer.update_step(g, var, learning_rate),
-            args=(grad,),
-            group=False,
-        )
+    for grad, variable, norm in zip(grads, variables, norms, strict=True):
+        if norm is None:
+            strategy.extended.update(
+                _tf_variable(variable),
+                lambda var, g: optimizer.update_step(g, var, learning_rate),
+                args=(grad,),
+                group=False,
+            )
+        else:
+            strategy.extended.update(
+                _tf_variable(variable),
+                lambda var, g, n: optimizer.update_step_with_norms(g, var, learning_rate, n),
+                args=(grad, norm),
+                group=False,
+            )
     optimizer.iterations.assign_add(1)
 
 

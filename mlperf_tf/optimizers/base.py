@@ -165,7 +165,14 @@ class Optimizer(keras.optimizers.Optimizer):
     ..., name=..., **kwargs)`, create their slots in `build` (calling `super().build` first,
     which also decides `self._decay`, one Python bool per variable index: whether weight decay
     applies to it), and add their own arguments to `get_config`.
+
+    Layer-wise norms: an optimizer whose update uses a whole variable's L2 norms (LARS, LAMB)
+    sets `uses_layer_norms`; to run on variables split across replicas (tensor parallelism) it
+    also provides `whole_norm_terms(gradient, variable)` and `update_step_with_norms(...)`
+    (see `LAMB`), through which the runner hands it the whole tensors' norms.
     """
+
+    uses_layer_norms = False
 
     def __init__(
         self,

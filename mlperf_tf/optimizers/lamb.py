@@ -65,6 +65,8 @@ class LAMB(base.Optimizer):
     cancellation. This needs the TensorFlow backend, like the rest of this suite.
     """
 
+    uses_layer_norms = True
+
     def __init__(
         self,
         learning_rate,
@@ -143,8 +145,49 @@ class LAMB(base.Optimizer):
             for v in var_list
         ]
 
+    def whole_norm_terms(self, gradient, variable):
+        """The tensors whose whole-tensor L2 norms this variable's update needs: [w, r'] (the
+        trust ratio's |w| / |r'|, r' as in `update_step`), or None (not adapted).
+
+        For a variable split across replicas (`mlperf_tf.parallel.layout`): each replica
+        computes these on its shard in replica context, reading its slots without changing them;
+        the runner sums their squares over the shards and passes the norms to
+        `update_step_with_norms`. The optimizer declares what it needs; the collectives stay
+        generic.
+        """
+        index = self._get_variable_index(variable)
+        if not self._adapt[index]:
+            return None
+        var = tf.convert_to_tensor(tf_variable(variable))
+        dtype = var.dtype
+        g = dense_gradient(gradient, dtype)
+        m = tf.convert_to_tensor(tf_variable(self._momentums[index]))
+        v = tf.convert_to_tensor(tf_variable(self._velocities[index]))
+        m = m - tf.cast(1.0 - self.beta_1, dtype) * (m - g)
+        v = v - tf.cast(1.0 - self.beta_2, dtype) * (v - tf.square(g))
+        scale, epsilon = self._scale_and_epsilon(dtype)
+        r = m / (tf.sqrt(v) + epsilon)
+        if self._decay[index]:
+            r = r + (tf.cast(self.weight_decay_rate, dtype) / scale) * var
+        return [var, r]
+
+    def _scale_and_epsilon(self, dtype):
+        epsilon = tf.cast(self.epsilon, dtype)
+        if self.bias_correction:
+            step = tf.cast(self.iterations + 1, dtype)
+            sqrt_c2 = tf.sqrt(_one_minus_power(self.beta_2, step))
+            return sqrt_c2 / _one_minus_power(self.beta_1, step), epsilon * sqrt_c2
+        return tf.ones([], dtype), epsilon
+
+    def update_step_with_norms(self, gradient, variable, learning_rate, norms):
+        """`update_step` with the whole-tensor norms [|w|, |r'|] given (`whole_norm_terms`)."""
+        self._update(gradient, variable, learning_rate, norms)
+
     def update_step(self, gradient, variable, learning_rate):
         """Applies one LAMB step to one variable (update context, summed gradient)."""
+        self._update(gradient, variable, learning_rate, None)
+
+    def _update(self, gradient, variable, learning_rate, norms):
         index = self._get_variable_index(variable)
         var = tf_variable(variable)
         m = tf_variable(self._momentums[index])
@@ -167,14 +210,7 @@ class LAMB(base.Optimizer):
         # With c1 = 1 - b1**t and c2 = 1 - b2**t, the bias-corrected Adam step is
         #   m/c1 / (sqrt(v/c2) + eps) = a * u,  a = sqrt(c2) / c1,  u = m / (sqrt(v) + eps'),
         # eps' = eps * sqrt(c2): the scalars fold into a and eps' and save whole-tensor passes.
-        epsilon = tf.cast(self.epsilon, dtype)
-        if self.bias_correction:
-            step = tf.cast(self.iterations + 1, dtype)
-            sqrt_c2 = tf.sqrt(_one_minus_power(self.beta_2, step))
-            scale = sqrt_c2 / _one_minus_power(self.beta_1, step)
-            epsilon = epsilon * sqrt_c2
-        else:
-            scale = tf.ones([], dtype)
+        scale, epsilon = self._scale_and_epsilon(dtype)
         # r = a * r' with r' = u + (wd / a) * w.
         # Reads of m and v come after their updates (tf.function orders ops on a resource).
         r = m / (tf.sqrt(v) + epsilon)
@@ -182,8 +218,10 @@ class LAMB(base.Optimizer):
             r = r + (tf.cast(self.weight_decay_rate, dtype) / scale) * var
         if self._adapt[index]:
             # trust * lr * r = (|w| / (a |r'|)) * lr * a * r' = lr * |w| / |r'| * r'.
-            w_norm = l2_norm(var)
-            r_norm = l2_norm(r)
+            if norms is None:
+                w_norm, r_norm = l2_norm(var), l2_norm(r)
+            else:
+                w_norm, r_norm = tf.cast(norms[0], dtype), tf.cast(norms[1], dtype)
             safe_r_norm = tf.where(r_norm > 0, r_norm, tf.ones_like(r_norm))
             alpha = tf.where(
                 tf.logical_and(w_norm > 0, r_norm > 0), lr * w_norm / safe_r_norm, lr * scale

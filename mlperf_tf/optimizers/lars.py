@@ -63,6 +63,8 @@ class LARS(base.Optimizer):
     TensorFlow backend, like the rest of this suite.
     """
 
+    uses_layer_norms = True
+
     def __init__(
         self,
         learning_rate,

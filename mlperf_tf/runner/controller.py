@@ -37,6 +37,7 @@ from mlperf_tf.benchmark import Benchmark, EvalPoint, RunContext
 from mlperf_tf.data.pipeline import translate_errors
 from mlperf_tf.errors import DataError, PeerError, UserError
 from mlperf_tf.mllog import MLPerfLogger
+from mlperf_tf.parallel import layout
 from mlperf_tf.parallel import mesh as parallel_mesh
 from mlperf_tf.preemption import StopRequest
 from mlperf_tf.runner import actions as actions_lib
@@ -239,8 +240,9 @@ class Controller:
 
     def _loop_steps(self) -> int:
         """Steps of the next host loop: `steps_per_loop`, except that the run's first loop is one
-        step (its time includes tracing, minutes for big models: the first progress line comes as
-        soon as the loop is compiled) and the second the rest of `steps_per_loop`."""
+        step (with --nowarm_up its time includes tracing, minutes for big models: the first
+        progress line comes as soon as the loop is compiled) and the second the rest of
+        `steps_per_loop`."""
         per_loop = self.run_config.steps_per_loop
         if self._loops_run == 0:
             return 1
@@ -504,9 +506,11 @@ class Controller:
             weight_update_sharding=cfg.weight_update_sharding,
             **({"timeout_s": cfg.collective_timeout} if cfg.collective_timeout else {}),
         )
-        self.summer = (
-            None if settings.uses_keras_sum else collectives.GradientSummer(self.strategy, settings)
-        )
+        mesh = benchmark.mesh
+        # Keras' own sum adds every replica's gradient; with split variables (model
+        # parallelism) the gradients are summed along the batch axes only: the summer's job.
+        own_sum = settings.uses_keras_sum and mesh.group_size == 1
+        self.summer = None if own_sum else collectives.GradientSummer(self.strategy, settings, mesh)
         with self.strategy.scope():
             self.model = benchmark.build_model()
             if not self.model.built:
@@ -525,6 +529,8 @@ class Controller:
             self.optimizer.build([] if sharded else self.model.trainable_variables)
             if self.summer is not None:
                 self.summer.build(self.optimizer, self.model.trainable_variables)
+            # Slots of split variables are split alike, and saved whole.
+            layout.split_slots(self.optimizer, mesh)
         if self.summer is not None:
             collectives.record_choices(self.summer, cfg.model_dir, chief=self.chief)
 

@@ -142,8 +142,10 @@ class Trainer:
             with tf.control_dependencies(tf.nest.flatten(micro_batches, expand_composites=True)):
                 waited += tf.timestamp() - asked
             per_replica_loss = self.strategy.run(self._replica_step, args=(micro_batches,))
-            # Each replica's loss is its share of the global mean: the sum is the global loss.
+            # Each replica's loss is its share of the global mean: the sum is the global loss
+            # (counted once per mesh group: the replicas of a model group share one batch).
             loss = self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_loss, axis=None)
+            loss /= self.benchmark.mesh.group_size
             loss_sum += tf.cast(loss, tf.float32)
             done += 1
         return loss_sum / tf.cast(tf.maximum(done, 1), tf.float32), done, waited

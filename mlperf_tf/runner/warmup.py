@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import time
 
+import keras
 import numpy as np
 import tensorflow as tf
 from absl import logging
@@ -71,7 +72,8 @@ class StateSnapshot:
     def __init__(self, strategy, variables):
         self.components = []
         for variable in variables:
-            variable = getattr(variable, "value", variable)  # a Keras variable wraps a tf.Variable
+            if isinstance(variable, keras.Variable):
+                variable = variable.value  # the tf.Variable (a distributed one in a scope)
             self.components.extend(strategy.experimental_local_results(variable))
         self.values = [np.array(component.numpy(), copy=True) for component in self.components]
 
@@ -85,7 +87,7 @@ def run_state_variables(model, optimizer, summer) -> list:
     """Every variable a train step may write: model, optimizer, and sharded optimizer slots."""
     variables = list(model.variables) + list(optimizer.variables)
     if summer is not None and summer.sharded:
-        variables += list(summer.checkpointable().variables)
+        variables += [slot for slots in summer.slots for slot in slots]  # per replica: a shard
     return variables
 
 

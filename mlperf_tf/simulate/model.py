@@ -390,7 +390,7 @@ def _step(
     replicas = parallelism.data_layout(system, layout, split) if layout is not None else None
     cost = allreduce_cost(system, replicas, algorithm, held * system.gradient_bytes, failed_chips)
     allreduce = cost.total_s
-    exposed = allreduce - min(system.overlap_fraction * allreduce, backward)
+    exposed = allreduce - min(system.overlap(benchmark) * allreduce, backward)
     update = held * system.optimizer_bytes_per_parameter / system.memory_bandwidth
     if sharding:
         update /= max(1, working // split)

@@ -69,6 +69,8 @@ class System:
       gradient_bytes: bytes per gradient element that the all-reduce moves (4 fp32, 2 bf16/fp16).
       optimizer_bytes_per_parameter: bytes read and written per parameter by the update.
       overlap_fraction: part of the all-reduce that can run under the backward pass.
+      overlap_fraction_by_benchmark: per benchmark, where its runs differ from the system's
+        (fraction in [0, 1]; e.g. NVIDIA's v0.7 BERT all-reduced after the backward pass).
       step_overhead_s: fixed time per step (host loop, launch, cross-replica BN, ...).
       eval_overhead_s: fixed time per evaluation besides its forward passes.
       shared_compute: all chips share one compute budget (logical devices on one CPU).
@@ -94,6 +96,7 @@ class System:
     shared_compute: bool
     per_chip_batch: dict[str, int]
     sources: dict[str, str]
+    overlap_fraction_by_benchmark: dict[str, float] = dataclasses.field(default_factory=dict)
 
     @property
     def kind(self) -> str:
@@ -109,6 +112,10 @@ class System:
 
     def efficiency(self, benchmark: str) -> float:
         return float(self.compute_efficiency.get(benchmark, self.compute_efficiency["default"]))
+
+    def overlap(self, benchmark: str) -> float:
+        """The part of the all-reduce hidden under the backward pass for `benchmark`."""
+        return float(self.overlap_fraction_by_benchmark.get(benchmark, self.overlap_fraction))
 
     def input_rate_per_host(self, benchmark: str) -> float:
         rates = self.input_samples_per_s_per_host
@@ -199,6 +206,20 @@ def _link(value: Any, where: str) -> Link:
         ) from None
 
 
+def _fractions(value: Any, where: str) -> dict[str, float]:
+    """A {benchmark: fraction in [0, 1]} table (dimensionless)."""
+    if not isinstance(value, dict):
+        raise UserError(f"{where} must map benchmark names to fractions in [0, 1]")
+    out = {}
+    for name, fraction in value.items():
+        if isinstance(fraction, bool) or not isinstance(fraction, int | float):
+            raise UserError(f"{where}[{name}] ({fraction!r}) must be a number in [0, 1]")
+        if not 0.0 <= float(fraction) <= 1.0:
+            raise UserError(f"{where}[{name}] ({fraction}) must be in [0, 1]")
+        out[str(name)] = float(fraction)
+    return out
+
+
 def from_dict(data: dict[str, Any], origin: str) -> System:
     """Builds a `System` from a parsed system file; `origin` names the file in errors."""
     if not isinstance(data, dict):
@@ -242,6 +263,10 @@ def from_dict(data: dict[str, Any], origin: str) -> System:
             shared_compute=bool(data.get("shared_compute", False)),
             per_chip_batch={k: int(v) for k, v in data.get("per_chip_batch", {}).items()},
             sources=dict(data.get("sources", {})),
+            overlap_fraction_by_benchmark=_fractions(
+                data.get("overlap_fraction_by_benchmark", {}),
+                f"{origin}: overlap_fraction_by_benchmark",
+            ),
         )
     except (TypeError, ValueError) as e:
         raise UserError(f"system file {origin} has a bad value: {e}") from None

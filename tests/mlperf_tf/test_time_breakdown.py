@@ -57,12 +57,24 @@ def _run(tmp_path, name, *, benchmark_class=TinyBenchmark, actions=(), **kwargs)
 @pytest.mark.parametrize("distribution,devices", [("one_device", 0), ("mirrored", 2)])
 def test_the_warm_up_leaves_the_weights_training_starts_from(tmp_path, distribution, devices):
     kwargs = dict(distribution=distribution, num_cpu_devices=devices, max_train_steps=7)
+    _same_state_with_and_without_warm_up(tmp_path, _DropoutBatchNormTiny, **kwargs)
+
+
+def test_the_warm_up_restores_each_replicas_shard_of_sharded_slots(tmp_path):
+    # SGD with momentum: each replica keeps its 1/2 shard of the momentum (different values).
+    kwargs = dict(distribution="mirrored", num_cpu_devices=2, max_train_steps=7,
+                  weight_update_sharding=True)  # fmt: skip
+    seen = _same_state_with_and_without_warm_up(tmp_path, TinyBenchmark, **kwargs)
+    assert seen[True].controller.summer.sharded and len(_slots(seen[True].controller)) >= 4
+
+
+def _same_state_with_and_without_warm_up(tmp_path, benchmark_class, **kwargs):
     seen = {True: _Controller(), False: _Controller()}
     results = {
         warm_up: _run(
             tmp_path,
             f"w{warm_up}",
-            benchmark_class=_DropoutBatchNormTiny,
+            benchmark_class=benchmark_class,
             warm_up=warm_up,
             actions=[seen[warm_up]],
             **kwargs,
@@ -79,9 +91,24 @@ def test_the_warm_up_leaves_the_weights_training_starts_from(tmp_path, distribut
     assert [int(o.iterations.numpy()) for o in optimizers] == [7, 7]
     for a, b in zip(*(o.variables for o in optimizers), strict=True):
         assert_close(a.numpy(), b.numpy(), rtol=1e-6)
+    for a, b in zip(*(_slots(seen[w].controller) for w in (True, False)), strict=True):
+        assert_close(a, b, rtol=1e-6)
     # Non-trivial: the warm-up's own step (all-ones batch) would have moved these weights.
-    untrained = _DropoutBatchNormTiny(smoke()).build_model()
+    untrained = benchmark_class(smoke()).build_model()
     assert max(abs(a - b).max() for a, b in zip(weights(warm.model), weights(untrained))) > 1e-3
+    return seen
+
+
+def _slots(controller):
+    """Each replica's component of the sharded slots (none without weight-update sharding)."""
+    summer = controller.summer
+    if summer is None or not summer.sharded:
+        return []
+    strategy = controller.strategy
+    return [
+        c.numpy() for group in summer.slots for v in group
+        for c in strategy.experimental_local_results(v)
+    ]  # fmt: skip
 
 
 def test_the_first_real_loop_and_every_eval_reuse_the_warm_up_trace(tmp_path):

@@ -166,3 +166,25 @@ def test_moe_all_to_all_on_nvswitch_and_torus():
     torus = model.simulate(benchmark="transformer", system=v3, chips=32, global_batch=32 * 2048,
                            expert_parallel=32, moe=parallelism.Moe(num_experts=32))  # fmt: skip
     assert torus.all_to_all_s > 0
+
+
+def test_bert_step_model_is_at_resnet50s_level_on_the_same_calibration_points():
+    points = validate.load_points()["points"]
+    bert = [p for p in points if p["benchmark"] == "bert"]
+    assert sum(p["role"].startswith("calibrate") for p in bert) == 3  # as before this change
+    loaded = {name: systems.load(name) for name in {p["system"] for p in points}}
+    stats = validate.summary(validate.rows(points, loaded))
+    assert stats["median_abs_error_logged_bert"] <= 0.20
+    assert stats["median_abs_error_logged_bert"] <= stats["median_abs_error_logged_resnet50"] + 0.02
+    # NVIDIA's v0.7 BERT all-reduced after the backward pass: nothing hidden.
+    a100 = systems.load("a100-dgx")
+    assert a100.overlap("bert") == 0.0 and a100.overlap("resnet50") == a100.overlap_fraction
+
+
+def test_overlap_by_benchmark_is_validated(tmp_path):
+    data = json.loads(open(systems.os.path.join(systems.SYSTEMS_DIR, "a100-dgx.json")).read())
+    for bad, text in (({"bert": 1.5}, "must be in [0, 1]"), ({"bert": "x"}, "must be a number"),
+                      ([0.1], "must map benchmark names")):  # fmt: skip
+        data["overlap_fraction_by_benchmark"] = bad
+        with pytest.raises(UserError, match=text.replace("[", r"\[").replace("]", r"\]")):
+            systems.from_dict(data, "f.json")

@@ -1,0 +1,282 @@
+"""Provides `Layout`: how one variable lies on the device mesh, and the per-replica shards it implies.
+
+A variable is split along one of its dimensions over some mesh axes (Megatron's weights over
+`model`, an expert layer's over `expert`), replicated along the others, and its gradient is
+summed over the axes whose replicas read different batches but hold the same shard (`data`, and
+`expert` unless it is split over it). DTensor's `Layout` names, per dimension, the mesh axis a
+tensor is split over; here one split dimension suffices for every layer the suite has.
+
+How a split variable is held (the mechanism, in replica context, as weight-update sharding's
+slots are held): it is an ordinary mirrored variable of the *shard's* shape, whose per-replica
+components hold different shards. A replica reads its own component in replica context (what a
+`MirroredVariable` does), takes its gradient there, and the runner's `GradientSummer` sums the
+gradient over the layout's `sum_over` axes only and updates each component with its replica's
+gradient (`strategy.extended.update` with per-replica arguments). Optimizer slots made from the
+variable (`add_variable_from_reference`) take its shard shape and are split alike. TF refuses
+trainable sync-on-read variables, hence mirrored ones; nothing here ever relies on the
+components being equal.
+
+Whole tensors: `assign_whole` gives each replica its shard of a whole value (initial weights,
+a restore), `whole_value` joins the shards (a save); `save_whole` makes a variable's checkpoint
+entry the whole tensor, so checkpoints do not depend on the mesh.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from mlperf_tf.errors import UserError
+from mlperf_tf.parallel.mesh import AXES, BATCH_AXES, DeviceMesh
+
+_ATTRIBUTE = "mlperf_tf_layout"
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """A variable's place on the mesh.
+
+    Attributes:
+      split_axis: the variable's dimension cut into shards (None: replicated everywhere).
+      split_over: the mesh axes whose replicas hold different shards, outermost first.
+      sum_over: the mesh axes its gradient is summed over (the batch axes it is not split over).
+    """
+
+    split_axis: int | None = None
+    split_over: tuple[str, ...] = ()
+    sum_over: tuple[str, ...] = BATCH_AXES
+
+    def __post_init__(self):
+        for axis in self.split_over + self.sum_over:
+            if axis not in AXES:
+                raise ValueError(f"unknown mesh axis '{axis}' (axes: {', '.join(AXES)})")
+        if (self.split_axis is None) != (not self.split_over):
+            raise ValueError("a layout names both a split dimension and the axes it is split over")
+
+    @property
+    def split(self) -> bool:
+        return self.split_axis is not None
+
+    def num_shards(self, mesh: DeviceMesh) -> int:
+        return math.prod(getattr(mesh, axis) for axis in self.split_over)
+
+    def shard_index(self, mesh: DeviceMesh, replica: int) -> int:
+        """Which shard `replica` holds (row-major over `split_over`)."""
+        index = 0
+        for axis in self.split_over:
+            index = index * getattr(mesh, axis) + mesh.index(replica, axis)
+        return index
+
+    def shard_shape(self, whole_shape, mesh: DeviceMesh) -> tuple[int, ...]:
+        """The shape one replica holds.
+
+        Raises:
+          ValueError: the split dimension does not divide by the number of shards.
+        """
+        shape = tuple(int(d) for d in whole_shape)
+        if not self.split:
+            return shape
+        n = self.num_shards(mesh)
+        if shape[self.split_axis] % n:
+            raise ValueError(f"dimension {self.split_axis} of {shape} does not split into {n}")
+        return tuple(d // n if i == self.split_axis else d for i, d in enumerate(shape))
+
+    def sum_group(self, mesh: DeviceMesh, replica: int) -> list[int]:
+        """The replicas `replica`'s gradient is summed with."""
+        return mesh.group(replica, *self.sum_over)
+
+    def shard_group(self, mesh: DeviceMesh, replica: int) -> list[int]:
+        """The replicas that hold the other shards of `replica`'s copy (itself if replicated)."""
+        return mesh.group(replica, *self.split_over)
+
+
+REPLICATED = Layout()
+
+
+def model_split(axis: int) -> Layout:
+    """Megatron's layout: dimension `axis` split over `model`, gradient summed over the batch axes."""
+    return Layout(split_axis=axis, split_over=("model",))
+
+
+def set_layout(variable, layout: Layout) -> None:
+    """Records `layout` on `variable` (a Keras variable)."""
+    setattr(variable, _ATTRIBUTE, layout)
+
+
+def layout_of(variable) -> Layout:
+    """The variable's layout (`REPLICATED` unless `set_layout` said otherwise)."""
+    return getattr(variable, _ATTRIBUTE, REPLICATED)
+
+
+def check_divides(mesh: DeviceMesh, **dimensions: int) -> None:
+    """Refuses a `--model_parallel` that does not divide a dimension it splits.
+
+    Args:
+      mesh: the run's mesh.
+      **dimensions: name -> size, e.g. `num_heads=16` (the name is the config field).
+
+    Raises:
+      UserError: one line naming the first dimension that does not divide.
+    """
+    for name, size in dimensions.items():
+        if size % mesh.model:
+            raise UserError(
+                f"--model_parallel={mesh.model} must divide {name} ({size}): each model shard "
+                "holds an equal part of it"
+            )
+
+
+# ---- per-replica shards ------------------------------------------------------------------------
+def _slices(whole, layout: Layout, mesh: DeviceMesh) -> list:
+    if not layout.split:
+        return [whole]
+    return tf.split(whole, layout.num_shards(mesh), axis=layout.split_axis)
+
+
+def _local_replica_ids(strategy) -> list[int]:
+    ids = strategy.experimental_distribute_values_from_function(
+        lambda ctx: tf.constant(ctx.replica_id_in_sync_group)
+    )
+    return [int(v) for v in strategy.experimental_local_results(ids)]
+
+
+def assign_whole(variable, whole, mesh: DeviceMesh) -> None:
+    """Gives each replica's component of `variable` its shard of `whole` (cross-replica context).
+
+    Args:
+      variable: a Keras (or tf) variable created under the strategy, of the shard's shape.
+      whole: the whole tensor (the same on every worker).
+      mesh: the run's mesh.
+    """
+    layout = layout_of(variable)
+    tf_var = variable.value if isinstance(variable, keras.Variable) else variable
+    strategy = tf.distribute.get_strategy()
+    whole = tf.cast(whole, tf_var.dtype)
+    if not layout.split or layout.num_shards(mesh) == 1:
+        tf_var.assign(whole)
+        return
+    parts = _slices(whole, layout, mesh)
+    values = strategy.experimental_distribute_values_from_function(
+        lambda ctx: parts[layout.shard_index(mesh, ctx.replica_id_in_sync_group)]
+    )
+    strategy.extended.update(tf_var, lambda v, x: v.assign(x), args=(values,), group=False)
+
+
+def whole_value(variable, mesh: DeviceMesh):
+    """`variable`'s whole tensor, joined from the shards of its replicas (cross-replica context).
+
+    Reads the components of the replicas with index 0 along every axis it is not split over.
+    Those must be local to this process (true on one host; a model axis across workers would
+    need a collective gather, not implemented: see the parallel README).
+
+    Raises:
+      UserError: a shard lives on another worker.
+    """
+    layout = layout_of(variable)
+    tf_var = variable.value if isinstance(variable, keras.Variable) else variable
+    if not layout.split or layout.num_shards(mesh) == 1:
+        return tf.convert_to_tensor(tf_var)
+    strategy = tf.distribute.get_strategy()
+    components = strategy.experimental_local_results(tf_var)
+    ids = _local_replica_ids(strategy) if len(components) > 1 else [0]
+    by_replica = dict(zip(ids, components, strict=True))
+    owners = layout.shard_group(mesh, 0)  # shards 0..n-1 in order
+    missing = [r for r in owners if r not in by_replica]
+    if missing:
+        raise UserError(
+            f"cannot save {getattr(variable, 'path', tf_var.name)} whole: its shards on replicas "
+            f"{missing} live on another worker"
+        )
+    return tf.concat([tf.convert_to_tensor(by_replica[r]) for r in owners], axis=layout.split_axis)
+
+
+def save_whole(variable, mesh: DeviceMesh, whole_shape) -> None:
+    """Makes `variable`'s checkpoint entry its whole tensor: joined at save, split at restore.
+
+    Uses the hooks `tf.train.Checkpoint` calls on objects that serialize themselves
+    (`_serialize_to_tensors` / `_restore_from_tensors`, which Keras 3's TF variables implement),
+    set on this one variable. A restored tensor whose shape is not `whole_shape` is a one-line
+    `UserError` (a checkpoint of another model).
+    """
+    layout = layout_of(variable)
+    if not layout.split or layout.num_shards(mesh) == 1:
+        return
+    whole_shape = tuple(int(d) for d in whole_shape)
+    name = getattr(variable, "path", None) or variable.name
+
+    def serialize():
+        return {"VARIABLE_VALUE": whole_value(variable, mesh)}
+
+    def restore(restored_tensors):
+        value = restored_tensors["VARIABLE_VALUE"]
+        if tuple(value.shape) != whole_shape:
+            raise UserError(
+                f"checkpoint tensor {name} has shape {list(value.shape)}, the model needs "
+                f"{list(whole_shape)}"
+            )
+        assign_whole(variable, value, mesh)
+        return variable.value
+
+    variable._serialize_to_tensors = serialize  # noqa: SLF001 (Trackable's own hook)
+    variable._restore_from_tensors = restore  # noqa: SLF001
+
+
+def add_split_weight(
+    layer: keras.layers.Layer,
+    *,
+    name: str,
+    shape,
+    initializer,
+    layout: Layout,
+    mesh: DeviceMesh | None,
+    dtype=None,
+):
+    """A weight of `layer` whose whole shape is `shape`, held as shards per `layout` on `mesh`.
+
+    The whole initial value is drawn once with the layer's (seeded) `initializer` and each
+    replica gets its slice, so every mesh starts from the same weights (what the exactness tests
+    compare). Without a split (mesh None or one shard) it is `layer.add_weight` itself.
+    """
+    initializer = keras.initializers.get(initializer)
+    if mesh is None or layout.num_shards(mesh) == 1:
+        return layer.add_weight(name=name, shape=shape, initializer=initializer, dtype=dtype)
+    variable = layer.add_weight(
+        name=name, shape=layout.shard_shape(shape, mesh), initializer="zeros", dtype=dtype
+    )
+    set_layout(variable, layout)
+    whole = initializer(tuple(shape), dtype=variable.dtype)
+    assign_whole(variable, whole, mesh)
+    save_whole(variable, mesh, shape)
+    return variable
+
+
+def split_slots(optimizer, mesh: DeviceMesh | None) -> None:
+    """Gives the optimizer's slots of split variables their variable's layout and whole-tensor
+    checkpoint entries (call after `optimizer.build`). Slots are found as Keras names them:
+    `add_variable_from_reference` names a slot `<variable path with _>_<slot>`, with the
+    variable's (shard) shape."""
+    if mesh is None or mesh.model == 1 and mesh.expert == 1:
+        return
+    by_prefix = {}
+    for v in getattr(optimizer, "_trainable_variables", []):
+        layout = layout_of(v)
+        if layout.split and layout.num_shards(mesh) > 1:
+            by_prefix[v.path.replace("/", "_") + "_"] = v
+    for slot in optimizer.variables:
+        for prefix, v in by_prefix.items():
+            if slot.name.startswith(prefix) and tuple(slot.shape) == tuple(v.shape):
+                layout = layout_of(v)
+                set_layout(slot, layout)
+                whole = list(slot.shape)
+                whole[layout.split_axis] *= layout.num_shards(mesh)
+                save_whole(slot, mesh, whole)
+                break
+
+
+def bytes_per_replica(variables) -> int:
+    """Bytes of `variables` one replica holds (shard shapes for split ones)."""
+    return int(sum(np.prod(v.shape) * tf.as_dtype(v.dtype).size for v in variables))

@@ -1,0 +1,57 @@
+"""Tensor-parallel BERT (`--model_parallel`): 10 steps on a data x model mesh of logical CPUs
+end at the unsplit run's losses, gradients and weights (same initial weights, data that differs
+between data groups, dropout off), with LAMB (the reference's) and Adam."""
+
+import dataclasses
+
+import pytest
+
+from benchmarks.bert import config as config_lib
+from benchmarks.bert.benchmark import BertBenchmark
+from mlperf_tf.benchmark import RunContext
+from mlperf_tf.errors import UserError
+from mlperf_tf.parallel.mesh import DeviceMesh
+from tests import tensor_parallel
+from tests.numerics import assert_close
+
+pytestmark = pytest.mark.numerics
+RTOL = 1e-5
+
+
+def benchmark(**model):
+    c = config_lib.smoke()
+    # 4 heads, so that 4 model shards get one each (the smoke model has 2).
+    model = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0,
+             "num_attention_heads": 4, **model}  # fmt: skip
+    return BertBenchmark(dataclasses.replace(c, model=dataclasses.replace(c.model, **model)))
+
+
+@pytest.mark.parametrize(
+    ("devices", "model_parallel", "optimizer"),
+    [(4, 2, "lamb"),
+     pytest.param(4, 4, "lamb", marks=pytest.mark.slow),
+     pytest.param(4, 2, "adam", marks=pytest.mark.slow)],
+)  # fmt: skip
+def test_split_run_equals_the_unsplit_run(devices, model_parallel, optimizer):
+    b = benchmark()
+    ref = tensor_parallel.train(
+        b, num_devices=devices // model_parallel, model_parallel=1, optimizer=optimizer
+    )
+    got = tensor_parallel.train(
+        b, num_devices=devices, model_parallel=model_parallel, optimizer=optimizer
+    )
+    assert got.replicated_grads_agree
+    assert_close(got.losses, ref.losses, rtol=RTOL, err_msg="losses")
+    for name, a, e in zip(got.names, got.grads, ref.grads, strict=True):
+        assert_close(a, e, rtol=RTOL, err_msg=f"gradient of {name}")
+    for name, a, e in zip(got.names, got.weights, ref.weights, strict=True):
+        assert_close(a, e, rtol=RTOL, err_msg=f"weight {name}")
+
+
+def test_model_parallel_must_divide_the_heads():
+    b = benchmark(num_attention_heads=2)
+    b = b.with_context(RunContext(num_replicas=4, mesh=DeviceMesh(model=4)))
+    with pytest.raises(
+        UserError, match=r"--model_parallel=4 must divide model.num_attention_heads \(2\)"
+    ):
+        b.build_model()

@@ -1,0 +1,65 @@
+"""Tensor-parallel Transformer (`--model_parallel`): 10 steps on a data x model mesh of logical
+CPUs end at the unsplit run's losses, gradients and weights (same initial weights, data that
+differs between data groups, dropout off), and bad sizes are one-line errors."""
+
+import dataclasses
+
+import pytest
+
+from benchmarks.transformer import config as config_lib
+from benchmarks.transformer.benchmark import TransformerBenchmark
+from mlperf_tf.benchmark import RunContext
+from mlperf_tf.errors import UserError
+from mlperf_tf.parallel.mesh import DeviceMesh
+from tests import tensor_parallel
+from tests.numerics import assert_close
+
+pytestmark = pytest.mark.numerics
+RTOL = 1e-5
+
+
+def benchmark(**model):
+    c = config_lib.smoke()
+    model = {"dropout": 0.0, "attention_dropout": 0.0, "relu_dropout": 0.0, **model}
+    return TransformerBenchmark(dataclasses.replace(c, model=dataclasses.replace(c.model, **model)))
+
+
+def check_same(got, ref):
+    assert got.replicated_grads_agree
+    assert_close(got.losses, ref.losses, rtol=RTOL, err_msg="losses")
+    # The data groups really differ: the two halves of the first batch gave different losses
+    # would be invisible in a sum, so the reference itself must train on several batches.
+    for name, a, e in zip(got.names, got.grads, ref.grads, strict=True):
+        assert_close(a, e, rtol=RTOL, err_msg=f"gradient of {name}")
+    for name, a, e in zip(got.names, got.weights, ref.weights, strict=True):
+        assert_close(a, e, rtol=RTOL, err_msg=f"weight {name}")
+
+
+@pytest.mark.parametrize(
+    ("devices", "model_parallel", "optimizer"),
+    [(4, 2, "adam"),
+     pytest.param(4, 2, "lamb", marks=pytest.mark.slow),
+     pytest.param(4, 4, "adam", marks=pytest.mark.slow),
+     pytest.param(4, 4, "lamb", marks=pytest.mark.slow)],
+)  # fmt: skip
+def test_split_run_equals_the_unsplit_run(devices, model_parallel, optimizer):
+    b = benchmark()
+    data_groups = devices // model_parallel
+    ref = tensor_parallel.train(b, num_devices=data_groups, model_parallel=1, optimizer=optimizer)
+    got = tensor_parallel.train(
+        b, num_devices=devices, model_parallel=model_parallel, optimizer=optimizer
+    )
+    check_same(got, ref)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("num_heads", 2), ("filter_size", 66), ("vocab_size", 66)]
+)
+def test_model_parallel_must_divide_each_split_dimension(field, value):
+    b = benchmark(**{field: value, **({"hidden_size": 32} if field == "num_heads" else {})})
+    mesh = DeviceMesh(data=1, model=4)
+    b = b.with_context(RunContext(num_replicas=4, mesh=mesh))
+    with pytest.raises(
+        UserError, match=rf"--model_parallel=4 must divide model.{field} \({value}\)"
+    ):
+        b.build_model()

@@ -1,0 +1,121 @@
+"""Provides `train`: a few steps of a benchmark on a data x model mesh of logical CPUs, returning
+the losses, the whole first-step gradients and the whole weights, for the tensor-parallel
+exactness tests (a split run against the unsplit run of the same data-parallel size)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from mlperf_tf.benchmark import RunContext
+from mlperf_tf.collectives import GradientSummer, Settings
+from mlperf_tf.optimizers import LAMB
+from mlperf_tf.optimizers.adam import FusedAdam
+from mlperf_tf.parallel import layout as layout_lib
+from mlperf_tf.parallel.mesh import build_mesh, for_mesh
+from tests import strategies
+
+STEPS = 10
+
+
+@dataclasses.dataclass
+class Result:
+    losses: list[float]
+    grads: list[np.ndarray]  # whole, summed over the data axis, at the initial weights
+    weights: list[np.ndarray]  # whole, after the steps
+    names: list[str]
+    replicated_grads_agree: bool  # replicated weights got the same gradient on every shard
+    slots: dict[str, np.ndarray]  # the optimizer's variables, whole, by name
+
+
+def make_optimizer(name: str, benchmark):
+    """ "adam" (the Transformer's fused Adam), "lamb" (BERT's), or "own": the benchmark's."""
+    if name == "lamb":
+        return LAMB(0.01, weight_decay=0.01)
+    if name == "adam":
+        # lr 1e-3: Adam divides each gradient by its running RMS, so an element whose gradient is
+        # ~0 moves by up to lr on rounding alone (at 1e-2 one of 2,048 weights differed by 1.1e-5).
+        return FusedAdam(1e-3)
+    return benchmark.build_optimizer(100)
+
+
+def _whole_grads(per_replica, variables, mesh):
+    """Per replica lists of local gradients -> whole gradients summed over the data groups."""
+    out, agree = [], True
+    for i, v in enumerate(variables):
+        layout = layout_lib.layout_of(v)
+        total = None
+        for d in range(mesh.batch_shards):
+            group = mesh.group(mesh.replica(data=d), "model")
+            parts = [np.asarray(per_replica[r][i]) for r in group]
+            if layout.split and layout.num_shards(mesh) > 1:
+                whole = np.concatenate(parts, axis=layout.split_axis)
+            else:
+                whole = parts[0]
+                agree &= all(np.allclose(p, whole, rtol=1e-5, atol=1e-7) for p in parts)
+            total = whole if total is None else total + whole
+        out.append(total)
+    return out, agree
+
+
+def train(benchmark, *, num_devices: int, model_parallel: int, optimizer: str,
+          steps: int = STEPS, all_reduce: str = "ring", weight_update_sharding: bool = False,
+          clip_norm: float | None = None, save_to: str = "",
+          restore_from: str = "") -> Result:  # fmt: skip
+    """`steps` steps of `benchmark` (a Benchmark of a smoke config, dropout off) on
+    `num_devices` logical CPUs split as `model_parallel` model shards; optionally restored from
+    a checkpoint (`restore_from`, before the steps) and saved (`save_to`, after them), as the
+    runner's checkpoint holds them (`tf.train.Checkpoint(model=..., optimizer=...)`)."""
+    strategy = strategies.mirrored(num_devices)
+    mesh = build_mesh(num_devices, model_parallel=model_parallel)
+    context = RunContext(num_replicas=num_devices, seed=1, mesh=mesh)
+    benchmark = benchmark.with_context(context)
+    keras.utils.set_random_seed(1)
+    settings = Settings(all_reduce=all_reduce, weight_update_sharding=weight_update_sharding,
+                        timeout_s=60)  # fmt: skip
+    summer = GradientSummer(strategy, settings, mesh)
+    with strategy.scope():
+        model = benchmark.build_model()
+        opt = make_optimizer(optimizer, benchmark)
+        variables = model.trainable_variables
+        opt.build([] if summer.sharded else variables)
+        summer.build(opt, variables)
+        layout_lib.split_slots(opt, mesh)
+        checkpoint = tf.train.Checkpoint(model=model, optimizer=opt)
+        if restore_from:
+            checkpoint.read(restore_from).assert_consumed()
+    dataset = strategy.distribute_datasets_from_function(for_mesh(benchmark.train_dataset, mesh))
+    data = iter(dataset)
+
+    def replica_step(batch):
+        with tf.GradientTape() as tape:
+            loss = benchmark.compute_loss(model, batch, training=True)
+        grads = tape.gradient(loss, variables)
+        grads = [tf.convert_to_tensor(g) for g in grads]
+        summer.apply(opt, grads, variables, clip_norm=clip_norm)
+        return loss, grads
+
+    @tf.function
+    def step(iterator):
+        loss, grads = strategy.run(replica_step, args=(next(iterator),))
+        total = strategy.reduce("sum", loss, axis=None) / mesh.group_size
+        return total, grads
+
+    losses, first_grads, agree = [], None, True
+    for s in range(steps):
+        loss, grads = step(data)
+        losses.append(float(loss))
+        if s == 0:
+            local = [strategy.experimental_local_results(g) for g in grads]
+            per_replica = [[local[i][r] for i in range(len(local))] for r in range(num_devices)]
+            first_grads, agree = _whole_grads(per_replica, variables, mesh)
+    with strategy.scope():
+        weights = [np.asarray(layout_lib.whole_value(v, mesh)) for v in variables]
+        slots = {v.name: np.asarray(layout_lib.whole_value(v, mesh)) for v in opt.variables}
+        if save_to:
+            checkpoint.write(save_to)
+    names = [v.path for v in variables]
+    return Result(losses, first_grads, weights, names, agree, slots)
