@@ -12,12 +12,13 @@ Step time on one CPU is overhead, not speed-up: the 4 "devices" share the same 2
 only adds the all-reduces of activations (and the split matmuls are no faster). It is printed
 as the ratio to M = 1 for that reason, not as a speed claim.
 
-    python tools/bench_tensor_parallel.py [--model=bert|transformer] [--layers=12]
-        [--steps=3] [--batch_size=4] [--seq_length=64]
+    python tools/bench_tensor_parallel.py [--model=bert|llama|transformer] [--layers=12]
+        [--steps=3 (0: bytes only)] [--batch_size=4] [--seq_length=64]
 
 Defaults: BERT-base dimensions (hidden 768, 12 heads, intermediate 3072, vocab 30522 padded to
-30524 so that 4 divides it) at a short sequence and batch; `--model=transformer` the
-Transformer-big dimensions (hidden 1024, filter 4096, 16 heads).
+30524 so that 4 divides it) at a short sequence and batch; `--model=llama` a Llama of
+hidden 1024 (16 query / 8 key-value heads of 64, intermediate 3584, vocab 32768);
+`--model=transformer` the Transformer-big dimensions (hidden 1024, filter 4096, 16 heads).
 """
 
 from __future__ import annotations
@@ -61,6 +62,21 @@ def make_benchmark(args):
         if data is not None:
             fields["data"] = data
         return BertBenchmark(dataclasses.replace(c, **fields))
+    if args.model == "llama":
+        from benchmarks.llama31_8b import config as config_lib  # noqa: PLC0415
+        from benchmarks.llama31_8b.benchmark import Llama31Benchmark  # noqa: PLC0415
+
+        c = config_lib.smoke()
+        model = dataclasses.replace(
+            c.model, vocab_size=32768, hidden_size=1024, num_hidden_layers=args.layers,
+            num_attention_heads=16, num_key_value_heads=8, head_dim=64, intermediate_size=3584,
+        )  # fmt: skip
+        data = dataclasses.replace(c.data, max_sequence_length=args.seq_length)
+        return Llama31Benchmark(
+            dataclasses.replace(
+                c, model=model, data=data, global_batch_size=args.batch_size * NUM_DEVICES
+            )
+        )
     from benchmarks.transformer import config as config_lib  # noqa: PLC0415
     from benchmarks.transformer.benchmark import TransformerBenchmark  # noqa: PLC0415
 
@@ -117,9 +133,11 @@ def measure(base, model_parallel: int, steps: int) -> dict:
     def step():
         return strategy.reduce("sum", strategy.run(replica_step, args=(next(data),)), axis=None)
 
-    step()  # trace and warm up
-    times = []
-    for _ in range(steps):
+    times = [float("nan")]
+    if steps:
+        step()  # trace and warm up
+        times = []
+    for _ in range(steps):  # (none with --steps=0: bytes only)
         start = time.perf_counter()
         step()
         times.append(time.perf_counter() - start)
@@ -131,7 +149,7 @@ def measure(base, model_parallel: int, steps: int) -> dict:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", choices=("bert", "transformer"), default="bert")
+    parser.add_argument("--model", choices=("bert", "llama", "transformer"), default="bert")
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--batch_size", type=int, default=4, help="sequences per batch shard")

@@ -15,6 +15,7 @@ from benchmarks.llama31_8b import config as config_lib
 from benchmarks.llama31_8b import input as input_lib
 from benchmarks.llama31_8b import model as model_lib
 from mlperf_tf.benchmark import Benchmark, EvalPoint
+from mlperf_tf.layers.tensor_parallel import vocab_parallel_cross_entropy
 from mlperf_tf.optimizers import WarmupCosineDecay, registry
 
 # MLPerf log keys of closed_llama31_8b.yaml that `mlperf_logging.mllog.constants` spells
@@ -82,9 +83,8 @@ class Llama31Benchmark(Benchmark):
     config_class = config_lib.LlamaConfig
     presets = {"mlperf": config_lib.mlperf, "mini": config_lib.mini, "smoke": config_lib.smoke}
     input_module = input_lib
-    # Tensor parallelism ("model") comes with the column/row-parallel layers (issue 26, branch
-    # `tensor`); until then data parallelism only.
-    parallel_axes = ("data",)
+    # Tensor parallelism: Megatron's layers (`mlperf_tf.layers.tensor_parallel`, issue 27).
+    parallel_axes = ("data", "model")
     higher_is_better = False
 
     config: config_lib.LlamaConfig
@@ -146,7 +146,7 @@ class Llama31Benchmark(Benchmark):
     # ---- building ------------------------------------------------------------------------------
     def build_model(self) -> keras.Model:
         """The Llama of `config.model` (under the strategy scope, dtype policy set)."""
-        return model_lib.build_model(self.config.model)
+        return model_lib.build_model(self.config.model, mesh=self.mesh)
 
     def learning_rate_schedule(self) -> WarmupCosineDecay:
         lr, warmup = self.learning_rate_and_warmup()
@@ -170,6 +170,11 @@ class Llama31Benchmark(Benchmark):
     def token_losses(self, model: keras.Model, batch: Any, training: bool) -> tf.Tensor:
         """Next-token cross-entropy (nats, float32) per token [batch, seq]."""
         logits = tf.cast(model(batch["input_ids"], training=training), tf.float32)
+        if self.mesh.model > 1:  # this shard's [batch, seq, vocab/M], never gathered
+            return vocab_parallel_cross_entropy(
+                logits, batch["labels"], vocab_size=self.config.model.vocab_size, smoothing=0.0,
+                axis=model.axis,
+            )  # fmt: skip
         return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=batch["labels"], logits=logits)
 
     def compute_loss(self, model: keras.Model, batch: Any, training: bool = True) -> tf.Tensor:

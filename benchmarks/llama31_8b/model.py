@@ -17,7 +17,11 @@ import numpy as np
 import tensorflow as tf
 
 from benchmarks.llama31_8b.config import ModelConfig
+from mlperf_tf.errors import UserError
 from mlperf_tf.layers import token_matmul
+from mlperf_tf.layers.tensor_parallel import ModelAxis, VocabParallelEmbedding
+from mlperf_tf.parallel.layout import REPLICATED, add_split_weight, check_divides, model_split
+from mlperf_tf.parallel.mesh import DeviceMesh
 
 # Logit of masked (future) attention positions, added to float32 scores.
 NEG_INF = -1e9
@@ -90,24 +94,43 @@ class RMSNorm(keras.layers.Layer):
 class Linear(keras.layers.Layer):
     """A bias-free projection [..., in] -> [..., units] as one 2-D MatMul (`token_matmul`).
 
-    Its kernel is [in, units] (Keras' Dense layout). Tensor parallelism replaces it with a
-    column- or row-parallel layer of the same kernel path.
+    Its kernel is [in, units] (Keras' Dense layout). Under tensor parallelism (`mesh.model` =
+    M > 1) `parallel` says how it is split over `model`:
+
+    - "column": kernel [in, units/M]; the output is this shard's [..., units/M]; no collective
+      (the block applies f to the input once: one all-reduce of its gradient backward).
+    - "row": kernel [in/M, units]; the input is this shard's [..., in/M]; g: one all-reduce of
+      the [..., units] partial sums forward, none backward.
+    - "replicated": the whole kernel on every shard, read through f (identity forward, an
+      all-reduce of its gradient backward: each shard uses part of its output, e.g. the
+      key/value heads of its query heads when there are fewer than M, and the sum is the whole
+      gradient, the same on every shard).
+    - None: not split (and no collective).
     """
 
-    def __init__(self, units: int, *, stddev: float, **kwargs):
+    def __init__(self, units: int, *, stddev: float, mesh: DeviceMesh | None = None,
+                 parallel: str | None = None, **kwargs):  # fmt: skip
         super().__init__(**kwargs)
         self.units = units
         self.stddev = stddev
+        self.mesh = mesh
+        self.parallel = parallel
+        self.axis = ModelAxis(mesh, self)
 
     def build(self, input_shape):
-        self.kernel = self.add_weight(
-            name="kernel",
-            shape=(input_shape[-1], self.units),
-            initializer=keras.initializers.RandomNormal(stddev=self.stddev),
-        )
+        layout = {"column": model_split(1), "row": model_split(0)}.get(self.parallel, REPLICATED)
+        self.kernel = add_split_weight(
+            self, name="kernel", shape=(input_shape[-1], self.units),
+            initializer=keras.initializers.RandomNormal(stddev=self.stddev), layout=layout,
+            mesh=self.mesh,
+        )  # fmt: skip
 
     def call(self, x):
-        return token_matmul(x, tf.cast(self.kernel, self.compute_dtype))
+        kernel = tf.cast(self.kernel, self.compute_dtype)
+        if self.parallel == "replicated":
+            kernel = self.axis.copy(kernel)
+        y = token_matmul(x, kernel)
+        return self.axis.reduce(y) if self.parallel == "row" else y
 
 
 class Attention(keras.layers.Layer):
@@ -116,29 +139,55 @@ class Attention(keras.layers.Layer):
     `num_attention_heads` query heads share `num_key_value_heads` key/value heads in groups of
     `num_attention_heads / num_key_value_heads`; the groups are a reshape of the queries
     ([batch, seq, kv_heads, group, head_dim]), so keys and values are never repeated.
+
+    Tensor parallelism (M shards): each shard holds heads/M query heads (q_proj column-parallel,
+    o_proj row-parallel: f on the input, g on the output). With at least M key/value heads they
+    are split alike (kv_heads/M per shard, the ones its query heads use); with fewer, k_proj
+    and v_proj are replicated and each shard keeps the one key/value head its query heads share
+    (M must then be a multiple of kv_heads).
     """
 
-    def __init__(self, config: ModelConfig, **kwargs):
+    def __init__(self, config: ModelConfig, mesh: DeviceMesh | None = None, **kwargs):
         super().__init__(**kwargs)
         self.config = config
         c = config
         std = c.initializer_range
+        self.axis = ModelAxis(mesh, self)
+        m = self.axis.size
+        split_kv = c.num_key_value_heads % m == 0
+        kv_kind = "column" if split_kv else "replicated"
         # Megatron's output-layer init: std / sqrt(2 * layers).
         out_std = std / math.sqrt(2.0 * c.num_hidden_layers)
-        self.q_proj = Linear(c.num_attention_heads * c.head_dim, stddev=std, name="q_proj")
-        self.k_proj = Linear(c.num_key_value_heads * c.head_dim, stddev=std, name="k_proj")
-        self.v_proj = Linear(c.num_key_value_heads * c.head_dim, stddev=std, name="v_proj")
-        self.o_proj = Linear(c.hidden_size, stddev=out_std, name="o_proj")
+
+        def linear(units, stddev, name, parallel):
+            return Linear(units, stddev=stddev, mesh=mesh, parallel=parallel, name=name)
+
+        self.q_proj = linear(c.num_attention_heads * c.head_dim, std, "q_proj", "column")
+        self.k_proj = linear(c.num_key_value_heads * c.head_dim, std, "k_proj", kv_kind)
+        self.v_proj = linear(c.num_key_value_heads * c.head_dim, std, "v_proj", kv_kind)
+        self.o_proj = linear(c.hidden_size, out_std, "o_proj", "row")
+        self.local_heads = c.num_attention_heads // m
+        self.local_kv = c.num_key_value_heads // m if split_kv else 1
+
+    def _local_kv(self, t):
+        """With replicated key/value heads: the one this shard's query heads use."""
+        c = self.config
+        if self.axis.size == 1 or c.num_key_value_heads % self.axis.size == 0:
+            return t
+        group = c.num_attention_heads // c.num_key_value_heads
+        head = self.axis.index() * self.local_heads // group
+        return t[:, :, head : head + 1]
 
     def call(self, x, cos, sin):
         """x [batch, seq, hidden]; cos, sin [seq, head_dim] -> [batch, seq, hidden]."""
         c = self.config
-        kv, d = c.num_key_value_heads, c.head_dim
-        group = c.num_attention_heads // kv
+        kv, d = self.local_kv, c.head_dim  # this shard's
+        group = self.local_heads // kv
         batch, seq = tf.shape(x)[0], tf.shape(x)[1]
+        x = self.axis.copy(x)  # f: one all-reduce of the input gradient for q, k and v
         q = tf.reshape(self.q_proj(x), [batch, seq, kv, group, d])
-        k = tf.reshape(self.k_proj(x), [batch, seq, kv, d])
-        v = tf.reshape(self.v_proj(x), [batch, seq, kv, d])
+        k = self._local_kv(tf.reshape(self.k_proj(x), [batch, seq, -1, d]))
+        v = self._local_kv(tf.reshape(self.v_proj(x), [batch, seq, -1, d]))
         q = apply_rope(q, cos, sin)
         k = apply_rope(k, cos, sin)
         q = tf.transpose(q, [0, 2, 3, 1, 4])  # [batch, kv, group, seq, d]
@@ -154,35 +203,44 @@ class Attention(keras.layers.Layer):
         out = tf.matmul(probs, v)  # [batch, kv, group * seq, d]
         out = tf.reshape(out, [batch, kv, group, seq, d])
         out = tf.transpose(out, [0, 3, 1, 2, 4])  # [batch, seq, kv, group, d]
-        out = tf.reshape(out, [batch, seq, c.num_attention_heads * d])
+        out = tf.reshape(out, [batch, seq, self.local_heads * d])
         return self.o_proj(out)
 
 
 class MLP(keras.layers.Layer):
-    """SwiGLU feed-forward: down(silu(gate(x)) * up(x)) (Shazeer 2020)."""
+    """SwiGLU feed-forward: down(silu(gate(x)) * up(x)) (Shazeer 2020).
 
-    def __init__(self, config: ModelConfig, **kwargs):
+    Tensor parallelism: gate and up column-parallel (f once on the input), down row-parallel
+    (g): intermediate/M units per shard.
+    """
+
+    def __init__(self, config: ModelConfig, mesh: DeviceMesh | None = None, **kwargs):
         super().__init__(**kwargs)
         c = config
         out_std = c.initializer_range / math.sqrt(2.0 * c.num_hidden_layers)
         f = c.intermediate_size
-        self.gate_proj = Linear(f, stddev=c.initializer_range, name="gate_proj")
-        self.up_proj = Linear(f, stddev=c.initializer_range, name="up_proj")
-        self.down_proj = Linear(c.hidden_size, stddev=out_std, name="down_proj")
+        std = c.initializer_range
+        self.axis = ModelAxis(mesh, self)
+        self.gate_proj = Linear(f, stddev=std, mesh=mesh, parallel="column", name="gate_proj")
+        self.up_proj = Linear(f, stddev=std, mesh=mesh, parallel="column", name="up_proj")
+        self.down_proj = Linear(
+            c.hidden_size, stddev=out_std, mesh=mesh, parallel="row", name="down_proj"
+        )
 
     def call(self, x):
+        x = self.axis.copy(x)
         return self.down_proj(tf.nn.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class DecoderLayer(keras.layers.Layer):
     """One pre-norm block: x + attention(norm(x)), then + mlp(norm(x))."""
 
-    def __init__(self, config: ModelConfig, **kwargs):
+    def __init__(self, config: ModelConfig, mesh: DeviceMesh | None = None, **kwargs):
         super().__init__(**kwargs)
         self.attention_norm = RMSNorm(config.rms_norm_eps, name="attention_norm")
-        self.attention = Attention(config, name="attention")
+        self.attention = Attention(config, mesh=mesh, name="attention")
         self.mlp_norm = RMSNorm(config.rms_norm_eps, name="mlp_norm")
-        self.mlp = MLP(config, name="mlp")
+        self.mlp = MLP(config, mesh=mesh, name="mlp")
 
     def call(self, x, cos, sin):
         x = x + self.attention(self.attention_norm(x), cos, sin)
@@ -190,23 +248,47 @@ class DecoderLayer(keras.layers.Layer):
 
 
 class LlamaModel(keras.Model):
-    """Token ids [batch, seq] (int) -> next-token logits [batch, seq, vocab] (compute dtype)."""
+    """Token ids [batch, seq] (int) -> next-token logits [batch, seq, vocab] (compute dtype).
 
-    def __init__(self, config: ModelConfig, **kwargs):
+    Tensor parallelism (`mesh.model` = M > 1): vocabulary-parallel embedding, attention and MLP
+    split as Megatron splits them, and a column-parallel `lm_head` whose logits are this shard's
+    [batch, seq, vocab/M] (the loss is `vocab_parallel_cross_entropy`; the 128k-id logits are
+    never gathered). The RMS norms are replicated.
+    """
+
+    def __init__(self, config: ModelConfig, mesh: DeviceMesh | None = None, **kwargs):
         super().__init__(**kwargs)
         self.config = config
+        self.mesh = mesh
         c = config
-        self.token_embedding = keras.layers.Embedding(
+        if mesh is not None:
+            check_divides(
+                mesh, **{"model.num_attention_heads": c.num_attention_heads,
+                         "model.intermediate_size": c.intermediate_size,
+                         "model.vocab_size": c.vocab_size}
+            )  # fmt: skip
+            kv = c.num_key_value_heads
+            if kv % mesh.model and mesh.model % kv:
+                raise UserError(
+                    f"--model_parallel={mesh.model} must divide model.num_key_value_heads "
+                    f"({kv}) or be a multiple of it (key/value heads are split or replicated)"
+                )
+        self.axis = ModelAxis(mesh, self)
+        self.token_embedding = VocabParallelEmbedding(
             c.vocab_size,
             c.hidden_size,
+            mesh=mesh,
             embeddings_initializer=keras.initializers.RandomNormal(stddev=c.initializer_range),
             name="token_embedding",
         )
         self.decoder_layers = [
-            DecoderLayer(c, name=f"decoder_{i}") for i in range(c.num_hidden_layers)
+            DecoderLayer(c, mesh=mesh, name=f"decoder_{i}") for i in range(c.num_hidden_layers)
         ]
         self.final_norm = RMSNorm(c.rms_norm_eps, name="final_norm")
-        self.lm_head = Linear(c.vocab_size, stddev=c.initializer_range, name="lm_head")
+        self.lm_head = Linear(
+            c.vocab_size, stddev=c.initializer_range, mesh=mesh, parallel="column",
+            name="lm_head",
+        )  # fmt: skip
         inverse = rope_inverse_frequencies(
             c.head_dim,
             theta=c.rope_theta,
@@ -235,11 +317,35 @@ class LlamaModel(keras.Model):
         return self.final_norm(x)
 
     def call(self, token_ids, training=False):
-        return self.lm_head(self.hidden_states(token_ids, training=training))
+        """Logits [batch, seq, vocab] (this shard's [..., vocab/M] under model parallelism)."""
+        return self.lm_head(self.axis.copy(self.hidden_states(token_ids, training=training)))
 
 
-def build_model(config: ModelConfig, *, seq_length: int = 2) -> LlamaModel:
-    """A built `LlamaModel` (its variables created by one call on [1, seq_length] zeros)."""
-    model = LlamaModel(config, name="llama")
-    model(tf.zeros([1, seq_length], tf.int32))
+def build_model(config: ModelConfig, *, seq_length: int = 2,
+                mesh: DeviceMesh | None = None) -> LlamaModel:  # fmt: skip
+    """A built `LlamaModel` (its variables created by `build` on [1, seq_length] ids; under
+    model parallelism by building each layer, since a call needs replica context)."""
+    model = LlamaModel(config, mesh=mesh, name="llama")
+    if mesh is None or mesh.model == 1:
+        model(tf.zeros([1, seq_length], tf.int32))
+        return model
+    c = config
+    hidden = (None, None, c.hidden_size)
+    model.token_embedding.build((None, None))
+    for layer in model.decoder_layers:
+        layer.attention_norm.build(hidden)
+        attention = layer.attention
+        for proj in (attention.q_proj, attention.k_proj, attention.v_proj):
+            proj.build(hidden)
+        attention.o_proj.build((None, None, c.num_attention_heads * c.head_dim))
+        attention.built = True
+        layer.mlp_norm.build(hidden)
+        layer.mlp.gate_proj.build(hidden)
+        layer.mlp.up_proj.build(hidden)
+        layer.mlp.down_proj.build((None, None, c.intermediate_size))
+        layer.mlp.built = True
+        layer.built = True
+    model.final_norm.build(hidden)
+    model.lm_head.build(hidden)
+    model.built = True
     return model

@@ -314,3 +314,32 @@ def vocab_parallel_cross_entropy(logits, targets, *, vocab_size: int, smoothing:
         entropy = -(confidence * math.log(confidence)) - (vocab_size - 1) * low * math.log(low)
         xent -= entropy
     return xent
+
+
+class VocabParallelEmbedding(keras.layers.Layer):
+    """`keras.layers.Embedding` (weight `embeddings` [vocab, hidden], same initializer draw) whose
+    vocabulary rows are split over `model`: each shard holds [vocab/M, hidden].
+
+    Collectives: `vocab_parallel_lookup`'s g, one all-reduce of [..., hidden] over `model`
+    forward, none backward.
+    """
+
+    def __init__(self, vocab_size: int, hidden_size: int, *, mesh: DeviceMesh | None = None,
+                 embeddings_initializer="uniform", **kwargs):  # fmt: skip
+        super().__init__(**kwargs)
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+        self.mesh = mesh
+        self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
+        self.axis = ModelAxis(mesh, self)
+
+    def build(self, input_shape=None):
+        self.embeddings = add_split_weight(
+            self, name="embeddings", shape=(self.vocab_size, self.hidden_size),
+            initializer=self.embeddings_initializer, layout=model_split(0), mesh=self.mesh,
+        )  # fmt: skip
+        super().build(input_shape)
+
+    def call(self, ids):
+        table = tf.cast(self.embeddings, self.compute_dtype)
+        return vocab_parallel_lookup(table, tf.cast(ids, tf.int32), self.axis)

@@ -12,7 +12,6 @@ from mlperf_tf.benchmark import RunContext
 from mlperf_tf.errors import UserError
 from mlperf_tf.parallel.mesh import DeviceMesh
 from tests import tensor_parallel
-from tests.numerics import assert_close
 
 pytestmark = pytest.mark.numerics
 RTOL = 1e-5
@@ -40,12 +39,7 @@ def test_split_run_equals_the_unsplit_run(devices, model_parallel, optimizer):
     got = tensor_parallel.train(
         b, num_devices=devices, model_parallel=model_parallel, optimizer=optimizer
     )
-    assert got.replicated_grads_agree
-    assert_close(got.losses, ref.losses, rtol=RTOL, err_msg="losses")
-    for name, a, e in zip(got.names, got.grads, ref.grads, strict=True):
-        assert_close(a, e, rtol=RTOL, err_msg=f"gradient of {name}")
-    for name, a, e in zip(got.names, got.weights, ref.weights, strict=True):
-        assert_close(a, e, rtol=RTOL, err_msg=f"weight {name}")
+    tensor_parallel.assert_same_run(got, ref, rtol=RTOL)
 
 
 def test_model_parallel_must_divide_the_heads():

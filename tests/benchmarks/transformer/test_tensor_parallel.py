@@ -12,7 +12,6 @@ from mlperf_tf.benchmark import RunContext
 from mlperf_tf.errors import UserError
 from mlperf_tf.parallel.mesh import DeviceMesh
 from tests import tensor_parallel
-from tests.numerics import assert_close
 
 pytestmark = pytest.mark.numerics
 RTOL = 1e-5
@@ -25,14 +24,7 @@ def benchmark(**model):
 
 
 def check_same(got, ref):
-    assert got.replicated_grads_agree
-    assert_close(got.losses, ref.losses, rtol=RTOL, err_msg="losses")
-    # The data groups really differ: the two halves of the first batch gave different losses
-    # would be invisible in a sum, so the reference itself must train on several batches.
-    for name, a, e in zip(got.names, got.grads, ref.grads, strict=True):
-        assert_close(a, e, rtol=RTOL, err_msg=f"gradient of {name}")
-    for name, a, e in zip(got.names, got.weights, ref.weights, strict=True):
-        assert_close(a, e, rtol=RTOL, err_msg=f"weight {name}")
+    tensor_parallel.assert_same_run(got, ref, rtol=RTOL)
 
 
 @pytest.mark.parametrize(
