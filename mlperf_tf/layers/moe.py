@@ -422,7 +422,7 @@ class MoEFeedForward(keras.layers.Layer):
         self._gathered = None  # eval: the whole experts, see `whole_experts`
 
     def build(self, input_shape=None):
-        d, f, e = self.hidden_size, self.filter_size, self.local_experts
+        d, f = self.hidden_size, self.filter_size
         # Router in float32 (ST-MoE "selective precision").
         self.router_kernel = self.add_weight(
             name="router_kernel",
@@ -431,19 +431,22 @@ class MoEFeedForward(keras.layers.Layer):
             dtype="float32",
             autocast=False,  # stays float32 inside a mixed-precision call
         )
-        # Each expert as Keras' Dense would start it: Glorot-uniform kernels, zero biases.
+        # Each expert as Keras' Dense would start it: Glorot-uniform kernels, zero biases. The
+        # whole [E, ...] tensor is drawn once with the (seeded) initializer and each replica of
+        # the expert axis gets its slice, so every E starts from the same experts.
         limit = math.sqrt(6.0 / (d + f))
         uniform = keras.initializers.RandomUniform(-limit, limit)
-        self.w_in = self.add_weight(name="w_in", shape=(e, d, f), initializer=uniform)
-        self.b_in = self.add_weight(name="b_in", shape=(e, f), initializer="zeros")
-        self.w_out = self.add_weight(name="w_out", shape=(e, f, d), initializer=uniform)
-        self.b_out = self.add_weight(name="b_out", shape=(e, d), initializer="zeros")
-        if self.expert_parallel > 1:
-            for w, init in zip(self.expert_weights, (uniform, "zeros", uniform, "zeros")):
-                set_layout(w, EXPERT_LAYOUT)
-                w.mesh_initializer = keras.initializers.get(init)
-                mesh_layout.set_layout(w, EXPERT_SPLIT)
-                mesh_layout.save_whole(w, self.mesh, (self.num_experts, *w.shape[1:]))
+        n, mesh = self.num_experts, self.mesh if self.expert_parallel > 1 else None
+        shapes = {"w_in": (n, d, f), "b_in": (n, f), "w_out": (n, f, d), "b_out": (n, d)}
+        inits = {"w_in": uniform, "b_in": "zeros", "w_out": uniform, "b_out": "zeros"}
+        for name, shape in shapes.items():
+            weight = mesh_layout.add_split_weight(
+                self, name=name, shape=shape, initializer=inits[name], layout=EXPERT_SPLIT,
+                mesh=mesh,
+            )  # fmt: skip
+            setattr(self, name, weight)
+            if self.expert_parallel > 1:
+                set_layout(weight, EXPERT_LAYOUT)  # the step's sum (`LayoutSummer`)
         super().build(input_shape)
 
     @property
