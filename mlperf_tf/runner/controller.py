@@ -132,6 +132,16 @@ def preflight(benchmark: Benchmark, run_config: RunConfig) -> RunConfig:
         expert_parallel=run_config.expert_parallel,
         spatial_partition=run_config.spatial_partition,
     )
+    if run_config.model_parallel > 1:
+        # Measured (/work/notes/tpfix.md): through the runner the replicas of one model group do
+        # not run the same collectives: the Transformer's eval (beam search) deadlocks and BERT's
+        # first real step fails on collective shapes [177,32] vs [256,32]. The split training
+        # loop of `tests/tensor_parallel.py` is exact; the runner's path is not fixed yet.
+        raise UserError(
+            f"--model_parallel={run_config.model_parallel} is not supported by `mlperf-tf run` "
+            "yet (its model-parallel replicas deadlock or disagree in the runner's steps); "
+            "use --model_parallel=1"
+        )
     run_config = _resolve_division(benchmark, run_config, ruleset)
     runlog.check_before_start(
         run_config.mlperf_log_path,
