@@ -132,15 +132,13 @@ def preflight(benchmark: Benchmark, run_config: RunConfig) -> RunConfig:
         expert_parallel=run_config.expert_parallel,
         spatial_partition=run_config.spatial_partition,
     )
-    if run_config.model_parallel > 1:
-        # Measured (/work/notes/tpfix.md): through the runner the replicas of one model group do
-        # not run the same collectives: the Transformer's eval (beam search) deadlocks and BERT's
-        # first real step fails on collective shapes [177,32] vs [256,32]. The split training
-        # loop of `tests/tensor_parallel.py` is exact; the runner's path is not fixed yet.
+    if run_config.model_parallel > 1 and benchmark.name == "transformer":
+        # Measured (/work/notes/tpfix.md): the Transformer's first eval (beam search, whose
+        # decode loop issues the split layers' all-reduces) deadlocks at --model_parallel=2 on
+        # 2 logical CPUs, with or without the warm-up; its training steps run. Not fixed yet.
         raise UserError(
-            f"--model_parallel={run_config.model_parallel} is not supported by `mlperf-tf run` "
-            "yet (its model-parallel replicas deadlock or disagree in the runner's steps); "
-            "use --model_parallel=1"
+            f"--model_parallel={run_config.model_parallel} is not supported for transformer by "
+            "`mlperf-tf run` yet (its beam-search eval deadlocks); use --model_parallel=1"
         )
     run_config = _resolve_division(benchmark, run_config, ruleset)
     runlog.check_before_start(
@@ -521,7 +519,12 @@ class Controller:
         )
         self._build_loops()
         self.start_step = self.step
-        if cfg.warm_up:
+        if cfg.warm_up and self.benchmark.mesh.model > 1:
+            # Measured (/work/notes/tpfix.md): BERT smoke at --model_parallel=2 fails its first
+            # real step after the warm-up (collective shapes [177,32] vs [256,32]) and passes
+            # without it, as Llama does; cause not found yet. The first timed step traces.
+            logging.warning("--warm_up is off under --model_parallel>1 (not yet supported)")
+        elif cfg.warm_up:
             self._warm_up()
 
     def _warm_up(self) -> None:
