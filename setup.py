@@ -31,6 +31,7 @@ setup(
         "pycocotools>=2.0.8",
         "sacrebleu>=2.4",
         "sentencepiece>=0.2",
+        "tokenizers>=0.15",  # the Llama 3.1 tokenizer.json (llama31_8b prepare)
         "scikit-learn>=1.4",
         "matplotlib>=3.8",
         "pyyaml>=6.0",

@@ -14,6 +14,7 @@ from benchmarks.resnet50 import model as model_lib
 from mlperf_tf import layers
 from mlperf_tf.benchmark import Benchmark, eval_ratio
 from mlperf_tf.optimizers import LARS, WarmupPolynomialDecay, registry
+from mlperf_tf.parallel import spatial
 
 # MLPerf log keys of the closed_resnet_sgd rules that `mlperf_logging.mllog.constants` lacks.
 SGD_OPT_BASE_LR = "sgd_opt_base_learning_rate"
@@ -37,6 +38,8 @@ class ResNet50Benchmark(Benchmark):
     config_class = config_lib.ResNet50Config
     presets = {"mlperf": config_lib.mlperf, "mini": config_lib.mini, "smoke": config_lib.smoke}
     input_module = input_lib  # synthetic or record batches (the Benchmark's input hooks)
+    # --spatial_partition=K: each replica of a group of K holds a slab of rows of every image.
+    parallel_axes = ("data", "spatial")
 
     config: config_lib.ResNet50Config
 
@@ -52,9 +55,14 @@ class ResNet50Benchmark(Benchmark):
 
     # ---- building ------------------------------------------------------------------------------
     def build_model(self) -> keras.Model:
-        """ResNet v1.5 of `config.model` at `config.data.image_size` (under the strategy scope)."""
+        """ResNet v1.5 of `config.model` at `config.data.image_size` (under the strategy scope),
+        split into slabs of rows over the mesh's spatial axis when it has one."""
+        spatial.check_rows_only(self.mesh)
         return model_lib.resnet(
-            self.config.model, image_size=self.config.data.image_size, seed=self.seed
+            self.config.model,
+            image_size=self.config.data.image_size,
+            seed=self.seed,
+            layout=spatial.SpatialLayout(self.mesh) if self.mesh.spatial > 1 else None,
         )
 
     def build_optimizer(self, train_steps: int) -> keras.optimizers.Optimizer:
@@ -86,7 +94,9 @@ class ResNet50Benchmark(Benchmark):
     def compute_loss(self, model: keras.Model, batch: Any, training: bool = True) -> tf.Tensor:
         """Label-smoothed cross entropy summed over this replica's batch / `micro_batch_size`.
 
-        With SGD, adds `wd/2 * sum |k|^2` over the convolution and dense kernels (not batch
+        With spatial partitioning the K replicas of a group hold the same logits (of the same
+        images): each counts 1/K of them, so the sum over all replicas (the runner's loss, and
+        Keras' gradient sum) counts every image once. With SGD, adds `wd/2 * sum |k|^2` over the convolution and dense kernels (not batch
         norm, not biases), divided by the replicas in sync because their gradients are summed.
         """
         opt = self.config.optimizer
@@ -97,7 +107,7 @@ class ResNet50Benchmark(Benchmark):
         if opt.label_smoothing:
             targets = targets * (1.0 - opt.label_smoothing) + opt.label_smoothing / num_classes
         xent = tf.nn.softmax_cross_entropy_with_logits(labels=targets, logits=logits)  # [batch]
-        loss = tf.reduce_sum(xent) / float(self.micro_batch_size)
+        loss = tf.reduce_sum(xent) / float(self.micro_batch_size * self.mesh.spatial)
         if opt.opt_name == "sgd" and opt.sgd_opt_weight_decay:
             l2 = tf.add_n([tf.reduce_sum(tf.square(k)) for k in decayed_variables(model)])
             loss += 0.5 * opt.sgd_opt_weight_decay * l2 / float(self.num_replicas)

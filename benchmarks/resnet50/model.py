@@ -5,7 +5,11 @@ from __future__ import annotations
 import keras
 
 from benchmarks.resnet50.config import ModelConfig
+from mlperf_tf.config import ConfigError
 from mlperf_tf.layers import CrossReplicaBatchNormalization
+from mlperf_tf.layers.spatial import SpatialBuilder
+from mlperf_tf.parallel import spatial as spatial_lib
+from mlperf_tf.parallel.spatial import SpatialLayout
 
 # Stride of each stage's first bottleneck (the first stage follows the stem's max pool).
 _STAGE_STRIDES = (1, 2, 2, 2)
@@ -23,7 +27,9 @@ class _Seeds:
         return self._next
 
 
-def resnet(config: ModelConfig, *, image_size: int, seed: int = 0) -> keras.Model:
+def resnet(
+    config: ModelConfig, *, image_size: int, seed: int = 0, layout: SpatialLayout | None = None
+) -> keras.Model:
     """Builds ResNet v1.5 as a channels-last Keras functional model.
 
     v1.5 (the MLPerf/Model Garden variant) puts the stride of a downsampling bottleneck on its
@@ -38,10 +44,19 @@ def resnet(config: ModelConfig, *, image_size: int, seed: int = 0) -> keras.Mode
     Layer names contain "bn" exactly for batch-norm layers and "conv"/"fc" otherwise, so that
     LARS' default exclusion patterns (bias, bn, gamma, beta) select the right variables.
 
+    Spatial partitioning (`layout` with K > 1 slabs): each replica cuts its slab of rows from
+    the whole images, the convolutions and the max pool exchange halo rows
+    (`mlperf_tf.layers.spatial`), batch norm spans the K slabs of `bn_group_size` batch
+    shards, and the global average pool sums over the slabs, so the logits are the whole
+    model's on every member of the group. A stage whose rows no longer split into K slabs of a
+    multiple of its stride runs whole (the slabs are gathered before it). Same variables
+    (names, shapes, initializers) as the unsplit model.
+
     Args:
       config: the model config (`block_layers=(3, 4, 6, 3)`, `base_width=64` is ResNet-50).
       image_size: side of the square RGB input images, in pixels.
       seed: base seed of the initializers (each layer gets its own derived seed).
+      layout: the spatial layout; None or K = 1: the whole image on each replica.
 
     Returns:
       A `keras.Model` mapping float images `[batch, image_size, image_size, 3]` to logits
@@ -49,6 +64,8 @@ def resnet(config: ModelConfig, *, image_size: int, seed: int = 0) -> keras.Mode
 
     Raises:
       ValueError: `image_size` is not a positive integer.
+      ConfigError: K > 1 and the stem's rows do not split into K slabs (`image_size` must be a
+        multiple of 4K).
     """
     if not isinstance(image_size, int) or image_size < 1:
         raise ValueError(f"`image_size` ({image_size!r}) must be a positive integer.")
@@ -57,28 +74,42 @@ def resnet(config: ModelConfig, *, image_size: int, seed: int = 0) -> keras.Mode
             f"`block_layers` ({config.block_layers!r}) has more than {len(_STAGE_STRIDES)} stages."
         )
     seeds = _Seeds(seed)
+    build = SpatialBuilder(layout)
     inputs = keras.Input(shape=(image_size, image_size, 3), name="images")
     # Stem: 7x7/2 convolution (explicit padding, as the reference) and 3x3/2 max pool.
-    x = keras.layers.ZeroPadding2D(3, name="conv1_pad")(inputs)
-    x = _conv(x, config.base_width, 7, 2, "conv1_conv", seeds, padding="valid")
-    x = _batch_norm(x, config, "conv1_bn")
+    stem_splits = spatial_lib.splits(image_size, build.parts, ((7, 2, 3),)) and (
+        spatial_lib.splits(image_size // 2, build.parts, ((3, 2, "same"),))
+    )
+    if build.split and not stem_splits:
+        raise ConfigError(
+            f"--spatial_partition={build.parts}: the image height ({image_size}, "
+            f"`data.image_size`) does not split into {build.parts} slabs through the stem "
+            f"(7x7/2 convolution, 3x3/2 max pool): use a multiple of {4 * build.parts}"
+        )
+    x = build.start(inputs)
+    x = _conv(build, x, config.base_width, 7, 2, "conv1_conv", seeds, padding=3)
+    x = _batch_norm(build, x, config, "conv1_bn")
     x = keras.layers.ReLU(name="conv1_relu")(x)
-    x = keras.layers.MaxPooling2D(3, strides=2, padding="same", name="pool1_pool")(x)
+    x = build.max_pool(x, 3, stride=2, padding="same", name="pool1_pool")
 
     for stage, num_blocks in enumerate(config.block_layers):
         filters = config.base_width * 2**stage
         for block in range(num_blocks):
+            stride = _STAGE_STRIDES[stage] if block == 0 else 1
+            name = f"conv{stage + 2}_block{block + 1}"
+            x = build.keep_split(x, ((3, stride, "same"), (1, stride, "same")), name=name)
             x = _bottleneck(
+                build,
                 x,
                 filters=filters,
-                stride=_STAGE_STRIDES[stage] if block == 0 else 1,
+                stride=stride,
                 projection=block == 0,
-                name=f"conv{stage + 2}_block{block + 1}",
+                name=name,
                 config=config,
                 seeds=seeds,
             )
 
-    x = keras.layers.GlobalAveragePooling2D(name="avg_pool")(x)  # [batch, channels]
+    x = build.global_average_pool(x, name="avg_pool")  # [batch, channels], whole
     logits = keras.layers.Dense(
         config.num_classes,
         kernel_initializer=keras.initializers.RandomNormal(stddev=0.01, seed=seeds()),
@@ -88,40 +119,41 @@ def resnet(config: ModelConfig, *, image_size: int, seed: int = 0) -> keras.Mode
     return keras.Model(inputs, logits, name="resnet")
 
 
-def _bottleneck(x, *, filters, stride, projection, name, config, seeds):
+def _bottleneck(build, x, *, filters, stride, projection, name, config, seeds):
     """One v1.5 bottleneck: 1x1 -> 3x3 (with the stride) -> 1x1 (4x filters), plus shortcut."""
     if projection:
-        shortcut = _conv(x, filters * _EXPANSION, 1, stride, f"{name}_0_conv", seeds)
-        shortcut = _batch_norm(shortcut, config, f"{name}_0_bn")
+        shortcut = _conv(build, x, filters * _EXPANSION, 1, stride, f"{name}_0_conv", seeds)
+        shortcut = _batch_norm(build, shortcut, config, f"{name}_0_bn")
     else:
         shortcut = x
-    y = _conv(x, filters, 1, 1, f"{name}_1_conv", seeds)
-    y = _batch_norm(y, config, f"{name}_1_bn")
+    y = _conv(build, x, filters, 1, 1, f"{name}_1_conv", seeds)
+    y = _batch_norm(build, y, config, f"{name}_1_bn")
     y = keras.layers.ReLU(name=f"{name}_1_relu")(y)
-    y = _conv(y, filters, 3, stride, f"{name}_2_conv", seeds)
-    y = _batch_norm(y, config, f"{name}_2_bn")
+    y = _conv(build, y, filters, 3, stride, f"{name}_2_conv", seeds)
+    y = _batch_norm(build, y, config, f"{name}_2_bn")
     y = keras.layers.ReLU(name=f"{name}_2_relu")(y)
-    y = _conv(y, filters * _EXPANSION, 1, 1, f"{name}_3_conv", seeds)
-    y = _batch_norm(y, config, f"{name}_3_bn", zero_gamma=config.zero_init_last_gamma)
+    y = _conv(build, y, filters * _EXPANSION, 1, 1, f"{name}_3_conv", seeds)
+    y = _batch_norm(build, y, config, f"{name}_3_bn", zero_gamma=config.zero_init_last_gamma)
     y = keras.layers.Add(name=f"{name}_add")([y, shortcut])
     return keras.layers.ReLU(name=f"{name}_out")(y)
 
 
-def _conv(x, filters, kernel_size, stride, name, seeds, padding="same"):
-    return keras.layers.Conv2D(
+def _conv(build, x, filters, kernel_size, stride, name, seeds, padding="same"):
+    return build.conv(
+        x,
         filters,
         kernel_size,
-        strides=stride,
+        stride=stride,
         padding=padding,
         use_bias=False,
         kernel_initializer=keras.initializers.HeNormal(seed=seeds()),
         name=name,
-    )(x)
+    )
 
 
-def _batch_norm(x, config: ModelConfig, name: str, *, zero_gamma: bool = False):
+def _batch_norm(build, x, config: ModelConfig, name: str, *, zero_gamma: bool = False):
     return CrossReplicaBatchNormalization(
-        group_size=config.bn_group_size,
+        group_size=build.batch_norm_group(config.bn_group_size),
         axis=-1,
         momentum=config.bn_momentum,
         epsilon=config.bn_epsilon,

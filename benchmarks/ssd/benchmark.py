@@ -21,6 +21,7 @@ from mlperf_tf.data import pipeline, synthetic
 from mlperf_tf.errors import DataError, UserError
 from mlperf_tf.layers import model_bn_span
 from mlperf_tf.optimizers import PiecewiseConstantWithWarmup, registry
+from mlperf_tf.parallel import spatial
 
 # Offset of the synthetic eval examples' seeds, so they differ from the training batch's.
 _SYNTHETIC_EVAL_SEED = 1_000_000
@@ -39,6 +40,8 @@ class SSDBenchmark(Benchmark):
     name = "ssd"
     mlperf_benchmark = "ssd"
     config_class = config_lib.SSDConfig
+    # --spatial_partition=K: each replica of a group of K holds a slab of rows of every image.
+    parallel_axes = ("data", "spatial")
     presets = {
         "mlperf": config_lib.mlperf,
         "mini": config_lib.mini,
@@ -55,7 +58,11 @@ class SSDBenchmark(Benchmark):
 
     # ---- model and optimizer -------------------------------------------------------------------
     def build_model(self) -> keras.Model:
-        return model_lib.build_ssd(self.config.model)
+        """SSD of `config.model`, split into slabs of rows over the mesh's spatial axis when it
+        has one (`model.build_ssd`)."""
+        spatial.check_rows_only(self.mesh)
+        layout = spatial.SpatialLayout(self.mesh) if self.mesh.spatial > 1 else None
+        return model_lib.build_ssd(self.config.model, layout)
 
     def learning_rate_schedule(self) -> PiecewiseConstantWithWarmup:
         """The reference's warmup then x0.1 at each boundary epoch (in optimizer steps)."""
@@ -198,10 +205,12 @@ class SSDBenchmark(Benchmark):
         """Sum of per-image losses / global micro-batch, plus L2 / replicas (replica context).
 
         The reference averages its per-image loss over the batch and lets SGD add
-        `weight_decay * w` to every gradient; summing this over replicas gives the same.
+        `weight_decay * w` to every gradient; summing this over replicas gives the same. With
+        spatial partitioning the K replicas of a group see the same images' (gathered) outputs:
+        each counts 1/K of their loss, so every image counts once in the sum.
         """
         terms = self.loss_terms(model, batch, training)
-        loss = tf.reduce_sum(terms.total) / float(self.micro_batch_size)
+        loss = tf.reduce_sum(terms.total) / float(self.micro_batch_size * self.mesh.spatial)
         wd = self.config.optimizer.opt_weight_decay
         if wd > 0:
             squares = [

@@ -16,7 +16,11 @@ from keras import layers
 
 from benchmarks.ssd import anchors as anchors_lib
 from benchmarks.ssd.config import ModelConfig
+from mlperf_tf.config import ConfigError
 from mlperf_tf.layers import CrossReplicaBatchNormalization
+from mlperf_tf.layers.spatial import SpatialBuilder
+from mlperf_tf.parallel import spatial as spatial_lib
+from mlperf_tf.parallel.spatial import SpatialLayout
 
 # torchvision ResNet-34 widths of conv2_x, conv3_x, conv4_x.
 _STAGE_WIDTHS = (64, 128, 256)
@@ -66,35 +70,42 @@ def default_boxes(config: ModelConfig) -> anchors_lib.DefaultBoxes:
 
 
 class _Builder:
-    """Creates named layers of one model with the config's batch norm and initializers."""
+    """Creates named layers of one model with the config's batch norm and initializers, on
+    slabs of rows while the activations split (`SpatialBuilder`, K = 1: plain Keras layers)."""
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, slabs: SpatialBuilder):
         self.config = config
+        self.slabs = slabs
 
     def batch_norm(self, name: str) -> layers.Layer:
         return CrossReplicaBatchNormalization(
-            group_size=self.config.bn_group_size,
+            group_size=self.slabs.batch_norm_group(self.config.bn_group_size),
             momentum=self.config.bn_momentum,
             epsilon=self.config.bn_epsilon,
             name=name,
         )
 
-    def conv(self, x, filters, kernel, *, stride=1, padding=0, use_bias=False, init=None, name):
-        """PyTorch-style convolution: symmetric zero padding, then a 'valid' convolution."""
-        if padding:
-            x = layers.ZeroPadding2D(padding, name=f"{name}_pad")(x)
-        return layers.Conv2D(
+    def conv(
+        self, x, filters, kernel, *, stride=1, padding=0, use_bias=False, init=None, name,
+        split=None,
+    ):  # fmt: skip
+        """PyTorch-style convolution: symmetric zero padding, then a 'valid' convolution (on a
+        slab with its halo rows when `split`; default: whether the activations are split)."""
+        return self.slabs.conv(
+            x,
             filters,
             kernel,
-            strides=stride,
-            padding="valid",
+            stride=stride,
+            padding=padding,
             use_bias=use_bias,
             kernel_initializer=init or keras.initializers.VarianceScaling(2.0, "fan_out"),
             name=name,
-        )(x)
+            split=split,
+        )
 
     def basic_block(self, x, filters: int, *, stride: int, project: bool, name: str):
         """ResNet v1 basic block: 3x3-BN-ReLU-3x3-BN, plus the (projected) shortcut, ReLU."""
+        x = self.slabs.keep_split(x, ((3, stride, 1), (1, stride, 0)), name=name)
         shortcut = x
         if project:
             shortcut = self.conv(x, filters, 1, stride=stride, name=f"{name}_downsample_conv")
@@ -108,21 +119,37 @@ class _Builder:
         return layers.ReLU(name=f"{name}_out")(y)
 
 
-def build_backbone(config: ModelConfig) -> keras.Model:
+def build_backbone(config: ModelConfig, slabs: SpatialBuilder | None = None) -> keras.Model:
     """MLPerf's modified ResNet-34 up to conv4_x: `[B, S, S, 3]` -> `[B, S/8, S/8, 256*width]`.
 
     Layer names follow torchvision's (`conv1`, `layer1_0_conv1`, ...) so a converted ImageNet
-    checkpoint maps one to one.
+    checkpoint maps one to one. With `slabs` of K > 1 the input is the whole image and the
+    output this replica's slab (`[B, S/8/K, S/8, C]`), or the whole map where it stopped
+    splitting (`slabs.split` says which).
+
+    Raises:
+      ConfigError: K > 1 and the image height does not split into K slabs through the stem.
     """
-    b = _Builder(config)
+    slabs = slabs or SpatialBuilder(None)
+    b = _Builder(config, slabs)
     width = config.width_scale
-    inputs = keras.Input((config.image_size, config.image_size, 3), name="image")
-    x = b.conv(inputs, scaled(_STEM_WIDTH, width), 7, stride=2, padding=3, name="conv1")
+    size = config.image_size
+    if slabs.split and not (
+        spatial_lib.splits(size, slabs.parts, ((7, 2, 3),))
+        and spatial_lib.splits(size // 2, slabs.parts, ((3, 2, 1),))
+    ):
+        raise ConfigError(
+            f"--spatial_partition={slabs.parts}: the image height ({size}, "
+            f"`model.image_size`) does not split into {slabs.parts} slabs through the stem "
+            f"(7x7/2 convolution, 3x3/2 max pool): use a multiple of {4 * slabs.parts}"
+        )
+    inputs = keras.Input((size, size, 3), name="image")
+    x = slabs.start(inputs)
+    x = b.conv(x, scaled(_STEM_WIDTH, width), 7, stride=2, padding=3, name="conv1")
     x = b.batch_norm("bn1")(x)
     x = layers.ReLU(name="relu")(x)
     # Inputs are >= 0 after the ReLU, so zero padding equals PyTorch's -inf padding here.
-    x = layers.ZeroPadding2D(1, name="maxpool_pad")(x)
-    x = layers.MaxPooling2D(3, strides=2, name="maxpool")(x)
+    x = slabs.max_pool(x, 3, stride=2, padding=1, name="maxpool")
     channels = scaled(_STEM_WIDTH, width)
     for stage, (blocks, stage_width) in enumerate(zip(config.backbone_blocks, _STAGE_WIDTHS)):
         filters = scaled(stage_width, width)
@@ -141,8 +168,15 @@ def build_backbone(config: ModelConfig) -> keras.Model:
     return keras.Model(inputs, x, name="backbone")
 
 
-def build_ssd(config: ModelConfig) -> keras.Model:
+def build_ssd(config: ModelConfig, layout: SpatialLayout | None = None) -> keras.Model:
     """The SSD-ResNet34 model.
+
+    Spatial partitioning (`layout` with K > 1 slabs): the backbone, the extra blocks and the
+    heads run on slabs of rows while a level's rows split into K slabs of a multiple of the
+    stride (halo-exchange convolutions and max pool, batch norm over the slabs and the BN
+    group), and whole after; each level's head outputs are flattened on the slab (its anchors
+    are a contiguous block: position-major) and gathered over the group, so the loss, the box
+    matching and the anchors see every image once, whole, on every member.
 
     Returns:
       A Keras model mapping normalized images `[B, S, S, 3]` to `(box_codes [B, A, 4],
@@ -155,13 +189,14 @@ def build_ssd(config: ModelConfig) -> keras.Model:
             f"the model has {len(sizes)} detection levels {sizes} but the anchors are given for "
             f"{len(config.anchor_aspect_ratios)} (`model.anchor_aspect_ratios`)."
         )
-    b = _Builder(config)
+    slabs = SpatialBuilder(layout)
+    b = _Builder(config, slabs)
     width = config.width_scale
     xavier = keras.initializers.GlorotUniform()  # the reference: xavier_uniform_
     inputs = keras.Input((config.image_size, config.image_size, 3), name="image")
-    backbone = build_backbone(config)
+    backbone = build_backbone(config, slabs)
     x = backbone(inputs)
-    features = [x]
+    features = [(x, slabs.split)]  # (feature, split into slabs)
     for k, (mid, out, stride, padding) in enumerate(
         zip(
             config.extra_mid_channels,
@@ -172,6 +207,7 @@ def build_ssd(config: ModelConfig) -> keras.Model:
     ):
         name = f"extra{k + 1}"
         bn = config.extra_batch_norm
+        x = slabs.keep_split(x, ((1, 1, 0), (3, stride, padding)), name=name)
         x = b.conv(x, scaled(mid, width), 1, use_bias=not bn, init=xavier, name=f"{name}_conv1")
         if bn:
             x = b.batch_norm(f"{name}_bn1")(x)
@@ -189,13 +225,20 @@ def build_ssd(config: ModelConfig) -> keras.Model:
         if bn:
             x = b.batch_norm(f"{name}_bn2")(x)
         x = layers.ReLU(name=f"{name}_relu2")(x)
-        features.append(x)
+        features.append((x, slabs.split))
 
     box_codes, class_logits = [], []
-    for level, (feature, ratios) in enumerate(zip(features, config.anchor_aspect_ratios)):
+    for level, ((feature, split), ratios) in enumerate(zip(features, config.anchor_aspect_ratios)):
         per_cell = anchors_lib.boxes_per_location(ratios)
         loc = b.conv(
-            feature, per_cell * 4, 3, padding=1, use_bias=True, init=xavier, name=f"loc{level}"
+            feature,
+            per_cell * 4,
+            3,
+            padding=1,
+            use_bias=True,
+            init=xavier,
+            name=f"loc{level}",
+            split=split,
         )
         conf = b.conv(
             feature,
@@ -205,12 +248,14 @@ def build_ssd(config: ModelConfig) -> keras.Model:
             use_bias=True,
             init=xavier,
             name=f"conf{level}",
+            split=split,
         )
-        # [B, H, W, boxes * k] -> [B, H * W * boxes, k]: position-major, box-minor anchors.
-        box_codes.append(layers.Reshape((-1, 4), name=f"loc{level}_flat")(loc))
-        class_logits.append(
-            layers.Reshape((-1, config.num_classes), name=f"conf{level}_flat")(conf)
-        )
+        # [B, H, W, boxes * k] -> [B, H * W * boxes, k]: position-major, box-minor anchors
+        # (a slab's anchors are rows [k*h, (k+1)*h) of them: gathered in slab order).
+        loc = layers.Reshape((-1, 4), name=f"loc{level}_flat")(loc)
+        conf = layers.Reshape((-1, config.num_classes), name=f"conf{level}_flat")(conf)
+        box_codes.append(slabs.whole(loc, name=f"loc{level}_gather", split=split))
+        class_logits.append(slabs.whole(conf, name=f"conf{level}_gather", split=split))
     box_codes = layers.Concatenate(axis=1, name="box_codes")(box_codes)
     class_logits = layers.Concatenate(axis=1, name="class_logits")(class_logits)
     return keras.Model(inputs, (box_codes, class_logits), name="ssd_resnet34")

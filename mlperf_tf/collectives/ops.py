@@ -192,8 +192,12 @@ class Collectives:
         return tf.reduce_sum(tf.reshape(received, x.shape), axis=0)
 
     def all_to_all(self, x, members: list[int], name: str):
-        """Row j of `x` ([n, ...]) to the member of rank j; returns [n, ...] whose row i came from
-        the member of rank i (`CollectiveAllToAllV2`, which CPUs have): (n-1)/n of x's bytes."""
+        """Row `j` of `x` ([n, ...]) goes to the member of rank `j`; returns [n, ...] whose row
+        `i` came from the member of rank `i` (`CollectiveAllToAllV2`, which CPUs have). Sends
+        (n-1)/n of x's bytes (its own row stays). The experts' token exchange
+        (`mlperf_tf.layers.moe`) and the halo exchange of spatial partitioning
+        (`mlperf_tf.layers.spatial`: TF's collectives have no point-to-point send in replica
+        context) are built on it."""
         n = len(members)
         if x.shape[0] != n:
             raise ValueError(f"all_to_all input's first dimension {x.shape} must be {n}")

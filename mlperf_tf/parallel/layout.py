@@ -31,7 +31,7 @@ import numpy as np
 import tensorflow as tf
 
 from mlperf_tf.errors import UserError
-from mlperf_tf.parallel.mesh import AXES, BATCH_AXES, DeviceMesh
+from mlperf_tf.parallel.mesh import AXES, GRADIENT_AXES, DeviceMesh
 
 _ATTRIBUTE = "mlperf_tf_layout"
 
@@ -43,12 +43,13 @@ class Layout:
     Attributes:
       split_axis: the variable's dimension cut into shards (None: replicated everywhere).
       split_over: the mesh axes whose replicas hold different shards, outermost first.
-      sum_over: the mesh axes its gradient is summed over (the batch axes it is not split over).
+      sum_over: the mesh axes its gradient is summed over (`GRADIENT_AXES`: the batch axes and
+        the spatial axis, whose slabs hold partial gradients, less the axes it is split over).
     """
 
     split_axis: int | None = None
     split_over: tuple[str, ...] = ()
-    sum_over: tuple[str, ...] = BATCH_AXES
+    sum_over: tuple[str, ...] = GRADIENT_AXES
 
     def __post_init__(self):
         for axis in self.split_over + self.sum_over:

@@ -33,6 +33,10 @@ from mlperf_tf.errors import UserError
 AXES = ("data", "expert", "spatial", "model")
 # The axes whose replicas read different batches.
 BATCH_AXES = ("data", "expert")
+# The axes a replicated weight's gradient is summed over: the batch axes, and `spatial`, whose
+# replicas each hold the partial gradient of their slab of the same images. (Not `model`: the
+# shards of a model group compute the same gradient of a replicated weight.)
+GRADIENT_AXES = BATCH_AXES + ("spatial",)
 # Which flag sets each axis, for error messages.
 AXIS_FLAGS = {
     "data": "the replica count",

@@ -86,9 +86,9 @@ class Trainer:
             if total_grads is None:
                 total_grads = list(grads)
             else:
-                total_grads = [a + g for a, g in zip(total_grads, grads)]
+                total_grads = [_add_gradients(a, g) for a, g in zip(total_grads, grads)]
         if self.accumulation > 1:
-            total_grads = [g / self.accumulation for g in total_grads]
+            total_grads = [_scale_gradient(g, 1.0 / self.accumulation) for g in total_grads]
             total_loss /= self.accumulation
         self.sum_and_apply(total_grads)
         metrics = {k: v / float(self.accumulation) for k, v in total_metrics.items()}
@@ -156,9 +156,11 @@ class Trainer:
                 self._replica_step, args=(micro_batches,)
             )
             # Each replica's loss is its share of the global mean: the sum is the global loss
-            # (counted once per mesh group: the replicas of a model group share one batch).
+            # (counted once per model group: the replicas of a model group share one batch and
+            # each returns its whole loss; spatial replicas each return 1/K of theirs, since
+            # Keras sums their partial gradients).
             loss = self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_loss, axis=None)
-            loss /= self.benchmark.mesh.group_size
+            loss /= self.benchmark.mesh.model
             loss_sum += tf.cast(loss, tf.float32)
             metric_sums = {
                 name: total
@@ -170,3 +172,22 @@ class Trainer:
             done += 1
         steps = tf.cast(tf.maximum(done, 1), tf.float32)
         return loss_sum / steps, done, waited, {k: v / steps for k, v in metric_sums.items()}
+
+
+def _add_gradients(a, b):
+    """a + b of two micro batches' gradients; sparse ones (an embedding lookup's
+    `IndexedSlices`, which have no `+`) are joined, rows of both kept."""
+    if isinstance(a, tf.IndexedSlices) and isinstance(b, tf.IndexedSlices):
+        return tf.IndexedSlices(
+            tf.concat([a.values, b.values], 0), tf.concat([a.indices, b.indices], 0), a.dense_shape
+        )
+    if isinstance(a, tf.IndexedSlices) or isinstance(b, tf.IndexedSlices):
+        return tf.convert_to_tensor(a) + tf.convert_to_tensor(b)
+    return a + b
+
+
+def _scale_gradient(g, factor: float):
+    """g x factor, for dense and sparse (`IndexedSlices`) gradients."""
+    if isinstance(g, tf.IndexedSlices):
+        return tf.IndexedSlices(g.values * factor, g.indices, g.dense_shape)
+    return g * factor

@@ -34,3 +34,12 @@ def test_bad_layouts_and_sizes():
         model_split(0).shard_shape((6, 2), DeviceMesh(model=4))
     with pytest.raises(UserError, match=r"^--model_parallel=4 must divide model.num_heads \(6\)"):
         check_divides(DeviceMesh(model=4), **{"model.num_heads": 6})
+
+
+def test_replicated_gradients_are_summed_over_the_spatial_slabs():
+    # Spatial replicas each hold the partial gradient of their slab: a replicated weight's sum
+    # must span them (the runner's summer, --all_reduce=ring etc., uses this group).
+    mesh = DeviceMesh(data=2, spatial=2)
+    assert REPLICATED.sum_group(mesh, 0) == [0, 1, 2, 3]
+    # The shards of a model group compute the same gradient: never summed over `model`.
+    assert REPLICATED.sum_group(DeviceMesh(data=2, model=2), 1) == [1, 3]

@@ -1,0 +1,159 @@
+"""Provides `SpatialLayout`: images split into horizontal slabs over the mesh's `spatial` axis.
+
+Spatial partitioning (Kumar et al. 2019, "Scale MLPerf-0.6 models on Google TPU-v3 Pods";
+TF1's `input_partition_dims`) is a layout over the device mesh: the replicas of one spatial
+group (`DeviceMesh.group(replica, "spatial")`) read the same batch, and replica `k` of the group
+holds rows `[k * H/K, (k+1) * H/K)` of every activation, replicated along the other axes. The
+layers that keep this layout (halo-exchange convolution and pooling, gather, global pooling)
+are in `mlperf_tf/layers/spatial.py`; this module holds the arithmetic they share: where a
+replica sits in its group, and how many halo rows a window needs from each neighbour.
+
+Only slabs of rows are built (`--spatial_partition=K`); `KxL` tiles are refused by
+`check_rows_only` with one line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from mlperf_tf.errors import UserError
+from mlperf_tf.parallel.mesh import DeviceMesh
+
+
+@dataclasses.dataclass(frozen=True)
+class SpatialLayout:
+    """How a model's activations are split over the spatial axis of `mesh`.
+
+    Attributes:
+      mesh: the run's device mesh; `mesh.spatial` is K, the slabs per image.
+    """
+
+    mesh: DeviceMesh
+
+    @property
+    def parts(self) -> int:
+        """K: slabs per image (1: the layout is the whole image, no collective)."""
+        return self.mesh.spatial
+
+    def members(self, replica: int) -> list[int]:
+        """The replicas holding the slabs of `replica`'s images, top slab first."""
+        return self.mesh.group(replica, "spatial")
+
+    def index(self, replica: int) -> int:
+        """Which slab `replica` holds (0 = top)."""
+        return self.mesh.index(replica, "spatial")
+
+    def get_config(self) -> dict:
+        return dataclasses.asdict(self.mesh)
+
+    @classmethod
+    def from_config(cls, config: dict) -> SpatialLayout:
+        return cls(DeviceMesh(**config))
+
+
+def check_rows_only(mesh: DeviceMesh) -> None:
+    """Refuses `KxL` tiles: only slabs of rows are built.
+
+    Raises:
+      UserError: `mesh.spatial_cols` > 1 (one line naming the flag).
+    """
+    if mesh.spatial_cols > 1:
+        raise UserError(
+            f"--spatial_partition={mesh.spatial_rows}x{mesh.spatial_cols}: only slabs of rows "
+            f"(--spatial_partition=K) are built; use --spatial_partition={mesh.spatial}"
+        )
+
+
+def same_padding(size: int, *, kernel: int, stride: int, dilation: int = 1) -> tuple[int, int]:
+    """TF's `SAME` padding (before, after) of a window along one axis of `size` elements."""
+    effective = (kernel - 1) * dilation + 1
+    out = math.ceil(size / stride)
+    total = max((out - 1) * stride + effective - size, 0)
+    return total // 2, total - total // 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Halo:
+    """The rows a windowed op on a slab needs beyond it.
+
+    Attributes:
+      top: rows from the slab above (the image's top padding for the first slab).
+      bottom: rows from the slab below (bottom padding for the last slab); 0 when the window's
+        last row never passes the slab's end (a 1x1 window at stride 2: a 'valid' op on the
+        slab then reads exactly its rows). `bottom` can be smaller than the image's bottom
+        padding: rows of padding no output reads are not made.
+    """
+
+    top: int
+    bottom: int
+
+
+def halo(
+    *, height: int, parts: int, kernel: int, stride: int, dilation: int, pad_top: int, pad_bottom: int
+) -> Halo:  # fmt: skip
+    """The halo of a window op on slabs, or a `ValueError` saying why the slabs cannot run it.
+
+    The whole-image op reads, for output row `i`, input rows `i*stride - pad_top + j*dilation`
+    (j < kernel). Slab `k` of `height / parts` rows computes the output rows
+    `[k * out/parts, (k+1) * out/parts)`, which is the whole op's output split into equal slabs
+    when the slab height is a multiple of the stride: it then needs `pad_top` rows above and
+    `(kernel-1)*dilation + 1 - stride - pad_top` below (none if that is negative).
+
+    Args:
+      height: rows of the whole image's input.
+      parts: slabs (K).
+      kernel, stride, dilation: of the window along the height.
+      pad_top, pad_bottom: the whole op's zero (or -inf) padding rows above and below.
+
+    Raises:
+      ValueError: the rows do not split into `parts` slabs of a multiple of `stride` rows, the
+        output does not split evenly, or a halo is wider than a slab (it would need rows from
+        beyond the nearest neighbour).
+    """
+    effective = (kernel - 1) * dilation + 1
+    out = (height + pad_top + pad_bottom - effective) // stride + 1
+    slab = height // parts
+    if height % parts or slab % stride or out != height // stride:
+        raise ValueError(
+            f"{height} rows do not split into {parts} slabs of a multiple of the stride "
+            f"{stride} with an equal share of the {out} output rows"
+        )
+    bottom = max(effective - stride - pad_top, 0)
+    if max(pad_top, bottom) > slab or bottom > pad_bottom:
+        raise ValueError(
+            f"a window of {kernel} (dilation {dilation}, padding {pad_top}/{pad_bottom}) needs "
+            f"{pad_top}/{bottom} halo rows, more than a slab of {slab} rows can give"
+        )
+    return Halo(top=pad_top, bottom=bottom)
+
+
+def window_pads(
+    size: int, *, kernel: int, stride: int, dilation: int = 1, padding
+) -> tuple[int, int]:
+    """(before, after) padding of a window op along an axis of `size`: `padding` is "same"
+    (TF's), "valid" or an int (PyTorch's symmetric padding)."""
+    if padding == "same":
+        return same_padding(size, kernel=kernel, stride=stride, dilation=dilation)
+    if padding == "valid":
+        return 0, 0
+    return int(padding), int(padding)
+
+
+def splits(height: int, parts: int, windows) -> bool:
+    """Whether an activation of `height` rows can stay in `parts` slabs through `windows`.
+
+    Args:
+      windows: (kernel, stride, padding) of the window ops that read it, padding as in
+        `window_pads`.
+    """
+    try:
+        for kernel, stride, padding in windows:
+            top, bottom = window_pads(height, kernel=kernel, stride=stride, padding=padding)
+            halo(
+                height=height, parts=parts, kernel=kernel, stride=stride, dilation=1,
+                pad_top=top, pad_bottom=bottom,
+            )  # fmt: skip
+    except ValueError:
+        return False
+    return True

@@ -1,0 +1,48 @@
+"""SSD with spatial partitioning: K slabs per image train exactly as the whole image."""
+
+import dataclasses
+
+import pytest
+
+from benchmarks.ssd import config as config_lib
+from benchmarks.ssd.benchmark import SSDBenchmark
+from mlperf_tf.benchmark import RunContext
+from mlperf_tf.config import ConfigError
+from mlperf_tf.parallel.mesh import DeviceMesh
+from tests import spatial_exact
+
+pytestmark = pytest.mark.numerics
+
+
+def _bench(*, bn_group_size=1, size="smoke", image_size=128):
+    """The smoke SSD (1/8 width, one block per stage, 128 px, 5 levels) or the mini preset's
+    model (1/4 width, ResNet-34 depth, BN in the extra blocks) on synthetic batches of 4."""
+    config = config_lib.smoke()
+    model = config.model if size == "smoke" else config_lib.mini().model
+    model = dataclasses.replace(model, bn_group_size=bn_group_size, image_size=image_size)
+    return SSDBenchmark(dataclasses.replace(config, global_batch_size=4, model=model))
+
+
+@pytest.mark.parametrize(
+    ("parts", "bn_group_size"),
+    [(2, 2), pytest.param(4, 1, marks=pytest.mark.slow)],
+)
+def test_smoke_slabs_train_as_the_whole_image(parts, bn_group_size):
+    """5 SGD steps. The levels of 16, 8 and 4 rows run on slabs; K=2 gathers before the last
+    extra block (2 rows, stride 2), K=4 before the one of 4 rows; each level's head outputs are
+    gathered over the group before the loss (box matching, hard negatives) sees them."""
+    spatial_exact.assert_same_training(_bench(bn_group_size=bn_group_size), parts=parts)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("parts", [2, 4])
+def test_mini_size_slabs_train_as_the_whole_image(parts):
+    spatial_exact.assert_same_training(_bench(size="mini"), parts=parts)
+
+
+def test_an_image_height_that_does_not_split_is_refused():
+    bench = _bench(image_size=136).with_context(
+        RunContext(num_replicas=4, mesh=DeviceMesh(data=1, spatial=4))
+    )
+    with pytest.raises(ConfigError, match=r"--spatial_partition=4: the image height \(136"):
+        bench.build_model()

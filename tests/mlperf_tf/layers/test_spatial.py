@@ -1,0 +1,215 @@
+"""Tests of the spatial-partitioning layers: slabs on 4 logical CPUs equal the whole-image ops."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from mlperf_tf.layers import spatial
+from mlperf_tf.parallel.mesh import DeviceMesh
+from mlperf_tf.parallel.spatial import SpatialLayout, halo, same_padding
+from tests.numerics import assert_close
+from tests.strategies import mirrored
+
+pytestmark = pytest.mark.numerics
+
+REPLICAS = 4
+SHAPE = (2, 16, 6, 3)  # per batch shard [b, H, W, c]
+
+
+@pytest.fixture(scope="module")
+def strategy():
+    return mirrored(REPLICAS)
+
+
+def _run(strategy, parts, make_layers, images, weights):
+    """Per replica: slab -> layers -> gather; loss sum(y * w) / K. Returns the gathered outputs,
+    the input gradient summed over each group and the variables' gradients summed over all
+    replicas (what Keras' apply_gradients sums), per batch shard."""
+    mesh = DeviceMesh(data=REPLICAS // parts, spatial=parts)
+    layout = SpatialLayout(mesh)
+    slice_, layers, gather = (
+        spatial.SpatialSlice(layout=layout),
+        make_layers(layout),
+        spatial.SpatialGather(1, layout=layout),
+    )
+    with strategy.scope():
+        for layer in layers:  # build the variables (slab shapes) in the strategy scope
+            layer.build((None, SHAPE[1] // parts, SHAPE[2], SHAPE[3]))
+    variables = [v for layer in layers for v in layer.trainable_variables]
+
+    def replica_fn(x, w):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = slice_(x)
+            for layer in layers:
+                y = layer(y)
+            y = gather(y)
+            loss = tf.reduce_sum(y * w) / parts
+        return y, tape.gradient(loss, [x, *variables])
+
+    def per_replica(array):
+        return strategy.experimental_distribute_values_from_function(
+            lambda ctx: tf.constant(array[mesh.batch_shard(ctx.replica_id_in_sync_group)])
+        )
+
+    step = tf.function(lambda a, b: strategy.run(replica_fn, args=(a, b)))
+    y, grads = step(per_replica(images), per_replica(weights))
+    local = strategy.experimental_local_results
+    ys = [t.numpy() for t in local(y)]
+    grad_x = [t.numpy() for t in local(grads[0])]
+    shards = mesh.batch_shards
+    out = np.stack([ys[mesh.replica(data=d)] for d in range(shards)])
+    for d in range(shards):
+        for k in range(parts):  # every member holds the whole output
+            np.testing.assert_array_equal(ys[mesh.replica(data=d, spatial=k)], out[d])
+    dx = np.stack(
+        [sum(grad_x[r] for r in mesh.group(mesh.replica(data=d), "spatial")) for d in range(shards)]
+    )
+    dvars = [sum(t.numpy() for t in local(g)) for g in grads[1:]]
+    return out, dx, dvars, [v.numpy() for v in variables]
+
+
+def _whole(make_layers, images, weights, values):
+    """The same ops on whole images, one device, same weights; gradients summed over shards."""
+    layout = SpatialLayout(DeviceMesh())
+    layers = make_layers(layout)
+    outs, dxs, dvars = [], [], None
+    for image, w in zip(images, weights):
+        x = tf.constant(image)
+        y = x
+        for layer in layers:  # builds them
+            y = layer(y)
+        variables = [v for layer in layers for v in layer.trainable_variables]
+        for v, value in zip(variables, values):
+            v.assign(value)
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = x
+            for layer in layers:
+                y = layer(y)
+            loss = tf.reduce_sum(y * w)
+        grads = tape.gradient(loss, [x, *variables])
+        outs.append(y.numpy())
+        dxs.append(grads[0].numpy())
+        g = [t.numpy() for t in grads[1:]]
+        dvars = g if dvars is None else [a + b for a, b in zip(dvars, g)]
+    return np.stack(outs), np.stack(dxs), dvars
+
+
+def _keras_reference(kind, kwargs):
+    """The plain Keras op the halo layer must equal (explicit padding as ZeroPadding2D)."""
+    pad = kwargs.get("padding", "same")
+    op = keras.layers.Conv2D if kind == "conv" else keras.layers.MaxPooling2D
+    args = {k: v for k, v in kwargs.items() if k != "padding"}
+    if isinstance(pad, int):
+        return [keras.layers.ZeroPadding2D(pad), op(**args, padding="valid")]
+    return [op(**args, padding=pad)]
+
+
+CASES = [
+    ("conv", {"filters": 4, "kernel_size": 3}),
+    ("conv", {"filters": 4, "kernel_size": 3, "strides": 2}),
+    ("conv", {"filters": 4, "kernel_size": 7, "strides": 2, "padding": 3}),
+    ("conv", {"filters": 4, "kernel_size": 1, "strides": 2}),
+    ("conv", {"filters": 4, "kernel_size": 3, "dilation_rate": 2}),
+    ("conv", {"filters": 4, "kernel_size": (5, 3), "padding": "same", "use_bias": True}),
+    ("pool", {"pool_size": 3, "strides": 2}),
+    ("pool", {"pool_size": 3, "strides": 2, "padding": 1}),
+]
+
+
+@pytest.mark.parametrize("parts", [2, 4])
+@pytest.mark.parametrize(
+    ("kind", "kwargs"), CASES, ids=[f"{k}-{i}" for i, (k, _) in enumerate(CASES)]
+)
+def test_slabs_equal_the_whole_image_op(strategy, parts, kind, kwargs):
+    rng = np.random.RandomState(parts)
+    shards = REPLICAS // parts
+    images = rng.normal(0.5, 1.0, (shards, *SHAPE)).astype(np.float32)  # differ per shard
+
+    def make(layout):
+        if kind == "conv":
+            init = keras.initializers.RandomNormal(seed=3)
+            return [spatial.HaloConv2D(**kwargs, layout=layout, kernel_initializer=init)]
+        return [spatial.HaloMaxPooling2D(**kwargs, layout=layout)]
+
+    probe = make(SpatialLayout(DeviceMesh()))[0]
+    out_shape = probe.compute_output_shape(SHAPE)
+    weights = rng.normal(0.0, 1.0, (shards, *out_shape)).astype(np.float32)
+    out, dx, dvars, values = _run(strategy, parts, make, images, weights)
+    assert out.shape == (shards, *out_shape)
+
+    expected, expected_dx, expected_dvars = _whole(
+        lambda layout: _keras_reference(kind, kwargs), images, weights, values
+    )
+    assert_close(out, expected, rtol=1e-5)
+    assert_close(dx, expected_dx, rtol=1e-5)
+    for got, want in zip(dvars, expected_dvars):
+        assert_close(got, want, rtol=1e-5)
+    if kind == "conv":  # the halo layer alone, on one device, is the whole convolution too
+        alone = _whole(make, images, weights, values)
+        assert_close(alone[0], expected, rtol=1e-5)
+
+
+def test_global_average_pooling_over_slabs(strategy):
+    rng = np.random.RandomState(7)
+    images = rng.normal(0.0, 1.0, (2, *SHAPE)).astype(np.float32)
+    weights = rng.normal(0.0, 1.0, (2, SHAPE[0], SHAPE[-1])).astype(np.float32)
+    mesh = DeviceMesh(data=2, spatial=2)
+    layout = SpatialLayout(mesh)
+    slice_, pool = (
+        spatial.SpatialSlice(layout=layout),
+        spatial.SpatialGlobalAveragePooling2D(layout=layout),
+    )
+
+    def replica_fn(x, w):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = pool(slice_(x))
+            loss = tf.reduce_sum(y * w) / 2
+        return y, tape.gradient(loss, x)
+
+    def per_replica(array):
+        return strategy.experimental_distribute_values_from_function(
+            lambda ctx: tf.constant(array[mesh.batch_shard(ctx.replica_id_in_sync_group)])
+        )
+
+    y, dx = tf.function(lambda a, b: strategy.run(replica_fn, args=(a, b)))(
+        per_replica(images), per_replica(weights)
+    )
+    ys = [t.numpy() for t in strategy.experimental_local_results(y)]
+    dxs = [t.numpy() for t in strategy.experimental_local_results(dx)]
+    for r in range(REPLICAS):
+        assert_close(ys[r], images[mesh.batch_shard(r)].mean(axis=(1, 2)), rtol=1e-5)
+    for d in range(2):
+        members = mesh.group(mesh.replica(data=d), "spatial")
+        expected = np.broadcast_to(weights[d][:, None, None, :] / (SHAPE[1] * SHAPE[2]), SHAPE)
+        assert_close(sum(dxs[r] for r in members), expected, rtol=1e-5)
+
+
+def test_halo_arithmetic_and_refusals():
+    assert same_padding(16, kernel=3, stride=2) == (0, 1)
+    assert same_padding(16, kernel=7, stride=2) == (2, 3)
+    assert (
+        halo(height=16, parts=2, kernel=3, stride=1, dilation=1, pad_top=1, pad_bottom=1).bottom
+        == 1
+    )
+    one = halo(height=16, parts=4, kernel=1, stride=2, dilation=1, pad_top=0, pad_bottom=0)
+    assert (one.top, one.bottom) == (0, 0)
+    stem = halo(height=32, parts=4, kernel=7, stride=2, dilation=1, pad_top=3, pad_bottom=3)
+    assert (stem.top, stem.bottom) == (3, 2)
+    with pytest.raises(ValueError, match="do not split into 4 slabs"):
+        halo(height=18, parts=4, kernel=3, stride=1, dilation=1, pad_top=1, pad_bottom=1)
+    with pytest.raises(ValueError, match="do not split into 2 slabs of a multiple of the stride 2"):
+        halo(height=6, parts=2, kernel=3, stride=2, dilation=1, pad_top=0, pad_bottom=1)
+    with pytest.raises(ValueError, match="more than a slab of 1 rows"):
+        halo(height=4, parts=4, kernel=5, stride=1, dilation=1, pad_top=2, pad_bottom=2)
+    with pytest.raises(ValueError, match="`padding` \\('full'\\)"):
+        spatial.HaloConv2D(2, 3, layout=SpatialLayout(DeviceMesh()), padding="full")
+
+
+def test_split_layers_refuse_to_run_outside_a_replica_context():
+    layer = spatial.HaloConv2D(2, 3, layout=SpatialLayout(DeviceMesh(spatial=2)), name="c")
+    with pytest.raises(ValueError, match="layer 'c' holds a slab"):
+        layer(tf.zeros([1, 4, 4, 1]))
