@@ -40,6 +40,9 @@ class RunContext:
       mesh: the run's device mesh (`mlperf_tf.parallel.DeviceMesh`): how the replicas split
         into data, expert, spatial and model axes. None means data parallelism over all
         `num_replicas` (the mesh `DeviceMesh(data=num_replicas)`).
+      collective_timeout_s: seconds a collective the model issues itself (an expert-parallel
+        MoE layer's all-to-alls) may wait for its peers before it fails naming itself
+        (`--collective_timeout`; 0: no limit).
     """
 
     num_replicas: int = 1
@@ -47,6 +50,7 @@ class RunContext:
     skip_bad_records: bool = False
     static_shapes: bool = False
     mesh: DeviceMesh | None = None
+    collective_timeout_s: float = 0.0
 
     @property
     def device_mesh(self) -> DeviceMesh:

@@ -145,6 +145,7 @@ class TransformerBenchmark(Benchmark):
             # one buffer shape on every replica (expert parallelism's all-to-all needs it), and
             # the same for every --expert_parallel.
             moe_group_size=self.per_replica_batch_size if m.moe.enabled else None,
+            collective_timeout_s=self.context.collective_timeout_s,
         )
 
     def build_model(self) -> model_lib.Transformer:

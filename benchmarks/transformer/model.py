@@ -59,6 +59,8 @@ class TransformerParams:
       moe: mixture-of-experts feed-forward blocks (`num_experts=0`: all dense); every
         `moe.every`-th block of the encoder and of the decoder is an `MoEFeedForward`.
       moe_group_size: static tokens per replica for the MoE capacity (None: each batch's count).
+      collective_timeout_s: seconds an expert-parallel MoE layer's all-to-all may wait for its
+        peers (the run's `--collective_timeout`; 0: no limit).
     """
 
     vocab_size: int
@@ -71,6 +73,7 @@ class TransformerParams:
     relu_dropout: float = 0.1
     moe: MoEConfig = MoEConfig()
     moe_group_size: int | None = None
+    collective_timeout_s: float = 0.0
 
     def __post_init__(self):
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "filter_size"):
@@ -367,6 +370,7 @@ def feed_forward(params: TransformerParams, index: int, mesh: DeviceMesh | None,
         group_size=p.moe_group_size,
         expert_parallel=mesh.expert if mesh is not None else 1,
         mesh=mesh,
+        collective_timeout_s=p.collective_timeout_s,
         name="moe_ffn",
         dtype=policy,
     )

@@ -65,7 +65,8 @@ def replica_collectives(*, num_replicas: int, timeout_s: float) -> Collectives:
     gradients, the gradient sum) must share one ordering token per replica, so that every
     replica runs them in the same program order; with a token each, replicas may start them in
     different orders and wait on each other forever. The object lives on the replica context
-    (one per `strategy.run` call per replica).
+    (one per `strategy.run` call per replica). Its timeout is the largest `timeout_s` of its
+    callers so far.
 
     Raises:
       ValueError: no replica context with a static replica id.
@@ -80,6 +81,10 @@ def replica_collectives(*, num_replicas: int, timeout_s: float) -> Collectives:
             replica=replica, num_replicas=num_replicas, timeout_s=timeout_s, traffic=Traffic()
         )
         context.mlperf_tf_collectives = ops
+    # The first caller makes the object; a later caller's bound is not dropped (an MoE layer
+    # built without one must not leave the gradient sum's collectives unbounded, nor the
+    # reverse): ops made from here on wait at most the largest timeout asked for.
+    ops.timeout_s = max(ops.timeout_s, float(timeout_s))
     return ops
 
 

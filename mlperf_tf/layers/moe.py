@@ -55,8 +55,15 @@ import tensorflow as tf
 
 from mlperf_tf.collectives.ops import replica_collectives
 from mlperf_tf.config import ConfigError
+from mlperf_tf.parallel import layout as mesh_layout
 from mlperf_tf.parallel.expert_layout import EXPERT_LAYOUT, set_layout
 from mlperf_tf.parallel.mesh import DeviceMesh
+
+# The expert weights' place on the mesh in `mlperf_tf.parallel.layout`'s terms: dimension 0 (the
+# experts) split over `expert`, gradients summed over `data`. It gives them whole-tensor
+# checkpoint entries (all E experts, joined at save, split at restore); the step's sum still
+# follows `expert_layout.EXPERT_LAYOUT` (`LayoutSummer`).
+EXPERT_SPLIT = mesh_layout.Layout(split_axis=0, split_over=("expert",), sum_over=("data",))
 
 # Flaxformer's router initializer (`routing.default_kernel_init`): normal, stddev 2e-2.
 ROUTER_STDDEV = 2e-2
@@ -435,6 +442,8 @@ class MoEFeedForward(keras.layers.Layer):
             for w, init in zip(self.expert_weights, (uniform, "zeros", uniform, "zeros")):
                 set_layout(w, EXPERT_LAYOUT)
                 w.mesh_initializer = keras.initializers.get(init)
+                mesh_layout.set_layout(w, EXPERT_SPLIT)
+                mesh_layout.save_whole(w, self.mesh, (self.num_experts, *w.shape[1:]))
         super().build(input_shape)
 
     @property

@@ -138,19 +138,18 @@ def _slices(whole, layout: Layout, mesh: DeviceMesh) -> list:
     return tf.split(whole, layout.num_shards(mesh), axis=layout.split_axis)
 
 
-def _strategy_of(tf_var):
-    """The strategy `tf_var` was created under (a distributed variable knows it), else the
-    current one: a checkpoint may be written outside the strategy's scope (the runner's final or
-    preemption save), where the current strategy is the default one and would see one component.
-    """
-    return getattr(tf_var, "distribute_strategy", None) or tf.distribute.get_strategy()
-
-
 def _local_replica_ids(strategy) -> list[int]:
     ids = strategy.experimental_distribute_values_from_function(
         lambda ctx: tf.constant(ctx.replica_id_in_sync_group)
     )
     return [int(v) for v in strategy.experimental_local_results(ids)]
+
+
+def _strategy_of(tf_var):
+    """The strategy `tf_var` was made under (a distributed variable knows it), else the current
+    one: the runner saves and restores checkpoints outside `strategy.scope()`, where the current
+    strategy is the default one, which sees a single component."""
+    return getattr(tf_var, "distribute_strategy", None) or tf.distribute.get_strategy()
 
 
 def assign_whole(variable, whole, mesh: DeviceMesh) -> None:
@@ -169,11 +168,10 @@ def assign_whole(variable, whole, mesh: DeviceMesh) -> None:
         tf_var.assign(whole)
         return
     parts = _slices(whole, layout, mesh)
-    with strategy.scope():
-        values = strategy.experimental_distribute_values_from_function(
-            lambda ctx: parts[layout.shard_index(mesh, ctx.replica_id_in_sync_group)]
-        )
-        strategy.extended.update(tf_var, lambda v, x: v.assign(x), args=(values,), group=False)
+    values = strategy.experimental_distribute_values_from_function(
+        lambda ctx: parts[layout.shard_index(mesh, ctx.replica_id_in_sync_group)]
+    )
+    strategy.extended.update(tf_var, lambda v, x: v.assign(x), args=(values,), group=False)
 
 
 def whole_value(variable, mesh: DeviceMesh):
@@ -191,9 +189,8 @@ def whole_value(variable, mesh: DeviceMesh):
     if not layout.split or layout.num_shards(mesh) == 1:
         return tf.convert_to_tensor(tf_var)
     strategy = _strategy_of(tf_var)
-    with strategy.scope():
-        components = strategy.experimental_local_results(tf_var)
-        ids = _local_replica_ids(strategy) if len(components) > 1 else [0]
+    components = strategy.experimental_local_results(tf_var)
+    ids = _local_replica_ids(strategy) if len(components) > 1 else [0]
     by_replica = dict(zip(ids, components, strict=True))
     owners = layout.shard_group(mesh, 0)  # shards 0..n-1 in order
     missing = [r for r in owners if r not in by_replica]

@@ -505,6 +505,7 @@ class Controller:
             skip_bad_records=cfg.skip_bad_records,
             static_shapes=distribute.needs_static_shapes(self.strategy, xla=cfg.xla),
             mesh=mesh,
+            collective_timeout_s=cfg.collective_timeout,
         )
         self.benchmark = self.benchmark.with_context(context)
         self._build_model()

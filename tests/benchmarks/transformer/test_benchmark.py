@@ -204,9 +204,12 @@ def test_loss_is_the_token_mean_over_replicas():
     total, count = label_smoothed_cross_entropy(logits, batch["targets"], 0.1)
     loss = bench.compute_loss(model, batch, training=False)
     assert float(loss) == pytest.approx(float(total / count), rel=1e-5)
+    # Under a 2-replica strategy the runner binds a context of 2 replicas (mesh data=2): each
+    # replica's loss is its share of the global token mean, so the replicas' sum is that mean.
+    two = bench.with_context(RunContext(num_replicas=2))
     strategy = strategies.mirrored(2)
     with strategy.scope():
-        per_replica = strategy.run(lambda: bench.compute_loss(model, batch, training=False))
+        per_replica = strategy.run(lambda: two.compute_loss(model, batch, training=False))
     values = [float(v) for v in strategy.experimental_local_results(per_replica)]
     assert values == pytest.approx([float(total / count) / 2] * 2, rel=1e-5)
 

@@ -165,3 +165,37 @@ def test_all_to_all_sends_row_j_to_rank_j_and_its_gradient_returns():
         np.testing.assert_array_equal(yr.numpy()[:, 0], [10.0 * i + r for i in range(REPLICAS)])
         # d loss / d x[j] on rank r is the weight rank j gave to the row from rank r: 1 + r.
         np.testing.assert_array_equal(gr.numpy()[:, 0], [1.0 + r] * REPLICAS)
+
+
+def _model_on(expert_parallel: int):
+    mesh = DeviceMesh(data=REPLICAS // expert_parallel, expert=expert_parallel)
+    strategy = mirrored(REPLICAS)
+    with strategy.scope():
+        model = TinyMoE(mesh, capacity_factor=1.0)
+        model.build()
+    return strategy, mesh, model
+
+
+def test_checkpoint_holds_whole_experts_and_restores_on_another_expert_axis(tmp_path):
+    # Before, an E>1 checkpoint held replica 0's experts only (E/P of them).
+    strategy, mesh, model = _model_on(2)
+    rng = np.random.default_rng(1)
+    wholes = [
+        rng.normal(size=(E, *v.shape[1:])).astype(np.float32) for v in model.moe.expert_weights
+    ]
+    for v, whole in zip(model.moe.expert_weights, wholes, strict=True):
+        layout.load_whole(strategy, mesh, v, whole)
+    path = str(tmp_path / "ckpt")
+    with strategy.scope():
+        tf.train.Checkpoint(model=model).write(path)
+    saved = dict(tf.train.list_variables(path))
+    reader = tf.train.load_checkpoint(path)
+    names = [k for k in saved if "w_in" in k]
+    assert len(names) == 1 and saved[names[0]] == [E, D, F], saved
+    assert_close(reader.get_tensor(names[0]), wholes[0], rtol=0)
+    for expert_parallel in (1, 4):
+        strategy, mesh, restored = _model_on(expert_parallel)
+        with strategy.scope():
+            tf.train.Checkpoint(model=restored).read(path).assert_existing_objects_matched()
+        for v, whole in zip(restored.moe.expert_weights, wholes, strict=True):
+            assert_close(layout.gather_whole(strategy, mesh, v), whole, rtol=0)
