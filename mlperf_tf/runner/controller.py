@@ -503,7 +503,12 @@ class Controller:
             num_replicas=self.strategy.num_replicas_in_sync,
             seed=cfg.seed,
             skip_bad_records=cfg.skip_bad_records,
-            static_shapes=distribute.needs_static_shapes(self.strategy, xla=cfg.xla),
+            # Model-parallel collectives keep one instance key per op, and TF fixes an
+            # instance's shape at its first execution ("Shape mismatch in the collective
+            # instance"): their tensors must not change shape between steps (BERT's packed
+            # encoder ran [256,32] in the warm-up, [177,32] in the first real step).
+            static_shapes=distribute.needs_static_shapes(self.strategy, xla=cfg.xla)
+            or mesh.model > 1,
             mesh=mesh,
             collective_timeout_s=cfg.collective_timeout,
         )
@@ -520,12 +525,7 @@ class Controller:
         )
         self._build_loops()
         self.start_step = self.step
-        if cfg.warm_up and self.benchmark.mesh.model > 1:
-            # Measured (/work/notes/tpfix.md): BERT smoke at --model_parallel=2 fails its first
-            # real step after the warm-up (collective shapes [177,32] vs [256,32]) and passes
-            # without it, as Llama does; cause not found yet. The first timed step traces.
-            logging.warning("--warm_up is off under --model_parallel>1 (not yet supported)")
-        elif cfg.warm_up:
+        if cfg.warm_up:
             self._warm_up()
 
     def _warm_up(self) -> None:

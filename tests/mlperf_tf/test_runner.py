@@ -335,6 +335,11 @@ def test_no_runner_function_is_longer_than_60_lines():
     assert max(lengths.values()) <= 60, sorted(lengths.items(), key=lambda kv: -kv[1])[:3]
 
 
+class _KeepController(runner.Action):
+    def attach(self, controller):
+        self.controller = controller
+
+
 def _smoke(benchmark_name, **overrides):
     from mlperf_tf import registry  # noqa: PLC0415
 
@@ -355,14 +360,17 @@ def test_the_runner_refuses_a_model_parallel_transformer_before_any_work(tmp_pat
 
 
 def test_a_model_parallel_bert_run_trains_evaluates_saves_and_logs(tmp_path):
-    # --model_parallel=2 on 2 logical CPUs through runner.run; the warm-up (asked for, the
-    # default) is skipped under model parallelism: with it the first real step failed on
-    # collective shapes [177,32] vs [256,32]. Every collective is bounded by the timeout.
+    # --model_parallel=2 on 2 logical CPUs through runner.run, warm-up included: with BERT's
+    # padding-skipping (dynamic-shape) encoder the first real step after the warm-up failed on
+    # collective shapes [177,32] vs [256,32]; the runner now asks for static shapes under
+    # model parallelism. Every collective is bounded by the timeout.
     config = runner.RunConfig(
         model_dir=str(tmp_path / "m"), num_cpu_devices=2, model_parallel=2, max_train_steps=2,
         collective_timeout=60,
     )  # fmt: skip
-    result = runner.run(_smoke("bert"), config)
+    keep = _KeepController()
+    result = runner.run(_smoke("bert"), config, actions=[keep])
+    assert keep.controller.warm_up_s > 0 and keep.controller.benchmark.static_shapes
     assert result.steps == 2 and len(result.evals) == 1
     keys = [line["key"] for line in _log_lines(result.mlperf_log)]
     assert "run_start" in keys and "eval_accuracy" in keys and keys[-1] == "run_stop"
