@@ -54,5 +54,5 @@ def test_prepare_into_a_file_is_one_line(tmp_path, capsys):
     code = cli.main(["prepare", "resnet50", "--mini", f"--out_dir={a_file / 'sub'}"])
     err = capsys.readouterr().err
     assert code == 2
-    assert f"error: prepare resnet50: '{a_file}' is a file, not a folder" in err
+    assert f"error: --out_dir '{a_file / 'sub'}': '{a_file}' is a file, not a folder" in err
     assert "Traceback" not in err

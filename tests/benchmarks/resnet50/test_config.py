@@ -85,7 +85,7 @@ def test_optimizer_properties_follow_opt_name():
 @pytest.mark.parametrize(
     "key, value, fragment",
     [
-        ("optimizer.opt_name", "adamw", "must be a registered optimizer"),
+        ("optimizer.opt_name", "adafactor", "must be a registered optimizer"),
         ("optimizer.lars_opt_weight_decay", "-1", "lars_opt_weight_decay"),
         ("optimizer.lars_opt_momentum", "1.0", "lars_opt_momentum"),
         ("optimizer.label_smoothing", "1.5", "label_smoothing"),

@@ -45,7 +45,7 @@ def test_torus2d_on_one_replica_is_an_error():
 
 @pytest.mark.parametrize(
     ("field", "value", "message"),
-    [("pack_mb", -1.0, r"--pack_mb \(-1.0\) must be >= 0"),
+    [("pack_mb", -1.0, r"--pack_mb \(-1.0\) must not be negative"),
      ("all_reduce", "tree", "--all_reduce='tree' is not one of"),
      ("mesh", "4by2", "--mesh='4by2' must be RxC"),
      ("cluster_resolver", "mpi", "--cluster_resolver='mpi' is not one of")],

@@ -97,4 +97,4 @@ def test_every_benchmark_builds_and_logs_a_registry_optimizer(benchmark_name, na
     assert native_hparams.get(C.OPT_NAME, native) == native
     assert "nlcg_beta_rule" not in native_hparams
     with pytest.raises(config_lib.ConfigError, match="must be a registered optimizer"):
-        config_lib.override(cls.preset("smoke"), {"optimizer.opt_name": "adamw"})
+        config_lib.override(cls.preset("smoke"), {"optimizer.opt_name": "adafactor"})
