@@ -377,6 +377,7 @@ def test_a_model_parallel_bert_run_trains_evaluates_saves_and_logs(tmp_path):
     assert os.listdir(tmp_path / "m" / "ckpt")
 
 
+@pytest.mark.slow  # 68 s; guards behaviour that was right when written (the warm-up's snapshot)
 def test_the_warm_up_restores_each_model_shard_of_the_split_weights(tmp_path):
     # The warm-up's snapshot copies every replica's component of a split variable (they differ
     # between the model shards): a run with it ends where the run without it does.
