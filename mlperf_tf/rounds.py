@@ -261,7 +261,7 @@ def closed_division_problem(ruleset: str, benchmark: str, hparams: dict[str, Any
     the closed division does not allow makes it an open-division run), and that some round has
     the benchmark at all (`ruleset` ""). None: no such problem.
     """
-    if not rounds_with(benchmark):
+    if not any(has_benchmark(r, benchmark) for r in available_rulesets()):
         return f"no MLPerf round has benchmark {benchmark!r}: its logs belong to the open division"
     for key in ("opt_name",):
         if key not in hparams:

@@ -58,7 +58,14 @@ def test_crashes_of_the_official_checker_are_reported_as_failures(corpus_rows, c
     for row, report in zip(corpus_rows, corpus_reports):
         if row["path"] in crashed:
             assert not report.passed
-            assert [f.check for f in report.errors] == ["crash"]
+            checks = [f.check for f in report.errors]
+            if "opt_name" in row["path"]:
+                # A closed log whose optimizer the closed rules do not list makes the official
+                # checker look for a missing rule file: the suite names the rule instead (issue 31).
+                assert checks == ["division"]
+                assert "open division" in report.errors[0].message
+            else:
+                assert checks == ["crash"]
 
 
 def test_every_official_message_is_reported(corpus_rows, corpus_reports):
