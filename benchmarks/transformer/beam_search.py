@@ -11,10 +11,13 @@ alive hypothesis can beat the worst finished one. Sequences and caches have fixe
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
 import tensorflow as tf
+
+from mlperf_tf.collectives.ops import loop_function
 
 # Stand-in for minus infinity in scores; finite so that sums and products stay finite.
 INF = 1.0e7
@@ -279,24 +282,23 @@ def translate(
     cache, static = model.init_cache(encoder_outputs, mask, max_decode_length)
     initial_ids = tf.zeros([tf.shape(inputs)[0]], tf.int32)
     if beam_size == 1:
-        ids, _ = greedy_search(
+        search = functools.partial(
+            greedy_search, model.decode_step, max_decode_length=max_decode_length, eos_id=eos_id
+        )
+    else:
+        search = functools.partial(
+            sequence_beam_search,
             model.decode_step,
-            initial_ids,
-            cache,
-            static=static,
+            vocab_size=model.params.vocab_size,
+            beam_size=beam_size,
+            alpha=alpha,
             max_decode_length=max_decode_length,
             eos_id=eos_id,
         )
-        return ids
-    ids, _ = sequence_beam_search(
-        model.decode_step,
-        initial_ids,
-        cache,
-        static=static,
-        vocab_size=model.params.vocab_size,
-        beam_size=beam_size,
-        alpha=alpha,
-        max_decode_length=max_decode_length,
-        eos_id=eos_id,
-    )
-    return ids[:, 0, :]
+    if model.axis.size > 1:
+        # The decoding loop issues the model shards' all-reduces: it runs as a function of its
+        # own per replica, so that the shards' loops meet (see `loop_function`). Every shard
+        # stops at the same step: the stop condition reads the all-reduced (identical) logits.
+        search = loop_function(search)
+    ids, _ = search(initial_ids, cache, static=static)
+    return ids if beam_size == 1 else ids[:, 0, :]

@@ -80,12 +80,53 @@ def replica_collectives(*, num_replicas: int, timeout_s: float) -> Collectives:
         ops = Collectives(
             replica=replica, num_replicas=num_replicas, timeout_s=timeout_s, traffic=Traffic()
         )
+        # The token is made now, in the replica step's own graph: a first collective inside a
+        # nested function or loop body (`loop_function`) then captures it, where a token made
+        # there could not be used outside.
+        ops._ordering_token()
         context.mlperf_tf_collectives = ops
     # The first caller makes the object; a later caller's bound is not dropped (an MoE layer
     # built without one must not leave the gradient sum's collectives unbounded, nor the
     # reverse): ops made from here on wait at most the largest timeout asked for.
     ops.timeout_s = max(ops.timeout_s, float(timeout_s))
     return ops
+
+
+def loop_function(fn):
+    """`fn` run as a function call of its own on each replica: for a `tf.while_loop` (a decoding
+    loop) that issues collectives in replica context (inside `strategy.run`).
+
+    Under MirroredStrategy every replica's ops are traced into one graph, so each replica's loop
+    is its own `While` op, named `while` on replica 0 and `replica_1/while` on replica 1. TF
+    lowers a loop to a control-flow frame named after its op and keys each execution of a
+    collective by (group, instance, frame id, iteration): the frame ids differ, so the replicas'
+    all-reduces in a loop never meet (measured: a 2-replica all-reduce inside a loop times out).
+    Automatic control dependencies also chain stateful ops that take no resource input, so the
+    second replica's loop would wait for the first one's to end. Here `fn` becomes a function of
+    its own, never inlined into the step (`_noinline`), in which the loop's op has the same name
+    on every replica and runs in a frame of the same id; the call takes a resource of the
+    replica as an input, so the replicas' calls are not chained. Each call of `loop_function`
+    traces `fn` anew (for the calling replica: its replica id and variables). The loop must still
+    run the same number of iterations on every member of a collective (e.g. a stop condition on
+    values that are the same on all of them).
+
+    Args:
+      fn: a function of tensors (nests allowed) run in replica context.
+
+    Returns:
+      A function with `fn`'s arguments and results.
+    """
+    anchor = tf.raw_ops.VarHandleOp(dtype=tf.float32, shape=[], shared_name="mlperf_tf_loop")
+    device = anchor.device
+
+    def call(anchor, args, kwargs):
+        del anchor
+        with tf.device(device):
+            return fn(*args, **kwargs)
+
+    # `experimental_attributes` is tf.function's public way to set the function's attributes.
+    own = tf.function(call, autograph=False, experimental_attributes={"_noinline": True})
+    return lambda *args, **kwargs: own(anchor, args, kwargs)
 
 
 class Collectives:

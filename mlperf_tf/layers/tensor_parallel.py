@@ -35,7 +35,7 @@ import math
 import keras
 import tensorflow as tf
 
-from mlperf_tf.collectives.ops import Collectives, Traffic, static_replica_id
+from mlperf_tf.collectives.ops import replica_collectives, static_replica_id
 from mlperf_tf.layers.matmul import token_matmul
 from mlperf_tf.parallel.layout import REPLICATED, add_split_weight, model_split
 from mlperf_tf.parallel.mesh import DeviceMesh
@@ -59,15 +59,23 @@ class _CallNames:
 class ModelAxis:
     """The `model` axis of the mesh as seen from one replica, with Megatron's f and g.
 
+    The collectives are those of the replica context (`collectives.ops.replica_collectives`):
+    one ordering token per replica with the step's other replica collectives (MoE all-to-alls),
+    so every replica issues them in one program order; and a timeout that is the largest asked
+    for in that replica context: the run's `--collective_timeout`, which the runner's replica
+    steps ask for first (`mlperf_tf.runner.trainer.bind_collective_timeout`).
+
     Args:
       mesh: the run's mesh (None: no model parallelism).
       owner: the layer that issues the collectives (its `path` prefixes their instance keys),
         or a string unique in the model.
+      timeout_s: the least timeout of its collectives in seconds (0: the replica context's).
     """
 
-    def __init__(self, mesh: DeviceMesh | None, owner):
+    def __init__(self, mesh: DeviceMesh | None, owner, timeout_s: float = 0.0):
         self.mesh = mesh
         self.size = mesh.model if mesh is not None else 1
+        self.timeout_s = float(timeout_s)
         self._names = _CallNames(owner)
 
     def _replica(self) -> int:
@@ -86,9 +94,7 @@ class ModelAxis:
 
     def _ops(self):
         replica = self._replica()
-        ops = Collectives(
-            replica=replica, num_replicas=self.mesh.size, timeout_s=0.0, traffic=Traffic()
-        )
+        ops = replica_collectives(num_replicas=self.mesh.size, timeout_s=self.timeout_s)
         return replica, ops, self.mesh.group(replica, "model")
 
     def copy(self, x):

@@ -132,14 +132,6 @@ def preflight(benchmark: Benchmark, run_config: RunConfig) -> RunConfig:
         expert_parallel=run_config.expert_parallel,
         spatial_partition=run_config.spatial_partition,
     )
-    if run_config.model_parallel > 1 and benchmark.name == "transformer":
-        # Measured (/work/notes/tpfix.md): the Transformer's first eval (beam search, whose
-        # decode loop issues the split layers' all-reduces) deadlocks at --model_parallel=2 on
-        # 2 logical CPUs, with or without the warm-up; its training steps run. Not fixed yet.
-        raise UserError(
-            f"--model_parallel={run_config.model_parallel} is not supported for transformer by "
-            "`mlperf-tf run` yet (its beam-search eval deadlocks); use --model_parallel=1"
-        )
     run_config = _resolve_division(benchmark, run_config, ruleset)
     runlog.check_before_start(
         run_config.mlperf_log_path,

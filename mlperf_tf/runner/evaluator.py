@@ -6,7 +6,7 @@ import tensorflow as tf
 
 from mlperf_tf.benchmark import Benchmark
 from mlperf_tf.parallel import mesh as parallel_mesh
-from mlperf_tf.runner.trainer import replica_function
+from mlperf_tf.runner.trainer import bind_collective_timeout, replica_function
 
 # Prefix of the per-output masks that mark the rows of each mesh group's first replica.
 _LEADER = "__mesh_group_leader__/"
@@ -40,6 +40,7 @@ class Evaluator:
         self.spent_iterators: list = []
 
     def _replica(self, batch):
+        bind_collective_timeout(self.benchmark)
         outputs = self.benchmark.eval_step(self.model, batch)
         # Scalars get a leading axis so that gathering concatenates one value per replica.
         outputs = {k: tf.reshape(v, [1]) if v.shape.rank == 0 else v for k, v in outputs.items()}

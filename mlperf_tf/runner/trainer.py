@@ -14,6 +14,7 @@ import contextlib
 import tensorflow as tf
 
 from mlperf_tf.benchmark import Benchmark
+from mlperf_tf.collectives.ops import replica_collectives
 from mlperf_tf.errors import UserError
 
 
@@ -25,6 +26,22 @@ def replica_function(fn, *, xla: bool):
     all-reduce of cross-replica batch norm ("merge_call ... in a tf.function").
     """
     return tf.function(fn, jit_compile=True, reduce_retracing=True) if xla else fn
+
+
+def bind_collective_timeout(benchmark: Benchmark) -> None:
+    """Gives this replica step's collectives the run's `--collective_timeout` (replica context).
+
+    The model axis's all-reduces (`mlperf_tf.layers.tensor_parallel.ModelAxis`) are those of the
+    replica context (`collectives.ops.replica_collectives`), which wait at most the largest
+    timeout asked for there: asked here first, before the step's first collective, the run's
+    bound reaches every layer without each model passing it down. Nothing without model
+    parallelism (expert-parallel layers get it from their config, `RunContext`).
+    """
+    mesh = benchmark.mesh
+    if mesh.model > 1:
+        replica_collectives(
+            num_replicas=mesh.size, timeout_s=benchmark.context.collective_timeout_s
+        )
 
 
 class Trainer:
@@ -79,6 +96,7 @@ class Trainer:
         return loss, tape.gradient(scaled, variables), metrics
 
     def _replica_step(self, micro_batches):
+        bind_collective_timeout(self.benchmark)
         total_loss = 0.0
         total_grads = None
         total_metrics = {}
