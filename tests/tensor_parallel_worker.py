@@ -4,6 +4,10 @@ model axis spans the two processes (M = 2, one replica per worker on a CPU host)
 usage: TF_CONFIG=... python -m tests.tensor_parallel_worker OUT_NPZ STEPS
 Saves the step losses and this worker's component of every trainable variable (its shard of a
 split one, with the split dimension, -1 for a replicated one), in model order.
+
+usage: TF_CONFIG=... python -m tests.tensor_parallel_worker OUT_NPZ eval
+Evaluates the Transformer smoke model (beam search, `test_tensor_parallel_eval`'s weights) and
+saves its hypotheses by eval index and its BLEU.
 """
 
 import os
@@ -74,5 +78,32 @@ def main(out_path: str, steps: int) -> None:
     print(f"done steps={steps} replicas={mesh.size}", flush=True)
 
 
+def evaluate_transformer(out_path: str) -> None:
+    from benchmarks.transformer import config as config_lib  # noqa: PLC0415
+    from benchmarks.transformer.benchmark import TransformerBenchmark  # noqa: PLC0415
+    from mlperf_tf.runner.evaluator import Evaluator  # noqa: PLC0415
+    from tests.benchmarks.transformer import test_tensor_parallel_eval as eval_test  # noqa: PLC0415
+
+    options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=TIMEOUT_S)
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    mesh = build_mesh(strategy.num_replicas_in_sync, model_parallel=2)
+    context = RunContext(num_replicas=mesh.size, seed=1, mesh=mesh, collective_timeout_s=TIMEOUT_S)
+    benchmark = TransformerBenchmark(config_lib.smoke(), context=context)
+    keras.utils.set_random_seed(1)
+    with strategy.scope():
+        model = benchmark.build_model()
+        eval_test.set_diverse_weights(model, mesh)
+    data = strategy.distribute_datasets_from_function(for_mesh(benchmark.eval_dataset, mesh))
+    evaluator = Evaluator(strategy=strategy, benchmark=benchmark, model=model, dataset=data,
+                          xla=False)  # fmt: skip
+    state, bleu = eval_test.evaluate(evaluator, benchmark)
+    arrays = {f"hypothesis_{i}": hypothesis for i, (hypothesis, _) in state.items()}
+    np.savez(out_path, bleu=np.asarray(bleu), **arrays)
+    print(f"done eval pairs={len(state)} bleu={bleu}", flush=True)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]))
+    if sys.argv[2] == "eval":
+        evaluate_transformer(sys.argv[1])
+    else:
+        main(sys.argv[1], int(sys.argv[2]))

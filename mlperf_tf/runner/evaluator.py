@@ -49,7 +49,9 @@ class Evaluator:
             # The replicas of a mesh group (spatial x model) evaluated the same batch: only the
             # first of each group (ids are consecutive within a group) is counted on the host.
             replica = tf.distribute.get_replica_context().replica_id_in_sync_group
-            leader = tf.equal(tf.math.floormod(replica, group), 0)
+            # int32, not bool: across workers `strategy.gather` is a collective gather, which
+            # takes no bool (measured: a model axis over 2 MultiWorkerMirroredStrategy workers).
+            leader = tf.cast(tf.equal(tf.math.floormod(replica, group), 0), tf.int32)
             for key in list(outputs):
                 outputs[_LEADER + key] = tf.fill(tf.shape(outputs[key])[:1], leader)
         return outputs
@@ -58,7 +60,7 @@ class Evaluator:
         outputs = self.strategy.run(self._replica_eval, args=(next(iterator),))
         gathered = {k: self.strategy.gather(v, axis=0) for k, v in outputs.items()}
         return {
-            k: tf.boolean_mask(v, gathered[_LEADER + k]) if _LEADER + k in gathered else v
+            k: tf.boolean_mask(v, gathered[_LEADER + k] > 0) if _LEADER + k in gathered else v
             for k, v in gathered.items()
             if not k.startswith(_LEADER)
         }

@@ -1,7 +1,8 @@
 """Tensor parallelism with the model axis across processes: two MultiWorkerMirroredStrategy
 workers on 127.0.0.1 (one replica each, M = 2, data = 1) train BERT smoke for a few LAMB steps
 and end at the losses and weights of the unsplit model on one device (dropout off, the same
-initial weights); each worker holds its half of every split weight.
+initial weights); each worker holds its half of every split weight. And the Transformer's
+beam-search eval split over the two workers translates as the unsplit model does.
 
 Every wait is bounded (collectives 60 s, each worker 240 s); workers are killed by pid.
 """
@@ -22,7 +23,7 @@ RTOL = 1e-5
 TIMEOUT_S = 240
 
 
-def _workers(tmp_path):
+def _workers(tmp_path, mode: str):
     ports = processes.free_ports(2)
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
     procs, logs = [], []
@@ -31,8 +32,7 @@ def _workers(tmp_path):
             tf_config = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
             log = str(tmp_path / f"worker{index}.out")
             logs.append(log)
-            args = ["-m", "tests.tensor_parallel_worker", str(tmp_path / f"w{index}.npz"),
-                    str(STEPS)]  # fmt: skip
+            args = ["-m", "tests.tensor_parallel_worker", str(tmp_path / f"w{index}.npz"), mode]
             procs.append(processes.start(args, log, TF_CONFIG=tf_config))
         for proc, log in zip(procs, logs, strict=True):
             code = processes.wait(proc, TIMEOUT_S, log)
@@ -49,7 +49,7 @@ def _workers(tmp_path):
 
 
 def test_a_model_axis_across_two_workers_trains_as_the_unsplit_model(tmp_path):
-    first, second = _workers(tmp_path)
+    first, second = _workers(tmp_path, str(STEPS))
     ref = tensor_parallel.train(
         benchmark(), num_devices=1, model_parallel=1, optimizer="lamb", steps=STEPS
     )
@@ -71,3 +71,16 @@ def test_a_model_axis_across_two_workers_trains_as_the_unsplit_model(tmp_path):
             whole, expected, rtol=RTOL, atol=RTOL * scale, err_msg=f"weight {name}"
         )
     assert split >= 8  # the heads, the feed-forward width and the vocabulary are split
+
+
+def test_a_model_axis_across_two_workers_translates_as_the_unsplit_model(tmp_path):
+    # The Transformer's beam search with its decoding loop's all-reduces between two processes
+    # (each traces its one replica under the same names, so the loop frames agree).
+    from tests.benchmarks.transformer.test_tensor_parallel_eval import _evaluate  # noqa: PLC0415
+
+    first, second = _workers(tmp_path, "eval")
+    _, ref, ref_bleu = _evaluate(1, 4)
+    for output in (first, second):
+        assert float(output["bleu"]) == ref_bleu > 0
+        for i, (hypothesis, _) in ref.items():
+            np.testing.assert_array_equal(output[f"hypothesis_{i}"], hypothesis)

@@ -18,7 +18,30 @@ from mlperf_tf.runner.evaluator import Evaluator
 from tests import strategies
 
 pytestmark = pytest.mark.numerics
-WEIGHT_STD = 0.15  # at the initializer's scale it repeats one id; at 1.5 too
+WEIGHT_STD = 0.15  # at the initializer's scale the model repeats one id; at 1.5 too
+
+
+def set_diverse_weights(model, mesh) -> None:
+    """Other weights than the initializer's, drawn whole (the same for every split and process):
+    the untrained model then translates each sentence differently and scores a BLEU above 0
+    (0.005 at M=1 for beam 4), where at its initial weights it repeats one id."""
+    rng = np.random.default_rng(7)
+    for v in model.variables:
+        layout = layout_lib.layout_of(v)
+        whole = list(v.shape)
+        if layout.split:
+            whole[layout.split_axis] *= layout.num_shards(mesh)
+        if len(whole) == 2:  # kernels and the embedding; layer norms keep 1 and 0
+            layout_lib.assign_whole(v, rng.normal(0.0, WEIGHT_STD, whole), mesh)
+
+
+def evaluate(evaluator, benchmark):
+    """The eval state {index: (hypothesis, target)} of one pass, and its BLEU."""
+    iterator, state = iter(evaluator.dataset), benchmark.eval_begin()
+    for _ in range(evaluator.steps):
+        outputs = evaluator.step(iterator)
+        state = benchmark.eval_reduce(state, {k: v.numpy() for k, v in outputs.items()})
+    return state, benchmark.eval_result(state)
 
 
 def _evaluate(model_parallel: int, beam_size: int):
@@ -33,23 +56,12 @@ def _evaluate(model_parallel: int, beam_size: int):
     keras.utils.set_random_seed(1)
     with strategy.scope():
         model = benchmark.build_model()
-        # Other weights than the initializer's (drawn whole, the same for every split): the
-        # untrained model then translates each sentence differently and scores a BLEU above 0
-        # (0.005 at M=1 for beam 4), where at its initial weights it repeats one id.
-        rng = np.random.default_rng(7)
-        for v in model.variables:
-            whole = layout_lib.whole_value(v, mesh).shape
-            if len(whole) == 2:  # kernels and the embedding; layer norms keep 1 and 0
-                layout_lib.assign_whole(v, rng.normal(0.0, WEIGHT_STD, whole), mesh)
+        set_diverse_weights(model, mesh)
         weights = [np.asarray(layout_lib.whole_value(v, mesh)) for v in model.variables]
     data = strategy.distribute_datasets_from_function(for_mesh(benchmark.eval_dataset, mesh))
     evaluator = Evaluator(strategy=strategy, benchmark=benchmark, model=model, dataset=data,
                           xla=False)  # fmt: skip
-    iterator, state = iter(data), benchmark.eval_begin()
-    for _ in range(evaluator.steps):
-        outputs = evaluator.step(iterator)
-        state = benchmark.eval_reduce(state, {k: v.numpy() for k, v in outputs.items()})
-    return weights, state, benchmark.eval_result(state)
+    return (weights, *evaluate(evaluator, benchmark))
 
 
 @pytest.mark.parametrize("beam_size", [4, 1])
