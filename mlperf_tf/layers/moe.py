@@ -37,8 +37,12 @@ experts `[i * E/P, (i+1) * E/P)` of each layer (i: its index on the `expert` axi
 of 1/P the size. Forward: one all-to-all over the replica's expert group sends each peer the
 [E/P, C, d] buffer rows of its experts, the local experts run on [E/P, P * C, d], and a second
 all-to-all returns the outputs. Backward: the same two all-to-alls in reverse order (an
-all-to-all's gradient is an all-to-all). The expert weights' gradients are summed over the
-`data` axis only, the router's over every replica (`mlperf_tf.parallel.expert_layout`). Routing is per
+all-to-all's gradient is an all-to-all). The expert weights have the layout
+`mlperf_tf.parallel.layout.EXPERT_SPLIT` (split over `expert`; their gradients summed by the
+runner's `GradientSummer` over `data` and `spatial`, not `expert`), the router's is replicated
+(summed over every batch axis); checkpoints hold the whole [E, ...] tensors. On a mesh with a
+`model` axis too, the replicas of a model group hold the same experts and exchange tokens with
+the same-model-index replicas of their expert group. Routing is per
 replica (a replica's tokens are one group), so a token's experts, its place in their buffers and
 its output are those of the unsplit layer: P changes where the work runs, not what is computed.
 """
@@ -56,14 +60,8 @@ import tensorflow as tf
 from mlperf_tf.collectives.ops import replica_collectives
 from mlperf_tf.config import ConfigError
 from mlperf_tf.parallel import layout as mesh_layout
-from mlperf_tf.parallel.expert_layout import EXPERT_LAYOUT, set_layout
+from mlperf_tf.parallel.layout import EXPERT_SPLIT
 from mlperf_tf.parallel.mesh import DeviceMesh
-
-# The expert weights' place on the mesh in `mlperf_tf.parallel.layout`'s terms: dimension 0 (the
-# experts) split over `expert`, gradients summed over `data`. It gives them whole-tensor
-# checkpoint entries (all E experts, joined at save, split at restore); the step's sum still
-# follows `expert_layout.EXPERT_LAYOUT` (`LayoutSummer`).
-EXPERT_SPLIT = mesh_layout.Layout(split_axis=0, split_over=("expert",), sum_over=("data",))
 
 # Flaxformer's router initializer (`routing.default_kernel_init`): normal, stddev 2e-2.
 ROUTER_STDDEV = 2e-2
@@ -445,8 +443,6 @@ class MoEFeedForward(keras.layers.Layer):
                 mesh=mesh,
             )  # fmt: skip
             setattr(self, name, weight)
-            if self.expert_parallel > 1:
-                set_layout(weight, EXPERT_LAYOUT)  # the step's sum (`LayoutSummer`)
         super().build(input_shape)
 
     @property
