@@ -141,3 +141,27 @@ def test_expert_parallel_llama_equals_the_unsplit_run(expert_parallel, model_par
     )
     tensor_parallel.assert_same_run(got, ref, rtol=1e-5)
     assert got.losses[-1] < got.losses[0]  # it trains
+
+
+def test_the_trainer_clips_a_sparse_embedding_gradient_under_keras_sum():
+    """Llama (its embedding's gradient is `IndexedSlices`) on 2 replicas with Keras' own sum and
+    the rules' clip 1.0: the trainer sums, clips and hands Keras each replica's share. Before,
+    `IndexedSlices / int` raised in the warm-up and `mlperf-tf run` of a 2-device Llama ended
+    in a TypeError."""
+    from mlperf_tf.parallel.mesh import for_mesh  # noqa: PLC0415
+    from mlperf_tf.runner.trainer import Trainer  # noqa: PLC0415
+
+    strategy = strategies.mirrored(2)
+    b = _benchmark().with_context(RunContext(num_replicas=2, mesh=DeviceMesh(data=2)))
+    with strategy.scope():
+        model = b.build_model()
+        optimizer = b.build_optimizer(10)
+        optimizer.build(model.trainable_variables)
+    before = [v.numpy() for v in model.trainable_variables]
+    data = strategy.distribute_datasets_from_function(for_mesh(b.train_dataset, b.mesh))
+    trainer = Trainer(strategy=strategy, benchmark=b, model=model, optimizer=optimizer, xla=False)
+    assert trainer.clip_norm == 1.0
+    loss, done, _, metrics = trainer.loop(iter(data), tf.constant(2, tf.int32))
+    assert int(done) == 2 and np.isfinite(float(loss))
+    assert "moe/aux_loss" in metrics
+    assert not np.allclose(model.token_embedding.embeddings.numpy(), before[0])
