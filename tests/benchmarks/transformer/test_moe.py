@@ -184,8 +184,8 @@ def _unregularized(overrides):
 def test_expert_parallelism_composes_with_model_parallelism(
     expert_parallel, model_parallel, all_reduce
 ):
-    """E x M on 4 logical devices (2 batch shards, each read by one model group) ends 3 Adam
-    steps where the unsplit run on 2 devices (data only) does: losses, first gradients (whole,
+    """E x M logical devices (2 batch shards, each read by one model group: E2xM2 on 4, E2 on
+    2) end 3 Adam steps where the unsplit run on 2 devices (data only) does: losses, first gradients (whole,
     summed over the batch shards) and weights. The runner's one summer sums tensor-parallel
     shards over `data`, experts over `data` (not `expert`), replicated weights over `data` and
     `expert`; the all-to-alls of each model shard go to the same-index shard of the other expert
