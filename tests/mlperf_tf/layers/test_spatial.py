@@ -1,4 +1,4 @@
-"""Tests of the spatial-partitioning layers: slabs on 4 logical CPUs equal the whole-image ops."""
+"""Tests of the spatial-partitioning layers: slabs and tiles on 4 logical CPUs equal the whole-image ops."""
 
 import os
 
@@ -16,7 +16,9 @@ from tests.strategies import mirrored
 pytestmark = pytest.mark.numerics
 
 REPLICAS = 4
-SHAPE = (2, 16, 6, 3)  # per batch shard [b, H, W, c]
+SHAPE = (2, 16, 8, 3)  # per batch shard [b, H, W, c]; not square (rows vs columns)
+# (K, L): K slabs of rows x L of columns (4 replicas; the rest is the data axis).
+LAYOUTS = [(2, 1), (4, 1), (1, 2), (2, 2)]
 
 
 @pytest.fixture(scope="module")
@@ -24,11 +26,13 @@ def strategy():
     return mirrored(REPLICAS)
 
 
-def _run(strategy, parts, make_layers, images, weights):
-    """Per replica: slab -> layers -> gather; loss sum(y * w) / K. Returns the gathered outputs,
-    the input gradient summed over each group and the variables' gradients summed over all
-    replicas (what Keras' apply_gradients sums), per batch shard."""
-    mesh = DeviceMesh(data=REPLICAS // parts, spatial=parts)
+def _run(strategy, tiles, make_layers, images, weights):
+    """Per replica: tile -> layers -> gather; loss sum(y * w) / (K L). Returns the gathered
+    outputs, the input gradient summed over each group and the variables' gradients summed over
+    all replicas (what Keras' apply_gradients sums), per batch shard."""
+    rows, cols = tiles
+    parts = rows * cols
+    mesh = DeviceMesh(data=REPLICAS // parts, spatial=parts, spatial_cols=cols)
     layout = SpatialLayout(mesh)
     slice_, layers, gather = (
         spatial.SpatialSlice(layout=layout),
@@ -37,7 +41,7 @@ def _run(strategy, parts, make_layers, images, weights):
     )
     with strategy.scope():
         for layer in layers:  # build the variables (slab shapes) in the strategy scope
-            layer.build((None, SHAPE[1] // parts, SHAPE[2], SHAPE[3]))
+            layer.build((None, SHAPE[1] // rows, SHAPE[2] // cols, SHAPE[3]))
     variables = [v for layer in layers for v in layer.trainable_variables]
 
     def replica_fn(x, w):
@@ -133,15 +137,16 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("parts", [2, 4])
+@pytest.mark.parametrize("tiles", LAYOUTS, ids=[f"{k}x{cols}" for k, cols in LAYOUTS])
 @pytest.mark.parametrize(
     ("kind", "kwargs"),
     CASES,
     ids=[f"{(c.values if hasattr(c, 'values') else c)[0]}-{i}" for i, c in enumerate(CASES)],
 )
-def test_slabs_equal_the_whole_image_op(strategy, parts, kind, kwargs):
-    rng = np.random.RandomState(parts)
-    shards = REPLICAS // parts
+def test_tiles_equal_the_whole_image_op(strategy, tiles, kind, kwargs):
+    """K x L tiles (K = slabs of rows when L = 1): output, input and weight gradients."""
+    rng = np.random.RandomState(tiles[0] * 10 + tiles[1])
+    shards = REPLICAS // (tiles[0] * tiles[1])
     images = rng.normal(0.5, 1.0, (shards, *SHAPE)).astype(np.float32)  # differ per shard
 
     def make(layout):
@@ -153,7 +158,7 @@ def test_slabs_equal_the_whole_image_op(strategy, parts, kind, kwargs):
     probe = make(SpatialLayout(DeviceMesh()))[0]
     out_shape = probe.compute_output_shape(SHAPE)
     weights = rng.normal(0.0, 1.0, (shards, *out_shape)).astype(np.float32)
-    out, dx, dvars, values = _run(strategy, parts, make, images, weights)
+    out, dx, dvars, values = _run(strategy, tiles, make, images, weights)
     assert out.shape == (shards, *out_shape)
 
     expected, expected_dx, expected_dvars = _whole(
@@ -168,11 +173,13 @@ def test_slabs_equal_the_whole_image_op(strategy, parts, kind, kwargs):
         assert_close(alone[0], expected, rtol=1e-5)
 
 
-def test_global_average_pooling_over_slabs(strategy):
+@pytest.mark.parametrize("cols", [1, 2])
+def test_global_average_pooling_over_tiles(strategy, cols):
+    """2 slabs of rows, or 1 x 2 tiles (columns), per image."""
     rng = np.random.RandomState(7)
     images = rng.normal(0.0, 1.0, (2, *SHAPE)).astype(np.float32)
     weights = rng.normal(0.0, 1.0, (2, SHAPE[0], SHAPE[-1])).astype(np.float32)
-    mesh = DeviceMesh(data=2, spatial=2)
+    mesh = DeviceMesh(data=2, spatial=2, spatial_cols=cols)
     layout = SpatialLayout(mesh)
     slice_, pool = (
         spatial.SpatialSlice(layout=layout),
