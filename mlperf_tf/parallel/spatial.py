@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from mlperf_tf.errors import UserError
 from mlperf_tf.parallel.mesh import DeviceMesh
 
 
@@ -53,6 +52,11 @@ class SpatialLayout:
             return str(self.parts)
         return f"{self.row_parts}x{self.col_parts}"
 
+    @property
+    def pieces(self) -> str:
+        """What an image is split into, for messages: "K slabs" or "KxL tiles"."""
+        return f"{self.parts} slabs" if self.col_parts == 1 else f"{self.flag} tiles"
+
     def members(self, replica: int) -> list[int]:
         """The replicas holding the tiles of `replica`'s images, row-major (top-left first)."""
         return self.mesh.group(replica, "spatial")
@@ -82,17 +86,36 @@ class SpatialLayout:
         return cls(DeviceMesh(**config))
 
 
-def check_rows_only(mesh: DeviceMesh) -> None:
-    """Refuses `KxL` tiles, for a model that only splits into slabs of rows.
+def stem_refusal(layout: SpatialLayout, *, size: int, setting: str) -> str:
+    """The one-line reason a `size` x `size` image does not split into `layout`'s tiles through
+    a ResNet stem (7x7/2 convolution, 3x3/2 max pool): each of K and L must divide `size / 4`.
 
-    Raises:
-      UserError: `mesh.spatial_cols` > 1 (one line naming the flag).
+    Why uneven tiles are not built: the whole model's rows at every layer must be
+    reproduced exactly. Padding the image to a multiple of 4K (e.g. SSD300's 300 px to 304)
+    and cropping the heads keeps the feature-map sizes but not the values: the padded rows
+    past the image's edge become non-zero after the first convolution (bias, batch norm's
+    shift), so every layer would have to re-zero them (they are the next layer's zero padding)
+    and batch norm would have to take its statistics over the valid rows only (a masked
+    count on each tile, all-reduced); tiles of unequal sizes instead give the collectives
+    unequal shapes per member and move the stride phase between tiles. Neither is built.
+
+    Args:
+      size: the image side in pixels.
+      setting: the config setting naming it (`data.image_size`, `model.image_size`).
     """
-    if mesh.spatial_cols > 1:
-        raise UserError(
-            f"--spatial_partition={mesh.spatial_rows}x{mesh.spatial_cols}: this model only "
-            f"splits into slabs of rows; use --spatial_partition={mesh.spatial}"
-        )
+    multiple = 4 * max(layout.row_parts, layout.col_parts)
+    hint = f"the side must be a multiple of {multiple}"
+    if size % 4 == 0:
+        quarter = size // 4
+        divisors = [str(k) for k in range(2, min(quarter, 16) + 1) if quarter % k == 0][:3]
+        examples = f" (e.g. {', '.join(divisors)})" if divisors else ""
+        hint = f"K and L must divide {quarter}, the side / 4{examples}, or {hint}"
+    return (
+        f"--spatial_partition={layout.flag}: the image side ({size}, `{setting}`) does not "
+        f"split into {layout.pieces} through the stem (7x7/2 convolution, 3x3/2 max pool): "
+        f"{hint}; uneven tiles are not built (exactness would need batch norm over the valid "
+        "rows only and the padding rows re-zeroed after every layer)"
+    )
 
 
 def same_padding(size: int, *, kernel: int, stride: int, dilation: int = 1) -> tuple[int, int]:

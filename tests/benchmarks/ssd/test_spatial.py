@@ -1,4 +1,4 @@
-"""SSD with spatial partitioning: K slabs per image train exactly as the whole image."""
+"""SSD with spatial partitioning: K slabs (K x L tiles) per image train exactly as the whole image."""
 
 import dataclasses
 
@@ -37,6 +37,13 @@ def test_smoke_slabs_train_as_the_whole_image(parts, bn_group_size):
 
 
 @pytest.mark.slow
+def test_smoke_two_by_two_tiles_train_as_the_whole_image():
+    """`--spatial_partition=2x2`: one batch shard of 4 images; the 16, 8 and 4 px levels run
+    on 2 x 2 tiles (halo columns and corners), the rest whole."""
+    spatial_exact.assert_same_training(_bench(), parts=4, cols=2)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("parts", [2, 4])
 def test_mini_size_slabs_train_as_the_whole_image(parts):
     spatial_exact.assert_same_training(_bench(size="mini"), parts=parts)
@@ -46,5 +53,20 @@ def test_an_image_height_that_does_not_split_is_refused():
     bench = _bench(image_size=136).with_context(
         RunContext(num_replicas=4, mesh=DeviceMesh(data=1, spatial=4))
     )
-    with pytest.raises(ConfigError, match=r"--spatial_partition=4: the image height \(136"):
+    with pytest.raises(ConfigError, match=r"--spatial_partition=4: the image side \(136"):
         bench.build_model()
+
+
+@pytest.mark.parametrize(("spatial", "cols"), [(2, 1), (4, 2)])
+def test_ssd300_is_refused_for_two_slabs_or_tiles_saying_why(spatial, cols):
+    """300 px: 75 rows after the max pool do not split into 2 (uneven tiles are not built)."""
+    bench = _bench(image_size=300).with_context(
+        RunContext(
+            num_replicas=4, mesh=DeviceMesh(data=4 // spatial, spatial=spatial, spatial_cols=cols)
+        )
+    )
+    with pytest.raises(ConfigError, match=r"image side \(300, `model.image_size`\)") as raised:
+        bench.build_model()
+    message = str(raised.value)
+    assert "must divide 75" in message and "uneven tiles are not built" in message
+    assert "\n" not in message
