@@ -12,7 +12,6 @@ import abc
 import dataclasses
 import math
 from collections.abc import Callable
-from types import ModuleType
 from typing import Any, ClassVar
 
 import numpy as np
@@ -264,13 +263,14 @@ class Benchmark(abc.ABC):
             return self.synthetic_eval_data(input_context, batch_size, num_batches)
         return self.record_eval_data(input_context, batch_size, num_batches)
 
-    # The input hooks. Their defaults call the functions of `input_module`, a module with the
-    # standard four (benchmarks/resnet50/input.py and benchmarks/bert/input.py have them):
+    # The input hooks. Their defaults call the functions of `input_module`, a module (or object)
+    # with the standard four (benchmarks/resnet50/input.py has them; BERT and Llama, whose
+    # records parse to finished examples, get them from `mlperf_tf.data.parsed.ParsedInput`):
     #   synthetic_train_dataset(config, *, batch_size, seed)
     #   train_dataset(config, *, input_context, batch_size, seed, skip_bad_records)
     #   synthetic_eval_dataset(config, *, batch_size, num_batches, seed)
     #   eval_dataset(config, *, input_context, batch_size, num_batches, skip_bad_records)
-    input_module: ClassVar[ModuleType | None] = None
+    input_module: ClassVar[Any] = None
 
     def _input_function(self, name: str):
         if self.input_module is None:
@@ -450,6 +450,51 @@ def epoch_eval_schedule(
             return points
         previous = epoch
         epoch += every_epochs
+
+
+def sample_eval_schedule(
+    *,
+    global_batch_size: int,
+    train_steps: int,
+    every_samples: int,
+    log_samples_count: bool = False,
+) -> list[EvalPoint]:
+    """Evaluations every `ceil(every_samples / global_batch_size)` steps and at the last step.
+
+    For rules that count samples, not epochs (BERT: every 500,000 samples from v1.0; Llama 3.1:
+    every 12,288 sequences, the reference's `eval_every_n_batches = ceil(eval_every / gbs)`).
+    `epoch_num` is the samples trained when the eval runs, as their logs have it; a block spans
+    the samples since the previous eval (`first_epoch_num` = samples before it, 0 for the first;
+    `epoch_count` = samples in it). Rounding the interval up to whole steps is what Google's v1.0
+    BERT submission did (33 steps x 6912 for 225,000 samples). `log_samples_count`: the points
+    also carry `samples_count` (llama31_8b's rules log it).
+
+    Raises:
+      ValueError: an argument is not positive.
+    """
+    for name, value in (
+        ("global_batch_size", global_batch_size),
+        ("train_steps", train_steps),
+        ("every_samples", every_samples),
+    ):
+        if value <= 0:
+            raise ValueError(f"`{name}` ({value}) must be positive.")
+    every_steps = max(1, math.ceil(every_samples / global_batch_size))
+    steps = list(range(every_steps, train_steps, every_steps)) + [train_steps]
+    points = []
+    previous = 0
+    for step in steps:
+        points.append(
+            EvalPoint(
+                step=step,
+                epoch_num=step * global_batch_size,
+                first_epoch_num=previous * global_batch_size,
+                epoch_count=(step - previous) * global_batch_size,
+                samples_count=step * global_batch_size if log_samples_count else None,
+            )
+        )
+        previous = step
+    return points
 
 
 def _clean_number(x: float) -> float | int:

@@ -265,7 +265,8 @@ def cell_overrides(spec: SweepSpec, cell: Cell, preset_config) -> tuple[dict[str
     if spec.epochs:
         overrides["max_epochs"] = repr(float(spec.epochs))
     if spec.budget == "epochs":
-        overrides["quality_target"] = repr(UNREACHABLE_TARGET)
+        higher = load_benchmark(spec.benchmark).higher_is_better
+        overrides["quality_target"] = repr(UNREACHABLE_TARGET if higher else -UNREACHABLE_TARGET)
     elif spec.target is not None:
         overrides["quality_target"] = repr(float(spec.target))
     # The optimizer (possibly from a --config override) decides which field is its base LR.
@@ -334,6 +335,9 @@ def run_cell(job_path: str) -> int:
         "train_examples": config.train_examples,
         "global_batch_size": config.global_batch_size,
         "max_epochs": config.max_epochs,
+        "higher_is_better": benchmark_class.higher_is_better,
+        # Where each logged eval ran (epoch_num may count samples: BERT, Llama).
+        "eval_steps": [[p.epoch_num, p.step] for p in benchmark_class(config).eval_schedule()],
         "mlperf_log": run_config.mlperf_log_path,
         "seconds": time.time() - started,
     }
@@ -391,26 +395,33 @@ def summarize(run: dict[str, Any], events: list[dict[str, Any]], target: float) 
 
     Epochs are counted as examples trained on / `train_examples` (steps x global batch / N), so
     a batch that does not divide the data is not rounded away; `epoch_num` in the log is the
-    schedule's nominal epoch.
+    schedule's nominal epoch (or its samples: BERT, Llama), turned into a step by the run's
+    `eval_steps` where it has them. The target is reached at or above it, or at or below it for
+    a lower-is-better quality (`higher_is_better` false: Llama's log perplexity), and "best" is
+    the maximum or the minimum accordingly.
     """
     steps_per_epoch = run["steps_per_epoch"]
     examples = run["global_batch_size"] / run["train_examples"]
+    step_of = {float(epoch): int(step) for epoch, step in run.get("eval_steps", ())}
+    higher = run.get("higher_is_better", True)
     curve = []
     for event in events:
         if event.get("key") != "eval_accuracy":
             continue
         epoch_num = float(event.get("metadata", {}).get("epoch_num", 0.0))
-        step = max(1, int(round(epoch_num * steps_per_epoch)))
+        step = step_of.get(epoch_num, max(1, int(round(epoch_num * steps_per_epoch))))
         curve.append({"step": step, "epoch": step * examples, "quality": float(event["value"])})
     times = {e["key"]: e["time_ms"] for e in events if e.get("key") in ("run_start", "run_stop")}
-    reached = next((p for p in curve if p["quality"] >= target), None)
+    reached = next(
+        (p for p in curve if (p["quality"] >= target if higher else p["quality"] <= target)), None
+    )
     qualities = [p["quality"] for p in curve]
     return {
         "status": run["cause"],
         "steps": run["steps"],
         "epochs": run["steps"] * examples,
         "final_quality": qualities[-1] if qualities else math.nan,
-        "best_quality": max(qualities) if qualities else math.nan,
+        "best_quality": (max if higher else min)(qualities) if qualities else math.nan,
         "steps_to_target": reached["step"] if reached else None,
         "epochs_to_target": reached["epoch"] if reached else None,
         "run_seconds": (times["run_stop"] - times["run_start"]) / 1000.0

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import keras
@@ -15,7 +14,7 @@ from benchmarks.bert import config as config_lib
 from benchmarks.bert import input as input_lib
 from benchmarks.bert import model as model_lib
 from mlperf_tf import rules
-from mlperf_tf.benchmark import Benchmark, EvalPoint, eval_ratio
+from mlperf_tf.benchmark import Benchmark, EvalPoint, eval_ratio, sample_eval_schedule
 from mlperf_tf.config import ConfigError
 from mlperf_tf.layers.tensor_parallel import vocab_parallel_cross_entropy
 from mlperf_tf.optimizers import LAMB, WarmupPolynomialDecay, registry
@@ -32,43 +31,6 @@ LAMB_EXCLUDE = ("LayerNorm", "layer_norm", "bias")
 _MLM_WEIGHT_EPSILON = 1e-5
 
 
-def sample_eval_schedule(
-    *, global_batch_size: int, train_steps: int, every_samples: int
-) -> list[EvalPoint]:
-    """Evaluations every `ceil(every_samples / global_batch_size)` steps and at the last step.
-
-    `epoch_num` is in samples, as MLPerf's BERT logs it: the samples trained when the eval
-    runs. A block spans the samples since the previous eval (`first_epoch_num` = samples before
-    it, 0 for the first; `epoch_count` = samples in it). Rounding the interval up to whole
-    steps is what Google's v1.0 submission did (33 steps x 6912 for 225,000 samples).
-
-    Raises:
-      ValueError: an argument is not positive.
-    """
-    for name, value in (
-        ("global_batch_size", global_batch_size),
-        ("train_steps", train_steps),
-        ("every_samples", every_samples),
-    ):
-        if value <= 0:
-            raise ValueError(f"`{name}` ({value}) must be positive.")
-    every_steps = max(1, math.ceil(every_samples / global_batch_size))
-    steps = list(range(every_steps, train_steps, every_steps)) + [train_steps]
-    points = []
-    previous = 0
-    for step in steps:
-        points.append(
-            EvalPoint(
-                step=step,
-                epoch_num=step * global_batch_size,
-                first_epoch_num=previous * global_batch_size,
-                epoch_count=(step - previous) * global_batch_size,
-            )
-        )
-        previous = step
-    return points
-
-
 class BertBenchmark(Benchmark):
     """BERT pretraining with LAMB to MLPerf's masked-LM accuracy target.
 
@@ -83,7 +45,7 @@ class BertBenchmark(Benchmark):
     parallel_axes = ("data", "model")
     config_class = config_lib.BertConfig
     presets = {"mlperf": config_lib.mlperf, "mini": config_lib.mini, "smoke": config_lib.smoke}
-    input_module = input_lib  # synthetic or record batches (the Benchmark's input hooks)
+    input_module = input_lib.INPUT  # synthetic or record batches (the Benchmark's input hooks)
 
     config: config_lib.BertConfig
 

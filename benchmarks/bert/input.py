@@ -9,12 +9,10 @@ int32 ids/masks/labels (`next_sentence_labels` as a scalar) and float32 weights.
 
 from __future__ import annotations
 
-import os
-
 import tensorflow as tf
 
 from benchmarks.bert.config import BertConfig
-from mlperf_tf.data import eval_pipeline, list_files, training_pipeline
+from mlperf_tf.data.parsed import ParsedInput
 
 INT_KEYS = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids")
 
@@ -51,59 +49,6 @@ def make_parse_fn(config: BertConfig):
     return parse
 
 
-def train_files(config: BertConfig) -> list[str]:
-    return list_files(
-        os.path.join(config.data_dir, config.data.train_pattern), what="BERT train TFRecord"
-    )
-
-
-def eval_files(config: BertConfig) -> list[str]:
-    return list_files(
-        os.path.join(config.data_dir, config.data.eval_pattern), what="BERT eval TFRecord"
-    )
-
-
-def train_dataset(
-    config: BertConfig,
-    *,
-    input_context: tf.distribute.InputContext | None,
-    batch_size: int,
-    seed: int,
-    skip_bad_records: bool = False,
-) -> tf.data.Dataset:
-    """Endless shuffled per-replica training batches of this pipeline's shard of the files."""
-    return training_pipeline(
-        train_files(config),
-        input_context=input_context,
-        parse_fn=make_parse_fn(config),
-        transform_fn=None,
-        batch_size=batch_size,
-        shuffle_buffer=config.data.shuffle_buffer,
-        seed=seed,
-        skip_bad_records=skip_bad_records,
-    )
-
-
-def eval_dataset(
-    config: BertConfig,
-    *,
-    input_context: tf.distribute.InputContext | None,
-    batch_size: int,
-    num_batches: int,
-    skip_bad_records: bool = False,
-) -> tf.data.Dataset:
-    """Exactly `num_batches` per-replica eval batches of this pipeline's shard, with `valid`."""
-    return eval_pipeline(
-        eval_files(config),
-        input_context=input_context,
-        parse_fn=make_parse_fn(config),
-        transform_fn=None,
-        batch_size=batch_size,
-        num_batches=num_batches,
-        skip_bad_records=skip_bad_records,
-    )
-
-
 def synthetic_example(config: BertConfig, seed: int) -> dict[str, tf.Tensor]:
     """A random example with the real structure: a padded sentence pair and its masked slots.
 
@@ -137,25 +82,5 @@ def synthetic_example(config: BertConfig, seed: int) -> dict[str, tf.Tensor]:
     }
 
 
-def synthetic_train_dataset(config: BertConfig, *, batch_size: int, seed: int) -> tf.data.Dataset:
-    """One fixed random batch repeated forever (no input cost)."""
-    from mlperf_tf.data import synthetic_dataset
-
-    return synthetic_dataset(
-        lambda s: synthetic_example(config, s), batch_size=batch_size, seed=seed
-    )
-
-
-def synthetic_eval_dataset(
-    config: BertConfig, *, batch_size: int, num_batches: int, seed: int
-) -> tf.data.Dataset:
-    """`num_batches` batches of random examples (`eval_examples` of them, the rest padding)."""
-    from mlperf_tf.data import synthetic  # noqa: PLC0415 (as synthetic_train_dataset)
-
-    return synthetic.synthetic_eval_dataset(
-        lambda s: synthetic_example(config, s),
-        count=config.eval_examples,
-        batch_size=batch_size,
-        num_batches=num_batches,
-        seed=seed + 1_000_000,
-    )
+# The standard input hooks (`Benchmark.input_module`), made from the two functions above.
+INPUT = ParsedInput(what="BERT", make_parse_fn=make_parse_fn, synthetic_example=synthetic_example)

@@ -22,12 +22,10 @@ Command line:
 from __future__ import annotations
 
 import argparse
-import ast
 import dataclasses
 import glob
 import os
 import random
-import re
 import shutil
 import sysconfig
 import tempfile
@@ -38,6 +36,7 @@ import tensorflow as tf
 from benchmarks.bert import config as config_lib
 from benchmarks.bert import tokenization
 from mlperf_tf import prepare_cli
+from mlperf_tf.data import docstrings
 from mlperf_tf.errors import DataError, UserError
 
 # The seed MLPerf fixes for its TFRecords ("It is extremely critical to set random_seed to 12345").
@@ -449,53 +448,6 @@ def prepare(
 
 # ---- the mini dataset: standard-library docstrings -----------------------------------------------
 # Directories of the standard library that hold tests, tools or vendored non-English text.
-_SKIP_DIRS = frozenset(
-    {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__", "lib2to3"}
-)
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z(\"'`])")
-_MIN_LETTERS = 3
-
-
-def stdlib_python_files() -> list[str]:
-    """The standard library's .py files (tests and site-packages excluded), sorted."""
-    root = sysconfig.get_paths()["stdlib"]
-    files = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS)
-        files.extend(os.path.join(dirpath, f) for f in sorted(filenames) if f.endswith(".py"))
-    return sorted(files)
-
-
-def _docstrings(path: str) -> list[str]:
-    try:
-        with open(path, encoding="utf-8") as f:
-            tree = ast.parse(f.read())
-    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
-        return []  # a file this Python cannot parse is simply not part of the corpus
-    nodes = [tree] + [
-        n
-        for n in ast.walk(tree)
-        if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
-    ]
-    nodes.sort(key=lambda n: getattr(n, "lineno", 0))
-    return [d for n in nodes if (d := ast.get_docstring(n))]
-
-
-def docstring_sentences(docstring: str) -> list[str]:
-    """Prose sentences of one docstring: paragraphs joined, code and doctests dropped."""
-    sentences = []
-    for paragraph in re.split(r"\n\s*\n", docstring):
-        lines = [ln.strip() for ln in paragraph.splitlines()]
-        if any(ln.startswith((">>>", "...", "$ ", "%")) for ln in lines):
-            continue  # examples and code blocks are not English prose
-        text = " ".join(ln for ln in lines if ln)
-        for sentence in _SENTENCE_END.split(text):
-            sentence = sentence.strip()
-            if sum(c.isalpha() for c in sentence) >= _MIN_LETTERS:
-                sentences.append(sentence)
-    return sentences
-
-
 def write_stdlib_text(train_path: str, eval_path: str, *, eval_every: int = 20) -> tuple[int, int]:
     """Writes the stdlib docstrings as MLPerf-style text: one module = one document.
 
@@ -512,8 +464,8 @@ def write_stdlib_text(train_path: str, eval_path: str, *, eval_every: int = 20) 
         open(train_path, "w", encoding="utf-8", newline="\n") as train,
         open(eval_path, "w", encoding="utf-8", newline="\n") as held_out,
     ):
-        for index, path in enumerate(stdlib_python_files()):
-            sentences = [s for d in _docstrings(path) for s in docstring_sentences(d)]
+        for index, path in enumerate(docstrings.stdlib_python_files()):
+            sentences = docstrings.file_sentences(path)
             if not sentences:
                 continue
             is_eval = index % eval_every == 0

@@ -3,7 +3,6 @@ perplexity 3.3)."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import keras
@@ -14,7 +13,7 @@ from mlperf_logging.mllog import constants as C
 from benchmarks.llama31_8b import config as config_lib
 from benchmarks.llama31_8b import input as input_lib
 from benchmarks.llama31_8b import model as model_lib
-from mlperf_tf.benchmark import Benchmark, EvalPoint
+from mlperf_tf.benchmark import Benchmark, EvalPoint, sample_eval_schedule
 from mlperf_tf.layers.tensor_parallel import vocab_parallel_cross_entropy
 from mlperf_tf.optimizers import WarmupCosineDecay, registry
 
@@ -31,44 +30,6 @@ PRECISION_KEYS = (
 _PRECISION_NAMES = {"float32": "fp32", "bfloat16": "bfloat16", "float16": "fp16"}
 
 
-def sample_eval_schedule(
-    *, global_batch_size: int, train_steps: int, every_samples: int
-) -> list[EvalPoint]:
-    """Evaluations every `ceil(every_samples / global_batch_size)` steps and at the last step.
-
-    The reference's cadence (`pretrain_llama31.py`: `eval_every_n_batches = ceil(eval_every /
-    gbs)`, `eval_every` 12,288 sequences). `epoch_num` and `samples_count` are the sequences
-    trained before the eval (the reference logs `samples_count`; the suite's common keys
-    want `epoch_num` too); a block spans the sequences since the previous eval.
-
-    Raises:
-      ValueError: an argument is not positive.
-    """
-    for name, value in (
-        ("global_batch_size", global_batch_size),
-        ("train_steps", train_steps),
-        ("every_samples", every_samples),
-    ):
-        if value <= 0:
-            raise ValueError(f"`{name}` ({value}) must be positive.")
-    every_steps = max(1, math.ceil(every_samples / global_batch_size))
-    steps = list(range(every_steps, train_steps, every_steps)) + [train_steps]
-    points = []
-    previous = 0
-    for step in steps:
-        points.append(
-            EvalPoint(
-                step=step,
-                epoch_num=step * global_batch_size,
-                first_epoch_num=previous * global_batch_size,
-                epoch_count=(step - previous) * global_batch_size,
-                samples_count=step * global_batch_size,
-            )
-        )
-        previous = step
-    return points
-
-
 class Llama31Benchmark(Benchmark):
     """Llama 3.1 causal-LM pretraining with AdamW to the MLPerf log-perplexity target.
 
@@ -82,7 +43,7 @@ class Llama31Benchmark(Benchmark):
     mlperf_benchmark = "llama31_8b"
     config_class = config_lib.LlamaConfig
     presets = {"mlperf": config_lib.mlperf, "mini": config_lib.mini, "smoke": config_lib.smoke}
-    input_module = input_lib
+    input_module = input_lib.INPUT
     # Tensor parallelism: Megatron's layers (`mlperf_tf.layers.tensor_parallel`, issue 27).
     parallel_axes = ("data", "model")
     higher_is_better = False
@@ -123,6 +84,8 @@ class Llama31Benchmark(Benchmark):
             global_batch_size=self.config.global_batch_size,
             train_steps=self.train_steps,
             every_samples=self.config.eval_every_samples,
+            # The reference logs `samples_count` in the block and eval events.
+            log_samples_count=True,
         )
 
     def tokens_per_sample(self) -> int:

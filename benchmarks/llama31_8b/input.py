@@ -8,12 +8,10 @@ consecutive windows share one token: a window's inputs are `tokens[:-1]` and its
 
 from __future__ import annotations
 
-import os
-
 import tensorflow as tf
 
 from benchmarks.llama31_8b.config import LlamaConfig
-from mlperf_tf.data import eval_pipeline, list_files, training_pipeline
+from mlperf_tf.data.parsed import ParsedInput
 
 TOKENS = "tokens"
 
@@ -39,60 +37,6 @@ def make_parse_fn(config: LlamaConfig):
     return parse
 
 
-def train_files(config: LlamaConfig) -> list[str]:
-    return list_files(
-        os.path.join(config.data_dir, config.data.train_pattern), what="Llama train TFRecord"
-    )
-
-
-def eval_files(config: LlamaConfig) -> list[str]:
-    return list_files(
-        os.path.join(config.data_dir, config.data.eval_pattern), what="Llama eval TFRecord"
-    )
-
-
-def train_dataset(
-    config: LlamaConfig,
-    *,
-    input_context: tf.distribute.InputContext | None,
-    batch_size: int,
-    seed: int,
-    skip_bad_records: bool = False,
-) -> tf.data.Dataset:
-    """Endless shuffled per-replica training batches of this pipeline's shard of the files."""
-    return training_pipeline(
-        train_files(config),
-        input_context=input_context,
-        parse_fn=make_parse_fn(config),
-        transform_fn=None,
-        batch_size=batch_size,
-        shuffle_buffer=config.data.shuffle_buffer,
-        seed=seed,
-        skip_bad_records=skip_bad_records,
-    )
-
-
-def eval_dataset(
-    config: LlamaConfig,
-    *,
-    input_context: tf.distribute.InputContext | None,
-    batch_size: int,
-    num_batches: int,
-    skip_bad_records: bool = False,
-) -> tf.data.Dataset:
-    """Exactly `num_batches` per-replica eval batches (in file order, unshuffled, as the
-    reference reads its validation set), with `valid`."""
-    return eval_pipeline(
-        eval_files(config),
-        input_context=input_context,
-        parse_fn=make_parse_fn(config),
-        transform_fn=None,
-        batch_size=batch_size,
-        num_batches=num_batches,
-        skip_bad_records=skip_bad_records,
-    )
-
-
 def synthetic_example(config: LlamaConfig, seed) -> dict[str, tf.Tensor]:
     """A window of uniformly random token ids (seed: int or scalar tensor)."""
     op_seed = tf.stack([tf.cast(seed, tf.int32), tf.constant(7, tf.int32)])
@@ -106,25 +50,5 @@ def synthetic_example(config: LlamaConfig, seed) -> dict[str, tf.Tensor]:
     return split_window(tokens)
 
 
-def synthetic_train_dataset(config: LlamaConfig, *, batch_size: int, seed: int) -> tf.data.Dataset:
-    """One fixed random batch repeated forever (no input cost)."""
-    from mlperf_tf.data import synthetic_dataset  # noqa: PLC0415 (as bert/input.py)
-
-    return synthetic_dataset(
-        lambda s: synthetic_example(config, s), batch_size=batch_size, seed=seed
-    )
-
-
-def synthetic_eval_dataset(
-    config: LlamaConfig, *, batch_size: int, num_batches: int, seed: int
-) -> tf.data.Dataset:
-    """`num_batches` batches of random windows (`eval_examples` of them, the rest padding)."""
-    from mlperf_tf.data import synthetic  # noqa: PLC0415
-
-    return synthetic.synthetic_eval_dataset(
-        lambda s: synthetic_example(config, s),
-        count=config.eval_examples,
-        batch_size=batch_size,
-        num_batches=num_batches,
-        seed=seed + 1_000_000,
-    )
+# The standard input hooks (`Benchmark.input_module`), made from the two functions above.
+INPUT = ParsedInput(what="Llama", make_parse_fn=make_parse_fn, synthetic_example=synthetic_example)

@@ -43,6 +43,7 @@ import tensorflow as tf
 
 from benchmarks.llama31_8b import config as config_lib
 from mlperf_tf import prepare_cli
+from mlperf_tf.data import docstrings
 from mlperf_tf.errors import DataError, UserError
 
 END_OF_TEXT = "<|end_of_text|>"  # Llama 3's end-of-text token (id 128001)
@@ -305,41 +306,18 @@ def _write_c4_shard(path: str, documents: Iterable[str]) -> int:
 # Installed packages whose docstrings join the standard library's in the mini corpus (the
 # suite's own dependencies, so present wherever it runs): about 4.7 M characters in all.
 MINI_CORPUS_PACKAGES = ("numpy", "keras")
-_SKIP_DIRS = {"tests", "test", "testing", "site-packages", "idlelib", "turtledemo"}
-
-
-def _package_python_files(package: str) -> list[str]:
-    import importlib.util  # noqa: PLC0415
-
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        return []
-    root = list(spec.submodule_search_locations)[0]
-    files = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS)
-        files.extend(
-            os.path.join(dirpath, f)
-            for f in sorted(filenames)
-            if f.endswith(".py") and not f.endswith("_test.py")
-        )
-    return sorted(files)
 
 
 def mini_documents(eval_every: int) -> tuple[list[str], list[str]]:
     """(train, eval) documents: the docstrings of the standard library and of
     `MINI_CORPUS_PACKAGES`, one module per document (prose sentences only, as the BERT mini's
     corpus), every `eval_every`-th module held out."""
-    # The BERT mini's corpus reader, reused rather than copied.
-    from benchmarks.bert import prepare as bert_prepare  # noqa: PLC0415
-
-    files = bert_prepare.stdlib_python_files()
+    files = docstrings.stdlib_python_files()
     for package in MINI_CORPUS_PACKAGES:
-        files += _package_python_files(package)
+        files += docstrings.package_python_files(package)
     train, held_out = [], []
     for index, path in enumerate(files):
-        docstrings = bert_prepare._docstrings(path)  # noqa: SLF001
-        sentences = [s for d in docstrings for s in bert_prepare.docstring_sentences(d)]
+        sentences = docstrings.file_sentences(path)
         if sentences:
             (held_out if index % eval_every == 0 else train).append(" ".join(sentences))
     return train, held_out

@@ -19,6 +19,28 @@ def _check_int(name: str, value, *, low: int) -> int:
     return value
 
 
+def _set_warmup_and_decay(
+    schedule, *, base_learning_rate, warmup_steps, decay_steps, end_learning_rate
+) -> None:
+    """Checks and sets the four numbers a warm-up-then-decay schedule has: peak b > 0, W >= 0
+    warm-up steps, D >= 1 decay steps, end e in [0, b].
+
+    Raises:
+      ValueError: an argument is out of range (named).
+    """
+    schedule.base_learning_rate = _check_float(
+        "base_learning_rate", base_learning_rate, strict=True
+    )
+    schedule.warmup_steps = _check_int("warmup_steps", warmup_steps, low=0)
+    schedule.decay_steps = _check_int("decay_steps", decay_steps, low=1)
+    schedule.end_learning_rate = _check_float("end_learning_rate", end_learning_rate)
+    if schedule.end_learning_rate > schedule.base_learning_rate:
+        raise ValueError(
+            f"`end_learning_rate` ({end_learning_rate!r}) must be <= "
+            f"`base_learning_rate` ({base_learning_rate!r})."
+        )
+
+
 def _check_float(name: str, value, *, low: float = 0.0, strict: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"`{name}` ({value!r}) must be a number.")
@@ -102,17 +124,13 @@ class WarmupPolynomialDecay(keras.optimizers.schedules.LearningRateSchedule):
           ValueError: an argument is out of range.
         """
         super().__init__()
-        self.base_learning_rate = _check_float(
-            "base_learning_rate", base_learning_rate, strict=True
+        _set_warmup_and_decay(
+            self,
+            base_learning_rate=base_learning_rate,
+            warmup_steps=warmup_steps,
+            decay_steps=decay_steps,
+            end_learning_rate=end_learning_rate,
         )
-        self.warmup_steps = _check_int("warmup_steps", warmup_steps, low=0)
-        self.decay_steps = _check_int("decay_steps", decay_steps, low=1)
-        self.end_learning_rate = _check_float("end_learning_rate", end_learning_rate)
-        if self.end_learning_rate > self.base_learning_rate:
-            raise ValueError(
-                f"`end_learning_rate` ({end_learning_rate!r}) must be <= "
-                f"`base_learning_rate` ({base_learning_rate!r})."
-            )
         self.power = _check_float("power", power, strict=True)
         if isinstance(start_warmup_step, bool) or not isinstance(start_warmup_step, int):
             raise ValueError(f"`start_warmup_step` ({start_warmup_step!r}) must be an integer.")
@@ -347,17 +365,13 @@ class WarmupCosineDecay(keras.optimizers.schedules.LearningRateSchedule):
           ValueError: an argument is out of range.
         """
         super().__init__()
-        self.base_learning_rate = _check_float(
-            "base_learning_rate", base_learning_rate, strict=True
+        _set_warmup_and_decay(
+            self,
+            base_learning_rate=base_learning_rate,
+            warmup_steps=warmup_steps,
+            decay_steps=decay_steps,
+            end_learning_rate=end_learning_rate,
         )
-        self.warmup_steps = _check_int("warmup_steps", warmup_steps, low=0)
-        self.decay_steps = _check_int("decay_steps", decay_steps, low=1)
-        self.end_learning_rate = _check_float("end_learning_rate", end_learning_rate)
-        if self.end_learning_rate > self.base_learning_rate:
-            raise ValueError(
-                f"`end_learning_rate` ({end_learning_rate!r}) must be <= "
-                f"`base_learning_rate` ({base_learning_rate!r})."
-            )
         self.name = name
 
     def __call__(self, step):

@@ -142,6 +142,35 @@ def test_summarize_reads_quality_and_time_to_target(tmp_path):
     assert never["steps_to_target"] is None and never["epochs_to_target"] is None
 
 
+def test_summarize_of_a_lower_is_better_quality_counted_in_samples(tmp_path):
+    """Llama: log perplexity falls to its target, and epoch_num counts samples."""
+    log = tmp_path / "mlperf_log.txt"
+    log.write_text(
+        _log_line("run_start", None, time_ms=0)
+        + _log_line("eval_accuracy", 4.0, epoch_num=384)
+        + _log_line("eval_accuracy", 3.2, epoch_num=768)
+        + _log_line("eval_accuracy", 3.25, epoch_num=800)
+        + _log_line("run_stop", None, time_ms=5000, status="success")
+    )
+    run = {"cause": "target_reached", "steps": 100, "steps_per_epoch": 125,
+           "train_examples": 1000, "global_batch_size": 8, "higher_is_better": False,
+           "eval_steps": [[384, 48], [768, 96], [800, 100]]}  # fmt: skip
+    row = sweep.summarize(run, sweep.read_mlperf_log(str(log)), target=3.3)
+    assert [p["step"] for p in row["curve"]] == [48, 96, 100]
+    assert row["steps_to_target"] == 96 and row["best_quality"] == 3.2
+    # Without the direction, 4.0 would count as reaching 3.3 at the first eval.
+    assert sweep.summarize({**run, "higher_is_better": True}, sweep.read_mlperf_log(str(log)),
+                           target=3.3)["steps_to_target"] == 48  # fmt: skip
+
+
+def test_an_epoch_budget_of_a_lower_is_better_benchmark_never_stops_at_its_target():
+    from benchmarks.llama31_8b import config as llama_config
+
+    spec = _spec(benchmark="llama31_8b", preset="smoke")
+    overrides, _ = sweep.cell_overrides(spec, sweep.cells(spec)[0], llama_config.smoke())
+    assert float(overrides["quality_target"]) == -sweep.UNREACHABLE_TARGET
+
+
 def test_malformed_log_is_a_user_error(tmp_path):
     log = tmp_path / "bad.txt"
     log.write_text(':::MLLOG {"key": "run_start"\n')

@@ -42,7 +42,7 @@ def config_for(data_dir, **kw):
 def test_parse_eagerly_and_in_dataset_map_agree(data_dir):
     config = config_for(data_dir)
     parse = input_lib.make_parse_fn(config)
-    files = input_lib.train_files(config)
+    files = input_lib.INPUT.train_files(config)
     records = list(tf.data.TFRecordDataset(files[0]).take(3))
     eager = [parse(r) for r in records]
     mapped = list(tf.data.TFRecordDataset(files[0]).take(3).map(parse))
@@ -59,14 +59,14 @@ def test_parse_eagerly_and_in_dataset_map_agree(data_dir):
 def test_record_of_other_length_fails_to_parse(data_dir):
     config = config_for(data_dir)
     other = dataclasses.replace(config, data=dataclasses.replace(config.data, max_seq_length=32))
-    record = next(iter(tf.data.TFRecordDataset(input_lib.train_files(config)[0])))
+    record = next(iter(tf.data.TFRecordDataset(input_lib.INPUT.train_files(config)[0])))
     with pytest.raises(tf.errors.InvalidArgumentError):
         input_lib.make_parse_fn(other)(record)
 
 
 def test_train_and_eval_datasets(data_dir):
     config = config_for(data_dir)
-    count = sum(1 for _ in tf.data.TFRecordDataset(input_lib.eval_files(config)))
+    count = sum(1 for _ in tf.data.TFRecordDataset(input_lib.INPUT.eval_files(config)))
     bench = BertBenchmark(dataclasses.replace(config, eval_examples=count))
     batch = next(iter(bench.train_dataset(tf.distribute.InputContext())))
     assert batch["input_ids"].shape == (8, SEQ)
@@ -102,7 +102,7 @@ def test_synthetic_examples_have_the_real_structure():
 
 def test_synthetic_eval_dataset_pads_to_the_step_count():
     config = C.smoke()
-    ds = input_lib.synthetic_eval_dataset(config, batch_size=8, num_batches=3, seed=0)
+    ds = input_lib.INPUT.synthetic_eval_dataset(config, batch_size=8, num_batches=3, seed=0)
     batches = list(ds)
     assert len(batches) == 3
     valid = np.concatenate([b["valid"].numpy() for b in batches])

@@ -245,28 +245,13 @@ def test_given_vocab_file_is_used(tmp_path):
     assert ids.max() < 70
 
 
-def test_docstring_sentences_drop_code_and_split_sentences():
-    doc = (
-        "Return the sum. Raises ValueError if empty!\n\n"
-        ">>> add(1, 2)\n3\n\n"
-        "Second paragraph\nspans two lines. (Really.)\n\n"
-        "x"
-    )
-    assert prepare.docstring_sentences(doc) == [
-        "Return the sum.",
-        "Raises ValueError if empty!",
-        "Second paragraph spans two lines.",
-        "(Really.)",
-    ]
-
-
 def test_stdlib_text_uses_module_docstrings(tmp_path, monkeypatch):
     import email.utils
     import json.decoder
     import textwrap
 
     files = sorted([textwrap.__file__, json.decoder.__file__, email.utils.__file__])
-    monkeypatch.setattr(prepare, "stdlib_python_files", lambda: files)
+    monkeypatch.setattr(prepare.docstrings, "stdlib_python_files", lambda: files)
     train, held_out = tmp_path / "train.txt", tmp_path / "eval.txt"
     counts = prepare.write_stdlib_text(str(train), str(held_out), eval_every=3)
     assert counts == (2, 1)

@@ -116,10 +116,19 @@ def test_the_registry_adamw_decays_kernels_and_embeddings_not_norm_scales():
 
 def test_eval_schedule_is_every_12288_sequences_with_samples_count():
     bench = _bench()
-    points = sample_eval_schedule(global_batch_size=32, train_steps=1000, every_samples=12288)
+    points = sample_eval_schedule(
+        global_batch_size=32, train_steps=1000, every_samples=12288, log_samples_count=True
+    )
     assert [p.step for p in points] == [384, 768, 1000]
     assert [p.samples_count for p in points] == [12288, 24576, 32000]
     assert bench.eval_schedule()[0].samples_count == 12288
+    # BERT's rules do not log it.
+    assert (
+        sample_eval_schedule(global_batch_size=32, train_steps=1000, every_samples=12288)[
+            0
+        ].samples_count
+        is None
+    )
 
 
 def test_eval_result_is_the_mean_token_loss_and_padding_does_not_count():
