@@ -229,3 +229,25 @@ def test_split_layers_refuse_to_run_outside_a_replica_context():
     layer = spatial.HaloConv2D(2, 3, layout=SpatialLayout(DeviceMesh(spatial=2)), name="c")
     with pytest.raises(ValueError, match="layer 'c' holds a slab"):
         layer(tf.zeros([1, 4, 4, 1]))
+
+
+def test_tile_coordinates_and_neighbour_groups():
+    """2x2 tiles, 2 batch shards (8 replicas): tiles row-major in each group of 4."""
+    layout = SpatialLayout(DeviceMesh(data=2, spatial=4, spatial_cols=2))
+    assert (layout.row_parts, layout.col_parts, layout.flag, layout.pieces) == (
+        2, 2, "2x2", "2x2 tiles",
+    )  # fmt: skip
+    assert [layout.tile(r) for r in range(4, 8)] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert layout.column_members(5) == [5, 7] and layout.row_members(5) == [4, 5]
+    assert layout.column_members(6) == [4, 6] and layout.row_members(6) == [6, 7]
+    slabs = SpatialLayout(DeviceMesh(data=1, spatial=4))
+    assert slabs.column_members(2) == [0, 1, 2, 3] and slabs.row_members(2) == [2]
+    assert slabs.pieces == "4 slabs"
+
+
+def test_tile_gather_refuses_what_is_not_an_image():
+    gather = spatial.SpatialGather(
+        2, layout=SpatialLayout(DeviceMesh(spatial=4, spatial_cols=2)), name="g"
+    )
+    with pytest.raises(ValueError, match="layer 'g' gathers 2x2 tiles of \\[b, h, w, c\\]"):
+        gather(tf.zeros([1, 4, 4]))
