@@ -64,8 +64,9 @@ def resnet(
 
     Raises:
       ValueError: `image_size` is not a positive integer.
-      ConfigError: the stem's rows (columns) do not split into K (L) parts (`image_size` must
-        be a multiple of 4 max(K, L)).
+      ConfigError: no block's input splits into K x L tiles (`spatial.stem_refusal`). An image
+        whose stem does not split (`image_size` not a multiple of 4 max(K, L)) runs whole up to
+        the first stage that does.
     """
     if not isinstance(image_size, int) or image_size < 1:
         raise ValueError(f"`image_size` ({image_size!r}) must be a positive integer.")
@@ -80,11 +81,7 @@ def resnet(
     stem_splits = build.image_splits(image_size, ((7, 2, 3),)) and build.image_splits(
         image_size // 2, ((3, 2, "same"),)
     )
-    if not stem_splits:
-        raise ConfigError(
-            spatial_lib.stem_refusal(build.layout, size=image_size, setting="data.image_size")
-        )
-    x = build.start(inputs)
+    x = build.start(inputs, split=stem_splits)  # else whole until a stage splits
     x = _conv(build, x, config.base_width, 7, 2, "conv1_conv", seeds, padding=3)
     x = _batch_norm(build, x, config, "conv1_bn")
     x = keras.layers.ReLU(name="conv1_relu")(x)
@@ -107,6 +104,10 @@ def resnet(
                 seeds=seeds,
             )
 
+    if build.parts > 1 and not build.ever_split:
+        raise ConfigError(
+            spatial_lib.stem_refusal(build.layout, size=image_size, setting="data.image_size")
+        )
     x = build.global_average_pool(x, name="avg_pool")  # [batch, channels], whole
     logits = keras.layers.Dense(
         config.num_classes,

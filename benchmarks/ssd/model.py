@@ -128,20 +128,19 @@ def build_backbone(config: ModelConfig, slabs: SpatialBuilder | None = None) -> 
     the output this replica's tile (`[B, S/8/K, S/8/L, C]`), or the whole map where it stopped
     splitting (`slabs.split` says which).
 
-    Raises:
-      ConfigError: the image side does not split into K (L) parts through the stem (SSD300's
-        300 px for K or L = 2 or 4: `spatial.stem_refusal` says why uneven tiles are not built).
+    A stem that does not split into K x L tiles (SSD300's 300 px at K or L = 2: 75 rows after
+    the max pool) runs whole on every member, and the tiles start at the first block whose input
+    splits (at 300 px, K = 2: conv3_x's second block, 38 rows).
     """
     slabs = slabs or SpatialBuilder(None)
     b = _Builder(config, slabs)
     width = config.width_scale
     size = config.image_size
-    if not (slabs.image_splits(size, ((7, 2, 3),)) and slabs.image_splits(size // 2, ((3, 2, 1),))):
-        raise ConfigError(
-            spatial_lib.stem_refusal(slabs.layout, size=size, setting="model.image_size")
-        )
+    stem_splits = slabs.image_splits(size, ((7, 2, 3),)) and slabs.image_splits(
+        size // 2, ((3, 2, 1),)
+    )
     inputs = keras.Input((size, size, 3), name="image")
-    x = slabs.start(inputs)
+    x = slabs.start(inputs, split=stem_splits)  # else whole until a block splits
     x = b.conv(x, scaled(_STEM_WIDTH, width), 7, stride=2, padding=3, name="conv1")
     x = b.batch_norm("bn1")(x)
     x = layers.ReLU(name="relu")(x)
@@ -174,6 +173,10 @@ def build_ssd(config: ModelConfig, layout: SpatialLayout | None = None) -> keras
     the tiles and the BN group), and whole after; each level's head output maps are gathered
     over the group, then flattened (position-major anchors), so the loss, the box matching and
     the anchors see every image once, whole, on every member.
+
+    Raises:
+      ConfigError: no layer splits into the layout's tiles (`spatial.stem_refusal`; SSD300's
+        300 px at K or L = 4).
 
     Returns:
       A Keras model mapping normalized images `[B, S, S, 3]` to `(box_codes [B, A, 4],
@@ -223,6 +226,12 @@ def build_ssd(config: ModelConfig, layout: SpatialLayout | None = None) -> keras
             x = b.batch_norm(f"{name}_bn2")(x)
         x = layers.ReLU(name=f"{name}_relu2")(x)
         features.append((x, slabs.split))
+    if slabs.parts > 1 and not slabs.ever_split:
+        raise ConfigError(
+            spatial_lib.stem_refusal(
+                slabs.layout, size=config.image_size, setting="model.image_size"
+            )
+        )
 
     box_codes, class_logits = [], []
     for level, ((feature, split), ratios) in enumerate(zip(features, config.anchor_aspect_ratios)):

@@ -502,7 +502,11 @@ class SpatialBuilder:
     stride, or a halo wider than a tile) the tiles are gathered (`SpatialGather`) and the rest
     of the trunk runs whole on every member of the group. That is exact: batch norm over K L
     identical copies has the statistics of one (`batch_norm_group`), and the gather's backward
-    sums the members' gradients. The state only goes from split to whole.
+    sums the members' gradients. An image that does not split through the stem starts whole
+    (`start(images, split=False)`): the first block whose input splits cuts its tiles there
+    (`SpatialSlice`; exact too: each member's backward carries its tile's share of the whole
+    prefix's gradient, and the sum over replicas adds them up). So the state goes at most once
+    from whole to split, then at most once back (`ever_split` says whether it ever was).
 
     Args:
       layout: the spatial layout (K x L = `layout.parts`).
@@ -511,6 +515,8 @@ class SpatialBuilder:
     def __init__(self, layout: SpatialLayout | None):
         self.layout = layout or SpatialLayout(DeviceMesh())
         self.split = self.layout.parts > 1
+        self.pending = False  # whole so far, to be split at the first block that splits
+        self.ever_split = self.split
 
     @property
     def parts(self) -> int:
@@ -534,8 +540,15 @@ class SpatialBuilder:
         ((kernel, stride, padding)); True without a split."""
         return not self.split or spatial_lib.image_splits(size, size, self.layout, windows)
 
-    def start(self, images):
-        """The model's whole input images -> this replica's tile (unchanged when K = L = 1)."""
+    def start(self, images, *, split: bool = True):
+        """The model's whole input images -> this replica's tile (unchanged when K = L = 1).
+
+        Args:
+          split: False when the images do not split through the stem: they stay whole, and
+            `keep_split` cuts the tiles at the first block whose input splits.
+        """
+        if self.split and not split:
+            self.split, self.pending, self.ever_split = False, True, False
         if not self.split:
             return images
         return SpatialSlice(layout=self.layout, name="spatial_slice")(images)
@@ -547,8 +560,13 @@ class SpatialBuilder:
         )
 
     def keep_split(self, x, windows, *, name: str):
-        """`x`, gathered whole first when it is split but `windows` cannot run on its slabs."""
-        if self.split and not self.splits(x, windows):
+        """`x`, gathered whole first when it is split but `windows` cannot run on its tiles; or,
+        while the trunk is whole since a stem that did not split, cut into tiles once it can
+        run `windows` on them."""
+        if self.pending and spatial_lib.image_splits(x.shape[1], x.shape[2], self.layout, windows):
+            x = SpatialSlice(layout=self.layout, name=f"{name}_slice")(x)
+            self.split, self.pending, self.ever_split = True, False, True
+        elif self.split and not self.splits(x, windows):
             x = SpatialGather(1, layout=self.layout, name=f"{name}_gather")(x)
             self.split = False
         return x

@@ -87,8 +87,9 @@ class SpatialLayout:
 
 
 def stem_refusal(layout: SpatialLayout, *, size: int, setting: str) -> str:
-    """The one-line reason a `size` x `size` image does not split into `layout`'s tiles through
-    a ResNet stem (7x7/2 convolution, 3x3/2 max pool): each of K and L must divide `size / 4`.
+    """The one-line reason a model of `size` x `size` images never splits into `layout`'s
+    tiles: its ResNet stem (7x7/2 convolution, 3x3/2 max pool) splits when each of K and L
+    divides `size / 4`; a stem that does not runs whole, and no later block split either.
 
     Why uneven tiles are not built: the whole model's rows at every layer must be
     reproduced exactly. Padding the image to a multiple of 4K (e.g. SSD300's 300 px to 304)
@@ -111,8 +112,8 @@ def stem_refusal(layout: SpatialLayout, *, size: int, setting: str) -> str:
         examples = f" (e.g. {', '.join(divisors)})" if divisors else ""
         hint = f"K and L must divide {quarter}, the side / 4{examples}, or {hint}"
     return (
-        f"--spatial_partition={layout.flag}: the image side ({size}, `{setting}`) does not "
-        f"split into {layout.pieces} through the stem (7x7/2 convolution, 3x3/2 max pool): "
+        f"--spatial_partition={layout.flag}: at an image side of {size} (`{setting}`) no layer "
+        f"splits into {layout.pieces}: for the stem (7x7/2 convolution, 3x3/2 max pool) "
         f"{hint}; uneven tiles are not built (exactness would need batch norm over the valid "
         "rows only and the padding rows re-zeroed after every layer)"
     )

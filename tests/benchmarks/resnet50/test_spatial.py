@@ -62,7 +62,7 @@ def test_an_image_height_that_does_not_split_is_refused():
     )
     with pytest.raises(
         ConfigError,
-        match=r"--spatial_partition=4: the image side \(36, `data.image_size`\) does not split into 4 slabs",
+        match=r"--spatial_partition=4: at an image side of 36 \(`data.image_size`\) no layer splits into 4 slabs",
     ):
         bench.build_model()
 
@@ -79,7 +79,7 @@ def test_an_image_width_that_does_not_split_into_tiles_is_refused():
         RunContext(num_replicas=4, mesh=DeviceMesh(data=2, spatial=2, spatial_cols=2))
     )
     with pytest.raises(
-        ConfigError, match=r"--spatial_partition=1x2: the image side \(36"
+        ConfigError, match=r"--spatial_partition=1x2: at an image side of 36"
     ) as raised:
         bench.build_model()
     assert "multiple of 8" in str(raised.value) and "\n" not in str(raised.value)
