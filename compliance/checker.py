@@ -352,9 +352,10 @@ def pick_ruleset(scan: logfile.LogScan) -> RulesetChoice:
             set().union(*(missing[r] for r in candidates))
             - set().union(*(missing[r] for r in fitting))
         )
+        others = [r for r in candidates if r not in fitting]
         why.append(
-            f"its keys ({', '.join(told[:3])}{', ...' if len(told) > 3 else ''}) fit "
-            f"{_span(fitting)}"
+            f"it lacks keys that {_span(others)} require "
+            f"({', '.join(told[:3])}{', ...' if len(told) > 3 else ''}): {_span(fitting)} fit"
         )
     if len(fitting) == 1:
         return RulesetChoice(fitting[0], "; ".join(why))
