@@ -1,6 +1,7 @@
-"""Provides `train`: a few steps of a benchmark on a data x model mesh of logical CPUs, returning
-the losses, the whole first-step gradients and the whole weights, for the tensor-parallel
-exactness tests (a split run against the unsplit run of the same data-parallel size)."""
+"""Provides `train`: a few steps of a benchmark on a data x expert x model mesh of logical CPUs,
+returning the losses, the whole first-step gradients and the whole weights, for the exactness
+tests of tensor and expert parallelism (a split run against the unsplit run of the same number of
+batch shards)."""
 
 from __future__ import annotations
 
@@ -44,39 +45,44 @@ def make_optimizer(name: str, benchmark):
 
 
 def _whole_grads(per_replica, variables, mesh):
-    """Per replica lists of local gradients -> whole gradients summed over the data groups."""
+    """Per replica lists of local gradients -> whole gradients, each shard summed over its
+    layout's sum group (the batch shards that hold it), and whether every replica that holds a
+    shard got the same sum (replicated weights across a model group)."""
     out, agree = [], True
     for i, v in enumerate(variables):
         layout = layout_lib.layout_of(v)
-        total = None
-        for d in range(mesh.batch_shards):
-            group = mesh.group(mesh.replica(data=d), "model")
-            parts = [np.asarray(per_replica[r][i]) for r in group]
-            if layout.split and layout.num_shards(mesh) > 1:
-                whole = np.concatenate(parts, axis=layout.split_axis)
+        split = layout.split and layout.num_shards(mesh) > 1
+        shards = {}
+        for r in range(mesh.size):
+            s = layout.shard_index(mesh, r) if split else 0
+            summed = sum(np.asarray(per_replica[m][i]) for m in layout.sum_group(mesh, r))
+            if s in shards:
+                agree &= bool(np.allclose(summed, shards[s], rtol=1e-5, atol=1e-7))
             else:
-                whole = parts[0]
-                agree &= all(np.allclose(p, whole, rtol=1e-5, atol=1e-7) for p in parts)
-            total = whole if total is None else total + whole
-        out.append(total)
+                shards[s] = summed
+        if split:
+            out.append(np.concatenate([shards[s] for s in sorted(shards)], axis=layout.split_axis))
+        else:
+            out.append(shards[0])
     return out, agree
 
 
 def train(benchmark, *, num_devices: int, model_parallel: int, optimizer: str,
           steps: int = STEPS, all_reduce: str = "ring", weight_update_sharding: bool = False,
-          clip_norm: float | None = None, save_to: str = "",
-          restore_from: str = "") -> Result:  # fmt: skip
+          clip_norm: float | None = None, save_to: str = "", restore_from: str = "",
+          expert_parallel: int = 1, pack_mb: float = 0.0) -> Result:  # fmt: skip
     """`steps` steps of `benchmark` (a Benchmark of a smoke config, dropout off) on
-    `num_devices` logical CPUs split as `model_parallel` model shards; optionally restored from
-    a checkpoint (`restore_from`, before the steps) and saved (`save_to`, after them), as the
-    runner's checkpoint holds them (`tf.train.Checkpoint(model=..., optimizer=...)`)."""
+    `num_devices` logical CPUs split as `expert_parallel` x `model_parallel` (the rest: data);
+    optionally restored from a checkpoint (`restore_from`, before the steps) and saved
+    (`save_to`, after them), as the runner's checkpoint holds them
+    (`tf.train.Checkpoint(model=..., optimizer=...)`). Every collective waits at most 60 s."""
     strategy = strategies.mirrored(num_devices)
-    mesh = build_mesh(num_devices, model_parallel=model_parallel)
-    context = RunContext(num_replicas=num_devices, seed=1, mesh=mesh)
+    mesh = build_mesh(num_devices, model_parallel=model_parallel, expert_parallel=expert_parallel)
+    context = RunContext(num_replicas=num_devices, seed=1, mesh=mesh, collective_timeout_s=60.0)
     benchmark = benchmark.with_context(context)
     keras.utils.set_random_seed(1)
     settings = Settings(all_reduce=all_reduce, weight_update_sharding=weight_update_sharding,
-                        timeout_s=60)  # fmt: skip
+                        pack_mb=pack_mb, timeout_s=60)  # fmt: skip
     summer = GradientSummer(strategy, settings, mesh)
     with strategy.scope():
         model = benchmark.build_model()

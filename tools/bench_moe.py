@@ -2,8 +2,8 @@
 against a dense feed-forward block of the same active FLOPs.
 
 On `--devices` logical CPUs (MirroredStrategy), each replica runs forward + backward + the
-gradient sum (`mlperf_tf.parallel.expert_layout.LayoutSummer`, no optimizer update) of one block on its
-own [tokens, hidden] batch:
+gradient sum (the runner's `mlperf_tf.collectives.GradientSummer`, ring, no optimizer update)
+of one block on its own [tokens, hidden] batch:
 
 * `dense`: a ReLU feed-forward block of width `--filter` (data parallel);
 * `moe_E<P>`: `--experts` experts of width `--filter / --top_k`, top-k routing, capacity factor
@@ -35,9 +35,9 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from mlperf_tf.collectives import GradientSummer, Settings  # noqa: E402
 from mlperf_tf.distribute import split_cpu  # noqa: E402
 from mlperf_tf.layers import moe  # noqa: E402
-from mlperf_tf.parallel import expert_layout as layout  # noqa: E402
 from mlperf_tf.parallel.mesh import DeviceMesh  # noqa: E402
 from tools.args import require_positive  # noqa: E402
 
@@ -61,8 +61,11 @@ def contestant(strategy, mesh: DeviceMesh | None, args):
                 mesh=mesh if mesh.expert > 1 else None,
             )  # fmt: skip
             layer.build((None, args.hidden))
-    summer = layout.LayoutSummer(mesh or DeviceMesh(data=args.devices))
     variables = layer.trainable_variables
+    summer = GradientSummer(
+        strategy, Settings(all_reduce="ring"), mesh or DeviceMesh(data=args.devices)
+    )
+    summer.build(keras.optimizers.SGD(0.1), variables)
     rng = np.random.default_rng(0)
     data = rng.normal(size=(args.devices, args.tokens, args.hidden)).astype(np.float32)
     x = strategy.experimental_distribute_values_from_function(
@@ -75,7 +78,7 @@ def contestant(strategy, mesh: DeviceMesh | None, args):
             if isinstance(y, (tuple, list)):
                 y = y[0]
             loss = tf.reduce_mean(tf.square(y))
-        return summer.sum(tape.gradient(loss, variables), variables)
+        return summer.sum_gradients(tape.gradient(loss, variables))
 
     @tf.function
     def steps(n):

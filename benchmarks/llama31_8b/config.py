@@ -18,6 +18,7 @@ import os
 
 from mlperf_tf import paths
 from mlperf_tf.config import BenchmarkConfig, ConfigError, require
+from mlperf_tf.layers.moe import MoEConfig
 from mlperf_tf.optimizers import registry
 
 # What the closed rules of 5.1.0, 6.0.0 and 6.1.0 fix (closed_llama31_8b.yaml).
@@ -54,6 +55,10 @@ class ModelConfig:
     rope_original_max_position: int = 8192
     max_position_embeddings: int = 131_072
     initializer_range: float = 0.02  # Megatron's init_method_std (NeMo's Llama31Config8B: 0.02)
+    # Mixture-of-experts feed-forward blocks (`--config.model.moe.*`, the Transformer's settings):
+    # every `moe.every`-th block's SwiGLU MLP becomes `moe.num_experts` SwiGLU experts (Mixtral's
+    # form) of width `moe.filter_size` (0: `intermediate_size`); num_experts=0 keeps Llama dense.
+    moe: MoEConfig = MoEConfig()
 
     def __post_init__(self):
         require(
@@ -87,17 +92,31 @@ class ModelConfig:
                 f"and below `model.rope_high_freq_factor` ({self.rope_high_freq_factor})."
             )
 
+    def _moe_layer(self) -> int:
+        """Parameters of one MoE block's feed-forward layer (router and every expert)."""
+        return self.moe.layer_parameters(
+            hidden_size=self.hidden_size, filter_size=self.intermediate_size, expert_mlp="swiglu"
+        )
+
+    def _moe_active(self) -> int:
+        """Weights one token multiplies in an MoE block: the router and its top-k experts."""
+        f = self.moe.filter_size or self.intermediate_size
+        return self.hidden_size * self.moe.num_experts + self.moe.top_k * 3 * self.hidden_size * f
+
     def parameter_count(self) -> int:
         """Parameters of this shape, from the config alone (no weights are allocated).
 
         Per layer: q (h x n_q d) + k, v (h x n_kv d each) + o (n_q d x h) + gate, up (h x f
         each) + down (f x h) + two norm scales (h each); plus the embedding (V x h), the
-        untied output projection (h x V) and the final norm (h).
+        untied output projection (h x V) and the final norm (h). An MoE block has, instead of
+        the MLP, a router (h x E) and E SwiGLU experts (3 h f_e each).
         """
         h, f, v, d = self.hidden_size, self.intermediate_size, self.vocab_size, self.head_dim
         attention = 2 * h * self.num_attention_heads * d + 2 * h * self.num_key_value_heads * d
         layer = attention + 3 * h * f + 2 * h
-        return self.num_hidden_layers * layer + 2 * v * h + h
+        moe_layers = self.moe.count(self.num_hidden_layers)
+        moe_extra = moe_layers * (self._moe_layer() - 3 * h * f)
+        return self.num_hidden_layers * layer + moe_extra + 2 * v * h + h
 
     def training_flops(self, seq: int) -> float:
         """Training FLOPs of one sequence of `seq` tokens (a multiply-add is 2; 3x forward).
@@ -111,6 +130,10 @@ class ModelConfig:
         h, d = self.hidden_size, self.head_dim
         projections = self.parameter_count() - 2 * h * self.num_hidden_layers - h
         projections -= self.vocab_size * h  # the embedding lookup
+        # An MoE block's token multiplies the router and its top-k experts' weights only (the
+        # active FLOPs; the dispatch buffers' padding up to capacity is not counted).
+        moe_layers = self.moe.count(self.num_hidden_layers)
+        projections -= moe_layers * (self._moe_layer() - self._moe_active())
         attention = 4.0 * seq * seq * self.num_attention_heads * d * self.num_hidden_layers
         return 3.0 * (2.0 * seq * projections + attention)
 

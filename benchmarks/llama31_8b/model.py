@@ -6,6 +6,12 @@ output projection untied from the input embedding. Attention and the MLP are sep
 whose projections (q/k/v/o, gate/up/down) are separate sublayers, so that tensor parallelism can
 swap them for column- and row-parallel layers (`mlperf_tf/layers/`). Norms, the softmax and the
 loss compute in float32 under a mixed policy, as keras-hub's Llama does.
+
+Mixture of experts (`config.moe`, the settings the Transformer takes too): every `moe.every`-th
+block's MLP is an `mlperf_tf.layers.MoEFeedForward` of SwiGLU experts (Mixtral's block; its
+gates `router_softmax="after"` are Mixtral's, "before" ST-MoE's), split over the mesh's `expert`
+axis under `--expert_parallel`; its router and auxiliary losses are those of the Transformer's
+MoE blocks.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import tensorflow as tf
 
 from benchmarks.llama31_8b.config import ModelConfig
 from mlperf_tf.errors import UserError
+from mlperf_tf.layers import moe as moe_lib
 from mlperf_tf.layers import token_matmul
 from mlperf_tf.layers.tensor_parallel import ModelAxis, VocabParallelEmbedding
 from mlperf_tf.parallel.layout import REPLICATED, add_split_weight, check_divides, model_split
@@ -232,19 +239,60 @@ class MLP(keras.layers.Layer):
         return self.down_proj(tf.nn.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-class DecoderLayer(keras.layers.Layer):
-    """One pre-norm block: x + attention(norm(x)), then + mlp(norm(x))."""
+def moe_mlp(config: ModelConfig, *, mesh: DeviceMesh | None, group_size: int | None,
+            collective_timeout_s: float = 0.0) -> moe_lib.MoEFeedForward:  # fmt: skip
+    """An MoE block's feed-forward layer: `config.moe`'s router over SwiGLU experts of width
+    `moe.filter_size` (0: `intermediate_size`), started as Llama's MLP is (gate/up normal with
+    `initializer_range`, down with Megatron's output std), experts split over `mesh.expert`.
+    Under model parallelism its input is replicated over the model group and every shard runs
+    the whole layer (no model-axis collective); its weights are not split over `model`."""
+    c = config
+    out_std = c.initializer_range / math.sqrt(2.0 * c.num_hidden_layers)
+    expert_parallel = mesh.expert if mesh is not None else 1
+    return c.moe.layer(
+        hidden_size=c.hidden_size, filter_size=c.intermediate_size, expert_mlp="swiglu",
+        kernel_initializer=keras.initializers.RandomNormal(stddev=c.initializer_range),
+        output_initializer=keras.initializers.RandomNormal(stddev=out_std),
+        group_size=group_size, expert_parallel=expert_parallel,
+        mesh=mesh if expert_parallel > 1 else None,
+        collective_timeout_s=collective_timeout_s, name="moe",
+    )  # fmt: skip
 
-    def __init__(self, config: ModelConfig, mesh: DeviceMesh | None = None, **kwargs):
+
+class DecoderLayer(keras.layers.Layer):
+    """One pre-norm block: x + attention(norm(x)), then + mlp(norm(x)).
+
+    Block `index` has an MoE feed-forward layer when `config.moe.is_moe(index)` (`moe_mlp`);
+    its stats go to the call's `aux` (a `moe.Collector`, or None).
+    """
+
+    def __init__(self, config: ModelConfig, mesh: DeviceMesh | None = None, *, index: int = 0,
+                 moe_group_size: int | None = None, collective_timeout_s: float = 0.0,
+                 **kwargs):  # fmt: skip
         super().__init__(**kwargs)
         self.attention_norm = RMSNorm(config.rms_norm_eps, name="attention_norm")
         self.attention = Attention(config, mesh=mesh, name="attention")
         self.mlp_norm = RMSNorm(config.rms_norm_eps, name="mlp_norm")
-        self.mlp = MLP(config, mesh=mesh, name="mlp")
+        if config.moe.is_moe(index):
+            self.mlp = moe_mlp(
+                config, mesh=mesh, group_size=moe_group_size,
+                collective_timeout_s=collective_timeout_s,
+            )  # fmt: skip
+        else:
+            self.mlp = MLP(config, mesh=mesh, name="mlp")
 
-    def call(self, x, cos, sin):
+    @property
+    def is_moe(self) -> bool:
+        return isinstance(self.mlp, moe_lib.MoEFeedForward)
+
+    def call(self, x, cos, sin, training=False, aux=None):
         x = x + self.attention(self.attention_norm(x), cos, sin)
-        return x + self.mlp(self.mlp_norm(x))
+        if not self.is_moe:
+            return x + self.mlp(self.mlp_norm(x))
+        y, stats = self.mlp(self.mlp_norm(x), training=training)
+        if aux is not None:
+            aux.add(self.mlp, stats)
+        return x + y
 
 
 class LlamaModel(keras.Model):
@@ -254,9 +302,19 @@ class LlamaModel(keras.Model):
     split as Megatron splits them, and a column-parallel `lm_head` whose logits are this shard's
     [batch, seq, vocab/M] (the loss is `vocab_parallel_cross_entropy`; the 128k-id logits are
     never gathered). The RMS norms are replicated.
+
+    Args:
+      config: the model's shape (and its `moe` settings).
+      mesh: the run's mesh (None: one replica).
+      moe_group_size: static tokens per replica for the MoE training capacity (None: each
+        batch's count; expert parallelism needs it).
+      collective_timeout_s: seconds an expert-parallel MoE layer's all-to-all may wait (0: no
+        limit; the runner's `--collective_timeout`).
     """
 
-    def __init__(self, config: ModelConfig, mesh: DeviceMesh | None = None, **kwargs):
+    def __init__(self, config: ModelConfig, mesh: DeviceMesh | None = None, *,
+                 moe_group_size: int | None = None, collective_timeout_s: float = 0.0,
+                 **kwargs):  # fmt: skip
         super().__init__(**kwargs)
         self.config = config
         self.mesh = mesh
@@ -282,7 +340,15 @@ class LlamaModel(keras.Model):
             name="token_embedding",
         )
         self.decoder_layers = [
-            DecoderLayer(c, mesh=mesh, name=f"decoder_{i}") for i in range(c.num_hidden_layers)
+            DecoderLayer(
+                c,
+                mesh=mesh,
+                index=i,
+                moe_group_size=moe_group_size,
+                collective_timeout_s=collective_timeout_s,
+                name=f"decoder_{i}",
+            )  # fmt: skip
+            for i in range(c.num_hidden_layers)
         ]
         self.final_norm = RMSNorm(c.rms_norm_eps, name="final_norm")
         self.lm_head = Linear(
@@ -306,27 +372,38 @@ class LlamaModel(keras.Model):
         angles = tf.concat([angles, angles], axis=-1)
         return tf.cos(angles), tf.sin(angles)
 
-    def hidden_states(self, token_ids, training=False):
-        """The final-norm output [batch, seq, hidden]."""
-        del training  # no dropout in Llama pretraining
+    @property
+    def moe_layers(self) -> list:
+        """The MoE feed-forward layers, in block order (the order of a `moe.Collector`)."""
+        return [layer.mlp for layer in self.decoder_layers if layer.is_moe]
+
+    def hidden_states(self, token_ids, training=False, aux=None):
+        """The final-norm output [batch, seq, hidden]. No dropout in Llama pretraining;
+        `training` sets the MoE layers' capacity factor. `aux`: a `moe.Collector`, or None."""
         x = self.token_embedding(token_ids)
         seq = token_ids.shape[1] if token_ids.shape[1] is not None else tf.shape(token_ids)[1]
         cos, sin = self.rotary_tables(seq)
         for layer in self.decoder_layers:
-            x = layer(x, cos, sin)
+            x = layer(x, cos, sin, training=training, aux=aux)
         return self.final_norm(x)
 
-    def call(self, token_ids, training=False):
-        """Logits [batch, seq, vocab] (this shard's [..., vocab/M] under model parallelism)."""
-        return self.lm_head(self.axis.copy(self.hidden_states(token_ids, training=training)))
+    def call(self, token_ids, training=False, aux=None):
+        """Logits [batch, seq, vocab] (this shard's [..., vocab/M] under model parallelism);
+        the MoE layers' stats go to `aux` (a `moe.Collector`, or None)."""
+        states = self.hidden_states(token_ids, training=training, aux=aux)
+        return self.lm_head(self.axis.copy(states))
 
 
-def build_model(config: ModelConfig, *, seq_length: int = 2,
-                mesh: DeviceMesh | None = None) -> LlamaModel:  # fmt: skip
+def build_model(config: ModelConfig, *, seq_length: int = 2, mesh: DeviceMesh | None = None,
+                moe_group_size: int | None = None,
+                collective_timeout_s: float = 0.0) -> LlamaModel:  # fmt: skip
     """A built `LlamaModel` (its variables created by `build` on [1, seq_length] ids; under
-    model parallelism by building each layer, since a call needs replica context)."""
-    model = LlamaModel(config, mesh=mesh, name="llama")
-    if mesh is None or mesh.model == 1:
+    model or expert parallelism by building each layer, since a call needs replica context)."""
+    model = LlamaModel(
+        config, mesh=mesh, moe_group_size=moe_group_size,
+        collective_timeout_s=collective_timeout_s, name="llama",
+    )  # fmt: skip
+    if mesh is None or (mesh.model == 1 and mesh.expert == 1):
         model(tf.zeros([1, seq_length], tf.int32))
         return model
     c = config
@@ -340,10 +417,13 @@ def build_model(config: ModelConfig, *, seq_length: int = 2,
         attention.o_proj.build((None, None, c.num_attention_heads * c.head_dim))
         attention.built = True
         layer.mlp_norm.build(hidden)
-        layer.mlp.gate_proj.build(hidden)
-        layer.mlp.up_proj.build(hidden)
-        layer.mlp.down_proj.build((None, None, c.intermediate_size))
-        layer.mlp.built = True
+        if layer.is_moe:
+            layer.mlp.build(hidden)
+        else:
+            layer.mlp.gate_proj.build(hidden)
+            layer.mlp.up_proj.build(hidden)
+            layer.mlp.down_proj.build((None, None, c.intermediate_size))
+            layer.mlp.built = True
         layer.built = True
     model.final_norm.build(hidden)
     model.lm_head.build(hidden)

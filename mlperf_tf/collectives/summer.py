@@ -11,12 +11,21 @@ with the weight update sharded across replicas:
 assignment happen in one `merge_call`, where the summed values are identical on every replica,
 so Keras sums nothing again.
 
-On a device mesh with more than the data axis (`--model_parallel`), each variable's gradient is
-summed over its layout's `sum_over` axes only (`mlperf_tf.parallel.layout`): the algorithms run
-over that group's members (`GroupView`), the packing and the weight-update shards span it, and
-each replica's component of a split variable is updated with its own summed gradient. Global
-norms (clipping, an optimizer's `whole_norm_terms`) add the squares of a split variable's
-shards over the axes it is split over, once for replicated variables.
+On a device mesh with more than the data axis (`--model_parallel`, `--expert_parallel`,
+`--spatial_partition`), each variable's gradient is summed over its layout's `sum_over` axes
+only (`mlperf_tf.parallel.layout`): variables with the same axes form one `SumGroup`, whose
+gradients are packed together and summed by the algorithm over that group's members
+(`GroupView`, on an R x C view of the group's size); each replica's component of a split
+variable is updated with its own summed gradient. So a tensor-parallel weight (split over
+`model`), an expert weight (split over `expert`, summed over `data` and `spatial`) and a
+replicated weight (summed over every batch axis) go through one sum and one update. Global norms
+(clipping, an optimizer's `whole_norm_terms`) add the squares of a split variable's shards over
+the axes it is split over, once for replicated variables. Weight-update sharding needs a single
+sum group.
+
+The step's collectives use the replica's shared `replica_collectives()`, the one ordering token
+an expert-parallel MoE layer's all-to-alls (forward and gradient) also take, so every replica
+issues them all in one program order.
 """
 
 from __future__ import annotations
@@ -30,12 +39,18 @@ import tensorflow as tf
 from absl import logging
 
 from mlperf_tf.collectives.algorithms import ALGORITHM_CLASSES
-from mlperf_tf.collectives.mesh import Mesh, resolve_mesh
-from mlperf_tf.collectives.ops import Collectives, GroupView, Traffic, static_replica_id
+from mlperf_tf.collectives.mesh import Mesh, default_mesh, resolve_mesh
+from mlperf_tf.collectives.ops import (
+    Collectives,
+    GroupView,
+    Traffic,
+    replica_collectives,
+    static_replica_id,
+)
 from mlperf_tf.collectives.packing import Packing
 from mlperf_tf.collectives.sharding import check_optimizer, rule_for
 from mlperf_tf.errors import UserError
-from mlperf_tf.parallel.layout import layout_of
+from mlperf_tf.parallel.layout import REPLICATED, layout_of
 from mlperf_tf.parallel.mesh import DeviceMesh
 
 
@@ -72,6 +87,24 @@ def _tf_variable(variable):
     return variable.value if isinstance(variable, keras.Variable) else variable
 
 
+@dataclasses.dataclass(frozen=True)
+class SumGroup:
+    """Variables whose gradients are summed over the same mesh axes, and how they are summed.
+
+    Attributes:
+      axes: the mesh axes (of more than one replica) the gradients are summed over; () for a
+        group of one replica, which sums nothing.
+      indices: the variables' positions in the list `GradientSummer.build` saw.
+      packing: their buckets (rows: the group's replicas).
+      mesh: the algorithm's R x C view of the group's replicas.
+    """
+
+    axes: tuple[str, ...]
+    indices: tuple[int, ...]
+    packing: Packing
+    mesh: Mesh
+
+
 class GradientSummer:
     """Sums per-replica gradients with `settings.all_reduce` and applies the optimizer.
 
@@ -100,7 +133,9 @@ class GradientSummer:
             settings.mesh, self.device_mesh.batch_shards, algorithm=algorithm,
             num_workers=workers,
         )  # fmt: skip
+        self.workers = workers
         self.layouts = []
+        self.groups: list[SumGroup] = []
         self.traffic: dict[int, Traffic] = {}  # per replica id, filled when the step is traced
         self.rule = None
         self.slots: list[list[tf.Variable]] = []
@@ -127,11 +162,16 @@ class GradientSummer:
           UserError: sharding with an optimizer that has no sharded rule.
         """
         self.layouts = [layout_of(v) for v in variables]
-        sum_axes = {layout.sum_over for layout in self.layouts}
-        if len(sum_axes) > 1:
+        by_axes: dict[tuple[str, ...], list[int]] = {}
+        for i, layout in enumerate(self.layouts):
+            by_axes.setdefault(layout.sum_axes(self.device_mesh), []).append(i)
+        if not by_axes:
+            by_axes[REPLICATED.sum_axes(self.device_mesh)] = []
+        if self.sharded and len(by_axes) > 1:
             raise UserError(
-                f"the gradient summer sums every variable over the same mesh axes; these "
-                f"variables ask for {sorted(sum_axes)}"
+                "--weight_update_sharding shards every variable over the same replicas; these "
+                f"variables' gradients are summed over different mesh axes {sorted(by_axes)} "
+                "(expert parallelism: run without --weight_update_sharding)"
             )
         split = [v.path for v, layout in zip(variables, self.layouts, strict=True)
                  if layout.split and layout.num_shards(self.device_mesh) > 1]  # fmt: skip
@@ -142,13 +182,18 @@ class GradientSummer:
                     f"them whole for variables split across replicas ({split[0]}, ...): use "
                     "LAMB or Adam with --model_parallel"
                 )
-        n = self.mesh.size
-        self.packing = Packing(
-            [v.shape for v in variables],
-            [v.dtype for v in variables],
-            num_shards=n,
-            pack_mb=self.settings.pack_mb,
-        )
+        self.groups = []
+        for axes, indices in sorted(by_axes.items()):
+            mesh = self._group_mesh(axes)
+            packing = Packing(
+                [variables[i].shape for i in indices],
+                [variables[i].dtype for i in indices],
+                num_shards=mesh.size,
+                pack_mb=self.settings.pack_mb,
+            )
+            self.groups.append(SumGroup(axes, tuple(indices), packing, mesh))
+        # The one group's packing (weight-update sharding has one group).
+        self.packing = self.groups[0].packing if len(self.groups) == 1 else None
         check_optimizer(optimizer, f"--all_reduce={self.algorithm}")
         if not self.sharded:
             return
@@ -179,53 +224,83 @@ class GradientSummer:
             int(s.shape.num_elements()) * s.dtype.size for group in self.slots for s in group
         )
 
-    def _replica_collectives(self, traffic: Traffic | None = None):
-        """This replica's collectives and algorithm (replica context); `traffic`: where to count
-        the bytes sent (None: the step's count, `self.traffic`)."""
+    def _group_mesh(self, axes: tuple[str, ...]) -> Mesh:
+        """The R x C view of a sum group over `axes`: the run's (`--mesh`) when it has the
+        group's size, else the default one of that size."""
+        size = 1
+        for axis in axes:
+            size *= getattr(self.device_mesh, axis)
+        if size == self.mesh.size:
+            return self.mesh
+        workers = self.workers if size % self.workers == 0 else 1
+        return default_mesh(size, num_workers=workers)
+
+    def _replica_collectives(self, traffic: Traffic | None = None) -> Collectives:
+        """This replica's collectives (replica context). `traffic`: where to count the bytes
+        sent; None: the step's collectives, the replica's shared `replica_collectives()` (the
+        MoE layers' ordering token), counted in `self.traffic`."""
         replica = static_replica_id(tf.distribute.get_replica_context())
         if replica is None:
             raise ValueError("GradientSummer needs a static replica id (MirroredStrategy-like)")
         if traffic is None:
-            traffic = self.traffic[replica] = Traffic()
-        ops = Collectives(
+            ops = replica_collectives(
+                num_replicas=self.device_mesh.size, timeout_s=self.settings.timeout_s
+            )
+            self.traffic[replica] = ops.traffic
+            return ops
+        return Collectives(
             replica=replica,
             num_replicas=self.device_mesh.size,
             timeout_s=self.settings.timeout_s,
             traffic=traffic,
         )
-        members = self._sum_members(replica)
+
+    def _algorithm(self, ops: Collectives, group: SumGroup):
+        """The algorithm over `group`'s replicas that include `ops.replica` (by position)."""
+        members = self.device_mesh.group(ops.replica, *group.axes)
         view = ops if len(members) == self.device_mesh.size else GroupView(ops, members)
-        algorithm = ALGORITHM_CLASSES[self.algorithm](self.mesh, view)
-        return ops, algorithm
+        return ALGORITHM_CLASSES[self.algorithm](group.mesh, view)
 
-    def _sum_members(self, replica: int) -> list[int]:
-        """The replicas whose gradients `replica`'s are summed with (the layouts' `sum_over`)."""
-        if not self.layouts:
-            return list(range(self.device_mesh.size))
-        return self.layouts[0].sum_group(self.device_mesh, replica)
+    def _sum(self, ops: Collectives, grads) -> list[tf.Tensor]:
+        """Each gradient summed over its sum group (replica context), packed as planned."""
+        grads = [tf.convert_to_tensor(g) for g in grads]
+        summed = list(grads)
+        groups = self.groups or [  # not built: one group of every variable on `self.packing`
+            SumGroup(REPLICATED.sum_axes(self.device_mesh), tuple(range(len(grads))),
+                     self.packing, self.mesh)
+        ]  # fmt: skip
+        for group in groups:
+            if group.mesh.size == 1:  # a group of this replica alone
+                continue
+            algorithm = self._algorithm(ops, group)
+            prefix = "grad" if len(groups) == 1 else f"grad[{','.join(group.axes)}]"
+            buckets = group.packing.pack([grads[i] for i in group.indices])
+            reduced = [algorithm.all_reduce(b, f"{prefix}{i}") for i, b in enumerate(buckets)]
+            for i, g in zip(group.indices, group.packing.unpack(reduced), strict=True):
+                summed[i] = g
+        return summed
 
-    def _split_members(self, index: int, replica: int) -> tuple[int, ...] | None:
-        """The replicas holding the other shards of variable `index` (None: replicated)."""
+    def _split_axes(self, index: int) -> tuple[str, ...] | None:
+        """The mesh axes variable `index` is split over (None: replicated, or one shard)."""
         layout = self.layouts[index] if self.layouts else None
         if layout is None or not layout.split or layout.num_shards(self.device_mesh) == 1:
             return None
-        return tuple(layout.shard_group(self.device_mesh, replica))
+        return layout.split_over
 
     def _whole_squares(self, ops, squares, name: str):
         """Per-variable sums of squares ([k] each, or None) -> sums over the whole tensors:
         the split variables' are all-reduced over their shard groups (one all-reduce per
-        group, of a stacked table), the replicated ones are already whole."""
-        replica = ops.replica
-        by_group: dict[tuple[int, ...], list[int]] = {}
+        split, of a stacked table, in the order of the split axes: the same on every
+        replica), the replicated ones are already whole."""
+        by_axes: dict[tuple[str, ...], list[int]] = {}
         for i, sq in enumerate(squares):
-            members = None if sq is None else self._split_members(i, replica)
-            if members is not None:
-                by_group.setdefault(members, []).append(i)
+            axes = None if sq is None else self._split_axes(i)
+            if axes is not None:
+                by_axes.setdefault(axes, []).append(i)
         out = list(squares)
-        for g, (members, indices) in enumerate(sorted(by_group.items())):
-            table = ops.all_reduce(
-                tf.stack([squares[i] for i in indices]), list(members), f"{name}{g}"
-            )
+        for g, (axes, indices) in enumerate(sorted(by_axes.items())):
+            members = self.device_mesh.group(ops.replica, *axes)
+            table = ops.all_reduce(tf.stack([squares[i] for i in indices]), members, f"{name}{g}")
             for row, i in enumerate(indices):
                 out[i] = table[row]
         return out
@@ -244,7 +319,7 @@ class GradientSummer:
             return norms
         squares = [None] * len(variables)
         for i, (g, v) in enumerate(zip(grads, variables, strict=True)):
-            if self._split_members(i, ops.replica) is None:
+            if self._split_axes(i) is None:
                 continue
             terms = terms_fn(g, v)
             if terms is not None:
@@ -275,7 +350,8 @@ class GradientSummer:
 
     def _gather_slots_fn(self):
         def replica():
-            _, algorithm = self._replica_collectives(traffic=Traffic())  # not the step's bytes
+            ops = self._replica_collectives(traffic=Traffic())  # not the step's bytes
+            algorithm = self._algorithm(ops, self.groups[0])
             full = {}
             for position, name in enumerate(self.rule.slot_names):
                 parts = [tf.convert_to_tensor(group[position]) for group in self.slots]
@@ -299,7 +375,8 @@ class GradientSummer:
         """
 
         def replica(full):
-            _, algorithm = self._replica_collectives(traffic=Traffic())  # runs no collective
+            ops = self._replica_collectives(traffic=Traffic())  # runs no collective
+            algorithm = self._algorithm(ops, self.groups[0])
             for slot, group in zip(self.packing.slots, self.slots, strict=True):
                 for variable, name in zip(group, self.rule.slot_names, strict=True):
                     value = tf.cast(full[self._slot_key(name, slot.index)], variable.dtype)
@@ -308,11 +385,9 @@ class GradientSummer:
         tf.function(lambda full: self.strategy.run(replica, args=(full,)))(full)
 
     def sum_gradients(self, grads):
-        """The sum of `grads` over all replicas, packed as planned (replica context)."""
-        _, algorithm = self._replica_collectives()
-        buckets = self.packing.pack([tf.convert_to_tensor(g) for g in grads])
-        summed = [algorithm.all_reduce(b, f"grad{i}") for i, b in enumerate(buckets)]
-        return self.packing.unpack(summed)
+        """Each of `grads` summed over its variable's sum group, packed as planned (replica
+        context; no update)."""
+        return self._sum(self._replica_collectives(), grads)
 
     def apply(self, optimizer, grads, variables, *, clip_norm: float | None = None):
         """Sums `grads` over replicas, clips them (global norm), applies `optimizer` (replica context).
@@ -325,17 +400,16 @@ class GradientSummer:
         """
         context = tf.distribute.get_replica_context()
         if not self.sharded:
-            ops, algorithm = self._replica_collectives()
-            buckets = self.packing.pack([tf.convert_to_tensor(g) for g in grads])
-            summed = [algorithm.all_reduce(b, f"grad{i}") for i, b in enumerate(buckets)]
-            grads = self.packing.unpack(summed)
+            ops = self._replica_collectives()
+            grads = self._sum(ops, grads)
             if clip_norm:
                 norm = self._global_norm(ops, grads)
                 grads, _ = tf.clip_by_global_norm(grads, clip_norm, use_norm=norm)
             norms = self._whole_norms(ops, optimizer, grads, variables)
             context.merge_call(_apply_gradients, args=(optimizer, grads, variables, norms))
             return
-        ops, algorithm = self._replica_collectives()
+        ops = self._replica_collectives()
+        algorithm = self._algorithm(ops, self.groups[0])
         buckets = self.packing.pack([tf.convert_to_tensor(g) for g in grads])
         shards = [algorithm.reduce_scatter(b, f"grad{i}") for i, b in enumerate(buckets)]
         g_parts = self.packing.split_shards(shards)
@@ -344,7 +418,7 @@ class GradientSummer:
             for v, slot in zip(variables, self.packing.slots, strict=True)
         ]
         data_ops = algorithm.ops  # the sum group, addressed by position
-        everyone = list(range(self.mesh.size))
+        everyone = list(range(self.groups[0].mesh.size))
         if clip_norm:
             squares = [tf.reshape(tf.reduce_sum(tf.square(tf.cast(g, tf.float32))), [1])
                        for g in g_parts]  # fmt: skip
@@ -418,13 +492,6 @@ class ShardedSlots(tf.Module):
 
     def _restore_from_tensors(self, restored_tensors):
         self._summer.load_full_slots(dict(restored_tensors))
-
-
-def apply_gradients(strategy, optimizer, grads, variables):
-    """Applies `optimizer` to each replica copy of `variables` with that replica's `grads`
-    (cross-replica context, in a `merge_call`; Keras sums nothing). Used by
-    `mlperf_tf.parallel.expert_layout.LayoutSummer`."""
-    _apply_gradients(strategy, optimizer, grads, variables, [None] * len(grads))
 
 
 def _apply_gradients(strategy, optimizer, grads, variables, norms):

@@ -37,8 +37,12 @@ experts `[i * E/P, (i+1) * E/P)` of each layer (i: its index on the `expert` axi
 of 1/P the size. Forward: one all-to-all over the replica's expert group sends each peer the
 [E/P, C, d] buffer rows of its experts, the local experts run on [E/P, P * C, d], and a second
 all-to-all returns the outputs. Backward: the same two all-to-alls in reverse order (an
-all-to-all's gradient is an all-to-all). The expert weights' gradients are summed over the
-`data` axis only, the router's over every replica (`mlperf_tf.parallel.expert_layout`). Routing is per
+all-to-all's gradient is an all-to-all). The expert weights have the layout
+`mlperf_tf.parallel.layout.EXPERT_SPLIT` (split over `expert`; their gradients summed by the
+runner's `GradientSummer` over `data` and `spatial`, not `expert`), the router's is replicated
+(summed over every batch axis); checkpoints hold the whole [E, ...] tensors. On a mesh with a
+`model` axis too, the replicas of a model group hold the same experts and exchange tokens with
+the same-model-index replicas of their expert group. Routing is per
 replica (a replica's tokens are one group), so a token's experts, its place in their buffers and
 its output are those of the unsplit layer: P changes where the work runs, not what is computed.
 """
@@ -56,14 +60,8 @@ import tensorflow as tf
 from mlperf_tf.collectives.ops import replica_collectives
 from mlperf_tf.config import ConfigError
 from mlperf_tf.parallel import layout as mesh_layout
-from mlperf_tf.parallel.expert_layout import EXPERT_LAYOUT, set_layout
+from mlperf_tf.parallel.layout import EXPERT_SPLIT
 from mlperf_tf.parallel.mesh import DeviceMesh
-
-# The expert weights' place on the mesh in `mlperf_tf.parallel.layout`'s terms: dimension 0 (the
-# experts) split over `expert`, gradients summed over `data`. It gives them whole-tensor
-# checkpoint entries (all E experts, joined at save, split at restore); the step's sum still
-# follows `expert_layout.EXPERT_LAYOUT` (`LayoutSummer`).
-EXPERT_SPLIT = mesh_layout.Layout(split_axis=0, split_over=("expert",), sum_over=("data",))
 
 # Flaxformer's router initializer (`routing.default_kernel_init`): normal, stddev 2e-2.
 ROUTER_STDDEV = 2e-2
@@ -275,6 +273,16 @@ class MoEConfig:
         """MoE layers among `num_layers` blocks."""
         return sum(self.is_moe(i) for i in range(num_layers))
 
+    def layer_parameters(
+        self, *, hidden_size: int, filter_size: int, expert_mlp: str = "relu"
+    ) -> int:
+        """Parameters of one MoE layer of these settings (all E experts and the router), as
+        `MoEFeedForward` builds it; `filter_size`: the model's width (used when this config's
+        `filter_size` is 0)."""
+        d, f, e = hidden_size, self.filter_size or filter_size, self.num_experts
+        expert = 3 * d * f if expert_mlp == "swiglu" else 2 * d * f + f + d
+        return d * e + e * expert
+
     def layer(self, *, hidden_size: int, filter_size: int, **kwargs) -> MoEFeedForward:
         """The `MoEFeedForward` of these settings (`kwargs`: dropout, group_size, mesh, ...)."""
         return MoEFeedForward(
@@ -343,8 +351,16 @@ def summarize(collector: Collector) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
     }
 
 
+EXPERT_MLPS = ("relu", "swiglu")
+
+
 class MoEFeedForward(keras.layers.Layer):
-    """Mixture-of-experts feed-forward block: router, E two-layer ReLU experts, weighted combine.
+    """Mixture-of-experts feed-forward block: router, E experts, weighted combine.
+
+    The experts are the model's own feed-forward form (`expert_mlp`): "relu", two layers with
+    biases, `relu(x w_in + b_in) w_out + b_out` (Switch, ST-MoE; the Transformer's block), or
+    "swiglu", bias-free `(silu(x w_gate) * (x w_up)) w_down` (Mixtral's expert, Hugging Face's
+    `MixtralBlockSparseTop2MLP`; Llama's block).
 
     Call on x [..., d] (e.g. [tokens, d] or [batch, length, d]) with `training`; returns
     (y [..., d] in the compute dtype, `MoEStats`). Add `aux_loss(stats)` to the training loss.
@@ -367,6 +383,10 @@ class MoEFeedForward(keras.layers.Layer):
       mesh: the run's `DeviceMesh` (required when P > 1).
       collective_timeout_s: the all-to-alls' timeout (0: none).
       seed: seed of the jitter and dropout.
+      expert_mlp: "relu" or "swiglu" (see above).
+      kernel_initializer: the experts' input kernels' initializer (w_in; w_gate and w_up);
+        None: Glorot-uniform of one expert's [d, f] (as Keras' Dense starts it).
+      output_initializer: the output kernels' (w_out; w_down); None: Glorot-uniform.
     """
 
     def __init__(
@@ -388,9 +408,14 @@ class MoEFeedForward(keras.layers.Layer):
         mesh: DeviceMesh | None = None,
         collective_timeout_s: float = 0.0,
         seed: int | None = None,
+        expert_mlp: Literal["relu", "swiglu"] = "relu",
+        kernel_initializer=None,
+        output_initializer=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        if expert_mlp not in EXPERT_MLPS:
+            raise ValueError(f"expert_mlp {expert_mlp!r} must be one of {EXPERT_MLPS}")
         _check(
             num_experts=num_experts, top_k=top_k, capacity_factor=capacity_factor,
             eval_capacity_factor=eval_capacity_factor, router_softmax=router_softmax,
@@ -418,6 +443,9 @@ class MoEFeedForward(keras.layers.Layer):
         self.mesh = mesh
         self.collective_timeout_s = collective_timeout_s
         self.local_experts = num_experts // expert_parallel
+        self.expert_mlp = expert_mlp
+        self.kernel_initializer = kernel_initializer
+        self.output_initializer = output_initializer
         self.seed_generator = keras.random.SeedGenerator(seed)
         self._gathered = None  # eval: the whole experts, see `whole_experts`
 
@@ -431,28 +459,34 @@ class MoEFeedForward(keras.layers.Layer):
             dtype="float32",
             autocast=False,  # stays float32 inside a mixed-precision call
         )
-        # Each expert as Keras' Dense would start it: Glorot-uniform kernels, zero biases. The
-        # whole [E, ...] tensor is drawn once with the (seeded) initializer and each replica of
-        # the expert axis gets its slice, so every E starts from the same experts.
+        # Each expert as Keras' Dense would start it unless told otherwise: Glorot-uniform
+        # kernels, zero biases. The whole [E, ...] tensor is drawn once with the (seeded)
+        # initializer and each replica of the expert axis gets its slice, so every E starts from
+        # the same experts.
         limit = math.sqrt(6.0 / (d + f))
-        uniform = keras.initializers.RandomUniform(-limit, limit)
+        kernel = self.kernel_initializer or keras.initializers.RandomUniform(-limit, limit)
+        output = self.output_initializer or keras.initializers.RandomUniform(-limit, limit)
         n, mesh = self.num_experts, self.mesh if self.expert_parallel > 1 else None
-        shapes = {"w_in": (n, d, f), "b_in": (n, f), "w_out": (n, f, d), "b_out": (n, d)}
-        inits = {"w_in": uniform, "b_in": "zeros", "w_out": uniform, "b_out": "zeros"}
+        if self.expert_mlp == "swiglu":
+            shapes = {"w_gate": (n, d, f), "w_up": (n, d, f), "w_down": (n, f, d)}
+            inits = {"w_gate": kernel, "w_up": kernel, "w_down": output}
+        else:
+            shapes = {"w_in": (n, d, f), "b_in": (n, f), "w_out": (n, f, d), "b_out": (n, d)}
+            inits = {"w_in": kernel, "b_in": "zeros", "w_out": output, "b_out": "zeros"}
+        self._expert_names = tuple(shapes)
         for name, shape in shapes.items():
             weight = mesh_layout.add_split_weight(
                 self, name=name, shape=shape, initializer=inits[name], layout=EXPERT_SPLIT,
                 mesh=mesh,
             )  # fmt: skip
             setattr(self, name, weight)
-            if self.expert_parallel > 1:
-                set_layout(weight, EXPERT_LAYOUT)  # the step's sum (`LayoutSummer`)
         super().build(input_shape)
 
     @property
     def expert_weights(self) -> list:
-        """The per-expert variables (leading dimension: this replica's experts)."""
-        return [self.w_in, self.b_in, self.w_out, self.b_out]
+        """The per-expert variables (leading dimension: this replica's experts): w_in, b_in,
+        w_out, b_out ("relu") or w_gate, w_up, w_down ("swiglu")."""
+        return [getattr(self, name) for name in self._expert_names]
 
     def aux_loss(self, stats: MoEStats):
         """`balance_loss_coef * balance_loss + z_loss_coef * z_loss` (float32 scalar)."""
@@ -525,10 +559,18 @@ class MoEFeedForward(keras.layers.Layer):
 
     def _expert_ffn(self, x, weights, training):
         """Experts on their buffers: x [e, n, d] with weights of e experts -> [e, n, d]."""
-        w_in, b_in, w_out, b_out = (tf.cast(w, self.compute_dtype) for w in weights)
-        h = tf.nn.relu(tf.einsum("end,edf->enf", x, w_in) + b_in[:, None, :])
+        weights = [tf.cast(w, self.compute_dtype) for w in weights]
+        if self.expert_mlp == "swiglu":
+            w_gate, w_up, w_down = weights
+            gate = tf.einsum("end,edf->enf", x, w_gate)
+            h = tf.nn.silu(gate) * tf.einsum("end,edf->enf", x, w_up)
+        else:
+            w_in, b_in, w_out, b_out = weights
+            h = tf.nn.relu(tf.einsum("end,edf->enf", x, w_in) + b_in[:, None, :])
         if training and self.dropout_rate > 0:
             h = keras.random.dropout(h, self.dropout_rate, seed=self.seed_generator)
+        if self.expert_mlp == "swiglu":
+            return tf.einsum("enf,efd->end", h, w_down)
         return tf.einsum("enf,efd->end", h, w_out) + b_out[:, None, :]
 
     def _experts_everywhere(self, buffer, training):

@@ -86,6 +86,11 @@ class Layout:
             raise ValueError(f"dimension {self.split_axis} of {shape} does not split into {n}")
         return tuple(d // n if i == self.split_axis else d for i, d in enumerate(shape))
 
+    def sum_axes(self, mesh: DeviceMesh) -> tuple[str, ...]:
+        """The `sum_over` axes that have more than one replica on `mesh`: layouts with equal
+        ones sum their gradients over the same groups (one all-reduce serves them all)."""
+        return tuple(axis for axis in self.sum_over if getattr(mesh, axis) > 1)
+
     def sum_group(self, mesh: DeviceMesh, replica: int) -> list[int]:
         """The replicas `replica`'s gradient is summed with."""
         return mesh.group(replica, *self.sum_over)
@@ -96,6 +101,11 @@ class Layout:
 
 
 REPLICATED = Layout()
+# An expert-parallel MoE layer's expert weights (`mlperf_tf.layers.moe`): dimension 0 (the
+# experts) split over `expert`; each gradient summed over the replicas that hold the same experts
+# and read other batches or slabs (`data`, `spatial`), never over `expert` (other experts) nor
+# `model` (the shards of a model group compute the same gradient of a weight they replicate).
+EXPERT_SPLIT = Layout(split_axis=0, split_over=("expert",), sum_over=("data", "spatial"))
 
 
 def model_split(axis: int) -> Layout:

@@ -38,7 +38,6 @@ from mlperf_tf.benchmark import Benchmark, EvalPoint, RunContext
 from mlperf_tf.data.pipeline import translate_errors
 from mlperf_tf.errors import DataError, PeerError, UserError
 from mlperf_tf.mllog import MLPerfLogger
-from mlperf_tf.parallel import expert_layout as parallel_layout
 from mlperf_tf.parallel import layout
 from mlperf_tf.parallel import mesh as parallel_mesh
 from mlperf_tf.preemption import StopRequest
@@ -572,9 +571,10 @@ class Controller:
             **({"timeout_s": cfg.collective_timeout} if cfg.collective_timeout else {}),
         )
         mesh = benchmark.mesh
-        # Keras' own sum adds every replica's gradient; with split variables (model
-        # parallelism) the gradients are summed along the batch axes only: the summer's job.
-        own_sum = settings.uses_keras_sum and mesh.group_size == 1
+        # Keras' own sum adds every replica's gradient; with split variables (model or expert
+        # parallelism) or spatial slabs each gradient is summed over its layout's axes only:
+        # the summer's job.
+        own_sum = settings.uses_keras_sum and not mesh.axes_used()
         self.summer = None if own_sum else collectives.GradientSummer(self.strategy, settings, mesh)
         with self.strategy.scope():
             self.model = benchmark.build_model()
@@ -596,22 +596,6 @@ class Controller:
                 self.summer.build(self.optimizer, self.model.trainable_variables)
             # Slots of split variables are split alike, and saved whole.
             layout.split_slots(self.optimizer, mesh)
-        variables = self.model.trainable_variables
-        if parallel_layout.has_split(variables):
-            # An expert-parallel MoE layer's experts (`parallel.expert_layout`): their parts
-            # start different, and each gradient is summed over its layout's axes only.
-            if self.summer is not None:
-                raise UserError(
-                    f"--expert_parallel={cfg.expert_parallel} does not combine with "
-                    "--all_reduce/--pack_mb/--weight_update_sharding or model parallelism yet"
-                )
-            with self.strategy.scope():
-                parallel_layout.initialize_split(
-                    self.strategy, benchmark.mesh, variables, seed=cfg.seed
-                )
-            self.summer = parallel_layout.LayoutSummer(
-                benchmark.mesh, timeout_s=cfg.collective_timeout
-            )
         if isinstance(self.summer, collectives.GradientSummer):
             collectives.record_choices(self.summer, cfg.model_dir, chief=self.chief)
 

@@ -130,7 +130,7 @@ class Trainer:
         if replicas > 1:
             grads = context.all_reduce(tf.distribute.ReduceOp.SUM, grads)
         grads, _ = tf.clip_by_global_norm(grads, self.clip_norm)
-        return [g / replicas for g in grads] if replicas > 1 else grads
+        return [_scale_gradient(g, 1.0 / replicas) for g in grads] if replicas > 1 else grads
 
     def _loop(self, iterator, num_steps):
         """Runs up to `num_steps` steps; returns (mean loss, steps run, seconds waited for input,

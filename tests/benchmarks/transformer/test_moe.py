@@ -167,3 +167,37 @@ def test_expert_parallel_run_equals_the_unsplit_run(tmp_path):
     # kernel off by 2.2e-5 (6e-5 of its scale, 0.35); every other tensor within 1e-5.
     for (name, split), (_, whole) in zip(weights[2], weights[1], strict=True):
         assert_close(split, whole, rtol=1e-4, err_msg=name)
+
+
+def _unregularized(overrides):
+    """A smoke Transformer with MoE blocks, dropout off (exactness tests)."""
+    off = {"model.dropout": "0", "model.attention_dropout": "0", "model.relu_dropout": "0"}
+    cfg = config_lib.override(TransformerBenchmark.preset("smoke"), {**MOE, **off, **overrides})
+    return TransformerBenchmark(cfg)
+
+
+@pytest.mark.parametrize(
+    ("expert_parallel", "model_parallel", "all_reduce"),
+    [pytest.param(2, 2, "ring", marks=pytest.mark.slow),  # 60 s; the layer-level E x M
+     pytest.param(2, 1, "hierarchical", marks=pytest.mark.slow)],  # test runs by default
+)  # fmt: skip
+def test_expert_parallelism_composes_with_model_parallelism(
+    expert_parallel, model_parallel, all_reduce
+):
+    """E x M logical devices (2 batch shards, each read by one model group: E2xM2 on 4, E2 on
+    2) end 3 Adam steps where the unsplit run on 2 devices (data only) does: losses, first gradients (whole,
+    summed over the batch shards) and weights. The runner's one summer sums tensor-parallel
+    shards over `data`, experts over `data` (not `expert`), replicated weights over `data` and
+    `expert`; the all-to-alls of each model shard go to the same-index shard of the other expert
+    group. Capacity factor 1.0: choices are really dropped, per replica as in the unsplit run."""
+    from tests import tensor_parallel  # noqa: PLC0415 (the shared exactness harness)
+
+    b = _unregularized({"model.moe.capacity_factor": "1.0"})
+    ref = tensor_parallel.train(b, num_devices=2, model_parallel=1, optimizer="adam", steps=3)
+    got = tensor_parallel.train(
+        b, num_devices=2 * expert_parallel * model_parallel // 2, model_parallel=model_parallel,
+        expert_parallel=expert_parallel, optimizer="adam", steps=3, all_reduce=all_reduce,
+    )  # fmt: skip
+    split = [n for n in got.names if "moe_ffn/w_in" in n]
+    assert split, got.names
+    tensor_parallel.assert_same_run(got, ref, rtol=1e-5)

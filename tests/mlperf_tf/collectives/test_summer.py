@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -140,3 +141,44 @@ def test_full_sweep(num_devices):
     assert not bad, bad
     assert {r["case"]["mesh"] for r in results} == {"2x2" if num_devices == 4 else "2x4"}
     assert np.isfinite([r["max_rel_error"] for r in results]).all()
+
+
+def _sum_groups(strategy, device_mesh, algorithm):
+    """Per replica, the sums of (replica id + 1) of a replicated [2] variable and of an [1, 2]
+    variable that is expert-split when the mesh has an expert axis."""
+    from mlperf_tf.parallel import layout  # noqa: PLC0415
+
+    with strategy.scope():
+        replicated = keras.Variable(np.zeros([2], np.float32), name="replicated")
+        expert = keras.Variable(np.zeros([1, 2], np.float32), name="expert")
+    if device_mesh.expert > 1:
+        layout.set_layout(expert, layout.EXPERT_SPLIT)
+    summer = GradientSummer(strategy, Settings(all_reduce=algorithm, timeout_s=60), device_mesh)
+    summer.build(None, [replicated, expert])
+
+    def replica():
+        value = tf.cast(
+            tf.distribute.get_replica_context().replica_id_in_sync_group + 1, tf.float32
+        )
+        return summer.sum_gradients([tf.fill([2], value), tf.fill([1, 2], value)])
+
+    out = tf.function(lambda: strategy.run(replica))()
+    return (
+        [float(v[0]) for v in strategy.experimental_local_results(out[0])],
+        [float(v[0, 0]) for v in strategy.experimental_local_results(out[1])],
+    )
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "hierarchical"])
+def test_each_sum_group_runs_on_a_view_of_its_own_size(strategy, algorithm):
+    """data 2 x spatial 2: a replicated weight's gradient is summed over all 4 replicas (the
+    slabs hold partial gradients; before, the algorithm's view had `batch_shards` = 2 replicas
+    and replicas 2 and 3 were asked to join a ring of [0, 1]); data 2 x expert 2: an
+    expert-split weight's over the 2 replicas of its data axis only, the replicated one's over
+    all 4, each group on a view of its own size."""
+    from mlperf_tf.parallel.mesh import DeviceMesh  # noqa: PLC0415
+
+    spatial = _sum_groups(strategy, DeviceMesh(data=2, spatial=2), algorithm)
+    assert spatial == ([10.0] * 4, [10.0] * 4)
+    expert = _sum_groups(strategy, DeviceMesh(data=2, expert=2), algorithm)
+    assert expert == ([10.0] * 4, [4.0, 6.0, 4.0, 6.0])

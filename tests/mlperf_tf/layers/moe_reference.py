@@ -57,15 +57,32 @@ def route(logits, *, top_k, capacity, router_softmax="before"):
     return dispatch, combine, balance, z
 
 
-def moe_layer(x, router_kernel, w_in, b_in, w_out, b_out, *, top_k, capacity, router_softmax):
-    """The layer's output [T, d] and its routing (float64)."""
+def relu_experts(expert_in, w_in, b_in, w_out, b_out):
+    """Two-layer ReLU experts with biases (Flaxformer's `MlpBlock` as used by Switch/ST-MoE)."""
+    hidden = np.maximum(np.einsum("ecd,edf->ecf", expert_in, w_in) + b_in[:, None, :], 0.0)
+    return np.einsum("ecf,efd->ecd", hidden, w_out) + b_out[:, None, :]
+
+
+def swiglu_experts(expert_in, w_gate, w_up, w_down):
+    """SwiGLU experts, bias-free: Hugging Face transformers' Mixtral expert
+    (`MixtralBlockSparseTop2MLP.forward`: `w2(act_fn(w1(x)) * w3(x))`, act_fn silu), with
+    w1 = gate, w3 = up, w2 = down as [in, out] matrices."""
+    gate = np.einsum("ecd,edf->ecf", expert_in, w_gate)
+    silu = gate / (1.0 + np.exp(-gate))
+    return np.einsum("ecf,efd->ecd", silu * np.einsum("ecd,edf->ecf", expert_in, w_up), w_down)
+
+
+def moe_layer(x, router_kernel, *experts, top_k, capacity, router_softmax, expert_mlp="relu"):
+    """The layer's output [T, d] and its routing (float64); `experts`: the expert weights of
+    `relu_experts` or `swiglu_experts` (`expert_mlp`)."""
     x = np.asarray(x, np.float64)
     logits = x @ np.asarray(router_kernel, np.float64)
     dispatch, combine, balance, z = route(
         logits, top_k=top_k, capacity=capacity, router_softmax=router_softmax
     )
     expert_in = np.einsum("tec,td->ecd", dispatch, x)
-    hidden = np.maximum(np.einsum("ecd,edf->ecf", expert_in, w_in) + b_in[:, None, :], 0.0)
-    expert_out = np.einsum("ecf,efd->ecd", hidden, w_out) + b_out[:, None, :]
+    weights = [np.asarray(w, np.float64) for w in experts]
+    mlp = {"relu": relu_experts, "swiglu": swiglu_experts}[expert_mlp]
+    expert_out = mlp(expert_in, *weights)
     y = np.einsum("tec,ecd->td", combine, expert_out)
     return y, dispatch, combine, balance, z

@@ -24,8 +24,9 @@ def _layer(**kwargs):
     rng = np.random.default_rng(3)
     # Router logits of order 1, so that top-k choices are well separated from ties.
     layer.router_kernel.assign(rng.normal(0, 0.7, (D, E)).astype(np.float32))
-    layer.b_in.assign(rng.normal(0, 0.1, layer.b_in.shape).astype(np.float32))
-    layer.b_out.assign(rng.normal(0, 0.1, layer.b_out.shape).astype(np.float32))
+    if layer.expert_mlp == "relu":
+        layer.b_in.assign(rng.normal(0, 0.1, layer.b_in.shape).astype(np.float32))
+        layer.b_out.assign(rng.normal(0, 0.1, layer.b_out.shape).astype(np.float32))
     return layer
 
 
@@ -74,6 +75,42 @@ def test_routing_losses_and_outputs_match_the_reference(top_k, capacity_factor, 
         assert stats.dropped.numpy() == 0.0
     if capacity_factor == 1.0 and top_k < E:
         assert stats.dropped.numpy() > 0  # the case really overflows
+
+
+@pytest.mark.parametrize(
+    "top_k, capacity_factor, router_softmax",
+    [(2, 1.0, "after"), (2, 0.0, "after"), (1, 1.0, "before")],  # Mixtral's routing first
+)
+def test_swiglu_experts_match_the_reference(top_k, capacity_factor, router_softmax):
+    """SwiGLU experts (Mixtral's expert MLP, Llama's feed-forward form) behind the same router."""
+    layer = _layer(
+        top_k=top_k, capacity_factor=capacity_factor, router_softmax=router_softmax,
+        expert_mlp="swiglu",
+    )  # fmt: skip
+    assert [w.name for w in layer.expert_weights] == ["w_gate", "w_up", "w_down"]
+    x = _tokens(1)
+    capacity = moe.expert_capacity(T, num_experts=E, top_k=top_k, capacity_factor=capacity_factor)
+    y, stats = layer(tf.constant(x), training=True)
+    want_y, want_dispatch, _, want_balance, want_z = ref.moe_layer(
+        x, *_weights(layer), top_k=top_k, capacity=capacity, router_softmax=router_softmax,
+        expert_mlp="swiglu",
+    )  # fmt: skip
+    assert_close(y.numpy(), want_y, rtol=1e-5)
+    assert_close(stats.balance_loss.numpy(), want_balance, rtol=1e-5)
+    assert_close(stats.z_loss.numpy(), want_z, rtol=1e-5)
+    assert_close(stats.dropped.numpy(), 1.0 - want_dispatch.sum() / (T * top_k), rtol=1e-6)
+    if capacity_factor == 1.0:
+        assert stats.dropped.numpy() > 0  # overflow really happens
+
+
+def test_layer_parameters_count_the_built_layer():
+    for expert_mlp in ("relu", "swiglu"):
+        config = moe.MoEConfig(num_experts=E, filter_size=F)
+        layer = config.layer(hidden_size=D, filter_size=99, expert_mlp=expert_mlp)
+        layer.build((None, D))
+        assert layer.count_params() == config.layer_parameters(
+            hidden_size=D, filter_size=99, expert_mlp=expert_mlp
+        )
 
 
 def test_capacity_follows_the_factor():

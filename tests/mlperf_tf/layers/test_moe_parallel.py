@@ -6,6 +6,11 @@ data axis of 4); with E = P the experts are split over P replicas of the expert 
 group, and the capacity counts the static `group_size`), so each token's experts, its place in
 their buffers and which choices overflow do not depend on P: the capacity factor here (1.0)
 really drops choices, and the results are still the same. Dropout and jitter are off.
+
+On a mesh with a model axis too (E = 2 x M = 2), the dense layers before the MoE layer are
+Megatron's column- and row-parallel pair, the replicas of a model group read one batch, and
+the run equals the unsplit one of the same batch shards (data = 2): the runner's one
+`GradientSummer` sums the three layouts (model-split, expert-split, replicated) over their axes.
 """
 
 from __future__ import annotations
@@ -15,9 +20,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from mlperf_tf.collectives import GradientSummer, Settings
 from mlperf_tf.collectives.ops import Collectives, Traffic, static_replica_id
+from mlperf_tf.errors import UserError
 from mlperf_tf.layers import moe
-from mlperf_tf.parallel import expert_layout as layout
+from mlperf_tf.layers.tensor_parallel import ColumnParallelDense, RowParallelDense
+from mlperf_tf.parallel import layout
 from mlperf_tf.parallel.mesh import DeviceMesh
 from tests.numerics import assert_close
 from tests.strategies import mirrored
@@ -28,11 +36,14 @@ D, F, E, T, REPLICAS, STEPS = 8, 16, 4, 16, 4, 10
 
 
 class TinyMoE(keras.Model):
-    """Dense (replicated) -> MoE (split) with a residual."""
+    """Column- then row-parallel dense (split over `model`) -> MoE (split over `expert`) with a
+    residual."""
 
     def __init__(self, mesh: DeviceMesh, capacity_factor: float):
         super().__init__()
-        self.dense = keras.layers.Dense(D, name="dense")
+        split = mesh if mesh.model > 1 else None
+        self.up = ColumnParallelDense(2 * D, mesh=split, activation="relu", name="up")
+        self.down = RowParallelDense(D, mesh=split, name="down")
         self.moe = moe.MoEFeedForward(
             hidden_size=D, filter_size=F, num_experts=E, top_k=2,
             capacity_factor=capacity_factor, group_size=T, expert_parallel=mesh.expert,
@@ -40,12 +51,13 @@ class TinyMoE(keras.Model):
         )  # fmt: skip
 
     def build(self, input_shape=None):
-        self.dense.build((None, D))
+        self.up.build((None, D))
+        self.down.build((None, 2 * D))
         self.moe.build((None, D))
         super().build(input_shape)
 
     def call(self, x, training=False):
-        h = self.dense(x)
+        h = self.down(self.up(x))
         y, stats = self.moe(h, training=training)
         return h + y, stats
 
@@ -57,10 +69,13 @@ def _data():
     return x, target
 
 
-def _run(expert_parallel: int, whole_init: list | None, capacity_factor: float):
-    """10 SGD-momentum steps; returns (losses, first step's summed grads, whole weights)."""
-    mesh = DeviceMesh(data=REPLICAS // expert_parallel, expert=expert_parallel)
-    strategy = mirrored(REPLICAS)
+def _run(
+    mesh: DeviceMesh, whole_init: list | None, capacity_factor: float, *,
+    all_reduce: str = "ring", pack_mb: float = 0.0, clip_norm: float | None = None,
+):  # fmt: skip
+    """10 SGD-momentum steps on `mesh`, batch shard i reading replica i's tokens of `_data`;
+    returns (losses, first step's summed grads, whole weights, initial whole weights)."""
+    strategy = mirrored(mesh.size)
     with strategy.scope():
         model = TinyMoE(mesh, capacity_factor)
         model.build()
@@ -68,32 +83,36 @@ def _run(expert_parallel: int, whole_init: list | None, capacity_factor: float):
         optimizer.build(model.trainable_variables)
     variables = model.trainable_variables
     if whole_init is None:
-        whole_init = [layout.gather_whole(strategy, mesh, v) for v in variables]
+        whole_init = [layout.whole_value(v, mesh).numpy() for v in variables]
     for v, whole in zip(variables, whole_init, strict=True):
-        layout.load_whole(strategy, mesh, v, whole)
-    summer = layout.LayoutSummer(mesh, timeout_s=60)
+        layout.assign_whole(v, whole, mesh)
+    # The runner's summer, as it is built for a mesh with an expert axis.
+    settings = Settings(all_reduce=all_reduce, pack_mb=pack_mb, timeout_s=60)
+    summer = GradientSummer(strategy, settings, mesh)
+    with strategy.scope():
+        summer.build(optimizer, variables)
     x_all, target_all = _data()
 
     def replica_step(x, target, apply):
         with tf.GradientTape() as tape:
             out, stats = model(x, training=True)
             loss = tf.reduce_mean(tf.square(out - target)) + model.moe.aux_loss(stats)
-            loss = loss / REPLICAS
+            loss = loss / mesh.batch_shards
         grads = tape.gradient(loss, variables)
         if apply:
-            summer.apply(optimizer, grads, variables)
+            summer.apply(optimizer, grads, variables, clip_norm=clip_norm)
             return loss, []
-        return loss, summer.sum(grads, variables)
+        return loss, summer.sum_gradients(grads)
 
     def per_replica(values):
         return strategy.experimental_distribute_values_from_function(
-            lambda ctx: tf.constant(values[ctx.replica_id_in_sync_group])
+            lambda ctx: tf.constant(values[mesh.batch_shard(ctx.replica_id_in_sync_group)])
         )
 
     @tf.function
     def step(x, target, apply):
         loss, grads = strategy.run(replica_step, args=(x, target, apply))
-        return strategy.reduce("SUM", loss, axis=None), grads
+        return strategy.reduce("SUM", loss, axis=None) / mesh.group_size, grads
 
     losses, first_grads = [], None
     for s in range(STEPS):
@@ -103,25 +122,28 @@ def _run(expert_parallel: int, whole_init: list | None, capacity_factor: float):
             first_grads = []
             for v, g in zip(variables, grads, strict=True):
                 parts = strategy.experimental_local_results(g)
-                if layout.layout_of(v).split is None:
+                v_layout = layout.layout_of(v)
+                if not v_layout.split:
                     first_grads.append(parts[0].numpy())
-                else:
+                else:  # the summed shards, from replica 0's shard group, in shard order
+                    holders = v_layout.shard_group(mesh, 0)
                     first_grads.append(
                         np.concatenate(
-                            [parts[mesh.replica(expert=i)].numpy() for i in range(mesh.expert)]
+                            [parts[r].numpy() for r in holders], axis=v_layout.split_axis
                         )
                     )
         loss, _ = step(x, target, True)
         losses.append(float(loss))
-    weights = [layout.gather_whole(strategy, mesh, v) for v in variables]
+    weights = [layout.whole_value(v, mesh).numpy() for v in variables]
     return losses, first_grads, weights, whole_init
 
 
 @pytest.mark.parametrize("capacity_factor", [1.0, pytest.param(0.0, marks=pytest.mark.slow)])
 def test_expert_parallel_equals_one_replica_per_expert_set(capacity_factor):
-    losses1, grads1, weights1, init = _run(1, None, capacity_factor)
+    losses1, grads1, weights1, init = _run(DeviceMesh(data=REPLICAS), None, capacity_factor)
     for p in (2, 4):
-        losses, grads, weights, _ = _run(p, init, capacity_factor)
+        mesh = DeviceMesh(data=REPLICAS // p, expert=p)
+        losses, grads, weights, _ = _run(mesh, init, capacity_factor)
         assert_close(losses, losses1, rtol=1e-5, err_msg=f"E={p} losses")
         for i, (a, b) in enumerate(zip(grads, grads1, strict=True)):
             assert_close(a, b, rtol=1e-5, err_msg=f"E={p} gradient {i}")
@@ -167,35 +189,83 @@ def test_all_to_all_sends_row_j_to_rank_j_and_its_gradient_returns():
         np.testing.assert_array_equal(gr.numpy()[:, 0], [1.0 + r] * REPLICAS)
 
 
-def _model_on(expert_parallel: int):
-    mesh = DeviceMesh(data=REPLICAS // expert_parallel, expert=expert_parallel)
-    strategy = mirrored(REPLICAS)
+def _model_on(mesh: DeviceMesh):
+    strategy = mirrored(mesh.size)
     with strategy.scope():
         model = TinyMoE(mesh, capacity_factor=1.0)
         model.build()
-    return strategy, mesh, model
+    return strategy, model
 
 
-def test_checkpoint_holds_whole_experts_and_restores_on_another_expert_axis(tmp_path):
-    # Before, an E>1 checkpoint held replica 0's experts only (E/P of them).
-    strategy, mesh, model = _model_on(2)
+@pytest.mark.parametrize(
+    "saved_on",
+    [DeviceMesh(data=2, expert=2), DeviceMesh(expert=2, model=2)],
+    ids=["E2", "E2xM2"],
+)
+def test_checkpoint_holds_whole_tensors_and_restores_on_another_mesh(tmp_path, saved_on):
+    # Before, an E>1 checkpoint held replica 0's experts only (E/P of them). Experts and
+    # Megatron shards take one path: `parallel.layout.save_whole`.
+    _, model = _model_on(saved_on)
     rng = np.random.default_rng(1)
-    wholes = [
-        rng.normal(size=(E, *v.shape[1:])).astype(np.float32) for v in model.moe.expert_weights
-    ]
-    for v, whole in zip(model.moe.expert_weights, wholes, strict=True):
-        layout.load_whole(strategy, mesh, v, whole)
+    variables = model.trainable_variables
+    wholes = []
+    for v in variables:
+        shape = list(v.shape)
+        v_layout = layout.layout_of(v)
+        if v_layout.split:
+            shape[v_layout.split_axis] *= v_layout.num_shards(saved_on)
+        wholes.append(rng.normal(size=shape).astype(np.float32))
+    for v, whole in zip(variables, wholes, strict=True):
+        layout.assign_whole(v, whole, saved_on)
     path = str(tmp_path / "ckpt")
-    with strategy.scope():
-        tf.train.Checkpoint(model=model).write(path)
+    tf.train.Checkpoint(model=model).write(path)
     saved = dict(tf.train.list_variables(path))
     reader = tf.train.load_checkpoint(path)
     names = [k for k in saved if "w_in" in k]
     assert len(names) == 1 and saved[names[0]] == [E, D, F], saved
-    assert_close(reader.get_tensor(names[0]), wholes[0], rtol=0)
-    for expert_parallel in (1, 4):
-        strategy, mesh, restored = _model_on(expert_parallel)
-        with strategy.scope():
-            tf.train.Checkpoint(model=restored).read(path).assert_existing_objects_matched()
-        for v, whole in zip(restored.moe.expert_weights, wholes, strict=True):
-            assert_close(layout.gather_whole(strategy, mesh, v), whole, rtol=0)
+    assert_close(
+        reader.get_tensor(names[0]),
+        wholes[[v.path for v in variables].index(model.moe.w_in.path)],
+        rtol=0,
+    )
+    assert [saved[k] for k in saved if "up/kernel" in k] == [[D, 2 * D]]
+    for mesh in (DeviceMesh(data=4), DeviceMesh(expert=4), DeviceMesh(data=2, model=2)):
+        _, restored = _model_on(mesh)
+        tf.train.Checkpoint(model=restored).read(path).assert_existing_objects_matched()
+        for v, whole in zip(restored.trainable_variables, wholes, strict=True):
+            assert_close(layout.whole_value(v, mesh).numpy(), whole, rtol=0, err_msg=v.path)
+
+
+def test_expert_parallelism_composes_with_model_parallelism():
+    """E = 2 x M = 2 on 4 devices equals data = 2 on 2 (the same 2 batch shards), with the
+    global-norm clip active: the norm adds the model shards' and the expert shards' squares."""
+    base = dict(capacity_factor=1.0, clip_norm=0.05)
+    losses1, grads1, weights1, init = _run(DeviceMesh(data=2), None, **base)
+    losses, grads, weights, _ = _run(DeviceMesh(expert=2, model=2), init, **base)
+    assert_close(losses, losses1, rtol=1e-5, err_msg="losses")
+    for i, (a, b) in enumerate(zip(grads, grads1, strict=True)):
+        assert_close(a, b, rtol=1e-5, err_msg=f"gradient {i}")
+    for i, (a, b) in enumerate(zip(weights, weights1, strict=True)):
+        assert_close(a, b, rtol=1e-5, err_msg=f"weight {i}")
+
+
+def test_expert_parallel_with_the_summers_algorithms_and_packing():
+    """The replicated weights (summed over 4 replicas, a 2 x 2 torus) and the experts (over the
+    2 of the data axis) are summed by two groups of the one summer, each packed."""
+    losses1, _, weights1, init = _run(DeviceMesh(data=REPLICAS), None, 1.0)
+    losses, _, weights, _ = _run(
+        DeviceMesh(data=2, expert=2), init, 1.0, all_reduce="torus2d", pack_mb=1.0
+    )
+    assert_close(losses, losses1, rtol=1e-5, err_msg="losses")
+    for i, (a, b) in enumerate(zip(weights, weights1, strict=True)):
+        assert_close(a, b, rtol=1e-5, err_msg=f"weight {i}")
+
+
+def test_weight_update_sharding_with_expert_parallelism_is_one_line():
+    mesh = DeviceMesh(data=2, expert=2)
+    strategy, model = _model_on(mesh)
+    summer = GradientSummer(strategy, Settings(all_reduce="ring", weight_update_sharding=True),
+                            mesh)  # fmt: skip
+    with strategy.scope(), pytest.raises(UserError, match="--weight_update_sharding") as error:
+        summer.build(keras.optimizers.SGD(0.1), model.trainable_variables)
+    assert "\n" not in str(error.value)

@@ -4,7 +4,13 @@ a gradient is summed with, and the one-line error of a size that does not divide
 import pytest
 
 from mlperf_tf.errors import UserError
-from mlperf_tf.parallel.layout import REPLICATED, Layout, check_divides, model_split
+from mlperf_tf.parallel.layout import (
+    EXPERT_SPLIT,
+    REPLICATED,
+    Layout,
+    check_divides,
+    model_split,
+)
 from mlperf_tf.parallel.mesh import DeviceMesh
 
 
@@ -25,6 +31,17 @@ def test_expert_layout_is_summed_over_data_only():
     assert layout.shard_shape((4, 3), mesh) == (2, 3)
     assert layout.sum_group(mesh, 1) == [1, 3]
     assert REPLICATED.sum_group(mesh, 1) == [0, 1, 2, 3]
+
+
+def test_expert_split_is_summed_over_data_and_spatial_never_expert_or_model():
+    mesh = DeviceMesh(data=2, expert=2, model=2)  # ids: data*4 + expert*2 + model
+    assert EXPERT_SPLIT.shard_shape((4, 3), mesh) == (2, 3)
+    assert [EXPERT_SPLIT.shard_index(mesh, r) for r in range(8)] == [0, 0, 1, 1, 0, 0, 1, 1]
+    assert EXPERT_SPLIT.sum_group(mesh, 3) == [3, 7]  # same expert and model index
+    assert EXPERT_SPLIT.shard_group(mesh, 1) == [1, 3]  # the all-to-all's peers
+    assert EXPERT_SPLIT.sum_axes(mesh) == ("data",)
+    assert REPLICATED.sum_axes(mesh) == ("data", "expert")
+    assert EXPERT_SPLIT.sum_group(DeviceMesh(expert=2, spatial=2), 0) == [0, 1]
 
 
 def test_bad_layouts_and_sizes():
