@@ -1,5 +1,6 @@
 """Provides `train` and `assert_same_training`: a benchmark trained a few steps with its images
-split into K slabs (`--spatial_partition=K`) against the unsplit run, on logical CPU devices.
+split into K slabs (`--spatial_partition=K`) or K x L tiles (`KxL`) against the unsplit run, on
+logical CPU devices.
 
 Both runs go through the runner's pieces: the mesh's input routing (`for_mesh`: every replica
 of a spatial group gets its batch shard's images), `Benchmark.compute_loss` and the `Trainer`
@@ -21,15 +22,18 @@ from tests.numerics import assert_close, scale_of
 from tests.strategies import mirrored
 
 
-def train(bench: Benchmark, *, parts: int, devices: int, steps: int, weights=None) -> dict:
-    """`steps` optimizer steps on `devices` replicas in groups of `parts` slabs.
+def train(
+    bench: Benchmark, *, parts: int, devices: int, steps: int, weights=None, cols: int = 1
+) -> dict:
+    """`steps` optimizer steps on `devices` replicas in groups of `parts` tiles (`parts / cols`
+    slabs of rows x `cols` of columns).
 
     Returns:
       {"weights": {path: value} at the start, "grads": {path: the first batch's gradient summed
       over the replicas} (before training), "losses": [steps], "final": {path: value} after.}
     """
     strategy = mirrored(devices)
-    mesh = DeviceMesh(data=devices // parts, spatial=parts)
+    mesh = DeviceMesh(data=devices // parts, spatial=parts, spatial_cols=cols)
     bench = bench.with_context(RunContext(num_replicas=devices, seed=0, mesh=mesh))
     with strategy.scope():
         model = bench.build_model()
@@ -65,12 +69,17 @@ def train(bench: Benchmark, *, parts: int, devices: int, steps: int, weights=Non
     return {"weights": start, "grads": grads, "losses": losses, "final": final}
 
 
-def assert_same_training(bench: Benchmark, *, parts: int, steps: int = 5, rtol: float = 1e-5):
-    """K = `parts` slabs on 4 devices equals K = 1 on 4/K devices: losses, first gradients and
-    every weight (moving statistics included) after `steps` steps, to `rtol`."""
+def assert_same_training(
+    bench: Benchmark, *, parts: int, steps: int = 5, rtol: float = 1e-5, cols: int = 1
+):  # fmt: skip
+    """`parts` tiles (`parts / cols` x `cols`) on 4 devices equals the whole image on
+    4/`parts` devices: losses, first gradients and every weight (moving statistics included)
+    after `steps` steps, to `rtol`."""
     devices = 4
     reference = train(bench, parts=1, devices=devices // parts, steps=steps)
-    split = train(bench, parts=parts, devices=devices, steps=steps, weights=reference["weights"])
+    split = train(
+        bench, parts=parts, devices=devices, steps=steps, weights=reference["weights"], cols=cols
+    )
     assert split["grads"].keys() == reference["grads"].keys()
     assert_close(split["losses"], reference["losses"], rtol=rtol)
     nonzero = sum(bool(np.any(want)) for want in reference["grads"].values())

@@ -1,4 +1,4 @@
-"""Measures spatial partitioning: activation bytes per replica and step time for K = 1, 2, 4.
+"""Measures spatial partitioning: activation bytes per replica and step time for K = 1, 2, 4 (or KxL tiles).
 
 Each case is a fresh process (synthetic data, MirroredStrategy over `--devices` logical CPU
 devices, the mesh `data = devices / K, spatial = K`) that builds the runner's `Trainer` and
@@ -11,7 +11,7 @@ steps, and the images per batch shard (a global batch of `devices / K` images gi
 of K replicas one image: fewer images than replicas). Cases run in rounds, the load average
 is printed with each.
 
-usage: python tools/bench_spatial.py [--benchmark=resnet50|ssd] [--parts=1,2,4]
+usage: python tools/bench_spatial.py [--benchmark=resnet50|ssd] [--parts=1,2,4,2x2]
            [--global_batch=8] [--image_size=128] [--steps=5] [--rounds=1] [--devices=4]
 
 On a 2-core host the 4 logical devices share the cores, so step times say what the collectives
@@ -100,7 +100,7 @@ def child(args) -> dict:
     }
 
 
-def measure(parts: int, global_batch: int, args) -> dict:
+def measure(parts: str, global_batch: int, args) -> dict:
     command = [
         sys.executable, os.path.abspath(__file__), "--child", f"--parts={parts}",
         f"--global_batch={global_batch}", f"--benchmark={args.benchmark}",
@@ -129,7 +129,6 @@ def main() -> None:
     args = parser.parse_args()
     require_positive(parser, args, "global_batch", "image_size", "steps", "rounds", "devices")
     if args.child:
-        args.parts = int(args.parts)
         try:
             result = child(args)
         except Exception as e:  # noqa: BLE001 (one line for the parent, whatever failed)
@@ -151,10 +150,18 @@ def main() -> None:
             file=sys.stderr,
         )
         sys.exit(2)
-    parts = [int(k) for k in args.parts.split(",")]
+    from mlperf_tf.errors import UserError
+    from mlperf_tf.parallel.mesh import parse_spatial
+
+    parts = args.parts.split(",")
+    try:
+        sizes = {k: parse_spatial(k)[0] * parse_spatial(k)[1] for k in parts}
+    except UserError as e:
+        print(f"error: {e} (--parts)", file=sys.stderr)
+        sys.exit(2)
     cases = [(k, args.global_batch) for k in parts]
     if args.smallest:
-        cases += [(k, args.devices // k) for k in parts if k > 1]
+        cases += [(k, args.devices // sizes[k]) for k in parts if sizes[k] > 1]
     results = {}
     for round_index in range(args.rounds):
         order = cases if round_index % 2 == 0 else cases[::-1]

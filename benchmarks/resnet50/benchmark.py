@@ -56,8 +56,8 @@ class ResNet50Benchmark(Benchmark):
     # ---- building ------------------------------------------------------------------------------
     def build_model(self) -> keras.Model:
         """ResNet v1.5 of `config.model` at `config.data.image_size` (under the strategy scope),
-        split into slabs of rows over the mesh's spatial axis when it has one."""
-        spatial.check_rows_only(self.mesh)
+        split into K x L tiles (or K slabs of rows) over the mesh's spatial axis when it has
+        one."""
         return model_lib.resnet(
             self.config.model,
             image_size=self.config.data.image_size,
@@ -94,8 +94,8 @@ class ResNet50Benchmark(Benchmark):
     def compute_loss(self, model: keras.Model, batch: Any, training: bool = True) -> tf.Tensor:
         """Label-smoothed cross entropy summed over this replica's batch / `micro_batch_size`.
 
-        With spatial partitioning the K replicas of a group hold the same logits (of the same
-        images): each counts 1/K of them, so the sum over all replicas (the runner's loss, and
+        With spatial partitioning the K (K x L) replicas of a group hold the same logits (of the
+        same images): each counts 1/K (1/(K L)) of them, so the sum over all replicas (the runner's loss, and
         Keras' gradient sum) counts every image once. With SGD, adds `wd/2 * sum |k|^2` over the convolution and dense kernels (not batch
         norm, not biases), divided by the replicas in sync because their gradients are summed.
         """

@@ -44,13 +44,13 @@ def resnet(
     Layer names contain "bn" exactly for batch-norm layers and "conv"/"fc" otherwise, so that
     LARS' default exclusion patterns (bias, bn, gamma, beta) select the right variables.
 
-    Spatial partitioning (`layout` with K > 1 slabs): each replica cuts its slab of rows from
-    the whole images, the convolutions and the max pool exchange halo rows
-    (`mlperf_tf.layers.spatial`), batch norm spans the K slabs of `bn_group_size` batch
-    shards, and the global average pool sums over the slabs, so the logits are the whole
-    model's on every member of the group. A stage whose rows no longer split into K slabs of a
-    multiple of its stride runs whole (the slabs are gathered before it). Same variables
-    (names, shapes, initializers) as the unsplit model.
+    Spatial partitioning (`layout` with K x L > 1 tiles; L = 1: slabs of rows): each replica
+    cuts its tile from the whole images, the convolutions and the max pool exchange halo rows
+    and columns (`mlperf_tf.layers.spatial`), batch norm spans the K L tiles of
+    `bn_group_size` batch shards, and the global average pool sums over the tiles, so the
+    logits are the whole model's on every member of the group. A stage whose rows (columns) no
+    longer split into K (L) parts of a multiple of its stride runs whole (the tiles are
+    gathered before it). Same variables (names, shapes, initializers) as the unsplit model.
 
     Args:
       config: the model config (`block_layers=(3, 4, 6, 3)`, `base_width=64` is ResNet-50).
@@ -64,8 +64,9 @@ def resnet(
 
     Raises:
       ValueError: `image_size` is not a positive integer.
-      ConfigError: K > 1 and the stem's rows do not split into K slabs (`image_size` must be a
-        multiple of 4K).
+      ConfigError: no block's input splits into K x L tiles (`spatial.stem_refusal`). An image
+        whose stem does not split (`image_size` not a multiple of 4 max(K, L)) runs whole up to
+        the first stage that does.
     """
     if not isinstance(image_size, int) or image_size < 1:
         raise ValueError(f"`image_size` ({image_size!r}) must be a positive integer.")
@@ -77,16 +78,10 @@ def resnet(
     build = SpatialBuilder(layout)
     inputs = keras.Input(shape=(image_size, image_size, 3), name="images")
     # Stem: 7x7/2 convolution (explicit padding, as the reference) and 3x3/2 max pool.
-    stem_splits = spatial_lib.splits(image_size, build.parts, ((7, 2, 3),)) and (
-        spatial_lib.splits(image_size // 2, build.parts, ((3, 2, "same"),))
+    stem_splits = build.image_splits(image_size, ((7, 2, 3),)) and build.image_splits(
+        image_size // 2, ((3, 2, "same"),)
     )
-    if build.split and not stem_splits:
-        raise ConfigError(
-            f"--spatial_partition={build.parts}: the image height ({image_size}, "
-            f"`data.image_size`) does not split into {build.parts} slabs through the stem "
-            f"(7x7/2 convolution, 3x3/2 max pool): use a multiple of {4 * build.parts}"
-        )
-    x = build.start(inputs)
+    x = build.start(inputs, split=stem_splits)  # else whole until a stage splits
     x = _conv(build, x, config.base_width, 7, 2, "conv1_conv", seeds, padding=3)
     x = _batch_norm(build, x, config, "conv1_bn")
     x = keras.layers.ReLU(name="conv1_relu")(x)
@@ -109,6 +104,10 @@ def resnet(
                 seeds=seeds,
             )
 
+    if build.parts > 1 and not build.ever_split:
+        raise ConfigError(
+            spatial_lib.stem_refusal(build.layout, size=image_size, setting="data.image_size")
+        )
     x = build.global_average_pool(x, name="avg_pool")  # [batch, channels], whole
     logits = keras.layers.Dense(
         config.num_classes,

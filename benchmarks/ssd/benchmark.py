@@ -40,7 +40,8 @@ class SSDBenchmark(Benchmark):
     name = "ssd"
     mlperf_benchmark = "ssd"
     config_class = config_lib.SSDConfig
-    # --spatial_partition=K: each replica of a group of K holds a slab of rows of every image.
+    # --spatial_partition=K (KxL): each replica of a group of K (K x L) holds a slab of rows (a
+    # tile) of every image.
     parallel_axes = ("data", "spatial")
     presets = {
         "mlperf": config_lib.mlperf,
@@ -58,9 +59,8 @@ class SSDBenchmark(Benchmark):
 
     # ---- model and optimizer -------------------------------------------------------------------
     def build_model(self) -> keras.Model:
-        """SSD of `config.model`, split into slabs of rows over the mesh's spatial axis when it
-        has one (`model.build_ssd`)."""
-        spatial.check_rows_only(self.mesh)
+        """SSD of `config.model`, split into K slabs of rows (K x L tiles) over the mesh's
+        spatial axis when it has one (`model.build_ssd`)."""
         layout = spatial.SpatialLayout(self.mesh) if self.mesh.spatial > 1 else None
         return model_lib.build_ssd(self.config.model, layout)
 

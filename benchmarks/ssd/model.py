@@ -71,7 +71,8 @@ def default_boxes(config: ModelConfig) -> anchors_lib.DefaultBoxes:
 
 class _Builder:
     """Creates named layers of one model with the config's batch norm and initializers, on
-    slabs of rows while the activations split (`SpatialBuilder`, K = 1: plain Keras layers)."""
+    tiles (slabs of rows) while the activations split (`SpatialBuilder`, K = 1: plain Keras
+    layers)."""
 
     def __init__(self, config: ModelConfig, slabs: SpatialBuilder):
         self.config = config
@@ -123,28 +124,23 @@ def build_backbone(config: ModelConfig, slabs: SpatialBuilder | None = None) -> 
     """MLPerf's modified ResNet-34 up to conv4_x: `[B, S, S, 3]` -> `[B, S/8, S/8, 256*width]`.
 
     Layer names follow torchvision's (`conv1`, `layer1_0_conv1`, ...) so a converted ImageNet
-    checkpoint maps one to one. With `slabs` of K > 1 the input is the whole image and the
-    output this replica's slab (`[B, S/8/K, S/8, C]`), or the whole map where it stopped
+    checkpoint maps one to one. With `slabs` of K x L > 1 tiles the input is the whole image and
+    the output this replica's tile (`[B, S/8/K, S/8/L, C]`), or the whole map where it stopped
     splitting (`slabs.split` says which).
 
-    Raises:
-      ConfigError: K > 1 and the image height does not split into K slabs through the stem.
+    A stem that does not split into K x L tiles (SSD300's 300 px at K or L = 2: 75 rows after
+    the max pool) runs whole on every member, and the tiles start at the first block whose input
+    splits (at 300 px, K = 2: conv3_x's second block, 38 rows).
     """
     slabs = slabs or SpatialBuilder(None)
     b = _Builder(config, slabs)
     width = config.width_scale
     size = config.image_size
-    if slabs.split and not (
-        spatial_lib.splits(size, slabs.parts, ((7, 2, 3),))
-        and spatial_lib.splits(size // 2, slabs.parts, ((3, 2, 1),))
-    ):
-        raise ConfigError(
-            f"--spatial_partition={slabs.parts}: the image height ({size}, "
-            f"`model.image_size`) does not split into {slabs.parts} slabs through the stem "
-            f"(7x7/2 convolution, 3x3/2 max pool): use a multiple of {4 * slabs.parts}"
-        )
+    stem_splits = slabs.image_splits(size, ((7, 2, 3),)) and slabs.image_splits(
+        size // 2, ((3, 2, 1),)
+    )
     inputs = keras.Input((size, size, 3), name="image")
-    x = slabs.start(inputs)
+    x = slabs.start(inputs, split=stem_splits)  # else whole until a block splits
     x = b.conv(x, scaled(_STEM_WIDTH, width), 7, stride=2, padding=3, name="conv1")
     x = b.batch_norm("bn1")(x)
     x = layers.ReLU(name="relu")(x)
@@ -171,12 +167,16 @@ def build_backbone(config: ModelConfig, slabs: SpatialBuilder | None = None) -> 
 def build_ssd(config: ModelConfig, layout: SpatialLayout | None = None) -> keras.Model:
     """The SSD-ResNet34 model.
 
-    Spatial partitioning (`layout` with K > 1 slabs): the backbone, the extra blocks and the
-    heads run on slabs of rows while a level's rows split into K slabs of a multiple of the
-    stride (halo-exchange convolutions and max pool, batch norm over the slabs and the BN
-    group), and whole after; each level's head outputs are flattened on the slab (its anchors
-    are a contiguous block: position-major) and gathered over the group, so the loss, the box
-    matching and the anchors see every image once, whole, on every member.
+    Spatial partitioning (`layout` with K x L > 1 tiles; L = 1: slabs of rows): the backbone,
+    the extra blocks and the heads run on tiles while a level's rows (columns) split into K (L)
+    parts of a multiple of the stride (halo-exchange convolutions and max pool, batch norm over
+    the tiles and the BN group), and whole after; each level's head output maps are gathered
+    over the group, then flattened (position-major anchors), so the loss, the box matching and
+    the anchors see every image once, whole, on every member.
+
+    Raises:
+      ConfigError: no layer splits into the layout's tiles (`spatial.stem_refusal`; SSD300's
+        300 px at K or L = 4).
 
     Returns:
       A Keras model mapping normalized images `[B, S, S, 3]` to `(box_codes [B, A, 4],
@@ -226,6 +226,12 @@ def build_ssd(config: ModelConfig, layout: SpatialLayout | None = None) -> keras
             x = b.batch_norm(f"{name}_bn2")(x)
         x = layers.ReLU(name=f"{name}_relu2")(x)
         features.append((x, slabs.split))
+    if slabs.parts > 1 and not slabs.ever_split:
+        raise ConfigError(
+            spatial_lib.stem_refusal(
+                slabs.layout, size=config.image_size, setting="model.image_size"
+            )
+        )
 
     box_codes, class_logits = [], []
     for level, ((feature, split), ratios) in enumerate(zip(features, config.anchor_aspect_ratios)):
@@ -250,12 +256,14 @@ def build_ssd(config: ModelConfig, layout: SpatialLayout | None = None) -> keras
             name=f"conf{level}",
             split=split,
         )
-        # [B, H, W, boxes * k] -> [B, H * W * boxes, k]: position-major, box-minor anchors
-        # (a slab's anchors are rows [k*h, (k+1)*h) of them: gathered in slab order).
-        loc = layers.Reshape((-1, 4), name=f"loc{level}_flat")(loc)
-        conf = layers.Reshape((-1, config.num_classes), name=f"conf{level}_flat")(conf)
-        box_codes.append(slabs.whole(loc, name=f"loc{level}_gather", split=split))
-        class_logits.append(slabs.whole(conf, name=f"conf{level}_gather", split=split))
+        # The whole map on every member (tiles gathered), then [B, H, W, boxes * k] ->
+        # [B, H * W * boxes, k]: position-major, box-minor anchors.
+        loc = slabs.whole(loc, name=f"loc{level}_gather", split=split)
+        conf = slabs.whole(conf, name=f"conf{level}_gather", split=split)
+        box_codes.append(layers.Reshape((-1, 4), name=f"loc{level}_flat")(loc))
+        class_logits.append(
+            layers.Reshape((-1, config.num_classes), name=f"conf{level}_flat")(conf)
+        )
     box_codes = layers.Concatenate(axis=1, name="box_codes")(box_codes)
     class_logits = layers.Concatenate(axis=1, name="class_logits")(class_logits)
     return keras.Model(inputs, (box_codes, class_logits), name="ssd_resnet34")

@@ -1,23 +1,26 @@
-"""Provides the layers of spatial partitioning: each replica of a spatial group holds a slab of rows.
+"""Provides the layers of spatial partitioning: each replica of a spatial group holds a tile of every image.
 
-The layout (`mlperf_tf.parallel.spatial.SpatialLayout`): the K replicas of one spatial group
-read the same images; replica `k` of the group holds rows `[k*H/K, (k+1)*H/K)` of every split
-activation `[batch, H/K, W, C]`. Weights are replicated. Each layer states the collectives it
-issues, all over the replica's spatial group (`DeviceMesh.group(replica, "spatial")`), in replica
-context, on `mlperf_tf.collectives.ops.Collectives`:
+The layout (`mlperf_tf.parallel.spatial.SpatialLayout`): the K x L replicas of one spatial group
+read the same images; the member in tile row `i` and tile column `j` (row-major in the group)
+holds rows `[i*H/K, (i+1)*H/K)` and columns `[j*W/L, (j+1)*W/L)` of every split activation
+`[batch, H/K, W/L, C]` (L = 1, `--spatial_partition=K`: slabs of rows). Weights are replicated.
+Each layer states the collectives it issues, in replica context, on
+`mlperf_tf.collectives.ops.Collectives`, over the spatial group
+(`DeviceMesh.group(replica, "spatial")`) or one of its tile columns (K members) or tile rows
+(L members):
 
 | layer | forward | backward |
 |---|---|---|
-| `SpatialSlice` | none (cuts the slab out of the whole image) | none |
-| `HaloConv2D`, `HaloMaxPooling2D` | one all-to-all: halo rows to the neighbours above and below | one all-to-all: the halo rows' gradients back to their owners |
-| `SpatialGather` | all-gather of the slabs (the whole tensor on every member) | all-reduce of the gradient, then this slab's rows |
-| `SpatialGlobalAveragePooling2D` | all-reduce of the slab's sums | all-reduce of the gradient |
+| `SpatialSlice` | none (cuts the tile out of the whole image) | none |
+| `HaloConv2D`, `HaloMaxPooling2D` | one all-to-all over the tile column: halo rows from the neighbours above and below; then (L > 1) one over the tile row: halo columns, of the row-extended tiles, so the corners come along | the same all-to-alls in reverse order: the halo's gradients back to their owners |
+| `SpatialGather` | all-gather of the tiles over the group (the whole tensor on every member) | all-reduce of the gradient, then this tile's part |
+| `SpatialGlobalAveragePooling2D` | all-reduce of the tile's sums over the group | all-reduce of the gradient |
 
-Batch norm over slabs needs no layer of its own: `CrossReplicaBatchNormalization` with
-`group_size = bn_group_size x K` sums its statistics over the slabs and over the batch-norm
-group of batch shards (consecutive replica ids; `SpatialModel.batch_norm_group`).
+Batch norm over tiles needs no layer of its own: `CrossReplicaBatchNormalization` with
+`group_size = bn_group_size x K x L` sums its statistics over the tiles and over the
+batch-norm group of batch shards (consecutive replica ids; `SpatialBuilder.batch_norm_group`).
 
-Gradients. Every replica's loss is 1/K of its images' loss, and each backward collective is the
+Gradients. Every replica's loss is 1/(K L) of its images' loss, and each backward collective is the
 adjoint of its forward one, so backpropagation computes, on each replica, the gradient of the
 sum of all replicas' losses with respect to that replica's copy of every weight: the partial
 gradient from its slab. Keras' `apply_gradients` sums over all replicas (spatial and data
@@ -63,9 +66,12 @@ class _Group:
                 f"layer '{layer.name}' was built for {layout.mesh} ({layout.mesh.size} replicas) "
                 f"but runs on {ctx.num_replicas_in_sync}"
             )
-        self.members = layout.members(replica)
+        self.members = layout.members(replica)  # the K x L tiles, row-major
         self.rank = self.members.index(replica)
         self.parts = len(self.members)
+        self.tile = layout.tile(replica)  # (tile row, tile column)
+        self.column = layout.column_members(replica)  # K: neighbours above and below
+        self.row = layout.row_members(replica)  # L: neighbours left and right
         self.collectives = collective_ops.Collectives(
             replica=replica,
             num_replicas=ctx.num_replicas_in_sync,
@@ -80,18 +86,42 @@ class _Group:
         self.name = f"spatial/{layer.name}/call{call}"
 
 
-def exchange_halo(x, group: _Group, *, top: int, bottom: int, edge_value: float = 0.0):
-    """The `top` rows above and `bottom` rows below this replica's slab `x` ([b, h, w, c]).
+def exchange_halo(
+    x, group: _Group, *, top: int, bottom: int, edge_value: float = 0.0, axis: int = 1
+):  # fmt: skip
+    """The `top` rows above and `bottom` rows below this replica's tile `x` ([b, h, w, c]); with
+    `axis=2` the `top` columns left and `bottom` columns right of it.
 
-    One all-to-all forward (this slab's first `bottom` rows to the member above, its last `top`
-    rows to the member below), one backward (the gradients of the received rows back to their
-    owners, added to their slabs' rows). At the image's top and bottom the rows are
-    `edge_value` (the op's padding: 0, or -inf for max pooling).
+    One all-to-all forward over the tile column (`axis=1`) or tile row (`axis=2`): this tile's
+    first `bottom` rows to the neighbour above, its last `top` rows to the one below (columns:
+    left, right). One backward: the gradients of the received rows back to their owners, added
+    to their tiles' rows. At the image's edges the rows are `edge_value` (the op's padding: 0,
+    or -inf for max pooling).
 
     Returns:
-      (above [b, top, w, c], below [b, bottom, w, c]).
+      (above [b, top, w, c], below [b, bottom, w, c]); for `axis=2`, (left [b, h, top, c],
+      right [b, h, bottom, c]).
     """
-    n, rank, h = group.parts, group.rank, x.shape[1]
+    if axis == 2:  # columns are rows of the transposed tile
+        swap = [0, 2, 1, 3]
+        left, right = _exchange(
+            tf.transpose(x, swap), group.collectives, group.row, group.tile[1],
+            f"{group.name}/halo_cols",
+            top=top, bottom=bottom, edge_value=edge_value,
+        )  # fmt: skip
+        return tf.transpose(left, swap), tf.transpose(right, swap)
+    if axis != 1:
+        raise ValueError(f"halo exchange along axis {axis}: 1 (rows) or 2 (columns)")
+    return _exchange(
+        x, group.collectives, group.column, group.tile[0], f"{group.name}/halo",
+        top=top, bottom=bottom, edge_value=edge_value,
+    )  # fmt: skip
+
+
+def _exchange(x, collectives, members, rank, name, *, top, bottom, edge_value):
+    """`exchange_halo` along axis 1 among `members` (neighbours in rank order; this replica is
+    `members[rank]`), collective instances named `name`, `name_grad0`, ..."""
+    n, h = len(members), x.shape[1]
     if max(top, bottom) > h:
         raise ValueError(f"halo rows {top}/{bottom} exceed the slab's {h} rows")
     rows = max(top, bottom)
@@ -117,10 +147,8 @@ def exchange_halo(x, group: _Group, *, top: int, bottom: int, edge_value: float 
 
     @tf.custom_gradient
     def exchanged(slab):
-        received = group.collectives.all_to_all(
-            to_neighbours(slab[:, :bottom], slab[:, h - top :], slab),
-            group.members,
-            f"{group.name}/halo",
+        received = collectives.all_to_all(
+            to_neighbours(slab[:, :bottom], slab[:, h - top :], slab), members, name
         )  # row i came from rank i
         above = received[rank - 1][:, :top] if rank > 0 else edge(top, slab)
         below = received[rank + 1][:, :bottom] if rank < n - 1 else edge(bottom, slab)
@@ -128,10 +156,10 @@ def exchange_halo(x, group: _Group, *, top: int, bottom: int, edge_value: float 
         def grad(d_above, d_below):
             # d_above belongs to the last `top` rows of the member above; d_below to the first
             # `bottom` rows of the member below.
-            returned = group.collectives.all_to_all(
+            returned = collectives.all_to_all(
                 to_neighbours(d_above, d_below, slab),
-                group.members,
-                f"{group.name}/halo_grad{next(backward_calls)}",
+                members,
+                f"{name}_grad{next(backward_calls)}",
             )
             d_slab = tf.zeros_like(slab)
             if rank > 0:  # the member above sent the gradient of my first `bottom` rows
@@ -157,56 +185,57 @@ def _check_padding(padding, layer: str):
 
 
 class _SlabWindow:
-    """Shared by the halo layers: the whole-image padding of a window op, applied to a slab."""
+    """Shared by the halo layers: the whole-image padding of a window op, applied to a tile."""
 
     def _halo_input(self, x, *, kernel, stride, dilation, edge_value):
-        """`x` ([b, h, w, c], a slab; or the whole image when K = 1) with its halo rows and its
-        width padding: what a 'valid' window op turns into this slab's rows of the whole op."""
-        parts = self.layout.parts
-        height, width = x.shape[1] * parts, x.shape[2]
-        pad_top, pad_bottom = spatial_lib.window_pads(
-            height, kernel=kernel[0], stride=stride[0], dilation=dilation[0], padding=self.pad
-        )
-        left, right = spatial_lib.window_pads(
-            width, kernel=kernel[1], stride=stride[1], dilation=dilation[1], padding=self.pad
-        )
-        if parts == 1:
-            above, below = pad_top, pad_bottom
-            x = tf.pad(x, [[0, 0], [above, below], [0, 0], [0, 0]], constant_values=edge_value)
-        else:
-            halo = spatial_lib.halo(
-                height=height, parts=parts, kernel=kernel[0], stride=stride[0],
-                dilation=dilation[0], pad_top=pad_top, pad_bottom=pad_bottom,
+        """`x` ([b, h, w, c], a tile; or the whole image when K = L = 1) with its halo rows,
+        then its halo columns (of the row-extended tile: the corners come along) or padding:
+        what a 'valid' window op turns into this tile's part of the whole op."""
+        group = None
+        for axis, parts in ((1, self.layout.row_parts), (2, self.layout.col_parts)):
+            size = x.shape[axis] * parts  # the whole image's (axis 1: before extending)
+            before, after = spatial_lib.window_pads(
+                size, kernel=kernel[axis - 1], stride=stride[axis - 1],
+                dilation=dilation[axis - 1], padding=self.pad,
             )  # fmt: skip
-            if halo.top or halo.bottom:
-                group = _Group(self, self.layout)
-                above, below = exchange_halo(
-                    x, group, top=halo.top, bottom=halo.bottom, edge_value=edge_value
+            if parts > 1:
+                halo = spatial_lib.halo(
+                    height=size, parts=parts, kernel=kernel[axis - 1], stride=stride[axis - 1],
+                    dilation=dilation[axis - 1], pad_top=before, pad_bottom=after,
+                )  # fmt: skip
+                if not (halo.top or halo.bottom):
+                    continue
+                group = group or _Group(self, self.layout)
+                first, last = exchange_halo(
+                    x, group, top=halo.top, bottom=halo.bottom, edge_value=edge_value, axis=axis
                 )
-                x = tf.concat([above, x, below], axis=1)
-        return tf.pad(x, [[0, 0], [0, 0], [left, right], [0, 0]], constant_values=edge_value)
+                x = tf.concat([first, x, last], axis=axis)
+            elif before or after:
+                pads = [[0, 0]] * 4
+                pads[axis] = [before, after]
+                x = tf.pad(x, pads, constant_values=edge_value)
+        return x
 
     def _slab_output_shape(self, input_shape, *, kernel, stride, dilation, channels):
-        batch, rows, width = input_shape[0], input_shape[1], input_shape[2]
-        parts = self.layout.parts
-        pads = spatial_lib.window_pads(
-            rows * parts, kernel=kernel[0], stride=stride[0], dilation=dilation[0], padding=self.pad
-        )
-        out_rows = (rows * parts + sum(pads) - (kernel[0] - 1) * dilation[0] - 1) // stride[0] + 1
-        left, right = spatial_lib.window_pads(
-            width, kernel=kernel[1], stride=stride[1], dilation=dilation[1], padding=self.pad
-        )
-        out_width = (width + left + right - (kernel[1] - 1) * dilation[1] - 1) // stride[1] + 1
-        return (batch, out_rows // parts, out_width, channels)
+        out = [input_shape[0]]
+        for axis, parts in ((1, self.layout.row_parts), (2, self.layout.col_parts)):
+            k, s, d = kernel[axis - 1], stride[axis - 1], dilation[axis - 1]
+            size = input_shape[axis] * parts
+            pads = spatial_lib.window_pads(size, kernel=k, stride=s, dilation=d, padding=self.pad)
+            out.append(((size + sum(pads) - (k - 1) * d - 1) // s + 1) // parts)
+        return (*out, channels)
 
 
 @keras.saving.register_keras_serializable(package="mlperf_tf")
 class HaloConv2D(_SlabWindow, keras.layers.Conv2D):
-    """`keras.layers.Conv2D` on a slab of rows: the rows of the whole image's convolution.
+    """`keras.layers.Conv2D` on a tile (a slab of rows when L = 1): its part of the whole
+    image's convolution.
 
-    Forward: one all-to-all over the spatial group (halo rows from the neighbours; none when the
-    window needs no halo, e.g. 1x1), then a 'valid' convolution of the slab with its halo and
-    its width padding. Backward: one all-to-all (the halo rows' gradients back to their owners).
+    Forward: one all-to-all over the tile column (halo rows from the neighbours above and
+    below; none when the window needs no halo, e.g. 1x1), with L > 1 tiles one more over the
+    tile row (halo columns of the row-extended tile, so the corners come along), then a 'valid'
+    convolution of the tile with its halo or the image's padding. Backward: the same
+    all-to-alls in reverse (the halo's gradients back to their owners).
     Kernel, stride and dilation are respected; `SAME` padding (TF's, from the whole image's
     height) or an explicit symmetric padding (PyTorch's, SSD) is reproduced at the image's
     edges. The kernel and bias are the same variables as `Conv2D`'s (names, shapes,
@@ -262,7 +291,7 @@ class HaloConv2D(_SlabWindow, keras.layers.Conv2D):
 
 @keras.saving.register_keras_serializable(package="mlperf_tf")
 class HaloMaxPooling2D(_SlabWindow, keras.layers.MaxPooling2D):
-    """`keras.layers.MaxPooling2D` on a slab of rows, with halo rows from the neighbours.
+    """`keras.layers.MaxPooling2D` on a tile, with halo rows and columns from the neighbours.
 
     Collectives as `HaloConv2D` (one all-to-all forward, one backward). "same" pads with -inf
     (Keras' max pooling ignores its padding); an int pads with zeros (SSD's
@@ -327,33 +356,35 @@ class _LayoutLayer(keras.layers.Layer):
 
 @keras.saving.register_keras_serializable(package="mlperf_tf")
 class SpatialSlice(_LayoutLayer):
-    """The whole image `[b, H, W, c]` -> this replica's slab `[b, H/K, W, c]`. No collective:
+    """The whole image `[b, H, W, c]` -> this replica's tile `[b, H/K, W/L, c]`. No collective:
     every replica of the group has the whole batch (the runner routes it), so each holds
-    the group's input K times over (3 channels: small beside the activations it splits)."""
+    the group's input K x L times over (3 channels: small beside the activations it splits)."""
 
     def call(self, inputs):
         if self.layout.parts == 1:
             return inputs
         group = _Group(self, self.layout)
-        rows = inputs.shape[1] // group.parts
-        return inputs[:, group.rank * rows : (group.rank + 1) * rows]
+        (i, j), rows, cols = group.tile, *self.compute_output_shape(inputs.shape)[1:3]
+        return inputs[:, i * rows : (i + 1) * rows, j * cols : (j + 1) * cols]
 
     def compute_output_shape(self, input_shape):
-        return (input_shape[0], input_shape[1] // self.layout.parts, *input_shape[2:])
+        rows, cols = self.layout.row_parts, self.layout.col_parts
+        return (input_shape[0], input_shape[1] // rows, input_shape[2] // cols, *input_shape[3:])
 
 
 @keras.saving.register_keras_serializable(package="mlperf_tf")
 class SpatialGather(_LayoutLayer):
-    """The slabs of the group concatenated along `axis`: the whole tensor on every member.
+    """The slabs of the group concatenated along `axis` (tiles: along rows and columns of a
+    `[b, h, w, c]` tensor): the whole tensor on every member.
 
     Forward: one all-gather over the spatial group. Backward: one all-reduce of the gradient
     over the group, then this replica's slice (the adjoint: every member's copy of the whole
-    tensor fed its loss share). Use it where the slabs end: an activation too small to split,
-    or the SSD heads' per-level outputs (`axis=1`: anchors are position-major, so a slab's
-    anchors are a contiguous block).
+    tensor fed its loss share). Use it where the tiles end: an activation too small to split,
+    or the SSD heads' per-level outputs.
 
     Args:
-      axis: the split axis (1: rows of `[b, h, w, c]`, or anchors of `[b, anchors, k]`).
+      axis: the split axis (1: rows of `[b, h, w, c]`, or anchors of `[b, anchors, k]`). With
+        K x L tiles (L > 1) only `[b, h, w, c]` with `axis=1` (rows and columns).
       layout: (keyword-only) the spatial layout.
     """
 
@@ -364,6 +395,8 @@ class SpatialGather(_LayoutLayer):
     def call(self, inputs):
         if self.layout.parts == 1:
             return inputs
+        if self.layout.col_parts > 1:
+            return self._gather_tiles(inputs)
         group = _Group(self, self.layout)
         axis = self.axis % len(inputs.shape)
         n, rank, size = group.parts, group.rank, inputs.shape[axis]
@@ -391,8 +424,41 @@ class SpatialGather(_LayoutLayer):
 
         return gathered(inputs)
 
+    def _gather_tiles(self, inputs):
+        """K x L tiles `[b, h, w, c]` -> `[b, K h, L w, c]` (all-gather; backward all-reduce)."""
+        if len(inputs.shape) != 4 or self.axis % 4 != 1:
+            raise ValueError(
+                f"layer '{self.name}' gathers {self.layout.flag} tiles of [b, h, w, c] "
+                f"(axis=1), not axis {self.axis} of {inputs.shape}"
+            )
+        group = _Group(self, self.layout)
+        rows, cols = self.layout.row_parts, self.layout.col_parts
+        (i, j), (h, w, c) = group.tile, inputs.shape[1:]
+        backward_calls = itertools.count()
+
+        @tf.custom_gradient
+        def gathered(x):
+            flat = group.collectives.all_gather(
+                tf.reshape(x, [-1]), group.members, f"{group.name}/gather"
+            )
+            tiles = tf.reshape(flat, [rows, cols, -1, h, w, c])  # row-major members
+            whole = tf.reshape(tf.transpose(tiles, [2, 0, 3, 1, 4, 5]), [-1, rows * h, cols * w, c])
+
+            def grad(upstream):
+                summed = group.collectives.all_reduce(
+                    upstream, group.members, f"{group.name}/gather_grad{next(backward_calls)}"
+                )
+                return summed[:, i * h : (i + 1) * h, j * w : (j + 1) * w]
+
+            return whole, grad
+
+        return gathered(inputs)
+
     def compute_output_shape(self, input_shape):
         shape = list(input_shape)
+        if self.layout.col_parts > 1:
+            rows, cols = self.layout.row_parts, self.layout.col_parts
+            return (shape[0], shape[1] * rows, shape[2] * cols, *shape[3:])
         axis = self.axis % len(shape)
         shape[axis] = None if shape[axis] is None else shape[axis] * self.layout.parts
         return tuple(shape)
@@ -403,14 +469,15 @@ class SpatialGather(_LayoutLayer):
 
 @keras.saving.register_keras_serializable(package="mlperf_tf")
 class SpatialGlobalAveragePooling2D(_LayoutLayer):
-    """The mean over the whole image's rows and columns of slabs `[b, h, w, c]` -> `[b, c]`.
+    """The mean over the whole image's rows and columns of tiles `[b, h, w, c]` -> `[b, c]`.
 
-    Forward: one all-reduce over the spatial group of the slab's sums / (H x W). Backward: one
+    Forward: one all-reduce over the spatial group of the tile's sums / (H x W). Backward: one
     all-reduce of the gradient (`Collectives.differentiable_all_reduce`).
     """
 
     def call(self, inputs):
-        rows, width = inputs.shape[1] * self.layout.parts, inputs.shape[2]
+        rows = inputs.shape[1] * self.layout.row_parts
+        width = inputs.shape[2] * self.layout.col_parts
         sums = tf.reduce_sum(inputs, axis=[1, 2]) / float(rows * width)  # [b, c]
         if self.layout.parts == 1:
             return sums
@@ -424,26 +491,32 @@ class SpatialGlobalAveragePooling2D(_LayoutLayer):
 
 
 class SpatialBuilder:
-    """Builds a convolutional trunk (Keras functional) whose activations are slabs while they
+    """Builds a convolutional trunk (Keras functional) whose activations are tiles while they
     split, and whole (replicated over the group) after: the one place a model chooses between
     the halo layers and Keras' own.
 
     With `layout.parts == 1` every method makes exactly the plain Keras layers (an int padding
-    is `ZeroPadding2D` + a 'valid' op), so the unsplit model is unchanged. With K slabs the
-    activations start split (`start`); before a group of window ops that cannot run on slabs
-    (`keep_split`: a height that does not split into K slabs of a multiple of the stride, or a
-    halo wider than a slab) the slabs are gathered (`SpatialGather`) and the rest of the trunk
-    runs whole on every member of the group. That is exact: batch norm over K identical copies
-    has the statistics of one (`batch_norm_group`), and the gather's backward sums the members'
-    gradients. The state only goes from split to whole.
+    is `ZeroPadding2D` + a 'valid' op), so the unsplit model is unchanged. With K x L tiles the
+    activations start split (`start`); before a group of window ops that cannot run on tiles
+    (`keep_split`: a height (width) that does not split into K (L) parts of a multiple of the
+    stride, or a halo wider than a tile) the tiles are gathered (`SpatialGather`) and the rest
+    of the trunk runs whole on every member of the group. That is exact: batch norm over K L
+    identical copies has the statistics of one (`batch_norm_group`), and the gather's backward
+    sums the members' gradients. An image that does not split through the stem starts whole
+    (`start(images, split=False)`): the first block whose input splits cuts its tiles there
+    (`SpatialSlice`; exact too: each member's backward carries its tile's share of the whole
+    prefix's gradient, and the sum over replicas adds them up). So the state goes at most once
+    from whole to split, then at most once back (`ever_split` says whether it ever was).
 
     Args:
-      layout: the spatial layout (K = `layout.parts`).
+      layout: the spatial layout (K x L = `layout.parts`).
     """
 
     def __init__(self, layout: SpatialLayout | None):
         self.layout = layout or SpatialLayout(DeviceMesh())
         self.split = self.layout.parts > 1
+        self.pending = False  # whole so far, to be split at the first block that splits
+        self.ever_split = self.split
 
     @property
     def parts(self) -> int:
@@ -451,26 +524,49 @@ class SpatialBuilder:
 
     def batch_norm_group(self, group_size: int) -> int:
         """`CrossReplicaBatchNormalization`'s group size for a BN group of `group_size` batch
-        shards: the K slabs (or K copies) of each of them, consecutive replica ids."""
+        shards: the K x L tiles (or copies) of each of them, consecutive replica ids."""
         return group_size * self.parts
 
     def rows(self, x) -> int:
         """Rows of the whole image's activation `x` (split or not)."""
-        return x.shape[1] * (self.parts if self.split else 1)
+        return x.shape[1] * (self.layout.row_parts if self.split else 1)
 
-    def start(self, images):
-        """The model's whole input images -> this replica's slab (unchanged when K = 1)."""
+    def cols(self, x) -> int:
+        """Columns of the whole image's activation `x` (split or not)."""
+        return x.shape[2] * (self.layout.col_parts if self.split else 1)
+
+    def image_splits(self, size: int, windows) -> bool:
+        """Whether a whole `size` x `size` image stays in this layout's tiles through `windows`
+        ((kernel, stride, padding)); True without a split."""
+        return not self.split or spatial_lib.image_splits(size, size, self.layout, windows)
+
+    def start(self, images, *, split: bool = True):
+        """The model's whole input images -> this replica's tile (unchanged when K = L = 1).
+
+        Args:
+          split: False when the images do not split through the stem: they stay whole, and
+            `keep_split` cuts the tiles at the first block whose input splits.
+        """
+        if self.split and not split:
+            self.split, self.pending, self.ever_split = False, True, False
         if not self.split:
             return images
         return SpatialSlice(layout=self.layout, name="spatial_slice")(images)
 
     def splits(self, x, windows) -> bool:
         """Whether `x` is split and stays split through `windows` ((kernel, stride, padding))."""
-        return self.split and spatial_lib.splits(self.rows(x), self.parts, windows)
+        return self.split and spatial_lib.image_splits(
+            self.rows(x), self.cols(x), self.layout, windows
+        )
 
     def keep_split(self, x, windows, *, name: str):
-        """`x`, gathered whole first when it is split but `windows` cannot run on its slabs."""
-        if self.split and not self.splits(x, windows):
+        """`x`, gathered whole first when it is split but `windows` cannot run on its tiles; or,
+        while the trunk is whole since a stem that did not split, cut into tiles once it can
+        run `windows` on them."""
+        if self.pending and spatial_lib.image_splits(x.shape[1], x.shape[2], self.layout, windows):
+            x = SpatialSlice(layout=self.layout, name=f"{name}_slice")(x)
+            self.split, self.pending, self.ever_split = True, False, True
+        elif self.split and not self.splits(x, windows):
             x = SpatialGather(1, layout=self.layout, name=f"{name}_gather")(x)
             self.split = False
         return x

@@ -1,4 +1,5 @@
-"""ResNet-50 with spatial partitioning: K slabs per image train exactly as the whole image."""
+"""ResNet-50 with spatial partitioning: K slabs (K x L tiles) per image train exactly as the whole
+image."""
 
 import dataclasses
 
@@ -8,7 +9,6 @@ from benchmarks.resnet50 import config as config_lib
 from benchmarks.resnet50.benchmark import ResNet50Benchmark
 from mlperf_tf.benchmark import RunContext
 from mlperf_tf.config import ConfigError
-from mlperf_tf.errors import UserError
 from mlperf_tf.parallel.mesh import DeviceMesh
 from tests import spatial_exact
 
@@ -60,17 +60,29 @@ def test_an_image_height_that_does_not_split_is_refused():
     bench = _bench(image_size=36).with_context(
         RunContext(num_replicas=4, mesh=DeviceMesh(data=1, spatial=4))
     )
-    with pytest.raises(ConfigError, match=r"--spatial_partition=4: the image height \(36"):
+    with pytest.raises(
+        ConfigError,
+        match=r"--spatial_partition=4: at an image side of 36 \(`data.image_size`\) no layer splits into 4 slabs",
+    ):
         bench.build_model()
 
 
-def test_tiles_are_refused_in_one_line():
-    bench = _bench().with_context(
-        RunContext(num_replicas=4, mesh=DeviceMesh(data=1, spatial=4, spatial_cols=2))
+@pytest.mark.slow  # 44 s on a quiet machine; the tile layers' exactness runs by default
+def test_two_by_two_tiles_train_as_the_whole_image():
+    """`--spatial_partition=2x2`: one batch shard of 8 images in 4 tiles (all stages split at
+    32 px: the last stage's 4 x 4 map is 2 x 2 per tile), 5 LARS steps against one device."""
+    spatial_exact.assert_same_training(_bench(), parts=4, cols=2)
+
+
+def test_an_image_width_that_does_not_split_into_tiles_is_refused():
+    bench = _bench(image_size=36).with_context(
+        RunContext(num_replicas=4, mesh=DeviceMesh(data=2, spatial=2, spatial_cols=2))
     )
-    with pytest.raises(UserError, match=r"--spatial_partition=2x2: only slabs of rows") as raised:
+    with pytest.raises(
+        ConfigError, match=r"--spatial_partition=1x2: at an image side of 36"
+    ) as raised:
         bench.build_model()
-    assert "\n" not in str(raised.value)
+    assert "multiple of 8" in str(raised.value) and "\n" not in str(raised.value)
 
 
 def test_model_bn_span_counts_images_not_slabs():

@@ -1,4 +1,4 @@
-"""SSD with spatial partitioning: K slabs per image train exactly as the whole image."""
+"""SSD with spatial partitioning: K slabs (K x L tiles) per image train exactly as the whole image."""
 
 import dataclasses
 
@@ -36,6 +36,21 @@ def test_smoke_slabs_train_as_the_whole_image(parts, bn_group_size):
     spatial_exact.assert_same_training(_bench(bn_group_size=bn_group_size), parts=parts)
 
 
+@pytest.mark.slow  # 67 s; the structure at 300 px is checked by default below
+def test_a_stem_that_does_not_split_runs_whole_until_a_block_splits():
+    """76 px (SSD300's case at a smoke size: 300 px gives 75 rows after the max pool, 76 px
+    gives 19): the stem, conv2_x and conv3_x's first block run whole on both members, conv4_x
+    and the first level's heads on 2 slabs (cut by `layer3_0_slice`), the rest whole again."""
+    spatial_exact.assert_same_training(_bench(bn_group_size=2, image_size=76), parts=2)
+
+
+@pytest.mark.slow
+def test_smoke_two_by_two_tiles_train_as_the_whole_image():
+    """`--spatial_partition=2x2`: one batch shard of 4 images; the 16, 8 and 4 px levels run
+    on 2 x 2 tiles (halo columns and corners), the rest whole."""
+    spatial_exact.assert_same_training(_bench(), parts=4, cols=2)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("parts", [2, 4])
 def test_mini_size_slabs_train_as_the_whole_image(parts):
@@ -46,5 +61,37 @@ def test_an_image_height_that_does_not_split_is_refused():
     bench = _bench(image_size=136).with_context(
         RunContext(num_replicas=4, mesh=DeviceMesh(data=1, spatial=4))
     )
-    with pytest.raises(ConfigError, match=r"--spatial_partition=4: the image height \(136"):
+    with pytest.raises(ConfigError, match=r"--spatial_partition=4: at an image side of 136"):
         bench.build_model()
+
+
+def _layout_layers(model):
+    nested = model.get_layer("backbone").layers + model.layers
+    return [layer.name for layer in nested if layer.name.endswith(("_slice", "_gather"))]
+
+
+@pytest.mark.parametrize(("spatial", "cols"), [(2, 1), (4, 2)])
+def test_ssd300_at_two_slabs_or_tiles_splits_from_38_rows(spatial, cols):
+    """300 px: 75 rows after the max pool do not split into 2, so the stem runs whole and the
+    tiles start at the first block with 38 rows and columns: conv4_x's first in the smoke model
+    (one block per stage; conv3_x's second in ResNet-34's depth)."""
+    bench = _bench(image_size=300).with_context(
+        RunContext(
+            num_replicas=4, mesh=DeviceMesh(data=4 // spatial, spatial=spatial, spatial_cols=cols)
+        )
+    )
+    assert _layout_layers(bench.build_model()) == [
+        "layer3_0_slice", "extra1_gather", "loc0_gather", "conf0_gather",
+    ]  # fmt: skip
+
+
+def test_ssd300_at_four_slabs_is_refused_saying_why():
+    """300 px, K = 4: no map (150, 75, 38, 19, 10, 5, 3 rows) splits into 4."""
+    bench = _bench(image_size=300).with_context(
+        RunContext(num_replicas=4, mesh=DeviceMesh(data=1, spatial=4))
+    )
+    with pytest.raises(ConfigError, match=r"image side of 300 \(`model.image_size`\)") as raised:
+        bench.build_model()
+    message = str(raised.value)
+    assert "must divide 75" in message and "uneven tiles are not built" in message
+    assert "\n" not in message
