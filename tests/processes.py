@@ -1,6 +1,7 @@
 """Provides helpers for tests that start processes: free ports, bounded waits, cleanup by pid."""
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -60,6 +61,33 @@ def kill(process: subprocess.Popen) -> None:
         os.killpg(process.pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         process.wait(timeout=10)
+
+
+def run_workers(worker_args, tmp_path, timeout_s: float, count: int = 2) -> list[str]:
+    """Runs `count` MultiWorkerMirroredStrategy workers on 127.0.0.1 (TF_CONFIG on free ports):
+    `python worker_args(index)...` each, output in `tmp_path/worker<index>.out`; waits at most
+    `timeout_s` for each, fails with the output of one that does not exit 0, and kills every
+    worker's process group by pid in any case.
+
+    Returns:
+      The workers' log paths.
+    """
+    ports = free_ports(count)
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
+    procs, logs = [], []
+    try:
+        for index in range(count):
+            tf_config = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
+            logs.append(str(tmp_path / f"worker{index}.out"))
+            procs.append(start(worker_args(index), logs[-1], TF_CONFIG=tf_config))
+        for proc, log in zip(procs, logs, strict=True):
+            code = wait(proc, timeout_s, log)
+            with open(log, encoding="utf-8", errors="replace") as f:
+                assert code == 0, f.read()[-3000:]
+    finally:
+        for proc in procs:
+            kill(proc)
+    return logs
 
 
 def wait_until(predicate, timeout_s: float, what: str, poll_s: float = 0.1) -> None:

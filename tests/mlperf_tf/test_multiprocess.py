@@ -21,25 +21,15 @@ def _npz(path):
 
 
 def test_two_workers_train_to_identical_weights_and_only_the_chief_logs(tmp_path):
-    ports = processes.free_ports(2)
-    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
-    procs, logs = [], []
-    try:
-        for index in range(2):
-            tf_config = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
-            log = str(tmp_path / f"worker{index}.out")
-            logs.append(log)
-            args = ["-m", "tests.run_tiny", str(tmp_path / "model"), str(tmp_path / f"w{index}.npz"),
-                    "distribution=multi_worker", "max_train_steps=3", "steps_per_loop=3",
-                    f"mlperf_log={tmp_path / f'mlperf_log_{index}.txt'}", "startup_timeout_s=60"]  # fmt: skip
-            procs.append(processes.start(args, log, TF_CONFIG=tf_config))
-        for proc, log in zip(procs, logs):
-            code = processes.wait(proc, TIMEOUT_S, log)
-            with open(log, encoding="utf-8", errors="replace") as f:
-                assert code == 0, f.read()[-3000:]
-    finally:
-        for proc in procs:
-            processes.kill(proc)
+    processes.run_workers(
+        lambda index: [
+            "-m", "tests.run_tiny", str(tmp_path / "model"), str(tmp_path / f"w{index}.npz"),
+            "distribution=multi_worker", "max_train_steps=3", "steps_per_loop=3",
+            f"mlperf_log={tmp_path / f'mlperf_log_{index}.txt'}", "startup_timeout_s=60",
+        ],
+        tmp_path,
+        TIMEOUT_S,
+    )  # fmt: skip
     chief, other = _npz(tmp_path / "w0.npz"), _npz(tmp_path / "w1.npz")
     for a, b in zip(chief, other, strict=True):
         np.testing.assert_array_equal(a, b)

@@ -7,8 +7,6 @@ beam-search eval split over the two workers translates as the unsplit model does
 Every wait is bounded (collectives 60 s, each worker 240 s); workers are killed by pid.
 """
 
-import json
-
 import numpy as np
 import pytest
 
@@ -24,23 +22,11 @@ TIMEOUT_S = 240
 
 
 def _workers(tmp_path, mode: str):
-    ports = processes.free_ports(2)
-    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
-    procs, logs = [], []
-    try:
-        for index in range(2):
-            tf_config = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
-            log = str(tmp_path / f"worker{index}.out")
-            logs.append(log)
-            args = ["-m", "tests.tensor_parallel_worker", str(tmp_path / f"w{index}.npz"), mode]
-            procs.append(processes.start(args, log, TF_CONFIG=tf_config))
-        for proc, log in zip(procs, logs, strict=True):
-            code = processes.wait(proc, TIMEOUT_S, log)
-            with open(log, encoding="utf-8", errors="replace") as f:
-                assert code == 0, f.read()[-3000:]
-    finally:
-        for proc in procs:
-            processes.kill(proc)
+    processes.run_workers(
+        lambda index: ["-m", "tests.tensor_parallel_worker", str(tmp_path / f"w{index}.npz"), mode],
+        tmp_path,
+        TIMEOUT_S,
+    )
     outputs = []
     for index in range(2):
         with np.load(tmp_path / f"w{index}.npz") as f:
