@@ -187,6 +187,16 @@ def _check_padding(padding, layer: str):
 class _SlabWindow:
     """Shared by the halo layers: the whole-image padding of a window op, applied to a tile."""
 
+    def get_config(self):
+        """The Keras layer's config plus the whole-image padding and the layout."""
+        return {**super().get_config(), "padding": self.pad, "layout": self.layout.get_config()}
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        config["layout"] = SpatialLayout.from_config(config["layout"])
+        return cls(**config)
+
     def _halo_input(self, x, *, kernel, stride, dilation, edge_value):
         """`x` ([b, h, w, c], a tile; or the whole image when K = L = 1) with its halo rows,
         then its halo columns (of the row-extended tile: the corners come along) or padding:
@@ -279,15 +289,6 @@ class HaloConv2D(_SlabWindow, keras.layers.Conv2D):
             channels=self.filters,
         )
 
-    def get_config(self):
-        return {**super().get_config(), "padding": self.pad, "layout": self.layout.get_config()}
-
-    @classmethod
-    def from_config(cls, config):
-        config = dict(config)
-        config["layout"] = SpatialLayout.from_config(config["layout"])
-        return cls(**config)
-
 
 @keras.saving.register_keras_serializable(package="mlperf_tf")
 class HaloMaxPooling2D(_SlabWindow, keras.layers.MaxPooling2D):
@@ -327,15 +328,6 @@ class HaloMaxPooling2D(_SlabWindow, keras.layers.MaxPooling2D):
             dilation=(1, 1),
             channels=input_shape[-1],
         )
-
-    def get_config(self):
-        return {**super().get_config(), "padding": self.pad, "layout": self.layout.get_config()}
-
-    @classmethod
-    def from_config(cls, config):
-        config = dict(config)
-        config["layout"] = SpatialLayout.from_config(config["layout"])
-        return cls(**config)
 
 
 class _LayoutLayer(keras.layers.Layer):
