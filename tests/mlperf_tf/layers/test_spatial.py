@@ -251,3 +251,16 @@ def test_tile_gather_refuses_what_is_not_an_image():
     )
     with pytest.raises(ValueError, match="layer 'g' gathers 2x2 tiles of \\[b, h, w, c\\]"):
         gather(tf.zeros([1, 4, 4]))
+
+
+def test_halo_layers_round_trip_their_config():
+    """Saved models rebuild the halo layers with their whole-image padding and layout."""
+    layout = SpatialLayout(DeviceMesh(data=2, spatial=2))
+    for layer in (
+        spatial.HaloConv2D(4, 3, layout=layout, padding=1, name="c"),
+        spatial.HaloMaxPooling2D(3, 2, layout=layout, padding="same", name="p"),
+    ):
+        config = layer.get_config()
+        again = type(layer).from_config(config)
+        assert again.get_config() == config
+        assert again.pad == layer.pad and again.layout.get_config() == layout.get_config()
