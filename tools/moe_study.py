@@ -236,6 +236,7 @@ COLUMNS = (
     ("z-loss", "z", "{:.3f}"),
     ("dropped", "dropped", "{:.3f}"),
     ("peak dropped", "peak_dropped", "{:.3f}"),
+    ("at step", "peak_dropped_step", "{:d}"),
     ("max logit", "max_logit", "{:.2f}"),
     ("final logit", "final_logit", "{:.2f}"),
     ("spikes", "spikes", "{:d}"),
@@ -258,15 +259,19 @@ def run_table(rows: list[tuple[str, int, dict]], epochs: list[int]) -> str:
 
 
 def seed_table(rows: list[tuple[str, int, dict]], epochs: list[int]) -> str:
-    """Markdown: per variant, mean [min, max] over its seeds."""
+    """Markdown: per variant, mean [min, max] over its finished seeds."""
     keys = [("steps to target", "to_target", "{:.0f}")]
     keys += [(f"BLEU ep{e}", ("bleu", e), "{:.3f}") for e in epochs]
     keys += [("final BLEU", "final_bleu", "{:.3f}")]
-    keys += [(h, k, f) for h, k, f in COLUMNS if k != "final_logit"]
+    keys += [
+        (h, k, f) for h, k, f in COLUMNS if k not in ("final_logit", "peak_dropped_step", "spikes")
+    ]
     head = ["variant", "seeds", *[k[0] for k in keys], "runs spiked", "runs diverged"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for label in dict.fromkeys(r[0] for r in rows):
-        runs = [s for lab, _, s in rows if lab == label]
+        runs = [s for lab, _, s in rows if lab == label and s["status"] != "unfinished"]
+        if not runs:
+            continue
         cells = [label, str(len(runs))]
         for _, key, fmt in keys:
             values = [s[key[0]].get(key[1]) if isinstance(key, tuple) else s[key] for s in runs]

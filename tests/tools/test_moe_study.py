@@ -89,8 +89,10 @@ def test_report_from_an_existing_folder_gives_seed_statistics(tmp_path, caplog, 
     finals = {1: 3.0, 2: 4.0, 3: 6.5}
     for seed, final in finals.items():
         caplog.clear()
-        text = _progress_text(caplog, [8.0, final], dropped=[0.1, 0.02 * seed], logits=[1, seed],
-                              evals={10: 0.1 * seed}, stop=StopCause.BUDGET_ENDED)  # fmt: skip
+        # Seed 3's loss rises from 4.0 to 6.5 after step 50: a spike.
+        text = _progress_text(caplog, [8.0] * 10 + [4.0, final], dropped=[0.1] * 11 + [0.02 * seed],
+                              logits=[1] * 11 + [seed], evals={60: 0.1 * seed},
+                              stop=StopCause.BUDGET_ENDED)  # fmt: skip
         folder = tmp_path / "c" / "cf1.0" / f"seed{seed}"
         os.makedirs(folder)
         (folder / "progress.txt").write_text(text)
@@ -98,14 +100,15 @@ def test_report_from_an_existing_folder_gives_seed_statistics(tmp_path, caplog, 
     assert moe_study.main(["--claims=c", "--seeds=1,2,3", f"--out={tmp_path}", "--report"]) == 0
     out = capsys.readouterr().out
     assert "/mlperf-tf run" not in out  # nothing ran
-    per_run = [line for line in out.splitlines() if " | aborted @ 10 | " in line]
+    per_run = [line for line in out.splitlines() if " | aborted @ 60 | " in line]
     assert len(per_run) == 3 and all("| 2.5-3.0 |" in line for line in per_run)
     across = [line for line in out.splitlines() if line.startswith("| cf1.0 | 3 | -")]
     assert len(across) == 1
     # loss: mean 4.5 of 3.0, 4.0, 6.5; final dropped mean 0.04 of 0.02, 0.04, 0.06.
     assert "| 4.500 [3.000, 6.500] |" in across[0]
     assert "| 0.040 [0.020, 0.060] |" in across[0]
-    assert "| 0.200 [0.100, 0.300] |" in across[0]  # BLEU at epoch 1
+    assert "| 0.200 [0.100, 0.300] |" in across[0]  # BLEU at epoch 6
+    assert across[0].endswith("| 1/3 | 0/3 |")  # runs spiked, runs diverged
     # A claim without runs says so; the other variants' missing seeds are left out.
     assert "cf2.0" not in out
 
