@@ -228,44 +228,50 @@ def _num(x, fmt="{:.3f}") -> str:
     return fmt.format(x)
 
 
-COLUMNS = (
-    # (header, key, format)
-    ("loss", "loss", "{:.3f}"),
-    ("aux", "aux", "{:.4f}"),
-    ("balance", "balance", "{:.3f}"),
-    ("z-loss", "z", "{:.3f}"),
-    ("dropped", "dropped", "{:.3f}"),
-    ("peak dropped", "peak_dropped", "{:.3f}"),
-    ("at step", "peak_dropped_step", "{:d}"),
-    ("max logit", "max_logit", "{:.2f}"),
-    ("final logit", "final_logit", "{:.2f}"),
-    ("spikes", "spikes", "{:d}"),
-)
+COLUMNS = {
+    # key: (header, format)
+    "loss": ("loss", "{:.3f}"),
+    "aux": ("aux", "{:.4f}"),
+    "balance": ("balance", "{:.3f}"),
+    "z": ("z-loss", "{:.3f}"),
+    "dropped": ("dropped", "{:.3f}"),
+    "peak_dropped": ("peak dropped", "{:.3f}"),
+    "peak_dropped_step": ("at step", "{:d}"),
+    "max_logit": ("max logit", "{:.2f}"),
+    "final_logit": ("final logit", "{:.2f}"),
+    "spikes": ("spikes", "{:d}"),
+}
+# The columns of each claim's tables (every run's summary has them all).
+CLAIM_COLUMNS = {
+    "a": ("loss", "aux", "balance", "dropped", "max_logit"),
+    "b": ("loss", "z", "max_logit", "final_logit", "peak_dropped", "peak_dropped_step", "dropped",
+          "spikes"),
+    "c": ("loss", "dropped", "peak_dropped", "peak_dropped_step", "balance", "max_logit"),
+}  # fmt: skip
+# Per-run values that a mean over seeds does not summarize.
+_NOT_AVERAGED = ("final_logit", "peak_dropped_step", "spikes")
 
 
-def run_table(rows: list[tuple[str, int, dict]], epochs: list[int]) -> str:
-    """Markdown: one line per run (variant, seed)."""
+def run_table(rows: list[tuple[str, int, dict]], epochs: list[int], columns) -> str:
+    """Markdown: one line per run (variant, seed), with the `columns` keys of `COLUMNS`."""
     head = ["variant", "seed", "status @ steps", "to target", *[f"BLEU ep{e}" for e in epochs],
-            "final BLEU", *[c[0] for c in COLUMNS], "first spike", "diverged", "load"]  # fmt: skip
+            *[COLUMNS[k][0] for k in columns], "first spike", "diverged", "load"]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for label, seed, s in rows:
         cells = [label, str(seed), f"{s['status']} @ {s['steps']}", _num(s["to_target"], "{:d}"),
-                 *[_num(s["bleu"].get(e)) for e in epochs], _num(s["final_bleu"]),
-                 *[_num(s[key], fmt) for _, key, fmt in COLUMNS],
+                 *[_num(s["bleu"].get(e)) for e in epochs],
+                 *[_num(s[key], COLUMNS[key][1]) for key in columns],
                  _num(s["first_spike"], "{:d}"), "yes" if s["diverged"] else "no",
                  s.get("load", "-")]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def seed_table(rows: list[tuple[str, int, dict]], epochs: list[int]) -> str:
+def seed_table(rows: list[tuple[str, int, dict]], epochs: list[int], columns) -> str:
     """Markdown: per variant, mean [min, max] over its finished seeds."""
     keys = [("steps to target", "to_target", "{:.0f}")]
     keys += [(f"BLEU ep{e}", ("bleu", e), "{:.3f}") for e in epochs]
-    keys += [("final BLEU", "final_bleu", "{:.3f}")]
-    keys += [
-        (h, k, f) for h, k, f in COLUMNS if k not in ("final_logit", "peak_dropped_step", "spikes")
-    ]
+    keys += [(COLUMNS[k][0], k, COLUMNS[k][1]) for k in columns if k not in _NOT_AVERAGED]
     head = ["variant", "seeds", *[k[0] for k in keys], "runs spiked", "runs diverged"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for label in dict.fromkeys(r[0] for r in rows):
@@ -315,9 +321,11 @@ def report(out: str, claims: list[str], seeds: list[int], table: dict, args) -> 
             parts.append(f"## claim ({claim}): no runs in {out}")
             continue
         epochs = sorted({e for _, _, s in rows for e in s["bleu"]})
-        parts.append(f"## claim ({claim}): per run\n\n{run_table(rows, epochs)}")
+        columns = CLAIM_COLUMNS[claim]
+        parts.append(f"## claim ({claim}): per run\n\n{run_table(rows, epochs, columns)}")
         parts.append(
-            f"## claim ({claim}): across seeds, mean [min, max]\n\n{seed_table(rows, epochs)}"
+            f"## claim ({claim}): across seeds, mean [min, max]\n\n"
+            f"{seed_table(rows, epochs, columns)}"
         )
     return "\n\n".join(parts)
 
