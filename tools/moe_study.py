@@ -190,6 +190,19 @@ def spikes(loops: list[dict], *, ratio: float, after: int) -> list[int]:
     return found
 
 
+def max_rise(loops: list[dict], *, after: int) -> float:
+    """The largest ratio of a loop's loss to the lowest loop loss so far, after step `after`
+    (how close the run came to a spike; NaN when no loop is past `after`)."""
+    rise, low = math.nan, math.inf
+    for row in loops:
+        loss = row["loss"]
+        if row["step"] > after and math.isfinite(loss) and math.isfinite(low):
+            rise = loss / low if math.isnan(rise) else max(rise, loss / low)
+        if math.isfinite(loss):
+            low = min(low, loss)
+    return rise
+
+
 def summarize(p: Progress, *, ratio: float = 1.5, after: int = 50) -> dict:
     """One run's table row (NaN where the run did not produce the value)."""
     nan = math.nan
@@ -216,6 +229,7 @@ def summarize(p: Progress, *, ratio: float = 1.5, after: int = 50) -> dict:
         "max_logit": max(logits, default=nan),
         "final_logit": logits[-1] if logits else nan,
         "spikes": len(spiked),
+        "max_rise": max_rise(p.loops, after=after),
         "first_spike": spiked[0] if spiked else None,
         "diverged": bool(p.loops) and (nonfinite or last["loss"] > first_loss),
         "seconds": p.seconds,
@@ -240,12 +254,13 @@ COLUMNS = {
     "max_logit": ("max logit", "{:.2f}"),
     "final_logit": ("final logit", "{:.2f}"),
     "spikes": ("spikes", "{:d}"),
+    "max_rise": ("max loss / running min", "{:.3f}"),
 }
 # The columns of each claim's tables (every run's summary has them all).
 CLAIM_COLUMNS = {
     "a": ("loss", "aux", "balance", "dropped", "max_logit"),
     "b": ("loss", "z", "max_logit", "final_logit", "peak_dropped", "peak_dropped_step", "dropped",
-          "spikes"),
+          "max_rise", "spikes"),
     "c": ("loss", "dropped", "peak_dropped", "peak_dropped_step", "balance", "max_logit"),
 }  # fmt: skip
 # Per-run values that a mean over seeds does not summarize.

@@ -63,6 +63,7 @@ def test_parse_and_summarize_the_runner_lines(caplog):
     assert (s["peak_dropped"], s["peak_dropped_step"]) == (0.22, 15)
     assert (s["max_logit"], s["final_logit"]) == (6.25, 2.0)
     assert (s["spikes"], s["first_spike"]) == (1, 35)
+    assert s["max_rise"] == pytest.approx(4.6 / 3.0)
     assert not s["diverged"]
     # The rise at step 30 (3.5 < 1.5 x 3.0) is no spike; a lower ratio finds it too.
     assert moe_study.spikes(p.loops, ratio=1.1, after=20) == [30, 35]
