@@ -4,6 +4,7 @@ TPU topologies built from their shapes, and the replica steps calling the annota
 recording fake strategy. None of this runs on a TPU (see `mlperf_tf/parallel/README.md`)."""
 
 import dataclasses
+from unittest import mock
 
 import keras
 import numpy as np
@@ -314,3 +315,30 @@ def test_annotated_step_traces_in_a_function():
     assert np.isfinite(float(loss)) and all(g is not None for g in grads)
     assert any(c[0] == "split" for c in fake.calls)
     assert seeds and all(not np.array_equal(v.numpy(), s) for v, s in zip(seeds, before))
+
+
+def test_tpu_strategy_is_built_with_the_device_assignment():
+    """`resolve_strategy("tpu", tpu_cores_per_replica=4)` hands TPUStrategy the assignment of
+    replicas of 4 cores and SPMD partitioning; with 1 core, TF's defaults (the TPU calls are
+    stand-ins: there is no TPU here)."""
+    topology = _topology([2, 2, 1, 2])
+    made = []
+
+    def strategy(resolver, **kwargs):
+        made.append(kwargs)
+        return "strategy"
+
+    with (
+        mock.patch.object(tf.distribute.cluster_resolver, "TPUClusterResolver"),
+        mock.patch.object(tf.config, "experimental_connect_to_cluster"),
+        mock.patch.object(tf.tpu.experimental, "initialize_tpu_system", return_value=topology),
+        mock.patch.object(tf.distribute, "TPUStrategy", side_effect=strategy),
+    ):
+        assert (
+            distribute.resolve_strategy("tpu", tpu="local", tpu_cores_per_replica=4) == "strategy"
+        )
+        distribute.resolve_strategy("tpu", tpu="local")
+    assignment = made[0]["experimental_device_assignment"]
+    assert made[0]["experimental_spmd_xla_partitioning"] is True
+    assert (assignment.num_replicas, assignment.num_cores_per_replica) == (2, 4)
+    assert made[1] == {}
