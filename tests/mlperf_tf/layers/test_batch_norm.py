@@ -232,7 +232,9 @@ def test_large_means_do_not_cancel_the_variance(strategy):
         # fp32 x near 1000 is itself rounded to ~6e-5 (relative 6e-8 of 1000, 6e-5 of std 1).
         assert_close(y[members].reshape(ref_y.shape), ref_y, rtol=1e-3)
         assert_close(moving_var[2 * g], MOMENTUM + (1 - MOMENTUM) * var, rtol=1e-4)
-        ref_grad = _keras_input_grad(group_batch, w[members].reshape(group_batch.shape), gamma, beta)
+        ref_grad = _keras_input_grad(
+            group_batch, w[members].reshape(group_batch.shape), gamma, beta
+        )
         assert_close(grad[members].reshape(ref_grad.shape), ref_grad, rtol=1e-3)
 
     # The control: E[x^2] - E[x]^2 from the same fp32 sums is off by more than 1e-3.
