@@ -17,8 +17,9 @@ trainable sync-on-read variables, hence mirrored ones; nothing here ever relies 
 components being equal.
 
 Whole tensors: `assign_whole` gives each replica its shard of a whole value (initial weights,
-a restore), `whole_value` joins the shards (a save); `save_whole` makes a variable's checkpoint
-entry the whole tensor, so checkpoints do not depend on the mesh.
+a restore), `whole_value` joins the shards (a save: concatenated where this process holds them
+all, all-gathered over the shard group where it spans workers, `gathered_value`); `save_whole`
+makes a variable's checkpoint entry the whole tensor, so checkpoints do not depend on the mesh.
 """
 
 from __future__ import annotations
