@@ -58,12 +58,17 @@ def _one_process(model_dir, log: str, steps: int) -> None:
         assert code == 0, f.read()[-3000:]
 
 
+# Entries that differ between runs by design: the number of saves, the first run_start time.
+RUN_BOOKKEEPING = ("_CHECKPOINTABLE_OBJECT_GRAPH", "save_counter/", "run_state/")
+
+
 def _checkpoint(model_dir, step: int) -> dict[str, np.ndarray]:
+    """The checkpoint's model and optimizer tensors by key (weights, slots, the step count)."""
     reader = tf.train.load_checkpoint(str(model_dir / "ckpt" / f"ckpt-{step}"))
     return {
         key: reader.get_tensor(key)
         for key in reader.get_variable_to_shape_map()
-        if key != "_CHECKPOINTABLE_OBJECT_GRAPH"
+        if not key.startswith(RUN_BOOKKEEPING)
     }
 
 
@@ -89,16 +94,21 @@ def test_a_model_axis_across_workers_checkpoints_whole_and_resumes(tmp_path, unb
     model_dir = tmp_path / "model"
     _workers(model_dir, tmp_path / "first", FIRST)
     halfway = _checkpoint(model_dir, FIRST)
-    kernels = [k for k in halfway if "kernel" in k and "OPTIMIZER_SLOT" not in k]
-    assert kernels and all(halfway[k].shape == unbroken[k].shape for k in kernels)
+    # Whole tensors, mesh-independent: the keys and shapes of the one-process M = 1 checkpoint.
+    assert {k: v.shape for k, v in halfway.items()} == {k: v.shape for k, v in unbroken.items()}
+    kernels = [k for k in halfway if "_trainable_variables" in k and halfway[k].ndim == 2]
+    assert len(kernels) >= 8
     shutil.copytree(model_dir, tmp_path / "copy")
 
     # Resumed across the two workers: the chief's checkpoint of step STEPS.
     _workers(model_dir, tmp_path / "resumed", STEPS)
     _assert_same(_checkpoint(model_dir, STEPS), unbroken)
-    # Not trivially equal: the resumed steps moved the weights far beyond the tolerance.
-    moved = max(float(np.max(np.abs(unbroken[k] - halfway[k]))) for k in kernels)
-    assert moved > 10 * RTOL
+    # Not trivially equal: the resumed steps moved the state beyond the tolerance (the weights
+    # by 3.6e-5 at most, early in BERT's warm-up; the LAMB moments by 2e-2).
+    floats = [k for k in halfway if np.issubdtype(halfway[k].dtype, np.floating)]
+    moved = max(float(np.max(np.abs(unbroken[k] - halfway[k]))) for k in floats)
+    assert moved > 100 * RTOL
+    assert max(float(np.max(np.abs(unbroken[k] - halfway[k]))) for k in kernels) > RTOL
 
     # Resumed at M = 1 in one process from the workers' checkpoint of step FIRST.
     _one_process(tmp_path / "copy", str(tmp_path / "m1.out"), STEPS)
