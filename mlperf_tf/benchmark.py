@@ -90,6 +90,9 @@ class Benchmark(abc.ABC):
       parallel_axes: the device-mesh axes the benchmark supports (`mlperf_tf.parallel.AXES`):
         "data" always; "model", "expert", "spatial" where its model has the layers for them.
         The runner refuses a run that sizes another axis above 1, with one line.
+      spatial_input: the batch key of the `[batch, height, width, channels]` images that
+        `--spatial_partition` splits on TPUStrategy (`mlperf_tf.parallel.tpu`; on other
+        strategies the model's layers split its activations).
       higher_is_better: whether the quality value improves upward (accuracies, the default)
         or downward (a log perplexity): the run stops when an eval reaches `quality_target`
         in that direction, and the log's target note says so for `mlperf-tf check`.
@@ -100,6 +103,7 @@ class Benchmark(abc.ABC):
     config_class: ClassVar[type[BenchmarkConfig]]
     presets: ClassVar[dict[str, Callable[[], BenchmarkConfig]]]
     parallel_axes: ClassVar[tuple[str, ...]] = ("data",)
+    spatial_input: ClassVar[str] = "image"
     higher_is_better: ClassVar[bool] = True
 
     def __init__(self, config: BenchmarkConfig, *, context: RunContext | None = None):

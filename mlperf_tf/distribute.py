@@ -229,8 +229,13 @@ def _with_deadline(fn: Callable, timeout_s: float, what: str):
 def needs_static_shapes(strategy: tf.distribute.Strategy, *, xla: bool) -> bool:
     """Whether steps under `strategy` must keep static shapes: XLA-compiled, or on TPUs (which
     compile every step with XLA). The runner tells the benchmark through `RunContext`."""
+    return xla or is_tpu(strategy)
+
+
+def is_tpu(strategy: tf.distribute.Strategy) -> bool:
+    """Whether `strategy` runs on TPUs (TPUStrategy, either API)."""
     tpu_strategies = (tf.distribute.TPUStrategy, tf.distribute.experimental.TPUStrategy)
-    return xla or isinstance(strategy, tpu_strategies)
+    return isinstance(strategy, tpu_strategies)
 
 
 def resolve_strategy(
@@ -242,6 +247,7 @@ def resolve_strategy(
     collective_timeout: float = 0.0,
     cluster_resolver: str = "auto",
     port_base: int = 8888,
+    tpu_cores_per_replica: int = 1,
 ) -> tf.distribute.Strategy:
     """Creates the strategy that `--distribution` asks for.
 
@@ -254,6 +260,9 @@ def resolve_strategy(
         the coordination service's heartbeat check still ends it when a peer dies or freezes).
       cluster_resolver: where the cluster comes from (see `pick_cluster_resolver`).
       port_base: first worker port on a node for the Slurm resolver.
+      tpu_cores_per_replica: on TPU, logical cores per replica (K x L x M of
+        `--spatial_partition` and `--model_parallel`; `mlperf_tf.parallel.tpu`): above 1 the
+        strategy gets a device assignment of such replicas and XLA's SPMD partitioning.
 
     Raises:
       UserError: an unknown distribution, a bad TF_CONFIG, or an unreachable TPU/peer.
@@ -279,7 +288,7 @@ def resolve_strategy(
         logging.info("--distribution=auto resolved to %s", distribution)
 
     if distribution == "tpu":
-        return _tpu_strategy(tpu, timeout_s)
+        return _tpu_strategy(tpu, timeout_s, tpu_cores_per_replica)
     if distribution == "multi_worker":
         if not tf_config:
             raise UserError(
@@ -413,7 +422,7 @@ def wait_for_address(address: str, timeout_s: float, what: str) -> None:
             time.sleep(0.5)
 
 
-def _tpu_strategy(tpu: str, timeout_s: float) -> tf.distribute.Strategy:
+def _tpu_strategy(tpu: str, timeout_s: float, cores_per_replica: int = 1) -> tf.distribute.Strategy:
     if tpu.startswith("grpc://"):
         # TF's own connect retries without a deadline: probe the worker first.
         wait_for_address(tpu, timeout_s, "TPU worker")
@@ -421,7 +430,17 @@ def _tpu_strategy(tpu: str, timeout_s: float) -> tf.distribute.Strategy:
     def connect():
         resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu or None)
         tf.config.experimental_connect_to_cluster(resolver)
-        tf.tpu.experimental.initialize_tpu_system(resolver)
-        return tf.distribute.TPUStrategy(resolver)
+        topology = tf.tpu.experimental.initialize_tpu_system(resolver)
+        if cores_per_replica == 1:
+            return tf.distribute.TPUStrategy(resolver)
+        # Spatial partitioning / tensor parallelism: each replica spans the mesh's spatial x
+        # model axes as logical cores (not run here: there is no TPU; see the parallel README).
+        from mlperf_tf.parallel import tpu as tpu_lib  # noqa: PLC0415 (only for this path)
+
+        return tf.distribute.TPUStrategy(
+            resolver,
+            experimental_device_assignment=tpu_lib.device_assignment(topology, cores_per_replica),
+            experimental_spmd_xla_partitioning=True,
+        )
 
     return _with_deadline(connect, timeout_s, f"TPU {tpu or '(default)'!r}")

@@ -52,8 +52,9 @@ def make_benchmark(name: str, preset: str, overrides: dict[str, str]):
     return benchmark_class(config).with_context(RunContext(num_replicas=1))
 
 
-def mlperf_tf_contestant(benchmark, build_optimizer=None):
-    """The runner's loop; `build_optimizer(benchmark)` replaces the benchmark's (ablations)."""
+def mlperf_tf_contestant(benchmark, build_optimizer=None, *, xla: bool = False):
+    """The runner's loop (`xla`: `--xla`'s compiled replica step); `build_optimizer(benchmark)`
+    replaces the benchmark's (ablations)."""
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
     with strategy.scope():
         model = benchmark.build_model()
@@ -63,7 +64,7 @@ def mlperf_tf_contestant(benchmark, build_optimizer=None):
             optimizer = build_optimizer(benchmark)
         optimizer.build(model.trainable_variables)
     trainer = runner.Trainer(
-        strategy=strategy, benchmark=benchmark, model=model, optimizer=optimizer, xla=False
+        strategy=strategy, benchmark=benchmark, model=model, optimizer=optimizer, xla=xla
     )
     iterator = iter(strategy.distribute_datasets_from_function(benchmark.train_dataset))
 

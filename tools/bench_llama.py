@@ -18,7 +18,7 @@ Two shapes: `mini` (the mini preset's model: 3 layers, hidden 256, GQA 4/2 heads
 order (`tools/interleave.py`); reported: tokens/s (median, pooled), the ratio mlperf_tf /
 keras_hub (pooled, median of per-round ratios, each round) and CPU seconds per step.
 
-    python tools/bench_llama.py [--shape=mini|wide|both] [--steps=2] [--rounds=5]
+    python tools/bench_llama.py [--shape=mini|wide|both] [--steps=2] [--rounds=5] [--xla=ours]
 """
 
 from __future__ import annotations
@@ -59,8 +59,9 @@ def shape_config(shape: str) -> config_lib.LlamaConfig:
     return dataclasses.replace(mini, data_dir="", model=model, global_batch_size=4)
 
 
-def keras_hub_contestant(benchmark: Llama31Benchmark):
-    """`Llama3CausalLM` of the benchmark's model shape, trained by `model.fit`."""
+def keras_hub_contestant(benchmark: Llama31Benchmark, *, jit_compile="auto"):
+    """`Llama3CausalLM` of the benchmark's model shape, trained by `model.fit` (`jit_compile`:
+    Keras' "auto" means no XLA on a CPU-only machine)."""
     import keras_hub  # noqa: PLC0415 (the peers extra)
 
     c = benchmark.config.model
@@ -84,6 +85,7 @@ def keras_hub_contestant(benchmark: Llama31Benchmark):
     model.compile(
         optimizer=optimizer,
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        jit_compile=jit_compile,
     )
     batches = benchmark.train_dataset(tf.distribute.InputContext())
 
@@ -94,13 +96,13 @@ def keras_hub_contestant(benchmark: Llama31Benchmark):
     return interleave.keras_fit_run(model, batches.map(to_keras_hub))
 
 
-def measure(shape: str, steps: int, rounds: int) -> None:
+def measure(shape: str, steps: int, rounds: int, xla: str = "none") -> None:
     config = shape_config(shape)
     keras.utils.set_random_seed(0)
     make = lambda: Llama31Benchmark(config).with_context(RunContext(num_replicas=1))  # noqa: E731
     contestants = {
-        "mlperf_tf": mlperf_tf_contestant(make()),
-        "keras_hub": keras_hub_contestant(make()),
+        "mlperf_tf": mlperf_tf_contestant(make(), xla=xla in ("ours", "both")),
+        "keras_hub": keras_hub_contestant(make(), jit_compile=True if xla == "both" else "auto"),
     }
     tokens = config.global_batch_size * config.data.max_sequence_length
     interleave.warm_up(contestants)
@@ -113,7 +115,7 @@ def measure(shape: str, steps: int, rounds: int) -> None:
         f"{c.num_attention_heads}/{c.num_key_value_heads} of {c.head_dim}, SwiGLU "
         f"{c.intermediate_size}, vocab {c.vocab_size}, batch {config.global_batch_size} x "
         f"sequence {config.data.max_sequence_length}; {steps} steps x {rounds} rounds; TF "
-        f"{tf.__version__}, Keras {keras.__version__}\n"
+        f"{tf.__version__}, Keras {keras.__version__}; XLA: {xla}\n"
     )
     print(interleave.report(result, "mlperf_tf", unit="tokens"), flush=True)
 
@@ -123,10 +125,15 @@ def main(argv=None) -> int:
     parser.add_argument("--shape", choices=("mini", "wide", "both"), default="both")
     parser.add_argument("--steps", type=int, default=2, help="steps per side per round")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--xla", choices=("none", "ours", "both"), default="none",
+        help="none: neither side compiled (keras-hub's fit default on a CPU); ours: our step "
+        "with --xla; both: ours with --xla and keras-hub's fit with jit_compile=True",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     require_positive(parser, args, "steps", "rounds")
     for shape in ("mini", "wide") if args.shape == "both" else (args.shape,):
-        measure(shape, args.steps, args.rounds)
+        measure(shape, args.steps, args.rounds, args.xla)
     return 0
 
 

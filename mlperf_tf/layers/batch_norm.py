@@ -60,22 +60,29 @@ def check_group_size(
     return num_replicas // group_size
 
 
-def group_moments(x, *, axis, mask=None, shift=None, group_sum):
+def group_moments(x, *, axis, mask=None, group_sum, rank=0, group_size=1):
     """Mean and biased variance of `x` over a group of replicas, with one `group_sum` call.
 
-    Runs in replica context. Each replica computes its per-channel (sum, sum of squares, count)
-    as a `[3, C]` tensor; `group_sum` adds those of the replica's group, and every member forms
-    the group's moments from the total.
+    Runs in replica context. Each replica computes its per-channel count, mean and sum of
+    squared deviations from that mean (two passes over its own batch), writes them as its row
+    of a `[group_size, 3, C]` table, and `group_sum` adds the members' tables; every member then
+    combines the rows with Chan, Golub & LeVeque's pairwise formula (1979):
+    M2 = sum_i M2_i + sum_i n_i (mean_i - mean)^2. Unlike E[x^2] - E[x]^2 from summed squares,
+    this does not cancel when a channel's mean is large against its spread: in fp32 that formula
+    lost whole percents of the variance (and of the input gradients) of deep nets at their first
+    steps, where no moving-mean shift can help (it starts at 0; measured on SSD's ResNet-34
+    trunk, `tests/benchmarks/ssd/test_spatial.py`). The table costs `group_size` x the bytes of
+    the `[3, C]` sums, still one collective.
 
     Args:
       x: this replica's inputs, in the statistics dtype (fp32 or fp64); any rank.
       axis: the channel axis of `x`; statistics reduce over every other axis.
       mask: optional mask of shape `x.shape[:-1]`, True/1 where an element counts (as in Keras).
-      shift: optional `[C]` tensor equal on all members of a group; the sums are taken around it
-        to limit cancellation in E[x^2] - E[x]^2 (e.g. the moving mean, without gradient).
-      group_sum: callable summing a `[3, C]` tensor over this replica's group (e.g.
+      group_sum: callable summing a `[group_size, 3, C]` tensor over this replica's group (e.g.
         `Collectives.differentiable_all_reduce` over the group's members, or
         `table_group_sum`); it must be differentiable for training.
+      rank: this replica's position in its group (int or int tensor), `[0, group_size)`.
+      group_size: members of the group (Python int).
 
     Returns:
       (mean, variance) over the group's concatenated batch, each `[C]`.
@@ -84,32 +91,30 @@ def group_moments(x, *, axis, mask=None, shift=None, group_sum):
     axis = axis % ndim
     axes = [i for i in range(ndim) if i != axis]
     channels = x.shape[axis]
-    if shift is None:
-        shift = tf.zeros([channels], x.dtype)
-        d = x
-    else:
-        shape = [1] * ndim
-        shape[axis] = channels
-        d = x - tf.reshape(shift, shape)
+    per_channel = [1] * ndim
+    per_channel[axis] = channels
     if mask is None:
-        s1 = tf.reduce_sum(d, axis=axes)  # [C]
-        s2 = tf.reduce_sum(tf.square(d), axis=axes)  # [C]
-        count = tf.cast(tf.size(x, out_type=tf.int64) // channels, x.dtype) * tf.ones_like(
-            s1
+        w = None
+        count = tf.cast(tf.size(x, out_type=tf.int64) // channels, x.dtype) * tf.ones(
+            [channels], x.dtype
         )  # [C]
+        local_mean = tf.reduce_mean(x, axis=axes)
     else:
-        w = tf.cast(tf.expand_dims(mask, -1), x.dtype)  # the mask broadcast over channels
-        w = tf.broadcast_to(w, tf.shape(x))
-        wd = w * d
-        s1 = tf.reduce_sum(wd, axis=axes)
-        s2 = tf.reduce_sum(wd * d, axis=axes)
+        w = tf.broadcast_to(tf.cast(tf.expand_dims(mask, -1), x.dtype), tf.shape(x))
         count = tf.reduce_sum(w, axis=axes)
-    group_stats = group_sum(tf.stack([s1, s2, count]))  # [3, C]: the group's sums
-
-    s1, s2, count = tf.unstack(group_stats)
-    mean_d = tf.math.divide_no_nan(s1, count)
-    variance = tf.maximum(tf.math.divide_no_nan(s2, count) - tf.square(mean_d), 0.0)
-    return shift + mean_d, variance
+        local_mean = tf.math.divide_no_nan(tf.reduce_sum(w * x, axis=axes), count)
+    deviations = tf.square(x - tf.reshape(local_mean, per_channel))
+    if w is not None:
+        deviations *= w
+    local_m2 = tf.reduce_sum(deviations, axis=axes)  # [C]
+    row = tf.stack([count, count * local_mean, local_m2])  # [3, C]
+    table = tf.one_hot(rank, group_size, dtype=x.dtype)[:, None, None] * row[None]
+    counts, sums, m2s = tf.unstack(group_sum(table), axis=1)  # each [G, C]
+    total = tf.reduce_sum(counts, axis=0)
+    mean = tf.math.divide_no_nan(tf.reduce_sum(sums, axis=0), total)
+    member_means = tf.math.divide_no_nan(sums, counts)
+    m2 = tf.reduce_sum(m2s, axis=0) + tf.reduce_sum(counts * tf.square(member_means - mean), 0)
+    return mean, tf.maximum(tf.math.divide_no_nan(m2, total), 0.0)
 
 
 def table_group_sum(all_reduce, *, group_size, replica_id, num_replicas):
@@ -156,15 +161,14 @@ class CrossReplicaBatchNormalization(keras.layers.BatchNormalization):
     (no collective), `group_size=num_replicas_in_sync` is fully synchronized BN.
 
     Method (one collective per layer per step): in replica context every replica computes its
-    per-channel (sum, sum of squares, count), a `[3, C]` tensor, and one all-reduce over the
-    replica's group adds them. Under MirroredStrategy and MultiWorkerMirroredStrategy (replica
+    per-channel count, mean and sum of squared deviations, its row of a `[group, 3, C]` table,
+    and one all-reduce over the replica's group adds the tables (`group_moments`: Chan's
+    combination, no cancellation). Under MirroredStrategy and MultiWorkerMirroredStrategy (replica
     ids known at trace time) that is a `CollectiveReduceV2` over the group's members with a
     group key per group (`mlperf_tf.collectives`), run directly in replica context: no
     `merge_call`, which had made tracing full-depth ResNet-50 on 4 logical devices take more
     than 13 minutes. Elsewhere (TPU, eager replica functions) it is the replica context's
-    `all_reduce` of a one-hot `[groups, 3, C]` table (`table_group_sum`). The sums are taken
-    around a shift (the moving mean, without gradient) to limit cancellation in
-    E[x^2] - E[x]^2. The all-reduce's gradient is the all-reduce of the upstream gradient over
+    `all_reduce` of a one-hot `[groups, group, 3, C]` table (`table_group_sum`). The all-reduce's gradient is the all-reduce of the upstream gradient over
     the same group, so input gradients equal those of BN over the group's concatenated batch.
     Statistics are fp32 for fp16/bf16 inputs.
 
@@ -331,9 +335,10 @@ class CrossReplicaBatchNormalization(keras.layers.BatchNormalization):
             x,
             axis=self.axis,
             mask=mask,
-            # The same on every member of a group: all members apply the same updates to it.
-            shift=tf.stop_gradient(ops.cast(self.moving_mean, compute_dtype)),
             group_sum=self._group_sum(ctx),
+            # Groups are consecutive replica ids (a tensor on TPUs).
+            rank=tf.math.floormod(ctx.replica_id_in_sync_group, self.group_size),
+            group_size=self.group_size,
         )  # [C], [C]
 
         moving_mean = ops.cast(self.moving_mean, compute_dtype)

@@ -36,6 +36,7 @@ from mlperf_tf.errors import UserError
 from mlperf_tf.parallel.mesh import AXES, GRADIENT_AXES, DeviceMesh
 
 _ATTRIBUTE = "mlperf_tf_layout"
+_DECLARED = "mlperf_tf_declared_layout"
 _TIMEOUT = "mlperf_tf_gather_timeout"  # seconds a save's gather of the variable may wait
 _GATHER = "mlperf_tf_gather"  # ((mesh, timeout), the variable's traced gather function)
 
@@ -125,6 +126,21 @@ def set_layout(variable, layout: Layout) -> None:
 def layout_of(variable) -> Layout:
     """The variable's layout (`REPLICATED` unless `set_layout` said otherwise)."""
     return getattr(variable, _ATTRIBUTE, REPLICATED)
+
+
+def declare_layout(variable, layout: Layout) -> None:
+    """Records the layout `variable`'s layer gives it on any mesh, split or not.
+
+    `layout_of` says how a variable *is* held (replicated when the mesh does not split it, as at
+    M = 1); this says how its layer would split it, which the TPU path reads on the unsplit
+    model to annotate it (`mlperf_tf.parallel.tpu`). Nothing on the CPU path reads it.
+    """
+    setattr(variable, _DECLARED, layout)
+
+
+def declared_layout(variable) -> Layout:
+    """The layout `declare_layout` recorded (else the variable's `layout_of`)."""
+    return getattr(variable, _DECLARED, None) or layout_of(variable)
 
 
 def check_divides(mesh: DeviceMesh, **dimensions: int) -> None:
@@ -356,15 +372,19 @@ def add_split_weight(
 
     The whole initial value is drawn once with the layer's (seeded) `initializer` and each
     replica gets its slice, so every mesh starts from the same weights (what the exactness tests
-    compare). Without a split (mesh None or one shard) it is `layer.add_weight` itself.
+    compare). Without a split (mesh None or one shard) it is `layer.add_weight` itself. Either
+    way `layout` is recorded as the weight's declared layout (`declare_layout`).
     """
     initializer = keras.initializers.get(initializer)
     if mesh is None or layout.num_shards(mesh) == 1:
-        return layer.add_weight(name=name, shape=shape, initializer=initializer, dtype=dtype)
+        variable = layer.add_weight(name=name, shape=shape, initializer=initializer, dtype=dtype)
+        declare_layout(variable, layout)
+        return variable
     variable = layer.add_weight(
         name=name, shape=layout.shard_shape(shape, mesh), initializer="zeros", dtype=dtype
     )
     set_layout(variable, layout)
+    declare_layout(variable, layout)
     whole = initializer(tuple(shape), dtype=variable.dtype)
     assign_whole(variable, whole, mesh)
     save_whole(variable, mesh, shape)

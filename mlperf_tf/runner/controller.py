@@ -40,6 +40,7 @@ from mlperf_tf.errors import DataError, PeerError, UserError
 from mlperf_tf.mllog import MLPerfLogger
 from mlperf_tf.parallel import layout
 from mlperf_tf.parallel import mesh as parallel_mesh
+from mlperf_tf.parallel import tpu as tpu_lib
 from mlperf_tf.preemption import StopRequest
 from mlperf_tf.runner import actions as actions_lib
 from mlperf_tf.runner import warmup
@@ -83,7 +84,17 @@ def run(
         collective_timeout=run_config.collective_timeout,
         cluster_resolver=run_config.cluster_resolver,
         port_base=run_config.slurm_port_base,
+        tpu_cores_per_replica=tpu_lib.cores_per_replica(
+            model_parallel=run_config.model_parallel,
+            spatial_partition=run_config.spatial_partition,
+        ),
     )
+    if distribute.is_tpu(strategy):
+        tpu_lib.check_tpu_flags(
+            model_parallel=run_config.model_parallel,
+            expert_parallel=run_config.expert_parallel,
+            spatial_partition=run_config.spatial_partition,
+        )
     if stop_request is not None:
         stop_request.reclaim_signals()  # TF's coordination service may have taken SIGTERM
     chief = distribute.is_chief(strategy)
@@ -202,6 +213,9 @@ class Controller:
         self.data_watchdog = None  # a StallWatchdog with --data_service
         self.train_iterator = None  # held from the first step until `run` returns
         self.evaluator = None  # built with the loops, in `_initialize`
+        # On TPU with --spatial_partition/--model_parallel: the mesh over logical cores and the
+        # replica steps' annotations (`mlperf_tf.parallel.tpu`); None elsewhere.
+        self.partition = None
         self.start_step = 0  # the step this process started from (a resumed run's checkpoint)
         self.warm_up_s = 0.0  # init-phase warm-up (`mlperf_tf.runner.warmup`), before run_start
 
@@ -483,13 +497,32 @@ class Controller:
         self._log_init_events()
         keras.utils.set_random_seed(cfg.seed)
         precision.set_policy(cfg.dtype)
-        mesh = parallel_mesh.build_mesh(
-            self.strategy.num_replicas_in_sync,
+        flags = dict(
             model_parallel=cfg.model_parallel,
             expert_parallel=cfg.expert_parallel,
             spatial_partition=cfg.spatial_partition,
         )
-        parallel_mesh.check_supported(mesh, self.benchmark.name, self.benchmark.parallel_axes)
+        if (
+            distribute.is_tpu(self.strategy)
+            and tpu_lib.cores_per_replica(
+                model_parallel=cfg.model_parallel, spatial_partition=cfg.spatial_partition
+            )
+            > 1
+        ):
+            # TPU: the spatial and model axes are each replica's logical cores; the benchmark
+            # sees the data axis and builds the unsplit model, which the replica steps annotate.
+            self.partition = tpu_lib.TpuPartition.from_flags(
+                self.strategy.num_replicas_in_sync,
+                input_key=self.benchmark.spatial_input,
+                **flags,
+            )
+            parallel_mesh.check_supported(
+                self.partition.mesh, self.benchmark.name, self.benchmark.parallel_axes
+            )
+            mesh = self.partition.replica_mesh
+        else:
+            mesh = parallel_mesh.build_mesh(self.strategy.num_replicas_in_sync, **flags)
+            parallel_mesh.check_supported(mesh, self.benchmark.name, self.benchmark.parallel_axes)
         context = RunContext(
             num_replicas=self.strategy.num_replicas_in_sync,
             seed=cfg.seed,
@@ -631,7 +664,9 @@ class Controller:
         self.trainer = self.trainer_class(optimizer=self.optimizer, **parts)
         self.trainer.stop_request = self.stop_request
         self.trainer.summer = self.summer
+        self.trainer.partition = self.partition
         self.evaluator = Evaluator(dataset=eval_data, **parts)
+        self.evaluator.partition = self.partition
         self.schedule = schedule(benchmark, cfg.max_train_steps)
         self.last_step = self.schedule[-1].step
         self.actions = self._default_actions() + self.extra_actions

@@ -6,7 +6,7 @@ import tensorflow as tf
 
 from mlperf_tf.benchmark import Benchmark
 from mlperf_tf.parallel import mesh as parallel_mesh
-from mlperf_tf.runner.trainer import bind_collective_timeout, replica_function
+from mlperf_tf.runner.trainer import annotated, bind_collective_timeout, replica_function
 
 # Prefix of the per-output masks that mark the rows of each mesh group's first replica.
 _LEADER = "__mesh_group_leader__/"
@@ -30,6 +30,9 @@ class Evaluator:
         self.dataset = dataset
         self.steps = benchmark.eval_steps(strategy.num_replicas_in_sync)
         self._replica_eval = replica_function(self._replica, xla=xla)
+        # Set by the controller on TPU with --spatial_partition/--model_parallel (see
+        # `Trainer.partition`).
+        self.partition = None
         # One traced step for every eval (each eval's iterator has the same spec: no retracing);
         # the warm-up traces it before `run_start` (`mlperf_tf.runner.warmup`).
         self.step = tf.function(self._gathered_step)
@@ -41,7 +44,8 @@ class Evaluator:
 
     def _replica(self, batch):
         bind_collective_timeout(self.benchmark)
-        outputs = self.benchmark.eval_step(self.model, batch)
+        with annotated(self.partition, self.strategy, self.model, batch) as batch:
+            outputs = self.benchmark.eval_step(self.model, batch)
         # Scalars get a leading axis so that gathering concatenates one value per replica.
         outputs = {k: tf.reshape(v, [1]) if v.shape.rank == 0 else v for k, v in outputs.items()}
         group = self.benchmark.mesh.group_size

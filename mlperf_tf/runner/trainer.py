@@ -44,6 +44,15 @@ def bind_collective_timeout(benchmark: Benchmark) -> None:
         )
 
 
+def annotated(partition, strategy, model, batch):
+    """The context a replica computes `model` on `batch` in: `batch` itself without a TPU
+    partition, else `partition.annotated` (the images split over the replica's cores, the
+    weights annotated per their layouts). Used by the Trainer and the Evaluator."""
+    if partition is None:
+        return contextlib.nullcontext(batch)
+    return partition.annotated(strategy, model, batch)
+
+
 class Trainer:
     """Runs `num_steps` optimizer steps per call of `loop` (one traced `tf.function`).
 
@@ -74,6 +83,10 @@ class Trainer:
         # Set by the controller when --all_reduce/--pack_mb/--weight_update_sharding ask for
         # the collectives' sum (`mlperf_tf.collectives.GradientSummer`); None: Keras' own sum.
         self.summer = None
+        # Set by the controller on TPU with --spatial_partition/--model_parallel: the replica
+        # step annotates the batch and the weights for XLA's SPMD partitioner
+        # (`mlperf_tf.parallel.tpu.TpuPartition`); None: nothing is annotated.
+        self.partition = None
         # `tf.timestamp` fails inside a graph once op determinism is on
         # (`tf.config.experimental.enable_op_determinism`, which the fault tests use); such runs
         # report no input wait rather than fail.
@@ -86,7 +99,7 @@ class Trainer:
         # the forward pass and takes the gradient itself (`mlperf_tf.optimizers.kfac`).
         capture = getattr(self.optimizer, "capture", contextlib.nullcontext)
         with tf.GradientTape() as tape:
-            with capture():
+            with capture(), annotated(self.partition, self.strategy, self.model, batch) as batch:
                 loss, metrics = self.benchmark.compute_loss_and_metrics(
                     self.model, batch, training=True
                 )

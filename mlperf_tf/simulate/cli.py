@@ -47,7 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--model_parallel", type=int, default=1, help="M chips share a batch, weights split (TP)"
     )
     parser.add_argument(
-        "--spatial_partition", default="1", help="K chips share a batch, images split in slabs"
+        "--spatial_partition",
+        default="1",
+        help="K (KxL) chips share a batch; images in slabs (tiles)",
     )
     parser.add_argument(
         "--expert_parallel", type=int, default=1, help="E chips split the MoE layers' experts"

@@ -159,7 +159,8 @@ def simulate(
       preset: which preset's model and sizes.
       epochs_to_target: override the convergence curve (e.g. a published run's own epochs).
       model_parallel: M chips share a batch and split every weight (tensor parallelism).
-      spatial_partition: K (or KxL) chips share a batch and split every image into slabs.
+      spatial_partition: K (or KxL) chips share a batch and split every image into K slabs
+        of rows (K x L tiles); the FLOPs of a group's batch divide over its K x L chips.
       expert_parallel: E chips split each MoE layer's experts (with `moe`).
       moe: a mixture-of-experts config (`model.moe` of the Transformer-family benchmarks).
 
@@ -191,7 +192,7 @@ def simulate(
         # No larger than the largest batch with convergence data (beyond it epochs are guesses).
         global_batch = max(min(global_batch, convergence.curve(benchmark).batches[-1]), working)
     moe = moe or parallelism.Moe()
-    split, spatial_rows = _check_parallel(
+    split, (spatial_rows, spatial_cols) = _check_parallel(
         benchmark, layout, working, model_parallel, spatial_partition, expert_parallel, moe
     )
     groups = working // split  # data-parallel replicas of one shard
@@ -227,6 +228,7 @@ def simulate(
             split=split,
             model=model_parallel,
             rows=spatial_rows,
+            cols=spatial_cols,
             experts=expert_parallel,
             moe=moe,
             expert_params=expert_params,
@@ -297,13 +299,14 @@ class _Parallel:
     split: int = 1
     model: int = 1
     rows: int = 1
+    cols: int = 1
     experts: int = 1
     moe: parallelism.Moe = parallelism.Moe()
     expert_params: float = 0.0
 
 
 def _check_parallel(benchmark, layout, working, model_parallel, spatial, experts, moe):
-    """Validates the parallel flags as `mlperf-tf run` does; returns (split, spatial rows)."""
+    """Validates the parallel flags as `mlperf-tf run` does; returns (split, (K, L) tiles)."""
     if (model_parallel, str(spatial), experts) != (1, "1", 1):
         from mlperf_tf.parallel import mesh  # imports TensorFlow: only when a flag is given
 
@@ -316,11 +319,7 @@ def _check_parallel(benchmark, layout, working, model_parallel, spatial, experts
     if model_parallel > 1:
         parallelism.blocks_of(benchmark, "model_parallel")
     if rows * cols > 1:
-        parallelism.convs_of(benchmark)
-        if cols > 1:
-            raise UserError(
-                f"--spatial_partition={spatial}: the simulator models slabs of rows only (K)"
-            )
+        parallelism.check_splits(benchmark, rows, cols)
     if experts > 1:
         parallelism.blocks_of(benchmark, "expert_parallel")
         if not moe.num_experts or moe.num_experts % experts:
@@ -336,7 +335,7 @@ def _check_parallel(benchmark, layout, working, model_parallel, spatial, experts
             f"{working} work"
         )
     parallelism.check_fits(layout, split, f"--model_parallel x --spatial_partition ({split})")
-    return split, rows * cols
+    return split, (rows, cols)
 
 
 def _chip_flops(system: System, benchmark: str, working: int) -> float:
@@ -415,7 +414,7 @@ def _step(
             system, layout, benchmark, parallel.model, per_chip_batch
         ).total_s
         halo_s = parallelism.halo_cost(
-            system, layout, benchmark, parallel.rows, per_chip_batch
+            system, layout, benchmark, parallel.rows, per_chip_batch, cols=parallel.cols
         ).total_s
         a2a_s = parallelism.moe_all_to_all_cost(
             system, layout, benchmark, parallel.moe, parallel.experts, per_chip_batch / split

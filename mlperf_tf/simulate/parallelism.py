@@ -11,10 +11,11 @@ of a torus. Each cost is an α–β time (`collectives.Cost`) per training step.
   all-reduce of its activations (batch x tokens x hidden, bf16) after the row-parallel attention
   output and one after the feed-forward, in the forward pass, and the same two in the backward
   pass (the conjugate operators), over the M chips of the group; none overlaps computation.
-- **Spatial partitioning** (Kumar et al. 2019, SSD on TPU-v3): each convolution of kernel k
-  exchanges k // 2 halo rows with each neighbour slab (forward, and the same for the gradients
-  in the backward pass) over neighbour links; each batch norm sums its statistics over the K
-  slabs (a small all-reduce, latency-bound).
+- **Spatial partitioning** (Kumar et al. 2019, SSD on TPU-v3): on K x L tiles each
+  convolution of kernel k exchanges k // 2 halo rows with the tiles above and below, then
+  k // 2 columns of the row-extended tile (corners included) with the tiles left and right
+  (forward, and the same for the gradients in the backward pass) over neighbour links; each
+  batch norm sums its statistics over the K x L tiles (a small all-reduce, latency-bound).
 - **Expert parallelism** (GShard, ST-MoE): each MoE layer sends its tokens' hidden vectors to
   the experts' chips and back (dispatch and return), forward and backward: 4 all-to-alls of
   tokens x top_k x capacity x hidden bf16 values per chip, (E-1)/E of which leave the chip.
@@ -73,21 +74,23 @@ BLOCKS = {
 
 @dataclasses.dataclass(frozen=True)
 class Conv:
-    """Convolutions of one feature-map size: `count` layers of kernel `kernel` reading `width` x
-    `channels` activations at height `height` (for halos: rows of width x channels)."""
+    """Convolutions of one feature-map size: `count` layers of kernel `kernel` (and `stride`)
+    reading `width` x `channels` activations at height `height` (for halos: rows of width x
+    channels, and columns of height x channels)."""
 
     count: int
     kernel: int
     height: int
     width: int
     channels: int
+    stride: int = 1
 
 
 # SSD-ResNet34 at 300 px (benchmarks/ssd: ResNet-34 to conv4 at stride 8, conv4 kept at 38 x 38,
 # then the extra layers and the 3 x 3 class/box heads on six maps); batch norm in the trunk.
 CONVS = {
     "ssd": (
-        Conv(1, 7, 300, 300, 3),  # conv1 (stride 2)
+        Conv(1, 7, 300, 300, 3, stride=2),  # conv1
         Conv(6, 3, 75, 75, 64),  # layer1
         Conv(8, 3, 38, 38, 128),  # layer2
         Conv(12, 3, 38, 38, 256),  # layer3 (stride 1 in SSD)
@@ -99,7 +102,7 @@ CONVS = {
     ),
     # ResNet-50 at 224 px: the 3 x 3 convolutions of each stage and the 7 x 7 stem.
     "resnet50": (
-        Conv(1, 7, 224, 224, 3),
+        Conv(1, 7, 224, 224, 3, stride=2),
         Conv(3, 3, 56, 56, 64),
         Conv(4, 3, 28, 28, 128),
         Conv(6, 3, 14, 14, 256),
@@ -204,31 +207,93 @@ def tensor_parallel_cost(
     return collectives.Cost(one.latency_s * count, one.bandwidth_s * count)
 
 
-def halo_cost(
-    system: System, layout: Layout, benchmark: str, rows: int, group_batch: float
-) -> collectives.Cost:
-    """Halo exchanges and batch-norm sums of one step on `rows` horizontal slabs.
+def check_splits(benchmark: str, rows: int, cols: int) -> None:
+    """Refuses a K x L tiling in which no convolution of the model splits, as the model does.
 
-    Per convolution of kernel k: k // 2 rows of width x channels go to each neighbour (both
-    neighbours at once, over two links or one link's two directions), forward and backward.
-    A slab thinner than the halo (a map of fewer rows than slabs) exchanges whole slabs: the
-    height / rows rows it has. Per batch norm: an all-reduce of 2 x 256 fp32 statistics (a
-    latency-bound message) over the group, forward and backward.
+    `benchmarks/ssd/model.py` and `benchmarks/resnet50/model.py` keep a layer on tiles while its
+    input's rows (columns) split into K (L) equal parts of a multiple of its stride
+    (`mlperf_tf.parallel.spatial.splits`), and refuse a layout in which no layer does
+    (`spatial.stem_refusal`): SSD300's maps (300, 75, 38, 19, 10, 5, 3 rows) at K or L = 4. The
+    same test runs here on `CONVS`, with the model's message.
+
+    Raises:
+      UserError: no map of `benchmark` splits into `rows` x `cols` tiles.
     """
-    if rows <= 1:
+    if rows * cols <= 1:
+        return
+    from mlperf_tf.parallel import spatial as spatial_lib  # imports TensorFlow: only when asked
+    from mlperf_tf.parallel.mesh import DeviceMesh
+
+    layout = spatial_lib.SpatialLayout(DeviceMesh(spatial=rows * cols, spatial_cols=cols))
+    for conv in convs_of(benchmark):
+        window = ((conv.kernel, conv.stride, conv.kernel // 2),)
+        if spatial_lib.image_splits(conv.height, conv.width, layout, window):
+            return
+    size = convs_of(benchmark)[0].height
+    raise UserError(spatial_lib.stem_refusal(layout, size=size, setting="model.image_size"))
+
+
+@dataclasses.dataclass(frozen=True)
+class HaloBytes:
+    """Bytes one chip sends to each neighbour for one convolution's halo, forward pass.
+
+    Attributes:
+      rows: the row exchange (to the tiles above and below): halo rows x tile width x channels
+        x batch x 2 bytes.
+      cols: the column exchange (to the tiles left and right) of the row-extended tile: halo
+        columns x (tile height + the row halos above and below) x channels x batch x 2 bytes;
+        the corners a tile needs from its diagonal neighbours come along with it, as
+        `mlperf_tf/layers/spatial.py` exchanges them (two exchanges, no diagonal one).
+    """
+
+    rows: float
+    cols: float
+
+
+def halo_bytes(conv: Conv, rows: int, cols: int, group_batch: float) -> HaloBytes:
+    """The halo of one convolution of `conv` on `rows` x `cols` tiles (see `HaloBytes`).
+
+    A window of kernel k needs k // 2 rows (columns) from each neighbour; a tile thinner than
+    that (a map of fewer rows than tiles) sends the whole tile: ceil(height / rows) rows.
+    """
+    halo = conv.kernel // 2
+    tile_h = math.ceil(conv.height / rows)
+    tile_w = math.ceil(conv.width / cols)
+    per_value = group_batch * conv.channels * ACTIVATION_BYTES
+    row_halo = min(halo, tile_h) if rows > 1 else 0
+    col_halo = min(halo, tile_w) if cols > 1 else 0
+    return HaloBytes(
+        rows=row_halo * tile_w * per_value,
+        cols=col_halo * (tile_h + 2 * row_halo) * per_value,
+    )
+
+
+def halo_cost(
+    system: System, layout: Layout, benchmark: str, rows: int, group_batch: float, cols: int = 1
+) -> collectives.Cost:
+    """Halo exchanges and batch-norm sums of one step on `rows` x `cols` tiles.
+
+    Per convolution of kernel k > 1: the row exchange (k // 2 rows of the tile's width x
+    channels to each neighbour above and below, both at once, over two links or one link's two
+    directions), then the column exchange of the row-extended tile (`halo_bytes`); each an α
+    plus its bytes over the link, forward and backward. Per batch norm: an all-reduce of
+    2 x 256 fp32 statistics (a latency-bound message) over the K x L tiles, forward and
+    backward.
+    """
+    parts = rows * cols
+    if parts <= 1:
         return collectives.ZERO
-    link, _, _ = _group_ring(system, layout, rows)
+    link, _, _ = _group_ring(system, layout, parts)
     cost = collectives.ZERO
     for conv in convs_of(benchmark):
         if conv.kernel <= 1:
             continue
-        halo_rows = min(conv.kernel // 2, max(1, math.ceil(conv.height / rows)))
-        nbytes = group_batch * halo_rows * conv.width * conv.channels * ACTIVATION_BYTES
-        per = collectives.Cost(link.alpha, nbytes / link.bandwidth)
-        cost = cost + collectives.Cost(
-            per.latency_s * 2 * conv.count, per.bandwidth_s * 2 * conv.count
-        )
-    stats = group_allreduce(system, layout, rows, 2 * 256 * 4)
+        sent = halo_bytes(conv, rows, cols, group_batch)
+        for nbytes in (sent.rows, sent.cols):
+            if nbytes:
+                times = 2 * conv.count  # forward and backward
+                cost = cost + collectives.Cost(link.alpha * times, nbytes / link.bandwidth * times)
+    stats = group_allreduce(system, layout, parts, 2 * 256 * 4)
     norms = 2 * BATCH_NORMS.get(benchmark, 0)
     return cost + collectives.Cost(stats.latency_s * norms, stats.bandwidth_s * norms)
 

@@ -93,7 +93,7 @@ def _make_layer(strategy, group_size, channels=SHAPE[-1], **kwargs):
         rng = np.random.RandomState(7)
         layer.gamma.assign(rng.uniform(0.5, 1.5, channels).astype(np.float32))
         layer.beta.assign(rng.normal(0.0, 1.0, channels).astype(np.float32))
-        # Non-trivial moving statistics: the shift of the grouped sums starts away from zero.
+        # Non-trivial moving statistics: the update of each must be checked, not assumed.
         layer.moving_mean.assign(rng.normal(2.0, 1.0, channels).astype(np.float32))
         layer.moving_variance.assign(rng.uniform(0.5, 2.0, channels).astype(np.float32))
     return layer
@@ -211,29 +211,40 @@ def test_layer_called_twice_in_one_step(strategy):
         assert_close(grad[members].reshape(ref_grad.shape), ref_grad, rtol=1e-4)
 
 
-def test_moving_mean_shift_limits_cancellation(strategy):
-    """Inputs with mean 1000 and std 1: E[x^2] - E[x]^2 in fp32 needs the moving-mean shift."""
+def test_large_means_do_not_cancel_the_variance(strategy):
+    """Inputs with mean 1000 and std 1 at the first step (moving mean 0): Chan's combination of
+    per-replica means and squared deviations keeps the group variance; summed squares, the
+    formula before it, lose it to fp32 rounding (the control below)."""
     rng = np.random.RandomState(4)
     x = rng.normal(1000.0, 1.0, (REPLICAS,) + SHAPE).astype(np.float32)
     w = np.ones_like(x)
     layer = _make_layer(strategy, 2)
-    with strategy.scope():  # a moving mean that has tracked the data
-        layer.moving_mean.assign(np.full(SHAPE[-1], 1000.5, np.float32))
+    with strategy.scope():  # the first step's moving statistics
+        layer.moving_mean.assign(np.zeros(SHAPE[-1], np.float32))
         layer.moving_variance.assign(np.ones(SHAPE[-1], np.float32))
     gamma, beta = layer.gamma.numpy(), layer.beta.numpy()
-    y, _ = _train_step(strategy, layer, x, w)
+    y, grad = _train_step(strategy, layer, x, w)
     moving_var = _local_copies(strategy, layer.moving_variance)
     for g in range(2):
-        group_batch = x[2 * g : 2 * g + 2].reshape((-1,) + SHAPE[1:])
+        members = slice(2 * g, 2 * g + 2)
+        group_batch = x[members].reshape((-1,) + SHAPE[1:])
         ref_y, _, var = _numpy_bn(group_batch, gamma, beta)
-        # fp32 x * (1 / std) near 1000 rounds to ~6e-5 before the mean is subtracted.
-        assert_close(y[2 * g : 2 * g + 2].reshape(ref_y.shape), ref_y, rtol=1e-3)
-        assert_close(moving_var[2 * g], MOMENTUM + (1 - MOMENTUM) * var, rtol=1e-5)
+        # fp32 x near 1000 is itself rounded to ~6e-5 (relative 6e-8 of 1000, 6e-5 of std 1).
+        assert_close(y[members].reshape(ref_y.shape), ref_y, rtol=1e-3)
+        assert_close(moving_var[2 * g], MOMENTUM + (1 - MOMENTUM) * var, rtol=1e-4)
+        ref_grad = _keras_input_grad(
+            group_batch, w[members].reshape(group_batch.shape), gamma, beta
+        )
+        assert_close(grad[members].reshape(ref_grad.shape), ref_grad, rtol=1e-3)
 
-    # Without a shift the same sums lose the variance to rounding: the shift is what helps.
-    group_batch = x[:2].reshape((-1,) + SHAPE[1:])
-    _, unshifted_var = group_moments(tf.constant(group_batch), axis=-1, group_sum=lambda t: t)
-    assert np.max(np.abs(unshifted_var.numpy() - group_batch.var((0, 1, 2)))) > 1e-3
+    # The control: E[x^2] - E[x]^2 from the same fp32 sums is off by more than 1e-3.
+    group_batch = tf.constant(x[:2].reshape((-1,) + SHAPE[1:]))
+    mean = tf.reduce_mean(group_batch, axis=(0, 1, 2))
+    naive_var = tf.reduce_mean(tf.square(group_batch), axis=(0, 1, 2)) - tf.square(mean)
+    exact = x[:2].astype(np.float64).reshape((-1,) + SHAPE[1:]).var((0, 1, 2))
+    assert np.max(np.abs(naive_var.numpy() - exact)) > 1e-3
+    _, var = group_moments(group_batch, axis=-1, group_sum=lambda t: t)
+    assert_close(var, exact, rtol=1e-4)
 
 
 @pytest.mark.parametrize("dtype", ["float16", pytest.param("bfloat16", marks=pytest.mark.bfloat16)])
@@ -469,13 +480,14 @@ def test_grouped_statistics_compile_under_xla():
     """
     x, _ = _replica_inputs(seed=9)
     group_size = 2
-    shift = tf.constant(np.linspace(-3.0, 3.0, SHAPE[-1]), tf.float32)
 
     def moments(xs, r, all_reduce):
         group_sum = table_group_sum(
             all_reduce, group_size=group_size, replica_id=tf.constant(r), num_replicas=REPLICAS
         )
-        return group_moments(xs[r], axis=-1, shift=shift, group_sum=group_sum)
+        return group_moments(
+            xs[r], axis=-1, group_sum=group_sum, rank=r % group_size, group_size=group_size
+        )
 
     @tf.function(jit_compile=True)
     def simulated(xs):

@@ -139,13 +139,63 @@ def test_spatial_partition_divides_compute_and_charges_halos():
     v3 = systems.load("tpu-v3")
     kwargs = dict(benchmark="ssd", system=v3, chips=1024, global_batch=2048)
     plain = model.simulate(**kwargs)
-    split = model.simulate(spatial_partition="4", **kwargs)
-    assert split.compute_s == pytest.approx(plain.compute_s)  # 8 images per group of 4
+    split = model.simulate(spatial_partition="2", **kwargs)
+    assert split.compute_s == pytest.approx(plain.compute_s)  # 4 images per group of 2
     assert split.per_chip_batch == plain.per_chip_batch == 2
-    # First layer by hand: conv1 7x7 sends 3 rows of 300 x 3 bf16 of 8 images each way.
-    first = 8 * 3 * 300 * 3 * 2 / v3.link.bandwidth + v3.link.alpha
+    # First layer by hand: conv1 7x7 sends 3 rows of 300 x 3 bf16 of 4 images each way.
+    first = 4 * 3 * 300 * 3 * 2 / v3.link.bandwidth + v3.link.alpha
     assert split.halo_s > 2 * first
     assert split.halo_s < 0.2 * split.step_time_s
+    tiles = model.simulate(spatial_partition="2x2", **kwargs)
+    assert tiles.compute_s == pytest.approx(plain.compute_s)  # 8 images over 4 chips
+    assert tiles.halo_s > split.halo_s  # rows and columns
+
+
+def test_tile_halo_bytes_of_one_layer_by_hand():
+    # SSD's conv1 (7x7/2 on 300 x 300 x 3) on 2 x 2 tiles, 8 images per group, bf16: a tile is
+    # 150 x 150; the row exchange sends 3 rows of the tile's 150 columns to the tile above or
+    # below; the column exchange sends 3 columns of the row-extended tile (150 + 3 + 3 rows, the
+    # corners included) to the left or right.
+    conv1 = parallelism.CONVS["ssd"][0]
+    assert (conv1.kernel, conv1.height, conv1.width, conv1.channels) == (7, 300, 300, 3)
+    sent = parallelism.halo_bytes(conv1, 2, 2, 8)
+    assert sent.rows == 3 * 150 * 3 * 8 * 2 == 21_600
+    assert sent.cols == 3 * 156 * 3 * 8 * 2 == 22_464
+    # Slabs (K = 4, L = 1): full-width rows, no column exchange; 1 x 2: columns only, of
+    # the whole height.
+    assert parallelism.halo_bytes(conv1, 4, 1, 8) == parallelism.HaloBytes(3 * 300 * 3 * 16, 0)
+    assert parallelism.halo_bytes(conv1, 1, 2, 8) == parallelism.HaloBytes(0, 3 * 300 * 3 * 16)
+    # A 3 x 3 map on 4 x 4 tiles: each tile has 1 row, the halo is 1 row (k // 2 = 1).
+    small = parallelism.Conv(3, 3, 3, 3, 256)
+    assert parallelism.halo_bytes(small, 4, 4, 1) == parallelism.HaloBytes(
+        1 * 1 * 256 * 2, 1 * (1 + 2) * 256 * 2
+    )
+    # The step's cost is the sum over layers of alpha + bytes / bandwidth per exchange, forward
+    # and backward, plus the batch norms' sums: check it on ResNet-50's tables by hand.
+    v3 = systems.load("tpu-v3")
+    layout = v3.layout(256)
+    link = v3.link
+    expected = 0.0
+    for conv in parallelism.CONVS["resnet50"]:
+        b = parallelism.halo_bytes(conv, 2, 2, 4)
+        expected += 2 * conv.count * (2 * link.alpha + (b.rows + b.cols) / link.bandwidth)
+    stats = parallelism.group_allreduce(v3, layout, 4, 2 * 256 * 4)
+    expected += 2 * parallelism.BATCH_NORMS["resnet50"] * stats.total_s
+    got = parallelism.halo_cost(v3, layout, "resnet50", 2, 4, cols=2)
+    assert got.total_s == pytest.approx(expected)
+
+
+def test_spatial_partition_refuses_what_the_model_refuses():
+    v3 = systems.load("tpu-v3")
+    kwargs = dict(benchmark="ssd", system=v3, chips=1024, global_batch=2048)
+    for flag in ("4", "4x1", "1x4", "4x2"):
+        with pytest.raises(UserError, match="no layer splits into") as e:
+            model.simulate(spatial_partition=flag, **kwargs)
+        assert "\n" not in str(e.value)
+    # ResNet-50 at 224 px splits into 4 slabs (56 rows after the stem); SSD300 into 2 and 2x2.
+    assert model.simulate(benchmark="resnet50", system=v3, chips=1024, global_batch=4096,
+                          spatial_partition="4").halo_s > 0  # fmt: skip
+    assert model.simulate(spatial_partition="2x2", **kwargs).halo_s > 0
 
 
 def test_moe_all_to_all_on_nvswitch_and_torus():
