@@ -140,5 +140,7 @@ def test_a_failed_save_on_one_worker_is_one_line_and_its_peer_does_not_hang(tmp_
     errors = [line for line in texts[1].splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "ckpt_worker1" in errors[0], texts[1][-3000:]
     assert "Traceback" not in texts[1]
+    # Worker 1 failed before its gathers (TF makes the folder first): the chief's gather loses
+    # its peer, and says so.
     errors = [line for line in texts[0].splitlines() if line.startswith("error:")]
-    assert len(errors) == 1, texts[0][-3000:]
+    assert len(errors) == 1 and "another worker did not take part" in errors[0], texts[0][-3000:]
