@@ -281,11 +281,10 @@ class CrossReplicaBatchNormalization(keras.layers.BatchNormalization):
             )
         first = replica - replica % self.group_size
         members = list(range(first, first + self.group_size))
-        collectives = collective_ops.Collectives(
-            replica=replica,
-            num_replicas=num_replicas,
-            timeout_s=self.collective_timeout_s,
-            traffic=collective_ops.Traffic(),
+        # The replica's one `Collectives` (one ordering token for the whole step, see
+        # `collective_ops.replica_collectives`).
+        collectives = collective_ops.replica_collectives(
+            num_replicas=num_replicas, timeout_s=self.collective_timeout_s
         )
         name = f"batch_norm/{self.name}/call{self._next_call_index(replica)}"
         return lambda t: collectives.differentiable_all_reduce(t, members, name)
