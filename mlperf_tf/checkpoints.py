@@ -265,7 +265,22 @@ class Checkpointer:
         return True
 
 
+# What a save's collective (a gather of shards held by other workers, `parallel.layout`) raises
+# when a peer left or never came: its first line ("Graph execution error:") says nothing.
+_PEER_ERRORS = (
+    tf.errors.UnavailableError,
+    tf.errors.DeadlineExceededError,
+    tf.errors.AbortedError,
+    tf.errors.CancelledError,
+)
+
+
 def _reason(error: BaseException) -> str:
+    if isinstance(error, _PEER_ERRORS):
+        return (
+            f"another worker did not take part in the save ({type(error).__name__}); a "
+            "multi-worker save needs every worker"
+        )
     text = getattr(error, "message", None) or getattr(error, "strerror", None) or str(error)
     text = text.strip().splitlines()[0] if text.strip() else type(error).__name__
     for known in ("No space left on device", "Read-only file system", "Permission denied"):

@@ -17,13 +17,15 @@ trainable sync-on-read variables, hence mirrored ones; nothing here ever relies 
 components being equal.
 
 Whole tensors: `assign_whole` gives each replica its shard of a whole value (initial weights,
-a restore), `whole_value` joins the shards (a save); `save_whole` makes a variable's checkpoint
-entry the whole tensor, so checkpoints do not depend on the mesh.
+a restore), `whole_value` joins the shards (a save: concatenated where this process holds them
+all, all-gathered over the shard group where it spans workers, `gathered_value`); `save_whole`
+makes a variable's checkpoint entry the whole tensor, so checkpoints do not depend on the mesh.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import keras
@@ -35,6 +37,8 @@ from mlperf_tf.parallel.mesh import AXES, GRADIENT_AXES, DeviceMesh
 
 _ATTRIBUTE = "mlperf_tf_layout"
 _DECLARED = "mlperf_tf_declared_layout"
+_TIMEOUT = "mlperf_tf_gather_timeout"  # seconds a save's gather of the variable may wait
+_GATHER = "mlperf_tf_gather"  # ((mesh, timeout), the variable's traced gather function)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -200,32 +204,127 @@ def assign_whole(variable, whole, mesh: DeviceMesh) -> None:
     strategy.extended.update(tf_var, lambda v, x: v.assign(x), args=(values,), group=False)
 
 
-def whole_value(variable, mesh: DeviceMesh):
+def whole_value(variable, mesh: DeviceMesh, *, gather: bool | None = None):
     """`variable`'s whole tensor, joined from the shards of its replicas (cross-replica context).
 
-    Reads the components of the replicas with index 0 along every axis it is not split over.
-    Those must be local to this process (true on one host; a model axis across workers would
-    need a collective gather, not implemented: see the parallel README).
+    When this process holds every shard of some copy (the shard group of its first replica lies
+    on its devices: one host, or a model axis inside each worker) they are concatenated here, no
+    collective. When a shard group spans workers (`--model_parallel` across
+    MultiWorkerMirroredStrategy processes) each replica all-gathers its shard over its group
+    (`gathered_value`): a collective, so every worker must call this for the same variables in
+    the same order, as every worker already takes part in a checkpoint save. Which case applies
+    depends only on the mesh and the per-worker replica count, the same on every worker.
 
-    Raises:
-      UserError: a shard lives on another worker.
+    Args:
+      variable: a Keras (or tf) variable created under the strategy, of the shard's shape.
+      mesh: the run's mesh.
+      gather: force (True) or forbid (False) the collective gather; None: gather only when
+        the shards are not all on this process.
+
+    Returns:
+      The whole tensor (the same on every worker).
     """
     layout = layout_of(variable)
-    tf_var = variable.value if isinstance(variable, keras.Variable) else variable
+    tf_var = _tf_variable(variable)
     if not layout.split or layout.num_shards(mesh) == 1:
         return tf.convert_to_tensor(tf_var)
     strategy = _strategy_of(tf_var)
     components = strategy.experimental_local_results(tf_var)
-    ids = _local_replica_ids(strategy) if len(components) > 1 else [0]
+    # Global replica ids of the local components (a worker's first one need not be 0).
+    ids = _local_replica_ids(strategy) if strategy.num_replicas_in_sync > 1 else [0]
     by_replica = dict(zip(ids, components, strict=True))
-    owners = layout.shard_group(mesh, 0)  # shards 0..n-1 in order
-    missing = [r for r in owners if r not in by_replica]
-    if missing:
-        raise UserError(
-            f"cannot save {getattr(variable, 'path', tf_var.name)} whole: its shards on replicas "
-            f"{missing} live on another worker"
-        )
+    owners = layout.shard_group(mesh, ids[0])  # shards 0..n-1 of this process's first copy
+    local = all(r in by_replica for r in owners)
+    if gather is None:
+        gather = not local
+    if gather:
+        return gathered_value(variable, mesh, timeout_s=getattr(variable, _TIMEOUT, 0.0))
+    if not local:
+        raise ValueError(f"{_name(variable)}: shards on replicas {owners} are not all local")
     return tf.concat([tf.convert_to_tensor(by_replica[r]) for r in owners], axis=layout.split_axis)
+
+
+def gathered_value(variable, mesh: DeviceMesh, *, timeout_s: float = 0.0):
+    """`variable`'s whole tensor by a collective all-gather of its shards (cross-replica context).
+
+    Each replica all-gathers its component over its shard group (`Layout.shard_group`: the
+    model axis for Megatron weights, the expert axis for `EXPERT_SPLIT`) with
+    `Collectives.all_gather`, in a `tf.function` under the variable's strategy; the first local
+    replica's result is returned (every copy along the unsplit axes is the same). The function
+    is traced once per variable (at its first save) and kept on it; variables are not passed to
+    one shared function because a `tf.function` given a distributed variable as an argument
+    reuses its trace for another variable of that shape and reads the first one (measured,
+    TF 2.20). A collective: every worker must call it.
+
+    Args:
+      variable: a split variable (a Keras or tf variable made under the strategy).
+      mesh: the run's mesh.
+      timeout_s: seconds the gather may wait for its peers (0: no limit).
+
+    Raises:
+      tf.errors.DeadlineExceededError: a peer did not join within `timeout_s`.
+    """
+    layout = layout_of(variable)
+    tf_var = _tf_variable(variable)
+    cached = getattr(variable, _GATHER, None)
+    if cached is None or cached[0] != (mesh, float(timeout_s)):
+        cached = ((mesh, float(timeout_s)), _gather_function(tf_var, layout, mesh, timeout_s))
+        setattr(variable, _GATHER, cached)
+    return cached[1]()
+
+
+def _gather_function(tf_var, layout: Layout, mesh: DeviceMesh, timeout_s: float):
+    # Imported here: `mlperf_tf.collectives` imports this module (the summer reads layouts).
+    from mlperf_tf.collectives.ops import (  # noqa: PLC0415
+        Collectives,
+        Traffic,
+        static_replica_id,
+    )
+
+    strategy = _strategy_of(tf_var)
+    axis, n = layout.split_axis, layout.num_shards(mesh)
+    name = f"whole/{tf_var.name}"
+
+    def replica():
+        replica_id = static_replica_id(tf.distribute.get_replica_context())
+        if replica_id is None:
+            raise ValueError("gathering shards needs static replica ids (MirroredStrategy-like)")
+        ops = Collectives(
+            replica=replica_id, num_replicas=mesh.size, timeout_s=timeout_s, traffic=Traffic()
+        )
+        members = layout.shard_group(mesh, replica_id)
+        if [layout.shard_index(mesh, r) for r in members] != list(range(n)):
+            # Rank order (ascending ids) must be shard order for the concatenation below.
+            raise ValueError(f"the shard group {members} is not in shard order")
+        shard = tf.convert_to_tensor(tf_var)  # this replica's component
+        front = tf.experimental.numpy.moveaxis(shard, axis, 0)  # [k, ...]
+        flat = ops.all_gather(tf.reshape(front, [-1]), members, name)  # shard by shard
+        whole = tf.reshape(flat, [n * front.shape[0], *front.shape[1:]])
+        return tf.experimental.numpy.moveaxis(whole, 0, axis)
+
+    # A partial, not a closure: tf.function keys its retracing statistics by a function's code,
+    # which every variable's closure would share (a warning per variable past the fifth).
+    return tf.function(functools.partial(_first_local_result, strategy, replica), autograph=False)
+
+
+def _first_local_result(strategy, fn):
+    return strategy.experimental_local_results(strategy.run(fn))[0]
+
+
+def bind_gather_timeout(variables, timeout_s: float) -> None:
+    """Bounds the collective gathers that save split `variables` whole (`--collective_timeout`:
+    a worker whose peer never joins a save fails with an error instead of waiting forever)."""
+    for variable in variables:
+        if layout_of(variable).split:
+            setattr(variable, _TIMEOUT, float(timeout_s))
+
+
+def _tf_variable(variable):
+    return variable.value if isinstance(variable, keras.Variable) else variable
+
+
+def _name(variable) -> str:
+    return getattr(variable, "path", None) or variable.name
 
 
 def save_whole(variable, mesh: DeviceMesh, whole_shape) -> None:

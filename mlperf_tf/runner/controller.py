@@ -621,6 +621,11 @@ class Controller:
                 self.summer.build(self.optimizer, self.model.trainable_variables)
             # Slots of split variables are split alike, and saved whole.
             layout.split_slots(self.optimizer, mesh)
+        # A save gathers shards held by other workers (a model axis across processes): bounded
+        # by the run's collective timeout as the step's collectives are.
+        layout.bind_gather_timeout(
+            [*self.model.variables, *self.optimizer.variables], cfg.collective_timeout
+        )
         if isinstance(self.summer, collectives.GradientSummer):
             collectives.record_choices(self.summer, cfg.model_dir, chief=self.chief)
 
