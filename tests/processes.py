@@ -63,14 +63,34 @@ def kill(process: subprocess.Popen) -> None:
         process.wait(timeout=10)
 
 
-def run_workers(worker_args, tmp_path, timeout_s: float, count: int = 2) -> list[str]:
+def run(args: list[str], log_path: str, timeout_s: float, **env) -> tuple[int, str]:
+    """Runs `python args...` to its end (at most `timeout_s`; its process group killed by pid
+    in any case): (exit code, output)."""
+    proc = start(args, log_path, **env)
+    try:
+        code = wait(proc, timeout_s, log_path)
+    finally:
+        kill(proc)
+    with open(log_path, encoding="utf-8", errors="replace") as f:
+        return code, f.read()
+
+
+def run_ok(args: list[str], log_path: str, timeout_s: float, **env) -> str:
+    """`run`, failing with the output's tail unless the exit code is 0; the output."""
+    code, text = run(args, log_path, timeout_s, **env)
+    assert code == 0, text[-3000:]
+    return text
+
+
+def run_worker_processes(
+    worker_args, tmp_path, timeout_s: float, count: int = 2
+) -> list[tuple[int, str]]:
     """Runs `count` MultiWorkerMirroredStrategy workers on 127.0.0.1 (TF_CONFIG on free ports):
     `python worker_args(index)...` each, output in `tmp_path/worker<index>.out`; waits at most
-    `timeout_s` for each, fails with the output of one that does not exit 0, and kills every
-    worker's process group by pid in any case.
+    `timeout_s` for each and kills every worker's process group by pid in any case.
 
     Returns:
-      The workers' log paths.
+      Per worker, (exit code, output).
     """
     ports = free_ports(count)
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
@@ -80,14 +100,26 @@ def run_workers(worker_args, tmp_path, timeout_s: float, count: int = 2) -> list
             tf_config = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
             logs.append(str(tmp_path / f"worker{index}.out"))
             procs.append(start(worker_args(index), logs[-1], TF_CONFIG=tf_config))
-        for proc, log in zip(procs, logs, strict=True):
-            code = wait(proc, timeout_s, log)
-            with open(log, encoding="utf-8", errors="replace") as f:
-                assert code == 0, f.read()[-3000:]
+        codes = [wait(proc, timeout_s, log) for proc, log in zip(procs, logs, strict=True)]
     finally:
         for proc in procs:
             kill(proc)
-    return logs
+    results = []
+    for code, log in zip(codes, logs, strict=True):
+        with open(log, encoding="utf-8", errors="replace") as f:
+            results.append((code, f.read()))
+    return results
+
+
+def run_workers(worker_args, tmp_path, timeout_s: float, count: int = 2) -> list[str]:
+    """`run_worker_processes`, failing with the output of a worker that does not exit 0.
+
+    Returns:
+      The workers' log paths.
+    """
+    for code, text in run_worker_processes(worker_args, tmp_path, timeout_s, count):
+        assert code == 0, text[-3000:]
+    return [str(tmp_path / f"worker{index}.out") for index in range(count)]
 
 
 def wait_until(predicate, timeout_s: float, what: str, poll_s: float = 0.1) -> None:

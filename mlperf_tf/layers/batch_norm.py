@@ -68,11 +68,11 @@ def group_moments(x, *, axis, mask=None, group_sum, rank=0, group_size=1):
     of a `[group_size, 3, C]` table, and `group_sum` adds the members' tables; every member then
     combines the rows with Chan, Golub & LeVeque's pairwise formula (1979):
     M2 = sum_i M2_i + sum_i n_i (mean_i - mean)^2. Unlike E[x^2] - E[x]^2 from summed squares,
-    this does not cancel when a channel's mean is large against its spread: in fp32 that formula
-    lost whole percents of the variance (and of the input gradients) of deep nets at their first
-    steps, where no moving-mean shift can help (it starts at 0; measured on SSD's ResNet-34
-    trunk, `tests/benchmarks/ssd/test_spatial.py`). The table costs `group_size` x the bytes of
-    the `[3, C]` sums, still one collective.
+    this does not cancel when a channel's mean is large against its spread (fp32 inputs of mean
+    1000 and std 1 lose more than 1e-3 of their variance to summed squares,
+    `tests/mlperf_tf/layers/test_batch_norm.py`), and needs no shift: the moving mean the old
+    sums were taken around is 0 at the first step, where it could not help. The table costs
+    `group_size` x the bytes of the `[3, C]` sums, still one collective.
 
     Args:
       x: this replica's inputs, in the statistics dtype (fp32 or fp64); any rank.
@@ -163,13 +163,13 @@ class CrossReplicaBatchNormalization(keras.layers.BatchNormalization):
     Method (one collective per layer per step): in replica context every replica computes its
     per-channel count, mean and sum of squared deviations, its row of a `[group, 3, C]` table,
     and one all-reduce over the replica's group adds the tables (`group_moments`: Chan's
-    combination, no cancellation). Under MirroredStrategy and MultiWorkerMirroredStrategy (replica
-    ids known at trace time) that is a `CollectiveReduceV2` over the group's members with a
-    group key per group (`mlperf_tf.collectives`), run directly in replica context: no
+    combination, no cancellation). Under MirroredStrategy and MultiWorkerMirroredStrategy
+    (replica ids known at trace time) that is a `CollectiveReduceV2` over the group's members
+    with a group key per group (`mlperf_tf.collectives`), run directly in replica context: no
     `merge_call`, which had made tracing full-depth ResNet-50 on 4 logical devices take more
     than 13 minutes. Elsewhere (TPU, eager replica functions) it is the replica context's
-    `all_reduce` of a one-hot `[groups, group, 3, C]` table (`table_group_sum`). The all-reduce's gradient is the all-reduce of the upstream gradient over
-    the same group, so input gradients equal those of BN over the group's concatenated batch.
+    `all_reduce` of a one-hot `[groups, group, 3, C]` table (`table_group_sum`). The
+    all-reduce's gradient is the all-reduce of the upstream gradient over the same group, so input gradients equal those of BN over the group's concatenated batch.
     Statistics are fp32 for fp16/bf16 inputs.
 
     The moving statistics are updated from the group statistics with the biased variance, as

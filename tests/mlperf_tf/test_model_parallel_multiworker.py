@@ -12,7 +12,6 @@ padding-skipping one: the same math rounded differently, hence the scale-aware 1
 is bounded (collectives 60 s, each process 300 s); processes are killed by pid (group).
 """
 
-import json
 import shutil
 
 import numpy as np
@@ -50,16 +49,11 @@ def _one_process(model_dir, log: str, steps: int) -> None:
 
 
 def _one_process_on(model_dir, log: str, steps: int, *devices: str) -> None:
-    proc = processes.start(
+    processes.run_ok(
         [*BERT, *devices, f"--model_dir={model_dir}", f"--max_train_steps={steps}"],
         log,
-    )  # fmt: skip
-    try:
-        code = processes.wait(proc, TIMEOUT_S, log)
-    finally:
-        processes.kill(proc)
-    with open(log, encoding="utf-8", errors="replace") as f:
-        assert code == 0, f.read()[-3000:]
+        TIMEOUT_S,
+    )
 
 
 # Entries that differ between runs by design: the number of saves, the first run_start time.
@@ -123,23 +117,13 @@ def test_a_failed_save_on_one_worker_is_one_line_and_its_peer_does_not_hang(tmp_
     model_dir = tmp_path / "model"
     model_dir.mkdir()
     (model_dir / "ckpt_worker1").write_text("a file where worker 1 writes its throw-away saves")
-    ports = processes.free_ports(2)
-    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
-    procs, logs = [], []
-    try:
-        for index in range(2):
-            tf_config = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
-            logs.append(str(tmp_path / f"worker{index}.out"))
-            procs.append(processes.start(
-                [*BERT, *ACROSS, f"--model_dir={model_dir}", "--max_train_steps=40",
-                 "--steps_per_loop=1", "--checkpoint_every_loops=1"],
-                logs[-1], TF_CONFIG=tf_config,
-            ))  # fmt: skip
-        codes = [processes.wait(p, TIMEOUT_S, log) for p, log in zip(procs, logs, strict=True)]
-    finally:
-        for proc in procs:
-            processes.kill(proc)
-    texts = [open(log, encoding="utf-8", errors="replace").read() for log in logs]
+    results = processes.run_worker_processes(
+        lambda _: [*BERT, *ACROSS, f"--model_dir={model_dir}", "--max_train_steps=40",
+                   "--steps_per_loop=1", "--checkpoint_every_loops=1"],
+        tmp_path,
+        TIMEOUT_S,
+    )  # fmt: skip
+    codes, texts = zip(*results, strict=True)
     assert codes[1] != 0 and codes[0] != 0, codes
     errors = [line for line in texts[1].splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "ckpt_worker1" in errors[0], texts[1][-3000:]

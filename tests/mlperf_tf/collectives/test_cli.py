@@ -10,18 +10,13 @@ TIMEOUT_S = 900
 def test_resnet50_smoke_torus2d_sharded_on_four_devices(tmp_path):
     model_dir = tmp_path / "run"
     log = str(tmp_path / "cli.out")
-    proc = processes.start(
+    processes.run_ok(
         ["-m", "mlperf_tf.cli", "run", "--benchmark=resnet50", "--preset=smoke",
          f"--model_dir={model_dir}", "--all_reduce=torus2d", "--weight_update_sharding",
          "--num_cpu_devices=4"],
         log,
+        TIMEOUT_S,
     )  # fmt: skip
-    try:
-        code = processes.wait(proc, TIMEOUT_S, log)
-    finally:
-        processes.kill(proc)
-    with open(log, encoding="utf-8", errors="replace") as f:
-        assert code == 0, f.read()[-3000:]
     with open(model_dir / "gradient_summation.json", encoding="utf-8") as f:
         assert json.load(f) == {"all_reduce": "torus2d", "mesh": "2x2", "pack_mb": 0.0,
                                 "weight_update_sharding": True}  # fmt: skip
@@ -33,18 +28,13 @@ def test_resnet50_smoke_torus2d_sharded_on_four_devices(tmp_path):
 
 def test_wrong_mesh_is_a_one_line_error(tmp_path):
     log = str(tmp_path / "cli.out")
-    proc = processes.start(
+    code, text = processes.run(
         ["-m", "mlperf_tf.cli", "run", "--benchmark=resnet50", "--preset=smoke",
          f"--model_dir={tmp_path / 'run'}", "--all_reduce=torus2d", "--mesh=3x1",
          "--num_cpu_devices=4"],
         log,
+        300,
     )  # fmt: skip
-    try:
-        code = processes.wait(proc, 300, log)
-    finally:
-        processes.kill(proc)
-    with open(log, encoding="utf-8") as f:
-        text = f.read()
     assert code == 2, text[-3000:]
     errors = [line for line in text.splitlines() if line.startswith("error:")]
     assert errors == ["error: --mesh=3x1 has 3 replicas but the strategy has 4"], text[-3000:]
