@@ -81,8 +81,13 @@ def sequence_beam_search(
     alpha: float,
     max_decode_length: int,
     eos_id: int,
+    retire_finished: bool = False,
 ) -> tuple[tf.Tensor, tf.Tensor]:
     """Beam search over `max_decode_length` steps.
+
+    Each step gathers the cache once, with the beams the step keeps alive (the 2*beam
+    candidates' beams picked by the alive top-k), instead of gathering it for all 2*beam
+    candidates and then again for the survivors: the same tensors, a third of the copying.
 
     Args:
       symbols_to_logits_fn: `(ids [batch * beam, 1], step, cache, static) -> (logits
@@ -98,6 +103,13 @@ def sequence_beam_search(
       alpha: length-penalty exponent (0 scores by plain log-probability).
       max_decode_length: static number of decoding steps.
       eos_id: the end-of-sequence id.
+      retire_finished: drop a batch entry from the loop once its search is decided (no alive
+        hypothesis can beat its worst finished one, t2t's stopping rule applied per entry) and
+        decode only the others, so each step costs what its undecided entries cost. The best
+        hypothesis of every entry is the same as without (a decided entry's best finished one
+        can no longer be beaten); the other beams are those at the entry's own stop. Needs
+        dynamic shapes (not under XLA) and a `symbols_to_logits_fn` whose rows are
+        independent.
 
     Returns:
       (ids int32 [batch, beam, max_decode_length], best first, zeros after EOS;
@@ -127,34 +139,34 @@ def sequence_beam_search(
     finished_flags = tf.zeros([batch_size, beam_size], tf.bool)
     max_penalty = length_penalty(max_decode_length, alpha)
 
-    def grow_alive(step, alive_seq, alive_log_probs, alive_cache):
-        """The 2*beam best one-token extensions of the alive hypotheses."""
+    def step_beams(step, alive_seq, alive_log_probs, alive_cache, fin_seq, fin_scores, fin_flags,
+                   flat_static):  # fmt: skip
+        """One step of the search for the entries in the state (any number of them)."""
+        batch = tf.shape(alive_seq)[0]
+        # The 2*beam best one-token extensions of the alive hypotheses.
         flat_ids = _flatten_beam(alive_seq)  # [batch * beam, length + 1]
         current = tf.gather(flat_ids, [step], axis=1)  # [batch * beam, 1]
         flat_cache = tf.nest.map_structure(_flatten_beam, alive_cache)
         flat_logits, flat_cache = symbols_to_logits_fn(current, step, flat_cache, flat_static)
-        logits = _unflatten_beam(tf.cast(flat_logits, tf.float32), batch_size, beam_size)
-        new_cache = tf.nest.map_structure(
-            lambda t: _unflatten_beam(t, batch_size, beam_size), flat_cache
-        )
+        logits = _unflatten_beam(tf.cast(flat_logits, tf.float32), batch, beam_size)
         log_probs = tf.nn.log_softmax(logits) + alive_log_probs[:, :, None]  # [b, beam, vocab]
-        flat_log_probs = tf.reshape(log_probs, [batch_size, beam_size * vocab_size])
+        flat_log_probs = tf.reshape(log_probs, [batch, beam_size * vocab_size])
         topk_log_probs, topk_indices = tf.math.top_k(flat_log_probs, k=2 * beam_size)
         topk_beams = topk_indices // vocab_size  # [b, 2 * beam]
         topk_ids = topk_indices % vocab_size
-        topk_seq, topk_cache = _gather_beams((alive_seq, new_cache), topk_beams)
+        topk_seq = _gather_beams(alive_seq, topk_beams)
         topk_seq = _write_position(topk_seq, step + 1, topk_ids)
-        return topk_seq, topk_log_probs, topk_ids, topk_cache
-
-    def body(step, alive_seq, alive_log_probs, alive_cache, fin_seq, fin_scores, fin_flags):
-        topk_seq, topk_log_probs, topk_ids, topk_cache = grow_alive(
-            step, alive_seq, alive_log_probs, alive_cache
-        )
         topk_finished = tf.equal(topk_ids, eos_id)  # [b, 2 * beam]
-        # Alive: the best `beam` extensions that did not end.
+        # Alive: the best `beam` extensions that did not end; their caches are the ones of the
+        # beams they extend, gathered once.
         masked = topk_log_probs - tf.cast(topk_finished, tf.float32) * INF
         alive_log_probs, alive_indices = tf.math.top_k(masked, k=beam_size)
-        alive_seq, alive_cache = _gather_beams((topk_seq, topk_cache), alive_indices)
+        alive_seq = _gather_beams(topk_seq, alive_indices)
+        alive_beams = tf.gather(topk_beams, alive_indices, batch_dims=1)  # [b, beam]
+        new_cache = tf.nest.map_structure(
+            lambda t: _unflatten_beam(t, batch, beam_size), flat_cache
+        )
+        alive_cache = _gather_beams(new_cache, alive_beams)
         # Finished: the best `beam` among the old finished and the extensions that ended now.
         new_scores = topk_log_probs / length_penalty(step + 1, alpha)
         new_scores -= (1.0 - tf.cast(topk_finished, tf.float32)) * INF
@@ -165,8 +177,8 @@ def sequence_beam_search(
         fin_seq, fin_flags = _gather_beams((all_seq, all_flags), fin_indices)
         return step + 1, alive_seq, alive_log_probs, alive_cache, fin_seq, fin_scores, fin_flags
 
-    def cond(step, alive_seq, alive_log_probs, alive_cache, fin_seq, fin_scores, fin_flags):
-        del alive_seq, alive_cache, fin_seq
+    def decided(alive_log_probs, fin_scores, fin_flags):
+        """[b] bool: no alive hypothesis of the entry can still beat its worst finished one."""
         # The best an alive hypothesis can still score: its log-probability only decreases,
         # and the length penalty is largest at the maximum length.
         best_alive = alive_log_probs[:, 0] / max_penalty
@@ -174,7 +186,32 @@ def sequence_beam_search(
             tf.where(fin_flags, fin_scores, tf.zeros_like(fin_scores)), axis=1
         )
         lowest_finished = tf.where(tf.reduce_any(fin_flags, axis=1), lowest_finished, -INF)
-        done = tf.reduce_all(lowest_finished > best_alive)
+        return lowest_finished > best_alive
+
+    def result(alive_seq, alive_log_probs, fin_seq, fin_scores, fin_flags):
+        """An entry with no finished hypothesis returns its alive ones (they hit the length cap)."""
+        any_finished = tf.reduce_any(fin_flags, axis=1)
+        alive_scores = alive_log_probs / length_penalty(max_decode_length, alpha)
+        seq = tf.where(any_finished[:, None, None], fin_seq, alive_seq)
+        scores = tf.where(any_finished[:, None], fin_scores, alive_scores)
+        return seq, scores
+
+    if retire_finished:
+        seq, scores = _search_retiring(
+            step_beams, decided, result,
+            (alive_seq, alive_log_probs, alive_cache, finished_seq, finished_scores,
+             finished_flags),
+            flat_static, beam_size=beam_size, max_decode_length=max_decode_length,
+        )  # fmt: skip
+        return _strip_after_eos(seq[:, :, 1:], eos_id), scores
+
+    def body(step, alive_seq, alive_log_probs, alive_cache, fin_seq, fin_scores, fin_flags):
+        return step_beams(step, alive_seq, alive_log_probs, alive_cache, fin_seq, fin_scores,
+                          fin_flags, flat_static)  # fmt: skip
+
+    def cond(step, alive_seq, alive_log_probs, alive_cache, fin_seq, fin_scores, fin_flags):
+        del alive_seq, alive_cache, fin_seq
+        done = tf.reduce_all(decided(alive_log_probs, fin_scores, fin_flags))
         return tf.logical_and(step < max_decode_length, tf.logical_not(done))
 
     loop_vars = (
@@ -189,12 +226,87 @@ def sequence_beam_search(
     _, alive_seq, alive_log_probs, _, fin_seq, fin_scores, fin_flags = tf.while_loop(
         cond, body, loop_vars, maximum_iterations=max_decode_length
     )
-    # A batch entry with no finished hypothesis returns its alive ones (they hit the length cap).
-    any_finished = tf.reduce_any(fin_flags, axis=1)
-    alive_scores = alive_log_probs / length_penalty(max_decode_length, alpha)
-    seq = tf.where(any_finished[:, None, None], fin_seq, alive_seq)
-    scores = tf.where(any_finished[:, None], fin_scores, alive_scores)
+    seq, scores = result(alive_seq, alive_log_probs, fin_seq, fin_scores, fin_flags)
     return _strip_after_eos(seq[:, :, 1:], eos_id), scores
+
+
+def _search_retiring(step_beams, decided, result, state, flat_static, *, beam_size: int,
+                     max_decode_length: int):  # fmt: skip
+    """The search loop of `sequence_beam_search(retire_finished=True)`.
+
+    The loop state holds only the undecided entries (a dynamic batch dimension) and `rows`, their
+    places in the batch. After each step the entries that became decided write their result
+    (`result`) into the output at their rows and leave the state (a gather of the rest, only
+    in steps where some entry was decided); the loop ends when none is left or at the length
+    cap, after which the remaining entries write theirs.
+
+    Returns:
+      (seq int32 [batch, beam, max_decode_length + 1], scores float32 [batch, beam]).
+    """
+    has_static = flat_static is not None
+    flat_static = flat_static if has_static else ()  # a loop variable must not be None
+    alive_seq = state[0]
+    batch_size = tf.shape(alive_seq)[0]
+    rows = tf.range(batch_size)
+    out_seq = tf.zeros_like(alive_seq)
+    out_scores = tf.zeros([batch_size, beam_size], tf.float32)
+
+    def write(out_seq, out_scores, rows, alive_seq, alive_log_probs, fin_seq, fin_scores,
+              fin_flags):  # fmt: skip
+        seq, scores = result(alive_seq, alive_log_probs, fin_seq, fin_scores, fin_flags)
+        where = rows[:, None]
+        return (tf.tensor_scatter_nd_update(out_seq, where, seq),
+                tf.tensor_scatter_nd_update(out_scores, where, scores))  # fmt: skip
+
+    def body(step, rows, out_seq, out_scores, beams, flat_static):
+        step, *beams = step_beams(step, *beams, flat_static if has_static else None)
+        alive_seq, alive_log_probs, alive_cache, fin_seq, fin_scores, fin_flags = beams
+        done = decided(alive_log_probs, fin_scores, fin_flags)
+
+        def retire():
+            leaving = tf.where(done)[:, 0]
+            staying = tf.where(tf.logical_not(done))[:, 0]
+            take = functools.partial(tf.gather, indices=leaving)
+            new_out = write(out_seq, out_scores, take(rows), take(alive_seq),
+                            take(alive_log_probs), take(fin_seq), take(fin_scores),
+                            take(fin_flags))  # fmt: skip
+            keep = functools.partial(tf.gather, indices=staying)
+            kept = tf.nest.map_structure(keep, (rows, tuple(beams)))
+            # The static part is flat, [batch * beam, ...]: the staying entries' beam rows.
+            flat_rows = tf.reshape(
+                tf.cast(staying, tf.int32)[:, None] * beam_size + tf.range(beam_size), [-1]
+            )
+            kept_static = tf.nest.map_structure(lambda t: tf.gather(t, flat_rows), flat_static)
+            return (kept[0], *new_out, kept[1], kept_static)
+
+        def stay():
+            return rows, out_seq, out_scores, tuple(beams), flat_static
+
+        rows, out_seq, out_scores, beams, flat_static = tf.cond(tf.reduce_any(done), retire, stay)
+        return step, rows, out_seq, out_scores, beams, flat_static
+
+    def cond(step, rows, out_seq, out_scores, beams, flat_static):
+        del out_seq, out_scores, beams, flat_static
+        return tf.logical_and(step < max_decode_length, tf.size(rows) > 0)
+
+    def any_batch(t):
+        return tf.TensorShape([None]).concatenate(t.shape[1:])
+
+    loop_vars = (tf.constant(0, tf.int32), rows, out_seq, out_scores, tuple(state), flat_static)
+    invariants = (
+        tf.TensorShape([]),
+        tf.TensorShape([None]),
+        out_seq.shape,
+        out_scores.shape,
+        tf.nest.map_structure(any_batch, tuple(state)),
+        tf.nest.map_structure(any_batch, flat_static),
+    )
+    _, rows, out_seq, out_scores, beams, _ = tf.while_loop(
+        cond, body, loop_vars, shape_invariants=invariants, maximum_iterations=max_decode_length
+    )
+    alive_seq, alive_log_probs, _, fin_seq, fin_scores, fin_flags = beams
+    return write(out_seq, out_scores, rows, alive_seq, alive_log_probs, fin_seq, fin_scores,
+                 fin_flags)  # fmt: skip
 
 
 def greedy_search(
@@ -264,6 +376,7 @@ def translate(
     alpha: float,
     max_decode_length: int,
     eos_id: int,
+    retire_finished: bool = False,
 ) -> tf.Tensor:
     """Decodes source ids with a `Transformer` (its `encode`/`init_cache`/`decode_step`).
 
@@ -274,6 +387,8 @@ def translate(
       alpha: length-penalty exponent of the beam search.
       max_decode_length: static number of decoded positions.
       eos_id: the end-of-sequence id.
+      retire_finished: beam search only: decode only the sentences whose search is not decided
+        yet (`sequence_beam_search`); the same translations, dynamic shapes (not under XLA).
 
     Returns:
       int32 [batch, max_decode_length]: the best hypothesis, zeros after its EOS.
@@ -294,6 +409,7 @@ def translate(
             alpha=alpha,
             max_decode_length=max_decode_length,
             eos_id=eos_id,
+            retire_finished=retire_finished,
         )
     if model.axis.size > 1:
         # The decoding loop issues the model shards' all-reduces: it runs as a function of its

@@ -181,7 +181,10 @@ def mini() -> TransformerConfig:
             bucket_lengths=(8, 12, 16, 24, 32),
             batch_multiple=8,
             eval_max_length=32,
-            shuffle_buffer=40000,
+            # Less than the 26,731 training pairs: the first epoch's shuffle emits its first
+            # pair after 8,192 parsed ones, not after the whole set (its wait counts in the time
+            # to train: 12.4 s -> 3.7 s to the first batch); still a permutation per epoch.
+            shuffle_buffer=8192,
             cache_train=True,
         ),
     )

@@ -51,8 +51,9 @@ def brute_force_best(table: np.ndarray, max_len: int, alpha: float):
     return best, best_score
 
 
+@pytest.mark.parametrize("retire_finished", [False, True])
 @pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0])
-def test_exhaustive_beam_finds_the_brute_force_optimum(alpha):
+def test_exhaustive_beam_finds_the_brute_force_optimum(alpha, retire_finished):
     rng = np.random.default_rng(3)
     vocab, max_len = 4, 4
     for trial in range(3):
@@ -69,6 +70,7 @@ def test_exhaustive_beam_finds_the_brute_force_optimum(alpha):
             alpha=alpha,
             max_decode_length=max_len,
             eos_id=EOS,
+            retire_finished=retire_finished,
         )
         got = ids.numpy()[0, 0].tolist()
         assert got[: len(best)] == best, trial
@@ -117,6 +119,51 @@ def test_translate_compiles_under_xla_and_matches_graph_mode():
     compiled = tf.function(run, jit_compile=True)(inputs)
     assert compiled.shape == (4, 9)
     np.testing.assert_array_equal(compiled.numpy(), graph.numpy())
+
+
+@pytest.mark.parametrize("beam_size, alpha", [(4, 0.6), (3, 1.0), (2, 0.0)])
+def test_retiring_decided_sentences_keeps_every_translation(beam_size, alpha):
+    """`retire_finished` drops decided sentences from the loop: the same best ids and scores."""
+    model = tiny_model(seed=1, scale=3.0)
+    inputs = tf.constant(np.random.default_rng(5).integers(3, 40, size=(12, 7)), tf.int32)
+    encoder_outputs, mask = model.encode(inputs)
+    cache, static = model.init_cache(encoder_outputs, mask, max_decode_length=14)
+    search = tf.function(beam_search.sequence_beam_search)
+    results = {}
+    for retire in (False, True):
+        results[retire] = search(
+            model.decode_step, tf.zeros([12], tf.int32), cache, static=static, vocab_size=40,
+            beam_size=beam_size, alpha=alpha, max_decode_length=14, eos_id=EOS,
+            retire_finished=retire,
+        )  # fmt: skip
+    (ids, scores), (retired_ids, retired_scores) = results[False], results[True]
+    np.testing.assert_array_equal(retired_ids.numpy()[:, 0], ids.numpy()[:, 0])
+    assert_close(retired_scores.numpy()[:, 0], scores.numpy()[:, 0], rtol=1e-6)
+    ended = (ids.numpy()[:, 0] == EOS).any(axis=1)
+    assert ended.any() and not ended.all()  # sentences that stop early and ones at the cap
+
+
+def test_retiring_sentences_with_no_static_part():
+    """A cache-only search (no `static`) retires too: the Markov chain's exhaustive optimum."""
+    rng = np.random.default_rng(7)
+    table = rng.normal(scale=2.0, size=(4, 4))
+    fn = markov_fn(table)
+    starts = tf.constant([0, 2, 3], tf.int32)
+    runs = [
+        beam_search.sequence_beam_search(
+            fn,
+            starts,
+            {"steps": tf.zeros([3], tf.int32)},
+            vocab_size=4,
+            beam_size=2,
+            alpha=0.6,
+            max_decode_length=5,
+            eos_id=EOS,
+            retire_finished=retire,
+        )[0].numpy()[:, 0]  # fmt: skip
+        for retire in (False, True)
+    ]
+    np.testing.assert_array_equal(runs[1], runs[0])
 
 
 def test_strip_after_eos():

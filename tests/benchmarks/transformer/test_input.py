@@ -190,15 +190,18 @@ def test_synthetic_data_shapes():
     assert index[valid > 0].tolist() == [1, 3]
 
 
-def test_cached_training_pairs_reshuffle_every_epoch_and_keep_every_pair(tmp_path):
+@pytest.mark.parametrize("shuffle_buffer", [64, 16])
+def test_cached_training_pairs_reshuffle_every_epoch_and_keep_every_pair(tmp_path, shuffle_buffer):
     """`cache=True` (the mini preset) parses once; every epoch still holds each pair once, in a
-    new order."""
+    new order, also with a shuffle buffer smaller than the data (the mini preset's 8,192 of
+    26,731 pairs)."""
     files = write_pairs(tmp_path, [3 + i % 9 for i in range(48)], with_index=True)
     epochs = {}
     for cache in (False, True):
         dataset = input_lib.train_dataset(
             files, input_context=None, tokens_per_replica=12, max_length=12, method="discard",
-            bucket_lengths=(12,), batch_multiple=1, shuffle_buffer=64, seed=3, cache=cache,
+            bucket_lengths=(12,), batch_multiple=1, shuffle_buffer=shuffle_buffer, seed=3,
+            cache=cache,
         )  # fmt: skip
         rows = [tuple(r) for b in dataset.take(96).as_numpy_iterator() for r in b["inputs"]]
         epochs[cache] = [rows[:48], rows[48:96]]
