@@ -319,7 +319,7 @@ class TransformerBenchmark(Benchmark):
                 max_decode_length=self.max_decode_length,
                 eos_id=prepare.EOS_ID,
                 # A sentence leaves the decoding loop once its best translation is decided (same
-                # translations; 2.1-2.7x faster mini evals, `tools/bench_transformer_eval.py`);
+                # translations; 2.4-2.9x faster mini evals, `tools/bench_transformer_eval.py`);
                 # static shapes (XLA, TPUs, model parallelism) keep the whole batch.
                 retire_finished=not self.static_shapes,
             )
