@@ -80,13 +80,17 @@ def train(
 
 @contextlib.contextmanager
 def floatx(dtype: str):
-    """Keras' default float type (variables and layers' compute dtype) set to `dtype` inside."""
-    before = keras.config.floatx()
+    """Keras' default float type and global dtype policy (variables and layers' compute dtype)
+    set to `dtype` inside, both restored after. The policy too: Keras keeps the first one it
+    made from `floatx`, so `set_floatx` alone does not reach layers made later in a process."""
+    before, policy = keras.config.floatx(), keras.config.dtype_policy()
     keras.config.set_floatx(dtype)
+    keras.config.set_dtype_policy(dtype)
     try:
         yield
     finally:
         keras.config.set_floatx(before)
+        keras.config.set_dtype_policy(policy)
 
 
 def assert_same_training(
