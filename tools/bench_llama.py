@@ -18,7 +18,19 @@ Two shapes: `mini` (the mini preset's model: 3 layers, hidden 256, GQA 4/2 heads
 order (`tools/interleave.py`); reported: tokens/s (median, pooled), the ratio mlperf_tf /
 keras_hub (pooled, median of per-round ratios, each round) and CPU seconds per step.
 
+`--ceiling` adds a third contestant, `matmuls_only`: the step's matrix products alone (every
+projection, both attention products and the output projection, each with its two backward
+products), on fixed tensors, with nothing else (no softmax, norm, rotary, loss or optimizer).
+A train step in fp32 cannot be faster than that on the same CPU, so the two sides' ratios to it
+bound what any speed-up of either can reach.
+
     python tools/bench_llama.py [--shape=mini|wide|both] [--steps=2] [--rounds=5] [--xla=ours]
+                                [--ceiling] [--dtype=fp32|bf16]
+
+`--dtype=bf16` sets Keras' `mixed_bfloat16` policy (as `mlperf-tf run --dtype=bf16` does) before
+either model is built, so both sides compute in bf16 with fp32 weights (`matmuls_only` stays
+fp32). On a CPU with AVX512_BF16 (`lscpu`) oneDNN runs bf16 products natively; without it bf16
+is emulated and slower.
 """
 
 from __future__ import annotations
@@ -36,6 +48,7 @@ import tensorflow as tf  # noqa: E402
 
 from benchmarks.llama31_8b import config as config_lib  # noqa: E402
 from benchmarks.llama31_8b.benchmark import Llama31Benchmark  # noqa: E402
+from mlperf_tf import precision  # noqa: E402
 from mlperf_tf.benchmark import RunContext  # noqa: E402
 from tools import interleave  # noqa: E402
 from tools.args import require_positive  # noqa: E402
@@ -96,14 +109,64 @@ def keras_hub_contestant(benchmark: Llama31Benchmark, *, jit_compile="auto"):
     return interleave.keras_fit_run(model, batches.map(to_keras_hub))
 
 
-def measure(shape: str, steps: int, rounds: int, xla: str = "none") -> None:
+def step_matmuls(config: config_lib.LlamaConfig) -> list[tuple[int, int, int, int]]:
+    """The matrix products of one train step's forward pass as (batch, m, k, n): [batch, m, k] x
+    [batch, k, n]; each has two backward products of the same FLOPs (dX = dY Wᵀ, dW = Xᵀ dY)."""
+    c, b, s = config.model, config.global_batch_size, config.data.max_sequence_length
+    t, d, e = b * s, c.hidden_size, c.head_dim
+    q, kv = c.num_attention_heads * e, c.num_key_value_heads * e
+    per_layer = [
+        (1, t, d, q), (1, t, d, kv), (1, t, d, kv),  # query, key, value projections
+        (b * c.num_attention_heads, s, e, s),  # scores: all s x s, as both sides compute them
+        (b * c.num_attention_heads, s, s, e),  # probabilities x values
+        (1, t, q, d),  # attention output projection
+        (1, t, d, c.intermediate_size), (1, t, d, c.intermediate_size),  # SwiGLU gate, up
+        (1, t, c.intermediate_size, d),  # SwiGLU down
+    ]  # fmt: skip
+    return per_layer * c.num_hidden_layers + [(1, t, d, c.vocab_size)]
+
+
+def matmuls_only_contestant(config: config_lib.LlamaConfig):
+    """`run(steps)` of `step_matmuls`' forward and backward products on fixed random tensors
+    (distinct per product, as the layers' weights are), in one `tf.function`."""
+    products = []
+    for batch, m, k, n in step_matmuls(config):
+        products.append(
+            tuple(
+                tf.Variable(tf.random.normal([batch, *shape])) for shape in ((m, k), (k, n), (m, n))
+            )
+        )
+
+    @tf.function
+    def one_step():
+        total = tf.constant(0.0)
+        for x, w, dy in products:
+            y = tf.matmul(x, w)
+            dx = tf.matmul(dy, w, transpose_b=True)
+            dw = tf.matmul(x, dy, transpose_a=True)
+            total += y[0, 0, 0] + dx[0, 0, 0] + dw[0, 0, 0]  # each product's result is used
+        return total
+
+    def run(steps: int) -> None:
+        for _ in range(steps):
+            one_step().numpy()
+
+    return run
+
+
+def measure(
+    shape: str, steps: int, rounds: int, xla: str = "none", ceiling: bool = False, dtype="fp32"
+) -> None:
     config = shape_config(shape)
+    policy = precision.set_policy(dtype)
     keras.utils.set_random_seed(0)
     make = lambda: Llama31Benchmark(config).with_context(RunContext(num_replicas=1))  # noqa: E731
     contestants = {
         "mlperf_tf": mlperf_tf_contestant(make(), xla=xla in ("ours", "both")),
         "keras_hub": keras_hub_contestant(make(), jit_compile=True if xla == "both" else "auto"),
     }
+    if ceiling:
+        contestants["matmuls_only"] = matmuls_only_contestant(config)
     tokens = config.global_batch_size * config.data.max_sequence_length
     interleave.warm_up(contestants)
     result = interleave.interleaved_rounds(
@@ -115,7 +178,7 @@ def measure(shape: str, steps: int, rounds: int, xla: str = "none") -> None:
         f"{c.num_attention_heads}/{c.num_key_value_heads} of {c.head_dim}, SwiGLU "
         f"{c.intermediate_size}, vocab {c.vocab_size}, batch {config.global_batch_size} x "
         f"sequence {config.data.max_sequence_length}; {steps} steps x {rounds} rounds; TF "
-        f"{tf.__version__}, Keras {keras.__version__}; XLA: {xla}\n"
+        f"{tf.__version__}, Keras {keras.__version__}; XLA: {xla}; policy {policy}\n"
     )
     print(interleave.report(result, "mlperf_tf", unit="tokens"), flush=True)
 
@@ -130,10 +193,15 @@ def main(argv=None) -> int:
         help="none: neither side compiled (keras-hub's fit default on a CPU); ours: our step "
         "with --xla; both: ours with --xla and keras-hub's fit with jit_compile=True",
     )  # fmt: skip
+    parser.add_argument(
+        "--ceiling", action="store_true",
+        help="add `matmuls_only`: the step's matrix products alone, the fp32 bound of both sides",
+    )  # fmt: skip
+    parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
     args = parser.parse_args(argv)
     require_positive(parser, args, "steps", "rounds")
     for shape in ("mini", "wide") if args.shape == "both" else (args.shape,):
-        measure(shape, args.steps, args.rounds, args.xla)
+        measure(shape, args.steps, args.rounds, args.xla, args.ceiling, args.dtype)
     return 0
 
 
