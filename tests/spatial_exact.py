@@ -7,10 +7,19 @@ of a spatial group gets its batch shard's images), `Benchmark.compute_loss` and 
 (Keras' cross-replica gradient sum inside `apply_gradients`). The reference is K = 1 on the same
 batch shards (4/K devices, the same global batch and batch-norm groups of images), starting
 from the same weights; synthetic batches differ between batch shards.
+
+`dtype="float64"` builds both models in float64 (`keras.config.set_floatx`, restored after).
+Deep float32 models need it: a model with millions of ReLU inputs has some within float32
+rounding (~1e-5 after tens of layers) of zero, and any change of kernels (split or not; oneDNN
+on or off) moves such an input across the kink and a gradient by percents, while the float64
+runs' ReLUs agree (`benchmarks/ssd/README.md`, the mini model).
 """
 
 from __future__ import annotations
 
+import contextlib
+
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -69,17 +78,40 @@ def train(
     return {"weights": start, "grads": grads, "losses": losses, "final": final}
 
 
+@contextlib.contextmanager
+def floatx(dtype: str):
+    """Keras' default float type and global dtype policy (variables and layers' compute dtype)
+    set to `dtype` inside, both restored after. The policy too: Keras keeps the first one it
+    made from `floatx`, so `set_floatx` alone does not reach layers made later in a process."""
+    before, policy = keras.config.floatx(), keras.config.dtype_policy()
+    keras.config.set_floatx(dtype)
+    keras.config.set_dtype_policy(dtype)
+    try:
+        yield
+    finally:
+        keras.config.set_floatx(before)
+        keras.config.set_dtype_policy(policy)
+
+
 def assert_same_training(
-    bench: Benchmark, *, parts: int, steps: int = 5, rtol: float = 1e-5, cols: int = 1
+    bench: Benchmark,
+    *,
+    parts: int,
+    steps: int = 5,
+    rtol: float = 1e-5,
+    cols: int = 1,
+    dtype: str = "float32",
 ):  # fmt: skip
     """`parts` tiles (`parts / cols` x `cols`) on 4 devices equals the whole image on
     4/`parts` devices: losses, first gradients and every weight (moving statistics included)
-    after `steps` steps, to `rtol`."""
+    after `steps` steps, to `rtol`; both models in `dtype` (see the module docstring)."""
     devices = 4
-    reference = train(bench, parts=1, devices=devices // parts, steps=steps)
-    split = train(
-        bench, parts=parts, devices=devices, steps=steps, weights=reference["weights"], cols=cols
-    )
+    with floatx(dtype):
+        reference = train(bench, parts=1, devices=devices // parts, steps=steps)
+        split = train(
+            bench, parts=parts, devices=devices, steps=steps, weights=reference["weights"],
+            cols=cols,
+        )  # fmt: skip
     assert split["grads"].keys() == reference["grads"].keys()
     assert_close(split["losses"], reference["losses"], rtol=rtol)
     nonzero = sum(bool(np.any(want)) for want in reference["grads"].values())

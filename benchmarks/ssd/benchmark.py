@@ -9,7 +9,6 @@ from typing import Any
 import keras
 import numpy as np
 import tensorflow as tf
-from absl import logging
 from mlperf_logging.mllog import constants as C
 
 from benchmarks.ssd import coco_metric, postprocess
@@ -63,13 +62,6 @@ class SSDBenchmark(Benchmark):
         """SSD of `config.model`, split into K slabs of rows (K x L tiles) over the mesh's
         spatial axis when it has one (`model.build_ssd`)."""
         layout = spatial.SpatialLayout(self.mesh) if self.mesh.spatial > 1 else None
-        if layout is not None:
-            # tests/benchmarks/ssd/test_spatial.py::test_mini_size_slabs_train_as_the_whole_image
-            logging.warning(
-                "--spatial_partition with ssd: exact for the smoke model, but the mini model's "
-                "split gradients differ from the unsplit ones by up to 8 %% (open, issue 29); "
-                "do not use it for results"
-            )
         return model_lib.build_ssd(self.config.model, layout)
 
     def learning_rate_schedule(self) -> PiecewiseConstantWithWarmup:

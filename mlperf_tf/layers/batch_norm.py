@@ -181,13 +181,15 @@ class CrossReplicaBatchNormalization(keras.layers.BatchNormalization):
     `trainable=False`, it computes what `keras.layers.BatchNormalization` computes.
 
     Fast path: where the statistics are local (`group_size=1`, no strategy, inference, or
-    `trainable=False`) and the input is a 4-D channels-last tensor without a mask, the layer runs
-    TF's fused batch-norm kernel (`tf.raw_ops.FusedBatchNormV3`, as tf_keras and the Model
+    `trainable=False`) and the input is a 4-D channels-last fp16, bf16 or fp32 tensor without a
+    mask, the layer runs TF's fused batch-norm kernel (`tf.raw_ops.FusedBatchNormV3`, as tf_keras and the Model
     Garden do) instead of Keras 3's separate moment and normalization ops: the same result up
     to rounding, one kernel forward and one backward (ResNet-50 on a CPU: see
     `benchmarks/resnet50/README.md`). The kernel returns the Bessel-corrected batch variance;
     the moving variance is updated with the biased one, as Keras does. `fused=False` keeps
-    Keras' ops.
+    Keras' ops. fp64 inputs always take Keras' ops: the kernel has no fp64 version, and casting
+    to fp32 would round a float64 model's batch norm to fp32 (the float64 exactness tests of
+    spatial partitioning compare against such a model).
 
     Args:
       *args: Keras' positional arguments (`axis`, `momentum`, ...), in Keras' order.
@@ -311,6 +313,8 @@ class CrossReplicaBatchNormalization(keras.layers.BatchNormalization):
             and not self.synchronized
             and len(inputs.shape) == 4
             and self.axis % 4 == 3
+            # The kernel's input types; fp64 goes to Keras' ops rather than rounding to fp32.
+            and inputs.dtype in (tf.float16, tf.bfloat16, tf.float32)
         )
 
     def call(self, inputs, training=None, mask=None):
@@ -364,9 +368,7 @@ class CrossReplicaBatchNormalization(keras.layers.BatchNormalization):
         inference normalizes by the moving statistics. The kernel takes fp16/bf16/fp32 inputs
         with fp32 statistics, so half-precision inputs are not upcast.
         """
-        x = inputs
-        if x.dtype not in (tf.float16, tf.bfloat16, tf.float32):
-            x = tf.cast(x, tf.float32)
+        x = inputs  # fp16, bf16 or fp32 (`_fused_applies`)
         channels = x.shape[-1]
         stats_dtype = tf.float32
         gamma = tf.cast(self.gamma, stats_dtype) if self.scale else tf.ones([channels], stats_dtype)

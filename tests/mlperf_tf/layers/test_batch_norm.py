@@ -404,6 +404,31 @@ def test_fused_path_bf16_inputs_keep_fp32_statistics():
     assert_close(layer.moving_mean.numpy(), (1 - MOMENTUM) * mean, rtol=0.02)
 
 
+def test_float64_inputs_are_normalized_in_float64():
+    """FusedBatchNormV3 has no fp64 kernel; the layer once cast fp64 inputs to fp32 for it, so a
+    float64 model's BN (the float64 exactness tests of spatial partitioning) was rounded to
+    fp32 (~1e-7 here). Keras' ops keep fp64: output and input gradient to 1e-12."""
+    rng = np.random.RandomState(5)
+    x = rng.normal(1.0, 2.0, (4, 3, 3, 5))
+    w = rng.normal(0.0, 1.0, x.shape)
+    layer = CrossReplicaBatchNormalization(momentum=MOMENTUM, epsilon=EPS, dtype="float64")
+    layer.build(x.shape)
+    xt = tf.constant(x)
+    with tf.GradientTape() as tape:
+        tape.watch(xt)
+        y = layer(xt, training=True)
+        loss = tf.reduce_sum(y * w)
+    dx = tape.gradient(loss, xt)
+    assert y.dtype == tf.float64 and dx.dtype == tf.float64
+    ref_y, mean, var = _numpy_bn(x, 1.0, 0.0)
+    assert_close(y.numpy(), ref_y, rtol=1e-12)
+    # BN's input gradient: (w - mean(w) - xhat mean(w xhat)) / sqrt(var + eps), means per channel.
+    xhat, axes = (x - mean) / np.sqrt(var + EPS), (0, 1, 2)
+    ref_dx = (w - w.mean(axes) - xhat * (w * xhat).mean(axes)) / np.sqrt(var + EPS)
+    assert_close(dx.numpy(), ref_dx, rtol=1e-12)
+    assert_close(layer.moving_variance.numpy(), MOMENTUM + (1 - MOMENTUM) * var, rtol=1e-12)
+
+
 def test_fused_kernel_only_where_statistics_are_local(strategy):
     """group_size 1 (and inference) run FusedBatchNormV3; a group > 1 keeps its all-reduce."""
     x = tf.zeros((2, 3, 3, 4))
