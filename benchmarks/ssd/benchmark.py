@@ -123,13 +123,21 @@ class SSDBenchmark(Benchmark):
 
     # ---- data ----------------------------------------------------------------------------------
     def synthetic_train_data(self, input_context, batch_size: int) -> tf.data.Dataset:
+        """Synthetic images and boxes, different for each batch shard (`synthetic.per_batch_shard`),
+        so that a data-axis gradient sum adds different gradients."""
         keys = ("image", "boxes", "classes")
-        return synthetic.synthetic_dataset(
-            lambda s: {
-                k: v for k, v in input_lib.synthetic_example(self.config, s).items() if k in keys
-            },
-            batch_size=batch_size,
+        return synthetic.per_batch_shard(
+            lambda seed: synthetic.synthetic_dataset(
+                lambda s: {
+                    k: v
+                    for k, v in input_lib.synthetic_example(self.config, s).items()
+                    if k in keys
+                },
+                batch_size=batch_size,
+                seed=seed,
+            ),
             seed=self.seed,
+            input_context=input_context,
         )
 
     def record_train_data(self, input_context, batch_size: int) -> tf.data.Dataset:
@@ -214,7 +222,7 @@ class SSDBenchmark(Benchmark):
         wd = self.config.optimizer.opt_weight_decay
         if wd > 0:
             squares = [
-                tf.reduce_sum(tf.square(tf.cast(v, tf.float32))) for v in model.trainable_variables
+                tf.reduce_sum(tf.square(tf.cast(v, loss.dtype))) for v in model.trainable_variables
             ]
             loss += 0.5 * wd * tf.add_n(squares) / float(self.num_replicas)
         return loss

@@ -22,7 +22,7 @@ from benchmarks.ssd import anchors as anchors_lib
 
 @dataclasses.dataclass(frozen=True)
 class LossTerms:
-    """Per-image parts of the SSD loss (all `[B]` float32).
+    """Per-image parts of the SSD loss (all `[B]`, float32; float64 for a float64 model).
 
     Attributes:
       total: (box + class) / positives; 0 for images without positives.
@@ -79,7 +79,10 @@ def ssd_loss(
     """The per-image SSD loss (replica context; no cross-replica reduction).
 
     Args:
-      box_codes: `[B, A, 4]` predicted codes (any float dtype; computed in float32).
+      box_codes: `[B, A, 4]` predicted codes (any float dtype; computed in float32, or in
+        float64 when the model is float64: hard-negative mining ranks the anchors' losses, so a
+        float32 rounding of a float64 model's logits can swap two near-tied negatives and jump
+        the gradient, which the float64 exactness tests of spatial partitioning must not see).
       class_logits: `[B, A, C]` logits, class 0 = background.
       gt_boxes: `[B, G, 4]` padded ground-truth corners, normalized.
       gt_classes: `[B, G]` int classes 1..C-1, 0 for padding.
@@ -90,9 +93,10 @@ def ssd_loss(
     Returns:
       `LossTerms` with `[B]` tensors.
     """
-    box_codes = tf.cast(box_codes, tf.float32)
-    class_logits = tf.cast(class_logits, tf.float32)
-    gt_boxes = tf.cast(gt_boxes, tf.float32)
+    dtype = tf.float64 if box_codes.dtype == tf.float64 else tf.float32
+    box_codes = tf.cast(box_codes, dtype)
+    class_logits = tf.cast(class_logits, dtype)
+    gt_boxes = tf.cast(gt_boxes, tf.float32)  # matching depends on the data only: float32
     anchors_corners = tf.constant(boxes.corners)
     anchors_center = tf.constant(boxes.center)
 
@@ -103,8 +107,8 @@ def ssd_loss(
     # Background anchors get their own box as target (code 0), as in the reference, which
     # also keeps log() finite where padding (all-zero boxes) was gathered.
     matched = tf.where(positive[..., None], matched, anchors_corners[None])
-    targets = tf.stop_gradient(anchors_lib.encode(matched, anchors_center))  # [B, A, 4]
-    positive_f = tf.cast(positive, tf.float32)
+    targets = tf.cast(tf.stop_gradient(anchors_lib.encode(matched, anchors_center)), dtype)
+    positive_f = tf.cast(positive, dtype)
     num_pos = tf.reduce_sum(positive_f, axis=1)  # [B]
 
     box = tf.reduce_sum(smooth_l1(box_codes - targets), axis=2)  # [B, A]
@@ -113,12 +117,12 @@ def ssd_loss(
     cross_entropy = tf.nn.sparse_softmax_cross_entropy_with_logits(
         labels=labels, logits=class_logits
     )  # [B, A]
-    neg_losses = tf.stop_gradient(tf.where(positive, 0.0, cross_entropy))
+    neg_losses = tf.stop_gradient(tf.where(positive, tf.zeros_like(cross_entropy), cross_entropy))
     negative = mine_negatives(neg_losses, num_pos, negative_ratio=negative_ratio)
-    negative_f = tf.cast(negative, tf.float32)
+    negative_f = tf.cast(negative, dtype)
     cls = tf.reduce_sum(cross_entropy * (positive_f + negative_f), axis=1)  # [B]
 
-    has_pos = tf.cast(num_pos > 0, tf.float32)
+    has_pos = tf.cast(num_pos > 0, dtype)
     total = (box + cls) * has_pos / tf.maximum(num_pos, 1e-6)
     return LossTerms(
         total=total,

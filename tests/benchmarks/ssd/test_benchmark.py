@@ -191,3 +191,19 @@ def test_mixed_bfloat16_loss_and_eval_are_float32_and_finite():
         assert codes.dtype == tf.bfloat16
     finally:
         keras.config.set_dtype_policy(previous)
+
+
+def test_synthetic_batches_differ_between_batch_shards():
+    """Two replicas of one pipeline get different synthetic images and boxes (so a data-axis
+    gradient sum, e.g. in the spatial exactness tests, adds different gradients); shard 0's batch
+    is the one-replica batch."""
+    bench = SSDBenchmark(config.smoke()).with_context(RunContext(num_replicas=2))
+    context = tf.distribute.InputContext(
+        num_input_pipelines=1, input_pipeline_id=0, num_replicas_in_sync=2
+    )
+    first, second, first_again = list(bench.synthetic_train_data(context, 2).take(3))
+    assert not np.allclose(first["image"].numpy(), second["image"].numpy())
+    assert not np.allclose(first["boxes"].numpy(), second["boxes"].numpy())
+    np.testing.assert_array_equal(first["image"].numpy(), first_again["image"].numpy())
+    alone = next(iter(bench.synthetic_train_data(None, 2)))
+    np.testing.assert_array_equal(alone["image"].numpy(), first["image"].numpy())
