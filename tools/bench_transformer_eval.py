@@ -23,6 +23,10 @@ import statistics
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from tools.args import require_positive  # noqa: E402
+
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -30,8 +34,7 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--preset", default="mini")
     args = parser.parse_args(argv)
-    if args.rounds <= 0:
-        parser.error(f"--rounds ({args.rounds}) must be positive")
+    require_positive(parser, args, "rounds")
     if args.checkpoint and not os.path.exists(args.checkpoint + ".index"):
         parser.error(f"--checkpoint ({args.checkpoint}): no {args.checkpoint}.index")
     import numpy as np  # noqa: PLC0415 (after the flags: --help without TF)

@@ -3,8 +3,9 @@
 Issue 29 had the mini preset's model (ResNet-34 depth, 1/4 width, BN in the extras) split into K
 slabs with first-step gradients up to 8 % away from the unsplit model's. This tool shows that
 the unsplit model is as far from itself under a rounding-sized change, and that the split is
-exact in float64 (the mini-size test). For one set of initial weights and one batch it prints the largest relative
-difference over the variables (max |a - b| / max |b| per variable) of the first-step gradients:
+exact in float64 (the mini-size test). For one set of initial weights and one batch it prints
+the largest relative difference over the variables (max |a - b| / max |b| per variable) of the
+first-step gradients:
 
 * float32, unsplit, kernels scaled by 1 + `--perturb` (random per entry) vs unsplit;
 * float32, K slabs vs unsplit.

@@ -17,7 +17,7 @@ from benchmarks.ssd import input as input_lib
 from benchmarks.ssd import loss as loss_lib
 from benchmarks.ssd import model as model_lib
 from mlperf_tf.benchmark import Benchmark
-from mlperf_tf.data import pipeline, synthetic
+from mlperf_tf.data import pipeline
 from mlperf_tf.errors import DataError, UserError
 from mlperf_tf.layers import model_bn_span
 from mlperf_tf.optimizers import PiecewiseConstantWithWarmup, registry
@@ -40,6 +40,7 @@ class SSDBenchmark(Benchmark):
     name = "ssd"
     mlperf_benchmark = "ssd"
     config_class = config_lib.SSDConfig
+    input_module = input_lib  # synthetic training batches (the base class's per-shard hook)
     # --spatial_partition=K (KxL): each replica of a group of K (K x L) holds a slab of rows (a
     # tile) of every image.
     parallel_axes = ("data", "spatial")
@@ -122,24 +123,6 @@ class SSDBenchmark(Benchmark):
         )
 
     # ---- data ----------------------------------------------------------------------------------
-    def synthetic_train_data(self, input_context, batch_size: int) -> tf.data.Dataset:
-        """Synthetic images and boxes, different for each batch shard (`synthetic.per_batch_shard`),
-        so that a data-axis gradient sum adds different gradients."""
-        keys = ("image", "boxes", "classes")
-        return synthetic.per_batch_shard(
-            lambda seed: synthetic.synthetic_dataset(
-                lambda s: {
-                    k: v
-                    for k, v in input_lib.synthetic_example(self.config, s).items()
-                    if k in keys
-                },
-                batch_size=batch_size,
-                seed=seed,
-            ),
-            seed=self.seed,
-            input_context=input_context,
-        )
-
     def record_train_data(self, input_context, batch_size: int) -> tf.data.Dataset:
         cfg = self.config
         files = pipeline.list_files(

@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from benchmarks.ssd import anchors as anchors_lib
 from benchmarks.ssd.config import SSDConfig
-from mlperf_tf.data import image_ops
+from mlperf_tf.data import image_ops, synthetic
 
 # SSDCropping's sampling modes: keep the image, a crop whose IoU with every box is above one
 # of these minima, or a crop with no IoU constraint (-inf).
@@ -269,6 +269,19 @@ def eval_transform(config: SSDConfig, example: dict) -> dict[str, tf.Tensor]:
         "height": example["height"],
         "width": example["width"],
     }
+
+
+def synthetic_train_dataset(
+    config: SSDConfig, *, batch_size: int, seed: int = 0
+) -> tf.data.Dataset:
+    """An endless repeat of one batch of `synthetic_example`s' training keys (no input cost);
+    `Benchmark.synthetic_train_data` gives each batch shard its own seed."""
+    keys = ("image", "boxes", "classes")
+    return synthetic.synthetic_dataset(
+        lambda index: {k: v for k, v in synthetic_example(config, index).items() if k in keys},
+        batch_size=batch_size,
+        seed=seed,
+    )
 
 
 def synthetic_example(config: SSDConfig, index: int) -> dict[str, np.ndarray]:

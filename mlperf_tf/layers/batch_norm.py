@@ -169,7 +169,8 @@ class CrossReplicaBatchNormalization(keras.layers.BatchNormalization):
     `merge_call`, which had made tracing full-depth ResNet-50 on 4 logical devices take more
     than 13 minutes. Elsewhere (TPU, eager replica functions) it is the replica context's
     `all_reduce` of a one-hot `[groups, group, 3, C]` table (`table_group_sum`). The
-    all-reduce's gradient is the all-reduce of the upstream gradient over the same group, so input gradients equal those of BN over the group's concatenated batch.
+    all-reduce's gradient is the all-reduce of the upstream gradient over the same group, so
+    input gradients equal those of BN over the group's concatenated batch.
     Statistics are fp32 for fp16/bf16 inputs.
 
     The moving statistics are updated from the group statistics with the biased variance, as
@@ -182,10 +183,10 @@ class CrossReplicaBatchNormalization(keras.layers.BatchNormalization):
 
     Fast path: where the statistics are local (`group_size=1`, no strategy, inference, or
     `trainable=False`) and the input is a 4-D channels-last fp16, bf16 or fp32 tensor without a
-    mask, the layer runs TF's fused batch-norm kernel (`tf.raw_ops.FusedBatchNormV3`, as tf_keras and the Model
-    Garden do) instead of Keras 3's separate moment and normalization ops: the same result up
-    to rounding, one kernel forward and one backward (ResNet-50 on a CPU: see
-    `benchmarks/resnet50/README.md`). The kernel returns the Bessel-corrected batch variance;
+    mask, the layer runs TF's fused batch-norm kernel (`tf.raw_ops.FusedBatchNormV3`, as
+    tf_keras and the Model Garden do) instead of Keras 3's separate moment and normalization
+    ops: the same result up to rounding, one kernel forward and one backward (ResNet-50 on a
+    CPU: see `benchmarks/resnet50/README.md`). The kernel returns the Bessel-corrected batch variance;
     the moving variance is updated with the biased one, as Keras does. `fused=False` keeps
     Keras' ops. fp64 inputs always take Keras' ops: the kernel has no fp64 version, and casting
     to fp32 would round a float64 model's batch norm to fp32 (the float64 exactness tests of
