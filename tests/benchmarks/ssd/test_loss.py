@@ -132,6 +132,32 @@ def test_matches_the_reference_formula():
     assert_close(ours, ref, rtol=1e-4)
 
 
+def test_a_float64_model_gets_a_float64_loss():
+    """Float64 outputs keep float64 through the loss (the float64 exactness tests of spatial
+    partitioning: a float32 rounding before hard-negative mining can swap near-tied negatives).
+    A 1e-9 nudge of the box codes, far below float32's resolution, moves the float64 loss by its
+    gradient times the nudge and leaves the float32 loss unchanged. (The matching targets stay
+    float32: they depend on the data only.)"""
+    boxes = _layout()
+    gt_boxes, gt_classes = _ground_truth()
+    rng = np.random.default_rng(4)
+    codes = tf.constant(rng.normal(size=(2, boxes.num_anchors, 4)))
+    logits = tf.constant(rng.normal(size=(2, boxes.num_anchors, 4)))
+
+    def total(c, dtype):
+        c, z = tf.cast(c, dtype), tf.cast(logits, dtype)
+        return tf.reduce_sum(loss.ssd_loss(c, z, gt_boxes, gt_classes, boxes).total)
+
+    with tf.GradientTape() as tape:
+        tape.watch(codes)
+        before = total(codes, tf.float64)
+    expected = tf.reduce_sum(tape.gradient(before, codes) * 1e-9).numpy()
+    moved = (total(codes + 1e-9, tf.float64) - before).numpy()
+    assert before.dtype == tf.float64 and expected != 0.0
+    assert abs(moved - expected) <= 1e-3 * abs(expected)
+    assert (total(codes + 1e-9, tf.float32) - total(codes, tf.float32)).numpy() == 0.0
+
+
 def test_loss_and_gradient_compile_with_xla():
     boxes = _layout()
     gt_boxes, gt_classes = _ground_truth()
