@@ -52,7 +52,8 @@ def compute(
       checkpoint_s: seconds spent saving checkpoints between run_start and run_stop.
 
     Returns:
-      `PARTS` -> seconds, plus `steady_step_s` (a steady step's compute time, seconds) and `TOTAL`.
+      `PARTS` -> seconds, plus `steady_step_s` (a steady step's compute time, seconds),
+      `input_wait_first_loop_s` (the first loop's input wait, seconds) and `TOTAL`.
     """
     later = loops[1:]
     later_steps = sum(steps for steps, _, _ in later)
@@ -76,6 +77,9 @@ def compute(
     parts = {key: round(value, 3) for key, value in parts.items()}
     parts[TOTAL] = round(total_s, 3)
     parts["steady_step_s"] = None if steady is None else round(steady, 6)
+    # Of `input_wait`, the first loop's: the pipeline's start (its first batch), apart from the
+    # stalls of a pipeline that does not keep up.
+    parts["input_wait_first_loop_s"] = round(loops[0][2], 3) if loops else 0.0
     return parts
 
 

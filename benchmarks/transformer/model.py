@@ -272,6 +272,36 @@ class Attention(keras.layers.Layer):
         """Keys and values of `source` [batch, length, hidden]: each [batch, length, heads, depth]."""
         return self.key_dense(source), self.value_dense(source)
 
+    def cache_kv(self, source):
+        """Keys and values of `source` in the decoding caches' layout, [batch, heads, length, depth].
+
+        Heads before positions: a decoding step's two attention products are then batched
+        matmuls over the cache as it is stored. With the training path's [batch, length, heads,
+        depth] the einsums transposed the whole cache twice per layer and step, and the cache
+        (batch x beam rows x the decode length) is most of a step's memory traffic (issue 30).
+        """
+        return tuple(tf.transpose(t, [0, 2, 1, 3]) for t in self.project_kv(source))
+
+    def _write_cache(self, cache, source, step):
+        """The self-attention cache with position `step` set to `source`'s key and value."""
+        new_key, new_value = self.cache_kv(source)  # [b, n, 1, h]
+        # A select against the position (static shapes, XLA-friendly; one pass over the cache,
+        # where the one-hot sum it replaces made three).
+        at_step = (tf.range(cache["k"].shape[2]) == step)[None, None, :, None]
+        return {
+            "k": tf.where(at_step, new_key, cache["k"]),
+            "v": tf.where(at_step, new_value, cache["v"]),
+        }
+
+    def _attend_cached(self, query, cache, mask, training):
+        """Attention of `query` [batch, q_len, heads, depth] over a cache's keys and values."""
+        query = tf.transpose(query, [0, 2, 1, 3])  # [b, n, q, h]
+        logits = tf.matmul(query, cache["k"], transpose_b=True)  # [b, n, q, kv]
+        logits = tf.where(mask, tf.cast(logits, tf.float32), NEG_INF)
+        weights = tf.cast(tf.nn.softmax(logits, axis=-1), query.dtype)
+        weights = self.dropout_layer(weights, training=training)
+        return tf.transpose(tf.matmul(weights, cache["v"]), [0, 2, 1, 3])  # [b, q, n, h]
+
     def call(
         self,
         query_input,
@@ -291,7 +321,7 @@ class Attention(keras.layers.Layer):
             and `step` is None (encoder-decoder attention while decoding).
           mask: bool, True where a key is visible; broadcastable to [batch, heads, q_len, kv_len].
           training: enables attention dropout.
-          cache: None, or {"k", "v"}: [batch, kv_len, heads, depth].
+          cache: None, or {"k", "v"}: [batch, heads, kv_len, depth] (`cache_kv`).
           step: with `cache`, the int position this call writes (decoder self-attention while
             decoding one position: `query_input` and `source` are [batch, 1, hidden]).
           query_tokens, source_tokens: the layouts (`PaddedTokens`, `PackedTokens`) of
@@ -305,18 +335,12 @@ class Attention(keras.layers.Layer):
         if source is not None:
             source = query_input if same_source else self.axis.copy(source)
         query = query_tokens.unpack(self.query_dense(query_input) * (self.depth**-0.5))
-        if cache is None:
-            key, value = (source_tokens.unpack(t) for t in self.project_kv(source))
-        elif step is None:
-            key, value = cache["k"], cache["v"]
-        else:
-            new_key, new_value = self.project_kv(source)  # [b, 1, n, h]
-            max_len = cache["k"].shape[1]
-            # Writes position `step` as a one-hot sum instead of a scatter: static and XLA-friendly.
-            one_hot = tf.cast(tf.one_hot(step, max_len), new_key.dtype)[None, :, None, None]
-            key = cache["k"] + new_key * one_hot
-            value = cache["v"] + new_value * one_hot
-            cache = {"k": key, "v": value}
+        if cache is not None:  # decoding
+            if step is not None:
+                cache = self._write_cache(cache, source, step)
+            attended = self._attend_cached(query, cache, mask, training)
+            return self.output_dense(query_tokens.pack(attended)), cache
+        key, value = (source_tokens.unpack(t) for t in self.project_kv(source))
         logits = tf.einsum("btnh,bfnh->bnft", key, query)  # [b, n, q, kv]
         logits = tf.where(mask, tf.cast(logits, tf.float32), NEG_INF)
         weights = tf.cast(tf.nn.softmax(logits, axis=-1), query.dtype)
@@ -492,8 +516,8 @@ class DecoderLayer(keras.layers.Layer):
           self_mask: bool mask of the self-attention (causal).
           encdec_mask: bool mask of the encoder-decoder attention (source padding).
           training: enables dropout.
-          cache: None, or the self-attention {"k", "v"} [batch, max_len, heads, depth].
-          encdec_cache: None, or the encoder's {"k", "v"} [batch, src_len, heads, depth].
+          cache: None, or the self-attention {"k", "v"} [batch, heads, max_len, depth].
+          encdec_cache: None, or the encoder's {"k", "v"} [batch, heads, src_len, depth].
           step: the position written into `cache`.
           tokens, encoder_tokens: the layouts of `x` and of `encoder_outputs` (packed:
             [tokens, hidden]; see `PackedTokens`).
@@ -707,8 +731,8 @@ class Transformer(keras.Model):
         Returns:
           `(cache, static)`, dicts of tensors with a leading batch dimension. `cache` changes every
           step and follows the beams: per layer the self-attention keys/values, zeros
-          [batch, max_decode_length, heads, depth]. `static` does not change: per layer the
-          encoder's keys/values [batch, src_len, heads, depth], computed once here, and
+          [batch, heads, max_decode_length, depth]. `static` does not change: per layer the
+          encoder's keys/values [batch, heads, src_len, depth], computed once here, and
           "encdec_mask"; beam search tiles it once and never reorders it (every beam of a
           sentence shares it).
         """
@@ -716,11 +740,11 @@ class Transformer(keras.Model):
         batch = tf.shape(encoder_outputs)[0]
         depth = p.hidden_size // p.num_heads
         heads = p.num_heads // self.axis.size  # this shard's heads
-        zeros = tf.zeros([batch, max_decode_length, heads, depth], encoder_outputs.dtype)
+        zeros = tf.zeros([batch, heads, max_decode_length, depth], encoder_outputs.dtype)
         cache, static = {}, {"encdec_mask": encdec_mask}
         for i, layer in enumerate(self.decoder_layers):
             attention = layer.encdec_attention
-            enc_k, enc_v = attention.project_kv(attention.axis.copy(encoder_outputs))
+            enc_k, enc_v = attention.cache_kv(attention.axis.copy(encoder_outputs))
             cache[f"layer_{i}"] = {"k": zeros, "v": zeros}
             static[f"layer_{i}"] = {"k": enc_k, "v": enc_v}
         return cache, static
@@ -737,7 +761,7 @@ class Transformer(keras.Model):
         Returns:
           (float32 logits [batch, vocab], the updated cache).
         """
-        max_len = cache["layer_0"]["k"].shape[1]
+        max_len = cache["layer_0"]["k"].shape[2]
         x = self.embedding(ids)  # [b, 1, hidden]
         signal = position_encoding(max_len, self.params.hidden_size)
         x = x + tf.cast(tf.gather(signal, [step]), x.dtype)[None]

@@ -193,6 +193,7 @@ def test_compute_splits_the_first_loop_and_the_input_wait():
     assert parts["steady_step_s"] == pytest.approx(1.0)
     assert parts["compile"] == pytest.approx(3.5)
     assert parts["input_wait"] == pytest.approx(1.0)
+    assert parts["input_wait_first_loop_s"] == pytest.approx(0.5)
     assert parts["train"] == pytest.approx(14.5 - 1.0 - 3.5)
     assert parts["other"] == pytest.approx(20.0 - 10.0 - 3.5 - 3.0 - 1.0 - 1.0)
     line = time_breakdown.one_line(parts)
