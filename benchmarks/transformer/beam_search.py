@@ -95,7 +95,8 @@ def sequence_beam_search(
         `step - 1` (the initial id at step 0).
       initial_ids: int32 [batch], usually the pad id.
       initial_cache: nest of tensors [batch, ...] that changes every step and is reordered with
-        the beams (e.g. the self-attention keys/values of `Transformer.init_cache`).
+        the beams (e.g. the self-attention keys/values of `Transformer.init_cache`). With
+        `retire_finished`, a dimension of length 0 may grow between steps (a growing cache).
       static: nest of tensors [batch, ...] that does not change (e.g. the encoder's keys and
         values): tiled to [batch * beam, ...] once, never reordered; None for none.
       vocab_size: number of logits.
@@ -292,13 +293,20 @@ def _search_retiring(step_beams, decided, result, state, flat_static, *, beam_si
     def any_batch(t):
         return tf.TensorShape([None]).concatenate(t.shape[1:])
 
+    def any_batch_and_growth(t):
+        # A cache dimension of length 0 at the start can only grow (`Transformer.init_cache(
+        # grow=True)`: a position per step): its length is free too.
+        return tf.TensorShape([None] + [None if d == 0 else d for d in t.shape[1:]])
+
     loop_vars = (tf.constant(0, tf.int32), rows, out_seq, out_scores, tuple(state), flat_static)
+    state_invariants = [tf.nest.map_structure(any_batch, t) for t in state]
+    state_invariants[2] = tf.nest.map_structure(any_batch_and_growth, state[2])  # alive_cache
     invariants = (
         tf.TensorShape([]),
         tf.TensorShape([None]),
         out_seq.shape,
         out_scores.shape,
-        tf.nest.map_structure(any_batch, tuple(state)),
+        tuple(state_invariants),
         tf.nest.map_structure(any_batch, flat_static),
     )
     _, rows, out_seq, out_scores, beams, _ = tf.while_loop(
@@ -394,7 +402,10 @@ def translate(
       int32 [batch, max_decode_length]: the best hypothesis, zeros after its EOS.
     """
     encoder_outputs, mask = model.encode(inputs, training=False)
-    cache, static = model.init_cache(encoder_outputs, mask, max_decode_length)
+    # The retiring search has dynamic shapes anyway: its caches grow a position per step (each
+    # step's passes over them cost the positions decoded so far, not the length cap).
+    grow = retire_finished and beam_size > 1
+    cache, static = model.init_cache(encoder_outputs, mask, max_decode_length, grow=grow)
     initial_ids = tf.zeros([tf.shape(inputs)[0]], tf.int32)
     if beam_size == 1:
         search = functools.partial(

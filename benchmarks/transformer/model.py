@@ -283,10 +283,20 @@ class Attention(keras.layers.Layer):
         return tuple(tf.transpose(t, [0, 2, 1, 3]) for t in self.project_kv(source))
 
     def _write_cache(self, cache, source, step):
-        """The self-attention cache with position `step` set to `source`'s key and value."""
+        """The self-attention cache with position `step` set to `source`'s key and value.
+
+        A cache of static length (`init_cache(grow=False)`) is written with a select against the
+        position: static shapes, XLA-friendly, one pass over the cache (the one-hot sum it
+        replaced made three). A cache whose length is not static (`grow=True`: the beam search
+        declares that dimension free) holds positions 0..step-1 and gets `step` appended, so
+        every pass over it costs the positions decoded so far, not the length cap.
+        """
         new_key, new_value = self.cache_kv(source)  # [b, n, 1, h]
-        # A select against the position (static shapes, XLA-friendly; one pass over the cache,
-        # where the one-hot sum it replaces made three).
+        if cache["k"].shape[2] is None:
+            return {
+                "k": tf.concat([cache["k"], new_key], axis=2),
+                "v": tf.concat([cache["v"], new_value], axis=2),
+            }
         at_step = (tf.range(cache["k"].shape[2]) == step)[None, None, :, None]
         return {
             "k": tf.where(at_step, new_key, cache["k"]),
@@ -719,7 +729,7 @@ class Transformer(keras.Model):
         return self.logits(self.teacher_forced_states(inputs, training=training))
 
     def init_cache(
-        self, encoder_outputs, encdec_mask, max_decode_length: int
+        self, encoder_outputs, encdec_mask, max_decode_length: int, grow: bool = False
     ) -> tuple[dict[str, Any], dict[str, Any]]:
         """The decoding state for `max_decode_length` positions.
 
@@ -727,6 +737,10 @@ class Transformer(keras.Model):
           encoder_outputs: [batch, src_len, hidden].
           encdec_mask: [batch, 1, 1, src_len] padding mask of the source.
           max_decode_length: static number of decoded positions.
+          grow: the self-attention caches start empty (length 0) and grow by a position per
+            step (dynamic shapes: the decoding loop must declare their length free, as
+            `sequence_beam_search(retire_finished=True)` does); else they are zeros of length
+            `max_decode_length` written in place (static shapes, XLA).
 
         Returns:
           `(cache, static)`, dicts of tensors with a leading batch dimension. `cache` changes every
@@ -740,7 +754,8 @@ class Transformer(keras.Model):
         batch = tf.shape(encoder_outputs)[0]
         depth = p.hidden_size // p.num_heads
         heads = p.num_heads // self.axis.size  # this shard's heads
-        zeros = tf.zeros([batch, heads, max_decode_length, depth], encoder_outputs.dtype)
+        length = 0 if grow else max_decode_length
+        zeros = tf.zeros([batch, heads, length, depth], encoder_outputs.dtype)
         cache, static = {}, {"encdec_mask": encdec_mask}
         for i, layer in enumerate(self.decoder_layers):
             attention = layer.encdec_attention
@@ -761,12 +776,17 @@ class Transformer(keras.Model):
         Returns:
           (float32 logits [batch, vocab], the updated cache).
         """
+        # The cache's static length; None for a growing cache (`init_cache(grow=True)`), which
+        # holds positions 0..step-1 before this step and 0..step after it.
         max_len = cache["layer_0"]["k"].shape[2]
         x = self.embedding(ids)  # [b, 1, hidden]
-        signal = position_encoding(max_len, self.params.hidden_size)
+        signal = position_encoding(
+            step + 1 if max_len is None else max_len, self.params.hidden_size
+        )
         x = x + tf.cast(tf.gather(signal, [step]), x.dtype)[None]
-        # Row `step` of the causal mask over the fixed-size cache: keys 0..step are visible.
-        self_mask = (tf.range(max_len) <= step)[None, None, None, :]
+        # Row `step` of the causal mask: keys 0..step are visible (all of a grown cache's).
+        keys = step + 1 if max_len is None else max_len
+        self_mask = (tf.range(keys) <= step)[None, None, None, :]
         new_cache = {}
         for i, layer in enumerate(self.decoder_layers):
             x, new_cache[f"layer_{i}"] = layer(

@@ -123,14 +123,17 @@ def test_translate_compiles_under_xla_and_matches_graph_mode():
 
 @pytest.mark.parametrize("beam_size, alpha", [(4, 0.6), (3, 1.0), (2, 0.0)])
 def test_retiring_decided_sentences_keeps_every_translation(beam_size, alpha):
-    """`retire_finished` drops decided sentences from the loop: the same best ids and scores."""
+    """`retire_finished` drops decided sentences from the loop, with caches that grow a position
+    per step (as `translate` runs it): the same best ids and scores as the whole-batch search
+    over fixed-length caches."""
     model = tiny_model(seed=1, scale=3.0)
     inputs = tf.constant(np.random.default_rng(5).integers(3, 40, size=(12, 7)), tf.int32)
     encoder_outputs, mask = model.encode(inputs)
-    cache, static = model.init_cache(encoder_outputs, mask, max_decode_length=14)
     search = tf.function(beam_search.sequence_beam_search)
     results = {}
     for retire in (False, True):
+        cache, static = model.init_cache(encoder_outputs, mask, max_decode_length=14, grow=retire)
+        assert cache["layer_0"]["k"].shape[2] == (0 if retire else 14)
         results[retire] = search(
             model.decode_step, tf.zeros([12], tf.int32), cache, static=static, vocab_size=40,
             beam_size=beam_size, alpha=alpha, max_decode_length=14, eos_id=EOS,
@@ -141,6 +144,27 @@ def test_retiring_decided_sentences_keeps_every_translation(beam_size, alpha):
     assert_close(retired_scores.numpy()[:, 0], scores.numpy()[:, 0], rtol=1e-6)
     ended = (ids.numpy()[:, 0] == EOS).any(axis=1)
     assert ended.any() and not ended.all()  # sentences that stop early and ones at the cap
+
+
+def test_translate_retiring_equals_the_whole_batch_search():
+    """`translate(retire_finished=True)` (growing caches, retiring) = the static-shape path."""
+    model = tiny_model(seed=3, scale=3.0)
+    inputs = tf.constant(np.random.default_rng(8).integers(3, 40, size=(10, 6)), tf.int32)
+    ids = {
+        retire: tf.function(beam_search.translate)(
+            model,
+            inputs,
+            beam_size=4,
+            alpha=0.6,
+            max_decode_length=12,
+            eos_id=EOS,
+            retire_finished=retire,
+        ).numpy()  # fmt: skip
+        for retire in (False, True)
+    }
+    np.testing.assert_array_equal(ids[True], ids[False])
+    ended = (ids[False] == EOS).any(axis=1)
+    assert ended.any() and not ended.all()
 
 
 def test_retiring_sentences_with_no_static_part():
