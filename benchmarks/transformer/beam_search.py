@@ -414,7 +414,7 @@ def translate(
     else:
         search = functools.partial(
             sequence_beam_search,
-            model.decode_step,
+            functools.partial(model.decode_step, grow=grow),
             vocab_size=model.params.vocab_size,
             beam_size=beam_size,
             alpha=alpha,

@@ -120,7 +120,12 @@ def position_encoding(length: int, hidden_size: int) -> tf.Tensor:
     Returns:
       float32 tensor [length, hidden_size].
     """
-    position = tf.range(length, dtype=tf.float32)
+    return position_signal(tf.range(length), hidden_size)
+
+
+def position_signal(positions: tf.Tensor, hidden_size: int) -> tf.Tensor:
+    """`position_encoding`'s rows at `positions` (int [n]): float32 [n, hidden_size]."""
+    position = tf.cast(positions, tf.float32)
     num_timescales = hidden_size // 2
     log_increment = math.log(1.0e4) / max(num_timescales - 1, 1)
     inv_timescales = tf.exp(tf.range(num_timescales, dtype=tf.float32) * -log_increment)
@@ -282,17 +287,17 @@ class Attention(keras.layers.Layer):
         """
         return tuple(tf.transpose(t, [0, 2, 1, 3]) for t in self.project_kv(source))
 
-    def _write_cache(self, cache, source, step):
+    def _write_cache(self, cache, source, step, grow):
         """The self-attention cache with position `step` set to `source`'s key and value.
 
-        A cache of static length (`init_cache(grow=False)`) is written with a select against the
+        A fixed-length cache (`init_cache(grow=False)`) is written with a select against the
         position: static shapes, XLA-friendly, one pass over the cache (the one-hot sum it
-        replaced made three). A cache whose length is not static (`grow=True`: the beam search
-        declares that dimension free) holds positions 0..step-1 and gets `step` appended, so
-        every pass over it costs the positions decoded so far, not the length cap.
+        replaced made three). A growing cache (`grow=True`) holds positions 0..step-1 and gets
+        `step` appended, so every pass over it costs the positions decoded so far, not the
+        length cap (dynamic shapes: not under XLA).
         """
         new_key, new_value = self.cache_kv(source)  # [b, n, 1, h]
-        if cache["k"].shape[2] is None:
+        if grow:
             return {
                 "k": tf.concat([cache["k"], new_key], axis=2),
                 "v": tf.concat([cache["v"], new_value], axis=2),
@@ -322,6 +327,7 @@ class Attention(keras.layers.Layer):
         step=None,
         query_tokens=PADDED,
         source_tokens=PADDED,
+        grow=False,
     ):
         """Attends from `query_input` [batch, q_len, hidden] to `source` [batch, kv_len, hidden].
 
@@ -336,6 +342,7 @@ class Attention(keras.layers.Layer):
             decoding one position: `query_input` and `source` are [batch, 1, hidden]).
           query_tokens, source_tokens: the layouts (`PaddedTokens`, `PackedTokens`) of
             `query_input` and `source`; packed inputs are [tokens, hidden].
+          grow: with `step`, `cache` is a growing cache (`init_cache(grow=True)`): append.
 
         Returns:
           (output in the layout of `query_input`, the updated cache or None).
@@ -347,7 +354,7 @@ class Attention(keras.layers.Layer):
         query = query_tokens.unpack(self.query_dense(query_input) * (self.depth**-0.5))
         if cache is not None:  # decoding
             if step is not None:
-                cache = self._write_cache(cache, source, step)
+                cache = self._write_cache(cache, source, step, grow)
             attended = self._attend_cached(query, cache, mask, training)
             return self.output_dense(query_tokens.pack(attended)), cache
         key, value = (source_tokens.unpack(t) for t in self.project_kv(source))
@@ -517,6 +524,7 @@ class DecoderLayer(keras.layers.Layer):
         tokens=PADDED,
         encoder_tokens=PADDED,
         aux=None,
+        grow=False,
     ):
         """One decoder layer; with the caches it decodes the single position `step`.
 
@@ -532,6 +540,7 @@ class DecoderLayer(keras.layers.Layer):
           tokens, encoder_tokens: the layouts of `x` and of `encoder_outputs` (packed:
             [tokens, hidden]; see `PackedTokens`).
           aux: a `moe.Collector` of the MoE layer's stats, or None.
+          grow: `cache` is a growing cache (`Attention`'s `grow`).
 
         Returns:
           (x in the layout of the input, the updated self-attention cache or None).
@@ -546,6 +555,7 @@ class DecoderLayer(keras.layers.Layer):
             step=step,
             query_tokens=tokens,
             source_tokens=tokens,
+            grow=grow,
         )
         x = x + self.dropout_layer(y, training=training)
         y = self.encdec_attention_norm(x)
@@ -764,7 +774,7 @@ class Transformer(keras.Model):
             static[f"layer_{i}"] = {"k": enc_k, "v": enc_v}
         return cache, static
 
-    def decode_step(self, ids, step, cache, static):
+    def decode_step(self, ids, step, cache, static, grow: bool = False):
         """Logits for position `step` given the previous token.
 
         Args:
@@ -772,21 +782,18 @@ class Transformer(keras.Model):
           step: scalar int, the position being predicted (0-based).
           cache: the `cache` of `init_cache` (or of the previous step).
           static: the `static` of `init_cache`.
+          grow: `cache` comes from `init_cache(grow=True)` (it holds positions 0..step-1).
 
         Returns:
           (float32 logits [batch, vocab], the updated cache).
         """
-        # The cache's static length; None for a growing cache (`init_cache(grow=True)`), which
-        # holds positions 0..step-1 before this step and 0..step after it.
-        max_len = cache["layer_0"]["k"].shape[2]
         x = self.embedding(ids)  # [b, 1, hidden]
-        signal = position_encoding(
-            step + 1 if max_len is None else max_len, self.params.hidden_size
-        )
-        x = x + tf.cast(tf.gather(signal, [step]), x.dtype)[None]
-        # Row `step` of the causal mask: keys 0..step are visible (all of a grown cache's).
-        keys = step + 1 if max_len is None else max_len
-        self_mask = (tf.range(keys) <= step)[None, None, None, :]
+        signal = position_signal(tf.reshape(step, [1]), self.params.hidden_size)
+        x = x + tf.cast(signal, x.dtype)[None]
+        if grow:  # keys 0..step, all visible
+            self_mask = tf.constant(True, shape=[1, 1, 1, 1])
+        else:  # row `step` of the causal mask over the fixed-length cache
+            self_mask = (tf.range(cache["layer_0"]["k"].shape[2]) <= step)[None, None, None, :]
         new_cache = {}
         for i, layer in enumerate(self.decoder_layers):
             x, new_cache[f"layer_{i}"] = layer(
@@ -798,6 +805,7 @@ class Transformer(keras.Model):
                 cache=cache[f"layer_{i}"],
                 encdec_cache=static[f"layer_{i}"],
                 step=step,
+                grow=grow,
             )
         logits = self.full_logits(self.decoder_norm(x))  # [b, 1, vocab]
         return tf.cast(logits[:, 0, :], tf.float32), new_cache

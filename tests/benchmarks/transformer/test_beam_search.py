@@ -1,5 +1,6 @@
 """Tests of beam search and greedy decoding: golden brute force, beam 1 = greedy, XLA, reference."""
 
+import functools
 import itertools
 
 import numpy as np
@@ -135,7 +136,8 @@ def test_retiring_decided_sentences_keeps_every_translation(beam_size, alpha):
         cache, static = model.init_cache(encoder_outputs, mask, max_decode_length=14, grow=retire)
         assert cache["layer_0"]["k"].shape[2] == (0 if retire else 14)
         results[retire] = search(
-            model.decode_step, tf.zeros([12], tf.int32), cache, static=static, vocab_size=40,
+            functools.partial(model.decode_step, grow=retire), tf.zeros([12], tf.int32), cache,
+            static=static, vocab_size=40,
             beam_size=beam_size, alpha=alpha, max_decode_length=14, eos_id=EOS,
             retire_finished=retire,
         )  # fmt: skip

@@ -1,5 +1,6 @@
 """Tests of TransformerBenchmark: loss, MLPerf hparams against the rules, XLA steps, BLEU eval."""
 
+import dataclasses
 import os
 
 import mlperf_logging
@@ -215,7 +216,9 @@ def test_loss_is_the_token_mean_over_replicas():
 
 
 def test_eval_step_compiles_under_xla_and_scores_synthetic_copies():
+    # As the runner binds it under --xla: static shapes (the whole-batch search, fixed caches).
     bench = smoke_benchmark(**{"model.num_layers": "1"})
+    bench = bench.with_context(dataclasses.replace(bench.context, static_shapes=True))
     model = bench.build_model()
     batch = next(iter(bench.eval_dataset(tf.distribute.InputContext())))
     outputs = tf.function(lambda b: bench.eval_step(model, b), jit_compile=True)(batch)
