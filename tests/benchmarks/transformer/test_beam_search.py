@@ -143,7 +143,9 @@ def test_retiring_decided_sentences_keeps_every_translation(beam_size, alpha):
         )  # fmt: skip
     (ids, scores), (retired_ids, retired_scores) = results[False], results[True]
     np.testing.assert_array_equal(retired_ids.numpy()[:, 0], ids.numpy()[:, 0])
-    assert_close(retired_scores.numpy()[:, 0], scores.numpy()[:, 0], rtol=1e-6)
+    # Growing caches attend over step + 1 keys, fixed ones over 14 with the rest masked: float32
+    # sums in another order (8e-6 of scores ~5 seen with oneDNN off), so 1e-5 of the scale.
+    assert_close(retired_scores.numpy()[:, 0], scores.numpy()[:, 0], rtol=1e-5)
     ended = (ids.numpy()[:, 0] == EOS).any(axis=1)
     assert ended.any() and not ended.all()  # sentences that stop early and ones at the cap
 
