@@ -37,6 +37,7 @@ import tensorflow as tf
 
 from mlperf_tf.collectives.ops import replica_collectives, static_replica_id
 from mlperf_tf.layers.matmul import token_matmul
+from mlperf_tf.parallel.context import resolve
 from mlperf_tf.parallel.layout import REPLICATED, add_split_weight, model_split
 from mlperf_tf.parallel.mesh import DeviceMesh
 
@@ -66,13 +67,15 @@ class ModelAxis:
     steps ask for first (`mlperf_tf.runner.trainer.bind_collective_timeout`).
 
     Args:
-      mesh: the run's mesh (None: no model parallelism).
+      mesh: the run's mesh (None: the ambient one, `mlperf_tf.parallel.current_mesh()`; no
+        model parallelism outside a run).
       owner: the layer that issues the collectives (its `path` prefixes their instance keys),
         or a string unique in the model.
       timeout_s: the least timeout of its collectives in seconds (0: the replica context's).
     """
 
     def __init__(self, mesh: DeviceMesh | None, owner, timeout_s: float = 0.0):
+        mesh = resolve(mesh)
         self.mesh = mesh
         self.size = mesh.model if mesh is not None else 1
         self.timeout_s = float(timeout_s)
@@ -180,7 +183,7 @@ class ColumnParallelDense(keras.layers.Layer):
     ):
         super().__init__(**kwargs)
         self.units = units
-        self.mesh = mesh
+        self.mesh = resolve(mesh)
         self.activation = keras.activations.get(activation)
         self.use_bias = use_bias
         # Built here, as Dense builds its initializers, so the seeds drawn are the same.
@@ -230,7 +233,7 @@ class RowParallelDense(keras.layers.Layer):
     ):
         super().__init__(**kwargs)
         self.units = units
-        self.mesh = mesh
+        self.mesh = resolve(mesh)
         self.use_bias = use_bias
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = _bias_initializer(bias_initializer)
@@ -335,7 +338,7 @@ class VocabParallelEmbedding(keras.layers.Layer):
         super().__init__(**kwargs)
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
-        self.mesh = mesh
+        self.mesh = resolve(mesh)
         self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
         self.axis = ModelAxis(mesh, self)
 

@@ -33,6 +33,7 @@ import numpy as np
 import tensorflow as tf
 
 from mlperf_tf.errors import UserError
+from mlperf_tf.parallel.context import resolve
 from mlperf_tf.parallel.mesh import AXES, GRADIENT_AXES, DeviceMesh
 
 _ATTRIBUTE = "mlperf_tf_layout"
@@ -376,6 +377,7 @@ def add_split_weight(
     way `layout` is recorded as the weight's declared layout (`declare_layout`).
     """
     initializer = keras.initializers.get(initializer)
+    mesh = resolve(mesh)
     if mesh is None or layout.num_shards(mesh) == 1:
         variable = layer.add_weight(name=name, shape=shape, initializer=initializer, dtype=dtype)
         declare_layout(variable, layout)

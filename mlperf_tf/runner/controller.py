@@ -39,6 +39,7 @@ from mlperf_tf.data.pipeline import translate_errors
 from mlperf_tf.errors import DataError, PeerError, UserError
 from mlperf_tf.mllog import MLPerfLogger
 from mlperf_tf.parallel import layout
+from mlperf_tf.parallel import context as parallel_context
 from mlperf_tf.parallel import mesh as parallel_mesh
 from mlperf_tf.parallel import tpu as tpu_lib
 from mlperf_tf.preemption import StopRequest
@@ -601,7 +602,8 @@ class Controller:
         # the summer's job.
         own_sum = settings.uses_keras_sum and not mesh.axes_used()
         self.summer = None if own_sum else collectives.GradientSummer(self.strategy, settings, mesh)
-        with self.strategy.scope():
+        # The run's mesh is ambient while the model is built: its layers find their groups.
+        with self.strategy.scope(), parallel_context.use_mesh(mesh):
             self.model = benchmark.build_model()
             if not self.model.built:
                 raise RuntimeError(
