@@ -38,8 +38,8 @@ from mlperf_tf.benchmark import Benchmark, EvalPoint, RunContext
 from mlperf_tf.data.pipeline import translate_errors
 from mlperf_tf.errors import DataError, PeerError, UserError
 from mlperf_tf.mllog import MLPerfLogger
-from mlperf_tf.parallel import layout
 from mlperf_tf.parallel import context as parallel_context
+from mlperf_tf.parallel import layout
 from mlperf_tf.parallel import mesh as parallel_mesh
 from mlperf_tf.parallel import tpu as tpu_lib
 from mlperf_tf.preemption import StopRequest
