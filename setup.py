@@ -36,6 +36,8 @@ setup(
         "matplotlib>=3.8",
         "pyyaml>=6.0",
         "pillow>=10",
+        "safetensors>=0.4",  # checkpoints: the suite's own and imported Hugging Face shards
+        "pyarrow>=14",  # parquet: MLCommons' preprocessed GovReport and FLUX embeddings
     ],
     extras_require={
         "test": ["pytest>=8", "hypothesis>=6.100", "ruff==0.17.6"],
