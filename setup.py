@@ -37,7 +37,7 @@ setup(
         "pyyaml>=6.0",
         "pillow>=10",
         "safetensors>=0.4",  # checkpoints: the suite's own and imported Hugging Face shards
-        "pyarrow>=14",  # parquet: MLCommons' preprocessed GovReport and FLUX embeddings
+        "pyarrow>=14,<21",  # (21+ needs NumPy 2; the peers pin 1.26) parquet: MLCommons' preprocessed GovReport and FLUX embeddings
     ],
     extras_require={
         "test": ["pytest>=8", "hypothesis>=6.100", "ruff==0.17.6"],
