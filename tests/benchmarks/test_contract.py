@@ -26,12 +26,12 @@ NAMES = sorted(registry.available())
 
 def _in_a_round(benchmark_class) -> bool:
     """Whether some MLPerf round this suite knows has rules for the benchmark."""
-    return bool(rounds.rounds_with(benchmark_class.mlperf_benchmark))
+    return bool(rounds.rounds_with(benchmark_class))
 
 
 def _ruleset(benchmark_class) -> str:
     """The round a default run emits for; "" (no round-specific keys) for a non-MLPerf one."""
-    return rounds.resolve_ruleset(benchmark_class.mlperf_benchmark, "")
+    return rounds.resolve_ruleset(benchmark_class, "")
 
 
 @pytest.fixture(scope="module", params=NAMES)
@@ -98,7 +98,7 @@ def test_smoke_log_holds_the_benchmarks_hparams(smoke_run):
         C.SEED: 0,
     }
     hparams = rounds.adapt_hparams(
-        benchmark_class.mlperf_benchmark, _ruleset(benchmark_class), benchmark.mlperf_hparams()
+        benchmark_class.renamed_keys, _ruleset(benchmark_class), benchmark.mlperf_hparams()
     )
     expected.setdefault(C.TRAIN_SAMPLES, hparams.get(C.TRAIN_SAMPLES, benchmark.train_samples()))
     expected.setdefault(C.EVAL_SAMPLES, hparams.get(C.EVAL_SAMPLES, benchmark.eval_samples()))
