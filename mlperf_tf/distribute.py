@@ -297,7 +297,7 @@ def resolve_strategy(
             )
         if num_cpu_devices > 1 and not tf.config.list_physical_devices("GPU"):
             # TF 2.20 gives a worker without GPUs/TPUs one device, whatever the CPU split
-            # (measured: tools/probe_mwms_cpu_devices.py; see mlperf_tf/collectives/README.md).
+            # (measured: tools/studies/probe_mwms_cpu_devices.py; see mlperf_tf/collectives/README.md).
             logging.warning(
                 "--num_cpu_devices=%d: MultiWorkerMirroredStrategy uses one CPU device per "
                 "worker; each worker is one replica",
