@@ -11,11 +11,11 @@ Repetitions of the variants are interleaved in one run so that machine noise can
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import pathlib
 import statistics
 import sys
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # the repository root
@@ -25,6 +25,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from mlperf_tf.layers import CrossReplicaBatchNormalization  # noqa: E402
+from tools import harness  # noqa: E402
 
 VARIANTS = ("grouped", "keras_sync", "keras_local")
 
@@ -144,16 +145,13 @@ def main(argv=None):
             optimizer.build(model.trainable_variables)
         loops[name] = make_train_loop(strategy, model, optimizer, global_batch)
 
-    steps = tf.constant(args.steps)
-    for name in variants:  # trace, then one untimed call of the timed length
-        float(loops[name](images, labels, steps))
-    times = {name: [] for name in variants}
-    for repeat in range(args.repeats):
-        # Alternate the order so that neither variant always runs first.
-        for name in variants if repeat % 2 == 0 else variants[::-1]:
-            start = time.perf_counter()
-            float(loops[name](images, labels, steps))
-            times[name].append((time.perf_counter() - start) / args.steps)
+    runs = {name: functools.partial(_run, loops[name], images, labels) for name in variants}
+    # Trace, then one untimed call of the timed length.
+    harness.warm_up({name: lambda _, run=run: run(args.steps) for name, run in runs.items()})
+    result = harness.interleaved_rounds(
+        runs, steps=args.steps, rounds=args.repeats, samples_per_step=global_batch
+    )
+    times = {name: [global_batch / r for r in rates] for name, rates in result.rates.items()}
 
     print(
         f"replicas={args.replicas} blocks={args.blocks} width={args.width} "
@@ -175,6 +173,10 @@ def main(argv=None):
                 f"{median['grouped'] / median[other]:.3f}; ratio of minima "
                 f"{min(times['grouped']) / min(times[other]):.3f}; < 1 means grouped is faster"
             )
+
+
+def _run(loop, images, labels, steps: int) -> None:
+    float(loop(images, labels, tf.constant(steps)))
 
 
 if __name__ == "__main__":

@@ -15,11 +15,10 @@ CPU time of the process is reported next to wall time because the machine may be
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import pathlib
-import statistics
 import sys
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # the repository root
@@ -30,6 +29,7 @@ import tensorflow as tf  # noqa: E402
 from benchmarks.resnet50 import config as resnet_config  # noqa: E402
 from benchmarks.resnet50 import model as model_lib  # noqa: E402
 from mlperf_tf.optimizers import KFAC  # noqa: E402
+from tools import harness  # noqa: E402
 
 
 def build(name: str, args) -> tuple:
@@ -95,22 +95,14 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if args.steps % args.inverse_interval:
         parser.error(f"--steps ({args.steps}) must be a multiple of --inverse_interval")
-    names = ("sgd", "kfac")
-    runs = {name: build(name, args) for name in names}
+    runs = {name: build(name, args) for name in ("sgd", "kfac")}
     blocks = len(runs["kfac"][1]._blocks)
-    for name in names:  # trace and warm up: one full cycle of factor and inverse updates
-        runs[name][2](tf.constant(args.steps))
-    times = {name: [] for name in names}
-    for _ in range(args.repeats):
-        for name in names:
-            wall, cpu = time.perf_counter(), time.process_time()
-            float(runs[name][2](tf.constant(args.steps)))
-            times[name].append(
-                (
-                    (time.perf_counter() - wall) / args.steps,
-                    (time.process_time() - cpu) / args.steps,
-                )
-            )
+    contestants = {name: functools.partial(_run, run[2]) for name, run in runs.items()}
+    # Warm-up: tracing and one full cycle of factor and inverse updates.
+    harness.warm_up({name: lambda _, run=run: run(args.steps) for name, run in contestants.items()})
+    result = harness.interleaved_rounds(
+        contestants, steps=args.steps, rounds=args.repeats, samples_per_step=args.batch_size
+    )
     print(
         f"model: resnet50 layout, block_layers={args.block_layers}, base_width={args.base_width}, "
         f"{sum(int(v.numpy().size) for v in runs['sgd'][0].trainable_variables)} parameters, "
@@ -118,23 +110,11 @@ def main(argv=None) -> None:
         f"factors every {args.factor_interval}, inverses every {args.inverse_interval}, "
         f"{args.steps} steps per round, {args.repeats} rounds"
     )
-    for name in names:
-        walls = [w for w, _ in times[name]]
-        cpus = [c for _, c in times[name]]
-        print(
-            f"{name:5s} wall {1e3 * statistics.median(walls):8.1f} ms/step "
-            f"(range {1e3 * min(walls):.1f}-{1e3 * max(walls):.1f}), "
-            f"cpu {1e3 * statistics.median(cpus):8.1f} ms/step"
-        )
-    wall_ratios = [k[0] / s[0] for k, s in zip(times["kfac"], times["sgd"])]
-    cpu_ratios = [k[1] / s[1] for k, s in zip(times["kfac"], times["sgd"])]
-    print(
-        f"K-FAC / SGD-momentum per step: wall {statistics.median(wall_ratios):.2f}x "
-        f"(range {min(wall_ratios):.2f}-{max(wall_ratios):.2f}), "
-        f"cpu {statistics.median(cpu_ratios):.2f}x "
-        f"(range {min(cpu_ratios):.2f}-{max(cpu_ratios):.2f})"
-    )
-    print(f"load average: {os.getloadavg()}")
+    print(harness.report(result, "sgd", unit="images"))
+
+
+def _run(steps_fn, steps: int) -> None:
+    float(steps_fn(tf.constant(steps)))
 
 
 if __name__ == "__main__":

@@ -23,11 +23,11 @@ what an interconnect would do.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import pathlib
 import statistics
 import sys
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # the repository root
@@ -40,6 +40,7 @@ from mlperf_tf.collectives import GradientSummer, Settings  # noqa: E402
 from mlperf_tf.distribute import split_cpu  # noqa: E402
 from mlperf_tf.layers import moe  # noqa: E402
 from mlperf_tf.parallel.mesh import DeviceMesh  # noqa: E402
+from tools import harness  # noqa: E402
 from tools.harness import require_positive  # noqa: E402
 
 
@@ -115,14 +116,14 @@ def main(argv=None) -> None:
             contestants[f"moe_E{p}"] = DeviceMesh(data=args.devices // p, expert=p)
         p *= 2
     built = {name: contestant(strategy, mesh, args) for name, mesh in contestants.items()}
-    times = {name: [] for name in built}
-    for steps, _, _ in built.values():
-        steps(tf.constant(1))  # trace, set up the collectives
-    for _ in range(args.rounds):
-        for name, (steps, _, _) in built.items():
-            begin = time.perf_counter()
-            steps(tf.constant(args.steps))
-            times[name].append((time.perf_counter() - begin) / args.steps)
+    runs = {name: functools.partial(_run, steps) for name, (steps, _, _) in built.items()}
+    harness.warm_up(runs)  # trace, set up the collectives
+    result = harness.interleaved_rounds(
+        runs, steps=args.steps, rounds=args.rounds, samples_per_step=args.tokens * args.devices
+    )
+    times = {
+        name: [result.samples_per_step / r for r in rates] for name, rates in result.rates.items()
+    }
     load = os.getloadavg()
     print(
         f"tokens/replica {args.tokens}, hidden {args.hidden}, dense filter {args.filter}, "
@@ -140,6 +141,10 @@ def main(argv=None) -> None:
         median = statistics.median(times[name])
         print(f"{name:10s} {median * 1e3:9.1f} {median / base:9.2f} {a2a:15.2f} {ar:15.2f} "
               f"{params:22d}")  # fmt: skip
+
+
+def _run(steps_fn, steps: int) -> None:
+    steps_fn(tf.constant(steps))
 
 
 if __name__ == "__main__":

@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import pathlib
-import statistics
 import sys
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # the repository root
@@ -30,6 +29,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from mlperf_tf.optimizers import LAMB, LARS  # noqa: E402
+from tools import harness  # noqa: E402
 
 # Which optimizers are timed on which model's variables, and which ratio is the goal.
 PAIRS = {"resnet50": ("lars", "sgd_momentum"), "bert": ("lamb", "adam")}
@@ -125,23 +125,18 @@ def make_step(optimizer, variables, jit_compile: bool):
     return run
 
 
-def bench_model(name, variables, args) -> dict[str, list[float]]:
+def bench_model(name, variables, args) -> harness.Rounds:
+    """Interleaved rounds of the model's pair of optimizers (samples = optimizer steps)."""
     rng = np.random.default_rng(1)
     grads = [tf.constant(rng.normal(0, 1e-3, size=v.shape).astype("float32")) for v in variables]
-    opt_names = PAIRS[name]
-    runners = {o: make_step(make_optimizer(o), variables, args.jit_compile) for o in opt_names}
-    for run in runners.values():  # trace, compile and warm up
-        run(grads, 2)
-    wall = {o: [] for o in opt_names}
-    cpu = {o: [] for o in opt_names}
-    for rep in range(args.repeats):
-        order = opt_names if rep % 2 == 0 else opt_names[::-1]  # alternate who goes first
-        for o in order:
-            start_wall, start_cpu = time.perf_counter(), time.process_time()
-            runners[o](grads, args.steps)
-            cpu[o].append((time.process_time() - start_cpu) / args.steps)
-            wall[o].append((time.perf_counter() - start_wall) / args.steps)
-    return wall, cpu
+    contestants = {
+        o: functools.partial(make_step(make_optimizer(o), variables, args.jit_compile), grads)
+        for o in PAIRS[name]
+    }
+    harness.warm_up(contestants)  # trace, compile
+    return harness.interleaved_rounds(
+        contestants, steps=args.steps, rounds=args.repeats, samples_per_step=1
+    )
 
 
 def main(argv=None) -> int:
@@ -167,19 +162,12 @@ def main(argv=None) -> int:
     for m in models:
         variables = resnet50_variables() if m == "resnet50" else bert_variables(args.bert_layers)
         params = sum(int(np.prod(v.shape)) for v in variables)
-        wall, cpu = bench_model(m, variables, args)
+        result = bench_model(m, variables, args)
         ours, base = PAIRS[m]
         print(f"\n{m}: {len(variables)} variables, {params / 1e6:.1f}M parameters")
-        for label, times in (("CPU time", cpu), ("wall time", wall)):
-            ratios = [a / b for a, b in zip(times[ours], times[base])]
-            print(
-                f"  {label:9s}: {base} {1e3 * statistics.median(times[base]):7.1f} ms/step, "
-                f"{ours} {1e3 * statistics.median(times[ours]):7.1f} ms/step (medians); "
-                f"{ours}/{base} = {statistics.median(ratios):.2f}x "
-                f"(range {min(ratios):.2f}-{max(ratios):.2f})"
-            )
+        print(harness.report(result, base, unit="steps"))
         # CPU time is the verdict: on a shared machine wall time mostly measures the queue.
-        ratio = statistics.median([a / b for a, b in zip(cpu[ours], cpu[base])])
+        ratio = harness.median_ratio(result.cpu[ours], result.cpu[base])
         verdict = "ok" if ratio <= GOAL else "ABOVE GOAL"
         print(f"  verdict (CPU time): {ours}/{base} = {ratio:.2f}x, goal <= {GOAL}: {verdict}")
         failed |= ratio > GOAL
