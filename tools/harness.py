@@ -62,11 +62,11 @@ class StepWindow:
     cpu_seconds: float
 
 
-def warm_up(contestants: dict[str, Callable[[int], StepWindow | None]]) -> None:
-    """One call of one step per contestant (tracing, graph building), timed and printed."""
+def warm_up(contestants: dict[str, Callable[[int], StepWindow | None]], steps: int = 1) -> None:
+    """One call of `steps` steps per contestant (tracing, graph building), timed and printed."""
     for name, run in contestants.items():
         begin = time.perf_counter()
-        run(1)
+        run(steps)
         print(f"warm-up {name}: {time.perf_counter() - begin:.1f} s", flush=True)
 
 
@@ -138,6 +138,71 @@ def report(result: Rounds, reference: str, unit: str = "samples") -> str:
         f"{after[0]:.2f} {after[1]:.2f} {after[2]:.2f} after"
     )
     return "\n".join(lines)
+
+
+def compare(
+    contestants: dict[str, Callable[[int], StepWindow | None]],
+    *,
+    steps: int,
+    rounds: int,
+    samples_per_step: int,
+    reference: str,
+    unit: str = "samples",
+    title: str = "",
+    warm_up_steps: int = 1,
+) -> Rounds:
+    """`warm_up` (`warm_up_steps` each), `interleaved_rounds` and the `report` against
+    `reference`, printed under `title`: the whole side-by-side comparison of a peer or
+    ablation tool."""
+    warm_up(contestants, warm_up_steps)
+    result = interleaved_rounds(
+        contestants, steps=steps, rounds=rounds, samples_per_step=samples_per_step
+    )
+    print(f"\n{title}" if title else "")
+    print(report(result, reference, unit=unit), flush=True)
+    return result
+
+
+@dataclasses.dataclass
+class RunnerParts:
+    """A benchmark's model and optimizer and the suite's runner `Trainer` over its distributed
+    train data; `run(steps)` is a contestant for the rounds."""
+
+    model: object
+    optimizer: object
+    trainer: object
+    iterator: object
+
+    def run(self, steps: int) -> None:
+        import tensorflow as tf  # noqa: PLC0415 - the harness runs without TF
+
+        self.trainer.loop(self.iterator, tf.constant(steps, tf.int32))[0].numpy()
+
+
+def runner_parts(
+    strategy, benchmark, *, xla: bool = False, build_optimizer=None, adjust_model=None,
+    dataset_fn=None,
+) -> RunnerParts:  # fmt: skip
+    """Builds, in `strategy`'s scope, the benchmark's model (`adjust_model(model)` before the
+    first trace) and optimizer (`build_optimizer(benchmark)` instead of the benchmark's), with
+    its slots (a custom loop under MirroredStrategy fails at its first step without them), and
+    the runner's `Trainer` over `dataset_fn` (default the benchmark's train data)."""
+    from mlperf_tf.runner import Trainer  # noqa: PLC0415 - the harness runs without TF
+
+    with strategy.scope():
+        model = benchmark.build_model()
+        if adjust_model is not None:
+            adjust_model(model)
+        if build_optimizer is None:
+            optimizer = benchmark.build_optimizer(benchmark.train_steps)
+        else:
+            optimizer = build_optimizer(benchmark)
+        optimizer.build(model.trainable_variables)
+    trainer = Trainer(
+        strategy=strategy, benchmark=benchmark, model=model, optimizer=optimizer, xla=xla
+    )
+    datasets = strategy.distribute_datasets_from_function(dataset_fn or benchmark.train_dataset)
+    return RunnerParts(model, optimizer, trainer, iter(datasets))
 
 
 def custom_loop(model, optimizer, iterator, loss_of) -> Callable[[int], None]:

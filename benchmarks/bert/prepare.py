@@ -26,9 +26,7 @@ import dataclasses
 import glob
 import os
 import random
-import shutil
 import sysconfig
-import tempfile
 from collections.abc import Iterable, Sequence
 
 import tensorflow as tf
@@ -493,18 +491,10 @@ def prepare_mini(
     data_dir = os.path.abspath(data_dir)
     if os.path.exists(data_dir):
         raise DataError(f"mini data_dir '{data_dir}' already exists; remove it to rebuild")
-    parent = os.path.dirname(data_dir)
-    os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=os.path.basename(data_dir) + ".partial-", dir=parent)
-    try:
+    with prepare_cli.staged_folder(data_dir) as staging:
         summary = _write_mini(
             staging, learner=learner, dupe_factor=dupe_factor, random_seed=random_seed
         )
-        os.chmod(staging, 0o755)  # mkdtemp makes it private; the dataset is not secret
-        os.rename(staging, data_dir)
-    finally:
-        if os.path.exists(staging):
-            shutil.rmtree(staging, ignore_errors=True)
     return summary
 
 

@@ -147,7 +147,7 @@ def main(argv=None):
 
     runs = {name: functools.partial(_run, loops[name], images, labels) for name in variants}
     # Trace, then one untimed call of the timed length.
-    harness.warm_up({name: lambda _, run=run: run(args.steps) for name, run in runs.items()})
+    harness.warm_up(runs, steps=args.steps)
     result = harness.interleaved_rounds(
         runs, steps=args.steps, rounds=args.repeats, samples_per_step=global_batch
     )

@@ -98,19 +98,18 @@ def main(argv=None) -> None:
     runs = {name: build(name, args) for name in ("sgd", "kfac")}
     blocks = len(runs["kfac"][1]._blocks)
     contestants = {name: functools.partial(_run, run[2]) for name, run in runs.items()}
-    # Warm-up: tracing and one full cycle of factor and inverse updates.
-    harness.warm_up({name: lambda _, run=run: run(args.steps) for name, run in contestants.items()})
-    result = harness.interleaved_rounds(
-        contestants, steps=args.steps, rounds=args.repeats, samples_per_step=args.batch_size
-    )
-    print(
+    title = (
         f"model: resnet50 layout, block_layers={args.block_layers}, base_width={args.base_width}, "
         f"{sum(int(v.numpy().size) for v in runs['sgd'][0].trainable_variables)} parameters, "
         f"{blocks} K-FAC layers; batch {args.batch_size} at {args.image_size} px; "
         f"factors every {args.factor_interval}, inverses every {args.inverse_interval}, "
         f"{args.steps} steps per round, {args.repeats} rounds"
     )
-    print(harness.report(result, "sgd", unit="images"))
+    # Warm-up: tracing and one full cycle of factor and inverse updates.
+    harness.compare(
+        contestants, steps=args.steps, rounds=args.repeats, samples_per_step=args.batch_size,
+        reference="sgd", unit="images", title=title, warm_up_steps=args.steps,
+    )  # fmt: skip
 
 
 def _run(steps_fn, steps: int) -> None:

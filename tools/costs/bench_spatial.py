@@ -58,7 +58,6 @@ def child(args) -> dict:
     from mlperf_tf import distribute, registry
     from mlperf_tf.benchmark import RunContext
     from mlperf_tf.parallel import mesh as parallel_mesh
-    from mlperf_tf.runner import Trainer
 
     cls = registry.get(args.benchmark)
     size_key = "data.image_size" if args.benchmark == "resnet50" else "model.image_size"
@@ -70,15 +69,10 @@ def child(args) -> dict:
     mesh = parallel_mesh.build_mesh(args.devices, spatial_partition=str(args.parts))
     benchmark = cls(config).with_context(RunContext(num_replicas=args.devices, mesh=mesh))
     parallel_mesh.check_supported(mesh, cls.name, benchmark.parallel_axes)
-    with strategy.scope():
-        model = benchmark.build_model()
-        optimizer = benchmark.build_optimizer(benchmark.train_steps)
-        optimizer.build(model.trainable_variables)
-    trainer = Trainer(
-        strategy=strategy, benchmark=benchmark, model=model, optimizer=optimizer, xla=False
+    parts = harness.runner_parts(
+        strategy, benchmark, dataset_fn=parallel_mesh.for_mesh(benchmark.train_dataset, mesh)
     )
-    dataset_fn = parallel_mesh.for_mesh(benchmark.train_dataset, mesh)
-    iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
+    trainer, iterator, model = parts.trainer, parts.iterator, parts.model
     one = tf.constant(1)
     for _ in range(2):
         trainer.loop(iterator, one)[0].numpy()

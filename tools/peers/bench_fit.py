@@ -39,7 +39,7 @@ import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from mlperf_tf import config as config_lib  # noqa: E402
-from mlperf_tf import registry, runner  # noqa: E402
+from mlperf_tf import registry  # noqa: E402
 from mlperf_tf.benchmark import RunContext  # noqa: E402
 from mlperf_tf.config import split_config_overrides  # noqa: E402
 from tools import harness  # noqa: E402
@@ -57,22 +57,8 @@ def mlperf_tf_contestant(benchmark, build_optimizer=None, *, xla: bool = False):
     """The runner's loop (`xla`: `--xla`'s compiled replica step); `build_optimizer(benchmark)`
     replaces the benchmark's (ablations)."""
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
-    with strategy.scope():
-        model = benchmark.build_model()
-        if build_optimizer is None:
-            optimizer = benchmark.build_optimizer(benchmark.train_steps)
-        else:
-            optimizer = build_optimizer(benchmark)
-        optimizer.build(model.trainable_variables)
-    trainer = runner.Trainer(
-        strategy=strategy, benchmark=benchmark, model=model, optimizer=optimizer, xla=xla
-    )
-    iterator = iter(strategy.distribute_datasets_from_function(benchmark.train_dataset))
-
-    def run(steps: int) -> None:
-        trainer.loop(iterator, tf.constant(steps, tf.int32))[0].numpy()
-
-    return run
+    parts = harness.runner_parts(strategy, benchmark, xla=xla, build_optimizer=build_optimizer)
+    return parts.run
 
 
 class _FitModel(keras.Model):
@@ -116,16 +102,15 @@ def main(argv=None) -> int:
         "keras_fit": keras_fit_contestant(make_benchmark(args.benchmark, args.preset, overrides)),
     }
     batch = make_benchmark(args.benchmark, args.preset, overrides).config.global_batch_size
-    harness.warm_up(contestants)
-    result = harness.interleaved_rounds(
-        contestants, steps=args.steps, rounds=args.rounds, samples_per_step=batch
-    )
-    print(
-        f"\n{args.benchmark} ({args.preset}) train step, global batch {batch} (the preset's unit), "
+    title = (
+        f"{args.benchmark} ({args.preset}) train step, global batch {batch} (the preset's unit), "
         f"{args.steps} steps x {args.rounds} rounds; TF {tf.__version__}, Keras "
         f"{keras.__version__}\n"
     )
-    print(harness.report(result, "mlperf_tf"))
+    harness.compare(
+        contestants, steps=args.steps, rounds=args.rounds, samples_per_step=batch,
+        reference="mlperf_tf", title=title,
+    )  # fmt: skip
     return 0
 
 

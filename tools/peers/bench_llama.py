@@ -169,19 +169,18 @@ def measure(
     if ceiling:
         contestants["matmuls_only"] = matmuls_only_contestant(config)
     tokens = config.global_batch_size * config.data.max_sequence_length
-    harness.warm_up(contestants)
-    result = harness.interleaved_rounds(
-        contestants, steps=steps, rounds=rounds, samples_per_step=tokens
-    )
     c = config.model
-    print(
-        f"\n{shape}: {c.num_hidden_layers} layers, hidden {c.hidden_size}, heads "
+    title = (
+        f"{shape}: {c.num_hidden_layers} layers, hidden {c.hidden_size}, heads "
         f"{c.num_attention_heads}/{c.num_key_value_heads} of {c.head_dim}, SwiGLU "
         f"{c.intermediate_size}, vocab {c.vocab_size}, batch {config.global_batch_size} x "
         f"sequence {config.data.max_sequence_length}; {steps} steps x {rounds} rounds; TF "
         f"{tf.__version__}, Keras {keras.__version__}; XLA: {xla}; policy {policy}\n"
     )
-    print(harness.report(result, "mlperf_tf", unit="tokens"), flush=True)
+    harness.compare(
+        contestants, steps=steps, rounds=rounds, samples_per_step=tokens, reference="mlperf_tf",
+        unit="tokens", title=title,
+    )  # fmt: skip
 
 
 def main(argv=None) -> int:

@@ -46,7 +46,6 @@ import tensorflow as tf  # noqa: E402
 from benchmarks.resnet50 import config as rc  # noqa: E402
 from benchmarks.resnet50.benchmark import ResNet50Benchmark  # noqa: E402
 from mlperf_tf import config as config_lib  # noqa: E402
-from mlperf_tf import runner  # noqa: E402
 from mlperf_tf.benchmark import RunContext  # noqa: E402
 from mlperf_tf.layers import CrossReplicaBatchNormalization  # noqa: E402
 from tools import harness, profile_ops  # noqa: E402
@@ -72,22 +71,14 @@ def mlperf_tf_parts(batch: int, image_size: int, *, fused: bool = True) -> dict:
     bench = ResNet50Benchmark(config)
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")  # what --distribution=auto picks here
     bench = bench.with_context(RunContext(num_replicas=strategy.num_replicas_in_sync))
-    with strategy.scope():
-        model = bench.build_model()
+
+    def set_fused(model):
         for layer in model.layers:
             if isinstance(layer, CrossReplicaBatchNormalization):
                 layer.fused = fused  # before the first trace
-        optimizer = bench.build_optimizer(bench.train_steps)
-        optimizer.build(model.trainable_variables)
-    trainer = runner.Trainer(
-        strategy=strategy, benchmark=bench, model=model, optimizer=optimizer, xla=False
-    )
-    iterator = iter(strategy.distribute_datasets_from_function(bench.train_dataset))
 
-    def run(steps: int) -> None:
-        trainer.loop(iterator, tf.constant(steps, tf.int32))[0].numpy()
-
-    return {"run": run, "model": model, "benchmark": bench}
+    parts = harness.runner_parts(strategy, bench, adjust_model=set_fused)
+    return {"run": parts.run, "model": parts.model, "benchmark": bench}
 
 
 def mlperf_tf_contestant(batch: int, image_size: int, *, fused: bool = True):
