@@ -38,6 +38,7 @@ import tensorflow as tf  # noqa: E402
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # the repository root
 
 from mlperf_tf.data import image_ops, pipeline, synthetic, tfrecord  # noqa: E402
+from tools.harness import median_ratio  # noqa: E402
 
 FEATURES = {
     "image/encoded": tf.io.FixedLenFeature([], tf.string),
@@ -288,10 +289,6 @@ def bench_model(files, args) -> dict:
                 flush=True,
             )
     return rates, cpu_ms
-
-
-def median_ratio(numerators, denominators) -> float:
-    return statistics.median(n / d for n, d in zip(numerators, denominators, strict=True))
 
 
 def main(argv: list[str]) -> int:

@@ -148,18 +148,22 @@ def keras_adam(benchmark):
     )
 
 
-class GatherLossBenchmark:
-    """The benchmark with the loss as a log-softmax and a gather of the true ids (ablation).
-
-    The same value as `label_smoothed_cross_entropy` (the fused one-hot kernel); kept here, not
-    in the library, only to measure what the switch to the fused kernel bought.
-    """
+class _Ablation:
+    """A benchmark with one method replaced (an ablation): everything else is the wrapped one's."""
 
     def __init__(self, benchmark):
         self._benchmark = benchmark
 
     def __getattr__(self, name):
         return getattr(self._benchmark, name)
+
+
+class GatherLossBenchmark(_Ablation):
+    """The benchmark with the loss as a log-softmax and a gather of the true ids (ablation).
+
+    The same value as `label_smoothed_cross_entropy` (the fused one-hot kernel); kept here, not
+    in the library, only to measure what the switch to the fused kernel bought.
+    """
 
     def compute_loss(self, model, batch, training: bool = True) -> tf.Tensor:
         logits = tf.cast(model(batch, training=training), tf.float32)
@@ -185,15 +189,9 @@ def padded(benchmark):
     return benchmark.with_context(dataclasses.replace(benchmark.context, static_shapes=True))
 
 
-class PackedLogitsBenchmark:
+class PackedLogitsBenchmark(_Ablation):
     """The benchmark with only the vocabulary projection and the loss over the real target tokens
     (ablation: the first of the two padding changes; the layers still run on every slot)."""
-
-    def __init__(self, benchmark):
-        self._benchmark = benchmark
-
-    def __getattr__(self, name):
-        return getattr(self._benchmark, name)
 
     def compute_loss(self, model, batch, training: bool = True) -> tf.Tensor:
         targets = batch["targets"]
