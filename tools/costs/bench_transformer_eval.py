@@ -20,12 +20,11 @@ from __future__ import annotations
 import argparse
 import os
 import pathlib
-import statistics
 import sys
-import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # the repository root
 
+from tools import harness  # noqa: E402
 from tools.harness import require_positive  # noqa: E402
 
 
@@ -70,15 +69,19 @@ def main(argv=None) -> int:
     decoders = {"whole batch": decoder(False), "retiring": decoder(True)}
     for decode in decoders.values():  # trace outside the timing
         decode(batches[0]["inputs"])
-    seconds = {name: [] for name in decoders}
     outputs = {}
-    for round_ in range(args.rounds):
-        names = list(decoders) if round_ % 2 == 0 else list(reversed(decoders))
-        for name in names:
-            begin = time.perf_counter()
-            outputs[name] = [decoders[name](b["inputs"]).numpy() for b in batches]
-            seconds[name].append(time.perf_counter() - begin)
-        print(f"round {round_}: " + ", ".join(f"{n} {seconds[n][-1]:.2f} s" for n in decoders))
+
+    def contestant(name):
+        def run(passes: int) -> None:
+            for _ in range(passes):
+                outputs[name] = [decoders[name](b["inputs"]).numpy() for b in batches]
+
+        return run
+
+    result = harness.interleaved_rounds(
+        {name: contestant(name) for name in decoders},
+        steps=1, rounds=args.rounds, samples_per_step=len(batches),
+    )  # fmt: skip
     equal = all(np.array_equal(a, b) for a, b in zip(*outputs.values()))
 
     def score(decoded) -> float:
@@ -88,13 +91,12 @@ def main(argv=None) -> int:
                 state[int(batch["index"][row])] = (ids[row], batch["targets"][row].numpy())
         return bleu.uncased_bleu(*benchmark.translations(state))
 
-    old, new = (statistics.median(s) for s in seconds.values())
     print(
         f"decoded ids equal: {equal}; BLEU "
         + ", ".join(f"{n} {score(o):.4f}" for n, o in outputs.items())
     )
-    print(f"median s per eval pass ({len(batches)} batches): whole batch {old:.2f}, retiring "
-          f"{new:.2f}, ratio {new / old:.3f}; `uptime` load {os.getloadavg()}")  # fmt: skip
+    print(f"eval passes of {len(batches)} batches:")
+    print(harness.report(result, "whole batch", unit="batches"))
     return 0 if equal else 1
 
 
