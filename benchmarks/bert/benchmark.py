@@ -141,7 +141,7 @@ class BertBenchmark(Benchmark):
 
         The encoder skips the padding (`packed`: its blocks run on the real tokens only) unless
         the run needs static shapes (`--xla`, TPUs); the losses and gradients are the same
-        (issue 14; `tools/bench_bert.py`, ablation `mlperf_tf_padded`).
+        (issue 14; `tools/peers/bench_bert.py`, ablation `mlperf_tf_padded`).
         """
         outputs = model(batch, training=training, packed=not self.static_shapes)
         mlm_logits = tf.cast(outputs["mlm_logits"], tf.float32)  # [batch, predictions, vocab]

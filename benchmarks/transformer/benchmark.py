@@ -42,7 +42,7 @@ def label_smoothed_cross_entropy(
     ids gives the same value with more passes (the gather's gradient scatters into a zeroed
     [batch, length, vocab] tensor and the log-softmax's takes another exp over it); measured on
     the mini model the fused form costs about the same CPU time per step
-    (`tools/bench_transformer.py`, ablation `mlperf_tf_gather_loss`).
+    (`tools/peers/bench_transformer.py`, ablation `mlperf_tf_gather_loss`).
 
     Args:
       logits: [..., vocab] (cast to float32 here), e.g. [batch, length, vocab].
@@ -285,7 +285,7 @@ class TransformerBenchmark(Benchmark):
         attention on unpacked [batch, length] tensors with its masks), and only the real target
         positions reach the vocabulary projection and the loss. Padded positions weigh 0 in the loss and
         are masked out of every attention, so the loss and the gradients are the same; the
-        work saved is the batch's padding (issue 14; `tools/bench_transformer.py`, ablations
+        work saved is the batch's padding (issue 14; `tools/peers/bench_transformer.py`, ablations
         `mlperf_tf_padded` and `mlperf_tf_packed_logits`).
         """
         targets = batch["targets"]
@@ -337,7 +337,7 @@ class TransformerBenchmark(Benchmark):
                 max_decode_length=self.max_decode_length,
                 eos_id=prepare.EOS_ID,
                 # A sentence leaves the decoding loop once its best translation is decided (same
-                # translations; 2.4-2.9x faster mini evals, `tools/bench_transformer_eval.py`);
+                # translations; 2.4-2.9x faster mini evals, `tools/costs/bench_transformer_eval.py`);
                 # static shapes (XLA, TPUs, model parallelism) keep the whole batch.
                 retire_finished=not self.static_shapes,
             )

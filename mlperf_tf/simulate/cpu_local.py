@@ -5,7 +5,7 @@
 1. α and β of the CPU all-reduce: for each device count, a child process splits the CPU into that
    many logical devices, times `MirroredStrategy`'s cross-replica sum of 4 KB .. 16 MB per
    replica, and fits the ring model t = 2(p-1)·α + 2(p-1)/p · bytes · β by least squares.
-   (The gradient-summation issue's `tools/bench_allreduce.py` was not on main when this was
+   (The gradient-summation issue's `tools/costs/bench_allreduce.py` was not on main when this was
    written; this script measures the same quantities for the simulator.)
 2. The CPU's fp32 matmul peak (FLOP/s), the `peak_flops` of `cpu-local`.
 3. A benchmark's `smoke` step times through `mlperf-tf run` on 1 device at global batches 16 and

@@ -1,11 +1,11 @@
-"""`tools/bench_llama.py`'s matmul-only bound does the products the model does, no more, no less."""
+"""`tools/peers/bench_llama.py`'s matmul-only bound does the products the model does, no more, no less."""
 
 import dataclasses
 
 import pytest
 
 from mlperf_tf import flops
-from tools import bench_llama
+from tools.peers import bench_llama
 
 
 @pytest.mark.parametrize("shape", ["mini", "wide"])
