@@ -140,8 +140,9 @@ class Attention(keras.layers.Layer):
             hidden_size, stddev=output_stddev, use_bias=use_bias, parallel="row", name="o_proj"
         )
         if qk_norm:
-            self.q_norm = RMSNorm(norm_epsilon, name="q_norm")
-            self.k_norm = RMSNorm(norm_epsilon, name="k_norm")
+            # Each shard normalizes its own heads: the scales' gradients are summed over `model`.
+            self.q_norm = RMSNorm(norm_epsilon, sharded_input=True, name="q_norm")
+            self.k_norm = RMSNorm(norm_epsilon, sharded_input=True, name="k_norm")
 
     @classmethod
     def from_config(cls, config, index: int = 0, **kwargs) -> Attention:

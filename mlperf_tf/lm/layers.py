@@ -16,11 +16,18 @@ PARALLEL_KINDS = ("column", "row", "replicated", None)
 class RMSNorm(keras.layers.Layer):
     """RMS normalization x / sqrt(mean(x^2) + eps) * scale over the last axis, in float32
     (Zhang & Sennrich 2019); its weight `scale` starts at 1 and is replicated under tensor
-    parallelism (the residual stream is the same on every shard)."""
+    parallelism.
 
-    def __init__(self, epsilon: float, **kwargs):
+    On the residual stream (the same on every shard) its gradient is the same on every shard.
+    A norm of a shard's own heads (QK-norm) sees only part of the tensor: `sharded_input=True`
+    reads the scale through f (`ModelAxis.copy`), so its gradient is summed over `model`.
+    """
+
+    def __init__(self, epsilon: float, *, sharded_input: bool = False, **kwargs):
         super().__init__(**kwargs)
         self.epsilon = epsilon
+        self.sharded_input = sharded_input
+        self.axis = ModelAxis(None, self) if sharded_input else None
 
     def build(self, input_shape):
         self.scale = self.add_weight(name="scale", shape=(input_shape[-1],), initializer="ones")
@@ -29,7 +36,10 @@ class RMSNorm(keras.layers.Layer):
         x = tf.cast(x, tf.float32)
         variance = tf.reduce_mean(tf.square(x), axis=-1, keepdims=True)
         x = x * tf.math.rsqrt(variance + self.epsilon)
-        return tf.cast(x * tf.cast(self.scale, tf.float32), self.compute_dtype)
+        scale = tf.cast(self.scale, tf.float32)
+        if self.sharded_input:
+            scale = self.axis.copy(scale)
+        return tf.cast(x * scale, self.compute_dtype)
 
 
 class Linear(keras.layers.Layer):

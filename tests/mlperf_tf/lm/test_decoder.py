@@ -193,3 +193,15 @@ def test_top_k_then_softmax_routing_equals_keras_hub_gpt_oss_router():
     ours = np.zeros((40, 8), np.float32)
     np.put_along_axis(ours, routing.expert.numpy(), routing.gates.numpy(), axis=1)
     assert_close(ours, router(x), rtol=1e-6)
+
+
+def test_a_fused_projection_refuses_replicated_key_value_heads_in_one_line():
+    from mlperf_tf.errors import UserError  # noqa: PLC0415
+    from mlperf_tf.parallel import DeviceMesh, use_mesh  # noqa: PLC0415
+
+    fused = dataclasses.replace(TINY, fused_qkv=True)
+    with use_mesh(DeviceMesh(model=4)), pytest.raises(UserError, match="fused") as error:
+        build_decoder(fused)
+    assert "\n" not in str(error.value)
+    with use_mesh(DeviceMesh(model=3)), pytest.raises(UserError, match="num_attention_heads"):
+        build_decoder(TINY)
