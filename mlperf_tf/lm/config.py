@@ -50,6 +50,9 @@ class DecoderConfig:
       window_skip_freq: Megatron's `window_attn_skip_freq` as an int: with a window, every
         `window_skip_freq`-th layer (1-based) attends fully, the others are windowed (0: all
         windowed).
+      window_pattern: Megatron's `window_attn_skip_freq` as a list: entry i says whether layer
+        i is windowed (1) or full (0), repeated when shorter than the layers (e.g. (1, 0) windows
+        the even layers); takes precedence over `window_skip_freq` when not empty.
       attention_sinks: a learned sink logit per query head in the softmax (GPT-OSS).
       feed_forward: "swiglu" (`down(silu(gate) * up)`) or "swiglu_clamped" (GPT-OSS:
         `down((clip(up) + 1) * g sigmoid(alpha g))`, g = gate clipped above at the limit).
@@ -85,6 +88,7 @@ class DecoderConfig:
     qk_norm: bool = False
     sliding_window: int = 0
     window_skip_freq: int = 0
+    window_pattern: tuple[int, ...] = ()
     attention_sinks: bool = False
     feed_forward: Literal["swiglu", "swiglu_clamped"] = "swiglu"
     swiglu_limit: float = 7.0
@@ -133,6 +137,11 @@ class DecoderConfig:
                 f"`model.rope_low_freq_factor` ({self.rope_low_freq_factor}) must be positive "
                 f"and below `model.rope_high_freq_factor` ({self.rope_high_freq_factor})."
             )
+        if any(v not in (0, 1) for v in self.window_pattern):
+            raise ConfigError(
+                f"`model.window_pattern` ({self.window_pattern!r}) must hold 0 (full attention) "
+                "and 1 (windowed) per layer."
+            )
         if self.moe.enabled and self.feed_forward != "swiglu":
             raise ConfigError(
                 f"`model.feed_forward` ({self.feed_forward!r}): MoE experts are plain SwiGLU "
@@ -143,10 +152,15 @@ class DecoderConfig:
     def layer_window(self, index: int) -> int:
         """Keys a query of layer `index` (0-based) sees, itself included (0: the whole causal
         prefix). Megatron's `is_layer_window_attention` with an int `window_attn_skip_freq`:
-        layer number `index + 1` is full when it is a multiple of the frequency. A subclass may
-        override this for another pattern."""
+        layer number `index + 1` is full when it is a multiple of the frequency; with a
+        `window_pattern`, its entry `index % len(pattern)` says. A subclass may override this
+        for another pattern."""
         if not self.sliding_window:
             return 0
+        if self.window_pattern:
+            return (
+                self.sliding_window if self.window_pattern[index % len(self.window_pattern)] else 0
+            )
         if self.window_skip_freq and (index + 1) % self.window_skip_freq == 0:
             return 0
         return self.sliding_window

@@ -83,6 +83,10 @@ def test_layer_windows_follow_megatrons_skip_frequency():
     everywhere = dataclasses.replace(config, window_skip_freq=0)
     assert {everywhere.layer_window(i) for i in range(6)} == {9}
     assert {TINY.layer_window(i) for i in range(2)} == {0}
+    listed = dataclasses.replace(config, window_pattern=(0, 1, 1))  # Megatron's list form
+    assert [listed.layer_window(i) for i in range(6)] == [0, 9, 9, 0, 9, 9]
+    with pytest.raises(ValueError, match="model.window_pattern"):
+        dataclasses.replace(config, window_pattern=(2,))
     model = build_decoder(config)
     assert [layer.attention.sliding_window for layer in model.decoder_layers] == [9, 0] * 3
 
