@@ -159,7 +159,9 @@ def convert_split(src_dir: str, out_dir: str, shapes, *, eval_set: bool, progres
         else:
             todo.append((path, target))
     what = "eval" if eval_set else "train"
-    bar = Progress(sum(_num_rows(p) for p, _ in todo), prefix=f"flux1 {what}") if progress else None
+    # Every file's footer is read before anything is written: a corrupt file fails up front.
+    total = sum(_num_rows(p) for p, _ in todo)
+    bar = Progress(total, prefix=f"flux1 {what}") if progress else None
     rows = 0
     try:
         for path, target in todo:
@@ -210,6 +212,7 @@ def prepare(args) -> dict:
     """Converts the splits given (train, eval, empty encodings) under `args.out_dir`."""
     shapes = _expected_shapes(args)
     summary = {}
+    os.makedirs(args.out_dir, exist_ok=True)
     if args.empty_dir:
         convert_empty_encodings(
             args.empty_dir, os.path.join(args.out_dir, "empty_encodings.npz"), shapes
