@@ -285,3 +285,30 @@ def write_grid(images: np.ndarray, *, rows: int, path: str, zoom: int = 4) -> No
     pixels = np.clip((grid + 1.0) * 127.5, 0, 255).astype(np.uint8)
     image = Image.fromarray(pixels).resize((pixels.shape[1] * zoom, pixels.shape[0] * zoom))
     image.save(path)
+
+
+def baseline_losses(config: config_lib.FluxConfig) -> dict[str, float]:
+    """The eval loss of two models that learned nothing of the text or the noised image: the
+    untrained model (it predicts 0, its output layer being zero) and the one that predicts the
+    mean velocity of the training set (-mean latent, the best constant). A target means
+    something where it lies well below both (README.md, "mini")."""
+    total = 0.0
+    count = 0
+    for batch in input_lib.train_dataset(config, input_context=None, batch_size=64, seed=0).take(
+        max(1, config.train_examples // 64)
+    ):
+        total = total + tf.reduce_sum(batch["latents"], 0)
+        count += int(batch["latents"].shape[0])
+    mean_velocity = -(total / count)
+    zero = mean = examples = 0.0
+    eval_data = input_lib.eval_dataset(config, input_context=None, batch_size=64,
+                                       num_batches=math.ceil(config.eval_examples / 64))  # fmt: skip
+    for batch in eval_data:
+        valid = batch["valid"].numpy()
+        target = (batch["noise"] - batch["latents"]).numpy()
+        zero += float(np.sum(np.mean(target**2, axis=(1, 2, 3)) * valid))
+        mean += float(
+            np.sum(np.mean((target - mean_velocity.numpy()) ** 2, axis=(1, 2, 3)) * valid)
+        )
+        examples += float(valid.sum())
+    return {"untrained": zero / examples, "mean_velocity": mean / examples}
