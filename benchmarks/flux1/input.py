@@ -147,7 +147,8 @@ def eval_transform(config: FluxConfig):
 
 def _with_noise(config: FluxConfig, batches: tf.data.Dataset, seed: int) -> tf.data.Dataset:
     transform = train_transform(config, seed, load_empty_encodings(config))
-    return batches.enumerate().map(transform, num_parallel_calls=tf.data.AUTOTUNE)
+    batches = batches.enumerate().map(transform, num_parallel_calls=tf.data.AUTOTUNE)
+    return batches.prefetch(tf.data.AUTOTUNE)
 
 
 def synthetic_example(config: FluxConfig, seed) -> dict[str, tf.Tensor]:
