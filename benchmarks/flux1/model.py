@@ -133,11 +133,17 @@ def _heads(x: tf.Tensor, depth: int) -> tf.Tensor:
 
 
 class RMSNorm(keras.layers.Layer):
-    """RMSNorm over the last axis with a learned scale (ones at init; `nn.RMSNorm`), in float32."""
+    """RMSNorm over the last axis with a learned scale (ones at init; `nn.RMSNorm`), in float32.
+
+    The q/k norms run on each model shard's own heads, so the (replicated) scale's gradient on a
+    shard is its heads' part: the scale passes through f (`ModelAxis.copy`: identity forward,
+    one all-reduce of its [D] gradient over `model` backward), so every shard gets the sum.
+    """
 
     def __init__(self, epsilon: float, **kwargs):
         super().__init__(**kwargs)
         self.epsilon = epsilon
+        self.axis = ModelAxis(None, self)
 
     def build(self, input_shape):
         self.scale = self.add_weight(name="scale", shape=(input_shape[-1],), initializer="ones")
@@ -145,7 +151,8 @@ class RMSNorm(keras.layers.Layer):
     def call(self, x):
         x32 = tf.cast(x, tf.float32)
         rms = tf.math.rsqrt(tf.reduce_mean(tf.square(x32), axis=-1, keepdims=True) + self.epsilon)
-        return tf.cast(x32 * rms * tf.cast(self.scale, tf.float32), x.dtype)
+        scale = self.axis.copy(tf.cast(self.scale, tf.float32))
+        return tf.cast(x32 * rms * scale, x.dtype)
 
 
 class Modulation(keras.layers.Layer):
