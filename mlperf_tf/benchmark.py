@@ -19,7 +19,7 @@ import tensorflow as tf
 
 from mlperf_tf import rounds as rounds_lib
 from mlperf_tf.config import BenchmarkConfig, ConfigError
-from mlperf_tf.facts import RenamedKey, Rcp, SimulatorShape, StatedConvergence
+from mlperf_tf.facts import Rcp, RenamedKey, SimulatorShape, StatedConvergence
 from mlperf_tf.parallel.mesh import DeviceMesh
 
 PRESET_NAMES = ("mlperf", "mini", "smoke")

@@ -124,7 +124,9 @@ def convergence_from_dict(data: dict[str, Any] | None) -> Rcp | StatedConvergenc
     if "rcp" in data:
         return Rcp(**data["rcp"])
     stated = data["stated"]
-    return StatedConvergence(tuple((int(b), float(e)) for b, e in stated["points"]), stated["source"])
+    return StatedConvergence(
+        tuple((int(b), float(e)) for b, e in stated["points"]), stated["source"]
+    )
 
 
 class RenamedKey(NamedTuple):

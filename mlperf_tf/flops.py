@@ -382,17 +382,28 @@ def cache_path() -> str:
     return os.path.join(os.path.dirname(__file__), "simulate", "data", "flops.json")
 
 
-def build_cache(names: list[str] | None = None) -> dict[str, dict[str, dict[str, Any]]]:
-    """Counts every preset of every (or the named) registered benchmark: {name: {preset: entry}}."""
+def build_cache(
+    names: list[str] | None = None, presets: list[str] | None = None
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """Counts every (or the named) preset of every (or the named) registered benchmark:
+    {name: {preset: entry}}.
+
+    Raises:
+      UserError: an unknown benchmark or preset.
+    """
     from mlperf_tf import registry
+    from mlperf_tf.errors import UserError
 
     table: dict[str, dict[str, dict[str, Any]]] = {}
     for name in names or list(registry.available()):
         benchmark_class = registry.get(name)
         table[name] = {}
-        for preset in benchmark_class.presets:
-            benchmark = benchmark_class(benchmark_class.preset(preset))
-            table[name][preset] = _cache_entry(benchmark)
+        for preset in presets or benchmark_class.presets:
+            try:
+                config = benchmark_class.preset(preset)
+            except KeyError as e:
+                raise UserError(e.args[0]) from None
+            table[name][preset] = _cache_entry(benchmark_class(config))
     return table
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import keras
@@ -51,11 +52,11 @@ class ResNet50Benchmark(Benchmark):
         per bottleneck) at the stage's map size; every batch norm (stem, three per bottleneck,
         one per stage's projection shortcut)."""
         m, size = self.config.model, self.config.data.image_size
-        side = -(-(-(-size // 2)) // 2)  # after the stride-2 stem and the stride-2 max pool
+        side = math.ceil(math.ceil(size / 2) / 2)  # after the stride-2 stem and max pool
         convs = [Conv(1, 7, size, size, 3, stride=2)]
         for stage, blocks in enumerate(m.block_layers):
             convs.append(Conv(blocks, 3, side, side, m.base_width * 2**stage))
-            side = -(-side // 2)
+            side = math.ceil(side / 2)
         norms = 1 + 3 * sum(m.block_layers) + len(m.block_layers)
         return SimulatorShape(convs=tuple(convs), batch_norms=norms)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import warnings
 from typing import Any
@@ -74,9 +75,12 @@ class SSDBenchmark(Benchmark):
         shortcuts).
         """
         m, size = self.config.model, self.config.model.image_size
-        width = lambda c: max(1, int(round(c * m.width_scale)))  # noqa: E731
-        quarter = -(-(-(-size // 2)) // 2)  # after the stride-2 stem and the stride-2 max pool
-        side = -(-quarter // 2)  # conv3_x (stride 2); conv4_x stays (stride 1 in SSD)
+
+        def width(channels: int) -> int:
+            return max(1, int(round(channels * m.width_scale)))
+
+        quarter = math.ceil(math.ceil(size / 2) / 2)  # after the stride-2 stem and max pool
+        side = math.ceil(quarter / 2)  # conv3_x (stride 2); conv4_x stays (stride 1 in SSD)
         b1, b2, b3 = m.backbone_blocks
         convs = [
             Conv(1, 7, size, size, 3, stride=2),
