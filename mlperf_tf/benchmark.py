@@ -476,6 +476,12 @@ class Benchmark(abc.ABC):
         """MLPerf's `eval_samples`: examples in the whole eval set."""
         return self.config.eval_examples
 
+    def run_actions(self) -> list[Any]:
+        """Side work of this benchmark's runs: `mlperf_tf.runner.actions.Action`s the runner
+        calls after its built-in ones (e.g. a grid of generated images at the end of a run).
+        The default: none."""
+        return []
+
     def restore_initial_weights(self, model: Any) -> None:
         """Loads a starting checkpoint (e.g. BERT's TF1 checkpoint) before training, if any.
 

@@ -674,7 +674,9 @@ class Controller:
         self.evaluator.partition = self.partition
         self.schedule = schedule(benchmark, cfg.max_train_steps)
         self.last_step = self.schedule[-1].step
-        self.actions = self._default_actions() + self.extra_actions
+        # The benchmark's own side work (e.g. flux1's grid of samples) after the built-in actions.
+        self.actions = self._default_actions() + list(self.benchmark.run_actions())
+        self.actions += self.extra_actions
 
     def _default_actions(self) -> list[Action]:
         if self.chief:

@@ -78,9 +78,10 @@ def curve_of(declared: Rcp | StatedConvergence | None, benchmark: str) -> Conver
         by_batch: dict[int, list[float]] = {}
         for key, entry in table.items():
             if key.startswith(declared.prefix):
-                by_batch.setdefault(int(entry["BS"]), []).append(
-                    statistics.mean(entry["Epochs to converge"])
-                )
+                # Most RCP files say "Epochs to converge"; some that count samples say
+                # "samples to converge" (flux1; the official rcp_checker reads either).
+                runs = entry.get("Epochs to converge", entry.get("samples to converge"))
+                by_batch.setdefault(int(entry["BS"]), []).append(statistics.mean(runs))
         batches = tuple(sorted(by_batch))
         values = tuple(statistics.mean(by_batch[b]) for b in batches)
         return ConvergenceCurve(
