@@ -10,10 +10,10 @@ same loss (the velocity's mean squared error on the noised latent), the same opt
              same optimizer (`global_clipnorm=1.0`) and `mse`, trained by `model.fit` on the
              same batches noised and patched in the input pipeline.
 
-Rounds interleave the sides in a rotating order (`tools/interleave.py`); reported: images/s
+Rounds interleave the sides in a rotating order (`tools/harness.py`); reported: images/s
 (median, pooled), the ratio mlperf_tf / keras_hub (pooled, median of per-round ratios, each round).
 
-    python tools/bench_flux.py [--steps=5] [--rounds=5]
+    python tools/peers/bench_flux.py [--steps=5] [--rounds=5]
 """
 
 from __future__ import annotations
@@ -21,10 +21,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import pathlib
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # the repository root
 
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
@@ -33,9 +34,9 @@ from benchmarks.flux1 import config as config_lib  # noqa: E402
 from benchmarks.flux1 import model as model_lib  # noqa: E402
 from benchmarks.flux1.benchmark import FluxBenchmark  # noqa: E402
 from mlperf_tf.benchmark import RunContext  # noqa: E402
-from tools import interleave  # noqa: E402
-from tools.args import require_positive  # noqa: E402
-from tools.bench_fit import mlperf_tf_contestant  # noqa: E402
+from tools import harness  # noqa: E402
+from tools.harness import require_positive  # noqa: E402
+from tools.peers.bench_fit import mlperf_tf_contestant  # noqa: E402
 
 
 def keras_hub_contestant(benchmark: FluxBenchmark):
@@ -73,7 +74,7 @@ def keras_hub_contestant(benchmark: FluxBenchmark):
         return inputs, model_lib.pack_latents(noise - x0)
 
     batches = benchmark.train_dataset(tf.distribute.InputContext())
-    return interleave.keras_fit_run(backbone, batches.map(to_keras_hub))
+    return harness.keras_fit_run(backbone, batches.map(to_keras_hub))
 
 
 def measure(steps: int, rounds: int) -> None:
@@ -84,17 +85,16 @@ def measure(steps: int, rounds: int) -> None:
         "mlperf_tf": mlperf_tf_contestant(make()),
         "keras_hub": keras_hub_contestant(make()),
     }
-    interleave.warm_up(contestants)
-    result = interleave.interleaved_rounds(
-        contestants, steps=steps, rounds=rounds, samples_per_step=config.global_batch_size
-    )
     c = config.model
-    print(
-        f"\nmini: {c.depth} double + {c.depth_single_blocks} single blocks, hidden "
-        f"{c.hidden_size}, {c.num_heads} heads, batch {config.global_batch_size}; {steps} steps "
-        f"x {rounds} rounds; TF {tf.__version__}, Keras {keras.__version__}\n"
-    )
-    print(interleave.report(result, "mlperf_tf", unit="images"), flush=True)
+    harness.compare(
+        contestants, steps=steps, rounds=rounds, samples_per_step=config.global_batch_size,
+        reference="mlperf_tf", unit="images",
+        title=(
+            f"mini: {c.depth} double + {c.depth_single_blocks} single blocks, hidden "
+            f"{c.hidden_size}, {c.num_heads} heads, batch {config.global_batch_size}; {steps} "
+            f"steps x {rounds} rounds; TF {tf.__version__}, Keras {keras.__version__}"
+        ),
+    )  # fmt: skip
 
 
 def main(argv=None) -> int:
