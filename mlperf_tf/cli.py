@@ -72,7 +72,7 @@ def _run_command(argv: list[str], stderr_filter: console.StderrFilter | None = N
     from absl import logging as absl_logging
 
     from mlperf_tf import config as config_lib
-    from mlperf_tf import console, errors, paths, preemption, registry, runlog, runner
+    from mlperf_tf import console, errors, preemption, registry, runlog, runner
     from mlperf_tf import flags as run_flags
     from mlperf_tf.errors import UserError
 
@@ -117,7 +117,8 @@ def _run_command(argv: list[str], stderr_filter: console.StderrFilter | None = N
         if FLAGS.data_dir:
             overrides.setdefault("data_dir", FLAGS.data_dir)
         config = config_lib.override(config, overrides)
-        if FLAGS.preset == "mini" and config.data_dir == paths.mini_data_dir(FLAGS.benchmark):
+        # The mini preset's own data folder (several benchmarks may share one) is written on first use.
+        if FLAGS.preset == "mini" and config.data_dir == benchmark_class.preset("mini").data_dir:
             if not os.path.isdir(config.data_dir):
                 print(f"Writing the mini dataset to {config.data_dir} ...", flush=True)
                 benchmark_class.prepare_mini(config.data_dir)
