@@ -50,6 +50,8 @@ EVAL_WINDOWS = 1024
 # The mini corpus's shape: every mini preset that reads it uses these.
 MINI_VOCAB_SIZE = 1024
 MINI_SEQUENCE_LENGTH = 256
+# The mini vocabulary's end-of-text id (SentencePiece's `</s>`: unk 0, bos 1, eos 2, its defaults).
+MINI_EOS_ID = 2
 
 
 def mini_data_dir() -> str:
