@@ -48,6 +48,7 @@ setup(
         # The built-in benchmarks register like any third-party package (mlperf_tf/registry.py).
         "mlperf_tf.benchmarks": [
             "bert = benchmarks.bert.benchmark:BertBenchmark",
+            "gpt_oss_20b = benchmarks.gpt_oss_20b.benchmark:GptOssBenchmark",
             "llama31_8b = benchmarks.llama31_8b.benchmark:Llama31Benchmark",
             "resnet50 = benchmarks.resnet50.benchmark:ResNet50Benchmark",
             "ssd = benchmarks.ssd.benchmark:SSDBenchmark",

@@ -19,6 +19,7 @@ import os
 from mlperf_tf import paths
 from mlperf_tf.config import BenchmarkConfig, ConfigError, require
 from mlperf_tf.data import c4
+from mlperf_tf.layers.moe import MoEConfig
 from mlperf_tf.optimizers import registry
 
 # What the closed rules of 6.0.0 and 6.1.0 fix (closed_gpt_oss_20b.yaml).
@@ -44,15 +45,32 @@ def is_window_layer(window_attn_skip_freq, layer_number: int) -> bool:
     return bool(window_attn_skip_freq[layer_number - 1])
 
 
+# The reference's mixture of experts (`gpt_oss_20B-pretrain.yaml`): 32 experts of width 2,880 in
+# every layer, top-4 on the logits then a softmax over the four (`moe_router_pre_softmax: false`),
+# dropless (`moe_expert_capacity_factor: null`), no auxiliary loss (`moe_aux_loss_coeff: 0.0`,
+# `moe_z_loss_coeff: null`), no shared expert.
+REFERENCE_MOE = MoEConfig(
+    num_experts=32,
+    every=1,
+    top_k=4,
+    capacity_factor=0.0,
+    eval_capacity_factor=0.0,
+    router_softmax="after",
+    z_loss_coef=0.0,
+    balance_loss_coef=0.0,
+    filter_size=2880,
+)
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelConfig:
     """The decoder's shape; the defaults are the reference's GPT-OSS 20B.
 
-    Every feed-forward block is a mixture of `num_experts` bias-free SwiGLU experts of width
-    `moe_ffn_hidden_size`: the router's top `top_k` logits, then a softmax over those k (Megatron
-    `moe_router_pre_softmax: false`, score function softmax), dropless, no auxiliary loss, no
-    shared expert. `window_attn_skip_freq` is Megatron's list (1: that layer attends to the
-    `sliding_window` previous tokens and itself; 0: full causal attention).
+    Every feed-forward block is `moe` (bias-free SwiGLU experts). `sliding_window` counts the
+    keys a windowed layer's query sees, itself included: Megatron's `window_size: [128, 0]` is
+    128 earlier tokens and the token itself, 129. `window_skip_freq` is Megatron's
+    `window_attn_skip_freq` as an int (every N-th layer, 1-based, attends fully); the reference
+    writes it as the list `REFERENCE_WINDOW_PATTERN`, which 2 equals (a test holds them equal).
     """
 
     vocab_size: int = 128_256
@@ -61,16 +79,16 @@ class ModelConfig:
     num_attention_heads: int = 64
     num_key_value_heads: int = 8
     head_dim: int = 64
+    intermediate_size: int = 2880
     qk_norm: bool = True
-    sliding_window: int = 128
-    window_attn_skip_freq: tuple[int, ...] = REFERENCE_WINDOW_PATTERN
+    sliding_window: int = 129
+    window_skip_freq: int = 2
     rope_theta: float = 150_000.0
     rms_norm_eps: float = 1e-6
     max_position_embeddings: int = 131_072
     initializer_range: float = 0.008
-    num_experts: int = 32
-    top_k: int = 4
-    moe_ffn_hidden_size: int = 2880
+    tie_word_embeddings: bool = False
+    moe: MoEConfig = REFERENCE_MOE
     # How tokens reach their experts: "sorted" runs each expert on the rows routed to it only
     # (no padding; shapes depend on the routing, so not under XLA); "buffer" is the
     # capacity-buffer path (every expert over T rows when dropless; static shapes).
@@ -87,12 +105,10 @@ class ModelConfig:
                 "num_attention_heads",
                 "num_key_value_heads",
                 "head_dim",
-                "sliding_window",
+                "intermediate_size",
                 "max_position_embeddings",
-                "num_experts",
-                "top_k",
-                "moe_ffn_hidden_size",
             ),
+            non_negative_int=("sliding_window", "window_skip_freq"),
             positive=("rms_norm_eps", "rope_theta", "initializer_range"),
         )
         if self.num_attention_heads % self.num_key_value_heads:
@@ -102,36 +118,37 @@ class ModelConfig:
             )
         if self.head_dim % 2:
             raise ConfigError(f"`model.head_dim` ({self.head_dim}) must be even (RoPE pairs).")
-        if self.top_k > self.num_experts:
+        if self.moe.num_experts < 1 or self.moe.every != 1:
             raise ConfigError(
-                f"`model.top_k` ({self.top_k}) must be at most `model.num_experts` "
-                f"({self.num_experts})."
-            )
-        pattern = self.window_attn_skip_freq
-        if len(pattern) != self.num_hidden_layers or any(v not in (0, 1) for v in pattern):
-            raise ConfigError(
-                f"`model.window_attn_skip_freq` ({pattern}) must have one 0 or 1 per layer "
-                f"({self.num_hidden_layers} layers)."
+                f"`model.moe` (num_experts {self.moe.num_experts}, every {self.moe.every}): "
+                "GPT-OSS has experts in every layer (num_experts >= 1, every 1)."
             )
         if self.moe_dispatch not in ("sorted", "buffer"):
             raise ConfigError(
                 f"`model.moe_dispatch` ({self.moe_dispatch!r}) must be 'sorted' or 'buffer'."
             )
 
-    def window_layers(self) -> tuple[bool, ...]:
-        """Per layer (0-based): whether it uses sliding-window attention."""
-        return tuple(
-            is_window_layer(list(self.window_attn_skip_freq), i + 1)
-            for i in range(self.num_hidden_layers)
-        )
+    def layer_window(self, index: int) -> int:
+        """Keys a query of layer `index` (0-based) sees, itself included (0: the whole causal
+        prefix), by Megatron's rule for an int `window_attn_skip_freq`."""
+        if not self.sliding_window:
+            return 0
+        if self.window_skip_freq and not is_window_layer(self.window_skip_freq, index + 1):
+            return 0
+        return self.sliding_window
 
     def _attention(self) -> int:
         h, d = self.hidden_size, self.head_dim
         qkvo = 2 * h * self.num_attention_heads * d + 2 * h * self.num_key_value_heads * d
         return qkvo + (2 * d if self.qk_norm else 0)
 
+    def _moe_layer(self) -> int:
+        return self.moe.layer_parameters(
+            hidden_size=self.hidden_size, filter_size=self.intermediate_size, expert_mlp="swiglu"
+        )
+
     def _expert(self) -> int:
-        return 3 * self.hidden_size * self.moe_ffn_hidden_size
+        return 3 * self.hidden_size * (self.moe.filter_size or self.intermediate_size)
 
     def parameter_count(self) -> int:
         """Parameters of this shape, from the config alone (no weights are allocated).
@@ -141,14 +158,15 @@ class ModelConfig:
         SwiGLU experts (3 h f each); plus the input embedding (V x h), the untied output
         projection (h x V) and the final norm (h). GPT-OSS 20B: 20,488,418,112.
         """
-        h, v, e = self.hidden_size, self.vocab_size, self.num_experts
-        layer = self._attention() + 2 * h + h * e + e * self._expert()
-        return self.num_hidden_layers * layer + 2 * v * h + h
+        h, v = self.hidden_size, self.vocab_size
+        layer = self._attention() + 2 * h + self._moe_layer()
+        embeddings = v * h * (1 if self.tie_word_embeddings else 2)
+        return self.num_hidden_layers * layer + embeddings + h
 
     def active_parameter_count(self) -> int:
         """Parameters one token uses: all but the experts it was not routed to (both
-        embeddings counted, as `parameter_count` does). GPT-OSS 20B: 3,766,907,712."""
-        unused = self.num_hidden_layers * (self.num_experts - self.top_k) * self._expert()
+        embeddings counted, as GPT-OSS's model card counts them). GPT-OSS 20B: 3,766,907,712."""
+        unused = self.num_hidden_layers * (self.moe.num_experts - self.moe.top_k) * self._expert()
         return self.parameter_count() - unused
 
     def training_flops(self, seq: int) -> float:
@@ -157,15 +175,15 @@ class ModelConfig:
         Forward: 2 FLOPs per active weight of every projection (q, k, v, o, router, the top-k
         experts, output; the embedding is a lookup and norms are not counted) per token, plus
         attention's two products per layer, scores and context, each 2 x seq x keys x heads x
-        head_dim: keys = seq on full layers (the square, as computed), `sliding_window + 1` on
-        sliding ones (the keys a query sees).
+        head_dim: keys = seq on full layers (the square, as computed), the window on windowed
+        ones (the keys a query sees).
         """
         h, d = self.hidden_size, self.head_dim
         norms = self.num_hidden_layers * (2 * h + (2 * d if self.qk_norm else 0)) + h
         projections = self.active_parameter_count() - norms - self.vocab_size * h
         attention = 0.0
-        for window in self.window_layers():
-            keys = min(seq, self.sliding_window + 1) if window else seq
+        for index in range(self.num_hidden_layers):
+            keys = min(seq, self.layer_window(index) or seq)
             attention += 4.0 * seq * keys * self.num_attention_heads * d
         return 3.0 * (2.0 * seq * projections + attention)
 
@@ -176,7 +194,7 @@ def gpt_oss_20b() -> ModelConfig:
 
 
 def tiny(vocab_size: int = 128) -> ModelConfig:
-    """A 2-layer GPT-OSS for tests and `smoke` (GQA 4/2 heads of 8, 4 experts top-2, window 4)."""
+    """A 2-layer GPT-OSS for tests and `smoke` (GQA 4/2 heads of 8, 4 experts top-2, window 5)."""
     return ModelConfig(
         vocab_size=vocab_size,
         hidden_size=32,
@@ -184,12 +202,10 @@ def tiny(vocab_size: int = 128) -> ModelConfig:
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=8,
-        sliding_window=4,
-        window_attn_skip_freq=(1, 0),
+        intermediate_size=32,
+        sliding_window=5,
         max_position_embeddings=256,
-        num_experts=4,
-        top_k=2,
-        moe_ffn_hidden_size=32,
+        moe=dataclasses.replace(REFERENCE_MOE, num_experts=4, top_k=2, filter_size=32),
     )
 
 
@@ -276,10 +292,11 @@ class GptOssConfig(BenchmarkConfig):
                 f"`data.max_sequence_length` ({seq}) exceeds `model.max_position_embeddings` "
                 f"({m.max_position_embeddings})."
             )
-        if any(m.window_layers()) and m.sliding_window >= seq:
+        windowed = any(m.layer_window(i) for i in range(m.num_hidden_layers))
+        if windowed and m.sliding_window > seq:
             raise ConfigError(
-                f"`model.sliding_window` ({m.sliding_window}) must be shorter than the sequence "
-                f"(`data.max_sequence_length` {seq}): such a window is full attention."
+                f"`model.sliding_window` ({m.sliding_window}) must be at most the sequence "
+                f"(`data.max_sequence_length` {seq}): a longer window is full attention."
             )
         if self.data.eod_token_id >= m.vocab_size:
             raise ConfigError(
@@ -383,13 +400,11 @@ def mini() -> GptOssConfig:
             num_attention_heads=4,
             num_key_value_heads=2,
             head_dim=64,
-            sliding_window=32,  # 128 of 8,192 is 1/64 of the sequence; 32 of 256 keeps it local
-            window_attn_skip_freq=(1, 0, 1, 0),
+            intermediate_size=256,
+            sliding_window=33,  # the reference's 129 of 8,192 keys; 33 of 256 keeps it local
             max_position_embeddings=seq,
             initializer_range=0.02,
-            num_experts=8,
-            top_k=2,
-            moe_ffn_hidden_size=256,
+            moe=dataclasses.replace(REFERENCE_MOE, num_experts=8, top_k=2, filter_size=256),
         ),
         # Not fixed by the rules: a small model takes a higher peak LR than BS 16's 4e-4.
         optimizer=OptimizerConfig(opt_base_learning_rate=2e-3, opt_learning_rate_warmup_steps=50),
