@@ -269,8 +269,19 @@ class MoEConfig:
     balance_loss_coef: float = 1e-2
     jitter: float = 0.0
     filter_size: int = 0
+    # "sorted": a dropless layer runs each expert on its routed rows only (`SortedMoEFeedForward`;
+    # not for static shapes); "buffer": the capacity buffers.
+    dispatch: Literal["buffer", "sorted"] = "buffer"
 
     def __post_init__(self):
+        if self.dispatch not in ("buffer", "sorted"):
+            raise ConfigError(f"moe `dispatch` ({self.dispatch!r}) must be 'buffer' or 'sorted'")
+        if self.dispatch == "sorted" and (self.capacity_factor or self.eval_capacity_factor):
+            raise ConfigError(
+                "moe `dispatch` 'sorted' is dropless: `capacity_factor` and "
+                f"`eval_capacity_factor` must be 0 (got {self.capacity_factor}, "
+                f"{self.eval_capacity_factor})"
+            )
         if isinstance(self.filter_size, bool) or not isinstance(self.filter_size, int):
             raise ConfigError(f"moe `filter_size` ({self.filter_size!r}) must be an integer")
         if self.filter_size < 0:
@@ -318,7 +329,8 @@ class MoEConfig:
 
     def layer(self, *, hidden_size: int, filter_size: int, **kwargs) -> MoEFeedForward:
         """The `MoEFeedForward` of these settings (`kwargs`: dropout, group_size, mesh, ...)."""
-        return MoEFeedForward(
+        layer_class = SortedMoEFeedForward if self.dispatch == "sorted" else MoEFeedForward
+        return layer_class(
             hidden_size=hidden_size, filter_size=self.filter_size or filter_size,
             num_experts=self.num_experts,
             top_k=self.top_k, capacity_factor=self.capacity_factor,
@@ -722,6 +734,7 @@ class SortedMoEFeedForward(MoEFeedForward):
             top_k=self.top_k,
             capacity=tf.shape(tokens)[0],
             router_softmax=self.router_softmax,
+            bias=self.router_bias if self.router_softmax == "sigmoid" else None,
         )
         weights = self.expert_weights
         compute = tf.cast(tokens, self.compute_dtype)
