@@ -12,7 +12,9 @@ from mlperf_logging.mllog import constants as C
 from benchmarks.llama31_8b import config as config_lib
 from benchmarks.llama31_8b import input as input_lib
 from benchmarks.llama31_8b import model as model_lib
+from mlperf_tf import flops
 from mlperf_tf.benchmark import EvalPoint, sample_eval_schedule
+from mlperf_tf.facts import Blocks, Rcp, SimulatorShape
 from mlperf_tf.lm.benchmark import LanguageModelBenchmark
 from mlperf_tf.optimizers import WarmupCosineDecay, registry
 
@@ -38,8 +40,36 @@ class Llama31Benchmark(LanguageModelBenchmark):
     presets = {"mlperf": config_lib.mlperf, "mini": config_lib.mini, "smoke": config_lib.smoke}
     input_module = input_lib.INPUT
     model_name = model_lib.MODEL_NAME
+    # Samples (sequences of 8,192 tokens) to log perplexity 3.3 at global batch 16 ... 128.
+    convergence = Rcp("training_5.1.0/rcps_llama31_8b.json", "llama31_8b_ref_", in_samples=True)
 
     config: config_lib.LlamaConfig
+
+    def decoder_shape(self) -> flops.DecoderShape:
+        """`config.model` as `mlperf_tf.flops` counts a decoder (MoE blocks: router and top-k)."""
+        m = self.config.model
+        return flops.DecoderShape(
+            vocab_size=m.vocab_size,
+            hidden_size=m.hidden_size,
+            num_layers=m.num_hidden_layers,
+            num_attention_heads=m.num_attention_heads,
+            num_key_value_heads=m.num_key_value_heads,
+            head_dim=m.head_dim,
+            intermediate_size=m.intermediate_size,
+            moe_layers=m.moe.count(m.num_hidden_layers),
+            num_experts=m.moe.num_experts,
+            experts_per_token=m.moe.top_k,
+            expert_intermediate_size=m.moe.filter_size,
+        )
+
+    def simulator_shape(self) -> SimulatorShape:
+        """For `--model_parallel` and `--expert_parallel`: Megatron's two all-reduces per block
+        over sequence x hidden activations; the SwiGLU feed-forward an MoE layer replaces."""
+        m = self.config.model
+        h, f = m.hidden_size, m.intermediate_size
+        seq = self.config.data.max_sequence_length
+        blocks = Blocks(m.num_hidden_layers, 2, h, seq, 3 * h * f, 2.0 * 3 * h * f)
+        return SimulatorShape(blocks=blocks)
 
     # ---- sizes and schedule --------------------------------------------------------------------
     def learning_rate_and_warmup(self) -> tuple[float, int]:
@@ -74,6 +104,12 @@ class Llama31Benchmark(LanguageModelBenchmark):
             # The reference logs `samples_count` in the block and eval events.
             log_samples_count=True,
         )
+
+    def training_flops_per_sample(self) -> float:
+        """Training FLOPs of one sequence from the config (`flops.decoder_training_flops_per_sample`
+        of `decoder_shape()`: attention's full square, MoE blocks' active experts only)."""
+        seq = self.config.data.max_sequence_length
+        return flops.decoder_training_flops_per_sample(self.decoder_shape(), seq)
 
     def scaled_settings(self) -> dict[str, str]:
         """`max_sequence_length` when below the rules' 8,192 (the mini and smoke presets)."""
@@ -110,7 +146,8 @@ class Llama31Benchmark(LanguageModelBenchmark):
         return self.config.optimizer.max_steps * self.config.global_batch_size
 
     def mlperf_hparams(self) -> dict[str, Any]:
-        """The keys of closed_llama31_8b.yaml (5.1.0, 6.0.0, 6.1.0) and 6.1.0's disclosure keys."""
+        """The keys of closed_llama31_8b.yaml (5.1.0, 6.0.0, 6.1.0); the runner adds the round's
+        disclosure keys (`Benchmark.round_hparams`)."""
         opt = self.config.optimizer
         lr, warmup = self.learning_rate_and_warmup()
         if opt.opt_name == "adamw":
@@ -133,7 +170,6 @@ class Llama31Benchmark(LanguageModelBenchmark):
             C.OPT_GRADIENT_CLIP_NORM: float(self.config.gradient_clip_norm),
             C.MAX_SEQUENCE_LENGTH: self.config.data.max_sequence_length,
             MAX_STEPS: opt.max_steps,
-            **self.disclosure_hparams(),
         }
 
     @classmethod

@@ -21,6 +21,7 @@ from benchmarks.transformer import model as model_lib
 from mlperf_tf.benchmark import Benchmark
 from mlperf_tf.config import ConfigError
 from mlperf_tf.data import pipeline, synthetic
+from mlperf_tf.facts import Blocks, SimulatorShape, StatedConvergence
 from mlperf_tf.layers import moe
 from mlperf_tf.layers.tensor_parallel import vocab_parallel_cross_entropy
 from mlperf_tf.optimizers import WarmupRsqrtDecay, registry
@@ -72,6 +73,23 @@ class TransformerBenchmark(Benchmark):
     mlperf_benchmark = "transformer"
     config_class = config_lib.TransformerConfig
     presets = {"mlperf": config_lib.mlperf, "mini": config_lib.mini, "smoke": config_lib.smoke}
+    # No RCP exists (the Transformer retired before RCPs began with MLPerf 1.0): MLPerf v0.6
+    # TPU-v3 result logs converged in 2-3 epochs at global batch 512 and in 5 at 2048
+    # (training_results_v0.6 Google/results/tpu-v3-{32,2048}/transformer); their batch unit is
+    # taken as 512 tokens (an assumption: a padded pair), giving these points in tokens.
+    convergence = StatedConvergence(
+        ((262144, 3.0), (1048576, 5.0)),
+        "stated model (no RCP): benchmarks/transformer/benchmark.py TransformerBenchmark.convergence",
+    )
+
+    def simulator_shape(self) -> SimulatorShape:
+        """For `--model_parallel` and `--expert_parallel`: the encoder's blocks all-reduce twice
+        (attention, feed-forward), the decoder's three times (with cross-attention), averaged
+        over all blocks; the batch counts tokens (1 a sample)."""
+        m = self.config.model
+        h, f, n = m.hidden_size, m.filter_size, m.num_layers
+        blocks = Blocks(2 * n, (2 * n + 3 * n) / (2 * n), h, 1, 2 * h * f, 2.0 * 2 * h * f)
+        return SimulatorShape(blocks=blocks)
 
     @property
     def parallel_axes(self) -> tuple[str, ...]:
