@@ -3,46 +3,42 @@ C4 to log perplexity 3.34)."""
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 from typing import Any
 
 import keras
-import tensorflow as tf
 from absl import logging
 from mlperf_logging.mllog import constants as C
 
 from benchmarks.gpt_oss_20b import config as config_lib
 from benchmarks.gpt_oss_20b import input as input_lib
 from benchmarks.gpt_oss_20b import model as model_lib
-from mlperf_tf.benchmark import Benchmark, EvalPoint, sample_eval_schedule
+from mlperf_tf import flops
+from mlperf_tf.benchmark import EvalPoint, sample_eval_schedule
 from mlperf_tf.data import c4
 from mlperf_tf.errors import UserError
-from mlperf_tf.layers import moe
-from mlperf_tf.layers.tensor_parallel import vocab_parallel_cross_entropy
+from mlperf_tf.facts import Blocks, Rcp, SimulatorShape
+from mlperf_tf.lm.benchmark import LanguageModelBenchmark
+from mlperf_tf.lm.decoder import DecoderModel
 from mlperf_tf.optimizers import WarmupCosineDecay, registry
+from mlperf_tf.parallel.context import use_mesh
 
 # MLPerf log keys of closed_gpt_oss_20b.yaml that `mlperf_logging.mllog.constants` spells
 # differently or lacks.
 MAX_STEPS = "max_steps"
 DECAY_SCHEDULE = "cosine with linear warmup"
-# Disclosure keys of the 6.1.0 common rules (`rounds` drops them for 6.0.0).
-PRECISION_KEYS = (
-    "lowest_numerical_precision_in_linear",
-    "lowest_numerical_precision_in_attn",
-    "lowest_numerical_precision_in_comm",
-)
-_PRECISION_NAMES = {"float32": "fp32", "bfloat16": "bfloat16", "float16": "fp16"}
 
 
-class GptOssBenchmark(Benchmark):
+class GptOssBenchmark(LanguageModelBenchmark):
     """GPT-OSS causal-LM pretraining with AdamW to the MLPerf log-perplexity target.
 
     Batches are dicts of int32 `input_ids` and `labels` [batch, seq] (`mlperf_tf.data.
     token_windows`) and, in eval, float32 `valid` [batch]. Positions whose input token is the
-    end-of-document token are left out of the loss and the eval (Megatron's `eod_mask_loss`:
-    `loss_mask[tokens == eod] = 0` on the input tokens). The quality value is the eval set's log
-    perplexity: the summed next-token cross-entropy (nats) over its unmasked tokens divided by
-    their count, driven down to `quality_target` (`higher_is_better` is False).
+    end-of-document token (`config.data.eod_token_id`) are left out of the loss and the eval
+    (Megatron's `eod_mask_loss`: `loss_mask[tokens == eod] = 0` on the input tokens). The
+    quality value is the eval set's log perplexity: the summed next-token cross-entropy (nats)
+    over its unmasked tokens over their count, driven down to `quality_target`. Model, loss,
+    MoE metrics and eval: `mlperf_tf.lm.LanguageModelBenchmark`.
     """
 
     name = "gpt_oss_20b"
@@ -50,21 +46,54 @@ class GptOssBenchmark(Benchmark):
     config_class = config_lib.GptOssConfig
     presets = {"mlperf": config_lib.mlperf, "mini": config_lib.mini, "smoke": config_lib.smoke}
     input_module = input_lib.INPUT
-    higher_is_better = False
-    parallel_axes = ("data", "model", "expert")
+    model_name = model_lib.MODEL_NAME
+    # Samples (sequences of 8,192 tokens) to log perplexity 3.34 at global batch 16, 32, 64.
+    convergence = Rcp(config_lib.RCP_FILE.removeprefix("rcp_checker/"), "gpt_oss_20b_ref_", True)
 
     config: config_lib.GptOssConfig
 
+    @property
+    def eod_token(self) -> int | None:
+        """The end-of-document id whose input positions the loss skips (the preset's data)."""
+        eod = self.config.data.eod_token_id
+        return None if eod < 0 else eod
+
+    def decoder_shape(self) -> flops.DecoderShape:
+        """`config.model` as `mlperf_tf.flops` counts it: active experts only, windowed layers
+        at their window."""
+        m = self.config.model
+        return flops.DecoderShape(
+            vocab_size=m.vocab_size,
+            hidden_size=m.hidden_size,
+            num_layers=m.num_hidden_layers,
+            num_attention_heads=m.num_attention_heads,
+            num_key_value_heads=m.num_key_value_heads,
+            head_dim=m.head_dim,
+            intermediate_size=m.intermediate_size,
+            moe_layers=m.moe.count(m.num_hidden_layers),
+            num_experts=m.moe.num_experts,
+            experts_per_token=m.moe.top_k,
+            expert_intermediate_size=m.moe.filter_size,
+            sliding_window=m.sliding_window,
+            sliding_layers=m.sliding_layers(),
+        )
+
+    def training_flops_per_sample(self) -> float:
+        """Training FLOPs of one sequence: active parameters plus attention, sliding-window
+        layers at their window (`flops.decoder_training_flops_per_sample`)."""
+        seq = self.config.data.max_sequence_length
+        return flops.decoder_training_flops_per_sample(self.decoder_shape(), seq)
+
+    def simulator_shape(self) -> SimulatorShape:
+        """Megatron's two all-reduces per block under tensor parallelism; each MoE layer holds
+        one SwiGLU expert's weights per expert and runs top-k of them per token."""
+        m = self.config.model
+        h, f = m.hidden_size, m.moe.filter_size or m.intermediate_size
+        seq = self.config.data.max_sequence_length
+        blocks = Blocks(m.num_hidden_layers, 2, h, seq, 3 * h * f, 2.0 * 3 * h * f)
+        return SimulatorShape(blocks=blocks)
+
     # ---- sizes and schedule --------------------------------------------------------------------
-    def parameter_count(self) -> int:
-        """All parameters of `config.model` (20,488,418,112 for `mlperf`), from the config."""
-        return self.config.model.parameter_count()
-
-    def active_parameter_count(self) -> int:
-        """Parameters one token uses (3,766,907,712 for `mlperf`): the router and its top-k
-        experts of each MoE layer, everything else whole."""
-        return self.config.model.active_parameter_count()
-
     def learning_rate_and_warmup(self) -> tuple[float, int]:
         """(base LR, warm-up steps): the config's, or the RCP's for the global batch size.
 
@@ -98,15 +127,6 @@ class GptOssBenchmark(Benchmark):
             log_samples_count=True,
         )
 
-    def tokens_per_sample(self) -> int:
-        """Tokens per training sequence (`mlperf-tf bench` reports tokens/s)."""
-        return self.config.data.max_sequence_length
-
-    def training_flops_per_sample(self) -> float:
-        """Training FLOPs of one sequence: active parameters plus attention, sliding-window
-        layers at their window (`ModelConfig.training_flops`)."""
-        return self.config.model.training_flops(self.config.data.max_sequence_length)
-
     def scaled_settings(self) -> dict[str, str]:
         """`max_sequence_length` when below the rules' 8,192 (the mini and smoke presets)."""
         seq = self.config.data.max_sequence_length
@@ -126,25 +146,22 @@ class GptOssBenchmark(Benchmark):
             )
 
     # ---- building ------------------------------------------------------------------------------
-    def build_model(self) -> keras.Model:
+    def build_model(self) -> DecoderModel:
         """The GPT-OSS decoder of `config.model` (under the strategy scope, dtype policy set).
 
-        The MoE layers are dropless. Without static shapes and with all experts on this replica
-        (`model.moe_dispatch` "sorted"), each expert runs on its routed rows only; otherwise
-        (XLA, expert parallelism, "buffer") on a capacity buffer of the replica's static token
-        count (micro batch share x sequence), one shape on every replica.
+        The MoE layers are dropless. With `moe.dispatch` "sorted" each expert runs on its routed
+        rows only; where shapes must be static (XLA) the layers use the capacity buffers (every
+        expert over the replica's T tokens), as they do under expert parallelism.
         """
         self.check_layout()
         m = self.config.model
-        sorted_dispatch = (
-            m.moe_dispatch == "sorted" and not self.static_shapes and self.mesh.expert == 1
-        )
-        return model_lib.build_model(
-            m,
-            group_size=self.per_replica_batch_size * self.config.data.max_sequence_length,
-            sorted_dispatch=sorted_dispatch,
-            seq_length=self.config.data.max_sequence_length,
-        )
+        if self.static_shapes and m.moe.dispatch == "sorted":
+            m = dataclasses.replace(m, moe=dataclasses.replace(m.moe, dispatch="buffer"))
+        with use_mesh(self.mesh):
+            return model_lib.build_model(
+                m, moe_group_size=self.moe_group_size(),
+                collective_timeout_s=self.context.collective_timeout_s,
+            )  # fmt: skip
 
     def learning_rate_schedule(self) -> WarmupCosineDecay:
         lr, warmup = self.learning_rate_and_warmup()
@@ -162,77 +179,14 @@ class GptOssBenchmark(Benchmark):
         opt = self.config.optimizer
         return registry.build(opt.opt_name, self.learning_rate_schedule(), opt, opt.opt_params)
 
-    # ---- steps (replica context) ---------------------------------------------------------------
-    def loss_mask(self, batch: Any) -> tf.Tensor:
-        """float32 [batch, seq]: 0 where the input token is the end-of-document token."""
-        eod = self.config.data.eod_token_id
-        ids = batch["input_ids"]
-        if eod < 0:
-            return tf.ones(tf.shape(ids), tf.float32)
-        return tf.cast(tf.not_equal(ids, eod), tf.float32)
-
-    def token_losses(
-        self, model: keras.Model, batch: Any, training: bool, aux: moe.Collector | None = None
-    ) -> tf.Tensor:
-        """Next-token cross-entropy (nats, float32) per token [batch, seq], unmasked."""
-        logits = tf.cast(model(batch["input_ids"], training=training, aux=aux), tf.float32)
-        if self.mesh.model > 1:  # this shard's [batch, seq, vocab/M], never gathered
-            return vocab_parallel_cross_entropy(
-                logits, batch["labels"], vocab_size=self.config.model.vocab_size, smoothing=0.0,
-                axis=model.axis,
-            )  # fmt: skip
-        return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=batch["labels"], logits=logits)
-
-    def compute_loss(self, model: keras.Model, batch: Any, training: bool = True) -> tf.Tensor:
-        """`compute_loss_and_metrics` without the metrics."""
-        return self.compute_loss_and_metrics(model, batch, training)[0]
-
-    def train_metric_shapes(self) -> dict[str, tuple[int, ...]]:
-        m = self.config.model
-        return moe.metric_shapes(m.num_hidden_layers, m.moe.num_experts)
-
-    def compute_loss_and_metrics(self, model: keras.Model, batch: Any, training: bool = True):
-        """This replica's masked mean token loss x its share of the micro batch, and the MoE
-        metrics (`moe.summarize`; the auxiliary losses' coefficients are 0 in the reference).
-
-        Megatron divides each micro batch's masked loss sum by its unmasked tokens and averages
-        over data-parallel ranks; each replica here is such a rank.
-        """
-        aux = moe.Collector()
-        losses = self.token_losses(model, batch, training, aux=aux)
-        mask = self.loss_mask(batch)
-        loss = tf.reduce_sum(losses * mask) / tf.maximum(tf.reduce_sum(mask), 1.0)
-        aux_loss, metrics = moe.summarize(aux)
-        if aux.calls:
-            loss += aux_loss
-        local_batch = batch["input_ids"].shape[0]
-        return loss * (float(local_batch) / float(self.micro_batch_size)), metrics
-
-    def eval_step(self, model: keras.Model, batch: Any) -> dict[str, tf.Tensor]:
-        """Per example: the summed unmasked token loss and the unmasked token count `[batch]`
-        (padding examples: 0). Expert parallelism gathers each layer's experts once per batch
-        (`MoEFeedForward.whole_experts`)."""
-        with contextlib.ExitStack() as stack:
-            for layer in getattr(model, "moe_layers", []):
-                stack.enter_context(layer.whole_experts())
-            losses = self.token_losses(model, batch, training=False)
-        mask = self.loss_mask(batch) * tf.cast(batch["valid"], tf.float32)[:, None]
-        return {"loss": tf.reduce_sum(losses * mask, axis=1), "tokens": tf.reduce_sum(mask, axis=1)}
-
     # ---- host side -----------------------------------------------------------------------------
-    def eval_result(self, state: dict[str, float]) -> float:
-        """Log perplexity: summed loss over the eval set's unmasked tokens (Megatron's val loss)."""
-        tokens = float(state.get("tokens", 0.0))
-        if tokens <= 0:
-            raise ValueError("eval saw no tokens: the eval set is empty")
-        return float(state["loss"]) / tokens
-
     def train_samples(self) -> int:
         """`train_samples`: the sequences of the whole schedule (max_steps x batch)."""
         return self.config.optimizer.max_steps * self.config.global_batch_size
 
     def mlperf_hparams(self) -> dict[str, Any]:
-        """The keys of closed_gpt_oss_20b.yaml (6.0.0, 6.1.0) and 6.1.0's disclosure keys."""
+        """The keys of closed_gpt_oss_20b.yaml (6.0.0, 6.1.0); the runner adds 6.1.0's
+        disclosure keys (`Benchmark.round_hparams`)."""
         opt = self.config.optimizer
         lr, warmup = self.learning_rate_and_warmup()
         if opt.opt_name == "adamw":
@@ -245,9 +199,6 @@ class GptOssBenchmark(Benchmark):
             }
         else:
             optimizer_keys = registry.mlperf_hparams(opt.opt_name, opt, opt.opt_params)
-        precision = _PRECISION_NAMES.get(
-            keras.mixed_precision.global_policy().compute_dtype, "fp32"
-        )
         return {
             **optimizer_keys,
             C.OPT_BASE_LR: lr,
@@ -258,14 +209,6 @@ class GptOssBenchmark(Benchmark):
             C.OPT_GRADIENT_CLIP_NORM: float(self.config.gradient_clip_norm),
             C.MAX_SEQUENCE_LENGTH: self.config.data.max_sequence_length,
             MAX_STEPS: opt.max_steps,
-            # 6.1.0 disclosure keys (precision of the run's dtype policy; the mesh's axes).
-            **{key: precision for key in PRECISION_KEYS},
-            "tensor_parallelism": self.mesh.model,
-            "pipeline_parallelism": 1,
-            "context_parallelism": 1,
-            "expert_parallelism": self.mesh.expert,
-            "micro_batch_size": self.per_replica_batch_size,
-            "config_filename": "benchmarks/gpt_oss_20b/config.py",
         }
 
     @classmethod

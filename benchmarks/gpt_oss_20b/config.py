@@ -20,6 +20,7 @@ from mlperf_tf import paths
 from mlperf_tf.config import BenchmarkConfig, ConfigError, require
 from mlperf_tf.data import c4
 from mlperf_tf.layers.moe import MoEConfig
+from mlperf_tf.lm.config import DecoderConfig
 from mlperf_tf.optimizers import registry
 
 # What the closed rules of 6.0.0 and 6.1.0 fix (closed_gpt_oss_20b.yaml).
@@ -46,9 +47,12 @@ def is_window_layer(window_attn_skip_freq, layer_number: int) -> bool:
 
 
 # The reference's mixture of experts (`gpt_oss_20B-pretrain.yaml`): 32 experts of width 2,880 in
-# every layer, top-4 on the logits then a softmax over the four (`moe_router_pre_softmax: false`),
-# dropless (`moe_expert_capacity_factor: null`), no auxiliary loss (`moe_aux_loss_coeff: 0.0`,
-# `moe_z_loss_coeff: null`), no shared expert.
+# every layer (`moe_layer_freq: 1`), top-4 on the logits then a softmax over the four
+# (`moe_router_pre_softmax: false`, score function softmax), dropless
+# (`moe_expert_capacity_factor: null`), no auxiliary loss (`moe_aux_loss_coeff: 0.0`,
+# `moe_z_loss_coeff: null`), no shared expert (`moe_shared_expert_intermediate_size: null`).
+# Each expert runs on its routed rows only ("sorted"; the benchmark switches to the capacity
+# buffers where shapes must be static).
 REFERENCE_MOE = MoEConfig(
     num_experts=32,
     every=1,
@@ -59,18 +63,19 @@ REFERENCE_MOE = MoEConfig(
     z_loss_coef=0.0,
     balance_loss_coef=0.0,
     filter_size=2880,
+    dispatch="sorted",
 )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class ModelConfig:
-    """The decoder's shape; the defaults are the reference's GPT-OSS 20B.
+class ModelConfig(DecoderConfig):
+    """The decoder's shape (`mlperf_tf.lm.DecoderConfig`); the defaults are the reference's
+    GPT-OSS 20B: QK-norm, sliding windows, untied embeddings, every feed-forward `moe`.
 
-    Every feed-forward block is `moe` (bias-free SwiGLU experts). `sliding_window` counts the
-    keys a windowed layer's query sees, itself included: Megatron's `window_size: [128, 0]` is
-    128 earlier tokens and the token itself, 129. `window_skip_freq` is Megatron's
-    `window_attn_skip_freq` as an int (every N-th layer, 1-based, attends fully); the reference
-    writes it as the list `REFERENCE_WINDOW_PATTERN`, which 2 equals (a test holds them equal).
+    `sliding_window` counts the keys a windowed layer's query sees, itself included: Megatron's
+    `window_size: [128, 0]` is 128 earlier tokens and the token itself, 129. `window_skip_freq`
+    is Megatron's `window_attn_skip_freq` as an int (every N-th layer, 1-based, attends fully);
+    the reference writes it as the list `REFERENCE_WINDOW_PATTERN`, which 2 equals (tested).
     """
 
     vocab_size: int = 128_256
@@ -80,112 +85,27 @@ class ModelConfig:
     num_key_value_heads: int = 8
     head_dim: int = 64
     intermediate_size: int = 2880
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 150_000.0
+    max_position_embeddings: int = 131_072
+    initializer_range: float = 0.008
     qk_norm: bool = True
     sliding_window: int = 129
     window_skip_freq: int = 2
-    rope_theta: float = 150_000.0
-    rms_norm_eps: float = 1e-6
-    max_position_embeddings: int = 131_072
-    initializer_range: float = 0.008
     tie_word_embeddings: bool = False
     moe: MoEConfig = REFERENCE_MOE
-    # How tokens reach their experts: "sorted" runs each expert on the rows routed to it only
-    # (no padding; shapes depend on the routing, so not under XLA); "buffer" is the
-    # capacity-buffer path (every expert over T rows when dropless; static shapes).
-    moe_dispatch: str = "sorted"
 
     def __post_init__(self):
-        require(
-            self,
-            prefix="model.",
-            positive_int=(
-                "vocab_size",
-                "hidden_size",
-                "num_hidden_layers",
-                "num_attention_heads",
-                "num_key_value_heads",
-                "head_dim",
-                "intermediate_size",
-                "max_position_embeddings",
-            ),
-            non_negative_int=("sliding_window", "window_skip_freq"),
-            positive=("rms_norm_eps", "rope_theta", "initializer_range"),
-        )
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ConfigError(
-                f"`model.num_attention_heads` ({self.num_attention_heads}) must be divisible by "
-                f"`model.num_key_value_heads` ({self.num_key_value_heads})."
-            )
-        if self.head_dim % 2:
-            raise ConfigError(f"`model.head_dim` ({self.head_dim}) must be even (RoPE pairs).")
-        if self.moe.num_experts < 1 or self.moe.every != 1:
+        super().__post_init__()
+        if not self.moe.enabled or self.moe.every != 1:
             raise ConfigError(
                 f"`model.moe` (num_experts {self.moe.num_experts}, every {self.moe.every}): "
                 "GPT-OSS has experts in every layer (num_experts >= 1, every 1)."
             )
-        if self.moe_dispatch not in ("sorted", "buffer"):
-            raise ConfigError(
-                f"`model.moe_dispatch` ({self.moe_dispatch!r}) must be 'sorted' or 'buffer'."
-            )
 
-    def layer_window(self, index: int) -> int:
-        """Keys a query of layer `index` (0-based) sees, itself included (0: the whole causal
-        prefix), by Megatron's rule for an int `window_attn_skip_freq`."""
-        if not self.sliding_window:
-            return 0
-        if self.window_skip_freq and not is_window_layer(self.window_skip_freq, index + 1):
-            return 0
-        return self.sliding_window
-
-    def _attention(self) -> int:
-        h, d = self.hidden_size, self.head_dim
-        qkvo = 2 * h * self.num_attention_heads * d + 2 * h * self.num_key_value_heads * d
-        return qkvo + (2 * d if self.qk_norm else 0)
-
-    def _moe_layer(self) -> int:
-        return self.moe.layer_parameters(
-            hidden_size=self.hidden_size, filter_size=self.intermediate_size, expert_mlp="swiglu"
-        )
-
-    def _expert(self) -> int:
-        return 3 * self.hidden_size * (self.moe.filter_size or self.intermediate_size)
-
-    def parameter_count(self) -> int:
-        """Parameters of this shape, from the config alone (no weights are allocated).
-
-        Per layer: q (h x n_q d), k, v (h x n_kv d each), o (n_q d x h), the per-head query and
-        key norms (d each), two RMSNorm scales (h each), the router (h x E, no bias) and E
-        SwiGLU experts (3 h f each); plus the input embedding (V x h), the untied output
-        projection (h x V) and the final norm (h). GPT-OSS 20B: 20,488,418,112.
-        """
-        h, v = self.hidden_size, self.vocab_size
-        layer = self._attention() + 2 * h + self._moe_layer()
-        embeddings = v * h * (1 if self.tie_word_embeddings else 2)
-        return self.num_hidden_layers * layer + embeddings + h
-
-    def active_parameter_count(self) -> int:
-        """Parameters one token uses: all but the experts it was not routed to (both
-        embeddings counted, as GPT-OSS's model card counts them). GPT-OSS 20B: 3,766,907,712."""
-        unused = self.num_hidden_layers * (self.moe.num_experts - self.moe.top_k) * self._expert()
-        return self.parameter_count() - unused
-
-    def training_flops(self, seq: int) -> float:
-        """Training FLOPs of one sequence of `seq` tokens (a multiply-add is 2; 3x forward).
-
-        Forward: 2 FLOPs per active weight of every projection (q, k, v, o, router, the top-k
-        experts, output; the embedding is a lookup and norms are not counted) per token, plus
-        attention's two products per layer, scores and context, each 2 x seq x keys x heads x
-        head_dim: keys = seq on full layers (the square, as computed), the window on windowed
-        ones (the keys a query sees).
-        """
-        h, d = self.hidden_size, self.head_dim
-        norms = self.num_hidden_layers * (2 * h + (2 * d if self.qk_norm else 0)) + h
-        projections = self.active_parameter_count() - norms - self.vocab_size * h
-        attention = 0.0
-        for index in range(self.num_hidden_layers):
-            keys = min(seq, self.layer_window(index) or seq)
-            attention += 4.0 * seq * keys * self.num_attention_heads * d
-        return 3.0 * (2.0 * seq * projections + attention)
+    def sliding_layers(self) -> int:
+        """Layers that attend over a window."""
+        return sum(bool(self.layer_window(i)) for i in range(self.num_hidden_layers))
 
 
 def gpt_oss_20b() -> ModelConfig:

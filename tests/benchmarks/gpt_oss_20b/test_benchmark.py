@@ -137,7 +137,9 @@ def test_parameters_are_listed_by_mlperf_tf_list_json(capsys):
 @pytest.mark.parametrize("ruleset", RULESETS)
 def test_mlperf_preset_logs_every_key_the_closed_rules_require(ruleset):
     bench = _bench()
-    hparams = rounds.adapt_hparams("gpt_oss_20b", ruleset, bench.mlperf_hparams())
+    # The benchmark's keys and the round-level ones the runner adds (`round_hparams`).
+    given = {**bench.mlperf_hparams(), **bench.round_hparams()}
+    hparams = rounds.adapt_hparams(bench.renamed_keys, ruleset, given)
     runner_keys = {C.GLOBAL_BATCH_SIZE, C.GRADIENT_ACCUMULATION_STEPS, C.TRAIN_SAMPLES,
                    C.EVAL_SAMPLES, C.SEED, C.EVAL_ACCURACY}  # fmt: skip
     required = rounds.required_keys(ruleset, "gpt_oss_20b")
@@ -151,13 +153,26 @@ def test_mlperf_preset_logs_every_key_the_closed_rules_require(ruleset):
     assert hparams[C.OPT_LR_DECAY_STEPS] == 1_200_000 - 128
     assert bench.eval_samples() == 1024
     assert ("expert_parallelism" in hparams) == (ruleset == "6.1.0")
+    assert "expert_parallelism" not in bench.mlperf_hparams()  # the runner's, for every benchmark
 
 
 def test_training_flops_count_active_experts_and_windows_at_their_window():
-    m = config_lib.mlperf().model
     seq = 8192
-    flops = m.training_flops(seq)
+    flops = _bench().training_flops_per_sample()
     # The active projections: 3.77 B less the embedding lookup and the norms.
     projections = 3_766_907_712 - 128_256 * 2880 - 24 * (2 * 2880 + 128) - 2880
     attention = 12 * 4 * seq * 64 * 64 * (seq + 129)  # 12 full layers + 12 windowed
     assert flops == pytest.approx(6 * seq * projections + 3 * attention, rel=1e-12)
+    assert _bench().tokens_per_sample() == 8192
+
+
+def test_analytic_training_flops_equal_the_traced_count_at_a_full_window():
+    """At a window as long as the sequence the traced graph (which computes the masked square)
+    and the analytic count agree; the sorted dispatch traces only the active experts."""
+    from mlperf_tf import flops
+
+    smoke = config_lib.smoke()
+    model = dataclasses.replace(smoke.model, sliding_window=32)
+    bench = _bench("smoke", model=model)
+    traced = flops.training_flops_per_sample(bench)
+    assert bench.training_flops_per_sample() == pytest.approx(traced, rel=1e-9)
