@@ -69,8 +69,9 @@ def child(args) -> dict:
     )
     strategy = distribute.resolve_strategy("auto", num_cpu_devices=args.devices)
     mesh = parallel_mesh.build_mesh(args.devices, spatial_partition=str(args.parts))
-    parallel_mesh.check_supported(mesh, cls.name, cls.parallel_axes)
     benchmark = cls(config).with_context(RunContext(num_replicas=args.devices, mesh=mesh))
+    # An instance's: a benchmark's axes may depend on its config (`Benchmark.parallel_axes`).
+    parallel_mesh.check_supported(mesh, cls.name, benchmark.parallel_axes)
     with strategy.scope():
         model = benchmark.build_model()
         optimizer = benchmark.build_optimizer(benchmark.train_steps)
@@ -143,7 +144,9 @@ def main() -> None:
     from mlperf_tf import registry
 
     cls = registry.get(args.benchmark)
-    if "spatial" not in cls.parallel_axes:
+    # Read on an instance: a class attribute for most benchmarks, a property of the config for
+    # those whose MoE settings add an axis (`Benchmark.parallel_axes`).
+    if "spatial" not in cls(cls.preset("smoke")).parallel_axes:
         print(
             f"error: --benchmark={args.benchmark} has no convolutional trunk to split "
             f"(--spatial_partition needs one of: resnet50, ssd)",

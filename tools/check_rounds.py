@@ -15,11 +15,9 @@ import subprocess
 import sys
 import tempfile
 
-from mlperf_tf import rounds
+from mlperf_tf import registry, rounds
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# Registry name -> MLPerf benchmark name.
-BENCHMARKS = {"resnet50": "resnet", "bert": "bert", "ssd": "ssd", "transformer": "transformer"}
 _TARGET = "Failed checks for eval_accuracy"
 
 
@@ -45,12 +43,14 @@ def official(log: str, ruleset: str) -> tuple[bool, list[str]]:
 def main(argv):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", nargs="?", default=tempfile.mkdtemp(prefix="rounds_"))
-    parser.add_argument("--benchmarks", default=",".join(BENCHMARKS))
+    parser.add_argument(
+        "--benchmarks", default="", help="comma list of registry names (default: all registered)"
+    )
     args = parser.parse_args(argv[1:])
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO)
     bad = 0
-    for name in args.benchmarks.split(","):
-        for ruleset in rounds.rounds_with(BENCHMARKS[name]):
+    for name in args.benchmarks.split(",") if args.benchmarks else registry.available():
+        for ruleset in rounds.rounds_with(registry.get(name)):
             model_dir = os.path.join(args.out, f"{name}_{ruleset}")
             run = subprocess.run(
                 [sys.executable, "-m", "mlperf_tf.cli", "run", f"--benchmark={name}",

@@ -83,4 +83,8 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("corpus", nargs="?", help="CORPUS_DIR (default: the shared corpus)")
+    sys.exit(main([sys.argv[0]] + [a for a in [parser.parse_args().corpus] if a]))
