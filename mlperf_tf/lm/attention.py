@@ -197,6 +197,15 @@ class Attention(keras.layers.Layer):
         v = self._local_kv(tf.reshape(self.v_proj(x), [batch, seq, -1, d]))
         return q, k, v
 
+    def _head_norm(self, norm, x):
+        """`norm` (an RMSNorm over head_dim) of this shard's heads x [..., d], its scale read
+        through f: each shard holds some of the heads, so its gradient of the shared [d] scale
+        is a part, and f sums the parts over `model` (the whole gradient on every shard)."""
+        x32 = tf.cast(x, tf.float32)
+        x32 *= tf.math.rsqrt(tf.reduce_mean(tf.square(x32), axis=-1, keepdims=True) + norm.epsilon)
+        scale = self.axis.copy(tf.cast(norm.scale, tf.float32))
+        return tf.cast(x32 * scale, x.dtype)
+
     def mask(self, seq):
         """bool [seq, seq]: query i may see key j (causal, and inside the window if any)."""
         causal = tf.linalg.band_part(tf.ones([seq, seq], tf.bool), -1, 0)
@@ -213,7 +222,7 @@ class Attention(keras.layers.Layer):
         x = self.axis.copy(x)  # f: one all-reduce of the input gradient for q, k and v
         q, k, v = self.project_qkv(x)
         if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
+            q, k = self._head_norm(self.q_norm, q), self._head_norm(self.k_norm, k)
         q = apply_rope(q, cos, sin)
         k = apply_rope(k, cos, sin)
         q = tf.transpose(q, [0, 2, 3, 1, 4])  # [batch, kv, group, seq, d]
