@@ -195,6 +195,20 @@ def _parameter_count(benchmark_class) -> int | None:
         return None
 
 
+def _active_parameter_count(benchmark_class) -> int | None:
+    """Parameters one token uses in the `mlperf` preset (a mixture of experts' top-k), where
+    the benchmark counts them (`active_parameter_count`), else None."""
+    try:
+        benchmark = benchmark_class(benchmark_class.preset("mlperf"))
+        return (
+            benchmark.active_parameter_count()
+            if hasattr(benchmark, "active_parameter_count")
+            else None
+        )
+    except Exception:  # noqa: BLE001 (optional, as the parameter count)
+        return None
+
+
 def _list_command(argv: list[str]) -> int:
     import json
 
@@ -216,6 +230,9 @@ def _list_command(argv: list[str]) -> int:
                     **({"parameters": parameters} if parameters is not None else {}),
                 }
             )
+            active = _active_parameter_count(benchmark_class)
+            if active is not None and active != parameters:
+                entries[-1]["active_parameters"] = active
             if not as_json:
                 presets = ", ".join(benchmark_class.presets)
                 count = f"  {parameters / 1e6:,.1f} M parameters" if parameters else ""

@@ -131,6 +131,8 @@ def test_parameters_are_listed_by_mlperf_tf_list_json(capsys):
     assert cli.main(["list", "--json"]) == 0
     listed = {entry["name"]: entry for entry in json.loads(capsys.readouterr().out)}
     assert listed["gpt_oss_20b"]["parameters"] == 20_488_418_112
+    assert listed["gpt_oss_20b"]["active_parameters"] == 3_766_907_712
+    assert "active_parameters" not in listed["resnet50"]  # dense models: every weight is active
     assert listed["gpt_oss_20b"]["mlperf_benchmark"] == "gpt_oss_20b"
 
 
