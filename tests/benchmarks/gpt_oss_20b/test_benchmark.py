@@ -178,3 +178,24 @@ def test_analytic_training_flops_equal_the_traced_count_at_a_full_window():
     bench = _bench("smoke", model=model)
     traced = flops.training_flops_per_sample(bench)
     assert bench.training_flops_per_sample() == pytest.approx(traced, rel=1e-9)
+
+
+def test_static_shapes_use_the_capacity_buffers_and_the_loss_compiles_with_xla():
+    """Under `--xla` (static shapes) the MoE layers take the dropless capacity buffers, whose
+    shapes XLA can compile; otherwise the sorted dispatch."""
+    from mlperf_tf.layers import moe
+
+    smoke = config_lib.smoke()
+    assert all(
+        type(layer) is moe.SortedMoEFeedForward
+        for layer in _bench("smoke").build_model().moe_layers
+    )
+    bench = GptOssBenchmark(smoke).with_context(RunContext(num_replicas=1, static_shapes=True))
+    keras.utils.set_random_seed(0)
+    model = bench.build_model()
+    assert all(type(layer) is moe.MoEFeedForward for layer in model.moe_layers)
+    ids = tf.random.stateless_uniform([8, 33], [5, 6], 0, 128, tf.int32)
+    batch = {"input_ids": ids[:, :-1], "labels": ids[:, 1:]}
+    eager = bench.compute_loss(model, batch)
+    compiled = tf.function(lambda b: bench.compute_loss(model, b), jit_compile=True)(batch)
+    assert float(compiled) == pytest.approx(float(eager), rel=1e-5)
