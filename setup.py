@@ -49,6 +49,7 @@ setup(
         "mlperf_tf.benchmarks": [
             "bert = benchmarks.bert.benchmark:BertBenchmark",
             "flux1 = benchmarks.flux1.benchmark:FluxBenchmark",
+            "gpt_oss_20b = benchmarks.gpt_oss_20b.benchmark:GptOssBenchmark",
             "llama31_8b = benchmarks.llama31_8b.benchmark:Llama31Benchmark",
             "resnet50 = benchmarks.resnet50.benchmark:ResNet50Benchmark",
             "ssd = benchmarks.ssd.benchmark:SSDBenchmark",

@@ -19,13 +19,14 @@ from typing import Literal
 
 from mlperf_tf import paths
 from mlperf_tf.config import BenchmarkConfig, ConfigError, require
+from mlperf_tf.data import c4
 from mlperf_tf.lm.config import DecoderConfig
 from mlperf_tf.optimizers import registry
 
 # What the closed rules of 5.1.0, 6.0.0 and 6.1.0 fix (closed_llama31_8b.yaml).
 MAX_STEPS = 1_200_000
-MLPERF_SEQUENCE_LENGTH = 8192
-EVAL_SAMPLES = 1024
+MLPERF_SEQUENCE_LENGTH = c4.REFERENCE_SEQUENCE_LENGTH  # 8,192
+EVAL_SAMPLES = c4.EVAL_WINDOWS  # 1,024
 EVAL_EVERY_SAMPLES = 12_288  # the reference's `--eval_every` (sequences)
 TARGET_LOG_PERPLEXITY = 3.3
 END_LR_FRACTION = 0.1  # NeMo: min_lr = max_lr * 0.1
@@ -226,9 +227,9 @@ def mlperf() -> LlamaConfig:
     )
 
 
-# The mini data set's shapes: prepare_mini writes exactly these (see prepare.py).
-MINI_VOCAB_SIZE = 1024
-MINI_SEQ_LENGTH = 256
+# The mini data set's shapes: `mlperf_tf.data.c4.prepare_mini` writes exactly these.
+MINI_VOCAB_SIZE = c4.MINI_VOCAB_SIZE
+MINI_SEQ_LENGTH = c4.MINI_SEQUENCE_LENGTH
 MINI_TRAIN_STEPS = 2000
 MINI_TARGET = TARGET_LOG_PERPLEXITY
 
@@ -237,7 +238,8 @@ def mini() -> LlamaConfig:
     """A 4-layer Llama (hidden 256, GQA 4/2 heads of 64) on English text of an installed package.
 
     Command: `mlperf-tf run --benchmark=llama31_8b --preset=mini --model_dir=/tmp/llama_mini`
-    (writes the data to `mlperf_tf.paths.mini_data_dir("llama31_8b")` on first use). Hardware:
+    (writes the data to `mlperf_tf.data.c4.mini_data_dir()` on first use, shared with
+    `gpt_oss_20b`). Hardware:
     2 CPU cores. Keeps every setting the closed rules fix but the sequence length (256): AdamW
     0.9/0.95/1e-5/0.1, clip 1.0, 1,024 eval sequences, max_steps 1,200,000 with the cosine
     over them, the BS-16 RCP's LR and warm-up. Expected: see README.md ("mini").
@@ -266,7 +268,7 @@ def mini() -> LlamaConfig:
         # BS 16's 4e-4; 100 warm-up steps.
         optimizer=OptimizerConfig(opt_base_learning_rate=2e-3, opt_learning_rate_warmup_steps=50),
         data=DataConfig(max_sequence_length=MINI_SEQ_LENGTH, shuffle_buffer=4096),
-        data_dir=paths.mini_data_dir("llama31_8b"),
+        data_dir=c4.mini_data_dir(),
         eval_every_samples=batch * 500,
     )
 

@@ -269,8 +269,19 @@ class MoEConfig:
     balance_loss_coef: float = 1e-2
     jitter: float = 0.0
     filter_size: int = 0
+    # "sorted": a dropless layer runs each expert on its routed rows only (`SortedMoEFeedForward`;
+    # not for static shapes); "buffer": the capacity buffers.
+    dispatch: Literal["buffer", "sorted"] = "buffer"
 
     def __post_init__(self):
+        if self.dispatch not in ("buffer", "sorted"):
+            raise ConfigError(f"moe `dispatch` ({self.dispatch!r}) must be 'buffer' or 'sorted'")
+        if self.dispatch == "sorted" and (self.capacity_factor or self.eval_capacity_factor):
+            raise ConfigError(
+                "moe `dispatch` 'sorted' is dropless: `capacity_factor` and "
+                f"`eval_capacity_factor` must be 0 (got {self.capacity_factor}, "
+                f"{self.eval_capacity_factor})"
+            )
         if isinstance(self.filter_size, bool) or not isinstance(self.filter_size, int):
             raise ConfigError(f"moe `filter_size` ({self.filter_size!r}) must be an integer")
         if self.filter_size < 0:
@@ -318,7 +329,8 @@ class MoEConfig:
 
     def layer(self, *, hidden_size: int, filter_size: int, **kwargs) -> MoEFeedForward:
         """The `MoEFeedForward` of these settings (`kwargs`: dropout, group_size, mesh, ...)."""
-        return MoEFeedForward(
+        layer_class = SortedMoEFeedForward if self.dispatch == "sorted" else MoEFeedForward
+        return layer_class(
             hidden_size=hidden_size, filter_size=self.filter_size or filter_size,
             num_experts=self.num_experts,
             top_k=self.top_k, capacity_factor=self.capacity_factor,
@@ -662,3 +674,75 @@ class MoEFeedForward(keras.layers.Layer):
             yield
         finally:
             self._gathered = None
+
+
+# ---- dropless dispatch by sorting (single-replica experts) ----------------------------------------
+
+
+def sorted_expert_outputs(tokens, expert, gates, num_experts: int, expert_fn):
+    """Dropless mixture output computing only the chosen (token, expert) pairs.
+
+    The k * T choices are grouped by expert (`tf.dynamic_partition`, a stable sort by expert
+    id), each expert runs once on exactly the rows routed to it, and the rows go back to their
+    choices (`tf.dynamic_stitch`) to be summed with the gates. Work is k * T rows, where the
+    dropless capacity buffer runs every expert over T rows (E * T); the values are the buffer
+    path's (the same rows through the same weights). The shapes depend on the routing, so this
+    is not for XLA or TPUs: use the buffer path where shapes must be static.
+
+    Args:
+      tokens: [T, d] the layer's input rows.
+      expert: int32 [T, k] chosen experts.
+      gates: float [T, k] their combine weights.
+      num_experts: E.
+      expert_fn: (e, rows [n, d]) -> expert e's output [n, d], any n >= 0.
+
+    Returns:
+      [T, d]: sum over a token's choices of gate x its expert's output on it.
+    """
+    num_tokens, top_k = tf.shape(expert)[0], expert.shape[1]
+    flat = tf.reshape(expert, [-1])  # [k * T], token-major
+    choice = tf.range(tf.size(flat))
+    rows = tf.gather(tokens, choice // top_k)  # [k * T, d]
+    parts = tf.dynamic_partition(rows, flat, num_experts)
+    where = tf.dynamic_partition(choice, flat, num_experts)
+    outs = [expert_fn(e, part) for e, part in enumerate(parts)]
+    picked = tf.reshape(tf.dynamic_stitch(where, outs), [num_tokens, top_k, -1])  # [T, k, d]
+    return tf.einsum("tkd,tk->td", picked, tf.cast(gates, picked.dtype))
+
+
+class SortedMoEFeedForward(MoEFeedForward):
+    """`MoEFeedForward`, dropless, that runs each expert on its routed rows only
+    (`sorted_expert_outputs`) when its experts are all on this replica; with expert parallelism
+    or gathered eval experts it is the buffer path. Its capacity factors must be 0 (dropless).
+    """
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        if self.capacity_factor or self.eval_capacity_factor:
+            raise ValueError(
+                "SortedMoEFeedForward is dropless: capacity_factor and eval_capacity_factor "
+                f"must be 0 (got {self.capacity_factor}, {self.eval_capacity_factor})"
+            )
+
+    def call(self, x, training=False):
+        if self.expert_parallel > 1 or self._gathered is not None:
+            return super().call(x, training=training)
+        shape = tf.shape(x)
+        tokens = tf.reshape(x, [-1, self.hidden_size])  # [T, d]
+        routing = route(
+            self.router_logits(tokens, training),
+            top_k=self.top_k,
+            capacity=tf.shape(tokens)[0],
+            router_softmax=self.router_softmax,
+            bias=self.router_bias if self.router_softmax == "sigmoid" else None,
+        )
+        weights = self.expert_weights
+        compute = tf.cast(tokens, self.compute_dtype)
+
+        def expert_fn(e, rows):
+            return self._expert_ffn(rows[None], [w[e : e + 1] for w in weights], training)[0]
+
+        y = sorted_expert_outputs(
+            compute, routing.expert, routing.gates, self.num_experts, expert_fn
+        )
+        return tf.reshape(y, shape), self._stats(routing)

@@ -214,7 +214,7 @@ class Attention(keras.layers.Layer):
         x = self.axis.copy(x)  # f: one all-reduce of the input gradient for q, k and v
         q, k, v = self.project_qkv(x)
         if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
+            q, k = self.q_norm(q), self.k_norm(k)  # this shard's heads; scales read through f
         q = apply_rope(q, cos, sin)
         k = apply_rope(k, cos, sin)
         q = tf.transpose(q, [0, 2, 3, 1, 4])  # [batch, kv, group, seq, d]

@@ -48,12 +48,12 @@ UNREACHABLE = 1e9
 
 def fixed_steps(name: str) -> int:
     """The step of `name`'s mini eval at `FIRST_GOOD_EVAL[name]` (prepares the mini data)."""
-    from mlperf_tf import paths, registry  # noqa: PLC0415 (only this process needs TF)
+    from mlperf_tf import registry  # noqa: PLC0415 (only this process needs TF)
     from mlperf_tf.runner import schedule  # noqa: PLC0415
 
     cls = registry.get(name)
     config = cls.preset("mini")
-    if config.data_dir == paths.mini_data_dir(name) and not os.path.isdir(config.data_dir):
+    if config.data_dir == cls.preset("mini").data_dir and not os.path.isdir(config.data_dir):
         cls.prepare_mini(config.data_dir)
     points = schedule(cls(config))
     return next(p.step for p in points if p.epoch_num >= FIRST_GOOD_EVAL[name])
