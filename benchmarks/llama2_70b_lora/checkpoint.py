@@ -290,9 +290,14 @@ def write(tensors, out_dir: str, model: ModelConfig, *, source: str,
         with open(os.path.join(staging, INDEX), "w", encoding="utf-8") as handle:
             json.dump({"weight_map": weight_map}, handle, indent=1)
         with open(os.path.join(staging, CONFIG), "w", encoding="utf-8") as handle:
-            json.dump({"format": FORMAT, "model": dataclasses.asdict(model), "source": source},
+            json.dump({"format": FORMAT, "model": _as_json(model), "source": source},
                       handle, indent=1)  # fmt: skip
     return {"tensors": len(names), "shards": len(files), "bytes": total, "source": source}
+
+
+def _as_json(model: ModelConfig) -> dict:
+    """The model config's fields as `config.json` holds them (tuples as lists)."""
+    return json.loads(json.dumps(dataclasses.asdict(model)))
 
 
 def import_checkpoint(directory: str, out_dir: str, model: ModelConfig, **kwargs) -> dict:
@@ -321,14 +326,11 @@ class SuiteCheckpoint:
                 "--checkpoint=...`)"
             )
         saved = config.get("model", {})
-        for field in dataclasses.fields(model):
-            if field.name == "base_dtype":
-                continue
-            want = getattr(model, field.name)
-            if saved.get(field.name) != want:
+        for name, want in _as_json(model).items():
+            if name != "base_dtype" and saved.get(name) != want:
                 raise CheckpointImportError(
-                    f"base checkpoint {directory!r}: model.{field.name} is "
-                    f"{saved.get(field.name)!r}, the run's is {want!r}"
+                    f"base checkpoint {directory!r}: model.{name} is {saved.get(name)!r}, the "
+                    f"run's is {want!r}"
                 )
         self.weight_map = _read_json(os.path.join(directory, INDEX), "index").get("weight_map", {})
         missing = sorted(set(tensor_shapes(model)) - set(self.weight_map))

@@ -22,6 +22,7 @@ import os
 from mlperf_tf import paths
 from mlperf_tf.config import BenchmarkConfig, ConfigError, require
 from mlperf_tf.layers.lora import LoraConfig
+from mlperf_tf.lm.config import DecoderConfig
 from mlperf_tf.optimizers import registry
 
 # What the reference and the closed rules fix.
@@ -43,9 +44,10 @@ def reference_skipped_evals(global_batch_size: int) -> int:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class ModelConfig:
-    """The base decoder's shape; the defaults are Llama 2 70B as the MLCommons checkpoint's
-    `config.json` gives it. Field names follow Hugging Face's `LlamaConfig`.
+class ModelConfig(DecoderConfig):
+    """The base decoder (`mlperf_tf.lm.DecoderConfig`); the defaults are Llama 2 70B as the
+    MLCommons checkpoint's `config.json` gives it (plain RoPE base 10,000, no scaling; untied
+    output projection; no biases) with its fused `qkv_proj`.
 
     `base_dtype` is the dtype the frozen base weights are held in (the reference loads them
     in bfloat16, `torch_dtype=torch.bfloat16`, and keeps the norms in float32,
@@ -62,26 +64,11 @@ class ModelConfig:
     rms_norm_eps: float = 1e-5
     rope_theta: float = 10_000.0
     max_position_embeddings: int = SEQUENCE_LENGTH  # the reference forces 8,192
-    initializer_range: float = 0.02
+    fused_qkv: bool = True
     base_dtype: str = "bfloat16"
 
     def __post_init__(self):
-        require(
-            self,
-            prefix="model.",
-            positive_int=(
-                "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                "num_key_value_heads", "head_dim", "intermediate_size", "max_position_embeddings",
-            ),
-            positive=("rms_norm_eps", "rope_theta", "initializer_range"),
-        )  # fmt: skip
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ConfigError(
-                f"`model.num_attention_heads` ({self.num_attention_heads}) must be divisible by "
-                f"`model.num_key_value_heads` ({self.num_key_value_heads})."
-            )
-        if self.head_dim % 2:
-            raise ConfigError(f"`model.head_dim` ({self.head_dim}) must be even (RoPE pairs).")
+        super().__post_init__()
         if self.base_dtype not in ("float32", "bfloat16"):
             raise ConfigError(
                 f"`model.base_dtype` ({self.base_dtype!r}) must be float32 or bfloat16."
@@ -104,14 +91,6 @@ class ModelConfig:
             ("down_proj", f, h),
         ]
         return block * self.num_hidden_layers
-
-    def parameter_count(self) -> int:
-        """The base model's parameters, from the config alone: the projections, two norm
-        scales per block, the embedding, the untied output projection and the final norm
-        (68,976,648,192 for Llama 2 70B)."""
-        h = self.hidden_size
-        blocks = sum(i * o for _, i, o in self.projections()) + 2 * h * self.num_hidden_layers
-        return blocks + 2 * self.vocab_size * h + h
 
 
 def llama2_70b() -> ModelConfig:

@@ -41,6 +41,7 @@ and reading it through f sums its gradient. The rank is never split, so it need 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from collections.abc import Iterable, Sequence
@@ -208,3 +209,37 @@ def check_targets(config: LoraConfig, available: Sequence[str]) -> None:
             f"`lora.targets` names {', '.join(unknown)}, which the model does not have "
             f"(projections: {', '.join(available)})."
         )
+
+
+def attach(linear, config: LoraConfig, *, seed: int | None = None) -> LoraAdapter:
+    """Gives `linear` (an `mlperf_tf.lm.layers.Linear`, before it is built) an adapter:
+    `linear.lora`, added to its `project` (this shard's product, before the row all-reduce and
+    the bias), the extension point the block library names. The adapter matches the
+    projection's split (`linear.parallel`) and reads through its `ModelAxis`.
+
+    Build the adapter after the projection with `build_adapter` (`Linear.build` makes the
+    kernel only).
+    """
+    adapter = LoraAdapter(
+        linear.units, rank=config.rank, alpha=config.alpha, dropout=config.dropout,
+        parallel=linear.parallel, axis=linear.axis, seed=seed, name="lora",
+    )  # fmt: skip
+    linear.lora = adapter
+    base_project = linear.project
+
+    def project(x):
+        return base_project(x) + tf.cast(adapter(x), linear.compute_dtype)
+
+    linear.project = project
+    return adapter
+
+
+def build_adapter(linear, in_features: int) -> None:
+    """Builds `linear.lora` for the whole input width `in_features`, its weights named under the
+    projection's path (`.../qkv_proj/lora/lora_a`), as if the projection had built it: paths
+    name optimizer slots and collectives, and must be unique in the model."""
+    scopes = linear.kernel.path.split("/")[:-1]
+    with contextlib.ExitStack() as stack:
+        for scope in scopes:
+            stack.enter_context(keras.name_scope(scope))
+        linear.lora.build((None, None, in_features))
