@@ -48,6 +48,7 @@ setup(
         # The built-in benchmarks register like any third-party package (mlperf_tf/registry.py).
         "mlperf_tf.benchmarks": [
             "bert = benchmarks.bert.benchmark:BertBenchmark",
+            "llama2_70b_lora = benchmarks.llama2_70b_lora.benchmark:LoraBenchmark",
             "llama31_8b = benchmarks.llama31_8b.benchmark:Llama31Benchmark",
             "resnet50 = benchmarks.resnet50.benchmark:ResNet50Benchmark",
             "ssd = benchmarks.ssd.benchmark:SSDBenchmark",

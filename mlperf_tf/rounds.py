@@ -45,6 +45,7 @@ BENCHMARK_ROUNDS: dict[str, tuple[str, ...]] = {
     "ssd": ("0.7.0", "1.0.0", "1.1.0"),
     "transformer": ("0.7.0",),
     "llama31_8b": ("5.1.0", "6.0.0", "6.1.0"),
+    "llama2_70b_lora": ("5.1.0", "6.0.0", "6.1.0"),
 }
 
 # Keys a round names differently: (benchmark, old key, new key, first round of the new name).

@@ -4,7 +4,7 @@ per-replica batches of fixed length.
 A record holds one tokenized sequence as the MLCommons preprocessed GovReport has it
 (`input_ids` and `labels`, int64, same length, labels -100 on the prompt: see prepare.py). As
 Hugging Face's `LlamaForCausalLM` shifts them, position t's logits predict `labels[t + 1]`:
-an example comes out as int32 `input_ids` [seq] (padded with 0), `targets` [seq] (the labels
+an example comes out as int32 `input_ids` [seq] (padded with 0), `labels` [seq] (the labels
 shifted left by one, -100 where there is nothing to predict) — the loss and the eval count only
 the targets that are not -100, i.e. the summary tokens.
 """
@@ -23,7 +23,7 @@ FEATURES = {
 
 
 def to_example(input_ids: tf.Tensor, labels: tf.Tensor, length: int) -> dict[str, tf.Tensor]:
-    """One sequence (any length) -> fixed-length `input_ids` and shifted `targets` [length].
+    """One sequence (any length) -> fixed-length `input_ids` and shifted `labels` [length].
 
     A longer sequence is cut to `length` (prepare.py refuses none: the reference's data is
     within 8,192); a shorter one is padded with id 0 and target -100.
@@ -36,7 +36,7 @@ def to_example(input_ids: tf.Tensor, labels: tf.Tensor, length: int) -> dict[str
     targets = tf.pad(targets, [[0, pad_targets]], constant_values=IGNORE_INDEX)
     return {
         "input_ids": tf.ensure_shape(input_ids, [length]),
-        "targets": tf.ensure_shape(targets, [length]),
+        "labels": tf.ensure_shape(targets, [length]),
     }
 
 
