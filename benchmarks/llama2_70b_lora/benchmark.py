@@ -3,6 +3,8 @@ GovReport to an eval loss of 0.925 on the summary tokens)."""
 
 from __future__ import annotations
 
+import json
+import os
 from typing import Any
 
 import keras
@@ -149,8 +151,12 @@ class LoraBenchmark(LanguageModelBenchmark):
         return float(state["loss"]) / float(state["sequences"])
 
     def train_samples(self) -> int:
-        """`train_samples`: the training split's sequences (3,901 for GovReport)."""
-        return self.config.dataset_train_samples
+        """`train_samples`: the training split's sequences (3,901 for GovReport; the mini's
+        from its `summary.json`)."""
+        if self.config.dataset_train_samples:
+            return self.config.dataset_train_samples
+        with open(os.path.join(self.config.data_dir, "summary.json"), encoding="utf-8") as f:
+            return int(json.load(f)["train_examples"])
 
     def mlperf_hparams(self) -> dict[str, Any]:
         """The keys of closed_llama2_70b_lora.yaml (5.1.0, 6.0.0, 6.1.0), the reference's

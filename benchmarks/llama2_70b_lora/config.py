@@ -184,11 +184,13 @@ class LoraBenchmarkConfig(BenchmarkConfig):
     eval_every_samples: int = EVAL_EVERY_SAMPLES
     skipped_evals: int = -1
     base_checkpoint: str = ""
-    dataset_train_samples: int = TRAIN_SAMPLES  # MLPerf's train_samples (the split's size)
+    # MLPerf's train_samples (the split's size); 0: `data_dir/summary.json`'s `train_examples`.
+    dataset_train_samples: int = TRAIN_SAMPLES
 
     def __post_init__(self):
         super().__post_init__()
-        require(self, positive_int=("eval_every_samples", "dataset_train_samples"))
+        require(self, positive_int=("eval_every_samples",),
+                non_negative_int=("dataset_train_samples",))  # fmt: skip
         if self.skipped_evals < -1:
             raise ConfigError(
                 f"`skipped_evals` ({self.skipped_evals}) must be >= 0 (or -1: the reference's)."
@@ -267,6 +269,8 @@ MINI_VOCAB_SIZE = 1024
 MINI_SEQ_LENGTH = 256
 MINI_BATCH = 8
 MINI_STEPS = 240
+MINI_PRETRAIN_STEPS = 500  # the base's pretraining (prepare --mini), batch 16
+MINI_LEARNING_RATE = 1e-3  # the BS-128 RCP's: a small model on a short schedule
 
 
 def mini_model() -> ModelConfig:
@@ -298,8 +302,11 @@ def mini() -> LoraBenchmarkConfig:
         max_epochs=1.0,
         quality_target=TARGET_EVAL_LOSS,
         model=mini_model(),
-        optimizer=OptimizerConfig(opt_learning_rate_training_steps=MINI_STEPS),
+        optimizer=OptimizerConfig(
+            opt_base_learning_rate=MINI_LEARNING_RATE, opt_learning_rate_training_steps=MINI_STEPS
+        ),
         data=DataConfig(max_sequence_length=MINI_SEQ_LENGTH),
+        dataset_train_samples=0,
         data_dir=data_dir,
         base_checkpoint=os.path.join(data_dir, "base"),
         eval_every_samples=EVAL_EVERY_SAMPLES,

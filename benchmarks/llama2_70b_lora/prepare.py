@@ -150,7 +150,7 @@ def _train_tokenizer(text_path: str, prefix: str, vocab_size: int) -> None:
     )  # fmt: skip
 
 
-def prepare_mini(data_dir: str, *, pretrain_steps: int = 1200) -> dict:
+def prepare_mini(data_dir: str, *, pretrain_steps: int = config_lib.MINI_PRETRAIN_STEPS) -> dict:
     """Writes the `mini` preset's data and pretrained base into `data_dir` (deterministic; no
     download): `tokenizer.model` (BPE of `MINI_VOCAB_SIZE` learned on the pretraining text),
     `train/`, `eval/` (exactly 173 examples from held-out files), `base/` (the suite checkpoint
