@@ -52,6 +52,18 @@ class LoraBenchmark(LanguageModelBenchmark):
         """The adapters' parameters, from the config (44,564,480 for the `mlperf` preset)."""
         return lora_lib.trainable_parameters(self.config.lora, self.config.model.projections())
 
+    def training_flops_per_sample(self) -> float:
+        """FLOPs of one fine-tuning sequence (a multiply-add is 2). A frozen projection costs its
+        forward product and the input gradient's (2 x forward; no weight gradient), the
+        adapters and attention's two activation products 3 x forward:
+        `DecoderConfig.training_flops` (3 x forward of everything) less one third of the
+        frozen projections', plus the adapters' 3 x 2 r (in + out) per token."""
+        m, seq = self.config.model, self.sequence_length()
+        whole = m.training_flops(seq)
+        attention = 3.0 * 4.0 * seq * seq * m.num_attention_heads * m.head_dim * m.num_hidden_layers
+        frozen = whole - attention  # 3 x 2 seq x projections
+        return frozen * 2.0 / 3.0 + attention + 3.0 * 2.0 * seq * self.trainable_parameter_count()
+
     def learning_rate(self) -> float:
         """`opt_base_learning_rate`, or the RCP's for the global batch size when 0.
 

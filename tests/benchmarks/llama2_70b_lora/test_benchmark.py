@@ -113,3 +113,15 @@ def test_smoke_run_log_passes_every_round_but_the_target(tmp_path):
         report = checker.check_log(result.mlperf_log, ruleset=ruleset, quality="skip")
         assert report.passed, report.format_text()
         assert [f.check for f in report.warnings if f.source == "official"] == ["target"]
+
+
+def test_flops_skip_the_frozen_weight_gradients():
+    """Per sequence of 8,192: frozen projections 2 x forward, adapters and attention 3 x."""
+    bench = _bench()
+    m, seq = bench.config.model, 8192
+    projections = m.parameter_count() - m.vocab_size * m.hidden_size  # less the lookup
+    projections -= (2 * m.num_hidden_layers + 1) * m.hidden_size  # less the norms
+    attention = 4.0 * seq * seq * m.num_attention_heads * m.head_dim * m.num_hidden_layers
+    want = 2 * (2 * seq * projections) + 3 * attention + 3 * 2 * seq * 44_564_480
+    np.testing.assert_allclose(bench.training_flops_per_sample(), want, rtol=1e-12)
+    assert bench.training_flops_per_sample() < m.training_flops(seq)
