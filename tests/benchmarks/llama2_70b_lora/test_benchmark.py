@@ -125,3 +125,18 @@ def test_flops_skip_the_frozen_weight_gradients():
     want = 2 * (2 * seq * projections) + 3 * attention + 3 * 2 * seq * 44_564_480
     np.testing.assert_allclose(bench.training_flops_per_sample(), want, rtol=1e-12)
     assert bench.training_flops_per_sample() < m.training_flops(seq)
+
+
+@pytest.mark.slow
+def test_mini_preset_reaches_its_target_and_the_checker_finds_only_the_target(tmp_path):
+    """The acceptance run: `mlperf-tf run --benchmark=llama2_70b_lora --preset=mini` (the first
+    run writes the data and pretrains the base: minutes)."""
+    log, minutes = e2e.run_mini("llama2_70b_lora", tmp_path)
+    records = e2e.log_records(log)
+    values = [r["value"] for r in records if r["key"] == C.EVAL_ACCURACY]
+    assert values[-1] <= config_lib.mini().quality_target
+    for ruleset in ("5.1.0", "6.0.0", "6.1.0"):
+        report = checker.check_log(log, ruleset=ruleset, quality="skip")
+        assert report.passed, report.format_text()
+        assert [f.check for f in report.warnings if f.source == "official"] == ["target"]
+    print(f"llama2_70b_lora mini: {minutes:.1f} min, eval loss {values}")
