@@ -196,9 +196,9 @@ def prepare_mini(data_dir: str, *, pretrain_steps: int = config_lib.MINI_PRETRAI
                       prefix="eval", num_shards=1)  # fmt: skip
         stream = [t for doc in corpus for t in [BOS] + tokenizer.encode(doc) + [EOS]]
         data_seconds = time.monotonic() - begin
-        report = pretrain.pretrain_base(
+        report = pretrain.pretrain_in_child(
             np.asarray(stream, np.int32), config_lib.mini_model(), os.path.join(staging, "base"),
-            steps=pretrain_steps, sequence_length=length, eval_examples=evals,
+            steps=pretrain_steps, sequence_length=length, eval_examples=evals, work_dir=staging,
         )  # fmt: skip
         summary = {
             "train_examples": len(train), "eval_examples": len(evals),

@@ -11,7 +11,13 @@ benchmark's data.
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import json
 import math
+import os
+import subprocess
+import sys
 import time
 
 import keras
@@ -20,6 +26,7 @@ import tensorflow as tf
 
 from benchmarks.llama2_70b_lora import checkpoint
 from benchmarks.llama2_70b_lora.config import ModelConfig
+from mlperf_tf.layers.moe import MoEConfig
 from mlperf_tf.lm import loss as loss_lib
 from mlperf_tf.lm.attention import split_qkv
 from mlperf_tf.lm.decoder import DecoderModel
@@ -127,3 +134,60 @@ def pretrain_base(stream: np.ndarray, config: ModelConfig, out_dir: str, *, step
         "pretrain_loss": round(float(np.mean(losses[-50:])), 4),
         "base_eval_loss": round(base_eval, 4),
     }  # fmt: skip
+
+
+def pretrain_in_child(stream: np.ndarray, config: ModelConfig, out_dir: str, *, steps: int,
+                      sequence_length: int, eval_examples, work_dir: str) -> dict:  # fmt: skip
+    """`pretrain_base` in a child Python process (the inputs passed as files in `work_dir`,
+    removed after), so the process that then runs the benchmark starts from a clean Keras and
+    TensorFlow state: a run that pretrained in its own process failed to trace its steps
+    (TypeError in the warm-up, 2026-11-27; not understood), and MLPerf's base checkpoint is made
+    outside the run too.
+
+    Raises:
+      DataError: the child failed (its last line of error output).
+    """
+    from mlperf_tf.errors import DataError  # noqa: PLC0415
+
+    stream_path = f"{work_dir}/pretrain_stream.npy"
+    eval_path = f"{work_dir}/pretrain_eval.json"
+    np.save(stream_path, stream)
+    with open(eval_path, "w", encoding="utf-8") as handle:
+        json.dump([[list(map(int, x)), list(map(int, y))] for x, y in eval_examples], handle)
+    command = [sys.executable, "-m", "benchmarks.llama2_70b_lora.pretrain", f"--stream={stream_path}",
+               f"--eval={eval_path}", f"--out_dir={out_dir}", f"--steps={steps}",
+               f"--sequence_length={sequence_length}",
+               f"--model={json.dumps(checkpoint._as_json(config))}"]  # fmt: skip
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+    finally:
+        for path in (stream_path, eval_path):
+            with contextlib.suppress(OSError):
+                os.remove(path)
+    if done.returncode:
+        lines = (done.stderr or "").strip().splitlines() or ["no output"]
+        raise DataError(f"the mini base's pretraining failed: {lines[-1]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None) -> int:
+    """The child of `pretrain_in_child`: prints `pretrain_base`'s report as one JSON line."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    for flag in ("stream", "eval", "out_dir", "model"):
+        parser.add_argument(f"--{flag}", required=True)
+    parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--sequence_length", type=int, required=True)
+    args = parser.parse_args(argv)
+    fields = json.loads(args.model)
+    fields["moe"] = MoEConfig(**fields["moe"])
+    config = ModelConfig(**fields)
+    with open(args.eval, encoding="utf-8") as handle:
+        evals = [tuple(pair) for pair in json.load(handle)]
+    report = pretrain_base(np.load(args.stream), config, args.out_dir, steps=args.steps,
+                           sequence_length=args.sequence_length, eval_examples=evals)  # fmt: skip
+    print(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -93,3 +94,18 @@ def test_cli_imports_and_refuses_another_model_in_one_line(tmp_path):
     assert bad.returncode == 2
     assert bad.stderr.strip().splitlines()[-1].startswith("error: checkpoint config")
     assert len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+
+
+def test_base_pretrained_in_a_child_process_is_a_loadable_checkpoint(tmp_path):
+    from benchmarks.llama2_70b_lora import checkpoint, pretrain
+
+    model = config_lib.tiny(64)
+    stream = (np.arange(4000) * 7 % 64).astype(np.int32)
+    evals = [([1, 5, 6, 7], [-100, -100, 6, 7])] * 3
+    report = pretrain.pretrain_in_child(stream, model, str(tmp_path / "base"), steps=3,
+                                        sequence_length=16, eval_examples=evals,
+                                        work_dir=str(tmp_path))  # fmt: skip
+    assert report["pretrain_steps"] == 3 and np.isfinite(report["base_eval_loss"])
+    ckpt = checkpoint.SuiteCheckpoint(str(tmp_path / "base"), model)
+    assert ckpt.read("layers.1.q_proj").shape == (32, 32)
+    assert sorted(os.listdir(tmp_path)) == ["base"]  # the inputs passed to the child are gone
