@@ -50,6 +50,7 @@ setup(
             "bert = benchmarks.bert.benchmark:BertBenchmark",
             "flux1 = benchmarks.flux1.benchmark:FluxBenchmark",
             "gpt_oss_20b = benchmarks.gpt_oss_20b.benchmark:GptOssBenchmark",
+            "llama2_70b_lora = benchmarks.llama2_70b_lora.benchmark:LoraBenchmark",
             "llama31_8b = benchmarks.llama31_8b.benchmark:Llama31Benchmark",
             "resnet50 = benchmarks.resnet50.benchmark:ResNet50Benchmark",
             "ssd = benchmarks.ssd.benchmark:SSDBenchmark",

@@ -17,14 +17,6 @@ from mlperf_tf.lm import loss as loss_lib
 from mlperf_tf.lm.decoder import DecoderModel, build_decoder
 from mlperf_tf.parallel.context import use_mesh
 
-# Disclosure keys of the 6.1.0 common rules (`rounds.ROUND_ONLY_KEYS` drops them for older rounds).
-PRECISION_KEYS = (
-    "lowest_numerical_precision_in_linear",
-    "lowest_numerical_precision_in_attn",
-    "lowest_numerical_precision_in_comm",
-)
-_PRECISION_NAMES = {"float32": "fp32", "bfloat16": "bfloat16", "float16": "fp16"}
-
 
 class LanguageModelBenchmark(Benchmark):
     """A causal language model trained on next-token cross-entropy; quality = log perplexity.
@@ -164,20 +156,3 @@ class LanguageModelBenchmark(Benchmark):
         if tokens <= 0:
             raise ValueError("eval saw no tokens: the eval set is empty or all masked")
         return float(state["loss"]) / tokens
-
-    def disclosure_hparams(self) -> dict[str, Any]:
-        """The 6.1.0 common rules' disclosure keys: the precision of the run's dtype policy, the
-        mesh's tensor and expert parallelism (no pipeline or context parallelism), the micro
-        batch per replica and the config file."""
-        precision = _PRECISION_NAMES.get(
-            keras.mixed_precision.global_policy().compute_dtype, "fp32"
-        )
-        return {
-            **{key: precision for key in PRECISION_KEYS},
-            "tensor_parallelism": self.mesh.model,
-            "pipeline_parallelism": 1,
-            "context_parallelism": 1,
-            "expert_parallelism": self.mesh.expert,
-            "micro_batch_size": self.per_replica_batch_size,
-            "config_filename": f"benchmarks/{self.name}/config.py",
-        }

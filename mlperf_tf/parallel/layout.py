@@ -205,6 +205,30 @@ def assign_whole(variable, whole, mesh: DeviceMesh) -> None:
     strategy.extended.update(tf_var, lambda v, x: v.assign(x), args=(values,), group=False)
 
 
+def assign_shards(variable, read_shard, mesh: DeviceMesh | None) -> None:
+    """Gives each local replica's component of `variable` the shard `read_shard(index)` returns
+    (cross-replica context): a loader that reads each shard alone (a slice of a file) never
+    holds the whole tensor, unlike `assign_whole`.
+
+    Args:
+      variable: a Keras (or tf) variable created under the strategy, of the shard's shape.
+      read_shard: shard index (`Layout.shard_index`; 0 when not split) -> the shard's value.
+      mesh: the run's mesh (None: unsplit).
+    """
+    layout = layout_of(variable)
+    tf_var = variable.value if isinstance(variable, keras.Variable) else variable
+    if mesh is None or not layout.split or layout.num_shards(mesh) == 1:
+        tf_var.assign(tf.cast(read_shard(0), tf_var.dtype))
+        return
+    strategy = _strategy_of(tf_var)
+    values = strategy.experimental_distribute_values_from_function(
+        lambda ctx: tf.cast(
+            read_shard(layout.shard_index(mesh, ctx.replica_id_in_sync_group)), tf_var.dtype
+        )
+    )
+    strategy.extended.update(tf_var, lambda v, x: v.assign(x), args=(values,), group=False)
+
+
 def whole_value(variable, mesh: DeviceMesh, *, gather: bool | None = None):
     """`variable`'s whole tensor, joined from the shards of its replicas (cross-replica context).
 

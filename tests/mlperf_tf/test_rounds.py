@@ -26,6 +26,7 @@ _CLASSES = {
     "ssd": ("benchmarks.ssd.benchmark", "SSDBenchmark"),
     "transformer": ("benchmarks.transformer.benchmark", "TransformerBenchmark"),
     "llama31_8b": ("benchmarks.llama31_8b.benchmark", "Llama31Benchmark"),
+    "llama2_70b_lora": ("benchmarks.llama2_70b_lora.benchmark", "LoraBenchmark"),
 }
 
 

@@ -89,7 +89,7 @@ def test_benchmark_base_sizes_and_disclosure_keys():
     assert bench.parameter_count() == bench.config.model.parameter_count()
     assert bench.active_parameter_count() == bench.parameter_count()  # dense
     assert bench.tokens_per_sample() == bench.config.data.max_sequence_length
-    keys = bench.disclosure_hparams()
+    keys = bench.round_hparams()  # the runner's, for every benchmark
     assert keys["tensor_parallelism"] == 1 and keys["expert_parallelism"] == 1
     assert keys["config_filename"] == "benchmarks/llama31_8b/config.py"
     assert bench.moe_group_size() is None

@@ -1,0 +1,349 @@
+"""Provides the base-model checkpoint import: the MLCommons fused-qkv Llama 2 checkpoint and the
+plain Hugging Face Llama 2 layout (safetensors shards + `config.json`) to the suite's checkpoint,
+and the suite checkpoint's reader, which reads a tensor whole or only a slice of it.
+
+The suite's checkpoint (what `mlperf-tf prepare llama2_70b_lora --checkpoint=DIR` writes to
+`OUT/base`): `config.json` (`{"format": FORMAT, "model": the ModelConfig's fields, "source":
+"fused_qkv" | "hf"}`), `index.json` (`{"weight_map": name -> shard file}`) and
+`model-00000-of-0000N.safetensors` shards of whole tensors in Keras' layout ([in, out] kernels)
+under the names of `tensor_shapes`, the dtype of the source (bfloat16 for the real ones). q, k and
+v are kept apart (the MLCommons checkpoint's `qkv_proj`, q|k|v stacked along its output rows, is
+split), so a replica under `--model_parallel=M` reads just its heads of each with
+`safe_open(...).get_slice` and the model fuses them in its own order.
+
+The conversion holds one source tensor (one layer's fused qkv at most: 168 MB for 70B) and one
+output shard (`shard_bytes`) at a time; it is written into a temporary sibling folder renamed
+at the end, so an error (a corrupt or missing shard, a config or tensor of another model) leaves
+nothing half-written, and is one line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import glob
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+
+import tensorflow as tf
+from safetensors import SafetensorError, safe_open
+from safetensors.tensorflow import save_file
+
+from benchmarks.llama2_70b_lora.config import ModelConfig
+from mlperf_tf.errors import UserError
+
+FORMAT = "mlperf_tf.llama/1"
+CONFIG = "config.json"
+INDEX = "index.json"
+HF_INDEX = "model.safetensors.index.json"
+SHARD_BYTES = 2 << 30
+
+
+class CheckpointImportError(UserError):
+    """A checkpoint that cannot be read as the configured model (one line, naming the file)."""
+
+
+def tensor_shapes(model: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """The suite checkpoint's tensors and their whole shapes, in Keras' [in, out] layout."""
+    h, f, v = model.hidden_size, model.intermediate_size, model.vocab_size
+    q, kv = model.num_attention_heads * model.head_dim, model.num_key_value_heads * model.head_dim
+    shapes = {"embed_tokens": (v, h)}
+    for i in range(model.num_hidden_layers):
+        p = f"layers.{i}."
+        shapes.update({
+            p + "input_layernorm": (h,), p + "q_proj": (h, q), p + "k_proj": (h, kv),
+            p + "v_proj": (h, kv), p + "o_proj": (q, h), p + "post_attention_layernorm": (h,),
+            p + "gate_proj": (h, f), p + "up_proj": (h, f), p + "down_proj": (f, h),
+        })  # fmt: skip
+    shapes.update({"norm": (h,), "lm_head": (h, v)})
+    return shapes
+
+
+# ---- the Hugging Face / MLCommons source ---------------------------------------------------------
+def _open(path: str):
+    """`safe_open` of one shard, its errors one line naming the file."""
+    if not os.path.isfile(path):
+        raise CheckpointImportError(f"checkpoint shard {path!r} is missing")
+    try:
+        return safe_open(path, framework="tf")
+    except (SafetensorError, OSError, ValueError) as e:
+        raise CheckpointImportError(
+            f"checkpoint shard {path!r} is not a readable safetensors file ({e})"
+        ) from None
+
+
+def _read_json(path: str, what: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            value = json.load(handle)
+    except FileNotFoundError:
+        raise CheckpointImportError(f"checkpoint {what} {path!r} is missing") from None
+    except (OSError, ValueError) as e:
+        raise CheckpointImportError(f"checkpoint {what} {path!r} is not valid JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise CheckpointImportError(f"checkpoint {what} {path!r} is not a JSON object")
+    return value
+
+
+def check_hf_config(config: dict, model: ModelConfig, path: str) -> None:
+    """Raises CheckpointImportError naming the first field of a Hugging Face `config.json` that
+    describes another model than `model` (defaults as `transformers.LlamaConfig` has them)."""
+    heads = config.get("num_attention_heads")
+    expected = {
+        "hidden_size": model.hidden_size,
+        "intermediate_size": model.intermediate_size,
+        "num_hidden_layers": model.num_hidden_layers,
+        "num_attention_heads": model.num_attention_heads,
+        "num_key_value_heads": model.num_key_value_heads,
+        "vocab_size": model.vocab_size,
+        "rms_norm_eps": model.rms_norm_eps,
+        "rope_theta": model.rope_theta,
+        "rope_scaling": None,
+        "tie_word_embeddings": False,
+    }
+    defaults = {"num_key_value_heads": heads, "rope_theta": 10_000.0, "rope_scaling": None,
+                "tie_word_embeddings": False}  # fmt: skip
+    for key, want in expected.items():
+        have = config.get(key, defaults.get(key, "missing"))
+        if have != want:
+            raise CheckpointImportError(
+                f"checkpoint config {path!r}: `{key}` is {have!r}, the model's is {want!r} "
+                "(set --config.model.* to import another Llama)"
+            )
+    head_dim = config.get("head_dim") or (config["hidden_size"] // heads)
+    if head_dim != model.head_dim:
+        raise CheckpointImportError(
+            f"checkpoint config {path!r}: head_dim is {head_dim}, the model's is {model.head_dim}"
+        )
+
+
+class HFSource:
+    """A Hugging Face Llama folder: `config.json` and safetensors shards (listed by
+    `model.safetensors.index.json`, else every `*.safetensors` in the folder), with either the
+    MLCommons fused `self_attn.qkv_proj` or Hugging Face's separate q/k/v projections."""
+
+    def __init__(self, directory: str, model: ModelConfig):
+        if not os.path.isdir(directory):
+            raise CheckpointImportError(f"--checkpoint {directory!r} is not a folder")
+        self.directory = directory
+        self.model = model
+        config_path = os.path.join(directory, CONFIG)
+        check_hf_config(_read_json(config_path, "config"), model, config_path)
+        index_path = os.path.join(directory, HF_INDEX)
+        if os.path.exists(index_path):
+            weight_map = _read_json(index_path, "index").get("weight_map")
+            if not isinstance(weight_map, dict):
+                raise CheckpointImportError(f"checkpoint index {index_path!r} has no weight_map")
+            self.weight_map = {k: os.path.join(directory, v) for k, v in weight_map.items()}
+            for path in sorted(set(self.weight_map.values())):
+                if not os.path.isfile(path):
+                    raise CheckpointImportError(
+                        f"checkpoint shard {path!r} (named by {HF_INDEX}) is missing"
+                    )
+        else:
+            files = sorted(glob.glob(os.path.join(directory, "*.safetensors")))
+            if not files:
+                raise CheckpointImportError(f"--checkpoint {directory!r} has no *.safetensors")
+            self.weight_map = {}
+            for path in files:
+                with _open(path) as handle:
+                    self.weight_map.update(dict.fromkeys(handle.keys(), path))
+        self.fused = any(k.endswith("self_attn.qkv_proj.weight") for k in self.weight_map)
+
+    @property
+    def layout(self) -> str:
+        return "fused_qkv" if self.fused else "hf"
+
+    def read(self, name: str) -> tf.Tensor:
+        """The source tensor `name`, whole (one shard opened for it)."""
+        path = self.weight_map.get(name)
+        if path is None:
+            raise CheckpointImportError(
+                f"checkpoint {self.directory!r} has no tensor {name!r} (a {self.layout} Llama "
+                "checkpoint of this model has one)"
+            )
+        with _open(path) as handle:
+            try:
+                return handle.get_tensor(name)
+            except (SafetensorError, ValueError) as e:
+                raise CheckpointImportError(
+                    f"checkpoint shard {path!r}: tensor {name!r} is unreadable ({e})"
+                ) from None
+
+    def _kernel(self, name: str, shape: tuple[int, int]) -> tf.Tensor:
+        """A torch Linear weight [out, in] as a Keras kernel [in, out], its shape checked."""
+        return _checked(tf.transpose(self.read(name)), shape, name, self.directory)
+
+    def tensors(self) -> Iterator[tuple[str, tf.Tensor]]:
+        """(suite name, tensor in Keras' layout) for every tensor of `tensor_shapes`, in order."""
+        shapes = tensor_shapes(self.model)
+        m = self.model
+        yield "embed_tokens", _checked(
+            self.read("model.embed_tokens.weight"), shapes["embed_tokens"], "embed_tokens",
+            self.directory,
+        )  # fmt: skip
+        for i in range(m.num_hidden_layers):
+            src, dst = f"model.layers.{i}.", f"layers.{i}."
+            yield dst + "input_layernorm", self._vector(src + "input_layernorm.weight")
+            if self.fused:
+                q = m.num_attention_heads * m.head_dim
+                kv = m.num_key_value_heads * m.head_dim
+                fused = self._kernel(src + "self_attn.qkv_proj.weight", (m.hidden_size, q + 2 * kv))
+                yield dst + "q_proj", fused[:, :q]
+                yield dst + "k_proj", fused[:, q : q + kv]
+                yield dst + "v_proj", fused[:, q + kv :]
+            else:
+                for part in ("q_proj", "k_proj", "v_proj"):
+                    yield dst + part, self._kernel(src + f"self_attn.{part}.weight",
+                                                   shapes[dst + part])  # fmt: skip
+            yield (
+                dst + "o_proj",
+                self._kernel(src + "self_attn.o_proj.weight", shapes[dst + "o_proj"]),
+            )
+            yield (
+                dst + "post_attention_layernorm",
+                self._vector(src + "post_attention_layernorm.weight"),
+            )
+            for part in ("gate_proj", "up_proj", "down_proj"):
+                yield dst + part, self._kernel(src + f"mlp.{part}.weight", shapes[dst + part])
+        yield "norm", self._vector("model.norm.weight")
+        yield "lm_head", self._kernel("lm_head.weight", shapes["lm_head"])
+
+    def _vector(self, name: str) -> tf.Tensor:
+        return _checked(self.read(name), (self.model.hidden_size,), name, self.directory)
+
+
+def _checked(tensor: tf.Tensor, shape: tuple[int, ...], name: str, where: str) -> tf.Tensor:
+    if tuple(tensor.shape) != tuple(shape):
+        raise CheckpointImportError(
+            f"checkpoint {where!r}: tensor {name!r} has shape {list(tensor.shape)}, the model "
+            f"needs {list(shape)} (Keras layout)"
+        )
+    return tensor
+
+
+# ---- the suite's checkpoint ----------------------------------------------------------------------
+@contextlib.contextmanager
+def staged(out_dir: str) -> Iterator[str]:
+    """A temporary sibling folder of `out_dir`, renamed to it when the block succeeds, removed
+    when it fails: a reader never sees a half-written checkpoint."""
+    out_dir = os.path.abspath(out_dir)
+    if os.path.exists(out_dir):
+        raise CheckpointImportError(f"{out_dir!r} already exists; remove it to import again")
+    parent = os.path.dirname(out_dir)
+    os.makedirs(parent, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=os.path.basename(out_dir) + ".partial-", dir=parent)
+    try:
+        yield staging
+        os.chmod(staging, 0o755)
+        os.rename(staging, out_dir)
+    finally:
+        if os.path.exists(staging):
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def write(tensors, out_dir: str, model: ModelConfig, *, source: str,
+          shard_bytes: int = SHARD_BYTES) -> dict:  # fmt: skip
+    """Writes (name, tensor) pairs as the suite checkpoint `out_dir` (staged; see `staged`).
+
+    Returns:
+      A summary: tensors, shards, bytes, source.
+    """
+    expected = tensor_shapes(model)
+    with staged(out_dir) as staging:
+        names, shard, size, files, total = [], {}, 0, [], 0
+        weight_map = {}
+
+        def flush():
+            nonlocal shard, size
+            if shard:
+                path = os.path.join(staging, f"model-{len(files):05d}.safetensors")
+                save_file(shard, path, metadata={"format": "tf"})
+                files.append(path)
+                for name in shard:
+                    weight_map[name] = os.path.basename(path)
+                shard, size = {}, 0
+
+        for name, tensor in tensors:
+            _checked(tensor, expected[name], name, "source")
+            nbytes = tensor.shape.num_elements() * tensor.dtype.size
+            if shard and size + nbytes > shard_bytes:
+                flush()
+            shard[name] = tf.identity(tensor)  # a contiguous copy of a slice
+            size += nbytes
+            total += nbytes
+            names.append(name)
+        flush()
+        missing = sorted(set(expected) - set(names))
+        if missing:
+            raise CheckpointImportError(f"the import wrote no {missing[0]!r}")
+        # Final names carry the shard count (Hugging Face's `-of-` naming).
+        renamed = {}
+        for i, path in enumerate(files):
+            final = f"model-{i:05d}-of-{len(files):05d}.safetensors"
+            os.rename(path, os.path.join(staging, final))
+            renamed[os.path.basename(path)] = final
+        weight_map = {k: renamed[v] for k, v in weight_map.items()}
+        with open(os.path.join(staging, INDEX), "w", encoding="utf-8") as handle:
+            json.dump({"weight_map": weight_map}, handle, indent=1)
+        with open(os.path.join(staging, CONFIG), "w", encoding="utf-8") as handle:
+            json.dump({"format": FORMAT, "model": _as_json(model), "source": source},
+                      handle, indent=1)  # fmt: skip
+    return {"tensors": len(names), "shards": len(files), "bytes": total, "source": source}
+
+
+def _as_json(model: ModelConfig) -> dict:
+    """The model config's fields as `config.json` holds them (tuples as lists)."""
+    return json.loads(json.dumps(dataclasses.asdict(model)))
+
+
+def import_checkpoint(directory: str, out_dir: str, model: ModelConfig, **kwargs) -> dict:
+    """Converts the Hugging Face or MLCommons checkpoint `directory` into the suite checkpoint
+    `out_dir` (one line of error for a corrupt or missing shard or another model's config)."""
+    source = HFSource(directory, model)
+    return write(source.tensors(), out_dir, model, source=source.layout, **kwargs)
+
+
+class SuiteCheckpoint:
+    """Reads the suite checkpoint `directory`: whole tensors, or slices of them (each replica
+    under `--model_parallel` reads its shard only, `safe_open(...).get_slice`).
+
+    Raises (constructor):
+      CheckpointImportError: no such checkpoint, another format, or a model other than `model`
+        (fields compared one by one, `base_dtype` aside: the weights are cast on load).
+    """
+
+    def __init__(self, directory: str, model: ModelConfig):
+        self.directory = directory
+        config = _read_json(os.path.join(directory, CONFIG), "config")
+        if config.get("format") != FORMAT:
+            raise CheckpointImportError(
+                f"{directory!r} is not a suite checkpoint (format {config.get('format')!r}, "
+                f"expected {FORMAT!r}: write it with `mlperf-tf prepare llama2_70b_lora "
+                "--checkpoint=...`)"
+            )
+        saved = config.get("model", {})
+        for name, want in _as_json(model).items():
+            if name != "base_dtype" and saved.get(name) != want:
+                raise CheckpointImportError(
+                    f"base checkpoint {directory!r}: model.{name} is {saved.get(name)!r}, the "
+                    f"run's is {want!r}"
+                )
+        self.weight_map = _read_json(os.path.join(directory, INDEX), "index").get("weight_map", {})
+        missing = sorted(set(tensor_shapes(model)) - set(self.weight_map))
+        if missing:
+            raise CheckpointImportError(f"base checkpoint {directory!r} has no {missing[0]!r}")
+
+    def read(self, name: str, index: tuple[slice, ...] | None = None) -> tf.Tensor:
+        """Tensor `name`, or its `index` slice read alone from the shard file."""
+        path = os.path.join(self.directory, self.weight_map[name])
+        with _open(path) as handle:
+            try:
+                return handle.get_tensor(name) if index is None else handle.get_slice(name)[index]
+            except (SafetensorError, ValueError) as e:
+                raise CheckpointImportError(
+                    f"base checkpoint shard {path!r}: tensor {name!r} is unreadable ({e})"
+                ) from None

@@ -1,0 +1,116 @@
+"""Measures our LoRA fine-tuning step (`llama2_70b_lora`) against keras-hub's `LlamaCausalLM`
+with Keras' `enable_lora`, trained by `model.fit`.
+
+Both sides: the mini preset's base shape (4 layers, hidden 256, GQA 4/2 heads of 64, SwiGLU 512,
+vocab 1,024, plain RoPE), sequence 256, batch 8, rank 16, the base frozen, the same synthetic
+prompt/summary batches, the loss over the summary tokens (keras-hub: sparse cross-entropy with
+sample weights 0 on the prompt), the suite's AdamW on the benchmark's cosine schedule, clip 0.3.
+
+  mlperf_tf  `benchmarks.llama2_70b_lora` in the runner's `Trainer` (fused qkv: one A shared by
+             q, k, v; adapters on qkv and o; dropout 0.1 on the adapter input).
+  keras_hub  `LlamaBackbone.enable_lora(16, ["query", "key", "value", "attention_output"])`:
+             Keras' `EinsumDense.enable_lora` on q, k, v apart (three A matrices) and o, no
+             dropout, A @ B merged into each kernel on every call.
+
+Rounds interleave the sides (`tools/harness.py`); reported: tokens/s, the ratio mlperf_tf /
+keras_hub (pooled, median of per-round ratios, each round).
+
+    python tools/peers/bench_lora.py [--steps=2] [--rounds=5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import pathlib
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # the repository root
+
+import keras  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from benchmarks.llama2_70b_lora import config as config_lib  # noqa: E402
+from benchmarks.llama2_70b_lora.benchmark import LoraBenchmark  # noqa: E402
+from mlperf_tf.benchmark import RunContext  # noqa: E402
+from tools import harness  # noqa: E402
+from tools.harness import require_positive  # noqa: E402
+from tools.peers.bench_fit import mlperf_tf_contestant  # noqa: E402
+
+KERAS_HUB_TARGETS = ["query", "key", "value", "attention_output"]
+
+
+def bench_config() -> config_lib.LoraBenchmarkConfig:
+    """The mini preset on synthetic data (no base checkpoint: speed does not depend on it)."""
+    return dataclasses.replace(
+        config_lib.mini(), data_dir="", base_checkpoint="", dataset_train_samples=1
+    )
+
+
+def keras_hub_contestant(benchmark: LoraBenchmark):
+    """`LlamaCausalLM` of the benchmark's base shape with `enable_lora(rank)`, by `model.fit`."""
+    import keras_hub  # noqa: PLC0415 (the peers extra)
+
+    c = benchmark.config.model
+    backbone = keras_hub.models.LlamaBackbone(
+        vocabulary_size=c.vocab_size, num_layers=c.num_hidden_layers,
+        num_query_heads=c.num_attention_heads, num_key_value_heads=c.num_key_value_heads,
+        hidden_dim=c.hidden_size, intermediate_dim=c.intermediate_size,
+        rope_max_wavelength=c.rope_theta, layer_norm_epsilon=c.rms_norm_eps,
+    )  # fmt: skip
+    backbone.enable_lora(benchmark.config.lora.rank, target_layer_names=KERAS_HUB_TARGETS)
+    model = keras_hub.models.LlamaCausalLM(backbone=backbone, preprocessor=None)
+    optimizer = benchmark.build_optimizer(benchmark.train_steps)
+    optimizer.global_clipnorm = benchmark.config.gradient_clip_norm
+    model.compile(
+        optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    )
+    batches = benchmark.train_dataset(tf.distribute.InputContext())
+
+    def to_keras_hub(batch):
+        ids, labels = batch["input_ids"], batch["labels"]
+        weights = tf.cast(labels >= 0, tf.float32)
+        return {"token_ids": ids, "padding_mask": tf.ones_like(ids)}, tf.maximum(labels, 0), weights
+
+    trainable = sum(int(v.shape.num_elements()) for v in model.trainable_variables)
+    print(f"keras_hub trainable parameters: {trainable:,}")
+    return harness.keras_fit_run(model, batches.map(to_keras_hub))
+
+
+def measure(steps: int, rounds: int) -> None:
+    config = bench_config()
+    keras.utils.set_random_seed(0)
+    make = lambda: LoraBenchmark(config).with_context(RunContext(num_replicas=1))  # noqa: E731
+    print(f"mlperf_tf trainable parameters: {make().trainable_parameter_count():,}")
+    contestants = {
+        "mlperf_tf": mlperf_tf_contestant(make()),
+        "keras_hub": keras_hub_contestant(make()),
+    }
+    tokens = config.global_batch_size * config.data.max_sequence_length
+    harness.warm_up(contestants)
+    result = harness.interleaved_rounds(
+        contestants, steps=steps, rounds=rounds, samples_per_step=tokens
+    )
+    c = config.model
+    print(
+        f"\nLoRA r{config.lora.rank}: {c.num_hidden_layers} layers, hidden {c.hidden_size}, "
+        f"batch {config.global_batch_size} x sequence {config.data.max_sequence_length}; "
+        f"{steps} steps x {rounds} rounds; TF {tf.__version__}, Keras {keras.__version__}\n"
+    )
+    print(harness.report(result, "mlperf_tf", unit="tokens"), flush=True)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=2, help="steps per side per round")
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args(argv)
+    require_positive(parser, args, "steps", "rounds")
+    measure(args.steps, args.rounds)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
