@@ -200,13 +200,13 @@ def simulate(
     if global_batch < groups:
         what = "working chips" if split == 1 else f"data-parallel groups ({working} / {split})"
         raise UserError(f"--global_batch ({global_batch}) is smaller than the {groups} {what}")
-    if global_batch % groups and batch_given:
+    # With holes (--failed_chips) the failed chips' samples move to others: uneven by design.
+    if global_batch % groups and batch_given and not failed_chips:
         what = "working chips" if split == 1 else f"data-parallel groups ({working} / {split})"
         raise UserError(
             f"--global_batch ({global_batch}) does not split evenly over the {groups} {what}: "
             f"use a multiple of {groups}"
         )
-    global_batch -= global_batch % groups  # a default: the largest multiple (the table shows it)
     flops = float(facts["training_flops_per_sample"])
     params = float(facts["trainable_parameters"])
     expert_params = 0.0
