@@ -231,9 +231,12 @@ def parse_value(text: str, annotation, key: str) -> Any:
             raise ConfigError(f"config key '{key}' expects an int, got {text!r}") from None
     if annotation is float:
         try:
-            return float(text)
+            value = float(text)
         except ValueError:
             raise ConfigError(f"config key '{key}' expects a float, got {text!r}") from None
+        if not math.isfinite(value):  # nan/inf mean nothing in a config; 0 is "off" where it is
+            raise ConfigError(f"config key '{key}' expects a finite number, got {text!r}")
+        return value
     if annotation is str:
         return text
     raise ConfigError(

@@ -486,6 +486,12 @@ def run_sweep(
     preset_config = _preset(benchmark_class, spec.preset)
     target = spec.target if spec.target is not None else float(preset_config.quality_target)
     grid = cells(spec)
+    for key, values in spec.grid.items():  # each grid value alone first: the error names its flag
+        for value in values:
+            try:
+                config_lib.override(preset_config, {key: value})
+            except UserError as e:
+                raise UserError(f"--grid.{key}={value!r}: {e}") from None
     # Bad overrides and run flags fail here, before any cell runs.
     jobs = [(cell, *cell_overrides(spec, cell, preset_config)) for cell in grid]
     run_config = run_config_for(spec.run_flags, model_dir=out, seed=0)
