@@ -121,10 +121,8 @@ def _run_command(argv: list[str], stderr_filter: console.StderrFilter | None = N
             if not os.path.isdir(config.data_dir):
                 print(f"Writing the mini dataset to {config.data_dir} ...", flush=True)
                 benchmark_class.prepare_mini(config.data_dir)
-        if config.data_dir and not (
-            os.path.isdir(config.data_dir) and os.access(config.data_dir, os.R_OK | os.X_OK)
-        ):
-            raise UserError(f"data_dir {config.data_dir!r} is not a readable folder")
+        if config.data_dir:  # listed, not inspected: as root, permission bits say yes
+            paths.check_input_dir(config.data_dir, "data_dir")
         run_config = run_flags.run_config_from_flags()
         benchmark = benchmark_class(config)  # the runner binds the run's RunContext
         runner.preflight(benchmark, run_config)  # bad input fails here, before any set-up
