@@ -326,6 +326,7 @@ def test_bad_input_is_one_error_line_naming_the_flag(
     (tmp_path / "log.txt").write_text(_LOG)
     (tmp_path / "empty.txt").write_text("")
     (tmp_path / "binary.txt").write_bytes(bytes(range(256)) * 4)
+    (tmp_path / "raw").mkdir()  # an input folder that exists: the flag under test is the error
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("TF_CONFIG", raising=False)
     _stub_work(monkeypatch)
