@@ -721,10 +721,10 @@ def check_one_error(argv, needle, monkeypatch):
         assert not os.path.exists(outside)
 
 
-def _fuzz_test(command, examples):
+def _fuzz_test(command, examples, *, derandomize=True):
     strategy = _config_case() if command == "config" else _flag_case(command)
 
-    @settings(max_examples=FUZZ_EXAMPLES or examples, **_SETTINGS)
+    @settings(max_examples=FUZZ_EXAMPLES or examples, **{**_SETTINGS, "derandomize": derandomize})
     @given(case=strategy)
     def test(case, monkeypatch):
         argv, needle = case
@@ -742,9 +742,7 @@ def test_fuzzed_bad_values_are_one_error_line_naming_the_flag(command, monkeypat
 @pytest.mark.parametrize("command", sorted(EXAMPLES))
 def test_fuzzed_bad_values_many_examples(command, monkeypatch):
     """The same property with 10x the examples, not derandomized."""
-    test = _fuzz_test(command, EXAMPLES[command] * 10)
-    test = settings(derandomize=False)(test)
-    test(monkeypatch=monkeypatch)
+    _fuzz_test(command, EXAMPLES[command] * 10, derandomize=False)(monkeypatch=monkeypatch)
 
 
 def test_the_fuzzer_covers_every_command_and_every_benchmarks_config():
