@@ -517,7 +517,7 @@ SWEEP_FLAGS = {
         st.sampled_from(["sgd", "lars", "adamw", "lamb"]), wrong_type=st.just("")
     ),
     "grid.max_epochs": bad_list(st.integers(1, 9).map(str)),
-    "epochs": bad_float(0.0, 1e9),
+    "epochs": bad_float(0.0, config_lib.MAX_NUMBER),
     "target": NOT_FINITE,
     "budget": bad_choice(("epochs", "target")),
     "out": BAD_OUTPUTS,
