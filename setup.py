@@ -1,4 +1,4 @@
-"""Packaging for mlperf-tf: the library, the five benchmarks and the compliance tools."""
+"""Packaging for mlperf-tf: the library, the built-in benchmarks and the compliance tools."""
 
 from setuptools import find_packages, setup
 
@@ -48,6 +48,8 @@ setup(
         # The built-in benchmarks register like any third-party package (mlperf_tf/registry.py).
         "mlperf_tf.benchmarks": [
             "bert = benchmarks.bert.benchmark:BertBenchmark",
+            "flux1 = benchmarks.flux1.benchmark:FluxBenchmark",
+            "gpt_oss_20b = benchmarks.gpt_oss_20b.benchmark:GptOssBenchmark",
             "llama31_8b = benchmarks.llama31_8b.benchmark:Llama31Benchmark",
             "resnet50 = benchmarks.resnet50.benchmark:ResNet50Benchmark",
             "ssd = benchmarks.ssd.benchmark:SSDBenchmark",

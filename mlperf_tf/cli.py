@@ -117,7 +117,8 @@ def _run_command(argv: list[str], stderr_filter: console.StderrFilter | None = N
         if FLAGS.data_dir:
             overrides.setdefault("data_dir", FLAGS.data_dir)
         config = config_lib.override(config, overrides)
-        if FLAGS.preset == "mini" and config.data_dir == paths.mini_data_dir(FLAGS.benchmark):
+        # The mini preset's own data folder (several benchmarks may share one) is written on first use.
+        if FLAGS.preset == "mini" and config.data_dir == benchmark_class.preset("mini").data_dir:
             if not os.path.isdir(config.data_dir):
                 print(f"Writing the mini dataset to {config.data_dir} ...", flush=True)
                 benchmark_class.prepare_mini(config.data_dir)
@@ -192,6 +193,20 @@ def _parameter_count(benchmark_class) -> int | None:
         return None
 
 
+def _active_parameter_count(benchmark_class) -> int | None:
+    """Parameters one token uses in the `mlperf` preset (a mixture of experts' top-k), where
+    the benchmark counts them (`active_parameter_count`), else None."""
+    try:
+        benchmark = benchmark_class(benchmark_class.preset("mlperf"))
+        return (
+            benchmark.active_parameter_count()
+            if hasattr(benchmark, "active_parameter_count")
+            else None
+        )
+    except Exception:  # noqa: BLE001 (optional, as the parameter count)
+        return None
+
+
 def _list_command(argv: list[str]) -> int:
     import json
 
@@ -213,6 +228,9 @@ def _list_command(argv: list[str]) -> int:
                     **({"parameters": parameters} if parameters is not None else {}),
                 }
             )
+            active = _active_parameter_count(benchmark_class)
+            if active is not None and active != parameters:
+                entries[-1]["active_parameters"] = active
             if not as_json:
                 presets = ", ".join(benchmark_class.presets)
                 count = f"  {parameters / 1e6:,.1f} M parameters" if parameters else ""

@@ -1,6 +1,6 @@
 """Provides the suite's error types and the documented exit codes of `mlperf-tf run`.
 
-Exit codes (README, "Reliability"):
+Exit codes (`docs/reliability.md`):
   0  the run ended: success, or its step budget ran out (`run_stop` says which).
   1  the run aborted on a non-finite loss (`run_stop` aborted; no checkpoint of the bad weights).
   2  bad input (`UserError`: a flag, a path, a file's content); one `error:` line.

@@ -1,6 +1,6 @@
 """Provides the run's MLPerf log file: where it goes, whether a run finished, keeping old logs.
 
-What this module guarantees (README, "Reliability"):
+What this module guarantees (`docs/reliability.md`):
 - `--mlperf_log` naming an existing folder puts the log inside it (`<folder>/mlperf_log.txt`);
   the folder itself is never moved. A path whose folder part is a file is an error.
 - Only a log this suite wrote (its first record line is `:::MLLOG`, or the file is empty) is ever

@@ -539,10 +539,8 @@ def run_sweep(
 
 def _prepare_data(benchmark_class, spec: SweepSpec, preset_config) -> None:
     """Writes the mini data once, before the cells (as `mlperf-tf run` would for each)."""
-    from mlperf_tf import paths
-
     data_dir = spec.overrides.get("data_dir", preset_config.data_dir)
-    if spec.preset == "mini" and data_dir == paths.mini_data_dir(benchmark_class.name):
+    if spec.preset == "mini" and data_dir == benchmark_class.preset("mini").data_dir:
         if not os.path.isdir(data_dir):
             print(f"Writing the mini dataset to {data_dir} ...", flush=True)
             benchmark_class.prepare_mini(data_dir)

@@ -15,16 +15,18 @@ import functools
 import json
 import math
 import os
+from typing import Literal
 
 from mlperf_tf import paths
 from mlperf_tf.config import BenchmarkConfig, ConfigError, require
-from mlperf_tf.layers.moe import MoEConfig
+from mlperf_tf.data import c4
+from mlperf_tf.lm.config import DecoderConfig
 from mlperf_tf.optimizers import registry
 
 # What the closed rules of 5.1.0, 6.0.0 and 6.1.0 fix (closed_llama31_8b.yaml).
 MAX_STEPS = 1_200_000
-MLPERF_SEQUENCE_LENGTH = 8192
-EVAL_SAMPLES = 1024
+MLPERF_SEQUENCE_LENGTH = c4.REFERENCE_SEQUENCE_LENGTH  # 8,192
+EVAL_SAMPLES = c4.EVAL_WINDOWS  # 1,024
 EVAL_EVERY_SAMPLES = 12_288  # the reference's `--eval_every` (sequences)
 TARGET_LOG_PERPLEXITY = 3.3
 END_LR_FRACTION = 0.1  # NeMo: min_lr = max_lr * 0.1
@@ -32,10 +34,16 @@ RCP_FILE = "rcp_checker/training_5.1.0/rcps_llama31_8b.json"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class ModelConfig:
+class ModelConfig(DecoderConfig):
     """The decoder's shape; the defaults are Llama 3.1 8B (MLPerf's model).
 
-    Field names follow Hugging Face's `LlamaConfig` (and its `rope_scaling` of Llama 3.1).
+    A `mlperf_tf.lm.DecoderConfig` (field names from Hugging Face's `LlamaConfig` and its
+    `rope_scaling`) with Llama 3.1 8B's defaults: Llama 3.1's frequency scaling ("rope_type":
+    "llama3"; factor 1 turns it off), untied embeddings, no biases, SwiGLU, Megatron's scaled
+    init (`initializer_range` 0.02 as NeMo's `Llama31Config8B`). Mixture-of-experts blocks
+    (`--config.model.moe.*`, the Transformer's settings): every `moe.every`-th block's SwiGLU
+    MLP becomes `moe.num_experts` SwiGLU experts (Mixtral's form) of width `moe.filter_size` (0:
+    `intermediate_size`); num_experts=0 keeps Llama dense.
     """
 
     vocab_size: int = 128_256
@@ -47,95 +55,13 @@ class ModelConfig:
     intermediate_size: int = 14_336
     rms_norm_eps: float = 1e-5
     rope_theta: float = 500_000.0
-    # Llama 3.1's frequency scaling ("rope_type": "llama3"); factor 1 with both frequency
-    # factors 0 turns it off (plain RoPE).
+    rope_type: Literal["default", "llama3", "yarn"] = "llama3"
     rope_scaling_factor: float = 8.0
     rope_low_freq_factor: float = 1.0
     rope_high_freq_factor: float = 4.0
     rope_original_max_position: int = 8192
     max_position_embeddings: int = 131_072
-    initializer_range: float = 0.02  # Megatron's init_method_std (NeMo's Llama31Config8B: 0.02)
-    # Mixture-of-experts feed-forward blocks (`--config.model.moe.*`, the Transformer's settings):
-    # every `moe.every`-th block's SwiGLU MLP becomes `moe.num_experts` SwiGLU experts (Mixtral's
-    # form) of width `moe.filter_size` (0: `intermediate_size`); num_experts=0 keeps Llama dense.
-    moe: MoEConfig = MoEConfig()
-
-    def __post_init__(self):
-        require(
-            self,
-            prefix="model.",
-            positive_int=(
-                "vocab_size",
-                "hidden_size",
-                "num_hidden_layers",
-                "num_attention_heads",
-                "num_key_value_heads",
-                "head_dim",
-                "intermediate_size",
-                "rope_original_max_position",
-                "max_position_embeddings",
-            ),
-            positive=("rms_norm_eps", "rope_theta", "rope_scaling_factor", "initializer_range"),
-        )
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ConfigError(
-                f"`model.num_attention_heads` ({self.num_attention_heads}) must be divisible by "
-                f"`model.num_key_value_heads` ({self.num_key_value_heads})."
-            )
-        if self.head_dim % 2:
-            raise ConfigError(f"`model.head_dim` ({self.head_dim}) must be even (RoPE pairs).")
-        if self.rope_scaling_factor != 1.0 and not (
-            0 < self.rope_low_freq_factor < self.rope_high_freq_factor
-        ):
-            raise ConfigError(
-                f"`model.rope_low_freq_factor` ({self.rope_low_freq_factor}) must be positive "
-                f"and below `model.rope_high_freq_factor` ({self.rope_high_freq_factor})."
-            )
-
-    def _moe_layer(self) -> int:
-        """Parameters of one MoE block's feed-forward layer (router and every expert)."""
-        return self.moe.layer_parameters(
-            hidden_size=self.hidden_size, filter_size=self.intermediate_size, expert_mlp="swiglu"
-        )
-
-    def _moe_active(self) -> int:
-        """Weights one token multiplies in an MoE block: the router and its top-k experts."""
-        f = self.moe.filter_size or self.intermediate_size
-        return self.hidden_size * self.moe.num_experts + self.moe.top_k * 3 * self.hidden_size * f
-
-    def parameter_count(self) -> int:
-        """Parameters of this shape, from the config alone (no weights are allocated).
-
-        Per layer: q (h x n_q d) + k, v (h x n_kv d each) + o (n_q d x h) + gate, up (h x f
-        each) + down (f x h) + two norm scales (h each); plus the embedding (V x h), the
-        untied output projection (h x V) and the final norm (h). An MoE block has, instead of
-        the MLP, a router (h x E) and E SwiGLU experts (3 h f_e each).
-        """
-        h, f, v, d = self.hidden_size, self.intermediate_size, self.vocab_size, self.head_dim
-        attention = 2 * h * self.num_attention_heads * d + 2 * h * self.num_key_value_heads * d
-        layer = attention + 3 * h * f + 2 * h
-        moe_layers = self.moe.count(self.num_hidden_layers)
-        moe_extra = moe_layers * (self._moe_layer() - 3 * h * f)
-        return self.num_hidden_layers * layer + moe_extra + 2 * v * h + h
-
-    def training_flops(self, seq: int) -> float:
-        """Training FLOPs of one sequence of `seq` tokens (a multiply-add is 2; 3x forward).
-
-        Forward: 2 FLOPs per weight of every projection (q, k, v, o, gate, up, down, output;
-        the embedding is a lookup) per token, plus attention's two products per layer, scores
-        and context, each 2 x seq x seq x heads x head_dim per sequence: the full square, as the
-        model computes it (masked, not skipped; causal kernels that skip the upper triangle do
-        half). `mlperf_tf.flops` counts the same from the traced graph (a test holds them equal).
-        """
-        h, d = self.hidden_size, self.head_dim
-        projections = self.parameter_count() - 2 * h * self.num_hidden_layers - h
-        projections -= self.vocab_size * h  # the embedding lookup
-        # An MoE block's token multiplies the router and its top-k experts' weights only (the
-        # active FLOPs; the dispatch buffers' padding up to capacity is not counted).
-        moe_layers = self.moe.count(self.num_hidden_layers)
-        projections -= moe_layers * (self._moe_layer() - self._moe_active())
-        attention = 4.0 * seq * seq * self.num_attention_heads * d * self.num_hidden_layers
-        return 3.0 * (2.0 * seq * projections + attention)
+    initializer_range: float = 0.02
 
 
 def llama31_8b() -> ModelConfig:
@@ -301,9 +227,9 @@ def mlperf() -> LlamaConfig:
     )
 
 
-# The mini data set's shapes: prepare_mini writes exactly these (see prepare.py).
-MINI_VOCAB_SIZE = 1024
-MINI_SEQ_LENGTH = 256
+# The mini data set's shapes: `mlperf_tf.data.c4.prepare_mini` writes exactly these.
+MINI_VOCAB_SIZE = c4.MINI_VOCAB_SIZE
+MINI_SEQ_LENGTH = c4.MINI_SEQUENCE_LENGTH
 MINI_TRAIN_STEPS = 2000
 MINI_TARGET = TARGET_LOG_PERPLEXITY
 
@@ -312,7 +238,8 @@ def mini() -> LlamaConfig:
     """A 4-layer Llama (hidden 256, GQA 4/2 heads of 64) on English text of an installed package.
 
     Command: `mlperf-tf run --benchmark=llama31_8b --preset=mini --model_dir=/tmp/llama_mini`
-    (writes the data to `mlperf_tf.paths.mini_data_dir("llama31_8b")` on first use). Hardware:
+    (writes the data to `mlperf_tf.data.c4.mini_data_dir()` on first use, shared with
+    `gpt_oss_20b`). Hardware:
     2 CPU cores. Keeps every setting the closed rules fix but the sequence length (256): AdamW
     0.9/0.95/1e-5/0.1, clip 1.0, 1,024 eval sequences, max_steps 1,200,000 with the cosine
     over them, the BS-16 RCP's LR and warm-up. Expected: see README.md ("mini").
@@ -341,7 +268,7 @@ def mini() -> LlamaConfig:
         # BS 16's 4e-4; 100 warm-up steps.
         optimizer=OptimizerConfig(opt_base_learning_rate=2e-3, opt_learning_rate_warmup_steps=50),
         data=DataConfig(max_sequence_length=MINI_SEQ_LENGTH, shuffle_buffer=4096),
-        data_dir=paths.mini_data_dir("llama31_8b"),
+        data_dir=c4.mini_data_dir(),
         eval_every_samples=batch * 500,
     )
 

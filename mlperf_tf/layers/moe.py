@@ -15,8 +15,13 @@ ST-MoE eq. 5), with these choices:
   used); its "random"/"threshold" policies that drop low-weight second choices are not offered.
 * **Gates.** `router_softmax="before"`: softmax over all experts, then top-k; the gates are
   those probabilities (Flaxformer's combine array; Switch, GShard, ST-MoE). `"after"`: softmax
-  over the k selected logits (Mixtral), which equals Mesh TensorFlow's top-2 renormalization
-  `gate_i / (gate_1 + gate_2)`.
+  over the k selected logits (Mixtral, GPT-OSS), which equals Mesh TensorFlow's top-2
+  renormalization `gate_i / (gate_1 + gate_2)`. `"sigmoid"` (DeepSeek-V3, Hugging Face's
+  `DeepseekV3TopkRouter`): scores `sigmoid(logits)`; the top-k is chosen on `scores + bias`
+  (the layer's non-trainable `router_bias` [E], the auxiliary-loss-free balancing bias, moved
+  between steps by `aux_free_bias_update`), and the gates are the chosen experts' scores
+  without the bias, normalized to sum 1 (`norm_topk_prob`). DeepSeek-V3's group-limited choice
+  (`n_group`, `topk_group`) and its `routed_scaling_factor` are not offered.
 * **Capacity.** Per expert and per group (a replica's tokens): `ceil(k * capacity_factor * T /
   experts)`, at most T (Flaxformer's `MoeLayer` writes `capacity_factor * T / experts`, k
   folded into the factor; here the factor 1.0 means exactly the slots of a balanced router,
@@ -60,9 +65,11 @@ import tensorflow as tf
 from mlperf_tf.collectives.ops import replica_collectives
 from mlperf_tf.config import ConfigError
 from mlperf_tf.parallel import layout as mesh_layout
+from mlperf_tf.parallel.context import resolve
 from mlperf_tf.parallel.layout import EXPERT_SPLIT
 from mlperf_tf.parallel.mesh import DeviceMesh
 
+ROUTER_SOFTMAX = ("before", "after", "sigmoid")
 # Flaxformer's router initializer (`routing.default_kernel_init`): normal, stddev 2e-2.
 ROUTER_STDDEV = 2e-2
 
@@ -121,26 +128,39 @@ def expert_capacity(tokens, *, num_experts: int, top_k: int, capacity_factor: fl
     return tf.minimum(tf.cast(tokens, tf.int32), slots)
 
 
-def route(logits, *, top_k: int, capacity, router_softmax: str = "before") -> Routing:
+def route(logits, *, top_k: int, capacity, router_softmax: str = "before",
+          bias=None) -> Routing:  # fmt: skip
     """Token-choice top-k routing of one group (Flaxformer `TokensChooseMaskedRouter`).
 
     Args:
       logits: float32 [T, E] router logits.
       top_k: experts per token.
       capacity: buffer length per expert (int or scalar int tensor).
-      router_softmax: "before" (gates: softmax over all experts) or "after" (softmax over the
-        k selected logits).
+      router_softmax: "before" (gates: softmax over all experts), "after" (softmax over the
+        k selected logits) or "sigmoid" (DeepSeek-V3: see the module docstring).
+      bias: float32 [E], added to the sigmoid scores for the choice only ("sigmoid"; None: 0).
 
     Returns:
-      The `Routing`.
+      The `Routing` (for "sigmoid", `probs` are the scores normalized over the experts, what the
+      balance loss reads).
     """
     num_experts = logits.shape[-1]
-    probs = tf.nn.softmax(logits, axis=-1)  # [T, E]
-    top_probs, expert = tf.math.top_k(probs, k=top_k)  # [T, k], best first
-    if router_softmax == "after":
-        gates = tf.nn.softmax(tf.gather(logits, expert, batch_dims=1), axis=-1)
+    if router_softmax == "sigmoid":
+        scores = tf.sigmoid(logits)  # [T, E]
+        choice = scores if bias is None else scores + tf.cast(bias, scores.dtype)[None, :]
+        _, expert = tf.math.top_k(choice, k=top_k)  # [T, k], best first
+        picked = tf.gather(scores, expert, batch_dims=1)
+        gates = picked / tf.reduce_sum(picked, axis=-1, keepdims=True)
+        probs = scores / tf.reduce_sum(scores, axis=-1, keepdims=True)
     else:
-        gates = top_probs
+        if bias is not None:
+            raise ValueError("a router bias needs router_softmax='sigmoid'")
+        probs = tf.nn.softmax(logits, axis=-1)  # [T, E]
+        top_probs, expert = tf.math.top_k(probs, k=top_k)  # [T, k], best first
+        if router_softmax == "after":
+            gates = tf.nn.softmax(tf.gather(logits, expert, batch_dims=1), axis=-1)
+        else:
+            gates = top_probs
     # Choice-major order: all first choices, then all second choices, ...; a choice's place in
     # its expert's buffer is the number of earlier choices of that expert.
     flat = tf.reshape(tf.transpose(expert), [-1])  # [k * T]
@@ -164,6 +184,15 @@ def balance_loss(probs, expert):
     density = tf.reduce_mean(chosen, axis=0)
     mean_probs = tf.reduce_mean(probs, axis=0)
     return tf.reduce_mean(density * mean_probs) * float(num_experts**2)
+
+
+def aux_free_bias_update(bias, load, rate: float):
+    """DeepSeek-V3's auxiliary-loss-free balancing step (arXiv 2412.19437, section 2.1.2): each
+    expert's selection bias moves by `rate` towards balance, `bias + rate * sign(mean(load) -
+    load)` (an overloaded expert's bias falls). `load` [E]: the step's fraction of choices per
+    expert (`MoEStats.load`, or its mean over replicas)."""
+    load = tf.cast(load, tf.float32)
+    return bias + rate * tf.sign(tf.reduce_mean(load) - load)
 
 
 def z_loss(logits):
@@ -198,8 +227,10 @@ def _check(
     ):
         if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
             raise ConfigError(f"moe `{name}` ({value!r}) must be >= 0 (0: dropless)")
-    if router_softmax not in ("before", "after"):
-        raise ConfigError(f"moe `router_softmax` ({router_softmax!r}) must be 'before' or 'after'")
+    if router_softmax not in ROUTER_SOFTMAX:
+        raise ConfigError(
+            f"moe `router_softmax` ({router_softmax!r}) must be 'before', 'after' or 'sigmoid'"
+        )
     if not 0 <= jitter < 1:
         raise ConfigError(f"moe `jitter` ({jitter!r}) must be in [0, 1)")
     if num_experts % expert_parallel:
@@ -219,7 +250,8 @@ class MoEConfig:
       top_k: experts per token (1 Switch, 2 GShard/ST-MoE, 4 gpt-oss).
       capacity_factor: training capacity factor (0: dropless); `MoEFeedForward`.
       eval_capacity_factor: the same for evaluation (0: dropless).
-      router_softmax: "before" or "after" the top-k.
+      router_softmax: "before" or "after" the top-k, or "sigmoid" (DeepSeek-V3: sigmoid scores,
+        a selection bias; see the module docstring).
       z_loss_coef: router z-loss coefficient (ST-MoE: 1e-3).
       balance_loss_coef: load-balancing loss coefficient (ST-MoE: 1e-2).
       jitter: router input jitter in training (0: off).
@@ -232,13 +264,24 @@ class MoEConfig:
     top_k: int = 2
     capacity_factor: float = 1.25
     eval_capacity_factor: float = 2.0
-    router_softmax: Literal["before", "after"] = "before"
+    router_softmax: Literal["before", "after", "sigmoid"] = "before"
     z_loss_coef: float = 1e-3
     balance_loss_coef: float = 1e-2
     jitter: float = 0.0
     filter_size: int = 0
+    # "sorted": a dropless layer runs each expert on its routed rows only (`SortedMoEFeedForward`;
+    # not for static shapes); "buffer": the capacity buffers.
+    dispatch: Literal["buffer", "sorted"] = "buffer"
 
     def __post_init__(self):
+        if self.dispatch not in ("buffer", "sorted"):
+            raise ConfigError(f"moe `dispatch` ({self.dispatch!r}) must be 'buffer' or 'sorted'")
+        if self.dispatch == "sorted" and (self.capacity_factor or self.eval_capacity_factor):
+            raise ConfigError(
+                "moe `dispatch` 'sorted' is dropless: `capacity_factor` and "
+                f"`eval_capacity_factor` must be 0 (got {self.capacity_factor}, "
+                f"{self.eval_capacity_factor})"
+            )
         if isinstance(self.filter_size, bool) or not isinstance(self.filter_size, int):
             raise ConfigError(f"moe `filter_size` ({self.filter_size!r}) must be an integer")
         if self.filter_size < 0:
@@ -281,11 +324,13 @@ class MoEConfig:
         `filter_size` is 0)."""
         d, f, e = hidden_size, self.filter_size or filter_size, self.num_experts
         expert = 3 * d * f if expert_mlp == "swiglu" else 2 * d * f + f + d
-        return d * e + e * expert
+        bias = e if self.router_softmax == "sigmoid" else 0  # the non-trainable selection bias
+        return d * e + bias + e * expert
 
     def layer(self, *, hidden_size: int, filter_size: int, **kwargs) -> MoEFeedForward:
         """The `MoEFeedForward` of these settings (`kwargs`: dropout, group_size, mesh, ...)."""
-        return MoEFeedForward(
+        layer_class = SortedMoEFeedForward if self.dispatch == "sorted" else MoEFeedForward
+        return layer_class(
             hidden_size=hidden_size, filter_size=self.filter_size or filter_size,
             num_experts=self.num_experts,
             top_k=self.top_k, capacity_factor=self.capacity_factor,
@@ -372,15 +417,16 @@ class MoEFeedForward(keras.layers.Layer):
       top_k: experts per token.
       capacity_factor: training capacity factor (0: dropless); see the module docstring.
       eval_capacity_factor: the same for `training=False`.
-      router_softmax: "before" or "after" the top-k.
+      router_softmax: "before" or "after" the top-k, or "sigmoid" (with a non-trainable
+        selection bias `router_bias` [E], zeros at the start).
       z_loss_coef, balance_loss_coef: coefficients of the two auxiliary losses (`aux_loss`).
       jitter: router input jitter amplitude in training (0: off).
       dropout: dropout on the experts' hidden activations in training.
       group_size: static tokens per group for the training capacity (None: the batch's count);
         needed for expert parallelism, whose buffers must have one shape on every replica. Eval
         uses the batch's count (see `whole_experts`).
-      expert_parallel: P, replicas the experts are split over (the mesh's `expert` axis).
-      mesh: the run's `DeviceMesh` (required when P > 1).
+      expert_parallel: P, replicas the experts are split over (None: the mesh's `expert` axis).
+      mesh: the run's `DeviceMesh` (None: the ambient one, `mlperf_tf.parallel.current_mesh()`).
       collective_timeout_s: the all-to-alls' timeout (0: none).
       seed: seed of the jitter and dropout.
       expert_mlp: "relu" or "swiglu" (see above).
@@ -398,13 +444,13 @@ class MoEFeedForward(keras.layers.Layer):
         top_k: int = 2,
         capacity_factor: float = 1.25,
         eval_capacity_factor: float = 2.0,
-        router_softmax: Literal["before", "after"] = "before",
+        router_softmax: Literal["before", "after", "sigmoid"] = "before",
         z_loss_coef: float = 1e-3,
         balance_loss_coef: float = 1e-2,
         jitter: float = 0.0,
         dropout: float = 0.0,
         group_size: int | None = None,
-        expert_parallel: int = 1,
+        expert_parallel: int | None = None,
         mesh: DeviceMesh | None = None,
         collective_timeout_s: float = 0.0,
         seed: int | None = None,
@@ -414,6 +460,9 @@ class MoEFeedForward(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
+        mesh = resolve(mesh)
+        if expert_parallel is None:
+            expert_parallel = mesh.expert if mesh is not None else 1
         if expert_mlp not in EXPERT_MLPS:
             raise ValueError(f"expert_mlp {expert_mlp!r} must be one of {EXPERT_MLPS}")
         _check(
@@ -459,6 +508,12 @@ class MoEFeedForward(keras.layers.Layer):
             dtype="float32",
             autocast=False,  # stays float32 inside a mixed-precision call
         )
+        if self.router_softmax == "sigmoid":
+            # DeepSeek-V3's `e_score_correction_bias`: moved by a rule, not by gradients.
+            self.router_bias = self.add_weight(
+                name="router_bias", shape=(self.num_experts,), initializer="zeros",
+                dtype="float32", trainable=False, autocast=False,
+            )  # fmt: skip
         # Each expert as Keras' Dense would start it unless told otherwise: Glorot-uniform
         # kernels, zero biases. The whole [E, ...] tensor is drawn once with the (seeded)
         # initializer and each replica of the expert axis gets its slice, so every E starts from
@@ -521,6 +576,7 @@ class MoEFeedForward(keras.layers.Layer):
             top_k=self.top_k,
             capacity=capacity,
             router_softmax=self.router_softmax,
+            bias=self.router_bias if self.router_softmax == "sigmoid" else None,
         )
         # Row of each choice in the [E * C + 1, d] buffer; dropped choices write the spare row.
         rows = self.num_experts * capacity
@@ -618,3 +674,75 @@ class MoEFeedForward(keras.layers.Layer):
             yield
         finally:
             self._gathered = None
+
+
+# ---- dropless dispatch by sorting (single-replica experts) ----------------------------------------
+
+
+def sorted_expert_outputs(tokens, expert, gates, num_experts: int, expert_fn):
+    """Dropless mixture output computing only the chosen (token, expert) pairs.
+
+    The k * T choices are grouped by expert (`tf.dynamic_partition`, a stable sort by expert
+    id), each expert runs once on exactly the rows routed to it, and the rows go back to their
+    choices (`tf.dynamic_stitch`) to be summed with the gates. Work is k * T rows, where the
+    dropless capacity buffer runs every expert over T rows (E * T); the values are the buffer
+    path's (the same rows through the same weights). The shapes depend on the routing, so this
+    is not for XLA or TPUs: use the buffer path where shapes must be static.
+
+    Args:
+      tokens: [T, d] the layer's input rows.
+      expert: int32 [T, k] chosen experts.
+      gates: float [T, k] their combine weights.
+      num_experts: E.
+      expert_fn: (e, rows [n, d]) -> expert e's output [n, d], any n >= 0.
+
+    Returns:
+      [T, d]: sum over a token's choices of gate x its expert's output on it.
+    """
+    num_tokens, top_k = tf.shape(expert)[0], expert.shape[1]
+    flat = tf.reshape(expert, [-1])  # [k * T], token-major
+    choice = tf.range(tf.size(flat))
+    rows = tf.gather(tokens, choice // top_k)  # [k * T, d]
+    parts = tf.dynamic_partition(rows, flat, num_experts)
+    where = tf.dynamic_partition(choice, flat, num_experts)
+    outs = [expert_fn(e, part) for e, part in enumerate(parts)]
+    picked = tf.reshape(tf.dynamic_stitch(where, outs), [num_tokens, top_k, -1])  # [T, k, d]
+    return tf.einsum("tkd,tk->td", picked, tf.cast(gates, picked.dtype))
+
+
+class SortedMoEFeedForward(MoEFeedForward):
+    """`MoEFeedForward`, dropless, that runs each expert on its routed rows only
+    (`sorted_expert_outputs`) when its experts are all on this replica; with expert parallelism
+    or gathered eval experts it is the buffer path. Its capacity factors must be 0 (dropless).
+    """
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        if self.capacity_factor or self.eval_capacity_factor:
+            raise ValueError(
+                "SortedMoEFeedForward is dropless: capacity_factor and eval_capacity_factor "
+                f"must be 0 (got {self.capacity_factor}, {self.eval_capacity_factor})"
+            )
+
+    def call(self, x, training=False):
+        if self.expert_parallel > 1 or self._gathered is not None:
+            return super().call(x, training=training)
+        shape = tf.shape(x)
+        tokens = tf.reshape(x, [-1, self.hidden_size])  # [T, d]
+        routing = route(
+            self.router_logits(tokens, training),
+            top_k=self.top_k,
+            capacity=tf.shape(tokens)[0],
+            router_softmax=self.router_softmax,
+            bias=self.router_bias if self.router_softmax == "sigmoid" else None,
+        )
+        weights = self.expert_weights
+        compute = tf.cast(tokens, self.compute_dtype)
+
+        def expert_fn(e, rows):
+            return self._expert_ffn(rows[None], [w[e : e + 1] for w in weights], training)[0]
+
+        y = sorted_expert_outputs(
+            compute, routing.expert, routing.gates, self.num_experts, expert_fn
+        )
+        return tf.reshape(y, shape), self._stats(routing)

@@ -23,8 +23,9 @@ batch-norm group of batch shards (consecutive replica ids; `SpatialBuilder.batch
 Gradients. Every replica's loss is 1/(K L) of its images' loss, and each backward collective is the
 adjoint of its forward one, so backpropagation computes, on each replica, the gradient of the
 sum of all replicas' losses with respect to that replica's copy of every weight: the partial
-gradient from its slab. Keras' `apply_gradients` sums over all replicas (spatial and data
-axes), which is then the gradient of the global loss (`mlperf_tf/parallel/README.md`).
+gradient from its slab. The runner's gradient summer sums it over the spatial and data axes (the
+replicated layout's `sum_over`), which is then the gradient of the global loss
+(`mlperf_tf/parallel/README.md`).
 
 The layers need replica ids known at trace time (MirroredStrategy, MultiWorkerMirroredStrategy,
 inside a `tf.function`); on TPUs the same layout is `experimental_split_to_logical_devices`.

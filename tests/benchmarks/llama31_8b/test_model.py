@@ -12,6 +12,7 @@ import tensorflow as tf
 from benchmarks.llama31_8b import config as config_lib
 from benchmarks.llama31_8b import model as M
 from benchmarks.llama31_8b.benchmark import Llama31Benchmark
+from mlperf_tf.lm import RotaryEmbedding
 from tests.numerics import assert_close
 
 pytestmark = pytest.mark.numerics
@@ -59,14 +60,7 @@ def test_rotary_scaling_is_llama31s_formula():
     c = config_lib.llama31_8b()
     plain = 1.0 / (c.rope_theta ** (np.arange(0, c.head_dim, 2) / c.head_dim))
     expected = _meta_apply_scaling(plain, factor=8.0, low=1.0, high=4.0, old_context=8192)
-    actual = M.rope_inverse_frequencies(
-        c.head_dim,
-        theta=c.rope_theta,
-        factor=c.rope_scaling_factor,
-        low_freq_factor=c.rope_low_freq_factor,
-        high_freq_factor=c.rope_high_freq_factor,
-        original_max_position=c.rope_original_max_position,
-    )
+    actual = RotaryEmbedding.from_config(c).inverse_frequencies
     assert_close(actual, expected, rtol=1e-12)
     # All three regimes occur at head 128: kept, divided by 8, interpolated.
     ratio = expected / plain

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from benchmarks.llama31_8b import model as model_lib
 from benchmarks.llama31_8b.benchmark import Llama31Benchmark
 from mlperf_tf import config as config_lib
 from mlperf_tf.benchmark import RunContext
 from mlperf_tf.config import ConfigError
+from mlperf_tf.lm import FeedForward
 from mlperf_tf.parallel.mesh import DeviceMesh
 from tests import strategies, tensor_parallel
 
@@ -43,7 +43,7 @@ def test_every_second_block_is_swiglu_moe_and_the_aux_loss_joins_the_loss():
     model = benchmark.build_model()
     layers = model.decoder_layers
     assert [layer.is_moe for layer in layers] == [False, True]
-    assert isinstance(layers[0].mlp, model_lib.MLP)
+    assert isinstance(layers[0].mlp, FeedForward)
     (moe_layer,) = model.moe_layers
     assert moe_layer.expert_mlp == "swiglu" and moe_layer.num_experts == 4
     assert moe_layer.filter_size == benchmark.config.model.intermediate_size
@@ -85,6 +85,12 @@ def test_active_flops_count_top_k_experts():
     seq = 32
     router = 2 * 3.0 * seq * top1.hidden_size * 4 * top1.num_hidden_layers
     assert top1.training_flops(seq) == pytest.approx(dense.training_flops(seq) + router)
+    # The benchmark's declared count (the shared decoder helper of `mlperf_tf.flops`, from its
+    # shape) is the config's, MoE or not.
+    for overrides in ({}, MOE, {**MOE, "model.moe.every": "1", "model.moe.top_k": "1"}):
+        bench = _benchmark(overrides)
+        m, length = bench.config.model, bench.config.data.max_sequence_length
+        assert bench.training_flops_per_sample() == pytest.approx(m.training_flops(length))
 
 
 def test_expert_axis_only_with_moe_and_bad_sizes_are_one_line():

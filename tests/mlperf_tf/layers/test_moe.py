@@ -194,3 +194,55 @@ def test_bad_settings_are_one_line_errors(kwargs, message):
     with pytest.raises(ConfigError, match=message) as error:
         _layer(**kwargs)
     assert "\n" not in str(error.value)
+
+
+def _deepseek_v3_reference(logits, bias, top_k):
+    """Hugging Face `DeepseekV3TopkRouter` without expert groups (n_group = topk_group = 1),
+    `norm_topk_prob=True`, scaling factor 1, one token at a time: the choice ranks
+    sigmoid(logits) + bias, the weights are the chosen sigmoid scores, normalized."""
+    experts, gates = [], []
+    for row in logits.astype(np.float64):
+        scores = 1 / (1 + np.exp(-row))
+        chosen = np.argsort(-(scores + bias), kind="stable")[:top_k]
+        experts.append(chosen)
+        gates.append(scores[chosen] / scores[chosen].sum())
+    return np.array(experts), np.array(gates)
+
+
+@pytest.mark.parametrize("use_bias", [False, True])
+def test_sigmoid_routing_with_a_bias_is_deepseek_v3s(use_bias):
+    rng = np.random.default_rng(11)
+    logits = rng.normal(0, 1.0, (T, E)).astype(np.float32)
+    bias = rng.normal(0, 0.5, E).astype(np.float32) if use_bias else np.zeros(E, np.float32)
+    routing = moe.route(
+        tf.constant(logits), top_k=2, capacity=T, router_softmax="sigmoid",
+        bias=tf.constant(bias) if use_bias else None,
+    )  # fmt: skip
+    experts, gates = _deepseek_v3_reference(logits, bias, 2)
+    np.testing.assert_array_equal(routing.expert.numpy(), experts)
+    assert_close(routing.gates, gates, rtol=1e-6)
+    assert_close(np.sum(routing.probs.numpy(), axis=1), np.ones(T), rtol=1e-6)
+    if use_bias:  # the bias moved some choice (else this test would not test it)
+        plain, _ = _deepseek_v3_reference(logits, np.zeros(E), 2)
+        assert (plain != experts).any()
+
+
+def test_sigmoid_layer_keeps_a_non_trainable_bias_and_the_balancing_step():
+    layer = _layer(router_softmax="sigmoid", capacity_factor=0)
+    assert not layer.router_bias.trainable
+    assert layer.router_bias.path.endswith("router_bias")
+    x = tf.constant(_tokens(4))
+    y, stats = layer(x, training=True)
+    # A large bias on expert 3 makes it every token's choice.
+    layer.router_bias.assign([0.0, 0.0, 0.0, 10.0])
+    _, biased = layer(x, training=True)
+    assert float(biased.load[3]) == pytest.approx(0.5)  # one of each token's two choices
+    assert float(stats.load[3]) < 0.5
+    # DeepSeek-V3's update: overloaded experts' biases fall, underloaded ones rise, by the rate.
+    new = moe.aux_free_bias_update(tf.zeros(E), tf.constant([0.4, 0.1, 0.25, 0.25]), 1e-3)
+    assert_close(new, [-1e-3, 1e-3, 0.0, 0.0], rtol=1e-6, scale=1e-3)
+    with pytest.raises(ValueError, match="sigmoid"):
+        moe.route(tf.zeros([2, E]), top_k=1, capacity=2, bias=tf.zeros(E))
+    with pytest.raises(ConfigError, match="'sigmoid'"):
+        moe.MoEConfig(num_experts=4, router_softmax="softmax")
+    assert np.all(np.isfinite(y.numpy()))

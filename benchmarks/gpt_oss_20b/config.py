@@ -1,0 +1,355 @@
+"""Provides `GptOssConfig`, the GPT-OSS 20B pretraining benchmark's frozen config, and its presets.
+
+The MLPerf reference is AMD's Primus/Megatron run (`mlcommons/training`
+`small_llm_moe_pretraining/primus/`: `conf/gpt_oss_20B-pretrain.yaml` over Primus'
+`primus/configs/models/megatron/gpt_oss_20B.yaml` <- `deepseek_v2_base.yaml` <- `llama_base.yaml`;
+README.md of this package says which file sets each value). Learning rate and warm-up per batch
+size come from the reference convergence points (`mlperf_logging/rcp_checker/training_6.0.0/
+rcps_gpt_oss_20b.json`, the same file in 6.1.0).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import os
+
+from mlperf_tf import paths
+from mlperf_tf.config import BenchmarkConfig, ConfigError, require
+from mlperf_tf.data import c4
+from mlperf_tf.layers.moe import MoEConfig
+from mlperf_tf.lm.config import DecoderConfig
+from mlperf_tf.optimizers import registry
+
+# What the closed rules of 6.0.0 and 6.1.0 fix (closed_gpt_oss_20b.yaml).
+MAX_STEPS = 1_200_000
+MLPERF_SEQUENCE_LENGTH = c4.REFERENCE_SEQUENCE_LENGTH  # 8,192
+EVAL_SAMPLES = c4.EVAL_WINDOWS  # 1,024
+EVAL_EVERY_SAMPLES = 12_288  # config_*.sh EVAL_SAMPLES_INTERVAL (sequences)
+TARGET_LOG_PERPLEXITY = 3.34
+END_LR_FRACTION = 0.1  # min_lr 4e-5 = 0.1 x lr 4e-4 ("Set to 10% of max LR")
+RCP_FILE = "rcp_checker/training_6.0.0/rcps_gpt_oss_20b.json"
+# Llama 3's <|end_of_text|>: the document separator of the C4 windows, masked out of the loss.
+LLAMA3_END_OF_TEXT_ID = 128_001
+# Megatron's `window_attn_skip_freq` of the reference, one entry per layer (1: sliding window).
+REFERENCE_WINDOW_PATTERN = (1, 0) * 12
+
+
+def is_window_layer(window_attn_skip_freq, layer_number: int) -> bool:
+    """Whether 1-based layer `layer_number` uses sliding-window attention, as Megatron decides it
+    (`megatron/core/transformer/utils.py` `is_layer_window_attention`): an int N makes every
+    N-th layer full and the others sliding; a list gives each layer (1: sliding, 0: full)."""
+    if isinstance(window_attn_skip_freq, int):
+        return layer_number % window_attn_skip_freq != 0
+    return bool(window_attn_skip_freq[layer_number - 1])
+
+
+# The reference's mixture of experts (`gpt_oss_20B-pretrain.yaml`): 32 experts of width 2,880 in
+# every layer (`moe_layer_freq: 1`), top-4 on the logits then a softmax over the four
+# (`moe_router_pre_softmax: false`, score function softmax), dropless
+# (`moe_expert_capacity_factor: null`), no auxiliary loss (`moe_aux_loss_coeff: 0.0`,
+# `moe_z_loss_coeff: null`), no shared expert (`moe_shared_expert_intermediate_size: null`).
+# Each expert runs on its routed rows only ("sorted"; the benchmark switches to the capacity
+# buffers where shapes must be static).
+REFERENCE_MOE = MoEConfig(
+    num_experts=32,
+    every=1,
+    top_k=4,
+    capacity_factor=0.0,
+    eval_capacity_factor=0.0,
+    router_softmax="after",
+    z_loss_coef=0.0,
+    balance_loss_coef=0.0,
+    filter_size=2880,
+    dispatch="sorted",
+)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelConfig(DecoderConfig):
+    """The decoder's shape (`mlperf_tf.lm.DecoderConfig`); the defaults are the reference's
+    GPT-OSS 20B: QK-norm, sliding windows, untied embeddings, every feed-forward `moe`.
+
+    `sliding_window` counts the keys a windowed layer's query sees, itself included: Megatron's
+    `window_size: [128, 0]` is 128 earlier tokens and the token itself, 129. `window_skip_freq`
+    is Megatron's `window_attn_skip_freq` as an int (every N-th layer, 1-based, attends fully);
+    the reference writes it as the list `REFERENCE_WINDOW_PATTERN`, which 2 equals (tested).
+    """
+
+    vocab_size: int = 128_256
+    hidden_size: int = 2880
+    num_hidden_layers: int = 24
+    num_attention_heads: int = 64
+    num_key_value_heads: int = 8
+    head_dim: int = 64
+    intermediate_size: int = 2880
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 150_000.0
+    max_position_embeddings: int = 131_072
+    initializer_range: float = 0.008
+    qk_norm: bool = True
+    sliding_window: int = 129
+    window_skip_freq: int = 2
+    tie_word_embeddings: bool = False
+    moe: MoEConfig = REFERENCE_MOE
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not self.moe.enabled or self.moe.every != 1:
+            raise ConfigError(
+                f"`model.moe` (num_experts {self.moe.num_experts}, every {self.moe.every}): "
+                "GPT-OSS has experts in every layer (num_experts >= 1, every 1)."
+            )
+
+    def sliding_layers(self) -> int:
+        """Layers that attend over a window."""
+        return sum(bool(self.layer_window(i)) for i in range(self.num_hidden_layers))
+
+
+def gpt_oss_20b() -> ModelConfig:
+    """GPT-OSS 20B as the reference trains it (README.md of this package)."""
+    return ModelConfig()
+
+
+def tiny(vocab_size: int = 128) -> ModelConfig:
+    """A 2-layer GPT-OSS for tests and `smoke` (GQA 4/2 heads of 8, 4 experts top-2, window 5)."""
+    return ModelConfig(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        intermediate_size=32,
+        sliding_window=5,
+        max_position_embeddings=256,
+        moe=dataclasses.replace(REFERENCE_MOE, num_experts=4, top_k=2, filter_size=32),
+    )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OptimizerConfig:
+    """AdamW and its schedule; fields are named after the MLPerf log keys they become.
+
+    `opt_base_learning_rate` 0 and `opt_learning_rate_warmup_steps` -1 mean "the reference
+    convergence point's for the global batch size" (`rcp_hparams`); `opt_end_learning_rate` -1
+    means 0.1 x the base rate (the reference's `min_lr`).
+    """
+
+    opt_name: str = "adamw"
+    opt_params: tuple[str, ...] = ()
+    opt_base_learning_rate: float = 0.0
+    opt_end_learning_rate: float = -1.0
+    opt_learning_rate_warmup_steps: int = -1
+    max_steps: int = MAX_STEPS  # the schedule's length; decay steps are max_steps - warmup
+    opt_adamw_beta_1: float = 0.9
+    opt_adamw_beta_2: float = 0.95
+    opt_adamw_epsilon: float = 1e-5
+    opt_adamw_weight_decay: float = 0.1
+
+    def __post_init__(self):
+        registry.check_opt_name(self.opt_name)
+        require(
+            self,
+            prefix="optimizer.",
+            non_negative=("opt_base_learning_rate", "opt_adamw_epsilon", "opt_adamw_weight_decay"),
+            positive_int=("max_steps",),
+            fraction=("opt_adamw_beta_1", "opt_adamw_beta_2"),
+        )
+        if self.opt_learning_rate_warmup_steps < -1:
+            raise ConfigError(
+                "`optimizer.opt_learning_rate_warmup_steps` "
+                f"({self.opt_learning_rate_warmup_steps}) must be >= 0 (or -1: from the RCP)."
+            )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    """Packed token windows (TFRecords under `data_dir`, `mlperf_tf.data.c4`).
+
+    `eod_token_id`: the end-of-document token; positions whose input is it are left out of the
+    loss (Megatron's `eod_mask_loss`; -1: none left out).
+    """
+
+    max_sequence_length: int = MLPERF_SEQUENCE_LENGTH
+    train_pattern: str = "train/*.tfrecord"
+    eval_pattern: str = "eval/*.tfrecord"
+    shuffle_buffer: int = 1024  # windows
+    eod_token_id: int = LLAMA3_END_OF_TEXT_ID
+
+    def __post_init__(self):
+        if isinstance(self.max_sequence_length, bool) or self.max_sequence_length < 2:
+            raise ConfigError(
+                f"`data.max_sequence_length` ({self.max_sequence_length!r}) must be >= 2."
+            )
+        if self.eod_token_id < -1:
+            raise ConfigError(f"`data.eod_token_id` ({self.eod_token_id}) must be >= -1.")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GptOssConfig(BenchmarkConfig):
+    """GPT-OSS pretraining (MLPerf `gpt_oss_20b`). Sizes are in sequences (token windows).
+
+    The training budget is `optimizer.max_steps` steps of `global_batch_size` unless a preset
+    says fewer (`train_examples`); a run stops at the target long before. Evaluations run every
+    `eval_every_samples` training sequences rounded up to whole steps (`ceil(12288 / GBS) x GBS`).
+    """
+
+    gradient_clip_norm: float = 1.0
+    model: ModelConfig = dataclasses.field(default_factory=gpt_oss_20b)
+    optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    eval_every_samples: int = EVAL_EVERY_SAMPLES
+
+    def __post_init__(self):
+        super().__post_init__()
+        require(self, positive_int=("eval_every_samples",))
+        seq, m = self.data.max_sequence_length, self.model
+        if seq > m.max_position_embeddings:
+            raise ConfigError(
+                f"`data.max_sequence_length` ({seq}) exceeds `model.max_position_embeddings` "
+                f"({m.max_position_embeddings})."
+            )
+        windowed = any(m.layer_window(i) for i in range(m.num_hidden_layers))
+        if windowed and m.sliding_window > seq:
+            raise ConfigError(
+                f"`model.sliding_window` ({m.sliding_window}) must be at most the sequence "
+                f"(`data.max_sequence_length` {seq}): a longer window is full attention."
+            )
+        if self.data.eod_token_id >= m.vocab_size:
+            raise ConfigError(
+                f"`data.eod_token_id` ({self.data.eod_token_id}) is outside the vocabulary "
+                f"(`model.vocab_size` {m.vocab_size})."
+            )
+
+
+@functools.cache
+def reference_points() -> dict[int, tuple[float, int]]:
+    """Batch size -> (base LR, warm-up samples) of the reference convergence points."""
+    import mlperf_logging  # noqa: PLC0415 (only where the RCPs are read)
+
+    path = os.path.join(os.path.dirname(mlperf_logging.__file__), RCP_FILE)
+    with open(path, encoding="utf-8") as handle:
+        rcps = json.load(handle)
+    points = {}
+    for entry in rcps.values():
+        hparams = entry["Hyperparams"]
+        points[int(entry["BS"])] = (
+            float(hparams["opt_base_learning_rate"]),
+            int(hparams["opt_learning_rate_warmup_samples"]),
+        )
+    return dict(sorted(points.items()))
+
+
+def rcp_hparams(global_batch_size: int) -> tuple[float, int]:
+    """(base LR, warm-up steps) of the reference convergence point for `global_batch_size`:
+    BS 16 (4e-4, 128), 32 (8e-4, 128), 64 (1e-3, 192); warm-up steps are the RCP's samples over
+    the batch, rounded up.
+
+    Raises:
+      ConfigError: no RCP has this batch size (no interpolation: the rules accept the RCPs'
+        hyperparameters, or ones a submitter borrows and justifies).
+    """
+    points = reference_points()
+    if global_batch_size not in points:
+        raise ConfigError(
+            f"`global_batch_size` ({global_batch_size}) has no gpt_oss_20b reference convergence "
+            f"point (batch sizes {', '.join(map(str, points))}); set "
+            "`optimizer.opt_base_learning_rate` and `optimizer.opt_learning_rate_warmup_steps`."
+        )
+    lr, warmup_samples = points[global_batch_size]
+    return lr, math.ceil(warmup_samples / global_batch_size)
+
+
+# ---- presets ------------------------------------------------------------------------------------
+
+
+def mlperf() -> GptOssConfig:
+    """The MLPerf closed-division run: GPT-OSS 20B at sequence 8,192, batch 16 (RCP: LR 4e-4,
+    warm-up 128 steps; the reference's micro batch 2), C4 prepared by `mlperf-tf prepare
+    gpt_oss_20b` (the same files as `llama31_8b`'s).
+
+    Command: `mlperf-tf run --benchmark=gpt_oss_20b --preset=mlperf --dtype=bf16
+    --model_dir=DIR --config.data_dir=C4_TFRECORDS`. Hardware: 8+ accelerators of >= 80 GB with
+    expert parallelism (the reference: 8 MI355X, EP 8). Expected: log perplexity 3.34 after
+    about 195,000 sequences (the BS-16 RCP's mean).
+    """
+    batch = 16
+    return GptOssConfig(
+        global_batch_size=batch,
+        eval_batch_size=16,
+        train_examples=MAX_STEPS * batch,
+        eval_examples=EVAL_SAMPLES,
+        max_epochs=1.0,
+        quality_target=TARGET_LOG_PERPLEXITY,
+        model=gpt_oss_20b(),
+        data=DataConfig(),
+        data_dir=os.path.join(paths.data_root(), "llama31-c4"),
+    )
+
+
+MINI_TRAIN_STEPS = 2000
+
+
+def mini() -> GptOssConfig:
+    """A 4-layer GPT-OSS (hidden 256, GQA 4/2 heads of 64, 8 experts of 256 top-2, window 32 on
+    layers 1 and 3) on the shared C4-format mini corpus (`mlperf_tf.data.c4`, the same data and
+    eval set as `llama31_8b`'s mini).
+
+    Command: `mlperf-tf run --benchmark=gpt_oss_20b --preset=mini --model_dir=/tmp/gptoss_mini`
+    (writes the mini corpus on first use). Hardware: 2 CPU cores. Keeps every setting the closed
+    rules fix but the sequence length (256): AdamW 0.9/0.95/1e-5/0.1, clip 1.0, 1,024 eval
+    sequences, max_steps 1,200,000 with the cosine over them. Expected: log perplexity 3.34
+    (the real target) in under 10 minutes; README.md ("mini") gives the measured steps.
+    """
+    batch = 8
+    seq = c4.MINI_SEQUENCE_LENGTH
+    return GptOssConfig(
+        global_batch_size=batch,
+        eval_batch_size=64,
+        train_examples=MINI_TRAIN_STEPS * batch,
+        eval_examples=EVAL_SAMPLES,
+        max_epochs=1.0,
+        quality_target=TARGET_LOG_PERPLEXITY,
+        model=ModelConfig(
+            vocab_size=c4.MINI_VOCAB_SIZE,
+            hidden_size=256,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=64,
+            intermediate_size=256,
+            sliding_window=33,  # the reference's 129 of 8,192 keys; 33 of 256 keeps it local
+            max_position_embeddings=seq,
+            initializer_range=0.02,
+            moe=dataclasses.replace(REFERENCE_MOE, num_experts=8, top_k=2, filter_size=256),
+        ),
+        # Not fixed by the rules: a small model takes a higher peak LR than BS 16's 4e-4.
+        optimizer=OptimizerConfig(opt_base_learning_rate=2e-3, opt_learning_rate_warmup_steps=50),
+        data=DataConfig(max_sequence_length=seq, shuffle_buffer=4096, eod_token_id=c4.MINI_EOS_ID),
+        data_dir=c4.mini_data_dir(),
+        eval_every_samples=batch * 250,
+    )
+
+
+def smoke() -> GptOssConfig:
+    """Synthetic tokens and a 2-layer GPT-OSS with a 128-token vocabulary: a few steps, seconds.
+
+    Command: `mlperf-tf run --benchmark=gpt_oss_20b --preset=smoke --model_dir=/tmp/gptoss_smoke`.
+    Hardware: any CPU. Expected: well under a minute; the perplexity is meaningless.
+    """
+    return GptOssConfig(
+        global_batch_size=8,
+        eval_batch_size=256,
+        train_examples=8 * 6,
+        eval_examples=EVAL_SAMPLES,
+        max_epochs=1.0,
+        quality_target=TARGET_LOG_PERPLEXITY,
+        model=tiny(128),
+        optimizer=OptimizerConfig(opt_base_learning_rate=1e-3, opt_learning_rate_warmup_steps=2),
+        data=DataConfig(max_sequence_length=32, eod_token_id=2),
+        data_dir="",
+        eval_every_samples=8 * 3,
+    )

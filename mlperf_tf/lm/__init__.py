@@ -1,0 +1,30 @@
+"""Provides the language-model block library: `DecoderConfig` (one config for the MLPerf LLMs'
+options), the blocks (`Attention`, `FeedForward`, `moe_feed_forward`, `DecoderBlock`,
+`DecoderModel`, `build_decoder`; `Linear`, `RMSNorm`, `RotaryEmbedding`), the masked token loss
+(`mlperf_tf.lm.loss`) and `LanguageModelBenchmark`, the base of the causal-LM benchmarks. See
+README.md."""
+
+from mlperf_tf.lm.attention import Attention, fuse_qkv, split_qkv
+from mlperf_tf.lm.config import DecoderConfig
+from mlperf_tf.lm.decoder import DecoderBlock, DecoderModel, build_decoder
+from mlperf_tf.lm.feed_forward import FeedForward, clamped_swiglu, moe_feed_forward, swiglu
+from mlperf_tf.lm.layers import Linear, RMSNorm
+from mlperf_tf.lm.rope import RotaryEmbedding, apply_rope
+
+__all__ = [
+    "Attention",
+    "DecoderBlock",
+    "DecoderConfig",
+    "DecoderModel",
+    "FeedForward",
+    "Linear",
+    "RMSNorm",
+    "RotaryEmbedding",
+    "apply_rope",
+    "build_decoder",
+    "clamped_swiglu",
+    "fuse_qkv",
+    "moe_feed_forward",
+    "split_qkv",
+    "swiglu",
+]

@@ -1,0 +1,239 @@
+"""Provides `Attention`: causal grouped-query self-attention with the options of the MLPerf LLMs
+(separate or fused q/k/v, biases, QK-norm, a sliding window, attention sinks) over rotary
+positions, tensor-parallel as Megatron splits it; and the fused-qkv kernel's column order
+(`fuse_qkv`, `split_qkv`)."""
+
+from __future__ import annotations
+
+import math
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from mlperf_tf.errors import UserError
+from mlperf_tf.layers.tensor_parallel import ModelAxis
+from mlperf_tf.lm.layers import Linear, RMSNorm
+from mlperf_tf.lm.rope import apply_rope
+from mlperf_tf.parallel.layout import add_split_weight, model_split
+
+# Logit of masked positions, added to float32 scores.
+NEG_INF = -1e9
+
+
+def fuse_qkv(q, k, v, *, num_kv_heads: int, head_dim: int):
+    """Separate q [in, heads d], k and v [in, kv d] kernels (or biases, [heads d] / [kv d]) ->
+    the fused [in, (heads + 2 kv) d] in Megatron's grouped order: for each key/value head, its
+    group's query heads, then its key, then its value (`linear_qkv`, [kv, group + 2, d] along
+    the output axis). That order makes a contiguous split over `model` hand each shard its own
+    heads' q, k and v (M dividing kv heads). NumPy in, NumPy out."""
+    q, k, v = (np.asarray(t) for t in (q, k, v))
+    lead = q.shape[:-1]
+    group = q.shape[-1] // (num_kv_heads * head_dim)
+    q = q.reshape(*lead, num_kv_heads, group, head_dim)
+    k = k.reshape(*lead, num_kv_heads, 1, head_dim)
+    v = v.reshape(*lead, num_kv_heads, 1, head_dim)
+    return np.concatenate([q, k, v], axis=-2).reshape(*lead, -1)
+
+
+def split_qkv(fused, *, num_heads: int, num_kv_heads: int, head_dim: int):
+    """The inverse of `fuse_qkv`: (q, k, v) from a fused kernel or bias (NumPy)."""
+    fused = np.asarray(fused)
+    lead = fused.shape[:-1]
+    group = num_heads // num_kv_heads
+    parts = fused.reshape(*lead, num_kv_heads, group + 2, head_dim)
+    q = parts[..., :group, :].reshape(*lead, -1)
+    k = parts[..., group, :].reshape(*lead, -1)
+    v = parts[..., group + 1, :].reshape(*lead, -1)
+    return q, k, v
+
+
+class Attention(keras.layers.Layer):
+    """Causal grouped-query self-attention: [batch, seq, hidden] -> [batch, seq, hidden].
+
+    `num_heads` query heads share `num_kv_heads` key/value heads in groups (query head h uses
+    key/value head h // group, keras-hub's and Hugging Face's order); the groups are a reshape
+    of the queries ([batch, seq, kv, group, d]), so keys and values are never repeated. Scores,
+    masks and the softmax are float32.
+
+    Options (each off by default, as in Llama):
+      use_bias: biases on the q/k/v and output projections.
+      fused_qkv: one projection `qkv_proj` [hidden, (heads + 2 kv) d] in Megatron's grouped
+        order (`fuse_qkv`) instead of `q_proj`, `k_proj`, `v_proj`: the form of the MLCommons
+        Llama 2 70B checkpoint, and one input for an adapter shared by q, k and v.
+      qk_norm: RMSNorm over head_dim of every query and key head (one scale [d] each,
+        `q_norm`, `k_norm`), after the projection and before RoPE: Megatron's `qk_layernorm`.
+      sliding_window: W > 0: query i sees keys j with 0 <= i - j < W (W keys, itself included:
+        Hugging Face's and keras-hub Mistral's convention; Megatron's and flash-attention's
+        `window_size=(w, 0)` is W = w + 1, as is keras-hub GptOss's `sliding_window=w`).
+      sinks: a learned logit per query head (`sinks` [heads]) joins each row's softmax as one
+        more column and is dropped after it (GPT-OSS): rows may sum to less than 1.
+
+    Tensor parallelism (the ambient mesh's `model` axis, M shards): each shard holds heads/M
+    query heads (q column-parallel, o row-parallel: f on the input, g on the output; the sinks
+    split alike). With kv_heads divisible by M the key/value heads are split alike (kv/M per
+    shard); otherwise (M a multiple of kv_heads) k_proj and v_proj are replicated and each shard
+    keeps the one key/value head its query heads share. A fused projection is column-parallel
+    and needs M to divide kv_heads. The norms' scales are replicated.
+
+    Args:
+      hidden_size: the model width (the output's).
+      num_heads, num_kv_heads, head_dim: the heads.
+      stddev: init std of q, k, v (and the sinks); output_stddev: of o.
+      norm_epsilon: QK-norm's epsilon.
+
+    Call: `layer(x, cos, sin)` with cos, sin [seq, head_dim] (`RotaryEmbedding.tables`).
+    """
+
+    def __init__(self, *, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int,
+                 stddev: float, output_stddev: float, use_bias: bool = False,
+                 fused_qkv: bool = False, qk_norm: bool = False, norm_epsilon: float = 1e-5,
+                 sliding_window: int = 0, sinks: bool = False, **kwargs):  # fmt: skip
+        super().__init__(**kwargs)
+        if num_heads % num_kv_heads:
+            raise ValueError(
+                f"num_heads ({num_heads}) must divide by num_kv_heads ({num_kv_heads})"
+            )
+        self.hidden_size = hidden_size
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.stddev = stddev
+        self.fused_qkv = fused_qkv
+        self.qk_norm = qk_norm
+        self.sliding_window = int(sliding_window)
+        self.use_sinks = sinks
+        self.axis = ModelAxis(None, self)
+        m = self.axis.size
+        if num_heads % m:
+            raise UserError(f"--model_parallel={m} must divide the query heads ({num_heads})")
+        split_kv = num_kv_heads % m == 0
+        if not split_kv and m % num_kv_heads:
+            raise UserError(
+                f"--model_parallel={m} must divide the key/value heads ({num_kv_heads}) or be a "
+                "multiple of them (key/value heads are split or replicated)"
+            )
+        if fused_qkv and not split_kv:
+            raise UserError(
+                f"--model_parallel={m} must divide the key/value heads ({num_kv_heads}) of a "
+                "fused q/k/v projection"
+            )
+        self.local_heads = num_heads // m
+        self.local_kv = num_kv_heads // m if split_kv else 1
+        d = head_dim
+        if fused_qkv:
+            self.qkv_proj = Linear(
+                (num_heads + 2 * num_kv_heads) * d, stddev=stddev, use_bias=use_bias,
+                parallel="column", name="qkv_proj",
+            )  # fmt: skip
+        else:
+            kv_kind = "column" if split_kv else "replicated"
+
+            def linear(units, name, parallel):
+                return Linear(units, stddev=stddev, use_bias=use_bias, parallel=parallel,
+                              name=name)  # fmt: skip
+
+            self.q_proj = linear(num_heads * d, "q_proj", "column")
+            self.k_proj = linear(num_kv_heads * d, "k_proj", kv_kind)
+            self.v_proj = linear(num_kv_heads * d, "v_proj", kv_kind)
+        self.o_proj = Linear(
+            hidden_size, stddev=output_stddev, use_bias=use_bias, parallel="row", name="o_proj"
+        )
+        if qk_norm:
+            # Each shard normalizes its own heads: the scales' gradients are summed over `model`.
+            self.q_norm = RMSNorm(norm_epsilon, sharded_input=True, name="q_norm")
+            self.k_norm = RMSNorm(norm_epsilon, sharded_input=True, name="k_norm")
+
+    @classmethod
+    def from_config(cls, config, index: int = 0, **kwargs) -> Attention:
+        """The attention of layer `index` of a `DecoderConfig` (its window: `layer_window`)."""
+        c = config
+        return cls(
+            hidden_size=c.hidden_size, num_heads=c.num_attention_heads,
+            num_kv_heads=c.num_key_value_heads, head_dim=c.head_dim,
+            stddev=c.initializer_range, output_stddev=c.output_init_std,
+            use_bias=c.attention_bias, fused_qkv=c.fused_qkv, qk_norm=c.qk_norm,
+            norm_epsilon=c.rms_norm_eps, sliding_window=c.layer_window(index),
+            sinks=c.attention_sinks, **kwargs,
+        )  # fmt: skip
+
+    def build(self, input_shape):
+        hidden = (None, None, input_shape[-1])
+        if self.fused_qkv:
+            self.qkv_proj.build(hidden)
+        else:
+            for proj in (self.q_proj, self.k_proj, self.v_proj):
+                proj.build(hidden)
+        self.o_proj.build((None, None, self.num_heads * self.head_dim))
+        if self.qk_norm:
+            self.q_norm.build((None, self.head_dim))
+            self.k_norm.build((None, self.head_dim))
+        if self.use_sinks:
+            self.sinks = add_split_weight(
+                self, name="sinks", shape=(self.num_heads,),
+                initializer=keras.initializers.RandomNormal(stddev=self.stddev),
+                layout=model_split(0), mesh=None,
+            )  # fmt: skip
+        self.built = True
+
+    def _local_kv(self, t):
+        """With replicated key/value heads: the one this shard's query heads use."""
+        if self.axis.size == 1 or self.num_kv_heads % self.axis.size == 0:
+            return t
+        group = self.num_heads // self.num_kv_heads
+        head = self.axis.index() * self.local_heads // group
+        return t[:, :, head : head + 1]
+
+    def project_qkv(self, x):
+        """q [batch, seq, kv, group, d], k and v [batch, seq, kv, d]: this shard's heads, before
+        QK-norm and RoPE (`x` already through f)."""
+        kv, d = self.local_kv, self.head_dim
+        group = self.local_heads // kv
+        batch, seq = tf.shape(x)[0], tf.shape(x)[1]
+        if self.fused_qkv:
+            qkv = tf.reshape(self.qkv_proj(x), [batch, seq, kv, group + 2, d])
+            return qkv[:, :, :, :group], qkv[:, :, :, group], qkv[:, :, :, group + 1]
+        q = tf.reshape(self.q_proj(x), [batch, seq, kv, group, d])
+        k = self._local_kv(tf.reshape(self.k_proj(x), [batch, seq, -1, d]))
+        v = self._local_kv(tf.reshape(self.v_proj(x), [batch, seq, -1, d]))
+        return q, k, v
+
+    def mask(self, seq):
+        """bool [seq, seq]: query i may see key j (causal, and inside the window if any)."""
+        causal = tf.linalg.band_part(tf.ones([seq, seq], tf.bool), -1, 0)
+        if not self.sliding_window:
+            return causal
+        # i - j < W: band_part keeps at most W - 1 subdiagonals.
+        return tf.linalg.band_part(causal, self.sliding_window - 1, 0)
+
+    def call(self, x, cos, sin):
+        """x [batch, seq, hidden]; cos, sin [seq, head_dim] -> [batch, seq, hidden]."""
+        kv, d = self.local_kv, self.head_dim
+        group = self.local_heads // kv
+        batch, seq = tf.shape(x)[0], tf.shape(x)[1]
+        x = self.axis.copy(x)  # f: one all-reduce of the input gradient for q, k and v
+        q, k, v = self.project_qkv(x)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)  # this shard's heads; scales read through f
+        q = apply_rope(q, cos, sin)
+        k = apply_rope(k, cos, sin)
+        q = tf.transpose(q, [0, 2, 3, 1, 4])  # [batch, kv, group, seq, d]
+        k = tf.transpose(k, [0, 2, 3, 1])  # [batch, kv, d, seq]
+        v = tf.transpose(v, [0, 2, 1, 3])  # [batch, kv, seq, d]
+        q = tf.reshape(q, [batch, kv, group * seq, d]) * tf.cast(1.0 / math.sqrt(d), q.dtype)
+        scores = tf.matmul(q, k)  # [batch, kv, group * seq, seq]
+        scores = tf.reshape(tf.cast(scores, tf.float32), [batch, kv, group, seq, seq])
+        scores = tf.where(self.mask(seq), scores, NEG_INF)
+        if self.use_sinks:
+            # [batch, kv, group, seq, seq + 1]: each head's sink logit as a last key.
+            sink = tf.reshape(tf.cast(self.sinks, tf.float32), [1, kv, group, 1, 1])
+            sink = tf.broadcast_to(sink, tf.stack([batch, kv, group, seq, 1]))
+            probs = tf.nn.softmax(tf.concat([scores, sink], axis=-1), axis=-1)[..., :-1]
+        else:
+            probs = tf.nn.softmax(scores, axis=-1)
+        probs = tf.reshape(tf.cast(probs, x.dtype), [batch, kv, group * seq, seq])
+        out = tf.matmul(probs, v)  # [batch, kv, group * seq, d]
+        out = tf.reshape(out, [batch, kv, group, seq, d])
+        out = tf.transpose(out, [0, 3, 1, 2, 4])  # [batch, seq, kv, group, d]
+        out = tf.reshape(out, [batch, seq, self.local_heads * d])
+        return self.o_proj(out)

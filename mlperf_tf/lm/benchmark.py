@@ -1,0 +1,183 @@
+"""Provides `LanguageModelBenchmark`: what every causal-LM benchmark shares (the model from its
+`DecoderConfig`, the masked token loss, MoE auxiliary losses, metrics and eval scope, the mesh
+axes, the token-weighted eval loss, the 6.1 disclosure keys); a benchmark subclasses it and adds
+its data, optimizer, schedule and MLPerf keys."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, ClassVar
+
+import keras
+import tensorflow as tf
+
+from mlperf_tf.benchmark import Benchmark
+from mlperf_tf.layers import moe
+from mlperf_tf.lm import loss as loss_lib
+from mlperf_tf.lm.decoder import DecoderModel, build_decoder
+from mlperf_tf.parallel.context import use_mesh
+
+# Disclosure keys of the 6.1.0 common rules (`rounds.ROUND_ONLY_KEYS` drops them for older rounds).
+PRECISION_KEYS = (
+    "lowest_numerical_precision_in_linear",
+    "lowest_numerical_precision_in_attn",
+    "lowest_numerical_precision_in_comm",
+)
+_PRECISION_NAMES = {"float32": "fp32", "bfloat16": "bfloat16", "float16": "fp16"}
+
+
+class LanguageModelBenchmark(Benchmark):
+    """A causal language model trained on next-token cross-entropy; quality = log perplexity.
+
+    The config must have `model` (a `mlperf_tf.lm.DecoderConfig`) and `data.max_sequence_length`.
+    Batches are dicts of int32 `input_ids` and `labels` [batch, seq] (labels: the inputs shifted
+    by one; `IGNORE_INDEX` where a position takes no part in the loss), optionally a float
+    `loss_mask` [batch, seq], and in eval a float32 `valid` [batch] (0: a padding example).
+
+    Class attributes to set (besides `Benchmark`'s):
+      model_name: the Keras name of the model (the prefix of its variables' paths).
+      eod_token: the end-of-document id whose positions the loss skips (Megatron's
+        `eod_mask_loss`), or None.
+
+    Hooks: `loss_weights(batch)` (the per-position weights), `sequence_length()`.
+    """
+
+    model_name: ClassVar[str] = "decoder"
+    eod_token: ClassVar[int | None] = None
+    higher_is_better = False
+
+    @property
+    def parallel_axes(self) -> tuple[str, ...]:
+        """Data and tensor parallelism; expert parallelism too when the config has MoE blocks
+        (a dense config refuses --expert_parallel in one line)."""
+        return ("data", "model", "expert") if self.config.model.moe.enabled else ("data", "model")
+
+    # ---- sizes -------------------------------------------------------------------------------
+    def sequence_length(self) -> int:
+        """Tokens per training sequence."""
+        return self.config.data.max_sequence_length
+
+    def parameter_count(self) -> int:
+        """Parameters of `config.model`, from the config (MoE: the router and every expert)."""
+        return self.config.model.parameter_count()
+
+    def active_parameter_count(self) -> int:
+        """Parameters one token uses (MoE: the router and the top-k experts)."""
+        return self.config.model.active_parameter_count()
+
+    def tokens_per_sample(self) -> int:
+        """Tokens per training sequence (`mlperf-tf bench` reports tokens/s)."""
+        return self.sequence_length()
+
+    def training_flops_per_sample(self) -> float:
+        """Training FLOPs of one sequence, analytic (`DecoderConfig.training_flops`)."""
+        return self.config.model.training_flops(self.sequence_length())
+
+    # ---- building ----------------------------------------------------------------------------
+    def moe_group_size(self) -> int | None:
+        """Static tokens per replica for the MoE training capacity (micro batch share x
+        sequence length: one buffer shape on every replica, as expert parallelism's all-to-all
+        needs, the same for every --expert_parallel); None for a dense model."""
+        if not self.config.model.moe.enabled:
+            return None
+        return self.per_replica_batch_size * self.sequence_length()
+
+    def build_model(self) -> DecoderModel:
+        """The decoder of `config.model` (under the strategy scope, dtype policy set), built
+        under this benchmark's mesh: the runner has made it ambient already; tests and tools
+        that build a benchmark directly get it here."""
+        with use_mesh(self.mesh):
+            return build_decoder(
+                self.config.model, moe_group_size=self.moe_group_size(),
+                collective_timeout_s=self.context.collective_timeout_s, name=self.model_name,
+            )  # fmt: skip
+
+    # ---- steps (replica context) -------------------------------------------------------------
+    def loss_weights(self, batch: Any) -> tf.Tensor:
+        """float32 [batch, seq] weights of each position's loss (`mlperf_tf.lm.loss.loss_weights`:
+        ignored labels, `eod_token` inputs, the batch's `loss_mask`)."""
+        return loss_lib.loss_weights(
+            batch["labels"], input_ids=batch["input_ids"], eod_token=self.eod_token,
+            mask=batch.get("loss_mask") if isinstance(batch, dict) else None,
+        )  # fmt: skip
+
+    def token_losses(
+        self, model: keras.Model, batch: Any, training: bool, aux: moe.Collector | None = None
+    ) -> tf.Tensor:
+        """Next-token cross-entropy (nats, float32) per position [batch, seq] (0 at ignored
+        labels); the MoE layers' stats go to `aux`."""
+        logits = model(batch["input_ids"], training=training, aux=aux)
+        return loss_lib.token_cross_entropy(
+            logits, batch["labels"], vocab_size=self.config.model.vocab_size, axis=model.axis
+        )
+
+    def compute_loss(self, model: keras.Model, batch: Any, training: bool = True) -> tf.Tensor:
+        """`compute_loss_and_metrics` without the metrics."""
+        return self.compute_loss_and_metrics(model, batch, training)[0]
+
+    def train_metric_shapes(self) -> dict[str, tuple[int, ...]]:
+        m = self.config.model
+        return moe.metric_shapes(m.moe.count(m.num_hidden_layers), m.moe.num_experts)
+
+    def compute_loss_and_metrics(self, model: keras.Model, batch: Any, training: bool = True):
+        """This replica's weighted mean token loss, plus the MoE layers' weighted auxiliary
+        losses, x its share of the micro batch (and the MoE metrics, `moe.summarize`, if any).
+
+        With gradients summed across replicas, each replica scales its mean by its share of the
+        micro batch (with every weight 1, the mean over the micro batch's tokens: Megatron's
+        and NeMo's loss when every window is full). The auxiliary losses are per replica (a
+        replica's tokens are one routing group) and scaled alike.
+        """
+        aux = moe.Collector()
+        losses = self.token_losses(model, batch, training, aux=aux)
+        local_batch = batch["input_ids"].shape[0]
+        loss = loss_lib.weighted_mean(losses, self.loss_weights(batch))
+        aux_loss, metrics = moe.summarize(aux)
+        if aux.calls:
+            loss += aux_loss
+        return loss * (float(local_batch) / float(self.micro_batch_size)), metrics
+
+    def eval_step(self, model: keras.Model, batch: Any) -> dict[str, tf.Tensor]:
+        """Per example: summed weighted token loss and weight (token count) `[batch]`
+        (padding examples: 0).
+
+        Expert parallelism: each replica gathers every expert once per batch
+        (`MoEFeedForward.whole_experts`, one all-gather per MoE layer) and routes its own
+        tokens through them at the eval capacity factor, with no all-to-all.
+        """
+        with contextlib.ExitStack() as stack:
+            for layer in getattr(model, "moe_layers", []):
+                stack.enter_context(layer.whole_experts())
+            losses = self.token_losses(model, batch, training=False)
+        weights = self.loss_weights(batch)
+        valid = tf.cast(batch["valid"], tf.float32)
+        return {
+            "loss": tf.reduce_sum(losses * weights, axis=1) * valid,
+            "tokens": tf.reduce_sum(weights, axis=1) * valid,
+        }
+
+    # ---- host side ---------------------------------------------------------------------------
+    def eval_result(self, state: dict[str, float]) -> float:
+        """Log perplexity: summed token loss over the eval set's counted tokens (Megatron's
+        validation loss, token-weighted)."""
+        tokens = float(state.get("tokens", 0.0))
+        if tokens <= 0:
+            raise ValueError("eval saw no tokens: the eval set is empty or all masked")
+        return float(state["loss"]) / tokens
+
+    def disclosure_hparams(self) -> dict[str, Any]:
+        """The 6.1.0 common rules' disclosure keys: the precision of the run's dtype policy, the
+        mesh's tensor and expert parallelism (no pipeline or context parallelism), the micro
+        batch per replica and the config file."""
+        precision = _PRECISION_NAMES.get(
+            keras.mixed_precision.global_policy().compute_dtype, "fp32"
+        )
+        return {
+            **{key: precision for key in PRECISION_KEYS},
+            "tensor_parallelism": self.mesh.model,
+            "pipeline_parallelism": 1,
+            "context_parallelism": 1,
+            "expert_parallelism": self.mesh.expert,
+            "micro_batch_size": self.per_replica_batch_size,
+            "config_filename": f"benchmarks/{self.name}/config.py",
+        }

@@ -1,0 +1,248 @@
+"""Provides `DecoderConfig`: the shape and options of a decoder-only language model.
+
+One frozen dataclass covers the MLPerf LLMs (Llama 3.1 8B, Llama 2 70B, GPT-OSS 20B, DeepSeek-V3
+style MoE); a benchmark's model config subclasses it and changes the defaults (so every field is
+a typed `--config.model.*` override). Field names follow Hugging Face's `LlamaConfig` where it has
+one. The blocks (`mlperf_tf.lm.decoder`) read nothing but this.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+from mlperf_tf.config import ConfigError, require
+from mlperf_tf.layers.moe import MoEConfig
+
+ROPE_TYPES = ("default", "llama3", "yarn")
+FEED_FORWARDS = ("swiglu", "swiglu_clamped")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DecoderConfig:
+    """A decoder-only transformer: pre-norm blocks `x + attention(norm(x))`, `x + ffn(norm(x))`,
+    a final RMSNorm and an output projection (tied to the embedding or not).
+
+    Attributes:
+      vocab_size, hidden_size, num_hidden_layers: the model's size.
+      num_attention_heads, num_key_value_heads, head_dim: grouped-query attention (query heads
+        share key/value heads in groups of heads / kv_heads).
+      intermediate_size: the dense SwiGLU width (and the experts' when `moe.filter_size` is 0).
+      rms_norm_eps: RMSNorm's epsilon (every norm, QK-norm included).
+      rope_theta: RoPE's base.
+      rope_type: "default" (plain), "llama3" (Llama 3.1's frequency scaling) or "yarn"
+        (`mlperf_tf.lm.rope`); "llama3" and "yarn" at `rope_scaling_factor` 1 are plain.
+      rope_scaling_factor, rope_low_freq_factor, rope_high_freq_factor,
+        rope_original_max_position: Llama 3.1's scaling (the last also YaRN's original context).
+      rope_beta_fast, rope_beta_slow, rope_truncate: YaRN's ramp (Hugging Face's `rope_scaling`
+        keys `beta_fast`, `beta_slow`, `truncate`).
+      max_position_embeddings: the longest sequence the config accepts.
+      initializer_range: std of the normal init of every projection and the embedding; the
+        output projections of attention and the feed-forward (o, down) get
+        `initializer_range / sqrt(2 * layers)` (Megatron's scaled init) when
+        `scaled_output_init`.
+      attention_bias: biases on q, k, v and o (GPT-OSS; Llama has none).
+      fused_qkv: one q/k/v projection `qkv_proj` [hidden, (heads + 2 kv_heads) head_dim] in
+        Megatron's grouped order (`mlperf_tf.lm.attention`), instead of q_proj/k_proj/v_proj.
+      qk_norm: per-head RMSNorm of queries and keys before RoPE (Megatron's `qk_layernorm`).
+      sliding_window: keys a windowed layer's query sees, itself included (0: none); which
+        layers are windowed: `window_skip_freq` and `layer_window`.
+      window_skip_freq: Megatron's `window_attn_skip_freq` as an int: with a window, every
+        `window_skip_freq`-th layer (1-based) attends fully, the others are windowed (0: all
+        windowed).
+      window_pattern: Megatron's `window_attn_skip_freq` as a list: entry i says whether layer
+        i is windowed (1) or full (0), repeated when shorter than the layers (e.g. (1, 0) windows
+        the even layers); takes precedence over `window_skip_freq` when not empty.
+      attention_sinks: a learned sink logit per query head in the softmax (GPT-OSS).
+      feed_forward: "swiglu" (`down(silu(gate) * up)`) or "swiglu_clamped" (GPT-OSS:
+        `down((clip(up) + 1) * g sigmoid(alpha g))`, g = gate clipped above at the limit).
+      swiglu_limit, swiglu_alpha: the clamped form's limit and alpha (GPT-OSS: 7, 1.702).
+      mlp_bias: biases on the dense feed-forward's projections.
+      tie_word_embeddings: the output projection is the input embedding's transpose.
+      moe: mixture-of-experts feed-forward blocks (`mlperf_tf.layers.moe.MoEConfig`;
+        num_experts 0: dense).
+    """
+
+    vocab_size: int = 32_000
+    hidden_size: int = 4096
+    num_hidden_layers: int = 32
+    num_attention_heads: int = 32
+    num_key_value_heads: int = 8
+    head_dim: int = 128
+    intermediate_size: int = 14_336
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10_000.0
+    rope_type: Literal["default", "llama3", "yarn"] = "default"
+    rope_scaling_factor: float = 1.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_position: int = 8192
+    rope_beta_fast: float = 32.0
+    rope_beta_slow: float = 1.0
+    rope_truncate: bool = True
+    max_position_embeddings: int = 8192
+    initializer_range: float = 0.02
+    scaled_output_init: bool = True
+    attention_bias: bool = False
+    fused_qkv: bool = False
+    qk_norm: bool = False
+    sliding_window: int = 0
+    window_skip_freq: int = 0
+    window_pattern: tuple[int, ...] = ()
+    attention_sinks: bool = False
+    feed_forward: Literal["swiglu", "swiglu_clamped"] = "swiglu"
+    swiglu_limit: float = 7.0
+    swiglu_alpha: float = 1.702
+    mlp_bias: bool = False
+    tie_word_embeddings: bool = False
+    moe: MoEConfig = MoEConfig()
+
+    def __post_init__(self):
+        require(
+            self,
+            prefix="model.",
+            positive_int=(
+                "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "head_dim", "intermediate_size",
+                "rope_original_max_position", "max_position_embeddings",
+            ),
+            non_negative_int=("sliding_window", "window_skip_freq"),
+            positive=(
+                "rms_norm_eps", "rope_theta", "rope_scaling_factor", "initializer_range",
+                "rope_beta_fast", "rope_beta_slow", "swiglu_limit", "swiglu_alpha",
+            ),
+        )  # fmt: skip
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ConfigError(
+                f"`model.num_attention_heads` ({self.num_attention_heads}) must be divisible by "
+                f"`model.num_key_value_heads` ({self.num_key_value_heads})."
+            )
+        if self.head_dim % 2:
+            raise ConfigError(f"`model.head_dim` ({self.head_dim}) must be even (RoPE pairs).")
+        if self.rope_type not in ROPE_TYPES:
+            raise ConfigError(
+                f"`model.rope_type` ({self.rope_type!r}) must be one of {', '.join(ROPE_TYPES)}."
+            )
+        if self.feed_forward not in FEED_FORWARDS:
+            raise ConfigError(
+                f"`model.feed_forward` ({self.feed_forward!r}) must be one of "
+                f"{', '.join(FEED_FORWARDS)}."
+            )
+        if (
+            self.rope_type == "llama3"
+            and self.rope_scaling_factor != 1.0
+            and not (0 < self.rope_low_freq_factor < self.rope_high_freq_factor)
+        ):
+            raise ConfigError(
+                f"`model.rope_low_freq_factor` ({self.rope_low_freq_factor}) must be positive "
+                f"and below `model.rope_high_freq_factor` ({self.rope_high_freq_factor})."
+            )
+        if any(v not in (0, 1) for v in self.window_pattern):
+            raise ConfigError(
+                f"`model.window_pattern` ({self.window_pattern!r}) must hold 0 (full attention) "
+                "and 1 (windowed) per layer."
+            )
+        if self.moe.enabled and self.feed_forward != "swiglu":
+            raise ConfigError(
+                f"`model.feed_forward` ({self.feed_forward!r}): MoE experts are plain SwiGLU "
+                "(`mlperf_tf.layers.moe`); use 'swiglu' with `model.moe.num_experts` > 0."
+            )
+
+    # ---- per layer -----------------------------------------------------------------------------
+    def layer_window(self, index: int) -> int:
+        """Keys a query of layer `index` (0-based) sees, itself included (0: the whole causal
+        prefix). Megatron's `is_layer_window_attention` with an int `window_attn_skip_freq`:
+        layer number `index + 1` is full when it is a multiple of the frequency; with a
+        `window_pattern`, its entry `index % len(pattern)` says. A subclass may override this
+        for another pattern."""
+        if not self.sliding_window:
+            return 0
+        if self.window_pattern:
+            return (
+                self.sliding_window if self.window_pattern[index % len(self.window_pattern)] else 0
+            )
+        if self.window_skip_freq and (index + 1) % self.window_skip_freq == 0:
+            return 0
+        return self.sliding_window
+
+    @property
+    def output_init_std(self) -> float:
+        """Init std of the o and down projections (Megatron: std / sqrt(2 layers) when scaled)."""
+        if not self.scaled_output_init:
+            return self.initializer_range
+        return self.initializer_range / (2.0 * self.num_hidden_layers) ** 0.5
+
+    # ---- sizes ---------------------------------------------------------------------------------
+    def attention_parameters(self) -> int:
+        """Weights of one attention layer (q, k, v, o; biases, QK-norm scales, sinks)."""
+        h, d = self.hidden_size, self.head_dim
+        q, kv = self.num_attention_heads * d, self.num_key_value_heads * d
+        count = 2 * h * q + 2 * h * kv
+        if self.attention_bias:
+            count += q + 2 * kv + h
+        if self.qk_norm:
+            count += 2 * d
+        if self.attention_sinks:
+            count += self.num_attention_heads
+        return count
+
+    def dense_feed_forward_parameters(self) -> int:
+        """Weights of one dense SwiGLU block (gate, up, down; biases)."""
+        h, f = self.hidden_size, self.intermediate_size
+        return 3 * h * f + ((2 * f + h) if self.mlp_bias else 0)
+
+    def moe_layer_parameters(self) -> int:
+        """Weights of one MoE feed-forward layer (router and every expert)."""
+        return self.moe.layer_parameters(
+            hidden_size=self.hidden_size, filter_size=self.intermediate_size, expert_mlp="swiglu"
+        )
+
+    def moe_active_parameters(self) -> int:
+        """Weights one token multiplies in an MoE layer: the router and its top-k experts."""
+        f = self.moe.filter_size or self.intermediate_size
+        return self.hidden_size * self.moe.num_experts + self.moe.top_k * 3 * self.hidden_size * f
+
+    def parameter_count(self) -> int:
+        """Parameters of this shape, from the config alone (no weights are allocated)."""
+        h = self.hidden_size
+        per_layer = self.attention_parameters() + 2 * h
+        moe_layers = self.moe.count(self.num_hidden_layers)
+        dense_layers = self.num_hidden_layers - moe_layers
+        embeddings = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
+        return (
+            self.num_hidden_layers * per_layer
+            + dense_layers * self.dense_feed_forward_parameters()
+            + moe_layers * self.moe_layer_parameters()
+            + embeddings
+            + h
+        )
+
+    def active_parameter_count(self) -> int:
+        """Parameters one token uses: `parameter_count` with each MoE layer's experts cut to the
+        router and the top-k (the embedding counted, as GPT-OSS's model card counts it)."""
+        moe_layers = self.moe.count(self.num_hidden_layers)
+        return self.parameter_count() - moe_layers * (
+            self.moe_layer_parameters() - self.moe_active_parameters()
+        )
+
+    def training_flops(self, seq: int) -> float:
+        """Training FLOPs of one sequence of `seq` tokens (a multiply-add is 2; 3x forward).
+
+        Forward: 2 FLOPs per weight of every projection (q, k, v, o, gate, up, down, output;
+        the input embedding is a lookup, biases and norms are not counted) per token, plus
+        attention's two products per layer, scores and context, each 2 x seq x seq x heads x
+        head_dim per sequence: the full square, as the model computes it (masked, not skipped,
+        windowed layers too). An MoE layer counts its router and top-k experts only.
+        """
+        h, d = self.hidden_size, self.head_dim
+        q, kv = self.num_attention_heads * d, self.num_key_value_heads * d
+        moe_layers = self.moe.count(self.num_hidden_layers)
+        dense_layers = self.num_hidden_layers - moe_layers
+        projections = (
+            self.num_hidden_layers * (2 * h * q + 2 * h * kv)
+            + dense_layers * 3 * h * self.intermediate_size
+            + moe_layers * self.moe_active_parameters()
+            + self.vocab_size * h  # the output projection (tied or not)
+        )
+        attention = 4.0 * seq * seq * self.num_attention_heads * d * self.num_hidden_layers
+        return 3.0 * (2.0 * seq * projections + attention)

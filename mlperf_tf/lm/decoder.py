@@ -1,0 +1,186 @@
+"""Provides `DecoderBlock` and `DecoderModel`: a decoder-only language model assembled from a
+`DecoderConfig` (embedding, pre-norm blocks of attention and a dense or MoE feed-forward, final
+norm, tied or untied output projection), and `build_decoder`, which builds its weights without a
+forward pass (a forward pass under model or expert parallelism needs replica context).
+
+Layout (Hugging Face `LlamaForCausalLM`, Megatron's GPT): `x + attention(norm(x))`, then
+`x + ffn(norm(x))`; norms, the softmax and the loss compute in float32 under a mixed policy.
+Tensor parallelism (the ambient mesh's `model` axis, M > 1): a vocabulary-parallel embedding,
+attention and feed-forward split as Megatron splits them, and a column-parallel output
+projection (or, tied, the embedding's own [vocab/M, hidden] rows) whose logits are this
+shard's [batch, seq, vocab/M]: the loss is `mlperf_tf.lm.loss.token_cross_entropy`, which never
+gathers them. The RMS norms are replicated. No constructor takes a mesh: the layers read the
+ambient one (`mlperf_tf.parallel.current_mesh()`) when they are made.
+"""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+from mlperf_tf.layers import moe as moe_lib
+from mlperf_tf.layers.matmul import token_matmul
+from mlperf_tf.layers.tensor_parallel import ModelAxis, VocabParallelEmbedding
+from mlperf_tf.lm.attention import Attention
+from mlperf_tf.lm.config import DecoderConfig
+from mlperf_tf.lm.feed_forward import FeedForward, moe_feed_forward
+from mlperf_tf.lm.layers import Linear, RMSNorm
+from mlperf_tf.lm.rope import RotaryEmbedding
+from mlperf_tf.parallel.context import current_mesh
+from mlperf_tf.parallel.layout import check_divides
+
+
+class DecoderBlock(keras.layers.Layer):
+    """One pre-norm block: x + attention(norm(x)), then + ffn(norm(x)).
+
+    Block `index` has an MoE feed-forward layer when `config.moe.is_moe(index)`
+    (`moe_feed_forward`), else a dense `FeedForward`; its attention window is
+    `config.layer_window(index)`. MoE stats go to the call's `aux` (a `moe.Collector`, or None).
+    Sublayers: `attention_norm`, `attention`, `mlp_norm`, `mlp` (their checkpoint keys).
+    """
+
+    def __init__(self, config: DecoderConfig, *, index: int = 0,
+                 moe_group_size: int | None = None, collective_timeout_s: float = 0.0,
+                 **kwargs):  # fmt: skip
+        super().__init__(**kwargs)
+        self.index = index
+        self.attention_norm = RMSNorm(config.rms_norm_eps, name="attention_norm")
+        self.attention = Attention.from_config(config, index, name="attention")
+        self.mlp_norm = RMSNorm(config.rms_norm_eps, name="mlp_norm")
+        if config.moe.is_moe(index):
+            self.mlp = moe_feed_forward(
+                config, group_size=moe_group_size, collective_timeout_s=collective_timeout_s
+            )
+        else:
+            self.mlp = FeedForward.from_config(config, name="mlp")
+
+    @property
+    def is_moe(self) -> bool:
+        return isinstance(self.mlp, moe_lib.MoEFeedForward)
+
+    def build(self, input_shape):
+        hidden = (None, None, input_shape[-1])
+        self.attention_norm.build(hidden)
+        self.attention.build(hidden)
+        self.mlp_norm.build(hidden)
+        self.mlp.build(hidden)
+        self.built = True
+
+    def call(self, x, cos, sin, training=False, aux=None):
+        x = x + self.attention(self.attention_norm(x), cos, sin)
+        if not self.is_moe:
+            return x + self.mlp(self.mlp_norm(x))
+        y, stats = self.mlp(self.mlp_norm(x), training=training)
+        if aux is not None:
+            aux.add(self.mlp, stats)
+        return x + y
+
+
+class DecoderModel(keras.Model):
+    """Token ids [batch, seq] (int) -> next-token logits [batch, seq, vocab] (compute dtype).
+
+    Sublayers: `token_embedding` (weight `embeddings` [vocab, hidden]), `decoder_layers`,
+    `final_norm`, and `lm_head` (kernel [hidden, vocab]) unless `config.tie_word_embeddings`.
+
+    Args:
+      config: the model's shape and options.
+      moe_group_size: static tokens per replica for the MoE training capacity (None: each
+        batch's count; expert parallelism needs it).
+      collective_timeout_s: seconds an expert-parallel MoE layer's all-to-all may wait (0: no
+        limit; the runner's `--collective_timeout`).
+
+    Raises:
+      UserError: the ambient mesh's `model` axis does not divide the heads, the feed-forward
+        width or the vocabulary.
+    """
+
+    def __init__(self, config: DecoderConfig, *, moe_group_size: int | None = None,
+                 collective_timeout_s: float = 0.0, **kwargs):  # fmt: skip
+        super().__init__(**kwargs)
+        self.config = config
+        c = config
+        mesh = current_mesh()
+        if mesh is not None:
+            check_divides(
+                mesh, **{"model.num_attention_heads": c.num_attention_heads,
+                         "model.intermediate_size": c.intermediate_size,
+                         "model.vocab_size": c.vocab_size}
+            )  # fmt: skip
+        self.axis = ModelAxis(None, self)
+        self.token_embedding = VocabParallelEmbedding(
+            c.vocab_size, c.hidden_size,
+            embeddings_initializer=keras.initializers.RandomNormal(stddev=c.initializer_range),
+            name="token_embedding",
+        )  # fmt: skip
+        self.decoder_layers = [
+            DecoderBlock(
+                c,
+                index=i,
+                moe_group_size=moe_group_size,
+                collective_timeout_s=collective_timeout_s,
+                name=f"decoder_{i}",
+            )  # fmt: skip
+            for i in range(c.num_hidden_layers)
+        ]
+        self.final_norm = RMSNorm(c.rms_norm_eps, name="final_norm")
+        if not c.tie_word_embeddings:
+            self.lm_head = Linear(
+                c.vocab_size, stddev=c.initializer_range, parallel="column", name="lm_head"
+            )
+        self.rotary = RotaryEmbedding.from_config(c)
+
+    def build(self, input_shape=None):
+        """Creates every weight in forward order, without a forward pass."""
+        hidden = (None, None, self.config.hidden_size)
+        self.token_embedding.build((None, None))
+        for layer in self.decoder_layers:
+            layer.build(hidden)
+        self.final_norm.build(hidden)
+        if not self.config.tie_word_embeddings:
+            self.lm_head.build(hidden)
+        self.built = True
+
+    def rotary_tables(self, seq) -> tuple[tf.Tensor, tf.Tensor]:
+        """(cos, sin) [seq, head_dim] in float32 for positions 0..seq-1."""
+        return self.rotary.tables(seq)
+
+    @property
+    def moe_layers(self) -> list:
+        """The MoE feed-forward layers, in block order (the order of a `moe.Collector`)."""
+        return [layer.mlp for layer in self.decoder_layers if layer.is_moe]
+
+    def hidden_states(self, token_ids, training=False, aux=None):
+        """The final-norm output [batch, seq, hidden]. No dropout; `training` sets the MoE
+        layers' capacity factor. `aux`: a `moe.Collector`, or None."""
+        x = self.token_embedding(token_ids)
+        seq = token_ids.shape[1] if token_ids.shape[1] is not None else tf.shape(token_ids)[1]
+        cos, sin = self.rotary_tables(seq)
+        for layer in self.decoder_layers:
+            x = layer(x, cos, sin, training=training, aux=aux)
+        return self.final_norm(x)
+
+    def logits(self, states):
+        """Logits of final-norm states [..., hidden]: this shard's [..., vocab/M] (f on the
+        input: one all-reduce of its gradient over `model` backward)."""
+        states = self.axis.copy(states)
+        if self.config.tie_word_embeddings:
+            table = tf.cast(self.token_embedding.embeddings, self.compute_dtype)
+            return token_matmul(states, table, transpose_b=True)
+        return self.lm_head(states)
+
+    def call(self, token_ids, training=False, aux=None):
+        """Logits [batch, seq, vocab] (this shard's [..., vocab/M] under model parallelism);
+        the MoE layers' stats go to `aux` (a `moe.Collector`, or None)."""
+        return self.logits(self.hidden_states(token_ids, training=training, aux=aux))
+
+
+def build_decoder(config: DecoderConfig, *, moe_group_size: int | None = None,
+                  collective_timeout_s: float = 0.0, name: str = "decoder") -> DecoderModel:  # fmt: skip
+    """A built `DecoderModel` (weights created in forward order by `build`, under the ambient
+    mesh; no forward pass)."""
+    model = DecoderModel(
+        config, moe_group_size=moe_group_size, collective_timeout_s=collective_timeout_s,
+        name=name,
+    )  # fmt: skip
+    model.build((None, None))
+    return model
