@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 from compliance import logfile
 from compliance.options import DEFAULT_JOBS, DEFAULT_TIMEOUT_S, QUALITY_MODES
+from mlperf_tf import paths
 from mlperf_tf.errors import UserError
 
 EXIT_PASS = 0
@@ -250,6 +251,7 @@ def _run_report(args: argparse.Namespace) -> int:
 
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise UserError(f"--out {args.out!r} is a file, not a folder")
+    paths.try_output_dir(args.out, "--out")  # tried: as root, permission bits say yes to /proc
     written = report.write_reports(args.logs, args.out, jobs=args.jobs, **_check_kwargs(args))
     for item in written:
         if isinstance(item, UserError):

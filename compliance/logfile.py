@@ -134,10 +134,20 @@ def _open_checked(path: str):
         raise UserError(f"{path}: cannot read: {error.strerror or error}") from None
     if stat.S_ISDIR(info.st_mode):
         raise UserError(f"{path}: is a directory, not a log file")
+    if not stat.S_ISREG(info.st_mode):  # a FIFO would block, /dev/zero never end
+        raise UserError(f"{path}: is not a regular file (a FIFO, device or socket)")
     try:
-        return open(path, encoding="latin-1", newline=None), info  # noqa: SIM115
+        # Opened without blocking, then judged on what was opened: a file swapped for a FIFO
+        # between the stat and the open must not hang the check.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as error:
         raise UserError(f"{path}: cannot read: {error.strerror or error}") from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise UserError(f"{path}: is not a regular file (a FIFO, device or socket)")
+    os.set_blocking(fd, True)
+    return open(fd, encoding="latin-1", newline=None), info  # noqa: SIM115
 
 
 def scan_log(

@@ -34,6 +34,7 @@ from typing import Any
 
 from absl import flags
 
+from mlperf_tf import splits
 from mlperf_tf.errors import UserError
 from mlperf_tf.runner.config import RunConfig, setting
 
@@ -290,6 +291,12 @@ def run(config: BenchConfig, run_settings: dict[str, Any], overrides: dict[str, 
         seed=run_settings["seed"],
         static_shapes=distribute.needs_static_shapes(strategy, xla=run_settings["xla"]),
     )
+    splits.check_batch_split(
+        synthetic_config,
+        data_groups=strategy.num_replicas_in_sync,
+        replicas=strategy.num_replicas_in_sync,
+        groups_from=f"--distribution={run_settings['distribution']}",
+    )
     benchmark = benchmark_class(synthetic_config).with_context(context)
     global_batch = synthetic_config.global_batch_size
     with strategy.scope():
@@ -410,8 +417,9 @@ def main(argv: list[str]) -> int:
     values = {name: flag_values[name].value for name in flag_values}
     config = BenchConfig(**{f.name: values[f.name] for f in dataclasses.fields(BenchConfig)})
     run_settings = {name: values[name] for name in SHARED_RUN_SETTINGS}
-    RunConfig(model_dir="unused", **run_settings)  # the run flags' own checks (choices, signs)
-    benchmark_config(config, overrides)  # a bad preset or config value fails before TF starts
+    run_config = RunConfig(model_dir="unused", **run_settings)  # the run flags' own checks
+    _, bench_config = benchmark_config(config, overrides)  # bad values fail before TF starts
+    splits.check_run_split(bench_config, run_config)  # where the replicas are known already
     if run_settings["distribution"] == "multi_worker" and not os.environ.get("TF_CONFIG"):
         # `run`'s message names --cluster_resolver, a flag bench does not have.
         raise UserError("--distribution=multi_worker needs TF_CONFIG to name the cluster")

@@ -101,6 +101,35 @@ def check_model_dir(model_dir: str) -> None:
         ) from None
 
 
+def check_readable(model_dir: str) -> None:
+    """Refuses a start whose checkpoints exist but none can be read, before any file is touched.
+
+    Reads each checkpoint's index (newest first) until one reads; `Checkpointer.restore` later
+    restores the newest that restores. So a folder whose every checkpoint is unreadable is refused
+    while its MLPerf log is still in place.
+
+    Raises:
+      CheckpointError: checkpoints exist in `<model_dir>/ckpt` and none of them can be read.
+    """
+    directory = os.path.join(model_dir, "ckpt")
+    if not os.path.isdir(directory):
+        return
+    failures = []
+    for path in candidates(directory):
+        try:
+            tf.train.load_checkpoint(path)
+            return
+        except _RESTORE_ERRORS as e:
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            failures.append(f"{os.path.basename(path)}: {reason}")
+    if failures:
+        raise CheckpointError(
+            f"--model_dir={model_dir!r}: no checkpoint in {directory} can be read "
+            f"({'; '.join(failures)[:300]}); move the folder away, or pass --restart to start "
+            "from step 0 (the old checkpoints are kept under a new name)"
+        )
+
+
 def _spans_hosts(strategy) -> bool:
     resolver = getattr(strategy, "cluster_resolver", None)
     if resolver is None or not getattr(resolver, "task_type", None):

@@ -72,7 +72,7 @@ def _run_command(argv: list[str], stderr_filter: console.StderrFilter | None = N
     from absl import logging as absl_logging
 
     from mlperf_tf import config as config_lib
-    from mlperf_tf import console, errors, preemption, registry, runlog, runner
+    from mlperf_tf import console, errors, paths, preemption, registry, runlog, runner
     from mlperf_tf import flags as run_flags
     from mlperf_tf.errors import UserError
 
@@ -122,10 +122,8 @@ def _run_command(argv: list[str], stderr_filter: console.StderrFilter | None = N
             if not os.path.isdir(config.data_dir):
                 print(f"Writing the mini dataset to {config.data_dir} ...", flush=True)
                 benchmark_class.prepare_mini(config.data_dir)
-        if config.data_dir and not (
-            os.path.isdir(config.data_dir) and os.access(config.data_dir, os.R_OK | os.X_OK)
-        ):
-            raise UserError(f"data_dir {config.data_dir!r} is not a readable folder")
+        if config.data_dir:  # listed, not inspected: as root, permission bits say yes
+            paths.check_input_dir(config.data_dir, "data_dir")
         run_config = run_flags.run_config_from_flags()
         benchmark = benchmark_class(config)  # the runner binds the run's RunContext
         runner.preflight(benchmark, run_config)  # bad input fails here, before any set-up

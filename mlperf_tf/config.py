@@ -9,6 +9,7 @@ import typing
 from collections.abc import Sequence
 from typing import Any
 
+from mlperf_tf import listflags
 from mlperf_tf.errors import UserError
 
 
@@ -204,7 +205,16 @@ def parse_value(text: str, annotation, key: str) -> Any:
                 return choice
         raise ConfigError(f"config key '{key}' must be one of {list(args)}, got {text!r}")
     if origin is tuple:
-        items = [t.strip() for t in text.strip("()[] ").split(",") if t.strip()]
+        # The one list split (mlperf_tf/listflags.py); spaces after commas are fine here (a tuple
+        # is often pasted from its repr), an empty element (`1,,2`) is not. `()` is empty.
+        inner = text.strip("()[] ")
+        items = [t.strip() for t in listflags.split_top_level(inner)]
+        if len(items) == 2 and items[0] and not items[1]:
+            items = items[:1]  # `(3,)`: Python's one-element tuple
+        if "" in items:
+            raise ConfigError(
+                f"config key '{key}': element {items.index('') + 1} of {text!r} is empty"
+            )
         item_type = args[0] if args else str
         return tuple(parse_value(item, item_type, key) for item in items)
     if annotation is bool:
@@ -221,9 +231,12 @@ def parse_value(text: str, annotation, key: str) -> Any:
             raise ConfigError(f"config key '{key}' expects an int, got {text!r}") from None
     if annotation is float:
         try:
-            return float(text)
+            value = float(text)
         except ValueError:
             raise ConfigError(f"config key '{key}' expects a float, got {text!r}") from None
+        if not math.isfinite(value):  # nan/inf mean nothing in a config; 0 is "off" where it is
+            raise ConfigError(f"config key '{key}' expects a finite number, got {text!r}")
+        return value
     if annotation is str:
         return text
     raise ConfigError(

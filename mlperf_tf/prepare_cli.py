@@ -17,27 +17,43 @@ import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from typing import NoReturn
 
+from mlperf_tf import paths
 from mlperf_tf.errors import UserError
 
 
 class ArgumentParser(argparse.ArgumentParser):
     """An argparse parser whose errors (a missing or malformed flag) are `UserError`s.
 
-    A parsed `--out_dir` is checked before any work: a file, or a folder under a file, is an error.
+    A parsed `--out_dir` is tried before any work (a file, a folder under a file, /proc: an error),
+    and the shared input flags (`INPUT_FILES`, `INPUT_DIRS`) are opened or listed.
     """
+
+    # The input flags of the benchmarks' conversions: each given one is opened (a file) or listed
+    # (a folder) before any work, so a FIFO, a device, a folder where a file is needed or an
+    # unreadable path is one line naming the flag, not a hang or a traceback midway.
+    INPUT_FILES = ("train_source", "train_target", "eval_source", "eval_target", "vocab_file",
+                   "val_labels", "bbox_csv")  # fmt: skip
+    INPUT_DIRS = ("raw_dir", "coco_dir", "c4_dir")
 
     def error(self, message: str) -> NoReturn:
         raise UserError(message)
 
     def parse_args(self, args=None, namespace=None):  # noqa: D102 - argparse's, plus the check
         parsed = super().parse_args(args, namespace)
+        for name in self.INPUT_FILES:
+            if getattr(parsed, name, None):
+                paths.open_input(getattr(parsed, name), f"--{name}").close()
+        for name in self.INPUT_DIRS:
+            if getattr(parsed, name, None):
+                paths.check_input_dir(getattr(parsed, name), f"--{name}")
         if getattr(parsed, "out_dir", None):
             check_out_dir(parsed.out_dir)
         return parsed
 
 
 def check_out_dir(path: str) -> None:
-    """Raises UserError when `path` cannot become a folder: it, or a folder above it, is a file."""
+    """Raises UserError when `path` cannot become a folder that takes files: it, or a folder above
+    it, is a file, or a write there fails (tried, then removed: nothing is left behind)."""
     probe = os.path.abspath(path)
     while probe and not os.path.exists(probe):
         parent = os.path.dirname(probe)
@@ -46,8 +62,7 @@ def check_out_dir(path: str) -> None:
         probe = parent
     if os.path.exists(probe) and not os.path.isdir(probe):
         raise UserError(f"--out_dir {path!r}: {probe!r} is a file, not a folder")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise UserError(f"--out_dir {path!r}: the folder {probe!r} is not writable")
+    paths.try_output_dir(path, "--out_dir")  # tried: as root, permission bits say yes to /proc
 
 
 def parser(name: str, description: str, *, mini_help: str) -> ArgumentParser:

@@ -50,9 +50,11 @@ def finished_note(cause: str, step: int, status: str) -> str:
 def resolve_path(mlperf_log: str, model_dir: str) -> str:
     """The log file of a run: `--mlperf_log`, a file inside it when it is a folder, or the default.
 
+    Whether it can be written is tried, not inspected, by `paths.try_output_file` (the runner's
+    preflight): as root, permission bits say yes to `/proc/x`.
+
     Raises:
-      UserError: the path's folder part is a file, or the path ends in a separator but is not a
-        folder that can be created.
+      UserError: the path's folder part is a file, or the path is not a regular file.
     """
     if not mlperf_log:
         return os.path.join(model_dir, LOG_NAME)
@@ -65,8 +67,6 @@ def resolve_path(mlperf_log: str, model_dir: str) -> str:
         probe = os.path.dirname(probe)
     if probe and not os.path.isdir(probe):
         raise UserError(f"--mlperf_log={mlperf_log!r}: {probe!r} is a file, not a folder")
-    if probe and not os.access(probe, os.W_OK | os.X_OK):
-        raise UserError(f"--mlperf_log={mlperf_log!r}: the folder {probe!r} is not writable")
     if os.path.exists(path) and not os.path.isfile(path):
         raise UserError(f"--mlperf_log={mlperf_log!r} is not a regular file")
     return path
@@ -185,3 +185,32 @@ def keep_previous(log_path: str, *, model_dir: str, restart: bool) -> str | None
 def _reached_run_start(path: str) -> bool:
     with open(path, encoding="utf-8", errors="replace") as f:
         return any(line.startswith(_RECORD) and '"run_start"' in line for line in f)
+
+
+def logged_benchmark(path: str) -> str:
+    """The `submission_benchmark` value in the log at `path` ("" when none or unreadable)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for number, line in enumerate(f):
+                if number > 10_000:
+                    break
+                if line.startswith(_RECORD) and '"submission_benchmark"' in line:
+                    try:
+                        return str(json.loads(line[len(_RECORD) :]).get("value", ""))
+                    except (ValueError, AttributeError):
+                        return ""
+    except OSError:
+        return ""
+    return ""
+
+
+def holds_a_run(log_path: str, model_dir: str) -> bool:
+    """Whether `model_dir` holds something a run would resume or keep: checkpoints, or a log that
+    reached `run_start`."""
+    checkpoint_dir = os.path.join(model_dir, "ckpt")
+    try:
+        if os.path.isdir(checkpoint_dir) and os.listdir(checkpoint_dir):
+            return True
+    except OSError:
+        return True  # unreadable: let the checks that read it say why
+    return os.path.isfile(log_path) and is_suite_log(log_path) and _reached_run_start(log_path)

@@ -33,6 +33,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from mlperf_tf import listflags
 from mlperf_tf.config import MAX_INT, MAX_NUMBER
 from mlperf_tf.errors import UserError
 
@@ -485,11 +486,23 @@ def run_sweep(
     preset_config = _preset(benchmark_class, spec.preset)
     target = spec.target if spec.target is not None else float(preset_config.quality_target)
     grid = cells(spec)
+    for key, values in spec.grid.items():  # each grid value alone first: the error names its flag
+        for value in values:
+            try:
+                config_lib.override(preset_config, {key: value})
+            except UserError as e:
+                raise UserError(f"--grid.{key}={value!r}: {e}") from None
     # Bad overrides and run flags fail here, before any cell runs.
     jobs = [(cell, *cell_overrides(spec, cell, preset_config)) for cell in grid]
-    for _, overrides, _ in jobs:
-        config_lib.override(preset_config, overrides)
-    run_config_for(spec.run_flags, model_dir=out, seed=0)
+    run_config = run_config_for(spec.run_flags, model_dir=out, seed=0)
+    from mlperf_tf import paths, splits
+
+    for cell, overrides, _ in jobs:
+        try:  # a batch the cell's replicas cannot split fails here, not in the cell's run
+            splits.check_run_split(config_lib.override(preset_config, overrides), run_config)
+        except UserError as e:
+            raise UserError(f"sweep cell {cell.name}: {e}") from None
+    paths.try_output_dir(out, "--out")
     _check_same_sweep(out, spec)
     _prepare_data(benchmark_class, spec, preset_config)
     failed = []
@@ -720,21 +733,9 @@ def _mean(values) -> float:
 
 
 def split_top_level(text: str) -> list[str]:
-    """Splits `text` at commas outside brackets: `(1,2),(3,4)` -> [`(1,2)`, `(3,4)`]."""
-    items, depth, current = [], 0, ""
-    for char in text:
-        if char in "([{":
-            depth += 1
-        elif char in ")]}":
-            depth -= 1
-        if char == "," and depth == 0:
-            items.append(current.strip())
-            current = ""
-        else:
-            current += char
-    if current.strip():
-        items.append(current.strip())
-    return items
+    """Splits `text` at commas outside brackets: `(1,2),(3,4)` -> [`(1,2)`, `(3,4)`] (the
+    lenient split of `--lr_rule`/`--lr_field`; list flags go through `listflags.parse_list`)."""
+    return [item.strip() for item in listflags.split_top_level(text) if item.strip()]
 
 
 def _per_optimizer(text: str) -> dict[str, str]:
@@ -761,9 +762,7 @@ def parse_args(argv: Sequence[str]) -> tuple[SweepSpec, str, bool]:
         if not arg.startswith("--") or not sep:
             raise UserError(f"sweep argument {arg!r} must look like --key=value")
         if key.startswith("grid."):
-            grid[key[len("grid.") :]] = tuple(split_top_level(value))
-            if not grid[key[len("grid.") :]]:
-                raise UserError(f"{arg}: give at least one value")
+            grid[key[len("grid.") :]] = listflags.parse_list(value, f"--{key}")
         elif key.startswith("config."):
             overrides[key[len("config.") :]] = value
         elif key.startswith("opt."):
@@ -783,10 +782,9 @@ def parse_args(argv: Sequence[str]) -> tuple[SweepSpec, str, bool]:
         raise UserError(f"--out={values['out']!r} is a file, not a folder")
 
     def numbers(key: str, kind):
-        try:
-            return tuple(kind(v) for v in split_top_level(values.get(key, "")))
-        except ValueError:
-            raise UserError(f"--{key}={values[key]!r} must be comma-separated numbers") from None
+        if key not in values:
+            return ()
+        return listflags.parse_list(values[key], f"--{key}", kind)
 
     try:
         epochs = float(values.get("epochs", 0))
@@ -799,7 +797,11 @@ def parse_args(argv: Sequence[str]) -> tuple[SweepSpec, str, bool]:
     spec = SweepSpec(
         benchmark=values.get("benchmark", ""),
         preset=values["preset"],
-        optimizers=tuple(split_top_level(values.get("optimizers", ""))) or ("",),
+        optimizers=(
+            listflags.parse_list(values["optimizers"], "--optimizers")
+            if "optimizers" in values
+            else ("",)
+        ),
         batch_sizes=batch_sizes or (0,),
         grid=grid,
         overrides=overrides,

@@ -125,6 +125,8 @@ def from_log(log_path: str, notes: list[dict] | None = None) -> dict[str, Any] |
     Returns:
       The breakdown dict, or None when the run has none (an older or crashed run).
     """
+    if not os.path.isfile(log_path):  # a FIFO would block, a device never end: no breakdown
+        return None
     if notes is None:
         notes = _comment_notes(log_path)
     for note in reversed(notes):

@@ -326,6 +326,7 @@ def test_bad_input_is_one_error_line_naming_the_flag(
     (tmp_path / "log.txt").write_text(_LOG)
     (tmp_path / "empty.txt").write_text("")
     (tmp_path / "binary.txt").write_bytes(bytes(range(256)) * 4)
+    (tmp_path / "raw").mkdir()  # an input folder that exists: the flag under test is the error
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("TF_CONFIG", raising=False)
     _stub_work(monkeypatch)
@@ -371,3 +372,382 @@ def test_every_command_has_cases():
     counts = {command: len(cases) for command, cases in ALL.items()}
     assert all(n >= 2 for n in counts.values()), counts
     assert sum(counts.values()) >= 250, counts
+
+
+# ==== property-based fuzzing (issue 43, item 6) ==================================================
+# Hypothesis draws, per command, a flag and a value that is wrong for it (a number out of its
+# range or not a number, a choice that is none, a list with an empty element, a duplicate, spaces
+# or a wrong type, a path no one can write or an input that is not a regular file) and asserts the
+# same contract as the table above. The commands run in this process with their work stubbed, so
+# an example costs milliseconds; the default run stays within about a minute, `-m slow` runs more.
+import contextlib  # noqa: E402
+import dataclasses  # noqa: E402
+import io  # noqa: E402
+import math  # noqa: E402
+import signal  # noqa: E402
+import tempfile  # noqa: E402
+import typing  # noqa: E402
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from mlperf_tf import config as config_lib  # noqa: E402
+from mlperf_tf import console  # noqa: E402
+from mlperf_tf.runner import config as run_config_lib  # noqa: E402
+
+FUZZ_EXAMPLES = int(os.environ.get("MLPERF_TF_FUZZ_EXAMPLES", "0")) or None
+_SETTINGS = dict(
+    deadline=None,
+    derandomize=True,  # the default suite is reproducible; `-m slow` explores more
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+# Words that are no number, boolean or choice anywhere in the suite (letters only, so never a
+# number; "inf"/"nan" and bool words are drawn where they are wrong, never by accident).
+_RESERVED = {"inf", "nan", "infinity", "true", "false", "yes", "no", "t", "f", "y", "n", "none",
+             "null", "on", "off", "auto"}  # fmt: skip
+WORDS = st.text(alphabet="abcdeghjkmpqrsuvwxz", min_size=1, max_size=8).filter(
+    lambda w: w.lower() not in _RESERVED
+)
+NOT_FINITE = st.sampled_from(["nan", "inf", "-inf", "NaN", "Infinity"])
+
+# Paths that no one can write (root included), and inputs that are no regular file.
+BAD_OUTPUTS = st.sampled_from(
+    ["/proc/x", "/sys/x", "/proc/x/y", "{tmp}/afile/x", "{tmp}/afile/x/y", "/dev/null/x"]
+)
+BAD_INPUTS = st.sampled_from(
+    ["{tmp}/fifo", "/dev/zero", "/dev/null", "{tmp}/nosuch", "{tmp}/afile/x", "/proc/self/nosuch"]
+)
+
+
+def bad_int(low: int | None = 0, high: int | None = 2**31 - 1) -> st.SearchStrategy[str]:
+    """Texts that are no integer in [low, high]."""
+    options = [WORDS, NOT_FINITE, st.sampled_from(["1.5", "2e", "--1", "1,2", ""])]
+    if low is not None:
+        options.append(st.integers(max_value=low - 1, min_value=low - 10**12).map(str))
+    if high is not None:
+        options.append(st.integers(min_value=high + 1, max_value=high + 10**30).map(str))
+    return st.one_of(*options)
+
+
+def bad_float(low: float | None = 0.0, high: float | None = 1e9, *, low_open=False):
+    """Texts that are no finite number in [low, high] (`low_open`: low itself is wrong too)."""
+    options = [WORDS, NOT_FINITE, st.sampled_from(["1..5", "e3", ""])]
+    if low is not None:
+        below = st.floats(max_value=low, exclude_max=not low_open, allow_nan=False)
+        options.append(below.filter(math.isfinite).map(repr))
+    if high is not None:
+        above = st.floats(min_value=high, exclude_min=True, allow_nan=False, allow_infinity=False)
+        options.append(above.map(repr))
+    return st.one_of(*options)
+
+
+def bad_choice(choices) -> st.SearchStrategy[str]:
+    return WORDS.filter(lambda w: w not in choices)
+
+
+def bad_list(good: st.SearchStrategy[str], *, wrong_type=WORDS) -> st.SearchStrategy[str]:
+    """A comma list of `good` elements with one fault: an empty element, a duplicate, spaces
+    around an element, or an element of the wrong type."""
+    items = st.lists(good, min_size=1, max_size=4, unique=True)
+
+    def corrupt(args):
+        values, fault, at, wrong = args
+        at %= len(values) + 1
+        if fault == "empty":
+            values = [*values[:at], "", *values[at:]]
+        elif fault == "duplicate":
+            values = [*values, values[at % len(values)]]
+        elif fault == "spaces":
+            i = at % len(values)
+            values = [*values[:i], f" {values[i]}", *values[i + 1 :]]
+        else:
+            values = [*values[:at], wrong, *values[at:]]
+        return ",".join(values)
+
+    faults = st.sampled_from(["empty", "duplicate", "spaces", "type"])
+    return st.tuples(items, faults, st.integers(0, 8), wrong_type).map(corrupt)
+
+
+POSITIVE_INTS = st.integers(1, 4096).map(str)
+
+
+# ---- each command's flags and their bad values -------------------------------------------------------
+def _run_flags() -> dict[str, st.SearchStrategy[str]]:
+    flags = {}
+    hints = typing.get_type_hints(run_config_lib.RunConfig)
+    for field in dataclasses.fields(run_config_lib.RunConfig):
+        name, kind = field.name, hints[field.name]
+        choices = field.metadata.get("choices")
+        if choices:
+            flags[name] = bad_choice(choices)
+        elif name in run_config_lib._BOUNDS:
+            low = 1 if name in run_config_lib._POSITIVE else 0
+            high = run_config_lib._BOUNDS[name]
+            flags[name] = (
+                bad_int(low, int(high)) if kind is int else bad_float(0.0, high, low_open=low == 1)
+            )
+        elif kind is bool:
+            flags[name] = WORDS
+    flags["model_dir"] = BAD_OUTPUTS
+    flags["mlperf_log"] = BAD_OUTPUTS
+    flags["mesh"] = st.one_of(WORDS, st.sampled_from(["0x2", "2x", "x2", "2x2x2", "-1x1"]))
+    flags["spatial_partition"] = st.one_of(WORDS, st.sampled_from(["0", "-1", "2x0", "1.5"]))
+    flags["ruleset"] = st.one_of(WORDS, st.sampled_from(["9.9.9", "1.0", "0.0.0"]))
+    return flags
+
+
+BENCH_SETTINGS_BAD = {
+    "warmup_steps": bad_int(1, 10**6),
+    "windows": bad_int(1, 10**6),
+    "steps_per_window": bad_int(1, 10**6),
+    "input_batches": bad_int(1, 10**6),
+    "peak_seconds": bad_float(0.0, 1e6),
+    "num_cpu_devices": bad_int(0, 1 << 20),
+    "startup_timeout_s": bad_float(0.0, 366 * 24 * 3600.0, low_open=True),
+    "seed": bad_int(0, 2**31 - 1),
+    "distribution": bad_choice(("auto", "one_device", "mirrored", "multi_worker", "tpu")),
+    "dtype": bad_choice(("fp32", "bf16", "fp16", "mixed_bfloat16", "mixed_float16")),
+}
+
+SWEEP_FLAGS = {
+    "batch_sizes": bad_list(POSITIVE_INTS),
+    "seeds": bad_list(st.integers(0, 99).map(str)),
+    "optimizers": bad_list(
+        st.sampled_from(["sgd", "lars", "adamw", "lamb"]), wrong_type=st.just("")
+    ),
+    "grid.max_epochs": bad_list(st.integers(1, 9).map(str)),
+    "epochs": bad_float(0.0, config_lib.MAX_NUMBER),
+    "target": NOT_FINITE,
+    "budget": bad_choice(("epochs", "target")),
+    "out": BAD_OUTPUTS,
+    "run.steps_per_loop": bad_int(1, 2**31 - 1),
+}
+
+SIM_FLAGS = {
+    # Whole nodes of 8 (a100-dgx): a list is refused for its fault, not for its chip counts.
+    "chips": st.one_of(
+        bad_list(st.integers(1, 512).map(lambda k: str(8 * k))),
+        st.integers(max_value=0, min_value=-(10**6)).map(str),
+        st.integers(min_value=(1 << 24) + 1, max_value=10**30).map(str),
+        WORDS,
+        NOT_FINITE,
+    ),
+    "global_batch": bad_int(1, 2**31 - 1),
+    "failed_chips": st.one_of(WORDS, st.integers(-(10**6), -1).map(str)),
+    "epochs": bad_float(0.0, 1e6, low_open=True),
+    "model_parallel": bad_int(1, 1 << 20),
+    "expert_parallel": bad_int(1, 1 << 20),
+    "spatial_partition": st.one_of(WORDS, st.sampled_from(["0", "-1", "2x0"])),
+    "all_reduce": bad_choice(("ring", "hierarchical", "torus2d")),
+    "wraparound": bad_choice(("auto", "on", "off")),
+    "plot": BAD_OUTPUTS.map(lambda p: p + ".png"),
+    "system_file": BAD_INPUTS,
+}
+
+CHECK_FLAGS = {
+    "jobs": bad_int(1, 1024),
+    "timeout": bad_float(0.0, 1e9, low_open=True),
+    "max-log-mb": bad_float(0.0, 1e9, low_open=True),
+    "max-line-kb": bad_float(0.0, 1e9, low_open=True),
+    "quality": bad_choice(("enforce", "skip")),
+    "ruleset": st.one_of(WORDS, st.sampled_from(["9.9.9", "0.0.0"])),
+}
+
+DATA_SERVICE_FLAGS = {
+    "port": bad_int(0, 65535),
+    "workers": bad_int(0, 1024),
+    "worker_timeout_s": bad_float(0.0, 366 * 24 * 3600.0),
+    "dispatcher": st.one_of(WORDS, st.sampled_from(["grpc://", "grpc://h:x", "grpc://h:-1"])),
+}
+
+PREPARE_FLAGS = {
+    "train_shards": bad_int(1, 10**6),
+    "eval_shards": bad_int(1, 10**6),
+    "num_workers": bad_int(1, 1024),
+    "out_dir": BAD_OUTPUTS,
+    "raw_dir": st.sampled_from(["{tmp}/afile", "{tmp}/nosuch", "/proc/self/nosuch"]),
+    "val_labels": BAD_INPUTS,
+    "bbox_csv": BAD_INPUTS,
+}
+
+# command -> (base argv, {flag: bad values}, how the flag is written)
+COMMANDS = {
+    "run": (("run", "--benchmark=resnet50", "--preset=smoke", "--model_dir={tmp}/m"), _run_flags()),
+    "bench": (("bench", "--benchmark=resnet50", "--preset=smoke"), BENCH_SETTINGS_BAD),
+    "sweep": (("sweep", "--benchmark=resnet50", "--preset=smoke", "--out={tmp}/s"), SWEEP_FLAGS),
+    "simulate": (("simulate", "--benchmark=resnet50", "--system=a100-dgx", "--chips=8"), SIM_FLAGS),
+    "check": (("check", "{tmp}/log.txt"), CHECK_FLAGS),
+    "score": (("score", "{tmp}/runs"), {k: CHECK_FLAGS[k] for k in ("jobs", "timeout")}),
+    "report": (("report", "{tmp}/log.txt", "--out={tmp}/r"), {**CHECK_FLAGS, "out": BAD_OUTPUTS}),
+    "prepare": (("prepare", "resnet50", "--out_dir={tmp}/d", "--raw_dir={tmp}/raw"), PREPARE_FLAGS),
+    "data-service": (("data-service",), DATA_SERVICE_FLAGS),
+}
+# Examples per command in the default run: about 25 s in all on an idle 2-core machine (each
+# example is a command run in this process with its work stubbed; `-m slow` runs 10x as many).
+EXAMPLES = {"run": 150, "bench": 60, "sweep": 80, "simulate": 150, "check": 50, "score": 30,
+            "report": 50, "prepare": 60, "data-service": 40, "config": 250}  # fmt: skip
+
+
+def _flag_case(command):
+    base, flags = COMMANDS[command]
+    names = sorted(flags)
+    return st.sampled_from(names).flatmap(
+        lambda name: flags[name].map(
+            lambda value: ([*base, f"--{name}={value}"], name.rsplit(".", 1)[-1])
+        )
+    )
+
+
+# ---- `--config.KEY=VALUE` of every benchmark -------------------------------------------------------
+_BOOL_WORDS = {"true", "false", "1", "0", "yes", "no"}
+
+
+def _bad_for_type(annotation) -> st.SearchStrategy[str] | None:
+    """Values that are the wrong type for a config field of `annotation` (None: any text fits)."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Literal:
+        return bad_choice({str(a) for a in args})
+    if origin is tuple:
+        item = args[0] if args else str
+        if item in (int, float):
+            return bad_list(st.integers(1, 9).map(str)).filter(lambda t: ",," in t or "x" in t)
+        return None
+    if annotation is bool:
+        return WORDS.filter(lambda w: w.lower() not in _BOOL_WORDS)
+    if annotation is int:
+        return st.one_of(WORDS, st.sampled_from(["1.5", "nan", "inf", "1e3", ""]))
+    if annotation is float:
+        return st.one_of(WORDS, NOT_FINITE, st.sampled_from(["1..5", ""]))
+    return None
+
+
+def _config_cases() -> list[tuple[str, str, st.SearchStrategy[str]]]:
+    """(benchmark, key, bad values) for every typed config field of every benchmark's smoke preset."""
+    from mlperf_tf import registry
+
+    cases = []
+    for name in sorted(os.listdir(os.path.join(os.path.dirname(cli.__file__), "..", "benchmarks"))):
+        if name.startswith(("_", ".")) or name not in registry.available():
+            continue
+        config = registry.get(name).preset("smoke")
+        for key in config_lib.field_paths(config):
+            owner = config
+            *parents, leaf = key.split(".")
+            for part in parents:
+                owner = getattr(owner, part)
+            bad = _bad_for_type(typing.get_type_hints(type(owner)).get(leaf))
+            if bad is not None:
+                cases.append((name, key, bad))
+    return cases
+
+
+CONFIG_CASES = _config_cases()
+
+
+def _config_case():
+    return st.sampled_from(range(len(CONFIG_CASES))).flatmap(
+        lambda i: CONFIG_CASES[i][2].map(
+            lambda value: (
+                [
+                    "run",
+                    f"--benchmark={CONFIG_CASES[i][0]}",
+                    "--preset=smoke",
+                    "--model_dir={tmp}/m",
+                    f"--config.{CONFIG_CASES[i][1]}={value}",
+                ],  # fmt: skip
+                CONFIG_CASES[i][1].rsplit(".", 1)[-1],
+            )
+        )
+    )
+
+
+# ---- the property ------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def _deadline(seconds=30):
+    def expired(*_):
+        raise TimeoutError(f"no answer within {seconds} s: the command hung")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _fuzz_folder(root):
+    os.makedirs(os.path.join(root, "runs"))
+    os.makedirs(os.path.join(root, "raw"))
+    with open(os.path.join(root, "runs", "result_0.txt"), "w") as f:
+        f.write(_LOG)
+    with open(os.path.join(root, "afile"), "w") as f:
+        f.write("a file, not a folder\n")
+    with open(os.path.join(root, "log.txt"), "w") as f:
+        f.write(_LOG)
+    os.mkfifo(os.path.join(root, "fifo"))
+
+
+def check_one_error(argv, needle, monkeypatch):
+    """Runs `argv` in this process: exit 2, one `error:` line naming `needle`, no traceback, nothing
+    changed in its folder (the working directory) or outside it."""
+    with tempfile.TemporaryDirectory() as tmp:
+        _fuzz_folder(tmp)
+        argv = [arg.replace("{tmp}", tmp) for arg in argv]
+        before = _tree(tmp)
+        err = io.StringIO()
+        with monkeypatch.context() as patch:
+            patch.chdir(tmp)
+            patch.delenv("TF_CONFIG", raising=False)
+            _stub_work(patch)
+            # The TF start-up noise filter is a child process per command (0.2 s each); the
+            # messages under test are Python's own, which `redirect_stderr` catches.
+            patch.setattr(console, "quiet_stderr", lambda argv: None)
+            with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+                with _deadline():
+                    try:
+                        code = cli.main(argv)
+                    except SystemExit as e:
+                        code = e.code
+        text = err.getvalue()
+        assert "Traceback" not in text, text
+        errors = [line for line in text.splitlines() if line.startswith("error:")]
+        assert code == 2, f"{argv}: exit {code}: {text}"
+        assert len(errors) == 1, f"{argv}: {text}"
+        assert needle in errors[0], f"{argv}: {errors[0]}"
+        assert _tree(tmp) == before, f"{argv}: a file was created or changed"
+    for outside in ("/proc/x", "/sys/x"):
+        assert not os.path.exists(outside)
+
+
+def _fuzz_test(command, examples, *, derandomize=True):
+    strategy = _config_case() if command == "config" else _flag_case(command)
+
+    @settings(max_examples=FUZZ_EXAMPLES or examples, **{**_SETTINGS, "derandomize": derandomize})
+    @given(case=strategy)
+    def test(case, monkeypatch):
+        argv, needle = case
+        check_one_error(argv, needle, monkeypatch)
+
+    return test
+
+
+@pytest.mark.parametrize("command", sorted(EXAMPLES))
+def test_fuzzed_bad_values_are_one_error_line_naming_the_flag(command, monkeypatch):
+    _fuzz_test(command, EXAMPLES[command])(monkeypatch=monkeypatch)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", sorted(EXAMPLES))
+def test_fuzzed_bad_values_many_examples(command, monkeypatch):
+    """The same property with 10x the examples, not derandomized."""
+    _fuzz_test(command, EXAMPLES[command] * 10, derandomize=False)(monkeypatch=monkeypatch)
+
+
+def test_the_fuzzer_covers_every_command_and_every_benchmarks_config():
+    commands = set(COMMANDS) | {"config"}
+    assert commands == set(EXAMPLES)
+    benchmarks = {name for name, _, _ in CONFIG_CASES}
+    assert {"resnet50", "ssd", "transformer", "bert", "llama31_8b"} <= benchmarks, benchmarks
+    assert len(CONFIG_CASES) >= 100, len(CONFIG_CASES)

@@ -447,3 +447,25 @@ def run_workers(command: Sequence[str], count: int, *, timeout_s: float) -> list
         for proc in procs:
             kill_session(proc)
     return results
+
+
+def comma_list(parser: argparse.ArgumentParser, text: str, flag: str, kind=str) -> list:
+    """`listflags.parse_list` (no empty elements, spaces, wrong types or duplicates) for a tool."""
+    from mlperf_tf import listflags  # noqa: PLC0415
+    from mlperf_tf.errors import UserError  # noqa: PLC0415
+
+    try:
+        return list(listflags.parse_list(text, flag, kind))
+    except UserError as e:
+        parser.error(str(e))
+
+
+def output_dir(parser: argparse.ArgumentParser, path: str, flag: str) -> None:
+    """`paths.try_output_dir` for a tool: the folder is tried (created, written, put back)."""
+    from mlperf_tf import paths  # noqa: PLC0415
+    from mlperf_tf.errors import UserError  # noqa: PLC0415
+
+    try:
+        paths.try_output_dir(path, flag)
+    except UserError as e:
+        parser.error(str(e))

@@ -28,11 +28,14 @@ from mlperf_tf import (
     collectives,
     distribute,
     errors,
+    paths,
     peers,
     precision,
     preemption,
     rounds,
     runlog,
+    runrecord,
+    splits,
 )
 from mlperf_tf.benchmark import Benchmark, EvalPoint, RunContext
 from mlperf_tf.data.pipeline import translate_errors
@@ -99,13 +102,25 @@ def run(
     if stop_request is not None:
         stop_request.reclaim_signals()  # TF's coordination service may have taken SIGTERM
     chief = distribute.is_chief(strategy)
+    # Everything that can refuse the start is decided before the old log is moved or a new one
+    # opened: the batch split over this strategy's data groups, the checkpoints' readability.
+    if not distribute.is_tpu(strategy):
+        splits.check_run_split(
+            benchmark.config,
+            run_config,
+            strategy.num_replicas_in_sync,
+            f"--distribution={run_config.distribution}",
+        )
     checkpoints.check_model_dir(run_config.model_dir)
+    if not run_config.restart:
+        checkpoints.check_readable(run_config.model_dir)
     if chief:
         kept = runlog.keep_previous(
             log_path, model_dir=run_config.model_dir, restart=run_config.restart
         )
         if kept:
             logging.info("Kept the previous MLPerf log as %s", kept)
+        runrecord.write(run_config.model_dir, runrecord.describe(benchmark))
     mllog = MLPerfLogger(log_path, enabled=chief, echo=run_config.echo_mlperf_log)
     try:
         controller = Controller(
@@ -123,8 +138,9 @@ def run(
 
 
 def preflight(benchmark: Benchmark, run_config: RunConfig) -> RunConfig:
-    """The checks of a run that need no strategy and touch no file; `run_config` with its
-    division decided. `run` calls it first; the CLI calls it before its signal handlers, so that
+    """The checks of a run that need no strategy and change no file (output paths are tried and
+    left as they were; the folder's run record is compared); `run_config` with its division
+    decided. `run` calls it first; the CLI calls it before its signal handlers, so that
     bad input is one line there, before any set-up.
 
     Raises:
@@ -144,6 +160,18 @@ def preflight(benchmark: Benchmark, run_config: RunConfig) -> RunConfig:
         spatial_partition=run_config.spatial_partition,
     )
     run_config = _resolve_division(benchmark, run_config, ruleset)
+    splits.check_run_split(benchmark.config, run_config)  # where the replicas are known already
+    paths.try_output_dir(run_config.model_dir, "--model_dir")
+    paths.try_output_file(run_config.mlperf_log_path, "--mlperf_log")
+    if not run_config.restart and runlog.holds_a_run(
+        run_config.mlperf_log_path, run_config.model_dir
+    ):
+        asked = {**runrecord.describe(benchmark), "mlperf_benchmark": benchmark.mlperf_benchmark}
+        runrecord.check_same_run(
+            run_config.model_dir,
+            asked,
+            logged_benchmark=runlog.logged_benchmark(run_config.mlperf_log_path),
+        )
     runlog.check_before_start(
         run_config.mlperf_log_path,
         model_dir=run_config.model_dir,

@@ -8,6 +8,7 @@ import math
 import os
 import sys
 
+from mlperf_tf import listflags, paths
 from mlperf_tf.errors import UserError
 from mlperf_tf.simulate import model, parallelism, systems
 
@@ -71,13 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _int_list(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer or a comma list") from None
-    if not values:
-        raise argparse.ArgumentTypeError("no chip count given")
-    return values
+    return list(listflags.parse_list(text, "--chips", int))
 
 
 def _table(results: list[model.Result]) -> str:
@@ -134,8 +129,7 @@ def _check_plot_path(path: str) -> None:
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise UserError(f"--plot {path!r}: the folder {folder!r} does not exist")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise UserError(f"--plot {path!r}: the folder {folder!r} is not writable")
+    paths.try_output_file(path, "--plot")  # tried: as root, permission bits say yes to /proc
 
 
 def main(argv: list[str]) -> int:

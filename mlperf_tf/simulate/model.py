@@ -210,6 +210,7 @@ def simulate(
             f"--failed_chips needs a torus/mesh system; '{system.name}' is {system.kind}"
         )
     working = chips - failed_chips
+    batch_given = global_batch is not None
     if global_batch is None:
         per_chip_default = system.per_chip_batch.get(
             benchmark, system.per_chip_batch.get("default", 0)
@@ -227,6 +228,13 @@ def simulate(
     if global_batch < groups:
         what = "working chips" if split == 1 else f"data-parallel groups ({working} / {split})"
         raise UserError(f"--global_batch ({global_batch}) is smaller than the {groups} {what}")
+    # With holes (--failed_chips) the failed chips' samples move to others: uneven by design.
+    if global_batch % groups and batch_given and not failed_chips:
+        what = "working chips" if split == 1 else f"data-parallel groups ({working} / {split})"
+        raise UserError(
+            f"--global_batch ({global_batch}) does not split evenly over the {groups} {what}: "
+            f"use a multiple of {groups}"
+        )
     flops = float(facts["training_flops_per_sample"])
     params = float(facts["trainable_parameters"])
     expert_params = 0.0

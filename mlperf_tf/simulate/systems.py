@@ -370,13 +370,9 @@ def available() -> list[str]:
 
 def load_file(path: str) -> System:
     """Reads a system from a JSON or YAML file (by extension; JSON otherwise)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except OSError as e:
-        raise UserError(f"--system_file {path!r} cannot be read: {e.strerror}") from None
-    except UnicodeDecodeError:
-        raise UserError(f"--system_file {path!r} is not a text file (JSON or YAML)") from None
+    from mlperf_tf import paths
+
+    text = paths.read_input(path, "--system_file")  # a FIFO or /dev/zero is refused, not read
     try:
         if path.endswith((".yaml", ".yml")):
             import yaml

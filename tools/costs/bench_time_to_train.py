@@ -32,6 +32,9 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from tools import harness as tool_args  # noqa: E402
+
 # The eval (epoch_num: epochs, or samples for BERT) at which each mini preset usually first reaches
 # its target (README tables of the presets); the fixed work runs to that eval's step.
 FIRST_GOOD_EVAL = {
@@ -135,7 +138,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.pairs <= 0:
         parser.error(f"--pairs ({args.pairs}) must be positive")
-    names = [n for n in args.presets.split(",") if n]
+    names = tool_args.comma_list(parser, args.presets, "--presets")
+    tool_args.output_dir(parser, args.out, "--out")
     unknown = sorted(set(names) - set(FIRST_GOOD_EVAL))
     if unknown:
         parser.error(f"--presets: unknown {unknown} (known: {', '.join(FIRST_GOOD_EVAL)})")

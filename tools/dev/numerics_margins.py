@@ -19,6 +19,9 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from tools import harness as tool_args  # noqa: E402
+
 SETTINGS = {
     "default": {},
     "avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2"},
@@ -61,11 +64,15 @@ def main(argv=None) -> None:
     )
     args, pytest_args = parser.parse_known_args(argv)
     pytest_args = pytest_args or ["-m", "numerics and not slow"]
+    settings = tool_args.comma_list(parser, args.settings, "--settings")
+    unknown = sorted(set(settings) - set(SETTINGS))
+    if unknown:
+        parser.error(f"--settings: unknown {unknown} (known: {', '.join(SETTINGS)})")
+    if args.keep:
+        tool_args.output_dir(parser, args.keep, "--keep")
+        os.makedirs(args.keep, exist_ok=True)
     with tempfile.TemporaryDirectory() as log_dir:
-        results = {
-            setting: run(setting, pytest_args, log_dir, args.keep)
-            for setting in args.settings.split(",")
-        }
+        results = {setting: run(setting, pytest_args, log_dir, args.keep) for setting in settings}
     tests = set().union(*results.values())
     rows = sorted(tests, key=lambda t: -max(r.get(t, 0.0) for r in results.values()))
     print("share of tolerance used (1.0 fails): " + " ".join(f"{s:>10}" for s in results))

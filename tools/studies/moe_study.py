@@ -41,6 +41,9 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from tools import harness as tool_args  # noqa: E402
+
 MOE = (
     "--config.model.moe.num_experts=8",
     "--config.model.moe.every=2",
@@ -362,15 +365,13 @@ def main(argv=None) -> int:
     parser.add_argument("--report", action="store_true", help="only print the tables of --out")
     parser.add_argument("--mlperf_tf", default="", help="the CLI (default: next to python)")
     args = parser.parse_args(argv)
-    claims = [c for c in args.claims.split(",") if c]
+    claims = tool_args.comma_list(parser, args.claims, "--claims")
+    tool_args.output_dir(parser, args.out, "--out")
     table = variants(args)
     for claim in claims:
         if claim not in table:
             parser.error(f"--claims: unknown claim {claim!r} (known: a, b, c)")
-    try:
-        seeds = [int(s) for s in args.seeds.split(",") if s]
-    except ValueError:
-        parser.error(f"--seeds ({args.seeds}) must be integers separated by commas")
+    seeds = tool_args.comma_list(parser, args.seeds, "--seeds", int)
     for name in ("a_steps", "b_steps", "c_steps", "spike_ratio"):
         if getattr(args, name) <= 0:
             parser.error(f"--{name} ({getattr(args, name)}) must be positive")

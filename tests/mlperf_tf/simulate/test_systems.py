@@ -80,5 +80,5 @@ def test_bad_system_files_are_one_line_errors(tmp_path):
     partial.write_text(json.dumps({"name": "x", "peak_flops": 1}))
     with pytest.raises(UserError, match="lacks memory_bandwidth"):
         systems.load_file(str(partial))
-    with pytest.raises(UserError, match="cannot be read"):
+    with pytest.raises(UserError, match="missing.json' does not exist"):
         systems.load_file(str(tmp_path / "missing.json"))
