@@ -24,7 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 from mlperf_tf.benchmark import Benchmark, RunContext
-from mlperf_tf.parallel import mesh as parallel_mesh
+from mlperf_tf.parallel import input as parallel_input
 from mlperf_tf.parallel.mesh import DeviceMesh
 from mlperf_tf.runner.trainer import Trainer
 from tests.numerics import assert_close, scale_of
@@ -53,7 +53,7 @@ def train(
                 v.assign(weights[v.path])
     start = {v.path: v.numpy() for v in model.weights}
     dataset = strategy.distribute_datasets_from_function(
-        parallel_mesh.for_mesh(bench.train_dataset, mesh)
+        parallel_input.for_mesh(bench.train_dataset, mesh)
     )
     iterator = iter(dataset)
 

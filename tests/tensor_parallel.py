@@ -16,7 +16,8 @@ from mlperf_tf.collectives import GradientSummer, Settings
 from mlperf_tf.optimizers import LAMB
 from mlperf_tf.optimizers.adam import FusedAdam
 from mlperf_tf.parallel import layout as layout_lib
-from mlperf_tf.parallel.mesh import build_mesh, for_mesh
+from mlperf_tf.parallel.input import for_mesh
+from mlperf_tf.parallel.mesh import build_mesh
 from tests import strategies
 from tests.numerics import assert_close
 

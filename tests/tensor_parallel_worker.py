@@ -23,7 +23,8 @@ from mlperf_tf.benchmark import RunContext  # noqa: E402
 from mlperf_tf.collectives import GradientSummer, Settings  # noqa: E402
 from mlperf_tf.collectives.ops import replica_collectives  # noqa: E402
 from mlperf_tf.parallel import layout as layout_lib  # noqa: E402
-from mlperf_tf.parallel.mesh import build_mesh, for_mesh  # noqa: E402
+from mlperf_tf.parallel.input import for_mesh  # noqa: E402
+from mlperf_tf.parallel.mesh import build_mesh  # noqa: E402
 from tests.tensor_parallel import make_optimizer  # noqa: E402
 
 TIMEOUT_S = 60

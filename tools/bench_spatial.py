@@ -58,6 +58,7 @@ def child(args) -> dict:
     from mlperf_tf import config as config_lib
     from mlperf_tf import distribute, registry
     from mlperf_tf.benchmark import RunContext
+    from mlperf_tf.parallel import input as parallel_input
     from mlperf_tf.parallel import mesh as parallel_mesh
     from mlperf_tf.runner import Trainer
 
@@ -78,7 +79,7 @@ def child(args) -> dict:
     trainer = Trainer(
         strategy=strategy, benchmark=benchmark, model=model, optimizer=optimizer, xla=False
     )
-    dataset_fn = parallel_mesh.for_mesh(benchmark.train_dataset, mesh)
+    dataset_fn = parallel_input.for_mesh(benchmark.train_dataset, mesh)
     iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
     one = tf.constant(1)
     for _ in range(2):

@@ -102,7 +102,8 @@ def measure(base, model_parallel: int, steps: int) -> dict:
     from mlperf_tf.benchmark import RunContext  # noqa: PLC0415
     from mlperf_tf.collectives import GradientSummer, Settings  # noqa: PLC0415
     from mlperf_tf.parallel import layout  # noqa: PLC0415
-    from mlperf_tf.parallel.mesh import build_mesh, for_mesh  # noqa: PLC0415
+    from mlperf_tf.parallel.input import for_mesh  # noqa: PLC0415
+    from mlperf_tf.parallel.mesh import build_mesh  # noqa: PLC0415
     from tests import strategies  # noqa: PLC0415
 
     strategy = strategies.mirrored(NUM_DEVICES)

@@ -13,7 +13,8 @@ from benchmarks.transformer import config as config_lib
 from benchmarks.transformer.benchmark import TransformerBenchmark
 from mlperf_tf.benchmark import RunContext
 from mlperf_tf.parallel import layout as layout_lib
-from mlperf_tf.parallel.mesh import build_mesh, for_mesh
+from mlperf_tf.parallel.input import for_mesh
+from mlperf_tf.parallel.mesh import build_mesh
 from mlperf_tf.runner.evaluator import Evaluator
 from tests import strategies
 

@@ -6,6 +6,7 @@ import tensorflow as tf
 
 from mlperf_tf.data import synthetic
 from mlperf_tf.errors import UserError
+from mlperf_tf.parallel import input as input_lib
 from mlperf_tf.parallel import mesh as mesh_lib
 from mlperf_tf.parallel.mesh import DeviceMesh
 
@@ -78,12 +79,12 @@ def _routed(mesh, pipelines, pipeline_id):
     context = tf.distribute.InputContext(
         num_input_pipelines=pipelines, input_pipeline_id=pipeline_id, num_replicas_in_sync=mesh.size
     )
-    inner, repeats = mesh_lib.mesh_input_context(context, mesh)
+    inner, repeats = input_lib.mesh_input_context(context, mesh)
     local_shards = inner.num_replicas_in_sync // inner.num_input_pipelines
     first = inner.input_pipeline_id * local_shards
     # A pipeline that yields its shards' ids in turn, as a benchmark's pipeline yields batches.
     dataset = tf.data.Dataset.range(first, first + local_shards).repeat()
-    dataset = mesh_lib.repeat_for_group(dataset, repeats)
+    dataset = input_lib.repeat_for_group(dataset, repeats)
     local = mesh.size // pipelines
     return [int(x) for x in dataset.take(local)]
 
