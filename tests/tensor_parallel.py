@@ -16,6 +16,7 @@ from mlperf_tf.collectives import GradientSummer, Settings
 from mlperf_tf.optimizers import LAMB
 from mlperf_tf.optimizers.adam import FusedAdam
 from mlperf_tf.parallel import layout as layout_lib
+from mlperf_tf.parallel.context import use_mesh
 from mlperf_tf.parallel.input import for_mesh
 from mlperf_tf.parallel.mesh import build_mesh
 from tests import strategies
@@ -85,7 +86,7 @@ def train(benchmark, *, num_devices: int, model_parallel: int, optimizer: str,
     settings = Settings(all_reduce=all_reduce, weight_update_sharding=weight_update_sharding,
                         pack_mb=pack_mb, timeout_s=60)  # fmt: skip
     summer = GradientSummer(strategy, settings, mesh)
-    with strategy.scope():
+    with strategy.scope(), use_mesh(mesh):
         model = benchmark.build_model()
         opt = make_optimizer(optimizer, benchmark)
         variables = model.trainable_variables

@@ -60,6 +60,7 @@ import tensorflow as tf
 from mlperf_tf.collectives.ops import replica_collectives
 from mlperf_tf.config import ConfigError
 from mlperf_tf.parallel import layout as mesh_layout
+from mlperf_tf.parallel.context import resolve
 from mlperf_tf.parallel.layout import EXPERT_SPLIT
 from mlperf_tf.parallel.mesh import DeviceMesh
 
@@ -379,8 +380,10 @@ class MoEFeedForward(keras.layers.Layer):
       group_size: static tokens per group for the training capacity (None: the batch's count);
         needed for expert parallelism, whose buffers must have one shape on every replica. Eval
         uses the batch's count (see `whole_experts`).
-      expert_parallel: P, replicas the experts are split over (the mesh's `expert` axis).
-      mesh: the run's `DeviceMesh` (required when P > 1).
+      expert_parallel: P, replicas the experts are split over (the mesh's `expert` axis; None:
+        that axis's size, 1 without a mesh).
+      mesh: the run's `DeviceMesh` (None: the ambient one, `mlperf_tf.parallel.current_mesh()`;
+        required when P > 1).
       collective_timeout_s: the all-to-alls' timeout (0: none).
       seed: seed of the jitter and dropout.
       expert_mlp: "relu" or "swiglu" (see above).
@@ -404,7 +407,7 @@ class MoEFeedForward(keras.layers.Layer):
         jitter: float = 0.0,
         dropout: float = 0.0,
         group_size: int | None = None,
-        expert_parallel: int = 1,
+        expert_parallel: int | None = None,
         mesh: DeviceMesh | None = None,
         collective_timeout_s: float = 0.0,
         seed: int | None = None,
@@ -416,6 +419,9 @@ class MoEFeedForward(keras.layers.Layer):
         super().__init__(**kwargs)
         if expert_mlp not in EXPERT_MLPS:
             raise ValueError(f"expert_mlp {expert_mlp!r} must be one of {EXPERT_MLPS}")
+        mesh = resolve(mesh)
+        if expert_parallel is None:
+            expert_parallel = mesh.expert if mesh is not None else 1
         _check(
             num_experts=num_experts, top_k=top_k, capacity_factor=capacity_factor,
             eval_capacity_factor=eval_capacity_factor, router_softmax=router_softmax,
