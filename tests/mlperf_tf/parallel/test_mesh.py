@@ -1,5 +1,8 @@
 """Tests of the device mesh: coordinates, groups, the flags' checks and the input routing."""
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -118,3 +121,14 @@ def test_synthetic_batches_differ_between_batch_shards_only():
     np.testing.assert_array_equal(a, a_again)
     alone = next(iter(synthetic.per_batch_shard(make, seed=7))).numpy()
     np.testing.assert_array_equal(alone, a)  # shard 0 is what one replica trains on
+
+
+def test_the_mesh_imports_no_tensorflow():
+    # The simulator and the flag checks describe a mesh with the type the runner trains on;
+    # the input routing that needs TensorFlow lives in `mlperf_tf.parallel.input`.
+    code = (
+        "import sys, mlperf_tf.parallel.mesh, mlperf_tf.parallel.context; "
+        "sys.exit(int(bool({'tensorflow', 'keras'} & set(sys.modules))))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr.decode()
