@@ -90,6 +90,11 @@ def train(benchmark, *, num_devices: int, model_parallel: int, optimizer: str,
         model = benchmark.build_model()
         opt = make_optimizer(optimizer, benchmark)
         variables = model.trainable_variables
+    # The model found the ambient mesh: it is split as asked, or the comparison would be of two
+    # unsplit runs.
+    shards = {layout_lib.layout_of(v).num_shards(mesh) for v in variables}
+    assert max(shards) == max(model_parallel, expert_parallel), shards
+    with strategy.scope():
         opt.build([] if summer.sharded else variables)
         summer.build(opt, variables)
         layout_lib.split_slots(opt, mesh)
