@@ -496,53 +496,49 @@ def _official_findings(
             )
         )
     for message in result["messages"]:
-        text = message["text"]
-        if not message["fatal"]:
-            findings.append(
-                Finding(WARNING, "official", "official", text, lines(message["records"]))
+        findings.append(
+            _message_finding(
+                message["text"], lines(message["records"]), fatal=message["fatal"],
+                quality=quality, foreign_benchmark=foreign_benchmark, scaled=scaled or {},
             )
-        elif foreign_benchmark and _names_only_the_benchmark(text, foreign_benchmark):
-            findings.append(
-                Finding(
-                    INFO,
-                    "official",
-                    "benchmark",
-                    f"expected for a benchmark outside MLPerf: {text}",
-                    lines(message["records"]),
-                )
-            )
-        elif (
-            quality == "skip"
-            and (match := _FAILED_CHECK.match(text))
-            and match.group(1) in (scaled or {})
-        ):
-            test = _FAILED_TEST.search(text)
-            rule = test.group(1).strip() if test else "its CHECK"
-            findings.append(
-                Finding(
-                    WARNING,
-                    "official",
-                    "scaled",
-                    f"{match.group(1)} scaled down by the run ({scaled[match.group(1)]}); the "
-                    f"closed rules want {rule} (ignored: --quality=skip)",
-                    lines(message["records"]),
-                )
-            )
-        elif text.startswith(_ACCURACY_CHECK_MESSAGE):
-            if quality == "skip":
-                text = f"quality target not reached (ignored: --quality=skip): {text}"
-            findings.append(
-                Finding(
-                    WARNING if quality == "skip" else ERROR,
-                    "official",
-                    "target",
-                    text,
-                    lines(message["records"]),
-                )
-            )
-        else:
-            findings.append(Finding(ERROR, "official", "official", text, lines(message["records"])))
+        )  # fmt: skip
     return findings
+
+
+def _message_finding(
+    text: str,
+    lines: tuple[int, ...],
+    *,
+    fatal: bool,
+    quality: str,
+    foreign_benchmark: str | None,
+    scaled: dict[str, str],
+) -> Finding:
+    """One official checker message as a finding: a warning, an expected failure of a benchmark
+    outside MLPerf (info), a scaled-down key's failed CHECK under quality="skip" (warning), the
+    quality target (an error, or a warning under quality="skip"), or an error."""
+    if not fatal:
+        return Finding(WARNING, "official", "official", text, lines)
+    if foreign_benchmark and _names_only_the_benchmark(text, foreign_benchmark):
+        return Finding(
+            INFO, "official", "benchmark", f"expected for a benchmark outside MLPerf: {text}", lines
+        )
+    if quality == "skip" and (match := _FAILED_CHECK.match(text)) and match.group(1) in scaled:
+        test = _FAILED_TEST.search(text)
+        rule = test.group(1).strip() if test else "its CHECK"
+        return Finding(
+            WARNING,
+            "official",
+            "scaled",
+            f"{match.group(1)} scaled down by the run ({scaled[match.group(1)]}); the "
+            f"closed rules want {rule} (ignored: --quality=skip)",
+            lines,
+        )
+    if text.startswith(_ACCURACY_CHECK_MESSAGE):
+        if quality == "skip":
+            text = f"quality target not reached (ignored: --quality=skip): {text}"
+        return Finding(WARNING if quality == "skip" else ERROR, "official", "target", text, lines)
+    return Finding(ERROR, "official", "official", text, lines)
 
 
 def check_log(
@@ -651,40 +647,10 @@ def _judge(scan, ruleset, reason, runner, *, quality, strict, timeout, final=Fal
     records = logfile.parse_records(scan, ruleset)
     benchmark = _first_value(records, C.SUBMISSION_BENCHMARK)
     benchmark = benchmark if isinstance(benchmark, str) else None
-    first: list[Finding] = []
-    if scan.size_bytes == 0:
-        first.append(Finding(ERROR, "suite", "empty", "empty log (0 bytes)"))
-    elif not scan.lines:
-        first.append(
-            Finding(
-                ERROR,
-                "suite",
-                "empty",
-                f"no MLPerf log line (':::MLLOG ...') in {scan.total_lines} line(s)",
-            )
-        )
-    no_rules = (
-        benchmark is not None
-        and _NAME.match(benchmark) is not None
-        and ruleset != "0.6.0"
-        and not rounds.has_benchmark(ruleset, benchmark)
-    )
     division = _first_value(records, C.SUBMISSION_DIVISION)
-    have = [r for r in available_rulesets() if has_rules(r, benchmark)] if no_rules else []
-    not_mlperf = no_rules and not have
-    if not_mlperf:
-        first.append(_not_mlperf_finding(benchmark, ruleset, division, records))
-    elif no_rules:
-        first.append(
-            Finding(
-                ERROR,
-                "suite",
-                "ruleset",
-                f"round {ruleset} has no '{benchmark}' benchmark; rounds with it: "
-                f"{', '.join(have) if have else 'none'}",
-                tuple(r.line for r in records if r.key == C.SUBMISSION_BENCHMARK)[:1],
-            )
-        )
+    first = _empty_log_findings(scan)
+    no_rules, not_mlperf, rule_findings = _ruleset_findings(records, ruleset, benchmark, division)
+    first += rule_findings
     closed_problem = _closed_division_problem(records, ruleset, benchmark, division, no_rules)
     if closed_problem:
         first.append(closed_problem)
@@ -692,23 +658,11 @@ def _judge(scan, ruleset, reason, runner, *, quality, strict, timeout, final=Fal
     wait_official = runner.submit(
         scan, ruleset, timeout=timeout, skip_missing_rules=not_mlperf, final=final
     )
-    global_batch_size = _first_value(records, C.GLOBAL_BATCH_SIZE)
-    target = quality_target(
-        ruleset,
-        benchmark,
-        division=division if division in ("closed", "open") else "closed",
-        global_batch_size=global_batch_size
-        if isinstance(global_batch_size, int | float) and not isinstance(global_batch_size, bool)
-        else None,
-    )
-    if quality == "skip":
-        # Skip is for runs aiming at their own target: judge the status by it where logged.
-        target = logged_target(scan) or target
     suite = suite_checks(
         records,
         benchmark=benchmark,
         ruleset=ruleset,
-        target=target,
+        target=_judged_target(scan, records, ruleset, benchmark, division, quality),
         quality=quality,
         strict=strict,
         resumed=logfile.suite_notes(scan, "resumed"),
@@ -724,10 +678,9 @@ def _judge(scan, ruleset, reason, runner, *, quality, strict, timeout, final=Fal
     )
     findings += suite
     official_passed = not result["crashed"] and not any(m["fatal"] for m in result["messages"])
-    passed = not any(f.level == ERROR for f in findings)
     return Report(
         path=scan.path,
-        passed=passed,
+        passed=not any(f.level == ERROR for f in findings),
         official_passed=official_passed,
         official_crashed=bool(result["crashed"]),
         benchmark=benchmark,
@@ -739,6 +692,63 @@ def _judge(scan, ruleset, reason, runner, *, quality, strict, timeout, final=Fal
         findings=tuple(findings),
         official_messages=tuple(_official_output(result)),
     )
+
+
+def _empty_log_findings(scan) -> list[Finding]:
+    """An error for an empty log, or one without a single MLPerf log line; else none."""
+    if scan.size_bytes == 0:
+        return [Finding(ERROR, "suite", "empty", "empty log (0 bytes)")]
+    if not scan.lines:
+        message = f"no MLPerf log line (':::MLLOG ...') in {scan.total_lines} line(s)"
+        return [Finding(ERROR, "suite", "empty", message)]
+    return []
+
+
+def _ruleset_findings(records, ruleset: str, benchmark, division):
+    """Whether the round has no rules for the log's benchmark (`no_rules`), whether no round
+    has (`not_mlperf`: a benchmark outside MLPerf), and the finding that says which.
+
+    Returns:
+      (no_rules, not_mlperf, findings).
+    """
+    no_rules = (
+        benchmark is not None
+        and _NAME.match(benchmark) is not None
+        and ruleset != "0.6.0"
+        and not rounds.has_benchmark(ruleset, benchmark)
+    )
+    if not no_rules:
+        return False, False, []
+    have = [r for r in available_rulesets() if has_rules(r, benchmark)]
+    if not have:
+        return True, True, [_not_mlperf_finding(benchmark, ruleset, division, records)]
+    finding = Finding(
+        ERROR,
+        "suite",
+        "ruleset",
+        f"round {ruleset} has no '{benchmark}' benchmark; rounds with it: {', '.join(have)}",
+        tuple(r.line for r in records if r.key == C.SUBMISSION_BENCHMARK)[:1],
+    )
+    return True, False, [finding]
+
+
+def _judged_target(scan, records, ruleset: str, benchmark, division, quality: str):
+    """The quality target the suite's checks judge the run by: the rules' for its round,
+    division and global batch; under quality="skip" the run's own logged target where it has
+    one (skip is for runs aiming at their own target)."""
+    global_batch_size = _first_value(records, C.GLOBAL_BATCH_SIZE)
+    is_number = isinstance(global_batch_size, int | float) and not isinstance(
+        global_batch_size, bool
+    )
+    target = quality_target(
+        ruleset,
+        benchmark,
+        division=division if division in ("closed", "open") else "closed",
+        global_batch_size=global_batch_size if is_number else None,
+    )
+    if quality == "skip":
+        return logged_target(scan) or target
+    return target
 
 
 def check_logs(

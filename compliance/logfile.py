@@ -15,6 +15,7 @@ import math
 import os
 import re
 import stat
+from collections.abc import Callable
 from typing import Any
 
 from mlperf_tf.errors import UserError
@@ -164,82 +165,105 @@ def scan_log(
         if not isinstance(value, int) or value <= 0:
             raise ValueError(f"`{name}` ({value!r}) must be a positive integer.")
     handle, info = _open_checked(path)
-    path = os.fspath(path)
-    lines: list[str] = []
-    numbers: list[int] = []
-    notes: list[tuple[int, str]] = []
-    kept = 0
-    line_number = 0
-
-    def too_big() -> UserError:
-        return UserError(
-            f"{path}: more than {max_log_bytes / 2**20:g} MiB of ':::MLL' log lines (through line "
-            f"{line_number}); refusing to check it (raise the limit with --max-log-mb)"
-        )
-
-    def too_long() -> UserError:
-        return UserError(
-            f"{path}: line {line_number} is a ':::MLL' log line longer than "
-            f"{max_line_bytes / 2**10:g} KiB; the official parser's time grows with the square "
-            f"of a line's length, so it is refused (raise the limit with --max-line-kb)"
-        )
-
+    scanner = _Scanner(os.fspath(path), max_log_bytes=max_log_bytes, max_line_bytes=max_line_bytes)
     try:
         with handle:
-            parts: list[str] = []  # pieces of the current line, while it may still be kept
-            length = 0
-            previous_tail = ""  # the end of the previous piece: a token may be cut in two
-            has_token = False
-            dropped = False  # the current line outgrew a limit: its text is no longer kept
-            while True:
-                piece = handle.readline(_READ_CHUNK_CHARS)
-                if not piece:
-                    break
-                if not has_token and TOKEN_ANY in previous_tail + piece:
-                    has_token = True
-                previous_tail = (previous_tail + piece)[-(len(TOKEN_ANY) - 1) :]
-                if dropped or length + len(piece) > max_line_bytes + 1:  # +1: the line end
-                    dropped, parts, length = True, [], 0
-                    if has_token:
-                        line_number += 1
-                        raise too_long()
-                elif kept + length + len(piece) > max_log_bytes:
-                    dropped, parts, length = True, [], 0
-                    if has_token:
-                        line_number += 1
-                        raise too_big()
-                else:
-                    parts.append(piece)
-                    length += len(piece)
-                if not piece.endswith("\n"):
-                    continue  # the line goes on in the next piece (or the file ends)
-                line_number += 1
-                if has_token:
-                    if length - 1 > max_line_bytes:
-                        raise too_long()
-                    lines.append("".join(parts))
-                    numbers.append(line_number)
-                    kept += length
-                elif parts and parts[0].startswith(SUITE_PREFIX) and len(notes) < _MAX_NOTES:
-                    notes.append((line_number, "".join(parts).rstrip("\n")))
-                parts, length, previous_tail, has_token, dropped = [], 0, "", False, False
-            if parts or dropped:  # a last line without a line end
-                line_number += 1
-                if has_token:
-                    if length > max_line_bytes:
-                        raise too_long()
-                    lines.append("".join(parts))
-                    numbers.append(line_number)
+            while piece := handle.readline(_READ_CHUNK_CHARS):
+                scanner.feed(piece)
+            scanner.finish()
     except (OSError, UnicodeError) as error:
-        raise UserError(f"{path}: cannot read: {error}") from None
+        raise UserError(f"{scanner.path}: cannot read: {error}") from None
     return LogScan(
-        path=path,
-        lines=tuple(lines),
-        line_numbers=tuple(numbers),
-        total_lines=line_number,
+        path=scanner.path,
+        lines=tuple(scanner.lines),
+        line_numbers=tuple(scanner.numbers),
+        total_lines=scanner.line_number,
         size_bytes=info.st_size,
-        notes=tuple(notes),
+        notes=tuple(scanner.notes),
     )
+
+
+class _Scanner:
+    """`scan_log`'s streaming state: the token lines kept (with their numbers and total size),
+    the suite's note lines, and the line being read, piece by piece."""
+
+    def __init__(self, path: str, *, max_log_bytes: int, max_line_bytes: int):
+        self.path = path
+        self.max_log_bytes = max_log_bytes
+        self.max_line_bytes = max_line_bytes
+        self.lines: list[str] = []
+        self.numbers: list[int] = []
+        self.notes: list[tuple[int, str]] = []
+        self.kept = 0
+        self.line_number = 0
+        self._start_line()
+
+    def _start_line(self) -> None:
+        self.parts: list[str] = []  # pieces of the current line, while it may still be kept
+        self.length = 0
+        self.previous_tail = ""  # the end of the previous piece: a token may be cut in two
+        self.has_token = False
+        self.dropped = False  # the current line outgrew a limit: its text is no longer kept
+
+    def too_big(self) -> UserError:
+        return UserError(
+            f"{self.path}: more than {self.max_log_bytes / 2**20:g} MiB of ':::MLL' log lines "
+            f"(through line {self.line_number}); refusing to check it (raise the limit with "
+            f"--max-log-mb)"
+        )
+
+    def too_long(self) -> UserError:
+        return UserError(
+            f"{self.path}: line {self.line_number} is a ':::MLL' log line longer than "
+            f"{self.max_line_bytes / 2**10:g} KiB; the official parser's time grows with the "
+            f"square of a line's length, so it is refused (raise the limit with --max-line-kb)"
+        )
+
+    def feed(self, piece: str) -> None:
+        """Takes the next piece read (the rest of a line, or a chunk of a long one)."""
+        if not self.has_token and TOKEN_ANY in self.previous_tail + piece:
+            self.has_token = True
+        self.previous_tail = (self.previous_tail + piece)[-(len(TOKEN_ANY) - 1) :]
+        if self.dropped or self.length + len(piece) > self.max_line_bytes + 1:  # +1: line end
+            self._drop(self.too_long)
+        elif self.kept + self.length + len(piece) > self.max_log_bytes:
+            self._drop(self.too_big)
+        else:
+            self.parts.append(piece)
+            self.length += len(piece)
+        if piece.endswith("\n"):  # else the line goes on in the next piece (or the file ends)
+            self._end_line()
+
+    def _drop(self, error: Callable[[], UserError]) -> None:
+        """Stops keeping the current line's text; a token line past a limit is refused."""
+        self.dropped, self.parts, self.length = True, [], 0
+        if self.has_token:
+            self.line_number += 1
+            raise error()
+
+    def _end_line(self) -> None:
+        self.line_number += 1
+        if self.has_token:
+            if self.length - 1 > self.max_line_bytes:
+                raise self.too_long()
+            self._keep()
+        elif self.parts and self.parts[0].startswith(SUITE_PREFIX) and len(self.notes) < _MAX_NOTES:
+            self.notes.append((self.line_number, "".join(self.parts).rstrip("\n")))
+        self._start_line()
+
+    def _keep(self) -> None:
+        self.lines.append("".join(self.parts))
+        self.numbers.append(self.line_number)
+        self.kept += self.length
+
+    def finish(self) -> None:
+        """After the last piece: a last line without a line end counts too."""
+        if self.parts or self.dropped:
+            self.line_number += 1
+            if self.has_token:
+                if self.length > self.max_line_bytes:
+                    raise self.too_long()
+                self._keep()
 
 
 def _as_float(value: Any) -> float | None:

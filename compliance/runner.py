@@ -218,33 +218,7 @@ class OfficialRunner:
                     os.remove(name)
 
         try:
-            if final and self._final_check_here:
-                result = self._check_here(path, request)
-                finish = lambda: result  # noqa: E731
-            elif not self._use_fork:
-                result = self._run_new_interpreter(
-                    path, log_copy, ruleset, timeout, memory_limit, skip_missing_rules
-                )
-                finish = lambda: result  # noqa: E731
-            elif self._standby is not None or (self._in_process and single_threaded()):
-                from compliance import official_worker
-
-                if self._standby is not None:  # it has been importing the checker meanwhile
-                    pid, self._standby = self._standby.check(request), None
-                else:
-                    # The first check leaves the checker's import to the child, to overlap it
-                    # with this process's own work; later ones share it.
-                    pid = official_worker.start_fork(request, preloaded=self._count > 1)
-                finish = lambda: self._forked_result(  # noqa: E731
-                    path, out, official_worker.wait_fork(pid), timeout
-                )
-            else:
-                self._send(request)
-                # The child stops itself with SIGALRM at `timeout`; the margin covers a slow
-                # machine.
-                finish = lambda: self._forked_result(  # noqa: E731
-                    path, out, self._receive(timeout + 60), timeout
-                )
+            finish = self._start(path, request, final=final)
         except BaseException:
             cleanup()
             raise
@@ -262,6 +236,35 @@ class OfficialRunner:
             return result
 
         return wait
+
+    def _start(
+        self, path: str, request: dict[str, Any], *, final: bool
+    ) -> Callable[[], dict[str, Any]]:
+        """Starts one check the way this runner can (here, in a new interpreter, in a fork of a
+        standby or of this process, or on the server); returns a function that waits for it."""
+        timeout, out = request["timeout"], request["out"]
+        if final and self._final_check_here:
+            result = self._check_here(path, request)
+            return lambda: result
+        if not self._use_fork:
+            result = self._run_new_interpreter(
+                path, request["log"], request["ruleset"], timeout, request["memory_limit"],
+                request["skip_missing_rules"],
+            )  # fmt: skip
+            return lambda: result
+        if self._standby is not None or (self._in_process and single_threaded()):
+            from compliance import official_worker
+
+            if self._standby is not None:  # it has been importing the checker meanwhile
+                pid, self._standby = self._standby.check(request), None
+            else:
+                # The first check leaves the checker's import to the child, to overlap it
+                # with this process's own work; later ones share it.
+                pid = official_worker.start_fork(request, preloaded=self._count > 1)
+            return lambda: self._forked_result(path, out, official_worker.wait_fork(pid), timeout)
+        self._send(request)
+        # The child stops itself with SIGALRM at `timeout`; the margin covers a slow machine.
+        return lambda: self._forked_result(path, out, self._receive(timeout + 60), timeout)
 
     def _check_here(self, path: str, request: dict[str, Any]) -> dict[str, Any]:
         from compliance import official_worker

@@ -17,7 +17,9 @@ from typing import Any, ClassVar
 import numpy as np
 import tensorflow as tf
 
+from mlperf_tf import rounds as rounds_lib
 from mlperf_tf.config import BenchmarkConfig, ConfigError
+from mlperf_tf.facts import Rcp, RenamedKey, SimulatorShape, StatedConvergence
 from mlperf_tf.parallel.mesh import DeviceMesh
 
 PRESET_NAMES = ("mlperf", "mini", "smoke")
@@ -89,13 +91,31 @@ class Benchmark(abc.ABC):
       presets: maps preset names (`mlperf`, `mini`, `smoke`) to functions returning a config.
       parallel_axes: the device-mesh axes the benchmark supports (`mlperf_tf.parallel.AXES`):
         "data" always; "model", "expert", "spatial" where its model has the layers for them.
-        The runner refuses a run that sizes another axis above 1, with one line.
+        The runner refuses a run that sizes another axis above 1, with one line. Read it on an
+        instance (`benchmark.parallel_axes`): a class attribute where the axes are fixed, a
+        property where the config decides (an MoE config adds "expert").
       spatial_input: the batch key of the `[batch, height, width, channels]` images that
         `--spatial_partition` splits on TPUStrategy (`mlperf_tf.parallel.tpu`; on other
         strategies the model's layers split its activations).
       higher_is_better: whether the quality value improves upward (accuracies, the default)
         or downward (a log perplexity): the run stops when an eval reaches `quality_target`
         in that direction, and the log's target note says so for `mlperf-tf check`.
+
+    Facts about the benchmark (the library names no benchmark: `rounds`, `flops`, `simulate`,
+    `bench` and `list` read these through the registry; each has a default):
+      mlperf_rounds: the MLPerf rounds ("4.0.0", ...) whose closed rules fit this model, oldest
+        first. None (the default): every round of the installed mlperf-logging whose
+        `closed_common.yaml` accepts `mlperf_benchmark` and that ships its
+        `closed_<mlperf_benchmark>.yaml` (`rounds.rounds_with_rules`). Declare them where a
+        rule file of that name is another model in some rounds (SSD: RetinaNet from 2.0.0).
+        `supported_rounds()` resolves it; `mlperf-tf run` emits for the newest by default.
+      renamed_keys: `RenamedKey(old, new, since)` for each log key MLPerf renamed from a round
+        on; the runner logs the round's name (BERT: `opt_epsilon` -> `opt_lamb_epsilon`).
+      convergence: `Rcp(file, prefix, in_samples)` naming the reference convergence points in
+        the installed mlperf-logging, or `StatedConvergence(points, source)` where no RCP
+        exists; the simulator's epochs to target. None: `simulate` needs `--epochs`.
+    and the methods `training_flops_per_sample()` (None: traced from the model),
+    `parameter_count()`, `tokens_per_sample()`, `simulator_shape()` and `round_hparams()`.
     """
 
     name: ClassVar[str]
@@ -105,6 +125,9 @@ class Benchmark(abc.ABC):
     parallel_axes: ClassVar[tuple[str, ...]] = ("data",)
     spatial_input: ClassVar[str] = "image"
     higher_is_better: ClassVar[bool] = True
+    mlperf_rounds: ClassVar[tuple[str, ...] | None] = None
+    renamed_keys: ClassVar[tuple[RenamedKey, ...]] = ()
+    convergence: ClassVar[Rcp | StatedConvergence | None] = None
 
     def __init__(self, config: BenchmarkConfig, *, context: RunContext | None = None):
         if not isinstance(config, self.config_class):
@@ -221,6 +244,57 @@ class Benchmark(abc.ABC):
         weights (an 8-billion-parameter model must be countable on a laptop); None where the
         benchmark does not say (`mlperf-tf simulate` and `list` then leave it out)."""
         return None
+
+    @classmethod
+    def supported_rounds(cls) -> tuple[str, ...]:
+        """The rounds whose closed rules fit this model, oldest first: `mlperf_rounds`, or by
+        default every installed round with rules for `mlperf_benchmark` (() for a benchmark
+        no round has, e.g. a plug-in: its logs are open-division logs)."""
+        if cls.mlperf_rounds is not None:
+            return tuple(cls.mlperf_rounds)
+        return rounds_lib.rounds_with_rules(cls.mlperf_benchmark)
+
+    def training_flops_per_sample(self) -> float | None:
+        """Training FLOPs (a multiply-add is 2; forward + backward, 3x the forward products) of
+        one sample of `global_batch_size`, counted from the config; None (the default):
+        `mlperf_tf.flops` traces `compute_loss` and counts the graph's products.
+
+        Declare it where tracing cannot see what runs or cannot run at all: a model too large to
+        build on a host (Llama 3.1 8B), MoE layers (only the experts a token is routed to
+        count; the traced graph holds the capacity padding), sliding-window attention (counted
+        at its window). `mlperf_tf.flops.decoder_training_flops_per_sample` counts a decoder
+        from its `DecoderShape`.
+        """
+        return None
+
+    def simulator_shape(self) -> SimulatorShape:
+        """What each kind of parallelism splits and sends, from the config, for `simulate`:
+        the transformer blocks (`--model_parallel`, `--expert_parallel`), the convolutions by
+        feature map and the batch norms (`--spatial_partition`). The default: none of them
+        (the simulator models data parallelism only and refuses the other flags)."""
+        return SimulatorShape()
+
+    def round_hparams(self) -> dict[str, Any]:
+        """The round-level disclosure keys of this run (`rounds.ROUND_KEYS`: 6.1.0's numerical
+        precision, parallelism, micro batch and config file), from the run's mesh, dtype policy
+        and config. The runner logs them for every benchmark; `rounds.adapt_hparams` drops them
+        for rounds that do not know them. Override to disclose more (e.g. fp8 matmuls).
+        """
+        import keras  # noqa: PLC0415 (the policy the runner set before building)
+
+        precision = rounds_lib.precision_name(keras.mixed_precision.global_policy().compute_dtype)
+        mesh = self.mesh
+        return {
+            **{key: precision for key in rounds_lib.PRECISION_KEYS},
+            "tensor_parallelism": mesh.model,
+            "pipeline_parallelism": 1,
+            # Spatial partitioning splits each sample's activations over the group: the image
+            # counterpart of splitting a sequence's context.
+            "context_parallelism": mesh.spatial,
+            "expert_parallelism": mesh.expert,
+            "micro_batch_size": self.per_replica_batch_size,
+            "config_filename": self.config_class.__module__.replace(".", "/") + ".py",
+        }
 
     def tokens_per_sample(self) -> int | None:
         """Tokens in one training sample of a language model (`mlperf-tf bench` then reports

@@ -276,61 +276,80 @@ def resolve_strategy(
         distribution = "tpu"
     tf_config = cluster_config(kind, port_base=port_base) if kind not in ("", "tpu") else {}
     if distribution == "auto":
-        gpus = tf.config.list_physical_devices("GPU")
-        if tpu:
-            distribution = "tpu"
-        elif _num_tasks(tf_config) > 1:
-            distribution = "multi_worker"
-        elif len(gpus) > 1 or num_cpu_devices > 1:
-            distribution = "mirrored"
-        else:
-            distribution = "one_device"
+        distribution = _auto_distribution(tpu, tf_config, num_cpu_devices)
         logging.info("--distribution=auto resolved to %s", distribution)
-
     if distribution == "tpu":
         return _tpu_strategy(tpu, timeout_s, tpu_cores_per_replica)
     if distribution == "multi_worker":
-        if not tf_config:
-            raise UserError(
-                "--distribution=multi_worker needs TF_CONFIG or --cluster_resolver=slurm|"
-                "kubernetes to name the cluster"
-            )
-        if num_cpu_devices > 1 and not tf.config.list_physical_devices("GPU"):
-            # TF 2.20 gives a worker without GPUs/TPUs one device, whatever the CPU split
-            # (measured: tools/probe_mwms_cpu_devices.py; see mlperf_tf/collectives/README.md).
-            logging.warning(
-                "--num_cpu_devices=%d: MultiWorkerMirroredStrategy uses one CPU device per "
-                "worker; each worker is one replica",
-                num_cpu_devices,
-            )
-        wait_for_peers(tf_config, timeout_s)
-        options = tf.distribute.experimental.CommunicationOptions(
-            timeout_seconds=collective_timeout or None
-        )
-        if kind in ("", "tf_config"):
-            return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
-        # TF's Slurm and Kubernetes resolvers found the cluster; hand it over as resolved.
-        resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-            tf.train.ClusterSpec(tf_config["cluster"]),
-            task_type=tf_config["task"]["type"],
-            task_id=tf_config["task"]["index"],
-            num_accelerators={"GPU": len(tf.config.list_physical_devices("GPU"))},
-            rpc_layer="grpc",
-        )
-        return tf.distribute.MultiWorkerMirroredStrategy(
-            cluster_resolver=resolver, communication_options=options
-        )
+        return _multi_worker_strategy(
+            kind, tf_config, num_cpu_devices=num_cpu_devices, timeout_s=timeout_s,
+            collective_timeout=collective_timeout,
+        )  # fmt: skip
     if distribution == "mirrored":
-        gpus = tf.config.list_logical_devices("GPU")
-        cpus = [d.name for d in tf.config.list_logical_devices("CPU")]
-        if num_cpu_devices:
-            cpus = cpus[:num_cpu_devices]
-        devices = [d.name for d in gpus] or cpus
-        # Without GPUs the CPU devices share one host: NCCL is unavailable, so reduce on the host.
-        cross_device_ops = None if gpus else tf.distribute.ReductionToOneDevice()
-        return tf.distribute.MirroredStrategy(devices, cross_device_ops=cross_device_ops)
+        return _mirrored_strategy(num_cpu_devices)
     gpus = tf.config.list_logical_devices("GPU")
     return tf.distribute.OneDeviceStrategy(gpus[0].name if gpus else "/cpu:0")
+
+
+def _auto_distribution(tpu: str, tf_config: dict, num_cpu_devices: int) -> str:
+    """What `--distribution=auto` means here: a TPU if named, several workers if the cluster
+    has them, several local devices if there are, else one device."""
+    if tpu:
+        return "tpu"
+    if _num_tasks(tf_config) > 1:
+        return "multi_worker"
+    if len(tf.config.list_physical_devices("GPU")) > 1 or num_cpu_devices > 1:
+        return "mirrored"
+    return "one_device"
+
+
+def _multi_worker_strategy(
+    kind: str, tf_config: dict, *, num_cpu_devices: int, timeout_s: float,
+    collective_timeout: float,
+) -> tf.distribute.MultiWorkerMirroredStrategy:  # fmt: skip
+    """A MultiWorkerMirroredStrategy over the cluster `tf_config` names, once every peer is up."""
+    if not tf_config:
+        raise UserError(
+            "--distribution=multi_worker needs TF_CONFIG or --cluster_resolver=slurm|"
+            "kubernetes to name the cluster"
+        )
+    if num_cpu_devices > 1 and not tf.config.list_physical_devices("GPU"):
+        # TF 2.20 gives a worker without GPUs/TPUs one device, whatever the CPU split
+        # (measured: tools/studies/probe_mwms_cpu_devices.py; see mlperf_tf/collectives/README.md).
+        logging.warning(
+            "--num_cpu_devices=%d: MultiWorkerMirroredStrategy uses one CPU device per "
+            "worker; each worker is one replica",
+            num_cpu_devices,
+        )
+    wait_for_peers(tf_config, timeout_s)
+    options = tf.distribute.experimental.CommunicationOptions(
+        timeout_seconds=collective_timeout or None
+    )
+    if kind in ("", "tf_config"):
+        return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    # TF's Slurm and Kubernetes resolvers found the cluster; hand it over as resolved.
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(tf_config["cluster"]),
+        task_type=tf_config["task"]["type"],
+        task_id=tf_config["task"]["index"],
+        num_accelerators={"GPU": len(tf.config.list_physical_devices("GPU"))},
+        rpc_layer="grpc",
+    )
+    return tf.distribute.MultiWorkerMirroredStrategy(
+        cluster_resolver=resolver, communication_options=options
+    )
+
+
+def _mirrored_strategy(num_cpu_devices: int) -> tf.distribute.MirroredStrategy:
+    """A MirroredStrategy over the local GPUs, else over the first `num_cpu_devices` CPUs."""
+    gpus = tf.config.list_logical_devices("GPU")
+    cpus = [d.name for d in tf.config.list_logical_devices("CPU")]
+    if num_cpu_devices:
+        cpus = cpus[:num_cpu_devices]
+    devices = [d.name for d in gpus] or cpus
+    # Without GPUs the CPU devices share one host: NCCL is unavailable, so reduce on the host.
+    cross_device_ops = None if gpus else tf.distribute.ReductionToOneDevice()
+    return tf.distribute.MirroredStrategy(devices, cross_device_ops=cross_device_ops)
 
 
 def _split_address(address: str) -> tuple[str, int]:

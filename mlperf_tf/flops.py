@@ -215,7 +215,8 @@ def forward_flops_per_sample(benchmark) -> FlopCount:
 
 
 def training_flops_per_sample(benchmark: Any, preset: str = "mlperf") -> float:
-    """Training FLOPs per sample (forward + backward, 3x the forward products) of a benchmark.
+    """Training FLOPs per sample (forward + backward, 3x the forward products) of a benchmark:
+    its declared `training_flops_per_sample()`, or counted from its traced graph.
 
     Args:
       benchmark: a registered benchmark name (then `preset` picks its config) or a `Benchmark`
@@ -237,74 +238,132 @@ def training_flops_per_sample(benchmark: Any, preset: str = "mlperf") -> float:
             benchmark = benchmark_class(benchmark_class.preset(preset))
         except KeyError as e:
             raise UserError(e.args[0]) from None
-    return TRAINING_FLOPS_PER_FORWARD_FLOP * forward_flops_per_sample(benchmark).total
+    return declared_or_traced(benchmark)["training_flops_per_sample"]
 
 
-# Models over this many parameters are counted analytically (`decoder_forward_flops_per_token`)
-# instead of traced: tracing builds the model, and Llama 3.1 8B's weights alone are 32 GB.
+# Models over this many parameters cannot be traced (tracing builds the model, and Llama 3.1 8B's
+# weights alone are 32 GB): such a benchmark must declare `training_flops_per_sample()`.
 TRACE_PARAMETER_LIMIT = 1_000_000_000
 
 
-def decoder_forward_flops_per_token(model: Any, sequence_length: int) -> dict[str, float]:
-    """Forward FLOPs per token of a Llama-style decoder, counted from its config (no weights).
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DecoderShape:
+    """A decoder-only language model as its FLOPs see it: what a benchmark's config gives
+    `decoder_forward_flops_per_token` (no names: a Llama, a GPT-OSS, a LoRA-tuned Llama are
+    each a shape).
 
-    The same products the tracer counts, written out: every weight matrix is one multiply-add
-    per token per element (2 FLOPs), i.e. q, k, v, o, gate, up and down of each layer and the
-    untied output projection; the input embedding is a lookup and the RMSNorm scales are
-    element-wise (neither counted). Attention adds, per layer, the scores Q·Kᵀ and the context
-    P·V over the whole window: 2 x 2 x sequence x (query heads x head size) per token, the full
-    S x S square as the model computes it (the causal mask zeroes half of it but the products
-    are made; PaLM's appendix-B convention, 6N + 12·L·H·Q·T per training token).
+    Attributes:
+      vocab_size, hidden_size, num_layers: the model's size.
+      num_attention_heads, num_key_value_heads, head_dim: grouped-query attention.
+      intermediate_size: the dense feed-forward's inner width.
+      mlp_matrices: weight matrices of one feed-forward (3: SwiGLU's gate, up, down; 2: an MLP).
+      moe_layers: layers whose feed-forward is a mixture of experts (0: dense).
+      num_experts: experts of an MoE layer (its router is hidden x experts).
+      experts_per_token: experts a token runs (top-k): only those count (active parameters).
+      expert_intermediate_size: an expert's inner width (0: `intermediate_size`).
+      sliding_window: tokens a sliding-window layer attends to (0: none).
+      sliding_layers: layers that attend over `sliding_window` tokens instead of the sequence.
+    """
 
-    Args:
-      model: a config with `vocab_size, hidden_size, num_hidden_layers, num_attention_heads,
-        num_key_value_heads, head_dim, intermediate_size` (e.g. `benchmarks.llama31_8b`'s
-        `ModelConfig`).
-      sequence_length: tokens per sample.
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    mlp_matrices: int = 3
+    moe_layers: int = 0
+    num_experts: int = 0
+    experts_per_token: int = 0
+    expert_intermediate_size: int = 0
+    sliding_window: int = 0
+    sliding_layers: int = 0
+
+
+def decoder_forward_flops_per_token(shape: DecoderShape, sequence_length: int) -> dict[str, float]:
+    """Forward FLOPs per token of a decoder-only language model, counted from its shape.
+
+    The products the tracer counts, written out: every weight matrix a token multiplies is one
+    multiply-add per element (2 FLOPs): q, k, v, o and the feed-forward of each layer, and the
+    untied output projection; an MoE layer's token multiplies the router and its top-k experts
+    only (the active parameters; capacity padding is not counted). The input embedding is a
+    lookup and the norm scales are element-wise (neither counted). Attention adds, per layer, the
+    scores Q·Kᵀ and the context P·V: 2 x 2 x keys x (query heads x head size) per token, where
+    keys is the whole sequence, the full S x S square as the model computes it (the causal mask
+    zeroes half of it but the products are made; PaLM's appendix-B convention,
+    6N + 12·L·H·Q·T per training token), and the window for a sliding-window layer.
 
     Returns:
       {"dense": weight products, "attention": scores and context, "total": both}, FLOPs per
       token (a multiply-add is 2).
     """
-    h, d, f = model.hidden_size, model.head_dim, model.intermediate_size
-    q, kv, layers = model.num_attention_heads, model.num_key_value_heads, model.num_hidden_layers
-    per_layer = h * q * d * 2 + h * kv * d * 2 + 3 * h * f  # q, o; k, v; gate, up, down
-    dense = 2.0 * (layers * per_layer + h * model.vocab_size)
-    attention = 2.0 * 2.0 * layers * sequence_length * q * d
+    h, d = shape.hidden_size, shape.head_dim
+    q, kv, layers = shape.num_attention_heads, shape.num_key_value_heads, shape.num_layers
+    attention_weights = h * q * d * 2 + h * kv * d * 2  # q, o; k, v
+    dense_mlp = shape.mlp_matrices * h * shape.intermediate_size
+    expert = shape.mlp_matrices * h * (shape.expert_intermediate_size or shape.intermediate_size)
+    moe_mlp = h * shape.num_experts + shape.experts_per_token * expert  # router + active experts
+    weights = (
+        layers * attention_weights
+        + (layers - shape.moe_layers) * dense_mlp
+        + shape.moe_layers * moe_mlp
+        + h * shape.vocab_size  # the output projection
+    )
+    window = min(shape.sliding_window, sequence_length) if shape.sliding_window else sequence_length
+    keys = (layers - shape.sliding_layers) * sequence_length + shape.sliding_layers * window
+    dense = 2.0 * weights
+    attention = 2.0 * 2.0 * keys * q * d
     return {"dense": dense, "attention": attention, "total": dense + attention}
 
 
-def _analytic_entry(benchmark) -> dict[str, Any]:
-    config = benchmark.config
-    seq = config.data.max_sequence_length
-    per_token = decoder_forward_flops_per_token(config.model, seq)
+def decoder_training_flops_per_sample(shape: DecoderShape, sequence_length: int) -> float:
+    """Training FLOPs of one sequence of `sequence_length` tokens (3x the forward products):
+    what a language-model benchmark's `training_flops_per_sample()` returns."""
+    per_token = decoder_forward_flops_per_token(shape, sequence_length)["total"]
+    return TRAINING_FLOPS_PER_FORWARD_FLOP * per_token * sequence_length
+
+
+def declared_or_traced(benchmark) -> dict[str, Any]:
+    """The FLOPs and parameters of a `Benchmark` instance: its declared
+    `training_flops_per_sample()` and `parameter_count()`, or, where it declares none, the
+    traced `compute_loss` (`forward_flops_per_sample`).
+
+    Raises:
+      ValueError: nothing is declared and the model is too large to trace.
+    """
+    declared = benchmark.training_flops_per_sample()
+    params = benchmark.parameter_count()
+    if declared is not None:
+        return {
+            "counted": f"declared ({type(benchmark).__name__}.training_flops_per_sample)",
+            "forward_flops_per_sample": declared / TRAINING_FLOPS_PER_FORWARD_FLOP,
+            "training_flops_per_sample": float(declared),
+            "trainable_parameters": params,
+        }
+    if params is not None and params > TRACE_PARAMETER_LIMIT:
+        raise ValueError(
+            f"'{benchmark.name}' has {params:,} parameters, too many to trace: declare its "
+            "`training_flops_per_sample()`"
+        )
+    count = forward_flops_per_sample(benchmark)
     return {
-        "counted": "analytic (mlperf_tf.flops.decoder_forward_flops_per_token)",
-        "forward_flops_per_sample": per_token["total"] * seq,
-        "forward_by_part": {k: per_token[k] * seq for k in ("attention", "dense")},
-        "trainable_parameters": benchmark.parameter_count(),
+        "forward_flops_per_sample": count.total,
+        "forward_by_op_type": dict(sorted(count.by_op_type.items())),
+        "training_flops_per_sample": TRAINING_FLOPS_PER_FORWARD_FLOP * count.total,
+        "trainable_parameters": count.trainable_parameters,
     }
 
 
 def _cache_entry(benchmark) -> dict[str, Any]:
-    """One preset's entry: traced, or counted from the config when the model is too large."""
+    """One preset's entry: its FLOPs and parameters (declared or traced), and what else the
+    simulator needs of it, so that it never imports TF: the preset's sizes, the benchmark's
+    `simulator_shape()` and `convergence`."""
     config = benchmark.config
-    params = benchmark.parameter_count()
-    if params is not None and params > TRACE_PARAMETER_LIMIT:
-        entry = _analytic_entry(benchmark)
-    else:
-        count = forward_flops_per_sample(benchmark)
-        entry = {
-            "forward_flops_per_sample": count.total,
-            "forward_by_op_type": dict(sorted(count.by_op_type.items())),
-            "trainable_parameters": count.trainable_parameters,
-        }
-    entry["training_flops_per_sample"] = (
-        TRAINING_FLOPS_PER_FORWARD_FLOP * entry["forward_flops_per_sample"]
-    )
+    entry = declared_or_traced(benchmark)
     every = getattr(config, "eval_every_samples", None)  # sample-scheduled evals (Llama)
+    convergence = type(benchmark).convergence
     entry.update(
-        # What the simulator needs of the preset, so that it never imports TF.
         mlperf_benchmark=type(benchmark).mlperf_benchmark,
         global_batch_size=config.global_batch_size,
         train_examples=config.train_examples,
@@ -312,6 +371,8 @@ def _cache_entry(benchmark) -> dict[str, Any]:
         eval_every_epochs=float(
             every / config.train_examples if every else config.eval_every_epochs
         ),
+        shape=benchmark.simulator_shape().as_dict(),
+        convergence=convergence.as_dict() if convergence is not None else None,
     )
     return entry
 
@@ -321,17 +382,28 @@ def cache_path() -> str:
     return os.path.join(os.path.dirname(__file__), "simulate", "data", "flops.json")
 
 
-def build_cache(names: list[str] | None = None) -> dict[str, dict[str, dict[str, Any]]]:
-    """Counts every preset of every (or the named) registered benchmark: {name: {preset: entry}}."""
+def build_cache(
+    names: list[str] | None = None, presets: list[str] | None = None
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """Counts every (or the named) preset of every (or the named) registered benchmark:
+    {name: {preset: entry}}.
+
+    Raises:
+      UserError: an unknown benchmark or preset.
+    """
     from mlperf_tf import registry
+    from mlperf_tf.errors import UserError
 
     table: dict[str, dict[str, dict[str, Any]]] = {}
     for name in names or list(registry.available()):
         benchmark_class = registry.get(name)
         table[name] = {}
-        for preset in benchmark_class.presets:
-            benchmark = benchmark_class(benchmark_class.preset(preset))
-            table[name][preset] = _cache_entry(benchmark)
+        for preset in presets or benchmark_class.presets:
+            try:
+                config = benchmark_class.preset(preset)
+            except KeyError as e:
+                raise UserError(e.args[0]) from None
+            table[name][preset] = _cache_entry(benchmark_class(config))
     return table
 
 

@@ -9,9 +9,12 @@ input, and ends with `module_main(main)`. So `mlperf-tf prepare NAME ...` and
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import shutil
 import sys
-from collections.abc import Callable, Sequence
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
 from typing import NoReturn
 
 from mlperf_tf.errors import UserError
@@ -82,3 +85,25 @@ def module_main(main: Callable[[list[str]], int | None]) -> NoReturn:
         print(f"error: {e}", file=sys.stderr, flush=True)
         code = 2
     sys.exit(code or 0)
+
+
+@contextlib.contextmanager
+def staged_folder(data_dir: str) -> Iterator[str]:
+    """A temporary sibling folder of `data_dir` to write a dataset into, renamed to `data_dir`
+    when the block ends without an error and removed when it raises: an interrupted `prepare`
+    leaves no half-written dataset for a later run to read (the CLI prepares mini data only
+    where `data_dir` does not exist).
+
+    The caller checks `data_dir` first; an existing empty folder is replaced.
+    """
+    data_dir = os.path.abspath(data_dir)
+    parent = os.path.dirname(data_dir)
+    os.makedirs(parent, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=os.path.basename(data_dir) + ".partial-", dir=parent)
+    try:
+        yield staging
+        os.chmod(staging, 0o755)  # mkdtemp makes it private; a dataset is not secret
+        os.replace(staging, data_dir)
+    finally:
+        if os.path.exists(staging):
+            shutil.rmtree(staging, ignore_errors=True)

@@ -23,49 +23,35 @@ TENSOR = "tensor"  # its metadata key
 OPT_EPSILON = "opt_epsilon"
 OPT_LAMB_EPSILON = "opt_lamb_epsilon"
 
-# The rounds whose closed-division rules fit this suite's models, by MLPerf benchmark name. Not
-# read from the rule files, because a file of the same name can be another model: "ssd" is
-# SSD-ResNet34 up to v1.1 and RetinaNet from v2.0 (Adam, target 0.34 mAP); closed_bert.yaml is
-# still shipped in 5.1.0, whose closed_common.yaml no longer accepts 'bert'; ResNet ends at v4.0,
-# Transformer at v0.7 (0.6.0 logs are another format, not emitted here).
-BENCHMARK_ROUNDS: dict[str, tuple[str, ...]] = {
-    "resnet": ("0.7.0", "1.0.0", "1.1.0", "2.0.0", "2.1.0", "3.0.0", "3.1.0", "4.0.0"),
-    "bert": (
-        "0.7.0",
-        "1.0.0",
-        "1.1.0",
-        "2.0.0",
-        "2.1.0",
-        "3.0.0",
-        "3.1.0",
-        "4.0.0",
-        "4.1.0",
-        "5.0.0",
-    ),  # fmt: skip
-    "ssd": ("0.7.0", "1.0.0", "1.1.0"),
-    "transformer": ("0.7.0",),
-    "llama31_8b": ("5.1.0", "6.0.0", "6.1.0"),
-}
+# The round-level disclosure keys of 6.1.0's common rules (precision, parallelism, run config):
+# `Benchmark.round_hparams` gives them for every run; a round before 6.1.0 does not know them.
+PRECISION_KEYS = (
+    "lowest_numerical_precision_in_linear",
+    "lowest_numerical_precision_in_attn",
+    "lowest_numerical_precision_in_comm",
+)
+ROUND_KEYS = (
+    *PRECISION_KEYS,
+    "tensor_parallelism",
+    "pipeline_parallelism",
+    "context_parallelism",
+    "expert_parallelism",
+    "micro_batch_size",
+    "config_filename",
+)
+# The rules' names of the dtypes a Keras policy computes in.
+_PRECISION_NAMES = {"float32": "fp32", "bfloat16": "bfloat16", "float16": "fp16"}
 
-# Keys a round names differently: (benchmark, old key, new key, first round of the new name).
-_RENAMED_KEYS = (("bert", OPT_EPSILON, OPT_LAMB_EPSILON, "2.1.0"),)
+
+def precision_name(dtype: str) -> str:
+    """The 6.1.0 rules' name of a compute dtype ("bfloat16" -> "bfloat16", "float16" -> "fp16");
+    fp32 for any other."""
+    return _PRECISION_NAMES.get(dtype, "fp32")
+
 
 # Keys that a round's common rules require from that round on (EXACTLY_ONE: an older round's
 # log leaves them out): 6.1.0's precision, parallelism and run-config disclosure.
-_FIRST_ROUND_OF_KEY = {
-    key: "6.1.0"
-    for key in (
-        "lowest_numerical_precision_in_linear",
-        "lowest_numerical_precision_in_attn",
-        "lowest_numerical_precision_in_comm",
-        "tensor_parallelism",
-        "pipeline_parallelism",
-        "context_parallelism",
-        "expert_parallelism",
-        "micro_batch_size",
-        "config_filename",
-    )
-}
+_FIRST_ROUND_OF_KEY = {key: "6.1.0" for key in ROUND_KEYS}
 
 _QUOTED = re.compile(r'"([^"\\]+)"')
 _SINGLE_QUOTED = re.compile(r"'([^'\\]+)'")
@@ -161,25 +147,37 @@ def rules_fingerprint(ruleset: str, benchmark: str, division: str = "closed") ->
     return _RULESET_IN_PATH.sub("training_R/", text)
 
 
-def rounds_with(benchmark: str | None) -> tuple[str, ...]:
-    """The rounds (rulesets) whose closed rules fit this suite's `benchmark`, oldest first."""
-    return BENCHMARK_ROUNDS.get(benchmark or "", ())
+@functools.cache
+def rounds_with_rules(benchmark: str | None) -> tuple[str, ...]:
+    """The installed rounds that accept MLPerf benchmark `benchmark` and ship its closed rule
+    file, oldest first: the default of `Benchmark.supported_rounds`."""
+    return tuple(r for r in available_rulesets() if has_benchmark(r, benchmark))
 
 
-def default_ruleset(benchmark: str) -> str:
-    """The newest round that has `benchmark`: what `mlperf-tf run` emits for by default.
+def rounds_with(benchmark: Any) -> tuple[str, ...]:
+    """The rounds whose closed rules fit `benchmark` (a `Benchmark` class or instance: its
+    `supported_rounds()`), oldest first."""
+    return tuple(benchmark.supported_rounds())
+
+
+def default_ruleset(benchmark: Any) -> str:
+    """The newest round that has `benchmark` (a `Benchmark` class or instance): what
+    `mlperf-tf run` emits for by default.
 
     Raises:
       ValueError: the benchmark is in no round this suite knows.
     """
     rounds = rounds_with(benchmark)
     if not rounds:
-        raise ValueError(f"`benchmark` ({benchmark!r}) is in no MLPerf round this suite knows.")
+        raise ValueError(
+            f"`benchmark` ({benchmark.mlperf_benchmark!r}) is in no MLPerf round this suite knows."
+        )
     return rounds[-1]
 
 
-def resolve_ruleset(benchmark: str, ruleset: str) -> str:
-    """The round a run of `benchmark` emits for: `ruleset`, or by default the newest with it.
+def resolve_ruleset(benchmark: Any, ruleset: str) -> str:
+    """The round a run of `benchmark` (a `Benchmark` class or instance) emits for: `ruleset`, or
+    by default the newest with it.
 
     Returns "" (no round-specific keys) for a benchmark in no round this suite knows, e.g. a
     third-party one, when no ruleset is given.
@@ -193,8 +191,8 @@ def resolve_ruleset(benchmark: str, ruleset: str) -> str:
     return default_ruleset(benchmark) if rounds_with(benchmark) else ""
 
 
-def validate_ruleset(benchmark: str, ruleset: str) -> None:
-    """Checks that `ruleset` is a round with `benchmark`.
+def validate_ruleset(benchmark: Any, ruleset: str) -> None:
+    """Checks that `ruleset` is a round with `benchmark` (a `Benchmark` class or instance).
 
     Raises:
       ValueError: naming the ruleset and the rounds that have the benchmark.
@@ -203,8 +201,8 @@ def validate_ruleset(benchmark: str, ruleset: str) -> None:
     if ruleset not in rounds:
         have = ", ".join(rounds) if rounds else "none"
         raise ValueError(
-            f"ruleset {ruleset!r} has no MLPerf '{benchmark}' this suite can emit; rounds with "
-            f"it: {have}"
+            f"ruleset {ruleset!r} has no MLPerf '{benchmark.mlperf_benchmark}' this suite can "
+            f"emit; rounds with it: {have}"
         )
 
 
@@ -277,18 +275,19 @@ def closed_division_problem(ruleset: str, benchmark: str, hparams: dict[str, Any
     return None
 
 
-def adapt_hparams(benchmark: str, ruleset: str, hparams: dict[str, Any]) -> dict[str, Any]:
+def adapt_hparams(renamed_keys, ruleset: str, hparams: dict[str, Any]) -> dict[str, Any]:
     """The hyperparameter keys under the names `ruleset` uses, keeping their order.
 
-    A benchmark may give a value under both names of a renamed key (BERT's `opt_epsilon`, called
-    `opt_lamb_epsilon` from v2.1); the rules want the key EXACTLY_ONE time under the round's name,
-    so the other name is dropped (or the value renamed, where only the other name was given).
-    Keys that only a later round's rules know (6.1.0's disclosure keys) are dropped for older
-    rounds.
+    A benchmark may give a value under both names of a key it declares renamed
+    (`Benchmark.renamed_keys`, `mlperf_tf.facts.RenamedKey`: BERT's `opt_epsilon`, called
+    `opt_lamb_epsilon` from v2.1); the rules want the key EXACTLY_ONE time under the round's
+    name, so the other name is dropped (or the value renamed, where only the other name was
+    given). Keys that only a later round's rules know (6.1.0's disclosure keys) are dropped for
+    older rounds.
     """
     adapted = dict(hparams)
-    for name, old, new, since in _RENAMED_KEYS:
-        if name != benchmark or not ruleset:
+    for old, new, since in renamed_keys:
+        if not ruleset:
             continue
         keep, drop = (new, old) if version_key(ruleset) >= version_key(since) else (old, new)
         if keep not in adapted and drop in adapted:

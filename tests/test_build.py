@@ -3,7 +3,7 @@
 import os
 import re
 
-from tools import update_build
+from tools.dev import update_build
 
 
 def _quoted_paths(text):
@@ -17,7 +17,7 @@ def test_build_lists_every_module_and_test_file():
     for top in (*update_build.PACKAGES, "tests"):
         wanted.update(update_build.python_files(top))
     missing = sorted(wanted - listed)
-    assert not missing, f"missing from BUILD (run `python tools/update_build.py`): {missing}"
+    assert not missing, f"missing from BUILD (run `python tools/dev/update_build.py`): {missing}"
     stale = sorted(p for p in listed if not os.path.exists(os.path.join(update_build.REPO_ROOT, p)))
     assert not stale, f"BUILD names files that do not exist: {stale}"
 

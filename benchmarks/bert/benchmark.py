@@ -13,9 +13,10 @@ from benchmarks.bert import checkpoint as checkpoint_lib
 from benchmarks.bert import config as config_lib
 from benchmarks.bert import input as input_lib
 from benchmarks.bert import model as model_lib
-from mlperf_tf import rules
+from mlperf_tf import rounds, rules
 from mlperf_tf.benchmark import Benchmark, EvalPoint, eval_ratio, sample_eval_schedule
 from mlperf_tf.config import ConfigError
+from mlperf_tf.facts import Blocks, Rcp, RenamedKey, SimulatorShape
 from mlperf_tf.layers.tensor_parallel import vocab_parallel_cross_entropy
 from mlperf_tf.optimizers import LAMB, WarmupPolynomialDecay, registry
 
@@ -43,11 +44,24 @@ class BertBenchmark(Benchmark):
     name = "bert"
     mlperf_benchmark = C.BERT
     parallel_axes = ("data", "model")
+    # Samples to 72.0 % masked-LM accuracy by global batch (the last round with BERT's RCPs).
+    convergence = Rcp("training_4.0.0/rcps_bert.json", "bert_ref_", in_samples=True)
+    renamed_keys = (RenamedKey(rounds.OPT_EPSILON, rounds.OPT_LAMB_EPSILON, "2.1.0"),)
     config_class = config_lib.BertConfig
     presets = {"mlperf": config_lib.mlperf, "mini": config_lib.mini, "smoke": config_lib.smoke}
     input_module = input_lib.INPUT  # synthetic or record batches (the Benchmark's input hooks)
 
     config: config_lib.BertConfig
+
+    def simulator_shape(self) -> SimulatorShape:
+        """For `--model_parallel`: each encoder block all-reduces after attention and after the
+        feed-forward (Megatron's two), over activations of `max_seq_length` tokens x hidden."""
+        m = self.model_config
+        h, f = m.hidden_size, m.intermediate_size
+        blocks = Blocks(
+            m.num_hidden_layers, 2, h, self.config.data.max_seq_length, 2 * h * f, 2.0 * 2 * h * f
+        )
+        return SimulatorShape(blocks=blocks)
 
     # ---- sizes ---------------------------------------------------------------------------------
     @property
@@ -127,7 +141,7 @@ class BertBenchmark(Benchmark):
 
         The encoder skips the padding (`packed`: its blocks run on the real tokens only) unless
         the run needs static shapes (`--xla`, TPUs); the losses and gradients are the same
-        (issue 14; `tools/bench_bert.py`, ablation `mlperf_tf_padded`).
+        (issue 14; `tools/peers/bench_bert.py`, ablation `mlperf_tf_padded`).
         """
         outputs = model(batch, training=training, packed=not self.static_shapes)
         mlm_logits = tf.cast(outputs["mlm_logits"], tf.float32)  # [batch, predictions, vocab]

@@ -26,9 +26,7 @@ import dataclasses
 import glob
 import os
 import random
-import shutil
 import sysconfig
-import tempfile
 from collections.abc import Iterable, Sequence
 
 import tensorflow as tf
@@ -36,7 +34,7 @@ import tensorflow as tf
 from benchmarks.bert import config as config_lib
 from benchmarks.bert import tokenization
 from mlperf_tf import prepare_cli
-from mlperf_tf.data import docstrings
+from mlperf_tf.data import docstrings, tfrecord
 from mlperf_tf.errors import DataError, UserError
 
 # The seed MLPerf fixes for its TFRecords ("It is extremely critical to set random_seed to 12345").
@@ -322,28 +320,15 @@ def instance_to_example(
     return tf.train.Example(features=tf.train.Features(feature=features))
 
 
-def write_examples_round_robin(examples: Iterable[tf.train.Example], paths: Sequence[str]) -> int:
-    """Writes examples to `paths` in turn (the reference's writer order); returns the count."""
-    writers = [tf.io.TFRecordWriter(p) for p in paths]
-    count = 0
-    try:
-        for example in examples:
-            # deterministic=True sorts the feature map's keys: without it the byte order of a
-            # protobuf map may differ between processes (hash seeds), and so would the files.
-            writers[count % len(writers)].write(example.SerializeToString(deterministic=True))
-            count += 1
-    finally:
-        for w in writers:
-            w.close()
-    return count
-
-
-def shard_paths(output_dir: str, prefix: str, num_shards: int) -> list[str]:
-    """`<output_dir>/<prefix>-00000-of-0000N.tfrecord`, ..."""
-    return [
-        os.path.join(output_dir, f"{prefix}-{i:05d}-of-{num_shards:05d}.tfrecord")
-        for i in range(num_shards)
-    ]
+def write_shards(examples: Iterable[tf.train.Example], output_dir: str, prefix: str,
+                 num_shards: int) -> list[str]:  # fmt: skip
+    """Writes examples round-robin (the reference's writer order) to
+    `<output_dir>/<prefix>-00000-of-0000N.tfrecord`, ...: the suite's one TFRecord writer and
+    naming (`mlperf_tf.data.tfrecord.write_sharded`), with the suffix the readers glob
+    (`train/*.tfrecord`, `eval/*.tfrecord`)."""
+    return tfrecord.write_sharded(
+        examples, output_dir, prefix=prefix, num_shards=num_shards, suffix=".tfrecord"
+    )
 
 
 def build_tokenizer(
@@ -441,9 +426,7 @@ def prepare(
         vocab_out=None if vocab_file else os.path.join(output_dir, "vocab.txt"),
     )
     examples = create_examples(input_files, tokenizer, params, pick_examples=pick_examples)
-    paths = shard_paths(output_dir, prefix, num_shards)
-    write_examples_round_robin(examples, paths)
-    return paths
+    return write_shards(examples, output_dir, prefix, num_shards)
 
 
 # ---- the mini dataset: standard-library docstrings -----------------------------------------------
@@ -508,18 +491,10 @@ def prepare_mini(
     data_dir = os.path.abspath(data_dir)
     if os.path.exists(data_dir):
         raise DataError(f"mini data_dir '{data_dir}' already exists; remove it to rebuild")
-    parent = os.path.dirname(data_dir)
-    os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=os.path.basename(data_dir) + ".partial-", dir=parent)
-    try:
+    with prepare_cli.staged_folder(data_dir) as staging:
         summary = _write_mini(
             staging, learner=learner, dupe_factor=dupe_factor, random_seed=random_seed
         )
-        os.chmod(staging, 0o755)  # mkdtemp makes it private; the dataset is not secret
-        os.rename(staging, data_dir)
-    finally:
-        if os.path.exists(staging):
-            shutil.rmtree(staging, ignore_errors=True)
     return summary
 
 
@@ -547,10 +522,8 @@ def _write_mini(
     )
     train_dir = os.path.join(data_dir, "train")
     eval_dir = os.path.join(data_dir, "eval")
-    os.makedirs(train_dir, exist_ok=True)
-    os.makedirs(eval_dir, exist_ok=True)
     train_examples = create_examples([train_txt], tokenizer, params)
-    write_examples_round_robin(train_examples, shard_paths(train_dir, "part", 4))
+    write_shards(train_examples, train_dir, "part", 4)
     # The eval set: its own seed, like MLPerf's separately generated eval_10k.
     eval_params = dataclasses.replace(params, random_seed=random_seed + 1)
     try:
@@ -559,7 +532,7 @@ def _write_mini(
         )
     except DataError as e:
         raise DataError(f"the held-out docstrings are too few for the mini eval set: {e}") from None
-    write_examples_round_robin(eval_examples, shard_paths(eval_dir, "eval", 1))
+    write_shards(eval_examples, eval_dir, "eval", 1)
     return {
         "train_documents": train_docs,
         "eval_documents": eval_docs,

@@ -287,13 +287,7 @@ def learn_vocab_bpe(
     Raises:
       ValueError: the reserved tokens and the alphabet alone exceed `vocab_size`.
     """
-    words: list[list[str]] = []
-    counts: list[int] = []
-    for word, count in word_counts:
-        if not word or count <= 0:
-            continue
-        words.append([word[0]] + ["##" + c for c in word[1:]])
-        counts.append(int(count))
+    words, counts = _character_pieces(word_counts)
     vocab = list(reserved_tokens)
     alphabet = sorted({piece for pieces in words for piece in pieces} - set(vocab))
     vocab += alphabet
@@ -325,16 +319,7 @@ def learn_vocab_bpe(
             for old in zip(pieces, pieces[1:]):
                 pair_counts[old] -= count
                 changed.add(old)
-            out = []
-            i = 0
-            while i < len(pieces):
-                if i + 1 < len(pieces) and pieces[i] == first and pieces[i + 1] == second:
-                    out.append(merged)
-                    i += 2
-                else:
-                    out.append(pieces[i])
-                    i += 1
-            words[index] = out
+            out = words[index] = _merge_pair(pieces, first, second, merged)
             for new in zip(out, out[1:]):
                 pair_counts[new] += count
                 where[new].add(index)
@@ -350,3 +335,30 @@ def learn_vocab_bpe(
             known.add(merged)
             vocab.append(merged)
     return vocab
+
+
+def _character_pieces(word_counts: Iterable[tuple[str, int]]) -> tuple[list[list[str]], list[int]]:
+    """Each word (empty words and counts <= 0 left out) as its first character and `##`
+    continuations of the others, with its count."""
+    words: list[list[str]] = []
+    counts: list[int] = []
+    for word, count in word_counts:
+        if not word or count <= 0:
+            continue
+        words.append([word[0]] + ["##" + c for c in word[1:]])
+        counts.append(int(count))
+    return words, counts
+
+
+def _merge_pair(pieces: list[str], first: str, second: str, merged: str) -> list[str]:
+    """`pieces` with every adjacent (`first`, `second`), left to right, replaced by `merged`."""
+    out = []
+    i = 0
+    while i < len(pieces):
+        if i + 1 < len(pieces) and pieces[i] == first and pieces[i + 1] == second:
+            out.append(merged)
+            i += 2
+        else:
+            out.append(pieces[i])
+            i += 1
+    return out

@@ -14,7 +14,9 @@ from mlperf_logging.mllog import constants as C
 from benchmarks.llama31_8b import config as config_lib
 from benchmarks.llama31_8b import input as input_lib
 from benchmarks.llama31_8b import model as model_lib
+from mlperf_tf import flops
 from mlperf_tf.benchmark import Benchmark, EvalPoint, sample_eval_schedule
+from mlperf_tf.facts import Blocks, Rcp, SimulatorShape
 from mlperf_tf.layers import moe
 from mlperf_tf.layers.tensor_parallel import vocab_parallel_cross_entropy
 from mlperf_tf.optimizers import WarmupCosineDecay, registry
@@ -23,13 +25,6 @@ from mlperf_tf.optimizers import WarmupCosineDecay, registry
 # differently or lacks.
 MAX_STEPS = "max_steps"
 DECAY_SCHEDULE = "cosine with linear warmup"
-# Disclosure keys of the 6.1.0 common rules (`rounds.ROUND_ONLY_KEYS` drops them for older rounds).
-PRECISION_KEYS = (
-    "lowest_numerical_precision_in_linear",
-    "lowest_numerical_precision_in_attn",
-    "lowest_numerical_precision_in_comm",
-)
-_PRECISION_NAMES = {"float32": "fp32", "bfloat16": "bfloat16", "float16": "fp16"}
 
 
 class Llama31Benchmark(Benchmark):
@@ -47,8 +42,36 @@ class Llama31Benchmark(Benchmark):
     presets = {"mlperf": config_lib.mlperf, "mini": config_lib.mini, "smoke": config_lib.smoke}
     input_module = input_lib.INPUT
     higher_is_better = False
+    # Samples (sequences of 8,192 tokens) to log perplexity 3.3 at global batch 16 ... 128.
+    convergence = Rcp("training_5.1.0/rcps_llama31_8b.json", "llama31_8b_ref_", in_samples=True)
 
     config: config_lib.LlamaConfig
+
+    def decoder_shape(self) -> flops.DecoderShape:
+        """`config.model` as `mlperf_tf.flops` counts a decoder (MoE blocks: router and top-k)."""
+        m = self.config.model
+        return flops.DecoderShape(
+            vocab_size=m.vocab_size,
+            hidden_size=m.hidden_size,
+            num_layers=m.num_hidden_layers,
+            num_attention_heads=m.num_attention_heads,
+            num_key_value_heads=m.num_key_value_heads,
+            head_dim=m.head_dim,
+            intermediate_size=m.intermediate_size,
+            moe_layers=m.moe.count(m.num_hidden_layers),
+            num_experts=m.moe.num_experts,
+            experts_per_token=m.moe.top_k,
+            expert_intermediate_size=m.moe.filter_size,
+        )
+
+    def simulator_shape(self) -> SimulatorShape:
+        """For `--model_parallel` and `--expert_parallel`: Megatron's two all-reduces per block
+        over sequence x hidden activations; the SwiGLU feed-forward an MoE layer replaces."""
+        m = self.config.model
+        h, f = m.hidden_size, m.intermediate_size
+        seq = self.config.data.max_sequence_length
+        blocks = Blocks(m.num_hidden_layers, 2, h, seq, 3 * h * f, 2.0 * 3 * h * f)
+        return SimulatorShape(blocks=blocks)
 
     @property
     def parallel_axes(self) -> tuple[str, ...]:
@@ -101,8 +124,10 @@ class Llama31Benchmark(Benchmark):
         return self.config.data.max_sequence_length
 
     def training_flops_per_sample(self) -> float:
-        """Training FLOPs of one sequence, analytic (`ModelConfig.training_flops`)."""
-        return self.config.model.training_flops(self.config.data.max_sequence_length)
+        """Training FLOPs of one sequence from the config (`flops.decoder_training_flops_per_sample`
+        of `decoder_shape()`: attention's full square, MoE blocks' active experts only)."""
+        seq = self.config.data.max_sequence_length
+        return flops.decoder_training_flops_per_sample(self.decoder_shape(), seq)
 
     def scaled_settings(self) -> dict[str, str]:
         """`max_sequence_length` when below the rules' 8,192 (the mini and smoke presets)."""
@@ -218,7 +243,8 @@ class Llama31Benchmark(Benchmark):
         return self.config.optimizer.max_steps * self.config.global_batch_size
 
     def mlperf_hparams(self) -> dict[str, Any]:
-        """The keys of closed_llama31_8b.yaml (5.1.0, 6.0.0, 6.1.0) and 6.1.0's disclosure keys."""
+        """The keys of closed_llama31_8b.yaml (5.1.0, 6.0.0, 6.1.0); the runner adds the round's
+        disclosure keys (`Benchmark.round_hparams`)."""
         opt = self.config.optimizer
         lr, warmup = self.learning_rate_and_warmup()
         if opt.opt_name == "adamw":
@@ -231,9 +257,6 @@ class Llama31Benchmark(Benchmark):
             }
         else:
             optimizer_keys = registry.mlperf_hparams(opt.opt_name, opt, opt.opt_params)
-        precision = _PRECISION_NAMES.get(
-            keras.mixed_precision.global_policy().compute_dtype, "fp32"
-        )
         return {
             **optimizer_keys,
             C.OPT_BASE_LR: lr,
@@ -244,14 +267,6 @@ class Llama31Benchmark(Benchmark):
             C.OPT_GRADIENT_CLIP_NORM: float(self.config.gradient_clip_norm),
             C.MAX_SEQUENCE_LENGTH: self.config.data.max_sequence_length,
             MAX_STEPS: opt.max_steps,
-            # 6.1.0 disclosure keys (precision of the run's dtype policy; the mesh's axes).
-            **{key: precision for key in PRECISION_KEYS},
-            "tensor_parallelism": self.mesh.model,
-            "pipeline_parallelism": 1,
-            "context_parallelism": 1,
-            "expert_parallelism": self.mesh.expert,
-            "micro_batch_size": self.per_replica_batch_size,
-            "config_filename": "benchmarks/llama31_8b/config.py",
         }
 
     @classmethod

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import keras
@@ -13,6 +14,7 @@ from benchmarks.resnet50 import input as input_lib
 from benchmarks.resnet50 import model as model_lib
 from mlperf_tf import layers
 from mlperf_tf.benchmark import Benchmark, eval_ratio
+from mlperf_tf.facts import Conv, Rcp, SimulatorShape
 from mlperf_tf.optimizers import LARS, WarmupPolynomialDecay, registry
 from mlperf_tf.parallel import spatial
 
@@ -40,8 +42,23 @@ class ResNet50Benchmark(Benchmark):
     input_module = input_lib  # synthetic or record batches (the Benchmark's input hooks)
     # --spatial_partition=K: each replica of a group of K holds a slab of rows of every image.
     parallel_axes = ("data", "spatial")
+    # The RCPs of the last round with ResNet (epochs to 75.9 % top-1 by global batch).
+    convergence = Rcp("training_4.0.0/rcps_resnet.json", "resnet_ref_")
 
     config: config_lib.ResNet50Config
+
+    def simulator_shape(self) -> SimulatorShape:
+        """For `--spatial_partition`: the 7 x 7 stem and each stage's 3 x 3 convolutions (one
+        per bottleneck) at the stage's map size; every batch norm (stem, three per bottleneck,
+        one per stage's projection shortcut)."""
+        m, size = self.config.model, self.config.data.image_size
+        side = math.ceil(math.ceil(size / 2) / 2)  # after the stride-2 stem and max pool
+        convs = [Conv(1, 7, size, size, 3, stride=2)]
+        for stage, blocks in enumerate(m.block_layers):
+            convs.append(Conv(blocks, 3, side, side, m.base_width * 2**stage))
+            side = math.ceil(side / 2)
+        norms = 1 + 3 * sum(m.block_layers) + len(m.block_layers)
+        return SimulatorShape(convs=tuple(convs), batch_norms=norms)
 
     # ---- sizes ---------------------------------------------------------------------------------
     def warmup_steps(self) -> int:

@@ -77,33 +77,10 @@ def resnet(
     seeds = _Seeds(seed)
     build = SpatialBuilder(layout)
     inputs = keras.Input(shape=(image_size, image_size, 3), name="images")
-    # Stem: 7x7/2 convolution (explicit padding, as the reference) and 3x3/2 max pool.
-    stem_splits = build.image_splits(image_size, ((7, 2, 3),)) and build.image_splits(
-        image_size // 2, ((3, 2, "same"),)
-    )
-    x = build.start(inputs, split=stem_splits)  # else whole until a stage splits
-    x = _conv(build, x, config.base_width, 7, 2, "conv1_conv", seeds, padding=3)
-    x = _batch_norm(build, x, config, "conv1_bn")
-    x = keras.layers.ReLU(name="conv1_relu")(x)
-    x = build.max_pool(x, 3, stride=2, padding="same", name="pool1_pool")
-
+    x = _stem(build, inputs, config, seeds, image_size=image_size)
     for stage, num_blocks in enumerate(config.block_layers):
-        filters = config.base_width * 2**stage
         for block in range(num_blocks):
-            stride = _STAGE_STRIDES[stage] if block == 0 else 1
-            name = f"conv{stage + 2}_block{block + 1}"
-            x = build.keep_split(x, ((3, stride, "same"), (1, stride, "same")), name=name)
-            x = _bottleneck(
-                build,
-                x,
-                filters=filters,
-                stride=stride,
-                projection=block == 0,
-                name=name,
-                config=config,
-                seeds=seeds,
-            )
-
+            x = _stage_block(build, x, config, seeds, stage=stage, block=block)
     if build.parts > 1 and not build.ever_split:
         raise ConfigError(
             spatial_lib.stem_refusal(build.layout, size=image_size, setting="data.image_size")
@@ -116,6 +93,30 @@ def resnet(
         name="fc",
     )(x)  # [batch, num_classes]
     return keras.Model(inputs, logits, name="resnet")
+
+
+def _stem(build, inputs, config, seeds, *, image_size: int):
+    """7x7/2 convolution (explicit padding, as the reference), batch norm, ReLU, 3x3/2 max pool;
+    split into tiles if both the convolution and the pool split, else whole until a stage does."""
+    stem_splits = build.image_splits(image_size, ((7, 2, 3),)) and build.image_splits(
+        image_size // 2, ((3, 2, "same"),)
+    )
+    x = build.start(inputs, split=stem_splits)
+    x = _conv(build, x, config.base_width, 7, 2, "conv1_conv", seeds, padding=3)
+    x = _batch_norm(build, x, config, "conv1_bn")
+    x = keras.layers.ReLU(name="conv1_relu")(x)
+    return build.max_pool(x, 3, stride=2, padding="same", name="pool1_pool")
+
+
+def _stage_block(build, x, config, seeds, *, stage: int, block: int):
+    """Block `block` of stage `stage`: the first of a stage projects (and strides)."""
+    stride = _STAGE_STRIDES[stage] if block == 0 else 1
+    name = f"conv{stage + 2}_block{block + 1}"
+    x = build.keep_split(x, ((3, stride, "same"), (1, stride, "same")), name=name)
+    return _bottleneck(
+        build, x, filters=config.base_width * 2**stage, stride=stride, projection=block == 0,
+        name=name, config=config, seeds=seeds,
+    )  # fmt: skip
 
 
 def _bottleneck(build, x, *, filters, stride, projection, name, config, seeds):

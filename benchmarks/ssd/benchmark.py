@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import warnings
 from typing import Any
@@ -19,6 +20,7 @@ from benchmarks.ssd import model as model_lib
 from mlperf_tf.benchmark import Benchmark
 from mlperf_tf.data import pipeline
 from mlperf_tf.errors import DataError, UserError
+from mlperf_tf.facts import Conv, Rcp, SimulatorShape
 from mlperf_tf.layers import model_bn_span
 from mlperf_tf.optimizers import PiecewiseConstantWithWarmup, registry
 from mlperf_tf.parallel import spatial
@@ -44,6 +46,10 @@ class SSDBenchmark(Benchmark):
     # --spatial_partition=K (KxL): each replica of a group of K (K x L) holds a slab of rows (a
     # tile) of every image.
     parallel_axes = ("data", "spatial")
+    # "ssd" is SSD-ResNet34 up to 1.1.0 and RetinaNet from 2.0.0 (Adam, target 0.34 mAP): the
+    # rounds of the same rule-file name that are this model.
+    mlperf_rounds = ("0.7.0", "1.0.0", "1.1.0")
+    convergence = Rcp("training_1.1.0/rcps_ssd.json", "ssd_ref_")
     presets = {
         "mlperf": config_lib.mlperf,
         "mini": config_lib.mini,
@@ -57,6 +63,37 @@ class SSDBenchmark(Benchmark):
         except ValueError as e:
             raise UserError(str(e)) from None
         self._groundtruth = None
+
+    def simulator_shape(self) -> SimulatorShape:
+        """For `--spatial_partition`: SSD-ResNet34's convolutions by feature map (the 7 x 7 stem;
+        ResNet-34's basic blocks to conv4, kept at stride 8; the first extra 3 x 3 with the heads
+        on that map; then each extra map's next 3 x 3 and its class and box heads) and the batch
+        norms a spatial group sums.
+
+        The batch-norm count, 37, is the simulator's since its first version (the figures of
+        docs/scaling.md); the built `mlperf` model has 29 (stem, two per block, two projection
+        shortcuts).
+        """
+        m, size = self.config.model, self.config.model.image_size
+
+        def width(channels: int) -> int:
+            return max(1, int(round(channels * m.width_scale)))
+
+        quarter = math.ceil(math.ceil(size / 2) / 2)  # after the stride-2 stem and max pool
+        side = math.ceil(quarter / 2)  # conv3_x (stride 2); conv4_x stays (stride 1 in SSD)
+        b1, b2, b3 = m.backbone_blocks
+        convs = [
+            Conv(1, 7, size, size, 3, stride=2),
+            Conv(2 * b1, 3, quarter, quarter, width(64)),
+            Conv(2 * b2, 3, side, side, width(128)),
+            Conv(2 * b3, 3, side, side, width(256)),
+            Conv(2, 3, side, side, width(256)),
+        ]
+        extras = zip(m.extra_channels, m.extra_strides, m.extra_paddings)
+        for channels, stride, padding in list(extras)[:-1]:
+            side = (side + 2 * padding - 3) // stride + 1
+            convs.append(Conv(3, 3, side, side, width(channels)))
+        return SimulatorShape(convs=tuple(convs), batch_norms=37)
 
     # ---- model and optimizer -------------------------------------------------------------------
     def build_model(self) -> keras.Model:

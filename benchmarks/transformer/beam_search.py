@@ -120,35 +120,70 @@ def sequence_beam_search(
       ValueError: a size argument is not positive or `alpha` is negative.
     """
     _validate(beam_size, max_decode_length, alpha)
-    initial_ids = tf.cast(initial_ids, tf.int32)
-    batch_size = tf.shape(initial_ids)[0]
-    # Sequences keep the initial id at position 0: [batch, beam, max_decode_length + 1].
-    alive_seq = _expand_to_beam(initial_ids[:, None], beam_size)
-    alive_seq = tf.pad(alive_seq, [[0, 0], [0, 0], [0, max_decode_length]])
-    # Only the first beam is live at the start, so the first top-k does not pick duplicates.
-    alive_log_probs = tf.tile(
-        tf.constant([[0.0] + [-INF] * (beam_size - 1)], tf.float32), [batch_size, 1]
-    )
-    alive_cache = tf.nest.map_structure(lambda t: _expand_to_beam(t, beam_size), initial_cache)
+    search = _BeamSearch(
+        symbols_to_logits_fn, vocab_size=vocab_size, beam_size=beam_size, alpha=alpha,
+        max_decode_length=max_decode_length, eos_id=eos_id,
+    )  # fmt: skip
+    state = search.initial_state(initial_ids, initial_cache)
     flat_static = None
     if static is not None:
         flat_static = tf.nest.map_structure(
             lambda t: _flatten_beam(_expand_to_beam(t, beam_size)), static
         )
-    finished_seq = tf.zeros_like(alive_seq)
-    finished_scores = tf.fill([batch_size, beam_size], -INF)
-    finished_flags = tf.zeros([batch_size, beam_size], tf.bool)
-    max_penalty = length_penalty(max_decode_length, alpha)
+    if retire_finished:
+        seq, scores = _search_retiring(search, state, flat_static)
+    else:
+        seq, scores = search.search_to_the_end(state, flat_static)
+    return _strip_after_eos(seq[:, :, 1:], eos_id), scores
 
-    def step_beams(step, alive_seq, alive_log_probs, alive_cache, fin_seq, fin_scores, fin_flags,
-                   flat_static):  # fmt: skip
+
+class _BeamSearch:
+    """One beam search's settings and its per-step pieces, shared by the fixed-batch loop
+    (`search_to_the_end`) and the retiring one (`_search_retiring`).
+
+    The state of a search is the tuple (alive_seq [b, beam, length + 1], alive_log_probs
+    [b, beam], alive_cache (nest [b, beam, ...]), fin_seq [b, beam, length + 1], fin_scores
+    [b, beam], fin_flags bool [b, beam]), for any number b of batch entries.
+    """
+
+    def __init__(self, symbols_to_logits_fn: SymbolsToLogitsFn, *, vocab_size: int,
+                 beam_size: int, alpha: float, max_decode_length: int, eos_id: int):  # fmt: skip
+        self.symbols_to_logits_fn = symbols_to_logits_fn
+        self.vocab_size = vocab_size
+        self.beam_size = beam_size
+        self.alpha = alpha
+        self.max_decode_length = max_decode_length
+        self.eos_id = eos_id
+
+    def initial_state(self, initial_ids: tf.Tensor, initial_cache: Any) -> tuple:
+        """The state before step 0: one live beam per entry holding the initial id."""
+        beam_size = self.beam_size
+        initial_ids = tf.cast(initial_ids, tf.int32)
+        batch_size = tf.shape(initial_ids)[0]
+        # Sequences keep the initial id at position 0: [batch, beam, max_decode_length + 1].
+        alive_seq = _expand_to_beam(initial_ids[:, None], beam_size)
+        alive_seq = tf.pad(alive_seq, [[0, 0], [0, 0], [0, self.max_decode_length]])
+        # Only the first beam is live at the start, so the first top-k does not pick duplicates.
+        alive_log_probs = tf.tile(
+            tf.constant([[0.0] + [-INF] * (beam_size - 1)], tf.float32), [batch_size, 1]
+        )
+        alive_cache = tf.nest.map_structure(lambda t: _expand_to_beam(t, beam_size), initial_cache)
+        finished_seq = tf.zeros_like(alive_seq)
+        finished_scores = tf.fill([batch_size, beam_size], -INF)
+        finished_flags = tf.zeros([batch_size, beam_size], tf.bool)
+        return (alive_seq, alive_log_probs, alive_cache, finished_seq, finished_scores,
+                finished_flags)  # fmt: skip
+
+    def step_beams(self, step, alive_seq, alive_log_probs, alive_cache, fin_seq, fin_scores,
+                   fin_flags, flat_static):  # fmt: skip
         """One step of the search for the entries in the state (any number of them)."""
+        beam_size, vocab_size = self.beam_size, self.vocab_size
         batch = tf.shape(alive_seq)[0]
         # The 2*beam best one-token extensions of the alive hypotheses.
         flat_ids = _flatten_beam(alive_seq)  # [batch * beam, length + 1]
         current = tf.gather(flat_ids, [step], axis=1)  # [batch * beam, 1]
         flat_cache = tf.nest.map_structure(_flatten_beam, alive_cache)
-        flat_logits, flat_cache = symbols_to_logits_fn(current, step, flat_cache, flat_static)
+        flat_logits, flat_cache = self.symbols_to_logits_fn(current, step, flat_cache, flat_static)
         logits = _unflatten_beam(tf.cast(flat_logits, tf.float32), batch, beam_size)
         log_probs = tf.nn.log_softmax(logits) + alive_log_probs[:, :, None]  # [b, beam, vocab]
         flat_log_probs = tf.reshape(log_probs, [batch, beam_size * vocab_size])
@@ -157,7 +192,7 @@ def sequence_beam_search(
         topk_ids = topk_indices % vocab_size
         topk_seq = _gather_beams(alive_seq, topk_beams)
         topk_seq = _write_position(topk_seq, step + 1, topk_ids)
-        topk_finished = tf.equal(topk_ids, eos_id)  # [b, 2 * beam]
+        topk_finished = tf.equal(topk_ids, self.eos_id)  # [b, 2 * beam]
         # Alive: the best `beam` extensions that did not end; their caches are the ones of the
         # beams they extend, gathered once.
         masked = topk_log_probs - tf.cast(topk_finished, tf.float32) * INF
@@ -169,7 +204,7 @@ def sequence_beam_search(
         )
         alive_cache = _gather_beams(new_cache, alive_beams)
         # Finished: the best `beam` among the old finished and the extensions that ended now.
-        new_scores = topk_log_probs / length_penalty(step + 1, alpha)
+        new_scores = topk_log_probs / length_penalty(step + 1, self.alpha)
         new_scores -= (1.0 - tf.cast(topk_finished, tf.float32)) * INF
         all_seq = tf.concat([fin_seq, topk_seq], axis=1)  # [b, 3 * beam, length + 1]
         all_scores = tf.concat([fin_scores, new_scores], axis=1)
@@ -178,117 +213,121 @@ def sequence_beam_search(
         fin_seq, fin_flags = _gather_beams((all_seq, all_flags), fin_indices)
         return step + 1, alive_seq, alive_log_probs, alive_cache, fin_seq, fin_scores, fin_flags
 
-    def decided(alive_log_probs, fin_scores, fin_flags):
+    def decided(self, alive_log_probs, fin_scores, fin_flags) -> tf.Tensor:
         """[b] bool: no alive hypothesis of the entry can still beat its worst finished one."""
         # The best an alive hypothesis can still score: its log-probability only decreases,
         # and the length penalty is largest at the maximum length.
-        best_alive = alive_log_probs[:, 0] / max_penalty
+        best_alive = alive_log_probs[:, 0] / length_penalty(self.max_decode_length, self.alpha)
         lowest_finished = tf.reduce_min(
             tf.where(fin_flags, fin_scores, tf.zeros_like(fin_scores)), axis=1
         )
         lowest_finished = tf.where(tf.reduce_any(fin_flags, axis=1), lowest_finished, -INF)
         return lowest_finished > best_alive
 
-    def result(alive_seq, alive_log_probs, fin_seq, fin_scores, fin_flags):
+    def result(self, alive_seq, alive_log_probs, fin_seq, fin_scores, fin_flags):
         """An entry with no finished hypothesis returns its alive ones (they hit the length cap)."""
         any_finished = tf.reduce_any(fin_flags, axis=1)
-        alive_scores = alive_log_probs / length_penalty(max_decode_length, alpha)
+        alive_scores = alive_log_probs / length_penalty(self.max_decode_length, self.alpha)
         seq = tf.where(any_finished[:, None, None], fin_seq, alive_seq)
         scores = tf.where(any_finished[:, None], fin_scores, alive_scores)
         return seq, scores
 
-    if retire_finished:
-        seq, scores = _search_retiring(
-            step_beams, decided, result,
-            (alive_seq, alive_log_probs, alive_cache, finished_seq, finished_scores,
-             finished_flags),
-            flat_static, beam_size=beam_size, max_decode_length=max_decode_length,
-        )  # fmt: skip
-        return _strip_after_eos(seq[:, :, 1:], eos_id), scores
+    def search_to_the_end(self, state: tuple, flat_static) -> tuple[tf.Tensor, tf.Tensor]:
+        """Steps the whole batch until every entry is decided or the length cap.
 
-    def body(step, alive_seq, alive_log_probs, alive_cache, fin_seq, fin_scores, fin_flags):
-        return step_beams(step, alive_seq, alive_log_probs, alive_cache, fin_seq, fin_scores,
-                          fin_flags, flat_static)  # fmt: skip
+        Returns:
+          (seq int32 [batch, beam, max_decode_length + 1], scores float32 [batch, beam]).
+        """
 
-    def cond(step, alive_seq, alive_log_probs, alive_cache, fin_seq, fin_scores, fin_flags):
-        del alive_seq, alive_cache, fin_seq
-        done = tf.reduce_all(decided(alive_log_probs, fin_scores, fin_flags))
-        return tf.logical_and(step < max_decode_length, tf.logical_not(done))
+        def body(step, *beams):
+            return self.step_beams(step, *beams, flat_static)
 
-    loop_vars = (
-        tf.constant(0, tf.int32),
-        alive_seq,
-        alive_log_probs,
-        alive_cache,
-        finished_seq,
-        finished_scores,
-        finished_flags,
-    )
-    _, alive_seq, alive_log_probs, _, fin_seq, fin_scores, fin_flags = tf.while_loop(
-        cond, body, loop_vars, maximum_iterations=max_decode_length
-    )
-    seq, scores = result(alive_seq, alive_log_probs, fin_seq, fin_scores, fin_flags)
-    return _strip_after_eos(seq[:, :, 1:], eos_id), scores
+        def cond(step, alive_seq, alive_log_probs, alive_cache, fin_seq, fin_scores, fin_flags):
+            del alive_seq, alive_cache, fin_seq
+            done = tf.reduce_all(self.decided(alive_log_probs, fin_scores, fin_flags))
+            return tf.logical_and(step < self.max_decode_length, tf.logical_not(done))
+
+        loop_vars = (tf.constant(0, tf.int32), *state)
+        _, alive_seq, alive_log_probs, _, fin_seq, fin_scores, fin_flags = tf.while_loop(
+            cond, body, loop_vars, maximum_iterations=self.max_decode_length
+        )
+        return self.result(alive_seq, alive_log_probs, fin_seq, fin_scores, fin_flags)
 
 
-def _search_retiring(step_beams, decided, result, state, flat_static, *, beam_size: int,
-                     max_decode_length: int):  # fmt: skip
+def _search_retiring(search: _BeamSearch, state: tuple, flat_static):
     """The search loop of `sequence_beam_search(retire_finished=True)`.
 
     The loop state holds only the undecided entries (a dynamic batch dimension) and `rows`, their
     places in the batch. After each step the entries that became decided write their result
-    (`result`) into the output at their rows and leave the state (a gather of the rest, only
-    in steps where some entry was decided); the loop ends when none is left or at the length
-    cap, after which the remaining entries write theirs.
+    (`search.result`) into the output at their rows and leave the state (a gather of the rest,
+    only in steps where some entry was decided); the loop ends when none is left or at the
+    length cap, after which the remaining entries write theirs.
 
     Returns:
       (seq int32 [batch, beam, max_decode_length + 1], scores float32 [batch, beam]).
     """
     has_static = flat_static is not None
     flat_static = flat_static if has_static else ()  # a loop variable must not be None
-    alive_seq = state[0]
-    batch_size = tf.shape(alive_seq)[0]
+    batch_size = tf.shape(state[0])[0]
     rows = tf.range(batch_size)
-    out_seq = tf.zeros_like(alive_seq)
-    out_scores = tf.zeros([batch_size, beam_size], tf.float32)
-
-    def write(out_seq, out_scores, rows, alive_seq, alive_log_probs, fin_seq, fin_scores,
-              fin_flags):  # fmt: skip
-        seq, scores = result(alive_seq, alive_log_probs, fin_seq, fin_scores, fin_flags)
-        where = rows[:, None]
-        return (tf.tensor_scatter_nd_update(out_seq, where, seq),
-                tf.tensor_scatter_nd_update(out_scores, where, scores))  # fmt: skip
+    out_seq = tf.zeros_like(state[0])
+    out_scores = tf.zeros([batch_size, search.beam_size], tf.float32)
 
     def body(step, rows, out_seq, out_scores, beams, flat_static):
-        step, *beams = step_beams(step, *beams, flat_static if has_static else None)
-        alive_seq, alive_log_probs, alive_cache, fin_seq, fin_scores, fin_flags = beams
-        done = decided(alive_log_probs, fin_scores, fin_flags)
-
-        def retire():
-            leaving = tf.where(done)[:, 0]
-            staying = tf.where(tf.logical_not(done))[:, 0]
-            take = functools.partial(tf.gather, indices=leaving)
-            new_out = write(out_seq, out_scores, take(rows), take(alive_seq),
-                            take(alive_log_probs), take(fin_seq), take(fin_scores),
-                            take(fin_flags))  # fmt: skip
-            keep = functools.partial(tf.gather, indices=staying)
-            kept = tf.nest.map_structure(keep, (rows, tuple(beams)))
-            # The static part is flat, [batch * beam, ...]: the staying entries' beam rows.
-            flat_rows = tf.reshape(
-                tf.cast(staying, tf.int32)[:, None] * beam_size + tf.range(beam_size), [-1]
-            )
-            kept_static = tf.nest.map_structure(lambda t: tf.gather(t, flat_rows), flat_static)
-            return (kept[0], *new_out, kept[1], kept_static)
-
-        def stay():
-            return rows, out_seq, out_scores, tuple(beams), flat_static
-
-        rows, out_seq, out_scores, beams, flat_static = tf.cond(tf.reduce_any(done), retire, stay)
+        step, *beams = search.step_beams(step, *beams, flat_static if has_static else None)
+        done = search.decided(beams[1], beams[4], beams[5])
+        rows, out_seq, out_scores, beams, flat_static = tf.cond(
+            tf.reduce_any(done),
+            lambda: _retire(search, done, rows, out_seq, out_scores, beams, flat_static),
+            lambda: (rows, out_seq, out_scores, tuple(beams), flat_static),
+        )
         return step, rows, out_seq, out_scores, beams, flat_static
 
     def cond(step, rows, out_seq, out_scores, beams, flat_static):
         del out_seq, out_scores, beams, flat_static
-        return tf.logical_and(step < max_decode_length, tf.size(rows) > 0)
+        return tf.logical_and(step < search.max_decode_length, tf.size(rows) > 0)
+
+    loop_vars = (tf.constant(0, tf.int32), rows, out_seq, out_scores, tuple(state), flat_static)
+    _, rows, out_seq, out_scores, beams, _ = tf.while_loop(
+        cond, body, loop_vars,
+        shape_invariants=_retiring_invariants(state, out_seq, out_scores, flat_static),
+        maximum_iterations=search.max_decode_length,
+    )  # fmt: skip
+    return _write_results(search, out_seq, out_scores, rows, beams)
+
+
+def _write_results(search: _BeamSearch, out_seq, out_scores, rows, beams, pick=None):
+    """The output with the results of `beams` (search states) written at their `rows`; with
+    `pick` (a gather of some entries), only those entries'."""
+    alive_seq, alive_log_probs, _, fin_seq, fin_scores, fin_flags = beams
+    parts = (rows, alive_seq, alive_log_probs, fin_seq, fin_scores, fin_flags)
+    rows, *parts = [pick(t) for t in parts] if pick else parts
+    seq, scores = search.result(*parts)
+    where = rows[:, None]
+    return (tf.tensor_scatter_nd_update(out_seq, where, seq),
+            tf.tensor_scatter_nd_update(out_scores, where, scores))  # fmt: skip
+
+
+def _retire(search: _BeamSearch, done, rows, out_seq, out_scores, beams, flat_static):
+    """Writes the decided entries' results and keeps the others' state (and static rows)."""
+    leaving = tf.where(done)[:, 0]
+    staying = tf.where(tf.logical_not(done))[:, 0]
+    take = functools.partial(tf.gather, indices=leaving)
+    new_out = _write_results(search, out_seq, out_scores, rows, beams, pick=take)
+    keep = functools.partial(tf.gather, indices=staying)
+    kept = tf.nest.map_structure(keep, (rows, tuple(beams)))
+    # The static part is flat, [batch * beam, ...]: the staying entries' beam rows.
+    beam_size = search.beam_size
+    flat_rows = tf.reshape(
+        tf.cast(staying, tf.int32)[:, None] * beam_size + tf.range(beam_size), [-1]
+    )
+    kept_static = tf.nest.map_structure(lambda t: tf.gather(t, flat_rows), flat_static)
+    return (kept[0], *new_out, kept[1], kept_static)
+
+
+def _retiring_invariants(state: tuple, out_seq, out_scores, flat_static) -> tuple:
+    """The retiring loop's shape invariants: a free batch dimension for the state and the
+    static part, and a free length for a cache dimension that grows."""
 
     def any_batch(t):
         return tf.TensorShape([None]).concatenate(t.shape[1:])
@@ -298,10 +337,9 @@ def _search_retiring(step_beams, decided, result, state, flat_static, *, beam_si
         # grow=True)`: a position per step): its length is free too.
         return tf.TensorShape([None] + [None if d == 0 else d for d in t.shape[1:]])
 
-    loop_vars = (tf.constant(0, tf.int32), rows, out_seq, out_scores, tuple(state), flat_static)
     state_invariants = [tf.nest.map_structure(any_batch, t) for t in state]
     state_invariants[2] = tf.nest.map_structure(any_batch_and_growth, state[2])  # alive_cache
-    invariants = (
+    return (
         tf.TensorShape([]),
         tf.TensorShape([None]),
         out_seq.shape,
@@ -309,12 +347,6 @@ def _search_retiring(step_beams, decided, result, state, flat_static, *, beam_si
         tuple(state_invariants),
         tf.nest.map_structure(any_batch, flat_static),
     )
-    _, rows, out_seq, out_scores, beams, _ = tf.while_loop(
-        cond, body, loop_vars, shape_invariants=invariants, maximum_iterations=max_decode_length
-    )
-    alive_seq, alive_log_probs, _, fin_seq, fin_scores, fin_flags = beams
-    return write(out_seq, out_scores, rows, alive_seq, alive_log_probs, fin_seq, fin_scores,
-                 fin_flags)  # fmt: skip
 
 
 def greedy_search(

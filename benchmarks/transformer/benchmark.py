@@ -21,6 +21,7 @@ from benchmarks.transformer import model as model_lib
 from mlperf_tf.benchmark import Benchmark
 from mlperf_tf.config import ConfigError
 from mlperf_tf.data import pipeline, synthetic
+from mlperf_tf.facts import Blocks, SimulatorShape, StatedConvergence
 from mlperf_tf.layers import moe
 from mlperf_tf.layers.tensor_parallel import vocab_parallel_cross_entropy
 from mlperf_tf.optimizers import WarmupRsqrtDecay, registry
@@ -41,7 +42,7 @@ def label_smoothed_cross_entropy(
     ids gives the same value with more passes (the gather's gradient scatters into a zeroed
     [batch, length, vocab] tensor and the log-softmax's takes another exp over it); measured on
     the mini model the fused form costs about the same CPU time per step
-    (`tools/bench_transformer.py`, ablation `mlperf_tf_gather_loss`).
+    (`tools/peers/bench_transformer.py`, ablation `mlperf_tf_gather_loss`).
 
     Args:
       logits: [..., vocab] (cast to float32 here), e.g. [batch, length, vocab].
@@ -72,6 +73,23 @@ class TransformerBenchmark(Benchmark):
     mlperf_benchmark = "transformer"
     config_class = config_lib.TransformerConfig
     presets = {"mlperf": config_lib.mlperf, "mini": config_lib.mini, "smoke": config_lib.smoke}
+    # No RCP exists (the Transformer retired before RCPs began with MLPerf 1.0): MLPerf v0.6
+    # TPU-v3 result logs converged in 2-3 epochs at global batch 512 and in 5 at 2048
+    # (training_results_v0.6 Google/results/tpu-v3-{32,2048}/transformer); their batch unit is
+    # taken as 512 tokens (an assumption: a padded pair), giving these points in tokens.
+    convergence = StatedConvergence(
+        ((262144, 3.0), (1048576, 5.0)),
+        "stated model (no RCP): benchmarks/transformer/benchmark.py TransformerBenchmark.convergence",
+    )
+
+    def simulator_shape(self) -> SimulatorShape:
+        """For `--model_parallel` and `--expert_parallel`: the encoder's blocks all-reduce twice
+        (attention, feed-forward), the decoder's three times (with cross-attention), averaged
+        over all blocks; the batch counts tokens (1 a sample)."""
+        m = self.config.model
+        h, f, n = m.hidden_size, m.filter_size, m.num_layers
+        blocks = Blocks(2 * n, (2 * n + 3 * n) / (2 * n), h, 1, 2 * h * f, 2.0 * 2 * h * f)
+        return SimulatorShape(blocks=blocks)
 
     @property
     def parallel_axes(self) -> tuple[str, ...]:
@@ -268,7 +286,7 @@ class TransformerBenchmark(Benchmark):
         attention on unpacked [batch, length] tensors with its masks), and only the real target
         positions reach the vocabulary projection and the loss. Padded positions weigh 0 in the loss and
         are masked out of every attention, so the loss and the gradients are the same; the
-        work saved is the batch's padding (issue 14; `tools/bench_transformer.py`, ablations
+        work saved is the batch's padding (issue 14; `tools/peers/bench_transformer.py`, ablations
         `mlperf_tf_padded` and `mlperf_tf_packed_logits`).
         """
         targets = batch["targets"]
@@ -318,7 +336,7 @@ class TransformerBenchmark(Benchmark):
                 max_decode_length=self.max_decode_length,
                 eos_id=prepare.EOS_ID,
                 # A sentence leaves the decoding loop once its best translation is decided (same
-                # translations; 2.4-2.9x faster mini evals, `tools/bench_transformer_eval.py`);
+                # translations; 2.4-2.9x faster mini evals, `tools/costs/bench_transformer_eval.py`);
                 # static shapes (XLA, TPUs, model parallelism) keep the whole batch.
                 retire_finished=not self.static_shapes,
             )

@@ -33,8 +33,6 @@ import json
 import os
 import random
 import re
-import shutil
-import tempfile
 from collections.abc import Iterable, Sequence
 
 import sentencepiece as spm
@@ -262,38 +260,13 @@ def prepare(
         raise DataError(
             f"need training and eval pairs, got {len(train_pairs)} and {len(eval_pairs)}"
         )
-    parent = os.path.dirname(os.path.abspath(out_dir))
-    os.makedirs(parent, exist_ok=True)
-    tmp_dir = tempfile.mkdtemp(prefix=os.path.basename(out_dir) + ".tmp-", dir=parent)
-    try:
-        os.chmod(tmp_dir, 0o755)  # mkdtemp makes it private; the data is not
-        texts = [text for pair in train_pairs for text in pair]
-        model_bytes = train_vocab(
-            texts, vocab_size=vocab_size, seed=seed, input_sentence_size=input_sentence_size
-        )
-        with open(os.path.join(tmp_dir, VOCAB_MODEL), "wb") as f:
-            f.write(model_bytes)
-        processor = spm.SentencePieceProcessor(model_proto=model_bytes)
-        with open(os.path.join(tmp_dir, "vocab.vocab"), "w", encoding="utf-8") as f:
-            for i in range(processor.GetPieceSize()):
-                f.write(f"{processor.IdToPiece(i)}\t{processor.GetScore(i)}\n")
-
-        histogram: collections.Counter = collections.Counter()
-        train_examples = []
-        for src, tgt in train_pairs:
-            src_ids, tgt_ids = encode(processor, src), encode(processor, tgt)
-            histogram[max(len(src_ids), len(tgt_ids))] += 1
-            train_examples.append(tfrecord.make_example({"inputs": src_ids, "targets": tgt_ids}))
-        tfrecord.write_sharded(train_examples, tmp_dir, prefix="train", num_shards=num_train_shards)
-        eval_examples = []
-        eval_lengths: collections.Counter = collections.Counter()
-        for index, (src, tgt) in enumerate(eval_pairs):
-            src_ids, tgt_ids = encode(processor, src), encode(processor, tgt)
-            eval_lengths[len(src_ids)] += 1
-            eval_examples.append(
-                tfrecord.make_example({"inputs": src_ids, "targets": tgt_ids, "index": index})
-            )
-        tfrecord.write_sharded(eval_examples, tmp_dir, prefix="eval", num_shards=num_eval_shards)
+    with prepare_cli.staged_folder(out_dir) as tmp_dir:
+        processor = _write_vocab(
+            tmp_dir, [text for pair in train_pairs for text in pair], vocab_size=vocab_size,
+            seed=seed, input_sentence_size=input_sentence_size,
+        )  # fmt: skip
+        histogram = _write_pairs(tmp_dir, processor, train_pairs, "train", num_train_shards)
+        eval_lengths = _write_pairs(tmp_dir, processor, eval_pairs, "eval", num_eval_shards)
         for name, column in ((EVAL_SOURCES, 0), (EVAL_REFERENCES, 1)):
             with open(os.path.join(tmp_dir, name), "w", encoding="utf-8") as f:
                 f.writelines(pair[column].replace("\n", " ") + "\n" for pair in eval_pairs)
@@ -309,11 +282,48 @@ def prepare(
         }
         with open(os.path.join(tmp_dir, METADATA), "w", encoding="utf-8") as f:
             json.dump(metadata, f, indent=1, sort_keys=True)
-        os.replace(tmp_dir, out_dir)
-    finally:
-        if os.path.exists(tmp_dir):
-            shutil.rmtree(tmp_dir, ignore_errors=True)
     return metadata
+
+
+def _write_vocab(
+    out_dir: str, texts: list[str], *, vocab_size: int, seed: int, input_sentence_size: int
+) -> spm.SentencePieceProcessor:
+    """Trains the SentencePiece vocabulary on `texts`, writes its model and its readable
+    `vocab.vocab` (piece and score per line) into `out_dir`, and returns its processor."""
+    model_bytes = train_vocab(
+        texts, vocab_size=vocab_size, seed=seed, input_sentence_size=input_sentence_size
+    )
+    with open(os.path.join(out_dir, VOCAB_MODEL), "wb") as f:
+        f.write(model_bytes)
+    processor = spm.SentencePieceProcessor(model_proto=model_bytes)
+    with open(os.path.join(out_dir, "vocab.vocab"), "w", encoding="utf-8") as f:
+        for i in range(processor.GetPieceSize()):
+            f.write(f"{processor.IdToPiece(i)}\t{processor.GetScore(i)}\n")
+    return processor
+
+
+def _write_pairs(
+    out_dir: str, processor, pairs: Sequence[tuple[str, str]], split: str, num_shards: int
+) -> collections.Counter:
+    """Encodes `pairs` and writes them as the `split` ("train" or "eval") TFRecord shards; an
+    eval example carries its `index` in the eval set.
+
+    Returns:
+      train: pair length (max of source and target ids) -> pairs; eval: source length -> pairs.
+    """
+    lengths: collections.Counter = collections.Counter()
+    examples = []
+    for index, (src, tgt) in enumerate(pairs):
+        src_ids, tgt_ids = encode(processor, src), encode(processor, tgt)
+        features = {"inputs": src_ids, "targets": tgt_ids}
+        if split == "eval":
+            lengths[len(src_ids)] += 1
+            features["index"] = index
+        else:
+            lengths[max(len(src_ids), len(tgt_ids))] += 1
+        examples.append(tfrecord.make_example(features))
+    tfrecord.write_sharded(examples, out_dir, prefix=split, num_shards=num_shards)
+    return lengths
 
 
 def load_metadata(data_dir: str) -> dict:

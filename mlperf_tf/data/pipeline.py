@@ -25,6 +25,7 @@ batch with skips) with the file names and the running count of records skipped b
 from __future__ import annotations
 
 import contextlib
+import functools
 import glob as _glob
 import os
 import sys
@@ -378,30 +379,8 @@ def _checks(
         raise ValueError("`forward` needs unbatched elements")
     paths = tf.constant(list(files), dtype=tf.string)
 
-    def find_gaps(state, element):
-        expected, skipped = state
-        meta, example = element
-        if not batched:
-            meta = tuple(m[tf.newaxis] for m in meta)
-        count, _, previous_file, previous_code, _ = meta
-        gaps = count - tf.concat([[expected], count[:-1] + 1], 0)
-        skipped += tf.reduce_sum(gaps)
-        bad = gaps > 0
-        corrupt = tf.logical_and(bad, tf.equal(previous_code, _CORRUPT_FILE))
-        previous_file = tf.maximum(previous_file, 0)
-        names = tf.gather(paths, previous_file)
-        report = (
-            tf.strings.reduce_join(tf.boolean_mask(names, corrupt)[:1]),
-            tf.strings.reduce_join(tf.boolean_mask(names, bad & ~corrupt)[:1]),
-            tf.strings.reduce_join(tf.boolean_mask(names, bad), separator="', '"),
-            tf.reduce_sum(gaps),
-            skipped,
-            tf.concat([tf.boolean_mask(previous_file, bad), [-1]], 0)[0],
-        )
-        return (count[-1] + 1, skipped), (report, element)
-
     def report(report, element):
-        corrupt_name, bad_name, all_names, num_gaps, skipped, bad_file = report
+        corrupt_name, _, _, num_gaps, _, bad_file = report
         meta, example = element
         if forward and not skip_bad_records:
             code = tf.where(
@@ -410,37 +389,7 @@ def _checks(
                 tf.where(num_gaps > 0, _code(_BAD_BEFORE), meta[4]),
             )
             return example, tf.where(num_gaps > 0, bad_file, meta[1]), code
-        if skip_bad_records:
-            checks = [
-                tf.cond(
-                    num_gaps > 0,
-                    lambda: _warn(
-                        "skipped ",
-                        tf.strings.as_string(num_gaps),
-                        " bad record(s) (parse_fn or transform_fn failed) in file(s) '",
-                        all_names,
-                        "' (",
-                        tf.strings.as_string(skipped),
-                        " skipped by this input pipeline so far)",
-                    ),
-                    lambda: tf.constant(False),
-                )
-            ]
-        else:
-            checks = [
-                tf.debugging.Assert(
-                    tf.equal(corrupt_name, ""),
-                    [f"{DATA_ERROR_PREFIX} corrupt TFRecord file", corrupt_name],
-                ),
-                tf.debugging.Assert(
-                    tf.equal(bad_name, ""),
-                    [
-                        f"{DATA_ERROR_PREFIX} bad record (parse_fn or transform_fn failed) in file",
-                        bad_name,
-                    ],
-                ),
-            ]
-        with tf.control_dependencies(checks):
+        with tf.control_dependencies(_gap_checks(report, skip_bad_records)):
             example = tf.nest.map_structure(tf.identity, example)
         file = meta[1]
         if drop_end:
@@ -452,7 +401,71 @@ def _checks(
         return (example, file) if keep_file else example
 
     init = (tf.constant(0, tf.int64), tf.constant(0, tf.int64))
+    find_gaps = functools.partial(_find_gaps, paths, batched)
     return elements.scan(init, find_gaps).map(report)
+
+
+def _find_gaps(paths: tf.Tensor, batched: bool, state, element):
+    """`_checks`' scan step: the records missing before this element (or batch) and what to
+    report of them, with the running count of skipped records in the state.
+
+    Returns:
+      ((next expected running number, skipped so far), (report, element)), where report is
+      (the first corrupt file's name, the first other bad file's name, all bad files' names,
+      records missing here, skipped so far, the first bad file's index or -1).
+    """
+    expected, skipped = state
+    meta, example = element
+    if not batched:
+        meta = tuple(m[tf.newaxis] for m in meta)
+    count, _, previous_file, previous_code, _ = meta
+    gaps = count - tf.concat([[expected], count[:-1] + 1], 0)
+    skipped += tf.reduce_sum(gaps)
+    bad = gaps > 0
+    corrupt = tf.logical_and(bad, tf.equal(previous_code, _CORRUPT_FILE))
+    previous_file = tf.maximum(previous_file, 0)
+    names = tf.gather(paths, previous_file)
+    report = (
+        tf.strings.reduce_join(tf.boolean_mask(names, corrupt)[:1]),
+        tf.strings.reduce_join(tf.boolean_mask(names, bad & ~corrupt)[:1]),
+        tf.strings.reduce_join(tf.boolean_mask(names, bad), separator="', '"),
+        tf.reduce_sum(gaps),
+        skipped,
+        tf.concat([tf.boolean_mask(previous_file, bad), [-1]], 0)[0],
+    )
+    return (count[-1] + 1, skipped), (report, element)
+
+
+def _gap_checks(report, skip_bad_records: bool) -> list:
+    """The ops that report a `_find_gaps` report: a warning line (`skip_bad_records`), or
+    assertions that fail on a corrupt file or a bad record."""
+    corrupt_name, bad_name, all_names, num_gaps, skipped, _ = report
+    if skip_bad_records:
+        return [
+            tf.cond(
+                num_gaps > 0,
+                lambda: _warn(
+                    "skipped ",
+                    tf.strings.as_string(num_gaps),
+                    " bad record(s) (parse_fn or transform_fn failed) in file(s) '",
+                    all_names,
+                    "' (",
+                    tf.strings.as_string(skipped),
+                    " skipped by this input pipeline so far)",
+                ),
+                lambda: tf.constant(False),
+            )
+        ]
+    return [
+        tf.debugging.Assert(
+            tf.equal(corrupt_name, ""),
+            [f"{DATA_ERROR_PREFIX} corrupt TFRecord file", corrupt_name],
+        ),
+        tf.debugging.Assert(
+            tf.equal(bad_name, ""),
+            [f"{DATA_ERROR_PREFIX} bad record (parse_fn or transform_fn failed) in file", bad_name],
+        ),
+    ]
 
 
 def _end_marker() -> tf.data.Dataset:
@@ -581,30 +594,20 @@ def training_pipeline(
     _check_positive("shuffle_buffer", shuffle_buffer)
     if num_epochs is not None:
         _check_positive("num_epochs", num_epochs)
-    fn = _compose(parse_fn, transform_fn)
     shard, record_shard = shard_files(files, input_context)
     records = _read_records(
-        shard,
-        record_shard=record_shard,
-        shuffle_files=True,
-        seed=seed,
-        deterministic=None,
+        shard, record_shard=record_shard, shuffle_files=True, seed=seed, deterministic=None,
         skip_bad_records=skip_bad_records,
-    )
+    )  # fmt: skip
     checks = dict(files=shard, skip_bad_records=skip_bad_records)
     if cache:
         # parse_fn's (deterministic) output is cached, so only transform_fn runs every epoch.
-        # An end marker, so that a bad last record of this finite first stage is seen.
-        numbered = _number(records.concatenate(_end_marker()), chunked=True)
-        parsed = _apply(numbered, parse_fn, end_dummy=_zeros_of_output(parse_fn))
-        parsed = _checks(parsed, **checks, batched=False, forward=True)
-        parsed = parsed.filter(lambda example, file, code: tf.not_equal(code, _END)).cache()
-        stream = _shuffle_repeat(parsed, shuffle_buffer, seed, num_epochs)
-        # Parsed examples may differ in shape (decoded images): number them one by one.
+        # Parsed examples may differ in shape (decoded images): they are numbered one by one.
+        records = _parsed_once(records, parse_fn, checks)
         last_fn, chunked = transform_fn or (lambda x: x), False
     else:
-        stream = _shuffle_repeat(records, shuffle_buffer, seed, num_epochs)
-        last_fn, chunked = fn, True
+        last_fn, chunked = _compose(parse_fn, transform_fn), True
+    stream = _shuffle_repeat(records, shuffle_buffer, seed, num_epochs)
     if num_epochs is None:
         examples = _apply(_number(stream, chunked=chunked), last_fn)
         # In order (unlike the pipeline's other parallel steps): the checks read the running
@@ -614,25 +617,43 @@ def training_pipeline(
         )
         batches = _checks(batches, **checks, batched=True)
     else:
-        # A finite stream. A dropped record or a corrupt file's marker is reported through the
-        # element after it, and the shuffle puts one last now and then (a truncated file went
-        # unreported for 10 of 150 seeds): so an end marker follows the last element, and the
-        # checks run before batching (a batch remainder is dropped, and its gaps with it).
-        payload_spec = stream.element_spec[0]
-        end_payload = _zeros_of_spec(payload_spec)
-        end = tf.data.Dataset.from_tensors((end_payload, _code(-1), _code(_END)))
-        numbered = _number(stream.concatenate(end), chunked=chunked)
-        end_dummy = _zeros_of_spec(
-            tf.data.Dataset.from_tensors(end_payload).map(last_fn).element_spec
-        )
-        examples = _apply(numbered, last_fn, end_dummy=end_dummy)
-        examples = _checks(examples, **checks, batched=False, keep_file=True)
-        examples = examples.filter(lambda example, file: file >= 0)
-        batches = examples.map(lambda example, file: example).batch(
-            batch_size, drop_remainder=True, num_parallel_calls=AUTOTUNE, deterministic=True
-        )
+        batches = _finite_batches(stream, last_fn, chunked, batch_size, checks)
     # Options before the final prefetch, so the slack optimization finds that prefetch.
     return batches.with_options(pipeline_options(training=True)).prefetch(AUTOTUNE)
+
+
+def _parsed_once(records: tf.data.Dataset, parse_fn: ParseFn, checks: dict) -> tf.data.Dataset:
+    """`training_pipeline(cache=True)`'s first stage: the shard's records parsed once, checked
+    and cached, as `(example, file, code)`.
+
+    An end marker follows the records, so that a bad last record of this finite stage is seen.
+    """
+    numbered = _number(records.concatenate(_end_marker()), chunked=True)
+    parsed = _apply(numbered, parse_fn, end_dummy=_zeros_of_output(parse_fn))
+    parsed = _checks(parsed, **checks, batched=False, forward=True)
+    return parsed.filter(lambda example, file, code: tf.not_equal(code, _END)).cache()
+
+
+def _finite_batches(
+    stream: tf.data.Dataset, last_fn, chunked: bool, batch_size: int, checks: dict
+) -> tf.data.Dataset:
+    """Batches of a finite stream (`num_epochs` set), checked before batching.
+
+    A dropped record or a corrupt file's marker is reported through the element after it, and
+    the shuffle puts one last now and then (a truncated file went unreported for 10 of 150
+    seeds): so an end marker follows the last element, and the checks run before batching (a
+    batch remainder is dropped, and its gaps with it).
+    """
+    end_payload = _zeros_of_spec(stream.element_spec[0])
+    end = tf.data.Dataset.from_tensors((end_payload, _code(-1), _code(_END)))
+    numbered = _number(stream.concatenate(end), chunked=chunked)
+    end_dummy = _zeros_of_spec(tf.data.Dataset.from_tensors(end_payload).map(last_fn).element_spec)
+    examples = _apply(numbered, last_fn, end_dummy=end_dummy)
+    examples = _checks(examples, **checks, batched=False, keep_file=True)
+    examples = examples.filter(lambda example, file: file >= 0)
+    return examples.map(lambda example, file: example).batch(
+        batch_size, drop_remainder=True, num_parallel_calls=AUTOTUNE, deterministic=True
+    )
 
 
 def _shuffle_repeat(dataset, shuffle_buffer: int, seed: int | None, num_epochs: int | None):

@@ -181,15 +181,7 @@ def serve(
         `num_workers` is 0 with a `dispatcher_address`.
       UserError: `dispatcher_address` is malformed or unreachable.
     """
-    if not isinstance(port, int) or not 0 <= port < 65536:
-        raise ValueError(f"`port` ({port!r}) must be an integer in [0, 65535].")
-    if not isinstance(num_workers, int) or num_workers < (1 if dispatcher_address else 0):
-        raise ValueError(
-            f"`num_workers` ({num_workers!r}) must be a non-negative integer "
-            "(positive when joining a dispatcher)."
-        )
-    if worker_timeout_s < 0:
-        raise ValueError(f"`worker_timeout_s` ({worker_timeout_s!r}) must be >= 0.")
+    _check_serve_arguments(port, num_workers, dispatcher_address, worker_timeout_s)
     service = tf.data.experimental.service
     dispatcher = None
     if dispatcher_address:
@@ -221,6 +213,27 @@ def serve(
     servers = Servers(dispatcher, workers, address)
     if not block:
         return servers
+    _serve_until_interrupted(servers)
+    return None
+
+
+def _check_serve_arguments(
+    port: int, num_workers: int, dispatcher_address: str, worker_timeout_s: float
+) -> None:
+    """`serve`'s argument checks (see its Raises)."""
+    if not isinstance(port, int) or not 0 <= port < 65536:
+        raise ValueError(f"`port` ({port!r}) must be an integer in [0, 65535].")
+    if not isinstance(num_workers, int) or num_workers < (1 if dispatcher_address else 0):
+        raise ValueError(
+            f"`num_workers` ({num_workers!r}) must be a non-negative integer "
+            "(positive when joining a dispatcher)."
+        )
+    if worker_timeout_s < 0:
+        raise ValueError(f"`worker_timeout_s` ({worker_timeout_s!r}) must be >= 0.")
+
+
+def _serve_until_interrupted(servers: Servers) -> None:
+    """Serves until Ctrl-C, then stops the servers."""
     try:
         # join() blocks in C++; waiting on an Event keeps Ctrl-C responsive.
         threading.Event().wait()
@@ -228,7 +241,6 @@ def serve(
         pass
     finally:
         servers.stop()
-    return None
 
 
 _MOST_WORKERS = 1024  # worker servers in one process

@@ -84,18 +84,22 @@ def make_example(features: dict[str, Any]) -> tf.train.Example:
     )
 
 
-def shard_paths(out_dir: str, *, prefix: str, num_shards: int) -> list[str]:
-    """`out_dir/prefix-00000-of-00008`-style paths (the ImageNet/Model Garden naming)."""
+def shard_paths(out_dir: str, *, prefix: str, num_shards: int, suffix: str = "") -> list[str]:
+    """`out_dir/prefix-00000-of-00008`-style paths (the ImageNet/Model Garden naming), each
+    ending in `suffix` (e.g. ".tfrecord", where a benchmark's readers glob for it)."""
     if num_shards <= 0:
         raise ValueError(f"`num_shards` ({num_shards}) must be positive.")
     return [
-        os.path.join(out_dir, f"{prefix}-{i:05d}-of-{num_shards:05d}") for i in range(num_shards)
+        os.path.join(out_dir, f"{prefix}-{i:05d}-of-{num_shards:05d}{suffix}")
+        for i in range(num_shards)
     ]
 
 
 def _serialize(example: bytes | tf.train.Example) -> bytes:
     if isinstance(example, tf.train.Example):
-        return example.SerializeToString()
+        # deterministic=True sorts the feature map's keys: without it the byte order of a
+        # protobuf map may differ between processes (hash seeds), and so would the files.
+        return example.SerializeToString(deterministic=True)
     if isinstance(example, (bytes, bytearray)):
         return bytes(example)
     raise TypeError(f"expected a tf.train.Example or bytes, got {type(example).__name__}")
@@ -107,6 +111,7 @@ def write_sharded(
     *,
     prefix: str,
     num_shards: int,
+    suffix: str = "",
 ) -> list[str]:
     """Writes examples round-robin into `num_shards` TFRecord files.
 
@@ -118,11 +123,12 @@ def write_sharded(
       out_dir: output folder (created if missing).
       prefix: file name prefix, e.g. "train".
       num_shards: number of files.
+      suffix: file name ending (`shard_paths`).
 
     Returns:
       The shard paths, in order (empty shards are still written, as empty files).
     """
-    paths = shard_paths(out_dir, prefix=prefix, num_shards=num_shards)
+    paths = shard_paths(out_dir, prefix=prefix, num_shards=num_shards, suffix=suffix)
     tf.io.gfile.makedirs(out_dir)
     writers = [tf.io.TFRecordWriter(p) for p in paths]
     with _removed_on_failure(paths):

@@ -56,7 +56,7 @@ class Neumann(base.Optimizer):
         eta (1 + mu) |g| of that variable, and where |g| is small (a kernel in front of a
         zero-initialised batch-norm gamma: |g| ~ 1e-5, |w - v| ~ 1e-6) the repulsive force
         beta / |w - v|^2 reaches ~1e12 against |g| ~ 1 (ResNet-50 at width 16,
-        `tools/probe_neumann.py`), and the next loss is NaN. Kept for comparison.
+        `tools/studies/probe_neumann.py`), and the next loss is NaN. Kept for comparison.
     Over the model, the norm is computed once per step before any variable is updated: every
     replica computes it from its own copies (`distance`, a scalar slot), which are equal after
     Keras' summed-gradient update, so it costs no communication. The repulsive force is still

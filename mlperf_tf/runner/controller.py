@@ -177,7 +177,7 @@ def _resolve_division(benchmark: Benchmark, run_config: RunConfig, ruleset: str)
 def _resolve_ruleset(benchmark: Benchmark, run_config: RunConfig) -> str:
     """The MLPerf round the log follows (`--ruleset`, default the newest with the benchmark)."""
     try:
-        return rounds.resolve_ruleset(benchmark.mlperf_benchmark, run_config.ruleset)
+        return rounds.resolve_ruleset(benchmark, run_config.ruleset)
     except ValueError as error:
         raise UserError(f"--ruleset: {error}") from None
 
@@ -547,7 +547,7 @@ class Controller:
             reseeded = dataclasses.replace(context, seed=cfg.seed + self.step)
             self.benchmark = self.benchmark.with_context(reseeded)
         self.mllog.log_hparams(
-            rounds.adapt_hparams(self.benchmark.mlperf_benchmark, self.ruleset, self._hparams())
+            rounds.adapt_hparams(self.benchmark.renamed_keys, self.ruleset, self._hparams())
         )
         self._build_loops()
         self.start_step = self.step
@@ -641,6 +641,9 @@ class Controller:
         hparams.update(benchmark.mlperf_hparams())
         hparams.setdefault(C.TRAIN_SAMPLES, benchmark.train_samples())
         hparams.setdefault(C.EVAL_SAMPLES, benchmark.eval_samples())
+        # The round-level disclosure keys, for every benchmark (dropped for rounds before them).
+        for key, value in benchmark.round_hparams().items():
+            hparams.setdefault(key, value)
         return hparams
 
     def _build_loops(self) -> None:

@@ -5,13 +5,15 @@
 1. α and β of the CPU all-reduce: for each device count, a child process splits the CPU into that
    many logical devices, times `MirroredStrategy`'s cross-replica sum of 4 KB .. 16 MB per
    replica, and fits the ring model t = 2(p-1)·α + 2(p-1)/p · bytes · β by least squares.
-   (The gradient-summation issue's `tools/bench_allreduce.py` was not on main when this was
+   (The gradient-summation issue's `tools/costs/bench_allreduce.py` was not on main when this was
    written; this script measures the same quantities for the simulator.)
 2. The CPU's fp32 matmul peak (FLOP/s), the `peak_flops` of `cpu-local`.
-3. ResNet-50 `smoke` step times through `mlperf-tf run` on 1 device at global batches 16 and 256
-   (the calibration: compute efficiency and per-step overhead) and on N devices at 16 (the test),
-   in interleaved rounds, keeping each case's fastest round (load from other processes only adds
-   time); the simulator's prediction for N devices is printed beside the measurement.
+3. A benchmark's `smoke` step times through `mlperf-tf run` on 1 device at global batches 16 and
+   256 (the calibration: compute efficiency and per-step overhead) and on N devices at 16 (the
+   test), in interleaved rounds, keeping each case's fastest round (load from other processes only
+   adds time); the simulator's prediction for N devices is printed beside the measurement.
+   `--benchmark` picks it; by default the one the committed `cpu-local.json` was calibrated on
+   (ResNet-50).
 
 `--write` stores α, β, the peak and the calibrated constants in `systems/cpu-local.json`.
 """
@@ -126,12 +128,22 @@ def measure_matmul_peak(size: int = 1024, repeats: int = 10) -> float:
 _RATE = re.compile(r"\| ([0-9.]+) samples/s \|")
 
 
-def measure_step_time(devices: int, batch: int, steps: int = 60, loop: int = 10) -> float:
-    """Seconds per step of `mlperf-tf run --benchmark=resnet50 --preset=smoke`, from the
+def calibrated_benchmark() -> str:
+    """The benchmark the committed `cpu-local.json` was calibrated on: the one its
+    `compute_efficiency` names beside the default."""
+    with open(SYSTEM_FILE, encoding="utf-8") as f:
+        efficiency = json.load(f)["compute_efficiency"]
+    return next(name for name in efficiency if name != "default")
+
+
+def measure_step_time(
+    benchmark: str, devices: int, batch: int, steps: int = 60, loop: int = 10
+) -> float:
+    """Seconds per step of `mlperf-tf run --benchmark=BENCHMARK --preset=smoke`, from the
     runner's samples/s of every host loop but the first (which traces)."""
     with tempfile.TemporaryDirectory() as model_dir:
         cmd = [
-            sys.executable, "-m", "mlperf_tf.cli", "run", "--benchmark=resnet50",
+            sys.executable, "-m", "mlperf_tf.cli", "run", f"--benchmark={benchmark}",
             "--preset=smoke", f"--model_dir={model_dir}", f"--num_cpu_devices={devices}",
             f"--max_train_steps={steps}", f"--steps_per_loop={loop}",
             "--checkpoint_every_loops=0", f"--config.global_batch_size={batch}",
@@ -153,6 +165,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--devices", type=int, default=4, help="the tested device count")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds of step timings")
     parser.add_argument("--write", action="store_true", help="update systems/cpu-local.json")
+    parser.add_argument(
+        "--benchmark", help="the smoke preset timed (default: the one cpu-local.json names)"
+    )
     args = parser.parse_args(argv)
     if args._child:
         _child_allreduce(args._child, args.repeats)
@@ -160,6 +175,7 @@ def main(argv: list[str]) -> int:
 
     from mlperf_tf.simulate import model, systems
 
+    benchmark = args.benchmark or calibrated_benchmark()
     print(f"load average at start: {os.getloadavg()}")
     fits = {}
     for p in (2, args.devices):
@@ -176,7 +192,7 @@ def main(argv: list[str]) -> int:
     samples = {case: [] for case in cases}
     for _ in range(args.rounds):
         for case in cases:
-            samples[case].append(measure_step_time(*case))
+            samples[case].append(measure_step_time(benchmark, *case))
     # The fastest round: on a shared, loaded machine the other helpers' work only ever adds time.
     steps = {case: min(v) for case, v in samples.items()}
     for case, values in samples.items():
@@ -184,7 +200,7 @@ def main(argv: list[str]) -> int:
               + ", ".join(f"{v * 1e3:.1f}" for v in values) + " ms")  # fmt: skip
 
     # Two 1-device points fix the two constants: t = batch * flops / (peak * eff) + overhead.
-    flops = model.benchmark_facts("resnet50", "smoke")["training_flops_per_sample"]
+    flops = model.benchmark_facts(benchmark, "smoke")["training_flops_per_sample"]
     (b1, t1), (b2, t2) = (16, steps[(1, 16)]), (256, steps[(1, 256)])
     per_sample = (t2 - t1) / (b2 - b1)
     if per_sample <= 0:
@@ -195,10 +211,12 @@ def main(argv: list[str]) -> int:
     efficiency = flops / (per_sample * peak)
     overhead = max(t1 - b1 * per_sample, 0.0)
     link = fits[args.devices]
-    data = systems_json(peak, efficiency, overhead, link["alpha_s"], link["beta_s_per_byte"])
+    data = systems_json(
+        peak, efficiency, overhead, link["alpha_s"], link["beta_s_per_byte"], benchmark
+    )
     system = systems.from_dict(data, "measured")
     predicted = model.simulate(
-        benchmark="resnet50", system=system, chips=args.devices, global_batch=16, preset="smoke"
+        benchmark=benchmark, system=system, chips=args.devices, global_batch=16, preset="smoke"
     )
     measured = steps[(args.devices, 16)]
     print(f"cpu-local: efficiency {efficiency:.3f}, step overhead {overhead * 1e3:.1f} ms")
@@ -222,14 +240,14 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def systems_json(peak, efficiency, overhead, alpha, beta) -> dict:
-    """The cpu-local system file's content from the measured constants."""
+def systems_json(peak, efficiency, overhead, alpha, beta, benchmark) -> dict:
+    """The cpu-local system file's content from the constants measured on `benchmark`."""
     return {
         "name": "cpu-local",
         "description": "logical CPU devices of one process (--num_cpu_devices), sharing the cores",
         "peak_flops": peak,
         "memory_bandwidth": 10e9,
-        "compute_efficiency": {"default": efficiency, "resnet50": efficiency},
+        "compute_efficiency": {"default": efficiency, benchmark: efficiency},
         "topology": {"kind": "local", "max_chips": 64},
         "link": {"bandwidth": 1.0 / beta if beta else 1e12, "alpha": alpha},
         "chips_per_host": 64,

@@ -17,11 +17,11 @@ Per training step (all times in seconds):
 
 Time to train = steps to target x step + evaluations x (eval forward passes + eval overhead),
 with epochs to target from `convergence.curve` at the global batch. Per-sample FLOPs, the
-parameter count and the preset sizes come from the committed cache
-(`mlperf_tf/simulate/data/flops.json`), so no TensorFlow is imported: traced from the model, or
-for a model too large to trace (Llama 3.1 8B) counted from its config
-(`mlperf_tf.flops.decoder_forward_flops_per_token`, parameters from
-`Benchmark.parameter_count()`).
+parameter count, the preset sizes and the benchmark's declarations (`simulator_shape()`,
+`convergence`) come from the committed cache (`mlperf_tf/simulate/data/flops.json`), so no
+TensorFlow is imported: FLOPs traced from the model, or declared by the benchmark
+(`Benchmark.training_flops_per_sample`, e.g. Llama 3.1 8B's from its config). A registered
+benchmark missing from the cache is counted on the fly (importing TensorFlow).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from typing import Any
 
 from mlperf_tf import paths
 from mlperf_tf.errors import UserError
+from mlperf_tf.facts import SimulatorShape
 from mlperf_tf.simulate import collectives, convergence, parallelism
 from mlperf_tf.simulate.systems import System
 
@@ -61,25 +62,50 @@ def _committed_flops() -> dict[str, Any]:
 
 
 def benchmark_facts(benchmark: str, preset: str = "mlperf") -> dict[str, Any]:
-    """The cached FLOPs, parameters and sizes of a benchmark preset (see `mlperf_tf.flops`).
+    """The FLOPs, parameters, sizes and declarations of a benchmark preset (see `mlperf_tf.flops`):
+    cached, or for a registered benchmark the cache does not hold, counted now.
 
     Raises:
-      UserError: the benchmark or preset is not in the cache (a third-party benchmark: run
-        `python -m mlperf_tf.flops --write NAME` first).
+      UserError: the benchmark is neither cached nor registered, or has no such preset.
     """
     table = _flops_table()
     if benchmark not in table:
-        raise UserError(
-            f"unknown benchmark '{benchmark}' for simulate (cached: {', '.join(sorted(table))}; "
-            f"a plug-in benchmark's FLOPs go to your cache {paths.user_flops_cache()} with "
-            f"`python -m mlperf_tf.flops --write {benchmark}`)"
-        )
+        table = {benchmark: _counted_now(benchmark, preset)}
     if preset not in table[benchmark]:
         raise UserError(
             f"benchmark '{benchmark}' has no preset '{preset}' "
             f"(presets: {', '.join(sorted(table[benchmark]))})"
         )
     return table[benchmark][preset]
+
+
+@functools.cache
+def _counted_now(benchmark: str, preset: str) -> dict[str, Any]:
+    """{preset: entry} of a registered benchmark that no cache holds (imports TensorFlow; a
+    small model is traced, so `python -m mlperf_tf.flops --write NAME` once saves the time)."""
+    from mlperf_tf import flops, registry
+
+    if benchmark not in registry.available():
+        cached = ", ".join(sorted(_flops_table()))
+        raise UserError(
+            f"unknown benchmark '{benchmark}' for simulate (cached: {cached}; registered: "
+            f"{', '.join(registry.available())})"
+        )
+    return flops.build_cache([benchmark], presets=[preset])[benchmark]
+
+
+def shape_of(facts: dict[str, Any]) -> SimulatorShape:
+    """The benchmark's declared `simulator_shape()` in a cache entry."""
+    return SimulatorShape.from_dict(facts.get("shape"))
+
+
+def _family(kind: str) -> list[str]:
+    """The cached benchmarks whose `mlperf` shape declares `kind` ("blocks" or "convs")."""
+    return [
+        name
+        for name, presets in _flops_table().items()
+        if (presets.get("mlperf") or {}).get("shape", {}).get(kind)
+    ]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,10 +216,12 @@ def simulate(
         )
         global_batch = per_chip_default * working or int(facts["global_batch_size"])
         # No larger than the largest batch with convergence data (beyond it epochs are guesses).
-        global_batch = max(min(global_batch, convergence.curve(benchmark).batches[-1]), working)
+        curve = convergence.curve(benchmark, preset)
+        global_batch = max(min(global_batch, curve.batches[-1]), working)
     moe = moe or parallelism.Moe()
+    shape = shape_of(facts)
     split, (spatial_rows, spatial_cols) = _check_parallel(
-        benchmark, layout, working, model_parallel, spatial_partition, expert_parallel, moe
+        benchmark, shape, layout, working, model_parallel, spatial_partition, expert_parallel, moe
     )
     groups = working // split  # data-parallel replicas of one shard
     if global_batch < groups:
@@ -203,7 +231,9 @@ def simulate(
     params = float(facts["trainable_parameters"])
     expert_params = 0.0
     if moe.num_experts:
-        b = parallelism.blocks_of(benchmark, "config.model.moe.num_experts")
+        b = parallelism.blocks_of(
+            shape, "config.model.moe.num_experts", benchmark, _family("blocks")
+        )
         layers = moe.layers(b.blocks)
         # Each MoE layer holds num_experts feed-forwards instead of one; a token runs top_k of
         # them (its capacity padding computed too).
@@ -232,6 +262,7 @@ def simulate(
             experts=expert_parallel,
             moe=moe,
             expert_params=expert_params,
+            shape=shape,
         ),
     )
     single = _step(
@@ -250,14 +281,13 @@ def simulate(
     samples_per_s = global_batch / step["step_time_s"]
     single_rate = per_chip_batch / split / single["step_time_s"]
 
-    curve = convergence.curve(benchmark)
     epoch_examples = float(facts["train_examples"])
     if epochs_to_target is not None:
         epochs, source = float(epochs_to_target), "given"
-    elif curve.in_samples:
-        epochs, source = curve.at(global_batch) / epoch_examples, curve.source
     else:
-        epochs, source = curve.at(global_batch), curve.source
+        curve = convergence.curve(benchmark, preset)
+        epochs = curve.at(global_batch) / (epoch_examples if curve.in_samples else 1.0)
+        source = curve.source
     samples = epochs * epoch_examples
     steps = math.ceil(samples / global_batch)
     evals = max(1, math.ceil(epochs / float(facts["eval_every_epochs"])))
@@ -303,9 +333,10 @@ class _Parallel:
     experts: int = 1
     moe: parallelism.Moe = parallelism.Moe()
     expert_params: float = 0.0
+    shape: SimulatorShape = SimulatorShape()
 
 
-def _check_parallel(benchmark, layout, working, model_parallel, spatial, experts, moe):
+def _check_parallel(benchmark, shape, layout, working, model_parallel, spatial, experts, moe):
     """Validates the parallel flags as `mlperf-tf run` does; returns (split, (K, L) tiles)."""
     if (model_parallel, str(spatial), experts) != (1, "1", 1):
         from mlperf_tf.parallel import mesh  # imports TensorFlow: only when a flag is given
@@ -317,11 +348,12 @@ def _check_parallel(benchmark, layout, working, model_parallel, spatial, experts
     else:
         rows, cols = 1, 1
     if model_parallel > 1:
-        parallelism.blocks_of(benchmark, "model_parallel")
+        parallelism.blocks_of(shape, "model_parallel", benchmark, _family("blocks"))
     if rows * cols > 1:
-        parallelism.check_splits(benchmark, rows, cols)
+        convs = parallelism.convs_of(shape, benchmark, _family("convs"))
+        parallelism.check_splits(convs, rows, cols)
     if experts > 1:
-        parallelism.blocks_of(benchmark, "expert_parallel")
+        parallelism.blocks_of(shape, "expert_parallel", benchmark, _family("blocks"))
         if not moe.num_experts or moe.num_experts % experts:
             raise UserError(
                 f"--expert_parallel ({experts}) must divide --config.model.moe.num_experts "
@@ -410,14 +442,15 @@ def _step(
         update /= max(1, working // split)
     model_s = halo_s = a2a_s = 0.0
     if layout is not None and layout.chips > 1:
+        blocks = parallel.shape.blocks
         model_s = parallelism.tensor_parallel_cost(
-            system, layout, benchmark, parallel.model, per_chip_batch
+            system, layout, blocks, parallel.model, per_chip_batch
         ).total_s
         halo_s = parallelism.halo_cost(
-            system, layout, benchmark, parallel.rows, per_chip_batch, cols=parallel.cols
+            system, layout, parallel.shape, parallel.rows, per_chip_batch, cols=parallel.cols
         ).total_s
         a2a_s = parallelism.moe_all_to_all_cost(
-            system, layout, benchmark, parallel.moe, parallel.experts, per_chip_batch / split
+            system, layout, blocks, parallel.moe, parallel.experts, per_chip_batch / split
         ).total_s
     # Logical devices sharing the cores also dispatch their replicas' ops one after another.
     overhead = system.step_overhead_s * (working if system.shared_compute else 1)

@@ -25,109 +25,42 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterable
 
 from mlperf_tf.errors import UserError
+from mlperf_tf.facts import Blocks, Conv, SimulatorShape
 from mlperf_tf.simulate import collectives
 from mlperf_tf.simulate.systems import Layout, System
 
 ACTIVATION_BYTES = 2  # bf16 activations (every run modelled here trains in bf16/fp16)
 
 
-@dataclasses.dataclass(frozen=True)
-class Blocks:
-    """A Transformer-family model as tensor parallelism sees it.
+def blocks_of(shape: SimulatorShape, flag: str, benchmark: str, family: Iterable[str]) -> Blocks:
+    """The transformer blocks of `shape` for `--flag`.
 
-    Attributes:
-      blocks: transformer blocks (encoder + decoder layers).
-      allreduces_per_block: forward all-reduces per block (2: attention and feed-forward; 3 for
-        a decoder block with cross-attention, averaged over the model).
-      hidden: model width.
-      tokens_per_sample: tokens of one sample of the global batch (the Transformer's batch
-        counts tokens: 1).
-      ffn_parameters: weights of one block's feed-forward (what an MoE layer has per expert).
-      ffn_flops_per_token: forward FLOPs of one block's feed-forward per token.
+    Raises:
+      UserError: the benchmark declares none (`family`: the benchmarks that do, for the message).
     """
-
-    blocks: int
-    allreduces_per_block: float
-    hidden: int
-    tokens_per_sample: int
-    ffn_parameters: int
-    ffn_flops_per_token: float
-
-
-def _llama() -> Blocks:
-    # Llama 3.1 8B (benchmarks/llama31_8b/config.py ModelConfig; a test holds these equal).
-    hidden, ffn = 4096, 14_336
-    return Blocks(32, 2, hidden, 8192, 3 * hidden * ffn, 2.0 * 3 * hidden * ffn)
-
-
-# BERT-large (24 layers, hidden 1,024, FFN 4,096, sequence 512) and Transformer-big (6 encoder
-# layers of 2 all-reduces, 6 decoder layers of 3: 2.5 a block on average; hidden 1,024, FFN
-# 4,096), the `mlperf` presets of benchmarks/bert and benchmarks/transformer.
-BLOCKS = {
-    "bert": Blocks(24, 2, 1024, 512, 2 * 1024 * 4096, 2.0 * 2 * 1024 * 4096),
-    "transformer": Blocks(12, 2.5, 1024, 1, 2 * 1024 * 4096, 2.0 * 2 * 1024 * 4096),
-    "llama31_8b": _llama(),
-}
-
-
-@dataclasses.dataclass(frozen=True)
-class Conv:
-    """Convolutions of one feature-map size: `count` layers of kernel `kernel` (and `stride`)
-    reading `width` x `channels` activations at height `height` (for halos: rows of width x
-    channels, and columns of height x channels)."""
-
-    count: int
-    kernel: int
-    height: int
-    width: int
-    channels: int
-    stride: int = 1
-
-
-# SSD-ResNet34 at 300 px (benchmarks/ssd: ResNet-34 to conv4 at stride 8, conv4 kept at 38 x 38,
-# then the extra layers and the 3 x 3 class/box heads on six maps); batch norm in the trunk.
-CONVS = {
-    "ssd": (
-        Conv(1, 7, 300, 300, 3, stride=2),  # conv1
-        Conv(6, 3, 75, 75, 64),  # layer1
-        Conv(8, 3, 38, 38, 128),  # layer2
-        Conv(12, 3, 38, 38, 256),  # layer3 (stride 1 in SSD)
-        Conv(2, 3, 38, 38, 256),  # first extra 3x3 (stride 2) and heads on 38 x 38
-        Conv(3, 3, 19, 19, 512),  # extra, heads on 19 x 19
-        Conv(3, 3, 10, 10, 512),
-        Conv(3, 3, 5, 5, 256),
-        Conv(3, 3, 3, 3, 256),
-    ),
-    # ResNet-50 at 224 px: the 3 x 3 convolutions of each stage and the 7 x 7 stem.
-    "resnet50": (
-        Conv(1, 7, 224, 224, 3, stride=2),
-        Conv(3, 3, 56, 56, 64),
-        Conv(4, 3, 28, 28, 128),
-        Conv(6, 3, 14, 14, 256),
-        Conv(3, 3, 7, 7, 512),
-    ),
-}
-BATCH_NORMS = {"ssd": 37, "resnet50": 53}  # layers whose statistics a spatial group sums
-
-
-def blocks_of(benchmark: str, flag: str) -> Blocks:
-    if benchmark not in BLOCKS:
+    if shape.blocks is None:
         raise UserError(
-            f"--{flag} needs a Transformer-family benchmark ({', '.join(sorted(BLOCKS))}); "
+            f"--{flag} needs a Transformer-family benchmark ({', '.join(sorted(family))}); "
             f"'{benchmark}' has no tensor-parallel or MoE layers"
         )
-    return BLOCKS[benchmark]
+    return shape.blocks
 
 
-def convs_of(benchmark: str) -> tuple[Conv, ...]:
-    if benchmark not in CONVS:
+def convs_of(shape: SimulatorShape, benchmark: str, family: Iterable[str]) -> tuple[Conv, ...]:
+    """The convolutions of `shape` for `--spatial_partition`.
+
+    Raises:
+      UserError: the benchmark declares none (`family`: the benchmarks that do).
+    """
+    if not shape.convs:
         raise UserError(
             f"--spatial_partition needs a benchmark with a convolutional trunk "
-            f"({', '.join(sorted(CONVS))}); '{benchmark}' has none"
+            f"({', '.join(sorted(family))}); '{benchmark}' has none"
         )
-    return CONVS[benchmark]
+    return shape.convs
 
 
 def _group_ring(system: System, layout: Layout, size: int) -> tuple[collectives.Link, bool, int]:
@@ -194,30 +127,31 @@ def check_fits(layout: Layout, split: int, what: str) -> None:
 
 
 def tensor_parallel_cost(
-    system: System, layout: Layout, benchmark: str, model_parallel: int, group_batch: float
+    system: System, layout: Layout, blocks: Blocks | None, model_parallel: int, group_batch: float
 ) -> collectives.Cost:
     """The activation all-reduces of one step: 2 x blocks x per-block all-reduces (forward and
     backward) of group batch x tokens x hidden bf16 values each, over the model group."""
     if model_parallel <= 1:
         return collectives.ZERO
-    b = blocks_of(benchmark, "model_parallel")
+    b = blocks
     nbytes = group_batch * b.tokens_per_sample * b.hidden * ACTIVATION_BYTES
     one = group_allreduce(system, layout, model_parallel, nbytes)
     count = 2 * b.blocks * b.allreduces_per_block
     return collectives.Cost(one.latency_s * count, one.bandwidth_s * count)
 
 
-def check_splits(benchmark: str, rows: int, cols: int) -> None:
+def check_splits(convs: tuple[Conv, ...], rows: int, cols: int) -> None:
     """Refuses a K x L tiling in which no convolution of the model splits, as the model does.
 
     `benchmarks/ssd/model.py` and `benchmarks/resnet50/model.py` keep a layer on tiles while its
     input's rows (columns) split into K (L) equal parts of a multiple of its stride
     (`mlperf_tf.parallel.spatial.splits`), and refuse a layout in which no layer does
     (`spatial.stem_refusal`): SSD300's maps (300, 75, 38, 19, 10, 5, 3 rows) at K or L = 4. The
-    same test runs here on `CONVS`, with the model's message.
+    same test runs here on the benchmark's declared convolutions (`SimulatorShape.convs`), with
+    the model's message.
 
     Raises:
-      UserError: no map of `benchmark` splits into `rows` x `cols` tiles.
+      UserError: no map of `convs` splits into `rows` x `cols` tiles.
     """
     if rows * cols <= 1:
         return
@@ -225,11 +159,11 @@ def check_splits(benchmark: str, rows: int, cols: int) -> None:
     from mlperf_tf.parallel.mesh import DeviceMesh
 
     layout = spatial_lib.SpatialLayout(DeviceMesh(spatial=rows * cols, spatial_cols=cols))
-    for conv in convs_of(benchmark):
+    for conv in convs:
         window = ((conv.kernel, conv.stride, conv.kernel // 2),)
         if spatial_lib.image_splits(conv.height, conv.width, layout, window):
             return
-    size = convs_of(benchmark)[0].height
+    size = convs[0].height
     raise UserError(spatial_lib.stem_refusal(layout, size=size, setting="model.image_size"))
 
 
@@ -269,8 +203,9 @@ def halo_bytes(conv: Conv, rows: int, cols: int, group_batch: float) -> HaloByte
 
 
 def halo_cost(
-    system: System, layout: Layout, benchmark: str, rows: int, group_batch: float, cols: int = 1
-) -> collectives.Cost:
+    system: System, layout: Layout, shape: SimulatorShape, rows: int, group_batch: float,
+    cols: int = 1,
+) -> collectives.Cost:  # fmt: skip
     """Halo exchanges and batch-norm sums of one step on `rows` x `cols` tiles.
 
     Per convolution of kernel k > 1: the row exchange (k // 2 rows of the tile's width x
@@ -285,7 +220,7 @@ def halo_cost(
         return collectives.ZERO
     link, _, _ = _group_ring(system, layout, parts)
     cost = collectives.ZERO
-    for conv in convs_of(benchmark):
+    for conv in shape.convs:
         if conv.kernel <= 1:
             continue
         sent = halo_bytes(conv, rows, cols, group_batch)
@@ -294,7 +229,7 @@ def halo_cost(
                 times = 2 * conv.count  # forward and backward
                 cost = cost + collectives.Cost(link.alpha * times, nbytes / link.bandwidth * times)
     stats = group_allreduce(system, layout, parts, 2 * 256 * 4)
-    norms = 2 * BATCH_NORMS.get(benchmark, 0)
+    norms = 2 * shape.batch_norms
     return cost + collectives.Cost(stats.latency_s * norms, stats.bandwidth_s * norms)
 
 
@@ -367,13 +302,13 @@ def all_to_all(system: System, layout: Layout, size: int, nbytes: float) -> coll
 
 
 def moe_all_to_all_cost(
-    system: System, layout: Layout, benchmark: str, moe: Moe, expert_parallel: int,
+    system: System, layout: Layout, blocks: Blocks | None, moe: Moe, expert_parallel: int,
     group_batch: float,
 ) -> collectives.Cost:  # fmt: skip
     """4 all-to-alls (dispatch, return; forward, backward) per MoE layer per step."""
     if not moe.num_experts or expert_parallel <= 1:
         return collectives.ZERO
-    b = blocks_of(benchmark, "expert_parallel")
+    b = blocks
     nbytes = group_batch * b.tokens_per_sample * moe.slots * b.hidden * ACTIVATION_BYTES
     one = all_to_all(system, layout, expert_parallel, nbytes)
     count = 4 * moe.layers(b.blocks)

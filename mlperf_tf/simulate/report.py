@@ -2,23 +2,27 @@
 
 Writes `docs/scaling/studies.md` (all-reduce algorithms at scale, failed chips on TPU-v3 meshes,
 weight-update sharding) and one PNG per (benchmark, system) with published points. Every number
-comes from `model.simulate` with the committed system files.
+comes from `model.simulate` with the committed system files; which benchmarks, systems and scales
+each table and plot shows is data (`data/studies.json`), not code.
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 import sys
 
 from mlperf_tf.simulate import model, plot, systems, validate
 
-PLOTS = (
-    ("resnet50", "tpu-v3", None),
-    ("bert", "tpu-v3", 8192),
-    ("resnet50", "tpu-v4", None),
-    ("resnet50", "a100-dgx", None),
-    ("bert", "a100-dgx", None),
-)
+STUDIES = os.path.join(os.path.dirname(__file__), "data", "studies.json")
+
+
+@functools.cache
+def studies() -> dict:
+    """The cases of the tables and plots (`data/studies.json`)."""
+    with open(STUDIES, encoding="utf-8") as f:
+        return json.load(f)
 
 
 def _row(r: model.Result, *cells) -> str:
@@ -26,15 +30,16 @@ def _row(r: model.Result, *cells) -> str:
 
 
 def algorithms_table() -> list[str]:
+    cases = studies()["algorithms"]
     lines = [
-        "### All-reduce algorithms (ResNet-50, 32 images per chip / BERT, 8 sequences per chip)",
+        f"### {cases['title']}",
         "",
         "| benchmark | system | chips | layout | algorithm | all-reduce ms (α / β) | step ms "
         "| samples/s | scaling eff. |",
         "|---|---|---:|---|---|---:|---:|---:|---:|",
     ]
-    for benchmark, per_chip in (("resnet50", 32), ("bert", 8)):
-        for name, counts in (("tpu-v3", (256, 1024, 4096)), ("a100-dgx", (64, 512, 2048))):
+    for benchmark, per_chip in cases["benchmarks"]:
+        for name, counts in cases["systems"]:
             system = systems.load(name)
             for chips in counts:
                 for algorithm in system.algorithms:
@@ -64,19 +69,19 @@ def algorithms_table() -> list[str]:
 
 
 def failed_chips_table() -> list[str]:
+    cases = studies()["failed_chips"]
     lines = [
-        "### Failed chips on TPU-v3 meshes (global batch kept; the holes' share moves to the "
-        "working chips)",
+        f"### {cases['title']}",
         "",
         "| benchmark | chips | failed | all-reduce ms | step ms | samples/s | throughput cost "
         "| of which all-reduce | time to train min |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    system = systems.load("tpu-v3")
-    for benchmark, batch, sharding in (("resnet50", 32768, False), ("bert", 8192, True)):
-        for chips in (512, 1024):
+    system = systems.load(cases["system"])
+    for benchmark, batch, sharding in cases["benchmarks"]:
+        for chips in cases["chips"]:
             healthy = None
-            for failed in (0, 1, 2, 4, 8):
+            for failed in cases["failed"]:
                 r = model.simulate(
                     benchmark=benchmark,
                     system=system,
@@ -106,15 +111,16 @@ def failed_chips_table() -> list[str]:
 
 
 def sharding_table() -> list[str]:
+    cases = studies()["sharding"]
     lines = [
-        "### Weight-update sharding (BERT, batch 8192 / ResNet-50, batch 65536, TPU-v3)",
+        f"### {cases['title']}",
         "",
         "| benchmark | chips | sharding | update ms | step ms | time to train min |",
         "|---|---:|---|---:|---:|---:|",
     ]
-    system = systems.load("tpu-v3")
-    for benchmark, batch in (("bert", 8192), ("resnet50", 65536)):
-        for chips in (1024, 4096):
+    system = systems.load(cases["system"])
+    for benchmark, batch in cases["benchmarks"]:
+        for chips in cases["chips"]:
             for sharding in (False, True):
                 r = model.simulate(
                     benchmark=benchmark,
@@ -156,7 +162,7 @@ def main(argv: list[str]) -> int:
     text = studies_text()
     with open(os.path.join(validate.DOCS_DIR, "studies.md"), "w", encoding="utf-8") as f:
         f.write(text)
-    for benchmark, name, batch in PLOTS:
+    for benchmark, name, batch in studies()["plots"]:
         system = systems.load(name)
         out = os.path.join(validate.DOCS_DIR, f"{benchmark}-{name}.png")
         plot.scaling_plot(

@@ -26,12 +26,12 @@ NAMES = sorted(registry.available())
 
 def _in_a_round(benchmark_class) -> bool:
     """Whether some MLPerf round this suite knows has rules for the benchmark."""
-    return bool(rounds.rounds_with(benchmark_class.mlperf_benchmark))
+    return bool(rounds.rounds_with(benchmark_class))
 
 
 def _ruleset(benchmark_class) -> str:
     """The round a default run emits for; "" (no round-specific keys) for a non-MLPerf one."""
-    return rounds.resolve_ruleset(benchmark_class.mlperf_benchmark, "")
+    return rounds.resolve_ruleset(benchmark_class, "")
 
 
 @pytest.fixture(scope="module", params=NAMES)
@@ -98,7 +98,7 @@ def test_smoke_log_holds_the_benchmarks_hparams(smoke_run):
         C.SEED: 0,
     }
     hparams = rounds.adapt_hparams(
-        benchmark_class.mlperf_benchmark, _ruleset(benchmark_class), benchmark.mlperf_hparams()
+        benchmark_class.renamed_keys, _ruleset(benchmark_class), benchmark.mlperf_hparams()
     )
     expected.setdefault(C.TRAIN_SAMPLES, hparams.get(C.TRAIN_SAMPLES, benchmark.train_samples()))
     expected.setdefault(C.EVAL_SAMPLES, hparams.get(C.EVAL_SAMPLES, benchmark.eval_samples()))
@@ -156,3 +156,69 @@ def test_a_run_resumes_from_its_checkpoint(name, tmp_path):
     assert (loop.first.step - loop.first.steps, loop.first.step) == (1, 2)  # began at step 1
     assert second.steps == 2 and len(second.evals) == 1
     assert os.path.exists(first.mlperf_log + ".1")  # the first run's log was kept
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_declared_facts_are_well_formed_and_cached_as_declared(name):
+    """The facts a benchmark declares (`Benchmark` docstring): its rounds have its rule files,
+    its RCP entries exist, its simulator shape matches the axes it runs, and the simulator's
+    committed cache holds what it declares now (regenerate it with
+    `python -m mlperf_tf.flops --write --builtin NAME` after changing a declaration)."""
+    from mlperf_tf import facts
+    from mlperf_tf.simulate import convergence, model
+
+    benchmark_class = registry.get(name)
+    for ruleset in benchmark_class.supported_rounds():
+        assert rounds.has_benchmark(ruleset, benchmark_class.mlperf_benchmark), ruleset
+    declared = benchmark_class.convergence
+    if declared is not None:
+        curve = convergence.curve_of(declared, name)
+        assert curve.batches and all(v > 0 for v in curve.values)
+    cached = model._flops_table().get(name, {})
+    for preset in benchmark_class.presets:
+        benchmark = benchmark_class(benchmark_class.preset(preset))
+        shape = benchmark.simulator_shape()
+        assert isinstance(shape, facts.SimulatorShape)
+        # `parallel_axes` is read on an instance (a class attribute or a property).
+        assert isinstance(benchmark.parallel_axes, tuple) and "data" in benchmark.parallel_axes
+        # The simulator models tensor parallelism exactly where `run` offers it.
+        assert (shape.blocks is not None) == ("model" in benchmark.parallel_axes), preset
+        assert not shape.convs or "spatial" in benchmark.parallel_axes, preset
+        if preset in cached:
+            assert model.shape_of(cached[preset]) == shape, preset
+            assert facts.convergence_from_dict(cached[preset]["convergence"]) == declared
+            flops = benchmark.training_flops_per_sample()
+            if flops is not None:
+                assert cached[preset]["training_flops_per_sample"] == flops, preset
+            assert cached[preset]["trainable_parameters"] == (
+                benchmark.parameter_count() or cached[preset]["trainable_parameters"]
+            )
+
+
+def test_round_level_keys_come_from_the_run_for_every_benchmark():
+    """6.1's disclosure keys are the runner's, from the mesh, dtype policy and config: a
+    benchmark with no 6.1 round gets them too (the runner drops them for older rounds)."""
+    from mlperf_tf.benchmark import RunContext
+    from mlperf_tf.parallel.mesh import DeviceMesh
+
+    benchmark_class = registry.get("resnet50")
+    mesh = DeviceMesh(data=2, spatial=2)
+    bench = benchmark_class(benchmark_class.preset("smoke"), context=RunContext(mesh=mesh))
+    keys = bench.round_hparams()
+    assert set(keys) == set(rounds.ROUND_KEYS)
+    assert keys["context_parallelism"] == 2 and keys["tensor_parallelism"] == 1
+    assert keys["micro_batch_size"] == bench.per_replica_batch_size
+    assert keys["config_filename"] == "benchmarks/resnet50/config.py"
+    assert os.path.isfile(
+        os.path.join(os.path.dirname(e2e.__file__), "..", keys["config_filename"])
+    )
+    policy = keras.mixed_precision.global_policy()
+    try:
+        keras.mixed_precision.set_global_policy("mixed_bfloat16")
+        assert {keys_[k] for keys_ in [bench.round_hparams()] for k in rounds.PRECISION_KEYS} == {
+            "bfloat16"
+        }
+    finally:
+        keras.mixed_precision.set_global_policy(policy)
+    assert set(rounds.ROUND_KEYS).isdisjoint(rounds.adapt_hparams((), "5.0.0", keys))
+    assert rounds.adapt_hparams((), "6.1.0", keys) == keys

@@ -43,11 +43,17 @@ def test_variants_match_keras_applications_parameter_counts(plugin_site, variant
     """B0 and B3 (one config field apart) have exactly the trainable parameters of Keras'
     reference EfficientNets: the stage table, compound scaling and rounding are Tan & Le's."""
     from mlperf_tf_efficientnet import config, model
+    from mlperf_tf_efficientnet.benchmark import EfficientNetBenchmark
 
     ours = model.efficientnet(config.ModelConfig(variant=variant), image_size=32)
     theirs = reference(weights=None, input_shape=(32, 32, 3))
     assert _trainable(ours) == _trainable(theirs)
     assert ours.output_shape == (None, 1000)
+    # The declared count (from the stage table, no weights) is the built model's.
+    declared = EfficientNetBenchmark(
+        config.EfficientNetConfig(model=config.ModelConfig(variant=variant))
+    ).parameter_count()
+    assert declared == _trainable(ours)
 
 
 def test_round_filters_follows_the_reference_rule(plugin_site):
@@ -121,3 +127,29 @@ def test_plugin_is_listed_runs_through_the_cli_and_its_log_is_judged(plugin_site
     assert verdict.startswith("PASS"), verdict
     assert "Traceback" not in verdict and "crash" not in verdict.lower(), verdict
     assert "'efficientnet' is not an MLPerf benchmark" in verdict, verdict
+
+
+def test_simulate_and_list_read_what_the_plugin_declares(plugin_site):
+    """`list --json` gives its declared parameter count and `simulate` its FLOPs (traced: it
+    declares none), its stated convergence and its data-parallel-only shape, with no cache
+    written and nothing in `mlperf_tf/` naming it."""
+    from mlperf_tf_efficientnet.benchmark import EfficientNetBenchmark
+
+    env = processes.python_env(PYTHONPATH=f"{plugin_site}{os.pathsep}{processes.REPO_ROOT}")
+    base = [sys.executable, "-m", "mlperf_tf.cli"]
+    listed = subprocess.run(base + ["list", "--json"], cwd=processes.REPO_ROOT, env=env,
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    entry = next(e for e in json.loads(listed.stdout) if e["name"] == "efficientnet")
+    mlperf = EfficientNetBenchmark(EfficientNetBenchmark.preset("mlperf"))
+    assert entry["parameters"] == mlperf.parameter_count() > 28_000_000  # B5
+    sim = base + ["simulate", "--benchmark=efficientnet", "--preset=smoke", "--system=cpu-local",
+                  "--chips=2", "--json"]  # fmt: skip
+    done = subprocess.run(sim, cwd=processes.REPO_ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["compute_s"] > 0 and result["epochs_to_target"] == 350.0
+    assert "Wongpanich" in result["convergence_source"]
+    refused = subprocess.run(sim + ["--model_parallel=2"], cwd=processes.REPO_ROOT, env=env,
+                             capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert refused.returncode != 0 and "Transformer-family" in refused.stderr

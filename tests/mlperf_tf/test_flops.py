@@ -116,3 +116,57 @@ def test_unknown_benchmark_and_preset_are_user_errors():
         flops.training_flops_per_sample("nope")
     with pytest.raises(UserError, match="no preset 'huge'"):
         flops.training_flops_per_sample("resnet50", "huge")
+
+
+def _decoder(**kwargs) -> flops.DecoderShape:
+    shape = dict(vocab_size=100, hidden_size=8, num_layers=4, num_attention_heads=2,
+                 num_key_value_heads=1, head_dim=4, intermediate_size=16)  # fmt: skip
+    return flops.DecoderShape(**{**shape, **kwargs})
+
+
+def test_decoder_flops_hand_count_dense():
+    # Per layer: q, o (8 x 2 x 4 each), k, v (8 x 1 x 4 each), SwiGLU 3 x 8 x 16; output 8 x 100.
+    weights = 4 * (2 * 64 + 2 * 32 + 3 * 128) + 800
+    attention = 4 * 2 * 2 * 10 * 2 * 4  # layers x 2 products x 2 FLOPs x keys x heads x dim
+    per_token = flops.decoder_forward_flops_per_token(_decoder(), 10)
+    assert per_token == {
+        "dense": 2.0 * weights,
+        "attention": attention,
+        "total": 2.0 * weights + attention,
+    }
+    assert flops.decoder_training_flops_per_sample(_decoder(), 10) == 3 * 10 * per_token["total"]
+
+
+def test_decoder_flops_count_active_experts_and_sliding_windows():
+    dense = flops.decoder_forward_flops_per_token(_decoder(), 64)
+    # Two MoE layers of 8 experts (width 6), top-2: router 8 x 8 plus two experts' 3 x 8 x 6,
+    # instead of the dense 3 x 8 x 16; the other 6 experts do not count.
+    moe = flops.decoder_forward_flops_per_token(
+        _decoder(moe_layers=2, num_experts=8, experts_per_token=2, expert_intermediate_size=6), 64
+    )
+    assert moe["dense"] == dense["dense"] + 2 * 2 * (64 + 2 * 144 - 384)
+    assert moe["attention"] == dense["attention"]
+    # Two layers attend over a window of 16 of the 64 tokens: their attention is a quarter.
+    windowed = flops.decoder_forward_flops_per_token(
+        _decoder(sliding_window=16, sliding_layers=2), 64
+    )
+    assert windowed["attention"] == dense["attention"] * (2 + 2 * 16 / 64) / 4
+    assert windowed["dense"] == dense["dense"]
+    # A window longer than the sequence is the sequence.
+    wide = flops.decoder_forward_flops_per_token(
+        _decoder(sliding_window=1000, sliding_layers=4), 64
+    )
+    assert wide == dense
+
+
+def test_a_benchmark_declaring_its_flops_is_not_traced():
+    from mlperf_tf import registry
+
+    cls = registry.get("llama31_8b")
+    bench = cls(cls.preset("mlperf"))  # 8 B parameters: tracing would build 32 GB of weights
+    counted = flops.declared_or_traced(bench)
+    assert counted["training_flops_per_sample"] == bench.training_flops_per_sample()
+    assert counted["trainable_parameters"] == bench.parameter_count()
+    undeclared = type("Undeclared", (cls,), {"training_flops_per_sample": lambda self: None})
+    with pytest.raises(ValueError, match="too many to trace"):
+        flops.declared_or_traced(undeclared(cls.preset("mlperf")))

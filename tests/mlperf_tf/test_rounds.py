@@ -29,11 +29,15 @@ _CLASSES = {
 }
 
 
-def _hparams(benchmark: str) -> dict:
+def _class(benchmark: str):
     import importlib
 
     module, name = _CLASSES[benchmark]
-    cls = getattr(importlib.import_module(module), name)
+    return getattr(importlib.import_module(module), name)
+
+
+def _hparams(benchmark: str) -> dict:
+    cls = _class(benchmark)
     bench = cls(cls.preset("mlperf")).with_context(RunContext(num_replicas=1))
     config = bench.config
     hparams = {
@@ -43,12 +47,14 @@ def _hparams(benchmark: str) -> dict:
     hparams.update(bench.mlperf_hparams())
     hparams.setdefault(C.TRAIN_SAMPLES, bench.train_samples())
     hparams.setdefault(C.EVAL_SAMPLES, bench.eval_samples())
+    for key, value in bench.round_hparams().items():
+        hparams.setdefault(key, value)
     return hparams
 
 
 @pytest.fixture(scope="module")
 def emitted_hparams():
-    return {name: _hparams(name) for name in rounds.BENCHMARK_ROUNDS}
+    return {name: _hparams(name) for name in _CLASSES}
 
 
 def _log(path, benchmark, ruleset, hparams, *, with_init_events=True, adapt=True):
@@ -76,7 +82,7 @@ def _log(path, benchmark, ruleset, hparams, *, with_init_events=True, adapt=True
         for event in rounds.init_events(benchmark, ruleset):
             add(event.key, event.value, event.metadata)
     if adapt:
-        hparams = rounds.adapt_hparams(benchmark, ruleset, hparams)
+        hparams = rounds.adapt_hparams(_class(benchmark).renamed_keys, ruleset, hparams)
     for key, value in hparams.items():
         if isinstance(value, tuple):
             add(key, value[0], value[1])
@@ -96,7 +102,11 @@ def _log(path, benchmark, ruleset, hparams, *, with_init_events=True, adapt=True
     return logs.write_log(path, out)
 
 
-CASES = [(b, r) for b, rs in rounds.BENCHMARK_ROUNDS.items() for r in rs]
+def _rounds(benchmark: str) -> tuple[str, ...]:
+    return rounds.rounds_with(_class(benchmark))
+
+
+CASES = [(b, r) for b in _CLASSES for r in _rounds(b)]
 
 
 def test_every_listed_round_has_the_benchmark_in_the_official_rules():
@@ -113,11 +123,16 @@ def test_every_listed_round_has_the_benchmark_in_the_official_rules():
         )
         assert f"'{benchmark}'" in allowed, (benchmark, ruleset)
     # BERT's rule file is still shipped in 5.1.0 but the round does not accept the benchmark.
-    assert "5.1.0" not in rounds.rounds_with("bert") and checker.has_rules("5.1.0", "bert")
-    assert rounds.default_ruleset("resnet") == "4.0.0"
-    assert rounds.default_ruleset("bert") == "5.0.0"
-    assert rounds.default_ruleset("ssd") == "1.1.0"
-    assert rounds.default_ruleset("transformer") == "0.7.0"
+    assert "5.1.0" not in _rounds("bert") and checker.has_rules("5.1.0", "bert")
+    assert rounds.default_ruleset(_class("resnet")) == "4.0.0"
+    assert rounds.default_ruleset(_class("bert")) == "5.0.0"
+    assert rounds.default_ruleset(_class("ssd")) == "1.1.0"
+    assert rounds.default_ruleset(_class("transformer")) == "0.7.0"
+    # Derived from the rule files where the benchmark declares none: the same rounds the suite
+    # listed by hand before (SSD declares its own: the rule file of 2.0.0+ is RetinaNet's).
+    assert _rounds("resnet") == rounds.rounds_with_rules("resnet")[:8]
+    assert _rounds("llama31_8b") == ("5.1.0", "6.0.0", "6.1.0")
+    assert "2.0.0" in rounds.rounds_with_rules("ssd") and "2.0.0" not in _rounds("ssd")
 
 
 def test_initialized_tensors_are_the_rule_files_lists():
@@ -140,23 +155,37 @@ def test_initialized_tensors_are_the_rule_files_lists():
 
 def test_renamed_keys_follow_the_round():
     both = {"a": 1, rounds.OPT_EPSILON: 1e-6, rounds.OPT_LAMB_EPSILON: 1e-6}
-    assert list(rounds.adapt_hparams("bert", "2.0.0", both)) == ["a", rounds.OPT_EPSILON]
-    assert list(rounds.adapt_hparams("bert", "2.1.0", both)) == ["a", rounds.OPT_LAMB_EPSILON]
+    assert list(rounds.adapt_hparams(_class("bert").renamed_keys, "2.0.0", both)) == [
+        "a",
+        rounds.OPT_EPSILON,
+    ]
+    assert list(rounds.adapt_hparams(_class("bert").renamed_keys, "2.1.0", both)) == [
+        "a",
+        rounds.OPT_LAMB_EPSILON,
+    ]
     old_only = {rounds.OPT_EPSILON: 1e-6, "b": 2}
-    assert list(rounds.adapt_hparams("bert", "5.0.0", old_only)) == [rounds.OPT_LAMB_EPSILON, "b"]
-    assert rounds.adapt_hparams("resnet", "2.1.0", both) == both
+    assert list(rounds.adapt_hparams(_class("bert").renamed_keys, "5.0.0", old_only)) == [
+        rounds.OPT_LAMB_EPSILON,
+        "b",
+    ]
+    assert rounds.adapt_hparams(_class("resnet").renamed_keys, "2.1.0", both) == both
 
 
 def test_validate_ruleset_names_the_rounds_that_have_the_benchmark():
-    rounds.validate_ruleset("resnet", "2.0.0")
-    assert rounds.resolve_ruleset("resnet", "") == "4.0.0"
-    assert rounds.resolve_ruleset("resnet", "2.0.0") == "2.0.0"
-    assert rounds.resolve_ruleset("my_benchmark", "") == ""  # third-party: no round's keys
+    from mlperf_tf.benchmark import Benchmark
+
+    resnet = _class("resnet")
+    rounds.validate_ruleset(resnet, "2.0.0")
+    assert rounds.resolve_ruleset(resnet, "") == "4.0.0"
+    assert rounds.resolve_ruleset(resnet, "2.0.0") == "2.0.0"
+    # Third-party, declaring nothing: no round's rules have it, so no round's keys.
+    mine = type("Mine", (Benchmark,), {"mlperf_benchmark": "my_benchmark"})
+    assert rounds.resolve_ruleset(mine, "") == ""
     assert rounds.init_events("my_benchmark", "") == ()
     with pytest.raises(ValueError, match=r"'1.0.0'.*transformer.*0.7.0"):
-        rounds.validate_ruleset("transformer", "1.0.0")
+        rounds.validate_ruleset(_class("transformer"), "1.0.0")
     with pytest.raises(ValueError, match="rounds with it: 0.7.0, 1.0.0, 1.1.0"):
-        rounds.validate_ruleset("ssd", "2.0.0")  # RetinaNet from v2.0
+        rounds.validate_ruleset(_class("ssd"), "2.0.0")  # RetinaNet from v2.0
 
 
 def test_each_round_passes_the_keys_emitted_for_it(tmp_path, emitted_hparams):
@@ -190,7 +219,7 @@ def test_without_the_init_events_the_round_fails(tmp_path, emitted_hparams, name
 
 
 def test_bert_epsilon_under_another_rounds_name_fails(tmp_path, emitted_hparams):
-    old_names = rounds.adapt_hparams("bert", "2.0.0", emitted_hparams["bert"])
+    old_names = rounds.adapt_hparams(_class("bert").renamed_keys, "2.0.0", emitted_hparams["bert"])
     assert rounds.OPT_LAMB_EPSILON not in old_names
     path = _log(tmp_path / "log.txt", "bert", "3.0.0", old_names, adapt=False)
     report = checker.check_log(path, ruleset="3.0.0")

@@ -1,11 +1,11 @@
-"""`tools/bench_llama.py`'s matmul-only bound does the products the model does, no more, no less."""
+"""`tools/peers/bench_llama.py`'s matmul-only bound does the products the model does, no more, no less."""
 
 import dataclasses
 
 import pytest
 
 from mlperf_tf import flops
-from tools import bench_llama
+from tools.peers import bench_llama
 
 
 @pytest.mark.parametrize("shape", ["mini", "wide"])
@@ -16,7 +16,10 @@ def test_the_bound_makes_the_models_forward_products(shape):
     config = bench_llama.shape_config(shape)
     seq = config.data.max_sequence_length
     counted = sum(2 * b * m * k * n for b, m, k, n in bench_llama.step_matmuls(config))
-    per_token = flops.decoder_forward_flops_per_token(config.model, seq)["total"]
+    from benchmarks.llama31_8b.benchmark import Llama31Benchmark
+
+    shape = Llama31Benchmark(config).decoder_shape()
+    per_token = flops.decoder_forward_flops_per_token(shape, seq)["total"]
     assert counted == per_token * config.global_batch_size * seq
 
 

@@ -1,4 +1,4 @@
-"""tools/moe_study.py: its parser reads the runner's own progress lines, and its tables are right.
+"""tools/studies/moe_study.py: its parser reads the runner's own progress lines, and its tables are right.
 
 The lines are written by the runner's `ProgressLine` action (not copied text), so a change of the
 progress format fails here, not silently in the study's tables.
@@ -16,7 +16,7 @@ import pytest
 from mlperf_tf.benchmark import EvalPoint
 from mlperf_tf.runner.actions import EvalOutput, LoopOutput, ProgressLine, RunEnd, Stop
 from mlperf_tf.runner.config import StopCause
-from tools import moe_study
+from tools.studies import moe_study
 
 
 def _progress_text(caplog, losses, *, dropped, logits, evals, stop: StopCause, every=5) -> str:

@@ -35,5 +35,7 @@ def test_mini_preset_reaches_its_target_and_passes_the_official_checker(tmp_path
     assert accuracies[-1] >= bc.mini().quality_target
     # The MLPerf target (0.712 / 0.720) is out of reach of a tiny BERT: quality aside.
     # `mlperf-tf run` emits for the newest round with BERT (opt_lamb_epsilon).
-    e2e.assert_passes_quality_aside(log, (rounds.default_ruleset("bert"),), "closed_bert.yaml")
+    e2e.assert_passes_quality_aside(
+        log, (rounds.default_ruleset(BertBenchmark),), "closed_bert.yaml"
+    )
     print(f"bert mini: {minutes:.1f} min, masked-LM accuracy {accuracies}")

@@ -85,6 +85,12 @@ def test_active_flops_count_top_k_experts():
     seq = 32
     router = 2 * 3.0 * seq * top1.hidden_size * 4 * top1.num_hidden_layers
     assert top1.training_flops(seq) == pytest.approx(dense.training_flops(seq) + router)
+    # The benchmark's declared count (the shared decoder helper of `mlperf_tf.flops`, from its
+    # shape) is the config's, MoE or not.
+    for overrides in ({}, MOE, {**MOE, "model.moe.every": "1", "model.moe.top_k": "1"}):
+        bench = _benchmark(overrides)
+        m, length = bench.config.model, bench.config.data.max_sequence_length
+        assert bench.training_flops_per_sample() == pytest.approx(m.training_flops(length))
 
 
 def test_expert_axis_only_with_moe_and_bad_sizes_are_one_line():

@@ -163,7 +163,7 @@ def test_prepare_layout_and_round_trip(tmp_path):
     targets = list(features["targets"].int64_list.value)
     assert targets[-1] == prepare.EOS_ID
     assert prepare.decode(vocab, targets + [5, 6]) == pairs[250][1]  # stops at EOS
-    assert not list(tmp_path.glob("data.tmp-*"))  # the temporary folder was renamed
+    assert not list(tmp_path.glob("data.partial-*"))  # the temporary folder was renamed
     with pytest.raises(DataError, match="already exists"):
         prepare.prepare(pairs[:250], pairs[250:], str(out), vocab_size=60, seed=0)
 

@@ -120,7 +120,7 @@ CASES = [
     ("conv", {"filters": 4, "kernel_size": 7, "strides": 2, "padding": 3}),
     # 3 input channels: under ONEDNN_MAX_CPU_ISA=AVX2, TF's own kernel gradient of the whole
     # image's 1x1/2 convolution (the Keras reference) is wrong by ~1 relative
-    # (tools/onednn_strided_1x1.py; it was this case's former xfail): NumPy's is the reference.
+    # (tools/studies/onednn_strided_1x1.py; it was this case's former xfail): NumPy's is the reference.
     ("conv", {"filters": 4, "kernel_size": 1, "strides": 2}),
     ("conv", {"filters": 4, "kernel_size": 3, "dilation_rate": 2}),
     ("conv", {"filters": 4, "kernel_size": (5, 3), "padding": "same", "use_bias": True}),

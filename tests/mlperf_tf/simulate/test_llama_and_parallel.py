@@ -22,7 +22,7 @@ def test_llama_cache_is_counted_from_the_config_and_parameter_count():
     per_token = 6 * matmul_weights + 12 * 32 * 8192 * 4096
     assert facts["training_flops_per_sample"] == pytest.approx(8192 * per_token, rel=1e-12)
     # The architecture the tensor-parallel costs use is the config's.
-    blocks = parallelism.BLOCKS["llama31_8b"]
+    blocks = model.shape_of(facts).blocks
     m = bench.config.model
     assert (blocks.blocks, blocks.hidden, blocks.tokens_per_sample) == (
         m.num_hidden_layers,
@@ -39,7 +39,8 @@ def test_analytic_decoder_count_equals_the_traced_graph_at_smoke_size():
     config = llama_config.smoke()
     traced = flops.forward_flops_per_sample(Llama31Benchmark(config)).total
     seq = config.data.max_sequence_length
-    analytic = flops.decoder_forward_flops_per_token(config.model, seq)["total"] * seq
+    shape = Llama31Benchmark(config).decoder_shape()
+    analytic = flops.decoder_forward_flops_per_token(shape, seq)["total"] * seq
     assert analytic == pytest.approx(traced, rel=1e-9)
 
 
@@ -156,7 +157,7 @@ def test_tile_halo_bytes_of_one_layer_by_hand():
     # 150 x 150; the row exchange sends 3 rows of the tile's 150 columns to the tile above or
     # below; the column exchange sends 3 columns of the row-extended tile (150 + 3 + 3 rows, the
     # corners included) to the left or right.
-    conv1 = parallelism.CONVS["ssd"][0]
+    conv1 = model.shape_of(model.benchmark_facts("ssd")).convs[0]
     assert (conv1.kernel, conv1.height, conv1.width, conv1.channels) == (7, 300, 300, 3)
     sent = parallelism.halo_bytes(conv1, 2, 2, 8)
     assert sent.rows == 3 * 150 * 3 * 8 * 2 == 21_600
@@ -176,12 +177,13 @@ def test_tile_halo_bytes_of_one_layer_by_hand():
     layout = v3.layout(256)
     link = v3.link
     expected = 0.0
-    for conv in parallelism.CONVS["resnet50"]:
+    shape = model.shape_of(model.benchmark_facts("resnet50"))
+    for conv in shape.convs:
         b = parallelism.halo_bytes(conv, 2, 2, 4)
         expected += 2 * conv.count * (2 * link.alpha + (b.rows + b.cols) / link.bandwidth)
     stats = parallelism.group_allreduce(v3, layout, 4, 2 * 256 * 4)
-    expected += 2 * parallelism.BATCH_NORMS["resnet50"] * stats.total_s
-    got = parallelism.halo_cost(v3, layout, "resnet50", 2, 4, cols=2)
+    expected += 2 * shape.batch_norms * stats.total_s
+    got = parallelism.halo_cost(v3, layout, shape, 2, 4, cols=2)
     assert got.total_s == pytest.approx(expected)
 
 

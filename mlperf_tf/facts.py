@@ -1,0 +1,138 @@
+"""Provides the value types of the facts a benchmark declares about itself for the simulator.
+
+A benchmark declares them through the `Benchmark` contract (`mlperf_tf/benchmark.py`:
+`simulator_shape()`, `convergence`); `python -m mlperf_tf.flops --write` stores them, as plain
+dicts, beside the FLOP counts in the simulator's cache, and `mlperf_tf.simulate` reads them back
+with `from_dict` without importing TensorFlow. Pure Python: nothing here imports TF or a benchmark.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple
+
+
+@dataclasses.dataclass(frozen=True)
+class Blocks:
+    """A Transformer-family model as tensor and expert parallelism see it.
+
+    Attributes:
+      blocks: transformer blocks (encoder + decoder layers).
+      allreduces_per_block: forward all-reduces per block under tensor parallelism (2:
+        attention and feed-forward; 3 for a decoder block with cross-attention, averaged over
+        the model).
+      hidden: model width (the all-reduced activations are tokens x hidden).
+      tokens_per_sample: tokens of one sample of the global batch (the Transformer's batch
+        counts tokens: 1).
+      ffn_parameters: weights of one block's feed-forward (what an MoE layer has per expert).
+      ffn_flops_per_token: forward FLOPs of one block's feed-forward per token.
+    """
+
+    blocks: int
+    allreduces_per_block: float
+    hidden: int
+    tokens_per_sample: int
+    ffn_parameters: int
+    ffn_flops_per_token: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Conv:
+    """Convolutions of one feature-map size: `count` layers of kernel `kernel` (and `stride`)
+    reading `width` x `channels` activations at height `height` (for halos: rows of width x
+    channels, and columns of height x channels)."""
+
+    count: int
+    kernel: int
+    height: int
+    width: int
+    channels: int
+    stride: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class SimulatorShape:
+    """What each kind of parallelism splits and sends, for `mlperf-tf simulate`.
+
+    Attributes:
+      blocks: the transformer blocks that tensor parallelism (`--model_parallel`) splits and
+        whose feed-forwards MoE layers replace (`--expert_parallel`); None: the model has none
+        (the simulator refuses those flags for it, as `run` does).
+      convs: the convolutions whose halos spatial partitioning (`--spatial_partition`)
+        exchanges, by feature-map size, the input layer first; (): none (refused).
+      batch_norms: batch-norm layers whose statistics a spatial group sums.
+    """
+
+    blocks: Blocks | None = None
+    convs: tuple[Conv, ...] = ()
+    batch_norms: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> SimulatorShape:
+        """The shape of `as_dict`'s output (None or {}: a data-parallel-only model)."""
+        data = data or {}
+        blocks = data.get("blocks")
+        return cls(
+            blocks=Blocks(**blocks) if blocks else None,
+            convs=tuple(Conv(**c) for c in data.get("convs", ())),
+            batch_norms=int(data.get("batch_norms", 0)),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Rcp:
+    """MLPerf's reference convergence points of a benchmark, in the installed mlperf-logging.
+
+    Attributes:
+      file: the RCP file under `mlperf_logging/rcp_checker/`, e.g.
+        "training_4.0.0/rcps_resnet.json" (the newest round whose references match the model).
+      prefix: the key prefix of the entries that are this model's ("resnet_ref_").
+      in_samples: the entries count samples (BERT, LLMs), not epochs.
+    """
+
+    file: str
+    prefix: str
+    in_samples: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"rcp": dataclasses.asdict(self)}
+
+
+@dataclasses.dataclass(frozen=True)
+class StatedConvergence:
+    """Epochs to target at some global batches where no RCP exists, and where they come from.
+
+    Attributes:
+      points: (global batch, epochs) pairs, smallest batch first; interpolated like RCPs.
+      source: where the points come from (a stated model, not a measurement: say so).
+    """
+
+    points: tuple[tuple[int, float], ...]
+    source: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"stated": {"points": [list(p) for p in self.points], "source": self.source}}
+
+
+def convergence_from_dict(data: dict[str, Any] | None) -> Rcp | StatedConvergence | None:
+    """The declaration of `Rcp.as_dict` or `StatedConvergence.as_dict` (None: none declared)."""
+    if not data:
+        return None
+    if "rcp" in data:
+        return Rcp(**data["rcp"])
+    stated = data["stated"]
+    return StatedConvergence(
+        tuple((int(b), float(e)) for b, e in stated["points"]), stated["source"]
+    )
+
+
+class RenamedKey(NamedTuple):
+    """A log key that MLPerf renamed from one round on (BERT's `opt_epsilon`, `opt_lamb_epsilon`
+    from 2.1.0): the runner logs the name of the run's round."""
+
+    old: str
+    new: str
+    since: str
