@@ -158,8 +158,19 @@ class Benchmark(abc.ABC):
 
     @property
     def num_replicas(self) -> int:
-        """Replicas in sync (from the strategy); e.g. for `model_bn_span` or per-replica shapes."""
+        """Replicas in sync of the strategy, every mesh axis counted (e.g. for batch-norm groups).
+
+        Not the count of batches a step reads: the replicas of a model or spatial group share
+        one. Count samples and split batches with `batch_shards`.
+        """
         return self.context.num_replicas
+
+    @property
+    def batch_shards(self) -> int:
+        """Replicas that read different batches (the mesh's data x expert; `num_replicas` when
+        the mesh splits nothing else): a step reads `batch_shards` per-replica batches, and a
+        replica's loss is its batch shard's share of the global mean (see `compute_loss`)."""
+        return self.mesh.batch_shards
 
     @property
     def mesh(self) -> DeviceMesh:
@@ -396,7 +407,14 @@ class Benchmark(abc.ABC):
 
     @abc.abstractmethod
     def compute_loss(self, model: Any, batch: Any, training: bool = True) -> tf.Tensor:
-        """Per-replica scalar loss, already divided by `micro_batch_size` (replica context)."""
+        """This replica's batch shard's share of the global mean loss (replica context): its
+        batch's loss sum divided by `micro_batch_size` (or its mean over `batch_shards`).
+
+        Only the data axis is the benchmark's to count. The replicas of one model or spatial
+        group share a batch and each returns the same share; the runner accounts for those axes
+        (`mlperf_tf.runner.trainer.group_loss_scale`): a spatial group's gradients are summed
+        over its members, a model group's replicated gradients are not.
+        """
 
     def compute_loss_and_metrics(
         self, model: Any, batch: Any, training: bool = True

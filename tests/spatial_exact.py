@@ -24,9 +24,9 @@ import numpy as np
 import tensorflow as tf
 
 from mlperf_tf.benchmark import Benchmark, RunContext
-from mlperf_tf.parallel import mesh as parallel_mesh
+from mlperf_tf.parallel import input as parallel_input
 from mlperf_tf.parallel.mesh import DeviceMesh
-from mlperf_tf.runner.trainer import Trainer
+from mlperf_tf.runner.trainer import Trainer, group_loss_scale
 from tests.numerics import assert_close, scale_of
 from tests.strategies import mirrored
 
@@ -53,7 +53,7 @@ def train(
                 v.assign(weights[v.path])
     start = {v.path: v.numpy() for v in model.weights}
     dataset = strategy.distribute_datasets_from_function(
-        parallel_mesh.for_mesh(bench.train_dataset, mesh)
+        parallel_input.for_mesh(bench.train_dataset, mesh)
     )
     iterator = iter(dataset)
 
@@ -61,7 +61,8 @@ def train(
     def gradients(iterator):
         def replica(batch):
             with tf.GradientTape() as tape:
-                loss = bench.compute_loss(model, batch, training=True)
+                # As the Trainer scales it: the group's members share one batch shard's loss.
+                loss = bench.compute_loss(model, batch, training=True) * group_loss_scale(mesh)
             return tape.gradient(loss, model.trainable_variables)
 
         per_replica = strategy.run(replica, args=(next(iterator),))

@@ -16,7 +16,9 @@ from mlperf_tf.collectives import GradientSummer, Settings
 from mlperf_tf.optimizers import LAMB
 from mlperf_tf.optimizers.adam import FusedAdam
 from mlperf_tf.parallel import layout as layout_lib
-from mlperf_tf.parallel.mesh import build_mesh, for_mesh
+from mlperf_tf.parallel.context import use_mesh
+from mlperf_tf.parallel.input import for_mesh
+from mlperf_tf.parallel.mesh import build_mesh
 from tests import strategies
 from tests.numerics import assert_close
 
@@ -84,10 +86,15 @@ def train(benchmark, *, num_devices: int, model_parallel: int, optimizer: str,
     settings = Settings(all_reduce=all_reduce, weight_update_sharding=weight_update_sharding,
                         pack_mb=pack_mb, timeout_s=60)  # fmt: skip
     summer = GradientSummer(strategy, settings, mesh)
-    with strategy.scope():
+    with strategy.scope(), use_mesh(mesh):
         model = benchmark.build_model()
         opt = make_optimizer(optimizer, benchmark)
         variables = model.trainable_variables
+    # The model found the ambient mesh: it is split as asked, or the comparison would be of two
+    # unsplit runs.
+    shards = {layout_lib.layout_of(v).num_shards(mesh) for v in variables}
+    assert max(shards) == max(model_parallel, expert_parallel), shards
+    with strategy.scope():
         opt.build([] if summer.sharded else variables)
         summer.build(opt, variables)
         layout_lib.split_slots(opt, mesh)

@@ -23,7 +23,9 @@ from mlperf_tf.benchmark import RunContext  # noqa: E402
 from mlperf_tf.collectives import GradientSummer, Settings  # noqa: E402
 from mlperf_tf.collectives.ops import replica_collectives  # noqa: E402
 from mlperf_tf.parallel import layout as layout_lib  # noqa: E402
-from mlperf_tf.parallel.mesh import build_mesh, for_mesh  # noqa: E402
+from mlperf_tf.parallel.context import use_mesh  # noqa: E402
+from mlperf_tf.parallel.input import for_mesh  # noqa: E402
+from mlperf_tf.parallel.mesh import build_mesh  # noqa: E402
 from tests.tensor_parallel import make_optimizer  # noqa: E402
 
 TIMEOUT_S = 60
@@ -45,7 +47,7 @@ def main(out_path: str, steps: int) -> None:
     benchmark = bert_benchmark().with_context(context)
     keras.utils.set_random_seed(1)
     summer = GradientSummer(strategy, Settings(all_reduce="ring", timeout_s=TIMEOUT_S), mesh)
-    with strategy.scope():
+    with strategy.scope(), use_mesh(mesh):
         model = benchmark.build_model()
         optimizer = make_optimizer("lamb", benchmark)
         variables = model.trainable_variables
@@ -90,7 +92,7 @@ def evaluate_transformer(out_path: str) -> None:
     context = RunContext(num_replicas=mesh.size, seed=1, mesh=mesh, collective_timeout_s=TIMEOUT_S)
     benchmark = TransformerBenchmark(config_lib.smoke(), context=context)
     keras.utils.set_random_seed(1)
-    with strategy.scope():
+    with strategy.scope(), use_mesh(mesh):
         model = benchmark.build_model()
         eval_test.set_diverse_weights(model, mesh)
     data = strategy.distribute_datasets_from_function(for_mesh(benchmark.eval_dataset, mesh))

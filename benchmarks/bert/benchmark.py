@@ -89,7 +89,7 @@ class BertBenchmark(Benchmark):
     # ---- building ------------------------------------------------------------------------------
     def build_model(self) -> keras.Model:
         """The BERT pretrainer of `model_config` (under the strategy scope, dtype policy set)."""
-        return model_lib.build_pretrainer(self.model_config, mesh=self.mesh)
+        return model_lib.build_pretrainer(self.model_config)
 
     def learning_rate_schedule(self, train_steps: int) -> WarmupPolynomialDecay:
         """The reference's schedule: polynomial decay from step 0 over
@@ -146,7 +146,9 @@ class BertBenchmark(Benchmark):
         outputs = model(batch, training=training, packed=not self.static_shapes)
         mlm_logits = tf.cast(outputs["mlm_logits"], tf.float32)  # [batch, predictions, vocab]
         weights = tf.cast(batch["masked_lm_weights"], tf.float32)  # [batch, predictions]
-        if self.mesh.model > 1:  # this shard's [batch, predictions, vocab/M], never gathered
+        if (
+            model.mlm_head.axis.size > 1
+        ):  # this shard's [batch, predictions, vocab/M], never gathered
             token_loss = vocab_parallel_cross_entropy(
                 mlm_logits, batch["masked_lm_ids"], vocab_size=self.model_config.vocab_size,
                 smoothing=0.0, axis=model.mlm_head.axis,

@@ -16,8 +16,8 @@ import numpy as np
 import tensorflow as tf
 
 from mlperf_tf.errors import DataError, UserError
-from mlperf_tf.parallel.layout import assign_whole, layout_of
-from mlperf_tf.parallel.mesh import DeviceMesh
+from mlperf_tf.parallel import DeviceMesh
+from mlperf_tf.parallel.layout import assign_whole, whole_shape
 
 # Last name components of model weights in google-research/bert checkpoints; any other
 # variable (slots, global_step, loss scale) is not part of the model.
@@ -144,8 +144,8 @@ def load_tf1_checkpoint(model, path: str) -> LoadReport:
         first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise DataError(f"cannot read init_checkpoint '{prefix}': {first_line}") from None
     targets = model.tf1_variables()
-    mesh = getattr(model, "mesh", None)
-    model_shapes = {name: _whole_shape(var, mesh) for name, var in targets.items()}
+    mesh = getattr(model, "mesh", None) or DeviceMesh()  # the mesh the model was built for
+    model_shapes = {name: whole_shape(var, mesh) for name, var in targets.items()}
     problems = check_variables(checkpoint_shapes, model_shapes)
     if problems:
         raise CheckpointMismatchError(
@@ -154,15 +154,6 @@ def load_tf1_checkpoint(model, path: str) -> LoadReport:
     for name, var in targets.items():
         value = reader.get_tensor(name)
         # A split variable (model parallelism) gets each replica's shard of the whole value.
-        assign_whole(var, np.asarray(value).astype(var.dtype), mesh or DeviceMesh())
+        assign_whole(var, np.asarray(value).astype(var.dtype), mesh)
     skipped = sorted(n for n in checkpoint_shapes if n not in targets)
     return LoadReport(path=prefix, loaded=tuple(sorted(targets)), skipped=tuple(skipped))
-
-
-def _whole_shape(variable, mesh) -> tuple[int, ...]:
-    """The variable's whole shape (a split variable holds 1/M of it per replica)."""
-    shape = list(variable.shape)
-    layout = layout_of(variable)
-    if mesh is not None and layout.split:
-        shape[layout.split_axis] *= layout.num_shards(mesh)
-    return tuple(shape)

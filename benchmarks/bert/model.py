@@ -6,7 +6,8 @@ head tied to the word embeddings (plus its own output bias) and a 2-way next-sen
 `BertPretrainer.tf1_variables()` names every weight as the TF1 checkpoints do, so a
 google-research/MLPerf checkpoint loads by name (see checkpoint.py).
 
-Tensor parallelism (`mesh.model` = M > 1, Megatron's layout; `mlperf_tf.layers.tensor_parallel`):
+Tensor parallelism (the run's mesh has `model` = M > 1, Megatron's layout;
+`mlperf_tf.layers.tensor_parallel`; the layers find the mesh themselves, `mlperf_tf.parallel.use_mesh`):
 each block's attention splits its heads (query/key/value column-parallel, the output
 projection row-parallel) and its feed-forward block the intermediate width; the word embeddings
 split their vocabulary rows (a vocabulary-parallel lookup), and the tied masked-LM projection
@@ -31,8 +32,8 @@ from mlperf_tf.layers.tensor_parallel import (
     RowParallelDense,
     vocab_parallel_lookup,
 )
+from mlperf_tf.parallel import current_mesh
 from mlperf_tf.parallel.layout import add_split_weight, check_divides, model_split
-from mlperf_tf.parallel.mesh import DeviceMesh
 
 # google-research/bert masks attention with this additive bias (not -inf), which also fits fp16.
 _MASK_BIAS = -10000.0
@@ -55,11 +56,10 @@ class Embeddings(keras.layers.Layer):
     projection (tied weights).
     """
 
-    def __init__(self, config: ModelConfig, mesh: DeviceMesh | None = None, **kwargs):
+    def __init__(self, config: ModelConfig, **kwargs):
         super().__init__(**kwargs)
         self.config = config
-        self.mesh = mesh
-        self.axis = ModelAxis(mesh, self)
+        self.axis = ModelAxis(None, self)
         self.layer_norm = keras.layers.LayerNormalization(
             epsilon=config.layer_norm_epsilon, dtype=self.dtype_policy, name="LayerNorm"
         )
@@ -70,7 +70,7 @@ class Embeddings(keras.layers.Layer):
         init = _initializer(c)
         self.word_embeddings = add_split_weight(
             self, name="word_embeddings", shape=(c.vocab_size, c.hidden_size), initializer=init,
-            layout=model_split(0), mesh=self.mesh,
+            layout=model_split(0), mesh=self.axis.mesh,
         )  # fmt: skip
         self.token_type_embeddings = self.add_weight(
             name="token_type_embeddings", shape=(c.type_vocab_size, c.hidden_size), initializer=init
@@ -105,11 +105,11 @@ class TransformerBlock(keras.layers.Layer):
     around the feed-forward block; each shard computes heads/M heads and intermediate/M units.
     """
 
-    def __init__(self, config: ModelConfig, mesh: DeviceMesh | None = None, **kwargs):
+    def __init__(self, config: ModelConfig, **kwargs):
         super().__init__(**kwargs)
         self.config = config
         c = config
-        self.axis = ModelAxis(mesh, self)
+        self.axis = ModelAxis(None, self)
         self.num_heads = c.num_attention_heads // self.axis.size  # this shard's heads
         self.head_size = c.hidden_size // c.num_attention_heads
         policy = self.dtype_policy
@@ -117,7 +117,6 @@ class TransformerBlock(keras.layers.Layer):
         def dense(units, name, activation=None, kind=ColumnParallelDense, **extra):
             return kind(
                 units,
-                mesh=mesh,
                 activation=activation,
                 kernel_initializer=_initializer(c),
                 dtype=policy,
@@ -129,7 +128,7 @@ class TransformerBlock(keras.layers.Layer):
         self.key = dense(c.hidden_size, "key", copy_input=False)
         self.value = dense(c.hidden_size, "value", copy_input=False)
         self.attention_output = RowParallelDense(
-            c.hidden_size, mesh=mesh, kernel_initializer=_initializer(c), dtype=policy,
+            c.hidden_size, kernel_initializer=_initializer(c), dtype=policy,
             name="attention_output",
         )  # fmt: skip
         self.attention_layer_norm = keras.layers.LayerNormalization(
@@ -137,8 +136,7 @@ class TransformerBlock(keras.layers.Layer):
         )
         self.intermediate = dense(c.intermediate_size, "intermediate", activation=gelu)
         self.output_dense = RowParallelDense(
-            c.hidden_size, mesh=mesh, kernel_initializer=_initializer(c), dtype=policy,
-            name="output",
+            c.hidden_size, kernel_initializer=_initializer(c), dtype=policy, name="output",
         )  # fmt: skip
         self.output_layer_norm = keras.layers.LayerNormalization(
             epsilon=c.layer_norm_epsilon, dtype=policy, name="output_LayerNorm"
@@ -197,13 +195,13 @@ class BertEncoder(keras.layers.Layer):
     Returns (sequence_output [batch, seq, hidden], pooled_output [batch, hidden]).
     """
 
-    def __init__(self, config: ModelConfig, mesh: DeviceMesh | None = None, **kwargs):
+    def __init__(self, config: ModelConfig, **kwargs):
         super().__init__(**kwargs)
         self.config = config
         policy = self.dtype_policy
-        self.embeddings = Embeddings(config, mesh=mesh, dtype=policy, name="embeddings")
+        self.embeddings = Embeddings(config, dtype=policy, name="embeddings")
         self.blocks = [
-            TransformerBlock(config, mesh=mesh, dtype=policy, name=f"layer_{i}")
+            TransformerBlock(config, dtype=policy, name=f"layer_{i}")
             for i in range(config.num_hidden_layers)
         ]
         self.pooler = keras.layers.Dense(
@@ -247,11 +245,10 @@ class MaskedLMHead(keras.layers.Layer):
     bias split like the table) and the logits are this shard's [..., vocab/M].
     """
 
-    def __init__(self, config: ModelConfig, mesh: DeviceMesh | None = None, **kwargs):
+    def __init__(self, config: ModelConfig, **kwargs):
         super().__init__(**kwargs)
         self.config = config
-        self.mesh = mesh
-        self.axis = ModelAxis(mesh, self)
+        self.axis = ModelAxis(None, self)
         self.transform = keras.layers.Dense(
             config.hidden_size,
             activation=gelu,
@@ -269,7 +266,7 @@ class MaskedLMHead(keras.layers.Layer):
         self.layer_norm.build((None, None, h))
         self.output_bias = add_split_weight(
             self, name="output_bias", shape=(self.config.vocab_size,), initializer="zeros",
-            layout=model_split(0), mesh=self.mesh,
+            layout=model_split(0), mesh=self.axis.mesh,
         )  # fmt: skip
 
     def call(self, sequence_output, positions, word_embeddings):
@@ -311,22 +308,21 @@ class BertPretrainer(keras.Model):
     [batch, predictions, vocab] and `nsp_logits` [batch, 2], in the compute dtype.
     """
 
-    def __init__(self, config: ModelConfig, mesh: DeviceMesh | None = None, **kwargs):
-        """`mesh`: the run's device mesh; `mesh.model` > 1 splits the model over its `model`
-        axis (it must divide the heads, the intermediate size and the vocabulary: `UserError`
-        otherwise)."""
+    def __init__(self, config: ModelConfig, **kwargs):
+        """Built for the run's mesh (`mlperf_tf.parallel.current_mesh()`, kept as `mesh`): its
+        `model` axis M > 1 splits the model (M must divide the heads, the intermediate size and
+        the vocabulary: `UserError` otherwise)."""
         super().__init__(**kwargs)
         self.config = config
-        self.mesh = mesh
-        if mesh is not None:
-            check_divides(
-                mesh, **{"model.num_attention_heads": config.num_attention_heads,
-                         "model.intermediate_size": config.intermediate_size,
-                         "model.vocab_size": config.vocab_size}
-            )  # fmt: skip
+        self.mesh = current_mesh()
+        check_divides(
+            **{"model.num_attention_heads": config.num_attention_heads,
+               "model.intermediate_size": config.intermediate_size,
+               "model.vocab_size": config.vocab_size}
+        )  # fmt: skip
         policy = self.dtype_policy
-        self.encoder = BertEncoder(config, mesh=mesh, dtype=policy, name="bert")
-        self.mlm_head = MaskedLMHead(config, mesh=mesh, dtype=policy, name="cls_predictions")
+        self.encoder = BertEncoder(config, dtype=policy, name="bert")
+        self.mlm_head = MaskedLMHead(config, dtype=policy, name="cls_predictions")
         self.nsp_head = NextSentenceHead(config, dtype=policy, name="cls_seq_relationship")
 
     def build(self, input_shape=None):
@@ -398,8 +394,9 @@ def _add_layer_norm(names: dict, prefix: str, layer: keras.layers.LayerNormaliza
     names[f"{prefix}/beta"] = layer.beta
 
 
-def build_pretrainer(config: ModelConfig, mesh: DeviceMesh | None = None) -> BertPretrainer:
-    """A built `BertPretrainer` (weights created, following the global dtype policy)."""
-    model = BertPretrainer(config, mesh=mesh, name="bert_pretrainer")
+def build_pretrainer(config: ModelConfig) -> BertPretrainer:
+    """A built `BertPretrainer` (weights created, following the global dtype policy) for the
+    run's mesh (`mlperf_tf.parallel.current_mesh()`)."""
+    model = BertPretrainer(config, name="bert_pretrainer")
     model.build()
     return model

@@ -112,9 +112,10 @@ class ResNet50Benchmark(Benchmark):
         """Label-smoothed cross entropy summed over this replica's batch / `micro_batch_size`.
 
         With spatial partitioning the K (K x L) replicas of a group hold the same logits (of the
-        same images): each counts 1/K (1/(K L)) of them, so the sum over all replicas (the runner's loss, and
-        Keras' gradient sum) counts every image once. With SGD, adds `wd/2 * sum |k|^2` over the convolution and dense kernels (not batch
-        norm, not biases), divided by the replicas in sync because their gradients are summed.
+        same images) and each returns this same loss: the runner counts the group once
+        (`Benchmark.compute_loss`). With SGD, adds `wd/2 * sum |k|^2` over the convolution and
+        dense kernels (not batch norm, not biases), divided by the batch shards because their
+        gradients are summed.
         """
         opt = self.config.optimizer
         logits = model(batch["image"], training=training)
@@ -124,10 +125,10 @@ class ResNet50Benchmark(Benchmark):
         if opt.label_smoothing:
             targets = targets * (1.0 - opt.label_smoothing) + opt.label_smoothing / num_classes
         xent = tf.nn.softmax_cross_entropy_with_logits(labels=targets, logits=logits)  # [batch]
-        loss = tf.reduce_sum(xent) / float(self.micro_batch_size * self.mesh.spatial)
+        loss = tf.reduce_sum(xent) / float(self.micro_batch_size)
         if opt.opt_name == "sgd" and opt.sgd_opt_weight_decay:
             l2 = tf.add_n([tf.reduce_sum(tf.square(k)) for k in decayed_variables(model)])
-            loss += 0.5 * opt.sgd_opt_weight_decay * l2 / float(self.num_replicas)
+            loss += 0.5 * opt.sgd_opt_weight_decay * l2 / float(self.batch_shards)
         return loss
 
     def eval_step(self, model: keras.Model, batch: Any) -> dict[str, tf.Tensor]:

@@ -230,21 +230,22 @@ class SSDBenchmark(Benchmark):
         )
 
     def compute_loss(self, model: keras.Model, batch: dict, training: bool = True) -> tf.Tensor:
-        """Sum of per-image losses / global micro-batch, plus L2 / replicas (replica context).
+        """Sum of per-image losses / global micro-batch, plus L2 / batch shards (replica context).
 
         The reference averages its per-image loss over the batch and lets SGD add
         `weight_decay * w` to every gradient; summing this over replicas gives the same. With
-        spatial partitioning the K replicas of a group see the same images' (gathered) outputs:
-        each counts 1/K of their loss, so every image counts once in the sum.
+        spatial partitioning the K replicas of a group see the same images' (gathered) outputs
+        and each returns this same loss: the runner counts the group once
+        (`Benchmark.compute_loss`).
         """
         terms = self.loss_terms(model, batch, training)
-        loss = tf.reduce_sum(terms.total) / float(self.micro_batch_size * self.mesh.spatial)
+        loss = tf.reduce_sum(terms.total) / float(self.micro_batch_size)
         wd = self.config.optimizer.opt_weight_decay
         if wd > 0:
             squares = [
                 tf.reduce_sum(tf.square(tf.cast(v, loss.dtype))) for v in model.trainable_variables
             ]
-            loss += 0.5 * wd * tf.add_n(squares) / float(self.num_replicas)
+            loss += 0.5 * wd * tf.add_n(squares) / float(self.batch_shards)
         return loss
 
     def eval_step(self, model: keras.Model, batch: dict) -> dict[str, tf.Tensor]:

@@ -110,12 +110,13 @@ class TransformerBenchmark(Benchmark):
         """Steps that consume one epoch of pairs, from the bucket layout and the data's lengths.
 
         Real data: from metadata.json's pair-length histogram (see `input_lib.steps_per_epoch`).
-        Synthetic: `train_examples` over the pairs of one step.
+        Synthetic: `train_examples` over the pairs of one step. A step reads one batch per batch
+        shard (`batch_shards`), not per replica: the replicas of a model group share theirs.
         """
         d = self.config.data
         gradient_accumulation = self.config.gradient_accumulation_steps
         if self.metadata is None:
-            pairs = max(1, self.per_replica_batch_size // d.max_sequence_length) * self.num_replicas
+            pairs = max(1, self.per_replica_batch_size // d.max_sequence_length) * self.batch_shards
             pairs *= gradient_accumulation
             return max(1, math.ceil(self.config.train_examples / pairs))
         sizes = input_lib.bucket_batch_sizes(
@@ -126,7 +127,7 @@ class TransformerBenchmark(Benchmark):
             histogram,
             bucket_lengths=d.buckets,
             batch_sizes=sizes,
-            num_replicas=self.num_replicas,
+            num_replicas=self.batch_shards,
             max_length=d.max_sequence_length,
             method=d.max_length_method,
         )
@@ -186,7 +187,7 @@ class TransformerBenchmark(Benchmark):
                 f"--expert_parallel={self.mesh.expert} must divide `model.moe.num_experts` "
                 f"({self.config.model.moe.num_experts})"
             )
-        model = model_lib.Transformer(self.model_params(), mesh=self.mesh)
+        model = model_lib.Transformer(self.model_params())
         model.build()
         return model
 
@@ -300,7 +301,7 @@ class TransformerBenchmark(Benchmark):
         if packed:  # the states of the real target tokens, in row-major order
             targets = tf.boolean_mask(targets, tf.not_equal(targets, model_lib.PAD_ID))
         smoothing = self.config.optimizer.label_smoothing
-        if self.mesh.model > 1:  # this shard's [tokens, vocab/M] logits, never gathered
+        if model.axis.size > 1:  # this shard's [tokens, vocab/M] logits, never gathered
             xent = vocab_parallel_cross_entropy(
                 model.logits(states), targets, vocab_size=self.config.model.vocab_size,
                 smoothing=smoothing, axis=model.axis,
@@ -311,14 +312,12 @@ class TransformerBenchmark(Benchmark):
             loss_sum, tokens = label_smoothed_cross_entropy(
                 model.logits(states), targets, smoothing
             )
-        # The replicas that read different batches (a model group shares one).
-        context = tf.distribute.get_replica_context()
-        replicas = self.mesh.batch_shards if context is not None else self.num_replicas
         loss = loss_sum / tf.maximum(tokens, 1.0)
         aux_loss, metrics = moe.summarize(aux)
         if aux.calls:
             loss += aux_loss
-        return loss / float(replicas), metrics
+        # This batch shard's share (a model group's replicas share one: the runner's to count).
+        return loss / float(self.batch_shards), metrics
 
     def eval_step(self, model, batch) -> dict[str, tf.Tensor]:
         """Beam-search translations of the batch (padding rows are marked by `valid`)."""

@@ -296,8 +296,10 @@ def steps_per_epoch(
 ) -> int:
     """Optimizer steps that consume one epoch of pairs, given the pair-length histogram.
 
-    Each step takes one batch per replica; a bucket with `n` pairs and batches of `b` fills
-    `n / b` batches, so an epoch is `sum(n_i / b_i) / num_replicas` steps (at least 1).
+    Each step takes one batch per batch shard (`num_replicas`: the replicas that read different
+    batches, `Benchmark.batch_shards`; a model group's replicas share one); a bucket with `n`
+    pairs and batches of `b` fills `n / b` batches, so an epoch is `sum(n_i / b_i) /
+    num_replicas` steps (at least 1).
     """
     batches = 0.0
     for length, count in length_histogram.items():

@@ -7,7 +7,8 @@ every attention and a causal mask in the decoder's self-attention. `init_cache`/
 run the decoder one position at a time against a fixed-size cache (static shapes, so the
 decoding loop compiles under XLA).
 
-Tensor parallelism (`mesh.model` = M > 1, Megatron's layout; `mlperf_tf.layers.tensor_parallel`):
+Tensor parallelism (the run's mesh has `model` = M > 1, Megatron's layout;
+`mlperf_tf.layers.tensor_parallel`; the layers find the mesh themselves, `mlperf_tf.parallel.use_mesh`):
 each attention splits its heads over the model shards (query/key/value column-parallel, the
 output projection row-parallel), each feed-forward block its filter width, and the shared
 embedding its vocabulary rows (a vocabulary-parallel lookup, and the tied softmax gives each
@@ -33,7 +34,6 @@ from mlperf_tf.layers.tensor_parallel import (
     vocab_parallel_lookup,
 )
 from mlperf_tf.parallel.layout import add_split_weight, check_divides, model_split
-from mlperf_tf.parallel.mesh import DeviceMesh
 
 # Logit of masked attention positions. Masks are boolean tensors (Keras casts float arguments of a
 # layer call to the compute dtype, which would turn -1e9 into -inf in float16) and are applied to
@@ -153,19 +153,17 @@ class SharedEmbedding(keras.layers.Layer):
     forward, one all-reduce backward).
     """
 
-    def __init__(self, vocab_size: int, hidden_size: int, mesh: DeviceMesh | None = None,
-                 **kwargs):  # fmt: skip
+    def __init__(self, vocab_size: int, hidden_size: int, **kwargs):
         super().__init__(**kwargs)
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
-        self.mesh = mesh
-        self.axis = ModelAxis(mesh, self)
+        self.axis = ModelAxis(None, self)
 
     def build(self, input_shape=None):
         self.shared_weights = add_split_weight(
             self, name="weights", shape=(self.vocab_size, self.hidden_size),
             initializer=keras.initializers.RandomNormal(stddev=self.hidden_size**-0.5),
-            layout=model_split(0), mesh=self.mesh,
+            layout=model_split(0), mesh=self.axis.mesh,
         )  # fmt: skip
         super().build(input_shape)
 
@@ -198,15 +196,13 @@ class HeadsProjection(keras.layers.Layer):
     of the output forward, none backward).
     """
 
-    def __init__(self, hidden_size: int, num_heads: int, to_heads: bool,
-                 mesh: DeviceMesh | None = None, **kwargs):  # fmt: skip
+    def __init__(self, hidden_size: int, num_heads: int, to_heads: bool, **kwargs):
         super().__init__(**kwargs)
         self.hidden_size = hidden_size
         self.num_heads = num_heads
         self.depth = hidden_size // num_heads
         self.to_heads = to_heads
-        self.mesh = mesh
-        self.axis = ModelAxis(mesh, self)
+        self.axis = ModelAxis(None, self)
         self.local_heads = num_heads // self.axis.size
         # Built here, as EinsumDense builds its initializer, so the seeds drawn are the same.
         input_axes, output_axes = ([0], [1, 2]) if to_heads else ([0, 1], [2])
@@ -219,7 +215,7 @@ class HeadsProjection(keras.layers.Layer):
         shape = (self.hidden_size, *heads) if self.to_heads else (*heads, self.hidden_size)
         self.kernel = add_split_weight(
             self, name="kernel", shape=shape, initializer=self.kernel_initializer,
-            layout=model_split(1 if self.to_heads else 0), mesh=self.mesh,
+            layout=model_split(1 if self.to_heads else 0), mesh=self.axis.mesh,
         )  # fmt: skip
         super().build(input_shape)
 
@@ -248,19 +244,16 @@ class Attention(keras.layers.Layer):
     backward each), g in the output projection (one all-reduce forward).
     """
 
-    def __init__(self, hidden_size: int, num_heads: int, dropout: float,
-                 mesh: DeviceMesh | None = None, **kwargs):  # fmt: skip
+    def __init__(self, hidden_size: int, num_heads: int, dropout: float, **kwargs):
         super().__init__(**kwargs)
         self.hidden_size = hidden_size
         self.num_heads = num_heads
         self.depth = hidden_size // num_heads
-        self.axis = ModelAxis(mesh, self)
+        self.axis = ModelAxis(None, self)
         policy = self.dtype_policy
 
         def projection(name, to_heads=True):
-            return HeadsProjection(
-                hidden_size, num_heads, to_heads, mesh=mesh, name=name, dtype=policy
-            )
+            return HeadsProjection(hidden_size, num_heads, to_heads, name=name, dtype=policy)
 
         self.query_dense = projection("query")
         self.key_dense = projection("key")
@@ -374,15 +367,13 @@ class FeedForward(keras.layers.Layer):
     filter_size/M of the width.
     """
 
-    def __init__(self, hidden_size: int, filter_size: int, dropout: float,
-                 mesh: DeviceMesh | None = None, **kwargs):  # fmt: skip
+    def __init__(self, hidden_size: int, filter_size: int, dropout: float, **kwargs):
         super().__init__(**kwargs)
         self.filter_layer = ColumnParallelDense(
-            filter_size, mesh=mesh, activation="relu", name="filter_layer",
-            dtype=self.dtype_policy,
-        )  # fmt: skip
+            filter_size, activation="relu", name="filter_layer", dtype=self.dtype_policy
+        )
         self.output_layer = RowParallelDense(
-            hidden_size, mesh=mesh, name="output_layer", dtype=self.dtype_policy
+            hidden_size, name="output_layer", dtype=self.dtype_policy
         )
         self.dropout_layer = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
         self.hidden_size = hidden_size
@@ -397,20 +388,17 @@ class FeedForward(keras.layers.Layer):
         return self.output_layer(hidden)
 
 
-def feed_forward(params: TransformerParams, index: int, mesh: DeviceMesh | None, policy):
-    """Block `index`'s feed-forward layer: dense, or an `MoEFeedForward` per `params.moe`."""
+def feed_forward(params: TransformerParams, index: int, policy):
+    """Block `index`'s feed-forward layer: dense, or an `MoEFeedForward` per `params.moe` (its
+    experts split over the run's `expert` axis, which it finds itself)."""
     p = params
     if not p.moe.is_moe(index):
-        return FeedForward(
-            p.hidden_size, p.filter_size, p.relu_dropout, mesh=mesh, name="ffn", dtype=policy
-        )
+        return FeedForward(p.hidden_size, p.filter_size, p.relu_dropout, name="ffn", dtype=policy)
     return p.moe.layer(
         hidden_size=p.hidden_size,
         filter_size=p.filter_size,
         dropout=p.relu_dropout,
         group_size=p.moe_group_size,
-        expert_parallel=mesh.expert if mesh is not None else 1,
-        mesh=mesh,
         collective_timeout_s=p.collective_timeout_s,
         name="moe_ffn",
         dtype=policy,
@@ -430,9 +418,7 @@ def apply_ffn(ffn, x, training, aux):
 class EncoderLayer(keras.layers.Layer):
     """Pre-norm self-attention block and feed-forward block, each with a residual."""
 
-    def __init__(
-        self, params: TransformerParams, index: int = 0, mesh: DeviceMesh | None = None, **kwargs
-    ):
+    def __init__(self, params: TransformerParams, index: int = 0, **kwargs):
         super().__init__(**kwargs)
         p = params
         policy = self.dtype_policy
@@ -440,13 +426,13 @@ class EncoderLayer(keras.layers.Layer):
             epsilon=LAYER_NORM_EPSILON, name="attention_norm", dtype=policy
         )
         self.attention = Attention(
-            p.hidden_size, p.num_heads, p.attention_dropout, mesh=mesh, name="self_attention",
+            p.hidden_size, p.num_heads, p.attention_dropout, name="self_attention",
             dtype=policy,
         )  # fmt: skip
         self.ffn_norm = keras.layers.LayerNormalization(
             epsilon=LAYER_NORM_EPSILON, name="ffn_norm", dtype=policy
         )
-        self.ffn = feed_forward(p, index, mesh, policy)
+        self.ffn = feed_forward(p, index, policy)
         self.dropout_layer = keras.layers.Dropout(p.dropout, dtype=policy)
         self.hidden_size = p.hidden_size
 
@@ -471,9 +457,7 @@ class EncoderLayer(keras.layers.Layer):
 class DecoderLayer(keras.layers.Layer):
     """Pre-norm causal self-attention, encoder-decoder attention and feed-forward blocks."""
 
-    def __init__(
-        self, params: TransformerParams, index: int = 0, mesh: DeviceMesh | None = None, **kwargs
-    ):
+    def __init__(self, params: TransformerParams, index: int = 0, **kwargs):
         super().__init__(**kwargs)
         p = params
         policy = self.dtype_policy
@@ -485,16 +469,16 @@ class DecoderLayer(keras.layers.Layer):
 
         self.self_attention_norm = norm("self_attention_norm")
         self.self_attention = Attention(
-            p.hidden_size, p.num_heads, p.attention_dropout, mesh=mesh, name="self_attention",
+            p.hidden_size, p.num_heads, p.attention_dropout, name="self_attention",
             dtype=policy,
         )  # fmt: skip
         self.encdec_attention_norm = norm("encdec_attention_norm")
         self.encdec_attention = Attention(
-            p.hidden_size, p.num_heads, p.attention_dropout, mesh=mesh, name="encdec_attention",
+            p.hidden_size, p.num_heads, p.attention_dropout, name="encdec_attention",
             dtype=policy,
         )  # fmt: skip
         self.ffn_norm = norm("ffn_norm")
-        self.ffn = feed_forward(p, index, mesh, policy)
+        self.ffn = feed_forward(p, index, policy)
         self.dropout_layer = keras.layers.Dropout(p.dropout, dtype=policy)
         self.hidden_size = p.hidden_size
 
@@ -581,34 +565,31 @@ class Transformer(keras.Model):
     dtype. Decoding uses `encode`, `init_cache` and `decode_step` (see `beam_search.py`).
     """
 
-    def __init__(self, params: TransformerParams, mesh: DeviceMesh | None = None, **kwargs):
-        """`mesh`: the run's device mesh; `mesh.model` > 1 splits the model over its `model`
-        axis (it must divide num_heads, filter_size and vocab_size: `UserError` otherwise), and
-        `mesh.expert` > 1 splits the experts of MoE blocks over its `expert` axis."""
+    def __init__(self, params: TransformerParams, **kwargs):
+        """Built for the run's mesh (`mlperf_tf.parallel.current_mesh()`): its `model` axis
+        M > 1 splits the model (M must divide num_heads, filter_size and vocab_size: `UserError`
+        otherwise), its `expert` axis > 1 the experts of MoE blocks."""
         kwargs.setdefault("name", "transformer")
         super().__init__(**kwargs)
         self.params = params
-        self.mesh = mesh
-        if mesh is not None:
-            check_divides(
-                mesh, **{"model.num_heads": params.num_heads,
-                         "model.filter_size": params.filter_size,
-                         "model.vocab_size": params.vocab_size}
-            )  # fmt: skip
-        self.axis = ModelAxis(mesh, self)
+        check_divides(
+            **{"model.num_heads": params.num_heads, "model.filter_size": params.filter_size,
+               "model.vocab_size": params.vocab_size}
+        )  # fmt: skip
+        self.axis = ModelAxis(None, self)
         policy = self.dtype_policy
         self.embedding = SharedEmbedding(
-            params.vocab_size, params.hidden_size, mesh=mesh, name="embedding", dtype=policy
+            params.vocab_size, params.hidden_size, name="embedding", dtype=policy
         )
         self.encoder_layers = [
-            EncoderLayer(params, i, mesh=mesh, name=f"encoder_layer_{i}", dtype=policy)
+            EncoderLayer(params, i, name=f"encoder_layer_{i}", dtype=policy)
             for i in range(params.num_layers)
         ]
         self.encoder_norm = keras.layers.LayerNormalization(
             epsilon=LAYER_NORM_EPSILON, name="encoder_norm", dtype=policy
         )
         self.decoder_layers = [
-            DecoderLayer(params, i, mesh=mesh, name=f"decoder_layer_{i}", dtype=policy)
+            DecoderLayer(params, i, name=f"decoder_layer_{i}", dtype=policy)
             for i in range(params.num_layers)
         ]
         self.decoder_norm = keras.layers.LayerNormalization(

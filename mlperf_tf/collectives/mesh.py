@@ -1,4 +1,13 @@
-"""Provides `Mesh`: replicas laid out as R rows x C columns, and the checks of the run settings."""
+"""Provides `Mesh`, the all-reduce's R x C view of the data groups (`--mesh=RxC`), and the checks
+of the gradient-summation run settings.
+
+`--mesh` is not a second device mesh. The run has one (`mlperf_tf.parallel.DeviceMesh`: data,
+expert, spatial, model); a replicated weight's gradient is summed over the replicas that read
+different batches, its `batch_shards` data groups, and this R x C grid is how the all-reduce
+algorithms (`hierarchical`, `torus2d`) lay those groups out: rows are the groups of
+`hierarchical` (a host's devices by default) and the first axis of `torus2d`. A sum group of
+another size (e.g. an expert-split weight's) gets the default grid of its size.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +22,8 @@ ALGORITHMS = ("auto", "ring", "hierarchical", "torus2d")
 
 @dataclasses.dataclass(frozen=True)
 class Mesh:
-    """Replica ids laid out row-major: replica `i` sits at row `i // cols`, column `i % cols`.
+    """The all-reduce's view of a sum group: its members (by rank, not replica id) laid out
+    row-major, member `i` at row `i // cols`, column `i % cols`.
 
     Rows are the groups of `hierarchical` (a host's devices when the default mesh is used on
     several workers) and the first axis of `torus2d`'s reduce-scatter.

@@ -425,8 +425,10 @@ class MoEFeedForward(keras.layers.Layer):
       group_size: static tokens per group for the training capacity (None: the batch's count);
         needed for expert parallelism, whose buffers must have one shape on every replica. Eval
         uses the batch's count (see `whole_experts`).
-      expert_parallel: P, replicas the experts are split over (None: the mesh's `expert` axis).
-      mesh: the run's `DeviceMesh` (None: the ambient one, `mlperf_tf.parallel.current_mesh()`).
+      expert_parallel: P, replicas the experts are split over (the mesh's `expert` axis; None:
+        that axis's size, 1 without a mesh).
+      mesh: the run's `DeviceMesh` (None: the ambient one, `mlperf_tf.parallel.current_mesh()`;
+        required when P > 1).
       collective_timeout_s: the all-to-alls' timeout (0: none).
       seed: seed of the jitter and dropout.
       expert_mlp: "relu" or "swiglu" (see above).

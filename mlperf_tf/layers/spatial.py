@@ -41,6 +41,7 @@ import tensorflow as tf
 
 from mlperf_tf.collectives import ops as collective_ops
 from mlperf_tf.parallel import spatial as spatial_lib
+from mlperf_tf.parallel.context import current_mesh
 from mlperf_tf.parallel.mesh import DeviceMesh
 from mlperf_tf.parallel.spatial import SpatialLayout
 
@@ -504,11 +505,12 @@ class SpatialBuilder:
     from whole to split, then at most once back (`ever_split` says whether it ever was).
 
     Args:
-      layout: the spatial layout (K x L = `layout.parts`).
+      layout: the spatial layout (K x L = `layout.parts`); None: that of the run's mesh
+        (`mlperf_tf.parallel.current_mesh()`; whole images outside a run).
     """
 
-    def __init__(self, layout: SpatialLayout | None):
-        self.layout = layout or SpatialLayout(DeviceMesh())
+    def __init__(self, layout: SpatialLayout | None = None):
+        self.layout = layout or SpatialLayout(current_mesh() or DeviceMesh())
         self.split = self.layout.parts > 1
         self.pending = False  # whole so far, to be split at the first block that splits
         self.ever_split = self.split

@@ -144,22 +144,35 @@ def declared_layout(variable) -> Layout:
     return getattr(variable, _DECLARED, None) or layout_of(variable)
 
 
-def check_divides(mesh: DeviceMesh, **dimensions: int) -> None:
+def check_divides(mesh: DeviceMesh | None = None, /, **dimensions: int) -> None:
     """Refuses a `--model_parallel` that does not divide a dimension it splits.
 
     Args:
-      mesh: the run's mesh.
+      mesh: the run's mesh (None: the ambient one, `mlperf_tf.parallel.current_mesh()`; no check
+        outside a run).
       **dimensions: name -> size, e.g. `num_heads=16` (the name is the config field).
 
     Raises:
       UserError: one line naming the first dimension that does not divide.
     """
+    mesh = resolve(mesh)
+    if mesh is None:
+        return
     for name, size in dimensions.items():
         if size % mesh.model:
             raise UserError(
                 f"--model_parallel={mesh.model} must divide {name} ({size}): each model shard "
                 "holds an equal part of it"
             )
+
+
+def whole_shape(variable, mesh: DeviceMesh) -> tuple[int, ...]:
+    """`variable`'s whole shape on `mesh` (a split variable holds one shard of it per replica)."""
+    shape = list(variable.shape)
+    layout = layout_of(variable)
+    if layout.split:
+        shape[layout.split_axis] *= layout.num_shards(mesh)
+    return tuple(shape)
 
 
 # ---- per-replica shards ------------------------------------------------------------------------
@@ -390,15 +403,16 @@ def add_split_weight(
     shape,
     initializer,
     layout: Layout,
-    mesh: DeviceMesh | None,
+    mesh: DeviceMesh | None = None,
     dtype=None,
 ):
     """A weight of `layer` whose whole shape is `shape`, held as shards per `layout` on `mesh`.
 
     The whole initial value is drawn once with the layer's (seeded) `initializer` and each
     replica gets its slice, so every mesh starts from the same weights (what the exactness tests
-    compare). Without a split (mesh None or one shard) it is `layer.add_weight` itself. Either
-    way `layout` is recorded as the weight's declared layout (`declare_layout`).
+    compare). Without a split (no mesh, or one shard) it is `layer.add_weight` itself. Either
+    way `layout` is recorded as the weight's declared layout (`declare_layout`). `mesh` None:
+    the ambient one (`mlperf_tf.parallel.current_mesh()`).
     """
     initializer = keras.initializers.get(initializer)
     mesh = resolve(mesh)

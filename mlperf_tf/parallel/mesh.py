@@ -16,16 +16,13 @@ host has at least M devices, and a host's devices stay together for the data-axi
 (`--mesh=RxC` is the all-reduce's view of the data groups; `mlperf_tf/collectives/README.md`).
 
 Replicas that share a batch (one `batch shard`: same data and expert coordinates) read the same
-examples: the runner's input wrapper (`mesh_input_context`, `repeat_for_group`) makes each input
-pipeline yield each of its batches once per replica of the group, in replica order, which is how
-`distribute_datasets_from_function` hands a pipeline's batches to its local replicas.
+examples; `mlperf_tf.parallel.input` routes them. This module imports no TensorFlow, so the
+simulator and the flag checks describe a mesh with the same type the runner trains on.
 """
 
 from __future__ import annotations
 
 import dataclasses
-
-import tensorflow as tf
 
 from mlperf_tf.errors import UserError
 
@@ -267,72 +264,14 @@ def check_supported(mesh: DeviceMesh, benchmark_name: str, supported: tuple[str,
             )
 
 
-# ---- input -------------------------------------------------------------------------------------
-def mesh_input_context(
-    input_context: tf.distribute.InputContext, mesh: DeviceMesh
-) -> tuple[tf.distribute.InputContext, int]:
-    """The input context a benchmark's pipeline sees on `mesh`, and how often to repeat each batch.
-
-    A benchmark's pipeline is written for data parallelism: pipeline `i` of `n` reads its shard
-    and yields one batch per local replica, of `global / num_replicas_in_sync` examples. On a
-    mesh the replicas of one group (spatial x model) share a batch, so the pipeline is told there
-    are `batch_shards` replicas in sync, and each batch it yields is repeated for every replica
-    of the group. When a group spans several workers (a model axis across processes), the
-    workers of one group get the same pipeline id, so they read the same examples.
-
-    Returns:
-      (context, repeats): the context to pass to the benchmark's dataset function, and how many
-      consecutive replicas receive each of its batches (`repeat_for_group`).
-    """
-    if mesh.group_size == 1:
-        return input_context, 1
-    pipelines = input_context.num_input_pipelines
-    if mesh.size % pipelines:
-        raise UserError(f"{mesh} does not split over {pipelines} input pipelines (workers)")
-    local = mesh.size // pipelines  # replicas fed by one pipeline
-    group = mesh.group_size
-    if local % group == 0:  # whole groups on each worker
-        shards_here = local // group
-        pipeline_id = input_context.input_pipeline_id
-        num_pipelines = pipelines
-        repeats = group
-    elif group % local == 0:  # a group spans several workers: they read the same batch
-        shards_here = 1
-        pipeline_id = input_context.input_pipeline_id * local // group
-        num_pipelines = mesh.batch_shards
-        repeats = local
-    else:
-        raise UserError(
-            f"{mesh}: a worker's {local} replicas neither hold whole replica groups of "
-            f"{group} nor divide one"
-        )
-    context = tf.distribute.InputContext(
-        num_input_pipelines=num_pipelines,
-        input_pipeline_id=pipeline_id,
-        num_replicas_in_sync=mesh.batch_shards,
-    )
-    del shards_here  # implied by the context: local batches = num_replicas_in_sync / pipelines
-    return context, repeats
+# The input helpers moved to `mlperf_tf.parallel.input` (they need TensorFlow; this module does
+# not). Resolved on first use, for callers written before the move.
+_MOVED_TO_INPUT = ("mesh_input_context", "repeat_for_group", "for_mesh")
 
 
-def repeat_for_group(dataset: tf.data.Dataset, repeats: int) -> tf.data.Dataset:
-    """Each element of `dataset` `repeats` times in a row (the replicas of one group, in order)."""
-    if repeats == 1:
-        return dataset
-    return dataset.flat_map(
-        lambda *element: tf.data.Dataset.from_tensors(
-            element if len(element) > 1 else element[0]
-        ).repeat(repeats)
-    )
+def __getattr__(name: str):
+    if name in _MOVED_TO_INPUT:
+        from mlperf_tf.parallel import input as input_lib  # noqa: PLC0415 (imports TensorFlow)
 
-
-def for_mesh(dataset_fn, mesh: DeviceMesh):
-    """`dataset_fn` (input context -> per-replica batches) as a `distribute_datasets_from_function`
-    argument on `mesh`: it sees the batch shards as its replicas, and each of its batches goes to
-    every replica of the group that shares it."""
-
-    def mesh_dataset_fn(input_context: tf.distribute.InputContext) -> tf.data.Dataset:
-        input_context, repeats = mesh_input_context(input_context, mesh)
-        return repeat_for_group(dataset_fn(input_context), repeats)
-
-    return mesh_dataset_fn
+        return getattr(input_lib, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -147,8 +147,9 @@ class RunConfig:
     )
     mesh: str = setting(
         "",
-        help="Replicas as RxC rows x columns, replica i at row i // C ('' means one row per "
-        "worker, or on one host the most square R <= C).",
+        help="The all-reduce's view of the data groups (the replicas that read different "
+        "batches) as RxC rows x columns, group i at row i // C ('' means one row per worker, or "
+        "on one host the most square R <= C); not a device mesh (see --model_parallel).",
     )
     pack_mb: float = setting(
         0.0, help="Fuse gradients into buckets of about M MiB before summing (0: one per tensor)."

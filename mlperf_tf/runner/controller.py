@@ -42,6 +42,7 @@ from mlperf_tf.data.pipeline import translate_errors
 from mlperf_tf.errors import DataError, PeerError, UserError
 from mlperf_tf.mllog import MLPerfLogger
 from mlperf_tf.parallel import context as parallel_context
+from mlperf_tf.parallel import input as parallel_input
 from mlperf_tf.parallel import layout
 from mlperf_tf.parallel import mesh as parallel_mesh
 from mlperf_tf.parallel import tpu as tpu_lib
@@ -689,7 +690,7 @@ class Controller:
             _train_dataset_fn(benchmark, cfg, self.step, self.data_watchdog)
         )
         self._eval_specs = warmup.SpecRecorder(
-            parallel_mesh.for_mesh(benchmark.eval_dataset, benchmark.mesh)
+            parallel_input.for_mesh(benchmark.eval_dataset, benchmark.mesh)
         )
         self.train_data = strategy.distribute_datasets_from_function(self._train_specs)
         eval_data = strategy.distribute_datasets_from_function(self._eval_specs)
@@ -733,7 +734,7 @@ def _train_dataset_fn(benchmark: Benchmark, run_config: RunConfig, start_step: i
     def dataset_fn(input_context: tf.distribute.InputContext):
         # Replicas of one mesh group (spatial x model) read one batch: the benchmark's pipeline
         # sees the batch shards as its replicas, and each batch goes to every group member.
-        input_context, repeats = parallel_mesh.mesh_input_context(input_context, benchmark.mesh)
+        input_context, repeats = parallel_input.mesh_input_context(input_context, benchmark.mesh)
         dataset = benchmark.train_dataset(input_context)
         if run_config.data_service:
             from mlperf_tf.data import service  # noqa: PLC0415 (only runs that use it pay)
@@ -746,7 +747,7 @@ def _train_dataset_fn(benchmark: Benchmark, run_config: RunConfig, start_step: i
         if start_step and run_config.resume_input == "skip":
             local_replicas = input_context.num_replicas_in_sync // input_context.num_input_pipelines
             dataset = dataset.skip(start_step * micro_batches * local_replicas)
-        return parallel_mesh.repeat_for_group(dataset, repeats)
+        return parallel_input.repeat_for_group(dataset, repeats)
 
     return dataset_fn
 

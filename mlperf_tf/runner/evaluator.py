@@ -5,7 +5,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from mlperf_tf.benchmark import Benchmark
-from mlperf_tf.parallel import mesh as parallel_mesh
+from mlperf_tf.parallel import input as parallel_input
 from mlperf_tf.runner.trainer import annotated, bind_collective_timeout, replica_function
 
 # Prefix of the per-output masks that mark the rows of each mesh group's first replica.
@@ -88,7 +88,7 @@ def evaluate_only(benchmark: Benchmark, model) -> float:
     """Evaluates `model` on the benchmark's eval set on the default strategy (tests, tools)."""
     strategy = tf.distribute.get_strategy()
     data = strategy.distribute_datasets_from_function(
-        parallel_mesh.for_mesh(benchmark.eval_dataset, benchmark.mesh)
+        parallel_input.for_mesh(benchmark.eval_dataset, benchmark.mesh)
     )
     return Evaluator(
         strategy=strategy, benchmark=benchmark, model=model, dataset=data, xla=False

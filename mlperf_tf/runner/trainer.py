@@ -16,6 +16,7 @@ import tensorflow as tf
 from mlperf_tf.benchmark import Benchmark
 from mlperf_tf.collectives.ops import replica_collectives
 from mlperf_tf.errors import UserError
+from mlperf_tf.parallel.mesh import DeviceMesh
 
 
 def replica_function(fn, *, xla: bool):
@@ -42,6 +43,19 @@ def bind_collective_timeout(benchmark: Benchmark) -> None:
         replica_collectives(
             num_replicas=mesh.size, timeout_s=benchmark.context.collective_timeout_s
         )
+
+
+def group_loss_scale(mesh: DeviceMesh) -> float:
+    """The factor on a replica's loss before its gradient, for the mesh axes whose replicas share
+    a batch (the runner's, so no benchmark counts them).
+
+    Every replica of a group (spatial x model) computes its batch shard's share of the loss
+    (`Benchmark.compute_loss`). A replicated weight's gradient is summed over the gradient axes
+    (`mlperf_tf.parallel.mesh.GRADIENT_AXES`): over `spatial`, whose K members each hold the
+    partial gradient of their tiles of the same images, so each counts 1/K; not over `model`,
+    whose members compute the same gradient (a split weight's shard is its own). So 1/K.
+    """
+    return 1.0 / mesh.spatial
 
 
 def annotated(partition, strategy, model, batch):
@@ -77,6 +91,7 @@ class Trainer:
                 f"optimizer {type(optimizer).__name__} captures layer activations, which cannot "
                 "leave an XLA-compiled step: run it without --xla"
             )
+        self.loss_scale = group_loss_scale(benchmark.mesh)
         self._grads = replica_function(self._replica_grads, xla=xla)
         # Set by the controller before the first loop (see `mlperf_tf.preemption.StopRequest`).
         self.stop_request = None
@@ -103,7 +118,8 @@ class Trainer:
                 loss, metrics = self.benchmark.compute_loss_and_metrics(
                     self.model, batch, training=True
                 )
-                scaled = self.optimizer.scale_loss(loss)
+                grad_loss = loss * self.loss_scale if self.loss_scale != 1.0 else loss
+                scaled = self.optimizer.scale_loss(grad_loss)
         if hasattr(self.optimizer, "capture"):
             return loss, self.optimizer.gradients(tape, scaled, variables), metrics
         return loss, tape.gradient(scaled, variables), metrics
@@ -194,12 +210,11 @@ class Trainer:
             per_replica_loss, per_replica_metrics = self.strategy.run(
                 self._replica_step, args=(micro_batches,)
             )
-            # Each replica's loss is its share of the global mean: the sum is the global loss
-            # (counted once per model group: the replicas of a model group share one batch and
-            # each returns its whole loss; spatial replicas each return 1/K of theirs, since
-            # Keras sums their partial gradients).
+            # Each replica's loss is its batch shard's share of the global mean, the same on
+            # every replica of a group (spatial x model): the sum over replicas counts each
+            # batch once per group member.
             loss = self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_loss, axis=None)
-            loss /= self.benchmark.mesh.model
+            loss /= self.benchmark.mesh.group_size
             loss_sum += tf.cast(loss, tf.float32)
             metric_sums = {
                 name: total

@@ -57,6 +57,7 @@ def child(args) -> dict:
     from mlperf_tf import config as config_lib
     from mlperf_tf import distribute, registry
     from mlperf_tf.benchmark import RunContext
+    from mlperf_tf.parallel import input as parallel_input
     from mlperf_tf.parallel import mesh as parallel_mesh
 
     cls = registry.get(args.benchmark)
@@ -70,7 +71,7 @@ def child(args) -> dict:
     benchmark = cls(config).with_context(RunContext(num_replicas=args.devices, mesh=mesh))
     parallel_mesh.check_supported(mesh, cls.name, benchmark.parallel_axes)
     parts = harness.runner_parts(
-        strategy, benchmark, dataset_fn=parallel_mesh.for_mesh(benchmark.train_dataset, mesh)
+        strategy, benchmark, dataset_fn=parallel_input.for_mesh(benchmark.train_dataset, mesh)
     )
     trainer, iterator, model = parts.trainer, parts.iterator, parts.model
     one = tf.constant(1)

@@ -105,13 +105,15 @@ def measure(base, model_parallel: int, steps: int) -> dict:
     from mlperf_tf.benchmark import RunContext  # noqa: PLC0415
     from mlperf_tf.collectives import GradientSummer, Settings  # noqa: PLC0415
     from mlperf_tf.parallel import layout  # noqa: PLC0415
-    from mlperf_tf.parallel.mesh import build_mesh, for_mesh  # noqa: PLC0415
+    from mlperf_tf.parallel.context import use_mesh  # noqa: PLC0415
+    from mlperf_tf.parallel.input import for_mesh  # noqa: PLC0415
+    from mlperf_tf.parallel.mesh import build_mesh  # noqa: PLC0415
 
     strategy = harness.mirrored_cpus(NUM_DEVICES)
     mesh = build_mesh(NUM_DEVICES, model_parallel=model_parallel)
     benchmark = base.with_context(RunContext(num_replicas=NUM_DEVICES, seed=1, mesh=mesh))
     summer = GradientSummer(strategy, Settings(all_reduce="ring"), mesh)
-    with strategy.scope():
+    with strategy.scope(), use_mesh(mesh):
         model = benchmark.build_model()
         optimizer = benchmark.build_optimizer(1000)
         variables = model.trainable_variables

@@ -58,7 +58,9 @@ def first_gradients(bench, *, parts: int, devices: int, weights=None) -> dict:
     so K = 1 on `devices / parts` replicas sees the same batch shards as the split run.
     """
     from mlperf_tf.benchmark import RunContext  # noqa: PLC0415
+    from mlperf_tf.parallel import input as parallel_input  # noqa: PLC0415
     from mlperf_tf.parallel import mesh as parallel_mesh  # noqa: PLC0415
+    from mlperf_tf.runner.trainer import group_loss_scale  # noqa: PLC0415
 
     strategy = harness.mirrored_cpus(devices)
     mesh = parallel_mesh.DeviceMesh(data=devices // parts, spatial=parts)
@@ -69,14 +71,15 @@ def first_gradients(bench, *, parts: int, devices: int, weights=None) -> dict:
             v.assign(weights[v.path])
     start = {v.path: v.numpy() for v in model.weights}
     batches = strategy.distribute_datasets_from_function(
-        parallel_mesh.for_mesh(bench.train_dataset, mesh)
+        parallel_input.for_mesh(bench.train_dataset, mesh)
     )
 
     @tf.function
     def gradients(batch):
         def replica(batch):
             with tf.GradientTape() as tape:
-                loss = bench.compute_loss(model, batch, training=True)
+                # As the runner's Trainer scales it (the spatial group shares one batch shard).
+                loss = bench.compute_loss(model, batch, training=True) * group_loss_scale(mesh)
             return tape.gradient(loss, model.trainable_variables)
 
         per_replica = strategy.run(replica, args=(batch,))

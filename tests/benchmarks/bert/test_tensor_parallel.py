@@ -10,6 +10,7 @@ from benchmarks.bert import config as config_lib
 from benchmarks.bert.benchmark import BertBenchmark
 from mlperf_tf.benchmark import RunContext
 from mlperf_tf.errors import UserError
+from mlperf_tf.parallel.context import use_mesh
 from mlperf_tf.parallel.mesh import DeviceMesh
 from tests import tensor_parallel
 
@@ -48,4 +49,5 @@ def test_model_parallel_must_divide_the_heads():
     with pytest.raises(
         UserError, match=r"--model_parallel=4 must divide model.num_attention_heads \(2\)"
     ):
-        b.build_model()
+        with use_mesh(b.mesh):
+            b.build_model()

@@ -154,7 +154,7 @@ def test_the_trainer_clips_a_sparse_embedding_gradient_under_keras_sum():
     the rules' clip 1.0: the trainer sums, clips and hands Keras each replica's share. Before,
     `IndexedSlices / int` raised in the warm-up and `mlperf-tf run` of a 2-device Llama ended
     in a TypeError."""
-    from mlperf_tf.parallel.mesh import for_mesh  # noqa: PLC0415
+    from mlperf_tf.parallel.input import for_mesh  # noqa: PLC0415
     from mlperf_tf.runner.trainer import Trainer  # noqa: PLC0415
 
     strategy = strategies.mirrored(2)

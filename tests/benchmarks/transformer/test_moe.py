@@ -12,6 +12,7 @@ from mlperf_tf import config as config_lib
 from mlperf_tf.benchmark import RunContext
 from mlperf_tf.config import ConfigError
 from mlperf_tf.layers import moe
+from mlperf_tf.parallel.context import use_mesh
 from mlperf_tf.parallel.mesh import DeviceMesh
 from tests.numerics import assert_close
 
@@ -83,7 +84,10 @@ def test_expert_parallel_must_divide_the_experts():
     benchmark = _benchmark(
         {"model.moe.num_experts": "6", "model.moe.every": "2"}, mesh=DeviceMesh(expert=4)
     )
-    with pytest.raises(ConfigError, match="--expert_parallel=4 must divide"):
+    with (
+        pytest.raises(ConfigError, match="--expert_parallel=4 must divide"),
+        use_mesh(benchmark.mesh),
+    ):
         benchmark.build_model()
 
 
@@ -100,7 +104,8 @@ def test_moe_layers_take_the_runs_collective_timeout():
     mesh = DeviceMesh(data=1, expert=2)
     cfg = config_lib.override(TransformerBenchmark.preset("smoke"), MOE)
     bench = TransformerBenchmark(cfg, context=RunContext(mesh=mesh, collective_timeout_s=42.0))
-    model = bench.build_model()
+    with use_mesh(mesh):
+        model = bench.build_model()
     assert [layer.collective_timeout_s for layer in model.moe_layers] == [42.0, 42.0]
 
 

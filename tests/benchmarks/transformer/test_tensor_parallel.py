@@ -10,6 +10,7 @@ from benchmarks.transformer import config as config_lib
 from benchmarks.transformer.benchmark import TransformerBenchmark
 from mlperf_tf.benchmark import RunContext
 from mlperf_tf.errors import UserError
+from mlperf_tf.parallel.context import use_mesh
 from mlperf_tf.parallel.mesh import DeviceMesh
 from tests import tensor_parallel
 
@@ -54,4 +55,5 @@ def test_model_parallel_must_divide_each_split_dimension(field, value):
     with pytest.raises(
         UserError, match=rf"--model_parallel=4 must divide model.{field} \({value}\)"
     ):
-        b.build_model()
+        with use_mesh(mesh):
+            b.build_model()

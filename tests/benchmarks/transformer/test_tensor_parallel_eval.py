@@ -13,7 +13,9 @@ from benchmarks.transformer import config as config_lib
 from benchmarks.transformer.benchmark import TransformerBenchmark
 from mlperf_tf.benchmark import RunContext
 from mlperf_tf.parallel import layout as layout_lib
-from mlperf_tf.parallel.mesh import build_mesh, for_mesh
+from mlperf_tf.parallel.context import use_mesh
+from mlperf_tf.parallel.input import for_mesh
+from mlperf_tf.parallel.mesh import build_mesh
 from mlperf_tf.runner.evaluator import Evaluator
 from tests import strategies
 
@@ -54,7 +56,7 @@ def _evaluate(model_parallel: int, beam_size: int):
     benchmark = TransformerBenchmark(c, context=context)
     strategy = strategies.mirrored(2)
     keras.utils.set_random_seed(1)
-    with strategy.scope():
+    with strategy.scope(), use_mesh(mesh):
         model = benchmark.build_model()
         set_diverse_weights(model, mesh)
         weights = [np.asarray(layout_lib.whole_value(v, mesh)) for v in model.variables]
@@ -89,7 +91,7 @@ def test_each_replica_runs_the_decoding_loop_in_a_function_of_its_own():
         c, context=RunContext(num_replicas=2, seed=1, mesh=mesh, collective_timeout_s=60)
     )
     strategy = strategies.mirrored(2)
-    with strategy.scope():
+    with strategy.scope(), use_mesh(mesh):
         model = benchmark.build_model()
     data = strategy.distribute_datasets_from_function(for_mesh(benchmark.eval_dataset, mesh))
     evaluator = Evaluator(strategy=strategy, benchmark=benchmark, model=model, dataset=data,

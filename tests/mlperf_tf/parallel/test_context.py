@@ -57,3 +57,33 @@ def test_a_layer_built_under_the_ambient_mesh_keeps_it():
     assert layer.mesh == DeviceMesh(model=2)
     assert layer.axis.size == 2
     assert ColumnParallelDense(4, name="plain").axis.size == 1
+
+
+def test_moe_layers_take_the_expert_axis_of_the_ambient_mesh():
+    from mlperf_tf.layers.moe import MoEFeedForward
+
+    settings = dict(hidden_size=4, filter_size=8, num_experts=4, group_size=8)
+    with use_mesh(DeviceMesh(data=2, expert=2)):
+        split = MoEFeedForward(**settings)
+        told = MoEFeedForward(**settings, expert_parallel=1)  # a caller's explicit size stays
+    assert (split.expert_parallel, split.local_experts) == (2, 2)
+    assert (told.expert_parallel, told.local_experts) == (1, 4)
+    assert MoEFeedForward(**settings).expert_parallel == 1  # no run, no split
+
+
+def test_the_spatial_builder_takes_the_ambient_spatial_layout():
+    from mlperf_tf.layers.spatial import SpatialBuilder
+
+    with use_mesh(DeviceMesh(data=1, spatial=4, spatial_cols=2)):
+        builder = SpatialBuilder()
+    assert (builder.parts, builder.layout.row_parts, builder.layout.col_parts) == (4, 2, 2)
+    assert SpatialBuilder().parts == 1
+
+
+def test_models_check_their_split_dimensions_against_the_ambient_mesh():
+    from mlperf_tf.errors import UserError
+    from mlperf_tf.parallel.layout import check_divides
+
+    check_divides(heads=3)  # no run: nothing to split
+    with use_mesh(DeviceMesh(model=2)), pytest.raises(UserError, match="must divide heads"):
+        check_divides(heads=3)

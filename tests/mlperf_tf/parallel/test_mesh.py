@@ -1,11 +1,15 @@
 """Tests of the device mesh: coordinates, groups, the flags' checks and the input routing."""
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from mlperf_tf.data import synthetic
 from mlperf_tf.errors import UserError
+from mlperf_tf.parallel import input as input_lib
 from mlperf_tf.parallel import mesh as mesh_lib
 from mlperf_tf.parallel.mesh import DeviceMesh
 
@@ -78,12 +82,12 @@ def _routed(mesh, pipelines, pipeline_id):
     context = tf.distribute.InputContext(
         num_input_pipelines=pipelines, input_pipeline_id=pipeline_id, num_replicas_in_sync=mesh.size
     )
-    inner, repeats = mesh_lib.mesh_input_context(context, mesh)
+    inner, repeats = input_lib.mesh_input_context(context, mesh)
     local_shards = inner.num_replicas_in_sync // inner.num_input_pipelines
     first = inner.input_pipeline_id * local_shards
     # A pipeline that yields its shards' ids in turn, as a benchmark's pipeline yields batches.
     dataset = tf.data.Dataset.range(first, first + local_shards).repeat()
-    dataset = mesh_lib.repeat_for_group(dataset, repeats)
+    dataset = input_lib.repeat_for_group(dataset, repeats)
     local = mesh.size // pipelines
     return [int(x) for x in dataset.take(local)]
 
@@ -117,3 +121,14 @@ def test_synthetic_batches_differ_between_batch_shards_only():
     np.testing.assert_array_equal(a, a_again)
     alone = next(iter(synthetic.per_batch_shard(make, seed=7))).numpy()
     np.testing.assert_array_equal(alone, a)  # shard 0 is what one replica trains on
+
+
+def test_the_mesh_imports_no_tensorflow():
+    # The simulator and the flag checks describe a mesh with the type the runner trains on;
+    # the input routing that needs TensorFlow lives in `mlperf_tf.parallel.input`.
+    code = (
+        "import sys, mlperf_tf.parallel.mesh, mlperf_tf.parallel.context; "
+        "sys.exit(int(bool({'tensorflow', 'keras'} & set(sys.modules))))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr.decode()

@@ -24,7 +24,7 @@ from benchmarks.transformer.benchmark import TransformerBenchmark
 from mlperf_tf import distribute
 from mlperf_tf.benchmark import RunContext
 from mlperf_tf.errors import UserError
-from mlperf_tf.parallel import tpu
+from mlperf_tf.parallel import tpu, use_mesh
 from mlperf_tf.parallel.layout import (
     EXPERT_SPLIT,
     REPLICATED,
@@ -174,8 +174,9 @@ def _build(benchmark, mesh=None, strategy=None):
     context = RunContext(num_replicas=mesh.size if mesh else 1, mesh=mesh)
     b = benchmark.with_context(context)
     if strategy is None:
-        return b, b.build_model()
-    with strategy.scope():
+        with use_mesh(mesh):
+            return b, b.build_model()
+    with strategy.scope(), use_mesh(mesh):
         return b, b.build_model()
 
 
