@@ -12,14 +12,12 @@ setting comes from.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import json
 import math
 import os
 
 import numpy as np
 
-from mlperf_tf import paths
+from mlperf_tf import paths, rcps
 from mlperf_tf.config import BenchmarkConfig, ConfigError, require
 
 # What the closed rules of 5.1.0-6.1.0 and the reference fix.
@@ -255,24 +253,6 @@ class FluxConfig(BenchmarkConfig):
                 raise ConfigError(f"`{name}` ({value}) must equal {what} ({want}).")
 
 
-@functools.cache
-def reference_points() -> dict[int, tuple[float, int]]:
-    """Batch size -> (base LR, warm-up steps) of the reference convergence points."""
-    import mlperf_logging  # noqa: PLC0415 (only where the RCPs are read)
-
-    path = os.path.join(os.path.dirname(mlperf_logging.__file__), RCP_FILE)
-    with open(path, encoding="utf-8") as handle:
-        rcps = json.load(handle)
-    points = {}
-    for entry in rcps.values():
-        hparams = entry["Hyperparams"]
-        points[int(entry["BS"])] = (
-            float(hparams["opt_base_learning_rate"]),
-            int(hparams["opt_learning_rate_warmup_steps"]),
-        )
-    return dict(sorted(points.items()))
-
-
 def rcp_hparams(global_batch_size: int) -> tuple[float, int]:
     """(base LR, warm-up steps) of the reference convergence point for `global_batch_size`.
 
@@ -280,14 +260,13 @@ def rcp_hparams(global_batch_size: int) -> tuple[float, int]:
       ConfigError: no RCP has this batch size (the rules accept the RCPs' hyperparameters;
         a batch between them has none to borrow).
     """
-    points = reference_points()
-    if global_batch_size not in points:
-        raise ConfigError(
-            f"`global_batch_size` ({global_batch_size}) has no flux1 reference convergence "
-            f"point (batch sizes {', '.join(map(str, points))}); set "
-            "`optimizer.opt_base_learning_rate` and `optimizer.opt_learning_rate_warmup_steps`."
-        )
-    return points[global_batch_size]
+    h = rcps.at_batch(
+        RCP_FILE,
+        "flux1",
+        global_batch_size,
+        settings="`optimizer.opt_base_learning_rate` and `optimizer.opt_learning_rate_warmup_steps`",
+    )
+    return float(h["opt_base_learning_rate"]), int(h["opt_learning_rate_warmup_steps"])
 
 
 def eval_interval_samples(every_samples: int, global_batch_size: int) -> int:

@@ -14,12 +14,10 @@ in 6.0.0 and 6.1.0).
 from __future__ import annotations
 
 import dataclasses
-import functools
-import json
 import math
 import os
 
-from mlperf_tf import paths
+from mlperf_tf import paths, rcps
 from mlperf_tf.config import BenchmarkConfig, ConfigError, require
 from mlperf_tf.layers.lora import LoraConfig
 from mlperf_tf.lm.config import DecoderConfig
@@ -209,17 +207,6 @@ class LoraBenchmarkConfig(BenchmarkConfig):
         return reference_skipped_evals(self.global_batch_size)
 
 
-@functools.cache
-def reference_points() -> dict[int, dict]:
-    """Batch size -> the RCP's hyperparameters (`opt_base_learning_rate`, `max_steps`, ...)."""
-    import mlperf_logging  # noqa: PLC0415 (only where the RCPs are read)
-
-    path = os.path.join(os.path.dirname(mlperf_logging.__file__), RCP_FILE)
-    with open(path, encoding="utf-8") as handle:
-        rcps = json.load(handle)
-    return dict(sorted((int(e["BS"]), dict(e["Hyperparams"])) for e in rcps.values()))
-
-
 def rcp_learning_rate(global_batch_size: int) -> float:
     """The RCP's `opt_base_learning_rate` for `global_batch_size` (4e-4 at 8, 16 and 32; 1e-3
     at 128).
@@ -228,14 +215,11 @@ def rcp_learning_rate(global_batch_size: int) -> float:
       ConfigError: no RCP has this batch size (the rules accept the RCPs' hyperparameters;
         set `optimizer.opt_base_learning_rate` for another batch).
     """
-    points = reference_points()
-    if global_batch_size not in points:
-        raise ConfigError(
-            f"`global_batch_size` ({global_batch_size}) has no llama2_70b_lora reference "
-            f"convergence point (batch sizes {', '.join(map(str, points))}); set "
-            "`optimizer.opt_base_learning_rate`."
-        )
-    return float(points[global_batch_size]["opt_base_learning_rate"])
+    h = rcps.at_batch(
+        RCP_FILE, "llama2_70b_lora", global_batch_size,
+        settings="`optimizer.opt_base_learning_rate`",
+    )  # fmt: skip
+    return float(h["opt_base_learning_rate"])
 
 
 # ---- presets ------------------------------------------------------------------------------------

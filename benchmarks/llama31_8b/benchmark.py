@@ -3,28 +3,17 @@ perplexity 3.3)."""
 
 from __future__ import annotations
 
-from typing import Any
-
-import keras
 from absl import logging
-from mlperf_logging.mllog import constants as C
 
 from benchmarks.llama31_8b import config as config_lib
 from benchmarks.llama31_8b import input as input_lib
 from benchmarks.llama31_8b import model as model_lib
 from mlperf_tf import flops
-from mlperf_tf.benchmark import EvalPoint, sample_eval_schedule
 from mlperf_tf.facts import Blocks, Rcp, SimulatorShape
-from mlperf_tf.lm.benchmark import LanguageModelBenchmark
-from mlperf_tf.optimizers import WarmupCosineDecay, registry
-
-# MLPerf log keys of closed_llama31_8b.yaml that `mlperf_logging.mllog.constants` spells
-# differently or lacks.
-MAX_STEPS = "max_steps"
-DECAY_SCHEDULE = "cosine with linear warmup"
+from mlperf_tf.lm.pretraining import PretrainingBenchmark
 
 
-class Llama31Benchmark(LanguageModelBenchmark):
+class Llama31Benchmark(PretrainingBenchmark):
     """Llama 3.1 causal-LM pretraining with AdamW to the MLPerf log-perplexity target.
 
     Batches are dicts of int32 `input_ids` and `labels` [batch, seq] (labels are the inputs
@@ -44,6 +33,10 @@ class Llama31Benchmark(LanguageModelBenchmark):
     convergence = Rcp("training_5.1.0/rcps_llama31_8b.json", "llama31_8b_ref_", in_samples=True)
 
     config: config_lib.LlamaConfig
+
+    def reference_hparams(self, global_batch_size: int) -> tuple[float, int]:
+        """(base LR, warm-up steps) of this benchmark's RCP for the batch (`config.rcp_hparams`)."""
+        return config_lib.rcp_hparams(global_batch_size)
 
     def decoder_shape(self) -> flops.DecoderShape:
         """`config.model` as `mlperf_tf.flops` counts a decoder (MoE blocks: router and top-k)."""
@@ -71,107 +64,7 @@ class Llama31Benchmark(LanguageModelBenchmark):
         blocks = Blocks(m.num_hidden_layers, 2, h, seq, 3 * h * f, 2.0 * 3 * h * f)
         return SimulatorShape(blocks=blocks)
 
-    # ---- sizes and schedule --------------------------------------------------------------------
-    def learning_rate_and_warmup(self) -> tuple[float, int]:
-        """(base LR, warm-up steps): the config's, or the RCP's for the global batch size.
-
-        Raises:
-          ConfigError: taken from the RCPs, and the batch size has none.
-        """
-        opt = self.config.optimizer
-        lr, warmup = opt.opt_base_learning_rate, opt.opt_learning_rate_warmup_steps
-        if not lr or warmup < 0:
-            rcp_lr, rcp_warmup = config_lib.rcp_hparams(self.config.global_batch_size)
-            lr = lr or rcp_lr
-            warmup = rcp_warmup if warmup < 0 else warmup
-        return lr, warmup
-
-    def end_learning_rate(self) -> float:
-        """`opt_end_learning_rate`, or 0.1 x the base LR (NeMo's `min_lr`) when -1."""
-        end = self.config.optimizer.opt_end_learning_rate
-        return end if end >= 0 else config_lib.END_LR_FRACTION * self.learning_rate_and_warmup()[0]
-
-    def decay_steps(self) -> int:
-        """`opt_learning_rate_decay_steps`: max_steps - warm-up (the rules check this sum)."""
-        return max(1, self.config.optimizer.max_steps - self.learning_rate_and_warmup()[1])
-
-    def eval_schedule(self) -> list[EvalPoint]:
-        """Every `eval_every_samples` sequences (rounded up to whole steps) and at the end."""
-        return sample_eval_schedule(
-            global_batch_size=self.config.global_batch_size,
-            train_steps=self.train_steps,
-            every_samples=self.config.eval_every_samples,
-            # The reference logs `samples_count` in the block and eval events.
-            log_samples_count=True,
-        )
-
-    def training_flops_per_sample(self) -> float:
-        """Training FLOPs of one sequence from the config (`flops.decoder_training_flops_per_sample`
-        of `decoder_shape()`: attention's full square, MoE blocks' active experts only)."""
-        seq = self.config.data.max_sequence_length
-        return flops.decoder_training_flops_per_sample(self.decoder_shape(), seq)
-
-    def scaled_settings(self) -> dict[str, str]:
-        """`max_sequence_length` when below the rules' 8,192 (the mini and smoke presets)."""
-        seq = self.config.data.max_sequence_length
-        if seq == config_lib.MLPERF_SEQUENCE_LENGTH:
-            return {}
-        return {
-            C.MAX_SEQUENCE_LENGTH: f"sequence {seq} instead of "
-            f"{config_lib.MLPERF_SEQUENCE_LENGTH}: a scaled-down preset"
-        }
-
-    # ---- building ------------------------------------------------------------------------------
-    def learning_rate_schedule(self) -> WarmupCosineDecay:
-        lr, warmup = self.learning_rate_and_warmup()
-        return WarmupCosineDecay(
-            lr,
-            warmup_steps=warmup,
-            decay_steps=self.decay_steps(),
-            end_learning_rate=self.end_learning_rate(),
-        )
-
-    def build_optimizer(self, train_steps: int) -> keras.optimizers.Optimizer:
-        """AdamW (registry `adamw`, or `opt_name`) on the warm-up + cosine schedule.
-
-        The schedule runs over `optimizer.max_steps`, not `train_steps`: the rules fix it.
-        """
-        del train_steps
-        opt = self.config.optimizer
-        return registry.build(opt.opt_name, self.learning_rate_schedule(), opt, opt.opt_params)
-
     # ---- host side -----------------------------------------------------------------------------
-    def train_samples(self) -> int:
-        """`train_samples`: the sequences of the whole schedule (max_steps x batch)."""
-        return self.config.optimizer.max_steps * self.config.global_batch_size
-
-    def mlperf_hparams(self) -> dict[str, Any]:
-        """The keys of closed_llama31_8b.yaml (5.1.0, 6.0.0, 6.1.0); the runner adds the round's
-        disclosure keys (`Benchmark.round_hparams`)."""
-        opt = self.config.optimizer
-        lr, warmup = self.learning_rate_and_warmup()
-        if opt.opt_name == "adamw":
-            optimizer_keys = {
-                C.OPT_NAME: "adamw",
-                C.OPT_ADAMW_BETA_1: opt.opt_adamw_beta_1,
-                C.OPT_ADAMW_BETA_2: opt.opt_adamw_beta_2,
-                C.OPT_ADAMW_EPSILON: opt.opt_adamw_epsilon,
-                C.OPT_ADAMW_WEIGHT_DECAY: opt.opt_adamw_weight_decay,
-            }
-        else:
-            optimizer_keys = registry.mlperf_hparams(opt.opt_name, opt, opt.opt_params)
-        return {
-            **optimizer_keys,
-            C.OPT_BASE_LR: lr,
-            C.OPT_END_LR: self.end_learning_rate(),
-            C.OPT_LR_WARMUP_STEPS: warmup,
-            C.OPT_LR_DECAY_STEPS: self.decay_steps(),
-            C.OPT_LR_DECAY_SCHEDULE: DECAY_SCHEDULE,
-            C.OPT_GRADIENT_CLIP_NORM: float(self.config.gradient_clip_norm),
-            C.MAX_SEQUENCE_LENGTH: self.config.data.max_sequence_length,
-            MAX_STEPS: opt.max_steps,
-        }
-
     @classmethod
     def prepare_mini(cls, data_dir: str) -> None:
         """Writes the offline mini data set (TFRecords + BPE vocabulary) into `data_dir`."""

@@ -11,25 +11,23 @@ convergence points (`mlperf_logging/rcp_checker/training_5.1.0/rcps_llama31_8b.j
 from __future__ import annotations
 
 import dataclasses
-import functools
-import json
 import math
 import os
 from typing import Literal
 
-from mlperf_tf import paths
+from mlperf_tf import paths, rcps
 from mlperf_tf.config import BenchmarkConfig, ConfigError, require
 from mlperf_tf.data import c4
 from mlperf_tf.lm.config import DecoderConfig
-from mlperf_tf.optimizers import registry
+from mlperf_tf.lm.pretraining import MAX_STEPS_DEFAULT, PretrainingOptimizerConfig
 
 # What the closed rules of 5.1.0, 6.0.0 and 6.1.0 fix (closed_llama31_8b.yaml).
-MAX_STEPS = 1_200_000
+MAX_STEPS = MAX_STEPS_DEFAULT  # 1,200,000
 MLPERF_SEQUENCE_LENGTH = c4.REFERENCE_SEQUENCE_LENGTH  # 8,192
 EVAL_SAMPLES = c4.EVAL_WINDOWS  # 1,024
 EVAL_EVERY_SAMPLES = 12_288  # the reference's `--eval_every` (sequences)
 TARGET_LOG_PERPLEXITY = 3.3
-END_LR_FRACTION = 0.1  # NeMo: min_lr = max_lr * 0.1
+
 RCP_FILE = "rcp_checker/training_5.1.0/rcps_llama31_8b.json"
 
 
@@ -85,39 +83,10 @@ def tiny(vocab_size: int = 128) -> ModelConfig:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class OptimizerConfig:
-    """AdamW and its schedule; fields are named after the MLPerf log keys they become.
-
-    `opt_base_learning_rate` 0 and `opt_learning_rate_warmup_steps` -1 mean "the reference
-    convergence point's for the global batch size" (`rcp_hparams`); `opt_end_learning_rate` -1
-    means 0.1 x the base rate (NeMo's `min_lr`).
-    """
-
-    opt_name: str = "adamw"
-    opt_params: tuple[str, ...] = ()
-    opt_base_learning_rate: float = 0.0
-    opt_end_learning_rate: float = -1.0
-    opt_learning_rate_warmup_steps: int = -1
-    max_steps: int = MAX_STEPS  # the schedule's length; decay steps are max_steps - warmup
-    opt_adamw_beta_1: float = 0.9
-    opt_adamw_beta_2: float = 0.95
-    opt_adamw_epsilon: float = 1e-5
-    opt_adamw_weight_decay: float = 0.1
-
-    def __post_init__(self):
-        registry.check_opt_name(self.opt_name)
-        require(
-            self,
-            prefix="optimizer.",
-            non_negative=("opt_base_learning_rate", "opt_adamw_epsilon", "opt_adamw_weight_decay"),
-            positive_int=("max_steps",),
-            fraction=("opt_adamw_beta_1", "opt_adamw_beta_2"),
-        )
-        if self.opt_learning_rate_warmup_steps < -1:
-            raise ConfigError(
-                "`optimizer.opt_learning_rate_warmup_steps` "
-                f"({self.opt_learning_rate_warmup_steps}) must be >= 0 (or -1: from the RCP)."
-            )
+class OptimizerConfig(PretrainingOptimizerConfig):
+    """AdamW and its schedule as the C4 pretraining rules fix them
+    (`mlperf_tf.lm.pretraining.PretrainingOptimizerConfig`; `rcp_hparams` gives the learning
+    rate and warm-up of a batch size when they are left unset)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -162,24 +131,6 @@ class LlamaConfig(BenchmarkConfig):
             )
 
 
-@functools.cache
-def reference_points() -> dict[int, tuple[float, int]]:
-    """Batch size -> (base LR, warm-up samples) of the reference convergence points."""
-    import mlperf_logging  # noqa: PLC0415 (only where the RCPs are read)
-
-    path = os.path.join(os.path.dirname(mlperf_logging.__file__), RCP_FILE)
-    with open(path, encoding="utf-8") as handle:
-        rcps = json.load(handle)
-    points = {}
-    for entry in rcps.values():
-        hparams = entry["Hyperparams"]
-        points[int(entry["BS"])] = (
-            float(hparams["opt_base_learning_rate"]),
-            int(hparams["opt_learning_rate_warmup_samples"]),
-        )
-    return dict(sorted(points.items()))
-
-
 def rcp_hparams(global_batch_size: int) -> tuple[float, int]:
     """(base LR, warm-up steps) of the reference convergence point for `global_batch_size`.
 
@@ -190,15 +141,15 @@ def rcp_hparams(global_batch_size: int) -> tuple[float, int]:
       ConfigError: no RCP has this batch size (no interpolation: the rules accept only the
         RCPs' hyperparameters or ones a submitter borrows and justifies).
     """
-    points = reference_points()
-    if global_batch_size not in points:
-        raise ConfigError(
-            f"`global_batch_size` ({global_batch_size}) has no llama31_8b reference convergence "
-            f"point (batch sizes {', '.join(map(str, points))}); set "
-            "`optimizer.opt_base_learning_rate` and `optimizer.opt_learning_rate_warmup_steps`."
-        )
-    lr, warmup_samples = points[global_batch_size]
-    return lr, math.ceil(warmup_samples / global_batch_size)
+    h = rcps.at_batch(
+        RCP_FILE,
+        "llama31_8b",
+        global_batch_size,
+        settings="`optimizer.opt_base_learning_rate` and `optimizer.opt_learning_rate_warmup_steps`",
+    )
+    return float(h["opt_base_learning_rate"]), math.ceil(
+        int(h["opt_learning_rate_warmup_samples"]) / global_batch_size
+    )
 
 
 # ---- presets ------------------------------------------------------------------------------------

@@ -12,9 +12,9 @@ import tensorflow as tf
 from mlperf_logging.mllog import constants as C
 
 from benchmarks.llama31_8b import config as config_lib
-from benchmarks.llama31_8b.benchmark import Llama31Benchmark, sample_eval_schedule
+from benchmarks.llama31_8b.benchmark import Llama31Benchmark
 from mlperf_tf import rounds
-from mlperf_tf.benchmark import RunContext
+from mlperf_tf.benchmark import RunContext, sample_eval_schedule
 from mlperf_tf.config import ConfigError
 from mlperf_tf.optimizers import AdamW, WarmupCosineDecay
 from tests.numerics import assert_close

@@ -1,0 +1,190 @@
+"""Provides `PretrainingBenchmark`: what the MLPerf C4 pretraining benchmarks share.
+
+`llama31_8b` and `gpt_oss_20b` follow one set of closed rules but for the model and the target
+(`closed_gpt_oss_20b.yaml` equals `closed_llama31_8b.yaml` but for the log perplexity): AdamW
+with its MLPerf-named fields, linear warm-up then cosine decay to 0.1x over a fixed 1,200,000
+steps, the learning rate and warm-up of the reference convergence point of the batch size,
+evals every `eval_every_samples` sequences with `samples_count`, the C4 windows of 8,192 tokens.
+A benchmark subclasses it with its model and its `reference_hparams` (its RCP file).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import keras
+from mlperf_logging.mllog import constants as C
+
+from mlperf_tf import flops
+from mlperf_tf.benchmark import EvalPoint, sample_eval_schedule
+from mlperf_tf.config import ConfigError, require
+from mlperf_tf.data import c4
+from mlperf_tf.lm.benchmark import LanguageModelBenchmark
+from mlperf_tf.optimizers import WarmupCosineDecay, registry
+
+# What the closed rules fix (5.1.0-6.1.0 `closed_llama31_8b.yaml`, 6.0.0-6.1.0
+# `closed_gpt_oss_20b.yaml`).
+MAX_STEPS_DEFAULT = 1_200_000
+END_LR_FRACTION = 0.1  # NeMo's and Primus' min_lr = 0.1 x max_lr
+# MLPerf log keys of those rules that `mlperf_logging.mllog.constants` spells differently or lacks.
+MAX_STEPS = "max_steps"
+DECAY_SCHEDULE = "cosine with linear warmup"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PretrainingOptimizerConfig:
+    """AdamW and its schedule; fields are named after the MLPerf log keys they become.
+
+    `opt_base_learning_rate` 0 and `opt_learning_rate_warmup_steps` -1 mean "the reference
+    convergence point's for the global batch size" (`rcp_hparams`); `opt_end_learning_rate` -1
+    means `END_LR_FRACTION` x the base rate (the references' `min_lr`).
+    """
+
+    opt_name: str = "adamw"
+    opt_params: tuple[str, ...] = ()
+    opt_base_learning_rate: float = 0.0
+    opt_end_learning_rate: float = -1.0
+    opt_learning_rate_warmup_steps: int = -1
+    max_steps: int = MAX_STEPS_DEFAULT  # the schedule's length; decay steps are max_steps - warmup
+    opt_adamw_beta_1: float = 0.9
+    opt_adamw_beta_2: float = 0.95
+    opt_adamw_epsilon: float = 1e-5
+    opt_adamw_weight_decay: float = 0.1
+
+    def __post_init__(self):
+        registry.check_opt_name(self.opt_name)
+        require(
+            self,
+            prefix="optimizer.",
+            non_negative=("opt_base_learning_rate", "opt_adamw_epsilon", "opt_adamw_weight_decay"),
+            positive_int=("max_steps",),
+            fraction=("opt_adamw_beta_1", "opt_adamw_beta_2"),
+        )
+        if self.opt_learning_rate_warmup_steps < -1:
+            raise ConfigError(
+                "`optimizer.opt_learning_rate_warmup_steps` "
+                f"({self.opt_learning_rate_warmup_steps}) must be >= 0 (or -1: from the RCP)."
+            )
+
+
+class PretrainingBenchmark(LanguageModelBenchmark):
+    """A causal LM pretrained on C4 under the closed C4 pretraining rules (see the module).
+
+    The config has `optimizer` (a `PretrainingOptimizerConfig`), `data.max_sequence_length`,
+    `eval_every_samples`, `gradient_clip_norm` and `global_batch_size`.
+    """
+
+    def reference_hparams(self, global_batch_size: int) -> tuple[float, int]:
+        """(base LR, warm-up steps) of the benchmark's reference convergence point for the batch.
+
+        Raises:
+          ConfigError: no RCP has this batch size.
+        """
+        raise NotImplementedError
+
+    def decoder_shape(self) -> flops.DecoderShape:
+        """`config.model` as `mlperf_tf.flops` counts a decoder (its FLOPs per sample)."""
+        raise NotImplementedError
+
+    # ---- sizes and schedule --------------------------------------------------------------------
+    def learning_rate_and_warmup(self) -> tuple[float, int]:
+        """(base LR, warm-up steps): the config's, or the RCP's for the global batch size.
+
+        Raises:
+          ConfigError: taken from the RCPs, and the batch size has none.
+        """
+        opt = self.config.optimizer
+        lr, warmup = opt.opt_base_learning_rate, opt.opt_learning_rate_warmup_steps
+        if not lr or warmup < 0:
+            rcp_lr, rcp_warmup = self.reference_hparams(self.config.global_batch_size)
+            lr = lr or rcp_lr
+            warmup = rcp_warmup if warmup < 0 else warmup
+        return lr, warmup
+
+    def end_learning_rate(self) -> float:
+        """`opt_end_learning_rate`, or 0.1 x the base LR (the references' `min_lr`) when -1."""
+        end = self.config.optimizer.opt_end_learning_rate
+        return end if end >= 0 else END_LR_FRACTION * self.learning_rate_and_warmup()[0]
+
+    def decay_steps(self) -> int:
+        """`opt_learning_rate_decay_steps`: max_steps - warm-up (the rules check this sum)."""
+        return max(1, self.config.optimizer.max_steps - self.learning_rate_and_warmup()[1])
+
+    def eval_schedule(self) -> list[EvalPoint]:
+        """Every `eval_every_samples` sequences (rounded up to whole steps) and at the end."""
+        return sample_eval_schedule(
+            global_batch_size=self.config.global_batch_size,
+            train_steps=self.train_steps,
+            every_samples=self.config.eval_every_samples,
+            # The reference logs `samples_count` in the block and eval events.
+            log_samples_count=True,
+        )
+
+    def training_flops_per_sample(self) -> float:
+        """Training FLOPs of one sequence from the config (`flops.decoder_training_flops_per_sample`
+        of `decoder_shape()`: attention counted, windowed layers at their window, MoE blocks'
+        active experts only)."""
+        seq = self.config.data.max_sequence_length
+        return flops.decoder_training_flops_per_sample(self.decoder_shape(), seq)
+
+    def scaled_settings(self) -> dict[str, str]:
+        """`max_sequence_length` when below the rules' 8,192 (the mini and smoke presets)."""
+        seq = self.config.data.max_sequence_length
+        if seq == c4.REFERENCE_SEQUENCE_LENGTH:
+            return {}
+        return {
+            C.MAX_SEQUENCE_LENGTH: f"sequence {seq} instead of "
+            f"{c4.REFERENCE_SEQUENCE_LENGTH}: a scaled-down preset"
+        }
+
+    # ---- building ------------------------------------------------------------------------------
+    def learning_rate_schedule(self) -> WarmupCosineDecay:
+        lr, warmup = self.learning_rate_and_warmup()
+        return WarmupCosineDecay(
+            lr,
+            warmup_steps=warmup,
+            decay_steps=self.decay_steps(),
+            end_learning_rate=self.end_learning_rate(),
+        )
+
+    def build_optimizer(self, train_steps: int) -> keras.optimizers.Optimizer:
+        """AdamW (registry `adamw`, or `opt_name`) on the warm-up + cosine schedule.
+
+        The schedule runs over `optimizer.max_steps`, not `train_steps`: the rules fix it.
+        """
+        del train_steps
+        opt = self.config.optimizer
+        return registry.build(opt.opt_name, self.learning_rate_schedule(), opt, opt.opt_params)
+
+    # ---- host side -----------------------------------------------------------------------------
+    def train_samples(self) -> int:
+        """`train_samples`: the sequences of the whole schedule (max_steps x batch)."""
+        return self.config.optimizer.max_steps * self.config.global_batch_size
+
+    def mlperf_hparams(self) -> dict[str, Any]:
+        """The keys the C4 pretraining rules fix (closed_llama31_8b.yaml, closed_gpt_oss_20b.yaml);
+        the runner adds the round's disclosure keys (`Benchmark.round_hparams`)."""
+        opt = self.config.optimizer
+        lr, warmup = self.learning_rate_and_warmup()
+        if opt.opt_name == "adamw":
+            optimizer_keys = {
+                C.OPT_NAME: "adamw",
+                C.OPT_ADAMW_BETA_1: opt.opt_adamw_beta_1,
+                C.OPT_ADAMW_BETA_2: opt.opt_adamw_beta_2,
+                C.OPT_ADAMW_EPSILON: opt.opt_adamw_epsilon,
+                C.OPT_ADAMW_WEIGHT_DECAY: opt.opt_adamw_weight_decay,
+            }
+        else:
+            optimizer_keys = registry.mlperf_hparams(opt.opt_name, opt, opt.opt_params)
+        return {
+            **optimizer_keys,
+            C.OPT_BASE_LR: lr,
+            C.OPT_END_LR: self.end_learning_rate(),
+            C.OPT_LR_WARMUP_STEPS: warmup,
+            C.OPT_LR_DECAY_STEPS: self.decay_steps(),
+            C.OPT_LR_DECAY_SCHEDULE: DECAY_SCHEDULE,
+            C.OPT_GRADIENT_CLIP_NORM: float(self.config.gradient_clip_norm),
+            C.MAX_SEQUENCE_LENGTH: self.config.data.max_sequence_length,
+            MAX_STEPS: opt.max_steps,
+        }
