@@ -5,7 +5,7 @@ import os
 import stat
 import uuid
 
-from mlperf_tf.errors import UserError
+from mlperf_tf.errors import DataError, UserError
 
 DATA_ENV = "MLPERF_TF_DATA"
 
@@ -160,24 +160,25 @@ def open_input(path: str, flag: str, *, binary: bool = False, encoding: str = "u
     refused, as are devices (`/dev/zero` would never end) and folders.
 
     Raises:
-      UserError: missing, unreadable, a folder, or not a regular file.
+      UserError: no path given.
+      DataError (a UserError): missing, unreadable, a folder, or not a regular file.
     """
     if not path:
         raise UserError(f"{flag}: no file given")
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
-        raise UserError(f"{flag}={path!r} does not exist") from None
+        raise DataError(f"{flag}={path!r} does not exist") from None
     except IsADirectoryError:
-        raise UserError(f"{flag}={path!r} is a folder; name a file") from None
+        raise DataError(f"{flag}={path!r} is a folder; name a file") from None
     except OSError as e:
-        raise UserError(f"{flag}={path!r} cannot be read: {_reason(e)}") from None
+        raise DataError(f"{flag}={path!r} cannot be read: {_reason(e)}") from None
     try:
         mode = os.fstat(fd).st_mode
         if stat.S_ISDIR(mode):
-            raise UserError(f"{flag}={path!r} is a folder; name a file")
+            raise DataError(f"{flag}={path!r} is a folder; name a file")
         if not stat.S_ISREG(mode):
-            raise UserError(f"{flag}={path!r} is not a regular file (a FIFO, device or socket)")
+            raise DataError(f"{flag}={path!r} is not a regular file (a FIFO, device or socket)")
         os.set_blocking(fd, True)
     except BaseException:
         os.close(fd)
@@ -191,20 +192,21 @@ def read_input(path: str, flag: str, *, binary: bool = False, encoding: str = "u
     """The whole content of the regular file `path` (see `open_input`).
 
     Raises:
-      UserError: as `open_input`, or a read that fails midway (the file vanished from a network
+      UserError / DataError: as `open_input`, or (DataError) a read that fails midway (the file vanished from a network
         file system, an I/O error) or text that is not `encoding`.
     """
     with open_input(path, flag, binary=binary, encoding=encoding) as f:
         try:
             return f.read()
         except OSError as e:
-            raise UserError(f"{flag}={path!r} cannot be read: {_reason(e)}") from None
+            raise DataError(f"{flag}={path!r} cannot be read: {_reason(e)}") from None
         except UnicodeDecodeError as e:
-            raise UserError(f"{flag}={path!r} is not {encoding} text ({e.reason})") from None
+            raise DataError(f"{flag}={path!r} is not {encoding} text ({e.reason})") from None
 
 
 def check_input_dir(path: str, flag: str) -> None:
-    """Raises one line naming `flag` unless `path` is a folder whose entries can be listed.
+    """Raises one line naming `flag` (a DataError: the input is missing or unreadable; a
+    UserError for no path) unless `path` is a folder whose entries can be listed.
 
     Listing is tried (`os.scandir`), not inferred from permission bits.
     """
@@ -214,8 +216,8 @@ def check_input_dir(path: str, flag: str) -> None:
         with os.scandir(path) as entries:
             next(entries, None)
     except FileNotFoundError:
-        raise UserError(f"{flag}={path!r} does not exist") from None
+        raise DataError(f"{flag}={path!r} does not exist") from None
     except NotADirectoryError:
-        raise UserError(f"{flag}={path!r} is not a folder") from None
+        raise DataError(f"{flag}={path!r} is not a folder") from None
     except OSError as e:
-        raise UserError(f"{flag}={path!r} cannot be read: {_reason(e)}") from None
+        raise DataError(f"{flag}={path!r} cannot be read: {_reason(e)}") from None
