@@ -245,6 +245,12 @@ class Benchmark(abc.ABC):
         benchmark does not say (`mlperf-tf simulate` and `list` then leave it out)."""
         return None
 
+    def trainable_parameter_count(self) -> int | None:
+        """The parameters that get gradients (what data parallelism all-reduces and the optimizer
+        updates), from the config: `parameter_count()` unless most of the model is frozen (a
+        fine-tuning benchmark's adapters)."""
+        return self.parameter_count()
+
     @classmethod
     def supported_rounds(cls) -> tuple[str, ...]:
         """The rounds whose closed rules fit this model, oldest first: `mlperf_rounds`, or by

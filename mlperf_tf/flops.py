@@ -326,7 +326,7 @@ def decoder_training_flops_per_sample(shape: DecoderShape, sequence_length: int)
 
 def declared_or_traced(benchmark) -> dict[str, Any]:
     """The FLOPs and parameters of a `Benchmark` instance: its declared
-    `training_flops_per_sample()` and `parameter_count()`, or, where it declares none, the
+    `training_flops_per_sample()` and `trainable_parameter_count()`, or, where it declares none, the
     traced `compute_loss` (`forward_flops_per_sample`).
 
     Raises:
@@ -339,7 +339,7 @@ def declared_or_traced(benchmark) -> dict[str, Any]:
             "counted": f"declared ({type(benchmark).__name__}.training_flops_per_sample)",
             "forward_flops_per_sample": declared / TRAINING_FLOPS_PER_FORWARD_FLOP,
             "training_flops_per_sample": float(declared),
-            "trainable_parameters": params,
+            "trainable_parameters": benchmark.trainable_parameter_count(),
         }
     if params is not None and params > TRACE_PARAMETER_LIMIT:
         raise ValueError(

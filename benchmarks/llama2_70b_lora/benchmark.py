@@ -16,6 +16,7 @@ from benchmarks.llama2_70b_lora import config as config_lib
 from benchmarks.llama2_70b_lora import input as input_lib
 from benchmarks.llama2_70b_lora import model as model_lib
 from mlperf_tf.benchmark import EvalPoint, sample_eval_schedule
+from mlperf_tf.facts import Blocks, Rcp, SimulatorShape
 from mlperf_tf.layers import lora as lora_lib
 from mlperf_tf.lm.benchmark import LanguageModelBenchmark
 from mlperf_tf.optimizers import WarmupCosineDecay, registry
@@ -44,8 +45,21 @@ class LoraBenchmark(LanguageModelBenchmark):
     input_module = input_lib.INPUT
     model_name = model_lib.MODEL_NAME
     parallel_axes = ("data", "model")
+    # Samples to the eval loss target at global batch 8 ... 128 (6.1.0's RCPs).
+    convergence = Rcp(
+        "training_6.1.0/rcps_llama2_70b_lora.json", "llama2_70b_lora_ref_", in_samples=True
+    )
 
     config: config_lib.LoraBenchmarkConfig
+
+    def simulator_shape(self) -> SimulatorShape:
+        """For `--model_parallel`: Megatron's two all-reduces per block over sequence x hidden
+        activations, the frozen base split as in pretraining (the adapters follow their
+        projections' split)."""
+        m = self.config.model
+        h, f = m.hidden_size, m.intermediate_size
+        blocks = Blocks(m.num_hidden_layers, 2, h, self.sequence_length(), 3 * h * f, 6.0 * h * f)
+        return SimulatorShape(blocks=blocks)
 
     # ---- sizes and schedule --------------------------------------------------------------------
     def trainable_parameter_count(self) -> int:

@@ -191,7 +191,7 @@ def test_declared_facts_are_well_formed_and_cached_as_declared(name):
             if flops is not None:
                 assert cached[preset]["training_flops_per_sample"] == flops, preset
             assert cached[preset]["trainable_parameters"] == (
-                benchmark.parameter_count() or cached[preset]["trainable_parameters"]
+                benchmark.trainable_parameter_count() or cached[preset]["trainable_parameters"]
             )
 
 
