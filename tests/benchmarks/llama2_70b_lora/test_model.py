@@ -106,6 +106,7 @@ def test_mlperf_trainable_count_without_allocating():
     assert c.model.parameter_count() == 68_976_648_192
 
 
+@pytest.mark.bfloat16
 def test_base_held_in_bfloat16_adapters_in_float32():
     c = dataclasses.replace(TINY, base_dtype="bfloat16")
     ours = M.build_model(c, LORA)
