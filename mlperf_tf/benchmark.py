@@ -251,6 +251,12 @@ class Benchmark(abc.ABC):
         fine-tuning benchmark's adapters)."""
         return self.parameter_count()
 
+    def active_parameter_count(self) -> int | None:
+        """The parameters one sample's token multiplies, from the config: `parameter_count()`
+        unless the model routes (a mixture of experts counts its router and top-k experts);
+        `mlperf-tf list` and `simulate` report it beside the total."""
+        return self.parameter_count()
+
     @classmethod
     def supported_rounds(cls) -> tuple[str, ...]:
         """The rounds whose closed rules fit this model, oldest first: `mlperf_rounds`, or by
