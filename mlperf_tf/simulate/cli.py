@@ -27,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
         "of N chips (α–β all-reduce models; see docs/scaling.md).",
     )
     parser.add_argument(
-        "--benchmark", required=True, help="resnet50, ssd, transformer, bert or llama31_8b"
+        "--benchmark", required=True, help="a registered benchmark (mlperf-tf list)"
     )
     system = parser.add_mutually_exclusive_group(required=True)
     system.add_argument("--system", help=f"built-in system: {', '.join(systems.available())}")
@@ -55,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--expert_parallel", type=int, default=1, help="E chips split the MoE layers' experts"
     )
-    # The MoE config as `mlperf-tf run` takes it (`--config.model.moe.X=V`; Transformer, Llama).
+    # The MoE config as `mlperf-tf run` takes it (`--config.model.moe.X=V`): experts added to a
+    # dense Transformer or Llama. A benchmark built with experts (gpt_oss_20b) declares its own.
     for field, kind, default in (
         ("num_experts", int, 0),
         ("every", int, 1),
