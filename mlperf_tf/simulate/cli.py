@@ -77,10 +77,22 @@ def _int_list(text: str) -> list[int]:
 
 
 def _table(results: list[model.Result]) -> str:
+    """The results as a table; the model-parallel columns (tensor-parallel all-reduces, halos,
+    all-to-all, ms a step) only where a result has them."""
+    extra = [
+        (title, field)
+        for title, field in (
+            ("tp", "model_parallel_s"),
+            ("halo", "halo_s"),
+            ("a2a", "all_to_all_s"),
+        )
+        if any(getattr(r, field) for r in results)
+    ]
     head = (
         f"{'chips':>6} {'layout':>14} {'algo':>12} {'batch':>7} {'step ms':>8} {'compute':>8} "
-        f"{'allred':>7} {'exposed':>7} {'update':>7} {'samples/s':>11} {'eff':>5} "
-        f"{'epochs':>6} {'TTT min':>8}"
+        f"{'allred':>7} {'exposed':>7} {'update':>7} "
+        + "".join(f"{title:>7} " for title, _ in extra)
+        + f"{'samples/s':>11} {'eff':>5} {'epochs':>6} {'TTT min':>8}"
     )
     rows = [head]
     for r in results:
@@ -88,7 +100,8 @@ def _table(results: list[model.Result]) -> str:
             f"{r.chips:>6} {r.layout:>14} {r.algorithm:>12} {r.global_batch:>7} "
             f"{r.step_time_s * 1e3:>8.2f} {r.compute_s * 1e3:>8.2f} {r.allreduce_s * 1e3:>7.2f} "
             f"{r.exposed_comm_s * 1e3:>7.2f} {r.weight_update_s * 1e3:>7.2f} "
-            f"{r.samples_per_s:>11.0f} {r.scaling_efficiency:>5.2f} {r.epochs_to_target:>6.1f} "
+            + "".join(f"{getattr(r, field) * 1e3:>7.2f} " for _, field in extra)
+            + f"{r.samples_per_s:>11.0f} {r.scaling_efficiency:>5.2f} {r.epochs_to_target:>6.1f} "
             f"{r.time_to_train_min:>8.2f}" + ("  (input-bound)" if r.input_bound else "")
         )
     return "\n".join(rows)
