@@ -116,7 +116,9 @@ class Result:
 
     `parameters` counts the model's weights (every expert of a mixture of experts, or the
     trainable ones where the benchmark declares no count); `active_parameters` those one token
-    multiplies (a MoE layer's top-k experts; the dense model's every weight).
+    multiplies (a MoE layer's top-k experts; the dense model's every weight);
+    `trainable_parameters` those that get gradients (all-reduced and updated: a LoRA run's
+    adapters).
     """
 
     benchmark: str
@@ -130,6 +132,7 @@ class Result:
     per_chip_batch: float
     parameters: int
     active_parameters: int
+    trainable_parameters: int
     model_parallel: int
     spatial_partition: str
     expert_parallel: int
@@ -236,8 +239,7 @@ def simulate(
         global_batch = _default_batch(system, benchmark, preset, facts, working)
     _check_batch(global_batch, mesh, batch_given=batch_given, failed_chips=failed_chips)
     work = _workload(benchmark, facts, shape, moe)
-    per_group = global_batch / mesh.batch_shards  # samples per group (each chip: 1/split)
-    split = mesh.group_size
+    per_group, split = global_batch / mesh.batch_shards, mesh.group_size  # a group's samples
     step = _step(
         system=system, benchmark=benchmark, layout=layout, algorithm=algorithm,
         per_chip_batch=per_group, global_batch=global_batch, work=work, mesh=mesh,
@@ -254,8 +256,9 @@ def simulate(
         layout=layout.describe(), algorithm=algorithm,
         weight_update_sharding=weight_update_sharding, global_batch=int(global_batch),
         per_chip_batch=per_group / split, parameters=int(work.parameters),
-        active_parameters=int(work.active_parameters), model_parallel=model_parallel,
-        spatial_partition=str(spatial_partition), expert_parallel=expert_parallel,
+        active_parameters=int(work.active_parameters), trainable_parameters=int(work.params),
+        model_parallel=model_parallel, spatial_partition=str(spatial_partition),
+        expert_parallel=expert_parallel,
         single_chip_samples_per_s=single_rate, samples_per_s=samples_per_s,
         scaling_efficiency=samples_per_s / (single_rate * chips), **train, **step,
     )  # fmt: skip

@@ -61,6 +61,7 @@ def test_json_reports_the_config_derived_parameter_counts(capsys):
     assert code == 0 and record["expert_parallel"] == 8 and record["all_to_all_s"] > 0
     assert record["parameters"] == bench.parameter_count() == 20_488_418_112
     assert record["active_parameters"] == bench.active_parameter_count() == 3_766_907_712
+    assert record["trainable_parameters"] == bench.trainable_parameter_count()  # all of them
     # A dense model: every weight is active.
     code = cli.main(["simulate", "--benchmark=llama31_8b", "--system=h100-dgx", "--chips=8",
                      "--json"])  # fmt: skip
