@@ -17,6 +17,12 @@ counts the padded slots as done work and so reads high by the padding share of t
 batch. With `--config.data_dir=DIR`, the benchmark's real input pipeline is also timed alone
 (one host pipeline, no training) to show whether input can keep up.
 
+Rates count the benchmark's own unit (`Benchmark.sample_unit`: images/s for ResNet-50, SSD and
+FLUX.1, sequences/s and tokens/s for the language models); the FLOPs are the benchmark's
+declared `training_flops_per_sample()` where it declares them, so a mixture of experts' MFU
+counts the experts a token is routed to (its active parameters) and attention with each
+sliding-window layer at its window (`mlperf_tf.flops.decoder_training_flops_per_sample`).
+
     mlperf-tf bench --benchmark=resnet50 [--preset=mlperf] [--distribution=auto] [--dtype=fp32]
         [--xla] [--json] [--windows=5] [--steps_per_window=10] [--config.KEY=VALUE ...]
 """
@@ -101,6 +107,7 @@ class BenchResult:
     replicas: int
     global_batch_size: int
     steps_per_window: int
+    sample_unit: str  # what one sample is (`Benchmark.sample_unit`): "image", "sequence", ...
     window_samples_per_s: list[float]
     samples_per_s: float  # median over the windows
     samples_per_s_min: float
@@ -113,6 +120,7 @@ class BenchResult:
     mfu: float | None = None  # model FLOP/s at the median rate / (best matmul peak x devices)
     input_samples_per_s: float | None = None
     tokens_per_sample: int | None = None  # a language model's tokens per sequence
+    tokens_per_s: float | None = None  # the median rate in tokens (a language model)
     load_average: tuple[float, float] = (0.0, 0.0)  # 1-min load before and after
     device: str = ""
     tensorflow: str = ""
@@ -120,22 +128,24 @@ class BenchResult:
     def summary(self) -> str:
         """One line for people."""
         spread = f"min {self.samples_per_s_min:.4g}, max {self.samples_per_s_max:.4g}"
+        unit = _plural(self.sample_unit)
         line = (
             f"bench {self.benchmark} ({self.preset}, {self.dtype}, {'XLA' if self.xla else 'no XLA'}"
             f", {self.strategy} x{self.replicas}, batch {self.global_batch_size}): "
-            f"{self.samples_per_s:.4g} samples/s median ({spread}; {len(self.window_samples_per_s)}"
+            f"{self.samples_per_s:.4g} {unit}/s median ({spread}; {len(self.window_samples_per_s)}"
             f" windows of {self.steps_per_window} steps), "
-            f"{self.samples_per_s_per_replica:.4g} samples/s/replica, step {self.step_time_ms:.1f} ms"
+            f"{self.samples_per_s_per_replica:.4g} {unit}/s/replica, step {self.step_time_ms:.1f} ms"
         )
-        if self.tokens_per_sample:
-            line += f", {self.samples_per_s * self.tokens_per_sample:.4g} tokens/s"
+        if self.tokens_per_s:
+            line += f", {self.tokens_per_s:.4g} tokens/s"
         if self.mfu is not None:
             line += (
-                f", MFU {100 * self.mfu:.1f}% ({self.flops_per_sample / 1e9:.3g} GFLOP/sample, "
+                f", MFU {100 * self.mfu:.1f}% ({self.flops_per_sample / 1e9:.3g} GFLOP/"
+                f"{self.sample_unit}, "
                 f"matmul peak {self.peak_flops_per_s / 1e9:.4g} GFLOP/s)"
             )
         if self.input_samples_per_s is not None:
-            line += f", input pipeline {self.input_samples_per_s:.4g} samples/s"
+            line += f", input pipeline {self.input_samples_per_s:.4g} {unit}/s"
         load = self.load_average
         return line + f"; load average {load[0]:.1f} -> {load[1]:.1f}"
 
@@ -255,6 +265,18 @@ def benchmark_config(config: BenchConfig, overrides: dict[str, str]):
     return benchmark_class, config_lib.override(preset, overrides)
 
 
+@dataclasses.dataclass
+class _Setup:
+    """What `run` measures: the strategy, the benchmark on synthetic data and its `Trainer`."""
+
+    strategy: Any
+    benchmark: Any
+    trainer: Any
+    iterator: Any
+    device: str
+    global_batch: int
+
+
 def run(config: BenchConfig, run_settings: dict[str, Any], overrides: dict[str, str]):
     """Measures `config.benchmark`; prints a progress line per window; returns a `BenchResult`.
 
@@ -267,16 +289,48 @@ def run(config: BenchConfig, run_settings: dict[str, Any], overrides: dict[str, 
     Raises:
       UserError: an unknown benchmark, preset or config key, or a bad setting.
     """
-    import keras
     import tensorflow as tf
+
+    progress = sys.stderr if config.json else sys.stdout
+    load_before = os.getloadavg()[0]
+    benchmark_class, real_config = benchmark_config(config, overrides)
+    setup = _set_up(benchmark_class, real_config, run_settings)
+    flops_per_sample = model_flops_per_sample(setup.benchmark) if config.peak_seconds else None
+    peak = (
+        MatmulPeak(device=setup.device, dtype=run_settings["dtype"]) if flops_per_sample else None
+    )
+
+    begin = time.perf_counter()
+    setup.trainer.loop(setup.iterator, tf.constant(config.warmup_steps, tf.int32))[0].numpy()
+    warmup_s = time.perf_counter() - begin
+    print(f"warm-up: {config.warmup_steps} steps in {warmup_s:.1f} s", file=progress, flush=True)
+    # CPU replicas share the host's cores: one peak; accelerators each have theirs.
+    workers = setup.strategy.extended.worker_devices
+    devices = 1 if "CPU" in setup.device.upper() else len(workers)
+    rates, peaks = _timed_windows(config, setup, flops_per_sample, peak, devices, progress)
+
+    input_samples_per_s = None
+    if real_config.data_dir:
+        real = benchmark_class(real_config).with_context(setup.benchmark.context)
+        input_samples_per_s = input_rate(
+            real, batches=config.input_batches, num_replicas=setup.strategy.num_replicas_in_sync
+        )
+    return _result(
+        config, run_settings, setup, rates=rates, peaks=peaks, devices=devices,
+        warmup_s=warmup_s, flops_per_sample=flops_per_sample,
+        input_samples_per_s=input_samples_per_s, load_before=load_before,
+    )  # fmt: skip
+
+
+def _set_up(benchmark_class, real_config, run_settings: dict[str, Any]) -> _Setup:
+    """The strategy, the benchmark on synthetic data of `real_config`'s shapes, its model and
+    optimizer built in the strategy's scope, and the runner's `Trainer` over its dataset."""
+    import keras
 
     from mlperf_tf import distribute, precision
     from mlperf_tf.benchmark import RunContext
     from mlperf_tf.runner import Trainer
 
-    progress = sys.stderr if config.json else sys.stdout
-    load_before = os.getloadavg()[0]
-    benchmark_class, real_config = benchmark_config(config, overrides)
     synthetic_config = dataclasses.replace(real_config, data_dir="")
     strategy = distribute.resolve_strategy(
         run_settings["distribution"],
@@ -286,19 +340,17 @@ def run(config: BenchConfig, run_settings: dict[str, Any], overrides: dict[str, 
     )
     keras.utils.set_random_seed(run_settings["seed"])
     precision.set_policy(run_settings["dtype"])
+    replicas = strategy.num_replicas_in_sync
     context = RunContext(
-        num_replicas=strategy.num_replicas_in_sync,
+        num_replicas=replicas,
         seed=run_settings["seed"],
         static_shapes=distribute.needs_static_shapes(strategy, xla=run_settings["xla"]),
     )
     splits.check_batch_split(
-        synthetic_config,
-        data_groups=strategy.num_replicas_in_sync,
-        replicas=strategy.num_replicas_in_sync,
+        synthetic_config, data_groups=replicas, replicas=replicas,
         groups_from=f"--distribution={run_settings['distribution']}",
-    )
+    )  # fmt: skip
     benchmark = benchmark_class(synthetic_config).with_context(context)
-    global_batch = synthetic_config.global_batch_size
     with strategy.scope():
         model = benchmark.build_model()
         optimizer = precision.wrap_optimizer(
@@ -306,72 +358,80 @@ def run(config: BenchConfig, run_settings: dict[str, Any], overrides: dict[str, 
         )
         optimizer.build(model.trainable_variables)
     trainer = Trainer(
-        strategy=strategy,
-        benchmark=benchmark,
-        model=model,
-        optimizer=optimizer,
+        strategy=strategy, benchmark=benchmark, model=model, optimizer=optimizer,
         xla=run_settings["xla"],
-    )
+    )  # fmt: skip
     iterator = iter(strategy.distribute_datasets_from_function(benchmark.train_dataset))
-    device = strategy.extended.worker_devices[0]
-    flops_per_sample = model_flops_per_sample(benchmark) if config.peak_seconds else None
-    peak = MatmulPeak(device=device, dtype=run_settings["dtype"]) if flops_per_sample else None
+    return _Setup(
+        strategy=strategy, benchmark=benchmark, trainer=trainer, iterator=iterator,
+        device=strategy.extended.worker_devices[0],
+        global_batch=synthetic_config.global_batch_size,
+    )  # fmt: skip
 
-    begin = time.perf_counter()
-    trainer.loop(iterator, tf.constant(config.warmup_steps, tf.int32))[0].numpy()
-    warmup_s = time.perf_counter() - begin
-    print(f"warm-up: {config.warmup_steps} steps in {warmup_s:.1f} s", file=progress, flush=True)
 
+def _timed_windows(config: BenchConfig, setup: _Setup, flops_per_sample, peak, devices, progress):
+    """(samples/s of each window, the matmul peak measured after each window or [])."""
+    import tensorflow as tf
+
+    unit = _plural(setup.benchmark.sample_unit)
     rates, peaks = [], []
-    # CPU replicas share the host's cores: one peak; accelerators each have theirs.
-    devices = 1 if "CPU" in device.upper() else len(strategy.extended.worker_devices)
     steps = tf.constant(config.steps_per_window, tf.int32)
     for window in range(config.windows):
         begin = time.perf_counter()
-        loss = float(trainer.loop(iterator, steps)[0].numpy())
+        loss = float(setup.trainer.loop(setup.iterator, steps)[0].numpy())
         elapsed = time.perf_counter() - begin
-        rates.append(config.steps_per_window * global_batch / elapsed)
+        rates.append(config.steps_per_window * setup.global_batch / elapsed)
         line = (
-            f"window {window + 1}/{config.windows}: {rates[-1]:.4g} samples/s, "
+            f"window {window + 1}/{config.windows}: {rates[-1]:.4g} {unit}/s, "
             f"step {1e3 * elapsed / config.steps_per_window:.1f} ms, loss {loss:.4g}"
         )
         if flops_per_sample:
             peaks.append(peak.measure(config.peak_seconds))
             line += f", MFU {100 * flops_per_sample * rates[-1] / (max(peaks) * devices):.1f}%"
         print(line, file=progress, flush=True)
+    return rates, peaks
+
+
+def _result(config, run_settings, setup: _Setup, *, rates, peaks, devices, warmup_s,
+            flops_per_sample, input_samples_per_s, load_before) -> BenchResult:  # fmt: skip
+    """The `BenchResult` of the windows' rates (median and spread) and the peaks measured."""
+    import tensorflow as tf
 
     median = statistics.median(rates)
-    input_samples_per_s = None
-    if real_config.data_dir:
-        real = benchmark_class(real_config).with_context(context)
-        input_samples_per_s = input_rate(
-            real, batches=config.input_batches, num_replicas=strategy.num_replicas_in_sync
-        )
+    replicas = setup.strategy.num_replicas_in_sync
+    tokens = setup.benchmark.tokens_per_sample()
     return BenchResult(
         benchmark=config.benchmark,
         preset=config.preset,
         dtype=run_settings["dtype"],
         xla=run_settings["xla"],
-        strategy=type(strategy).__name__,
-        replicas=strategy.num_replicas_in_sync,
-        global_batch_size=global_batch,
+        strategy=type(setup.strategy).__name__,
+        replicas=replicas,
+        global_batch_size=setup.global_batch,
         steps_per_window=config.steps_per_window,
+        sample_unit=setup.benchmark.sample_unit,
         window_samples_per_s=rates,
         samples_per_s=median,
         samples_per_s_min=min(rates),
         samples_per_s_max=max(rates),
-        samples_per_s_per_replica=median / strategy.num_replicas_in_sync,
-        step_time_ms=1e3 * global_batch / median,
+        samples_per_s_per_replica=median / replicas,
+        step_time_ms=1e3 * setup.global_batch / median,
         warmup_s=warmup_s,
         flops_per_sample=flops_per_sample,
         peak_flops_per_s=max(peaks) if peaks else None,
         mfu=flops_per_sample * median / (max(peaks) * devices) if peaks else None,
         input_samples_per_s=input_samples_per_s,
-        tokens_per_sample=benchmark.tokens_per_sample(),
+        tokens_per_sample=tokens,
+        tokens_per_s=median * tokens if tokens else None,
         load_average=(load_before, os.getloadavg()[0]),
-        device=device,
+        device=setup.device,
         tensorflow=tf.__version__,
     )
+
+
+def _plural(unit: str) -> str:
+    """ "image" -> "images": the rate's unit in the progress and summary lines."""
+    return unit if unit.endswith("s") else unit + "s"
 
 
 def _define_flags(flag_values: flags.FlagValues) -> None:

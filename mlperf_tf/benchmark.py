@@ -100,6 +100,8 @@ class Benchmark(abc.ABC):
       higher_is_better: whether the quality value improves upward (accuracies, the default)
         or downward (a log perplexity): the run stops when an eval reaches `quality_target`
         in that direction, and the log's target note says so for `mlperf-tf check`.
+      sample_unit: what one sample of `global_batch_size` is, singular ("image", "sequence",
+        "token"; default "sample"): `mlperf-tf bench` reports its rate in it (images/s).
 
     Facts about the benchmark (the library names no benchmark: `rounds`, `flops`, `simulate`,
     `bench` and `list` read these through the registry; each has a default):
@@ -125,6 +127,7 @@ class Benchmark(abc.ABC):
     parallel_axes: ClassVar[tuple[str, ...]] = ("data",)
     spatial_input: ClassVar[str] = "image"
     higher_is_better: ClassVar[bool] = True
+    sample_unit: ClassVar[str] = "sample"
     mlperf_rounds: ClassVar[tuple[str, ...] | None] = None
     renamed_keys: ClassVar[tuple[RenamedKey, ...]] = ()
     convergence: ClassVar[Rcp | StatedConvergence | None] = None
@@ -249,6 +252,12 @@ class Benchmark(abc.ABC):
         """The parameters that get gradients (what data parallelism all-reduces and the optimizer
         updates), from the config: `parameter_count()` unless most of the model is frozen (a
         fine-tuning benchmark's adapters)."""
+        return self.parameter_count()
+
+    def active_parameter_count(self) -> int | None:
+        """The parameters one sample's token multiplies, from the config: `parameter_count()`
+        unless the model routes (a mixture of experts counts its router and top-k experts);
+        `mlperf-tf list` and `simulate` report it beside the total."""
         return self.parameter_count()
 
     @classmethod

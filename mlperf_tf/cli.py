@@ -194,15 +194,10 @@ def _parameter_count(benchmark_class) -> int | None:
 
 
 def _active_parameter_count(benchmark_class) -> int | None:
-    """Parameters one token uses in the `mlperf` preset (a mixture of experts' top-k), where
-    the benchmark counts them (`active_parameter_count`), else None."""
+    """Parameters one token uses in the `mlperf` preset (a mixture of experts' top-k): the
+    benchmark's `active_parameter_count()`, or None."""
     try:
-        benchmark = benchmark_class(benchmark_class.preset("mlperf"))
-        return (
-            benchmark.active_parameter_count()
-            if hasattr(benchmark, "active_parameter_count")
-            else None
-        )
+        return benchmark_class(benchmark_class.preset("mlperf")).active_parameter_count()
     except Exception:  # noqa: BLE001 (optional, as the parameter count)
         return None
 

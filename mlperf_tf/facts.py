@@ -51,6 +51,25 @@ class Conv:
 
 
 @dataclasses.dataclass(frozen=True)
+class Experts:
+    """The mixture-of-experts layers of a model built with them (GPT-OSS), as the simulator
+    splits them over `--expert_parallel`: each MoE layer holds `num_experts` feed-forwards of
+    `Blocks.ffn_parameters` weights each and sends every token to `top_k` of them.
+
+    Attributes:
+      num_experts: experts per MoE layer.
+      top_k: experts per token.
+      every: an MoE layer every N-th block (1: every block).
+      capacity_factor: slots per expert over the even share (0: dropless).
+    """
+
+    num_experts: int
+    top_k: int
+    every: int = 1
+    capacity_factor: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
 class SimulatorShape:
     """What each kind of parallelism splits and sends, for `mlperf-tf simulate`.
 
@@ -61,14 +80,23 @@ class SimulatorShape:
       convs: the convolutions whose halos spatial partitioning (`--spatial_partition`)
         exchanges, by feature-map size, the input layer first; (): none (refused).
       batch_norms: batch-norm layers whose statistics a spatial group sums.
+      experts: the model's own mixture-of-experts layers (None: dense; the simulator's
+        `--config.model.moe.*` then adds experts to `blocks`, as `run` does to a dense
+        Transformer or Llama).
     """
 
     blocks: Blocks | None = None
     convs: tuple[Conv, ...] = ()
     batch_norms: int = 0
+    experts: Experts | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Plain dicts; `experts` only where declared (the dense entries of the cache keep their
+        form)."""
+        data = dataclasses.asdict(self)
+        if self.experts is None:
+            del data["experts"]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> SimulatorShape:
@@ -79,6 +107,7 @@ class SimulatorShape:
             blocks=Blocks(**blocks) if blocks else None,
             convs=tuple(Conv(**c) for c in data.get("convs", ())),
             batch_norms=int(data.get("batch_norms", 0)),
+            experts=Experts(**data["experts"]) if data.get("experts") else None,
         )
 
 

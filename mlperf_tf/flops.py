@@ -361,6 +361,12 @@ def _cache_entry(benchmark) -> dict[str, Any]:
     `simulator_shape()` and `convergence`."""
     config = benchmark.config
     entry = declared_or_traced(benchmark)
+    parameters = benchmark.parameter_count()
+    if parameters is not None:  # the model's count (`simulate --json` reports it)
+        entry["parameters"] = parameters
+        active = benchmark.active_parameter_count()
+        if active is not None and active != parameters:  # a mixture of experts
+            entry["active_parameters"] = active
     every = getattr(config, "eval_every_samples", None)  # sample-scheduled evals (Llama)
     convergence = type(benchmark).convergence
     entry.update(

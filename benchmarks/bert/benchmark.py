@@ -43,6 +43,7 @@ class BertBenchmark(Benchmark):
 
     name = "bert"
     mlperf_benchmark = C.BERT
+    sample_unit = "sequence"
     parallel_axes = ("data", "model")
     # Samples to 72.0 % masked-LM accuracy by global batch (the last round with BERT's RCPs).
     convergence = Rcp("training_4.0.0/rcps_bert.json", "bert_ref_", in_samples=True)

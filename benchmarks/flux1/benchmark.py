@@ -67,6 +67,7 @@ class FluxBenchmark(Benchmark):
 
     name = "flux1"
     mlperf_benchmark = "flux1"
+    sample_unit = "image"  # one latent image with its caption's encodings
     config_class = config_lib.FluxConfig
     presets = {"mlperf": config_lib.mlperf, "mini": config_lib.mini, "smoke": config_lib.smoke}
     input_module = input_lib

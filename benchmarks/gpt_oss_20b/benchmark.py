@@ -13,7 +13,7 @@ from benchmarks.gpt_oss_20b import model as model_lib
 from mlperf_tf import flops
 from mlperf_tf.data import c4
 from mlperf_tf.errors import UserError
-from mlperf_tf.facts import Blocks, Rcp, SimulatorShape
+from mlperf_tf.facts import Blocks, Experts, Rcp, SimulatorShape
 from mlperf_tf.lm.decoder import DecoderModel
 from mlperf_tf.lm.pretraining import PretrainingBenchmark
 from mlperf_tf.parallel.context import use_mesh
@@ -74,12 +74,19 @@ class GptOssBenchmark(PretrainingBenchmark):
 
     def simulator_shape(self) -> SimulatorShape:
         """Megatron's two all-reduces per block under tensor parallelism; each MoE layer holds
-        one SwiGLU expert's weights per expert and runs top-k of them per token."""
+        one SwiGLU expert's weights per expert and runs top-k of them per token (`experts`: the
+        simulator splits them over `--expert_parallel` and sends tokens by all-to-all)."""
         m = self.config.model
         h, f = m.hidden_size, m.moe.filter_size or m.intermediate_size
         seq = self.config.data.max_sequence_length
         blocks = Blocks(m.num_hidden_layers, 2, h, seq, 3 * h * f, 2.0 * 3 * h * f)
-        return SimulatorShape(blocks=blocks)
+        experts = Experts(
+            num_experts=m.moe.num_experts,
+            top_k=m.moe.top_k,
+            every=m.moe.every,
+            capacity_factor=float(m.moe.capacity_factor),
+        )
+        return SimulatorShape(blocks=blocks, experts=experts)
 
     # ---- building ------------------------------------------------------------------------------
     def check_layout(self) -> None:

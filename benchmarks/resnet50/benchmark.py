@@ -37,6 +37,7 @@ class ResNet50Benchmark(Benchmark):
 
     name = config_lib.NAME
     mlperf_benchmark = C.RESNET
+    sample_unit = "image"
     config_class = config_lib.ResNet50Config
     presets = {"mlperf": config_lib.mlperf, "mini": config_lib.mini, "smoke": config_lib.smoke}
     input_module = input_lib  # synthetic or record batches (the Benchmark's input hooks)

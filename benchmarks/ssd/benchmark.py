@@ -41,6 +41,7 @@ class SSDBenchmark(Benchmark):
 
     name = "ssd"
     mlperf_benchmark = "ssd"
+    sample_unit = "image"
     config_class = config_lib.SSDConfig
     input_module = input_lib  # synthetic training batches (the base class's per-shard hook)
     # --spatial_partition=K (KxL): each replica of a group of K (K x L) holds a slab of rows (a

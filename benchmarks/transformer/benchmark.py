@@ -71,6 +71,7 @@ class TransformerBenchmark(Benchmark):
 
     name = "transformer"
     mlperf_benchmark = "transformer"
+    sample_unit = "token"  # its global batch counts tokens
     config_class = config_lib.TransformerConfig
     presets = {"mlperf": config_lib.mlperf, "mini": config_lib.mini, "smoke": config_lib.smoke}
     # No RCP exists (the Transformer retired before RCPs began with MLPerf 1.0): MLPerf v0.6

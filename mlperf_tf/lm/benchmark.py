@@ -37,6 +37,7 @@ class LanguageModelBenchmark(Benchmark):
     model_name: ClassVar[str] = "decoder"
     eod_token: ClassVar[int | None] = None
     higher_is_better = False
+    sample_unit = "sequence"
 
     @property
     def parallel_axes(self) -> tuple[str, ...]:

@@ -27,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
         "of N chips (α–β all-reduce models; see docs/scaling.md).",
     )
     parser.add_argument(
-        "--benchmark", required=True, help="resnet50, ssd, transformer, bert or llama31_8b"
+        "--benchmark", required=True, help="a registered benchmark (mlperf-tf list)"
     )
     system = parser.add_mutually_exclusive_group(required=True)
     system.add_argument("--system", help=f"built-in system: {', '.join(systems.available())}")
@@ -55,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--expert_parallel", type=int, default=1, help="E chips split the MoE layers' experts"
     )
-    # The MoE config as `mlperf-tf run` takes it (`--config.model.moe.X=V`; Transformer, Llama).
+    # The MoE config as `mlperf-tf run` takes it (`--config.model.moe.X=V`): experts added to a
+    # dense Transformer or Llama. A benchmark built with experts (gpt_oss_20b) declares its own.
     for field, kind, default in (
         ("num_experts", int, 0),
         ("every", int, 1),
@@ -76,10 +77,22 @@ def _int_list(text: str) -> list[int]:
 
 
 def _table(results: list[model.Result]) -> str:
+    """The results as a table; the model-parallel columns (tensor-parallel all-reduces, halos,
+    all-to-all, ms a step) only where a result has them."""
+    extra = [
+        (title, field)
+        for title, field in (
+            ("tp", "model_parallel_s"),
+            ("halo", "halo_s"),
+            ("a2a", "all_to_all_s"),
+        )
+        if any(getattr(r, field) for r in results)
+    ]
     head = (
         f"{'chips':>6} {'layout':>14} {'algo':>12} {'batch':>7} {'step ms':>8} {'compute':>8} "
-        f"{'allred':>7} {'exposed':>7} {'update':>7} {'samples/s':>11} {'eff':>5} "
-        f"{'epochs':>6} {'TTT min':>8}"
+        f"{'allred':>7} {'exposed':>7} {'update':>7} "
+        + "".join(f"{title:>7} " for title, _ in extra)
+        + f"{'samples/s':>11} {'eff':>5} {'epochs':>6} {'TTT min':>8}"
     )
     rows = [head]
     for r in results:
@@ -87,7 +100,8 @@ def _table(results: list[model.Result]) -> str:
             f"{r.chips:>6} {r.layout:>14} {r.algorithm:>12} {r.global_batch:>7} "
             f"{r.step_time_s * 1e3:>8.2f} {r.compute_s * 1e3:>8.2f} {r.allreduce_s * 1e3:>7.2f} "
             f"{r.exposed_comm_s * 1e3:>7.2f} {r.weight_update_s * 1e3:>7.2f} "
-            f"{r.samples_per_s:>11.0f} {r.scaling_efficiency:>5.2f} {r.epochs_to_target:>6.1f} "
+            + "".join(f"{getattr(r, field) * 1e3:>7.2f} " for _, field in extra)
+            + f"{r.samples_per_s:>11.0f} {r.scaling_efficiency:>5.2f} {r.epochs_to_target:>6.1f} "
             f"{r.time_to_train_min:>8.2f}" + ("  (input-bound)" if r.input_bound else "")
         )
     return "\n".join(rows)

@@ -36,6 +36,8 @@ from typing import Any
 from mlperf_tf import paths
 from mlperf_tf.errors import UserError
 from mlperf_tf.facts import SimulatorShape
+from mlperf_tf.parallel import mesh as mesh_lib
+from mlperf_tf.parallel.mesh import DeviceMesh
 from mlperf_tf.simulate import collectives, convergence, parallelism
 from mlperf_tf.simulate.systems import System
 
@@ -110,7 +112,14 @@ def _family(kind: str) -> list[str]:
 
 @dataclasses.dataclass(frozen=True)
 class Result:
-    """One simulated configuration. Times in seconds unless the name says minutes."""
+    """One simulated configuration. Times in seconds unless the name says minutes.
+
+    `parameters` counts the model's weights (every expert of a mixture of experts, or the
+    trainable ones where the benchmark declares no count); `active_parameters` those one token
+    multiplies (a MoE layer's top-k experts; the dense model's every weight);
+    `trainable_parameters` those that get gradients (all-reduced and updated: a LoRA run's
+    adapters).
+    """
 
     benchmark: str
     system: str
@@ -122,6 +131,8 @@ class Result:
     global_batch: int
     per_chip_batch: float
     parameters: int
+    active_parameters: int
+    trainable_parameters: int
     model_parallel: int
     spatial_partition: str
     expert_parallel: int
@@ -151,6 +162,28 @@ class Result:
         return dataclasses.asdict(self)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Workload:
+    """What one sample costs and what the chips hold, after the MoE config is applied.
+
+    Attributes:
+      flops: training FLOPs per sample (a MoE layer's top-k experts, capacity padding included).
+      params: trainable parameters (what the all-reduce sums and the optimizer updates).
+      parameters, active_parameters: the counts `Result` reports.
+      expert_params: the experts' share of `params` (split over the expert axis).
+      moe: the mixture of experts (num_experts 0: dense).
+      shape: the benchmark's declared `simulator_shape()`.
+    """
+
+    flops: float
+    params: float
+    parameters: float
+    active_parameters: float
+    expert_params: float = 0.0
+    moe: parallelism.Moe = parallelism.Moe()
+    shape: SimulatorShape = SimulatorShape()
+
+
 def simulate(
     *,
     benchmark: str,
@@ -171,24 +204,22 @@ def simulate(
     """Predicts one configuration (see the module docstring for the model).
 
     Args:
-      benchmark: a cached benchmark name (resnet50, ssd, transformer, bert).
+      benchmark: a cached or registered benchmark name.
       system: the machine.
       chips: chips (GPUs, TPU chips, logical devices) taking part, failed ones included.
-      global_batch: samples per step; default the system's per-chip batch x working chips (or
-        the preset's global batch), capped at the largest batch of the convergence data.
-      algorithm: all-reduce algorithm; default the system's first (torus2d on a torus,
-        hierarchical on a switched cluster, ring on a local machine).
+      global_batch: samples per step; default `_default_batch`.
+      algorithm: all-reduce algorithm; default the system's first.
       weight_update_sharding: each chip updates 1/p of the weights.
-      failed_chips: holes in a torus/mesh that the all-reduce routes around; their share of the
-        batch moves to the working chips.
+      failed_chips: holes in a torus/mesh that the all-reduce routes around (their share of the
+        batch moves to the working chips).
       wraparound: torus wrap-around links: auto, on or off.
       preset: which preset's model and sizes.
       epochs_to_target: override the convergence curve (e.g. a published run's own epochs).
-      model_parallel: M chips share a batch and split every weight (tensor parallelism).
-      spatial_partition: K (or KxL) chips share a batch and split every image into K slabs
-        of rows (K x L tiles); the FLOPs of a group's batch divide over its K x L chips.
-      expert_parallel: E chips split each MoE layer's experts (with `moe`).
-      moe: a mixture-of-experts config (`model.moe` of the Transformer-family benchmarks).
+      model_parallel, spatial_partition, expert_parallel: the mesh flags of `mlperf-tf run`
+        (`mlperf_tf.parallel.mesh.DeviceMesh`): M chips split every weight, K (KxL) chips split
+        every image, E chips split each MoE layer's experts.
+      moe: experts added to a dense Transformer-family benchmark (`--config.model.moe.*`); a
+        benchmark that declares its own (`SimulatorShape.experts`) uses those.
 
     Raises:
       UserError: an unknown benchmark or algorithm, chips that do not fit the system, failed
@@ -196,6 +227,58 @@ def simulate(
         groups, or a parallel flag that does not divide the chips or fit the benchmark.
     """
     facts = benchmark_facts(benchmark, preset)
+    layout, algorithm = _check_system(system, chips, algorithm, failed_chips, wraparound)
+    working = chips - failed_chips
+    shape = shape_of(facts)
+    moe = _moe_of(benchmark, shape, moe or parallelism.Moe())
+    mesh = _check_parallel(
+        benchmark, shape, layout, working, model_parallel, spatial_partition, expert_parallel, moe
+    )
+    batch_given = global_batch is not None
+    if global_batch is None:
+        global_batch = _default_batch(system, benchmark, preset, facts, working)
+    _check_batch(global_batch, mesh, batch_given=batch_given, failed_chips=failed_chips)
+    work = _workload(benchmark, facts, shape, moe)
+    per_group, split = global_batch / mesh.batch_shards, mesh.group_size  # a group's samples
+    step = _step(
+        system=system, benchmark=benchmark, layout=layout, algorithm=algorithm,
+        per_chip_batch=per_group, global_batch=global_batch, work=work, mesh=mesh,
+        sharding=weight_update_sharding, failed_chips=failed_chips,
+    )  # fmt: skip
+    samples_per_s = global_batch / step["step_time_s"]
+    single_rate = _single_chip_rate(system, benchmark, algorithm, work, per_group / split)
+    train = _time_to_train(
+        system, benchmark, preset, facts, global_batch, step["step_time_s"], working,
+        epochs_to_target,
+    )  # fmt: skip
+    return Result(
+        benchmark=benchmark, system=system.name, chips=chips, failed_chips=failed_chips,
+        layout=layout.describe(), algorithm=algorithm,
+        weight_update_sharding=weight_update_sharding, global_batch=int(global_batch),
+        per_chip_batch=per_group / split, parameters=int(work.parameters),
+        active_parameters=int(work.active_parameters), trainable_parameters=int(work.params),
+        model_parallel=model_parallel, spatial_partition=str(spatial_partition),
+        expert_parallel=expert_parallel,
+        single_chip_samples_per_s=single_rate, samples_per_s=samples_per_s,
+        scaling_efficiency=samples_per_s / (single_rate * chips), **train, **step,
+    )  # fmt: skip
+
+
+def _single_chip_rate(system: System, benchmark: str, algorithm: str, work, batch: float):
+    """Samples/s of one chip alone on a chip's share of a group's batch: no layout to
+    all-reduce over, the whole model and its experts held."""
+    alone = dataclasses.replace(work, expert_params=0.0, moe=parallelism.Moe())
+    single = _step(
+        system=system, benchmark=benchmark, algorithm=algorithm,
+        layout=system.layout(1) if system.kind != "torus" else None,
+        per_chip_batch=batch, global_batch=batch, work=alone, mesh=DeviceMesh(),
+        sharding=False, failed_chips=0,
+    )  # fmt: skip
+    return batch / single["step_time_s"]
+
+
+def _check_system(system: System, chips: int, algorithm, failed_chips: int, wraparound: str):
+    """(layout of `chips`, the all-reduce algorithm) after checking them against `system`."""
     layout = system.layout(chips, wraparound=wraparound)
     algorithm = algorithm or system.default_algorithm
     if algorithm not in system.algorithms:
@@ -209,86 +292,84 @@ def simulate(
         raise UserError(
             f"--failed_chips needs a torus/mesh system; '{system.name}' is {system.kind}"
         )
-    working = chips - failed_chips
-    batch_given = global_batch is not None
-    if global_batch is None:
-        per_chip_default = system.per_chip_batch.get(
-            benchmark, system.per_chip_batch.get("default", 0)
-        )
-        global_batch = per_chip_default * working or int(facts["global_batch_size"])
-        # No larger than the largest batch with convergence data (beyond it epochs are guesses).
-        curve = convergence.curve(benchmark, preset)
-        global_batch = max(min(global_batch, curve.batches[-1]), working)
-    moe = moe or parallelism.Moe()
-    shape = shape_of(facts)
-    split, (spatial_rows, spatial_cols) = _check_parallel(
-        benchmark, shape, layout, working, model_parallel, spatial_partition, expert_parallel, moe
-    )
-    groups = working // split  # data-parallel replicas of one shard
+    return layout, algorithm
+
+
+def _default_batch(system: System, benchmark: str, preset: str, facts, working: int) -> int:
+    """The system's per-chip batch x working chips (or the preset's global batch), no larger
+    than the largest batch with convergence data (beyond it epochs are guesses)."""
+    per_chip = system.per_chip_batch.get(benchmark, system.per_chip_batch.get("default", 0))
+    global_batch = per_chip * working or int(facts["global_batch_size"])
+    curve = convergence.curve(benchmark, preset)
+    return max(min(global_batch, curve.batches[-1]), working)
+
+
+def _check_batch(global_batch: int, mesh: DeviceMesh, *, batch_given: bool, failed_chips: int):
+    """Refuses a global batch smaller than the data-parallel groups, or (given) uneven over them.
+
+    With holes (--failed_chips) the failed chips' samples move to others: uneven by design.
+    """
+    groups, split = mesh.batch_shards, mesh.group_size
+    what = "working chips" if split == 1 else f"data-parallel groups ({mesh.size} / {split})"
     if global_batch < groups:
-        what = "working chips" if split == 1 else f"data-parallel groups ({working} / {split})"
         raise UserError(f"--global_batch ({global_batch}) is smaller than the {groups} {what}")
-    # With holes (--failed_chips) the failed chips' samples move to others: uneven by design.
     if global_batch % groups and batch_given and not failed_chips:
-        what = "working chips" if split == 1 else f"data-parallel groups ({working} / {split})"
         raise UserError(
             f"--global_batch ({global_batch}) does not split evenly over the {groups} {what}: "
             f"use a multiple of {groups}"
         )
+
+
+def _moe_of(benchmark: str, shape: SimulatorShape, flags: parallelism.Moe) -> parallelism.Moe:
+    """The experts of the run: those the benchmark declares (`SimulatorShape.experts`), else
+    the ones `--config.model.moe.*` adds to a dense model.
+
+    Raises:
+      UserError: experts added by flag to a benchmark that declares its own.
+    """
+    declared = shape.experts
+    if declared is None:
+        return flags
+    if flags.num_experts:
+        raise UserError(
+            f"--config.model.moe.num_experts ({flags.num_experts}): benchmark '{benchmark}' "
+            f"declares its own experts ({declared.num_experts} per MoE layer); the flag adds "
+            "experts to a dense benchmark"
+        )
+    return parallelism.Moe(
+        num_experts=declared.num_experts,
+        every=declared.every,
+        top_k=declared.top_k,
+        capacity_factor=declared.capacity_factor,
+    )
+
+
+def _workload(benchmark: str, facts: dict[str, Any], shape, moe) -> _Workload:
+    """FLOPs and parameters of one sample with the experts of `moe` (see `_Workload`)."""
     flops = float(facts["training_flops_per_sample"])
     params = float(facts["trainable_parameters"])
-    expert_params = 0.0
-    if moe.num_experts:
-        b = parallelism.blocks_of(
-            shape, "config.model.moe.num_experts", benchmark, _family("blocks")
-        )
-        layers = moe.layers(b.blocks)
-        # Each MoE layer holds num_experts feed-forwards instead of one; a token runs top_k of
-        # them (its capacity padding computed too).
-        expert_params = layers * moe.num_experts * b.ffn_parameters
-        params += expert_params - layers * b.ffn_parameters
-        flops += 3 * layers * b.tokens_per_sample * b.ffn_flops_per_token * (moe.slots - 1)
-    per_chip_batch = global_batch / groups  # samples per group (each chip does 1/split of them)
+    parameters = float(facts.get("parameters", params))
+    active = float(facts.get("active_parameters", parameters))
+    if not moe.num_experts:
+        return _Workload(flops, params, parameters, active, shape=shape)
+    b = parallelism.blocks_of(shape, "config.model.moe.num_experts", benchmark, _family("blocks"))
+    layers = moe.layers(b.blocks)
+    expert_params = layers * moe.num_experts * b.ffn_parameters
+    if shape.experts is not None:  # declared: the counts already hold every expert
+        return _Workload(flops, params, parameters, active, expert_params, moe, shape)
+    # Each MoE layer holds num_experts feed-forwards instead of one; a token runs top_k of them
+    # (its capacity padding computed too).
+    params += expert_params - layers * b.ffn_parameters
+    parameters += expert_params - layers * b.ffn_parameters
+    active += layers * (moe.top_k - 1) * b.ffn_parameters
+    flops += 3 * layers * b.tokens_per_sample * b.ffn_flops_per_token * (moe.slots - 1)
+    return _Workload(flops, params, parameters, active, expert_params, moe, shape)
 
-    step = _step(
-        system=system,
-        benchmark=benchmark,
-        layout=layout,
-        algorithm=algorithm,
-        per_chip_batch=per_chip_batch,
-        global_batch=global_batch,
-        flops=flops,
-        params=params,
-        sharding=weight_update_sharding,
-        failed_chips=failed_chips,
-        working=working,
-        parallel=_Parallel(
-            split=split,
-            model=model_parallel,
-            rows=spatial_rows,
-            cols=spatial_cols,
-            experts=expert_parallel,
-            moe=moe,
-            expert_params=expert_params,
-            shape=shape,
-        ),
-    )
-    single = _step(
-        system=system,
-        benchmark=benchmark,
-        layout=system.layout(1) if system.kind != "torus" else None,
-        algorithm=algorithm,
-        per_chip_batch=per_chip_batch / split,
-        global_batch=per_chip_batch / split,
-        flops=flops,
-        params=params,
-        sharding=False,
-        failed_chips=0,
-        working=1,
-    )
-    samples_per_s = global_batch / step["step_time_s"]
-    single_rate = per_chip_batch / split / single["step_time_s"]
 
+def _time_to_train(
+    system, benchmark, preset, facts, global_batch, step_s, working, epochs_to_target
+) -> dict[str, Any]:
+    """Epochs and samples to the target, the evaluations' time and the time to train."""
     epoch_examples = float(facts["train_examples"])
     if epochs_to_target is not None:
         epochs, source = float(epochs_to_target), "given"
@@ -302,59 +383,23 @@ def simulate(
     eval_flops = float(facts["forward_flops_per_sample"]) * float(facts["eval_examples"])
     compute_rate = _chip_flops(system, benchmark, working) * working
     eval_s = evals * (eval_flops / compute_rate + system.eval_overhead_s)
-    time_to_train_s = steps * step["step_time_s"] + eval_s
+    return {
+        "epochs_to_target": epochs,
+        "samples_to_target": samples,
+        "convergence_source": source,
+        "eval_s": eval_s,
+        "time_to_train_min": (steps * step_s + eval_s) / 60.0,
+    }
 
-    return Result(
-        benchmark=benchmark,
-        system=system.name,
-        chips=chips,
-        failed_chips=failed_chips,
-        layout=layout.describe(),
-        algorithm=algorithm,
-        weight_update_sharding=weight_update_sharding,
-        global_batch=int(global_batch),
-        per_chip_batch=per_chip_batch / split,
-        parameters=int(params),
-        model_parallel=model_parallel,
-        spatial_partition=str(spatial_partition),
-        expert_parallel=expert_parallel,
-        single_chip_samples_per_s=single_rate,
-        samples_per_s=samples_per_s,
-        scaling_efficiency=samples_per_s / (single_rate * chips),
-        epochs_to_target=epochs,
-        samples_to_target=samples,
-        convergence_source=source,
-        eval_s=eval_s,
-        time_to_train_min=time_to_train_s / 60.0,
-        **step,
+
+def _check_parallel(
+    benchmark, shape, layout, working, model_parallel, spatial, experts, moe
+) -> DeviceMesh:
+    """Validates the parallel flags as `mlperf-tf run` does; returns the working chips' mesh."""
+    mesh_lib.check_flags(
+        model_parallel=model_parallel, expert_parallel=experts, spatial_partition=str(spatial)
     )
-
-
-@dataclasses.dataclass(frozen=True)
-class _Parallel:
-    """How the chips split the model: `split` chips share a batch (model x spatial)."""
-
-    split: int = 1
-    model: int = 1
-    rows: int = 1
-    cols: int = 1
-    experts: int = 1
-    moe: parallelism.Moe = parallelism.Moe()
-    expert_params: float = 0.0
-    shape: SimulatorShape = SimulatorShape()
-
-
-def _check_parallel(benchmark, shape, layout, working, model_parallel, spatial, experts, moe):
-    """Validates the parallel flags as `mlperf-tf run` does; returns (split, (K, L) tiles)."""
-    if (model_parallel, str(spatial), experts) != (1, "1", 1):
-        from mlperf_tf.parallel import mesh  # imports TensorFlow: only when a flag is given
-
-        mesh.check_flags(
-            model_parallel=model_parallel, expert_parallel=experts, spatial_partition=str(spatial)
-        )
-        rows, cols = mesh.parse_spatial(str(spatial))
-    else:
-        rows, cols = 1, 1
+    rows, cols = mesh_lib.parse_spatial(str(spatial))
     if model_parallel > 1:
         parallelism.blocks_of(shape, "model_parallel", benchmark, _family("blocks"))
     if rows * cols > 1:
@@ -375,7 +420,10 @@ def _check_parallel(benchmark, shape, layout, working, model_parallel, spatial, 
             f"{working} work"
         )
     parallelism.check_fits(layout, split, f"--model_parallel x --spatial_partition ({split})")
-    return split, (rows, cols)
+    return mesh_lib.build_mesh(
+        working, model_parallel=model_parallel, expert_parallel=experts,
+        spatial_partition=str(spatial),
+    )  # fmt: skip
 
 
 def _chip_flops(system: System, benchmark: str, working: int) -> float:
@@ -427,20 +475,19 @@ def _step(
     algorithm: str,
     per_chip_batch: float,
     global_batch: float,
-    flops: float,
-    params: float,
+    work: _Workload,
+    mesh: DeviceMesh,
     sharding: bool,
     failed_chips: int,
-    working: int,
-    parallel: _Parallel = _Parallel(),
 ) -> dict[str, Any]:
-    split = parallel.split
-    compute = per_chip_batch * flops / split / _chip_flops(system, benchmark, working)
+    """The step's parts (seconds) of `mesh`'s chips; `per_chip_batch` is a group's batch."""
+    split, working = mesh.group_size, mesh.size
+    compute = per_chip_batch * work.flops / split / _chip_flops(system, benchmark, working)
     backward = compute * 2.0 / 3.0
     # Each chip holds 1/M of the weights (experts: 1/E of them); the gradient all-reduce runs
     # over the replicas of one shard, every split-th chip.
-    dense = params - parallel.expert_params
-    held = dense / parallel.model + parallel.expert_params / max(1, parallel.experts)
+    dense = work.params - work.expert_params
+    held = dense / mesh.model + work.expert_params / mesh.expert
     replicas = parallelism.data_layout(system, layout, split) if layout is not None else None
     cost = allreduce_cost(system, replicas, algorithm, held * system.gradient_bytes, failed_chips)
     allreduce = cost.total_s
@@ -450,15 +497,15 @@ def _step(
         update /= max(1, working // split)
     model_s = halo_s = a2a_s = 0.0
     if layout is not None and layout.chips > 1:
-        blocks = parallel.shape.blocks
+        blocks = work.shape.blocks
         model_s = parallelism.tensor_parallel_cost(
-            system, layout, blocks, parallel.model, per_chip_batch
+            system, layout, blocks, mesh.model, per_chip_batch
         ).total_s
         halo_s = parallelism.halo_cost(
-            system, layout, parallel.shape, parallel.rows, per_chip_batch, cols=parallel.cols
+            system, layout, work.shape, mesh.spatial_rows, per_chip_batch, cols=mesh.spatial_cols
         ).total_s
         a2a_s = parallelism.moe_all_to_all_cost(
-            system, layout, blocks, parallel.moe, parallel.experts, per_chip_batch / split
+            system, layout, blocks, work.moe, mesh.expert, per_chip_batch / split
         ).total_s
     # Logical devices sharing the cores also dispatch their replicas' ops one after another.
     overhead = system.step_overhead_s * (working if system.shared_compute else 1)

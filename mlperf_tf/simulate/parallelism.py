@@ -19,6 +19,9 @@ of a torus. Each cost is an α–β time (`collectives.Cost`) per training step.
 - **Expert parallelism** (GShard, ST-MoE): each MoE layer sends its tokens' hidden vectors to
   the experts' chips and back (dispatch and return), forward and backward: 4 all-to-alls of
   tokens x top_k x capacity x hidden bf16 values per chip, (E-1)/E of which leave the chip.
+  The experts are the benchmark's own where it declares them (`SimulatorShape.experts`:
+  GPT-OSS's 32 per layer, top-4, dropless), else those `--config.model.moe.*` adds to a dense
+  model.
 """
 
 from __future__ import annotations

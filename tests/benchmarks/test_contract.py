@@ -179,6 +179,8 @@ def test_declared_facts_are_well_formed_and_cached_as_declared(name):
         benchmark = benchmark_class(benchmark_class.preset(preset))
         shape = benchmark.simulator_shape()
         assert isinstance(shape, facts.SimulatorShape)
+        # What `bench` counts its rate in: one word, singular ("image", "sequence", ...).
+        assert benchmark.sample_unit.isalpha() and not benchmark.sample_unit.endswith("s")
         # `parallel_axes` is read on an instance (a class attribute or a property).
         assert isinstance(benchmark.parallel_axes, tuple) and "data" in benchmark.parallel_axes
         # The simulator models tensor parallelism exactly where `run` offers it.

@@ -1,5 +1,6 @@
 """Tests `mlperf-tf bench` on the smoke presets: its numbers agree with each other, bad input is one line."""
 
+import dataclasses
 import json
 import statistics
 
@@ -48,6 +49,48 @@ def test_every_registered_benchmark_benches_on_its_smoke_preset(capsys, name):
     assert result["mfu"] > 0  # mlperf_tf.flops counts every built-in model
 
 
+def _smoke(name):
+    benchmark_class = registry.get(name)
+    return benchmark_class(benchmark_class.preset("smoke"))
+
+
+def test_gpt_oss_reports_tokens_and_mfu_on_active_experts_and_windowed_attention(capsys):
+    """MFU counts the FLOPs the benchmark declares: a token's top-k experts (not all of them)
+    and its sliding-window layers at their window (not the whole sequence)."""
+    result = _bench_json(capsys, "--benchmark=gpt_oss_20b", "--preset=smoke")
+    bench = _smoke("gpt_oss_20b")
+    seq = bench.sequence_length()
+    assert result["sample_unit"] == "sequence" and result["tokens_per_sample"] == seq
+    assert result["tokens_per_s"] == pytest.approx(result["samples_per_s"] * seq)
+    shape = bench.decoder_shape()
+    declared = bench.training_flops_per_sample()
+    assert result["flops_per_sample"] == pytest.approx(declared)
+    assert declared == pytest.approx(flops.decoder_training_flops_per_sample(shape, seq))
+    every_expert = dataclasses.replace(shape, experts_per_token=shape.num_experts)
+    full_attention = dataclasses.replace(shape, sliding_layers=0)
+    assert shape.experts_per_token < shape.num_experts and shape.sliding_window < seq
+    assert declared < flops.decoder_training_flops_per_sample(every_expert, seq)
+    assert declared < flops.decoder_training_flops_per_sample(full_attention, seq)
+    assert result["mfu"] == pytest.approx(
+        result["flops_per_sample"] * result["samples_per_s"] / result["peak_flops_per_s"]
+    )
+
+
+def test_flux_reports_images_per_second_and_mfu(capsys):
+    assert cli.main(["bench", "--benchmark=flux1", "--preset=smoke", *FAST, "--json"]) == 0
+    out = capsys.readouterr()
+    result = json.loads(out.out)
+    assert "images/s" in out.err  # the progress lines count the benchmark's unit
+    assert result["sample_unit"] == "image" and result["tokens_per_s"] is None
+    assert result["flops_per_sample"] == pytest.approx(
+        flops.training_flops_per_sample(_smoke("flux1"))
+    )
+    assert result["flops_per_sample"] > 0 and result["peak_flops_per_s"] > 0
+    assert result["mfu"] == pytest.approx(
+        result["flops_per_sample"] * result["samples_per_s"] / result["peak_flops_per_s"]
+    )
+
+
 def test_mirrored_replicas_and_overrides_reach_the_benchmark(capsys):
     result = _bench_json(
         capsys,
@@ -85,7 +128,7 @@ def test_summary_line_without_json(capsys):
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0].startswith("warm-up: 1 steps")
     assert lines[-1].startswith("bench resnet50 (smoke, fp32, no XLA, OneDeviceStrategy x1")
-    assert "samples/s median" in lines[-1] and "load average" in lines[-1]
+    assert "images/s median" in lines[-1] and "load average" in lines[-1]  # its sample_unit
 
 
 @pytest.mark.parametrize(
