@@ -1,10 +1,10 @@
 """Provides the language-model block library: `DecoderConfig` (one config for the MLPerf LLMs'
-options), the blocks (`Attention`, `FeedForward`, `moe_feed_forward`, `DecoderBlock`,
+options), the blocks (`Attention` and its core `attend`, `FeedForward`, `moe_feed_forward`, `DecoderBlock`,
 `DecoderModel`, `build_decoder`; `Linear`, `RMSNorm`, `RotaryEmbedding`), the masked token loss
 (`mlperf_tf.lm.loss`) and `LanguageModelBenchmark`, the base of the causal-LM benchmarks. See
 README.md."""
 
-from mlperf_tf.lm.attention import Attention, fuse_qkv, split_qkv
+from mlperf_tf.lm.attention import Attention, attend, fuse_qkv, multi_head_attend, split_qkv
 from mlperf_tf.lm.config import DecoderConfig
 from mlperf_tf.lm.decoder import DecoderBlock, DecoderModel, build_decoder
 from mlperf_tf.lm.feed_forward import FeedForward, clamped_swiglu, moe_feed_forward, swiglu
@@ -21,10 +21,12 @@ __all__ = [
     "RMSNorm",
     "RotaryEmbedding",
     "apply_rope",
+    "attend",
     "build_decoder",
     "clamped_swiglu",
     "fuse_qkv",
     "moe_feed_forward",
+    "multi_head_attend",
     "split_qkv",
     "swiglu",
 ]

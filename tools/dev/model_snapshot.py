@@ -1,6 +1,8 @@
 """Records the Transformer's and BERT's numerics (seeded smoke-preset models, dropout off) to
-compare a refactor against: forward outputs (padded, packed, cached decoding), three Adam steps'
-losses and final weights, and every variable's path, shape and checkpoint key.
+compare a refactor against: forward outputs (padded, packed, cached decoding), the first step's
+gradients, three SGD steps' losses and weights, three Adam steps' losses, and every variable's
+path, shape and checkpoint key. (Adam's weights are not compared: a weight whose gradient is
+zero but for rounding, e.g. an attention key bias, moves by +-lr on the rounding's sign.)
 
 Run it before a change with `--out=before.npz`, after it with `--compare=before.npz`: it prints
 each array's max |after - before| relative to the array's scale and exits 1 when one exceeds
@@ -41,7 +43,6 @@ def _seeded_transformer():
 
 
 def _transformer(out: dict) -> None:
-    import keras  # noqa: PLC0415
     import tensorflow as tf  # noqa: PLC0415
 
     model = _seeded_transformer()
@@ -62,19 +63,14 @@ def _transformer(out: dict) -> None:
             steps.append(logits.numpy())
             ids = tf.argmax(logits, -1, output_type=tf.int32)[:, None]
         out[f"tr/decode_grow{int(grow)}"] = np.stack(steps)
-    optimizer = keras.optimizers.Adam(1e-2)
-    losses = []
-    for _ in range(3):
-        with tf.GradientTape() as tape:
-            logits = model(batch, training=True)
-            loss = tf.reduce_mean(
-                tf.nn.sparse_softmax_cross_entropy_with_logits(batch["targets"], logits)
-            )
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
-        losses.append(loss.numpy())
-    out["tr/losses"] = np.array(losses)
-    _weights(out, "tr", model)
+
+    def loss_fn():
+        logits = model(batch, training=True)
+        return tf.reduce_mean(
+            tf.nn.sparse_softmax_cross_entropy_with_logits(batch["targets"], logits)
+        )
+
+    _train(out, "tr", model, loss_fn)
 
 
 def _bert(out: dict) -> None:
@@ -106,24 +102,43 @@ def _bert(out: dict) -> None:
         result = model(batch, packed=packed)
         out[f"bert/mlm_packed{int(packed)}"] = result["mlm_logits"].numpy()
         out[f"bert/nsp_packed{int(packed)}"] = result["nsp_logits"].numpy()
-    optimizer = keras.optimizers.Adam(1e-2)
-    losses = []
-    for _ in range(3):
-        with tf.GradientTape() as tape:
-            result = model(batch, training=True)
-            loss = tf.reduce_mean(
-                tf.nn.sparse_softmax_cross_entropy_with_logits(labels, result["mlm_logits"])
-            ) + tf.reduce_mean(
-                tf.nn.sparse_softmax_cross_entropy_with_logits(nsp, result["nsp_logits"])
-            )
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
-        losses.append(loss.numpy())
-    out["bert/losses"] = np.array(losses)
-    _weights(out, "bert", model)
+
+    def loss_fn():
+        result = model(batch, training=True)
+        return tf.reduce_mean(
+            tf.nn.sparse_softmax_cross_entropy_with_logits(labels, result["mlm_logits"])
+        ) + tf.reduce_mean(
+            tf.nn.sparse_softmax_cross_entropy_with_logits(nsp, result["nsp_logits"])
+        )
+
+    _train(out, "bert", model, loss_fn)
     out["bert/tf1_names"] = np.array(
         sorted(f"{k}={v.path}:{tuple(v.shape)}" for k, v in model.tf1_variables().items())
     )
+
+
+def _train(out: dict, prefix: str, model, loss_fn) -> None:
+    """First-step gradients, then 3 SGD steps (losses, weights), then 3 Adam steps (losses)."""
+    import keras  # noqa: PLC0415
+    import tensorflow as tf  # noqa: PLC0415
+
+    for name, optimizer in (
+        ("sgd", keras.optimizers.SGD(0.1)),
+        ("adam", keras.optimizers.Adam(1e-2)),
+    ):
+        losses = []
+        for step in range(3):
+            with tf.GradientTape() as tape:
+                loss = loss_fn()
+            grads = tape.gradient(loss, model.trainable_variables)
+            if name == "sgd" and step == 0:
+                for i, g in enumerate(grads):
+                    out[f"{prefix}/grad{i:03d}"] = tf.convert_to_tensor(g).numpy()
+            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+            losses.append(loss.numpy())
+        out[f"{prefix}/{name}_losses"] = np.array(losses)
+        if name == "sgd":
+            _weights(out, prefix, model)
 
 
 def _weights(out: dict, prefix: str, model) -> None:
