@@ -14,6 +14,10 @@ split their vocabulary rows (a vocabulary-parallel lookup), and the tied masked-
 gives each shard the logits of its own ids (`mlm_logits` is [batch, predictions, vocab/M]; the
 loss is the vocabulary-parallel cross-entropy). Layer norms, the position and token-type
 embeddings, the pooler and the next-sentence head are replicated.
+
+The attention core (`mlperf_tf.lm.attend`, with BERT's additive bias and float32 score scale),
+the block's projections (`mlperf_tf.lm.Linear`) and the tied masked-LM projection
+(`mlperf_tf.lm.tied_logits`) are the language-model library's; the rest is BERT's own.
 """
 
 from __future__ import annotations
@@ -25,10 +29,10 @@ import tensorflow as tf
 from keras import ops
 
 from benchmarks.bert.config import ModelConfig
-from mlperf_tf.layers import PADDED, PackedTokens, token_matmul
+from mlperf_tf.layers import PADDED, PackedTokens
 from mlperf_tf.layers.tensor_parallel import ModelAxis, vocab_parallel_lookup
 from mlperf_tf.lm.attention import multi_head_attend
-from mlperf_tf.lm.layers import Linear
+from mlperf_tf.lm.layers import Linear, tied_logits
 from mlperf_tf.parallel import current_mesh
 from mlperf_tf.parallel.layout import add_split_weight, check_divides, model_split
 
@@ -260,8 +264,8 @@ class MaskedLMHead(keras.layers.Layer):
         gathered = tf.gather(sequence_output, ops.cast(positions, "int32"), batch_dims=1)
         x = self.layer_norm(self.transform(gathered))  # [batch, predictions, hidden]
         table = ops.cast(word_embeddings, self.compute_dtype)
-        # One 2-D MatMul against the transposed table, as modeling.py (see `token_matmul`).
-        logits = token_matmul(self.axis.copy(x), table, transpose_b=True)  # [b, p, vocab(/M)]
+        # One 2-D MatMul against the transposed table, as modeling.py (see `tied_logits`).
+        logits = tied_logits(x, table, self.axis)  # [b, p, vocab(/M)]
         return logits + ops.cast(self.output_bias, self.compute_dtype)
 
 
