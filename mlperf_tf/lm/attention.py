@@ -86,7 +86,7 @@ def multi_head_attend(q, k, v, *, mask=None, bias=None, **kwargs):
     -> [batch, heads, q_len, d]. `kwargs`: `attend`'s."""
 
     def grouped(t):  # [..., heads, q_len, kv_len] -> [..., heads, 1, q_len, kv_len]
-        return t if t is None or t.shape.rank < 3 else tf.expand_dims(t, -3)
+        return t if t is None or len(t.shape) < 3 else tf.expand_dims(t, -3)
 
     out = attend(q[:, :, None], k, v, mask=grouped(mask), bias=grouped(bias), **kwargs)
     return out[:, :, 0]
