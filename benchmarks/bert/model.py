@@ -14,6 +14,10 @@ split their vocabulary rows (a vocabulary-parallel lookup), and the tied masked-
 gives each shard the logits of its own ids (`mlm_logits` is [batch, predictions, vocab/M]; the
 loss is the vocabulary-parallel cross-entropy). Layer norms, the position and token-type
 embeddings, the pooler and the next-sentence head are replicated.
+
+The attention core (`mlperf_tf.lm.attend`, with BERT's additive bias and float32 score scale),
+the block's projections (`mlperf_tf.lm.Linear`) and the tied masked-LM projection
+(`mlperf_tf.lm.tied_logits`) are the language-model library's; the rest is BERT's own.
 """
 
 from __future__ import annotations
@@ -25,13 +29,10 @@ import tensorflow as tf
 from keras import ops
 
 from benchmarks.bert.config import ModelConfig
-from mlperf_tf.layers import PADDED, PackedTokens, token_matmul
-from mlperf_tf.layers.tensor_parallel import (
-    ColumnParallelDense,
-    ModelAxis,
-    RowParallelDense,
-    vocab_parallel_lookup,
-)
+from mlperf_tf.layers import PADDED, PackedTokens
+from mlperf_tf.layers.tensor_parallel import ModelAxis, vocab_parallel_lookup
+from mlperf_tf.lm.attention import multi_head_attend
+from mlperf_tf.lm.layers import Linear, tied_logits
 from mlperf_tf.parallel import current_mesh
 from mlperf_tf.parallel.layout import add_split_weight, check_divides, model_split
 
@@ -114,30 +115,20 @@ class TransformerBlock(keras.layers.Layer):
         self.head_size = c.hidden_size // c.num_attention_heads
         policy = self.dtype_policy
 
-        def dense(units, name, activation=None, kind=ColumnParallelDense, **extra):
-            return kind(
-                units,
-                activation=activation,
-                kernel_initializer=_initializer(c),
-                dtype=policy,
-                name=name,
-                **extra,
-            )
+        def dense(units, name, parallel="column"):
+            # The language-model library's projection: Dense's [in, units] kernel and bias.
+            return Linear(units, kernel_initializer=_initializer(c), use_bias=True,
+                          parallel=parallel, dtype=policy, name=name)  # fmt: skip
 
-        self.query = dense(c.hidden_size, "query", copy_input=False)
-        self.key = dense(c.hidden_size, "key", copy_input=False)
-        self.value = dense(c.hidden_size, "value", copy_input=False)
-        self.attention_output = RowParallelDense(
-            c.hidden_size, kernel_initializer=_initializer(c), dtype=policy,
-            name="attention_output",
-        )  # fmt: skip
+        self.query = dense(c.hidden_size, "query")
+        self.key = dense(c.hidden_size, "key")
+        self.value = dense(c.hidden_size, "value")
+        self.attention_output = dense(c.hidden_size, "attention_output", parallel="row")
         self.attention_layer_norm = keras.layers.LayerNormalization(
             epsilon=c.layer_norm_epsilon, dtype=policy, name="attention_LayerNorm"
         )
-        self.intermediate = dense(c.intermediate_size, "intermediate", activation=gelu)
-        self.output_dense = RowParallelDense(
-            c.hidden_size, kernel_initializer=_initializer(c), dtype=policy, name="output",
-        )  # fmt: skip
+        self.intermediate = dense(c.intermediate_size, "intermediate")
+        self.output_dense = dense(c.hidden_size, "output", parallel="row")
         self.output_layer_norm = keras.layers.LayerNormalization(
             epsilon=c.layer_norm_epsilon, dtype=policy, name="output_LayerNorm"
         )
@@ -169,14 +160,12 @@ class TransformerBlock(keras.layers.Layer):
         q = self._split_heads(tokens.unpack(self.query(shared)))
         k = self._split_heads(tokens.unpack(self.key(shared)))
         v = self._split_heads(tokens.unpack(self.value(shared)))
-        scores = ops.einsum("bnqd,bnkd->bnqk", q, k)  # [batch, heads, seq, seq]
-        # Softmax in float32: the scores of long sequences overflow fp16/bf16 precision.
-        # (Keras casts float call arguments to the compute dtype: back to float32 for the bias.)
-        bias = ops.cast(attention_bias, "float32")
-        scores = ops.cast(scores, "float32") * (1.0 / math.sqrt(self.head_size)) + bias
-        probs = ops.cast(ops.softmax(scores, axis=-1), self.compute_dtype)
-        probs = self.attention_dropout(probs, training=training)
-        context = ops.einsum("bnqk,bnkd->bnqd", probs, v)  # [batch, heads, seq, head_size]
+        # Scores, the -10000 bias and the softmax in float32 (the scores of long sequences
+        # overflow fp16/bf16 precision); the scale multiplies the float32 scores, as modeling.py.
+        context = multi_head_attend(
+            q, k, v, bias=attention_bias, scale=1.0 / math.sqrt(self.head_size),
+            dropout=self.attention_dropout, training=training,
+        )  # fmt: skip  # [batch, heads, seq, head_size]
         context = ops.transpose(context, (0, 2, 1, 3))  # [batch, seq, heads, head_size]
         batch = -1 if context.shape[0] is None else context.shape[0]
         local = self.num_heads * self.head_size
@@ -184,7 +173,7 @@ class TransformerBlock(keras.layers.Layer):
         context = tokens.pack(context)
         attention = self.hidden_dropout(self.attention_output(context), training=training)
         x = self.attention_layer_norm(attention + x)
-        hidden = self.output_dense(self.intermediate(x))
+        hidden = self.output_dense(gelu(self.intermediate(self.axis.copy(x))))
         hidden = self.hidden_dropout(hidden, training=training)
         return self.output_layer_norm(hidden + x)
 
@@ -275,8 +264,8 @@ class MaskedLMHead(keras.layers.Layer):
         gathered = tf.gather(sequence_output, ops.cast(positions, "int32"), batch_dims=1)
         x = self.layer_norm(self.transform(gathered))  # [batch, predictions, hidden]
         table = ops.cast(word_embeddings, self.compute_dtype)
-        # One 2-D MatMul against the transposed table, as modeling.py (see `token_matmul`).
-        logits = token_matmul(self.axis.copy(x), table, transpose_b=True)  # [b, p, vocab(/M)]
+        # One 2-D MatMul against the transposed table, as modeling.py (see `tied_logits`).
+        logits = tied_logits(x, table, self.axis)  # [b, p, vocab(/M)]
         return logits + ops.cast(self.output_bias, self.compute_dtype)
 
 
@@ -384,7 +373,7 @@ class BertPretrainer(keras.Model):
         return names
 
 
-def _add_dense(names: dict, prefix: str, layer: keras.layers.Dense) -> None:
+def _add_dense(names: dict, prefix: str, layer: keras.layers.Dense | Linear) -> None:
     names[f"{prefix}/kernel"] = layer.kernel
     names[f"{prefix}/bias"] = layer.bias
 

@@ -14,6 +14,11 @@ output projection row-parallel), each feed-forward block its filter width, and t
 embedding its vocabulary rows (a vocabulary-parallel lookup, and the tied softmax gives each
 shard the logits of its own ids: `logits` returns [..., vocab/M], which the loss takes as they
 are). Layer norms and the residual stream are replicated.
+
+The attention core (`mlperf_tf.lm.attend`), the feed-forward projections (`mlperf_tf.lm.Linear`)
+and the tied softmax (`mlperf_tf.lm.tied_logits`) are the language-model library's; the
+encoder-decoder layout, positions, masks, caches and `[hidden, heads, depth]` kernels are this
+model's.
 """
 
 from __future__ import annotations
@@ -27,18 +32,14 @@ import tensorflow as tf
 
 from mlperf_tf.layers import PADDED, PackedTokens, token_matmul
 from mlperf_tf.layers.moe import MoEConfig
-from mlperf_tf.layers.tensor_parallel import (
-    ColumnParallelDense,
-    ModelAxis,
-    RowParallelDense,
-    vocab_parallel_lookup,
-)
+from mlperf_tf.layers.tensor_parallel import ModelAxis, vocab_parallel_lookup
+from mlperf_tf.lm.attention import multi_head_attend
+from mlperf_tf.lm.layers import Linear, tied_logits
 from mlperf_tf.parallel.layout import add_split_weight, check_divides, model_split
 
-# Logit of masked attention positions. Masks are boolean tensors (Keras casts float arguments of a
-# layer call to the compute dtype, which would turn -1e9 into -inf in float16) and are applied to
-# float32 logits, so a fully masked row (an all-pad eval example) stays finite.
-NEG_INF = -1e9
+# Masks are boolean tensors (Keras casts float arguments of a layer call to the compute dtype,
+# which would turn a float mask's -1e9 into -inf in float16); `attend` applies them to float32
+# logits as NEG_INF (-1e9), so a fully masked row (an all-pad eval example) stays finite.
 LAYER_NORM_EPSILON = 1e-6
 PAD_ID = 0
 
@@ -178,7 +179,7 @@ class SharedEmbedding(keras.layers.Layer):
             return vocab_parallel_lookup(weights, ids, self.axis) * (self.hidden_size**0.5)
         if mode == "linear":
             # A 2-D MatMul, not an einsum: its gradients profiled 1.2x cheaper (issue 14).
-            return token_matmul(self.axis.copy(ids), weights, transpose_b=True)
+            return tied_logits(ids, weights, self.axis)
         raise ValueError(f"`mode` ({mode!r}) must be 'embedding' or 'linear'.")
 
 
@@ -301,14 +302,14 @@ class Attention(keras.layers.Layer):
             "v": tf.where(at_step, new_value, cache["v"]),
         }
 
-    def _attend_cached(self, query, cache, mask, training):
-        """Attention of `query` [batch, q_len, heads, depth] over a cache's keys and values."""
+    def _attend(self, query, key, value, mask, training):
+        """`multi_head_attend` of `query` [batch, q_len, heads, depth] over keys and values
+        [batch, heads, kv_len, depth] -> [batch, q_len, heads, depth]."""
         query = tf.transpose(query, [0, 2, 1, 3])  # [b, n, q, h]
-        logits = tf.matmul(query, cache["k"], transpose_b=True)  # [b, n, q, kv]
-        logits = tf.where(mask, tf.cast(logits, tf.float32), NEG_INF)
-        weights = tf.cast(tf.nn.softmax(logits, axis=-1), query.dtype)
-        weights = self.dropout_layer(weights, training=training)
-        return tf.transpose(tf.matmul(weights, cache["v"]), [0, 2, 1, 3])  # [b, q, n, h]
+        attended = multi_head_attend(
+            query, key, value, mask=mask, dropout=self.dropout_layer, training=training
+        )
+        return tf.transpose(attended, [0, 2, 1, 3])  # [b, q, n, h]
 
     def call(
         self,
@@ -348,14 +349,12 @@ class Attention(keras.layers.Layer):
         if cache is not None:  # decoding
             if step is not None:
                 cache = self._write_cache(cache, source, step, grow)
-            attended = self._attend_cached(query, cache, mask, training)
+            attended = self._attend(query, cache["k"], cache["v"], mask, training)
             return self.output_dense(query_tokens.pack(attended)), cache
-        key, value = (source_tokens.unpack(t) for t in self.project_kv(source))
-        logits = tf.einsum("btnh,bfnh->bnft", key, query)  # [b, n, q, kv]
-        logits = tf.where(mask, tf.cast(logits, tf.float32), NEG_INF)
-        weights = tf.cast(tf.nn.softmax(logits, axis=-1), query.dtype)
-        weights = self.dropout_layer(weights, training=training)
-        attended = tf.einsum("bnft,btnh->bfnh", weights, value)  # [b, q, n, h]
+        key, value = (
+            tf.transpose(source_tokens.unpack(t), [0, 2, 1, 3]) for t in self.project_kv(source)
+        )  # [b, n, kv, h]
+        attended = self._attend(query, key, value, mask, training)
         return self.output_dense(query_tokens.pack(attended)), cache
 
 
@@ -369,12 +368,15 @@ class FeedForward(keras.layers.Layer):
 
     def __init__(self, hidden_size: int, filter_size: int, dropout: float, **kwargs):
         super().__init__(**kwargs)
-        self.filter_layer = ColumnParallelDense(
-            filter_size, activation="relu", name="filter_layer", dtype=self.dtype_policy
-        )
-        self.output_layer = RowParallelDense(
-            hidden_size, name="output_layer", dtype=self.dtype_policy
-        )
+        self.axis = ModelAxis(None, self)
+
+        def dense(units, parallel, name):
+            # The language-model library's projection, started as Keras' Dense starts it.
+            return Linear(units, kernel_initializer="glorot_uniform", use_bias=True,
+                          parallel=parallel, name=name, dtype=self.dtype_policy)  # fmt: skip
+
+        self.filter_layer = dense(filter_size, "column", "filter_layer")
+        self.output_layer = dense(hidden_size, "row", "output_layer")
         self.dropout_layer = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
         self.hidden_size = hidden_size
 
@@ -384,7 +386,8 @@ class FeedForward(keras.layers.Layer):
         super().build(input_shape)
 
     def call(self, x, training=False):
-        hidden = self.dropout_layer(self.filter_layer(x), training=training)
+        hidden = tf.nn.relu(self.filter_layer(self.axis.copy(x)))
+        hidden = self.dropout_layer(hidden, training=training)
         return self.output_layer(hidden)
 
 

@@ -64,6 +64,7 @@ import tensorflow as tf
 
 from mlperf_tf.collectives.ops import replica_collectives
 from mlperf_tf.config import ConfigError
+from mlperf_tf.layers.activations import clamped_swiglu, swiglu
 from mlperf_tf.parallel import layout as mesh_layout
 from mlperf_tf.parallel.context import resolve
 from mlperf_tf.parallel.layout import EXPERT_SPLIT
@@ -317,13 +318,17 @@ class MoEConfig:
         return sum(self.is_moe(i) for i in range(num_layers))
 
     def layer_parameters(
-        self, *, hidden_size: int, filter_size: int, expert_mlp: str = "relu"
-    ) -> int:
+        self, *, hidden_size: int, filter_size: int, expert_mlp: str = "relu",
+        expert_bias: bool = False,
+    ) -> int:  # fmt: skip
         """Parameters of one MoE layer of these settings (all E experts and the router), as
         `MoEFeedForward` builds it; `filter_size`: the model's width (used when this config's
-        `filter_size` is 0)."""
+        `filter_size` is 0); `expert_bias`: the gated experts' biases."""
         d, f, e = hidden_size, self.filter_size or filter_size, self.num_experts
-        expert = 3 * d * f if expert_mlp == "swiglu" else 2 * d * f + f + d
+        if expert_mlp == "relu":
+            expert = 2 * d * f + f + d
+        else:
+            expert = 3 * d * f + ((2 * f + d) if expert_bias else 0)
         bias = e if self.router_softmax == "sigmoid" else 0  # the non-trainable selection bias
         return d * e + bias + e * expert
 
@@ -396,16 +401,20 @@ def summarize(collector: Collector) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
     }
 
 
-EXPERT_MLPS = ("relu", "swiglu")
+EXPERT_MLPS = ("relu", "swiglu", "swiglu_clamped")
 
 
 class MoEFeedForward(keras.layers.Layer):
     """Mixture-of-experts feed-forward block: router, E experts, weighted combine.
 
     The experts are the model's own feed-forward form (`expert_mlp`): "relu", two layers with
-    biases, `relu(x w_in + b_in) w_out + b_out` (Switch, ST-MoE; the Transformer's block), or
-    "swiglu", bias-free `(silu(x w_gate) * (x w_up)) w_down` (Mixtral's expert, Hugging Face's
-    `MixtralBlockSparseTop2MLP`; Llama's block).
+    biases, `relu(x w_in + b_in) w_out + b_out` (Switch, ST-MoE; the Transformer's block),
+    "swiglu", `(silu(x w_gate) * (x w_up)) w_down` (Mixtral's expert, Hugging Face's
+    `MixtralBlockSparseTop2MLP`; Llama's block), or "swiglu_clamped", GPT-OSS's expert
+    (`mlperf_tf.layers.activations.clamped_swiglu` of gate and up, limit `swiglu_limit`, alpha
+    `swiglu_alpha`; Hugging Face's and keras-hub's `GptOssExperts`). The gated forms are
+    bias-free unless `expert_bias` (GPT-OSS's experts have biases, the MLPerf reference's not):
+    `b_gate`, `b_up` [E, f] and `b_down` [E, d], zeros at the start.
 
     Call on x [..., d] (e.g. [tokens, d] or [batch, length, d]) with `training`; returns
     (y [..., d] in the compute dtype, `MoEStats`). Add `aux_loss(stats)` to the training loss.
@@ -431,7 +440,9 @@ class MoEFeedForward(keras.layers.Layer):
         required when P > 1).
       collective_timeout_s: the all-to-alls' timeout (0: none).
       seed: seed of the jitter and dropout.
-      expert_mlp: "relu" or "swiglu" (see above).
+      expert_mlp: "relu", "swiglu" or "swiglu_clamped" (see above).
+      expert_bias: biases on the gated experts' three projections ("relu" has its own always).
+      swiglu_limit, swiglu_alpha: the clamped form's limit and alpha (GPT-OSS: 7, 1.702).
       kernel_initializer: the experts' input kernels' initializer (w_in; w_gate and w_up);
         None: Glorot-uniform of one expert's [d, f] (as Keras' Dense starts it).
       output_initializer: the output kernels' (w_out; w_down); None: Glorot-uniform.
@@ -456,7 +467,10 @@ class MoEFeedForward(keras.layers.Layer):
         mesh: DeviceMesh | None = None,
         collective_timeout_s: float = 0.0,
         seed: int | None = None,
-        expert_mlp: Literal["relu", "swiglu"] = "relu",
+        expert_mlp: Literal["relu", "swiglu", "swiglu_clamped"] = "relu",
+        expert_bias: bool = False,
+        swiglu_limit: float = 7.0,
+        swiglu_alpha: float = 1.702,
         kernel_initializer=None,
         output_initializer=None,
         **kwargs,
@@ -467,6 +481,8 @@ class MoEFeedForward(keras.layers.Layer):
             expert_parallel = mesh.expert if mesh is not None else 1
         if expert_mlp not in EXPERT_MLPS:
             raise ValueError(f"expert_mlp {expert_mlp!r} must be one of {EXPERT_MLPS}")
+        if expert_bias and expert_mlp == "relu":
+            raise ValueError("expert_bias is for the gated experts ('relu' has its own biases)")
         _check(
             num_experts=num_experts, top_k=top_k, capacity_factor=capacity_factor,
             eval_capacity_factor=eval_capacity_factor, router_softmax=router_softmax,
@@ -495,6 +511,9 @@ class MoEFeedForward(keras.layers.Layer):
         self.collective_timeout_s = collective_timeout_s
         self.local_experts = num_experts // expert_parallel
         self.expert_mlp = expert_mlp
+        self.expert_bias = bool(expert_bias)
+        self.swiglu_limit = float(swiglu_limit)
+        self.swiglu_alpha = float(swiglu_alpha)
         self.kernel_initializer = kernel_initializer
         self.output_initializer = output_initializer
         self.seed_generator = keras.random.SeedGenerator(seed)
@@ -524,9 +543,12 @@ class MoEFeedForward(keras.layers.Layer):
         kernel = self.kernel_initializer or keras.initializers.RandomUniform(-limit, limit)
         output = self.output_initializer or keras.initializers.RandomUniform(-limit, limit)
         n, mesh = self.num_experts, self.mesh if self.expert_parallel > 1 else None
-        if self.expert_mlp == "swiglu":
+        if self.expert_mlp != "relu":
             shapes = {"w_gate": (n, d, f), "w_up": (n, d, f), "w_down": (n, f, d)}
             inits = {"w_gate": kernel, "w_up": kernel, "w_down": output}
+            if self.expert_bias:  # after the kernels: the kernels' seeded draws are unchanged
+                shapes.update(b_gate=(n, f), b_up=(n, f), b_down=(n, d))
+                inits.update(b_gate="zeros", b_up="zeros", b_down="zeros")
         else:
             shapes = {"w_in": (n, d, f), "b_in": (n, f), "w_out": (n, f, d), "b_out": (n, d)}
             inits = {"w_in": kernel, "b_in": "zeros", "w_out": output, "b_out": "zeros"}
@@ -542,7 +564,8 @@ class MoEFeedForward(keras.layers.Layer):
     @property
     def expert_weights(self) -> list:
         """The per-expert variables (leading dimension: this replica's experts): w_in, b_in,
-        w_out, b_out ("relu") or w_gate, w_up, w_down ("swiglu")."""
+        w_out, b_out ("relu") or w_gate, w_up, w_down (the gated forms), then b_gate, b_up,
+        b_down with `expert_bias`."""
         return [getattr(self, name) for name in self._expert_names]
 
     def aux_loss(self, stats: MoEStats):
@@ -618,18 +641,24 @@ class MoEFeedForward(keras.layers.Layer):
     def _expert_ffn(self, x, weights, training):
         """Experts on their buffers: x [e, n, d] with weights of e experts -> [e, n, d]."""
         weights = [tf.cast(w, self.compute_dtype) for w in weights]
-        if self.expert_mlp == "swiglu":
-            w_gate, w_up, w_down = weights
-            gate = tf.einsum("end,edf->enf", x, w_gate)
-            h = tf.nn.silu(gate) * tf.einsum("end,edf->enf", x, w_up)
-        else:
+        if self.expert_mlp == "relu":
             w_in, b_in, w_out, b_out = weights
             h = tf.nn.relu(tf.einsum("end,edf->enf", x, w_in) + b_in[:, None, :])
+        else:
+            w_gate, w_up, w_out = weights[:3]
+            b_gate, b_up, b_out = weights[3:] if self.expert_bias else (None, None, None)
+            gate = tf.einsum("end,edf->enf", x, w_gate)
+            up = tf.einsum("end,edf->enf", x, w_up)
+            if self.expert_bias:
+                gate, up = gate + b_gate[:, None, :], up + b_up[:, None, :]
+            if self.expert_mlp == "swiglu_clamped":
+                h = clamped_swiglu(gate, up, limit=self.swiglu_limit, alpha=self.swiglu_alpha)
+            else:
+                h = swiglu(gate, up)
         if training and self.dropout_rate > 0:
             h = keras.random.dropout(h, self.dropout_rate, seed=self.seed_generator)
-        if self.expert_mlp == "swiglu":
-            return tf.einsum("enf,efd->end", h, w_down)
-        return tf.einsum("enf,efd->end", h, w_out) + b_out[:, None, :]
+        y = tf.einsum("enf,efd->end", h, w_out)
+        return y if b_out is None else y + b_out[:, None, :]
 
     def _experts_everywhere(self, buffer, training):
         """[E, C, d] buffers -> the experts' outputs [E, C, d], wherever the experts live."""

@@ -1,6 +1,8 @@
 """Provides `Attention`: causal grouped-query self-attention with the options of the MLPerf LLMs
 (separate or fused q/k/v, biases, QK-norm, a sliding window, attention sinks) over rotary
-positions, tensor-parallel as Megatron splits it; and the fused-qkv kernel's column order
+positions, tensor-parallel as Megatron splits it; `attend` and `multi_head_attend`, the
+scaled-dot-product core it shares with the Transformer's and BERT's attentions (any mask, an
+additive bias, sinks, dropout on the probabilities); and the fused-qkv kernel's column order
 (`fuse_qkv`, `split_qkv`)."""
 
 from __future__ import annotations
@@ -19,6 +21,75 @@ from mlperf_tf.parallel.layout import add_split_weight, model_split
 
 # Logit of masked positions, added to float32 scores.
 NEG_INF = -1e9
+
+
+def _dims(t, count: int) -> list:
+    """`t`'s first `count` dimensions: static ints where known (so outputs keep static shapes),
+    else scalar tensors."""
+    dynamic = tf.shape(t)
+    return [t.shape[i] if t.shape[i] is not None else dynamic[i] for i in range(count)]
+
+
+def attend(q, k, v, *, mask=None, bias=None, scale: float | None = None, sinks=None,
+           dropout=None, training=False):  # fmt: skip
+    """Dot-product attention of query groups over shared key/value heads.
+
+    The scores are one batched matmul per key/value head (its `group` query heads stacked along
+    the rows, so keys and values are never repeated); they, the mask, the bias and the softmax
+    are float32 whatever the compute dtype; the probabilities are cast back to `v`'s dtype
+    before the dropout and the second matmul.
+
+    Args:
+      q: [batch, kv_heads, group, q_len, d], already scaled unless `scale` is given.
+      k, v: [batch, kv_heads, kv_len, d].
+      mask: None, or bool broadcastable to [batch, kv_heads, group, q_len, kv_len], True where
+        a key is visible (masked logits are `NEG_INF`).
+      bias: None, or an additive float bias of the logits, broadcastable alike (after the
+        mask; google-research BERT's -10000 padding bias).
+      scale: None, or a factor of the float32 logits (BERT scales them after the product).
+      sinks: None, or [kv_heads, group] learned logits, one extra softmax column per head that
+        is dropped after the softmax (GPT-OSS): rows may sum to less than 1.
+      dropout: None, or a callable `dropout(probs, training=training)` on the probabilities
+        [batch, kv_heads, group * q_len, kv_len] (a Keras `Dropout` layer).
+      training: passed to `dropout`.
+
+    Returns:
+      [batch, kv_heads, group, q_len, d] in `v`'s dtype.
+    """
+    batch, kv, group, length, d = _dims(q, 5)
+    keys = _dims(k, 3)[2]
+    scores = tf.matmul(tf.reshape(q, [batch, kv, group * length, d]), k, transpose_b=True)
+    scores = tf.reshape(tf.cast(scores, tf.float32), [batch, kv, group, length, keys])
+    if scale is not None:
+        scores = scores * scale
+    if mask is not None:
+        scores = tf.where(mask, scores, NEG_INF)
+    if bias is not None:
+        scores = scores + tf.cast(bias, tf.float32)
+    if sinks is not None:
+        # [batch, kv, group, q_len, kv_len + 1]: each head's sink logit as a last key.
+        sink = tf.reshape(tf.cast(sinks, tf.float32), [1, kv, group, 1, 1])
+        sink = tf.broadcast_to(sink, tf.stack([batch, kv, group, length, 1]))
+        probs = tf.nn.softmax(tf.concat([scores, sink], axis=-1), axis=-1)[..., :-1]
+    else:
+        probs = tf.nn.softmax(scores, axis=-1)
+    probs = tf.reshape(tf.cast(probs, v.dtype), [batch, kv, group * length, keys])
+    if dropout is not None:
+        probs = dropout(probs, training=training)
+    out = tf.matmul(probs, v)  # [batch, kv, group * q_len, d]
+    return tf.reshape(out, [batch, kv, group, length, d])
+
+
+def multi_head_attend(q, k, v, *, mask=None, bias=None, **kwargs):
+    """`attend` with one key/value head per query head: q [batch, heads, q_len, d], k and v
+    [batch, heads, kv_len, d]; `mask` and `bias` broadcastable to [batch, heads, q_len, kv_len]
+    -> [batch, heads, q_len, d]. `kwargs`: `attend`'s."""
+
+    def grouped(t):  # [..., heads, q_len, kv_len] -> [..., heads, 1, q_len, kv_len]
+        return t if t is None or len(t.shape) < 3 else tf.expand_dims(t, -3)
+
+    out = attend(q[:, :, None], k, v, mask=grouped(mask), bias=grouped(bias), **kwargs)
+    return out[:, :, 0]
 
 
 def fuse_qkv(q, k, v, *, num_kv_heads: int, head_dim: int):
@@ -218,22 +289,11 @@ class Attention(keras.layers.Layer):
         q = apply_rope(q, cos, sin)
         k = apply_rope(k, cos, sin)
         q = tf.transpose(q, [0, 2, 3, 1, 4])  # [batch, kv, group, seq, d]
-        k = tf.transpose(k, [0, 2, 3, 1])  # [batch, kv, d, seq]
+        q = q * tf.cast(1.0 / math.sqrt(d), q.dtype)
+        k = tf.transpose(k, [0, 2, 1, 3])  # [batch, kv, seq, d]
         v = tf.transpose(v, [0, 2, 1, 3])  # [batch, kv, seq, d]
-        q = tf.reshape(q, [batch, kv, group * seq, d]) * tf.cast(1.0 / math.sqrt(d), q.dtype)
-        scores = tf.matmul(q, k)  # [batch, kv, group * seq, seq]
-        scores = tf.reshape(tf.cast(scores, tf.float32), [batch, kv, group, seq, seq])
-        scores = tf.where(self.mask(seq), scores, NEG_INF)
-        if self.use_sinks:
-            # [batch, kv, group, seq, seq + 1]: each head's sink logit as a last key.
-            sink = tf.reshape(tf.cast(self.sinks, tf.float32), [1, kv, group, 1, 1])
-            sink = tf.broadcast_to(sink, tf.stack([batch, kv, group, seq, 1]))
-            probs = tf.nn.softmax(tf.concat([scores, sink], axis=-1), axis=-1)[..., :-1]
-        else:
-            probs = tf.nn.softmax(scores, axis=-1)
-        probs = tf.reshape(tf.cast(probs, x.dtype), [batch, kv, group * seq, seq])
-        out = tf.matmul(probs, v)  # [batch, kv, group * seq, d]
-        out = tf.reshape(out, [batch, kv, group, seq, d])
+        sinks = tf.reshape(self.sinks, [kv, group]) if self.use_sinks else None
+        out = attend(q, k, v, mask=self.mask(seq), sinks=sinks)  # [batch, kv, group, seq, d]
         out = tf.transpose(out, [0, 3, 1, 2, 4])  # [batch, seq, kv, group, d]
         out = tf.reshape(out, [batch, seq, self.local_heads * d])
         return self.o_proj(out)

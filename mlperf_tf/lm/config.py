@@ -57,7 +57,8 @@ class DecoderConfig:
       feed_forward: "swiglu" (`down(silu(gate) * up)`) or "swiglu_clamped" (GPT-OSS:
         `down((clip(up) + 1) * g sigmoid(alpha g))`, g = gate clipped above at the limit).
       swiglu_limit, swiglu_alpha: the clamped form's limit and alpha (GPT-OSS: 7, 1.702).
-      mlp_bias: biases on the dense feed-forward's projections.
+      mlp_bias: biases on the feed-forward's projections (the dense block's and each MoE
+        expert's: GPT-OSS's Hugging Face experts have them).
       tie_word_embeddings: the output projection is the input embedding's transpose.
       moe: mixture-of-experts feed-forward blocks (`mlperf_tf.layers.moe.MoEConfig`;
         num_experts 0: dense).
@@ -142,11 +143,6 @@ class DecoderConfig:
                 f"`model.window_pattern` ({self.window_pattern!r}) must hold 0 (full attention) "
                 "and 1 (windowed) per layer."
             )
-        if self.moe.enabled and self.feed_forward != "swiglu":
-            raise ConfigError(
-                f"`model.feed_forward` ({self.feed_forward!r}): MoE experts are plain SwiGLU "
-                "(`mlperf_tf.layers.moe`); use 'swiglu' with `model.moe.num_experts` > 0."
-            )
 
     # ---- per layer -----------------------------------------------------------------------------
     def layer_window(self, index: int) -> int:
@@ -192,15 +188,18 @@ class DecoderConfig:
         return 3 * h * f + ((2 * f + h) if self.mlp_bias else 0)
 
     def moe_layer_parameters(self) -> int:
-        """Weights of one MoE feed-forward layer (router and every expert)."""
+        """Weights of one MoE feed-forward layer (router and every expert, biases included)."""
         return self.moe.layer_parameters(
-            hidden_size=self.hidden_size, filter_size=self.intermediate_size, expert_mlp="swiglu"
-        )
+            hidden_size=self.hidden_size, filter_size=self.intermediate_size,
+            expert_mlp=self.feed_forward, expert_bias=self.mlp_bias,
+        )  # fmt: skip
 
-    def moe_active_parameters(self) -> int:
-        """Weights one token multiplies in an MoE layer: the router and its top-k experts."""
-        f = self.moe.filter_size or self.intermediate_size
-        return self.hidden_size * self.moe.num_experts + self.moe.top_k * 3 * self.hidden_size * f
+    def moe_active_parameters(self, biases: bool = True) -> int:
+        """Weights one token uses in an MoE layer: the router and its top-k experts (their
+        biases too unless `biases=False`, as the FLOPs count them)."""
+        h, f = self.hidden_size, self.moe.filter_size or self.intermediate_size
+        expert = 3 * h * f + ((2 * f + h) if biases and self.mlp_bias else 0)
+        return h * self.moe.num_experts + self.moe.top_k * expert
 
     def parameter_count(self) -> int:
         """Parameters of this shape, from the config alone (no weights are allocated)."""
@@ -241,7 +240,7 @@ class DecoderConfig:
         projections = (
             self.num_hidden_layers * (2 * h * q + 2 * h * kv)
             + dense_layers * 3 * h * self.intermediate_size
-            + moe_layers * self.moe_active_parameters()
+            + moe_layers * self.moe_active_parameters(biases=False)
             + self.vocab_size * h  # the output projection (tied or not)
         )
         attention = 4.0 * seq * seq * self.num_attention_heads * d * self.num_hidden_layers

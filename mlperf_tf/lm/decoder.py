@@ -19,12 +19,11 @@ import keras
 import tensorflow as tf
 
 from mlperf_tf.layers import moe as moe_lib
-from mlperf_tf.layers.matmul import token_matmul
 from mlperf_tf.layers.tensor_parallel import ModelAxis, VocabParallelEmbedding
 from mlperf_tf.lm.attention import Attention
 from mlperf_tf.lm.config import DecoderConfig
 from mlperf_tf.lm.feed_forward import FeedForward, moe_feed_forward
-from mlperf_tf.lm.layers import Linear, RMSNorm
+from mlperf_tf.lm.layers import Linear, RMSNorm, tied_logits
 from mlperf_tf.lm.rope import RotaryEmbedding
 from mlperf_tf.parallel.context import current_mesh
 from mlperf_tf.parallel.layout import check_divides
@@ -162,11 +161,10 @@ class DecoderModel(keras.Model):
     def logits(self, states):
         """Logits of final-norm states [..., hidden]: this shard's [..., vocab/M] (f on the
         input: one all-reduce of its gradient over `model` backward)."""
-        states = self.axis.copy(states)
         if self.config.tie_word_embeddings:
             table = tf.cast(self.token_embedding.embeddings, self.compute_dtype)
-            return token_matmul(states, table, transpose_b=True)
-        return self.lm_head(states)
+            return tied_logits(states, table, self.axis)
+        return self.lm_head(self.axis.copy(states))
 
     def call(self, token_ids, training=False, aux=None):
         """Logits [batch, seq, vocab] (this shard's [..., vocab/M] under model parallelism);

@@ -5,27 +5,13 @@ mixture-of-experts block of a `DecoderConfig` (`mlperf_tf.layers.moe.MoEFeedForw
 from __future__ import annotations
 
 import keras
-import tensorflow as tf
 
 from mlperf_tf.layers import moe as moe_lib
+from mlperf_tf.layers.activations import clamped_swiglu, swiglu
 from mlperf_tf.layers.tensor_parallel import ModelAxis
 from mlperf_tf.lm.layers import Linear
 
 ACTIVATIONS = ("swiglu", "swiglu_clamped")
-
-
-def swiglu(gate, up):
-    """Shazeer 2020's SwiGLU: silu(gate) * up."""
-    return tf.nn.silu(gate) * up
-
-
-def clamped_swiglu(gate, up, *, limit: float, alpha: float):
-    """GPT-OSS's gated unit (openai/gpt-oss `swiglu`, Hugging Face `GptOssExperts`, keras-hub
-    `GptOssExperts`): gate clipped above at `limit`, up clipped to [-limit, limit], then
-    `(up + 1) * gate * sigmoid(alpha * gate)`."""
-    gate = tf.minimum(gate, tf.cast(limit, gate.dtype))
-    up = tf.clip_by_value(up, tf.cast(-limit, up.dtype), tf.cast(limit, up.dtype))
-    return (up + 1) * (gate * tf.sigmoid(gate * tf.cast(alpha, gate.dtype)))
 
 
 class FeedForward(keras.layers.Layer):
@@ -90,10 +76,11 @@ class FeedForward(keras.layers.Layer):
 
 def moe_feed_forward(config, *, group_size: int | None, collective_timeout_s: float = 0.0,
                      name: str = "moe") -> moe_lib.MoEFeedForward:  # fmt: skip
-    """An MoE block's feed-forward layer of a `DecoderConfig`: `config.moe`'s router over SwiGLU
-    experts of width `moe.filter_size` (0: `intermediate_size`), started as the dense block is
-    (gate/up normal with `initializer_range`, down with `output_init_std`), experts split over
-    the ambient mesh's `expert` axis.
+    """An MoE block's feed-forward layer of a `DecoderConfig`: `config.moe`'s router over experts
+    of the dense block's form (`feed_forward`: SwiGLU or clamped SwiGLU with its limit and
+    alpha; biases with `mlp_bias`) and width `moe.filter_size` (0: `intermediate_size`),
+    started as the dense block is (gate/up normal with `initializer_range`, down with
+    `output_init_std`, biases 0), experts split over the ambient mesh's `expert` axis.
 
     Under model parallelism its input is replicated over the model group and every shard runs
     the whole layer (no model-axis collective); its weights are not split over `model`.
@@ -107,7 +94,8 @@ def moe_feed_forward(config, *, group_size: int | None, collective_timeout_s: fl
     """
     c = config
     return c.moe.layer(
-        hidden_size=c.hidden_size, filter_size=c.intermediate_size, expert_mlp="swiglu",
+        hidden_size=c.hidden_size, filter_size=c.intermediate_size, expert_mlp=c.feed_forward,
+        expert_bias=c.mlp_bias, swiglu_limit=c.swiglu_limit, swiglu_alpha=c.swiglu_alpha,
         kernel_initializer=keras.initializers.RandomNormal(stddev=c.initializer_range),
         output_initializer=keras.initializers.RandomNormal(stddev=c.output_init_std),
         group_size=group_size, collective_timeout_s=collective_timeout_s, name=name,

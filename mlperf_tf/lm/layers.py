@@ -1,5 +1,6 @@
-"""Provides the language models' two small layers: `RMSNorm` and `Linear`, the one projection
-class of every block (tensor-parallel through `ModelAxis`, with a hook for adapters)."""
+"""Provides the language models' small layers: `RMSNorm`, `Linear`, the one projection class of
+every block (tensor-parallel through `ModelAxis`, with a hook for adapters), and `tied_logits`,
+the output projection through an embedding table (the decoder's, the Transformer's, BERT's)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,15 @@ from mlperf_tf.layers.tensor_parallel import ModelAxis
 from mlperf_tf.parallel.layout import REPLICATED, add_split_weight, model_split
 
 PARALLEL_KINDS = ("column", "row", "replicated", None)
+
+
+def tied_logits(states, table, axis: ModelAxis):
+    """Vocabulary logits of `states` [..., hidden] through the embedding `table` [vocab, hidden]
+    (tied input and output embeddings): one 2-D MatMul against the transposed table
+    (`token_matmul`). Under tensor parallelism the table is this shard's [vocab/M, hidden] rows
+    and the logits this shard's [..., vocab/M]; f on the states (`axis.copy`: none forward, one
+    all-reduce of their gradient over `model` backward). `table` in the compute dtype."""
+    return token_matmul(axis.copy(states), table, transpose_b=True)
 
 
 class RMSNorm(keras.layers.Layer):

@@ -4,6 +4,8 @@ by capacity buffers and all-to-alls)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from benchmarks.gpt_oss_20b.benchmark import GptOssBenchmark
@@ -15,22 +17,30 @@ from tests import tensor_parallel
 pytestmark = pytest.mark.numerics
 
 
-def _benchmark() -> GptOssBenchmark:
-    return GptOssBenchmark(GptOssBenchmark.preset("smoke"))
+def _benchmark(**model) -> GptOssBenchmark:
+    """The smoke preset, its model fields replaced by `model`."""
+    config = GptOssBenchmark.preset("smoke")
+    if model:
+        config = dataclasses.replace(config, model=dataclasses.replace(config.model, **model))
+    return GptOssBenchmark(config)
+
+
+# Hugging Face's GPT-OSS experts: clamped SwiGLU with biases (the MLPerf reference's have neither).
+HF_EXPERTS = {"feed_forward": "swiglu_clamped", "mlp_bias": True}
 
 
 @pytest.mark.parametrize(
-    ("expert_parallel", "model_parallel"),
-    [(2, 1), (1, 2), pytest.param(2, 2, marks=pytest.mark.slow)],
-    ids=["E2", "M2", "E2xM2"],
+    ("expert_parallel", "model_parallel", "model"),
+    [(2, 1, {}), (1, 2, {}), (2, 1, HF_EXPERTS), pytest.param(2, 2, {}, marks=pytest.mark.slow)],
+    ids=["E2", "M2", "E2_clamped_biases", "E2xM2"],
 )
-def test_parallel_gpt_oss_equals_the_unsplit_run(expert_parallel, model_parallel):
+def test_parallel_gpt_oss_equals_the_unsplit_run(expert_parallel, model_parallel, model):
     """3 Adam steps of the smoke GPT-OSS (4 experts, top-2, dropless, every layer MoE), each
     batch shard reading its own synthetic tokens, against the unsplit run of the same shards;
     losses, first-step whole gradients and final whole weights at a scale-aware 1e-5. A router
     near-tie that float32 summation order could flip would show as a large difference: the
     tolerance would catch it, and none occurs at these seeds."""
-    b = _benchmark()
+    b = _benchmark(**model)
     shards = 4 // model_parallel
     ref = tensor_parallel.train(b, num_devices=shards, model_parallel=1, optimizer="adam", steps=3)
     got = tensor_parallel.train(

@@ -1,7 +1,9 @@
 """Tests of `mlperf_tf.lm.Attention`'s options against references: a NumPy transcription of
 grouped-query attention with every option (biases, QK-norm, sliding window, sinks), the fused
 q/k/v projection against the separate ones, and keras-hub's `GptOssAttention` (sinks, biases,
-YaRN, its sliding window) with the same weights."""
+YaRN, its sliding window) with the same weights; the core `attend` with the Transformer's and
+BERT's options (a key-padding mask, an additive bias, a float32 scale, dropout, cross-attention
+lengths) against NumPy."""
 
 import math
 
@@ -10,7 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mlperf_tf.lm import Attention, RotaryEmbedding, fuse_qkv, split_qkv
+from mlperf_tf.lm import Attention, RotaryEmbedding, attend, fuse_qkv, multi_head_attend, split_qkv
 from tests.numerics import assert_close
 
 pytestmark = pytest.mark.numerics
@@ -195,3 +197,57 @@ def test_sinks_biases_yarn_and_window_equal_keras_hub_gpt_oss_attention():
     )
     assert_close(layer(x, cos, sin), hub(x, attention_mask=causal), rtol=1e-5)
     del keras_hub
+
+
+def _softmax_attention(q, k, v, logits_fn):
+    """NumPy: softmax(logits_fn(q k^T)) v over the last two axes."""
+    logits = logits_fn(np.einsum("...qd,...kd->...qk", q, k))
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    return np.einsum("...qk,...kd->...qd", probs / probs.sum(-1, keepdims=True), v)
+
+
+def test_attend_with_padding_mask_bias_and_scale_equals_numpy():
+    """Cross-attention shapes (5 queries, 7 keys), grouped heads (2 key/value heads of 3 query
+    heads), a key-padding mask ([batch, 1, 1, 1, keys]), an additive bias and a float32 scale
+    of the scores: the formula, with masked keys getting no weight."""
+    rng = np.random.default_rng(11)
+    q = rng.normal(size=(2, 2, 3, 5, 4)).astype(np.float32)
+    k, v = (rng.normal(size=(2, 2, 7, 4)).astype(np.float32) for _ in range(2))
+    keep = np.ones((2, 7), bool)
+    keep[1, 4:] = False
+    # BERT's -10000 on padding, plus an arbitrary per-key term to see that the bias is added.
+    bias = np.where(keep, 0.0, -10000.0) + rng.normal(size=(2, 7))
+    bias = bias.astype(np.float32)[:, None, None, None, :]
+    got = attend(tf.constant(q), tf.constant(k), tf.constant(v), mask=keep[:, None, None, None],
+                 bias=bias, scale=0.5)  # fmt: skip
+    k5, v5 = k[:, :, None], v[:, :, None]
+    expected = _softmax_attention(
+        q, k5, v5, lambda s: np.where(keep[:, None, None, None], s * 0.5, -1e9) + bias
+    )
+    assert_close(got, expected, rtol=1e-5)
+    # Masked keys get no weight: changing their values changes nothing.
+    v_changed = v.copy()
+    v_changed[1, :, 4:] = 100.0
+    again = attend(tf.constant(q), tf.constant(k), tf.constant(v_changed),
+                   mask=keep[:, None, None, None])  # fmt: skip
+    first = attend(tf.constant(q), tf.constant(k), tf.constant(v), mask=keep[:, None, None, None])
+    assert_close(again, first, rtol=1e-6)
+
+
+def test_multi_head_attend_is_attend_with_groups_of_one_and_applies_dropout():
+    rng = np.random.default_rng(12)
+    q, k, v = (tf.constant(rng.normal(size=(2, 3, 6, 4)), tf.float32) for _ in range(3))
+    causal = np.tril(np.ones((6, 6), bool))[None, None]  # [1, 1, q, k]
+    got = multi_head_attend(q, k, v, mask=causal)
+    expected = _softmax_attention(
+        q.numpy(), k.numpy(), v.numpy(), lambda s: np.where(causal, s, -1e9)
+    )
+    assert_close(got, expected, rtol=1e-5)
+    seen = []
+
+    def dropout(probs, training):
+        seen.append((tuple(probs.shape), training))
+        return probs * 0.0
+
+    zeros = multi_head_attend(q, k, v, mask=causal, dropout=dropout, training=True)
+    assert seen == [((2, 3, 6, 6), True)] and not np.any(zeros.numpy())

@@ -112,9 +112,17 @@ def test_tied_embeddings_project_with_the_embedding_and_count_once():
         {"feed_forward": "swiglu_clamped", "tie_word_embeddings": True},
         {"moe": MoEConfig(num_experts=4, every=1, top_k=2, router_softmax="after")},
         {"moe": MoEConfig(num_experts=4, every=2, top_k=2, router_softmax="sigmoid")},
+        {
+            "moe": MoEConfig(num_experts=4, every=1, top_k=2, router_softmax="after"),
+            "feed_forward": "swiglu_clamped",
+            "mlp_bias": True,
+        },
     ],
-    ids=["plain", "biases", "qknorm_sinks_fused", "clamped_tied", "moe_after", "moe_sigmoid"],
-)
+    ids=[
+        "plain", "biases", "qknorm_sinks_fused", "clamped_tied", "moe_after", "moe_sigmoid",
+        "moe_clamped_biases",
+    ],
+)  # fmt: skip
 def test_parameter_count_from_the_config_equals_the_built_model(options):
     config = dataclasses.replace(TINY, **options)
     model = build_decoder(config)
@@ -125,7 +133,8 @@ def test_parameter_count_from_the_config_equals_the_built_model(options):
         active = config.active_parameter_count()
         f, k, e = config.intermediate_size, config.moe.top_k, config.moe.num_experts
         moe_layers = config.moe.count(config.num_hidden_layers)
-        assert config.parameter_count() - active == moe_layers * (e - k) * 3 * 32 * f + (
+        expert = 3 * 32 * f + ((2 * f + 32) if config.mlp_bias else 0)
+        assert config.parameter_count() - active == moe_layers * (e - k) * expert + (
             moe_layers * e if config.moe.router_softmax == "sigmoid" else 0
         )
 
@@ -137,10 +146,6 @@ def test_config_errors_name_the_setting():
         dataclasses.replace(TINY, feed_forward="gelu")
     with pytest.raises(ValueError, match="model.sliding_window"):
         dataclasses.replace(TINY, sliding_window=-1)
-    with pytest.raises(ValueError, match="MoE experts are plain SwiGLU"):
-        dataclasses.replace(
-            TINY, feed_forward="swiglu_clamped", moe=MoEConfig(num_experts=2, every=1)
-        )
 
 
 @pytest.mark.peers
@@ -171,6 +176,57 @@ def test_clamped_swiglu_equals_keras_hub_gpt_oss_experts():
     gate = ours.gate_proj(x).numpy()
     assert (gate > 7).any() and (np.abs(ours.up_proj(x).numpy()) > 7).any()  # both clamps bind
     assert_close(ours(x), hub(x)[0], rtol=1e-5)
+
+
+@pytest.mark.peers
+def test_clamped_biased_moe_experts_equal_keras_hub_gpt_oss_sparse_moe_block():
+    """GPT-OSS's MoE block (`GptOssSparseMoeBlock`: top-k-then-softmax router, clamped SwiGLU
+    experts with biases, interleaved gate/up columns) against our dropless `MoEFeedForward` of a
+    `DecoderConfig` with `feed_forward="swiglu_clamped"` and `mlp_bias`, the same weights, on
+    inputs large enough that both clamps bind; the sorted dispatch gives the same."""
+    pytest.importorskip("keras_hub")
+    from keras_hub.src.models.gpt_oss.gpt_oss_decoder import GptOssSparseMoeBlock  # noqa: PLC0415
+
+    from mlperf_tf.lm import moe_feed_forward  # noqa: PLC0415
+
+    d, f, e, k = 16, 24, 4, 2
+    rng = np.random.default_rng(9)
+    x = rng.normal(0, 3.0, (2, 15, d)).astype(np.float32)
+    hub = GptOssSparseMoeBlock(hidden_dim=d, intermediate_dim=f, num_experts=e, top_k=k,
+                               dtype="float32")  # fmt: skip
+    hub.build((None, d))
+    for dispatch in ("buffer", "sorted"):
+        config = dataclasses.replace(
+            TINY, hidden_size=d, intermediate_size=f, feed_forward="swiglu_clamped",
+            mlp_bias=True, initializer_range=0.5, scaled_output_init=False,
+            moe=MoEConfig(num_experts=e, every=1, top_k=k, router_softmax="after",
+                          capacity_factor=0.0, eval_capacity_factor=0.0, dispatch=dispatch),
+        )  # fmt: skip
+        keras.utils.set_random_seed(10)
+        ours = moe_feed_forward(config, group_size=None)
+        ours.build((None, None, d))
+        assert [w.path.rsplit("/", 1)[-1] for w in ours.expert_weights] == [
+            "w_gate", "w_up", "w_down", "b_gate", "b_up", "b_down"
+        ]  # fmt: skip
+        for w in ours.expert_weights[3:]:
+            w.assign(rng.normal(0, 0.5, w.shape))
+        w_gate, w_up, w_down, b_gate, b_up, b_down = (w.numpy() for w in ours.expert_weights)
+        gate_up = np.zeros((e, d, 2 * f), np.float32)
+        gate_up[..., ::2], gate_up[..., 1::2] = w_gate, w_up
+        bias = np.zeros((e, 2 * f), np.float32)
+        bias[:, ::2], bias[:, 1::2] = b_gate, b_up
+        hub.experts.gate_up_proj.assign(gate_up)
+        hub.experts.gate_up_proj_bias.assign(bias)
+        hub.experts.down_proj.assign(w_down)
+        hub.experts.down_proj_bias.assign(b_down)
+        hub.router.router_dense.kernel.assign(ours.router_kernel.numpy())
+        hub.router.router_dense.bias.assign(np.zeros(e, np.float32))
+        gate = np.einsum("td,edf->etf", x.reshape(-1, d), w_gate) + b_gate[:, None]
+        up = np.einsum("td,edf->etf", x.reshape(-1, d), w_up) + b_up[:, None]
+        assert (gate > 7).any() and (np.abs(up) > 7).any()  # both clamps bind
+        y, _ = ours(tf.constant(x))
+        expected, _ = hub(x)
+        assert_close(y, expected, rtol=1e-5)
 
 
 def test_clamped_swiglu_formula():
