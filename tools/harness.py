@@ -270,6 +270,23 @@ def keras_fit_run(model, dataset) -> Callable[[int], StepWindow]:
 
 
 # ---- arguments ----------------------------------------------------------------------------------
+def rounds_parser(description: str, *, steps: int, rounds: int = 5) -> argparse.ArgumentParser:
+    """A tool's parser with the rounds' `--steps` (per contestant per round) and `--rounds`;
+    `parse_rounds` reads it."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--steps", type=int, default=steps, help="steps per side per round")
+    parser.add_argument("--rounds", type=int, default=rounds)
+    return parser
+
+
+def parse_rounds(parser: argparse.ArgumentParser, argv, *positive: str) -> argparse.Namespace:
+    """`parser.parse_args(argv)`, exiting with a usage error unless `--steps`, `--rounds` and
+    every flag in `positive` are > 0."""
+    args = parser.parse_args(argv)
+    require_positive(parser, args, "steps", "rounds", *positive)
+    return args
+
+
 def require_positive(parser: argparse.ArgumentParser, args: argparse.Namespace, *names: str):
     """Exits through `parser.error` (usage, the flag and its value) if any `--name` is not > 0."""
     for name in names:
