@@ -156,11 +156,7 @@ class OptimizerConfig:
             non_negative=("opt_base_learning_rate", "opt_adamw_epsilon", "opt_adamw_weight_decay"),
             fraction=("opt_adamw_beta_1", "opt_adamw_beta_2"),
         )
-        if self.opt_learning_rate_warmup_steps < -1:
-            raise ConfigError(
-                "`optimizer.opt_learning_rate_warmup_steps` "
-                f"({self.opt_learning_rate_warmup_steps}) must be >= 0 (or -1: from the RCP)."
-            )
+        rcps.check_warmup_steps(self.opt_learning_rate_warmup_steps)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -260,12 +256,7 @@ def rcp_hparams(global_batch_size: int) -> tuple[float, int]:
       ConfigError: no RCP has this batch size (the rules accept the RCPs' hyperparameters;
         a batch between them has none to borrow).
     """
-    h = rcps.at_batch(
-        RCP_FILE,
-        "flux1",
-        global_batch_size,
-        settings="`optimizer.opt_base_learning_rate` and `optimizer.opt_learning_rate_warmup_steps`",
-    )
+    h = rcps.at_batch(RCP_FILE, "flux1", global_batch_size, settings=rcps.LR_AND_WARMUP)
     return float(h["opt_base_learning_rate"]), int(h["opt_learning_rate_warmup_steps"])
 
 

@@ -165,6 +165,10 @@ class DecoderConfig:
             return 0
         return self.sliding_window
 
+    def sliding_layers(self) -> int:
+        """Layers that attend over a window."""
+        return sum(bool(self.layer_window(i)) for i in range(self.num_hidden_layers))
+
     @property
     def output_init_std(self) -> float:
         """Init std of the o and down projections (Megatron: std / sqrt(2 layers) when scaled)."""
