@@ -1,11 +1,14 @@
 """Provides what the benchmarks' end-to-end tests share: reading MLPerf logs, running a mini preset
-through the CLI, and checking a log with the official rules with the quality target set aside."""
+through the CLI to success, a run with gradient accumulation, and checking a log with the official
+rules with the quality target set aside."""
 
 import json
 import os
 import subprocess
 import sys
 import time
+
+from mlperf_logging.mllog import constants as C
 
 from compliance import checker
 
@@ -32,6 +35,35 @@ def run_mini(benchmark: str, tmp_path) -> tuple[str, float]:
         check=True, env=env, cwd=REPO, timeout=3600,
     )  # fmt: skip
     return str(model_dir / "mlperf_log.txt"), (time.monotonic() - begin) / 60
+
+
+def run_mini_to_success(benchmark: str, tmp_path) -> tuple[str, float, list]:
+    """`run_mini`, asserting that the run stopped with status success.
+
+    Returns the MLPerf log path, the wall time in minutes and the `eval_accuracy` values in order.
+    """
+    log, minutes = run_mini(benchmark, tmp_path)
+    records = log_records(log)
+    stops = [r for r in records if r["key"] == C.RUN_STOP]
+    assert stops[0]["metadata"][C.STATUS] == C.SUCCESS, stops
+    return log, minutes, [r["value"] for r in records if r["key"] == C.EVAL_ACCURACY]
+
+
+def assert_accumulation_logged(benchmark, tmp_path, **run_settings) -> None:
+    """Runs `benchmark` (a smoke config) with two micro batches a step over 16 examples; asserts
+    the runner accumulated (2 steps of the 8-sequence batch) and logged it."""
+    import dataclasses  # noqa: PLC0415
+
+    from mlperf_tf import runner  # noqa: PLC0415
+
+    config = dataclasses.replace(benchmark.config, gradient_accumulation_steps=2, train_examples=16)
+    result = runner.run(
+        type(benchmark)(config),
+        runner.RunConfig(model_dir=str(tmp_path), distribution="one_device", **run_settings),
+    )
+    values = {line["key"]: line["value"] for line in log_records(result.mlperf_log)}
+    assert values[C.GRADIENT_ACCUMULATION_STEPS] == 2
+    assert result.steps == 2
 
 
 def assert_official_pass(log_path, rulesets) -> None:
