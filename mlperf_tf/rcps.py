@@ -54,15 +54,15 @@ def at_batch(rcp_file: str, benchmark: str, global_batch_size: int, *, settings:
     return points[global_batch_size]
 
 
-def lr_and_warmup(
-    lr: float, warmup_steps: int, from_rcp: Callable[[], tuple[float, int]]
-) -> tuple[float, int]:
-    """(base LR, warm-up steps): the config's `lr` and `warmup_steps`, each left unset (LR 0,
-    warm-up -1) taken from `from_rcp()`, the RCP's pair for the run's global batch size.
+def lr_and_warmup(optimizer, from_rcp: Callable[[], tuple[float, int]]) -> tuple[float, int]:
+    """(base LR, warm-up steps): `optimizer`'s `opt_base_learning_rate` and
+    `opt_learning_rate_warmup_steps`, each left unset (LR 0, warm-up -1) taken from `from_rcp()`,
+    the RCP's pair for the run's global batch size.
 
     Raises:
       ConfigError: one is unset and `from_rcp` finds no RCP for the batch size.
     """
+    lr, warmup_steps = optimizer.opt_base_learning_rate, optimizer.opt_learning_rate_warmup_steps
     if not lr or warmup_steps < 0:
         rcp_lr, rcp_warmup = from_rcp()
         lr = lr or rcp_lr

@@ -11,6 +11,7 @@ import time
 from mlperf_logging.mllog import constants as C
 
 from compliance import checker
+from compliance.runner import stock_command
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -70,10 +71,8 @@ def assert_official_pass(log_path, rulesets) -> None:
     """The stock official checker (its own command line) passes the log for every ruleset."""
     for ruleset in rulesets:
         official = subprocess.run(
-            [sys.executable, "-m", "mlperf_logging.compliance_checker", "--usage", "training",
-             "--ruleset", ruleset, str(log_path)],
-            capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
+            stock_command(log_path, ruleset), capture_output=True, text=True, timeout=300
+        )
         assert official.returncode == 0, official.stdout + official.stderr
 
 

@@ -104,12 +104,8 @@ class FluxBenchmark(Benchmark):
         Raises:
           ConfigError: taken from the RCPs, and the batch size has none.
         """
-        opt, batch = self.config.optimizer, self.config.global_batch_size
-        return rcps.lr_and_warmup(
-            opt.opt_base_learning_rate,
-            opt.opt_learning_rate_warmup_steps,
-            lambda: config_lib.rcp_hparams(batch),
-        )
+        batch = self.config.global_batch_size
+        return rcps.lr_and_warmup(self.config.optimizer, lambda: config_lib.rcp_hparams(batch))
 
     def eval_interval(self) -> int:
         """Samples between evaluations (`evaluation_frequency`)."""

@@ -18,7 +18,7 @@ import os
 import numpy as np
 
 from mlperf_tf import paths, rcps
-from mlperf_tf.config import BenchmarkConfig, ConfigError, require
+from mlperf_tf.config import BenchmarkConfig, ConfigError, require, require_adamw
 
 # What the closed rules of 5.1.0-6.1.0 and the reference fix.
 TRAIN_SAMPLES = 1_099_776  # the CC12M subset (text_to_image/README.md)
@@ -150,12 +150,7 @@ class OptimizerConfig:
     opt_adamw_weight_decay: float = 0.1
 
     def __post_init__(self):
-        require(
-            self,
-            prefix="optimizer.",
-            non_negative=("opt_base_learning_rate", "opt_adamw_epsilon", "opt_adamw_weight_decay"),
-            fraction=("opt_adamw_beta_1", "opt_adamw_beta_2"),
-        )
+        require_adamw(self)
         rcps.check_warmup_steps(self.opt_learning_rate_warmup_steps)
 
 

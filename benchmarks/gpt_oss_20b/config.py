@@ -18,7 +18,7 @@ from mlperf_tf.config import ConfigError
 from mlperf_tf.data import c4
 from mlperf_tf.layers.moe import MoEConfig
 from mlperf_tf.lm import pretraining
-from mlperf_tf.lm.config import DecoderConfig
+from mlperf_tf.lm.config import TINY_SHAPE, DecoderConfig
 from mlperf_tf.lm.pretraining import MAX_STEPS_DEFAULT, PretrainingOptimizerConfig
 
 # What the closed rules of 6.0.0 and 6.1.0 fix (closed_gpt_oss_20b.yaml).
@@ -110,12 +110,8 @@ def gpt_oss_20b() -> ModelConfig:
 def tiny(vocab_size: int = 128) -> ModelConfig:
     """A 2-layer GPT-OSS for tests and `smoke` (GQA 4/2 heads of 8, 4 experts top-2, window 5)."""
     return ModelConfig(
+        **TINY_SHAPE,
         vocab_size=vocab_size,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
         intermediate_size=32,
         sliding_window=5,
         max_position_embeddings=256,

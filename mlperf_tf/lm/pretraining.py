@@ -19,7 +19,7 @@ from mlperf_logging.mllog import constants as C
 
 from mlperf_tf import flops, rcps
 from mlperf_tf.benchmark import EvalPoint, sample_eval_schedule
-from mlperf_tf.config import BenchmarkConfig, ConfigError, require
+from mlperf_tf.config import BenchmarkConfig, ConfigError, require, require_adamw
 from mlperf_tf.data import c4
 from mlperf_tf.lm.benchmark import LanguageModelBenchmark
 from mlperf_tf.lm.config import DecoderConfig
@@ -57,13 +57,7 @@ class PretrainingOptimizerConfig:
 
     def __post_init__(self):
         registry.check_opt_name(self.opt_name)
-        require(
-            self,
-            prefix="optimizer.",
-            non_negative=("opt_base_learning_rate", "opt_adamw_epsilon", "opt_adamw_weight_decay"),
-            positive_int=("max_steps",),
-            fraction=("opt_adamw_beta_1", "opt_adamw_beta_2"),
-        )
+        require_adamw(self, positive_int=("max_steps",))
         rcps.check_warmup_steps(self.opt_learning_rate_warmup_steps)
 
 
@@ -195,12 +189,8 @@ class PretrainingBenchmark(LanguageModelBenchmark):
         Raises:
           ConfigError: taken from the RCPs, and the batch size has none.
         """
-        opt, batch = self.config.optimizer, self.config.global_batch_size
-        return rcps.lr_and_warmup(
-            opt.opt_base_learning_rate,
-            opt.opt_learning_rate_warmup_steps,
-            lambda: self.reference_hparams(batch),
-        )
+        batch = self.config.global_batch_size
+        return rcps.lr_and_warmup(self.config.optimizer, lambda: self.reference_hparams(batch))
 
     def end_learning_rate(self) -> float:
         """`opt_end_learning_rate`, or 0.1 x the base LR (the references' `min_lr`) when -1."""

@@ -73,13 +73,12 @@ def shape_config(shape: str) -> config_lib.LlamaConfig:
     return dataclasses.replace(mini, data_dir="", model=model, global_batch_size=4)
 
 
-def keras_hub_contestant(benchmark: Llama31Benchmark, *, jit_compile="auto"):
-    """`Llama3CausalLM` of the benchmark's model shape, trained by `model.fit` (`jit_compile`:
-    Keras' "auto" means no XLA on a CPU-only machine)."""
+def llama3_backbone(c, **options):
+    """keras-hub's `Llama3Backbone` of the shape of `c` (a `llama31_8b` `ModelConfig`), with
+    keras-hub's `options` (e.g. `dtype`); the numerics test of the model builds it too."""
     import keras_hub  # noqa: PLC0415 (the peers extra)
 
-    c = benchmark.config.model
-    backbone = keras_hub.models.Llama3Backbone(
+    return keras_hub.models.Llama3Backbone(
         vocabulary_size=c.vocab_size,
         num_layers=c.num_hidden_layers,
         num_query_heads=c.num_attention_heads,
@@ -92,7 +91,16 @@ def keras_hub_contestant(benchmark: Llama31Benchmark, *, jit_compile="auto"):
         rope_high_freq_factor=c.rope_high_freq_factor,
         rope_pretraining_sequence_length=c.rope_original_max_position,
         layer_norm_epsilon=c.rms_norm_eps,
+        **options,
     )
+
+
+def keras_hub_contestant(benchmark: Llama31Benchmark, *, jit_compile="auto"):
+    """`Llama3CausalLM` of the benchmark's model shape, trained by `model.fit` (`jit_compile`:
+    Keras' "auto" means no XLA on a CPU-only machine)."""
+    import keras_hub  # noqa: PLC0415 (the peers extra)
+
+    backbone = llama3_backbone(benchmark.config.model)
     model = keras_hub.models.Llama3CausalLM(backbone=backbone, preprocessor=None)
     optimizer = benchmark.build_optimizer(benchmark.train_steps)
     optimizer.global_clipnorm = 1.0
