@@ -31,8 +31,6 @@ import gzip
 import json
 import math
 import os
-import shutil
-import tempfile
 import zlib
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -252,10 +250,7 @@ def prepare(
         raise UserError(f"--out_dir={out_dir!r} already exists; remove it or pick another")
     train, validation = c4_shards(c4_dir, train_shards)
     tokenizer = load_tokenizer(tokenizer_path)
-    parent = os.path.dirname(out_dir)
-    os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=os.path.basename(out_dir) + ".partial-", dir=parent)
-    try:
+    with prepare_cli.staged_folder(out_dir) as staging:
         eval_count = write_windows(
             pack_windows(token_stream(validation, tokenizer), sequence_length),
             os.path.join(staging, "eval"),
@@ -285,11 +280,6 @@ def prepare(
         }
         with open(os.path.join(staging, "summary.json"), "w", encoding="utf-8") as f:
             json.dump(summary, f, indent=1)
-        os.chmod(staging, 0o755)
-        os.rename(staging, out_dir)
-    finally:
-        if os.path.exists(staging):
-            shutil.rmtree(staging, ignore_errors=True)
     return summary
 
 
@@ -358,10 +348,7 @@ def prepare_mini(data_dir: str, *, eval_every: int = 4) -> dict[str, object]:
     data_dir = os.path.abspath(data_dir)
     if os.path.exists(data_dir):
         raise DataError(f"mini data_dir '{data_dir}' already exists; remove it to rebuild")
-    parent = os.path.dirname(data_dir)
-    os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=os.path.basename(data_dir) + ".partial-", dir=parent)
-    try:
+    with prepare_cli.staged_folder(data_dir) as staging:
         train_docs, eval_docs = mini_documents(eval_every)
         c4 = os.path.join(staging, "c4")
         os.makedirs(c4)
@@ -411,11 +398,6 @@ def prepare_mini(data_dir: str, *, eval_every: int = 4) -> dict[str, object]:
         summary["train_documents"], summary["eval_documents"] = len(train_docs), len(eval_docs)
         with open(os.path.join(staging, "summary.json"), "w", encoding="utf-8") as f:
             json.dump(summary, f, indent=1)
-        os.chmod(staging, 0o755)
-        os.rename(staging, data_dir)
-    finally:
-        if os.path.exists(staging):
-            shutil.rmtree(staging, ignore_errors=True)
     return summary
 
 
