@@ -163,6 +163,24 @@ def compare(
     return result
 
 
+def compare_tokens(contestants, config, *, steps: int, rounds: int, model: str, note: str = ""):
+    """`compare` of language-model train steps against "mlperf_tf" in tokens (batch x sequence
+    of the benchmark `config`), titled with `model`, the batch, the rounds, the TF and Keras
+    versions and `note`."""
+    import keras  # noqa: PLC0415 - the harness runs without TF
+    import tensorflow as tf  # noqa: PLC0415
+
+    batch, sequence = config.global_batch_size, config.data.max_sequence_length
+    title = (
+        f"{model}, batch {batch} x sequence {sequence}; {steps} steps x {rounds} rounds; "
+        f"TF {tf.__version__}, Keras {keras.__version__}{note}\n"
+    )
+    return compare(
+        contestants, steps=steps, rounds=rounds, samples_per_step=batch * sequence,
+        reference="mlperf_tf", unit="tokens", title=title,
+    )  # fmt: skip
+
+
 @dataclasses.dataclass
 class RunnerParts:
     """A benchmark's model and optimizer and the suite's runner `Trainer` over its distributed

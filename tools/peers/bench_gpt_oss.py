@@ -84,16 +84,11 @@ def measure(experts: int, top_k: int, steps: int, rounds: int) -> None:
         "keras_hub": keras_hub_contestant(make()),
     }
     c = config.model
-    harness.compare(
-        contestants, steps=steps, rounds=rounds, reference="mlperf_tf", unit="tokens",
-        samples_per_step=config.global_batch_size * config.data.max_sequence_length,
-        title=(
-            f"{c.num_hidden_layers} layers, hidden {c.hidden_size}, {experts} experts of "
-            f"{c.moe.filter_size} top-{top_k}, batch {config.global_batch_size} x sequence "
-            f"{config.data.max_sequence_length}; {steps} steps x {rounds} rounds; TF "
-            f"{tf.__version__}, Keras {keras.__version__}\n"
-        ),
-    )  # fmt: skip
+    model = (
+        f"{c.num_hidden_layers} layers, hidden {c.hidden_size}, {experts} experts of "
+        f"{c.moe.filter_size} top-{top_k}"
+    )
+    harness.compare_tokens(contestants, config, steps=steps, rounds=rounds, model=model)
 
 
 def main(argv=None) -> int:

@@ -87,15 +87,8 @@ def measure(steps: int, rounds: int) -> None:
         "keras_hub": keras_hub_contestant(make()),
     }
     c = config.model
-    harness.compare(
-        contestants, steps=steps, rounds=rounds, reference="mlperf_tf", unit="tokens",
-        samples_per_step=config.global_batch_size * config.data.max_sequence_length,
-        title=(
-            f"LoRA r{config.lora.rank}: {c.num_hidden_layers} layers, hidden {c.hidden_size}, "
-            f"batch {config.global_batch_size} x sequence {config.data.max_sequence_length}; "
-            f"{steps} steps x {rounds} rounds; TF {tf.__version__}, Keras {keras.__version__}\n"
-        ),
-    )  # fmt: skip
+    model = f"LoRA r{config.lora.rank}: {c.num_hidden_layers} layers, hidden {c.hidden_size}"
+    harness.compare_tokens(contestants, config, steps=steps, rounds=rounds, model=model)
 
 
 def main(argv=None) -> int:
