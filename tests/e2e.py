@@ -67,6 +67,20 @@ def assert_accumulation_logged(benchmark, tmp_path, **run_settings) -> None:
     assert result.steps == 2
 
 
+def run_two_steps_on_two_replicas(benchmark, tmp_path, **run_settings):
+    """Runs `benchmark` through the runner for 2 steps (one loop) on 2 mirrored logical CPUs
+    with `run_settings`; returns the runner's result (its log at `result.mlperf_log`)."""
+    from mlperf_tf import runner  # noqa: PLC0415
+
+    return runner.run(
+        benchmark,
+        runner.RunConfig(
+            model_dir=str(tmp_path), distribution="mirrored", num_cpu_devices=2, steps_per_loop=2,
+            max_train_steps=2, **run_settings,
+        ),
+    )  # fmt: skip
+
+
 def assert_official_pass(log_path, rulesets) -> None:
     """The stock official checker (its own command line) passes the log for every ruleset."""
     for ruleset in rulesets:
