@@ -28,6 +28,16 @@ if TYPE_CHECKING:
 _WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "official_worker.py")
 
 
+def stock_command(log_path, ruleset: str, *, log_output=None) -> list[str]:
+    """The official checker's own command line for one log: `python -m
+    mlperf_logging.compliance_checker --usage training --ruleset R [--log_output F] LOG`, what a
+    person runs and what the tests and tools compare this suite's verdicts with (its log file
+    goes to the current folder unless `log_output` names one)."""
+    output = ["--log_output", str(log_output)] if log_output else []
+    return [sys.executable, "-m", "mlperf_logging.compliance_checker", "--usage", USAGE,
+            "--ruleset", ruleset, *output, str(log_path)]  # fmt: skip
+
+
 def has_idle_core() -> bool:
     """Whether a core is idle besides this process's (1-minute load average, usable cores).
 

@@ -72,7 +72,7 @@ def _run_command(argv: list[str], stderr_filter: console.StderrFilter | None = N
     from absl import logging as absl_logging
 
     from mlperf_tf import config as config_lib
-    from mlperf_tf import console, errors, paths, preemption, registry, runlog, runner
+    from mlperf_tf import console, errors, preemption, runlog, runner
     from mlperf_tf import flags as run_flags
     from mlperf_tf.errors import UserError
 
@@ -109,24 +109,7 @@ def _run_command(argv: list[str], stderr_filter: console.StderrFilter | None = N
     if not FLAGS.model_dir:
         return _fail("--model_dir is required")
     try:
-        benchmark_class = registry.get(FLAGS.benchmark)
-        try:
-            config = benchmark_class.preset(FLAGS.preset)
-        except KeyError as e:
-            raise UserError(e.args[0]) from None
-        if FLAGS.data_dir:
-            overrides.setdefault("data_dir", FLAGS.data_dir)
-        config = config_lib.override(config, overrides)
-        # The mini preset's own data folder (several benchmarks may share one) is written on first use.
-        if FLAGS.preset == "mini" and config.data_dir == benchmark_class.preset("mini").data_dir:
-            if not os.path.isdir(config.data_dir):
-                print(f"Writing the mini dataset to {config.data_dir} ...", flush=True)
-                benchmark_class.prepare_mini(config.data_dir)
-        if config.data_dir:  # listed, not inspected: as root, permission bits say yes
-            paths.check_input_dir(config.data_dir, "data_dir")
-        run_config = run_flags.run_config_from_flags()
-        benchmark = benchmark_class(config)  # the runner binds the run's RunContext
-        runner.preflight(benchmark, run_config)  # bad input fails here, before any set-up
+        benchmark, run_config = _benchmark_and_run_config(FLAGS, overrides)
     except UserError as e:
         return _fail(str(e))
     except runlog.RunFinished as e:
@@ -145,13 +128,54 @@ def _run_command(argv: list[str], stderr_filter: console.StderrFilter | None = N
         code = errors.EXIT_PEER_FAILED if isinstance(e, errors.PeerError) else EXIT_USAGE
         # TF may hold background threads (servers, collectives): leave without waiting on them.
         _leave_now(code, stderr_filter)
+    return _report_result(result, run_config.model_dir)
+
+
+def _benchmark_and_run_config(FLAGS, overrides: dict[str, str]):
+    """The benchmark bound to its preset, `--data_dir` and `--config.KEY` overrides, and the run
+    settings, checked by the runner's preflight so that bad input fails before any set-up.
+
+    Raises:
+      UserError: an unknown benchmark or preset, a bad override, a missing data folder.
+      runlog.RunFinished: the run in `--model_dir` finished (and `--restart` was not given).
+    """
+    from mlperf_tf import config as config_lib
+    from mlperf_tf import flags as run_flags
+    from mlperf_tf import paths, registry, runner
+    from mlperf_tf.errors import UserError
+
+    benchmark_class = registry.get(FLAGS.benchmark)
+    try:
+        config = benchmark_class.preset(FLAGS.preset)
+    except KeyError as e:
+        raise UserError(e.args[0]) from None
+    if FLAGS.data_dir:
+        overrides.setdefault("data_dir", FLAGS.data_dir)
+    config = config_lib.override(config, overrides)
+    # The mini preset's own data folder (several benchmarks may share one) is written on first use.
+    if FLAGS.preset == "mini" and config.data_dir == benchmark_class.preset("mini").data_dir:
+        if not os.path.isdir(config.data_dir):
+            print(f"Writing the mini dataset to {config.data_dir} ...", flush=True)
+            benchmark_class.prepare_mini(config.data_dir)
+    if config.data_dir:  # listed, not inspected: as root, permission bits say yes
+        paths.check_input_dir(config.data_dir, "data_dir")
+    run_config = run_flags.run_config_from_flags()
+    benchmark = benchmark_class(config)  # the runner binds the run's RunContext
+    runner.preflight(benchmark, run_config)  # bad input fails here, before any set-up
+    return benchmark, run_config
+
+
+def _report_result(result, model_dir: str) -> int:
+    """Prints where the log is and why the run stopped; returns the exit code that says so."""
+    from mlperf_tf import errors, runner
+
     if result.mlperf_log:
         print(f"MLPerf log: {result.mlperf_log}")
     print(f"run_stop status={result.status}: {result.reason}")
     if result.cause is runner.StopCause.INTERRUPTED:
         print(
             f"stopped at step {result.steps} ({result.reason}) with a checkpoint in "
-            f"{os.path.join(run_config.model_dir, 'ckpt')}: run the same command again to resume",
+            f"{os.path.join(model_dir, 'ckpt')}: run the same command again to resume",
             file=sys.stderr,
             flush=True,
         )

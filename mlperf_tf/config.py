@@ -83,6 +83,24 @@ def require(
                 raise ConfigError(f"`{prefix}{name}` ({value!r}) must be {what}.")
 
 
+def require_adamw(
+    config: Any, *, positive_int: Sequence[str] = (), fraction: Sequence[str] = ()
+) -> None:
+    """Validates an AdamW `optimizer` config's MLPerf-named fields (base LR, epsilon and weight
+    decay >= 0, betas in [0, 1)) and the further `positive_int` and `fraction` fields named.
+
+    Raises:
+      ConfigError: the first field that breaks its rule, named with its value.
+    """
+    require(
+        config,
+        prefix="optimizer.",
+        non_negative=("opt_base_learning_rate", "opt_adamw_epsilon", "opt_adamw_weight_decay"),
+        positive_int=positive_int,
+        fraction=("opt_adamw_beta_1", "opt_adamw_beta_2", *fraction),
+    )
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 

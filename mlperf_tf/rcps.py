@@ -11,8 +11,13 @@ from __future__ import annotations
 import functools
 import json
 import os
+from collections.abc import Callable
 
 from mlperf_tf.config import ConfigError
+
+# The config settings that a benchmark taking its learning rate and warm-up from the RCPs leaves
+# unset (base LR 0, warm-up -1) and a user sets instead.
+LR_AND_WARMUP = "`optimizer.opt_base_learning_rate` and `optimizer.opt_learning_rate_warmup_steps`"
 
 
 @functools.cache
@@ -47,3 +52,29 @@ def at_batch(rcp_file: str, benchmark: str, global_batch_size: int, *, settings:
             f"point (batch sizes {', '.join(map(str, points))}); set {settings}."
         )
     return points[global_batch_size]
+
+
+def lr_and_warmup(optimizer, from_rcp: Callable[[], tuple[float, int]]) -> tuple[float, int]:
+    """(base LR, warm-up steps): `optimizer`'s `opt_base_learning_rate` and
+    `opt_learning_rate_warmup_steps`, each left unset (LR 0, warm-up -1) taken from `from_rcp()`,
+    the RCP's pair for the run's global batch size.
+
+    Raises:
+      ConfigError: one is unset and `from_rcp` finds no RCP for the batch size.
+    """
+    lr, warmup_steps = optimizer.opt_base_learning_rate, optimizer.opt_learning_rate_warmup_steps
+    if not lr or warmup_steps < 0:
+        rcp_lr, rcp_warmup = from_rcp()
+        lr = lr or rcp_lr
+        warmup_steps = rcp_warmup if warmup_steps < 0 else warmup_steps
+    return lr, warmup_steps
+
+
+def check_warmup_steps(warmup_steps: int) -> None:
+    """Raises ConfigError unless `optimizer.opt_learning_rate_warmup_steps` is >= 0 or -1 (from
+    the RCP)."""
+    if warmup_steps < -1:
+        raise ConfigError(
+            f"`optimizer.opt_learning_rate_warmup_steps` ({warmup_steps}) must be >= 0 "
+            "(or -1: from the RCP)."
+        )

@@ -1,5 +1,6 @@
 """Provides what the benchmarks' end-to-end tests share: reading MLPerf logs, running a mini preset
-through the CLI, and checking a log with the official rules with the quality target set aside."""
+through the CLI to success, a run with gradient accumulation, and checking a log with the official
+rules with the quality target set aside."""
 
 import json
 import os
@@ -7,7 +8,10 @@ import subprocess
 import sys
 import time
 
+from mlperf_logging.mllog import constants as C
+
 from compliance import checker
+from compliance.runner import stock_command
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -34,14 +38,55 @@ def run_mini(benchmark: str, tmp_path) -> tuple[str, float]:
     return str(model_dir / "mlperf_log.txt"), (time.monotonic() - begin) / 60
 
 
+def run_mini_to_success(benchmark: str, tmp_path) -> tuple[str, float, list]:
+    """`run_mini`, asserting that the run stopped with status success.
+
+    Returns the MLPerf log path, the wall time in minutes and the `eval_accuracy` values in order.
+    """
+    log, minutes = run_mini(benchmark, tmp_path)
+    records = log_records(log)
+    stops = [r for r in records if r["key"] == C.RUN_STOP]
+    assert stops[0]["metadata"][C.STATUS] == C.SUCCESS, stops
+    return log, minutes, [r["value"] for r in records if r["key"] == C.EVAL_ACCURACY]
+
+
+def assert_accumulation_logged(benchmark, tmp_path, **run_settings) -> None:
+    """Runs `benchmark` (a smoke config) with two micro batches a step over 16 examples; asserts
+    the runner accumulated (2 steps of the 8-sequence batch) and logged it."""
+    import dataclasses  # noqa: PLC0415
+
+    from mlperf_tf import runner  # noqa: PLC0415
+
+    config = dataclasses.replace(benchmark.config, gradient_accumulation_steps=2, train_examples=16)
+    result = runner.run(
+        type(benchmark)(config),
+        runner.RunConfig(model_dir=str(tmp_path), distribution="one_device", **run_settings),
+    )
+    values = {line["key"]: line["value"] for line in log_records(result.mlperf_log)}
+    assert values[C.GRADIENT_ACCUMULATION_STEPS] == 2
+    assert result.steps == 2
+
+
+def run_two_steps_on_two_replicas(benchmark, tmp_path, **run_settings):
+    """Runs `benchmark` through the runner for 2 steps (one loop) on 2 mirrored logical CPUs
+    with `run_settings`; returns the runner's result (its log at `result.mlperf_log`)."""
+    from mlperf_tf import runner  # noqa: PLC0415
+
+    return runner.run(
+        benchmark,
+        runner.RunConfig(
+            model_dir=str(tmp_path), distribution="mirrored", num_cpu_devices=2, steps_per_loop=2,
+            max_train_steps=2, **run_settings,
+        ),
+    )  # fmt: skip
+
+
 def assert_official_pass(log_path, rulesets) -> None:
     """The stock official checker (its own command line) passes the log for every ruleset."""
     for ruleset in rulesets:
         official = subprocess.run(
-            [sys.executable, "-m", "mlperf_logging.compliance_checker", "--usage", "training",
-             "--ruleset", ruleset, str(log_path)],
-            capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
+            stock_command(log_path, ruleset), capture_output=True, text=True, timeout=300
+        )
         assert official.returncode == 0, official.stdout + official.stderr
 
 

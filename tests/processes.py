@@ -1,4 +1,5 @@
-"""Provides helpers for tests that start processes: free ports, bounded waits, cleanup by pid."""
+"""Provides helpers for tests that start processes: free ports, bounded waits, cleanup by pid, a
+deadline on a call in this process and a snapshot of a folder tree."""
 
 import contextlib
 import json
@@ -138,3 +139,32 @@ def pip_install_target(source, target) -> None:
          "--no-build-isolation", "--target", str(target), str(source)],
         check=True, timeout=300, capture_output=True, cwd=str(target),
     )  # fmt: skip
+
+
+@contextlib.contextmanager
+def deadline(seconds: int):
+    """A hang inside the block (a FIFO opened for reading, /dev/zero read to its end) raises
+    TimeoutError after `seconds` (SIGALRM, main thread only): the test fails, not the suite."""
+
+    def expired(*_):
+        raise TimeoutError(f"no answer within {seconds} s: the command hung on its input")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def file_tree(root) -> dict[str, tuple[int, int]]:
+    """Every path below `root` (links not followed) with its size and mtime: equal snapshots
+    before and after a call show that it wrote nothing there."""
+    found = {}
+    for folder, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = os.path.join(folder, name)
+            stat = os.lstat(path)
+            found[os.path.relpath(path, root)] = (stat.st_size, stat.st_mtime_ns)
+    return found

@@ -18,6 +18,7 @@ import os
 import pytest
 
 from mlperf_tf import cli
+from tests.processes import deadline, file_tree
 
 # The classes of bad numbers; each flag gets the ones that are wrong for it.
 NAN, INF, NEG_INF, NEG, HUGE_INT, HUGE, TEXT = (
@@ -274,16 +275,6 @@ ALL = {
 }
 
 
-def _tree(root):
-    found = {}
-    for folder, dirs, files in os.walk(root):
-        for name in dirs + files:
-            path = os.path.join(folder, name)
-            stat = os.lstat(path)
-            found[os.path.relpath(path, root)] = (stat.st_size, stat.st_mtime_ns)
-    return found
-
-
 _LOG = (
     ':::MLLOG {"namespace": "", "time_ms": 1, "event_type": "POINT_IN_TIME", "key": '
     '"submission_benchmark", "value": "resnet", "metadata": {"file": "x.py", "lineno": 1}}\n'
@@ -334,7 +325,7 @@ def test_bad_input_is_one_error_line_naming_the_flag(
         argv = [*SIM_BASE[:2], f"--system_file={_system_file(tmp, argv)}", "--chips=256"]
     argv = [arg.replace("{tmp}", tmp) for arg in argv]
     needle = needle.replace("{tmp}", tmp)
-    before = _tree(tmp)
+    before = file_tree(tmp)
     try:
         code = cli.main(argv)
     except SystemExit as e:  # argparse's own exit: usage text, not one line
@@ -346,7 +337,7 @@ def test_bad_input_is_one_error_line_naming_the_flag(
     assert len(errors) == 1, err
     assert needle in errors[0], errors[0]
     assert len(errors[0]) < 600, "one line, not a dump"
-    assert _tree(tmp) == before, "a file was created or changed"
+    assert file_tree(tmp) == before, "a file was created or changed"
 
 
 def _stub_work(monkeypatch):
@@ -384,7 +375,6 @@ import contextlib  # noqa: E402
 import dataclasses  # noqa: E402
 import io  # noqa: E402
 import math  # noqa: E402
-import signal  # noqa: E402
 import tempfile  # noqa: E402
 import typing  # noqa: E402
 
@@ -663,20 +653,6 @@ def _config_case():
 
 
 # ---- the property ------------------------------------------------------------------------------------
-@contextlib.contextmanager
-def _deadline(seconds=30):
-    def expired(*_):
-        raise TimeoutError(f"no answer within {seconds} s: the command hung")
-
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
-
-
 def _fuzz_folder(root):
     os.makedirs(os.path.join(root, "runs"))
     os.makedirs(os.path.join(root, "raw"))
@@ -695,7 +671,7 @@ def check_one_error(argv, needle, monkeypatch):
     with tempfile.TemporaryDirectory() as tmp:
         _fuzz_folder(tmp)
         argv = [arg.replace("{tmp}", tmp) for arg in argv]
-        before = _tree(tmp)
+        before = file_tree(tmp)
         err = io.StringIO()
         with monkeypatch.context() as patch:
             patch.chdir(tmp)
@@ -705,7 +681,7 @@ def check_one_error(argv, needle, monkeypatch):
             # messages under test are Python's own, which `redirect_stderr` catches.
             patch.setattr(console, "quiet_stderr", lambda argv: None)
             with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-                with _deadline():
+                with deadline(30):
                     try:
                         code = cli.main(argv)
                     except SystemExit as e:
@@ -716,7 +692,7 @@ def check_one_error(argv, needle, monkeypatch):
         assert code == 2, f"{argv}: exit {code}: {text}"
         assert len(errors) == 1, f"{argv}: {text}"
         assert needle in errors[0], f"{argv}: {errors[0]}"
-        assert _tree(tmp) == before, f"{argv}: a file was created or changed"
+        assert file_tree(tmp) == before, f"{argv}: a file was created or changed"
     for outside in ("/proc/x", "/sys/x"):
         assert not os.path.exists(outside)
 

@@ -163,6 +163,24 @@ def compare(
     return result
 
 
+def compare_tokens(contestants, config, *, steps: int, rounds: int, model: str, note: str = ""):
+    """`compare` of language-model train steps against "mlperf_tf" in tokens (batch x sequence
+    of the benchmark `config`), titled with `model`, the batch, the rounds, the TF and Keras
+    versions and `note`."""
+    import keras  # noqa: PLC0415 - the harness runs without TF
+    import tensorflow as tf  # noqa: PLC0415
+
+    batch, sequence = config.global_batch_size, config.data.max_sequence_length
+    title = (
+        f"{model}, batch {batch} x sequence {sequence}; {steps} steps x {rounds} rounds; "
+        f"TF {tf.__version__}, Keras {keras.__version__}{note}\n"
+    )
+    return compare(
+        contestants, steps=steps, rounds=rounds, samples_per_step=batch * sequence,
+        reference="mlperf_tf", unit="tokens", title=title,
+    )  # fmt: skip
+
+
 @dataclasses.dataclass
 class RunnerParts:
     """A benchmark's model and optimizer and the suite's runner `Trainer` over its distributed
@@ -270,6 +288,23 @@ def keras_fit_run(model, dataset) -> Callable[[int], StepWindow]:
 
 
 # ---- arguments ----------------------------------------------------------------------------------
+def rounds_parser(description: str, *, steps: int, rounds: int = 5) -> argparse.ArgumentParser:
+    """A tool's parser with the rounds' `--steps` (per contestant per round) and `--rounds`;
+    `parse_rounds` reads it."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--steps", type=int, default=steps, help="steps per side per round")
+    parser.add_argument("--rounds", type=int, default=rounds)
+    return parser
+
+
+def parse_rounds(parser: argparse.ArgumentParser, argv, *positive: str) -> argparse.Namespace:
+    """`parser.parse_args(argv)`, exiting with a usage error unless `--steps`, `--rounds` and
+    every flag in `positive` are > 0."""
+    args = parser.parse_args(argv)
+    require_positive(parser, args, "steps", "rounds", *positive)
+    return args
+
+
 def require_positive(parser: argparse.ArgumentParser, args: argparse.Namespace, *names: str):
     """Exits through `parser.error` (usage, the flag and its value) if any `--name` is not > 0."""
     for name in names:

@@ -16,6 +16,7 @@ from mlperf_logging.mllog import constants as C
 from benchmarks.flux1 import config as config_lib
 from benchmarks.flux1 import input as input_lib
 from benchmarks.flux1 import model as model_lib
+from mlperf_tf import rcps
 from mlperf_tf.benchmark import Benchmark, EvalPoint, sample_eval_schedule
 from mlperf_tf.facts import Blocks, Rcp, SimulatorShape
 from mlperf_tf.optimizers.adamw import AdamW
@@ -104,13 +105,8 @@ class FluxBenchmark(Benchmark):
         Raises:
           ConfigError: taken from the RCPs, and the batch size has none.
         """
-        opt = self.config.optimizer
-        lr, warmup = opt.opt_base_learning_rate, opt.opt_learning_rate_warmup_steps
-        if not lr or warmup < 0:
-            rcp_lr, rcp_warmup = config_lib.rcp_hparams(self.config.global_batch_size)
-            lr = lr or rcp_lr
-            warmup = rcp_warmup if warmup < 0 else warmup
-        return lr, warmup
+        batch = self.config.global_batch_size
+        return rcps.lr_and_warmup(self.config.optimizer, lambda: config_lib.rcp_hparams(batch))
 
     def eval_interval(self) -> int:
         """Samples between evaluations (`evaluation_frequency`)."""

@@ -18,7 +18,7 @@ import os
 import numpy as np
 
 from mlperf_tf import paths, rcps
-from mlperf_tf.config import BenchmarkConfig, ConfigError, require
+from mlperf_tf.config import BenchmarkConfig, ConfigError, require, require_adamw
 
 # What the closed rules of 5.1.0-6.1.0 and the reference fix.
 TRAIN_SAMPLES = 1_099_776  # the CC12M subset (text_to_image/README.md)
@@ -150,17 +150,8 @@ class OptimizerConfig:
     opt_adamw_weight_decay: float = 0.1
 
     def __post_init__(self):
-        require(
-            self,
-            prefix="optimizer.",
-            non_negative=("opt_base_learning_rate", "opt_adamw_epsilon", "opt_adamw_weight_decay"),
-            fraction=("opt_adamw_beta_1", "opt_adamw_beta_2"),
-        )
-        if self.opt_learning_rate_warmup_steps < -1:
-            raise ConfigError(
-                "`optimizer.opt_learning_rate_warmup_steps` "
-                f"({self.opt_learning_rate_warmup_steps}) must be >= 0 (or -1: from the RCP)."
-            )
+        require_adamw(self)
+        rcps.check_warmup_steps(self.opt_learning_rate_warmup_steps)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -260,12 +251,7 @@ def rcp_hparams(global_batch_size: int) -> tuple[float, int]:
       ConfigError: no RCP has this batch size (the rules accept the RCPs' hyperparameters;
         a batch between them has none to borrow).
     """
-    h = rcps.at_batch(
-        RCP_FILE,
-        "flux1",
-        global_batch_size,
-        settings="`optimizer.opt_base_learning_rate` and `optimizer.opt_learning_rate_warmup_steps`",
-    )
+    h = rcps.at_batch(RCP_FILE, "flux1", global_batch_size, settings=rcps.LR_AND_WARMUP)
     return float(h["opt_base_learning_rate"]), int(h["opt_learning_rate_warmup_steps"])
 
 

@@ -5,10 +5,11 @@ files of rows `__key__` (string), `t5_encodings`, `clip_encodings`, `mean`, `log
 `np.save`d uint16 array holding bfloat16 bits: [256, 4096], [768], [16, 32, 32] twice) and, for
 the COCO validation set, `timestep` (int32, 0..7); `save_empty_encodings.py` writes the empty
 caption's `t5_empty.npy` [1, 256, 4096] and `clip_empty.npy` [1, 768] (float16). This command
-streams each parquet file a record batch at a time into one TFRecord file of the same name
-(`train/` or `eval/` under `--out_dir`; nothing is held whole in memory), writing
-`NAME.tfrecord.partial` and renaming it when the file is done: a rerun skips the files already
-converted (resumable) and a failure leaves no partial file. The empty encodings become
+streams the k-th of N parquet files (sorted) a record batch at a time into one TFRecord file,
+`train-0000k-of-0000N.tfrecord` or `eval-...` in `train/` or `eval/` under `--out_dir` (the
+shard naming of every `prepare`; nothing is held whole in memory), writing `NAME.partial` and
+renaming it when the file is done: a rerun over the same files skips those already converted
+(resumable) and a failure leaves no partial file. The empty encodings become
 `empty_encodings.npz`. Usage:
 
     mlperf-tf prepare flux1 --train_dir=/dataset/cc12m_preprocessed_temp \
@@ -136,8 +137,9 @@ def _num_rows(path: str) -> int:
 
 
 def convert_split(src_dir: str, out_dir: str, shapes, *, eval_set: bool, progress=True) -> dict:
-    """Converts every `*.parquet` under `src_dir` to `out_dir/<name>.tfrecord` (skipping those
-    done). Returns {"files", "skipped_files", "rows"}.
+    """Converts the k-th of the N `*.parquet` files under `src_dir` (sorted) to
+    `out_dir/{train,eval}-0000k-of-0000N.tfrecord` (`tfrecord.shard_paths`, the naming of every
+    `prepare`), skipping those done. Returns {"files", "skipped_files", "rows"}.
 
     Raises:
       DataError: no parquet file, an unreadable file, or a row of the wrong shapes (the
@@ -145,20 +147,20 @@ def convert_split(src_dir: str, out_dir: str, shapes, *, eval_set: bool, progres
     """
     import tensorflow as tf  # noqa: PLC0415
 
-    from mlperf_tf.data.tfrecord import Progress  # noqa: PLC0415
+    from mlperf_tf.data.tfrecord import Progress, shard_paths  # noqa: PLC0415
 
     files = sorted(glob.glob(os.path.join(src_dir, "**", "*.parquet"), recursive=True))
     if not files:
         raise DataError(f"no parquet file under '{src_dir}'")
     os.makedirs(out_dir, exist_ok=True)
+    what = "eval" if eval_set else "train"
+    targets = shard_paths(out_dir, prefix=what, num_shards=len(files), suffix=".tfrecord")
     todo, skipped = [], 0
-    for path in files:
-        target = os.path.join(out_dir, os.path.splitext(os.path.basename(path))[0] + ".tfrecord")
+    for path, target in zip(files, targets):
         if os.path.exists(target):
             skipped += 1
         else:
             todo.append((path, target))
-    what = "eval" if eval_set else "train"
     # Every file's footer is read before anything is written: a corrupt file fails up front.
     total = sum(_num_rows(p) for p, _ in todo)
     bar = Progress(total, prefix=f"flux1 {what}") if progress else None

@@ -10,7 +10,6 @@ from absl import logging
 from benchmarks.gpt_oss_20b import config as config_lib
 from benchmarks.gpt_oss_20b import input as input_lib
 from benchmarks.gpt_oss_20b import model as model_lib
-from mlperf_tf import flops
 from mlperf_tf.data import c4
 from mlperf_tf.errors import UserError
 from mlperf_tf.facts import Blocks, Experts, Rcp, SimulatorShape
@@ -51,26 +50,6 @@ class GptOssBenchmark(PretrainingBenchmark):
         """The end-of-document id whose input positions the loss skips (the preset's data)."""
         eod = self.config.data.eod_token_id
         return None if eod < 0 else eod
-
-    def decoder_shape(self) -> flops.DecoderShape:
-        """`config.model` as `mlperf_tf.flops` counts it: active experts only, windowed layers
-        at their window."""
-        m = self.config.model
-        return flops.DecoderShape(
-            vocab_size=m.vocab_size,
-            hidden_size=m.hidden_size,
-            num_layers=m.num_hidden_layers,
-            num_attention_heads=m.num_attention_heads,
-            num_key_value_heads=m.num_key_value_heads,
-            head_dim=m.head_dim,
-            intermediate_size=m.intermediate_size,
-            moe_layers=m.moe.count(m.num_hidden_layers),
-            num_experts=m.moe.num_experts,
-            experts_per_token=m.moe.top_k,
-            expert_intermediate_size=m.moe.filter_size,
-            sliding_window=m.sliding_window,
-            sliding_layers=m.sliding_layers(),
-        )
 
     def simulator_shape(self) -> SimulatorShape:
         """Megatron's two all-reduces per block under tensor parallelism; each MoE layer holds

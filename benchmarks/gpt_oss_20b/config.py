@@ -11,21 +11,21 @@ rcps_gpt_oss_20b.json`, the same file in 6.1.0).
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 
-from mlperf_tf import paths, rcps
-from mlperf_tf.config import BenchmarkConfig, ConfigError, require
+from mlperf_tf import paths
+from mlperf_tf.config import ConfigError
 from mlperf_tf.data import c4
 from mlperf_tf.layers.moe import MoEConfig
-from mlperf_tf.lm.config import DecoderConfig
+from mlperf_tf.lm import pretraining
+from mlperf_tf.lm.config import TINY_SHAPE, DecoderConfig
 from mlperf_tf.lm.pretraining import MAX_STEPS_DEFAULT, PretrainingOptimizerConfig
 
 # What the closed rules of 6.0.0 and 6.1.0 fix (closed_gpt_oss_20b.yaml).
 MAX_STEPS = MAX_STEPS_DEFAULT  # 1,200,000
 MLPERF_SEQUENCE_LENGTH = c4.REFERENCE_SEQUENCE_LENGTH  # 8,192
 EVAL_SAMPLES = c4.EVAL_WINDOWS  # 1,024
-EVAL_EVERY_SAMPLES = 12_288  # config_*.sh EVAL_SAMPLES_INTERVAL (sequences)
+EVAL_EVERY_SAMPLES = pretraining.EVAL_EVERY_SAMPLES  # config_*.sh EVAL_SAMPLES_INTERVAL
 TARGET_LOG_PERPLEXITY = 3.34
 
 RCP_FILE = "rcp_checker/training_6.0.0/rcps_gpt_oss_20b.json"
@@ -101,10 +101,6 @@ class ModelConfig(DecoderConfig):
                 "GPT-OSS has experts in every layer (num_experts >= 1, every 1)."
             )
 
-    def sliding_layers(self) -> int:
-        """Layers that attend over a window."""
-        return sum(bool(self.layer_window(i)) for i in range(self.num_hidden_layers))
-
 
 def gpt_oss_20b() -> ModelConfig:
     """GPT-OSS 20B as the reference trains it (README.md of this package)."""
@@ -114,12 +110,8 @@ def gpt_oss_20b() -> ModelConfig:
 def tiny(vocab_size: int = 128) -> ModelConfig:
     """A 2-layer GPT-OSS for tests and `smoke` (GQA 4/2 heads of 8, 4 experts top-2, window 5)."""
     return ModelConfig(
+        **TINY_SHAPE,
         vocab_size=vocab_size,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
         intermediate_size=32,
         sliding_window=5,
         max_position_embeddings=256,
@@ -135,30 +127,23 @@ class OptimizerConfig(PretrainingOptimizerConfig):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class DataConfig:
+class DataConfig(pretraining.PretrainingDataConfig):
     """Packed token windows (TFRecords under `data_dir`, `mlperf_tf.data.c4`).
 
     `eod_token_id`: the end-of-document token; positions whose input is it are left out of the
     loss (Megatron's `eod_mask_loss`; -1: none left out).
     """
 
-    max_sequence_length: int = MLPERF_SEQUENCE_LENGTH
-    train_pattern: str = "train/*.tfrecord"
-    eval_pattern: str = "eval/*.tfrecord"
-    shuffle_buffer: int = 1024  # windows
     eod_token_id: int = LLAMA3_END_OF_TEXT_ID
 
     def __post_init__(self):
-        if isinstance(self.max_sequence_length, bool) or self.max_sequence_length < 2:
-            raise ConfigError(
-                f"`data.max_sequence_length` ({self.max_sequence_length!r}) must be >= 2."
-            )
+        super().__post_init__()
         if self.eod_token_id < -1:
             raise ConfigError(f"`data.eod_token_id` ({self.eod_token_id}) must be >= -1.")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class GptOssConfig(BenchmarkConfig):
+class GptOssConfig(pretraining.PretrainingConfig):
     """GPT-OSS pretraining (MLPerf `gpt_oss_20b`). Sizes are in sequences (token windows).
 
     The training budget is `optimizer.max_steps` steps of `global_batch_size` unless a preset
@@ -166,21 +151,13 @@ class GptOssConfig(BenchmarkConfig):
     `eval_every_samples` training sequences rounded up to whole steps (`ceil(12288 / GBS) x GBS`).
     """
 
-    gradient_clip_norm: float = 1.0
     model: ModelConfig = dataclasses.field(default_factory=gpt_oss_20b)
     optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
-    eval_every_samples: int = EVAL_EVERY_SAMPLES
 
     def __post_init__(self):
         super().__post_init__()
-        require(self, positive_int=("eval_every_samples",))
         seq, m = self.data.max_sequence_length, self.model
-        if seq > m.max_position_embeddings:
-            raise ConfigError(
-                f"`data.max_sequence_length` ({seq}) exceeds `model.max_position_embeddings` "
-                f"({m.max_position_embeddings})."
-            )
         windowed = any(m.layer_window(i) for i in range(m.num_hidden_layers))
         if windowed and m.sliding_window > seq:
             raise ConfigError(
@@ -196,22 +173,12 @@ class GptOssConfig(BenchmarkConfig):
 
 def rcp_hparams(global_batch_size: int) -> tuple[float, int]:
     """(base LR, warm-up steps) of the reference convergence point for `global_batch_size`:
-    BS 16 (4e-4, 128), 32 (8e-4, 128), 64 (1e-3, 192); warm-up steps are the RCP's samples over
-    the batch, rounded up.
+    BS 16 (4e-4, 128), 32 (8e-4, 128), 64 (1e-3, 192) (`pretraining.rcp_lr_and_warmup`).
 
     Raises:
-      ConfigError: no RCP has this batch size (no interpolation: the rules accept the RCPs'
-        hyperparameters, or ones a submitter borrows and justifies).
+      ConfigError: no RCP has this batch size.
     """
-    h = rcps.at_batch(
-        RCP_FILE,
-        "gpt_oss_20b",
-        global_batch_size,
-        settings="`optimizer.opt_base_learning_rate` and `optimizer.opt_learning_rate_warmup_steps`",
-    )
-    return float(h["opt_base_learning_rate"]), math.ceil(
-        int(h["opt_learning_rate_warmup_samples"]) / global_batch_size
-    )
+    return pretraining.rcp_lr_and_warmup(RCP_FILE, "gpt_oss_20b", global_batch_size)
 
 
 # ---- presets ------------------------------------------------------------------------------------
@@ -227,14 +194,10 @@ def mlperf() -> GptOssConfig:
     expert parallelism (the reference: 8 MI355X, EP 8). Expected: log perplexity 3.34 after
     about 195,000 sequences (the BS-16 RCP's mean).
     """
-    batch = 16
     return GptOssConfig(
-        global_batch_size=batch,
-        eval_batch_size=16,
-        train_examples=MAX_STEPS * batch,
-        eval_examples=EVAL_SAMPLES,
-        max_epochs=1.0,
-        quality_target=TARGET_LOG_PERPLEXITY,
+        **pretraining.preset_sizes(
+            batch=16, eval_batch=16, train_steps=MAX_STEPS, target=TARGET_LOG_PERPLEXITY
+        ),
         model=gpt_oss_20b(),
         data=DataConfig(),
         data_dir=os.path.join(paths.data_root(), "llama31-c4"),
@@ -258,12 +221,9 @@ def mini() -> GptOssConfig:
     batch = 8
     seq = c4.MINI_SEQUENCE_LENGTH
     return GptOssConfig(
-        global_batch_size=batch,
-        eval_batch_size=64,
-        train_examples=MINI_TRAIN_STEPS * batch,
-        eval_examples=EVAL_SAMPLES,
-        max_epochs=1.0,
-        quality_target=TARGET_LOG_PERPLEXITY,
+        **pretraining.preset_sizes(
+            batch=batch, eval_batch=64, train_steps=MINI_TRAIN_STEPS, target=TARGET_LOG_PERPLEXITY
+        ),
         model=ModelConfig(
             vocab_size=c4.MINI_VOCAB_SIZE,
             hidden_size=256,
@@ -291,16 +251,7 @@ def smoke() -> GptOssConfig:
     Command: `mlperf-tf run --benchmark=gpt_oss_20b --preset=smoke --model_dir=/tmp/gptoss_smoke`.
     Hardware: any CPU. Expected: well under a minute; the perplexity is meaningless.
     """
-    return GptOssConfig(
-        global_batch_size=8,
-        eval_batch_size=256,
-        train_examples=8 * 6,
-        eval_examples=EVAL_SAMPLES,
-        max_epochs=1.0,
-        quality_target=TARGET_LOG_PERPLEXITY,
-        model=tiny(128),
-        optimizer=OptimizerConfig(opt_base_learning_rate=1e-3, opt_learning_rate_warmup_steps=2),
-        data=DataConfig(max_sequence_length=32, eod_token_id=2),
-        data_dir="",
-        eval_every_samples=8 * 3,
-    )
+    return pretraining.smoke_preset(
+        GptOssConfig, model=tiny(128), data=DataConfig(max_sequence_length=32, eod_token_id=2),
+        target=TARGET_LOG_PERPLEXITY,
+    )  # fmt: skip

@@ -24,8 +24,6 @@ import dataclasses
 import glob
 import json
 import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 
 import tensorflow as tf
@@ -33,6 +31,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.tensorflow import save_file
 
 from benchmarks.llama2_70b_lora.config import ModelConfig
+from mlperf_tf import prepare_cli
 from mlperf_tf.errors import UserError
 
 FORMAT = "mlperf_tf.llama/1"
@@ -229,20 +228,13 @@ def _checked(tensor: tf.Tensor, shape: tuple[int, ...], name: str, where: str) -
 @contextlib.contextmanager
 def staged(out_dir: str) -> Iterator[str]:
     """A temporary sibling folder of `out_dir`, renamed to it when the block succeeds, removed
-    when it fails: a reader never sees a half-written checkpoint."""
+    when it fails (`mlperf_tf.prepare_cli.staged_folder`): a reader never sees a half-written
+    checkpoint; an existing `out_dir` is an error."""
     out_dir = os.path.abspath(out_dir)
     if os.path.exists(out_dir):
         raise CheckpointImportError(f"{out_dir!r} already exists; remove it to import again")
-    parent = os.path.dirname(out_dir)
-    os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=os.path.basename(out_dir) + ".partial-", dir=parent)
-    try:
+    with prepare_cli.staged_folder(out_dir) as staging:
         yield staging
-        os.chmod(staging, 0o755)
-        os.rename(staging, out_dir)
-    finally:
-        if os.path.exists(staging):
-            shutil.rmtree(staging, ignore_errors=True)
 
 
 def write(tensors, out_dir: str, model: ModelConfig, *, source: str,

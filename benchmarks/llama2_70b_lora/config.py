@@ -18,9 +18,9 @@ import math
 import os
 
 from mlperf_tf import paths, rcps
-from mlperf_tf.config import BenchmarkConfig, ConfigError, require
+from mlperf_tf.config import BenchmarkConfig, ConfigError, require, require_adamw
 from mlperf_tf.layers.lora import LoraConfig
-from mlperf_tf.lm.config import DecoderConfig
+from mlperf_tf.lm.config import TINY_SHAPE, DecoderConfig
 from mlperf_tf.optimizers import registry
 
 # What the reference and the closed rules fix.
@@ -99,8 +99,7 @@ def llama2_70b() -> ModelConfig:
 def tiny(vocab_size: int = 128) -> ModelConfig:
     """A 2-layer Llama for tests and `smoke` (GQA 4/2 heads of 8), float32 base."""
     return ModelConfig(
-        vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=8, intermediate_size=64, max_position_embeddings=256,
+        **TINY_SHAPE, vocab_size=vocab_size, intermediate_size=64, max_position_embeddings=256,
         base_dtype="float32",
     )  # fmt: skip
 
@@ -126,12 +125,10 @@ class OptimizerConfig:
 
     def __post_init__(self):
         registry.check_opt_name(self.opt_name)
-        require(
+        require_adamw(
             self,
-            prefix="optimizer.",
-            non_negative=("opt_base_learning_rate", "opt_adamw_epsilon", "opt_adamw_weight_decay"),
             positive_int=("opt_learning_rate_training_steps",),
-            fraction=("opt_adamw_beta_1", "opt_adamw_beta_2", "opt_learning_rate_warmup_factor"),
+            fraction=("opt_learning_rate_warmup_factor",),
         )
 
     @property

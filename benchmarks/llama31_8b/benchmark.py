@@ -8,7 +8,6 @@ from absl import logging
 from benchmarks.llama31_8b import config as config_lib
 from benchmarks.llama31_8b import input as input_lib
 from benchmarks.llama31_8b import model as model_lib
-from mlperf_tf import flops
 from mlperf_tf.facts import Blocks, Rcp, SimulatorShape
 from mlperf_tf.lm.pretraining import PretrainingBenchmark
 
@@ -37,23 +36,6 @@ class Llama31Benchmark(PretrainingBenchmark):
     def reference_hparams(self, global_batch_size: int) -> tuple[float, int]:
         """(base LR, warm-up steps) of this benchmark's RCP for the batch (`config.rcp_hparams`)."""
         return config_lib.rcp_hparams(global_batch_size)
-
-    def decoder_shape(self) -> flops.DecoderShape:
-        """`config.model` as `mlperf_tf.flops` counts a decoder (MoE blocks: router and top-k)."""
-        m = self.config.model
-        return flops.DecoderShape(
-            vocab_size=m.vocab_size,
-            hidden_size=m.hidden_size,
-            num_layers=m.num_hidden_layers,
-            num_attention_heads=m.num_attention_heads,
-            num_key_value_heads=m.num_key_value_heads,
-            head_dim=m.head_dim,
-            intermediate_size=m.intermediate_size,
-            moe_layers=m.moe.count(m.num_hidden_layers),
-            num_experts=m.moe.num_experts,
-            experts_per_token=m.moe.top_k,
-            expert_intermediate_size=m.moe.filter_size,
-        )
 
     def simulator_shape(self) -> SimulatorShape:
         """For `--model_parallel` and `--expert_parallel`: Megatron's two all-reduces per block

@@ -11,21 +11,20 @@ convergence points (`mlperf_logging/rcp_checker/training_5.1.0/rcps_llama31_8b.j
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 from typing import Literal
 
-from mlperf_tf import paths, rcps
-from mlperf_tf.config import BenchmarkConfig, ConfigError, require
+from mlperf_tf import paths
 from mlperf_tf.data import c4
-from mlperf_tf.lm.config import DecoderConfig
+from mlperf_tf.lm import pretraining
+from mlperf_tf.lm.config import TINY_SHAPE, DecoderConfig
 from mlperf_tf.lm.pretraining import MAX_STEPS_DEFAULT, PretrainingOptimizerConfig
 
 # What the closed rules of 5.1.0, 6.0.0 and 6.1.0 fix (closed_llama31_8b.yaml).
 MAX_STEPS = MAX_STEPS_DEFAULT  # 1,200,000
 MLPERF_SEQUENCE_LENGTH = c4.REFERENCE_SEQUENCE_LENGTH  # 8,192
 EVAL_SAMPLES = c4.EVAL_WINDOWS  # 1,024
-EVAL_EVERY_SAMPLES = 12_288  # the reference's `--eval_every` (sequences)
+EVAL_EVERY_SAMPLES = pretraining.EVAL_EVERY_SAMPLES  # the reference's `--eval_every` (sequences)
 TARGET_LOG_PERPLEXITY = 3.3
 
 RCP_FILE = "rcp_checker/training_5.1.0/rcps_llama31_8b.json"
@@ -44,22 +43,14 @@ class ModelConfig(DecoderConfig):
     `intermediate_size`); num_experts=0 keeps Llama dense.
     """
 
+    # Where Llama 3.1 8B differs from DecoderConfig's defaults, which are its shape (hidden
+    # 4,096, 32 layers, GQA 32/8 heads of 128, SwiGLU 14,336, RMSNorm eps 1e-5, init 0.02,
+    # scaling's low/high frequency factors 1 and 4 over 8,192 original positions).
     vocab_size: int = 128_256
-    hidden_size: int = 4096
-    num_hidden_layers: int = 32
-    num_attention_heads: int = 32
-    num_key_value_heads: int = 8
-    head_dim: int = 128
-    intermediate_size: int = 14_336
-    rms_norm_eps: float = 1e-5
     rope_theta: float = 500_000.0
     rope_type: Literal["default", "llama3", "yarn"] = "llama3"
     rope_scaling_factor: float = 8.0
-    rope_low_freq_factor: float = 1.0
-    rope_high_freq_factor: float = 4.0
-    rope_original_max_position: int = 8192
     max_position_embeddings: int = 131_072
-    initializer_range: float = 0.02
 
 
 def llama31_8b() -> ModelConfig:
@@ -70,12 +61,8 @@ def llama31_8b() -> ModelConfig:
 def tiny(vocab_size: int = 128) -> ModelConfig:
     """A 2-layer Llama for tests and `smoke` (GQA 4/2 heads of 8, scaling kept)."""
     return ModelConfig(
+        **TINY_SHAPE,
         vocab_size=vocab_size,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
         intermediate_size=64,
         rope_original_max_position=32,
         max_position_embeddings=256,
@@ -90,23 +77,12 @@ class OptimizerConfig(PretrainingOptimizerConfig):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class DataConfig:
+class DataConfig(pretraining.PretrainingDataConfig):
     """Packed token windows (TFRecords under `data_dir`, written by prepare.py)."""
-
-    max_sequence_length: int = 8192
-    train_pattern: str = "train/*.tfrecord"
-    eval_pattern: str = "eval/*.tfrecord"
-    shuffle_buffer: int = 1024  # windows
-
-    def __post_init__(self):
-        if isinstance(self.max_sequence_length, bool) or self.max_sequence_length < 2:
-            raise ConfigError(
-                f"`data.max_sequence_length` ({self.max_sequence_length!r}) must be >= 2."
-            )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class LlamaConfig(BenchmarkConfig):
+class LlamaConfig(pretraining.PretrainingConfig):
     """Llama 3.1 pretraining (MLPerf `llama31_8b`). Sizes are in sequences (token windows).
 
     The training budget is `optimizer.max_steps` steps of `global_batch_size` (one "epoch" is
@@ -115,41 +91,20 @@ class LlamaConfig(BenchmarkConfig):
     up to whole steps, as the reference's `ceil(eval_every / gbs)`).
     """
 
-    gradient_clip_norm: float = 1.0
     model: ModelConfig = dataclasses.field(default_factory=llama31_8b)
     optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
-    eval_every_samples: int = EVAL_EVERY_SAMPLES
-
-    def __post_init__(self):
-        super().__post_init__()
-        require(self, positive_int=("eval_every_samples",))
-        if self.data.max_sequence_length > self.model.max_position_embeddings:
-            raise ConfigError(
-                f"`data.max_sequence_length` ({self.data.max_sequence_length}) exceeds "
-                f"`model.max_position_embeddings` ({self.model.max_position_embeddings})."
-            )
 
 
 def rcp_hparams(global_batch_size: int) -> tuple[float, int]:
-    """(base LR, warm-up steps) of the reference convergence point for `global_batch_size`.
-
-    Warm-up steps are the RCP's warm-up samples over the batch, rounded up (BS 96's 16,348
-    samples give 171 steps; the other four divide evenly).
+    """(base LR, warm-up steps) of the reference convergence point for `global_batch_size`
+    (`pretraining.rcp_lr_and_warmup`: BS 96's 16,348 warm-up samples give 171 steps; the other
+    four divide evenly).
 
     Raises:
-      ConfigError: no RCP has this batch size (no interpolation: the rules accept only the
-        RCPs' hyperparameters or ones a submitter borrows and justifies).
+      ConfigError: no RCP has this batch size.
     """
-    h = rcps.at_batch(
-        RCP_FILE,
-        "llama31_8b",
-        global_batch_size,
-        settings="`optimizer.opt_base_learning_rate` and `optimizer.opt_learning_rate_warmup_steps`",
-    )
-    return float(h["opt_base_learning_rate"]), math.ceil(
-        int(h["opt_learning_rate_warmup_samples"]) / global_batch_size
-    )
+    return pretraining.rcp_lr_and_warmup(RCP_FILE, "llama31_8b", global_batch_size)
 
 
 # ---- presets ------------------------------------------------------------------------------------
@@ -164,14 +119,10 @@ def mlperf() -> LlamaConfig:
     (the 8B model with AdamW state is ~128 GB in fp32; see README.md). Expected: log perplexity
     3.3 after about 180,000 sequences (the BS-32 RCP's mean).
     """
-    batch = 32
     return LlamaConfig(
-        global_batch_size=batch,
-        eval_batch_size=32,
-        train_examples=MAX_STEPS * batch,
-        eval_examples=EVAL_SAMPLES,
-        max_epochs=1.0,
-        quality_target=TARGET_LOG_PERPLEXITY,
+        **pretraining.preset_sizes(
+            batch=32, eval_batch=32, train_steps=MAX_STEPS, target=TARGET_LOG_PERPLEXITY
+        ),
         model=llama31_8b(),
         data=DataConfig(max_sequence_length=8192),
         data_dir=os.path.join(paths.data_root(), "llama31-c4"),
@@ -197,13 +148,10 @@ def mini() -> LlamaConfig:
     """
     batch = 8
     return LlamaConfig(
-        global_batch_size=batch,
-        eval_batch_size=64,
-        # The run's budget (3,000 steps); the schedule's length stays max_steps (1,200,000).
-        train_examples=MINI_TRAIN_STEPS * batch,
-        eval_examples=EVAL_SAMPLES,
-        max_epochs=1.0,
-        quality_target=MINI_TARGET,
+        # The run's budget (2,000 steps); the schedule's length stays max_steps (1,200,000).
+        **pretraining.preset_sizes(
+            batch=batch, eval_batch=64, train_steps=MINI_TRAIN_STEPS, target=MINI_TARGET
+        ),
         model=ModelConfig(
             vocab_size=MINI_VOCAB_SIZE,
             hidden_size=256,
@@ -230,16 +178,7 @@ def smoke() -> LlamaConfig:
     Command: `mlperf-tf run --benchmark=llama31_8b --preset=smoke --model_dir=/tmp/llama_smoke`.
     Hardware: any CPU. Expected: well under a minute; the perplexity is meaningless.
     """
-    return LlamaConfig(
-        global_batch_size=8,
-        eval_batch_size=256,
-        train_examples=8 * 6,
-        eval_examples=EVAL_SAMPLES,
-        max_epochs=1.0,
-        quality_target=TARGET_LOG_PERPLEXITY,
-        model=tiny(128),
-        optimizer=OptimizerConfig(opt_base_learning_rate=1e-3, opt_learning_rate_warmup_steps=2),
-        data=DataConfig(max_sequence_length=32),
-        data_dir="",
-        eval_every_samples=8 * 3,
-    )
+    return pretraining.smoke_preset(
+        LlamaConfig, model=tiny(128), data=DataConfig(max_sequence_length=32),
+        target=TARGET_LOG_PERPLEXITY,
+    )  # fmt: skip

@@ -10,21 +10,11 @@ from mlperf_tf.layers import CrossReplicaBatchNormalization
 from mlperf_tf.layers.spatial import SpatialBuilder
 from mlperf_tf.parallel import spatial as spatial_lib
 from mlperf_tf.parallel.spatial import SpatialLayout
+from mlperf_tf.seeds import LayerSeeds
 
 # Stride of each stage's first bottleneck (the first stage follows the stem's max pool).
 _STAGE_STRIDES = (1, 2, 2, 2)
 _EXPANSION = 4  # a bottleneck's output has 4x the filters of its 3x3 convolution
-
-
-class _Seeds:
-    """Hands out a distinct initializer seed per layer, derived from the run's seed."""
-
-    def __init__(self, seed: int):
-        self._next = seed * 1000
-
-    def __call__(self) -> int:
-        self._next += 1
-        return self._next
 
 
 def resnet(
@@ -74,7 +64,7 @@ def resnet(
         raise ValueError(
             f"`block_layers` ({config.block_layers!r}) has more than {len(_STAGE_STRIDES)} stages."
         )
-    seeds = _Seeds(seed)
+    seeds = LayerSeeds(seed)
     build = SpatialBuilder(layout)
     inputs = keras.Input(shape=(image_size, image_size, 3), name="images")
     x = _stem(build, inputs, config, seeds, image_size=image_size)

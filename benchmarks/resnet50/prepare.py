@@ -22,7 +22,6 @@ import csv
 import os
 import shutil
 import sys
-import tempfile
 from collections.abc import Sequence
 
 import numpy as np
@@ -399,26 +398,18 @@ def prepare_mini(data_dir: str, *, progress: bool = False) -> dict[str, int]:
     data_dir = os.path.abspath(data_dir)
     if os.path.isdir(data_dir) and os.listdir(data_dir):
         raise UserError(f"mini data folder '{data_dir}' already exists; delete it to rewrite it")
-    parent = os.path.dirname(data_dir)
-    os.makedirs(parent, exist_ok=True)
-    work = tempfile.mkdtemp(prefix=os.path.basename(data_dir) + ".partial-", dir=parent)
-    try:
-        raw_dir = os.path.join(work, "raw")
-        out_dir = os.path.join(work, "records")
+    with prepare_cli.staged_folder(data_dir) as staging:  # replaces an empty `data_dir`
+        raw_dir = os.path.join(staging, "raw")
         write_mini_tree(raw_dir)
         counts = prepare_imagenet(
             raw_dir,
-            out_dir,
+            staging,
             train_shards=MINI_TRAIN_SHARDS,
             eval_shards=MINI_EVAL_SHARDS,
             num_workers=0,  # 1797 tiny images: worker start-up would cost more than it saves
             progress=progress,
         )
-        if os.path.isdir(data_dir):
-            os.rmdir(data_dir)  # empty (checked above)
-        os.replace(out_dir, data_dir)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(raw_dir)  # the records hold the JPEG bytes
     return counts
 
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from collections import defaultdict
 from collections.abc import Sequence
 
@@ -373,10 +372,7 @@ def prepare_mini(
     order = rng.permutation(len(digits.images))
     cut = int(0.8 * len(order))
     train_idx, eval_idx = order[:cut], order[cut:]
-    parent = os.path.dirname(os.path.abspath(data_dir))
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".ssd-mini-", dir=parent)
-    try:
+    with prepare_cli.staged_folder(data_dir) as tmp:
         annotations = os.path.join(tmp, ANNOTATIONS_DIR)
         os.makedirs(annotations)
         splits = (
@@ -407,12 +403,8 @@ def prepare_mini(
                 progress=False,
             )
         shutil.rmtree(os.path.join(tmp, "images"))  # the records hold the JPEG bytes
-        if os.path.exists(data_dir):
+        if os.path.exists(data_dir):  # rewritten whole; staged_folder replaces only an empty one
             shutil.rmtree(data_dir)
-        os.replace(tmp, data_dir)
-    finally:
-        if os.path.exists(tmp):
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -31,8 +31,6 @@ import gzip
 import json
 import math
 import os
-import shutil
-import tempfile
 import zlib
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -41,7 +39,7 @@ import numpy as np
 import tensorflow as tf
 
 from mlperf_tf import paths, prepare_cli
-from mlperf_tf.data import docstrings
+from mlperf_tf.data import docstrings, tfrecord
 from mlperf_tf.errors import DataError, UserError
 
 # What the closed rules of the C4 benchmarks fix (closed_llama31_8b.yaml, closed_gpt_oss_20b.yaml).
@@ -173,33 +171,21 @@ def pack_windows(documents: Iterable[list[int]], sequence_length: int) -> Iterat
 
 
 def _example(window: np.ndarray) -> bytes:
-    feature = {"tokens": tf.train.Feature(int64_list=tf.train.Int64List(value=window))}
-    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+    # Int64List takes the array as it is: `tfrecord.int64_feature`'s per-value int() would cost
+    # a Python call per token of the whole corpus.
+    tokens = tf.train.Feature(int64_list=tf.train.Int64List(value=window))
+    return tfrecord.make_example({"tokens": tokens}).SerializeToString()
 
 
 def write_windows(
     windows: Iterable[np.ndarray], folder: str, prefix: str, *, limit: int | None
 ) -> int:
-    """Writes up to `limit` windows (None: all) into `folder/prefix-NNNNN.tfrecord` files of
-    `WINDOWS_PER_FILE`; returns how many."""
-    os.makedirs(folder, exist_ok=True)
-    count, writer = 0, None
-    try:
-        for window in windows:
-            if limit is not None and count >= limit:
-                break
-            if count % WINDOWS_PER_FILE == 0:
-                if writer:
-                    writer.close()
-                index = count // WINDOWS_PER_FILE
-                writer = tf.io.TFRecordWriter(
-                    os.path.join(folder, f"{prefix}-{index:05d}.tfrecord")
-                )
-            writer.write(_example(window))
-            count += 1
-    finally:
-        if writer:
-            writer.close()
+    """Writes up to `limit` windows (None: all) into `folder/prefix-NNNNN-of-NNNNN.tfrecord`
+    files of `WINDOWS_PER_FILE` (`mlperf_tf.data.tfrecord.write_streamed`); returns how many."""
+    _, count = tfrecord.write_streamed(
+        (_example(w) for w in windows), folder, prefix=prefix, per_file=WINDOWS_PER_FILE,
+        limit=limit, suffix=".tfrecord",
+    )  # fmt: skip
     return count
 
 
@@ -264,10 +250,7 @@ def prepare(
         raise UserError(f"--out_dir={out_dir!r} already exists; remove it or pick another")
     train, validation = c4_shards(c4_dir, train_shards)
     tokenizer = load_tokenizer(tokenizer_path)
-    parent = os.path.dirname(out_dir)
-    os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=os.path.basename(out_dir) + ".partial-", dir=parent)
-    try:
+    with prepare_cli.staged_folder(out_dir) as staging:
         eval_count = write_windows(
             pack_windows(token_stream(validation, tokenizer), sequence_length),
             os.path.join(staging, "eval"),
@@ -297,11 +280,6 @@ def prepare(
         }
         with open(os.path.join(staging, "summary.json"), "w", encoding="utf-8") as f:
             json.dump(summary, f, indent=1)
-        os.chmod(staging, 0o755)
-        os.rename(staging, out_dir)
-    finally:
-        if os.path.exists(staging):
-            shutil.rmtree(staging, ignore_errors=True)
     return summary
 
 
@@ -370,10 +348,7 @@ def prepare_mini(data_dir: str, *, eval_every: int = 4) -> dict[str, object]:
     data_dir = os.path.abspath(data_dir)
     if os.path.exists(data_dir):
         raise DataError(f"mini data_dir '{data_dir}' already exists; remove it to rebuild")
-    parent = os.path.dirname(data_dir)
-    os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=os.path.basename(data_dir) + ".partial-", dir=parent)
-    try:
+    with prepare_cli.staged_folder(data_dir) as staging:
         train_docs, eval_docs = mini_documents(eval_every)
         c4 = os.path.join(staging, "c4")
         os.makedirs(c4)
@@ -423,11 +398,6 @@ def prepare_mini(data_dir: str, *, eval_every: int = 4) -> dict[str, object]:
         summary["train_documents"], summary["eval_documents"] = len(train_docs), len(eval_docs)
         with open(os.path.join(staging, "summary.json"), "w", encoding="utf-8") as f:
             json.dump(summary, f, indent=1)
-        os.chmod(staging, 0o755)
-        os.rename(staging, data_dir)
-    finally:
-        if os.path.exists(staging):
-            shutil.rmtree(staging, ignore_errors=True)
     return summary
 
 

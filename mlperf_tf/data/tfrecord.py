@@ -1,9 +1,11 @@
 """Provides `tf.train.Example` builders and sharded TFRecord writers (sequential and parallel).
 
-The writers are what every benchmark's `prepare` uses to turn raw data into TFRecords:
-`write_sharded` for data that fits one process, `write_sharded_parallel` for big conversions
-(ImageNet's 1.28M JPEGs): items are split into shards, each shard is built and written by a
-worker process, and a progress line on stderr counts the examples written.
+The writers are what every benchmark's `prepare` uses to turn raw data into TFRecords, all
+named by `shard_paths` (`prefix-00000-of-00008`): `write_sharded` for data that fits one
+process, `write_sharded_parallel` for big conversions (ImageNet's 1.28M JPEGs): items are split
+into shards, each shard is built and written by a worker process, and a progress line on stderr
+counts the examples written; `write_streamed` for a stream of unknown length (C4's token
+windows), in files of a fixed size.
 """
 
 from __future__ import annotations
@@ -139,6 +141,59 @@ def write_sharded(
             for writer in writers:
                 writer.close()
     return paths
+
+
+def write_streamed(
+    examples: Iterable[bytes | tf.train.Example],
+    out_dir: str,
+    *,
+    prefix: str,
+    per_file: int,
+    limit: int | None = None,
+    suffix: str = "",
+) -> tuple[list[str], int]:
+    """Writes a stream of unknown length in order into files of `per_file` records each.
+
+    The count of files is known only at the end, so they are written as `prefix.partial-N` and
+    renamed to `shard_paths` names once the stream ends; a failure removes them all.
+
+    Args:
+      examples: serialized records or `tf.train.Example`s, in the order to keep.
+      out_dir: output folder (created if missing).
+      prefix: file name prefix, e.g. "train".
+      per_file: records a file (the last holds the rest).
+      limit: the most records to take from `examples` (None: all).
+      suffix: file name ending (`shard_paths`).
+
+    Returns:
+      The file paths, in order, and the count of records written.
+    """
+    if per_file <= 0:
+        raise ValueError(f"`per_file` ({per_file}) must be positive.")
+    tf.io.gfile.makedirs(out_dir)
+    staged: list[str] = []
+    count, writer = 0, None
+    with _removed_on_failure(staged):
+        try:
+            for example in examples:
+                if limit is not None and count >= limit:
+                    break
+                if count % per_file == 0:
+                    if writer:
+                        writer.close()
+                    staged.append(os.path.join(out_dir, f"{prefix}.partial-{len(staged):05d}"))
+                    writer = tf.io.TFRecordWriter(staged[-1])
+                writer.write(_serialize(example))
+                count += 1
+        finally:
+            if writer:
+                writer.close()
+    paths = (
+        shard_paths(out_dir, prefix=prefix, num_shards=len(staged), suffix=suffix) if staged else []
+    )
+    for source, target in zip(staged, paths):
+        os.replace(source, target)
+    return paths, count
 
 
 @contextlib.contextmanager

@@ -9,6 +9,7 @@ one. The blocks (`mlperf_tf.lm.decoder`) read nothing but this.
 from __future__ import annotations
 
 import dataclasses
+import types
 from typing import Literal
 
 from mlperf_tf.config import ConfigError, require
@@ -16,6 +17,12 @@ from mlperf_tf.layers.moe import MoEConfig
 
 ROPE_TYPES = ("default", "llama3", "yarn")
 FEED_FORWARDS = ("swiglu", "swiglu_clamped")
+# The decoder every language-model benchmark's tests and `smoke` preset shrink to: 2 layers,
+# hidden 32, GQA 4/2 heads of 8 (a benchmark adds its vocabulary, widths and positions).
+TINY_SHAPE = types.MappingProxyType(
+    {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+     "num_key_value_heads": 2, "head_dim": 8}
+)  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -160,6 +167,10 @@ class DecoderConfig:
         if self.window_skip_freq and (index + 1) % self.window_skip_freq == 0:
             return 0
         return self.sliding_window
+
+    def sliding_layers(self) -> int:
+        """Layers that attend over a window."""
+        return sum(bool(self.layer_window(i)) for i in range(self.num_hidden_layers))
 
     @property
     def output_init_std(self) -> float:

@@ -11,21 +11,24 @@ A benchmark subclasses it with its model and its `reference_hparams` (its RCP fi
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import keras
 from mlperf_logging.mllog import constants as C
 
-from mlperf_tf import flops
+from mlperf_tf import flops, rcps
 from mlperf_tf.benchmark import EvalPoint, sample_eval_schedule
-from mlperf_tf.config import ConfigError, require
+from mlperf_tf.config import BenchmarkConfig, ConfigError, require, require_adamw
 from mlperf_tf.data import c4
 from mlperf_tf.lm.benchmark import LanguageModelBenchmark
+from mlperf_tf.lm.config import DecoderConfig
 from mlperf_tf.optimizers import WarmupCosineDecay, registry
 
 # What the closed rules fix (5.1.0-6.1.0 `closed_llama31_8b.yaml`, 6.0.0-6.1.0
 # `closed_gpt_oss_20b.yaml`).
 MAX_STEPS_DEFAULT = 1_200_000
+EVAL_EVERY_SAMPLES = 12_288  # NeMo's `--eval_every`, Primus' EVAL_SAMPLES_INTERVAL (sequences)
 END_LR_FRACTION = 0.1  # NeMo's and Primus' min_lr = 0.1 x max_lr
 # MLPerf log keys of those rules that `mlperf_logging.mllog.constants` spells differently or lacks.
 MAX_STEPS = "max_steps"
@@ -54,18 +57,94 @@ class PretrainingOptimizerConfig:
 
     def __post_init__(self):
         registry.check_opt_name(self.opt_name)
-        require(
-            self,
-            prefix="optimizer.",
-            non_negative=("opt_base_learning_rate", "opt_adamw_epsilon", "opt_adamw_weight_decay"),
-            positive_int=("max_steps",),
-            fraction=("opt_adamw_beta_1", "opt_adamw_beta_2"),
-        )
-        if self.opt_learning_rate_warmup_steps < -1:
+        require_adamw(self, positive_int=("max_steps",))
+        rcps.check_warmup_steps(self.opt_learning_rate_warmup_steps)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PretrainingDataConfig:
+    """Packed token windows (TFRecords under `data_dir`, written by `mlperf_tf.data.c4`)."""
+
+    max_sequence_length: int = c4.REFERENCE_SEQUENCE_LENGTH
+    train_pattern: str = "train/*.tfrecord"
+    eval_pattern: str = "eval/*.tfrecord"
+    shuffle_buffer: int = 1024  # windows
+
+    def __post_init__(self):
+        if isinstance(self.max_sequence_length, bool) or self.max_sequence_length < 2:
             raise ConfigError(
-                "`optimizer.opt_learning_rate_warmup_steps` "
-                f"({self.opt_learning_rate_warmup_steps}) must be >= 0 (or -1: from the RCP)."
+                f"`data.max_sequence_length` ({self.max_sequence_length!r}) must be >= 2."
             )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PretrainingConfig(BenchmarkConfig):
+    """A C4 pretraining benchmark's config; a benchmark subclasses it with its model's defaults.
+
+    Sizes are in sequences (token windows). Evaluations run every `eval_every_samples` training
+    sequences rounded up to whole steps (the references' `ceil(eval_every / gbs)`).
+    """
+
+    gradient_clip_norm: float = 1.0
+    model: DecoderConfig = dataclasses.field(default_factory=DecoderConfig)
+    optimizer: PretrainingOptimizerConfig = dataclasses.field(
+        default_factory=PretrainingOptimizerConfig
+    )
+    data: PretrainingDataConfig = dataclasses.field(default_factory=PretrainingDataConfig)
+    eval_every_samples: int = EVAL_EVERY_SAMPLES
+
+    def __post_init__(self):
+        super().__post_init__()
+        require(self, positive_int=("eval_every_samples",))
+        if self.data.max_sequence_length > self.model.max_position_embeddings:
+            raise ConfigError(
+                f"`data.max_sequence_length` ({self.data.max_sequence_length}) exceeds "
+                f"`model.max_position_embeddings` ({self.model.max_position_embeddings})."
+            )
+
+
+def preset_sizes(*, batch: int, eval_batch: int, train_steps: int, target: float) -> dict[str, Any]:
+    """The sizes every C4 pretraining preset sets: `train_steps` steps of `batch` sequences as
+    one "epoch" (the run's budget; the schedule's length is `optimizer.max_steps`), the rules'
+    1,024 eval windows, the log-perplexity `target`."""
+    return {
+        "global_batch_size": batch,
+        "eval_batch_size": eval_batch,
+        "train_examples": train_steps * batch,
+        "eval_examples": c4.EVAL_WINDOWS,
+        "max_epochs": 1.0,
+        "quality_target": target,
+    }
+
+
+def smoke_preset(config_class: type, *, model: DecoderConfig, data, target: float):
+    """A `config_class` of a few steps on synthetic tokens (no `data_dir`): batch 8, 6 steps, an
+    eval every 3 steps, LR 1e-3 after 2 warm-up steps; `model` and `data` are the benchmark's."""
+    optimizer_class = {f.name: f for f in dataclasses.fields(config_class)}["optimizer"]
+    return config_class(
+        **preset_sizes(batch=8, eval_batch=256, train_steps=6, target=target),
+        model=model,
+        optimizer=optimizer_class.default_factory(
+            opt_base_learning_rate=1e-3, opt_learning_rate_warmup_steps=2
+        ),
+        data=data,
+        data_dir="",
+        eval_every_samples=8 * 3,
+    )
+
+
+def rcp_lr_and_warmup(rcp_file: str, benchmark: str, global_batch_size: int) -> tuple[float, int]:
+    """(base LR, warm-up steps) of `benchmark`'s reference convergence point for the batch size:
+    warm-up steps are the RCP's warm-up samples over the batch, rounded up.
+
+    Raises:
+      ConfigError: no RCP has this batch size (no interpolation: the rules accept the RCPs'
+        hyperparameters, or ones a submitter borrows and justifies).
+    """
+    h = rcps.at_batch(rcp_file, benchmark, global_batch_size, settings=rcps.LR_AND_WARMUP)
+    return float(h["opt_base_learning_rate"]), math.ceil(
+        int(h["opt_learning_rate_warmup_samples"]) / global_batch_size
+    )
 
 
 class PretrainingBenchmark(LanguageModelBenchmark):
@@ -84,8 +163,24 @@ class PretrainingBenchmark(LanguageModelBenchmark):
         raise NotImplementedError
 
     def decoder_shape(self) -> flops.DecoderShape:
-        """`config.model` as `mlperf_tf.flops` counts a decoder (its FLOPs per sample)."""
-        raise NotImplementedError
+        """`config.model` (a `mlperf_tf.lm.DecoderConfig`) as `mlperf_tf.flops` counts a decoder:
+        MoE blocks' router and active (top-k) experts only, windowed layers at their window."""
+        m = self.config.model
+        return flops.DecoderShape(
+            vocab_size=m.vocab_size,
+            hidden_size=m.hidden_size,
+            num_layers=m.num_hidden_layers,
+            num_attention_heads=m.num_attention_heads,
+            num_key_value_heads=m.num_key_value_heads,
+            head_dim=m.head_dim,
+            intermediate_size=m.intermediate_size,
+            moe_layers=m.moe.count(m.num_hidden_layers),
+            num_experts=m.moe.num_experts,
+            experts_per_token=m.moe.top_k,
+            expert_intermediate_size=m.moe.filter_size,
+            sliding_window=m.sliding_window,
+            sliding_layers=m.sliding_layers(),
+        )
 
     # ---- sizes and schedule --------------------------------------------------------------------
     def learning_rate_and_warmup(self) -> tuple[float, int]:
@@ -94,13 +189,8 @@ class PretrainingBenchmark(LanguageModelBenchmark):
         Raises:
           ConfigError: taken from the RCPs, and the batch size has none.
         """
-        opt = self.config.optimizer
-        lr, warmup = opt.opt_base_learning_rate, opt.opt_learning_rate_warmup_steps
-        if not lr or warmup < 0:
-            rcp_lr, rcp_warmup = self.reference_hparams(self.config.global_batch_size)
-            lr = lr or rcp_lr
-            warmup = rcp_warmup if warmup < 0 else warmup
-        return lr, warmup
+        batch = self.config.global_batch_size
+        return rcps.lr_and_warmup(self.config.optimizer, lambda: self.reference_hparams(batch))
 
     def end_learning_rate(self) -> float:
         """`opt_end_learning_rate`, or 0.1 x the base LR (the references' `min_lr`) when -1."""

@@ -11,6 +11,7 @@ import yaml
 
 from compliance import checker, logfile, official_worker
 from compliance.cli import main as cli_main
+from compliance.runner import stock_command
 from mlperf_tf.errors import UserError
 from tests.compliance import logs
 
@@ -334,16 +335,7 @@ def test_no_log_value_is_run_as_code(tmp_path):
     assert any("outside the checker's package refused" in f.message for f in report.errors)
     # The stock command line on the same log does run the YAML's code: the guard is needed.
     subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "mlperf_logging.compliance_checker",
-            "--ruleset",
-            "1.0.0",
-            "--log_output",
-            str(tmp_path / "cc.log"),
-            path,
-        ],
+        stock_command(path, "1.0.0", log_output=tmp_path / "cc.log"),
         capture_output=True,
         cwd=tmp_path,
         check=False,
@@ -360,6 +352,20 @@ _PRINT_PEAK_MB = (
 _needs_proc = pytest.mark.skipif(
     not os.path.exists("/proc/self/status"), reason="reads peak memory from /proc (Linux)"
 )
+
+
+def _lines_and_peak_mb(code: str, path) -> tuple[list[str], int]:
+    """Runs `code` on `path` (sys.argv[1]) in a fresh Python from the repository; returns its
+    printed lines but the last and that last one, the process's peak memory in MB."""
+    done = subprocess.run(
+        [sys.executable, "-c", code + _PRINT_PEAK_MB, str(path)],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=os.path.dirname(os.path.dirname(checker.__file__)),
+    )
+    *lines, peak_mb = done.stdout.strip().splitlines()
+    return lines, int(peak_mb)
 
 
 @_needs_proc
@@ -379,18 +385,11 @@ def test_log_over_the_size_limit_is_refused_in_bounded_memory(tmp_path):
         "try:\n"
         "    check_log(sys.argv[1])\n"
         "except UserError as error:\n"
-        "    print(error)\n" + _PRINT_PEAK_MB
+        "    print(error)\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code, str(path)],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=os.path.dirname(os.path.dirname(checker.__file__)),
-    )
-    message, peak_mb = done.stdout.strip().splitlines()
+    (message,), peak_mb = _lines_and_peak_mb(code, path)
     assert "more than 64 MiB of ':::MLL' log lines" in message
-    assert int(peak_mb) < 250  # the whole file as Python objects would take gigabytes
+    assert peak_mb < 250  # the whole file as Python objects would take gigabytes
 
 
 @_needs_proc
@@ -409,18 +408,11 @@ def test_big_log_of_noise_is_checked_in_bounded_memory(tmp_path):
     code = (
         "import sys\n"
         "from compliance.checker import check_log\n"
-        "print(check_log(sys.argv[1], ruleset='1.0.0').passed)\n" + _PRINT_PEAK_MB
+        "print(check_log(sys.argv[1], ruleset='1.0.0').passed)\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code, str(path)],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=os.path.dirname(os.path.dirname(checker.__file__)),
-    )
-    passed, peak_mb = done.stdout.strip().splitlines()
+    (passed,), peak_mb = _lines_and_peak_mb(code, path)
     assert passed == "True"
-    assert int(peak_mb) < 200
+    assert peak_mb < 200
 
 
 def test_scan_keeps_the_official_parsers_lines(tmp_path):

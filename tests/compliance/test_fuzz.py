@@ -7,7 +7,6 @@ once the root conftest defines it) runs a long fuzz.
 import json
 import os
 import subprocess
-import sys
 import tempfile
 from unittest import mock
 
@@ -15,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from compliance import checker, logfile
+from compliance.runner import stock_command
 from compliance.suite_checks import suite_checks
 from mlperf_tf.errors import UserError
 from tests.compliance import logs
@@ -195,18 +195,7 @@ def test_verdict_equals_the_official_command_line_on_mutated_logs(records):
             assert "\n" not in str(error)
             return
         done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "mlperf_logging.compliance_checker",
-                "--usage",
-                "training",
-                "--ruleset",
-                "1.0.0",
-                "--log_output",
-                os.path.join(tmp, "cc.log"),
-                path,
-            ],
+            stock_command(path, "1.0.0", log_output=os.path.join(tmp, "cc.log")),
             capture_output=True,
             text=True,
             cwd=tmp,

@@ -9,53 +9,23 @@ non-root user in a forked child that drops its privileges (when the suite runs a
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import errno
 import json
 import os
-import signal
 import stat
 
 import pytest
 
 from mlperf_tf import checkpoints, cli, paths, runlog, runner, runrecord
 from mlperf_tf.errors import UserError
+from tests.processes import deadline, file_tree
+from tests.test_cli_fuzz import _LOG as LOG
 from tests.tiny_benchmark import TinyBenchmark, smoke
 
 # Paths that no one can write, root included (procfs has no such entry and takes no new files;
 # sysfs refuses creation; a regular file has no children).
 UNWRITABLE = ("/proc/x", "/sys/x", "/etc/hostname/x")
-LOG = (
-    ':::MLLOG {"namespace": "", "time_ms": 1, "event_type": "POINT_IN_TIME", "key": '
-    '"submission_benchmark", "value": "resnet", "metadata": {"file": "x.py", "lineno": 1}}\n'
-)
-
-
-@contextlib.contextmanager
-def _deadline(seconds=20):
-    """A hang (a FIFO opened for reading, /dev/zero read to its end) fails the test, not the suite."""
-
-    def expired(*_):
-        raise TimeoutError(f"no answer within {seconds} s: the command hung on its input")
-
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
-
-
-def _tree(root):
-    found = {}
-    for folder, dirs, files in os.walk(root):
-        for name in dirs + files:
-            path = os.path.join(folder, name)
-            info = os.lstat(path)
-            found[os.path.relpath(path, root)] = (info.st_size, info.st_mtime_ns)
-    return found
 
 
 def _one_error(argv, capsys, monkeypatch, tmp_path, needle):
@@ -65,8 +35,8 @@ def _one_error(argv, capsys, monkeypatch, tmp_path, needle):
 
     monkeypatch.chdir(tmp_path)
     _stub_work(monkeypatch)
-    before = _tree(tmp_path)
-    with _deadline():
+    before = file_tree(tmp_path)
+    with deadline(20):
         try:
             code = cli.main(argv)
         except SystemExit as e:
@@ -77,7 +47,7 @@ def _one_error(argv, capsys, monkeypatch, tmp_path, needle):
     assert code == 2, f"exit {code}: {err}"
     assert len(lines) == 1, err
     assert needle in lines[0], lines[0]
-    assert _tree(tmp_path) == before
+    assert file_tree(tmp_path) == before
     return lines[0]
 
 
@@ -403,23 +373,23 @@ def _copy(source, tmp_path):
 )
 def test_a_run_that_cannot_start_leaves_the_folder_as_it_was(make, needles, finished_run, tmp_path):
     model_dir = _copy(finished_run, tmp_path)
-    before = _tree(model_dir)
+    before = file_tree(model_dir)
     with pytest.raises(UserError) as raised:
         _run(make(), model_dir, max_train_steps=4)
     message = str(raised.value)
     assert "\n" not in message
     for needle in needles:
         assert needle in message, message
-    assert _tree(model_dir) == before
+    assert file_tree(model_dir) == before
 
 
 def test_a_legacy_folder_without_a_record_is_judged_by_its_log(finished_run, tmp_path):
     model_dir = _copy(finished_run, tmp_path)
     os.remove(model_dir / runrecord.RECORD_NAME)
-    before = _tree(model_dir)
+    before = file_tree(model_dir)
     with pytest.raises(UserError, match="MLPerf benchmark 'resnet'.*'ssd'"):
         _run(OtherTiny(smoke()), model_dir, max_train_steps=4)
-    assert _tree(model_dir) == before
+    assert file_tree(model_dir) == before
 
 
 def test_unreadable_checkpoints_refuse_the_start_before_the_log_moves(finished_run, tmp_path):
@@ -427,10 +397,10 @@ def test_unreadable_checkpoints_refuse_the_start_before_the_log_moves(finished_r
     for name in os.listdir(model_dir / "ckpt"):
         if name.endswith(".index"):
             (model_dir / "ckpt" / name).write_bytes(b"not an index")
-    before = _tree(model_dir)
+    before = file_tree(model_dir)
     with pytest.raises(checkpoints.CheckpointError, match="no checkpoint .* can be read"):
         _run(TinyBenchmark(smoke()), model_dir, max_train_steps=4)
-    assert _tree(model_dir) == before
+    assert file_tree(model_dir) == before
 
 
 def test_the_same_run_resumes_and_restart_starts_another(finished_run, tmp_path):

@@ -16,6 +16,7 @@ from mlperf_tf import config as config_lib
 from mlperf_tf import runner
 from mlperf_tf.benchmark import RunContext
 from mlperf_tf.parallel import DeviceMesh
+from tests import e2e
 from tests.numerics import assert_close
 from tests.tiny_benchmark import TinyBenchmark, smoke, weights
 
@@ -165,16 +166,7 @@ def test_grouped_cross_replica_batch_norm_trains_through_the_runner(tmp_path):
     from benchmarks.resnet50.benchmark import ResNet50Benchmark
 
     cfg = config_lib.override(resnet_config.smoke(), {"model.bn_group_size": "2"})
-    result = runner.run(
-        ResNet50Benchmark(cfg),
-        runner.RunConfig(
-            model_dir=str(tmp_path),
-            distribution="mirrored",
-            num_cpu_devices=2,
-            steps_per_loop=2,
-            max_train_steps=2,
-        ),  # fmt: skip
-    )
+    result = e2e.run_two_steps_on_two_replicas(ResNet50Benchmark(cfg), tmp_path)
     assert result.steps == 2
     spans = [e["value"] for e in _log_lines(result.mlperf_log) if e["key"] == C.MODEL_BN_SPAN]
     assert spans == [2 * cfg.global_batch_size // 2]

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 
+from compliance.runner import stock_command
 from mlperf_tf import registry, rounds
 
 REPO = str(pathlib.Path(__file__).resolve().parents[2])
@@ -26,8 +27,7 @@ def official(log: str, ruleset: str) -> tuple[bool, list[str]]:
     """(passes apart from the accuracy target, the other failure lines) by the stock CLI."""
     with tempfile.TemporaryDirectory() as cwd:
         done = subprocess.run(
-            [sys.executable, "-m", "mlperf_logging.compliance_checker", "--usage", "training",
-             "--ruleset", ruleset, "--log_output", os.path.join(cwd, "cc.log"), log],
+            stock_command(log, ruleset, log_output=os.path.join(cwd, "cc.log")),
             capture_output=True, text=True, cwd=cwd, timeout=300,
         )  # fmt: skip
     text = done.stdout + done.stderr

@@ -39,6 +39,7 @@ import tempfile
 import time
 
 from compliance import runner
+from compliance.runner import stock_command
 
 REPO = str(pathlib.Path(__file__).resolve().parents[2])
 PACKAGES = ("mlperf_tf", "compliance")
@@ -97,16 +98,7 @@ def main(argv: list[str] | None = None):
     commands = {
         OURS_GIVEN: [*ours, "check", log, "--ruleset", args.ruleset],
         OURS_FOUND: [*ours, "check", log],
-        OFFICIAL: [
-            sys.executable,
-            "-m",
-            "mlperf_logging.compliance_checker",
-            "--usage",
-            "training",
-            "--ruleset",
-            args.ruleset,
-            log,
-        ],  # fmt: skip
+        OFFICIAL: stock_command(log, args.ruleset),
     }
     print(_prepare_bytecode(args.source))
     print(f"load average before: {os.getloadavg()}")

@@ -18,7 +18,6 @@ Rounds interleave the sides in a rotating order (`tools/harness.py`); reported: 
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import pathlib
@@ -35,7 +34,6 @@ from benchmarks.flux1 import model as model_lib  # noqa: E402
 from benchmarks.flux1.benchmark import FluxBenchmark  # noqa: E402
 from mlperf_tf.benchmark import RunContext  # noqa: E402
 from tools import harness  # noqa: E402
-from tools.harness import require_positive  # noqa: E402
 from tools.peers.bench_fit import mlperf_tf_contestant  # noqa: E402
 
 
@@ -98,11 +96,8 @@ def measure(steps: int, rounds: int) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=5, help="steps per side per round")
-    parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args(argv)
-    require_positive(parser, args, "steps", "rounds")
+    parser = harness.rounds_parser(__doc__.splitlines()[0], steps=5)
+    args = harness.parse_rounds(parser, argv)
     measure(args.steps, args.rounds)
     return 0
 

@@ -22,7 +22,6 @@ mlperf_tf / keras_hub (pooled, median of per-round ratios, each round), CPU seco
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import pathlib
@@ -38,7 +37,6 @@ from benchmarks.gpt_oss_20b import config as config_lib  # noqa: E402
 from benchmarks.gpt_oss_20b.benchmark import GptOssBenchmark  # noqa: E402
 from mlperf_tf.benchmark import RunContext  # noqa: E402
 from tools import harness  # noqa: E402
-from tools.harness import require_positive  # noqa: E402
 from tools.peers.bench_fit import mlperf_tf_contestant  # noqa: E402
 
 
@@ -85,29 +83,19 @@ def measure(experts: int, top_k: int, steps: int, rounds: int) -> None:
         "mlperf_tf": mlperf_tf_contestant(make(), xla=False),
         "keras_hub": keras_hub_contestant(make()),
     }
-    tokens = config.global_batch_size * config.data.max_sequence_length
-    harness.warm_up(contestants)
-    result = harness.interleaved_rounds(
-        contestants, steps=steps, rounds=rounds, samples_per_step=tokens
-    )
     c = config.model
-    print(
-        f"\n{c.num_hidden_layers} layers, hidden {c.hidden_size}, {experts} experts of "
-        f"{c.moe.filter_size} top-{top_k}, batch {config.global_batch_size} x sequence "
-        f"{config.data.max_sequence_length}; {steps} steps x {rounds} rounds; TF "
-        f"{tf.__version__}, Keras {keras.__version__}\n"
+    model = (
+        f"{c.num_hidden_layers} layers, hidden {c.hidden_size}, {experts} experts of "
+        f"{c.moe.filter_size} top-{top_k}"
     )
-    print(harness.report(result, "mlperf_tf", unit="tokens"), flush=True)
+    harness.compare_tokens(contestants, config, steps=steps, rounds=rounds, model=model)
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.rounds_parser(__doc__.splitlines()[0], steps=2)
     parser.add_argument("--experts", type=int, default=8)
     parser.add_argument("--top_k", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=2, help="steps per side per round")
-    parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args(argv)
-    require_positive(parser, args, "experts", "top_k", "steps", "rounds")
+    args = harness.parse_rounds(parser, argv, "experts", "top_k")
     if args.top_k > args.experts:
         parser.error(f"--top_k ({args.top_k}) must be at most --experts ({args.experts})")
     measure(args.experts, args.top_k, args.steps, args.rounds)

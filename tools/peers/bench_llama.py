@@ -35,7 +35,6 @@ is emulated and slower.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import pathlib
@@ -52,7 +51,6 @@ from benchmarks.llama31_8b.benchmark import Llama31Benchmark  # noqa: E402
 from mlperf_tf import precision  # noqa: E402
 from mlperf_tf.benchmark import RunContext  # noqa: E402
 from tools import harness  # noqa: E402
-from tools.harness import require_positive  # noqa: E402
 from tools.peers.bench_fit import mlperf_tf_contestant  # noqa: E402
 
 
@@ -73,13 +71,12 @@ def shape_config(shape: str) -> config_lib.LlamaConfig:
     return dataclasses.replace(mini, data_dir="", model=model, global_batch_size=4)
 
 
-def keras_hub_contestant(benchmark: Llama31Benchmark, *, jit_compile="auto"):
-    """`Llama3CausalLM` of the benchmark's model shape, trained by `model.fit` (`jit_compile`:
-    Keras' "auto" means no XLA on a CPU-only machine)."""
+def llama3_backbone(c, **options):
+    """keras-hub's `Llama3Backbone` of the shape of `c` (a `llama31_8b` `ModelConfig`), with
+    keras-hub's `options` (e.g. `dtype`); the numerics test of the model builds it too."""
     import keras_hub  # noqa: PLC0415 (the peers extra)
 
-    c = benchmark.config.model
-    backbone = keras_hub.models.Llama3Backbone(
+    return keras_hub.models.Llama3Backbone(
         vocabulary_size=c.vocab_size,
         num_layers=c.num_hidden_layers,
         num_query_heads=c.num_attention_heads,
@@ -92,7 +89,16 @@ def keras_hub_contestant(benchmark: Llama31Benchmark, *, jit_compile="auto"):
         rope_high_freq_factor=c.rope_high_freq_factor,
         rope_pretraining_sequence_length=c.rope_original_max_position,
         layer_norm_epsilon=c.rms_norm_eps,
+        **options,
     )
+
+
+def keras_hub_contestant(benchmark: Llama31Benchmark, *, jit_compile="auto"):
+    """`Llama3CausalLM` of the benchmark's model shape, trained by `model.fit` (`jit_compile`:
+    Keras' "auto" means no XLA on a CPU-only machine)."""
+    import keras_hub  # noqa: PLC0415 (the peers extra)
+
+    backbone = llama3_backbone(benchmark.config.model)
     model = keras_hub.models.Llama3CausalLM(backbone=backbone, preprocessor=None)
     optimizer = benchmark.build_optimizer(benchmark.train_steps)
     optimizer.global_clipnorm = 1.0
@@ -168,26 +174,21 @@ def measure(
     }
     if ceiling:
         contestants["matmuls_only"] = matmuls_only_contestant(config)
-    tokens = config.global_batch_size * config.data.max_sequence_length
     c = config.model
-    title = (
+    model = (
         f"{shape}: {c.num_hidden_layers} layers, hidden {c.hidden_size}, heads "
         f"{c.num_attention_heads}/{c.num_key_value_heads} of {c.head_dim}, SwiGLU "
-        f"{c.intermediate_size}, vocab {c.vocab_size}, batch {config.global_batch_size} x "
-        f"sequence {config.data.max_sequence_length}; {steps} steps x {rounds} rounds; TF "
-        f"{tf.__version__}, Keras {keras.__version__}; XLA: {xla}; policy {policy}\n"
+        f"{c.intermediate_size}, vocab {c.vocab_size}"
     )
-    harness.compare(
-        contestants, steps=steps, rounds=rounds, samples_per_step=tokens, reference="mlperf_tf",
-        unit="tokens", title=title,
+    harness.compare_tokens(
+        contestants, config, steps=steps, rounds=rounds, model=model,
+        note=f"; XLA: {xla}; policy {policy}",
     )  # fmt: skip
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.rounds_parser(__doc__.splitlines()[0], steps=2)
     parser.add_argument("--shape", choices=("mini", "wide", "both"), default="both")
-    parser.add_argument("--steps", type=int, default=2, help="steps per side per round")
-    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument(
         "--xla", choices=("none", "ours", "both"), default="none",
         help="none: neither side compiled (keras-hub's fit default on a CPU); ours: our step "
@@ -198,8 +199,7 @@ def main(argv=None) -> int:
         help="add `matmuls_only`: the step's matrix products alone, the fp32 bound of both sides",
     )  # fmt: skip
     parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
-    args = parser.parse_args(argv)
-    require_positive(parser, args, "steps", "rounds")
+    args = harness.parse_rounds(parser, argv)
     for shape in ("mini", "wide") if args.shape == "both" else (args.shape,):
         measure(shape, args.steps, args.rounds, args.xla, args.ceiling, args.dtype)
     return 0

@@ -20,7 +20,6 @@ keras_hub (pooled, median of per-round ratios, each round).
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import pathlib
@@ -36,7 +35,6 @@ from benchmarks.llama2_70b_lora import config as config_lib  # noqa: E402
 from benchmarks.llama2_70b_lora.benchmark import LoraBenchmark  # noqa: E402
 from mlperf_tf.benchmark import RunContext  # noqa: E402
 from tools import harness  # noqa: E402
-from tools.harness import require_positive  # noqa: E402
 from tools.peers.bench_fit import mlperf_tf_contestant  # noqa: E402
 
 KERAS_HUB_TARGETS = ["query", "key", "value", "attention_output"]
@@ -88,26 +86,14 @@ def measure(steps: int, rounds: int) -> None:
         "mlperf_tf": mlperf_tf_contestant(make()),
         "keras_hub": keras_hub_contestant(make()),
     }
-    tokens = config.global_batch_size * config.data.max_sequence_length
-    harness.warm_up(contestants)
-    result = harness.interleaved_rounds(
-        contestants, steps=steps, rounds=rounds, samples_per_step=tokens
-    )
     c = config.model
-    print(
-        f"\nLoRA r{config.lora.rank}: {c.num_hidden_layers} layers, hidden {c.hidden_size}, "
-        f"batch {config.global_batch_size} x sequence {config.data.max_sequence_length}; "
-        f"{steps} steps x {rounds} rounds; TF {tf.__version__}, Keras {keras.__version__}\n"
-    )
-    print(harness.report(result, "mlperf_tf", unit="tokens"), flush=True)
+    model = f"LoRA r{config.lora.rank}: {c.num_hidden_layers} layers, hidden {c.hidden_size}"
+    harness.compare_tokens(contestants, config, steps=steps, rounds=rounds, model=model)
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=2, help="steps per side per round")
-    parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args(argv)
-    require_positive(parser, args, "steps", "rounds")
+    parser = harness.rounds_parser(__doc__.splitlines()[0], steps=2)
+    args = harness.parse_rounds(parser, argv)
     measure(args.steps, args.rounds)
     return 0
 

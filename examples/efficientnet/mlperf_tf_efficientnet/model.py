@@ -15,6 +15,7 @@ import math
 import keras
 
 from mlperf_tf.layers import CrossReplicaBatchNormalization
+from mlperf_tf.seeds import LayerSeeds
 from mlperf_tf_efficientnet.config import ModelConfig
 
 
@@ -91,17 +92,6 @@ class StochasticDepth(keras.layers.Layer):
         return {**super().get_config(), "rate": self.rate, "seed": self.seed}
 
 
-class _Seeds:
-    """Hands each layer its own initializer seed, derived from the run seed."""
-
-    def __init__(self, seed: int):
-        self._next = seed * 1000
-
-    def __call__(self) -> int:
-        self._next += 1
-        return self._next
-
-
 def efficientnet(config: ModelConfig, *, image_size: int, seed: int = 0) -> keras.Model:
     """Builds the EfficientNet of `config` (channels-last) mapping images to logits.
 
@@ -122,7 +112,7 @@ def efficientnet(config: ModelConfig, *, image_size: int, seed: int = 0) -> kera
     """
     if not isinstance(image_size, int) or image_size < 1:
         raise ValueError(f"`image_size` ({image_size!r}) must be a positive integer.")
-    seeds = _Seeds(seed)
+    seeds = LayerSeeds(seed)
     width = config.width
     inputs = keras.Input(shape=(image_size, image_size, 3), name="images")
     x = _conv(inputs, round_filters(STEM_FILTERS, width), 3, 2, "stem_conv", seeds)

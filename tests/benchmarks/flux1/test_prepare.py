@@ -108,7 +108,11 @@ def test_a_rerun_skips_the_files_already_converted(tmp_path):
     first = prepare.convert_split(str(tmp_path / "train"), str(tmp_path / "out"), shapes,
                                   eval_set=False, progress=False)  # fmt: skip
     assert first == {"files": 2, "skipped_files": 0, "rows": 6}
-    os.remove(tmp_path / "out" / "data_0_0001.tfrecord")  # as if interrupted in file 2
+    assert sorted(os.listdir(tmp_path / "out")) == [
+        "train-00000-of-00002.tfrecord",
+        "train-00001-of-00002.tfrecord",
+    ]
+    os.remove(tmp_path / "out" / "train-00001-of-00002.tfrecord")  # as if interrupted in file 2
     second = prepare.convert_split(str(tmp_path / "train"), str(tmp_path / "out"), shapes,
                                    eval_set=False, progress=False)  # fmt: skip
     assert second == {"files": 1, "skipped_files": 1, "rows": 3}

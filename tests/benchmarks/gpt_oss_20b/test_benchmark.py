@@ -13,12 +13,12 @@ from mlperf_logging.mllog import constants as C
 
 from benchmarks.gpt_oss_20b import config as config_lib
 from benchmarks.gpt_oss_20b.benchmark import GptOssBenchmark
-from mlperf_tf import rounds
 from mlperf_tf.benchmark import RunContext
 from mlperf_tf.config import ConfigError
 from mlperf_tf.data import c4
 from mlperf_tf.errors import UserError
 from mlperf_tf.parallel import DeviceMesh
+from tests.closed_rules import logged_hparams
 
 RULESETS = ("6.0.0", "6.1.0")
 
@@ -56,20 +56,6 @@ def test_window_pattern_is_megatrons_for_the_references_list():
     assert from_list == [bool(w) for w in windows]
     assert windows[:4] == [129, 0, 129, 0] and sum(bool(w) for w in windows) == 12
     assert [config_lib.is_window_layer(4, n) for n in range(1, 9)] == [1, 1, 1, 0, 1, 1, 1, 0]
-
-
-@pytest.mark.parametrize("batch, lr, warmup", [(16, 4e-4, 128), (32, 8e-4, 128), (64, 1e-3, 192)])
-def test_learning_rate_and_warmup_come_from_the_rcp_file(batch, lr, warmup):
-    bench = _bench(global_batch_size=batch)
-    assert bench.learning_rate_and_warmup() == (lr, warmup)
-    assert bench.end_learning_rate() == pytest.approx(0.1 * lr)
-    assert bench.decay_steps() == 1_200_000 - warmup
-
-
-def test_a_batch_size_without_rcp_is_a_one_line_error():
-    with pytest.raises(ConfigError, match=r"`global_batch_size` \(48\) has no gpt_oss_20b") as e:
-        _bench(global_batch_size=48).learning_rate_and_warmup()
-    assert "\n" not in str(e.value)
 
 
 @pytest.mark.parametrize("batch, every", [(16, 768), (32, 384), (64, 192), (24, 512), (40, 308)])
@@ -139,16 +125,7 @@ def test_parameters_are_listed_by_mlperf_tf_list_json(capsys):
 @pytest.mark.parametrize("ruleset", RULESETS)
 def test_mlperf_preset_logs_every_key_the_closed_rules_require(ruleset):
     bench = _bench()
-    # The benchmark's keys and the round-level ones the runner adds (`round_hparams`).
-    given = {**bench.mlperf_hparams(), **bench.round_hparams()}
-    hparams = rounds.adapt_hparams(bench.renamed_keys, ruleset, given)
-    runner_keys = {C.GLOBAL_BATCH_SIZE, C.GRADIENT_ACCUMULATION_STEPS, C.TRAIN_SAMPLES,
-                   C.EVAL_SAMPLES, C.SEED, C.EVAL_ACCURACY}  # fmt: skip
-    required = rounds.required_keys(ruleset, "gpt_oss_20b")
-    rule_keys = {k for k in required if not k.startswith(("submission_", "init_", "run_"))}
-    rule_keys -= {C.CACHE_CLEAR, "block_start", "block_stop", "epoch_start", "epoch_stop"}
-    rule_keys -= {"eval_start", "eval_stop"}
-    assert rule_keys - runner_keys <= set(hparams), rule_keys - runner_keys - set(hparams)
+    hparams = logged_hparams(bench, ruleset)
     assert hparams[C.MAX_SEQUENCE_LENGTH] == 8192 and hparams["max_steps"] == 1_200_000
     assert hparams[C.OPT_BASE_LR] == 4e-4 and hparams[C.OPT_LR_WARMUP_STEPS] == 128
     assert hparams[C.OPT_END_LR] == pytest.approx(4e-5)

@@ -13,10 +13,10 @@ from mlperf_logging.mllog import constants as C
 
 from benchmarks.llama31_8b import config as config_lib
 from benchmarks.llama31_8b.benchmark import Llama31Benchmark
-from mlperf_tf import rounds
 from mlperf_tf.benchmark import RunContext, sample_eval_schedule
 from mlperf_tf.config import ConfigError
 from mlperf_tf.optimizers import AdamW, WarmupCosineDecay
+from tests.closed_rules import logged_hparams
 from tests.numerics import assert_close
 
 RULESETS = ("5.1.0", "6.0.0", "6.1.0")
@@ -25,28 +25,6 @@ RULESETS = ("5.1.0", "6.0.0", "6.1.0")
 def _bench(preset="mlperf", **changes):
     config = dataclasses.replace(Llama31Benchmark.preset(preset), **changes)
     return Llama31Benchmark(config).with_context(RunContext(num_replicas=1))
-
-
-@pytest.mark.parametrize(
-    "batch, lr, warmup",
-    [(16, 4e-4, 16), (32, 8e-4, 128), (64, 8e-4, 96), (96, 1e-3, 171), (128, 2e-3, 256)],
-)
-def test_learning_rate_and_warmup_come_from_the_rcp_file(batch, lr, warmup):
-    bench = _bench(global_batch_size=batch)
-    assert bench.learning_rate_and_warmup() == (lr, warmup)
-    assert bench.end_learning_rate() == pytest.approx(0.1 * lr)
-    assert bench.decay_steps() == 1_200_000 - warmup
-
-
-def test_a_batch_size_without_rcp_is_a_one_line_error():
-    with pytest.raises(ConfigError, match=r"`global_batch_size` \(48\) has no llama31_8b") as e:
-        _bench(global_batch_size=48).learning_rate_and_warmup()
-    assert "\n" not in str(e.value)
-    # Given explicitly, no RCP is needed.
-    opt = dataclasses.replace(
-        config_lib.OptimizerConfig(), opt_base_learning_rate=1e-3, opt_learning_rate_warmup_steps=9
-    )
-    assert _bench(global_batch_size=48, optimizer=opt).learning_rate_and_warmup() == (1e-3, 9)
 
 
 def test_a_sequence_the_model_cannot_take_is_a_config_error():
@@ -161,17 +139,7 @@ def test_parameter_count_is_listed_by_mlperf_tf_list_json(capsys):
 @pytest.mark.parametrize("ruleset", RULESETS)
 def test_mlperf_preset_logs_every_key_the_closed_rules_require(ruleset):
     bench = _bench()
-    # What the runner logs: the benchmark's keys and the round-level ones it adds for every
-    # benchmark (`Benchmark.round_hparams`), under the round's names.
-    emitted = {**bench.mlperf_hparams(), **bench.round_hparams()}
-    hparams = rounds.adapt_hparams(bench.renamed_keys, ruleset, emitted)
-    runner_keys = {C.GLOBAL_BATCH_SIZE, C.GRADIENT_ACCUMULATION_STEPS, C.TRAIN_SAMPLES,
-                   C.EVAL_SAMPLES, C.SEED, C.EVAL_ACCURACY}  # fmt: skip
-    required = rounds.required_keys(ruleset, "llama31_8b")
-    rule_keys = {k for k in required if not k.startswith(("submission_", "init_", "run_"))}
-    rule_keys -= {C.CACHE_CLEAR, "block_start", "block_stop", "epoch_start", "epoch_stop"}
-    rule_keys -= {"eval_start", "eval_stop"}
-    assert rule_keys - runner_keys <= set(hparams), rule_keys - runner_keys - set(hparams)
+    hparams = logged_hparams(bench, ruleset)
     assert hparams[C.MAX_SEQUENCE_LENGTH] == 8192 and hparams["max_steps"] == 1_200_000
     assert hparams[C.OPT_NAME] == "adamw" and hparams[C.OPT_GRADIENT_CLIP_NORM] == 1.0
     assert hparams[C.OPT_LR_DECAY_STEPS] + hparams[C.OPT_LR_WARMUP_STEPS] == 1_200_000

@@ -1,28 +1,18 @@
 """The llama31_8b mini acceptance run (slow) and a gradient-accumulation run. The smoke-run checks
 every benchmark shares are in tests/benchmarks/test_contract.py."""
 
-import dataclasses
-
 import pytest
 from mlperf_logging.mllog import constants as C
 
 from benchmarks.llama31_8b import config as lc
 from benchmarks.llama31_8b.benchmark import Llama31Benchmark
 from compliance import checker
-from mlperf_tf import runner
 from tests import e2e
 
 
 def test_gradient_accumulation_run(tmp_path):
     """Two micro batches of 4 per step: the runner accumulates; the log says so."""
-    config = dataclasses.replace(lc.smoke(), gradient_accumulation_steps=2, train_examples=16)
-    result = runner.run(
-        Llama31Benchmark(config),
-        runner.RunConfig(model_dir=str(tmp_path), distribution="one_device"),
-    )
-    values = {line["key"]: line["value"] for line in e2e.log_records(result.mlperf_log)}
-    assert values[C.GRADIENT_ACCUMULATION_STEPS] == 2
-    assert result.steps == 2
+    e2e.assert_accumulation_logged(Llama31Benchmark(lc.smoke()), tmp_path)
 
 
 @pytest.mark.slow

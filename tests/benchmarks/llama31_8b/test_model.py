@@ -14,6 +14,7 @@ from benchmarks.llama31_8b import model as M
 from benchmarks.llama31_8b.benchmark import Llama31Benchmark
 from mlperf_tf.lm import RotaryEmbedding
 from tests.numerics import assert_close
+from tools.peers.bench_llama import llama3_backbone
 
 pytestmark = pytest.mark.numerics
 
@@ -79,25 +80,9 @@ def test_attention_is_causal():
 
 def _copy_into_keras_hub(ours, config):
     """A keras-hub `Llama3Backbone` of `config` carrying our weights, and our lm_head kernel."""
-    keras_hub = pytest.importorskip("keras_hub")
-    c = config
-    hub = keras_hub.models.Llama3Backbone(
-        vocabulary_size=c.vocab_size,
-        num_layers=c.num_hidden_layers,
-        num_query_heads=c.num_attention_heads,
-        num_key_value_heads=c.num_key_value_heads,
-        hidden_dim=c.hidden_size,
-        intermediate_dim=c.intermediate_size,
-        rope_max_wavelength=c.rope_theta,
-        rope_position_scaling_factor=1.0,
-        rope_frequency_adjustment_factor=c.rope_scaling_factor,
-        rope_low_freq_factor=c.rope_low_freq_factor,
-        rope_high_freq_factor=c.rope_high_freq_factor,
-        rope_pretraining_sequence_length=c.rope_original_max_position,
-        layer_norm_epsilon=c.rms_norm_eps,
-        dtype="float32",
-    )
-    h, d = c.hidden_size, c.head_dim
+    pytest.importorskip("keras_hub")
+    hub = llama3_backbone(config, rope_position_scaling_factor=1.0, dtype="float32")
+    h, d = config.hidden_size, config.head_dim
     hub.token_embedding.embeddings.assign(ours.token_embedding.embeddings.numpy())
     for ours_layer, hub_layer in zip(ours.decoder_layers, hub.transformer_layers, strict=True):
         att, hub_att = ours_layer.attention, hub_layer._self_attention_layer

@@ -5,20 +5,10 @@ import pytest
 import tensorflow as tf
 
 from benchmarks.ssd import anchors, loss
+from tests.benchmarks.ssd.layouts import two_level_layout
 from tests.numerics import assert_close
 
 pytestmark = pytest.mark.numerics
-
-
-def _layout():
-    """A tiny layout: 4x4 and 2x2 maps on a 64 px image (4*4*4 + 2*2*4 = 80 default boxes)."""
-    return anchors.default_boxes(
-        image_size=64,
-        feature_sizes=[4, 2],
-        steps=[16, 32],
-        scales=[16, 32, 48],
-        aspect_ratios=[[2], [2]],
-    )
 
 
 def _ground_truth():
@@ -43,7 +33,7 @@ def _perfect_outputs(boxes, gt_boxes, gt_classes, num_classes=4, margin=30.0):
 
 
 def test_perfect_prediction_has_near_zero_loss():
-    boxes = _layout()
+    boxes = two_level_layout()
     gt_boxes, gt_classes = _ground_truth()
     codes, logits, _ = _perfect_outputs(boxes, gt_boxes, gt_classes)
     terms = loss.ssd_loss(codes, logits, gt_boxes, gt_classes, boxes)
@@ -54,7 +44,7 @@ def test_perfect_prediction_has_near_zero_loss():
 
 
 def test_hard_negative_mining_keeps_three_negatives_per_positive():
-    boxes = _layout()
+    boxes = two_level_layout()
     gt_boxes, gt_classes = _ground_truth()
     rng = np.random.default_rng(1)
     codes = tf.constant(rng.normal(size=(2, boxes.num_anchors, 4)), tf.float32)
@@ -74,7 +64,7 @@ def test_mining_takes_the_highest_losses_and_caps_at_anchor_count():
 
 
 def test_image_without_boxes_has_zero_loss():
-    boxes = _layout()
+    boxes = two_level_layout()
     gt_boxes = tf.zeros([1, 3, 4])
     gt_classes = tf.zeros([1, 3], tf.int32)
     logits = tf.random.normal([1, boxes.num_anchors, 4])
@@ -122,7 +112,7 @@ def _reference_loss(codes, logits, gt_boxes, gt_classes, boxes):
 
 
 def test_matches_the_reference_formula():
-    boxes = _layout()
+    boxes = two_level_layout()
     gt_boxes, gt_classes = _ground_truth()
     rng = np.random.default_rng(2)
     codes = rng.normal(size=(2, boxes.num_anchors, 4)).astype(np.float32)
@@ -138,7 +128,7 @@ def test_a_float64_model_gets_a_float64_loss():
     A 1e-9 nudge of the box codes, far below float32's resolution, moves the float64 loss by its
     gradient times the nudge and leaves the float32 loss unchanged. (The matching targets stay
     float32: they depend on the data only.)"""
-    boxes = _layout()
+    boxes = two_level_layout()
     gt_boxes, gt_classes = _ground_truth()
     rng = np.random.default_rng(4)
     codes = tf.constant(rng.normal(size=(2, boxes.num_anchors, 4)))
@@ -159,7 +149,7 @@ def test_a_float64_model_gets_a_float64_loss():
 
 
 def test_loss_and_gradient_compile_with_xla():
-    boxes = _layout()
+    boxes = two_level_layout()
     gt_boxes, gt_classes = _ground_truth()
     rng = np.random.default_rng(3)
     codes = tf.Variable(rng.normal(size=(2, boxes.num_anchors, 4)).astype(np.float32))

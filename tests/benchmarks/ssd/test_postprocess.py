@@ -5,6 +5,7 @@ import pytest
 import tensorflow as tf
 
 from benchmarks.ssd import anchors, postprocess
+from tests.benchmarks.ssd.layouts import two_level_layout
 from tests.numerics import assert_close
 
 pytestmark = pytest.mark.numerics
@@ -26,16 +27,6 @@ def test_greedy_nms_equals_tf_image_nms():
         assert sorted(np.nonzero(keep)[0]) == sorted(expected), trial
 
 
-def _two_level_layout():
-    return anchors.default_boxes(
-        image_size=64,
-        feature_sizes=[4, 2],
-        steps=[16, 32],
-        scales=[16, 32, 48],
-        aspect_ratios=[[2], [2]],
-    )
-
-
 def _outputs_for(boxes, targets, num_classes=4):
     """Codes/logits of a 'model' that predicts `targets`: {anchor: (box, class, logit)}."""
     a = boxes.num_anchors
@@ -52,7 +43,7 @@ def _outputs_for(boxes, targets, num_classes=4):
 
 
 def test_detect_decodes_classes_scores_and_suppresses_duplicates():
-    boxes = _two_level_layout()
+    boxes = two_level_layout()
     box = [0.1, 0.2, 0.5, 0.6]
     near = [0.12, 0.2, 0.5, 0.62]  # IoU ~0.9 with box: suppressed in its class
     other = [0.6, 0.6, 0.9, 0.9]
@@ -72,7 +63,7 @@ def test_detect_decodes_classes_scores_and_suppresses_duplicates():
 
 
 def test_detect_score_threshold_and_max_detections():
-    boxes = _two_level_layout()
+    boxes = two_level_layout()
     targets = {
         k: (
             [0.05 * (k % 10), 0.1 * (k // 10), 0.05 * (k % 10) + 0.04, 0.1 * (k // 10) + 0.08],
@@ -89,7 +80,7 @@ def test_detect_score_threshold_and_max_detections():
 
 
 def test_detect_compiles_with_xla():
-    boxes = _two_level_layout()
+    boxes = two_level_layout()
     rng = np.random.default_rng(1)
     codes = tf.constant(rng.normal(size=(2, boxes.num_anchors, 4)) * 0.5, tf.float32)
     logits = tf.constant(rng.normal(size=(2, boxes.num_anchors, 4)) * 3, tf.float32)

@@ -14,6 +14,7 @@ from mlperf_tf.config import ConfigError
 from mlperf_tf.layers import moe
 from mlperf_tf.parallel.context import use_mesh
 from mlperf_tf.parallel.mesh import DeviceMesh
+from tests import e2e
 from tests.numerics import assert_close
 
 pytestmark = pytest.mark.numerics
@@ -114,20 +115,9 @@ def test_expert_parallel_transformer_trains_and_evaluates_through_the_runner(tmp
     and their gradients, the layout sum, beam-search eval with gathered experts). Every
     collective is bounded by --collective_timeout, so a deadlock fails this test in a minute
     with "Collective has timed out" instead of hanging the suite."""
-    from mlperf_tf import runner  # noqa: PLC0415 (the runner only for this test)
-
     cfg = config_lib.override(TransformerBenchmark.preset("smoke"), {**MOE, "max_epochs": "1"})
-    result = runner.run(
-        TransformerBenchmark(cfg),
-        runner.RunConfig(
-            model_dir=str(tmp_path),
-            distribution="mirrored",
-            num_cpu_devices=2,
-            expert_parallel=2,
-            collective_timeout=60,
-            steps_per_loop=2,
-            max_train_steps=2,
-        ),
+    result = e2e.run_two_steps_on_two_replicas(
+        TransformerBenchmark(cfg), tmp_path, expert_parallel=2, collective_timeout=60
     )
     assert result.steps == 2
     assert len(result.evals) == 1

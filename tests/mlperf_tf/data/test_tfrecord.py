@@ -64,6 +64,36 @@ def test_write_sharded_round_robin(tmp_path):
         tfrecord.write_sharded([], str(tmp_path), prefix="x", num_shards=0)
 
 
+def test_write_streamed_keeps_order_in_files_of_a_size_named_by_their_count(tmp_path):
+    out = tmp_path / "out"
+    examples = (tfrecord.make_example({"i": i}) for i in range(10))
+    paths, count = tfrecord.write_streamed(
+        examples, str(out), prefix="train", per_file=4, limit=9, suffix=".tfrecord"
+    )
+    assert count == 9
+    assert sorted(p.name for p in out.iterdir()) == [
+        "train-00000-of-00003.tfrecord",
+        "train-00001-of-00003.tfrecord",
+        "train-00002-of-00003.tfrecord",
+    ]
+    files = [[e.features.feature["i"].int64_list.value[0] for e in _read(p)] for p in paths]
+    assert files == [[0, 1, 2, 3], [4, 5, 6, 7], [8]]
+    assert tfrecord.write_streamed([], str(tmp_path / "none"), prefix="x", per_file=2) == ([], 0)
+
+
+def test_write_streamed_leaves_no_file_when_the_stream_fails(tmp_path):
+    def failing():
+        for i in range(5):
+            yield tfrecord.make_example({"i": i})
+        raise DataError("bad record")
+
+    with pytest.raises(DataError, match="bad record"):
+        tfrecord.write_streamed(failing(), str(tmp_path), prefix="train", per_file=2)
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(ValueError, match="per_file"):
+        tfrecord.write_streamed([], str(tmp_path), prefix="x", per_file=0)
+
+
 def make_square(item):
     """Module-level (picklable) maker for the parallel writer; skips negative items."""
     if item < 0:
