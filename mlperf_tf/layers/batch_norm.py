@@ -156,10 +156,14 @@ def table_group_sum(all_reduce, *, group_size, replica_id, num_replicas):
 class CrossReplicaBatchNormalization(keras.layers.BatchNormalization):
     """`keras.layers.BatchNormalization` whose training statistics span a group of replicas.
 
-    Replicas are split into groups of `group_size` consecutive replica ids (Ying et al., 2018,
+    Replicas are split into groups of `group_size` replicas (Ying et al., 2018,
     "Image Classification at Supercomputer Scale", distributed batch normalization); in training
     each group normalizes over the union of its members' batches. `group_size=1` is plain local BN
-    (no collective), `group_size=num_replicas_in_sync` is fully synchronized BN.
+    (no collective), `group_size=num_replicas_in_sync` is fully synchronized BN. The groups come
+    from the run's mesh (`mlperf_tf.parallel.use_mesh` around the layer's construction or call):
+    the replicas that share a batch (spatial tiles, model shards) over `group_size / (spatial x
+    model)` consecutive batch shards (`collectives.axis_group.batch_norm_group`); without a mesh
+    every replica is a batch shard. On the row-major mesh a group is consecutive replica ids.
 
     Method (one collective per layer per step): in replica context every replica computes its
     per-channel count, mean and sum of squared deviations, its row of a `[group, 3, C]` table,

@@ -5,7 +5,7 @@ read the same images; the member in tile row `i` and tile column `j` (row-major 
 holds rows `[i*H/K, (i+1)*H/K)` and columns `[j*W/L, (j+1)*W/L)` of every split activation
 `[batch, H/K, W/L, C]` (L = 1, `--spatial_partition=K`: slabs of rows). Weights are replicated.
 Each layer states the collectives it issues, in replica context, on
-`mlperf_tf.collectives.ops.Collectives`, over the spatial group
+its `AxisGroup` over the mesh's `spatial` axis (`mlperf_tf.collectives.axis_group`): the group
 (`DeviceMesh.group(replica, "spatial")`) or one of its tile columns (K members) or tile rows
 (L members):
 
@@ -18,7 +18,8 @@ Each layer states the collectives it issues, in replica context, on
 
 Batch norm over tiles needs no layer of its own: `CrossReplicaBatchNormalization` with
 `group_size = bn_group_size x K x L` sums its statistics over the tiles and over the
-batch-norm group of batch shards (consecutive replica ids; `SpatialBuilder.batch_norm_group`).
+batch-norm group of batch shards (`SpatialBuilder.batch_norm_group`; the group on the mesh is
+`mlperf_tf.collectives.axis_group.batch_norm_group`).
 
 Gradients. Every replica's loss is 1/(K L) of its images' loss, and each backward collective is the
 adjoint of its forward one, so backpropagation computes, on each replica, the gradient of the
