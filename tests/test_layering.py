@@ -40,3 +40,79 @@ def test_compliance_never_imports_tensorflow():
     for path in _files("compliance"):
         imported = _imports(path, top_level_only=False)
         assert not imported & {"tensorflow", "keras"}, (path, imported)
+
+
+# Parallelism that benchmarks reach only through `mlperf_tf.spmd` (and the plain layers of
+# `mlperf_tf.layers`): the mesh, layouts and collectives behind it may move without a benchmark
+# changing.
+_PARALLEL_INTERNALS = (
+    "mlperf_tf.parallel",
+    "mlperf_tf.collectives",
+    "mlperf_tf.layers.tensor_parallel",
+    "mlperf_tf.layers.spatial",
+    "mlperf_tf.layers.moe",
+)
+# Still importing internals until their rewrite onto the language-model block library (issue 38
+# item 5, under way in another branch): remove each entry when its file moves to `mlperf_tf.spmd`.
+_INTERNALS_ALLOWED = {
+    ("transformer/model.py", "mlperf_tf.layers.moe"),
+    ("transformer/model.py", "mlperf_tf.layers.tensor_parallel"),
+    ("transformer/model.py", "mlperf_tf.parallel.layout"),
+    ("bert/model.py", "mlperf_tf.layers.tensor_parallel"),
+    ("bert/model.py", "mlperf_tf.parallel"),
+    ("bert/model.py", "mlperf_tf.parallel.layout"),
+    # The MoE metrics helpers (`moe.Collector`, `moe.summarize`); the Transformer's move onto
+    # `mlperf_tf.lm`'s language-model base, which owns them, removes this.
+    ("transformer/benchmark.py", "mlperf_tf.layers.moe"),
+}
+
+
+def _imported_modules(path: pathlib.Path) -> set[str]:
+    """Every module `path` imports, anywhere in it: `from a.b import c` counts as `a.b` and, when
+    `c` is a module of `a.b`, as `a.b.c` too."""
+    modules = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            modules |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            modules.add(node.module)
+            names = (f"{node.module}.{alias.name}" for alias in node.names)
+            modules |= {name for name in names if _is_module(name)}
+    return modules
+
+
+def _is_module(name: str) -> bool:
+    """Whether `name` is a module or package of this repository."""
+    path = REPO.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def _is_internal(module: str) -> bool:
+    return any(module == m or module.startswith(m + ".") for m in _PARALLEL_INTERNALS)
+
+
+def test_benchmarks_import_parallelism_only_through_the_public_module():
+    found = set()
+    for path in _files("benchmarks"):
+        name = path.relative_to(REPO / "benchmarks").as_posix()
+        for module in _imported_modules(path):
+            if _is_internal(module) and (name, module) not in _INTERNALS_ALLOWED:
+                # `from mlperf_tf.layers import moe` imports the module `mlperf_tf.layers.moe`,
+                # and `from mlperf_tf.parallel.layout import x` the module itself: both count.
+                found.add((name, module))
+    assert not found, f"import these through mlperf_tf.spmd: {sorted(found)}"
+
+
+def test_the_guard_sees_every_form_of_an_internal_import(tmp_path):
+    """The guard would catch an internal import written any of the usual ways."""
+    for line in (
+        "from mlperf_tf.parallel.layout import model_split",
+        "from mlperf_tf.layers import moe",
+        "import mlperf_tf.collectives.ops",
+        "def f():\n    from mlperf_tf.layers.spatial import SpatialBuilder",
+    ):
+        path = tmp_path / "m.py"
+        path.write_text(line + "\n", encoding="utf-8")
+        assert any(_is_internal(m) for m in _imported_modules(path)), line
+    path.write_text("from mlperf_tf.spmd import use_mesh\nfrom mlperf_tf.layers import lora\n")
+    assert not any(_is_internal(m) for m in _imported_modules(path))

@@ -17,8 +17,8 @@ from mlperf_tf import rounds, rules
 from mlperf_tf.benchmark import Benchmark, EvalPoint, eval_ratio, sample_eval_schedule
 from mlperf_tf.config import ConfigError
 from mlperf_tf.facts import Blocks, Rcp, RenamedKey, SimulatorShape
-from mlperf_tf.layers.tensor_parallel import vocab_parallel_cross_entropy
 from mlperf_tf.optimizers import LAMB, WarmupPolynomialDecay, registry
+from mlperf_tf.spmd import vocab_parallel_cross_entropy
 
 # MLPerf log keys of closed_bert.yaml (0.7.0, 1.0.0) that `mlperf_logging.mllog.constants` lacks.
 OPT_EPSILON = "opt_epsilon"

@@ -16,8 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 from mlperf_tf.errors import DataError, UserError
-from mlperf_tf.parallel import DeviceMesh
-from mlperf_tf.parallel.layout import assign_whole, whole_shape
+from mlperf_tf.spmd import DeviceMesh, assign_whole, whole_shape
 
 # Last name components of model weights in google-research/bert checkpoints; any other
 # variable (slots, global_step, loss scale) is not part of the model.

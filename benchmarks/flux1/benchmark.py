@@ -20,8 +20,8 @@ from mlperf_tf import rcps
 from mlperf_tf.benchmark import Benchmark, EvalPoint, sample_eval_schedule
 from mlperf_tf.facts import Blocks, Rcp, SimulatorShape
 from mlperf_tf.optimizers.adamw import AdamW
-from mlperf_tf.parallel.layout import check_divides
 from mlperf_tf.runner.actions import Action
+from mlperf_tf.spmd import check_divides
 
 EVALUATION_FREQUENCY = "evaluation_frequency"  # closed_flux1.yaml (not in mllog.constants)
 GRID_FILE = "samples.png"

@@ -27,9 +27,15 @@ import tensorflow as tf
 
 from benchmarks.flux1.config import PATCH, ModelConfig
 from mlperf_tf.layers.matmul import token_matmul
-from mlperf_tf.layers.tensor_parallel import ColumnParallelDense, ModelAxis, RowParallelDense
-from mlperf_tf.parallel.context import resolve
-from mlperf_tf.parallel.layout import REPLICATED, add_split_weight, model_split
+from mlperf_tf.spmd import (
+    REPLICATED,
+    ColumnParallelDense,
+    ModelAxis,
+    RowParallelDense,
+    add_split_weight,
+    current_mesh,
+    model_split,
+)
 
 
 def _fused_glorot(part_in: int, part_out: int, fused_in: int, fused_out: int):
@@ -290,7 +296,7 @@ class _JointRowParallel(keras.layers.Layer):
     def __init__(self, hidden: int, mlp_hidden: int, **kwargs):
         super().__init__(**kwargs)
         self.hidden, self.mlp_hidden = hidden, mlp_hidden
-        self.mesh = resolve(None)
+        self.mesh = current_mesh()
         self.axis = ModelAxis(None, self)
 
     def build(self, input_shape):

@@ -15,7 +15,7 @@ from mlperf_tf.errors import UserError
 from mlperf_tf.facts import Blocks, Experts, Rcp, SimulatorShape
 from mlperf_tf.lm.decoder import DecoderModel
 from mlperf_tf.lm.pretraining import PretrainingBenchmark
-from mlperf_tf.parallel.context import use_mesh
+from mlperf_tf.spmd import use_mesh
 
 
 class GptOssBenchmark(PretrainingBenchmark):

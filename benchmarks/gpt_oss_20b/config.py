@@ -16,10 +16,10 @@ import os
 from mlperf_tf import paths
 from mlperf_tf.config import ConfigError
 from mlperf_tf.data import c4
-from mlperf_tf.layers.moe import MoEConfig
 from mlperf_tf.lm import pretraining
 from mlperf_tf.lm.config import TINY_SHAPE, DecoderConfig
 from mlperf_tf.lm.pretraining import MAX_STEPS_DEFAULT, PretrainingOptimizerConfig
+from mlperf_tf.spmd import MoEConfig
 
 # What the closed rules of 6.0.0 and 6.1.0 fix (closed_gpt_oss_20b.yaml).
 MAX_STEPS = MAX_STEPS_DEFAULT  # 1,200,000

@@ -20,7 +20,7 @@ from mlperf_tf.facts import Blocks, Rcp, SimulatorShape
 from mlperf_tf.layers import lora as lora_lib
 from mlperf_tf.lm.benchmark import LanguageModelBenchmark
 from mlperf_tf.optimizers import WarmupCosineDecay, registry
-from mlperf_tf.parallel.context import use_mesh
+from mlperf_tf.spmd import use_mesh
 
 # MLPerf log keys of closed_llama2_70b_lora.yaml that `mlperf_logging.mllog.constants` lacks.
 LORA_RANK = "lora_rank"

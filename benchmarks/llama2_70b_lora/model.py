@@ -17,8 +17,7 @@ from mlperf_tf.layers import lora as lora_lib
 from mlperf_tf.layers.lora import LoraConfig
 from mlperf_tf.lm.attention import fuse_qkv
 from mlperf_tf.lm.decoder import DecoderModel
-from mlperf_tf.parallel.context import current_mesh
-from mlperf_tf.parallel.layout import assign_shards, layout_of
+from mlperf_tf.spmd import assign_shards, current_mesh, layout_of
 
 MODEL_NAME = "llama2"
 

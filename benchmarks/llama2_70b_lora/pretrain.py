@@ -26,12 +26,12 @@ import tensorflow as tf
 
 from benchmarks.llama2_70b_lora import checkpoint
 from benchmarks.llama2_70b_lora.config import ModelConfig
-from mlperf_tf.layers.moe import MoEConfig
 from mlperf_tf.lm import loss as loss_lib
 from mlperf_tf.lm.attention import split_qkv
 from mlperf_tf.lm.decoder import DecoderModel
 from mlperf_tf.optimizers import WarmupCosineDecay
 from mlperf_tf.optimizers.adamw import AdamW
+from mlperf_tf.spmd import MoEConfig
 
 BATCH = 16
 PEAK_LR = 2e-3

@@ -16,7 +16,7 @@ from mlperf_tf import layers
 from mlperf_tf.benchmark import Benchmark, eval_ratio
 from mlperf_tf.facts import Conv, Rcp, SimulatorShape
 from mlperf_tf.optimizers import LARS, WarmupPolynomialDecay, registry
-from mlperf_tf.parallel import spatial
+from mlperf_tf.spmd import SpatialLayout
 
 # MLPerf log keys of the closed_resnet_sgd rules that `mlperf_logging.mllog.constants` lacks.
 SGD_OPT_BASE_LR = "sgd_opt_base_learning_rate"
@@ -80,7 +80,7 @@ class ResNet50Benchmark(Benchmark):
             self.config.model,
             image_size=self.config.data.image_size,
             seed=self.seed,
-            layout=spatial.SpatialLayout(self.mesh) if self.mesh.spatial > 1 else None,
+            layout=SpatialLayout(self.mesh) if self.mesh.spatial > 1 else None,
         )
 
     def build_optimizer(self, train_steps: int) -> keras.optimizers.Optimizer:

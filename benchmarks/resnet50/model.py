@@ -7,10 +7,8 @@ import keras
 from benchmarks.resnet50.config import ModelConfig
 from mlperf_tf.config import ConfigError
 from mlperf_tf.layers import CrossReplicaBatchNormalization
-from mlperf_tf.layers.spatial import SpatialBuilder
-from mlperf_tf.parallel import spatial as spatial_lib
-from mlperf_tf.parallel.spatial import SpatialLayout
 from mlperf_tf.seeds import LayerSeeds
+from mlperf_tf.spmd import SpatialBuilder, SpatialLayout, stem_refusal
 
 # Stride of each stage's first bottleneck (the first stage follows the stem's max pool).
 _STAGE_STRIDES = (1, 2, 2, 2)
@@ -72,9 +70,7 @@ def resnet(
         for block in range(num_blocks):
             x = _stage_block(build, x, config, seeds, stage=stage, block=block)
     if build.parts > 1 and not build.ever_split:
-        raise ConfigError(
-            spatial_lib.stem_refusal(build.layout, size=image_size, setting="data.image_size")
-        )
+        raise ConfigError(stem_refusal(build.layout, size=image_size, setting="data.image_size"))
     x = build.global_average_pool(x, name="avg_pool")  # [batch, channels], whole
     logits = keras.layers.Dense(
         config.num_classes,

@@ -23,7 +23,7 @@ from mlperf_tf.errors import DataError, UserError
 from mlperf_tf.facts import Conv, Rcp, SimulatorShape
 from mlperf_tf.layers import model_bn_span
 from mlperf_tf.optimizers import PiecewiseConstantWithWarmup, registry
-from mlperf_tf.parallel import spatial
+from mlperf_tf.spmd import SpatialLayout
 
 # Offset of the synthetic eval examples' seeds, so they differ from the training batch's.
 _SYNTHETIC_EVAL_SEED = 1_000_000
@@ -100,7 +100,7 @@ class SSDBenchmark(Benchmark):
     def build_model(self) -> keras.Model:
         """SSD of `config.model`, split into K slabs of rows (K x L tiles) over the mesh's
         spatial axis when it has one (`model.build_ssd`)."""
-        layout = spatial.SpatialLayout(self.mesh) if self.mesh.spatial > 1 else None
+        layout = SpatialLayout(self.mesh) if self.mesh.spatial > 1 else None
         return model_lib.build_ssd(self.config.model, layout)
 
     def learning_rate_schedule(self) -> PiecewiseConstantWithWarmup:

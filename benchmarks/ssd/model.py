@@ -18,9 +18,7 @@ from benchmarks.ssd import anchors as anchors_lib
 from benchmarks.ssd.config import ModelConfig
 from mlperf_tf.config import ConfigError
 from mlperf_tf.layers import CrossReplicaBatchNormalization
-from mlperf_tf.layers.spatial import SpatialBuilder
-from mlperf_tf.parallel import spatial as spatial_lib
-from mlperf_tf.parallel.spatial import SpatialLayout
+from mlperf_tf.spmd import SpatialBuilder, SpatialLayout, stem_refusal
 
 # torchvision ResNet-34 widths of conv2_x, conv3_x, conv4_x.
 _STAGE_WIDTHS = (64, 128, 256)
@@ -228,9 +226,7 @@ def build_ssd(config: ModelConfig, layout: SpatialLayout | None = None) -> keras
         features.append((x, slabs.split))
     if slabs.parts > 1 and not slabs.ever_split:
         raise ConfigError(
-            spatial_lib.stem_refusal(
-                slabs.layout, size=config.image_size, setting="model.image_size"
-            )
+            stem_refusal(slabs.layout, size=config.image_size, setting="model.image_size")
         )
 
     box_codes, class_logits = [], []

@@ -17,7 +17,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from mlperf_tf.collectives.ops import loop_function
+from mlperf_tf.spmd import loop_function
 
 # Stand-in for minus infinity in scores; finite so that sums and products stay finite.
 INF = 1.0e7

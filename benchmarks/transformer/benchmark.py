@@ -23,8 +23,8 @@ from mlperf_tf.config import ConfigError
 from mlperf_tf.data import pipeline, synthetic
 from mlperf_tf.facts import Blocks, SimulatorShape, StatedConvergence
 from mlperf_tf.layers import moe
-from mlperf_tf.layers.tensor_parallel import vocab_parallel_cross_entropy
 from mlperf_tf.optimizers import WarmupRsqrtDecay, registry
+from mlperf_tf.spmd import vocab_parallel_cross_entropy
 
 
 def label_smoothed_cross_entropy(

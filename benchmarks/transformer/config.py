@@ -15,8 +15,8 @@ from typing import Literal
 
 from mlperf_tf import paths
 from mlperf_tf.config import BenchmarkConfig, ConfigError, require
-from mlperf_tf.layers.moe import MoEConfig
 from mlperf_tf.optimizers import registry
+from mlperf_tf.spmd import MoEConfig
 
 NAME = "transformer"
 

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import weakref
-
 import keras
 import tensorflow as tf
 from keras import ops
 
 from mlperf_tf.collectives import ops as collective_ops
+from mlperf_tf.collectives.axis_group import AxisGroup, batch_norm_group
 from mlperf_tf.config import ConfigError
+from mlperf_tf.parallel.context import current_mesh
+from mlperf_tf.parallel.mesh import DeviceMesh
 
 
 def _check_positive_int(name: str, value) -> int:
@@ -155,10 +156,14 @@ def table_group_sum(all_reduce, *, group_size, replica_id, num_replicas):
 class CrossReplicaBatchNormalization(keras.layers.BatchNormalization):
     """`keras.layers.BatchNormalization` whose training statistics span a group of replicas.
 
-    Replicas are split into groups of `group_size` consecutive replica ids (Ying et al., 2018,
+    Replicas are split into groups of `group_size` replicas (Ying et al., 2018,
     "Image Classification at Supercomputer Scale", distributed batch normalization); in training
     each group normalizes over the union of its members' batches. `group_size=1` is plain local BN
-    (no collective), `group_size=num_replicas_in_sync` is fully synchronized BN.
+    (no collective), `group_size=num_replicas_in_sync` is fully synchronized BN. The groups come
+    from the run's mesh (`mlperf_tf.parallel.use_mesh` around the layer's construction or call):
+    the replicas that share a batch (spatial tiles, model shards) over `group_size / (spatial x
+    model)` consecutive batch shards (`collectives.axis_group.batch_norm_group`); without a mesh
+    every replica is a batch shard. On the row-major mesh a group is consecutive replica ids.
 
     Method (one collective per layer per step): in replica context every replica computes its
     per-channel count, mean and sum of squared deviations, its row of a `[group, 3, C]` table,
@@ -234,9 +239,9 @@ class CrossReplicaBatchNormalization(keras.layers.BatchNormalization):
                 f"`collective_timeout_s` ({collective_timeout_s!r}) must be a number >= 0."
             )
         self.collective_timeout_s = float(collective_timeout_s)
-        # Per traced graph, per replica id: calls so far (see `_next_call_index`). Weak keys:
-        # a graph that is gone takes its counts with it.
-        self._collective_calls = weakref.WeakKeyDictionary()
+        # The run's mesh when the layer is made inside one (`mlperf_tf.parallel.use_mesh`);
+        # None: a mesh of data replicas only, made from the strategy at call time.
+        self._mesh = current_mesh()
         if not isinstance(fused, bool):
             raise ConfigError(f"`fused` ({fused!r}) must be a bool.")
         self.fused = fused
@@ -282,28 +287,30 @@ class CrossReplicaBatchNormalization(keras.layers.BatchNormalization):
                 replica_id=ctx.replica_id_in_sync_group,
                 num_replicas=num_replicas,
             )
-        first = replica - replica % self.group_size
-        members = list(range(first, first + self.group_size))
-        # The replica's one `Collectives` (one ordering token for the whole step, see
-        # `collective_ops.replica_collectives`).
-        collectives = collective_ops.replica_collectives(
-            num_replicas=num_replicas, timeout_s=self.collective_timeout_s
-        )
-        name = f"batch_norm/{self.name}/call{self._next_call_index(replica)}"
-        return lambda t: collectives.differentiable_all_reduce(t, members, name)
+        group = self._group(num_replicas)
+        return lambda t: group.sum(t, "moments")
 
-    def _next_call_index(self, replica: int) -> int:
-        """How many times `replica` has called this layer before, in the graph being traced.
+    def _group(self, num_replicas: int) -> AxisGroup:
+        """This layer's batch-norm group on the run's mesh: the replicas that share a batch
+        (spatial tiles, model shards) over `group_size / (spatial x model)` consecutive batch
+        shards (`batch_norm_group`). Without a mesh, every replica is a batch shard.
 
-        Collective instance keys are made from this count: a layer called twice in one step
-        (micro-batches of gradient accumulation) needs two instances, and every replica counts
-        its own calls the same way, so their keys agree. Counts restart with each new graph.
+        Raises:
+          ValueError: `group_size` is not a multiple of the replicas that share a batch.
         """
-        graph = tf.compat.v1.get_default_graph()
-        counts = self._collective_calls.setdefault(graph, {})
-        index = counts.get(replica, 0)
-        counts[replica] = index + 1
-        return index
+        mesh = self._mesh or current_mesh() or DeviceMesh(data=num_replicas)
+        return batch_norm_group(
+            mesh, self.group_size, owner=self, timeout_s=self.collective_timeout_s
+        )
+
+    def _rank(self, ctx):
+        """This replica's position in its group: from the mesh where replica ids are known at
+        trace time; on TPUs (a tensor id) its id modulo the group size, the same position, since
+        a group's members are consecutive ids on the row-major mesh."""
+        replica = collective_ops.static_replica_id(ctx)
+        if replica is None or tf.executing_eagerly():
+            return tf.math.floormod(ctx.replica_id_in_sync_group, self.group_size)
+        return self._group(ctx.num_replicas_in_sync).rank(replica)
 
     def _fused_applies(self, inputs, mask) -> bool:
         """Whether the fused kernel computes this call (local statistics checked by the caller)."""
@@ -340,8 +347,7 @@ class CrossReplicaBatchNormalization(keras.layers.BatchNormalization):
             axis=self.axis,
             mask=mask,
             group_sum=self._group_sum(ctx),
-            # Groups are consecutive replica ids (a tensor on TPUs).
-            rank=tf.math.floormod(ctx.replica_id_in_sync_group, self.group_size),
+            rank=self._rank(ctx),
             group_size=self.group_size,
         )  # [C], [C]
 

@@ -62,7 +62,7 @@ from typing import Literal
 import keras
 import tensorflow as tf
 
-from mlperf_tf.collectives.ops import replica_collectives
+from mlperf_tf.collectives.axis_group import AxisGroup
 from mlperf_tf.config import ConfigError
 from mlperf_tf.layers.activations import clamped_swiglu, swiglu
 from mlperf_tf.parallel import layout as mesh_layout
@@ -509,6 +509,12 @@ class MoEFeedForward(keras.layers.Layer):
         self.expert_parallel = expert_parallel
         self.mesh = mesh
         self.collective_timeout_s = collective_timeout_s
+        # The expert group: the replicas of this one's expert axis (same data, spatial and model
+        # index), which hold the other experts of each layer.
+        self.expert_group = AxisGroup(
+            "expert", owner=self, mesh=mesh if expert_parallel > 1 else None,
+            timeout_s=collective_timeout_s,
+        )  # fmt: skip
         self.local_experts = num_experts // expert_parallel
         self.expert_mlp = expert_mlp
         self.expert_bias = bool(expert_bias)
@@ -667,23 +673,16 @@ class MoEFeedForward(keras.layers.Layer):
             return self._expert_ffn(buffer, self._gathered, training)
         if self.expert_parallel == 1:
             return self._expert_ffn(buffer, self.expert_weights, training)
-        ops, members = self._expert_group()
         p, e = self.expert_parallel, self.local_experts
         capacity = tf.shape(buffer)[1]
         send = tf.reshape(buffer, [p, e, -1, self.hidden_size])  # row j: peer j's experts
-        name = ops.unique_name(f"moe/{self.path}/call")
-        received = ops.differentiable_all_to_all(send, members, f"{name}/dispatch")
+        received = self.expert_group.all_to_all(send, "dispatch")
         # [p (source), e, C, d] -> [e, p * C, d]: each local expert's buffer from every source.
         local = tf.reshape(tf.transpose(received, [1, 0, 2, 3]), [e, -1, self.hidden_size])
         out = self._expert_ffn(local, self.expert_weights, training)
         out = tf.transpose(tf.reshape(out, [e, p, -1, self.hidden_size]), [1, 0, 2, 3])
-        back = ops.differentiable_all_to_all(out, members, f"{name}/combine")  # [p, e, C, d]
+        back = self.expert_group.all_to_all(out, "combine")  # [p, e, C, d]
         return tf.reshape(back, [self.num_experts, capacity, self.hidden_size])
-
-    def _expert_group(self):
-        """(this replica's shared `Collectives`, its expert group's members)."""
-        ops = replica_collectives(num_replicas=self.mesh.size, timeout_s=self.collective_timeout_s)
-        return ops, self.mesh.group(ops.replica, "expert")
 
     @contextlib.contextmanager
     def whole_experts(self):
@@ -693,13 +692,10 @@ class MoEFeedForward(keras.layers.Layer):
         if self.expert_parallel == 1:
             yield
             return
-        ops, members = self._expert_group()
-        name = ops.unique_name(f"moe/{self.path}/gather")
-        gathered = []
-        for i, w in enumerate(self.expert_weights):
-            flat = tf.reshape(tf.convert_to_tensor(w), [-1])
-            whole = ops.all_gather(flat, members, f"{name}/{i}")
-            gathered.append(tf.reshape(whole, [self.num_experts, *w.shape[1:]]))
+        gathered = [
+            self.expert_group.all_gather(tf.convert_to_tensor(w), f"gather{i}")
+            for i, w in enumerate(self.expert_weights)
+        ]  # each [E, ...]
         self._gathered = gathered
         try:
             yield

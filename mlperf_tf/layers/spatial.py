@@ -5,7 +5,7 @@ read the same images; the member in tile row `i` and tile column `j` (row-major 
 holds rows `[i*H/K, (i+1)*H/K)` and columns `[j*W/L, (j+1)*W/L)` of every split activation
 `[batch, H/K, W/L, C]` (L = 1, `--spatial_partition=K`: slabs of rows). Weights are replicated.
 Each layer states the collectives it issues, in replica context, on
-`mlperf_tf.collectives.ops.Collectives`, over the spatial group
+its `AxisGroup` over the mesh's `spatial` axis (`mlperf_tf.collectives.axis_group`): the group
 (`DeviceMesh.group(replica, "spatial")`) or one of its tile columns (K members) or tile rows
 (L members):
 
@@ -18,7 +18,8 @@ Each layer states the collectives it issues, in replica context, on
 
 Batch norm over tiles needs no layer of its own: `CrossReplicaBatchNormalization` with
 `group_size = bn_group_size x K x L` sums its statistics over the tiles and over the
-batch-norm group of batch shards (consecutive replica ids; `SpatialBuilder.batch_norm_group`).
+batch-norm group of batch shards (`SpatialBuilder.batch_norm_group`; the group on the mesh is
+`mlperf_tf.collectives.axis_group.batch_norm_group`).
 
 Gradients. Every replica's loss is 1/(K L) of its images' loss, and each backward collective is the
 adjoint of its forward one, so backpropagation computes, on each replica, the gradient of the
@@ -33,150 +34,33 @@ inside a `tf.function`); on TPUs the same layout is `experimental_split_to_logic
 
 from __future__ import annotations
 
-import itertools
-import weakref
-
 import keras
 import tensorflow as tf
 
 from mlperf_tf.collectives import ops as collective_ops
+from mlperf_tf.collectives.axis_group import AxisGroup
 from mlperf_tf.parallel import spatial as spatial_lib
 from mlperf_tf.parallel.context import current_mesh
 from mlperf_tf.parallel.mesh import DeviceMesh
 from mlperf_tf.parallel.spatial import SpatialLayout
 
 
-class _Group:
-    """This replica's place in its spatial group, for one call of a layer (replica context)."""
-
-    def __init__(self, layer: keras.layers.Layer, layout: SpatialLayout):
-        ctx = tf.distribute.get_replica_context() if tf.distribute.has_strategy() else None
-        if ctx is None:
-            raise ValueError(
-                f"layer '{layer.name}' holds a slab of a spatially partitioned tensor: call it "
-                "in the replica context of the run's strategy"
-            )
-        replica = collective_ops.static_replica_id(ctx)
-        if replica is None or tf.executing_eagerly():
-            raise ValueError(
-                f"layer '{layer.name}' needs replica ids known at trace time inside a "
-                "tf.function (MirroredStrategy); on TPUs spatial partitioning is "
-                "experimental_split_to_logical_devices"
-            )
-        if ctx.num_replicas_in_sync != layout.mesh.size:
-            raise ValueError(
-                f"layer '{layer.name}' was built for {layout.mesh} ({layout.mesh.size} replicas) "
-                f"but runs on {ctx.num_replicas_in_sync}"
-            )
-        self.members = layout.members(replica)  # the K x L tiles, row-major
-        self.rank = self.members.index(replica)
-        self.parts = len(self.members)
-        self.tile = layout.tile(replica)  # (tile row, tile column)
-        self.column = layout.column_members(replica)  # K: neighbours above and below
-        self.row = layout.row_members(replica)  # L: neighbours left and right
-        # The replica's one `Collectives`: its ordering token puts every collective of the step
-        # (halos, gathers, batch-norm sums, the gradient sum) in program order, the same on
-        # every replica. With a token per layer call the replicas could start them in different
-        # orders, each holding a thread while it waits: a 4-replica SSD step at mini size
-        # hung for 20 minutes that way.
-        self.collectives = collective_ops.replica_collectives(
-            num_replicas=ctx.num_replicas_in_sync, timeout_s=0.0
+def _group(layer) -> AxisGroup:
+    """`layer`'s spatial group (`layer.spatial_group`), after the checks that name what a tile
+    needs: a replica context, with replica ids known at trace time."""
+    ctx = tf.distribute.get_replica_context() if tf.distribute.has_strategy() else None
+    if ctx is None:
+        raise ValueError(
+            f"layer '{layer.name}' holds a slab of a spatially partitioned tensor: call it "
+            "in the replica context of the run's strategy"
         )
-        graph = tf.compat.v1.get_default_graph()
-        per_replica = layer._spatial_calls.setdefault(graph, {})
-        call = per_replica.get(replica, 0)
-        per_replica[replica] = call + 1
-        # Instance names: equal on every member (each counts its own calls of the layer).
-        self.name = f"spatial/{layer.name}/call{call}"
-
-
-def exchange_halo(
-    x, group: _Group, *, top: int, bottom: int, edge_value: float = 0.0, axis: int = 1
-):  # fmt: skip
-    """The `top` rows above and `bottom` rows below this replica's tile `x` ([b, h, w, c]); with
-    `axis=2` the `top` columns left and `bottom` columns right of it.
-
-    One all-to-all forward over the tile column (`axis=1`) or tile row (`axis=2`): this tile's
-    first `bottom` rows to the neighbour above, its last `top` rows to the one below (columns:
-    left, right). One backward: the gradients of the received rows back to their owners, added
-    to their tiles' rows. At the image's edges the rows are `edge_value` (the op's padding: 0,
-    or -inf for max pooling).
-
-    Returns:
-      (above [b, top, w, c], below [b, bottom, w, c]); for `axis=2`, (left [b, h, top, c],
-      right [b, h, bottom, c]).
-    """
-    if axis == 2:  # columns are rows of the transposed tile
-        swap = [0, 2, 1, 3]
-        left, right = _exchange(
-            tf.transpose(x, swap), group.collectives, group.row, group.tile[1],
-            f"{group.name}/halo_cols",
-            top=top, bottom=bottom, edge_value=edge_value,
-        )  # fmt: skip
-        return tf.transpose(left, swap), tf.transpose(right, swap)
-    if axis != 1:
-        raise ValueError(f"halo exchange along axis {axis}: 1 (rows) or 2 (columns)")
-    return _exchange(
-        x, group.collectives, group.column, group.tile[0], f"{group.name}/halo",
-        top=top, bottom=bottom, edge_value=edge_value,
-    )  # fmt: skip
-
-
-def _exchange(x, collectives, members, rank, name, *, top, bottom, edge_value):
-    """`exchange_halo` along axis 1 among `members` (neighbours in rank order; this replica is
-    `members[rank]`), collective instances named `name`, `name_grad0`, ..."""
-    n, h = len(members), x.shape[1]
-    if max(top, bottom) > h:
-        raise ValueError(f"halo rows {top}/{bottom} exceed the slab's {h} rows")
-    rows = max(top, bottom)
-    backward_calls = itertools.count()
-
-    def edge(count, like):
-        shape = tf.concat([tf.shape(like)[:1], [count], tf.shape(like)[2:]], 0)
-        return tf.fill(shape, tf.constant(edge_value, like.dtype))
-
-    def to_neighbours(for_above, for_below, like):
-        """[n, b, rows, w, c]: row rank-1 carries `for_above`, row rank+1 `for_below`."""
-        zeros = tf.zeros_like(like[:, :0])  # [b, 0, w, c]
-
-        def padded(t):
-            return tf.concat([t, tf.zeros_like(like[:, : rows - t.shape[1]])], 1)
-
-        chunks = [padded(zeros)] * n
-        if rank > 0:
-            chunks[rank - 1] = padded(for_above)
-        if rank < n - 1:
-            chunks[rank + 1] = padded(for_below)
-        return tf.stack(chunks)
-
-    @tf.custom_gradient
-    def exchanged(slab):
-        received = collectives.all_to_all(
-            to_neighbours(slab[:, :bottom], slab[:, h - top :], slab), members, name
-        )  # row i came from rank i
-        above = received[rank - 1][:, :top] if rank > 0 else edge(top, slab)
-        below = received[rank + 1][:, :bottom] if rank < n - 1 else edge(bottom, slab)
-
-        def grad(d_above, d_below):
-            # d_above belongs to the last `top` rows of the member above; d_below to the first
-            # `bottom` rows of the member below.
-            returned = collectives.all_to_all(
-                to_neighbours(d_above, d_below, slab),
-                members,
-                f"{name}_grad{next(backward_calls)}",
-            )
-            d_slab = tf.zeros_like(slab)
-            if rank > 0:  # the member above sent the gradient of my first `bottom` rows
-                first = returned[rank - 1][:, :bottom]
-                d_slab += tf.concat([first, tf.zeros_like(slab[:, bottom:])], 1)
-            if rank < n - 1:  # the member below: of my last `top` rows
-                last = returned[rank + 1][:, :top]
-                d_slab += tf.concat([tf.zeros_like(slab[:, : h - top]), last], 1)
-            return d_slab
-
-        return (above, below), grad
-
-    return exchanged(x)
+    if collective_ops.static_replica_id(ctx) is None or tf.executing_eagerly():
+        raise ValueError(
+            f"layer '{layer.name}' needs replica ids known at trace time inside a "
+            "tf.function (MirroredStrategy); on TPUs spatial partitioning is "
+            "experimental_split_to_logical_devices"
+        )
+    return layer.spatial_group
 
 
 def _check_padding(padding, layer: str):
@@ -219,9 +103,9 @@ class _SlabWindow:
                 )  # fmt: skip
                 if not (halo.top or halo.bottom):
                     continue
-                group = group or _Group(self, self.layout)
-                first, last = exchange_halo(
-                    x, group, top=halo.top, bottom=halo.bottom, edge_value=edge_value, axis=axis
+                group = group or _group(self)
+                first, last = group.halo(
+                    x, top=halo.top, bottom=halo.bottom, edge_value=edge_value, axis=axis
                 )
                 x = tf.concat([first, x, last], axis=axis)
             elif before or after:
@@ -271,8 +155,7 @@ class HaloConv2D(_SlabWindow, keras.layers.Conv2D):
         super().__init__(filters, kernel_size, padding="valid", **kwargs)
         self.layout = layout
         self.pad = padding
-        # Per traced graph, per replica: calls so far (weak keys: gone with the graph).
-        self._spatial_calls = weakref.WeakKeyDictionary()
+        self.spatial_group = AxisGroup("spatial", owner=self, mesh=layout.mesh)
 
     def call(self, inputs):
         x = self._halo_input(
@@ -314,8 +197,7 @@ class HaloMaxPooling2D(_SlabWindow, keras.layers.MaxPooling2D):
         super().__init__(pool_size, strides=strides, padding="valid", **kwargs)
         self.layout = layout
         self.pad = padding
-        # Per traced graph, per replica: calls so far (weak keys: gone with the graph).
-        self._spatial_calls = weakref.WeakKeyDictionary()
+        self.spatial_group = AxisGroup("spatial", owner=self, mesh=layout.mesh)
 
     def call(self, inputs):
         edge = 0.0 if isinstance(self.pad, int) else float(inputs.dtype.min)
@@ -338,7 +220,7 @@ class _LayoutLayer(keras.layers.Layer):
     def __init__(self, *, layout: SpatialLayout, **kwargs):
         super().__init__(**kwargs)
         self.layout = layout
-        self._spatial_calls = weakref.WeakKeyDictionary()  # as HaloConv2D's
+        self.spatial_group = AxisGroup("spatial", owner=self, mesh=layout.mesh)
 
     def get_config(self):
         return {**super().get_config(), "layout": self.layout.get_config()}
@@ -359,8 +241,7 @@ class SpatialSlice(_LayoutLayer):
     def call(self, inputs):
         if self.layout.parts == 1:
             return inputs
-        group = _Group(self, self.layout)
-        (i, j), rows, cols = group.tile, *self.compute_output_shape(inputs.shape)[1:3]
+        (i, j), rows, cols = _group(self).tile(), *self.compute_output_shape(inputs.shape)[1:3]
         return inputs[:, i * rows : (i + 1) * rows, j * cols : (j + 1) * cols]
 
     def compute_output_shape(self, input_shape):
@@ -393,32 +274,12 @@ class SpatialGather(_LayoutLayer):
             return inputs
         if self.layout.col_parts > 1:
             return self._gather_tiles(inputs)
-        group = _Group(self, self.layout)
+        group = _group(self)
         axis = self.axis % len(inputs.shape)
-        n, rank, size = group.parts, group.rank, inputs.shape[axis]
         order = [axis] + [i for i in range(len(inputs.shape)) if i != axis]
         inverse = [order.index(i) for i in range(len(order))]
-        backward_calls = itertools.count()
-
-        @tf.custom_gradient
-        def gathered(x):
-            front = tf.transpose(x, order)  # the split axis first
-            flat = group.collectives.all_gather(
-                tf.reshape(front, [-1]), group.members, f"{group.name}/gather"
-            )
-            whole = tf.reshape(flat, [n * size, *front.shape[1:]])
-
-            def grad(upstream):
-                summed = group.collectives.all_reduce(
-                    tf.transpose(upstream, order),
-                    group.members,
-                    f"{group.name}/gather_grad{next(backward_calls)}",
-                )
-                return tf.transpose(summed[rank * size : (rank + 1) * size], inverse)
-
-            return tf.transpose(whole, inverse), grad
-
-        return gathered(inputs)
+        whole = group.gather(tf.transpose(inputs, order))  # the split axis first
+        return tf.transpose(whole, inverse)
 
     def _gather_tiles(self, inputs):
         """K x L tiles `[b, h, w, c]` -> `[b, K h, L w, c]` (all-gather; backward all-reduce)."""
@@ -427,28 +288,11 @@ class SpatialGather(_LayoutLayer):
                 f"layer '{self.name}' gathers {self.layout.flag} tiles of [b, h, w, c] "
                 f"(axis=1), not axis {self.axis} of {inputs.shape}"
             )
-        group = _Group(self, self.layout)
+        group = _group(self)
         rows, cols = self.layout.row_parts, self.layout.col_parts
-        (i, j), (h, w, c) = group.tile, inputs.shape[1:]
-        backward_calls = itertools.count()
-
-        @tf.custom_gradient
-        def gathered(x):
-            flat = group.collectives.all_gather(
-                tf.reshape(x, [-1]), group.members, f"{group.name}/gather"
-            )
-            tiles = tf.reshape(flat, [rows, cols, -1, h, w, c])  # row-major members
-            whole = tf.reshape(tf.transpose(tiles, [2, 0, 3, 1, 4, 5]), [-1, rows * h, cols * w, c])
-
-            def grad(upstream):
-                summed = group.collectives.all_reduce(
-                    upstream, group.members, f"{group.name}/gather_grad{next(backward_calls)}"
-                )
-                return summed[:, i * h : (i + 1) * h, j * w : (j + 1) * w]
-
-            return whole, grad
-
-        return gathered(inputs)
+        h, w, c = inputs.shape[1:]
+        tiles = tf.reshape(group.gather(inputs), [rows, cols, -1, h, w, c])  # row-major members
+        return tf.reshape(tf.transpose(tiles, [2, 0, 3, 1, 4, 5]), [-1, rows * h, cols * w, c])
 
     def compute_output_shape(self, input_shape):
         shape = list(input_shape)
@@ -477,10 +321,7 @@ class SpatialGlobalAveragePooling2D(_LayoutLayer):
         sums = tf.reduce_sum(inputs, axis=[1, 2]) / float(rows * width)  # [b, c]
         if self.layout.parts == 1:
             return sums
-        group = _Group(self, self.layout)
-        return group.collectives.differentiable_all_reduce(
-            sums, group.members, f"{group.name}/pool"
-        )
+        return _group(self).sum(sums, "pool")
 
     def compute_output_shape(self, input_shape):
         return (input_shape[0], input_shape[-1])

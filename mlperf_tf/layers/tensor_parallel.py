@@ -28,43 +28,23 @@ MultiWorkerMirroredStrategy) and run in replica context.
 
 from __future__ import annotations
 
-import collections
-import itertools
 import math
 
 import keras
 import tensorflow as tf
 
-from mlperf_tf.collectives.ops import replica_collectives, static_replica_id
+from mlperf_tf.collectives.axis_group import AxisGroup
 from mlperf_tf.layers.matmul import token_matmul
 from mlperf_tf.parallel.context import resolve
 from mlperf_tf.parallel.layout import REPLICATED, add_split_weight, model_split
 from mlperf_tf.parallel.mesh import DeviceMesh
 
 
-class _CallNames:
-    """Unique collective names per replica, in call order (each replica traces the same calls,
-    so the n-th collective of every replica gets the same instance key, and no two collectives
-    of one step share one). The prefix is the owning layer's `path` (unique in the model, and
-    the same in every process), read at call time, when Keras has set it."""
-
-    def __init__(self, owner):
-        self.owner = owner
-        self.counters = collections.defaultdict(itertools.count)
-
-    def next(self, replica: int, what: str) -> str:
-        prefix = self.owner if isinstance(self.owner, str) else self.owner.path
-        return f"{prefix}/{what}{next(self.counters[(replica, what)])}"
-
-
-class ModelAxis:
-    """The `model` axis of the mesh as seen from one replica, with Megatron's f and g.
-
-    The collectives are those of the replica context (`collectives.ops.replica_collectives`):
-    one ordering token per replica with the step's other replica collectives (MoE all-to-alls),
-    so every replica issues them in one program order; and a timeout that is the largest asked
-    for in that replica context: the run's `--collective_timeout`, which the runner's replica
-    steps ask for first (`mlperf_tf.runner.trainer.bind_collective_timeout`).
+class ModelAxis(AxisGroup):
+    """The `model` axis of the mesh as seen from one replica, with Megatron's f (`copy`) and g
+    (`reduce`): an `AxisGroup` over `model` (its collectives, their names, ordering token and
+    timeout are `AxisGroup`'s: those of the replica context, whose timeout the runner's replica
+    steps set to the run's `--collective_timeout`, `mlperf_tf.runner.trainer.bind_collective_timeout`).
 
     Args:
       mesh: the run's mesh (None: the ambient one, `mlperf_tf.parallel.current_mesh()`; no
@@ -75,86 +55,7 @@ class ModelAxis:
     """
 
     def __init__(self, mesh: DeviceMesh | None, owner, timeout_s: float = 0.0):
-        mesh = resolve(mesh)
-        self.mesh = mesh
-        self.size = mesh.model if mesh is not None else 1
-        self.timeout_s = float(timeout_s)
-        self._names = _CallNames(owner)
-
-    def _replica(self) -> int:
-        context = tf.distribute.get_replica_context()
-        replica = None if context is None else static_replica_id(context)
-        if replica is None:
-            raise ValueError(
-                "a model-parallel layer runs in replica context with a static replica id "
-                "(inside strategy.run of MirroredStrategy or MultiWorkerMirroredStrategy)"
-            )
-        return replica
-
-    def index(self) -> int:
-        """This replica's shard index along `model` (0 without model parallelism)."""
-        return 0 if self.size == 1 else self.mesh.index(self._replica(), "model")
-
-    def _ops(self):
-        replica = self._replica()
-        ops = replica_collectives(num_replicas=self.mesh.size, timeout_s=self.timeout_s)
-        return replica, ops, self.mesh.group(replica, "model")
-
-    def copy(self, x):
-        """f: identity forward; backward, the all-reduce of the gradient over `model`."""
-        if self.size == 1:
-            return x
-        replica, ops, members = self._ops()
-        name = self._names.next(replica, "copy")
-
-        @tf.custom_gradient
-        def copy(t):
-            def grad(upstream):
-                return ops.all_reduce(upstream, members, name + "/bwd")
-
-            return tf.identity(t), grad
-
-        return copy(x)
-
-    def reduce(self, x):
-        """g: all-reduce (sum) over `model` forward; identity backward."""
-        if self.size == 1:
-            return x
-        replica, ops, members = self._ops()
-        name = self._names.next(replica, "reduce")
-
-        @tf.custom_gradient
-        def reduce(t):
-            return ops.all_reduce(t, members, name), tf.identity
-
-        return reduce(x)
-
-    def max(self, x):
-        """Element-wise maximum over `model` (no gradient: used for numerical shifts only).
-
-        An all-reduce of each shard's value placed in its own row of an [M, ...] zero tensor,
-        then a local max: M times a [tokens] vector, and shapes may be dynamic.
-        """
-        x = tf.stop_gradient(x)
-        if self.size == 1:
-            return x
-        replica, ops, members = self._ops()
-        rows = tf.one_hot(self.mesh.index(replica, "model"), self.size, dtype=x.dtype)
-        table = rows[(...,) + (None,) * x.shape.rank] * x[None]
-        return tf.reduce_max(ops.all_reduce(table, members, self._names.next(replica, "max")), 0)
-
-    def gather_last(self, x):
-        """The shards' [..., n] tensors concatenated along the last axis: [..., M n] (forward
-        only; for evaluation, e.g. beam search's full-vocabulary logits)."""
-        if self.size == 1:
-            return x
-        replica, ops, members = self._ops()
-        index = self.mesh.index(replica, "model")
-        width = x.shape[-1]
-        placed = tf.pad(
-            x, [[0, 0]] * (x.shape.rank - 1) + [[index * width, (self.size - 1 - index) * width]]
-        )
-        return ops.all_reduce(placed, members, self._names.next(replica, "gather"))
+        super().__init__("model", owner=owner, mesh=mesh, timeout_s=timeout_s)
 
 
 def _bias_initializer(initializer):
