@@ -52,15 +52,9 @@ _PARALLEL_INTERNALS = (
     "mlperf_tf.layers.spatial",
     "mlperf_tf.layers.moe",
 )
-# Still importing internals until their rewrite onto the language-model block library (issue 38
-# item 5, under way in another branch): remove each entry when its file moves to `mlperf_tf.spmd`.
+# Files still importing an internal, each with why; remove an entry when its file moves to
+# `mlperf_tf.spmd`.
 _INTERNALS_ALLOWED = {
-    ("transformer/model.py", "mlperf_tf.layers.moe"),
-    ("transformer/model.py", "mlperf_tf.layers.tensor_parallel"),
-    ("transformer/model.py", "mlperf_tf.parallel.layout"),
-    ("bert/model.py", "mlperf_tf.layers.tensor_parallel"),
-    ("bert/model.py", "mlperf_tf.parallel"),
-    ("bert/model.py", "mlperf_tf.parallel.layout"),
     # The MoE metrics helpers (`moe.Collector`, `moe.summarize`); the Transformer's move onto
     # `mlperf_tf.lm`'s language-model base, which owns them, removes this.
     ("transformer/benchmark.py", "mlperf_tf.layers.moe"),

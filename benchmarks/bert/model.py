@@ -30,11 +30,16 @@ from keras import ops
 
 from benchmarks.bert.config import ModelConfig
 from mlperf_tf.layers import PADDED, PackedTokens
-from mlperf_tf.layers.tensor_parallel import ModelAxis, vocab_parallel_lookup
 from mlperf_tf.lm.attention import multi_head_attend
 from mlperf_tf.lm.layers import Linear, tied_logits
-from mlperf_tf.parallel import current_mesh
-from mlperf_tf.parallel.layout import add_split_weight, check_divides, model_split
+from mlperf_tf.spmd import (
+    ModelAxis,
+    add_split_weight,
+    check_divides,
+    current_mesh,
+    model_split,
+    vocab_parallel_lookup,
+)
 
 # google-research/bert masks attention with this additive bias (not -inf), which also fits fp16.
 _MASK_BIAS = -10000.0

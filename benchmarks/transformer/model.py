@@ -31,11 +31,16 @@ import keras
 import tensorflow as tf
 
 from mlperf_tf.layers import PADDED, PackedTokens, token_matmul
-from mlperf_tf.layers.moe import MoEConfig
-from mlperf_tf.layers.tensor_parallel import ModelAxis, vocab_parallel_lookup
 from mlperf_tf.lm.attention import multi_head_attend
 from mlperf_tf.lm.layers import Linear, tied_logits
-from mlperf_tf.parallel.layout import add_split_weight, check_divides, model_split
+from mlperf_tf.spmd import (
+    ModelAxis,
+    MoEConfig,
+    add_split_weight,
+    check_divides,
+    model_split,
+    vocab_parallel_lookup,
+)
 
 # Masks are boolean tensors (Keras casts float arguments of a layer call to the compute dtype,
 # which would turn a float mask's -1e9 into -inf in float16); `attend` applies them to float32
