@@ -376,7 +376,7 @@ def _cache_entry(benchmark) -> dict[str, Any]:
     )
     # Evals a run skips before its first, int(a x global batch + b), where a benchmark's rules
     # say so (llama2_70b_lora's eval delay): the simulator does not time them.
-    rule = getattr(type(benchmark), "skipped_evals_rule", None)
+    rule = type(benchmark).skipped_evals_rule
     if rule is not None:
         entry["skipped_evals_rule"] = [float(rule[0]), float(rule[1])]
     return entry
