@@ -395,7 +395,8 @@ def _check_run_stop(records, target, quality, emit):
     if status == C.SUCCESS and not reached:
         # An error in every mode: --quality=skip is for runs that did not reach the target and
         # say so (status aborted), never for a log that claims a success it did not have.
-        best = max((value for _, value in accuracies), default=None)
+        pick = max if target.higher_is_better else min
+        best = pick((value for _, value in accuracies), default=None)
         emit(
             "run_stop_status",
             f"run_stop status is '{C.SUCCESS}' but no eval_accuracy reached the target "

@@ -222,3 +222,16 @@ def test_stops_whose_starts_are_never_logged_are_warnings():
     extra = log[:6] + [rec("block_stop", t=102.0, line=7, first_epoch_num=10)] + log[6:]
     findings = suite_checks(extra, benchmark=None, ruleset="5.0.0", target=None, strict=True)
     assert [(f.line, f.level) for f in findings if f.level == "error"] == [(7, "error")]
+
+
+@pytest.mark.parametrize(
+    "target, best", [(Target(0.9, True, "v >= 0.9"), 0.8), (Target(0.5, False, "v <= 0.5"), 0.6)]
+)
+def test_an_unreached_success_names_the_best_eval_in_the_targets_direction(target, best):
+    # A loss target (lower is better, e.g. llama2_70b_lora's 0.925) names its lowest eval.
+    values = (0.7, 0.8) if target.higher_is_better else (0.7, 0.6)
+    evals = [rec("eval_accuracy", v, line=5 + i, epoch_num=i + 1) for i, v in enumerate(values)]
+    records = [rec("run_start", line=1), *evals, rec("run_stop", line=9, status="success")]
+    kwargs = {"benchmark": None, "ruleset": "1.0.0", "target": target}
+    (finding,) = suite_checks(records, **kwargs)
+    assert f"(best {best:g})" in finding.message, finding.message
