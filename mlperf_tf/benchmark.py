@@ -116,6 +116,8 @@ class Benchmark(abc.ABC):
       convergence: `Rcp(file, prefix, in_samples)` naming the reference convergence points in
         the installed mlperf-logging, or `StatedConvergence(points, source)` where no RCP
         exists; the simulator's epochs to target. None: `simulate` needs `--epochs`.
+      skipped_evals_rule: (a, b) where the rules skip the first int(a x global batch + b)
+        evals (llama2_70b_lora's eval delay); the simulator does not time them. None: none.
     and the methods `training_flops_per_sample()` (None: traced from the model),
     `parameter_count()`, `tokens_per_sample()`, `simulator_shape()` and `round_hparams()`.
     """
@@ -131,6 +133,7 @@ class Benchmark(abc.ABC):
     mlperf_rounds: ClassVar[tuple[str, ...] | None] = None
     renamed_keys: ClassVar[tuple[RenamedKey, ...]] = ()
     convergence: ClassVar[Rcp | StatedConvergence | None] = None
+    skipped_evals_rule: ClassVar[tuple[float, float] | None] = None
 
     def __init__(self, config: BenchmarkConfig, *, context: RunContext | None = None):
         if not isinstance(config, self.config_class):

@@ -380,6 +380,11 @@ def _cache_entry(benchmark) -> dict[str, Any]:
         shape=benchmark.simulator_shape().as_dict(),
         convergence=convergence.as_dict() if convergence is not None else None,
     )
+    # Evals a run skips before its first, int(a x global batch + b), where a benchmark's rules
+    # say so (llama2_70b_lora's eval delay): the simulator does not time them.
+    rule = type(benchmark).skipped_evals_rule
+    if rule is not None:
+        entry["skipped_evals_rule"] = [float(rule[0]), float(rule[1])]
     return entry
 
 

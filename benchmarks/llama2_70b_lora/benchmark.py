@@ -50,6 +50,10 @@ class LoraBenchmark(LanguageModelBenchmark):
         "training_6.1.0/rcps_llama2_70b_lora.json", "llama2_70b_lora_ref_", in_samples=True
     )
 
+    # For the simulator: the reference skips int(0.125 x global batch + 2) of its evals
+    # (`config.reference_skipped_evals`), whatever batch is simulated.
+    skipped_evals_rule = config_lib.EVAL_DELAY
+
     config: config_lib.LoraBenchmarkConfig
 
     def simulator_shape(self) -> SimulatorShape:

@@ -292,6 +292,41 @@ def _as_json(model: ModelConfig) -> dict:
     return json.loads(json.dumps(dataclasses.asdict(model)))
 
 
+_UNSET = object()
+
+
+def _defaults_json(cls) -> dict:
+    """{field: its default as `config.json` would hold it} for the fields of dataclass `cls`
+    that have one (nested dataclasses: their own fields' defaults)."""
+    out = {}
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            value = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            value = f.default_factory()
+        else:
+            continue
+        if dataclasses.is_dataclass(value):
+            out[f.name] = _defaults_json(type(value))
+        else:
+            out[f.name] = json.loads(json.dumps(value))
+    return out
+
+
+def _differs(saved, want, default) -> bool:
+    """Whether a saved config value is another model's than the run's `want`. A value the saved
+    config lacks or holds as null (a field added, or its default changed, after the checkpoint
+    was written) is the run's only when `want` is that field's default."""
+    if isinstance(want, dict) and isinstance(saved, dict):
+        defaults = default if isinstance(default, dict) else {}
+        return any(
+            _differs(saved.get(k, _UNSET), v, defaults.get(k, _UNSET)) for k, v in want.items()
+        )
+    if saved is _UNSET or saved is None:
+        return want is not None and (default is _UNSET or want != default)
+    return saved != want
+
+
 def import_checkpoint(directory: str, out_dir: str, model: ModelConfig, **kwargs) -> dict:
     """Converts the Hugging Face or MLCommons checkpoint `directory` into the suite checkpoint
     `out_dir` (one line of error for a corrupt or missing shard or another model's config)."""
@@ -318,8 +353,10 @@ class SuiteCheckpoint:
                 "--checkpoint=...`)"
             )
         saved = config.get("model", {})
+        defaults = _defaults_json(type(model))
         for name, want in _as_json(model).items():
-            if name != "base_dtype" and saved.get(name) != want:
+            value, default = saved.get(name, _UNSET), defaults.get(name, _UNSET)
+            if name != "base_dtype" and _differs(value, want, default):
                 raise CheckpointImportError(
                     f"base checkpoint {directory!r}: model.{name} is {saved.get(name)!r}, the "
                     f"run's is {want!r}"

@@ -35,10 +35,15 @@ RCP_FILE = "rcp_checker/training_5.1.0/rcps_llama2_70b_lora.json"
 IGNORE_INDEX = -100  # labels of prompt tokens (Hugging Face's ignore index)
 
 
+# The reference's eval delay, `int(0.125 * gbs + 2)` evaluations (`scripts/train.py`).
+EVAL_DELAY = (0.125, 2.0)
+
+
 def reference_skipped_evals(global_batch_size: int) -> int:
     """Evaluations the reference skips before its first: `eval_delay = int(0.125 * gbs + 2) *
     eval_steps` (`scripts/train.py`); 3 at batch 8, so the first eval is at 1,536 samples."""
-    return int(0.125 * global_batch_size + 2)
+    per_batch, constant = EVAL_DELAY
+    return int(per_batch * global_batch_size + constant)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -158,11 +158,22 @@ class LoraAdapter(keras.layers.Layer):
         return self.axis.copy(value) if split and replicated else value
 
     def call(self, x, training=None):
-        if self.dropout is not None:
-            x = self.dropout(x, training=training)
+        """(alpha / r) dropout(x) A B, with both scales (alpha / r and dropout's 1 / (1 - rate))
+        applied to B [r, out] rather than to the [..., in] input and the [..., out] product:
+        the same function, without two full-size multiplies forward and two backward per
+        adapter. The mask is the one `self.dropout` (a Keras `Dropout`) would draw: the same
+        seed generator, the same uniform draw compared with the rate."""
+        scale = self.scaling
+        if self.dropout is not None and training:
+            rate = self.dropout.rate
+            noise = keras.random.uniform(
+                tf.shape(x), dtype=x.dtype, seed=self.dropout.seed_generator
+            )
+            x = tf.where(noise >= rate, x, tf.zeros([], x.dtype))
+            scale /= 1.0 - rate
         a = self._read(self.lora_a, replicated=self.parallel != "row")
         b = self._read(self.lora_b, replicated=self.parallel != "column")
-        return token_matmul(token_matmul(x, a), b) * tf.cast(self.scaling, self.compute_dtype)
+        return token_matmul(token_matmul(x, a), b * tf.cast(scale, b.dtype))
 
 
 def is_adapter_variable(variable) -> bool:

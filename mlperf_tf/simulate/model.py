@@ -379,7 +379,9 @@ def _time_to_train(
         source = curve.source
     samples = epochs * epoch_examples
     steps = math.ceil(samples / global_batch)
-    evals = max(1, math.ceil(epochs / float(facts["eval_every_epochs"])))
+    evals = math.ceil(epochs / float(facts["eval_every_epochs"]))
+    per_batch, constant = facts.get("skipped_evals_rule", (0.0, 0.0))  # e.g. llama2_70b_lora
+    evals = max(1, evals - int(per_batch * global_batch + constant))
     eval_flops = float(facts["forward_flops_per_sample"]) * float(facts["eval_examples"])
     compute_rate = _chip_flops(system, benchmark, working) * working
     eval_s = evals * (eval_flops / compute_rate + system.eval_overhead_s)

@@ -12,10 +12,15 @@ sample weights 0 on the prompt), the suite's AdamW on the benchmark's cosine sch
              Keras' `EinsumDense.enable_lora` on q, k, v apart (three A matrices) and o, no
              dropout, A @ B merged into each kernel on every call.
 
-Rounds interleave the sides (`tools/harness.py`); reported: tokens/s, the ratio mlperf_tf /
-keras_hub (pooled, median of per-round ratios, each round).
+  mlperf_tf_dropout0  our step at `lora.dropout` 0: the function keras-hub computes (its form has
+             no adapter dropout), so the pair shows what the reference's dropout costs.
 
-    python tools/peers/bench_lora.py [--steps=2] [--rounds=5]
+Rounds interleave the sides (`tools/harness.py`); reported: tokens/s, the ratio mlperf_tf /
+keras_hub (pooled, median of per-round ratios, each round), and CPU seconds per step.
+`--intra_op_threads=1` runs every op on one thread (TF's inter- and intra-op pools of 1): on a
+shared, loaded machine the CPU time is then the work itself, not threads spinning for a core.
+
+    python tools/peers/bench_lora.py [--steps=2] [--rounds=5] [--intra_op_threads=N]
 """
 
 from __future__ import annotations
@@ -40,11 +45,15 @@ from tools.peers.bench_fit import mlperf_tf_contestant  # noqa: E402
 KERAS_HUB_TARGETS = ["query", "key", "value", "attention_output"]
 
 
-def bench_config() -> config_lib.LoraBenchmarkConfig:
-    """The mini preset on synthetic data (no base checkpoint: speed does not depend on it)."""
-    return dataclasses.replace(
+def bench_config(dropout: float | None = None) -> config_lib.LoraBenchmarkConfig:
+    """The mini preset on synthetic data (no base checkpoint: speed does not depend on it);
+    `dropout` replaces the adapters' dropout rate."""
+    config = dataclasses.replace(
         config_lib.mini(), data_dir="", base_checkpoint="", dataset_train_samples=1
     )
+    if dropout is not None:
+        config = dataclasses.replace(config, lora=dataclasses.replace(config.lora, dropout=dropout))
+    return config
 
 
 def keras_hub_contestant(benchmark: LoraBenchmark):
@@ -80,10 +89,14 @@ def keras_hub_contestant(benchmark: LoraBenchmark):
 def measure(steps: int, rounds: int) -> None:
     config = bench_config()
     keras.utils.set_random_seed(0)
-    make = lambda: LoraBenchmark(config).with_context(RunContext(num_replicas=1))  # noqa: E731
+
+    def make(c=config):
+        return LoraBenchmark(c).with_context(RunContext(num_replicas=1))
+
     print(f"mlperf_tf trainable parameters: {make().trainable_parameter_count():,}")
     contestants = {
         "mlperf_tf": mlperf_tf_contestant(make()),
+        "mlperf_tf_dropout0": mlperf_tf_contestant(make(bench_config(dropout=0.0))),
         "keras_hub": keras_hub_contestant(make()),
     }
     c = config.model
@@ -93,7 +106,14 @@ def measure(steps: int, rounds: int) -> None:
 
 def main(argv=None) -> int:
     parser = harness.rounds_parser(__doc__.splitlines()[0], steps=2)
+    parser.add_argument(
+        "--intra_op_threads", type=int, default=0,
+        help="threads of TF's op pools (0: TF's default, one per core)",
+    )  # fmt: skip
     args = harness.parse_rounds(parser, argv)
+    if args.intra_op_threads:
+        tf.config.threading.set_intra_op_parallelism_threads(args.intra_op_threads)
+        tf.config.threading.set_inter_op_parallelism_threads(args.intra_op_threads)
     measure(args.steps, args.rounds)
     return 0
 

@@ -107,3 +107,25 @@ def test_suite_checkpoint_of_another_model(tmp_path):
     (tmp_path / "other" / "config.json").write_text(json.dumps(hf_config(MODEL)))
     with pytest.raises(checkpoint.CheckpointImportError, match="not a suite checkpoint"):
         checkpoint.SuiteCheckpoint(str(tmp_path / "other"), MODEL)
+
+
+def test_config_written_before_a_field_was_added_still_loads_at_its_default(tmp_path):
+    """A base cached before `DecoderConfig` gained `window_pattern` (null then, [] now) and
+    `moe.dispatch` is this model; a missing field whose run value is not its default is not."""
+    write_hf_checkpoint(str(tmp_path / "src"), MODEL, fused=False)
+    checkpoint.import_checkpoint(str(tmp_path / "src"), str(tmp_path / "base"), MODEL)
+    path = tmp_path / "base" / "config.json"
+    config = json.loads(path.read_text())
+    config["model"]["window_pattern"] = None
+    del config["model"]["moe"]["dispatch"]
+    path.write_text(json.dumps(config))
+    checkpoint.SuiteCheckpoint(str(tmp_path / "base"), MODEL)
+    del config["model"]["hidden_size"]  # no default: never assumed
+    path.write_text(json.dumps(config))
+    with pytest.raises(checkpoint.CheckpointImportError, match="model.hidden_size is None"):
+        checkpoint.SuiteCheckpoint(str(tmp_path / "base"), MODEL)
+    config["model"]["hidden_size"] = MODEL.hidden_size
+    config["model"]["moe"]["num_experts"] = 4  # present and another value: another model
+    path.write_text(json.dumps(config))
+    with pytest.raises(checkpoint.CheckpointImportError, match="model.moe is"):
+        checkpoint.SuiteCheckpoint(str(tmp_path / "base"), MODEL)

@@ -67,6 +67,22 @@ def test_dropout_on_the_adapter_input_only_in_training():
     assert not np.allclose(train_out, eval_out)  # rows see different masks
 
 
+def test_dropout_is_keras_dropout_with_the_scales_on_b():
+    """The adapter draws its mask itself and scales B instead of x and the product: the same
+    function as PEFT's form written with Keras' `Dropout` (same seed, so the same mask)."""
+    rate, alpha, rank = 0.3, 8.0, 2
+    layer = _adapter(rank=rank, alpha=alpha, dropout=rate, seed=7)
+    layer.lora_b.assign(np.random.default_rng(0).normal(size=(rank, 6)))
+    x = tf.random.stateless_normal([4, 16, 5], [3, 4])
+    dropped = keras.layers.Dropout(rate, seed=7)(x, training=True).numpy()
+    assert 0.1 < np.mean(dropped == 0) < 0.5  # a mask was drawn
+    want = alpha / rank * dropped @ layer.lora_a.numpy() @ layer.lora_b.numpy()
+    got = layer(x, training=True).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    # A second call draws a new mask (the seed generator advanced).
+    assert not np.allclose(layer(x, training=True).numpy(), got)
+
+
 def test_freeze_base_leaves_only_adapters_trainable():
     inputs = keras.Input((5,))
     base = keras.layers.Dense(6, use_bias=True)
