@@ -94,6 +94,9 @@ def assert_resumes(make_benchmark, *, saved: Layout, resumed: Layout, model_dir,
       saved, resumed: the two runs' layouts.
       model_dir: the runs' folder (a pytest tmp_path).
     """
+    # TF starts with the test session's 4 logical CPUs (conftest) before a run of fewer could
+    # reconfigure it (`--num_cpu_devices` splits the CPU when TF has not started yet).
+    assert len(tf.config.list_logical_devices("CPU")) >= 4
     result = runner.run(make_benchmark(), saved.config(model_dir, first))
     assert result.steps == first
     path = tf.train.latest_checkpoint(str(model_dir / "ckpt"))
