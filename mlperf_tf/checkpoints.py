@@ -11,6 +11,15 @@
   same step, which this class never does.
 - Restore: the newest checkpoint that restores cleanly, with a warning for each newer one that is
   corrupt or partial; never a silent start from step 0 when checkpoints exist but none restores.
+- One format, whatever the layout (`run_checkpoint`): the model's and the optimizer's variables
+  are keyed by their stable Keras paths, not by their position in the model's layer list (a
+  spatially partitioned SSD orders its layers differently from the unsplit one), and split
+  variables are saved whole (`mlperf_tf.parallel.layout.save_whole`), each replica restoring its
+  own slice. So a run saved under any data x model x expert x spatial layout resumes under any
+  other the model allows. A checkpoint that lacks one of the model's variables, or holds one the
+  model does not have, is refused naming them (never a silent partial restore). Checkpoints of
+  the earlier positional format (`model/_operations/...`) still restore under the layout that
+  wrote them.
 - Errors: `--model_dir` that is a file, cannot be created or is read-only is a `UserError` before
   training starts; a save that fails (disk full, read-only) is a `CheckpointError` naming the step,
   the folder and the OS's reason.
@@ -18,6 +27,7 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import glob
 import os
@@ -26,6 +36,7 @@ import shutil
 import time
 import uuid
 
+import keras
 import tensorflow as tf
 from absl import logging
 
@@ -177,6 +188,158 @@ def candidates(directory: str) -> list[str]:
     return sorted(found, key=_step_of, reverse=True)
 
 
+# ---- the format: variables by stable path ------------------------------------------------------
+MODEL_PART = "model_variables"
+OPTIMIZER_PART = "optimizer_variables"
+_BY_PATH = "by_path"  # `VariablesByPath`'s dict: the second component of every entry's key
+_VALUE = "/.ATTRIBUTES/VARIABLE_VALUE"
+# The first component of the earlier format's keys (`model/_operations/1/_operations/29/...`).
+_POSITIONAL = ("model/", "optimizer/")
+
+
+class VariablesByPath(tf.Module):
+    """Variables in a checkpoint under names given to them, whatever their order.
+
+    `tf.train.Checkpoint` names an entry by the attributes that reach it: through a Keras model
+    that is the layer's position (`model/_operations/29/...`), through this dict the name given
+    (`model_variables/by_path/<path>/...`, TF escaping `/` as `.S`). Each variable keeps its own
+    serialization: a split one is joined at save and cut at restore (`layout.save_whole`).
+    """
+
+    def __init__(self, variables: dict, *, name: str):
+        super().__init__(name=name)
+        self.by_path = dict(variables)
+
+
+def _unique(pairs) -> dict:
+    # Two variables of one path (two layers given one name) stay apart by their order:
+    # `<path>#2` is the second of that path.
+    keyed, seen = {}, collections.Counter()
+    for key, variable in pairs:
+        seen[key] += 1
+        keyed[key if seen[key] == 1 else f"{key}#{seen[key]}"] = variable
+    return keyed
+
+
+def model_paths(model) -> dict:
+    """The model's variables (weights, moving statistics, seed states) by their Keras path."""
+    return _unique((v.path, v) for v in model.variables)
+
+
+def optimizer_paths(optimizer) -> dict:
+    """The optimizer's variables (step count, slots) by their path below the optimizer's name.
+
+    Keras names an unnamed optimizer `sgd`, `sgd_1`, ... by how many were made before in the
+    process, so the name is left out. A wrapper's own variables (`LossScaleOptimizer`'s scale,
+    step counter and `iteration`) get `wrapper/` in front, one per level of wrapping.
+    """
+    chain = [optimizer]
+    while getattr(chain[-1], "inner_optimizer", None) is not None:
+        chain.append(chain[-1].inner_optimizer)
+
+    def key(variable) -> str:
+        for depth, owner in enumerate(chain):
+            prefix = f"{owner.name}/"
+            if variable.path.startswith(prefix):
+                return "wrapper/" * (len(chain) - 1 - depth) + variable.path[len(prefix) :]
+        return variable.path
+
+    return _unique((key(v), v) for v in optimizer.variables)
+
+
+def run_checkpoint(*, model: keras.Model, optimizer, **parts) -> tf.train.Checkpoint:
+    """A run's checkpoint in the one format: model and optimizer variables by stable path.
+
+    Args:
+      model: the built model (split variables already `save_whole`).
+      optimizer: the built optimizer (slots of split variables already `split_slots`).
+      **parts: more trackables saved as they are (the run state, sharded slots).
+    """
+    by_path = {
+        MODEL_PART: VariablesByPath(model_paths(model), name=MODEL_PART),
+        OPTIMIZER_PART: VariablesByPath(optimizer_paths(optimizer), name=OPTIMIZER_PART),
+    }
+    return tf.train.Checkpoint(**by_path, **parts)
+
+
+def _unescape(name: str) -> str:
+    # TF's escaping of a name inside a checkpoint key: "." -> "..", "/" -> ".S".
+    out, i = [], 0
+    while i < len(name):
+        if name[i] == "." and i + 1 < len(name):
+            out.append({"S": "/", ".": "."}.get(name[i + 1], name[i : i + 2]))
+            i += 2
+        else:
+            out.append(name[i])
+            i += 1
+    return "".join(out)
+
+
+def _variable_name(key: str, part: str) -> str | None:
+    # `<part>/by_path/<escaped name>/.ATTRIBUTES/VARIABLE_VALUE` -> the name; else None.
+    prefix = f"{part}/{_BY_PATH}/"
+    if key.startswith(prefix) and key.endswith(_VALUE):
+        return _unescape(key[len(prefix) : -len(_VALUE)])
+    return None
+
+
+def stored_paths(names, part: str) -> set[str]:
+    """The variable names a checkpoint holds under `part` (given its keys, `list_variables`)."""
+    return {name for key in names if (name := _variable_name(key, part)) is not None}
+
+
+def read_part(path: str, part: str = MODEL_PART) -> dict:
+    """A checkpoint's variables under `part` (`MODEL_PART`, `OPTIMIZER_PART`) as whole arrays by
+    name, read from the files alone (no model needed: for tools and tests)."""
+    reader = tf.train.load_checkpoint(path)
+    return {
+        name: reader.get_tensor(key)
+        for key in reader.get_variable_to_shape_map()
+        if (name := _variable_name(key, part)) is not None
+    }
+
+
+def _few(paths) -> str:
+    paths = sorted(paths)
+    return ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
+
+
+def check_matches(checkpoint: tf.train.Checkpoint, path: str, names) -> None:
+    """Refuses a checkpoint whose variables are not the run's, before anything is restored.
+
+    Every model variable must be in it, and nothing else under the model's part (another
+    model's); every optimizer variable must be in it (a run would otherwise resume with fresh
+    slots); extra optimizer entries are left (a weight-update-sharded run keeps its slots apart).
+
+    Raises:
+      CheckpointError: naming the first few missing and unknown variables.
+    """
+    problems = []
+    for part, what in ((MODEL_PART, "model"), (OPTIMIZER_PART, "optimizer")):
+        wanted = getattr(checkpoint, part, None)
+        if not isinstance(wanted, VariablesByPath):
+            continue
+        stored = stored_paths(names, part)
+        missing = set(wanted.by_path) - stored
+        unknown = stored - set(wanted.by_path) if part == MODEL_PART else set()
+        if missing:
+            problems.append(f"it lacks {len(missing)} {what} variables ({_few(missing)})")
+        if unknown:
+            problems.append(
+                f"it holds {len(unknown)} {what} variables the run has not ({_few(unknown)})"
+            )
+    if problems:
+        raise CheckpointError(
+            f"checkpoint {path} is not one of this model: {'; '.join(problems)}; move the folder "
+            "away, or pass --restart to start from step 0"
+        )
+
+
+def is_positional(names) -> bool:
+    """Whether a checkpoint (given its keys) is of the earlier format, keyed by layer position."""
+    return any(n.startswith(_POSITIONAL) for n in names)
+
+
 class Checkpointer:
     """Saves and restores one run's `tf.train.Checkpoint` under `<model_dir>/ckpt`.
 
@@ -189,6 +352,9 @@ class Checkpointer:
       max_to_keep: checkpoints kept.
       policy: when `maybe_save` saves.
       strategy: for agreeing on saves across workers (None: one host).
+      positional: the same state in the earlier format, keyed by layer position (as
+        `tf.train.Checkpoint(model=..., optimizer=...)` keys it), to restore checkpoints of that
+        format; None: refuse them as not of this model.
     """
 
     def __init__(
@@ -201,8 +367,10 @@ class Checkpointer:
         max_to_keep: int = 3,
         policy: CheckpointPolicy | None = None,
         strategy=None,
+        positional: tf.train.Checkpoint | None = None,
     ):
         self.checkpoint = checkpoint
+        self.positional = positional
         self.chief = chief
         self.chief_directory = os.path.join(model_dir, "ckpt")
         self.directory = (
@@ -227,7 +395,7 @@ class Checkpointer:
         failures = []
         for path in paths:
             try:
-                self.checkpoint.restore(path).expect_partial()
+                self._restore_one(path)
             except _RESTORE_ERRORS as e:
                 reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
                 failures.append(f"{os.path.basename(path)}: {reason}")
@@ -249,6 +417,15 @@ class Checkpointer:
                 "move the folder away to start from step 0"
             )
         return None
+
+    def _restore_one(self, path: str) -> None:
+        """Restores one checkpoint of either format; refuses one whose variables are not the run's."""
+        names = [name for name, _ in tf.train.list_variables(path)]
+        if self.positional is not None and is_positional(names):
+            self.positional.restore(path).expect_partial()
+            return
+        check_matches(self.checkpoint, path, names)
+        self.checkpoint.restore(path).expect_partial()
 
     def after_loop(self, step: int, *, block_ended: bool = False) -> bool:
         """Counts a finished host loop and saves when the policy says so; returns whether it saved.

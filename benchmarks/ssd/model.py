@@ -189,24 +189,38 @@ def build_ssd(config: ModelConfig, layout: SpatialLayout | None = None) -> keras
         )
     slabs = SpatialBuilder(layout)
     b = _Builder(config, slabs)
-    width = config.width_scale
+    # One instance for the extra blocks and heads, made here: an unseeded initializer draws its
+    # seed when made, so where it is made fixes the initial weights.
     xavier = keras.initializers.GlorotUniform()  # the reference: xavier_uniform_
     inputs = keras.Input((config.image_size, config.image_size, 3), name="image")
     backbone = build_backbone(config, slabs)
-    x = backbone(inputs)
-    features = [(x, slabs.split)]  # (feature, split into slabs)
-    for k, (mid, out, stride, padding) in enumerate(
-        zip(
-            config.extra_mid_channels,
-            config.extra_channels,
-            config.extra_strides,
-            config.extra_paddings,
+    features = _extra_blocks(config, b, backbone(inputs), xavier)
+    if slabs.parts > 1 and not slabs.ever_split:
+        raise ConfigError(
+            stem_refusal(slabs.layout, size=config.image_size, setting="model.image_size")
         )
-    ):
+    box_codes, class_logits = _heads(config, b, features, xavier)
+    return keras.Model(inputs, (box_codes, class_logits), name="ssd_resnet34")
+
+
+def _extra_blocks(config: ModelConfig, b: _Builder, x, init) -> list:
+    """The backbone's output and the extra blocks' outputs, each with whether it is split.
+
+    Returns:
+      `[(feature [B, H, W, C], split into tiles), ...]`: the detection levels, largest first.
+    """
+    slabs, width, bn = b.slabs, config.width_scale, config.extra_batch_norm
+    features = [(x, slabs.split)]
+    extras = zip(
+        config.extra_mid_channels,
+        config.extra_channels,
+        config.extra_strides,
+        config.extra_paddings,
+    )
+    for k, (mid, out, stride, padding) in enumerate(extras):
         name = f"extra{k + 1}"
-        bn = config.extra_batch_norm
         x = slabs.keep_split(x, ((1, 1, 0), (3, stride, padding)), name=name)
-        x = b.conv(x, scaled(mid, width), 1, use_bias=not bn, init=xavier, name=f"{name}_conv1")
+        x = b.conv(x, scaled(mid, width), 1, use_bias=not bn, init=init, name=f"{name}_conv1")
         if bn:
             x = b.batch_norm(f"{name}_bn1")(x)
         x = layers.ReLU(name=f"{name}_relu1")(x)
@@ -217,41 +231,29 @@ def build_ssd(config: ModelConfig, layout: SpatialLayout | None = None) -> keras
             stride=stride,
             padding=padding,
             use_bias=not bn,
-            init=xavier,
+            init=init,
             name=f"{name}_conv2",
         )
         if bn:
             x = b.batch_norm(f"{name}_bn2")(x)
         x = layers.ReLU(name=f"{name}_relu2")(x)
         features.append((x, slabs.split))
-    if slabs.parts > 1 and not slabs.ever_split:
-        raise ConfigError(
-            stem_refusal(slabs.layout, size=config.image_size, setting="model.image_size")
-        )
+    return features
 
+
+def _heads(config: ModelConfig, b: _Builder, features: list, init):
+    """Each level's box and class heads, whole on every member, flattened and joined.
+
+    Returns:
+      `(box_codes [B, A, 4], class_logits [B, A, num_classes])`, anchors position-major.
+    """
+    slabs = b.slabs
     box_codes, class_logits = [], []
     for level, ((feature, split), ratios) in enumerate(zip(features, config.anchor_aspect_ratios)):
         per_cell = anchors_lib.boxes_per_location(ratios)
-        loc = b.conv(
-            feature,
-            per_cell * 4,
-            3,
-            padding=1,
-            use_bias=True,
-            init=xavier,
-            name=f"loc{level}",
-            split=split,
-        )
-        conf = b.conv(
-            feature,
-            per_cell * config.num_classes,
-            3,
-            padding=1,
-            use_bias=True,
-            init=xavier,
-            name=f"conf{level}",
-            split=split,
-        )
+        head = dict(padding=1, use_bias=True, init=init, split=split)
+        loc = b.conv(feature, per_cell * 4, 3, name=f"loc{level}", **head)
+        conf = b.conv(feature, per_cell * config.num_classes, 3, name=f"conf{level}", **head)
         # The whole map on every member (tiles gathered), then [B, H, W, boxes * k] ->
         # [B, H * W * boxes, k]: position-major, box-minor anchors.
         loc = slabs.whole(loc, name=f"loc{level}_gather", split=split)
@@ -262,4 +264,4 @@ def build_ssd(config: ModelConfig, layout: SpatialLayout | None = None) -> keras
         )
     box_codes = layers.Concatenate(axis=1, name="box_codes")(box_codes)
     class_logits = layers.Concatenate(axis=1, name="class_logits")(class_logits)
-    return keras.Model(inputs, (box_codes, class_logits), name="ssd_resnet34")
+    return box_codes, class_logits

@@ -496,13 +496,16 @@ class Controller:
         # The first attempt's run_start (ms since the epoch; 0: not started), kept so that a
         # resumed run's log can carry it. A host variable: outside the strategy scope.
         self.run_state = tf.train.Checkpoint(run_start_ms=tf.Variable(0, dtype=tf.int64))
-        parts = dict(model=self.model, optimizer=self.optimizer, run_state=self.run_state)
+        parts = dict(run_state=self.run_state)
         if isinstance(self.summer, collectives.GradientSummer) and self.summer.sharded:
             # The optimizer holds no slots: the summer's shards, saved at full size.
             parts["sharded_slots"] = self.summer.checkpointable()
-        checkpoint = tf.train.Checkpoint(**parts)
+        state = dict(model=self.model, optimizer=self.optimizer, **parts)
         self.checkpointer = checkpoints.Checkpointer(
-            checkpoint=checkpoint,
+            # One format at every layout (variables by path, whole); the earlier positional one
+            # still restores under the layout that wrote it.
+            checkpoint=checkpoints.run_checkpoint(**state),
+            positional=tf.train.Checkpoint(**state),
             model_dir=cfg.model_dir,
             chief=self.chief,
             task_id=distribute.task_id(self.strategy),
@@ -525,7 +528,7 @@ class Controller:
         """The MLPerf init phase: log the run's keys, build, restore, log hparams, make the loops."""
         cfg = self.run_config
         self._log_init_events()
-        keras.utils.set_random_seed(cfg.seed)
+        _fresh_keras_state(cfg.seed)
         precision.set_policy(cfg.dtype)
         flags = dict(
             model_parallel=cfg.model_parallel,
@@ -726,6 +729,19 @@ class Controller:
 
 # Seconds the checkpoint after a tf.data service stall may take before the process exits anyway.
 _STALL_SAVE_TIMEOUT_S = 60.0
+
+
+def _fresh_keras_state(seed: int) -> None:
+    """Starts Keras' global state afresh, then seeds it.
+
+    Keras names unnamed layers and seed generators `dropout`, `dropout_1`, ... by how many were
+    made before in the process, and a checkpoint keys variables by those paths
+    (`checkpoints.run_checkpoint`): a run must name them as a fresh process does, whether it is a
+    process's first run or a test's second. `clear_session` also drops the dtype policy and the
+    global seed; both are set after it.
+    """
+    keras.utils.clear_session(free_memory=False)
+    keras.utils.set_random_seed(seed)
 
 
 def _train_dataset_fn(benchmark: Benchmark, run_config: RunConfig, start_step: int, watchdog=None):

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from mlperf_tf import checkpoints
 from tests import processes
 from tests.numerics import assert_close
 
@@ -57,6 +58,8 @@ def _one_process_on(model_dir, log: str, steps: int, *devices: str) -> None:
 
 
 # Entries that differ between runs by design: the number of saves, the first run_start time.
+# The model's variables by path (`checkpoints.run_checkpoint`).
+MODEL_KEYS = f"{checkpoints.MODEL_PART}/"
 RUN_BOOKKEEPING = ("_CHECKPOINTABLE_OBJECT_GRAPH", "save_counter/", "run_state/")
 
 
@@ -94,7 +97,7 @@ def test_a_model_axis_across_workers_checkpoints_whole_and_resumes(tmp_path, unb
     halfway = _checkpoint(model_dir, FIRST)
     # Whole tensors, mesh-independent: the keys and shapes of the one-process M = 1 checkpoint.
     assert {k: v.shape for k, v in halfway.items()} == {k: v.shape for k, v in unbroken.items()}
-    kernels = [k for k in halfway if "_trainable_variables" in k and halfway[k].ndim == 2]
+    kernels = [k for k in halfway if k.startswith(MODEL_KEYS) and halfway[k].ndim == 2]
     assert len(kernels) >= 8
     shutil.copytree(model_dir, tmp_path / "copy")
 
