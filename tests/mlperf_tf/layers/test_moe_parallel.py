@@ -72,11 +72,11 @@ def _data():
 def _run(
     mesh: DeviceMesh, whole_init: list | None, capacity_factor: float, *,
     all_reduce: str = "ring", pack_mb: float = 0.0, clip_norm: float | None = None,
-    make_optimizer=None, weight_update_sharding: bool = False,
+    make_optimizer=None, weight_update_sharding: bool = False, keep: dict | None = None,
 ):  # fmt: skip
     """10 steps on `mesh` (SGD-momentum, or `make_optimizer()`), batch shard i reading replica
     i's tokens of `_data`; returns (losses, first step's summed grads, whole weights, initial
-    whole weights)."""
+    whole weights), and puts the summer in `keep["summer"]` when given."""
     strategy = mirrored(mesh.size)
     with strategy.scope():
         model = TinyMoE(mesh, capacity_factor)
@@ -97,6 +97,8 @@ def _run(
     summer = GradientSummer(strategy, settings, mesh)
     with strategy.scope():
         summer.build(optimizer, variables)
+    if keep is not None:
+        keep["summer"] = summer
     x_all, target_all = _data()
 
     def replica_step(x, target, apply):
@@ -315,3 +317,27 @@ def test_weight_update_sharding_with_expert_parallelism_equals_the_unsharded_run
     got = _run(mesh, ref[3], 1.0, weight_update_sharding=True, **kwargs)
     _assert_same(got, ref, "E=2 sharded", grads=False)
     assert ref[0][-1] < ref[0][0]
+
+
+def test_sharded_slots_of_experts_are_saved_whole_and_cut_again():
+    """The checkpoint form of sharded slots (`GradientSummer.full_slots`) is the whole tensor
+    whatever the layout: at E = 2 the experts' momentum is gathered over the data axis and then
+    over the expert axis, and equals E = 1's (nothing split) after the same steps; E = 1's slots
+    loaded into the E = 2 run are cut into its pieces and read back unchanged."""
+    kept1, kept2 = {}, {}
+    ref = _run(DeviceMesh(data=REPLICAS), None, 1.0, weight_update_sharding=True, keep=kept1)
+    _run(DeviceMesh(data=2, expert=2), ref[3], 1.0, weight_update_sharding=True, keep=kept2)
+    full1, full2 = kept1["summer"].full_slots(), kept2["summer"].full_slots()
+    assert sorted(full1) == sorted(full2)
+    assert any(tuple(full2[k].shape) == (E, D, F) for k in full2)  # w_in's, whole
+    for key, expected in full1.items():
+        expected = expected.numpy()
+        assert tuple(full2[key].shape) == expected.shape, key
+        scale = float(np.max(np.abs(expected)))
+        assert scale > 0, key  # moved: not equal by being zero
+        np.testing.assert_allclose(full2[key].numpy(), expected, rtol=1e-5, atol=1e-5 * scale,
+                                   err_msg=key)  # fmt: skip
+    kept2["summer"].load_full_slots(full1)
+    again = kept2["summer"].full_slots()
+    for key, expected in full1.items():
+        np.testing.assert_array_equal(again[key].numpy(), expected.numpy(), err_msg=key)
