@@ -79,6 +79,7 @@ def rule_for(optimizer, variables):
     if rule is None:
         raise UserError(
             f"--weight_update_sharding supports SGD, LARS and LAMB, not {type(optimizer).__name__}"
-            " (an optimizer shards its update by declaring `sharded_update`)"
+            " (an optimizer shards its update by declaring `sharded_update`, as the suite's"
+            " FusedAdam and AdamW also do)"
         )
     return rule
