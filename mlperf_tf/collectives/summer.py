@@ -23,7 +23,7 @@ replicated weight (summed over every batch axis) go through one sum and one upda
 the axes it is split over, once for replicated variables. Weight-update sharding is one more
 layout on the same groups: each sum group's members hold 1/n pieces of its variables' summed
 gradients and optimizer slots (so expert weights are sharded over the data axis, replicated ones
-over data x expert), and the optimizer's declared rule (`sharded.rule_for`) updates the pieces
+over data x expert), and the optimizer's declared rule (`sharding.rule_for`) updates the pieces
 with the whole-variable norms it asks for: squares summed over the split axes, then over the
 sum group.
 
