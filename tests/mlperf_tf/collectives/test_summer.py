@@ -135,6 +135,20 @@ def test_optimizer_without_a_sharded_rule_is_a_one_line_error(strategy):
         summer.build(decayed, [variable])
 
 
+def test_kfac_declares_no_sharded_rule_though_it_is_a_lars(strategy):
+    # K-FAC subclasses LARS but preconditions in `apply`, which the sharded update bypasses: it
+    # opts out of LARS' rule (and its whole norms), so sharding it is an error, not a silent LARS.
+    from mlperf_tf.optimizers.kfac import KFAC  # noqa: PLC0415
+
+    summer = GradientSummer(strategy, Settings(weight_update_sharding=True))
+    with strategy.scope():
+        variable = tf.Variable(tf.zeros([3]))
+        optimizer = KFAC(0.1, base_optimizer="lars")
+    with pytest.raises(UserError, match="not KFAC") as error:
+        summer.build(optimizer, [variable])
+    assert "\n" not in str(error.value)
+
+
 def _sweep(num_devices):
     command = [sys.executable, "-m", "tests.mlperf_tf.collectives.harness", str(num_devices)]
     out = subprocess.run(command, cwd=processes.REPO_ROOT, env=processes.python_env(),
