@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from mlperf_tf.benchmark import RunContext
 from mlperf_tf.collectives import GradientSummer, Settings
-from mlperf_tf.optimizers import LAMB
+from mlperf_tf.optimizers import LAMB, LARS
 from mlperf_tf.optimizers.adam import FusedAdam
 from mlperf_tf.parallel import layout as layout_lib
 from mlperf_tf.parallel.context import use_mesh
@@ -36,9 +36,12 @@ class Result:
 
 
 def make_optimizer(name: str, benchmark):
-    """ "adam" (the Transformer's fused Adam), "lamb" (BERT's), or "own": the benchmark's."""
+    """ "adam" (the Transformer's fused Adam), "lamb" (BERT's), "lars" (ResNet-50's, whose
+    trust ratio needs whole norms as LAMB's does), or "own": the benchmark's."""
     if name == "lamb":
         return LAMB(0.01, weight_decay=0.01)
+    if name == "lars":
+        return LARS(0.5, momentum=0.9, weight_decay=1e-3, eeta=0.01)
     if name == "adam":
         # lr 1e-3: Adam divides each gradient by its running RMS, so an element whose gradient is
         # ~0 moves by up to lr on rounding alone (at 1e-2 one of 2,048 weights differed by 1.1e-5).

@@ -110,3 +110,39 @@ def test_the_guard_sees_every_form_of_an_internal_import(tmp_path):
         assert any(_is_internal(m) for m in _imported_modules(path)), line
     path.write_text("from mlperf_tf.spmd import use_mesh\nfrom mlperf_tf.layers import lora\n")
     assert not any(_is_internal(m) for m in _imported_modules(path))
+
+
+def _library_imports(package: str) -> set[str]:
+    """The `mlperf_tf` subpackages (or top modules) that the files of `mlperf_tf/<package>`
+    import, at any depth (lazy imports inside functions count)."""
+    names = set()
+    for path in _files(f"mlperf_tf/{package}"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            modules = []
+            if isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                modules = [node.module]
+                if node.module == "mlperf_tf":
+                    modules = [f"mlperf_tf.{alias.name}" for alias in node.names]
+            for module in modules:
+                parts = module.split(".")
+                if parts[0] == "mlperf_tf" and len(parts) > 1:
+                    names.add(parts[1])
+    return names
+
+
+def test_collectives_import_no_optimizer():
+    # An optimizer declares its sharded rule and the norms it needs (`sharded_update`,
+    # `whole_norm_terms`); the collectives move pieces and sum squares, whatever the formula.
+    assert "optimizers" not in _library_imports("collectives")
+
+
+def test_collectives_build_on_parallel_never_the_reverse():
+    # One direction: the gradient summer reads the mesh and each variable's layout, so
+    # `collectives` imports `parallel`; `parallel` describes where shards lie and issues no
+    # collective of the suite (the gather that saves shards across workers is bound to the
+    # variables from `collectives`: `layout.set_gatherer`, `collectives.bind_gathers`).
+    assert "parallel" in _library_imports("collectives")
+    assert "collectives" not in _library_imports("parallel")

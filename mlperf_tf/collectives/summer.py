@@ -20,7 +20,11 @@ variable is updated with its own summed gradient. So a tensor-parallel weight (s
 `model`), an expert weight (split over `expert`, summed over `data` and `spatial`) and a
 replicated weight (summed over every batch axis) go through one sum and one update. Global norms
 (clipping, an optimizer's `whole_norm_terms`) add the squares of a split variable's shards over
-the axes it is split over, once for replicated variables. Weight-update sharding needs a single
+the axes it is split over, once for replicated variables. Weight-update sharding is one more
+layout on the same groups: each sum group's members hold 1/n pieces of its variables' summed
+gradients and optimizer slots (so expert weights are sharded over the data axis, replicated ones
+over data x expert), and the optimizer's declared rule (`sharding.rule_for`) updates the pieces
+with the whole-variable norms it asks for: squares summed over the split axes, then over the
 sum group.
 
 The step's collectives use the replica's shared `replica_collectives()`, the one ordering token
@@ -167,20 +171,14 @@ class GradientSummer:
             by_axes.setdefault(layout.sum_axes(self.device_mesh), []).append(i)
         if not by_axes:
             by_axes[REPLICATED.sum_axes(self.device_mesh)] = []
-        if self.sharded and len(by_axes) > 1:
-            raise UserError(
-                "--weight_update_sharding shards every variable over the same replicas; these "
-                f"variables' gradients are summed over different mesh axes {sorted(by_axes)} "
-                "(expert parallelism: run without --weight_update_sharding)"
-            )
         split = [v.path for v, layout in zip(variables, self.layouts, strict=True)
                  if layout.split and layout.num_shards(self.device_mesh) > 1]  # fmt: skip
-        if split and getattr(optimizer, "uses_layer_norms", False):
-            if not hasattr(optimizer, "whole_norm_terms"):
+        if split and getattr(optimizer, "uses_layer_norms", False) and not self.sharded:
+            if getattr(optimizer, "whole_norm_terms", None) is None:
                 raise UserError(
                     f"optimizer {type(optimizer).__name__} uses layer-wise norms but cannot take "
                     f"them whole for variables split across replicas ({split[0]}, ...): use "
-                    "LAMB or Adam with --model_parallel"
+                    "LARS, LAMB or Adam with --model_parallel"
                 )
         self.groups = []
         for axes, indices in sorted(by_axes.items()):
@@ -197,20 +195,24 @@ class GradientSummer:
         check_optimizer(optimizer, f"--all_reduce={self.algorithm}")
         if not self.sharded:
             return
+        # The optimizer's slots laid out over each sum group: variable i's slots are [k] pieces,
+        # one per member of its group (the data axis, and the expert axis for replicated
+        # weights), each replica holding its own.
         self.rule = rule_for(optimizer, variables)
-        self.slots = [
-            [
-                tf.Variable(
-                    tf.zeros([slot.cols], variables[slot.index].dtype),
-                    trainable=False,
-                    name=f"shard_{name}_{slot.index}",
-                    synchronization=tf.VariableSynchronization.ON_READ,
-                    aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
-                )
-                for name in self.rule.slot_names
-            ]
-            for slot in self.packing.slots
-        ]
+        self.slots = [[] for _ in variables]
+        for group in self.groups:
+            for slot in group.packing.slots:
+                index = group.indices[slot.index]
+                self.slots[index] = [
+                    tf.Variable(
+                        tf.zeros([slot.cols], variables[index].dtype),
+                        trainable=False,
+                        name=f"shard_{name}_{index}",
+                        synchronization=tf.VariableSynchronization.ON_READ,
+                        aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+                    )
+                    for name in self.rule.slot_names
+                ]
 
     def bytes_sent_per_replica(self) -> float:
         """Mean bytes one replica sends per step (counted when the step was traced)."""
@@ -351,21 +353,46 @@ class GradientSummer:
     def _gather_slots_fn(self):
         def replica():
             ops = self._replica_collectives(traffic=Traffic())  # not the step's bytes
-            algorithm = self._algorithm(ops, self.groups[0])
             full = {}
-            for position, name in enumerate(self.rule.slot_names):
-                parts = [tf.convert_to_tensor(group[position]) for group in self.slots]
-                joined = self.packing.join_shards(parts)
-                gathered = [
-                    algorithm.all_gather(s, f"slots/{name}{i}") for i, s in enumerate(joined)
-                ]
-                values = self.packing.unpack(gathered)
-                for slot, value in zip(self.packing.slots, values, strict=True):
-                    full[self._slot_key(name, slot.index)] = value
+            for group in self.groups:
+                algorithm = self._algorithm(ops, group)
+                prefix = self._prefix(group)
+                for position, name in enumerate(self.rule.slot_names):
+                    parts = [tf.convert_to_tensor(self.slots[i][position]) for i in group.indices]
+                    joined = group.packing.join_shards(parts)
+                    gathered = [algorithm.all_gather(s, f"{prefix}slots/{name}{i}")
+                                for i, s in enumerate(joined)]  # fmt: skip
+                    values = group.packing.unpack(gathered)
+                    for i, value in zip(group.indices, values, strict=True):
+                        key = self._slot_key(name, i)
+                        full[key] = self._whole_slot(ops, i, value, f"slots/whole/{key}")
             return full
 
         # Identical on every replica: the first local copy is the whole value.
         return self.strategy.experimental_local_results(self.strategy.run(replica))[0]
+
+    def _whole_slot(self, ops, index: int, value, name: str):
+        """A split variable's slot ([its shard's shape] on this replica) joined over its shard
+        group into the whole variable's shape, as its weight is saved (`layout.whole_value`);
+        a replicated variable's passes unchanged."""
+        axes = self._split_axes(index)
+        if axes is None:
+            return value
+        layout = self.layouts[index]
+        members = layout.shard_group(self.device_mesh, ops.replica)
+        front = tf.experimental.numpy.moveaxis(value, layout.split_axis, 0)  # [k, ...]
+        flat = ops.all_gather(tf.reshape(front, [-1]), members, name)  # shard by shard
+        whole = tf.reshape(flat, [len(members) * front.shape[0], *front.shape[1:]])
+        return tf.experimental.numpy.moveaxis(whole, 0, layout.split_axis)
+
+    def _slot_shard(self, replica: int, index: int, whole):
+        """This replica's shard of a slot saved whole (`_whole_slot`'s inverse)."""
+        if self._split_axes(index) is None:
+            return whole
+        layout = self.layouts[index]
+        n = layout.num_shards(self.device_mesh)
+        shard = layout.shard_index(self.device_mesh, replica)
+        return tf.split(whole, n, axis=layout.split_axis)[shard]
 
     def load_full_slots(self, full: dict[str, tf.Tensor]) -> None:
         """Sets each replica's slot shards from full-size slots (cross-replica context).
@@ -376,11 +403,13 @@ class GradientSummer:
 
         def replica(full):
             ops = self._replica_collectives(traffic=Traffic())  # runs no collective
-            algorithm = self._algorithm(ops, self.groups[0])
-            for slot, group in zip(self.packing.slots, self.slots, strict=True):
-                for variable, name in zip(group, self.rule.slot_names, strict=True):
-                    value = tf.cast(full[self._slot_key(name, slot.index)], variable.dtype)
-                    variable.assign(self.packing.as_rows(value, slot)[algorithm.shard])
+            for group in self.groups:
+                algorithm = self._algorithm(ops, group)
+                for i, slot in zip(group.indices, group.packing.slots, strict=True):
+                    for variable, name in zip(self.slots[i], self.rule.slot_names, strict=True):
+                        whole = tf.cast(full[self._slot_key(name, i)], variable.dtype)
+                        value = self._slot_shard(ops.replica, i, whole)
+                        variable.assign(group.packing.as_rows(value, slot)[algorithm.shard])
 
         tf.function(lambda full: self.strategy.run(replica, args=(full,)))(full)
 
@@ -409,60 +438,89 @@ class GradientSummer:
             context.merge_call(_apply_gradients, args=(optimizer, grads, variables, norms))
             return
         ops = self._replica_collectives()
-        algorithm = self._algorithm(ops, self.groups[0])
-        buckets = self.packing.pack([tf.convert_to_tensor(g) for g in grads])
-        shards = [algorithm.reduce_scatter(b, f"grad{i}") for i, b in enumerate(buckets)]
-        g_parts = self.packing.split_shards(shards)
-        w_parts = [
-            self.packing.as_rows(_tf_variable(v).read_value(), slot)[algorithm.shard]
-            for v, slot in zip(variables, self.packing.slots, strict=True)
-        ]
-        data_ops = algorithm.ops  # the sum group, addressed by position
-        everyone = list(range(self.groups[0].mesh.size))
+        n = len(variables)
+        g_parts, w_parts = [None] * n, [None] * n
+        plans = []  # per sum group: (group, its algorithm, its name prefix)
+        for group in self.groups:
+            algorithm = self._algorithm(ops, group)
+            prefix = self._prefix(group)
+            plans.append((group, algorithm, prefix))
+            buckets = group.packing.pack([tf.convert_to_tensor(grads[i]) for i in group.indices])
+            shards = [algorithm.reduce_scatter(b, f"{prefix}grad{i}")
+                      for i, b in enumerate(buckets)]  # fmt: skip
+            for i, g in zip(group.indices, group.packing.split_shards(shards), strict=True):
+                g_parts[i] = g
+            for i, slot in zip(group.indices, group.packing.slots, strict=True):
+                w = _tf_variable(variables[i]).read_value()
+                w_parts[i] = group.packing.as_rows(w, slot)[algorithm.shard]
         if clip_norm:
             squares = [tf.reshape(tf.reduce_sum(tf.square(tf.cast(g, tf.float32))), [1])
                        for g in g_parts]  # fmt: skip
-            square = tf.add_n(self._sharded_whole_squares(ops, squares, "clip_norm"))
-            norm = tf.sqrt(data_ops.all_reduce(square, everyone, "clip_norm")[0])
+            squares = self._sharded_whole_squares(ops, squares, "clip_norm")
+            square = tf.add_n([
+                self._over_group(plan, tf.add_n([squares[i] for i in plan[0].indices]),
+                                 "clip_norm")
+                for plan in plans if plan[0].indices
+            ])  # fmt: skip
+            norm = tf.sqrt(square[0])
             scale = clip_norm / tf.maximum(norm, clip_norm)
             g_parts = [g * tf.cast(scale, g.dtype) for g in g_parts]
-        new_parts = self._sharded_update(optimizer, ops, data_ops, everyone, w_parts, g_parts)
-        joined = self.packing.join_shards(new_parts)
-        gathered = [algorithm.all_gather(s, f"weights{i}") for i, s in enumerate(joined)]
-        values = self.packing.unpack(gathered)
+        new_parts = self._sharded_update(optimizer, ops, plans, w_parts, g_parts)
+        values = [None] * n
+        for group, algorithm, prefix in plans:
+            joined = group.packing.join_shards([new_parts[i] for i in group.indices])
+            gathered = [algorithm.all_gather(s, f"{prefix}weights{i}")
+                        for i, s in enumerate(joined)]  # fmt: skip
+            for i, value in zip(group.indices, group.packing.unpack(gathered), strict=True):
+                values[i] = value
         context.merge_call(_assign_weights, args=(optimizer, values, variables))
 
+    def _prefix(self, group: SumGroup) -> str:
+        """The collectives' name prefix of a sum group ("" when there is one group)."""
+        return "" if len(self.groups) == 1 else f"[{','.join(group.axes)}]"
+
+    @staticmethod
+    def _over_group(plan, x, name: str):
+        """`x` summed over the members of `plan`'s sum group (which hold the other pieces)."""
+        group, algorithm, prefix = plan
+        return algorithm.ops.all_reduce(x, list(range(group.mesh.size)), prefix + name)
+
     def _sharded_whole_squares(self, ops, squares, name):
-        """`_whole_squares` for weight-update shards: a split variable's shard-of-a-shard
-        squares are summed over its shard group here, and over the data axis by the caller."""
+        """`_whole_squares` for weight-update pieces: a split variable's piece-of-a-shard
+        squares are summed over its shard group here, and over its sum group by the caller."""
         return self._whole_squares(ops, squares, name + "/model")
 
-    def _sharded_update(self, optimizer, ops, data_ops, everyone, w_parts, g_parts):
+    def _sharded_update(self, optimizer, ops, plans, w_parts, g_parts):
+        """The optimizer's rule on every piece: phase 1, the whole norms its terms need (summed
+        over the split axes, then one [terms, 2] all-reduce per sum group), phase 2."""
         step = optimizer.iterations + 1
         states, partials = [], []
         for i, (w, g) in enumerate(zip(w_parts, g_parts, strict=True)):
             g = tf.cast(g, w.dtype)
-            state, pair = self.rule.direction(i, w, g, self.slots[i], step)
+            state, terms = self.rule.direction(i, w, g, self.slots[i], step)
             states.append(state)
             partials.append(
                 None
-                if pair is None
-                else tf.stack([tf.reduce_sum(tf.square(tf.cast(t, tf.float32))) for t in pair])
+                if terms is None
+                else tf.stack([tf.reduce_sum(tf.square(tf.cast(t, tf.float32))) for t in terms])
             )
         partials = self._sharded_whole_squares(ops, partials, "norms")
-        needed = [p for p in partials if p is not None]
-        norms_table = None
-        if needed:  # one small all-reduce: [tensors adapted, 2] sums of squares
-            norms_table = tf.sqrt(data_ops.all_reduce(tf.stack(needed), everyone, "norms"))
+        norms = [None] * len(w_parts)
+        for plan in plans:
+            needed = [i for i in plan[0].indices if partials[i] is not None]
+            if not needed:
+                continue
+            # One small all-reduce per sum group: [tensors adapted, terms] sums of squares.
+            table = tf.sqrt(self._over_group(plan, tf.stack([partials[i] for i in needed]),
+                                             "norms"))  # fmt: skip
+            for row, i in enumerate(needed):
+                norms[i] = table[row]
         lr = optimizer.learning_rate
-        new_parts, row = [], 0
+        new_parts = []
         for i, (w, state) in enumerate(zip(w_parts, states, strict=True)):
-            norms = None
-            if partials[i] is not None:
-                norms = tf.cast(norms_table[row], w.dtype)
-                row += 1
+            norm = None if norms[i] is None else tf.cast(norms[i], w.dtype)
             new_parts.append(
-                self.rule.finish(i, state, w, self.slots[i], tf.cast(lr, w.dtype), norms)
+                self.rule.finish(i, state, w, self.slots[i], tf.cast(lr, w.dtype), norm)
             )
         return new_parts
 

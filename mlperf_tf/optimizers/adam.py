@@ -5,7 +5,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from mlperf_tf.optimizers.base import tf_variable
+from mlperf_tf.optimizers.base import ShardedUpdate, assign, tf_variable
 
 
 @keras.saving.register_keras_serializable(package="mlperf_tf")
@@ -49,6 +49,13 @@ class FusedAdam(keras.optimizers.Adam):
             **scalars,
         )
 
+    def sharded_update(self, variables) -> ShardedUpdate | None:
+        """Adam on 1/N pieces (weight-update sharding): the four lines above on each piece
+        (element-wise, so no norms); None with `amsgrad` (not reproduced)."""
+        if self.amsgrad:
+            return None
+        return _AdamPieces(self, variables)
+
     def _step_scalars(self, dtype, learning_rate) -> dict:
         """The kernel's scalar inputs, built once per step, dtype and graph, not per variable.
 
@@ -80,3 +87,24 @@ class FusedAdam(keras.optimizers.Adam):
             return super().apply(grads, trainable_variables)
         finally:
             self.__dict__["_step_scalar_cache"] = {}
+
+
+class _AdamPieces(ShardedUpdate):
+    """`FusedAdam`'s formula (Keras' Adam) on a flat piece of each variable, with the piece's
+    moments, in the order of the class docstring's four lines."""
+
+    slot_names = ("momentum", "velocity")
+
+    def direction(self, index, w, g, slots, step):
+        return (g, step), None
+
+    def finish(self, index, state, w, slots, lr, norms):
+        g, step = state
+        opt = self.optimizer
+        dtype = w.dtype
+        step = tf.cast(step, dtype)
+        alpha = lr * tf.sqrt(1.0 - tf.pow(tf.cast(opt.beta_2, dtype), step))
+        alpha = alpha / (1.0 - tf.pow(tf.cast(opt.beta_1, dtype), step))
+        m = assign(slots[0], slots[0] + (g - slots[0]) * (1.0 - opt.beta_1))
+        v = assign(slots[1], slots[1] + (tf.square(g) - slots[1]) * (1.0 - opt.beta_2))
+        return w - m * alpha / (tf.sqrt(v) + opt.epsilon)

@@ -8,9 +8,12 @@ import tensorflow as tf
 
 from mlperf_tf.optimizers.base import (
     Optimizer,
+    ShardedUpdate,
+    assign,
     check_number,
     dense_gradient,
     document_base_keyword_args,
+    matches_any,
 )
 
 
@@ -75,22 +78,64 @@ class AdamW(Optimizer):
         """One AdamW step of one variable (update context, summed gradient)."""
         index = self._get_variable_index(variable)
         dtype = variable.dtype
-        g = dense_gradient(gradient, dtype)
-        lr = tf.cast(learning_rate, dtype)
-        step = tf.cast(self.iterations + 1, dtype)
         m = self._momentums[index]
         v = self._velocities[index]
-        if self._decay[index]:
-            variable.assign_sub(variable * (lr * tf.cast(self.weight_decay_rate, dtype)))
-        m.assign_add((g - m) * (1.0 - self.beta_1))
-        v.assign_add((tf.square(g) - v) * (1.0 - self.beta_2))
+        w, m_new, v_new = self.formula(
+            self._decay[index],
+            tf.convert_to_tensor(variable),
+            dense_gradient(gradient, dtype),
+            tf.convert_to_tensor(m),
+            tf.convert_to_tensor(v),
+            tf.cast(learning_rate, dtype),
+            self.iterations + 1,
+        )
+        m.assign(m_new)
+        v.assign(v_new)
+        variable.assign(w)
+
+    def formula(self, decay: bool, w, g, m, v, lr, step):
+        """The formula above on tensors: (new w, new m, new v), for the whole variable or a
+        piece of it (weight-update sharding); `step` is t, `decay` whether wd applies."""
+        dtype = w.dtype
+        step = tf.cast(step, dtype)
+        if decay:
+            w = w - w * (lr * tf.cast(self.weight_decay_rate, dtype))
+        m = m + (g - m) * (1.0 - self.beta_1)
+        v = v + (tf.square(g) - v) * (1.0 - self.beta_2)
         correction_1 = 1.0 - tf.pow(tf.cast(self.beta_1, dtype), step)
         correction_2 = 1.0 - tf.pow(tf.cast(self.beta_2, dtype), step)
         denominator = tf.sqrt(v) / tf.sqrt(correction_2) + self.epsilon
-        variable.assign_sub(m * (lr / correction_1) / denominator)
+        return w - m * (lr / correction_1) / denominator, m, v
+
+    def sharded_update(self, variables) -> ShardedUpdate:
+        """AdamW on 1/N pieces (weight-update sharding): element-wise, so no norms."""
+        return _AdamWPieces(self, variables)
 
     def get_config(self):
         """Returns every constructor argument."""
         config = super().get_config()
         config.update({"beta_1": self.beta_1, "beta_2": self.beta_2, "epsilon": self.epsilon})
         return config
+
+
+class _AdamWPieces(ShardedUpdate):
+    """`AdamW.formula` on a flat piece of each variable, with the piece's moments."""
+
+    slot_names = ("momentum", "velocity")
+
+    def __init__(self, optimizer: AdamW, variables):
+        super().__init__(optimizer, variables)
+        self.decay = [
+            bool(optimizer.weight_decay_rate) and not matches_any(optimizer.exclude_patterns, p)
+            for p in self.paths
+        ]
+
+    def direction(self, index, w, g, slots, step):
+        return (g, step), None
+
+    def finish(self, index, state, w, slots, lr, norms):
+        g, step = state
+        w, m, v = self.optimizer.formula(self.decay[index], w, g, slots[0], slots[1], lr, step)
+        assign(slots[0], m)
+        assign(slots[1], v)
+        return w

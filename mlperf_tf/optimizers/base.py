@@ -170,9 +170,24 @@ class Optimizer(keras.optimizers.Optimizer):
     sets `uses_layer_norms`; to run on variables split across replicas (tensor parallelism) it
     also provides `whole_norm_terms(gradient, variable)` and `update_step_with_norms(...)`
     (see `LAMB`), through which the runner hands it the whole tensors' norms.
+
+    Weight-update sharding: an optimizer that can update a flat 1/N piece of each variable
+    declares how with `sharded_update(variables)` (a `ShardedUpdate`, or None: it cannot). It
+    is the same contract as the one above: the optimizer names the tensors whose whole norms
+    its update needs, the runner's collectives sum their squares over the pieces (the data
+    shards and, for split variables, the model or expert shards) and hand the norms back.
     """
 
     uses_layer_norms = False
+
+    def sharded_update(self, variables) -> ShardedUpdate | None:
+        """This optimizer's update on 1/N pieces of `variables` (None: it has none).
+
+        Args:
+          variables: the trainable variables the runner will update, in its order.
+        """
+        del variables
+        return None
 
     def __init__(
         self,
@@ -230,3 +245,44 @@ class Optimizer(keras.optimizers.Optimizer):
             }
         )
         return config
+
+
+class ShardedUpdate:
+    """An optimizer's update of a flat piece of each variable, for weight-update sharding.
+
+    With weight-update sharding (Kumar et al. 2019, "Scale MLPerf-0.6 models on Google TPU-v3
+    Pods") each replica holds the summed gradient of a 1/N piece of every variable and the
+    optimizer slots of that piece only: the slots are laid out over the data axis as the
+    weights of a split layer are over the model axis. The runner (`mlperf_tf.collectives`)
+    owns the pieces, the slot variables and the collectives; the optimizer that made this
+    object owns the formula, in two phases around one all-reduce of the norms:
+
+      1. `direction(index, w, g, slots, step)`: updates the slots that need no norm and
+         returns (state, terms): `terms` are the tensors whose whole-variable L2 norms phase 2
+         needs (None: none), computed on the piece;
+      2. `finish(index, state, w, slots, lr, norms)`: the new piece of the weight, given the
+         whole-variable norms of the terms (a [len(terms)] tensor, or None).
+
+    Both run in replica context on tensors: `w` and `g` are the piece ([k], the variable's
+    dtype), `slots` the piece's slot variables in `slot_names` order (assign them; they are
+    per replica), `step` the iteration being taken (>= 1), `lr` the learning rate as `w`'s
+    dtype. `index` is the variable's position in the list `sharded_update` was given.
+    """
+
+    slot_names: tuple[str, ...] = ()
+
+    def __init__(self, optimizer, variables):
+        self.optimizer = optimizer
+        self.paths = [variable_path(v) for v in variables]
+
+    def direction(self, index: int, w, g, slots, step):
+        raise NotImplementedError
+
+    def finish(self, index: int, state, w, slots, lr, norms):
+        raise NotImplementedError
+
+
+def assign(slot, value):
+    """Assigns `value` to the slot variable and returns `value` (for `ShardedUpdate` rules)."""
+    slot.assign(value)
+    return value

@@ -314,6 +314,17 @@ class KFAC(LARS):
         return grads
 
     # ---- the update ----------------------------------------------------------------------------
+    # The preconditioning runs in `apply`, which the runner's summer does not call when it
+    # updates pieces or shards: K-FAC declares neither LARS' sharded rule nor its whole norms.
+    whole_norm_terms = None
+    update_step_with_norms = None
+
+    def sharded_update(self, variables) -> None:
+        """None: K-FAC has no rule for weight-update sharding (its preconditioning needs the
+        whole gradient of each layer in `apply`)."""
+        del variables
+        return None
+
     def build(self, var_list):
         """Builds the base update's slots (momentum); plain SGD-momentum turns LARS' trust off."""
         if self.built:

@@ -159,17 +159,38 @@ class LAMB(base.Optimizer):
         if not self._adapt[index]:
             return None
         var = tf.convert_to_tensor(tf_variable(variable))
-        dtype = var.dtype
-        g = dense_gradient(gradient, dtype)
+        g = dense_gradient(gradient, var.dtype)
         m = tf.convert_to_tensor(tf_variable(self._momentums[index]))
         v = tf.convert_to_tensor(tf_variable(self._velocities[index]))
+        m, v = self._moments(m, v, g)
+        r, _ = self._direction(self._decay[index], m, v, var)
+        return [var, r]
+
+    def _moments(self, m, v, g):
+        """The new moments m - (1 - b1) (m - g), v - (1 - b2) (v - g**2), as tensors."""
+        dtype = g.dtype
         m = m - tf.cast(1.0 - self.beta_1, dtype) * (m - g)
         v = v - tf.cast(1.0 - self.beta_2, dtype) * (v - tf.square(g))
-        scale, epsilon = self._scale_and_epsilon(dtype)
+        return m, v
+
+    def _direction(self, decay: bool, m, v, var):
+        """(r', a): the step is a * r' with r' = m / (sqrt(v) + eps') (+ (wd / a) * w); see
+        `_update` for the folding of the bias corrections into a and eps'."""
+        scale, epsilon = self._scale_and_epsilon(var.dtype)
         r = m / (tf.sqrt(v) + epsilon)
-        if self._decay[index]:
-            r = r + (tf.cast(self.weight_decay_rate, dtype) / scale) * var
-        return [var, r]
+        if decay:
+            r = r + (tf.cast(self.weight_decay_rate, var.dtype) / scale) * var
+        return r, scale
+
+    def _step_size(self, adapt: bool, lr, scale, w_norm, r_norm):
+        """The alpha of w -= alpha * r': lr * |w| / |r'| (the trust ratio) when adapted and both
+        norms are positive, else lr * a."""
+        if not adapt:
+            return lr * scale
+        safe_r_norm = tf.where(r_norm > 0, r_norm, tf.ones_like(r_norm))
+        return tf.where(
+            tf.logical_and(w_norm > 0, r_norm > 0), lr * w_norm / safe_r_norm, lr * scale
+        )
 
     def _scale_and_epsilon(self, dtype):
         epsilon = tf.cast(self.epsilon, dtype)
@@ -209,29 +230,27 @@ class LAMB(base.Optimizer):
         )
         # With c1 = 1 - b1**t and c2 = 1 - b2**t, the bias-corrected Adam step is
         #   m/c1 / (sqrt(v/c2) + eps) = a * u,  a = sqrt(c2) / c1,  u = m / (sqrt(v) + eps'),
-        # eps' = eps * sqrt(c2): the scalars fold into a and eps' and save whole-tensor passes.
-        scale, epsilon = self._scale_and_epsilon(dtype)
+        # eps' = eps * sqrt(c2): the scalars fold into a and eps' and save whole-tensor passes;
         # r = a * r' with r' = u + (wd / a) * w.
         # Reads of m and v come after their updates (tf.function orders ops on a resource).
-        r = m / (tf.sqrt(v) + epsilon)
-        if self._decay[index]:
-            r = r + (tf.cast(self.weight_decay_rate, dtype) / scale) * var
+        r, scale = self._direction(self._decay[index], m, v, var)
+        w_norm = r_norm = None
         if self._adapt[index]:
             # trust * lr * r = (|w| / (a |r'|)) * lr * a * r' = lr * |w| / |r'| * r'.
             if norms is None:
                 w_norm, r_norm = l2_norm(var), l2_norm(r)
             else:
                 w_norm, r_norm = tf.cast(norms[0], dtype), tf.cast(norms[1], dtype)
-            safe_r_norm = tf.where(r_norm > 0, r_norm, tf.ones_like(r_norm))
-            alpha = tf.where(
-                tf.logical_and(w_norm > 0, r_norm > 0), lr * w_norm / safe_r_norm, lr * scale
-            )
-        else:
-            alpha = lr * scale
+        alpha = self._step_size(self._adapt[index], lr, scale, w_norm, r_norm)
         # w -= alpha * r', one fused kernel.
         tf.raw_ops.ResourceApplyGradientDescent(
             var=var.handle, alpha=alpha, delta=r, use_locking=False
         )
+
+    def sharded_update(self, variables) -> base.ShardedUpdate:
+        """LAMB on 1/N pieces (weight-update sharding): the formula above, its trust ratio
+        from the whole variable's norms [|w|, |r'|]."""
+        return _LAMBPieces(self, variables)
 
     def get_config(self):
         """Returns every constructor argument (both exclusion lists included)."""
@@ -247,3 +266,31 @@ class LAMB(base.Optimizer):
             }
         )
         return config
+
+
+class _LAMBPieces(base.ShardedUpdate):
+    """`LAMB` on a flat piece of each variable (`base.ShardedUpdate`): the moments of the piece
+    and its direction r' in phase 1, the step `LAMB._step_size` of the whole norms in phase 2."""
+
+    slot_names = ("m", "v")
+
+    def __init__(self, optimizer: LAMB, variables):
+        super().__init__(optimizer, variables)
+        opt = optimizer
+        self.adapt = [not base.matches_any(opt.layer_adaptation_patterns, p) for p in self.paths]
+        self.decay = [
+            bool(opt.weight_decay_rate) and not base.matches_any(opt.exclude_patterns, p)
+            for p in self.paths
+        ]
+
+    def direction(self, index, w, g, slots, step):
+        m, v = self.optimizer._moments(slots[0], slots[1], g)  # noqa: SLF001
+        m, v = base.assign(slots[0], m), base.assign(slots[1], v)
+        r, scale = self.optimizer._direction(self.decay[index], m, v, w)  # noqa: SLF001
+        return (r, scale), [w, r] if self.adapt[index] else None
+
+    def finish(self, index, state, w, slots, lr, norms):
+        r, scale = state
+        w_norm, r_norm = (None, None) if norms is None else (norms[0], norms[1])
+        alpha = self.optimizer._step_size(self.adapt[index], lr, scale, w_norm, r_norm)  # noqa: SLF001
+        return w - alpha * r

@@ -125,8 +125,39 @@ class LARS(base.Optimizer):
             not base.matches_any(self.exclude_patterns, base.variable_path(v)) for v in var_list
         ]
 
+    def trust_ratio(self, w_norm, g_norm):
+        """eeta |w| / (|g| + wd |w| + eps) if |w| > 0 and |g| > 0, else 1: the one place the
+        trust ratio is written (the whole update, split or sharded, calls it)."""
+        dtype = w_norm.dtype
+        # Guard the division so that the branch not taken stays finite (XLA, debugging).
+        denom = g_norm + tf.cast(self.weight_decay_rate, dtype) * w_norm
+        denom = denom + tf.cast(self.epsilon, dtype)
+        safe_denom = tf.where(denom > 0, denom, tf.ones_like(denom))
+        return tf.where(
+            tf.logical_and(w_norm > 0, g_norm > 0),
+            tf.cast(self.eeta, dtype) * w_norm / safe_denom,
+            tf.ones_like(w_norm),
+        )
+
+    def whole_norm_terms(self, gradient, variable):
+        """The tensors whose whole-tensor L2 norms the trust ratio needs: [w, g], or None (the
+        variable is excluded: no trust ratio). For a variable split across replicas the runner
+        sums their squares over the shards and calls `update_step_with_norms` (see `LAMB`)."""
+        index = self._get_variable_index(variable)
+        if not self._adapt[index]:
+            return None
+        var = tf.convert_to_tensor(tf_variable(variable))
+        return [var, dense_gradient(gradient, var.dtype)]
+
+    def update_step_with_norms(self, gradient, variable, learning_rate, norms):
+        """`update_step` with the whole-tensor norms [|w|, |g|] given (`whole_norm_terms`)."""
+        self._update(gradient, variable, learning_rate, norms)
+
     def update_step(self, gradient, variable, learning_rate):
         """Applies one LARS step to one variable (update context, summed gradient)."""
+        self._update(gradient, variable, learning_rate, None)
+
+    def _update(self, gradient, variable, learning_rate, norms):
         index = self._get_variable_index(variable)
         var = tf_variable(variable)
         dtype = var.dtype
@@ -134,19 +165,13 @@ class LARS(base.Optimizer):
         g = dense_gradient(gradient, dtype)
         velocity = tf_variable(self._momentums[index])
         if self._adapt[index]:
-            w_norm = l2_norm(var)
-            g_norm = l2_norm(g)
-            wd = tf.cast(self.weight_decay_rate, dtype)
-            # Guard the division so that the branch not taken stays finite (XLA, debugging).
-            denom = g_norm + wd * w_norm + tf.cast(self.epsilon, dtype)
-            safe_denom = tf.where(denom > 0, denom, tf.ones_like(denom))
-            trust = tf.where(
-                tf.logical_and(w_norm > 0, g_norm > 0),
-                tf.cast(self.eeta, dtype) * w_norm / safe_denom,
-                tf.ones_like(w_norm),
-            )
-            lr = lr * trust
+            if norms is None:
+                w_norm, g_norm = l2_norm(var), l2_norm(g)
+            else:
+                w_norm, g_norm = tf.cast(norms[0], dtype), tf.cast(norms[1], dtype)
+            lr = lr * self.trust_ratio(w_norm, g_norm)
             if self._decay[index]:
+                wd = tf.cast(self.weight_decay_rate, dtype)
                 if self._fold_weight_decay:
                     # velocity = mu * (velocity - lr * wd / mu * w) - lr * g is the velocity of
                     # g + wd * w: one fused in-place pass instead of materializing g + wd * w
@@ -172,6 +197,11 @@ class LARS(base.Optimizer):
             use_nesterov=self.nesterov,
         )
 
+    def sharded_update(self, variables) -> base.ShardedUpdate:
+        """LARS on 1/N pieces (weight-update sharding): the formula above, its trust ratio
+        from the whole variable's norms [|w|, |g|]."""
+        return _LARSPieces(self, variables)
+
     def get_config(self):
         """Returns every constructor argument (the base class adds weight decay and exclusions)."""
         config = super().get_config()
@@ -184,3 +214,28 @@ class LARS(base.Optimizer):
             }
         )
         return config
+
+
+class _LARSPieces(base.ShardedUpdate):
+    """`LARS` on a flat piece of each variable (`base.ShardedUpdate`): the same formula, with
+    the momentum slot of the piece; the trust ratio is `LARS.trust_ratio` of the whole norms."""
+
+    slot_names = ("momentum",)
+
+    def __init__(self, optimizer: LARS, variables):
+        super().__init__(optimizer, variables)
+        self.adapt = [not base.matches_any(optimizer.exclude_patterns, p) for p in self.paths]
+        self.decay = [bool(optimizer.weight_decay_rate) and a for a in self.adapt]
+
+    def direction(self, index, w, g, slots, step):
+        return g, [w, g] if self.adapt[index] else None
+
+    def finish(self, index, g, w, slots, lr, norms):
+        opt = self.optimizer
+        if self.adapt[index]:
+            lr = lr * opt.trust_ratio(norms[0], norms[1])
+            if self.decay[index]:
+                g = g + tf.cast(opt.weight_decay_rate, w.dtype) * w
+        mu = tf.cast(opt.momentum, w.dtype)
+        velocity = base.assign(slots[0], slots[0] * mu - lr * g)
+        return w + (velocity * mu - lr * g if opt.nesterov else velocity)

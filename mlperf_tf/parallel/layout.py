@@ -18,14 +18,14 @@ components being equal.
 
 Whole tensors: `assign_whole` gives each replica its shard of a whole value (initial weights,
 a restore), `whole_value` joins the shards (a save: concatenated where this process holds them
-all, all-gathered over the shard group where it spans workers, `gathered_value`); `save_whole`
+all, all-gathered over the shard group where it spans workers by the collective bound with
+`set_gatherer`, `mlperf_tf.collectives.whole.gathered_value`); `save_whole`
 makes a variable's checkpoint entry the whole tensor, so checkpoints do not depend on the mesh.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 
 import keras
@@ -38,8 +38,7 @@ from mlperf_tf.parallel.mesh import AXES, GRADIENT_AXES, DeviceMesh
 
 _ATTRIBUTE = "mlperf_tf_layout"
 _DECLARED = "mlperf_tf_declared_layout"
-_TIMEOUT = "mlperf_tf_gather_timeout"  # seconds a save's gather of the variable may wait
-_GATHER = "mlperf_tf_gather"  # ((mesh, timeout), the variable's traced gather function)
+_GATHERER = "mlperf_tf_gatherer"  # the collective that joins shards across workers (`set_gatherer`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -249,7 +248,8 @@ def whole_value(variable, mesh: DeviceMesh, *, gather: bool | None = None):
     on its devices: one host, or a model axis inside each worker) they are concatenated here, no
     collective. When a shard group spans workers (`--model_parallel` across
     MultiWorkerMirroredStrategy processes) each replica all-gathers its shard over its group
-    (`gathered_value`): a collective, so every worker must call this for the same variables in
+    (the gather bound with `set_gatherer`, `mlperf_tf.collectives.whole.gathered_value`): a
+    collective, so every worker must call this for the same variables in
     the same order, as every worker already takes part in a checkpoint save. Which case applies
     depends only on the mesh and the per-worker replica count, the same on every worker.
 
@@ -276,85 +276,30 @@ def whole_value(variable, mesh: DeviceMesh, *, gather: bool | None = None):
     if gather is None:
         gather = not local
     if gather:
-        return gathered_value(variable, mesh, timeout_s=getattr(variable, _TIMEOUT, 0.0))
+        gatherer = getattr(variable, _GATHERER, None)
+        if gatherer is None:
+            raise ValueError(
+                f"{_name(variable)}: joining shards held by other workers needs a collective "
+                "gather bound to the variable (`mlperf_tf.collectives.bind_gathers`)"
+            )
+        return gatherer(mesh)
     if not local:
         raise ValueError(f"{_name(variable)}: shards on replicas {owners} are not all local")
     return tf.concat([tf.convert_to_tensor(by_replica[r]) for r in owners], axis=layout.split_axis)
 
 
-def gathered_value(variable, mesh: DeviceMesh, *, timeout_s: float = 0.0):
-    """`variable`'s whole tensor by a collective all-gather of its shards (cross-replica context).
-
-    Each replica all-gathers its component over its shard group (`Layout.shard_group`: the
-    model axis for Megatron weights, the expert axis for `EXPERT_SPLIT`) with
-    `Collectives.all_gather`, in a `tf.function` under the variable's strategy; the first local
-    replica's result is returned (every copy along the unsplit axes is the same). The function
-    is traced once per variable (at its first save) and kept on it; variables are not passed to
-    one shared function because a `tf.function` given a distributed variable as an argument
-    reuses its trace for another variable of that shape and reads the first one (measured,
-    TF 2.20). A collective: every worker must call it.
+def set_gatherer(variable, gather) -> None:
+    """Binds how `whole_value` joins `variable`'s shards when some are on other workers: a
+    collective, which this package does not issue (`mlperf_tf.collectives` imports it, never
+    the reverse); the runner binds `mlperf_tf.collectives.whole.gathered_value` with the run's
+    timeout (`collectives.bind_gathers`).
 
     Args:
-      variable: a split variable (a Keras or tf variable made under the strategy).
-      mesh: the run's mesh.
-      timeout_s: seconds the gather may wait for its peers (0: no limit).
-
-    Raises:
-      tf.errors.DeadlineExceededError: a peer did not join within `timeout_s`.
+      variable: a split variable.
+      gather: a callable taking the mesh and returning the whole tensor (cross-replica context;
+        every worker calls it for the same variables in the same order).
     """
-    layout = layout_of(variable)
-    tf_var = _tf_variable(variable)
-    cached = getattr(variable, _GATHER, None)
-    if cached is None or cached[0] != (mesh, float(timeout_s)):
-        cached = ((mesh, float(timeout_s)), _gather_function(tf_var, layout, mesh, timeout_s))
-        setattr(variable, _GATHER, cached)
-    return cached[1]()
-
-
-def _gather_function(tf_var, layout: Layout, mesh: DeviceMesh, timeout_s: float):
-    # Imported here: `mlperf_tf.collectives` imports this module (the summer reads layouts).
-    from mlperf_tf.collectives.ops import (  # noqa: PLC0415
-        Collectives,
-        Traffic,
-        static_replica_id,
-    )
-
-    strategy = _strategy_of(tf_var)
-    axis, n = layout.split_axis, layout.num_shards(mesh)
-    name = f"whole/{tf_var.name}"
-
-    def replica():
-        replica_id = static_replica_id(tf.distribute.get_replica_context())
-        if replica_id is None:
-            raise ValueError("gathering shards needs static replica ids (MirroredStrategy-like)")
-        ops = Collectives(
-            replica=replica_id, num_replicas=mesh.size, timeout_s=timeout_s, traffic=Traffic()
-        )
-        members = layout.shard_group(mesh, replica_id)
-        if [layout.shard_index(mesh, r) for r in members] != list(range(n)):
-            # Rank order (ascending ids) must be shard order for the concatenation below.
-            raise ValueError(f"the shard group {members} is not in shard order")
-        shard = tf.convert_to_tensor(tf_var)  # this replica's component
-        front = tf.experimental.numpy.moveaxis(shard, axis, 0)  # [k, ...]
-        flat = ops.all_gather(tf.reshape(front, [-1]), members, name)  # shard by shard
-        whole = tf.reshape(flat, [n * front.shape[0], *front.shape[1:]])
-        return tf.experimental.numpy.moveaxis(whole, 0, axis)
-
-    # A partial, not a closure: tf.function keys its retracing statistics by a function's code,
-    # which every variable's closure would share (a warning per variable past the fifth).
-    return tf.function(functools.partial(_first_local_result, strategy, replica), autograph=False)
-
-
-def _first_local_result(strategy, fn):
-    return strategy.experimental_local_results(strategy.run(fn))[0]
-
-
-def bind_gather_timeout(variables, timeout_s: float) -> None:
-    """Bounds the collective gathers that save split `variables` whole (`--collective_timeout`:
-    a worker whose peer never joins a save fails with an error instead of waiting forever)."""
-    for variable in variables:
-        if layout_of(variable).split:
-            setattr(variable, _TIMEOUT, float(timeout_s))
+    setattr(variable, _GATHERER, gather)
 
 
 def _tf_variable(variable):

@@ -157,7 +157,8 @@ class RunConfig:
     weight_update_sharding: bool = setting(
         False,
         help="Reduce-scatter the summed gradients, update a 1/N shard of each variable per "
-        "replica (optimizer slots for that shard only; SGD, LARS, LAMB), all-gather the weights.",
+        "replica (optimizer slots for that shard only; SGD, LARS, LAMB, FusedAdam, AdamW), "
+        "all-gather the weights.",
     )
     cluster_resolver: str = setting(
         "auto",

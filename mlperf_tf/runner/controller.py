@@ -657,7 +657,7 @@ class Controller:
             layout.split_slots(self.optimizer, mesh)
         # A save gathers shards held by other workers (a model axis across processes): bounded
         # by the run's collective timeout as the step's collectives are.
-        layout.bind_gather_timeout(
+        collectives.bind_gathers(
             [*self.model.variables, *self.optimizer.variables], cfg.collective_timeout
         )
         if isinstance(self.summer, collectives.GradientSummer):

@@ -30,7 +30,8 @@ def benchmark(**model):
     ("devices", "model_parallel", "optimizer"),
     [(4, 2, "lamb"),
      pytest.param(4, 4, "lamb", marks=pytest.mark.slow),
-     pytest.param(4, 2, "adam", marks=pytest.mark.slow)],
+     pytest.param(4, 2, "adam", marks=pytest.mark.slow),
+     pytest.param(4, 2, "lars", marks=pytest.mark.slow)],
 )  # fmt: skip
 def test_split_run_equals_the_unsplit_run(devices, model_parallel, optimizer):
     b = benchmark()

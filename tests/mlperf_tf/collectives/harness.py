@@ -19,6 +19,8 @@ import tensorflow as tf
 from mlperf_tf.benchmark import RunContext
 from mlperf_tf.collectives import GradientSummer, Settings
 from mlperf_tf.optimizers import LAMB, LARS
+from mlperf_tf.optimizers.adam import FusedAdam
+from mlperf_tf.optimizers.adamw import AdamW
 from tests.tiny_benchmark import TinyBenchmark, smoke, weights
 
 STEPS = 10
@@ -26,10 +28,16 @@ OPTIMIZERS = ("sgd", "lars", "lamb")
 
 
 def make_optimizer(name: str):
+    """One of `OPTIMIZERS` (the sweep's), or "adam" (the Transformer's fused Adam) or "adamw"
+    (with weight decay and an exclusion)."""
     if name == "sgd":
         return keras.optimizers.SGD(0.05, momentum=0.9)
     if name == "lars":
         return LARS(0.5, momentum=0.9, weight_decay=1e-3, eeta=0.01)
+    if name == "adam":
+        return FusedAdam(1e-3)
+    if name == "adamw":
+        return AdamW(1e-3, weight_decay=0.1, exclude_from_weight_decay=("bias",))
     return LAMB(0.01, weight_decay=0.01)
 
 

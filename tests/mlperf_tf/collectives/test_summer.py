@@ -108,6 +108,18 @@ def test_bytes_sent_by_each_algorithm(strategy):
     assert sent["hierarchical", False] == pytest.approx(size + 0.5 * size + 0.5 * size)
 
 
+@pytest.mark.parametrize("optimizer", ["adam", "adamw"])
+def test_adam_and_adamw_declare_their_sharded_rule(strategy, references, optimizer):
+    # Element-wise updates (no norms): the rule is the optimizer's formula on each piece.
+    settings = Settings(all_reduce="ring", pack_mb=0.001, weight_update_sharding=True,
+                        timeout_s=60)  # fmt: skip
+    got, _ = harness.train(strategy, optimizer, settings)
+    want = references(optimizer)
+    assert harness.max_rel_error(got, want) < RTOL
+    initial, _ = harness.train(strategy, optimizer, settings, steps=0)
+    assert harness.max_rel_error(initial, want) > 1e-3
+
+
 def test_optimizer_without_a_sharded_rule_is_a_one_line_error(strategy):
     import keras  # noqa: PLC0415
 
@@ -121,6 +133,20 @@ def test_optimizer_without_a_sharded_rule_is_a_one_line_error(strategy):
         decayed = keras.optimizers.SGD(0.1, weight_decay=0.01)
     with pytest.raises(UserError, match="weight_decay"):
         summer.build(decayed, [variable])
+
+
+def test_kfac_declares_no_sharded_rule_though_it_is_a_lars(strategy):
+    # K-FAC subclasses LARS but preconditions in `apply`, which the sharded update bypasses: it
+    # opts out of LARS' rule (and its whole norms), so sharding it is an error, not a silent LARS.
+    from mlperf_tf.optimizers.kfac import KFAC  # noqa: PLC0415
+
+    summer = GradientSummer(strategy, Settings(weight_update_sharding=True))
+    with strategy.scope():
+        variable = tf.Variable(tf.zeros([3]))
+        optimizer = KFAC(0.1, base_optimizer="lars")
+    with pytest.raises(UserError, match="not KFAC") as error:
+        summer.build(optimizer, [variable])
+    assert "\n" not in str(error.value)
 
 
 def _sweep(num_devices):

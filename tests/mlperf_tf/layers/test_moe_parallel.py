@@ -22,9 +22,9 @@ import tensorflow as tf
 
 from mlperf_tf.collectives import GradientSummer, Settings
 from mlperf_tf.collectives.ops import Collectives, Traffic, static_replica_id
-from mlperf_tf.errors import UserError
 from mlperf_tf.layers import moe
 from mlperf_tf.layers.tensor_parallel import ColumnParallelDense, RowParallelDense
+from mlperf_tf.optimizers import LAMB, LARS
 from mlperf_tf.parallel import layout
 from mlperf_tf.parallel.mesh import DeviceMesh
 from tests.numerics import assert_close
@@ -72,25 +72,33 @@ def _data():
 def _run(
     mesh: DeviceMesh, whole_init: list | None, capacity_factor: float, *,
     all_reduce: str = "ring", pack_mb: float = 0.0, clip_norm: float | None = None,
+    make_optimizer=None, weight_update_sharding: bool = False, keep: dict | None = None,
 ):  # fmt: skip
-    """10 SGD-momentum steps on `mesh`, batch shard i reading replica i's tokens of `_data`;
-    returns (losses, first step's summed grads, whole weights, initial whole weights)."""
+    """10 steps on `mesh` (SGD-momentum, or `make_optimizer()`), batch shard i reading replica
+    i's tokens of `_data`; returns (losses, first step's summed grads, whole weights, initial
+    whole weights), and puts the summer in `keep["summer"]` when given."""
     strategy = mirrored(mesh.size)
     with strategy.scope():
         model = TinyMoE(mesh, capacity_factor)
         model.build()
-        optimizer = keras.optimizers.SGD(0.1, momentum=0.9)
-        optimizer.build(model.trainable_variables)
+        if make_optimizer is None:
+            optimizer = keras.optimizers.SGD(0.1, momentum=0.9)
+        else:
+            optimizer = make_optimizer()
+        optimizer.build([] if weight_update_sharding else model.trainable_variables)
     variables = model.trainable_variables
     if whole_init is None:
         whole_init = [layout.whole_value(v, mesh).numpy() for v in variables]
     for v, whole in zip(variables, whole_init, strict=True):
         layout.assign_whole(v, whole, mesh)
     # The runner's summer, as it is built for a mesh with an expert axis.
-    settings = Settings(all_reduce=all_reduce, pack_mb=pack_mb, timeout_s=60)
+    settings = Settings(all_reduce=all_reduce, pack_mb=pack_mb, timeout_s=60,
+                        weight_update_sharding=weight_update_sharding)  # fmt: skip
     summer = GradientSummer(strategy, settings, mesh)
     with strategy.scope():
         summer.build(optimizer, variables)
+    if keep is not None:
+        keep["summer"] = summer
     x_all, target_all = _data()
 
     def replica_step(x, target, apply):
@@ -261,11 +269,75 @@ def test_expert_parallel_with_the_summers_algorithms_and_packing():
         assert_close(a, b, rtol=1e-5, err_msg=f"weight {i}")
 
 
-def test_weight_update_sharding_with_expert_parallelism_is_one_line():
+def _lars():
+    return LARS(0.5, momentum=0.9, weight_decay=1e-3, eeta=0.01)
+
+
+def _lamb():
+    return LAMB(0.01, weight_decay=0.01)
+
+
+def _assert_same(got, ref, what: str, *, grads: bool = True) -> None:
+    """Losses, first gradients and final weights of two runs of `_run`, at a tolerance that
+    follows each tensor's scale (its largest element)."""
+    assert_close(got[0], ref[0], rtol=1e-5, err_msg=f"{what}: losses")
+    pairs = [("weight", got[2], ref[2])] + ([("gradient", got[1], ref[1])] if grads else [])
+    for kind, a_list, b_list in pairs:
+        for i, (a, b) in enumerate(zip(a_list, b_list, strict=True)):
+            scale = float(np.max(np.abs(b)))
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * scale,
+                                       err_msg=f"{what}: {kind} {i}")  # fmt: skip
+
+
+def test_lars_with_model_parallelism_equals_the_unsplit_run():
+    """LARS at M = 2 (column- and row-parallel kernels split over `model`; its trust ratio needs
+    their whole norms |w| and |g|: `LARS.whole_norm_terms`) against M = 1 on the same 2 batch
+    shards, each reading its own tokens; biases are excluded from the trust ratio, kernels
+    and the experts not."""
+    ref = _run(DeviceMesh(data=2), None, 1.0, make_optimizer=_lars)
+    got = _run(DeviceMesh(data=2, model=2), ref[3], 1.0, make_optimizer=_lars)
+    _assert_same(got, ref, "LARS M=2")
+    assert ref[0][-1] < ref[0][0]  # it trains
+
+
+@pytest.mark.parametrize(
+    ("make_optimizer", "clip_norm"),
+    [(None, None), (_lamb, 0.05), pytest.param(_lars, None, marks=pytest.mark.slow)],
+    ids=["sgd", "lamb-clipped", "lars"],
+)
+def test_weight_update_sharding_with_expert_parallelism_equals_the_unsharded_run(
+    make_optimizer, clip_norm
+):
+    """E = 2 on 4 devices with weight-update sharding (the replicated weights' pieces and slots
+    over data x expert, 4 ways; the experts' over the data axis, 2 ways; the norms of LAMB's
+    trust ratio and of the clip summed over both) against the same mesh without it."""
     mesh = DeviceMesh(data=2, expert=2)
-    strategy, model = _model_on(mesh)
-    summer = GradientSummer(strategy, Settings(all_reduce="ring", weight_update_sharding=True),
-                            mesh)  # fmt: skip
-    with strategy.scope(), pytest.raises(UserError, match="--weight_update_sharding") as error:
-        summer.build(keras.optimizers.SGD(0.1), model.trainable_variables)
-    assert "\n" not in str(error.value)
+    kwargs = dict(make_optimizer=make_optimizer, clip_norm=clip_norm)
+    ref = _run(mesh, None, 1.0, **kwargs)
+    got = _run(mesh, ref[3], 1.0, weight_update_sharding=True, **kwargs)
+    _assert_same(got, ref, "E=2 sharded", grads=False)
+    assert ref[0][-1] < ref[0][0]
+
+
+def test_sharded_slots_of_experts_are_saved_whole_and_cut_again():
+    """The checkpoint form of sharded slots (`GradientSummer.full_slots`) is the whole tensor
+    whatever the layout: at E = 2 the experts' momentum is gathered over the data axis and then
+    over the expert axis, and equals E = 1's (nothing split) after the same steps; E = 1's slots
+    loaded into the E = 2 run are cut into its pieces and read back unchanged."""
+    kept1, kept2 = {}, {}
+    ref = _run(DeviceMesh(data=REPLICAS), None, 1.0, weight_update_sharding=True, keep=kept1)
+    _run(DeviceMesh(data=2, expert=2), ref[3], 1.0, weight_update_sharding=True, keep=kept2)
+    full1, full2 = kept1["summer"].full_slots(), kept2["summer"].full_slots()
+    assert sorted(full1) == sorted(full2)
+    assert any(tuple(full2[k].shape) == (E, D, F) for k in full2)  # w_in's, whole
+    for key, expected in full1.items():
+        expected = expected.numpy()
+        assert tuple(full2[key].shape) == expected.shape, key
+        scale = float(np.max(np.abs(expected)))
+        assert scale > 0, key  # moved: not equal by being zero
+        np.testing.assert_allclose(full2[key].numpy(), expected, rtol=1e-5, atol=1e-5 * scale,
+                                   err_msg=key)  # fmt: skip
+    kept2["summer"].load_full_slots(full1)
+    again = kept2["summer"].full_slots()
+    for key, expected in full1.items():
+        np.testing.assert_array_equal(again[key].numpy(), expected.numpy(), err_msg=key)

@@ -1,14 +1,17 @@
 """Whole tensors of split variables on 4 logical CPUs: the collective all-gather that saves a
-model axis spanning workers (`layout.gathered_value`) joins the shards as the local
+model axis spanning workers (`collectives.whole.gathered_value`, bound to the variable with
+`bind_gathers`) joins the shards as the local
 concatenation does, for Megatron's layouts (split along dimension 0 or 1, M = 2 and 4, with a
 data axis) and the experts' (`EXPERT_SPLIT`, E = 2 x M = 2); a checkpoint written through it
 holds the whole tensor and restores each replica's shard; and the gather's failure to meet
-its peers is bounded by the timeout bound to the variable (`bind_gather_timeout`)."""
+its peers is bounded by the timeout bound to the variable; a gather needed and not bound is an
+error."""
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from mlperf_tf.collectives import bind_gathers
 from mlperf_tf.parallel import layout
 from mlperf_tf.parallel.mesh import DeviceMesh
 from tests import processes
@@ -42,6 +45,9 @@ def test_the_gather_joins_the_shards_as_the_local_concatenation(mesh, split):
     components = strategy.experimental_local_results(variable)
     assert tuple(components[0].shape) != SHAPE  # really split
     joined = layout.whole_value(variable, mesh, gather=False)
+    with pytest.raises(ValueError, match="bind_gathers"):
+        layout.whole_value(variable, mesh, gather=True)
+    bind_gathers([variable], 60.0)
     gathered = layout.whole_value(variable, mesh, gather=True)
     np.testing.assert_array_equal(joined.numpy(), whole.numpy())
     np.testing.assert_array_equal(gathered.numpy(), whole.numpy())
@@ -52,6 +58,7 @@ def test_a_checkpoint_through_the_gather_holds_the_whole_tensor_and_restores_sha
     whole = tf.random.stateless_normal(SHAPE, seed=(1, 2))
     variable = _split_variable(strategy, mesh, split, whole)
     layout.save_whole(variable, mesh, SHAPE)
+    bind_gathers([variable], 60.0)
     # As on a worker whose model group spans processes: the save gathers.
     serialize = variable._serialize_to_tensors  # noqa: SLF001
     variable._serialize_to_tensors = lambda: {  # noqa: SLF001
@@ -78,6 +85,7 @@ def test_a_checkpoint_through_the_gather_holds_the_whole_tensor_and_restores_sha
 _NEVER_MET = """
 import tensorflow as tf
 from mlperf_tf.distribute import split_cpu
+from mlperf_tf.collectives import bind_gathers
 from mlperf_tf.parallel import layout
 from mlperf_tf.parallel.mesh import DeviceMesh
 from tests.strategies import mirrored
@@ -86,7 +94,7 @@ strategy = mirrored(2)
 with strategy.scope():
     variable = tf.Variable(tf.zeros((4, 2)), name="w")
 layout.set_layout(variable, layout.model_split(0))
-layout.bind_gather_timeout([variable], 2.0)
+bind_gathers([variable], 2.0)
 try:
     layout.whole_value(variable, DeviceMesh(model=4), gather=True)
 except tf.errors.DeadlineExceededError:
