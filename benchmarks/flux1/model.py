@@ -96,15 +96,29 @@ def rope_angles(ids: tf.Tensor, axes_dim, theta: float) -> tf.Tensor:
     return tf.concat(parts, axis=-1)
 
 
-def apply_rope(x: tf.Tensor, angles: tf.Tensor) -> tf.Tensor:
-    """Rotates consecutive pairs (x[2j], x[2j+1]) of [B, H, L, D] by `angles` [L, D/2] in
-    float32 (`math.py:apply_rope`), returned in `x`'s dtype."""
-    shape = tf.shape(x)
-    pairs = tf.reshape(tf.cast(x, tf.float32), tf.concat([shape[:-1], [-1, 2]], 0))
+def rope_rotation(angles: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """[L, D/2] angles -> float32 ([L, D] cos, [L, D] signed sin) for `apply_rope`: each cosine
+    repeated for its pair, sines as (-sin, sin). Computed once per step and shared by every
+    block (the angles depend only on the positions)."""
     cos, sin = tf.cos(angles), tf.sin(angles)
-    x0, x1 = pairs[..., 0], pairs[..., 1]
-    out = tf.stack([cos * x0 - sin * x1, sin * x0 + cos * x1], axis=-1)
-    return tf.cast(tf.reshape(out, shape), x.dtype)
+    length = tf.shape(angles)[0]
+    cos = tf.reshape(tf.stack([cos, cos], axis=-1), [length, -1])
+    sin = tf.reshape(tf.stack([-sin, sin], axis=-1), [length, -1])
+    return cos, sin
+
+
+def apply_rope(x: tf.Tensor, rotation: tuple[tf.Tensor, tf.Tensor]) -> tf.Tensor:
+    """Rotates consecutive pairs (x[2j], x[2j+1]) of [B, H, L, D] by the angles of `rotation`
+    (`rope_rotation`) in float32 (`math.py:apply_rope`), returned in `x`'s dtype:
+    (x0, x1) -> (cos x0 - sin x1, sin x0 + cos x1), written as x cos + swap(x) sin with
+    swap(x0, x1) = (x1, x0) and sin signed (-sin, sin): the same products and sums, in fewer
+    ops (no slices and no stack on the activations)."""
+    cos, sin = rotation
+    shape = tf.shape(x)
+    x32 = tf.cast(x, tf.float32)
+    pairs = tf.reshape(x32, tf.concat([shape[:-1], [-1, 2]], 0))
+    swapped = tf.reshape(tf.reverse(pairs, axis=[-1]), shape)
+    return tf.cast(x32 * cos + swapped * sin, x.dtype)
 
 
 def timestep_embedding(t: tf.Tensor, dim: int, max_period: float = 10_000.0,
@@ -120,22 +134,16 @@ def timestep_embedding(t: tf.Tensor, dim: int, max_period: float = 10_000.0,
     return embedding
 
 
-def attention(q, k, v, angles):
-    """Joint attention of [B, H, L, D] q, k, v with rotary positions; [B, L, H*D]. Scores and
-    softmax in float32 (torch's fused kernel accumulates in float32)."""
-    q, k = apply_rope(q, angles), apply_rope(k, angles)
+def attention(q, k, v, rotation):
+    """Joint attention of [B, H, L, D] q, k, v with rotary positions (`rope_rotation`);
+    [B, L, H*D]. Scores and softmax in float32 (torch's fused kernel accumulates in float32)."""
+    q, k = apply_rope(q, rotation), apply_rope(k, rotation)
     depth = q.shape[-1]
     scores = tf.matmul(tf.cast(q, tf.float32), tf.cast(k, tf.float32), transpose_b=True)
     weights = tf.nn.softmax(scores / math.sqrt(depth), axis=-1)
     out = tf.matmul(tf.cast(weights, v.dtype), v)  # [B, H, L, D]
     out = tf.transpose(out, [0, 2, 1, 3])
     return tf.reshape(out, [-1, out.shape[1], out.shape[2] * out.shape[3]])
-
-
-def _heads(x: tf.Tensor, depth: int) -> tf.Tensor:
-    """[B, L, h*D] -> [B, h, L, D]."""
-    x = tf.reshape(x, [-1, x.shape[1], x.shape[2] // depth, depth])
-    return tf.transpose(x, [0, 2, 1, 3])
 
 
 class RMSNorm(keras.layers.Layer):
@@ -173,7 +181,7 @@ class Modulation(keras.layers.Layer):
         self.lin.build(input_shape)
 
     def call(self, vec):
-        out = self.lin(tf.nn.silu(vec))[:, None, :]
+        out = tf.expand_dims(self.lin(tf.nn.silu(vec)), 1)
         return tf.split(out, self.count, axis=-1)
 
 
@@ -198,6 +206,11 @@ class _QKV(keras.layers.Layer):
 
     The f operator (`ModelAxis.copy`) runs once on the input: one all-reduce of its gradient
     over `model` backward for the three projections (and the single block's MLP input).
+
+    The projections stay separate layers (so that each splits its own heads over `model`), but
+    run as one MatMul over their concatenated kernels (this shard's parts), as the reference's
+    fused `qkv` (and single blocks' `linear1`, with `extra`: the MLP input): at FLUX's small
+    per-token widths the step is bound by op count, not FLOPs (`tools/peers/bench_flux.py`).
     """
 
     def __init__(self, config: ModelConfig, *, fused_out: int, bias: bool, **kwargs):
@@ -219,11 +232,29 @@ class _QKV(keras.layers.Layer):
         self.query_norm.build((None, self.depth))
         self.key_norm.build((None, self.depth))
 
-    def call(self, x):
-        """x: the copied (f) input [B, L, h]; returns this shard's q, k, v [B, H/M, L, D]."""
-        q = self.query_norm(_heads(self.q(x), self.depth))
-        k = self.key_norm(_heads(self.k(x), self.depth))
-        return q, k, _heads(self.v(x), self.depth)
+    def call(self, x, extra: ColumnParallelDense | None = None):
+        """x: the copied (f) input [B, L, h]; returns this shard's q, k, v [B, H/M, L, D] (and
+        `extra`'s output [B, L, units/M] after them when given: it shares the input and the
+        MatMul)."""
+        layers = [self.q, self.k, self.v] + ([extra] if extra is not None else [])
+        dtype = self.compute_dtype
+        kernel = tf.concat([tf.cast(layer.kernel, dtype) for layer in layers], axis=1)
+        y = token_matmul(x, kernel)
+        biases = [tf.cast(layer.bias, dtype) if layer.use_bias else None for layer in layers]
+        if any(b is not None for b in biases):
+            widths = [layer.kernel.shape[1] for layer in layers]
+            y = y + tf.concat(
+                [b if b is not None else tf.zeros([w], dtype) for b, w in zip(biases, widths)], 0
+            )
+        width = self.q.kernel.shape[1]  # this shard's heads x depth
+        if extra is not None:  # split, not sliced: a slice's gradient is a slow StridedSliceGrad
+            qkv, rest = tf.split(y, [3 * width, y.shape[-1] - 3 * width], axis=-1)
+        else:
+            qkv = y
+        qkv = tf.reshape(qkv, [-1, x.shape[1], 3, width // self.depth, self.depth])
+        q, k, v = tf.unstack(tf.transpose(qkv, [2, 0, 3, 1, 4]))  # 3 x [B, H/M, L, D]
+        out = (self.query_norm(q), self.key_norm(k), v)
+        return out + (rest,) if extra is not None else out
 
 
 class _Stream(keras.layers.Layer):
@@ -276,15 +307,15 @@ class DoubleStreamBlock(keras.layers.Layer):
         self.img.build(input_shape)
         self.txt.build(input_shape)
 
-    def call(self, img, txt, vec, angles):
+    def call(self, img, txt, vec, rotation):
         img_mods, (iq, ik, iv) = self.img.prepare(img, vec)
         txt_mods, (tq, tk, tv) = self.txt.prepare(txt, vec)
         joint = attention(
-            tf.concat([tq, iq], 2), tf.concat([tk, ik], 2), tf.concat([tv, iv], 2), angles
+            tf.concat([tq, iq], 2), tf.concat([tk, ik], 2), tf.concat([tv, iv], 2), rotation
         )
-        text_length = txt.shape[1]
-        img = self.img.finish(img, img_mods, joint[:, text_length:])
-        txt = self.txt.finish(txt, txt_mods, joint[:, :text_length])
+        joint_txt, joint_img = tf.split(joint, [txt.shape[1], img.shape[1]], axis=1)
+        img = self.img.finish(img, img_mods, joint_img)
+        txt = self.txt.finish(txt, txt_mods, joint_txt)
         return img, txt
 
 
@@ -314,9 +345,12 @@ class _JointRowParallel(keras.layers.Layer):
         )
 
     def call(self, attn, mlp):
+        """One MatMul of [attention ; MLP] by [attn_kernel ; mlp_kernel] (the reference's
+        `linear2` on its concatenation): the same sum of products as two MatMuls and an add,
+        in fewer ops."""
         dtype = self.compute_dtype
-        partial = token_matmul(attn, tf.cast(self.attn_kernel, dtype))
-        partial += token_matmul(mlp, tf.cast(self.mlp_kernel, dtype))
+        kernel = tf.concat([tf.cast(self.attn_kernel, dtype), tf.cast(self.mlp_kernel, dtype)], 0)
+        partial = token_matmul(tf.concat([attn, mlp], axis=-1), kernel)
         return self.axis.reduce(partial) + tf.cast(self.bias, dtype)
 
 
@@ -343,12 +377,12 @@ class SingleStreamBlock(keras.layers.Layer):
         self.mlp_in.build(input_shape)
         self.linear2.build(input_shape)
 
-    def call(self, x, vec, angles):
+    def call(self, x, vec, rotation):
         shift, scale, gate = self.mod(vec)
         modulated = self.axis.copy((1 + scale) * layer_norm(x, self.epsilon) + shift)
-        q, k, v = self.qkv(modulated)
-        attn = attention(q, k, v, angles)
-        mlp = tf.nn.gelu(self.mlp_in(modulated), approximate=True)
+        q, k, v, mlp = self.qkv(modulated, extra=self.mlp_in)
+        attn = attention(q, k, v, rotation)
+        mlp = tf.nn.gelu(mlp, approximate=True)
         return x + gate * self.linear2(attn, mlp)
 
 
@@ -371,7 +405,7 @@ class LastLayer(keras.layers.Layer):
 
     def call(self, x, vec):
         shift, scale = tf.split(self.ada(tf.nn.silu(vec)), 2, axis=-1)
-        x = (1 + scale[:, None]) * layer_norm(x, self.epsilon) + shift[:, None]
+        x = (1 + tf.expand_dims(scale, 1)) * layer_norm(x, self.epsilon) + tf.expand_dims(shift, 1)
         return self.linear(x)
 
 
@@ -425,13 +459,13 @@ class FluxModel(keras.Model):
         vec = vec + self.vector_in(tf.cast(inputs["clip"], dtype))
         text_length = txt.shape[1]
         ids = position_ids(text_length, height // PATCH, width // PATCH)
-        angles = rope_angles(ids, c.axes_dim, c.theta)  # [L, D/2]
+        rotation = rope_rotation(rope_angles(ids, c.axes_dim, c.theta))  # once per step
         for block in self.double_blocks:
-            img, txt = block(img, txt, vec, angles)
+            img, txt = block(img, txt, vec, rotation)
         x = tf.concat([txt, img], axis=1)
         for block in self.single_blocks:
-            x = block(x, vec, angles)
-        out = self.final_layer(x[:, text_length:], vec)
+            x = block(x, vec, rotation)
+        out = self.final_layer(tf.split(x, [text_length, img.shape[1]], axis=1)[1], vec)
         return unpack_latents(out, height, width)
 
 

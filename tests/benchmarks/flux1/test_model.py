@@ -56,7 +56,8 @@ def test_rope_is_the_references_rotation():
     )
     np.testing.assert_allclose(angles, want, rtol=1e-6)
     x = np.random.default_rng(1).normal(size=(1, 1, 8, 16)).astype(np.float32)
-    out = model_lib.apply_rope(tf.constant(x), tf.constant(angles)).numpy()
+    rotation = model_lib.rope_rotation(tf.constant(angles))
+    out = model_lib.apply_rope(tf.constant(x), rotation).numpy()
     x0, x1 = x[..., 0::2], x[..., 1::2]
     np.testing.assert_allclose(out[..., 0::2], np.cos(want) * x0 - np.sin(want) * x1, atol=1e-5)
     np.testing.assert_allclose(out[..., 1::2], np.sin(want) * x0 + np.cos(want) * x1, atol=1e-5)
