@@ -81,40 +81,11 @@ def run(
     """
     run_config = preflight(benchmark, run_config)
     log_path = run_config.mlperf_log_path
-    strategy = distribute.resolve_strategy(
-        run_config.distribution,
-        tpu=run_config.tpu,
-        num_cpu_devices=run_config.num_cpu_devices,
-        timeout_s=run_config.startup_timeout_s,
-        collective_timeout=run_config.collective_timeout,
-        cluster_resolver=run_config.cluster_resolver,
-        port_base=run_config.slurm_port_base,
-        tpu_cores_per_replica=tpu_lib.cores_per_replica(
-            model_parallel=run_config.model_parallel,
-            spatial_partition=run_config.spatial_partition,
-        ),
-    )
-    if distribute.is_tpu(strategy):
-        tpu_lib.check_tpu_flags(
-            model_parallel=run_config.model_parallel,
-            expert_parallel=run_config.expert_parallel,
-            spatial_partition=run_config.spatial_partition,
-        )
+    strategy = _strategy(run_config)
     if stop_request is not None:
         stop_request.reclaim_signals()  # TF's coordination service may have taken SIGTERM
     chief = distribute.is_chief(strategy)
-    # Everything that can refuse the start is decided before the old log is moved or a new one
-    # opened: the batch split over this strategy's data groups, the checkpoints' readability.
-    if not distribute.is_tpu(strategy):
-        splits.check_run_split(
-            benchmark.config,
-            run_config,
-            strategy.num_replicas_in_sync,
-            f"--distribution={run_config.distribution}",
-        )
-    checkpoints.check_model_dir(run_config.model_dir)
-    if not run_config.restart:
-        checkpoints.check_readable(run_config.model_dir)
+    _check_start(benchmark, run_config, strategy)
     if chief:
         kept = runlog.keep_previous(
             log_path, model_dir=run_config.model_dir, restart=run_config.restart
@@ -136,6 +107,45 @@ def run(
         return controller.run()
     finally:
         mllog.close()
+
+
+def _strategy(run_config: RunConfig) -> tf.distribute.Strategy:
+    """The run's `tf.distribute` strategy, and on TPU the flags its path refuses."""
+    strategy = distribute.resolve_strategy(
+        run_config.distribution,
+        tpu=run_config.tpu,
+        num_cpu_devices=run_config.num_cpu_devices,
+        timeout_s=run_config.startup_timeout_s,
+        collective_timeout=run_config.collective_timeout,
+        cluster_resolver=run_config.cluster_resolver,
+        port_base=run_config.slurm_port_base,
+        tpu_cores_per_replica=tpu_lib.cores_per_replica(
+            model_parallel=run_config.model_parallel,
+            spatial_partition=run_config.spatial_partition,
+        ),
+    )
+    if distribute.is_tpu(strategy):
+        tpu_lib.check_tpu_flags(
+            model_parallel=run_config.model_parallel,
+            expert_parallel=run_config.expert_parallel,
+            spatial_partition=run_config.spatial_partition,
+        )
+    return strategy
+
+
+def _check_start(benchmark: Benchmark, run_config: RunConfig, strategy) -> None:
+    """Everything that can refuse the start, decided before the old log is moved or a new one
+    opened: the batch split over this strategy's data groups, the checkpoints' readability."""
+    if not distribute.is_tpu(strategy):
+        splits.check_run_split(
+            benchmark.config,
+            run_config,
+            strategy.num_replicas_in_sync,
+            f"--distribution={run_config.distribution}",
+        )
+    checkpoints.check_model_dir(run_config.model_dir)
+    if not run_config.restart:
+        checkpoints.check_readable(run_config.model_dir)
 
 
 def preflight(benchmark: Benchmark, run_config: RunConfig) -> RunConfig:
