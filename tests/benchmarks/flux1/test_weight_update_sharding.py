@@ -45,6 +45,7 @@ def _assert_same_weights(got: tensor_parallel.Result, ref: tensor_parallel.Resul
     tensor_parallel.assert_same_run(got, ref, rtol=1e-5)
 
 
+@pytest.mark.slow  # 17 s; AdamW's sharded rule is in the default run (collectives/test_summer.py)
 def test_sharded_update_equals_the_unsharded_run():
     got = _run(2, 1, sharded=True)
     ref = _run(2, 1, sharded=False)

@@ -31,7 +31,12 @@ HF_EXPERTS = {"feed_forward": "swiglu_clamped", "mlp_bias": True}
 
 @pytest.mark.parametrize(
     ("expert_parallel", "model_parallel", "model"),
-    [(2, 1, {}), (1, 2, {}), (2, 1, HF_EXPERTS), pytest.param(2, 2, {}, marks=pytest.mark.slow)],
+    [
+        (2, 1, {}),
+        (1, 2, {}),
+        pytest.param(2, 1, HF_EXPERTS, marks=pytest.mark.slow),
+        pytest.param(2, 2, {}, marks=pytest.mark.slow),
+    ],
     ids=["E2", "M2", "E2_clamped_biases", "E2xM2"],
 )
 def test_parallel_gpt_oss_equals_the_unsplit_run(expert_parallel, model_parallel, model):

@@ -18,6 +18,7 @@ def _ssd():
     return ssd(ssd.preset("smoke"))
 
 
+@pytest.mark.slow  # 25 s idle; the default run resumes a split run with llama31_8b's (8 s)
 def test_spatial_2_resumes_on_1_device(tmp_path):
     assert_resumes(
         _ssd, saved=Layout(2, spatial_partition="2"), resumed=Layout(1), model_dir=tmp_path

@@ -302,7 +302,11 @@ def test_lars_with_model_parallelism_equals_the_unsplit_run():
 
 @pytest.mark.parametrize(
     ("make_optimizer", "clip_norm"),
-    [(None, None), (_lamb, 0.05), pytest.param(_lars, None, marks=pytest.mark.slow)],
+    [
+        pytest.param(None, None, marks=pytest.mark.slow),
+        (_lamb, 0.05),
+        pytest.param(_lars, None, marks=pytest.mark.slow),
+    ],
     ids=["sgd", "lamb-clipped", "lars"],
 )
 def test_weight_update_sharding_with_expert_parallelism_equals_the_unsharded_run(
