@@ -78,8 +78,8 @@ def rule_for(optimizer, variables):
         rule = KerasSGDPieces(optimizer, variables)
     if rule is None:
         raise UserError(
-            f"--weight_update_sharding supports SGD, LARS and LAMB, not {type(optimizer).__name__}"
-            " (an optimizer shards its update by declaring `sharded_update`, as the suite's"
-            " FusedAdam and AdamW also do)"
+            "--weight_update_sharding supports Keras' SGD and the suite's LARS, LAMB, FusedAdam "
+            f"and AdamW, not {type(optimizer).__module__}.{type(optimizer).__name__} (an "
+            "optimizer shards its update by declaring `sharded_update`)"
         )
     return rule
