@@ -25,6 +25,13 @@ def write_pairs(tmp_path, lengths, *, prefix="train", with_index=False, num_shar
     return tfrecord.write_sharded(examples, str(tmp_path), prefix=prefix, num_shards=num_shards)
 
 
+def _in_order(dataset):
+    """`dataset` with tf.data's deterministic order (what a test of epoch boundaries needs)."""
+    options = tf.data.Options()
+    options.deterministic = True
+    return dataset.with_options(options)
+
+
 def test_parse_pair_eagerly_and_in_a_map(tmp_path):
     files = write_pairs(tmp_path, [3, 5], with_index=True, num_shards=1)
     record = next(iter(tf.data.TFRecordDataset(files)))
@@ -203,7 +210,11 @@ def test_cached_training_pairs_reshuffle_every_epoch_and_keep_every_pair(tmp_pat
             bucket_lengths=(12,), batch_multiple=1, shuffle_buffer=shuffle_buffer, seed=3,
             cache=cache,
         )  # fmt: skip
-        rows = [tuple(r) for b in dataset.take(96).as_numpy_iterator() for r in b["inputs"]]
+        # Training pipelines let a ready element pass a slow one (`options.deterministic` off),
+        # which may carry a pair across an epoch's end; epochs are whole only in order.
+        rows = [
+            tuple(r) for b in _in_order(dataset).take(96).as_numpy_iterator() for r in b["inputs"]
+        ]
         epochs[cache] = [rows[:48], rows[48:96]]
     for first, second in (epochs[True], epochs[False]):
         assert sorted(first) == sorted(second) and first != second
