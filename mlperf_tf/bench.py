@@ -41,7 +41,7 @@ from typing import Any
 from absl import flags
 
 from mlperf_tf import splits
-from mlperf_tf.errors import UserError
+from mlperf_tf.errors import DataError, UserError
 from mlperf_tf.runner.config import RunConfig, setting
 
 # The run settings `bench` shares with `mlperf-tf run`: declared once, in `RunConfig`.
@@ -230,14 +230,34 @@ def model_flops_per_sample(benchmark) -> float | None:
         return None
 
 
-def input_rate(benchmark, *, batches: int, num_replicas: int) -> float:
+def _real_dataset(benchmark_class, real_config, setup: _Setup):
+    """One host's real training input pipeline (`--config.data_dir`), not yet read.
+
+    Raises:
+      DataError: the data is missing or unreadable, named with how to bench without it.
+    """
+    import tensorflow as tf
+
+    real = benchmark_class(real_config).with_context(setup.benchmark.context)
+    context = tf.distribute.InputContext(
+        num_input_pipelines=1,
+        input_pipeline_id=0,
+        num_replicas_in_sync=setup.strategy.num_replicas_in_sync,
+    )
+    try:
+        return real.train_dataset(context)
+    except DataError as e:
+        raise DataError(
+            f"{e} (bench times the input pipeline of the preset's data_dir: prepare the data, or "
+            "pass --config.data_dir= to time the model on synthetic data only)"
+        ) from None
+
+
+def input_rate(dataset, *, batches: int) -> float:
     """Samples/s of one host's real training input pipeline, alone (after 3 untimed batches)."""
     import tensorflow as tf
 
-    context = tf.distribute.InputContext(
-        num_input_pipelines=1, input_pipeline_id=0, num_replicas_in_sync=num_replicas
-    )
-    iterator = iter(benchmark.train_dataset(context))
+    iterator = iter(dataset)
     for _ in range(3):
         next(iterator)
     samples = 0
@@ -295,6 +315,10 @@ def run(config: BenchConfig, run_settings: dict[str, Any], overrides: dict[str, 
     load_before = os.getloadavg()[0]
     benchmark_class, real_config = benchmark_config(config, overrides)
     setup = _set_up(benchmark_class, real_config, run_settings)
+    # Built before the timed windows, so that missing or unreadable data fails in seconds.
+    real_dataset = (
+        _real_dataset(benchmark_class, real_config, setup) if real_config.data_dir else None
+    )
     flops_per_sample = model_flops_per_sample(setup.benchmark) if config.peak_seconds else None
     peak = (
         MatmulPeak(device=setup.device, dtype=run_settings["dtype"]) if flops_per_sample else None
@@ -310,11 +334,8 @@ def run(config: BenchConfig, run_settings: dict[str, Any], overrides: dict[str, 
     rates, peaks = _timed_windows(config, setup, flops_per_sample, peak, devices, progress)
 
     input_samples_per_s = None
-    if real_config.data_dir:
-        real = benchmark_class(real_config).with_context(setup.benchmark.context)
-        input_samples_per_s = input_rate(
-            real, batches=config.input_batches, num_replicas=setup.strategy.num_replicas_in_sync
-        )
+    if real_dataset is not None:
+        input_samples_per_s = input_rate(real_dataset, batches=config.input_batches)
     return _result(
         config, run_settings, setup, rates=rates, peaks=peaks, devices=devices,
         warmup_s=warmup_s, flops_per_sample=flops_per_sample,

@@ -150,6 +150,18 @@ def test_bad_input_is_one_error_line(capsys, args, message):
     assert err.startswith("error: ") and message in err and "\n" not in err
 
 
+def test_missing_data_fails_before_the_timed_windows(capsys, tmp_path):
+    """A preset whose data is not there (e.g. `--preset=mini` before its first run) stops in
+    seconds, saying how to bench without it, instead of after minutes of windows."""
+    missing = tmp_path / "not-prepared"
+    args = ["bench", "--benchmark=resnet50", "--preset=smoke", f"--config.data_dir={missing}"]
+    assert cli.main([*args, *FAST]) == 2
+    captured = capsys.readouterr()
+    assert "window" not in captured.out and "warm-up" not in captured.out
+    error = captured.err.strip()
+    assert error.startswith("error: ") and str(missing) in error and "--config.data_dir=" in error
+
+
 def test_matmul_peak_is_a_plausible_cpu_rate():
     peak = bench.matmul_peak(device="/cpu:0", seconds=0.05, size=128)
     assert 1e6 < peak < 1e14  # FLOP/s: above a 1990s PC, below any CPU socket today
