@@ -161,6 +161,21 @@ def try_output_file(path: str, flag: str) -> None:
             raise UserError(f"{flag}={path!r}: cannot write: {_reason(e)}") from None
 
 
+@contextlib.contextmanager
+def _input_errors(path: str, flag: str, wrong_kind: type[OSError], wrong_kind_says: str):
+    """Turns an `OSError` of reaching the input `path` into one `DataError` line naming `flag`:
+    missing, of the wrong kind (`wrong_kind`, e.g. `IsADirectoryError` where a file is needed:
+    the line says `wrong_kind_says`), or unreadable (the reason)."""
+    try:
+        yield
+    except FileNotFoundError:
+        raise DataError(f"{flag}={path!r} does not exist") from None
+    except wrong_kind:
+        raise DataError(f"{flag}={path!r} {wrong_kind_says}") from None
+    except OSError as e:
+        raise DataError(f"{flag}={path!r} cannot be read: {_reason(e)}") from None
+
+
 def open_input(path: str, flag: str, *, binary: bool = False, encoding: str = "utf-8"):
     """Opens the regular file `path` for reading, or raises one line naming `flag`.
 
@@ -174,14 +189,8 @@ def open_input(path: str, flag: str, *, binary: bool = False, encoding: str = "u
     """
     if not path:
         raise UserError(f"{flag}: no file given")
-    try:
+    with _input_errors(path, flag, IsADirectoryError, "is a folder; name a file"):
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise DataError(f"{flag}={path!r} does not exist") from None
-    except IsADirectoryError:
-        raise DataError(f"{flag}={path!r} is a folder; name a file") from None
-    except OSError as e:
-        raise DataError(f"{flag}={path!r} cannot be read: {_reason(e)}") from None
     try:
         mode = os.fstat(fd).st_mode
         if stat.S_ISDIR(mode):
@@ -221,12 +230,8 @@ def check_input_dir(path: str, flag: str) -> None:
     """
     if not path:
         raise UserError(f"{flag}: no folder given")
-    try:
-        with os.scandir(path) as entries:
-            next(entries, None)
-    except FileNotFoundError:
-        raise DataError(f"{flag}={path!r} does not exist") from None
-    except NotADirectoryError:
-        raise DataError(f"{flag}={path!r} is not a folder") from None
-    except OSError as e:
-        raise DataError(f"{flag}={path!r} cannot be read: {_reason(e)}") from None
+    with (
+        _input_errors(path, flag, NotADirectoryError, "is not a folder"),
+        os.scandir(path) as entries,
+    ):
+        next(entries, None)
