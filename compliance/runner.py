@@ -170,15 +170,9 @@ class OfficialRunner:
             return None
         return json.loads(reply)
 
-    def run(
-        self,
-        scan: logfile.LogScan,
-        ruleset: str,
-        *,
-        timeout: float = DEFAULT_TIMEOUT_S,
-        memory_limit: int = WORKER_MEMORY_LIMIT_BYTES,
-    ) -> dict[str, Any]:
-        """Runs the official checker on the token lines of `scan`.
+    def run(self, scan: logfile.LogScan, ruleset: str, **options) -> dict[str, Any]:
+        """Runs the official checker on the token lines of `scan`: `submit`, with its keyword
+        options (`timeout` in seconds, `memory_limit` in bytes, ...), then waits.
 
         Returns:
           The worker's JSON result (see compliance/official_worker.py).
@@ -187,7 +181,7 @@ class OfficialRunner:
           UserError: the checker did not finish within `timeout` seconds, ran out of memory, or
             its process failed.
         """
-        return self.submit(scan, ruleset, timeout=timeout, memory_limit=memory_limit)()
+        return self.submit(scan, ruleset, **options)()
 
     def submit(
         self,

@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import tensorflow as tf
+from mlperf_logging.mllog import constants as C
 
 from mlperf_tf import rounds as rounds_lib
 from mlperf_tf.config import BenchmarkConfig, ConfigError
@@ -482,6 +483,22 @@ class Benchmark(abc.ABC):
         `(value, metadata_dict)` tuple. `global_batch_size`, `train_samples`, `eval_samples`,
         `gradient_accumulation_steps` and the submission keys are logged by the runner.
         """
+
+    def logged_hparams(self) -> dict[str, Any]:
+        """Every hyperparameter the runner logs for this run, before `rounds.adapt_hparams`
+        fits them to the round: the batch keys, `mlperf_hparams`, the sample counts and the
+        round-level disclosure keys (`round_hparams`), the benchmark's own values first."""
+        hparams = {
+            C.GLOBAL_BATCH_SIZE: self.config.global_batch_size,
+            C.GRADIENT_ACCUMULATION_STEPS: self.config.gradient_accumulation_steps,
+        }
+        hparams.update(self.mlperf_hparams())
+        hparams.setdefault(C.TRAIN_SAMPLES, self.train_samples())
+        hparams.setdefault(C.EVAL_SAMPLES, self.eval_samples())
+        # The round-level disclosure keys, for every benchmark (dropped for rounds before them).
+        for key, value in self.round_hparams().items():
+            hparams.setdefault(key, value)
+        return hparams
 
     def eval_schedule(self) -> list[EvalPoint]:
         """The MLPerf evaluation points. Default: `epoch_eval_schedule` of the config's

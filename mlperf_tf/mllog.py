@@ -57,7 +57,8 @@ class MLPerfLogger:
         for handler in self._handlers:
             py_logger.addHandler(handler)
         self._py_logger = py_logger
-        # stack offset 2: report the caller of event()/start()/end(), not this module.
+        # stack offset 2: report the caller of event()/start()/end(), not this module
+        # (`_record` passes its own, one deeper).
         self._mllogger = mllog.MLLogger(
             logger=py_logger, default_stack_offset=2, root_dir=re.escape(_REPO_ROOT)
         )
@@ -72,10 +73,7 @@ class MLPerfLogger:
         self, key: str, value: Any = None, metadata: dict | None = None, *, _depth: int = 0
     ) -> None:
         """Logs a point-in-time event (`event_type: POINT_IN_TIME`)."""
-        self._check_host(key)
-        if self.enabled:
-            self._mllogger.event(key=key, value=value, metadata=metadata, stack_offset=2 + _depth)
-            self._flush()
+        self._record("event", key, _depth, value=value, metadata=metadata)
 
     def start(
         self,
@@ -90,12 +88,7 @@ class MLPerfLogger:
 
         `time_ms` overrides the line's time (a resumed run re-logs its first `run_start`).
         """
-        self._check_host(key)
-        if self.enabled:
-            self._mllogger.start(
-                key=key, value=value, metadata=metadata, time_ms=time_ms, stack_offset=2 + _depth
-            )
-            self._flush()
+        self._record("start", key, _depth, value=value, metadata=metadata, time_ms=time_ms)
 
     def comment(self, text: str) -> None:
         """Writes `# text` as its own line: not an MLPerf record (the official parser skips it)."""
@@ -107,9 +100,15 @@ class MLPerfLogger:
         self, key: str, value: Any = None, metadata: dict | None = None, *, _depth: int = 0
     ) -> None:
         """Logs the end of an interval (`INTERVAL_END`), e.g. `run_stop`."""
+        self._record("end", key, _depth, value=value, metadata=metadata)
+
+    def _record(self, kind: str, key: str, depth: int, **fields) -> None:
+        """Writes one line by `MLLogger`'s method `kind` ("event", "start" or "end"), from the
+        host only. Its `file`/`lineno` name the caller of the public method, `depth` frames
+        further up for the helpers of this class (stack offset 3: past this method and it)."""
         self._check_host(key)
         if self.enabled:
-            self._mllogger.end(key=key, value=value, metadata=metadata, stack_offset=2 + _depth)
+            getattr(self._mllogger, kind)(key=key, stack_offset=3 + depth, **fields)
             self._flush()
 
     def _flush(self) -> None:

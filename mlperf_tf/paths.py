@@ -1,6 +1,7 @@
 """Provides the default locations of the suite's offline mini datasets and user caches, and the
 one way every command tries its output paths and opens its input files before any work."""
 
+import contextlib
 import os
 import stat
 import uuid
@@ -71,6 +72,24 @@ def _remove_folders(created: list[str]) -> None:
             pass  # something else wrote into it meanwhile: leave it
 
 
+@contextlib.contextmanager
+def _trial_folders(folder: str, failure: str):
+    """Creates `folder` and its missing parents for the body, and removes those it created
+    afterwards, however the body ends: a tried path leaves no trace.
+
+    Raises:
+      UserError: `failure: <reason>` when a folder cannot be created.
+    """
+    try:
+        created = _make_folders(folder)
+    except OSError as e:
+        raise UserError(f"{failure}: {_reason(e)}") from None
+    try:
+        yield
+    finally:
+        _remove_folders(created)
+
+
 def _write_probe(folder: str) -> None:
     """Writes and removes a uniquely named file in `folder` (raises OSError if it cannot)."""
     probe = os.path.join(folder, f"{_PROBE}{os.getpid()}_{uuid.uuid4().hex[:8]}")
@@ -103,16 +122,11 @@ def try_output_dir(path: str, flag: str) -> None:
         raise UserError(f"{flag}: no folder given")
     if os.path.lexists(path) and not os.path.isdir(path):
         raise UserError(f"{flag}={path!r} is a file, not a folder")
-    try:
-        created = _make_folders(path)
-    except OSError as e:
-        raise UserError(f"{flag}={path!r}: cannot create the folder: {_reason(e)}") from None
-    try:
-        _write_probe(path)
-    except OSError as e:
-        raise UserError(f"{flag}={path!r}: cannot write in the folder: {_reason(e)}") from None
-    finally:
-        _remove_folders(created)
+    with _trial_folders(path, f"{flag}={path!r}: cannot create the folder"):
+        try:
+            _write_probe(path)
+        except OSError as e:
+            raise UserError(f"{flag}={path!r}: cannot write in the folder: {_reason(e)}") from None
 
 
 def try_output_file(path: str, flag: str) -> None:
@@ -138,18 +152,28 @@ def try_output_file(path: str, flag: str) -> None:
         if not stat.S_ISREG(info.st_mode):
             raise UserError(f"{flag}={path!r} is not a regular file (a FIFO, device or socket)")
     folder = os.path.dirname(os.path.abspath(path))
+    with _trial_folders(folder, f"{flag}={path!r}: cannot create its folder"):
+        try:
+            _write_probe(folder)
+            if os.path.exists(path):
+                os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC))
+        except OSError as e:
+            raise UserError(f"{flag}={path!r}: cannot write: {_reason(e)}") from None
+
+
+@contextlib.contextmanager
+def _input_errors(path: str, flag: str, wrong_kind: type[OSError], wrong_kind_says: str):
+    """Turns an `OSError` of reaching the input `path` into one `DataError` line naming `flag`:
+    missing, of the wrong kind (`wrong_kind`, e.g. `IsADirectoryError` where a file is needed:
+    the line says `wrong_kind_says`), or unreadable (the reason)."""
     try:
-        created = _make_folders(folder)
+        yield
+    except FileNotFoundError:
+        raise DataError(f"{flag}={path!r} does not exist") from None
+    except wrong_kind:
+        raise DataError(f"{flag}={path!r} {wrong_kind_says}") from None
     except OSError as e:
-        raise UserError(f"{flag}={path!r}: cannot create its folder: {_reason(e)}") from None
-    try:
-        _write_probe(folder)
-        if os.path.exists(path):
-            os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC))
-    except OSError as e:
-        raise UserError(f"{flag}={path!r}: cannot write: {_reason(e)}") from None
-    finally:
-        _remove_folders(created)
+        raise DataError(f"{flag}={path!r} cannot be read: {_reason(e)}") from None
 
 
 def open_input(path: str, flag: str, *, binary: bool = False, encoding: str = "utf-8"):
@@ -165,14 +189,8 @@ def open_input(path: str, flag: str, *, binary: bool = False, encoding: str = "u
     """
     if not path:
         raise UserError(f"{flag}: no file given")
-    try:
+    with _input_errors(path, flag, IsADirectoryError, "is a folder; name a file"):
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise DataError(f"{flag}={path!r} does not exist") from None
-    except IsADirectoryError:
-        raise DataError(f"{flag}={path!r} is a folder; name a file") from None
-    except OSError as e:
-        raise DataError(f"{flag}={path!r} cannot be read: {_reason(e)}") from None
     try:
         mode = os.fstat(fd).st_mode
         if stat.S_ISDIR(mode):
@@ -212,12 +230,8 @@ def check_input_dir(path: str, flag: str) -> None:
     """
     if not path:
         raise UserError(f"{flag}: no folder given")
-    try:
-        with os.scandir(path) as entries:
-            next(entries, None)
-    except FileNotFoundError:
-        raise DataError(f"{flag}={path!r} does not exist") from None
-    except NotADirectoryError:
-        raise DataError(f"{flag}={path!r} is not a folder") from None
-    except OSError as e:
-        raise DataError(f"{flag}={path!r} cannot be read: {_reason(e)}") from None
+    with (
+        _input_errors(path, flag, NotADirectoryError, "is not a folder"),
+        os.scandir(path) as entries,
+    ):
+        next(entries, None)

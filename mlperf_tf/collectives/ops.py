@@ -203,21 +203,8 @@ class Collectives:
 
     def differentiable_all_reduce(self, x, members: list[int], name: str):
         """`all_reduce`, with its gradient: the all-reduce of the upstream gradient over
-        `members` (TF registers no gradient for `CollectiveReduceV2`).
-
-        Each backward pass of one forward op gets its own instance (`name/grad0`, `/grad1`,
-        ...), so a gradient taken twice in one step does not reuse a key in the same frame.
-        """
-        backward_calls = itertools.count()
-
-        @tf.custom_gradient
-        def summed(t):
-            def grad(upstream):
-                return self.all_reduce(upstream, members, f"{name}/grad{next(backward_calls)}")
-
-            return self.all_reduce(t, members, name), grad
-
-        return summed(x)
+        `members` (TF registers no gradient for `CollectiveReduceV2`)."""
+        return self._self_adjoint(self.all_reduce, x, members, name)
 
     def reduce_scatter(self, x, members: list[int], name: str):
         """Row `rank` of the sum of `x` ([n, k]) over `members`, as a [k] tensor.
@@ -260,17 +247,27 @@ class Collectives:
     def differentiable_all_to_all(self, x, members: list[int], name: str):
         """`all_to_all` with its gradient: the all-to-all of the upstream gradient over the same
         members (the exchange is its own inverse: row j of rank i goes to row i of rank j, and
-        back). Each backward call gets its own instance (`name/grad0`, ...)."""
+        back)."""
+        return self._self_adjoint(self.all_to_all, x, members, name)
+
+    def _self_adjoint(self, collective, x, members: list[int], name: str):
+        """`collective(x)` with a gradient: the same collective of the upstream gradient over
+        the same members (a sum and an exchange are their own adjoints, and TF registers no
+        gradient for either op).
+
+        Each backward pass of one forward op gets its own instance (`name/grad0`, `/grad1`,
+        ...), so a gradient taken twice in one step does not reuse a key in the same frame.
+        """
         backward_calls = itertools.count()
 
         @tf.custom_gradient
-        def exchanged(t):
+        def forward(t):
             def grad(upstream):
-                return self.all_to_all(upstream, members, f"{name}/grad{next(backward_calls)}")
+                return collective(upstream, members, f"{name}/grad{next(backward_calls)}")
 
-            return self.all_to_all(t, members, name), grad
+            return collective(t, members, name), grad
 
-        return exchanged(x)
+        return forward(x)
 
     def all_gather(self, x, members: list[int], name: str):
         """`x` ([k]) of every member, concatenated in rank order: [n * k]; sends (n-1) x's bytes

@@ -382,30 +382,22 @@ class CrossReplicaBatchNormalization(keras.layers.BatchNormalization):
         beta = tf.cast(self.beta, stats_dtype) if self.center else tf.zeros([channels], stats_dtype)
         moving_mean = tf.cast(self.moving_mean, stats_dtype)
         moving_variance = tf.cast(self.moving_variance, stats_dtype)
-        if not training:
-            outputs = tf.raw_ops.FusedBatchNormV3(
-                x=x,
-                scale=gamma,
-                offset=beta,
-                mean=moving_mean,
-                variance=moving_variance,
-                epsilon=self.epsilon,
-                data_format="NHWC",
-                is_training=False,
-            )[0]
-            return ops.cast(outputs, self.compute_dtype)
+        # Inference normalizes by the moving statistics; training passes none (empty tensors)
+        # and gets the batch's back.
         empty = tf.zeros([0], stats_dtype)
         outputs, mean, unbiased_variance = tf.raw_ops.FusedBatchNormV3(
             x=x,
             scale=gamma,
             offset=beta,
-            mean=empty,
-            variance=empty,
+            mean=empty if training else moving_mean,
+            variance=empty if training else moving_variance,
             epsilon=self.epsilon,
             exponential_avg_factor=1.0,
             data_format="NHWC",
-            is_training=True,
+            is_training=training,
         )[:3]  # [b, h, w, c], [c], [c]
+        if not training:
+            return ops.cast(outputs, self.compute_dtype)
         # The kernel scales the variance by n / max(n - 1, 1); Keras' moving variance is biased.
         n = tf.cast(tf.size(x) // channels, stats_dtype)
         variance = unbiased_variance * (tf.maximum(n - 1.0, 1.0) / n)

@@ -85,10 +85,15 @@ class _SlabWindow:
         config["layout"] = SpatialLayout.from_config(config["layout"])
         return cls(**config)
 
-    def _halo_input(self, x, *, kernel, stride, dilation, edge_value):
+    def _window(self) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
+        """The window op's (kernel, stride, dilation), each (rows, columns)."""
+        raise NotImplementedError
+
+    def _halo_input(self, x, *, edge_value):
         """`x` ([b, h, w, c], a tile; or the whole image when K = L = 1) with its halo rows,
         then its halo columns (of the row-extended tile: the corners come along) or padding:
         what a 'valid' window op turns into this tile's part of the whole op."""
+        kernel, stride, dilation = self._window()
         group = None
         for axis, parts in ((1, self.layout.row_parts), (2, self.layout.col_parts)):
             size = x.shape[axis] * parts  # the whole image's (axis 1: before extending)
@@ -114,7 +119,8 @@ class _SlabWindow:
                 x = tf.pad(x, pads, constant_values=edge_value)
         return x
 
-    def _slab_output_shape(self, input_shape, *, kernel, stride, dilation, channels):
+    def _slab_output_shape(self, input_shape, *, channels):
+        kernel, stride, dilation = self._window()
         out = [input_shape[0]]
         for axis, parts in ((1, self.layout.row_parts), (2, self.layout.col_parts)):
             k, s, d = kernel[axis - 1], stride[axis - 1], dilation[axis - 1]
@@ -157,24 +163,14 @@ class HaloConv2D(_SlabWindow, keras.layers.Conv2D):
         self.pad = padding
         self.spatial_group = AxisGroup("spatial", owner=self, mesh=layout.mesh)
 
+    def _window(self):
+        return self.kernel_size, self.strides, self.dilation_rate
+
     def call(self, inputs):
-        x = self._halo_input(
-            inputs,
-            kernel=self.kernel_size,
-            stride=self.strides,
-            dilation=self.dilation_rate,
-            edge_value=0.0,
-        )
-        return super().call(x)
+        return super().call(self._halo_input(inputs, edge_value=0.0))
 
     def compute_output_shape(self, input_shape):
-        return self._slab_output_shape(
-            input_shape,
-            kernel=self.kernel_size,
-            stride=self.strides,
-            dilation=self.dilation_rate,
-            channels=self.filters,
-        )
+        return self._slab_output_shape(input_shape, channels=self.filters)
 
 
 @keras.saving.register_keras_serializable(package="mlperf_tf")
@@ -199,21 +195,15 @@ class HaloMaxPooling2D(_SlabWindow, keras.layers.MaxPooling2D):
         self.pad = padding
         self.spatial_group = AxisGroup("spatial", owner=self, mesh=layout.mesh)
 
+    def _window(self):
+        return self.pool_size, self.strides, (1, 1)
+
     def call(self, inputs):
         edge = 0.0 if isinstance(self.pad, int) else float(inputs.dtype.min)
-        x = self._halo_input(
-            inputs, kernel=self.pool_size, stride=self.strides, dilation=(1, 1), edge_value=edge
-        )
-        return super().call(x)
+        return super().call(self._halo_input(inputs, edge_value=edge))
 
     def compute_output_shape(self, input_shape):
-        return self._slab_output_shape(
-            input_shape,
-            kernel=self.pool_size,
-            stride=self.strides,
-            dilation=(1, 1),
-            channels=input_shape[-1],
-        )
+        return self._slab_output_shape(input_shape, channels=input_shape[-1])
 
 
 class _LayoutLayer(keras.layers.Layer):

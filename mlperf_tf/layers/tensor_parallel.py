@@ -36,7 +36,7 @@ import tensorflow as tf
 from mlperf_tf.collectives.axis_group import AxisGroup
 from mlperf_tf.layers.matmul import token_matmul
 from mlperf_tf.parallel.context import resolve
-from mlperf_tf.parallel.layout import REPLICATED, add_split_weight, model_split
+from mlperf_tf.parallel.layout import REPLICATED, Layout, add_split_weight, model_split
 from mlperf_tf.parallel.mesh import DeviceMesh
 
 
@@ -62,80 +62,29 @@ def _bias_initializer(initializer):
     return keras.initializers.get(initializer)
 
 
-class ColumnParallelDense(keras.layers.Layer):
-    """`Dense` whose output features are split over `model`: kernel [in, units/M], bias [units/M].
+class _SplitDense(keras.layers.Layer):
+    """What the two Megatron projections share: a `Dense`-like kernel [in, units] and bias
+    [units] made as `mlperf_tf.parallel.layout` shards of the subclass's `kernel_layout` and
+    `bias_layout` over `model`."""
 
-    Collectives: f (`ModelAxis.copy`) on the input unless `copy_input=False` (the block applied
-    it once for several projections): none forward, one all-reduce of the input gradient over
-    `model` backward. The output is this shard's [..., units/M].
-    """
+    kernel_layout: Layout
+    bias_layout: Layout
 
     def __init__(
         self,
         units: int,
         *,
         mesh: DeviceMesh | None = None,
-        activation=None,
         use_bias: bool = True,
         kernel_initializer="glorot_uniform",
         bias_initializer="zeros",
-        copy_input: bool = True,
         **kwargs,
     ):
         super().__init__(**kwargs)
         self.units = units
         self.mesh = resolve(mesh)
-        self.activation = keras.activations.get(activation)
         self.use_bias = use_bias
         # Built here, as Dense builds its initializers, so the seeds drawn are the same.
-        self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.bias_initializer = _bias_initializer(bias_initializer)
-        self.copy_input = copy_input
-        self.axis = ModelAxis(mesh, self)
-
-    def build(self, input_shape):
-        self.kernel = add_split_weight(
-            self, name="kernel", shape=(input_shape[-1], self.units),
-            initializer=self.kernel_initializer, layout=model_split(1), mesh=self.mesh,
-        )  # fmt: skip
-        if self.use_bias:
-            self.bias = add_split_weight(
-                self, name="bias", shape=(self.units,), initializer=self.bias_initializer,
-                layout=model_split(0), mesh=self.mesh,
-            )  # fmt: skip
-        super().build(input_shape)
-
-    def call(self, x):
-        if self.copy_input:
-            x = self.axis.copy(x)
-        y = token_matmul(x, tf.cast(self.kernel, self.compute_dtype))
-        if self.use_bias:
-            y = y + tf.cast(self.bias, self.compute_dtype)
-        return self.activation(y) if self.activation is not None else y
-
-
-class RowParallelDense(keras.layers.Layer):
-    """`Dense` whose input features are split over `model`: kernel [in/M, units], bias [units]
-    (replicated, added once after the sum).
-
-    Collectives: g (`ModelAxis.reduce`): one all-reduce of the [..., units] partial products
-    over `model` forward, none backward. The input is this shard's [..., in/M].
-    """
-
-    def __init__(
-        self,
-        units: int,
-        *,
-        mesh: DeviceMesh | None = None,
-        use_bias: bool = True,
-        kernel_initializer="glorot_uniform",
-        bias_initializer="zeros",
-        **kwargs,
-    ):
-        super().__init__(**kwargs)
-        self.units = units
-        self.mesh = resolve(mesh)
-        self.use_bias = use_bias
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = _bias_initializer(bias_initializer)
         self.axis = ModelAxis(mesh, self)
@@ -144,20 +93,56 @@ class RowParallelDense(keras.layers.Layer):
         """`input_shape`: the whole input's shape ([..., in]), not the shard's."""
         self.kernel = add_split_weight(
             self, name="kernel", shape=(input_shape[-1], self.units),
-            initializer=self.kernel_initializer, layout=model_split(0), mesh=self.mesh,
+            initializer=self.kernel_initializer, layout=self.kernel_layout, mesh=self.mesh,
         )  # fmt: skip
         if self.use_bias:
             self.bias = add_split_weight(
                 self, name="bias", shape=(self.units,), initializer=self.bias_initializer,
-                layout=REPLICATED, mesh=self.mesh,
+                layout=self.bias_layout, mesh=self.mesh,
             )  # fmt: skip
         super().build(input_shape)
 
+    def _add_bias(self, y):
+        return y + tf.cast(self.bias, self.compute_dtype) if self.use_bias else y
+
+
+class ColumnParallelDense(_SplitDense):
+    """`Dense` whose output features are split over `model`: kernel [in, units/M], bias [units/M].
+
+    Collectives: f (`ModelAxis.copy`) on the input unless `copy_input=False` (the block applied
+    it once for several projections): none forward, one all-reduce of the input gradient over
+    `model` backward. The output is this shard's [..., units/M].
+    """
+
+    kernel_layout = model_split(1)
+    bias_layout = model_split(0)
+
+    def __init__(self, units: int, *, activation=None, copy_input: bool = True, **kwargs):
+        super().__init__(units, **kwargs)
+        self.activation = keras.activations.get(activation)
+        self.copy_input = copy_input
+
+    def call(self, x):
+        if self.copy_input:
+            x = self.axis.copy(x)
+        y = self._add_bias(token_matmul(x, tf.cast(self.kernel, self.compute_dtype)))
+        return self.activation(y) if self.activation is not None else y
+
+
+class RowParallelDense(_SplitDense):
+    """`Dense` whose input features are split over `model`: kernel [in/M, units], bias [units]
+    (replicated, added once after the sum).
+
+    Collectives: g (`ModelAxis.reduce`): one all-reduce of the [..., units] partial products
+    over `model` forward, none backward. The input is this shard's [..., in/M].
+    """
+
+    kernel_layout = model_split(0)
+    bias_layout = REPLICATED
+
     def call(self, x):
         y = self.axis.reduce(token_matmul(x, tf.cast(self.kernel, self.compute_dtype)))
-        if self.use_bias:
-            y = y + tf.cast(self.bias, self.compute_dtype)
-        return y
+        return self._add_bias(y)
 
 
 def vocab_parallel_lookup(table, ids, axis: ModelAxis):

@@ -588,7 +588,9 @@ class Controller:
             reseeded = dataclasses.replace(context, seed=cfg.seed + self.step)
             self.benchmark = self.benchmark.with_context(reseeded)
         self.mllog.log_hparams(
-            rounds.adapt_hparams(self.benchmark.renamed_keys, self.ruleset, self._hparams())
+            rounds.adapt_hparams(
+                self.benchmark.renamed_keys, self.ruleset, self.benchmark.logged_hparams()
+            )
         )
         self._build_loops()
         self.start_step = self.step
@@ -672,20 +674,6 @@ class Controller:
         )
         if isinstance(self.summer, collectives.GradientSummer):
             collectives.record_choices(self.summer, cfg.model_dir, chief=self.chief)
-
-    def _hparams(self) -> dict:
-        benchmark = self.benchmark
-        hparams = {
-            C.GLOBAL_BATCH_SIZE: benchmark.config.global_batch_size,
-            C.GRADIENT_ACCUMULATION_STEPS: benchmark.config.gradient_accumulation_steps,
-        }
-        hparams.update(benchmark.mlperf_hparams())
-        hparams.setdefault(C.TRAIN_SAMPLES, benchmark.train_samples())
-        hparams.setdefault(C.EVAL_SAMPLES, benchmark.eval_samples())
-        # The round-level disclosure keys, for every benchmark (dropped for rounds before them).
-        for key, value in benchmark.round_hparams().items():
-            hparams.setdefault(key, value)
-        return hparams
 
     def _build_loops(self) -> None:
         """The datasets, the Trainer and Evaluator, the schedule and the action list."""

@@ -454,18 +454,8 @@ def allreduce_cost(
             )
         return cost
     if system.kind == "switched":
-        fn = (
-            collectives.hierarchical_allreduce
-            if algorithm == "hierarchical"
-            else collectives.flat_ring_allreduce
-        )
-        return fn(
-            nbytes,
-            gpus_per_node=layout.chips_per_node,
-            nodes=layout.nodes,
-            intra=system.link,
-            inter=system.network,
-        )
+        per_node, nodes = layout.chips_per_node, layout.nodes
+        return parallelism.switched_allreduce(system, nbytes, per_node, nodes, algorithm)
     return collectives.ring_allreduce(nbytes, layout.chips, system.link)
 
 

@@ -79,16 +79,27 @@ def _group_ring(system: System, layout: Layout, size: int) -> tuple[collectives.
     return system.link, False, 1
 
 
+def switched_allreduce(
+    system: System, nbytes: float, per_node: int, nodes: int, algorithm: str = "hierarchical"
+) -> collectives.Cost:
+    """All-reduce of `nbytes` per chip over `nodes` nodes of `per_node` chips of a switched
+    `system` (its `link` inside a node, its `network` across): NCCL's "hierarchical" form, or
+    any other `algorithm` as one flat ring through every chip."""
+    fn = (
+        collectives.hierarchical_allreduce
+        if algorithm == "hierarchical"
+        else collectives.flat_ring_allreduce
+    )
+    return fn(nbytes, gpus_per_node=per_node, nodes=nodes, intra=system.link, inter=system.network)
+
+
 def group_allreduce(system: System, layout: Layout, size: int, nbytes: float) -> collectives.Cost:
     """All-reduce of `nbytes` per chip over a group of `size` consecutive chips."""
     if size <= 1:
         return collectives.ZERO
     if system.kind == "switched" and size > layout.chips_per_node:
         per_node = layout.chips_per_node
-        return collectives.hierarchical_allreduce(
-            nbytes, gpus_per_node=per_node, nodes=size // per_node, intra=system.link,
-            inter=system.network,
-        )  # fmt: skip
+        return switched_allreduce(system, nbytes, per_node, size // per_node)
     link, both, _ = _group_ring(system, layout, size)
     return collectives.ring_allreduce(nbytes, size, link, bidirectional=both)
 
