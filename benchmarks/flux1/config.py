@@ -352,7 +352,7 @@ def smoke() -> FluxConfig:
         eval_examples=32,
         max_epochs=1.0,
         quality_target=TARGET_EVAL_LOSS,
-        model=tiny(in_channels=16, vec=8, context=16),
+        model=tiny(),
         optimizer=OptimizerConfig(opt_base_learning_rate=1e-3, opt_learning_rate_warmup_steps=2),
         data=DataConfig(
             image_size=8,

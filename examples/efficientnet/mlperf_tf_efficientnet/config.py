@@ -152,16 +152,14 @@ def mlperf() -> EfficientNetConfig:
         eval_batch_size=65536,
         max_epochs=350.0,
         quality_target=0.83,
-        eval_every_epochs=4,
         eval_offset_epochs=0,
         model=ModelConfig(variant="b5", bn_group_size=2),
+        # ResNet-50's LARS defaults already are the TPU flags' warm-up (5 epochs), epsilon (0)
+        # and label smoothing (0.1), with polynomial power 2; these three differ.
         optimizer=resnet_config.OptimizerConfig(
             lars_opt_base_learning_rate=0.016 * 65536 / 256,
             lars_opt_end_learning_rate=0.0,
-            lars_opt_learning_rate_decay_poly_power=2.0,
-            lars_opt_learning_rate_warmup_epochs=5.0,
             lars_opt_weight_decay=1e-5,
-            lars_epsilon=0.0,
         ),
     )
 
