@@ -8,7 +8,7 @@ import os
 from typing import Literal
 
 from mlperf_tf import paths
-from mlperf_tf.config import BenchmarkConfig, ConfigError, require
+from mlperf_tf.config import SMOKE_BATCH, BenchmarkConfig, ConfigError, require, smoke_sizes
 from mlperf_tf.optimizers import registry
 
 # MLPerf's rule for the BERT eval cadence, in training samples (see README.md, "Evaluation").
@@ -290,17 +290,11 @@ def smoke() -> BertConfig:
     Hardware: any CPU. Expected: well under a minute; the accuracy is meaningless (random data).
     """
     return BertConfig(
-        global_batch_size=8,
-        eval_batch_size=8,
-        train_examples=8 * 6,
-        eval_examples=16,
-        max_epochs=1.0,
-        quality_target=0.99,
+        **smoke_sizes(eval_batch_size=8, eval_examples=16, quality_target=0.99),
         model=dataclasses.replace(
             bert_tiny(128), hidden_size=32, intermediate_size=64, max_position_embeddings=32
         ),
         optimizer=small_lamb(learning_rate=1e-3, warmup_steps=2),
         data=DataConfig(max_seq_length=32, max_predictions_per_seq=5),
-        data_dir="",
-        eval_every_samples=8 * 3,
+        eval_every_samples=SMOKE_BATCH * 3,
     )

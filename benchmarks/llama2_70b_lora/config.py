@@ -18,7 +18,15 @@ import math
 import os
 
 from mlperf_tf import paths, rcps
-from mlperf_tf.config import BenchmarkConfig, ConfigError, require, require_adamw
+from mlperf_tf.config import (
+    SMOKE_BATCH,
+    SMOKE_STEPS,
+    BenchmarkConfig,
+    ConfigError,
+    require,
+    require_adamw,
+    smoke_sizes,
+)
 from mlperf_tf.layers.lora import LoraConfig
 from mlperf_tf.lm.config import MINI_SHAPE, DecoderConfig
 from mlperf_tf.optimizers import registry
@@ -309,16 +317,10 @@ def smoke() -> LoraBenchmarkConfig:
     Hardware: any CPU. Expected: well under a minute; the loss is meaningless.
     """
     return LoraBenchmarkConfig(
-        global_batch_size=8,
-        eval_batch_size=16,
-        train_examples=8 * 6,
-        eval_examples=16,
-        max_epochs=1.0,
-        quality_target=TARGET_EVAL_LOSS,
+        **smoke_sizes(eval_batch_size=16, eval_examples=16, quality_target=TARGET_EVAL_LOSS),
         model=tiny(128),
-        optimizer=OptimizerConfig(opt_learning_rate_training_steps=6),
+        optimizer=OptimizerConfig(opt_learning_rate_training_steps=SMOKE_STEPS),
         data=DataConfig(max_sequence_length=32),
-        data_dir="",
-        eval_every_samples=8 * 3,
+        eval_every_samples=SMOKE_BATCH * 3,
         skipped_evals=0,
     )
