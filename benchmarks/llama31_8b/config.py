@@ -155,7 +155,7 @@ def mini() -> LlamaConfig:
             max_position_embeddings=MINI_SEQ_LENGTH,
         ),
         # Not fixed by the rules: the BS-128 RCP's peak LR suits this small model better than
-        # BS 16's 4e-4; 100 warm-up steps.
+        # BS 16's 4e-4; 50 warm-up steps.
         optimizer=OptimizerConfig(opt_base_learning_rate=2e-3, opt_learning_rate_warmup_steps=50),
         data=DataConfig(max_sequence_length=MINI_SEQ_LENGTH, shuffle_buffer=4096),
         data_dir=c4.mini_data_dir(),
