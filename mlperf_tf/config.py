@@ -183,6 +183,28 @@ class BenchmarkConfig:
         return max(1, self.train_examples // self.global_batch_size)
 
 
+# A sample-scheduled `smoke` preset's budget: one epoch of this many steps of this batch.
+SMOKE_BATCH = 8
+SMOKE_STEPS = 6
+
+
+def smoke_sizes(
+    *, eval_batch_size: int, eval_examples: int, quality_target: float
+) -> dict[str, Any]:
+    """The `BenchmarkConfig` sizes of a `smoke` preset that counts samples: one epoch of
+    `SMOKE_STEPS` steps of `SMOKE_BATCH` synthetic examples (no `data_dir`), so that each such
+    preset runs the same few steps; the benchmark gives its eval batch, eval set and target."""
+    return {
+        "global_batch_size": SMOKE_BATCH,
+        "eval_batch_size": eval_batch_size,
+        "train_examples": SMOKE_BATCH * SMOKE_STEPS,
+        "eval_examples": eval_examples,
+        "max_epochs": 1.0,
+        "quality_target": quality_target,
+        "data_dir": "",
+    }
+
+
 def field_paths(config: Any, prefix: str = "") -> dict[str, Any]:
     """Maps every leaf field's dotted path (e.g. `optimizer.lars_opt_weight_decay`) to its value."""
     paths = {}

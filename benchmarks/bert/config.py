@@ -8,7 +8,7 @@ import os
 from typing import Literal
 
 from mlperf_tf import paths
-from mlperf_tf.config import BenchmarkConfig, ConfigError, require
+from mlperf_tf.config import SMOKE_BATCH, BenchmarkConfig, ConfigError, require, smoke_sizes
 from mlperf_tf.optimizers import registry
 
 # MLPerf's rule for the BERT eval cadence, in training samples (see README.md, "Evaluation").
@@ -103,7 +103,8 @@ def model_config_from_json(path: str) -> ModelConfig:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class OptimizerConfig:
-    """LAMB and its learning-rate schedule; fields are named after their MLPerf log keys.
+    """LAMB and its learning-rate schedule; fields are named after their MLPerf log keys, and
+    the defaults are the MLPerf reference's (the `mlperf` preset's).
 
     The schedule is the MLPerf reference's (optimization.py): a polynomial decay of
     `opt_base_learning_rate` to 0 over `opt_learning_rate_training_steps`, overridden during
@@ -215,21 +216,27 @@ def mlperf() -> BertConfig:
         max_epochs=1.0,
         quality_target=0.712,
         model=bert_large(),
-        optimizer=OptimizerConfig(
-            opt_base_learning_rate=0.00288293,
-            opt_epsilon=1e-6,
-            opt_lamb_beta_1=0.88,
-            opt_lamb_beta_2=0.88,
-            opt_lamb_weight_decay_rate=0.0166629,
-            opt_learning_rate_training_steps=560,
-            num_warmup_steps=287,
-            start_warmup_step=-76,
-        ),
+        # The reference's LAMB (OptimizerConfig's defaults) decaying over its 560 steps.
+        optimizer=OptimizerConfig(opt_learning_rate_training_steps=560),
         data=DataConfig(max_seq_length=512, max_predictions_per_seq=76),
         # The MLPerf TFRecords (train/part-*, eval/eval_10k) made by the reference scripts;
         # they cannot be made offline, so there is no prepare step for them here.
         data_dir=os.path.join(paths.data_root(), "bert-wiki"),
         eval_rule="v0.7",
+    )
+
+
+def small_lamb(*, learning_rate: float, warmup_steps: int) -> OptimizerConfig:
+    """LAMB of the `mini` and `smoke` presets: the common betas 0.9/0.999 and weight decay 0.01
+    (the reference's 0.88/0.88 and 0.0166629 are tuned for batch 8,192), a warm-up of
+    `warmup_steps` from step 0 and the decay over the run's step budget."""
+    return OptimizerConfig(
+        opt_base_learning_rate=learning_rate,
+        opt_lamb_beta_1=0.9,
+        opt_lamb_beta_2=0.999,
+        opt_lamb_weight_decay_rate=0.01,
+        num_warmup_steps=warmup_steps,
+        start_warmup_step=0,
     )
 
 
@@ -265,16 +272,7 @@ def mini() -> BertConfig:
             hidden_dropout_prob=0.0,
             attention_probs_dropout_prob=0.0,
         ),
-        optimizer=OptimizerConfig(
-            opt_base_learning_rate=0.01,
-            opt_epsilon=1e-6,
-            opt_lamb_beta_1=0.9,
-            opt_lamb_beta_2=0.999,
-            opt_lamb_weight_decay_rate=0.01,
-            opt_learning_rate_training_steps=0,
-            num_warmup_steps=100,
-            start_warmup_step=0,
-        ),
+        optimizer=small_lamb(learning_rate=0.01, warmup_steps=100),
         data=DataConfig(
             max_seq_length=MINI_SEQ_LENGTH,
             max_predictions_per_seq=MINI_MAX_PREDICTIONS,
@@ -292,24 +290,11 @@ def smoke() -> BertConfig:
     Hardware: any CPU. Expected: well under a minute; the accuracy is meaningless (random data).
     """
     return BertConfig(
-        global_batch_size=8,
-        eval_batch_size=8,
-        train_examples=8 * 6,
-        eval_examples=16,
-        max_epochs=1.0,
-        quality_target=0.99,
+        **smoke_sizes(eval_batch_size=8, eval_examples=16, quality_target=0.99),
         model=dataclasses.replace(
             bert_tiny(128), hidden_size=32, intermediate_size=64, max_position_embeddings=32
         ),
-        optimizer=OptimizerConfig(
-            opt_base_learning_rate=1e-3,
-            opt_lamb_beta_1=0.9,
-            opt_lamb_beta_2=0.999,
-            opt_lamb_weight_decay_rate=0.01,
-            num_warmup_steps=2,
-            start_warmup_step=0,
-        ),
+        optimizer=small_lamb(learning_rate=1e-3, warmup_steps=2),
         data=DataConfig(max_seq_length=32, max_predictions_per_seq=5),
-        data_dir="",
-        eval_every_samples=8 * 3,
+        eval_every_samples=SMOKE_BATCH * 3,
     )

@@ -18,7 +18,14 @@ import os
 import numpy as np
 
 from mlperf_tf import paths, rcps
-from mlperf_tf.config import BenchmarkConfig, ConfigError, require, require_adamw
+from mlperf_tf.config import (
+    SMOKE_BATCH,
+    BenchmarkConfig,
+    ConfigError,
+    require,
+    require_adamw,
+    smoke_sizes,
+)
 
 # What the closed rules of 5.1.0-6.1.0 and the reference fix.
 TRAIN_SAMPLES = 1_099_776  # the CC12M subset (text_to_image/README.md)
@@ -346,13 +353,8 @@ def smoke() -> FluxConfig:
     Hardware: any CPU. Expected: well under a minute; the loss is meaningless.
     """
     return FluxConfig(
-        global_batch_size=8,
-        eval_batch_size=16,
-        train_examples=8 * 6,
-        eval_examples=32,
-        max_epochs=1.0,
-        quality_target=TARGET_EVAL_LOSS,
-        model=tiny(in_channels=16, vec=8, context=16),
+        **smoke_sizes(eval_batch_size=16, eval_examples=32, quality_target=TARGET_EVAL_LOSS),
+        model=tiny(),
         optimizer=OptimizerConfig(opt_base_learning_rate=1e-3, opt_learning_rate_warmup_steps=2),
         data=DataConfig(
             image_size=8,
@@ -362,6 +364,5 @@ def smoke() -> FluxConfig:
             t5_width=16,
             clip_width=8,
         ),  # fmt: skip
-        data_dir="",
-        eval_every_samples=8 * 3,
+        eval_every_samples=SMOKE_BATCH * 3,
     )

@@ -17,7 +17,7 @@ from mlperf_tf import paths
 from mlperf_tf.config import ConfigError
 from mlperf_tf.data import c4
 from mlperf_tf.lm import pretraining
-from mlperf_tf.lm.config import TINY_SHAPE, DecoderConfig
+from mlperf_tf.lm.config import MINI_SHAPE, DecoderConfig
 from mlperf_tf.lm.pretraining import MAX_STEPS_DEFAULT, PretrainingOptimizerConfig
 from mlperf_tf.spmd import MoEConfig
 
@@ -76,11 +76,12 @@ class ModelConfig(DecoderConfig):
     the reference writes it as the list `REFERENCE_WINDOW_PATTERN`, which 2 equals (tested).
     """
 
+    # Where GPT-OSS 20B differs from DecoderConfig's defaults (its 8 key/value heads and untied
+    # embeddings are the base's too).
     vocab_size: int = 128_256
     hidden_size: int = 2880
     num_hidden_layers: int = 24
     num_attention_heads: int = 64
-    num_key_value_heads: int = 8
     head_dim: int = 64
     intermediate_size: int = 2880
     rms_norm_eps: float = 1e-6
@@ -90,7 +91,6 @@ class ModelConfig(DecoderConfig):
     qk_norm: bool = True
     sliding_window: int = 129
     window_skip_freq: int = 2
-    tie_word_embeddings: bool = False
     moe: MoEConfig = REFERENCE_MOE
 
     def __post_init__(self):
@@ -109,12 +109,10 @@ def gpt_oss_20b() -> ModelConfig:
 
 def tiny(vocab_size: int = 128) -> ModelConfig:
     """A 2-layer GPT-OSS for tests and `smoke` (GQA 4/2 heads of 8, 4 experts top-2, window 5)."""
-    return ModelConfig(
-        **TINY_SHAPE,
-        vocab_size=vocab_size,
+    return ModelConfig.tiny(
+        vocab_size,
         intermediate_size=32,
         sliding_window=5,
-        max_position_embeddings=256,
         moe=dataclasses.replace(REFERENCE_MOE, num_experts=4, top_k=2, filter_size=32),
     )
 
@@ -225,12 +223,9 @@ def mini() -> GptOssConfig:
             batch=batch, eval_batch=64, train_steps=MINI_TRAIN_STEPS, target=TARGET_LOG_PERPLEXITY
         ),
         model=ModelConfig(
+            **MINI_SHAPE,
             vocab_size=c4.MINI_VOCAB_SIZE,
-            hidden_size=256,
             num_hidden_layers=4,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=64,
             intermediate_size=256,
             sliding_window=33,  # the reference's 129 of 8,192 keys; 33 of 256 keeps it local
             max_position_embeddings=seq,

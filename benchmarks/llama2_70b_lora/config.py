@@ -18,9 +18,17 @@ import math
 import os
 
 from mlperf_tf import paths, rcps
-from mlperf_tf.config import BenchmarkConfig, ConfigError, require, require_adamw
+from mlperf_tf.config import (
+    SMOKE_BATCH,
+    SMOKE_STEPS,
+    BenchmarkConfig,
+    ConfigError,
+    require,
+    require_adamw,
+    smoke_sizes,
+)
 from mlperf_tf.layers.lora import LoraConfig
-from mlperf_tf.lm.config import TINY_SHAPE, DecoderConfig
+from mlperf_tf.lm.config import MINI_SHAPE, DecoderConfig
 from mlperf_tf.optimizers import registry
 
 # What the reference and the closed rules fix.
@@ -57,15 +65,12 @@ class ModelConfig(DecoderConfig):
     `peft_module_casting_to_bf16`); the adapters are float32 under any `--dtype`.
     """
 
-    vocab_size: int = 32_000
+    # Where Llama 2 70B differs from DecoderConfig's defaults, which share its vocabulary
+    # (32,000), GQA 8 key/value heads of 128, RMSNorm eps 1e-5 and RoPE base 10,000.
     hidden_size: int = 8192
     num_hidden_layers: int = 80
     num_attention_heads: int = 64
-    num_key_value_heads: int = 8
-    head_dim: int = 128
     intermediate_size: int = 28_672
-    rms_norm_eps: float = 1e-5
-    rope_theta: float = 10_000.0
     max_position_embeddings: int = SEQUENCE_LENGTH  # the reference forces 8,192
     fused_qkv: bool = True
     base_dtype: str = "bfloat16"
@@ -103,10 +108,7 @@ def llama2_70b() -> ModelConfig:
 
 def tiny(vocab_size: int = 128) -> ModelConfig:
     """A 2-layer Llama for tests and `smoke` (GQA 4/2 heads of 8), float32 base."""
-    return ModelConfig(
-        **TINY_SHAPE, vocab_size=vocab_size, intermediate_size=64, max_position_embeddings=256,
-        base_dtype="float32",
-    )  # fmt: skip
+    return ModelConfig.tiny(vocab_size, intermediate_size=64, base_dtype="float32")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -266,10 +268,13 @@ def mini_model() -> ModelConfig:
     """The mini's base: a 4-layer Llama (hidden 256, GQA 4/2 heads of 64, SwiGLU 512) on a
     1,024-token BPE vocabulary; float32 (bf16 is emulated on these CPUs)."""
     return ModelConfig(
-        vocab_size=MINI_VOCAB_SIZE, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=64, intermediate_size=512,
-        max_position_embeddings=MINI_SEQ_LENGTH, base_dtype="float32",
-    )  # fmt: skip
+        **MINI_SHAPE,
+        vocab_size=MINI_VOCAB_SIZE,
+        num_hidden_layers=4,
+        intermediate_size=512,
+        max_position_embeddings=MINI_SEQ_LENGTH,
+        base_dtype="float32",
+    )
 
 
 def mini() -> LoraBenchmarkConfig:
@@ -312,16 +317,10 @@ def smoke() -> LoraBenchmarkConfig:
     Hardware: any CPU. Expected: well under a minute; the loss is meaningless.
     """
     return LoraBenchmarkConfig(
-        global_batch_size=8,
-        eval_batch_size=16,
-        train_examples=8 * 6,
-        eval_examples=16,
-        max_epochs=1.0,
-        quality_target=TARGET_EVAL_LOSS,
+        **smoke_sizes(eval_batch_size=16, eval_examples=16, quality_target=TARGET_EVAL_LOSS),
         model=tiny(128),
-        optimizer=OptimizerConfig(opt_learning_rate_training_steps=6),
+        optimizer=OptimizerConfig(opt_learning_rate_training_steps=SMOKE_STEPS),
         data=DataConfig(max_sequence_length=32),
-        data_dir="",
-        eval_every_samples=8 * 3,
+        eval_every_samples=SMOKE_BATCH * 3,
         skipped_evals=0,
     )

@@ -17,7 +17,7 @@ from typing import Literal
 from mlperf_tf import paths
 from mlperf_tf.data import c4
 from mlperf_tf.lm import pretraining
-from mlperf_tf.lm.config import TINY_SHAPE, DecoderConfig
+from mlperf_tf.lm.config import MINI_SHAPE, DecoderConfig
 from mlperf_tf.lm.pretraining import MAX_STEPS_DEFAULT, PretrainingOptimizerConfig
 
 # What the closed rules of 5.1.0, 6.0.0 and 6.1.0 fix (closed_llama31_8b.yaml).
@@ -60,13 +60,7 @@ def llama31_8b() -> ModelConfig:
 
 def tiny(vocab_size: int = 128) -> ModelConfig:
     """A 2-layer Llama for tests and `smoke` (GQA 4/2 heads of 8, scaling kept)."""
-    return ModelConfig(
-        **TINY_SHAPE,
-        vocab_size=vocab_size,
-        intermediate_size=64,
-        rope_original_max_position=32,
-        max_position_embeddings=256,
-    )
+    return ModelConfig.tiny(vocab_size, intermediate_size=64, rope_original_max_position=32)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -153,18 +147,15 @@ def mini() -> LlamaConfig:
             batch=batch, eval_batch=64, train_steps=MINI_TRAIN_STEPS, target=MINI_TARGET
         ),
         model=ModelConfig(
+            **MINI_SHAPE,
             vocab_size=MINI_VOCAB_SIZE,
-            hidden_size=256,
             num_hidden_layers=3,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=64,
             intermediate_size=512,
             rope_original_max_position=MINI_SEQ_LENGTH,
             max_position_embeddings=MINI_SEQ_LENGTH,
         ),
         # Not fixed by the rules: the BS-128 RCP's peak LR suits this small model better than
-        # BS 16's 4e-4; 100 warm-up steps.
+        # BS 16's 4e-4; 50 warm-up steps.
         optimizer=OptimizerConfig(opt_base_learning_rate=2e-3, opt_learning_rate_warmup_steps=50),
         data=DataConfig(max_sequence_length=MINI_SEQ_LENGTH, shuffle_buffer=4096),
         data_dir=c4.mini_data_dir(),

@@ -23,6 +23,16 @@ TINY_SHAPE = types.MappingProxyType(
     {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
      "num_key_value_heads": 2, "head_dim": 8}
 )  # fmt: skip
+# The width every language-model benchmark's `mini` preset shares: hidden 256, GQA 4/2 heads of
+# 64 (a benchmark adds its vocabulary, layers, feed-forward and positions).
+MINI_SHAPE = types.MappingProxyType(
+    {
+        "hidden_size": 256,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+    }
+)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -150,6 +160,12 @@ class DecoderConfig:
                 f"`model.window_pattern` ({self.window_pattern!r}) must hold 0 (full attention) "
                 "and 1 (windowed) per layer."
             )
+
+    @classmethod
+    def tiny(cls, vocab_size: int, **changes):
+        """This config class at `TINY_SHAPE` with `vocab_size` and 256 positions: the decoder
+        of the tests and `smoke` presets (`changes` set the rest, e.g. `intermediate_size`)."""
+        return cls(**TINY_SHAPE, vocab_size=vocab_size, max_position_embeddings=256, **changes)
 
     # ---- per layer -----------------------------------------------------------------------------
     def layer_window(self, index: int) -> int:

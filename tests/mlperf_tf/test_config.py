@@ -80,3 +80,11 @@ def test_epoch_schedule_with_offset_numbers_blocks_from_one():
         epoch_eval_schedule(steps_per_epoch=1, max_epochs=1, every_epochs=0)
     with pytest.raises(ValueError, match="offset_epochs"):
         epoch_eval_schedule(steps_per_epoch=1, max_epochs=9, every_epochs=4, offset_epochs=4)
+
+
+def test_smoke_sizes_are_the_shared_few_steps_on_synthetic_data():
+    sizes = config_lib.smoke_sizes(eval_batch_size=4, eval_examples=12, quality_target=0.5)
+    config = BenchmarkConfig(**sizes)
+    assert config.synthetic
+    assert config.steps_per_epoch == config_lib.SMOKE_STEPS
+    assert (config.eval_batch_size, config.eval_examples, config.quality_target) == (4, 12, 0.5)

@@ -116,6 +116,16 @@ class EfficientNetConfig(resnet_config.ResNet50Config):
         return self.image_size or self.model.resolution
 
 
+def from_resnet(
+    preset: resnet_config.ResNet50Config, *, model: ModelConfig, **changes
+) -> EfficientNetConfig:
+    """An EfficientNet config with `model` and every setting of the ResNet-50 config `preset`
+    (sizes, schedule, optimizer, data) but those in `changes`: a preset on ResNet-50's data
+    says only where it differs."""
+    settings = {f.name: getattr(preset, f.name) for f in dataclasses.fields(preset)}
+    return EfficientNetConfig(**{**settings, **changes, "model": model})
+
+
 def mlperf() -> EfficientNetConfig:
     """The large-batch recipe of "Training EfficientNets at Supercomputer Scale".
 
@@ -142,16 +152,14 @@ def mlperf() -> EfficientNetConfig:
         eval_batch_size=65536,
         max_epochs=350.0,
         quality_target=0.83,
-        eval_every_epochs=4,
         eval_offset_epochs=0,
         model=ModelConfig(variant="b5", bn_group_size=2),
+        # ResNet-50's LARS defaults already are the TPU flags' warm-up (5 epochs), epsilon (0)
+        # and label smoothing (0.1), with polynomial power 2; these three differ.
         optimizer=resnet_config.OptimizerConfig(
             lars_opt_base_learning_rate=0.016 * 65536 / 256,
             lars_opt_end_learning_rate=0.0,
-            lars_opt_learning_rate_decay_poly_power=2.0,
-            lars_opt_learning_rate_warmup_epochs=5.0,
             lars_opt_weight_decay=1e-5,
-            lars_epsilon=0.0,
         ),
     )
 
@@ -165,27 +173,16 @@ def mini() -> EfficientNetConfig:
     0.850, 0.944, 0.922 for seeds 0, 1, 2; 0.967-0.978 at epoch 12), 72 s from run_start to
     run_stop at load average 1-4; epochs 12 and 16 decide when epoch 8 falls short.
     """
-    base = resnet_config.mini()
-    return EfficientNetConfig(
-        global_batch_size=base.global_batch_size,
-        eval_batch_size=base.eval_batch_size,
-        train_examples=base.train_examples,
-        eval_examples=base.eval_examples,
+    # ResNet-50's mini data, batch, optimizer and eval cadence; a longer budget and its own
+    # target, data directory and model.
+    return from_resnet(
+        resnet_config.mini(),
         max_epochs=16.0,
         quality_target=0.85,
-        eval_every_epochs=4,
-        eval_offset_epochs=0,
         data_dir=paths.mini_data_dir(NAME),
         image_size=32,
-        model=ModelConfig(num_classes=10, drop_connect_rate=0.0, dropout_rate=0.0,
-                          bn_momentum=0.9),
-        optimizer=resnet_config.OptimizerConfig(
-            lars_opt_base_learning_rate=2.0,
-            lars_opt_learning_rate_warmup_epochs=1.0,
-            lars_opt_weight_decay=1e-4,
-        ),
-        data=base.data,
-    )  # fmt: skip
+        model=ModelConfig(num_classes=10, drop_connect_rate=0.0, dropout_rate=0.0, bn_momentum=0.9),
+    )
 
 
 def smoke() -> EfficientNetConfig:
@@ -194,19 +191,9 @@ def smoke() -> EfficientNetConfig:
     Command: `mlperf-tf run --benchmark=efficientnet --preset=smoke --model_dir=/tmp/effnet_smoke
     --submission_division=open`. Quality: meaningless (random data); the run ends `aborted`.
     """
-    return EfficientNetConfig(
-        global_batch_size=16,
-        eval_batch_size=16,
-        train_examples=64,
-        eval_examples=40,
-        max_epochs=8.0,
-        eval_every_epochs=4,
-        eval_offset_epochs=0,
-        data_dir="",
+    # ResNet-50's smoke sizes, optimizer and synthetic 32 px data; another model.
+    return from_resnet(
+        resnet_config.smoke(),
         image_size=32,
         model=ModelConfig(num_classes=10, width_coefficient=0.25, depth_coefficient=0.34),
-        optimizer=resnet_config.OptimizerConfig(
-            lars_opt_base_learning_rate=1.0, lars_opt_learning_rate_warmup_epochs=1.0
-        ),
-        data=resnet_config.DataConfig(image_size=32, crop_padding=4),
     )
