@@ -425,10 +425,4 @@ class TransformerBenchmark(Benchmark):
     @classmethod
     def prepare_mini(cls, data_dir: str) -> None:
         """Writes the gettext English->German mini dataset (see `prepare.prepare_mini`)."""
-        cfg = config_lib.mini()
-        prepare.prepare_mini(
-            data_dir,
-            vocab_size=cfg.model.vocab_size,
-            held_out=cfg.eval_examples,
-            seed=cfg.data.split_seed,
-        )
+        prepare.prepare_mini_preset(data_dir)
