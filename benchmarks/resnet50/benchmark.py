@@ -27,9 +27,6 @@ SGD_OPT_WEIGHT_DECAY = "sgd_opt_weight_decay"
 SGD_OPT_MOMENTUM = "sgd_opt_momentum"
 OPT_LR_DECAY_POLY_POWER = "opt_learning_rate_decay_poly_power"  # registry optimizers
 
-# The optimizers whose hyperparameters are the config's own `lars_*` and `sgd_*` fields.
-NATIVE_OPTIMIZERS = ("lars", "sgd")
-
 
 class ResNet50Benchmark(Benchmark):
     """ResNet-50 v1.5 trained with LARS (or SGD) to MLPerf's top-1 target on ImageNet.
@@ -101,7 +98,7 @@ class ResNet50Benchmark(Benchmark):
         # layer names (no weight decay and no layer adaptation for batch norm and the classifier
         # bias), and SGD's weight decay is the L2 term of `compute_loss`. `opt_params` are for
         # the other optimizers only, as the config says.
-        params = () if opt.opt_name in NATIVE_OPTIMIZERS else opt.opt_params
+        params = () if opt.opt_name in ("lars", "sgd") else opt.opt_params
         return registry.build(opt.opt_name, schedule, opt, params)
 
     # ---- steps (replica context) ---------------------------------------------------------------
