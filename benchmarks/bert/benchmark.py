@@ -17,7 +17,8 @@ from mlperf_tf import rounds, rules
 from mlperf_tf.benchmark import Benchmark, EvalPoint, eval_ratio, sample_eval_schedule
 from mlperf_tf.config import ConfigError
 from mlperf_tf.facts import Blocks, Rcp, RenamedKey, SimulatorShape
-from mlperf_tf.optimizers import LAMB, WarmupPolynomialDecay, registry
+from mlperf_tf.optimizers import WarmupPolynomialDecay, registry
+from mlperf_tf.optimizers.lamb import DEFAULT_LAMB_EXCLUDE
 from mlperf_tf.spmd import vocab_parallel_cross_entropy
 
 # MLPerf log keys of closed_bert.yaml (0.7.0, 1.0.0) that `mlperf_logging.mllog.constants` lacks.
@@ -27,7 +28,7 @@ MAX_PREDICTIONS_PER_SEQ = "max_predictions_per_seq"
 # Patterns (re.search on Keras variable paths) that get neither weight decay nor layer
 # adaptation: the reference's ["LayerNorm", "layer_norm", "bias"]. model.py names every layer
 # norm "...LayerNorm" so the pattern finds its gamma and beta.
-LAMB_EXCLUDE = ("LayerNorm", "layer_norm", "bias")
+LAMB_EXCLUDE = DEFAULT_LAMB_EXCLUDE
 # The reference's denominator guard for the masked-LM mean (`+ 1e-5`).
 _MLM_WEIGHT_EPSILON = 1e-5
 
@@ -110,18 +111,10 @@ class BertBenchmark(Benchmark):
     def build_optimizer(self, train_steps: int) -> keras.optimizers.Optimizer:
         """LAMB (the MLPerf reference's, bias-corrected) on `learning_rate_schedule`."""
         opt = self.config.optimizer
-        if opt.opt_name != "lamb":
-            return registry.build(
-                opt.opt_name, self.learning_rate_schedule(train_steps), opt, opt.opt_params
-            )
-        return LAMB(
-            self.learning_rate_schedule(train_steps),
-            beta_1=opt.opt_lamb_beta_1,
-            beta_2=opt.opt_lamb_beta_2,
-            epsilon=opt.opt_epsilon,
-            weight_decay=opt.opt_lamb_weight_decay_rate,
-            exclude_from_weight_decay=LAMB_EXCLUDE,
-        )
+        # LAMB is the registry's plug-in too, built from this config's `opt_lamb_*` and
+        # `opt_epsilon` fields with `LAMB_EXCLUDE`; `opt_params` are for the other optimizers.
+        params = () if opt.opt_name == "lamb" else opt.opt_params
+        return registry.build(opt.opt_name, self.learning_rate_schedule(train_steps), opt, params)
 
     def restore_initial_weights(self, model: keras.Model) -> None:
         """Loads `config.init_checkpoint` (a TF1 BERT checkpoint) by google-research names."""

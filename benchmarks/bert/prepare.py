@@ -63,19 +63,21 @@ class CreationParams:
     do_lower_case: bool = True
 
     def __post_init__(self):
-        if self.max_seq_length < 5:
-            raise ValueError(f"`max_seq_length` ({self.max_seq_length}) must be >= 5.")
-        if not 1 <= self.max_predictions_per_seq <= self.max_seq_length:
-            raise ValueError(
-                f"`max_predictions_per_seq` ({self.max_predictions_per_seq}) must be in "
-                f"[1, max_seq_length]."
-            )
-        if not 0.0 < self.masked_lm_prob < 1.0:
-            raise ValueError(f"`masked_lm_prob` ({self.masked_lm_prob}) must be in (0, 1).")
-        if self.dupe_factor < 1:
-            raise ValueError(f"`dupe_factor` ({self.dupe_factor}) must be >= 1.")
-        if not 0.0 <= self.short_seq_prob <= 1.0:
-            raise ValueError(f"`short_seq_prob` ({self.short_seq_prob}) must be in [0, 1].")
+        # (field, whether it holds, the rule), checked in this order: the first failure raises.
+        rules = (
+            ("max_seq_length", self.max_seq_length >= 5, ">= 5"),
+            (
+                "max_predictions_per_seq",
+                1 <= self.max_predictions_per_seq <= self.max_seq_length,
+                "in [1, max_seq_length]",
+            ),
+            ("masked_lm_prob", 0.0 < self.masked_lm_prob < 1.0, "in (0, 1)"),
+            ("dupe_factor", self.dupe_factor >= 1, ">= 1"),
+            ("short_seq_prob", 0.0 <= self.short_seq_prob <= 1.0, "in [0, 1]"),
+        )
+        for name, holds, rule in rules:
+            if not holds:
+                raise ValueError(f"`{name}` ({getattr(self, name)}) must be {rule}.")
 
 
 @dataclasses.dataclass

@@ -15,7 +15,7 @@ from benchmarks.resnet50 import model as model_lib
 from mlperf_tf import layers
 from mlperf_tf.benchmark import Benchmark, eval_ratio
 from mlperf_tf.facts import Conv, Rcp, SimulatorShape
-from mlperf_tf.optimizers import LARS, WarmupPolynomialDecay, registry
+from mlperf_tf.optimizers import WarmupPolynomialDecay, registry
 from mlperf_tf.spmd import SpatialLayout
 
 # MLPerf log keys of the closed_resnet_sgd rules that `mlperf_logging.mllog.constants` lacks.
@@ -93,20 +93,13 @@ class ResNet50Benchmark(Benchmark):
             end_learning_rate=opt.end_learning_rate,
             power=opt.poly_power,
         )
-        if opt.opt_name == "lars":
-            # LARS' default exclusions (bias, bn, gamma, beta) match model.py's layer names:
-            # no weight decay and no layer adaptation for batch norm and the classifier bias.
-            return LARS(
-                schedule,
-                momentum=opt.lars_opt_momentum,
-                weight_decay=opt.lars_opt_weight_decay,
-                eeta=opt.lars_eeta,
-                epsilon=opt.lars_epsilon,
-            )
-        if opt.opt_name == "sgd":
-            # SGD's weight decay is the L2 term of `compute_loss`.
-            return keras.optimizers.SGD(schedule, momentum=opt.sgd_opt_momentum)
-        return registry.build(opt.opt_name, schedule, opt, opt.opt_params)
+        # LARS and SGD are the registry's plug-ins too, built from the `lars_*` / `sgd_*` fields
+        # of the same names: LARS' default exclusions (bias, bn, gamma, beta) match model.py's
+        # layer names (no weight decay and no layer adaptation for batch norm and the classifier
+        # bias), and SGD's weight decay is the L2 term of `compute_loss`. `opt_params` are for
+        # the other optimizers only, as the config says.
+        params = () if opt.opt_name in ("lars", "sgd") else opt.opt_params
+        return registry.build(opt.opt_name, schedule, opt, params)
 
     # ---- steps (replica context) ---------------------------------------------------------------
     def compute_loss(self, model: keras.Model, batch: Any, training: bool = True) -> tf.Tensor:

@@ -123,11 +123,10 @@ class SSDBenchmark(Benchmark):
         """SGD with momentum on the warmup + step schedule; weight decay is in the loss."""
         del train_steps  # the schedule is in epochs, not relative to the run length
         opt = self.config.optimizer
-        if opt.opt_name != "sgd":
-            return registry.build(opt.opt_name, self.learning_rate_schedule(), opt, opt.opt_params)
-        return keras.optimizers.SGD(
-            learning_rate=self.learning_rate_schedule(), momentum=self.config.optimizer.momentum
-        )
+        # SGD is the registry's plug-in too (its momentum is this config's `momentum`, without
+        # Nesterov); `opt_params` are for the other optimizers.
+        params = () if opt.opt_name == "sgd" else opt.opt_params
+        return registry.build(opt.opt_name, self.learning_rate_schedule(), opt, params)
 
     def restore_initial_weights(self, model: keras.Model) -> None:
         """Loads `model.backbone_checkpoint` (a `.weights.h5` of the backbone) if set.

@@ -216,27 +216,26 @@ def prepare_coco(
       DataError: a folder, json or image is missing.
     """
     annotations = os.path.join(coco_dir, ANNOTATIONS_DIR)
-    val_json = os.path.join(annotations, "instances_val2017.json")
-    convert_split(
-        image_dir=os.path.join(coco_dir, "val2017"),
-        annotations_file=val_json,
-        out_dir=out_dir,
-        prefix=EVAL_PREFIX,
-        num_shards=num_eval_shards,
-        skip_empty=False,
-        num_workers=num_workers,
+    # (COCO split, shard prefix, shards, skip images without boxes): eval keeps every image.
+    splits = (
+        ("val2017", EVAL_PREFIX, num_eval_shards, False),
+        ("train2017", TRAIN_PREFIX, num_train_shards, True),
     )
-    convert_split(
-        image_dir=os.path.join(coco_dir, "train2017"),
-        annotations_file=os.path.join(annotations, "instances_train2017.json"),
-        out_dir=out_dir,
-        prefix=TRAIN_PREFIX,
-        num_shards=num_train_shards,
-        skip_empty=True,
-        num_workers=num_workers,
-    )
+    for split, prefix, num_shards, skip_empty in splits:
+        convert_split(
+            image_dir=os.path.join(coco_dir, split),
+            annotations_file=os.path.join(annotations, f"instances_{split}.json"),
+            out_dir=out_dir,
+            prefix=prefix,
+            num_shards=num_shards,
+            skip_empty=skip_empty,
+            num_workers=num_workers,
+        )
     os.makedirs(os.path.join(out_dir, ANNOTATIONS_DIR), exist_ok=True)
-    shutil.copyfile(val_json, os.path.join(out_dir, ANNOTATIONS_DIR, "instances_val2017.json"))
+    val_json = "instances_val2017.json"
+    shutil.copyfile(
+        os.path.join(annotations, val_json), os.path.join(out_dir, ANNOTATIONS_DIR, val_json)
+    )
 
 
 # ------------------------------------------------------------------------------------------------

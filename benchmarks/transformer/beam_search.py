@@ -11,6 +11,7 @@ alive hypothesis can beat the worst finished one. Sequences and caches have fixe
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -137,6 +138,7 @@ def sequence_beam_search(
     return _strip_after_eos(seq[:, :, 1:], eos_id), scores
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
 class _BeamSearch:
     """One beam search's settings and its per-step pieces, shared by the fixed-batch loop
     (`search_to_the_end`) and the retiring one (`_search_retiring`).
@@ -146,14 +148,13 @@ class _BeamSearch:
     [b, beam], fin_flags bool [b, beam]), for any number b of batch entries.
     """
 
-    def __init__(self, symbols_to_logits_fn: SymbolsToLogitsFn, *, vocab_size: int,
-                 beam_size: int, alpha: float, max_decode_length: int, eos_id: int):  # fmt: skip
-        self.symbols_to_logits_fn = symbols_to_logits_fn
-        self.vocab_size = vocab_size
-        self.beam_size = beam_size
-        self.alpha = alpha
-        self.max_decode_length = max_decode_length
-        self.eos_id = eos_id
+    symbols_to_logits_fn: SymbolsToLogitsFn
+    _: dataclasses.KW_ONLY
+    vocab_size: int
+    beam_size: int
+    alpha: float
+    max_decode_length: int
+    eos_id: int
 
     def initial_state(self, initial_ids: tf.Tensor, initial_cache: Any) -> tuple:
         """The state before step 0: one live beam per entry holding the initial id."""

@@ -223,11 +223,8 @@ class TransformerBenchmark(Benchmark):
 
     def record_train_data(self, input_context, batch_size: int) -> tf.data.Dataset:
         d = self.config.data
-        files = pipeline.list_files(
-            os.path.join(self.config.data_dir, "train-*"), what="transformer train"
-        )
         return input_lib.train_dataset(
-            files,
+            self._record_files("train"),
             input_context=input_context,
             tokens_per_replica=batch_size,
             max_length=d.max_sequence_length,
@@ -252,16 +249,23 @@ class TransformerBenchmark(Benchmark):
         )
 
     def record_eval_data(self, input_context, batch_size: int, num_batches: int):
-        files = pipeline.list_files(
-            os.path.join(self.config.data_dir, "eval-*"), what="transformer eval"
-        )
         return input_lib.eval_dataset(
-            files,
+            self._record_files("eval"),
             input_context=input_context,
             batch_size=batch_size,
             num_batches=num_batches,
             eval_max_length=self.config.data.eval_max_length,
             skip_bad_records=self.skip_bad_records,
+        )
+
+    def _record_files(self, split: str) -> list[str]:
+        """The `split` ("train" or "eval") TFRecord shards that prepare.py wrote to `data_dir`.
+
+        Raises:
+          DataError: the folder is missing or holds none.
+        """
+        return pipeline.list_files(
+            os.path.join(self.config.data_dir, f"{split}-*"), what=f"transformer {split}"
         )
 
     # ---- steps (replica context) ---------------------------------------------------------------
@@ -421,10 +425,4 @@ class TransformerBenchmark(Benchmark):
     @classmethod
     def prepare_mini(cls, data_dir: str) -> None:
         """Writes the gettext English->German mini dataset (see `prepare.prepare_mini`)."""
-        cfg = config_lib.mini()
-        prepare.prepare_mini(
-            data_dir,
-            vocab_size=cfg.model.vocab_size,
-            held_out=cfg.eval_examples,
-            seed=cfg.data.split_seed,
-        )
+        prepare.prepare_mini_preset(data_dir)

@@ -431,6 +431,20 @@ def prepare_mini(
     )
 
 
+def prepare_mini_preset(out_dir: str) -> dict:
+    """`prepare_mini` at the `mini` preset's vocabulary size, eval set size and split seed (what
+    the benchmark's `prepare_mini` and `--mini` write)."""
+    from benchmarks.transformer import config as config_lib  # noqa: PLC0415 (avoid a cycle)
+
+    cfg = config_lib.mini()
+    return prepare_mini(
+        out_dir,
+        vocab_size=cfg.model.vocab_size,
+        held_out=cfg.eval_examples,
+        seed=cfg.data.split_seed,
+    )
+
+
 def build_parser() -> prepare_cli.ArgumentParser:
     """The command line of `mlperf-tf prepare transformer` / `python -m ...prepare`."""
     parser = prepare_cli.parser(
@@ -457,15 +471,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     args = build_parser().parse_args(argv)
     if args.mini:
-        from benchmarks.transformer import config as config_lib  # noqa: PLC0415 (avoid a cycle)
-
-        cfg = config_lib.mini()
-        metadata = prepare_mini(
-            args.out_dir,
-            vocab_size=cfg.model.vocab_size,
-            held_out=cfg.eval_examples,
-            seed=cfg.data.split_seed,
-        )
+        metadata = prepare_mini_preset(args.out_dir)
     else:
         names = ("train_source", "train_target", "eval_source", "eval_target")
         missing = [f"--{name}" for name in names if not getattr(args, name)]

@@ -185,30 +185,23 @@ def _mbconv(x, *, spec, filters_in, filters_out, stride, drop_rate, name, config
 def _squeeze_excite(x, channels, squeezed, name, seeds):
     """Channel gates from the global average: reduce to `squeezed`, swish, expand, sigmoid."""
     gate = keras.layers.GlobalAveragePooling2D(keepdims=True, name=f"{name}_se_squeeze")(x)
-    gate = keras.layers.Conv2D(
-        squeezed,
-        1,
-        activation="swish",
-        kernel_initializer=keras.initializers.VarianceScaling(**_CONV_INIT, seed=seeds()),
-        name=f"{name}_se_reduce",
-    )(gate)  # [batch, 1, 1, squeezed]
-    gate = keras.layers.Conv2D(
-        channels,
-        1,
-        activation="sigmoid",
-        kernel_initializer=keras.initializers.VarianceScaling(**_CONV_INIT, seed=seeds()),
-        name=f"{name}_se_expand",
-    )(gate)  # [batch, 1, 1, channels]
+    # gate: [batch, 1, 1, squeezed], then [batch, 1, 1, channels]
+    gate = _conv(gate, squeezed, 1, 1, f"{name}_se_reduce", seeds, activation="swish", bias=True)
+    gate = _conv(gate, channels, 1, 1, f"{name}_se_expand", seeds, activation="sigmoid", bias=True)
     return keras.layers.Multiply(name=f"{name}_se_excite")([x, gate])
 
 
-def _conv(x, filters, kernel_size, stride, name, seeds):
+def _conv(x, filters, kernel_size, stride, name, seeds, *, activation=None, bias=False):
+    """A "same" convolution with EfficientNet's fan-out initializer: without a bias where batch
+    norm follows, with one in squeeze-excite (whose 1 x 1 input makes "same" the same as
+    Keras' default "valid")."""
     return keras.layers.Conv2D(
         filters,
         kernel_size,
         strides=stride,
         padding="same",
-        use_bias=False,
+        activation=activation,
+        use_bias=bias,
         kernel_initializer=keras.initializers.VarianceScaling(**_CONV_INIT, seed=seeds()),
         name=name,
     )(x)
