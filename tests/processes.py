@@ -141,6 +141,24 @@ def pip_install_target(source, target) -> None:
     )  # fmt: skip
 
 
+def install_plugin(tmp_path_factory, package: str, init_source: str, group: str, entry: str):
+    """A third-party plug-in as a user installs one: the one-module package `package` (its
+    `__init__.py` is `init_source`) with a setup.py registering `entry` ("name = module:attr")
+    in the entry-point `group`, pip-installed (`pip_install_target`) into a fresh folder, which
+    is returned (put it on the path to find the plug-in)."""
+    source = tmp_path_factory.mktemp(f"{package}_src")
+    (source / package).mkdir()
+    (source / package / "__init__.py").write_text(init_source)
+    (source / "setup.py").write_text(
+        "from setuptools import setup\n"
+        f"setup(name={package.replace('_', '-')!r}, version='0.1', packages=[{package!r}],\n"
+        f"      entry_points={{{group!r}: [{entry!r}]}})\n"
+    )
+    target = tmp_path_factory.mktemp(f"{package}_site")
+    pip_install_target(source, target)
+    return target
+
+
 @contextlib.contextmanager
 def deadline(seconds: int):
     """A hang inside the block (a FIFO opened for reading, /dev/zero read to its end) raises

@@ -9,6 +9,7 @@ import dataclasses
 
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from mlperf_tf.benchmark import RunContext
@@ -156,3 +157,44 @@ def assert_same_run(got: Result, ref: Result, *, rtol: float = 1e-5) -> None:
         np.testing.assert_allclose(
             a, e, rtol=rtol, atol=rtol * weight_scale, err_msg=f"weight {name}"
         )
+
+
+def assert_split_equals_unsplit(
+    benchmark, *, num_devices: int, model_parallel: int, expert_parallel: int = 1,
+    rtol: float = 1e-5, **train_args,
+) -> Result:  # fmt: skip
+    """Trains `benchmark` split on `num_devices` logical CPUs (`expert_parallel` x
+    `model_parallel`, the rest data) and unsplit on the same `num_devices // model_parallel`
+    batch shards; asserts the two runs are the same (`assert_same_run`) and returns the split
+    one. `train_args` (optimizer, steps, ...) go to both runs.
+
+    The exactness test every split model shares: a layout may change where the work runs, never
+    what the model computes.
+    """
+    shards = num_devices // model_parallel
+    ref = train(benchmark, num_devices=shards, model_parallel=1, **train_args)
+    got = train(
+        benchmark, num_devices=num_devices, model_parallel=model_parallel,
+        expert_parallel=expert_parallel, **train_args,
+    )  # fmt: skip
+    assert_same_run(got, ref, rtol=rtol)
+    return got
+
+
+def split_cases(default, *slow):
+    """Parametrizes an exactness test by (`devices`, `model_parallel`, `optimizer`): `default`
+    runs in the default test run, each of `slow` only under `-m slow` (one split of each model
+    by default keeps the test run in its budget)."""
+    return pytest.mark.parametrize(
+        ("devices", "model_parallel", "optimizer"),
+        [default, *(pytest.param(*case, marks=pytest.mark.slow) for case in slow)],
+    )
+
+
+def smoke(benchmark_class, **model):
+    """`benchmark_class` on its smoke preset with the model fields in `model` replaced (dropout
+    off for the exactness tests, more heads to split, ...)."""
+    config = benchmark_class.preset("smoke")
+    return benchmark_class(
+        dataclasses.replace(config, model=dataclasses.replace(config.model, **model))
+    )

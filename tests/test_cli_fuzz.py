@@ -19,6 +19,7 @@ import pytest
 
 from mlperf_tf import cli
 from tests.processes import deadline, file_tree
+from tests.refusals import the_error_line
 
 # The classes of bad numbers; each flag gets the ones that are wrong for it.
 NAN, INF, NEG_INF, NEG, HUGE_INT, HUGE, TEXT = (
@@ -330,13 +331,9 @@ def test_bad_input_is_one_error_line_naming_the_flag(
         code = cli.main(argv)
     except SystemExit as e:  # argparse's own exit: usage text, not one line
         code = e.code
-    err = capsys.readouterr().err
-    assert "Traceback" not in err, err
-    errors = [line for line in err.splitlines() if line.startswith("error:")]
-    assert code == 2, f"exit {code}: {err}"
-    assert len(errors) == 1, err
-    assert needle in errors[0], errors[0]
-    assert len(errors[0]) < 600, "one line, not a dump"
+    line = the_error_line(capsys.readouterr().err, code, 2)
+    assert needle in line, line
+    assert len(line) < 600, "one line, not a dump"
     assert file_tree(tmp) == before, "a file was created or changed"
 
 
@@ -686,12 +683,8 @@ def check_one_error(argv, needle, monkeypatch):
                         code = cli.main(argv)
                     except SystemExit as e:
                         code = e.code
-        text = err.getvalue()
-        assert "Traceback" not in text, text
-        errors = [line for line in text.splitlines() if line.startswith("error:")]
-        assert code == 2, f"{argv}: exit {code}: {text}"
-        assert len(errors) == 1, f"{argv}: {text}"
-        assert needle in errors[0], f"{argv}: {errors[0]}"
+        line = the_error_line(err.getvalue(), code, 2, context=f"{argv}: ")
+        assert needle in line, f"{argv}: {line}"
         assert file_tree(tmp) == before, f"{argv}: a file was created or changed"
     for outside in ("/proc/x", "/sys/x"):
         assert not os.path.exists(outside)

@@ -20,6 +20,7 @@ import pytest
 from mlperf_tf import checkpoints, cli, paths, runlog, runner, runrecord
 from mlperf_tf.errors import UserError
 from tests.processes import deadline, file_tree
+from tests.refusals import the_error_line
 from tests.test_cli_fuzz import _LOG as LOG
 from tests.tiny_benchmark import TinyBenchmark, smoke
 
@@ -41,19 +42,16 @@ def _one_error(argv, capsys, monkeypatch, tmp_path, needle):
             code = cli.main(argv)
         except SystemExit as e:
             code = e.code
-    err = capsys.readouterr().err
-    assert "Traceback" not in err, err
-    lines = [line for line in err.splitlines() if line.startswith("error:")]
-    assert code == 2, f"exit {code}: {err}"
-    assert len(lines) == 1, err
-    assert needle in lines[0], lines[0]
+    line = the_error_line(capsys.readouterr().err, code, 2)
+    assert needle in line, line
     assert file_tree(tmp_path) == before
-    return lines[0]
+    return line
 
 
 # ---- output paths: the cases and their classes -----------------------------------------
 SIM = ["simulate", "--benchmark=resnet50", "--system=a100-dgx", "--chips=8"]
 RUN = ["run", "--benchmark=resnet50", "--preset=smoke", "--max_train_steps=2"]
+SWEEP = ["sweep", "--benchmark=resnet50", "--preset=smoke"]
 
 
 @pytest.mark.parametrize("where", UNWRITABLE)
@@ -61,7 +59,7 @@ RUN = ["run", "--benchmark=resnet50", "--preset=smoke", "--max_train_steps=2"]
     "argv, flag",
     [
         ([*SIM, "--plot={where}.png"], "--plot"),
-        (["sweep", "--benchmark=resnet50", "--preset=smoke", "--out={where}"], "--out"),
+        ([*SWEEP, "--out={where}"], "--out"),
         ([*RUN, "--model_dir={tmp}/m", "--mlperf_log={where}/log.txt"], "--mlperf_log"),
         ([*RUN, "--model_dir={tmp}/m", "--mlperf_log={where}"], "--mlperf_log"),
         ([*RUN, "--model_dir={where}"], "--model_dir"),
@@ -277,9 +275,7 @@ def test_simulate_refuses_lists_and_splits_that_mean_nothing(
         ),  # fmt: skip
         (
             [
-                "sweep",
-                "--benchmark=resnet50",
-                "--preset=smoke",
+                *SWEEP,
                 "--out={tmp}/s",
                 "--batch_sizes=9",
                 "--run.distribution=mirrored",
@@ -287,36 +283,9 @@ def test_simulate_refuses_lists_and_splits_that_mean_nothing(
             ],
             "global_batch_size",
         ),  # fmt: skip
-        (
-            [
-                "sweep",
-                "--benchmark=resnet50",
-                "--preset=smoke",
-                "--out={tmp}/s",
-                "--batch_sizes=8,,16",
-            ],
-            "--batch_sizes",
-        ),  # fmt: skip
-        (
-            [
-                "sweep",
-                "--benchmark=resnet50",
-                "--preset=smoke",
-                "--out={tmp}/s",
-                "--optimizers=lars,lars",
-            ],
-            "--optimizers",
-        ),  # fmt: skip
-        (
-            [
-                "sweep",
-                "--benchmark=resnet50",
-                "--preset=smoke",
-                "--out={tmp}/s",
-                "--grid.max_epochs=1,,2",
-            ],
-            "--grid.max_epochs",
-        ),  # fmt: skip
+        ([*SWEEP, "--out={tmp}/s", "--batch_sizes=8,,16"], "--batch_sizes"),
+        ([*SWEEP, "--out={tmp}/s", "--optimizers=lars,lars"], "--optimizers"),
+        ([*SWEEP, "--out={tmp}/s", "--grid.max_epochs=1,,2"], "--grid.max_epochs"),
         ([*RUN, "--model_dir={tmp}/m", "--config.data.mean_rgb=1,,2"], "mean_rgb"),
     ],
 )

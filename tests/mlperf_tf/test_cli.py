@@ -3,7 +3,6 @@
 import os
 import subprocess
 import sys
-import textwrap
 
 import pytest
 
@@ -65,19 +64,10 @@ def test_config_overrides_split_from_absl_flags():
 @pytest.fixture(scope="module")
 def installed_plugin(tmp_path_factory):
     """A third-party package, pip-installed into a folder, registering `tiny` by entry point."""
-    source = tmp_path_factory.mktemp("plugin_src")
-    (source / "tiny_plugin").mkdir()
-    (source / "tiny_plugin" / "__init__.py").write_text(
-        "from tests.tiny_benchmark import TinyBenchmark\n"
-    )
-    (source / "setup.py").write_text(textwrap.dedent("""
-        from setuptools import setup
-        setup(name="tiny-plugin", version="0.1", packages=["tiny_plugin"],
-              entry_points={"mlperf_tf.benchmarks": ["tiny = tiny_plugin:TinyBenchmark"]})
-    """))  # fmt: skip
-    target = tmp_path_factory.mktemp("plugin_site")
-    processes.pip_install_target(source, target)
-    return target
+    return processes.install_plugin(
+        tmp_path_factory, "tiny_plugin", "from tests.tiny_benchmark import TinyBenchmark\n",
+        "mlperf_tf.benchmarks", "tiny = tiny_plugin:TinyBenchmark",
+    )  # fmt: skip
 
 
 def test_third_party_benchmark_is_listed_and_runs(installed_plugin, tmp_path):

@@ -351,26 +351,32 @@ def _collective_timeouts(concrete_function) -> list[float]:
     ]
 
 
-def test_a_model_parallel_transformer_run_trains_evaluates_and_logs(tmp_path):
-    # --model_parallel=2 on 2 logical CPUs through runner.run, warm-up included. Its beam-search
-    # eval deadlocked (each replica's decoding loop ran in a loop frame of its own name, so the
-    # shards' all-reduces never met): now it decodes, BLEU is computed and logged. Every
-    # collective, the model axis's too, is bounded by --collective_timeout.
+def _model_parallel_run(tmp_path, name):
+    """A `--model_parallel=2` smoke run of `name` on 2 logical CPUs through runner.run, warm-up
+    included, every collective bounded by `--collective_timeout=60`; asserts it trained 2 steps,
+    evaluated once, logged from run_start to run_stop and saved. Its result and controller."""
     config = runner.RunConfig(
         model_dir=str(tmp_path / "m"), num_cpu_devices=2, model_parallel=2, max_train_steps=2,
         collective_timeout=60,
     )  # fmt: skip
     keep = _KeepController()
-    result = runner.run(_smoke("transformer"), config, actions=[keep])
-    assert result.steps == 2 and len(result.evals) == 1 and 0.0 <= result.evals[0][1] <= 1.0
-    lines = _log_lines(result.mlperf_log)
-    keys = [line["key"] for line in lines]
+    result = runner.run(_smoke(name), config, actions=[keep])
+    assert result.steps == 2 and len(result.evals) == 1
+    keys = [line["key"] for line in _log_lines(result.mlperf_log)]
     assert "run_start" in keys and "eval_accuracy" in keys and keys[-1] == "run_stop"
     assert os.listdir(tmp_path / "m" / "ckpt")
+    return result, keep.controller
+
+
+def test_a_model_parallel_transformer_run_trains_evaluates_and_logs(tmp_path):
+    # Its beam-search eval deadlocked (each replica's decoding loop ran in a loop frame of its own
+    # name, so the shards' all-reduces never met): now it decodes, BLEU is computed and logged.
+    # Every collective, the model axis's too, is bounded by --collective_timeout.
+    result, controller = _model_parallel_run(tmp_path, "transformer")
+    assert 0.0 <= result.evals[0][1] <= 1.0
     # --collective_timeout reaches the model axis's all-reduces (`ModelAxis`) in the training
     # step (forward and backward) and in the eval step (encoder, and the decoding loop's
     # function): before, the runner built them unbounded (timeout 0), and a hang was silent.
-    controller = keep.controller
     train = controller.trainer.loop.get_concrete_function(
         iter(controller.train_data), tf.constant(1, tf.int32)
     )
@@ -381,21 +387,11 @@ def test_a_model_parallel_transformer_run_trains_evaluates_and_logs(tmp_path):
 
 
 def test_a_model_parallel_bert_run_trains_evaluates_saves_and_logs(tmp_path):
-    # --model_parallel=2 on 2 logical CPUs through runner.run, warm-up included: with BERT's
-    # padding-skipping (dynamic-shape) encoder the first real step after the warm-up failed on
-    # collective shapes [177,32] vs [256,32]; the runner now asks for static shapes under
-    # model parallelism. Every collective is bounded by the timeout.
-    config = runner.RunConfig(
-        model_dir=str(tmp_path / "m"), num_cpu_devices=2, model_parallel=2, max_train_steps=2,
-        collective_timeout=60,
-    )  # fmt: skip
-    keep = _KeepController()
-    result = runner.run(_smoke("bert"), config, actions=[keep])
-    assert keep.controller.warm_up_s > 0 and keep.controller.benchmark.static_shapes
-    assert result.steps == 2 and len(result.evals) == 1
-    keys = [line["key"] for line in _log_lines(result.mlperf_log)]
-    assert "run_start" in keys and "eval_accuracy" in keys and keys[-1] == "run_stop"
-    assert os.listdir(tmp_path / "m" / "ckpt")
+    # With BERT's padding-skipping (dynamic-shape) encoder the first real step after the warm-up
+    # failed on collective shapes [177,32] vs [256,32]; the runner now asks for static shapes
+    # under model parallelism. Every collective is bounded by the timeout.
+    _, controller = _model_parallel_run(tmp_path, "bert")
+    assert controller.warm_up_s > 0 and controller.benchmark.static_shapes
 
 
 @pytest.mark.slow  # 68 s; guards behaviour that was right when written (the warm-up's snapshot)

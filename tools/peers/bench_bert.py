@@ -100,22 +100,18 @@ def ours_step(args, model_config, padded: bool = False):
     return step
 
 
-def garden_step(args, model_config):
-    """The Model Garden's train step, or None when tf-models-official is not installed."""
-    try:
-        import tf_keras
-        from official.modeling.optimization import lamb as garden_lamb
-        from official.nlp.modeling import layers as garden_layers
-        from official.nlp.modeling import networks
-    except ImportError as e:
-        print(f"Model Garden not importable ({e}); timing ours only.")
-        return None
-    c = model_config
+def garden_encoder(c, **settings):
+    """The Model Garden's `networks.BertEncoder` of our model config `c`: its sizes, the
+    tanh-approximated GELU and its dropouts; `settings` override or add BertEncoder arguments
+    (its initializer, `dict_outputs`). Needs the `peers` extra (tf-models-official)."""
+    from official.nlp.modeling import networks  # noqa: PLC0415 (the peers extra)
 
-    def init(seed):
-        return tf_keras.initializers.TruncatedNormal(stddev=c.initializer_range, seed=seed)
-
-    encoder = networks.BertEncoder(
+    settings = {
+        "output_dropout": c.hidden_dropout_prob,
+        "attention_dropout": c.attention_probs_dropout_prob,
+        **settings,
+    }
+    return networks.BertEncoder(
         vocab_size=c.vocab_size,
         hidden_size=c.hidden_size,
         num_layers=c.num_hidden_layers,
@@ -124,11 +120,25 @@ def garden_step(args, model_config):
         type_vocab_size=c.type_vocab_size,
         inner_dim=c.intermediate_size,
         inner_activation=lambda x: tf.nn.gelu(x, approximate=True),
-        output_dropout=c.hidden_dropout_prob,
-        attention_dropout=c.attention_probs_dropout_prob,
-        initializer=init(1),
-        dict_outputs=True,
+        **settings,
     )
+
+
+def garden_step(args, model_config):
+    """The Model Garden's train step, or None when tf-models-official is not installed."""
+    try:
+        import tf_keras
+        from official.modeling.optimization import lamb as garden_lamb
+        from official.nlp.modeling import layers as garden_layers
+    except ImportError as e:
+        print(f"Model Garden not importable ({e}); timing ours only.")
+        return None
+    c = model_config
+
+    def init(seed):
+        return tf_keras.initializers.TruncatedNormal(stddev=c.initializer_range, seed=seed)
+
+    encoder = garden_encoder(c, initializer=init(1), dict_outputs=True)
     mlm = garden_layers.MaskedLM(
         embedding_table=encoder.get_embedding_table(),
         activation=lambda x: tf.nn.gelu(x, approximate=True),

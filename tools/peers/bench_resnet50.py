@@ -49,7 +49,6 @@ from mlperf_tf import config as config_lib  # noqa: E402
 from mlperf_tf.benchmark import RunContext  # noqa: E402
 from mlperf_tf.layers import CrossReplicaBatchNormalization  # noqa: E402
 from tools import harness, profile_ops  # noqa: E402
-from tools.harness import require_positive  # noqa: E402
 
 NUM_CLASSES = 1000
 
@@ -128,16 +127,19 @@ def model_garden_contestant(batch: int, image_size: int):
     return harness.custom_loop(model, optimizer, iterator, classifier_loss)
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_step_shape(parser: argparse.ArgumentParser) -> None:
+    """Adds `--batch` and `--image_size`, the ResNet-50 train step's shape: declared once for this
+    tool and the studies that time its contestants, so that their defaults measure one step."""
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--image_size", type=int, default=128)
-    parser.add_argument("--steps", type=int, default=3, help="steps per contestant per round")
-    parser.add_argument("--rounds", type=int, default=3)
+
+
+def main(argv=None) -> int:
+    parser = harness.rounds_parser(__doc__.splitlines()[0], steps=3, rounds=3)
+    add_step_shape(parser)
     parser.add_argument("--contestants", default=",".join(DEFAULT_CONTESTANTS))
     parser.add_argument("--profile", default="", help="profile each contestant into this folder")
-    args = parser.parse_args(argv)
-    require_positive(parser, args, "batch", "image_size", "steps", "rounds")
+    args = harness.parse_rounds(parser, argv, "batch", "image_size")
     wanted = [n for n in args.contestants.split(",") if n]
     unknown = sorted(set(wanted) - set(BUILDERS))
     if unknown or not wanted:

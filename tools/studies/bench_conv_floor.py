@@ -24,7 +24,6 @@ cores, which the isolated kernels never do.)
 
 from __future__ import annotations
 
-import argparse
 import os
 import pathlib
 import statistics
@@ -39,7 +38,6 @@ import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from tools import harness
-from tools.harness import require_positive  # noqa: E402
 from tools.peers import bench_resnet50  # noqa: E402
 
 # The peers of `tools/peers/bench_resnet50.py` and the speed-up issue 14 asks over each.
@@ -109,14 +107,10 @@ def conv_floor(convs: list[dict], repeats: int) -> tuple[float, list[tuple[str, 
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--image_size", type=int, default=128)
+    parser = harness.rounds_parser(__doc__.splitlines()[0], steps=2, rounds=6)
+    bench_resnet50.add_step_shape(parser)
     parser.add_argument("--repeats", type=int, default=5, help="calls timed per conv kernel")
-    parser.add_argument("--steps", type=int, default=2, help="full steps per contestant per round")
-    parser.add_argument("--rounds", type=int, default=6)
-    args = parser.parse_args(argv)
-    require_positive(parser, args, "batch", "image_size", "repeats", "steps", "rounds")
+    args = harness.parse_rounds(parser, argv, "batch", "image_size", "repeats")
 
     ours = bench_resnet50.mlperf_tf_parts(args.batch, args.image_size)
     contestants = {"mlperf_tf": ours["run"]}

@@ -88,8 +88,7 @@ def kernel_seconds(shape: tuple, repeats: int) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--image_size", type=int, default=128)
+    bench_resnet50.add_step_shape(parser)
     parser.add_argument("--repeats", type=int, default=5, help="calls timed per kernel")
     parser.add_argument("--rounds", type=int, default=3, help="passes over all the layers")
     args = parser.parse_args(argv)

@@ -206,10 +206,11 @@ def test_same_outputs_as_model_garden_bert_from_the_same_tf1_checkpoint(tmp_path
     own TF1 -> V2 converter into its `BertPretrainerV2`, give the same outputs."""
     pytest.importorskip("official.nlp.modeling")
     import tf_keras
-    from official.nlp.modeling import models, networks
+    from official.nlp.modeling import models
     from official.nlp.tools import tf1_bert_checkpoint_converter_lib as converter
 
     from tests.benchmarks.bert.test_checkpoint import write_tf1_checkpoint
+    from tools.peers.bench_bert import garden_encoder
 
     config = dataclasses.replace(TINY, num_attention_heads=4)
     ours = M.build_pretrainer(config)
@@ -224,18 +225,7 @@ def test_same_outputs_as_model_garden_bert_from_the_same_tf1_checkpoint(tmp_path
         permutations=converter.BERT_V2_PERMUTATIONS,
         exclude_patterns=["adam", "Adam"],
     )
-    encoder = networks.BertEncoder(
-        vocab_size=config.vocab_size,
-        hidden_size=config.hidden_size,
-        num_layers=config.num_hidden_layers,
-        num_attention_heads=config.num_attention_heads,
-        max_sequence_length=config.max_position_embeddings,
-        type_vocab_size=config.type_vocab_size,
-        inner_dim=config.intermediate_size,
-        inner_activation=lambda x: tf.nn.gelu(x, approximate=True),
-        output_dropout=0.0,
-        attention_dropout=0.0,
-    )
+    encoder = garden_encoder(config, output_dropout=0.0, attention_dropout=0.0)
     garden = models.BertPretrainerV2(
         encoder_network=encoder,
         mlm_activation=lambda x: tf.nn.gelu(x, approximate=True),

@@ -48,6 +48,13 @@ def params(**kw):
     return prepare.CreationParams(**base)
 
 
+def prepare_into(tmp_path, out, input_file, **kw):
+    """`prepare.prepare` of `input_file` into `tmp_path/out`: the test's params and a 90-token
+    vocabulary from the builtin learner (fast, no TensorFlow Text) unless `kw` says otherwise."""
+    kw = {"params": params(), "vocab_size": 90, "learner": "builtin", **kw}
+    return prepare.prepare(input_files=[input_file], output_dir=str(tmp_path / out), **kw)
+
+
 def read_examples(paths, s=24, p=4):
     spec = input_lib.feature_spec(s, p)
     out = []
@@ -64,10 +71,9 @@ def file_bytes(paths):
 
 def test_same_seed_same_bytes_and_another_seed_differs(tmp_path):
     text = write_text(tmp_path / "a.txt")
-    kw = dict(input_files=[text], num_shards=2, vocab_size=90, learner="builtin")
-    a = prepare.prepare(output_dir=str(tmp_path / "a"), params=params(), **kw)
-    b = prepare.prepare(output_dir=str(tmp_path / "b"), params=params(), **kw)
-    c = prepare.prepare(output_dir=str(tmp_path / "c"), params=params(random_seed=8), **kw)
+    a = prepare_into(tmp_path, "a", text, num_shards=2)
+    b = prepare_into(tmp_path, "b", text, num_shards=2)
+    c = prepare_into(tmp_path, "c", text, num_shards=2, params=params(random_seed=8))
     assert file_bytes(a) == file_bytes(b)
     assert file_bytes(a) != file_bytes(c)
     assert open(tmp_path / "a" / "vocab.txt").read() == open(tmp_path / "b" / "vocab.txt").read()
@@ -77,14 +83,7 @@ def test_same_seed_same_bytes_and_another_seed_differs(tmp_path):
 def test_cli_in_a_fresh_process_writes_the_same_bytes(tmp_path):
     """Another interpreter with another hash seed (set order) writes identical files."""
     text = write_text(tmp_path / "a.txt")
-    here = prepare.prepare(
-        input_files=[text],
-        output_dir=str(tmp_path / "here"),
-        params=params(),
-        num_shards=1,
-        vocab_size=90,
-        learner="builtin",
-    )
+    here = prepare_into(tmp_path, "here", text, num_shards=1)
     env = dict(os.environ, PYTHONHASHSEED="12345", TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=REPO)
     cmd = [
         sys.executable,
@@ -121,14 +120,7 @@ def test_cli_bad_input_is_a_one_line_error(tmp_path):
 
 def test_examples_have_the_mlperf_structure(tmp_path):
     text = write_text(tmp_path / "a.txt")
-    paths = prepare.prepare(
-        input_files=[text],
-        output_dir=str(tmp_path / "out"),
-        params=params(dupe_factor=5),
-        num_shards=3,
-        vocab_size=90,
-        learner="builtin",
-    )
+    paths = prepare_into(tmp_path, "out", text, params=params(dupe_factor=5), num_shards=3)
     vocab = T.load_vocab(str(tmp_path / "out" / "vocab.txt"))
     examples = read_examples(paths)
     assert len(examples) > 10
@@ -210,23 +202,11 @@ def test_instances_respect_max_seq_length_and_random_next(tmp_path):
 
 def test_missing_text_file_and_empty_text(tmp_path):
     with pytest.raises(DataError, match="cannot read text file"):
-        prepare.prepare(
-            input_files=[str(tmp_path / "none.txt")],
-            output_dir=str(tmp_path / "o"),
-            params=params(),
-            vocab_size=90,
-            learner="builtin",
-        )
+        prepare_into(tmp_path, "o", str(tmp_path / "none.txt"))
     empty = tmp_path / "empty.txt"
     empty.write_text("\n\n")
     with pytest.raises(DataError, match="no text"):
-        prepare.prepare(
-            input_files=[str(empty)],
-            output_dir=str(tmp_path / "o"),
-            params=params(),
-            vocab_size=90,
-            learner="builtin",
-        )
+        prepare_into(tmp_path, "o", str(empty))
 
 
 def test_given_vocab_file_is_used(tmp_path):
@@ -263,9 +243,8 @@ def test_stdlib_text_uses_module_docstrings(tmp_path, monkeypatch):
 def test_tensorflow_text_vocab_is_deterministic(tmp_path):
     pytest.importorskip("tensorflow_text")
     text = write_text(tmp_path / "a.txt")
-    kw = dict(input_files=[text], num_shards=1, vocab_size=90, learner="tensorflow_text")
-    a = prepare.prepare(output_dir=str(tmp_path / "a"), params=params(), **kw)
-    b = prepare.prepare(output_dir=str(tmp_path / "b"), params=params(), **kw)
+    a = prepare_into(tmp_path, "a", text, num_shards=1, learner="tensorflow_text")
+    b = prepare_into(tmp_path, "b", text, num_shards=1, learner="tensorflow_text")
     assert file_bytes(a) == file_bytes(b)
 
 
@@ -292,14 +271,7 @@ def test_pick_evenly_is_the_reference_eval_picker():
 
 def test_pick_examples_keeps_that_many(tmp_path):
     text = write_text(tmp_path / "a.txt")
-    paths = prepare.prepare(
-        input_files=[text],
-        output_dir=str(tmp_path / "o"),
-        params=params(),
-        vocab_size=90,
-        learner="builtin",
-        pick_examples=5,
-    )
+    paths = prepare_into(tmp_path, "o", text, pick_examples=5)
     assert len(read_examples(paths)) == 5
 
 

@@ -2,11 +2,8 @@
 end at the unsplit run's losses, gradients and weights (same initial weights, data that differs
 between data groups, dropout off), with LAMB (the reference's) and Adam."""
 
-import dataclasses
-
 import pytest
 
-from benchmarks.bert import config as config_lib
 from benchmarks.bert.benchmark import BertBenchmark
 from mlperf_tf.benchmark import RunContext
 from mlperf_tf.errors import UserError
@@ -19,29 +16,18 @@ RTOL = 1e-5
 
 
 def benchmark(**model):
-    c = config_lib.smoke()
     # 4 heads, so that 4 model shards get one each (the smoke model has 2).
     model = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0,
              "num_attention_heads": 4, **model}  # fmt: skip
-    return BertBenchmark(dataclasses.replace(c, model=dataclasses.replace(c.model, **model)))
+    return tensor_parallel.smoke(BertBenchmark, **model)
 
 
-@pytest.mark.parametrize(
-    ("devices", "model_parallel", "optimizer"),
-    [(4, 2, "lamb"),
-     pytest.param(4, 4, "lamb", marks=pytest.mark.slow),
-     pytest.param(4, 2, "adam", marks=pytest.mark.slow),
-     pytest.param(4, 2, "lars", marks=pytest.mark.slow)],
-)  # fmt: skip
+@tensor_parallel.split_cases((4, 2, "lamb"), (4, 4, "lamb"), (4, 2, "adam"), (4, 2, "lars"))
 def test_split_run_equals_the_unsplit_run(devices, model_parallel, optimizer):
-    b = benchmark()
-    ref = tensor_parallel.train(
-        b, num_devices=devices // model_parallel, model_parallel=1, optimizer=optimizer
-    )
-    got = tensor_parallel.train(
-        b, num_devices=devices, model_parallel=model_parallel, optimizer=optimizer
-    )
-    tensor_parallel.assert_same_run(got, ref, rtol=RTOL)
+    tensor_parallel.assert_split_equals_unsplit(
+        benchmark(), num_devices=devices, model_parallel=model_parallel, optimizer=optimizer,
+        rtol=RTOL,
+    )  # fmt: skip
 
 
 def test_model_parallel_must_divide_the_heads():

@@ -4,8 +4,6 @@ by capacity buffers and all-to-alls)."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from benchmarks.gpt_oss_20b.benchmark import GptOssBenchmark
@@ -19,10 +17,7 @@ pytestmark = pytest.mark.numerics
 
 def _benchmark(**model) -> GptOssBenchmark:
     """The smoke preset, its model fields replaced by `model`."""
-    config = GptOssBenchmark.preset("smoke")
-    if model:
-        config = dataclasses.replace(config, model=dataclasses.replace(config.model, **model))
-    return GptOssBenchmark(config)
+    return tensor_parallel.smoke(GptOssBenchmark, **model)
 
 
 # Hugging Face's GPT-OSS experts: clamped SwiGLU with biases (the MLPerf reference's have neither).
@@ -45,14 +40,10 @@ def test_parallel_gpt_oss_equals_the_unsplit_run(expert_parallel, model_parallel
     losses, first-step whole gradients and final whole weights at a scale-aware 1e-5. A router
     near-tie that float32 summation order could flip would show as a large difference: the
     tolerance would catch it, and none occurs at these seeds."""
-    b = _benchmark(**model)
-    shards = 4 // model_parallel
-    ref = tensor_parallel.train(b, num_devices=shards, model_parallel=1, optimizer="adam", steps=3)
-    got = tensor_parallel.train(
-        b, num_devices=4, model_parallel=model_parallel, expert_parallel=expert_parallel,
-        optimizer="adam", steps=3,
+    got = tensor_parallel.assert_split_equals_unsplit(
+        _benchmark(**model), num_devices=4, model_parallel=model_parallel,
+        expert_parallel=expert_parallel, optimizer="adam", steps=3, rtol=1e-5,
     )  # fmt: skip
-    tensor_parallel.assert_same_run(got, ref, rtol=1e-5)
     assert got.losses[-1] < got.losses[0]
 
 

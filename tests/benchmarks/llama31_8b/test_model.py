@@ -13,6 +13,7 @@ from benchmarks.llama31_8b import config as config_lib
 from benchmarks.llama31_8b import model as M
 from benchmarks.llama31_8b.benchmark import Llama31Benchmark
 from mlperf_tf.lm import RotaryEmbedding
+from tests.keras_hub_weights import copy_decoder_into
 from tests.numerics import assert_close
 from tools.peers.bench_llama import llama3_backbone
 
@@ -82,22 +83,7 @@ def _copy_into_keras_hub(ours, config):
     """A keras-hub `Llama3Backbone` of `config` carrying our weights, and our lm_head kernel."""
     pytest.importorskip("keras_hub")
     hub = llama3_backbone(config, rope_position_scaling_factor=1.0, dtype="float32")
-    h, d = config.hidden_size, config.head_dim
-    hub.token_embedding.embeddings.assign(ours.token_embedding.embeddings.numpy())
-    for ours_layer, hub_layer in zip(ours.decoder_layers, hub.transformer_layers, strict=True):
-        att, hub_att = ours_layer.attention, hub_layer._self_attention_layer
-        hub_att._query_dense.kernel.assign(att.q_proj.kernel.numpy().reshape(h, -1, d))
-        hub_att._key_dense.kernel.assign(att.k_proj.kernel.numpy().reshape(h, -1, d))
-        hub_att._value_dense.kernel.assign(att.v_proj.kernel.numpy().reshape(h, -1, d))
-        hub_att._output_dense.kernel.assign(att.o_proj.kernel.numpy().reshape(-1, d, h))
-        mlp = ours_layer.mlp
-        hub_layer._feedforward_gate_dense.kernel.assign(mlp.gate_proj.kernel.numpy())
-        hub_layer._feedforward_intermediate_dense.kernel.assign(mlp.up_proj.kernel.numpy())
-        hub_layer._feedforward_output_dense.kernel.assign(mlp.down_proj.kernel.numpy())
-        hub_layer._self_attention_layernorm.scale.assign(ours_layer.attention_norm.scale.numpy())
-        hub_layer._feedforward_layernorm.scale.assign(ours_layer.mlp_norm.scale.numpy())
-    hub.layer_norm.scale.assign(ours.final_norm.scale.numpy())
-    return hub
+    return copy_decoder_into(hub, ours, hidden_size=config.hidden_size, head_dim=config.head_dim)
 
 
 @pytest.mark.peers

@@ -32,6 +32,16 @@ def markov_fn(table: np.ndarray):
     return fn
 
 
+def markov_beam_search(table: np.ndarray, starts, **settings):
+    """`sequence_beam_search` over the Markov chain `table` (its vocabulary: the table's rows)
+    from the int32 ids `starts`, each sentence's step counter at 0; `settings`: beam_size, alpha,
+    max_decode_length, retire_finished."""
+    return beam_search.sequence_beam_search(
+        markov_fn(table), starts, {"steps": tf.zeros_like(starts)}, vocab_size=len(table),
+        eos_id=EOS, **settings,
+    )  # fmt: skip
+
+
 def brute_force_best(table: np.ndarray, max_len: int, alpha: float):
     """Best finished sequence (ending in EOS within max_len) by exhaustive search."""
     log_probs = table - np.log(np.exp(table).sum(axis=1, keepdims=True))
@@ -62,17 +72,10 @@ def test_exhaustive_beam_finds_the_brute_force_optimum(alpha, retire_finished):
         table[:, 0] = -5.0  # the pad id is unlikely but allowed
         best, best_score = brute_force_best(table, max_len, alpha)
         # A beam of vocab**max_len keeps every hypothesis: the search is exhaustive.
-        ids, scores = beam_search.sequence_beam_search(
-            markov_fn(table),
-            tf.zeros([1], tf.int32),
-            {"steps": tf.zeros([1], tf.int32)},
-            vocab_size=vocab,
-            beam_size=vocab**max_len // 2,
-            alpha=alpha,
-            max_decode_length=max_len,
-            eos_id=EOS,
-            retire_finished=retire_finished,
-        )
+        ids, scores = markov_beam_search(
+            table, tf.zeros([1], tf.int32), beam_size=vocab**max_len // 2, alpha=alpha,
+            max_decode_length=max_len, retire_finished=retire_finished,
+        )  # fmt: skip
         got = ids.numpy()[0, 0].tolist()
         assert got[: len(best)] == best, trial
         assert all(t == 0 for t in got[len(best) :])
@@ -175,20 +178,11 @@ def test_retiring_sentences_with_no_static_part():
     """A cache-only search (no `static`) retires too: the Markov chain's exhaustive optimum."""
     rng = np.random.default_rng(7)
     table = rng.normal(scale=2.0, size=(4, 4))
-    fn = markov_fn(table)
     starts = tf.constant([0, 2, 3], tf.int32)
     runs = [
-        beam_search.sequence_beam_search(
-            fn,
-            starts,
-            {"steps": tf.zeros([3], tf.int32)},
-            vocab_size=4,
-            beam_size=2,
-            alpha=0.6,
-            max_decode_length=5,
-            eos_id=EOS,
-            retire_finished=retire,
-        )[0].numpy()[:, 0]  # fmt: skip
+        markov_beam_search(
+            table, starts, beam_size=2, alpha=0.6, max_decode_length=5, retire_finished=retire
+        )[0].numpy()[:, 0]
         for retire in (False, True)
     ]
     np.testing.assert_array_equal(runs[1], runs[0])
@@ -208,16 +202,14 @@ def test_length_penalty_formula():
 
 
 def test_argument_validation():
-    fn = markov_fn(np.zeros([3, 3]))
     with pytest.raises(ValueError, match="beam_size"):
-        beam_search.sequence_beam_search(
-            fn, tf.zeros([1], tf.int32), {"steps": tf.zeros([1], tf.int32)},
-            vocab_size=3, beam_size=0, alpha=0.6, max_decode_length=3, eos_id=EOS,
-        )  # fmt: skip
+        markov_beam_search(
+            np.zeros([3, 3]), tf.zeros([1], tf.int32), beam_size=0, alpha=0.6, max_decode_length=3
+        )
     with pytest.raises(ValueError, match="max_decode_length"):
         beam_search.greedy_search(
-            fn, tf.zeros([1], tf.int32), {"steps": tf.zeros([1], tf.int32)},
-            max_decode_length=0, eos_id=EOS,
+            markov_fn(np.zeros([3, 3])), tf.zeros([1], tf.int32),
+            {"steps": tf.zeros([1], tf.int32)}, max_decode_length=0, eos_id=EOS,
         )  # fmt: skip
 
 

@@ -70,6 +70,16 @@ def test_bucket_batch_sizes():
         input_lib.bucket_batch_sizes((16,), 100, 8)
 
 
+def train_dataset(files, **overrides):
+    """`input_lib.train_dataset` of `files` at the tests' small sizes (48 tokens a replica, pairs
+    of at most 12 ids in BUCKETS, discarded above), one pipeline, unless `overrides` say else."""
+    settings = dict(
+        input_context=None, tokens_per_replica=48, max_length=12, method="discard",
+        bucket_lengths=BUCKETS, batch_multiple=1, shuffle_buffer=4, seed=0,
+    )  # fmt: skip
+    return input_lib.train_dataset(files, **{**settings, **overrides})
+
+
 def collect(dataset, num_batches):
     shapes = collections.Counter()
     batches = []
@@ -84,17 +94,7 @@ def collect(dataset, num_batches):
 def test_train_batches_are_static_per_bucket(tmp_path, method):
     lengths = [2, 3, 4, 5, 7, 8, 9, 12, 14, 20] * 20
     files = write_pairs(tmp_path, lengths)
-    dataset = input_lib.train_dataset(
-        files,
-        input_context=None,
-        tokens_per_replica=48,
-        max_length=12,
-        method=method,
-        bucket_lengths=BUCKETS,
-        batch_multiple=2,
-        shuffle_buffer=64,
-        seed=0,
-    )
+    dataset = train_dataset(files, method=method, batch_multiple=2, shuffle_buffer=64)
     shapes, batches = collect(dataset, 60)
     # Batches per bucket: 48 // 4 = 12, 48 // 8 = 6 and 48 // 12 = 4 pairs.
     assert set(shapes) <= {(12, 4), (6, 8), (4, 12)}
@@ -114,17 +114,10 @@ def test_train_batches_are_static_per_bucket(tmp_path, method):
 
 def test_train_dataset_validates_arguments(tmp_path):
     files = write_pairs(tmp_path, [3, 4])
-    common = dict(
-        input_context=None, tokens_per_replica=48, batch_multiple=1, shuffle_buffer=4, seed=0
-    )
     with pytest.raises(ValueError, match="method"):
-        input_lib.train_dataset(
-            files, max_length=12, method="cut", bucket_lengths=BUCKETS, **common
-        )
+        train_dataset(files, method="cut")
     with pytest.raises(ValueError, match="last bucket"):
-        input_lib.train_dataset(
-            files, max_length=16, method="discard", bucket_lengths=BUCKETS, **common
-        )
+        train_dataset(files, max_length=16)
 
 
 def test_train_dataset_shards_per_input_pipeline(tmp_path):
@@ -134,9 +127,9 @@ def test_train_dataset_shards_per_input_pipeline(tmp_path):
         context = tf.distribute.InputContext(
             num_input_pipelines=2, input_pipeline_id=pipeline_id, num_replicas_in_sync=2
         )
-        dataset = input_lib.train_dataset(
-            files, input_context=context, tokens_per_replica=16, max_length=4, method="discard",
-            bucket_lengths=(4,), batch_multiple=1, shuffle_buffer=1, seed=0,
+        dataset = train_dataset(
+            files, input_context=context, tokens_per_replica=16, max_length=4, bucket_lengths=(4,),
+            shuffle_buffer=1,
         )  # fmt: skip
         first = next(iter(dataset))["inputs"].numpy()
         assert first.shape == (4, 4)
@@ -205,10 +198,9 @@ def test_cached_training_pairs_reshuffle_every_epoch_and_keep_every_pair(tmp_pat
     files = write_pairs(tmp_path, [3 + i % 9 for i in range(48)], with_index=True)
     epochs = {}
     for cache in (False, True):
-        dataset = input_lib.train_dataset(
-            files, input_context=None, tokens_per_replica=12, max_length=12, method="discard",
-            bucket_lengths=(12,), batch_multiple=1, shuffle_buffer=shuffle_buffer, seed=3,
-            cache=cache,
+        dataset = train_dataset(
+            files, tokens_per_replica=12, bucket_lengths=(12,), shuffle_buffer=shuffle_buffer,
+            seed=3, cache=cache,
         )  # fmt: skip
         # Training pipelines let a ready element pass a slow one (`options.deterministic` off),
         # which may carry a pair across an epoch's end; epochs are whole only in order.

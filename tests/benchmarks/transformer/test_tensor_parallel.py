@@ -2,11 +2,8 @@
 CPUs end at the unsplit run's losses, gradients and weights (same initial weights, data that
 differs between data groups, dropout off), and bad sizes are one-line errors."""
 
-import dataclasses
-
 import pytest
 
-from benchmarks.transformer import config as config_lib
 from benchmarks.transformer.benchmark import TransformerBenchmark
 from mlperf_tf.benchmark import RunContext
 from mlperf_tf.errors import UserError
@@ -19,30 +16,17 @@ RTOL = 1e-5
 
 
 def benchmark(**model):
-    c = config_lib.smoke()
+    """The smoke Transformer, dropout off, `model` fields replaced (the checkpoint tests' too)."""
     model = {"dropout": 0.0, "attention_dropout": 0.0, "relu_dropout": 0.0, **model}
-    return TransformerBenchmark(dataclasses.replace(c, model=dataclasses.replace(c.model, **model)))
+    return tensor_parallel.smoke(TransformerBenchmark, **model)
 
 
-def check_same(got, ref):
-    tensor_parallel.assert_same_run(got, ref, rtol=RTOL)
-
-
-@pytest.mark.parametrize(
-    ("devices", "model_parallel", "optimizer"),
-    [(4, 2, "adam"),
-     pytest.param(4, 2, "lamb", marks=pytest.mark.slow),
-     pytest.param(4, 4, "adam", marks=pytest.mark.slow),
-     pytest.param(4, 4, "lamb", marks=pytest.mark.slow)],
-)  # fmt: skip
+@tensor_parallel.split_cases((4, 2, "adam"), (4, 2, "lamb"), (4, 4, "adam"), (4, 4, "lamb"))
 def test_split_run_equals_the_unsplit_run(devices, model_parallel, optimizer):
-    b = benchmark()
-    data_groups = devices // model_parallel
-    ref = tensor_parallel.train(b, num_devices=data_groups, model_parallel=1, optimizer=optimizer)
-    got = tensor_parallel.train(
-        b, num_devices=devices, model_parallel=model_parallel, optimizer=optimizer
-    )
-    check_same(got, ref)
+    tensor_parallel.assert_split_equals_unsplit(
+        benchmark(), num_devices=devices, model_parallel=model_parallel, optimizer=optimizer,
+        rtol=RTOL,
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize(

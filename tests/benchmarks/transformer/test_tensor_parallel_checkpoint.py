@@ -2,24 +2,15 @@
 `--model_parallel=2`, they restore at 1 and 4 model shards and at another data-axis size to
 1e-6, optimizer slots included; a checkpoint of another shape is a one-line error."""
 
-import dataclasses
-
 import pytest
 import tensorflow as tf
 
-from benchmarks.transformer import config as config_lib
-from benchmarks.transformer.benchmark import TransformerBenchmark
 from mlperf_tf.errors import UserError
 from tests import tensor_parallel
+from tests.benchmarks.transformer.test_tensor_parallel import benchmark
 from tests.numerics import assert_close
 
 pytestmark = pytest.mark.numerics
-
-
-def benchmark(**model):
-    c = config_lib.smoke()
-    model = {"dropout": 0.0, "attention_dropout": 0.0, "relu_dropout": 0.0, **model}
-    return TransformerBenchmark(dataclasses.replace(c, model=dataclasses.replace(c.model, **model)))
 
 
 @pytest.fixture(scope="module")

@@ -336,18 +336,18 @@ def _augment(example):
     return {"image": image, "label": example["label"]}
 
 
+def _cached_images(files, batch_size, **kwargs):
+    """Two epochs of the images in `files`, decoded once into the cache and cropped at random
+    after it (ResNet's split of the work)."""
+    return pipeline.training_pipeline(
+        files, input_context=None, parse_fn=_parse_and_decode, transform_fn=_augment,
+        batch_size=batch_size, cache=True, num_epochs=2, **kwargs,
+    )  # fmt: skip
+
+
 def test_cached_decoded_images_are_augmented_anew_each_epoch(tmp_path):
     files = helpers.write_images(tmp_path, 12, 2)
-    ds = pipeline.training_pipeline(
-        files,
-        input_context=None,
-        parse_fn=_parse_and_decode,
-        transform_fn=_augment,
-        batch_size=4,
-        cache=True,
-        num_epochs=2,
-    )
-    batches = list(ds)
+    batches = list(_cached_images(files, batch_size=4))
     labels = [x for b in batches for x in b["label"].numpy()]
     assert sorted(labels[:12]) == sorted(labels[12:]) == list(range(12))
     first = {lab: img for b in batches[:3] for lab, img in zip(b["label"].numpy(), b["image"])}
@@ -358,20 +358,11 @@ def test_cached_decoded_images_are_augmented_anew_each_epoch(tmp_path):
 @pytest.mark.parametrize("bad", [7, 11])  # 11: the last record of the first (finite) stage
 def test_cached_pipeline_bad_records(tmp_path, capfd, bad):
     files = helpers.write_images(tmp_path, 12, 2, bad={bad})
-    common = dict(
-        input_context=None,
-        parse_fn=_parse_and_decode,
-        transform_fn=_augment,
-        batch_size=1,
-        cache=True,
-        num_epochs=2,
-    )
     with pytest.raises(DataError, match=f"in file '{files[1]}'"):
         with pipeline.translate_errors():
-            list(pipeline.training_pipeline(files, **common))
+            list(_cached_images(files, batch_size=1))
     labels = [
-        b["label"].numpy()[0]
-        for b in pipeline.training_pipeline(files, skip_bad_records=True, **common)
+        b["label"].numpy()[0] for b in _cached_images(files, batch_size=1, skip_bad_records=True)
     ]
     assert sorted(labels) == sorted([i for i in range(12) if i != bad] * 2)
     err = capfd.readouterr().err

@@ -13,6 +13,7 @@ import tensorflow as tf
 from mlperf_tf.layers import moe
 from mlperf_tf.layers.moe import MoEConfig
 from mlperf_tf.lm import DecoderConfig, FeedForward, build_decoder, clamped_swiglu
+from tests.keras_hub_weights import copy_decoder_into
 from tests.numerics import assert_close
 
 pytestmark = pytest.mark.numerics
@@ -50,20 +51,7 @@ def test_sliding_window_model_equals_keras_hub_mistral_backbone():
         num_key_value_heads=2, rope_max_wavelength=10_000.0, layer_norm_epsilon=1e-5,
         sliding_window=window, dtype="float32",
     )  # fmt: skip
-    h, d = 32, 8
-    hub.token_embedding.embeddings.assign(ours.token_embedding.embeddings.numpy())
-    for layer, hub_layer in zip(ours.decoder_layers, hub.transformer_layers, strict=True):
-        att, hub_att = layer.attention, hub_layer._self_attention_layer
-        hub_att._query_dense.kernel.assign(att.q_proj.kernel.numpy().reshape(h, -1, d))
-        hub_att._key_dense.kernel.assign(att.k_proj.kernel.numpy().reshape(h, -1, d))
-        hub_att._value_dense.kernel.assign(att.v_proj.kernel.numpy().reshape(h, -1, d))
-        hub_att._output_dense.kernel.assign(att.o_proj.kernel.numpy().reshape(-1, d, h))
-        hub_layer._feedforward_gate_dense.kernel.assign(layer.mlp.gate_proj.kernel.numpy())
-        hub_layer._feedforward_intermediate_dense.kernel.assign(layer.mlp.up_proj.kernel.numpy())
-        hub_layer._feedforward_output_dense.kernel.assign(layer.mlp.down_proj.kernel.numpy())
-        hub_layer._self_attention_layernorm.scale.assign(layer.attention_norm.scale.numpy())
-        hub_layer._feedforward_layernorm.scale.assign(layer.mlp_norm.scale.numpy())
-    hub.layer_norm.scale.assign(ours.final_norm.scale.numpy())
+    copy_decoder_into(hub, ours, hidden_size=32, head_dim=8)
     tokens = _tokens(seq=20, seed=3)
     expected = hub({"token_ids": tokens, "padding_mask": tf.ones_like(tokens)})
     assert_close(ours.hidden_states(tokens), expected, rtol=1e-5)
