@@ -9,7 +9,6 @@ test can fail.
 
 import json
 import os
-import types
 
 import pytest
 import yaml
@@ -18,7 +17,6 @@ from mlperf_logging.mllog import constants as C
 from compliance import checker
 from mlperf_tf import registry, rounds
 from mlperf_tf.benchmark import RunContext
-from mlperf_tf.runner.controller import Controller
 from tests.compliance import logs
 
 # MLPerf benchmark name -> the benchmark class the registry holds under the suite's name.
@@ -35,12 +33,11 @@ def _class(benchmark: str):
 
 
 def _hparams(benchmark: str) -> dict:
-    """The hyperparameters the runner logs for `benchmark`'s mlperf preset: its controller's own
-    assembly (the config's batch keys, the benchmark's, the round-level ones), run on the
-    benchmark alone, so this test follows the runner instead of a copy of it."""
+    """The hyperparameters the runner logs for `benchmark`'s mlperf preset: the runner's own
+    assembly (`Benchmark.logged_hparams`: the config's batch keys, the benchmark's, the
+    round-level ones), so this test follows the runner instead of a copy of it."""
     cls = _class(benchmark)
-    bench = cls(cls.preset("mlperf")).with_context(RunContext(num_replicas=1))
-    return Controller._hparams(types.SimpleNamespace(benchmark=bench))
+    return cls(cls.preset("mlperf")).with_context(RunContext(num_replicas=1)).logged_hparams()
 
 
 @pytest.fixture(scope="module")
