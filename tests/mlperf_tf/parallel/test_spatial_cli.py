@@ -6,6 +6,7 @@ import sys
 import pytest
 
 from tests import processes
+from tests.refusals import the_error_line
 
 
 @pytest.mark.parametrize(
@@ -28,7 +29,4 @@ def test_bad_spatial_partition_is_one_error_line(argv, needle, tmp_path):
         cwd=processes.REPO_ROOT, env=processes.python_env(), capture_output=True, text=True,
         timeout=300,
     )  # fmt: skip
-    errors = [line for line in ran.stderr.splitlines() if line.startswith("error:")]
-    assert ran.returncode == 2, ran.stderr[-3000:]
-    assert len(errors) == 1 and needle in errors[0], ran.stderr[-3000:]
-    assert "Traceback" not in ran.stderr
+    assert needle in the_error_line(ran.stderr, ran.returncode, 2), ran.stderr[-3000:]
