@@ -181,33 +181,33 @@ class AxisGroup:
     def copy(self, x):
         """Megatron's f: identity forward; backward, the all-reduce of the gradient over the
         group (before a column-parallel block)."""
+        return self._one_way(x, "copy", reduce_forward=False)
+
+    def reduce(self, x):
+        """Megatron's g: all-reduce (sum) over the group forward; identity backward (after a
+        row-parallel projection)."""
+        return self._one_way(x, "reduce", reduce_forward=True)
+
+    def _one_way(self, x, what: str, *, reduce_forward: bool):
+        """Megatron's f and g, which are conjugate: one all-reduce over the group in one direction
+        of autodiff (forward when `reduce_forward`, else backward, named `<what>/bwd`) and the
+        identity in the other."""
         if self.size == 1:
             return x
         ops, members = self._ops()
-        name = self._name(ops, "copy")
+        name = self._name(ops, what)
 
         @tf.custom_gradient
-        def copy(t):
+        def one_way(t):
+            if reduce_forward:
+                return ops.all_reduce(t, members, name), tf.identity
+
             def grad(upstream):
                 return ops.all_reduce(upstream, members, name + "/bwd")
 
             return tf.identity(t), grad
 
-        return copy(x)
-
-    def reduce(self, x):
-        """Megatron's g: all-reduce (sum) over the group forward; identity backward (after a
-        row-parallel projection)."""
-        if self.size == 1:
-            return x
-        ops, members = self._ops()
-        name = self._name(ops, "reduce")
-
-        @tf.custom_gradient
-        def reduce(t):
-            return ops.all_reduce(t, members, name), tf.identity
-
-        return reduce(x)
+        return one_way(x)
 
     def max(self, x):
         """Element-wise maximum over the group (no gradient: for numerical shifts only).
