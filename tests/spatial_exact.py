@@ -26,7 +26,7 @@ import tensorflow as tf
 from mlperf_tf.benchmark import Benchmark, RunContext
 from mlperf_tf.parallel import input as parallel_input
 from mlperf_tf.parallel.mesh import DeviceMesh
-from mlperf_tf.runner.trainer import Trainer, group_loss_scale
+from mlperf_tf.runner.trainer import Trainer
 from tests.numerics import assert_close, scale_of
 from tests.strategies import mirrored
 
@@ -56,24 +56,13 @@ def train(
         parallel_input.for_mesh(bench.train_dataset, mesh)
     )
     iterator = iter(dataset)
-
-    @tf.function
-    def gradients(iterator):
-        def replica(batch):
-            with tf.GradientTape() as tape:
-                # As the Trainer scales it: the group's members share one batch shard's loss.
-                loss = bench.compute_loss(model, batch, training=True) * group_loss_scale(mesh)
-            return tape.gradient(loss, model.trainable_variables)
-
-        per_replica = strategy.run(replica, args=(next(iterator),))
-        return [strategy.reduce(tf.distribute.ReduceOp.SUM, g, axis=None) for g in per_replica]
-
-    # By variable path: the gathers of the split model can change the variables' order.
-    paths = [v.path for v in model.trainable_variables]
-    grads = {path: g.numpy() for path, g in zip(paths, gradients(iterator))}
     trainer = Trainer(
         strategy=strategy, benchmark=bench, model=model, optimizer=optimizer, xla=False
     )
+    # By variable path: the gathers of the split model can change the variables' order.
+    paths = [v.path for v in model.trainable_variables]
+    grads = trainer.summed_gradients(next(iterator))
+    grads = {path: g.numpy() for path, g in zip(paths, grads)}
     losses = [float(trainer.loop(iterator, tf.constant(1))[0]) for _ in range(steps)]
     final = {v.path: v.numpy() for v in model.weights}
     return {"weights": start, "grads": grads, "losses": losses, "final": final}

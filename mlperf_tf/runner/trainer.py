@@ -107,6 +107,18 @@ class Trainer:
         # report no input wait rather than fail.
         self.time_input = _timestamps_allowed()
         self.loop = tf.function(self._loop)
+        self.summed_gradients = tf.function(self._summed_gradients)
+
+    def _summed_gradients(self, batch) -> list[tf.Tensor]:
+        """The cross-replica sum of the gradients of one distributed `batch` (one per
+        `model.trainable_variables`), computed as a step computes them, but neither clipped nor
+        applied (cross-replica context; `summed_gradients` is its `tf.function`).
+
+        For tests and tools that compare gradients, e.g. a split model's against the unsplit one's,
+        through the runner's loss scaling rather than a copy of it.
+        """
+        per_replica = self.strategy.run(lambda b: self._grads(b)[1], args=(batch,))
+        return [self.strategy.reduce(tf.distribute.ReduceOp.SUM, g, axis=None) for g in per_replica]
 
     def _replica_grads(self, batch):
         variables = self.model.trainable_variables

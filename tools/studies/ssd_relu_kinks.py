@@ -60,34 +60,27 @@ def first_gradients(bench, *, parts: int, devices: int, weights=None) -> dict:
     from mlperf_tf.benchmark import RunContext  # noqa: PLC0415
     from mlperf_tf.parallel import input as parallel_input  # noqa: PLC0415
     from mlperf_tf.parallel import mesh as parallel_mesh  # noqa: PLC0415
-    from mlperf_tf.runner.trainer import group_loss_scale  # noqa: PLC0415
+    from mlperf_tf.runner.trainer import Trainer  # noqa: PLC0415
 
     strategy = harness.mirrored_cpus(devices)
     mesh = parallel_mesh.DeviceMesh(data=devices // parts, spatial=parts)
     bench = bench.with_context(RunContext(num_replicas=devices, seed=0, mesh=mesh))
     with strategy.scope():
         model = bench.build_model()
+        optimizer = bench.build_optimizer(bench.train_steps)
         for v in model.weights if weights is not None else ():
             v.assign(weights[v.path])
     start = {v.path: v.numpy() for v in model.weights}
     batches = strategy.distribute_datasets_from_function(
         parallel_input.for_mesh(bench.train_dataset, mesh)
     )
-
-    @tf.function
-    def gradients(batch):
-        def replica(batch):
-            with tf.GradientTape() as tape:
-                # As the runner's Trainer scales it (the spatial group shares one batch shard).
-                loss = bench.compute_loss(model, batch, training=True) * group_loss_scale(mesh)
-            return tape.gradient(loss, model.trainable_variables)
-
-        per_replica = strategy.run(replica, args=(batch,))
-        return [strategy.reduce(tf.distribute.ReduceOp.SUM, g, axis=None) for g in per_replica]
-
+    # The runner's gradients (the spatial group's members share one batch shard's loss).
+    trainer = Trainer(
+        strategy=strategy, benchmark=bench, model=model, optimizer=optimizer, xla=False
+    )
     # By variable path: the gathers of the split model can change the variables' order.
     paths = [v.path for v in model.trainable_variables]
-    grads = gradients(next(iter(batches)))
+    grads = trainer.summed_gradients(next(iter(batches)))
     return {"weights": start, "grads": {p: g.numpy() for p, g in zip(paths, grads)}}
 
 
