@@ -32,7 +32,7 @@ from keras import ops
 
 from mlperf_tf.optimizers import base
 from mlperf_tf.optimizers.lars import DEFAULT_LARS_EXCLUDE, LARS
-from mlperf_tf.optimizers.registry import OptimizerPlugin
+from mlperf_tf.optimizers.registry import OptimizerPlugin, alias, fields_as_arguments
 
 BASE_OPTIMIZERS = ("sgd", "lars")
 
@@ -493,27 +493,10 @@ class KFACHparams:
     kfac_factor_update_interval: int = 10
     kfac_inverse_update_interval: int = 100
     kfac_kl_clip: float = 0.001
-    kfac_momentum: float = dataclasses.field(
-        default=0.9,
-        metadata={"aliases": ("sgd_opt_momentum", "lars_opt_momentum", "momentum")},
-    )
-    kfac_weight_decay: float = dataclasses.field(
-        default=0.0, metadata={"aliases": ("lars_opt_weight_decay",)}
-    )
+    kfac_momentum: float = alias(0.9, "sgd_opt_momentum", "lars_opt_momentum", "momentum")
+    kfac_weight_decay: float = alias(0.0, "lars_opt_weight_decay")
 
 
-def _make(h: KFACHparams, learning_rate) -> KFAC:
-    return KFAC(
-        learning_rate,
-        base_optimizer=h.kfac_base_optimizer,
-        damping=h.kfac_damping,
-        factor_decay=h.kfac_factor_decay,
-        factor_update_interval=h.kfac_factor_update_interval,
-        inverse_update_interval=h.kfac_inverse_update_interval,
-        kl_clip=h.kfac_kl_clip,
-        momentum=h.kfac_momentum,
-        weight_decay=h.kfac_weight_decay,
-    )
-
-
-PLUGIN = OptimizerPlugin(hparams_class=KFACHparams, make=_make, log_name="kfac")
+PLUGIN = OptimizerPlugin(
+    hparams_class=KFACHparams, make=fields_as_arguments(KFAC, "kfac_"), log_name="kfac"
+)

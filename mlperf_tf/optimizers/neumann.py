@@ -10,7 +10,7 @@ import tensorflow as tf
 from keras import ops
 
 from mlperf_tf.optimizers import base
-from mlperf_tf.optimizers.registry import OptimizerPlugin
+from mlperf_tf.optimizers.registry import OptimizerPlugin, fields_as_arguments
 
 # What |w - v| is taken over (see `Neumann`): all trainable variables at once, or each variable.
 NORM_SCOPES = ("model", "variable")
@@ -257,18 +257,6 @@ class NeumannHparams:
     neumann_norm_scope: str = "model"
 
 
-def _make(h: NeumannHparams, learning_rate) -> Neumann:
-    return Neumann(
-        learning_rate,
-        cubic_regularizer=h.neumann_cubic_regularizer,
-        repulsive_regularizer=h.neumann_repulsive_regularizer,
-        moving_average=h.neumann_moving_average,
-        reset_interval=h.neumann_reset_interval,
-        warmup_steps=h.neumann_warmup_steps,
-        momentum_max=h.neumann_momentum_max,
-        momentum_ramp_steps=h.neumann_momentum_ramp_steps,
-        norm_scope=h.neumann_norm_scope,
-    )
-
-
-PLUGIN = OptimizerPlugin(hparams_class=NeumannHparams, make=_make, log_name="neumann")
+PLUGIN = OptimizerPlugin(
+    hparams_class=NeumannHparams, make=fields_as_arguments(Neumann, "neumann_"), log_name="neumann"
+)

@@ -8,7 +8,7 @@ import keras
 from keras import ops
 
 from mlperf_tf.optimizers import base
-from mlperf_tf.optimizers.registry import OptimizerPlugin
+from mlperf_tf.optimizers.registry import OptimizerPlugin, fields_as_arguments
 
 BETA_RULES = ("FR", "PR")
 _EPS = 1e-8  # the authors' guard on every division
@@ -185,13 +185,6 @@ class NLCGHparams:
     nlcg_restart_interval: int = 0
 
 
-def _make(h: NLCGHparams, learning_rate) -> NLCG:
-    return NLCG(
-        learning_rate,
-        beta_rule=h.nlcg_beta_rule,
-        precondition=h.nlcg_precondition,
-        restart_interval=h.nlcg_restart_interval,
-    )
-
-
-PLUGIN = OptimizerPlugin(hparams_class=NLCGHparams, make=_make, log_name="nlcg")
+PLUGIN = OptimizerPlugin(
+    hparams_class=NLCGHparams, make=fields_as_arguments(NLCG, "nlcg_"), log_name="nlcg"
+)

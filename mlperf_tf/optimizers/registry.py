@@ -40,14 +40,53 @@ class UnknownOptimizerError(UserError, KeyError):
         return self.args[0]
 
 
-def alias(default, *names: str):
+def alias(default, *names: str, argument: str | None = None):
     """A dataclass field with a default and other config field names it may be read from.
 
     Args:
       default: the field's default.
       *names: names a benchmark config may use for the same setting (e.g. "momentum").
+      argument: the optimizer's constructor argument that the field feeds, where its name
+        is not the field's name less a prefix (see `fields_as_arguments`).
     """
-    return dataclasses.field(default=default, metadata={"aliases": names})
+    return dataclasses.field(default=default, metadata={"aliases": names, "argument": argument})
+
+
+def fields_as_arguments(optimizer_class: Callable[..., Any], *prefixes: str, **fixed):
+    """A plug-in's `make` that passes every hyperparameter to `optimizer_class` by keyword.
+
+    The fields are named after MLPerf log keys (`lars_opt_momentum`) and the constructor's
+    arguments after what they are (`momentum`): a field's keyword is its name less the first
+    of `prefixes` it starts with, or the `argument` its `alias` names. So the mapping is
+    mechanical, and a setting is declared once, in the hyperparameter dataclass.
+
+    Args:
+      optimizer_class: the optimizer (any callable taking the learning rate and keywords).
+      *prefixes: the field-name prefixes to drop, tried in order (e.g. "lars_opt_", "lars_").
+      **fixed: further keyword arguments passed unchanged (settings that are no hyperparameter).
+    """
+
+    def make(hparams, learning_rate) -> keras.optimizers.Optimizer:
+        arguments = {
+            _argument(field, prefixes): getattr(hparams, field.name)
+            for field in dataclasses.fields(hparams)
+        }
+        return optimizer_class(learning_rate, **arguments, **fixed)
+
+    return make
+
+
+def _argument(field: dataclasses.Field, prefixes: tuple[str, ...]) -> str:
+    """The constructor keyword of a hyperparameter field (see `fields_as_arguments`)."""
+    if field.metadata.get("argument"):
+        return field.metadata["argument"]
+    for prefix in prefixes:
+        if field.name.startswith(prefix):
+            return field.name[len(prefix) :]
+    raise TypeError(
+        f"hyperparameter `{field.name}` starts with none of the prefixes {prefixes} "
+        "and names no `argument`."
+    )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -58,6 +58,27 @@ def test_hparams_come_from_params_then_config_fields_then_defaults():
     assert logged["lars_opt_weight_decay"] == 5e-5 and logged["opt_name"] == "lars"
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PrefixedHparams:
+    my_opt_momentum: float = 0.7
+    my_nesterov: bool = True
+    my_rate: float = registry.alias(0.0, argument="weight_decay")
+
+
+def test_fields_as_arguments_drops_the_first_matching_prefix_or_takes_the_argument():
+    make = registry.fields_as_arguments(LARS, "my_opt_", "my_", eeta=0.02)
+    optimizer = make(PrefixedHparams(my_rate=1e-3), 0.1)
+    assert isinstance(optimizer, LARS)
+    assert (optimizer.momentum, optimizer.nesterov, optimizer.weight_decay_rate) == (
+        0.7,
+        True,
+        1e-3,
+    )
+    assert optimizer.eeta == 0.02  # a fixed argument
+    with pytest.raises(TypeError, match="`my_opt_momentum` starts with none of the prefixes"):
+        registry.fields_as_arguments(LARS, "lars_")(PrefixedHparams(), 0.1)
+
+
 @pytest.mark.parametrize(
     "name, params, error, message",
     [
