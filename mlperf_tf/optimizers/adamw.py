@@ -42,6 +42,8 @@ class AdamW(Optimizer):
       {{base_keyword_args}}
     """
 
+    config_arguments = ("beta_1", "beta_2", "epsilon")
+
     def __init__(
         self,
         learning_rate=1e-3,
@@ -110,12 +112,6 @@ class AdamW(Optimizer):
     def sharded_update(self, variables) -> ShardedUpdate:
         """AdamW on 1/N pieces (weight-update sharding): element-wise, so no norms."""
         return _AdamWPieces(self, variables)
-
-    def get_config(self):
-        """Returns every constructor argument."""
-        config = super().get_config()
-        config.update({"beta_1": self.beta_1, "beta_2": self.beta_2, "epsilon": self.epsilon})
-        return config
 
 
 class _AdamWPieces(ShardedUpdate):

@@ -66,6 +66,7 @@ class LAMB(base.Optimizer):
     """
 
     uses_layer_norms = True
+    config_arguments = ("beta_1", "beta_2", "epsilon", "bias_correction")
 
     def __init__(
         self,
@@ -256,15 +257,7 @@ class LAMB(base.Optimizer):
         """Returns every constructor argument (both exclusion lists included)."""
         config = super().get_config()
         adaptation = self.exclude_from_layer_adaptation_patterns
-        config.update(
-            {
-                "beta_1": self.beta_1,
-                "beta_2": self.beta_2,
-                "epsilon": self.epsilon,
-                "bias_correction": self.bias_correction,
-                "exclude_from_layer_adaptation": None if adaptation is None else list(adaptation),
-            }
-        )
+        config["exclude_from_layer_adaptation"] = None if adaptation is None else list(adaptation)
         return config
 
 

@@ -73,6 +73,17 @@ class Neumann(base.Optimizer):
     replica applies the same update to its copy of w, m and v.
     """
 
+    config_arguments = (
+        "cubic_regularizer",
+        "repulsive_regularizer",
+        "moving_average",
+        "reset_interval",
+        "warmup_steps",
+        "momentum_max",
+        "momentum_ramp_steps",
+        "norm_scope",
+    )
+
     def __init__(
         self,
         learning_rate,
@@ -85,8 +96,6 @@ class Neumann(base.Optimizer):
         momentum_max: float = 0.9,
         momentum_ramp_steps: int = 100,
         norm_scope: str = "model",
-        weight_decay: float = 0.0,
-        exclude_from_weight_decay=(),
         name: str = "Neumann",
         **kwargs,
     ):
@@ -109,13 +118,7 @@ class Neumann(base.Optimizer):
         Raises:
           ValueError: a hyperparameter is out of range, or `norm_scope` is unknown.
         """
-        super().__init__(
-            learning_rate,
-            weight_decay=weight_decay,
-            exclude_from_weight_decay=exclude_from_weight_decay,
-            name=name,
-            **kwargs,
-        )
+        super().__init__(learning_rate, name=name, **kwargs)
         self.cubic_regularizer = base.check_number("cubic_regularizer", cubic_regularizer)
         self.repulsive_regularizer = base.check_number(
             "repulsive_regularizer", repulsive_regularizer
@@ -224,23 +227,6 @@ class Neumann(base.Optimizer):
             index = self._get_variable_index(variable)
             iterate = self._iterates[index]
             variable.assign(variable - ops.cast(mu, variable.dtype) * iterate)
-
-    def get_config(self):
-        """Returns every constructor argument."""
-        config = super().get_config()
-        config.update(
-            {
-                "cubic_regularizer": self.cubic_regularizer,
-                "repulsive_regularizer": self.repulsive_regularizer,
-                "moving_average": self.moving_average,
-                "reset_interval": self.reset_interval,
-                "warmup_steps": self.warmup_steps,
-                "momentum_max": self.momentum_max,
-                "momentum_ramp_steps": self.momentum_ramp_steps,
-                "norm_scope": self.norm_scope,
-            }
-        )
-        return config
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

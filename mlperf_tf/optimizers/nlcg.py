@@ -53,6 +53,8 @@ class NLCG(base.Optimizer):
     Weight decay, when set, is added to g_k (an L2 term) before all of the above.
     """
 
+    config_arguments = ("beta_rule", "precondition", "restart_interval")
+
     def __init__(
         self,
         learning_rate,
@@ -60,8 +62,6 @@ class NLCG(base.Optimizer):
         beta_rule: str = "FR",
         precondition: bool = True,
         restart_interval: int = 0,
-        weight_decay: float = 0.0,
-        exclude_from_weight_decay=(),
         name: str = "NLCG",
         **kwargs,
     ):
@@ -77,13 +77,7 @@ class NLCG(base.Optimizer):
         Raises:
           ValueError: an argument is out of range.
         """
-        super().__init__(
-            learning_rate,
-            weight_decay=weight_decay,
-            exclude_from_weight_decay=exclude_from_weight_decay,
-            name=name,
-            **kwargs,
-        )
+        super().__init__(learning_rate, name=name, **kwargs)
         if beta_rule not in BETA_RULES:
             raise ValueError(f"`beta_rule` ({beta_rule!r}) must be one of {BETA_RULES}.")
         self.beta_rule = beta_rule
@@ -162,18 +156,6 @@ class NLCG(base.Optimizer):
         self.assign(rz_old, rz)
         self.assign(self._steps[index], lr * d)
         self.assign_add(variable, lr * d)
-
-    def get_config(self):
-        """Returns every constructor argument."""
-        config = super().get_config()
-        config.update(
-            {
-                "beta_rule": self.beta_rule,
-                "precondition": self.precondition,
-                "restart_interval": self.restart_interval,
-            }
-        )
-        return config
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
