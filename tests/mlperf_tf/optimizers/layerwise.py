@@ -7,6 +7,7 @@ variable's path is "<scope>/<name>", what exclusion patterns are matched against
 """
 
 import contextlib
+import copy
 
 import keras
 import numpy as np
@@ -52,6 +53,17 @@ def run_optimizer(optimizer, variables, gradients):
         )
         history.append([v.numpy().astype(np.float64) for v in variables])
     return history
+
+
+def assert_config_round_trips(optimizer) -> dict:
+    """`from_config` and Keras' registry (serialize, deserialize) both give back an optimizer of
+    the same class and config; returns the config."""
+    config = optimizer.get_config()
+    restored = type(optimizer).from_config(copy.deepcopy(config))
+    assert restored.get_config() == config
+    again = keras.optimizers.deserialize(keras.optimizers.serialize(optimizer))
+    assert type(again) is type(optimizer) and again.get_config() == config
+    return config
 
 
 def assert_histories_close(actual, expected, table, rtol=1e-6):
