@@ -15,6 +15,35 @@ import numpy as np
 from mlperf_tf.optimizers.base import matches_any, variable_path
 from tests.numerics import assert_close
 
+# (name scope, variable name, shape, initial value, gradient kind). A kernel and its bias (both
+# optimizers' default exclusions skip biases); a batch-norm and a layer-norm scale (LARS' defaults
+# exclude both, LAMB's the layer norm's); a kernel at 0 (|w| = 0: trust 1); a kernel with zero
+# gradients; an output kernel. Tests index rows 1 (bias), 3 (zero) and 4 (still).
+ROWS = [
+    ("conv", "kernel", (3, 3, 2, 4), "normal", "random"),
+    ("conv", "bias", (4,), "normal", "random"),
+    ("batch_normalization", "gamma", (4,), "near_one", "random"),
+    ("zero", "kernel", (5, 3), "zeros", "random"),
+    ("still", "kernel", (2, 6), "normal", "zero"),
+    ("encoder/layer_norm", "gamma", (6,), "near_one", "random"),
+    ("output", "kernel", (6, 3), "normal", "random"),
+]
+_INITIAL = {
+    "normal": lambda rng, shape: rng.normal(size=shape),
+    "near_one": lambda rng, shape: 1.0 + 0.1 * rng.normal(size=shape),
+    "zeros": lambda rng, shape: np.zeros(shape),
+}
+
+
+def problem(seed: int, steps: int, scale: float):
+    """`ROWS` as a table with initial values drawn from `seed`, and `steps` steps of gradients."""
+    rng = np.random.default_rng(seed)
+    table = [
+        (scope, name, _INITIAL[initial](rng, shape), kind)
+        for scope, name, shape, initial, kind in ROWS
+    ]
+    return table, scripted_gradients(rng, table, steps, scale)
+
 
 def scripted_gradients(rng, table, steps: int, scale: float) -> list[list[np.ndarray]]:
     """One list of gradients per step, in the table's order (float64, normal x `scale`)."""

@@ -16,18 +16,7 @@ pytestmark = pytest.mark.numerics
 
 NUM_STEPS = 5
 
-# (name scope, variable name, initial value, gradient kind). Paths: "conv/kernel", ...
-# "zero/kernel" starts at 0 (|w| = 0 -> trust 1); "still/kernel" gets zero gradients
-# (|g| = 0 -> trust 1, weight decay still applies); bias and BN gamma are excluded.
-_RNG = np.random.default_rng(0)
-VARIABLES = [
-    ("conv", "kernel", _RNG.normal(size=(3, 3, 2, 4)), "random"),
-    ("conv", "bias", _RNG.normal(size=(4,)), "random"),
-    ("batch_normalization", "gamma", 1.0 + 0.1 * _RNG.normal(size=(4,)), "random"),
-    ("zero", "kernel", np.zeros((5, 3)), "random"),
-    ("still", "kernel", _RNG.normal(size=(2, 6)), "zero"),
-]
-GRADIENTS = layerwise.scripted_gradients(_RNG, VARIABLES, NUM_STEPS, 0.5)
+VARIABLES, GRADIENTS = layerwise.problem(seed=0, steps=NUM_STEPS, scale=0.5)
 
 
 def make_variables():
@@ -76,7 +65,7 @@ def test_lars_matches_numpy_formula(settings):
     variables = make_variables()
     optimizer = LARS(0.5, **settings)
     excluded = layerwise.flags(DEFAULT_LARS_EXCLUDE, variables)
-    assert excluded == [False, True, True, False, False]
+    assert excluded == [False, True, True, False, False, True, False]
     expected = numpy_lars([0.5] * NUM_STEPS, **settings, excluded=excluded)
     assert_histories_close(run_optimizer(optimizer, variables), expected)
 

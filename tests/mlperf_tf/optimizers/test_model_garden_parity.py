@@ -20,18 +20,7 @@ from tests.mlperf_tf.optimizers import layerwise  # noqa: E402
 pytestmark = [pytest.mark.peers, pytest.mark.numerics]
 
 NUM_STEPS = 10
-_RNG = np.random.default_rng(2)
-# (scope, name, initial value, gradient kind): one excluded variable (bias), one with zero
-# weights, one with zero gradients.
-VARIABLES = [
-    ("conv", "kernel", _RNG.normal(size=(3, 3, 2, 4)), "random"),
-    ("conv", "bias", _RNG.normal(size=(4,)), "random"),
-    ("encoder/layer_norm", "gamma", 1 + 0.1 * _RNG.normal(size=(6,)), "random"),
-    ("zero", "kernel", np.zeros((5, 3)), "random"),
-    ("still", "kernel", _RNG.normal(size=(2, 6)), "zero"),
-    ("dense", "kernel", _RNG.normal(size=(6, 3)), "random"),
-]
-GRADIENTS = layerwise.scripted_gradients(_RNG, VARIABLES, NUM_STEPS, 0.3)
+VARIABLES, GRADIENTS = layerwise.problem(seed=2, steps=NUM_STEPS, scale=0.3)
 EXCLUDE = ["bias", "layer_norm"]
 
 
