@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import tensorflow as tf
 
 from mlperf_tf.optimizers.base import (
@@ -52,17 +50,10 @@ class AdamW(Optimizer):
         beta_2: float = 0.999,
         epsilon: float = 1e-8,
         weight_decay: float = 0.01,
-        exclude_from_weight_decay: Iterable[str] | None = (),
         name: str = "adamw",
         **kwargs,
     ):
-        super().__init__(
-            learning_rate,
-            weight_decay=weight_decay,
-            exclude_from_weight_decay=exclude_from_weight_decay,
-            name=name,
-            **kwargs,
-        )
+        super().__init__(learning_rate, weight_decay=weight_decay, name=name, **kwargs)
         self.beta_1 = check_number("beta_1", beta_1, high=1.0)
         self.beta_2 = check_number("beta_2", beta_2, high=1.0)
         self.epsilon = check_number("epsilon", epsilon)

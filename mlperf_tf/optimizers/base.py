@@ -163,7 +163,7 @@ class Optimizer(keras.optimizers.Optimizer):
 
     Subclasses call `super().__init__(learning_rate, weight_decay=..., exclude_from_weight_decay=
     ..., name=..., **kwargs)` (declaring the first two only where their defaults differ from
-    these), create their slots in `build` (calling `super().build` first, which also decides
+    these, e.g. LARS' exclusions or AdamW's decay; the others pass through `**kwargs`), create their slots in `build` (calling `super().build` first, which also decides
     `self._decay`, one Python bool per variable index: whether weight decay applies to it), and
     name their own arguments in `config_arguments` for `get_config`.
 

@@ -77,7 +77,6 @@ class LAMB(base.Optimizer):
         epsilon: float = 1e-6,
         exclude_from_layer_adaptation: Iterable[str] | None = None,
         bias_correction: bool = True,
-        weight_decay: float = 0.0,
         exclude_from_weight_decay: Iterable[str] | None = DEFAULT_LAMB_EXCLUDE,
         name: str = "LAMB",
         **kwargs,
@@ -102,7 +101,6 @@ class LAMB(base.Optimizer):
         """
         super().__init__(
             learning_rate,
-            weight_decay=weight_decay,
             exclude_from_weight_decay=exclude_from_weight_decay,
             name=name,
             **kwargs,

@@ -74,7 +74,6 @@ class LARS(base.Optimizer):
         eeta: float = 0.001,
         epsilon: float = 0.0,
         nesterov: bool = False,
-        weight_decay: float = 0.0,
         exclude_from_weight_decay: Iterable[str] | None = DEFAULT_LARS_EXCLUDE,
         name: str = "LARS",
         **kwargs,
@@ -95,7 +94,6 @@ class LARS(base.Optimizer):
         """
         super().__init__(
             learning_rate,
-            weight_decay=weight_decay,
             exclude_from_weight_decay=exclude_from_weight_decay,
             name=name,
             **kwargs,
