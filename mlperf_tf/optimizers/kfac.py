@@ -32,7 +32,12 @@ from keras import ops
 
 from mlperf_tf.optimizers import base
 from mlperf_tf.optimizers.lars import LARS
-from mlperf_tf.optimizers.registry import OptimizerPlugin, alias, fields_as_arguments
+from mlperf_tf.optimizers.registry import (
+    OptimizerPlugin,
+    alias,
+    fields_as_arguments,
+    hparams_from_arguments,
+)
 
 BASE_OPTIMIZERS = ("sgd", "lars")
 
@@ -461,19 +466,14 @@ def _worker_devices(strategy) -> tuple[str, ...]:
         return ()
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class KFACHparams:
-    """Registry hyperparameters of `KFAC` (no MLPerf keys exist: `kfac_` prefix; the base
-    update's momentum and weight decay come from the benchmark's SGD or LARS fields)."""
-
-    kfac_base_optimizer: str = "sgd"
-    kfac_damping: float = 0.001
-    kfac_factor_decay: float = 0.95
-    kfac_factor_update_interval: int = 10
-    kfac_inverse_update_interval: int = 100
-    kfac_kl_clip: float = 0.001
-    kfac_momentum: float = alias(0.9, "sgd_opt_momentum", "lars_opt_momentum", "momentum")
-    kfac_weight_decay: float = alias(0.0, "lars_opt_weight_decay")
+# `kfac_base_optimizer` ... `kfac_kl_clip`, with the constructor's defaults; the base update's
+# momentum and weight decay come from the benchmark's SGD or LARS fields when it has them.
+KFACHparams = hparams_from_arguments(
+    KFAC,
+    "kfac_",
+    ("kfac_momentum", float, alias(0.9, "sgd_opt_momentum", "lars_opt_momentum", "momentum")),
+    ("kfac_weight_decay", float, alias(0.0, "lars_opt_weight_decay")),
+)
 
 
 PLUGIN = OptimizerPlugin(

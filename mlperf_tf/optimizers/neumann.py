@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import keras
@@ -10,7 +9,11 @@ import tensorflow as tf
 from keras import ops
 
 from mlperf_tf.optimizers import base
-from mlperf_tf.optimizers.registry import OptimizerPlugin, fields_as_arguments
+from mlperf_tf.optimizers.registry import (
+    OptimizerPlugin,
+    fields_as_arguments,
+    hparams_from_arguments,
+)
 
 # What |w - v| is taken over (see `Neumann`): all trainable variables at once, or each variable.
 NORM_SCOPES = ("model", "variable")
@@ -229,18 +232,8 @@ class Neumann(base.Optimizer):
             variable.assign(variable - ops.cast(mu, variable.dtype) * iterate)
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class NeumannHparams:
-    """Registry hyperparameters of `Neumann` (MLPerf has no keys for it: `neumann_` prefix)."""
-
-    neumann_cubic_regularizer: float = 1e-7
-    neumann_repulsive_regularizer: float = 1e-5
-    neumann_moving_average: float = 0.99
-    neumann_reset_interval: int = 100
-    neumann_warmup_steps: int = 0
-    neumann_momentum_max: float = 0.9
-    neumann_momentum_ramp_steps: int = 100
-    neumann_norm_scope: str = "model"
+# `neumann_cubic_regularizer` ... `neumann_norm_scope`, with the constructor's defaults.
+NeumannHparams = hparams_from_arguments(Neumann, "neumann_")
 
 
 PLUGIN = OptimizerPlugin(

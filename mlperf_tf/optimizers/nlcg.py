@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import keras
 from keras import ops
 
 from mlperf_tf.optimizers import base
-from mlperf_tf.optimizers.registry import OptimizerPlugin, fields_as_arguments
+from mlperf_tf.optimizers.registry import (
+    OptimizerPlugin,
+    fields_as_arguments,
+    hparams_from_arguments,
+)
 
 BETA_RULES = ("FR", "PR")
 _EPS = 1e-8  # the authors' guard on every division
@@ -158,13 +160,8 @@ class NLCG(base.Optimizer):
         self.assign_add(variable, lr * d)
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class NLCGHparams:
-    """Registry hyperparameters of `NLCG` (no MLPerf keys exist: `nlcg_` prefix)."""
-
-    nlcg_beta_rule: str = "FR"
-    nlcg_precondition: bool = True
-    nlcg_restart_interval: int = 0
+# `nlcg_beta_rule`, `nlcg_precondition`, `nlcg_restart_interval`, with the constructor's defaults.
+NLCGHparams = hparams_from_arguments(NLCG, "nlcg_")
 
 
 PLUGIN = OptimizerPlugin(

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
+import inspect
+import typing
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -74,6 +76,37 @@ def fields_as_arguments(optimizer_class: Callable[..., Any], *prefixes: str, **f
         return optimizer_class(learning_rate, **arguments, **fixed)
 
     return make
+
+
+def hparams_from_arguments(optimizer_class: type, prefix: str, *extra) -> type:
+    """The hyperparameter dataclass of an optimizer whose settings have no MLPerf log keys.
+
+    One field `prefix + argument` per keyword-only constructor argument with a default (but
+    `name`), of the argument's type and default: each default is declared once, in the
+    constructor, and `fields_as_arguments(optimizer_class, prefix)` maps the fields back.
+
+    Args:
+      optimizer_class: the optimizer class.
+      prefix: the fields' prefix (e.g. "neumann_").
+      *extra: further fields, (name, type, default or `alias(...)`), after those: for
+        arguments the class takes through `**kwargs` (e.g. K-FAC's base-update momentum).
+    """
+    hints = typing.get_type_hints(optimizer_class.__init__)
+    parameters = inspect.signature(optimizer_class.__init__).parameters.values()
+    fields = [
+        (prefix + p.name, hints[p.name], p.default)
+        for p in parameters
+        if p.kind is p.KEYWORD_ONLY and p.default is not p.empty and p.name != "name"
+    ]
+    hparams = dataclasses.make_dataclass(
+        f"{optimizer_class.__name__}Hparams", [*fields, *extra], frozen=True, kw_only=True
+    )
+    hparams.__module__ = optimizer_class.__module__
+    hparams.__doc__ = (
+        f"Registry hyperparameters of `{optimizer_class.__name__}`: its constructor's "
+        f"arguments, prefixed `{prefix}` (MLPerf has no keys for them)."
+    )
+    return hparams
 
 
 def _argument(field: dataclasses.Field, prefixes: tuple[str, ...]) -> str:
