@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import tensorflow as tf
 
 from mlperf_tf.optimizers.base import (
@@ -42,6 +40,8 @@ class AdamW(Optimizer):
       {{base_keyword_args}}
     """
 
+    config_arguments = ("beta_1", "beta_2", "epsilon")
+
     def __init__(
         self,
         learning_rate=1e-3,
@@ -50,17 +50,10 @@ class AdamW(Optimizer):
         beta_2: float = 0.999,
         epsilon: float = 1e-8,
         weight_decay: float = 0.01,
-        exclude_from_weight_decay: Iterable[str] | None = (),
         name: str = "adamw",
         **kwargs,
     ):
-        super().__init__(
-            learning_rate,
-            weight_decay=weight_decay,
-            exclude_from_weight_decay=exclude_from_weight_decay,
-            name=name,
-            **kwargs,
-        )
+        super().__init__(learning_rate, weight_decay=weight_decay, name=name, **kwargs)
         self.beta_1 = check_number("beta_1", beta_1, high=1.0)
         self.beta_2 = check_number("beta_2", beta_2, high=1.0)
         self.epsilon = check_number("epsilon", epsilon)
@@ -110,12 +103,6 @@ class AdamW(Optimizer):
     def sharded_update(self, variables) -> ShardedUpdate:
         """AdamW on 1/N pieces (weight-update sharding): element-wise, so no norms."""
         return _AdamWPieces(self, variables)
-
-    def get_config(self):
-        """Returns every constructor argument."""
-        config = super().get_config()
-        config.update({"beta_1": self.beta_1, "beta_2": self.beta_2, "epsilon": self.epsilon})
-        return config
 
 
 class _AdamWPieces(ShardedUpdate):

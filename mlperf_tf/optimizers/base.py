@@ -162,9 +162,10 @@ class Optimizer(keras.optimizers.Optimizer):
     """Base class of this suite's optimizers: the shared `weight_decay` and exclusion handling.
 
     Subclasses call `super().__init__(learning_rate, weight_decay=..., exclude_from_weight_decay=
-    ..., name=..., **kwargs)`, create their slots in `build` (calling `super().build` first,
-    which also decides `self._decay`, one Python bool per variable index: whether weight decay
-    applies to it), and add their own arguments to `get_config`.
+    ..., name=..., **kwargs)` (declaring the first two only where their defaults differ from
+    these, e.g. LARS' exclusions or AdamW's decay; the others pass through `**kwargs`), create their slots in `build` (calling `super().build` first, which also decides
+    `self._decay`, one Python bool per variable index: whether weight decay applies to it), and
+    name their own arguments in `config_arguments` for `get_config`.
 
     Layer-wise norms: an optimizer whose update uses a whole variable's L2 norms (LARS, LAMB)
     sets `uses_layer_norms`; to run on variables split across replicas (tensor parallelism) it
@@ -179,6 +180,9 @@ class Optimizer(keras.optimizers.Optimizer):
     """
 
     uses_layer_norms = False
+    # The constructor arguments a subclass adds, each stored as the attribute of the same name:
+    # `get_config` writes them back (an argument stored otherwise is added by an override).
+    config_arguments: tuple[str, ...] = ()
 
     def sharded_update(self, variables) -> ShardedUpdate | None:
         """This optimizer's update on 1/N pieces of `variables` (None: it has none).
@@ -236,7 +240,8 @@ class Optimizer(keras.optimizers.Optimizer):
         ]
 
     def get_config(self):
-        """Returns the base arguments, `weight_decay` and the exclusion list included."""
+        """Returns every constructor argument: Keras', `weight_decay`, the exclusion list and
+        the subclass's `config_arguments`."""
         config = super().get_config()
         config.update(
             {
@@ -244,6 +249,7 @@ class Optimizer(keras.optimizers.Optimizer):
                 "exclude_from_weight_decay": list(self.exclude_patterns),
             }
         )
+        config.update({name: getattr(self, name) for name in self.config_arguments})
         return config
 
 

@@ -31,8 +31,13 @@ import tensorflow as tf
 from keras import ops
 
 from mlperf_tf.optimizers import base
-from mlperf_tf.optimizers.lars import DEFAULT_LARS_EXCLUDE, LARS
-from mlperf_tf.optimizers.registry import OptimizerPlugin
+from mlperf_tf.optimizers.lars import LARS
+from mlperf_tf.optimizers.registry import (
+    OptimizerPlugin,
+    alias,
+    fields_as_arguments,
+    hparams_from_arguments,
+)
 
 BASE_OPTIMIZERS = ("sgd", "lars")
 
@@ -127,6 +132,16 @@ class KFAC(LARS):
     micro-batch are used. Conv2D layers must be `channels_last` with `groups=1`.
     """
 
+    config_arguments = (
+        *LARS.config_arguments,
+        "base_optimizer",
+        "damping",
+        "factor_decay",
+        "factor_update_interval",
+        "inverse_update_interval",
+        "kl_clip",
+    )
+
     def __init__(
         self,
         learning_rate,
@@ -137,12 +152,6 @@ class KFAC(LARS):
         factor_update_interval: int = 10,
         inverse_update_interval: int = 100,
         kl_clip: float = 0.001,
-        momentum: float = 0.9,
-        eeta: float = 0.001,
-        epsilon: float = 0.0,
-        nesterov: bool = False,
-        weight_decay: float = 0.0,
-        exclude_from_weight_decay=DEFAULT_LARS_EXCLUDE,
         name: str = "KFAC",
         **kwargs,
     ):
@@ -157,24 +166,14 @@ class KFAC(LARS):
           factor_update_interval: steps between factor updates (>= 1).
           inverse_update_interval: steps between eigendecompositions (>= 1).
           kl_clip: the KL clip bound; 0 turns clipping off.
-          momentum, eeta, epsilon, nesterov: of the base update (see `LARS`; eeta and epsilon
-            only with `base_optimizer="lars"`).
+          momentum, eeta, epsilon, nesterov: of the base update, passed to `LARS` with its
+            defaults (eeta and epsilon only matter with `base_optimizer="lars"`).
           {{base_keyword_args}}
 
         Raises:
           ValueError: an argument is out of range.
         """
-        super().__init__(
-            learning_rate,
-            momentum=momentum,
-            eeta=eeta,
-            epsilon=epsilon,
-            nesterov=nesterov,
-            weight_decay=weight_decay,
-            exclude_from_weight_decay=exclude_from_weight_decay,
-            name=name,
-            **kwargs,
-        )
+        super().__init__(learning_rate, name=name, **kwargs)
         if base_optimizer not in BASE_OPTIMIZERS:
             raise ValueError(
                 f"`base_optimizer` ({base_optimizer!r}) must be one of {BASE_OPTIMIZERS}."
@@ -449,21 +448,6 @@ class KFAC(LARS):
             preconditioned = [nu * p for p in preconditioned]
         return preconditioned
 
-    def get_config(self):
-        """Returns every constructor argument."""
-        config = super().get_config()
-        config.update(
-            {
-                "base_optimizer": self.base_optimizer,
-                "damping": self.damping,
-                "factor_decay": self.factor_decay,
-                "factor_update_interval": self.factor_update_interval,
-                "inverse_update_interval": self.inverse_update_interval,
-                "kl_clip": self.kl_clip,
-            }
-        )
-        return config
-
 
 def _prod(shape) -> int:
     result = 1
@@ -482,38 +466,16 @@ def _worker_devices(strategy) -> tuple[str, ...]:
         return ()
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class KFACHparams:
-    """Registry hyperparameters of `KFAC` (no MLPerf keys exist: `kfac_` prefix; the base
-    update's momentum and weight decay come from the benchmark's SGD or LARS fields)."""
-
-    kfac_base_optimizer: str = "sgd"
-    kfac_damping: float = 0.001
-    kfac_factor_decay: float = 0.95
-    kfac_factor_update_interval: int = 10
-    kfac_inverse_update_interval: int = 100
-    kfac_kl_clip: float = 0.001
-    kfac_momentum: float = dataclasses.field(
-        default=0.9,
-        metadata={"aliases": ("sgd_opt_momentum", "lars_opt_momentum", "momentum")},
-    )
-    kfac_weight_decay: float = dataclasses.field(
-        default=0.0, metadata={"aliases": ("lars_opt_weight_decay",)}
-    )
+# `kfac_base_optimizer` ... `kfac_kl_clip`, with the constructor's defaults; the base update's
+# momentum and weight decay come from the benchmark's SGD or LARS fields when it has them.
+KFACHparams = hparams_from_arguments(
+    KFAC,
+    "kfac_",
+    ("kfac_momentum", float, alias(0.9, "sgd_opt_momentum", "lars_opt_momentum", "momentum")),
+    ("kfac_weight_decay", float, alias(0.0, "lars_opt_weight_decay")),
+)
 
 
-def _make(h: KFACHparams, learning_rate) -> KFAC:
-    return KFAC(
-        learning_rate,
-        base_optimizer=h.kfac_base_optimizer,
-        damping=h.kfac_damping,
-        factor_decay=h.kfac_factor_decay,
-        factor_update_interval=h.kfac_factor_update_interval,
-        inverse_update_interval=h.kfac_inverse_update_interval,
-        kl_clip=h.kfac_kl_clip,
-        momentum=h.kfac_momentum,
-        weight_decay=h.kfac_weight_decay,
-    )
-
-
-PLUGIN = OptimizerPlugin(hparams_class=KFACHparams, make=_make, log_name="kfac")
+PLUGIN = OptimizerPlugin(
+    hparams_class=KFACHparams, make=fields_as_arguments(KFAC, "kfac_"), log_name="kfac"
+)

@@ -66,6 +66,7 @@ class LAMB(base.Optimizer):
     """
 
     uses_layer_norms = True
+    config_arguments = ("beta_1", "beta_2", "epsilon", "bias_correction")
 
     def __init__(
         self,
@@ -76,7 +77,6 @@ class LAMB(base.Optimizer):
         epsilon: float = 1e-6,
         exclude_from_layer_adaptation: Iterable[str] | None = None,
         bias_correction: bool = True,
-        weight_decay: float = 0.0,
         exclude_from_weight_decay: Iterable[str] | None = DEFAULT_LAMB_EXCLUDE,
         name: str = "LAMB",
         **kwargs,
@@ -101,7 +101,6 @@ class LAMB(base.Optimizer):
         """
         super().__init__(
             learning_rate,
-            weight_decay=weight_decay,
             exclude_from_weight_decay=exclude_from_weight_decay,
             name=name,
             **kwargs,
@@ -256,15 +255,7 @@ class LAMB(base.Optimizer):
         """Returns every constructor argument (both exclusion lists included)."""
         config = super().get_config()
         adaptation = self.exclude_from_layer_adaptation_patterns
-        config.update(
-            {
-                "beta_1": self.beta_1,
-                "beta_2": self.beta_2,
-                "epsilon": self.epsilon,
-                "bias_correction": self.bias_correction,
-                "exclude_from_layer_adaptation": None if adaptation is None else list(adaptation),
-            }
-        )
+        config["exclude_from_layer_adaptation"] = None if adaptation is None else list(adaptation)
         return config
 
 

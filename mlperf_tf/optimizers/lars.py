@@ -64,6 +64,7 @@ class LARS(base.Optimizer):
     """
 
     uses_layer_norms = True
+    config_arguments = ("momentum", "eeta", "epsilon", "nesterov")
 
     def __init__(
         self,
@@ -73,7 +74,6 @@ class LARS(base.Optimizer):
         eeta: float = 0.001,
         epsilon: float = 0.0,
         nesterov: bool = False,
-        weight_decay: float = 0.0,
         exclude_from_weight_decay: Iterable[str] | None = DEFAULT_LARS_EXCLUDE,
         name: str = "LARS",
         **kwargs,
@@ -94,7 +94,6 @@ class LARS(base.Optimizer):
         """
         super().__init__(
             learning_rate,
-            weight_decay=weight_decay,
             exclude_from_weight_decay=exclude_from_weight_decay,
             name=name,
             **kwargs,
@@ -201,19 +200,6 @@ class LARS(base.Optimizer):
         """LARS on 1/N pieces (weight-update sharding): the formula above, its trust ratio
         from the whole variable's norms [|w|, |g|]."""
         return _LARSPieces(self, variables)
-
-    def get_config(self):
-        """Returns every constructor argument (the base class adds weight decay and exclusions)."""
-        config = super().get_config()
-        config.update(
-            {
-                "momentum": self.momentum,
-                "eeta": self.eeta,
-                "epsilon": self.epsilon,
-                "nesterov": self.nesterov,
-            }
-        )
-        return config
 
 
 class _LARSPieces(base.ShardedUpdate):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import keras
@@ -10,7 +9,11 @@ import tensorflow as tf
 from keras import ops
 
 from mlperf_tf.optimizers import base
-from mlperf_tf.optimizers.registry import OptimizerPlugin
+from mlperf_tf.optimizers.registry import (
+    OptimizerPlugin,
+    fields_as_arguments,
+    hparams_from_arguments,
+)
 
 # What |w - v| is taken over (see `Neumann`): all trainable variables at once, or each variable.
 NORM_SCOPES = ("model", "variable")
@@ -73,6 +76,17 @@ class Neumann(base.Optimizer):
     replica applies the same update to its copy of w, m and v.
     """
 
+    config_arguments = (
+        "cubic_regularizer",
+        "repulsive_regularizer",
+        "moving_average",
+        "reset_interval",
+        "warmup_steps",
+        "momentum_max",
+        "momentum_ramp_steps",
+        "norm_scope",
+    )
+
     def __init__(
         self,
         learning_rate,
@@ -85,8 +99,6 @@ class Neumann(base.Optimizer):
         momentum_max: float = 0.9,
         momentum_ramp_steps: int = 100,
         norm_scope: str = "model",
-        weight_decay: float = 0.0,
-        exclude_from_weight_decay=(),
         name: str = "Neumann",
         **kwargs,
     ):
@@ -109,13 +121,7 @@ class Neumann(base.Optimizer):
         Raises:
           ValueError: a hyperparameter is out of range, or `norm_scope` is unknown.
         """
-        super().__init__(
-            learning_rate,
-            weight_decay=weight_decay,
-            exclude_from_weight_decay=exclude_from_weight_decay,
-            name=name,
-            **kwargs,
-        )
+        super().__init__(learning_rate, name=name, **kwargs)
         self.cubic_regularizer = base.check_number("cubic_regularizer", cubic_regularizer)
         self.repulsive_regularizer = base.check_number(
             "repulsive_regularizer", repulsive_regularizer
@@ -225,50 +231,11 @@ class Neumann(base.Optimizer):
             iterate = self._iterates[index]
             variable.assign(variable - ops.cast(mu, variable.dtype) * iterate)
 
-    def get_config(self):
-        """Returns every constructor argument."""
-        config = super().get_config()
-        config.update(
-            {
-                "cubic_regularizer": self.cubic_regularizer,
-                "repulsive_regularizer": self.repulsive_regularizer,
-                "moving_average": self.moving_average,
-                "reset_interval": self.reset_interval,
-                "warmup_steps": self.warmup_steps,
-                "momentum_max": self.momentum_max,
-                "momentum_ramp_steps": self.momentum_ramp_steps,
-                "norm_scope": self.norm_scope,
-            }
-        )
-        return config
+
+# `neumann_cubic_regularizer` ... `neumann_norm_scope`, with the constructor's defaults.
+NeumannHparams = hparams_from_arguments(Neumann, "neumann_")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class NeumannHparams:
-    """Registry hyperparameters of `Neumann` (MLPerf has no keys for it: `neumann_` prefix)."""
-
-    neumann_cubic_regularizer: float = 1e-7
-    neumann_repulsive_regularizer: float = 1e-5
-    neumann_moving_average: float = 0.99
-    neumann_reset_interval: int = 100
-    neumann_warmup_steps: int = 0
-    neumann_momentum_max: float = 0.9
-    neumann_momentum_ramp_steps: int = 100
-    neumann_norm_scope: str = "model"
-
-
-def _make(h: NeumannHparams, learning_rate) -> Neumann:
-    return Neumann(
-        learning_rate,
-        cubic_regularizer=h.neumann_cubic_regularizer,
-        repulsive_regularizer=h.neumann_repulsive_regularizer,
-        moving_average=h.neumann_moving_average,
-        reset_interval=h.neumann_reset_interval,
-        warmup_steps=h.neumann_warmup_steps,
-        momentum_max=h.neumann_momentum_max,
-        momentum_ramp_steps=h.neumann_momentum_ramp_steps,
-        norm_scope=h.neumann_norm_scope,
-    )
-
-
-PLUGIN = OptimizerPlugin(hparams_class=NeumannHparams, make=_make, log_name="neumann")
+PLUGIN = OptimizerPlugin(
+    hparams_class=NeumannHparams, make=fields_as_arguments(Neumann, "neumann_"), log_name="neumann"
+)

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import keras
 from keras import ops
 
 from mlperf_tf.optimizers import base
-from mlperf_tf.optimizers.registry import OptimizerPlugin
+from mlperf_tf.optimizers.registry import (
+    OptimizerPlugin,
+    fields_as_arguments,
+    hparams_from_arguments,
+)
 
 BETA_RULES = ("FR", "PR")
 _EPS = 1e-8  # the authors' guard on every division
@@ -53,6 +55,8 @@ class NLCG(base.Optimizer):
     Weight decay, when set, is added to g_k (an L2 term) before all of the above.
     """
 
+    config_arguments = ("beta_rule", "precondition", "restart_interval")
+
     def __init__(
         self,
         learning_rate,
@@ -60,8 +64,6 @@ class NLCG(base.Optimizer):
         beta_rule: str = "FR",
         precondition: bool = True,
         restart_interval: int = 0,
-        weight_decay: float = 0.0,
-        exclude_from_weight_decay=(),
         name: str = "NLCG",
         **kwargs,
     ):
@@ -77,13 +79,7 @@ class NLCG(base.Optimizer):
         Raises:
           ValueError: an argument is out of range.
         """
-        super().__init__(
-            learning_rate,
-            weight_decay=weight_decay,
-            exclude_from_weight_decay=exclude_from_weight_decay,
-            name=name,
-            **kwargs,
-        )
+        super().__init__(learning_rate, name=name, **kwargs)
         if beta_rule not in BETA_RULES:
             raise ValueError(f"`beta_rule` ({beta_rule!r}) must be one of {BETA_RULES}.")
         self.beta_rule = beta_rule
@@ -163,35 +159,11 @@ class NLCG(base.Optimizer):
         self.assign(self._steps[index], lr * d)
         self.assign_add(variable, lr * d)
 
-    def get_config(self):
-        """Returns every constructor argument."""
-        config = super().get_config()
-        config.update(
-            {
-                "beta_rule": self.beta_rule,
-                "precondition": self.precondition,
-                "restart_interval": self.restart_interval,
-            }
-        )
-        return config
+
+# `nlcg_beta_rule`, `nlcg_precondition`, `nlcg_restart_interval`, with the constructor's defaults.
+NLCGHparams = hparams_from_arguments(NLCG, "nlcg_")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class NLCGHparams:
-    """Registry hyperparameters of `NLCG` (no MLPerf keys exist: `nlcg_` prefix)."""
-
-    nlcg_beta_rule: str = "FR"
-    nlcg_precondition: bool = True
-    nlcg_restart_interval: int = 0
-
-
-def _make(h: NLCGHparams, learning_rate) -> NLCG:
-    return NLCG(
-        learning_rate,
-        beta_rule=h.nlcg_beta_rule,
-        precondition=h.nlcg_precondition,
-        restart_interval=h.nlcg_restart_interval,
-    )
-
-
-PLUGIN = OptimizerPlugin(hparams_class=NLCGHparams, make=_make, log_name="nlcg")
+PLUGIN = OptimizerPlugin(
+    hparams_class=NLCGHparams, make=fields_as_arguments(NLCG, "nlcg_"), log_name="nlcg"
+)

@@ -17,7 +17,7 @@ from mlperf_tf.optimizers.adam import FusedAdam
 from mlperf_tf.optimizers.adamw import AdamW
 from mlperf_tf.optimizers.lamb import DEFAULT_LAMB_EXCLUDE, LAMB
 from mlperf_tf.optimizers.lars import DEFAULT_LARS_EXCLUDE, LARS
-from mlperf_tf.optimizers.registry import OptimizerPlugin, alias
+from mlperf_tf.optimizers.registry import OptimizerPlugin, alias, fields_as_arguments
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -46,7 +46,7 @@ class LAMBHparams:
     opt_lamb_beta_1: float = 0.9
     opt_lamb_beta_2: float = 0.999
     opt_epsilon: float = alias(1e-6, "opt_lamb_epsilon")
-    opt_lamb_weight_decay_rate: float = alias(0.01, "opt_weight_decay")
+    opt_lamb_weight_decay_rate: float = alias(0.01, "opt_weight_decay", argument="weight_decay")
     opt_lamb_exclude_from_weight_decay: tuple[str, ...] = DEFAULT_LAMB_EXCLUDE
 
 
@@ -69,62 +69,31 @@ class AdamWHparams:
     opt_adamw_weight_decay: float = alias(0.1, "opt_weight_decay")
 
 
-def _sgd(h: SGDHparams, learning_rate) -> keras.optimizers.Optimizer:
-    return keras.optimizers.SGD(
-        learning_rate, momentum=h.sgd_opt_momentum, nesterov=h.sgd_opt_nesterov
-    )
-
-
-def _lars(h: LARSHparams, learning_rate) -> keras.optimizers.Optimizer:
-    return LARS(
-        learning_rate,
-        momentum=h.lars_opt_momentum,
-        weight_decay=h.lars_opt_weight_decay,
-        epsilon=h.lars_epsilon,
-        eeta=h.lars_eeta,
-        exclude_from_weight_decay=h.lars_exclude_from_weight_decay,
-    )
-
-
-def _lamb(h: LAMBHparams, learning_rate) -> keras.optimizers.Optimizer:
-    return LAMB(
-        learning_rate,
-        beta_1=h.opt_lamb_beta_1,
-        beta_2=h.opt_lamb_beta_2,
-        epsilon=h.opt_epsilon,
-        weight_decay=h.opt_lamb_weight_decay_rate,
-        exclude_from_weight_decay=h.opt_lamb_exclude_from_weight_decay,
-    )
-
-
-def _adam(h: AdamHparams, learning_rate) -> keras.optimizers.Optimizer:
-    return FusedAdam(  # Keras' Adam, one fused kernel per variable (mlperf_tf/optimizers/adam.py)
-        learning_rate,
-        beta_1=h.opt_adam_beta_1,
-        beta_2=h.opt_adam_beta_2,
-        epsilon=h.opt_adam_epsilon,
-    )
-
-
-def _adamw(h: AdamWHparams, learning_rate) -> keras.optimizers.Optimizer:
-    # 1-D variables (norm scales, biases) get no decay, as Megatron's param groups.
-    return AdamW(
-        learning_rate,
-        beta_1=h.opt_adamw_beta_1,
-        beta_2=h.opt_adamw_beta_2,
-        epsilon=h.opt_adamw_epsilon,
-        weight_decay=h.opt_adamw_weight_decay,
-        exclude_from_weight_decay=ADAMW_EXCLUDE,
-    )
-
-
 # Variable paths (re.search) without weight decay: Megatron-core's `_get_param_groups` exempts
 # biases and every 1-D parameter (norm scales); this suite's layers name theirs ".../bias",
 # ".../scale", ".../gamma", ".../beta".
 ADAMW_EXCLUDE = (r"/bias$", r"/scale$", r"/gamma$", r"/beta$")
 
-SGD = OptimizerPlugin(hparams_class=SGDHparams, make=_sgd, log_name="sgd")
-LARS_PLUGIN = OptimizerPlugin(hparams_class=LARSHparams, make=_lars, log_name="lars")
-LAMB_PLUGIN = OptimizerPlugin(hparams_class=LAMBHparams, make=_lamb, log_name="lamb")
-ADAM = OptimizerPlugin(hparams_class=AdamHparams, make=_adam, log_name="adam")
-ADAMW = OptimizerPlugin(hparams_class=AdamWHparams, make=_adamw, log_name="adamw")
+# Each plug-in passes its fields to the optimizer by keyword, less the MLPerf key's prefix
+# (`registry.fields_as_arguments`): `lars_opt_momentum` is LARS' `momentum`.
+SGD = OptimizerPlugin(
+    hparams_class=SGDHparams,
+    make=fields_as_arguments(keras.optimizers.SGD, "sgd_opt_"),
+    log_name="sgd",
+)
+LARS_PLUGIN = OptimizerPlugin(
+    hparams_class=LARSHparams, make=fields_as_arguments(LARS, "lars_opt_", "lars_"), log_name="lars"
+)
+LAMB_PLUGIN = OptimizerPlugin(
+    hparams_class=LAMBHparams, make=fields_as_arguments(LAMB, "opt_lamb_", "opt_"), log_name="lamb"
+)
+# Keras' Adam, one fused kernel per variable (mlperf_tf/optimizers/adam.py).
+ADAM = OptimizerPlugin(
+    hparams_class=AdamHparams, make=fields_as_arguments(FusedAdam, "opt_adam_"), log_name="adam"
+)
+# 1-D variables (norm scales, biases) get no decay, as Megatron's param groups.
+ADAMW = OptimizerPlugin(
+    hparams_class=AdamWHparams,
+    make=fields_as_arguments(AdamW, "opt_adamw_", exclude_from_weight_decay=ADAMW_EXCLUDE),
+    log_name="adamw",
+)

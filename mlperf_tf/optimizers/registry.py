@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
+import inspect
+import typing
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -40,14 +42,84 @@ class UnknownOptimizerError(UserError, KeyError):
         return self.args[0]
 
 
-def alias(default, *names: str):
+def alias(default, *names: str, argument: str | None = None):
     """A dataclass field with a default and other config field names it may be read from.
 
     Args:
       default: the field's default.
       *names: names a benchmark config may use for the same setting (e.g. "momentum").
+      argument: the optimizer's constructor argument that the field feeds, where its name
+        is not the field's name less a prefix (see `fields_as_arguments`).
     """
-    return dataclasses.field(default=default, metadata={"aliases": names})
+    return dataclasses.field(default=default, metadata={"aliases": names, "argument": argument})
+
+
+def fields_as_arguments(optimizer_class: Callable[..., Any], *prefixes: str, **fixed):
+    """A plug-in's `make` that passes every hyperparameter to `optimizer_class` by keyword.
+
+    The fields are named after MLPerf log keys (`lars_opt_momentum`) and the constructor's
+    arguments after what they are (`momentum`): a field's keyword is its name less the first
+    of `prefixes` it starts with, or the `argument` its `alias` names. So the mapping is
+    mechanical, and a setting is declared once, in the hyperparameter dataclass.
+
+    Args:
+      optimizer_class: the optimizer (any callable taking the learning rate and keywords).
+      *prefixes: the field-name prefixes to drop, tried in order (e.g. "lars_opt_", "lars_").
+      **fixed: further keyword arguments passed unchanged (settings that are no hyperparameter).
+    """
+
+    def make(hparams, learning_rate) -> keras.optimizers.Optimizer:
+        arguments = {
+            _argument(field, prefixes): getattr(hparams, field.name)
+            for field in dataclasses.fields(hparams)
+        }
+        return optimizer_class(learning_rate, **arguments, **fixed)
+
+    return make
+
+
+def hparams_from_arguments(optimizer_class: type, prefix: str, *extra) -> type:
+    """The hyperparameter dataclass of an optimizer whose settings have no MLPerf log keys.
+
+    One field `prefix + argument` per keyword-only constructor argument with a default (but
+    `name`), of the argument's type and default: each default is declared once, in the
+    constructor, and `fields_as_arguments(optimizer_class, prefix)` maps the fields back.
+
+    Args:
+      optimizer_class: the optimizer class.
+      prefix: the fields' prefix (e.g. "neumann_").
+      *extra: further fields, (name, type, default or `alias(...)`), after those: for
+        arguments the class takes through `**kwargs` (e.g. K-FAC's base-update momentum).
+    """
+    hints = typing.get_type_hints(optimizer_class.__init__)
+    parameters = inspect.signature(optimizer_class.__init__).parameters.values()
+    fields = [
+        (prefix + p.name, hints[p.name], p.default)
+        for p in parameters
+        if p.kind is p.KEYWORD_ONLY and p.default is not p.empty and p.name != "name"
+    ]
+    hparams = dataclasses.make_dataclass(
+        f"{optimizer_class.__name__}Hparams", [*fields, *extra], frozen=True, kw_only=True
+    )
+    hparams.__module__ = optimizer_class.__module__
+    hparams.__doc__ = (
+        f"Registry hyperparameters of `{optimizer_class.__name__}`: its constructor's "
+        f"arguments, prefixed `{prefix}` (MLPerf has no keys for them)."
+    )
+    return hparams
+
+
+def _argument(field: dataclasses.Field, prefixes: tuple[str, ...]) -> str:
+    """The constructor keyword of a hyperparameter field (see `fields_as_arguments`)."""
+    if field.metadata.get("argument"):
+        return field.metadata["argument"]
+    for prefix in prefixes:
+        if field.name.startswith(prefix):
+            return field.name[len(prefix) :]
+    raise TypeError(
+        f"hyperparameter `{field.name}` starts with none of the prefixes {prefixes} "
+        "and names no `argument`."
+    )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -6,6 +6,7 @@ integer count of applied updates, the same on every replica) to a float32 learni
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Sequence
 
@@ -17,28 +18,6 @@ def _check_int(name: str, value, *, low: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise ValueError(f"`{name}` ({value!r}) must be an integer >= {low}.")
     return value
-
-
-def _set_warmup_and_decay(
-    schedule, *, base_learning_rate, warmup_steps, decay_steps, end_learning_rate
-) -> None:
-    """Checks and sets the four numbers a warm-up-then-decay schedule has: peak b > 0, W >= 0
-    warm-up steps, D >= 1 decay steps, end e in [0, b].
-
-    Raises:
-      ValueError: an argument is out of range (named).
-    """
-    schedule.base_learning_rate = _check_float(
-        "base_learning_rate", base_learning_rate, strict=True
-    )
-    schedule.warmup_steps = _check_int("warmup_steps", warmup_steps, low=0)
-    schedule.decay_steps = _check_int("decay_steps", decay_steps, low=1)
-    schedule.end_learning_rate = _check_float("end_learning_rate", end_learning_rate)
-    if schedule.end_learning_rate > schedule.base_learning_rate:
-        raise ValueError(
-            f"`end_learning_rate` ({end_learning_rate!r}) must be <= "
-            f"`base_learning_rate` ({base_learning_rate!r})."
-        )
 
 
 def _check_float(name: str, value, *, low: float = 0.0, strict: bool = False) -> float:
@@ -73,8 +52,57 @@ def scale_learning_rate(
     return base * batch / reference
 
 
+class _Schedule(keras.optimizers.schedules.LearningRateSchedule):
+    """What this module's schedules share: the peak (base) LR b > 0, checked first; a name scope
+    around the float32 step; and a `get_config` of every constructor argument, read from the
+    attributes of the same names (so a new argument cannot be left out of it).
+
+    A subclass calls `super().__init__(base_learning_rate, name)`, stores each other argument
+    under its own name, and implements `rate(step)`; a constructor argument named like no
+    attribute would fail `get_config` (every schedule's round trip is tested).
+    """
+
+    def __init__(self, base_learning_rate: float, name: str):
+        super().__init__()
+        self.base_learning_rate = _check_float(
+            "base_learning_rate", base_learning_rate, strict=True
+        )
+        self.name = name
+
+    def __call__(self, step):
+        """Returns the float32 LR for `step` (scalar int or float tensor)."""
+        with keras.name_scope(self.name):
+            return self.rate(ops.cast(step, "float32"))
+
+    def rate(self, step):
+        """The LR at `step` (a float32 tensor), inside the schedule's name scope."""
+        raise NotImplementedError
+
+    def get_config(self):
+        """Returns every constructor argument (lists copied)."""
+        names = list(inspect.signature(type(self).__init__).parameters)[1:]  # all but self
+        config = {name: getattr(self, name) for name in names}
+        return {k: list(v) if isinstance(v, list) else v for k, v in config.items()}
+
+
+class _WarmupThenDecay(_Schedule):
+    """A schedule that warms up to its peak b in W >= 0 steps, then decays over D >= 1 steps
+    to an end LR e in [0, b]; these four are checked in that order."""
+
+    def __init__(self, base_learning_rate, warmup_steps, decay_steps, end_learning_rate, name):
+        super().__init__(base_learning_rate, name)
+        self.warmup_steps = _check_int("warmup_steps", warmup_steps, low=0)
+        self.decay_steps = _check_int("decay_steps", decay_steps, low=1)
+        self.end_learning_rate = _check_float("end_learning_rate", end_learning_rate)
+        if self.end_learning_rate > self.base_learning_rate:
+            raise ValueError(
+                f"`end_learning_rate` ({end_learning_rate!r}) must be <= "
+                f"`base_learning_rate` ({base_learning_rate!r})."
+            )
+
+
 @keras.saving.register_keras_serializable(package="mlperf_tf")
-class WarmupPolynomialDecay(keras.optimizers.schedules.LearningRateSchedule):
+class WarmupPolynomialDecay(_WarmupThenDecay):
     """Linear warmup, then polynomial decay (MLPerf ResNet LARS and BERT LAMB references).
 
     With base LR b (`lars_opt_base_learning_rate` / `opt_base_learning_rate`), end LR e
@@ -123,14 +151,7 @@ class WarmupPolynomialDecay(keras.optimizers.schedules.LearningRateSchedule):
         Raises:
           ValueError: an argument is out of range.
         """
-        super().__init__()
-        _set_warmup_and_decay(
-            self,
-            base_learning_rate=base_learning_rate,
-            warmup_steps=warmup_steps,
-            decay_steps=decay_steps,
-            end_learning_rate=end_learning_rate,
-        )
+        super().__init__(base_learning_rate, warmup_steps, decay_steps, end_learning_rate, name)
         self.power = _check_float("power", power, strict=True)
         if isinstance(start_warmup_step, bool) or not isinstance(start_warmup_step, int):
             raise ValueError(f"`start_warmup_step` ({start_warmup_step!r}) must be an integer.")
@@ -138,43 +159,26 @@ class WarmupPolynomialDecay(keras.optimizers.schedules.LearningRateSchedule):
         if decay_start_step is not None:
             _check_int("decay_start_step", decay_start_step, low=0)
         self.decay_start_step = decay_start_step
-        self.name = name
 
-    def __call__(self, step):
-        """Returns the float32 LR for `step` (scalar int or float tensor)."""
-        with keras.name_scope(self.name):
-            step = ops.cast(step, "float32")
-            warmup_end = self.start_warmup_step + self.warmup_steps
-            d0 = warmup_end if self.decay_start_step is None else self.decay_start_step
-            progress = ops.minimum(ops.maximum(step - float(d0), 0.0), float(self.decay_steps))
-            decayed = (self.base_learning_rate - self.end_learning_rate) * ops.power(
-                1.0 - progress / float(self.decay_steps), self.power
-            ) + self.end_learning_rate
-            if self.warmup_steps == 0:
-                return decayed
-            warm = (
-                self.base_learning_rate
-                * ops.maximum(step - float(self.start_warmup_step), 0.0)
-                / float(self.warmup_steps)
-            )
-            return ops.where(step < float(warmup_end), warm, decayed)
-
-    def get_config(self):
-        """Returns every constructor argument."""
-        return {
-            "base_learning_rate": self.base_learning_rate,
-            "warmup_steps": self.warmup_steps,
-            "decay_steps": self.decay_steps,
-            "end_learning_rate": self.end_learning_rate,
-            "power": self.power,
-            "start_warmup_step": self.start_warmup_step,
-            "decay_start_step": self.decay_start_step,
-            "name": self.name,
-        }
+    def rate(self, step):
+        warmup_end = self.start_warmup_step + self.warmup_steps
+        d0 = warmup_end if self.decay_start_step is None else self.decay_start_step
+        progress = ops.minimum(ops.maximum(step - float(d0), 0.0), float(self.decay_steps))
+        decayed = (self.base_learning_rate - self.end_learning_rate) * ops.power(
+            1.0 - progress / float(self.decay_steps), self.power
+        ) + self.end_learning_rate
+        if self.warmup_steps == 0:
+            return decayed
+        warm = (
+            self.base_learning_rate
+            * ops.maximum(step - float(self.start_warmup_step), 0.0)
+            / float(self.warmup_steps)
+        )
+        return ops.where(step < float(warmup_end), warm, decayed)
 
 
 @keras.saving.register_keras_serializable(package="mlperf_tf")
-class PiecewiseConstantWithWarmup(keras.optimizers.schedules.LearningRateSchedule):
+class PiecewiseConstantWithWarmup(_Schedule):
     """Linear warmup with a warmup factor, then piecewise constant (MLPerf SSD reference).
 
     With base LR b (`opt_base_learning_rate`), W = `warmup_steps`
@@ -217,10 +221,7 @@ class PiecewiseConstantWithWarmup(keras.optimizers.schedules.LearningRateSchedul
         Raises:
           ValueError: an argument is out of range or the lengths do not fit.
         """
-        super().__init__()
-        self.base_learning_rate = _check_float(
-            "base_learning_rate", base_learning_rate, strict=True
-        )
+        super().__init__(base_learning_rate, name)
         self.warmup_steps = _check_int("warmup_steps", warmup_steps, low=0)
         self.warmup_factor = _check_float("warmup_factor", warmup_factor)
         boundaries = [_check_int("boundaries entry", b, low=1) for b in boundaries]
@@ -234,38 +235,23 @@ class PiecewiseConstantWithWarmup(keras.optimizers.schedules.LearningRateSchedul
             )
         self.boundaries = boundaries
         self.multipliers = multipliers
-        self.name = name
 
-    def __call__(self, step):
-        """Returns the float32 LR for `step` (scalar int or float tensor)."""
-        with keras.name_scope(self.name):
-            step = ops.cast(step, "float32")
-            multipliers = self.multipliers
-            if len(multipliers) == len(self.boundaries):
-                multipliers = [1.0] + multipliers
-            lr = ops.convert_to_tensor(self.base_learning_rate * multipliers[0], "float32")
-            for boundary, mult in zip(self.boundaries, multipliers[1:]):
-                lr = ops.where(step >= float(boundary), self.base_learning_rate * mult, lr)
-            if self.warmup_steps == 0:
-                return lr
-            w = float(self.warmup_steps)
-            warm = self.base_learning_rate * (1.0 - (w - step) / (w * 2.0**self.warmup_factor))
-            return ops.where(step < w, warm, lr)
-
-    def get_config(self):
-        """Returns every constructor argument."""
-        return {
-            "base_learning_rate": self.base_learning_rate,
-            "warmup_steps": self.warmup_steps,
-            "warmup_factor": self.warmup_factor,
-            "boundaries": list(self.boundaries),
-            "multipliers": list(self.multipliers),
-            "name": self.name,
-        }
+    def rate(self, step):
+        multipliers = self.multipliers
+        if len(multipliers) == len(self.boundaries):
+            multipliers = [1.0] + multipliers
+        lr = ops.convert_to_tensor(self.base_learning_rate * multipliers[0], "float32")
+        for boundary, mult in zip(self.boundaries, multipliers[1:]):
+            lr = ops.where(step >= float(boundary), self.base_learning_rate * mult, lr)
+        if self.warmup_steps == 0:
+            return lr
+        w = float(self.warmup_steps)
+        warm = self.base_learning_rate * (1.0 - (w - step) / (w * 2.0**self.warmup_factor))
+        return ops.where(step < w, warm, lr)
 
 
 @keras.saving.register_keras_serializable(package="mlperf_tf")
-class WarmupRsqrtDecay(keras.optimizers.schedules.LearningRateSchedule):
+class WarmupRsqrtDecay(_Schedule):
     """Linear warmup, then inverse-square-root decay (MLPerf Transformer reference).
 
     With base LR b (`opt_base_learning_rate`, 2.0 in the reference), W = `warmup_steps`
@@ -298,38 +284,22 @@ class WarmupRsqrtDecay(keras.optimizers.schedules.LearningRateSchedule):
         Raises:
           ValueError: an argument is out of range.
         """
-        super().__init__()
-        self.base_learning_rate = _check_float(
-            "base_learning_rate", base_learning_rate, strict=True
-        )
+        super().__init__(base_learning_rate, name)
         self.warmup_steps = _check_int("warmup_steps", warmup_steps, low=1)
         self.factor = _check_float("factor", factor, strict=True)
-        self.name = name
 
-    def __call__(self, step):
-        """Returns the float32 LR for `step` (scalar int or float tensor)."""
-        with keras.name_scope(self.name):
-            step = ops.cast(step, "float32")
-            w = float(self.warmup_steps)
-            return (
-                self.base_learning_rate
-                * self.factor
-                * ops.minimum(1.0, step / w)
-                * ops.rsqrt(ops.maximum(step, w))
-            )
-
-    def get_config(self):
-        """Returns every constructor argument."""
-        return {
-            "base_learning_rate": self.base_learning_rate,
-            "warmup_steps": self.warmup_steps,
-            "factor": self.factor,
-            "name": self.name,
-        }
+    def rate(self, step):
+        w = float(self.warmup_steps)
+        return (
+            self.base_learning_rate
+            * self.factor
+            * ops.minimum(1.0, step / w)
+            * ops.rsqrt(ops.maximum(step, w))
+        )
 
 
 @keras.saving.register_keras_serializable(package="mlperf_tf")
-class WarmupCosineDecay(keras.optimizers.schedules.LearningRateSchedule):
+class WarmupCosineDecay(_WarmupThenDecay):
     """Linear warmup, then cosine decay to an end LR (MLPerf `llama31_8b`: NeMo's
     `CosineAnnealing`, "cosine with linear warmup").
 
@@ -364,34 +334,13 @@ class WarmupCosineDecay(keras.optimizers.schedules.LearningRateSchedule):
         Raises:
           ValueError: an argument is out of range.
         """
-        super().__init__()
-        _set_warmup_and_decay(
-            self,
-            base_learning_rate=base_learning_rate,
-            warmup_steps=warmup_steps,
-            decay_steps=decay_steps,
-            end_learning_rate=end_learning_rate,
-        )
-        self.name = name
+        super().__init__(base_learning_rate, warmup_steps, decay_steps, end_learning_rate, name)
 
-    def __call__(self, step):
-        """Returns the float32 LR for `step` (scalar int or float tensor)."""
-        with keras.name_scope(self.name):
-            step = ops.cast(step, "float32")
-            b, e, w = self.base_learning_rate, self.end_learning_rate, float(self.warmup_steps)
-            progress = ops.clip((step - w) / float(self.decay_steps), 0.0, 1.0)
-            decayed = (b - e) * 0.5 * (1.0 + ops.cos(math.pi * progress)) + e
-            if self.warmup_steps == 0:
-                return decayed
-            warm = b * (step + 1.0) / (w + 1.0)
-            return ops.where(step <= w, warm, decayed)
-
-    def get_config(self):
-        """Returns every constructor argument."""
-        return {
-            "base_learning_rate": self.base_learning_rate,
-            "warmup_steps": self.warmup_steps,
-            "decay_steps": self.decay_steps,
-            "end_learning_rate": self.end_learning_rate,
-            "name": self.name,
-        }
+    def rate(self, step):
+        b, e, w = self.base_learning_rate, self.end_learning_rate, float(self.warmup_steps)
+        progress = ops.clip((step - w) / float(self.decay_steps), 0.0, 1.0)
+        decayed = (b - e) * 0.5 * (1.0 + ops.cos(math.pi * progress)) + e
+        if self.warmup_steps == 0:
+            return decayed
+        warm = b * (step + 1.0) / (w + 1.0)
+        return ops.where(step <= w, warm, decayed)

@@ -57,6 +57,32 @@ def loss_fn(net, x, y, global_batch: int = BATCH):
     return tf.reduce_sum(tf.square(out - y)) / global_batch
 
 
+def train_step(strategy, net, optimizer, loss=loss_fn):
+    """A `tf.function` of one training step on (x, y): each replica applies its gradient of
+    `loss(net, x, y)` with `optimizer` (Keras sums the replicas' gradients inside)."""
+
+    @tf.function
+    def step(x, y):
+        def replica_step(x, y):
+            with tf.GradientTape() as tape:
+                value = loss(net, x, y)
+            grads = tape.gradient(value, net.trainable_variables)
+            optimizer.apply_gradients(zip(grads, net.trainable_variables))
+
+        strategy.run(replica_step, args=(x, y))
+
+    return step
+
+
+def replica_batches(strategy, batches):
+    """Yields each (x, y) of `batches`, split over the strategy's replicas when it has several."""
+    for x, y in batches:
+        if strategy.num_replicas_in_sync > 1:
+            dataset = tf.data.Dataset.from_tensors((x, y)).unbatch().batch(BATCH)
+            x, y = next(iter(strategy.experimental_distribute_dataset(dataset)))
+        yield x, y
+
+
 def run_keras(optimizer, weights, batches, strategy=None):
     """Trains `model(weights)` on `batches` with `optimizer` (or a factory of one); returns the
     model and its final weights.
@@ -70,20 +96,7 @@ def run_keras(optimizer, weights, batches, strategy=None):
         if not isinstance(optimizer, keras.optimizers.Optimizer):
             optimizer = optimizer()  # a factory: optimizers are built in the strategy's scope
         optimizer.build(net.trainable_variables)
-
-    @tf.function
-    def step(x, y):
-        def replica_step(x, y):
-            with tf.GradientTape() as tape:
-                loss = loss_fn(net, x, y)
-            grads = tape.gradient(loss, net.trainable_variables)
-            optimizer.apply_gradients(zip(grads, net.trainable_variables))
-
-        strategy.run(replica_step, args=(x, y))
-
-    for x, y in batches:
-        if strategy.num_replicas_in_sync > 1:
-            dataset = tf.data.Dataset.from_tensors((x, y)).unbatch().batch(BATCH)
-            x, y = next(iter(strategy.experimental_distribute_dataset(dataset)))
+    step = train_step(strategy, net, optimizer)
+    for x, y in replica_batches(strategy, batches):
         step(x, y)
     return net, [v.numpy() for v in net.trainable_variables]

@@ -7,6 +7,7 @@ import tensorflow as tf
 
 from mlperf_tf.optimizers import LAMB, LARS
 from tests import strategies
+from tests.mlperf_tf.optimizers import golden
 from tests.numerics import assert_close
 
 pytestmark = pytest.mark.numerics
@@ -49,17 +50,7 @@ def train_steps(strategy, kind, initial_weights, num_steps=2):
         model.set_weights(initial_weights)
         optimizer = make_optimizer(kind)
         optimizer.build(model.trainable_variables)
-
-    @tf.function
-    def step(x, y):
-        def replica_step(x, y):
-            with tf.GradientTape() as tape:
-                loss = per_replica_loss(model, x, y)
-            grads = tape.gradient(loss, model.trainable_variables)
-            optimizer.apply_gradients(zip(grads, model.trainable_variables))
-
-        strategy.run(replica_step, args=(x, y))
-
+    step = golden.train_step(strategy, model, optimizer, per_replica_loss)
     dataset = tf.data.Dataset.from_tensors((X, Y)).repeat(num_steps)
     for x, y in strategy.experimental_distribute_dataset(dataset):
         step(x, y)

@@ -81,10 +81,7 @@ def run_kfac(make, weights, batches, strategy=None):
 
         strategy.run(replica_step, args=(x, y))
 
-    for x, y in batches:
-        if strategy.num_replicas_in_sync > 1:
-            dataset = tf.data.Dataset.from_tensors((x, y)).unbatch().batch(golden.BATCH)
-            x, y = next(iter(strategy.experimental_distribute_dataset(dataset)))
+    for x, y in golden.replica_batches(strategy, batches):
         step(x, y)
     return optimizer, [v.numpy() for v in net.trainable_variables]
 

@@ -1,53 +1,24 @@
 """Tests for mlperf_tf.optimizers.lamb: golden values against a NumPy LAMB, Keras' Lamb, config."""
 
-import contextlib
-import copy
-
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from mlperf_tf.optimizers import LAMB, LARS, WarmupPolynomialDecay
-from mlperf_tf.optimizers.base import matches_any, variable_path
 from mlperf_tf.optimizers.lamb import DEFAULT_LAMB_EXCLUDE
+from tests.mlperf_tf.optimizers import layerwise
 from tests.numerics import assert_close
 
 pytestmark = pytest.mark.numerics
 
 NUM_STEPS = 5
 
-# (name scope, variable name, initial value, gradient kind). "zero/kernel" starts at 0
-# (|w| = 0 -> trust 1); "still/kernel" gets zero gradients (r = wd * w only); LayerNorm and
-# biases are excluded by default.
-_RNG = np.random.default_rng(1)
-VARIABLES = [
-    ("attention/query", "kernel", _RNG.normal(size=(6, 4)), "random"),
-    ("attention/query", "bias", _RNG.normal(size=(4,)), "random"),
-    ("encoder/layer_norm", "gamma", 1.0 + 0.1 * _RNG.normal(size=(6,)), "random"),
-    ("zero", "kernel", np.zeros((3, 5)), "random"),
-    ("still", "kernel", _RNG.normal(size=(2, 3)), "zero"),
-    ("output", "kernel", _RNG.normal(size=(4, 2)), "random"),
-]
-GRADIENTS = [
-    [
-        np.zeros_like(init) if kind == "zero" else _RNG.normal(size=init.shape) * 0.1
-        for _, _, init, kind in VARIABLES
-    ]
-    for _ in range(NUM_STEPS)
-]
-
-
-def make_variable(scope, name, init):
-    """A float32 Keras variable whose path is "<scope>/<name>" (scope may hold "/")."""
-    with contextlib.ExitStack() as stack:
-        for part in scope.split("/"):
-            stack.enter_context(keras.name_scope(part))
-        return keras.Variable(init.astype("float32"), name=name)
+VARIABLES, GRADIENTS = layerwise.problem(seed=1, steps=NUM_STEPS, scale=0.1)
 
 
 def make_variables():
-    return [make_variable(scope, name, init) for scope, name, init, _ in VARIABLES]
+    return layerwise.make_variables(VARIABLES)
 
 
 def numpy_lamb(
@@ -79,40 +50,27 @@ def numpy_lamb(
 
 
 def run_optimizer(optimizer, variables, steps=GRADIENTS):
-    history = []
-    for grads in steps:
-        optimizer.apply_gradients(
-            [(keras.ops.convert_to_tensor(g, "float32"), v) for g, v in zip(grads, variables)]
-        )
-        history.append([v.numpy().astype(np.float64) for v in variables])
-    return history
+    return layerwise.run_optimizer(optimizer, variables, steps)
 
 
-def assert_histories_close(actual, expected, rtol=1e-6):
-    for step, (got, want) in enumerate(zip(actual, expected)):
-        for (scope, name, _, _), a, e in zip(VARIABLES, got, want):
-            assert_close(a, e, rtol=rtol, err_msg=f"step {step + 1}, {scope}/{name}")
-
-
-def flags(patterns, variables):
-    return [matches_any(patterns, variable_path(v)) for v in variables]
+def assert_histories_close(actual, expected):
+    layerwise.assert_histories_close(actual, expected, VARIABLES)
 
 
 @pytest.mark.parametrize("bias_correction", [True, False])
 def test_lamb_matches_numpy_formula_with_default_exclusions(bias_correction):
+    settings = dict(epsilon=1e-6, weight_decay=0.1, bias_correction=bias_correction)
     variables = make_variables()
-    optimizer = LAMB(0.05, weight_decay=0.1, epsilon=1e-6, bias_correction=bias_correction)
-    excluded = flags(DEFAULT_LAMB_EXCLUDE, variables)
-    assert excluded == [False, True, True, False, False, False]
+    optimizer = LAMB(0.05, **settings)  # LAMB's default betas and exclusions
+    excluded = layerwise.flags(DEFAULT_LAMB_EXCLUDE, variables)
+    assert excluded == [False, True, False, False, False, True, False]
     expected = numpy_lamb(
         [0.05] * NUM_STEPS,
         beta_1=0.9,
         beta_2=0.999,
-        epsilon=1e-6,
-        weight_decay=0.1,
+        **settings,
         no_decay=excluded,
         no_adapt=excluded,
-        bias_correction=bias_correction,
     )
     assert_histories_close(run_optimizer(optimizer, variables), expected)
 
@@ -124,27 +82,17 @@ def test_separate_exclusion_lists():
         0.1, warmup_steps=2, decay_steps=10, start_warmup_step=-1, decay_start_step=0
     )
     lrs = [float(schedule(step)) for step in range(NUM_STEPS)]
+    settings = dict(beta_1=0.8, beta_2=0.95, epsilon=1e-4, weight_decay=0.05)
     optimizer = LAMB(
         schedule,
-        beta_1=0.8,
-        beta_2=0.95,
-        epsilon=1e-4,
-        weight_decay=0.05,
+        **settings,
         exclude_from_weight_decay=["layer_norm", "bias"],
         exclude_from_layer_adaptation=["^output/", "bias"],
     )
-    no_decay = flags(["layer_norm", "bias"], variables)
-    no_adapt = flags(["^output/", "bias"], variables)
+    no_decay = layerwise.flags(["layer_norm", "bias"], variables)
+    no_adapt = layerwise.flags(["^output/", "bias"], variables)
     assert no_decay != no_adapt
-    expected = numpy_lamb(
-        lrs,
-        beta_1=0.8,
-        beta_2=0.95,
-        epsilon=1e-4,
-        weight_decay=0.05,
-        no_decay=no_decay,
-        no_adapt=no_adapt,
-    )
+    expected = numpy_lamb(lrs, **settings, no_decay=no_decay, no_adapt=no_adapt)
     assert_histories_close(run_optimizer(optimizer, variables), expected)
 
 
@@ -198,14 +146,10 @@ def test_get_config_round_trip_keeps_every_argument():
             global_clipnorm=1.0,
             name="my_lamb",
         )
-        config = optimizer.get_config()
-        restored = LAMB.from_config(copy.deepcopy(config))
-        assert restored.get_config() == config
+        config = layerwise.assert_config_round_trips(optimizer)
         assert config["exclude_from_weight_decay"] == ["bias"]
         assert config["exclude_from_layer_adaptation"] == adaptation
         assert config["bias_correction"] is False and config["weight_decay"] == 0.01
-        again = keras.optimizers.deserialize(keras.optimizers.serialize(optimizer))
-        assert isinstance(again, LAMB) and again.get_config() == config
 
 
 @pytest.mark.parametrize(
@@ -234,10 +178,10 @@ def test_bad_arguments_name_the_argument(kwargs, message):
 )
 def test_sparse_embedding_gradients_equal_dense_ones(make):
     # An embedding lookup's gradient is IndexedSlices; the update must equal the dense one.
-    table = _RNG.normal(size=(10, 4)).astype("float32")
+    table = np.random.default_rng(4).normal(size=(10, 4)).astype("float32")
     results = []
     for densify in (False, True):
-        embedding = make_variable("embeddings", "table", table)
+        embedding = layerwise.make_variable("embeddings", "table", table)
         optimizer = make()
         for ids in ([1, 3, 3], [0, 9, 1]):
             with tf.GradientTape() as tape:

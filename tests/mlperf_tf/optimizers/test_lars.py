@@ -9,38 +9,18 @@ import pytest
 from mlperf_tf.optimizers import LARS, WarmupPolynomialDecay
 from mlperf_tf.optimizers.base import matches_any, variable_path
 from mlperf_tf.optimizers.lars import DEFAULT_LARS_EXCLUDE
+from tests.mlperf_tf.optimizers import layerwise
 from tests.numerics import assert_close
 
 pytestmark = pytest.mark.numerics
 
 NUM_STEPS = 5
 
-# (name scope, variable name, initial value, gradient kind). Paths: "conv/kernel", ...
-# "zero/kernel" starts at 0 (|w| = 0 -> trust 1); "still/kernel" gets zero gradients
-# (|g| = 0 -> trust 1, weight decay still applies); bias and BN gamma are excluded.
-_RNG = np.random.default_rng(0)
-VARIABLES = [
-    ("conv", "kernel", _RNG.normal(size=(3, 3, 2, 4)), "random"),
-    ("conv", "bias", _RNG.normal(size=(4,)), "random"),
-    ("batch_normalization", "gamma", 1.0 + 0.1 * _RNG.normal(size=(4,)), "random"),
-    ("zero", "kernel", np.zeros((5, 3)), "random"),
-    ("still", "kernel", _RNG.normal(size=(2, 6)), "zero"),
-]
-GRADIENTS = [
-    [
-        np.zeros_like(init) if kind == "zero" else _RNG.normal(size=init.shape) * 0.5
-        for _, _, init, kind in VARIABLES
-    ]
-    for _ in range(NUM_STEPS)
-]
+VARIABLES, GRADIENTS = layerwise.problem(seed=0, steps=NUM_STEPS, scale=0.5)
 
 
 def make_variables():
-    variables = []
-    for scope, name, init, _ in VARIABLES:
-        with keras.name_scope(scope):
-            variables.append(keras.Variable(init.astype("float32"), name=name))
-    return variables
+    return layerwise.make_variables(VARIABLES)
 
 
 def numpy_lars(lrs, *, momentum, weight_decay, eeta, epsilon, excluded, nesterov=False):
@@ -65,50 +45,28 @@ def numpy_lars(lrs, *, momentum, weight_decay, eeta, epsilon, excluded, nesterov
 
 
 def run_optimizer(optimizer, variables):
-    history = []
-    for grads in GRADIENTS:
-        optimizer.apply_gradients(
-            [(keras.ops.convert_to_tensor(g, "float32"), v) for g, v in zip(grads, variables)]
-        )
-        history.append([v.numpy().astype(np.float64) for v in variables])
-    return history
+    return layerwise.run_optimizer(optimizer, variables, GRADIENTS)
 
 
 def assert_histories_close(actual, expected):
-    for step, (got, want) in enumerate(zip(actual, expected)):
-        for (scope, name, _, _), a, e in zip(VARIABLES, got, want):
-            assert_close(a, e, rtol=1e-6, err_msg=f"step {step + 1}, {scope}/{name}")
+    layerwise.assert_histories_close(actual, expected, VARIABLES)
 
 
 @pytest.mark.parametrize(
-    "momentum, weight_decay, eeta, epsilon, nesterov",
+    "settings",
     [
-        (0.9, 0.1, 0.2, 0.0, False),  # large wd / eeta so every term shows
-        (0.9, 5e-5, 0.001, 0.0, False),  # MLPerf-like values
-        (0.5, 0.01, 0.05, 0.3, True),  # epsilon and Nesterov
+        dict(momentum=0.9, weight_decay=0.1, eeta=0.2, epsilon=0.0, nesterov=False),
+        dict(momentum=0.9, weight_decay=5e-5, eeta=0.001, epsilon=0.0, nesterov=False),
+        dict(momentum=0.5, weight_decay=0.01, eeta=0.05, epsilon=0.3, nesterov=True),
     ],
+    ids=["large_wd_and_eeta_so_every_term_shows", "mlperf_like", "epsilon_and_nesterov"],
 )
-def test_lars_matches_numpy_formula(momentum, weight_decay, eeta, epsilon, nesterov):
+def test_lars_matches_numpy_formula(settings):
     variables = make_variables()
-    optimizer = LARS(
-        0.5,
-        momentum=momentum,
-        weight_decay=weight_decay,
-        eeta=eeta,
-        epsilon=epsilon,
-        nesterov=nesterov,
-    )
-    excluded = [matches_any(DEFAULT_LARS_EXCLUDE, variable_path(v)) for v in variables]
-    assert excluded == [False, True, True, False, False]
-    expected = numpy_lars(
-        [0.5] * NUM_STEPS,
-        momentum=momentum,
-        weight_decay=weight_decay,
-        eeta=eeta,
-        epsilon=epsilon,
-        excluded=excluded,
-        nesterov=nesterov,
-    )
+    optimizer = LARS(0.5, **settings)
+    excluded = layerwise.flags(DEFAULT_LARS_EXCLUDE, variables)
+    assert excluded == [False, True, True, False, False, True, False]
+    expected = numpy_lars([0.5] * NUM_STEPS, **settings, excluded=excluded)
     assert_histories_close(run_optimizer(optimizer, variables), expected)
 
 
@@ -132,11 +90,10 @@ def test_lars_with_schedule_uses_the_step_learning_rate():
     lrs = [float(schedule(step)) for step in range(NUM_STEPS)]
     assert lrs[0] == 0.0 and lrs[2] == 2.0
     variables = make_variables()
-    optimizer = LARS(schedule, momentum=0.9, weight_decay=0.01, eeta=0.1)
-    excluded = [matches_any(DEFAULT_LARS_EXCLUDE, variable_path(v)) for v in variables]
-    expected = numpy_lars(
-        lrs, momentum=0.9, weight_decay=0.01, eeta=0.1, epsilon=0.0, excluded=excluded
-    )
+    settings = dict(momentum=0.9, weight_decay=0.01, eeta=0.1)
+    optimizer = LARS(schedule, **settings)  # LARS' default epsilon
+    excluded = layerwise.flags(DEFAULT_LARS_EXCLUDE, variables)
+    expected = numpy_lars(lrs, **settings, epsilon=0.0, excluded=excluded)
     assert_histories_close(run_optimizer(optimizer, variables), expected)
 
 
@@ -177,16 +134,12 @@ def test_get_config_round_trip_keeps_every_argument():
         global_clipnorm=1.0,
         name="my_lars",
     )
-    config = optimizer.get_config()
-    restored = LARS.from_config(copy.deepcopy(config))
-    assert restored.get_config() == config
+    config = layerwise.assert_config_round_trips(optimizer)
     assert config["exclude_from_weight_decay"] == ["bn", r"bias$"]
     assert config["weight_decay"] == 2e-4 and config["nesterov"] is True
+    restored = LARS.from_config(copy.deepcopy(config))
     assert restored.weight_decay is None  # Keras' own decoupled decay stays off
     assert config["learning_rate"]["config"] == schedule.get_config()
-    # Through Keras' registry as well.
-    again = keras.optimizers.deserialize(keras.optimizers.serialize(optimizer))
-    assert isinstance(again, LARS) and again.get_config() == config
 
 
 @pytest.mark.parametrize(

@@ -15,34 +15,17 @@ from official.modeling.optimization import lamb as mg_lamb  # noqa: E402
 from official.modeling.optimization import lars as mg_lars  # noqa: E402
 
 from mlperf_tf.optimizers import LAMB, LARS  # noqa: E402
-from tests.mlperf_tf.optimizers.test_lamb import make_variable  # noqa: E402
+from tests.mlperf_tf.optimizers import layerwise  # noqa: E402
 
 pytestmark = [pytest.mark.peers, pytest.mark.numerics]
 
 NUM_STEPS = 10
-_RNG = np.random.default_rng(2)
-# (scope, name, initial value, gradient kind): one excluded variable (bias), one with zero
-# weights, one with zero gradients.
-VARIABLES = [
-    ("conv", "kernel", _RNG.normal(size=(3, 3, 2, 4)), "random"),
-    ("conv", "bias", _RNG.normal(size=(4,)), "random"),
-    ("encoder/layer_norm", "gamma", 1 + 0.1 * _RNG.normal(size=(6,)), "random"),
-    ("zero", "kernel", np.zeros((5, 3)), "random"),
-    ("still", "kernel", _RNG.normal(size=(2, 6)), "zero"),
-    ("dense", "kernel", _RNG.normal(size=(6, 3)), "random"),
-]
-GRADIENTS = [
-    [
-        np.zeros_like(init) if kind == "zero" else _RNG.normal(size=init.shape) * 0.3
-        for _, _, init, kind in VARIABLES
-    ]
-    for _ in range(NUM_STEPS)
-]
+VARIABLES, GRADIENTS = layerwise.problem(seed=2, steps=NUM_STEPS, scale=0.3)
 EXCLUDE = ["bias", "layer_norm"]
 
 
 def make_pair():
-    ours = [make_variable(scope, name, init) for scope, name, init, _ in VARIABLES]
+    ours = layerwise.make_variables(VARIABLES)
     theirs = [
         tf.Variable(init.astype("float32"), name=f"{scope}/{name}")
         for scope, name, init, _ in VARIABLES
@@ -54,27 +37,21 @@ def apply(optimizer, variables, grads):
     optimizer.apply_gradients([(tf.constant(g, tf.float32), v) for g, v in zip(grads, variables)])
 
 
-def assert_same(ours, theirs, step):
-    for (scope, name, _, _), a, b in zip(VARIABLES, ours, theirs):
-        assert_close(a.numpy(), b.numpy(), rtol=1e-6, err_msg=f"step {step}, {scope}/{name}")
+def assert_same_trajectories(opt, ref):
+    """Steps ours with `opt` and theirs with `ref` on the same gradients; same weights each step."""
+    ours, theirs = make_pair()
+    for step, grads in enumerate(GRADIENTS, start=1):
+        apply(opt, ours, grads)
+        apply(ref, theirs, grads)
+        for (scope, name, _, _), a, b in zip(VARIABLES, ours, theirs):
+            assert_close(a.numpy(), b.numpy(), rtol=1e-6, err_msg=f"step {step}, {scope}/{name}")
 
 
 @pytest.mark.parametrize("nesterov", [False, True])
 def test_lars_matches_model_garden_without_weight_decay(nesterov):
     # wd = 0 and eps = 0: both trust ratios are eeta * |w| / |g|.
-    ours, theirs = make_pair()
-    opt = LARS(0.8, momentum=0.9, eeta=0.05, exclude_from_weight_decay=EXCLUDE, nesterov=nesterov)
-    ref = mg_lars.LARS(
-        learning_rate=0.8,
-        momentum=0.9,
-        eeta=0.05,
-        nesterov=nesterov,
-        exclude_from_weight_decay=EXCLUDE,
-    )
-    for step, grads in enumerate(GRADIENTS, start=1):
-        apply(opt, ours, grads)
-        apply(ref, theirs, grads)
-        assert_same(ours, theirs, step)
+    settings = dict(momentum=0.9, eeta=0.05, nesterov=nesterov, exclude_from_weight_decay=EXCLUDE)
+    assert_same_trajectories(LARS(0.8, **settings), mg_lars.LARS(learning_rate=0.8, **settings))
 
 
 def test_lars_differs_from_model_garden_exactly_as_documented():
@@ -131,26 +108,14 @@ def test_lamb_matches_model_garden(adaptation):
     # Betas exactly representable in float32, so that the Model Garden's float32 1 - beta**t
     # (which loses ~1e-5 relative precision for beta = 0.999) is exact too.
     beta_1, beta_2 = 0.875, 1 - 2.0**-10
-    ours, theirs = make_pair()
-    opt = LAMB(
-        0.02,
+    settings = dict(
         beta_1=beta_1,
         beta_2=beta_2,
         epsilon=1e-6,
-        weight_decay=0.01,
         exclude_from_weight_decay=EXCLUDE,
         exclude_from_layer_adaptation=adaptation,
     )
-    ref = mg_lamb.LAMB(
-        learning_rate=0.02,
-        beta_1=beta_1,
-        beta_2=beta_2,
-        epsilon=1e-6,
-        weight_decay_rate=0.01,
-        exclude_from_weight_decay=EXCLUDE,
-        exclude_from_layer_adaptation=adaptation,
+    assert_same_trajectories(
+        LAMB(0.02, weight_decay=0.01, **settings),  # the Model Garden calls it weight_decay_rate
+        mg_lamb.LAMB(learning_rate=0.02, weight_decay_rate=0.01, **settings),
     )
-    for step, grads in enumerate(GRADIENTS, start=1):
-        apply(opt, ours, grads)
-        apply(ref, theirs, grads)
-        assert_same(ours, theirs, step)

@@ -12,14 +12,18 @@ from tests.numerics import assert_close
 pytestmark = pytest.mark.numerics
 
 
-def numpy_neumann(
-    weights, batches, *, lr, alpha, beta_scale, gamma, reset, warmup, mu_max, ramp, scope="model"
-):
-    """Algorithm 2 of Krishnan et al. 2017, transcribed (see the `Neumann` docstring).
+def numpy_neumann(weights, batches, lr, **settings):
+    """Algorithm 2 of Krishnan et al. 2017, transcribed (see the `Neumann` docstring), with the
+    `Neumann` arguments in `settings` (all but `learning_rate`, which is `lr`).
 
     scope "model": w is the concatenation of all variables (one |w - v|, beta = beta_scale x
     all parameters); "variable": each variable on its own.
     """
+    # The paper's symbols.
+    alpha, beta_scale = settings["cubic_regularizer"], settings["repulsive_regularizer"]
+    gamma, reset = settings["moving_average"], settings["reset_interval"]
+    warmup, mu_max = settings["warmup_steps"], settings["momentum_max"]
+    ramp, scope = settings["momentum_ramp_steps"], settings["norm_scope"]
     w = [np.asarray(p, np.float64) for p in weights]
     m = [np.zeros_like(p) for p in w]
     v = [p.copy() for p in w]
@@ -52,64 +56,56 @@ def numpy_neumann(
     return w, m
 
 
-# Large regularizers so that both terms move the weights measurably in a few steps.
+LR = 0.05
+# `Neumann` arguments: large regularizers so that both terms move the weights measurably in a
+# few steps, and resets, warm-up and momentum ramp within them.
 SETTINGS = dict(
-    lr=0.05,
-    alpha=0.5,
-    beta_scale=1e-4,
-    gamma=0.9,
-    reset=3,
-    warmup=2,
-    mu_max=0.9,
-    ramp=2,
-    scope="model",
+    cubic_regularizer=0.5,
+    repulsive_regularizer=1e-4,
+    moving_average=0.9,
+    reset_interval=3,
+    warmup_steps=2,
+    momentum_max=0.9,
+    momentum_ramp_steps=2,
+    norm_scope="model",
 )
 
 
 def make(**overrides):
-    s = {**SETTINGS, **overrides}
-    return Neumann(
-        s["lr"],
-        cubic_regularizer=s["alpha"],
-        repulsive_regularizer=s["beta_scale"],
-        moving_average=s["gamma"],
-        reset_interval=s["reset"],
-        warmup_steps=s["warmup"],
-        momentum_max=s["mu_max"],
-        momentum_ramp_steps=s["ramp"],
-        norm_scope=s["scope"],
-    )
+    return Neumann(LR, **{**SETTINGS, **overrides})
 
 
 @pytest.mark.parametrize("scope", ["model", "variable"])
 @pytest.mark.parametrize("warmup", [0, 2])
 def test_matches_numpy_algorithm_2(warmup, scope):
-    settings = {**SETTINGS, "warmup": warmup, "scope": scope}
+    settings = {**SETTINGS, "warmup_steps": warmup, "norm_scope": scope}
     weights, batches = golden.problem(seed=1, steps=9)
-    expected, _ = numpy_neumann(weights, batches, **settings)
+    expected, _ = numpy_neumann(weights, batches, LR, **settings)
     _, got = golden.run_keras(make(**settings), weights, batches)
     for a, b in zip(got, expected):
         assert_close(a, b, rtol=1e-5)
     # The regularizers matter: without them the trajectory differs.
-    plain, _ = numpy_neumann(weights, batches, **{**settings, "alpha": 0.0, "beta_scale": 0.0})
+    unregularized = {**settings, "cubic_regularizer": 0.0, "repulsive_regularizer": 0.0}
+    plain, _ = numpy_neumann(weights, batches, LR, **unregularized)
     assert max(np.abs(a - b).max() for a, b in zip(plain, expected)) > 1e-4
 
 
 def test_norm_scopes_differ():
     """One norm over the model is not the per-variable norms (the golden test pins each)."""
     weights, batches = golden.problem(seed=1, steps=9)
-    model, _ = numpy_neumann(weights, batches, **SETTINGS)
-    per_variable, _ = numpy_neumann(weights, batches, **{**SETTINGS, "scope": "variable"})
+    model, _ = numpy_neumann(weights, batches, LR, **SETTINGS)
+    per_variable, _ = numpy_neumann(weights, batches, LR, **{**SETTINGS, "norm_scope": "variable"})
     assert max(np.abs(a - b).max() for a, b in zip(model, per_variable)) > 1e-4
 
 
 def test_finalize_returns_w_minus_mu_m():
     weights, batches = golden.problem(seed=2, steps=5)
-    expected, m = numpy_neumann(weights, batches, **SETTINGS)
+    expected, m = numpy_neumann(weights, batches, LR, **SETTINGS)
     optimizer = make()
     net, _ = golden.run_keras(optimizer, weights, batches)
     optimizer.finalize_variable_values(net.trainable_variables)
-    mu = min(0.9, 1.0 - 1.0 / (2.0 + (len(batches) - 1 - SETTINGS["warmup"]) // SETTINGS["ramp"]))
+    t = len(batches) - 1 - SETTINGS["warmup_steps"]
+    mu = min(0.9, 1.0 - 1.0 / (2.0 + t // SETTINGS["momentum_ramp_steps"]))
     for var, w, mm in zip(net.trainable_variables, expected, m):
         assert_close(var.numpy(), w - mu * mm, rtol=1e-5)
 
@@ -117,16 +113,16 @@ def test_finalize_returns_w_minus_mu_m():
 @pytest.mark.parametrize("scope", ["model", "variable"])
 def test_two_replicas_equal_one_device(scope):
     weights, batches = golden.problem(seed=3, steps=5)
-    _, one = golden.run_keras(make(scope=scope), weights, batches)
+    _, one = golden.run_keras(make(norm_scope=scope), weights, batches)
     _, two = golden.run_keras(
-        lambda: make(scope=scope), weights, batches, strategy=strategies.mirrored(2)
+        lambda: make(norm_scope=scope), weights, batches, strategy=strategies.mirrored(2)
     )
     for a, b in zip(one, two):
         assert_close(a, b, rtol=1e-5)
 
 
 def test_config_round_trip():
-    optimizer = make(warmup=4)
+    optimizer = make(warmup_steps=4)
     config = optimizer.get_config()
     again = keras.optimizers.deserialize(keras.optimizers.serialize(optimizer))
     assert isinstance(again, Neumann) and again.get_config() == config

@@ -6,6 +6,7 @@ import textwrap
 import keras
 import pytest
 
+from mlperf_tf import config as config_lib
 from mlperf_tf.config import ConfigError
 from mlperf_tf.optimizers import KFAC, LAMB, LARS, NLCG, AdamW, FusedAdam, Neumann, registry
 from tests import processes
@@ -56,6 +57,51 @@ def test_hparams_come_from_params_then_config_fields_then_defaults():
     assert optimizer.momentum == 0.5 and optimizer.weight_decay_rate == 5e-5
     logged = registry.mlperf_hparams("lars", ResNetLikeConfig())
     assert logged["lars_opt_weight_decay"] == 5e-5 and logged["opt_name"] == "lars"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PrefixedHparams:
+    my_opt_momentum: float = 0.7
+    my_nesterov: bool = True
+    my_rate: float = registry.alias(0.0, argument="weight_decay")
+
+
+def test_fields_as_arguments_drops_the_first_matching_prefix_or_takes_the_argument():
+    make = registry.fields_as_arguments(LARS, "my_opt_", "my_", eeta=0.02)
+    optimizer = make(PrefixedHparams(my_rate=1e-3), 0.1)
+    assert isinstance(optimizer, LARS)
+    assert (optimizer.momentum, optimizer.nesterov, optimizer.weight_decay_rate) == (
+        0.7,
+        True,
+        1e-3,
+    )
+    assert optimizer.eeta == 0.02  # a fixed argument
+    with pytest.raises(TypeError, match="`my_opt_momentum` starts with none of the prefixes"):
+        registry.fields_as_arguments(LARS, "lars_")(PrefixedHparams(), 0.1)
+
+
+class TinyOptimizer:
+    def __init__(self, learning_rate, *, rate: float = 0.5, steps: int = 3, name="t", **kwargs):
+        self.learning_rate, self.rate, self.steps = learning_rate, rate, steps
+
+
+def test_hparams_from_arguments_has_the_keyword_defaults_then_the_extras():
+    hparams = registry.hparams_from_arguments(
+        TinyOptimizer, "tiny_", ("tiny_extra", float, registry.alias(1.0, "extra"))
+    )
+    assert [f.name for f in dataclasses.fields(hparams)] == [
+        "tiny_rate",
+        "tiny_steps",
+        "tiny_extra",
+    ]
+    assert dataclasses.asdict(hparams()) == {"tiny_rate": 0.5, "tiny_steps": 3, "tiny_extra": 1.0}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        hparams().tiny_rate = 1.0
+    # Overrides parse to the argument's type, and the fields map back to the arguments.
+    overridden = config_lib.override(hparams(), {"tiny_steps": "7"})
+    assert overridden.tiny_steps == 7
+    made = registry.fields_as_arguments(TinyOptimizer, "tiny_")(overridden, 0.1)
+    assert (made.rate, made.steps) == (0.5, 7)
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from mlperf_tf.optimizers import (
     PiecewiseConstantWithWarmup,
+    WarmupCosineDecay,
     WarmupPolynomialDecay,
     WarmupRsqrtDecay,
     scale_learning_rate,
@@ -171,6 +172,7 @@ def test_scale_learning_rate():
             0.2, warmup_steps=9, warmup_factor=2.0, boundaries=[30, 40], multipliers=[0.1, 0.01]
         ),
         WarmupRsqrtDecay(2.0, warmup_steps=1000, factor=1024**-0.5, name="t"),
+        WarmupCosineDecay(8e-4, warmup_steps=5, decay_steps=95, end_learning_rate=8e-5, name="c"),
     ],
 )
 def test_get_config_round_trip(schedule):
