@@ -50,7 +50,6 @@ class BertBenchmark(Benchmark):
     convergence = Rcp("training_4.0.0/rcps_bert.json", "bert_ref_", in_samples=True)
     renamed_keys = (RenamedKey(rounds.OPT_EPSILON, rounds.OPT_LAMB_EPSILON, "2.1.0"),)
     config_class = config_lib.BertConfig
-    presets = {"mlperf": config_lib.mlperf, "mini": config_lib.mini, "smoke": config_lib.smoke}
     input_module = input_lib.INPUT  # synthetic or record batches (the Benchmark's input hooks)
 
     config: config_lib.BertConfig

@@ -39,9 +39,7 @@ class LoraBenchmark(LanguageModelBenchmark):
     """
 
     name = "llama2_70b_lora"
-    mlperf_benchmark = "llama2_70b_lora"
     config_class = config_lib.LoraBenchmarkConfig
-    presets = {"mlperf": config_lib.mlperf, "mini": config_lib.mini, "smoke": config_lib.smoke}
     input_module = input_lib.INPUT
     model_name = model_lib.MODEL_NAME
     parallel_axes = ("data", "model")

@@ -23,9 +23,7 @@ class Llama31Benchmark(PretrainingBenchmark):
     """
 
     name = "llama31_8b"
-    mlperf_benchmark = "llama31_8b"
     config_class = config_lib.LlamaConfig
-    presets = {"mlperf": config_lib.mlperf, "mini": config_lib.mini, "smoke": config_lib.smoke}
     input_module = input_lib.INPUT
     model_name = model_lib.MODEL_NAME
     # Samples (sequences of 8,192 tokens) to log perplexity 3.3 at global batch 16 ... 128.
@@ -33,9 +31,7 @@ class Llama31Benchmark(PretrainingBenchmark):
 
     config: config_lib.LlamaConfig
 
-    def reference_hparams(self, global_batch_size: int) -> tuple[float, int]:
-        """(base LR, warm-up steps) of this benchmark's RCP for the batch (`config.rcp_hparams`)."""
-        return config_lib.rcp_hparams(global_batch_size)
+    reference_hparams = staticmethod(config_lib.rcp_hparams)  # (base LR, warm-up) at a batch
 
     def simulator_shape(self) -> SimulatorShape:
         """For `--model_parallel` and `--expert_parallel`: Megatron's two all-reduces per block
