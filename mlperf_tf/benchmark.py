@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import importlib
 import math
 import sys
 from collections.abc import Callable
@@ -17,6 +18,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import tensorflow as tf
+from absl import logging
 from mlperf_logging.mllog import constants as C
 
 from mlperf_tf import rcps
@@ -562,9 +564,28 @@ class Benchmark(abc.ABC):
     def prepare_mini(cls, data_dir: str) -> None:
         """Writes the offline `mini` dataset into `data_dir` (deterministic; no download).
 
-        The runner calls it when the `mini` preset's data_dir does not exist yet.
+        The runner calls it when the `mini` preset's data_dir does not exist yet. The default
+        calls `prepare_mini(data_dir)` of the `prepare` module beside the benchmark's (every
+        benchmark package has one; imported only here, so that its dependencies load only
+        when needed) and logs the summary it returns.
+
+        Raises:
+          NotImplementedError: the benchmark's package has no `prepare.prepare_mini`.
         """
-        raise NotImplementedError(f"benchmark '{cls.name}' has no mini dataset")
+        package = cls.__module__.rpartition(".")[0]
+        prepare = None
+        if package:
+            try:
+                prepare = importlib.import_module(f"{package}.prepare")
+            except ModuleNotFoundError as e:
+                if (
+                    e.name != f"{package}.prepare"
+                ):  # the module is there; something it imports is not
+                    raise
+        if not hasattr(prepare, "prepare_mini"):
+            raise NotImplementedError(f"benchmark '{cls.name}' has no mini dataset")
+        summary = prepare.prepare_mini(data_dir)
+        logging.info("%s: mini dataset in %s: %s", cls.name, data_dir, summary)
 
 
 class RcpLearningRate:

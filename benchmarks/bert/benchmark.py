@@ -230,11 +230,3 @@ class BertBenchmark(Benchmark):
             C.MAX_SEQUENCE_LENGTH: self.config.data.max_seq_length,
             MAX_PREDICTIONS_PER_SEQ: self.config.data.max_predictions_per_seq,
         }
-
-    @classmethod
-    def prepare_mini(cls, data_dir: str) -> None:
-        """Writes the stdlib-docstring mini dataset (TFRecords + vocab) into `data_dir`."""
-        from benchmarks.bert import prepare
-
-        summary = prepare.prepare_mini(data_dir)
-        logging.info("bert: mini dataset in %s: %s", data_dir, summary)

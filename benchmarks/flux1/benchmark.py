@@ -197,14 +197,6 @@ class FluxBenchmark(RcpLearningRate, Benchmark):
             return []
         return [SampleGrid(self)]
 
-    @classmethod
-    def prepare_mini(cls, data_dir: str) -> None:
-        """Writes the offline mini data set (digits, frozen stand-in encoders) to `data_dir`."""
-        from benchmarks.flux1 import prepare  # noqa: PLC0415
-
-        summary = prepare.prepare_mini(data_dir)
-        logging.info("flux1: mini dataset in %s: %s", data_dir, summary)
-
 
 def sample(model, t5, clip, *, steps: int, shape, seed: int = 0) -> np.ndarray:
     """Euler steps of the learned flow from noise (t = 1) to an image (t = 0): x += (t' - t) v.

@@ -216,12 +216,9 @@ def mini() -> GptOssConfig:
     sequences, max_steps 1,200,000 with the cosine over them. Expected: log perplexity 3.34
     (the real target) in under 10 minutes; README.md ("mini") gives the measured steps.
     """
-    batch = 8
     seq = c4.MINI_SEQUENCE_LENGTH
-    return GptOssConfig(
-        **pretraining.preset_sizes(
-            batch=batch, eval_batch=64, train_steps=MINI_TRAIN_STEPS, target=TARGET_LOG_PERPLEXITY
-        ),
+    return pretraining.mini_preset(
+        GptOssConfig,
         model=ModelConfig(
             **MINI_SHAPE,
             vocab_size=c4.MINI_VOCAB_SIZE,
@@ -232,11 +229,10 @@ def mini() -> GptOssConfig:
             initializer_range=0.02,
             moe=dataclasses.replace(REFERENCE_MOE, num_experts=8, top_k=2, filter_size=256),
         ),
-        # Not fixed by the rules: a small model takes a higher peak LR than BS 16's 4e-4.
-        optimizer=OptimizerConfig(opt_base_learning_rate=2e-3, opt_learning_rate_warmup_steps=50),
         data=DataConfig(max_sequence_length=seq, shuffle_buffer=4096, eod_token_id=c4.MINI_EOS_ID),
-        data_dir=c4.mini_data_dir(),
-        eval_every_samples=batch * 250,
+        target=TARGET_LOG_PERPLEXITY,
+        train_steps=MINI_TRAIN_STEPS,
+        eval_every_steps=250,
     )
 
 

@@ -3,8 +3,6 @@ perplexity 3.3)."""
 
 from __future__ import annotations
 
-from absl import logging
-
 from benchmarks.llama31_8b import config as config_lib
 from benchmarks.llama31_8b import input as input_lib
 from benchmarks.llama31_8b import model as model_lib
@@ -41,12 +39,3 @@ class Llama31Benchmark(PretrainingBenchmark):
         seq = self.config.data.max_sequence_length
         blocks = Blocks(m.num_hidden_layers, 2, h, seq, 3 * h * f, 2.0 * 3 * h * f)
         return SimulatorShape(blocks=blocks)
-
-    # ---- host side -----------------------------------------------------------------------------
-    @classmethod
-    def prepare_mini(cls, data_dir: str) -> None:
-        """Writes the offline mini data set (TFRecords + BPE vocabulary) into `data_dir`."""
-        from benchmarks.llama31_8b import prepare  # noqa: PLC0415
-
-        summary = prepare.prepare_mini(data_dir)
-        logging.info("llama31_8b: mini dataset in %s: %s", data_dir, summary)

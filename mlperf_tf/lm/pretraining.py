@@ -134,6 +134,29 @@ def smoke_preset(config_class: type, *, model: DecoderConfig, data, target: floa
     )
 
 
+def mini_preset(
+    config_class: type, *, model: DecoderConfig, data, target: float, train_steps: int,
+    eval_every_steps: int,
+):  # fmt: skip
+    """A `config_class` on the shared C4-format mini corpus (`mlperf_tf.data.c4.mini_data_dir`):
+    batch 8, `train_steps` steps (the run's budget; the cosine stays over `max_steps`), an eval
+    of the rules' 1,024 windows at batch 64 every `eval_every_steps` steps, LR 2e-3 after 50
+    warm-up steps (not fixed by the rules: the BS-128 RCP's peak LR suits a small model better
+    than BS 16's 4e-4); `model` and `data` are the benchmark's."""
+    optimizer_class = {f.name: f for f in dataclasses.fields(config_class)}["optimizer"]
+    batch = 8
+    return config_class(
+        **preset_sizes(batch=batch, eval_batch=64, train_steps=train_steps, target=target),
+        model=model,
+        optimizer=optimizer_class.default_factory(
+            opt_base_learning_rate=2e-3, opt_learning_rate_warmup_steps=50
+        ),
+        data=data,
+        data_dir=c4.mini_data_dir(),
+        eval_every_samples=batch * eval_every_steps,
+    )
+
+
 def rcp_lr_and_warmup(rcp_file: str, benchmark: str, global_batch_size: int) -> tuple[float, int]:
     """(base LR, warm-up steps) of `benchmark`'s reference convergence point for the batch size:
     warm-up steps are the RCP's warm-up samples over the batch, rounded up.
