@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
@@ -149,15 +150,12 @@ class TransformerBenchmark(Benchmark):
     def model_params(self) -> model_lib.TransformerParams:
         m = self.config.model
         return model_lib.TransformerParams(
-            vocab_size=m.vocab_size,
-            hidden_size=m.hidden_size,
-            num_layers=m.num_layers,
-            num_heads=m.num_heads,
-            filter_size=m.filter_size,
-            dropout=m.dropout,
-            attention_dropout=m.attention_dropout,
-            relu_dropout=m.relu_dropout,
-            moe=m.moe,
+            # The shape, dropouts and MoE: `config.model`'s fields of the same names.
+            **{
+                field.name: getattr(m, field.name)
+                for field in dataclasses.fields(model_lib.TransformerParams)
+                if hasattr(m, field.name)
+            },
             # Training capacity counts the replica's token budget, not each batch's real tokens:
             # one buffer shape on every replica (expert parallelism's all-to-all needs it), and
             # the same for every --expert_parallel.
