@@ -202,9 +202,6 @@ def mlperf() -> GptOssConfig:
     )
 
 
-MINI_TRAIN_STEPS = 2000
-
-
 def mini() -> GptOssConfig:
     """A 4-layer GPT-OSS (hidden 256, GQA 4/2 heads of 64, 8 experts of 256 top-2, window 32 on
     layers 1 and 3) on the shared C4-format mini corpus (`mlperf_tf.data.c4`, the same data and
@@ -231,7 +228,6 @@ def mini() -> GptOssConfig:
         ),
         data=DataConfig(max_sequence_length=seq, shuffle_buffer=4096, eod_token_id=c4.MINI_EOS_ID),
         target=TARGET_LOG_PERPLEXITY,
-        train_steps=MINI_TRAIN_STEPS,
         eval_every_steps=250,
     )
 

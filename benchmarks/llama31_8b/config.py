@@ -126,7 +126,6 @@ def mlperf() -> LlamaConfig:
 # The mini data set's shapes: `mlperf_tf.data.c4.prepare_mini` writes exactly these.
 MINI_VOCAB_SIZE = c4.MINI_VOCAB_SIZE
 MINI_SEQ_LENGTH = c4.MINI_SEQUENCE_LENGTH
-MINI_TRAIN_STEPS = 2000
 MINI_TARGET = TARGET_LOG_PERPLEXITY
 
 
@@ -152,8 +151,6 @@ def mini() -> LlamaConfig:
         ),
         data=DataConfig(max_sequence_length=MINI_SEQ_LENGTH, shuffle_buffer=4096),
         target=MINI_TARGET,
-        # The run's budget (2,000 steps); the schedule's length stays max_steps (1,200,000).
-        train_steps=MINI_TRAIN_STEPS,
         eval_every_steps=500,
     )
 

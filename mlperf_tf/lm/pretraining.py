@@ -134,9 +134,13 @@ def smoke_preset(config_class: type, *, model: DecoderConfig, data, target: floa
     )
 
 
+# The mini presets' budget: 2,000 steps of batch 8 (the cosine stays over `max_steps`).
+MINI_TRAIN_STEPS = 2000
+
+
 def mini_preset(
-    config_class: type, *, model: DecoderConfig, data, target: float, train_steps: int,
-    eval_every_steps: int,
+    config_class: type, *, model: DecoderConfig, data, target: float, eval_every_steps: int,
+    train_steps: int = MINI_TRAIN_STEPS,
 ):  # fmt: skip
     """A `config_class` on the shared C4-format mini corpus (`mlperf_tf.data.c4.mini_data_dir`):
     batch 8, `train_steps` steps (the run's budget; the cosine stays over `max_steps`), an eval
