@@ -578,9 +578,8 @@ class Benchmark(abc.ABC):
             try:
                 prepare = importlib.import_module(f"{package}.prepare")
             except ModuleNotFoundError as e:
-                if (
-                    e.name != f"{package}.prepare"
-                ):  # the module is there; something it imports is not
+                # No prepare module is no mini dataset; a module it imports missing is a fault.
+                if e.name != f"{package}.prepare":
                     raise
         if not hasattr(prepare, "prepare_mini"):
             raise NotImplementedError(f"benchmark '{cls.name}' has no mini dataset")
