@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import importlib
 import math
+import sys
 from collections.abc import Callable
 from typing import Any, ClassVar
 
 import numpy as np
 import tensorflow as tf
+from absl import logging
 from mlperf_logging.mllog import constants as C
 
+from mlperf_tf import rcps
 from mlperf_tf import rounds as rounds_lib
 from mlperf_tf.config import BenchmarkConfig, ConfigError
 from mlperf_tf.facts import Rcp, RenamedKey, SimulatorShape, StatedConvergence
@@ -87,9 +91,11 @@ class Benchmark(abc.ABC):
     Class attributes to set:
       name: the registry name (`mlperf-tf run --benchmark=name`).
       mlperf_benchmark: MLPerf's `submission_benchmark` value ("resnet", "ssd", "transformer",
-        "bert"); the checker picks its rules from it.
+        "bert"); the checker picks its rules from it. Default: `name`.
       config_class: the benchmark's frozen config dataclass (a `BenchmarkConfig` subclass).
       presets: maps preset names (`mlperf`, `mini`, `smoke`) to functions returning a config.
+        Default: the functions of those names (`PRESET_NAMES`) in `config_class`'s module
+        (every benchmark's `config.py` defines the three).
       parallel_axes: the device-mesh axes the benchmark supports (`mlperf_tf.parallel.AXES`):
         "data" always; "model", "expert", "spatial" where its model has the layers for them.
         The runner refuses a run that sizes another axis above 1, with one line. Read it on an
@@ -135,6 +141,18 @@ class Benchmark(abc.ABC):
     renamed_keys: ClassVar[tuple[RenamedKey, ...]] = ()
     convergence: ClassVar[Rcp | StatedConvergence | None] = None
     skipped_evals_rule: ClassVar[tuple[float, float] | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any):
+        """Gives a benchmark that declares `name` the defaults of `mlperf_benchmark` and
+        `presets` it leaves out (so that no benchmark restates them)."""
+        super().__init_subclass__(**kwargs)
+        if "name" not in vars(cls):  # a family's base (`mlperf_tf.lm`), no benchmark yet
+            return
+        if not hasattr(cls, "mlperf_benchmark"):
+            cls.mlperf_benchmark = cls.name
+        if not hasattr(cls, "presets") and hasattr(cls, "config_class"):
+            module = sys.modules[cls.config_class.__module__]
+            cls.presets = {preset: getattr(module, preset) for preset in PRESET_NAMES}
 
     def __init__(self, config: BenchmarkConfig, *, context: RunContext | None = None):
         if not isinstance(config, self.config_class):
@@ -546,9 +564,55 @@ class Benchmark(abc.ABC):
     def prepare_mini(cls, data_dir: str) -> None:
         """Writes the offline `mini` dataset into `data_dir` (deterministic; no download).
 
-        The runner calls it when the `mini` preset's data_dir does not exist yet.
+        The runner calls it when the `mini` preset's data_dir does not exist yet. The default
+        calls `prepare_mini(data_dir)` of the `prepare` module beside the benchmark's (every
+        benchmark package has one; imported only here, so that its dependencies load only
+        when needed) and logs the summary it returns.
+
+        Raises:
+          NotImplementedError: the benchmark's package has no `prepare.prepare_mini`.
         """
-        raise NotImplementedError(f"benchmark '{cls.name}' has no mini dataset")
+        package = cls.__module__.rpartition(".")[0]
+        prepare = None
+        if package:
+            try:
+                prepare = importlib.import_module(f"{package}.prepare")
+            except ModuleNotFoundError as e:
+                # No prepare module is no mini dataset; a module it imports missing is a fault.
+                if e.name != f"{package}.prepare":
+                    raise
+        if not hasattr(prepare, "prepare_mini"):
+            raise NotImplementedError(f"benchmark '{cls.name}' has no mini dataset")
+        summary = prepare.prepare_mini(data_dir)
+        logging.info("%s: mini dataset in %s: %s", cls.name, data_dir, summary)
+
+
+class RcpLearningRate:
+    """Mixin of a `Benchmark` whose base learning rate and warm-up default to its reference
+    convergence point's (RCP) for the global batch size, as MLPerf's closed rules for the
+    AdamW benchmarks allow (C4 pretraining, FLUX.1).
+
+    The config has `global_batch_size` and an `optimizer` with `opt_base_learning_rate` (0:
+    the RCP's) and `opt_learning_rate_warmup_steps` (-1: the RCP's). Set `reference_hparams`
+    (e.g. `staticmethod(config.rcp_hparams)`).
+    """
+
+    def reference_hparams(self, global_batch_size: int) -> tuple[float, int]:
+        """(base LR, warm-up steps) of the benchmark's reference convergence point for the batch.
+
+        Raises:
+          ConfigError: no RCP has this batch size.
+        """
+        raise NotImplementedError
+
+    def learning_rate_and_warmup(self) -> tuple[float, int]:
+        """(base LR, warm-up steps): the config's, or the RCP's for the global batch size.
+
+        Raises:
+          ConfigError: taken from the RCPs, and the batch size has none.
+        """
+        batch = self.config.global_batch_size
+        return rcps.lr_and_warmup(self.config.optimizer, lambda: self.reference_hparams(batch))
 
 
 def epoch_eval_schedule(

@@ -50,7 +50,6 @@ class BertBenchmark(Benchmark):
     convergence = Rcp("training_4.0.0/rcps_bert.json", "bert_ref_", in_samples=True)
     renamed_keys = (RenamedKey(rounds.OPT_EPSILON, rounds.OPT_LAMB_EPSILON, "2.1.0"),)
     config_class = config_lib.BertConfig
-    presets = {"mlperf": config_lib.mlperf, "mini": config_lib.mini, "smoke": config_lib.smoke}
     input_module = input_lib.INPUT  # synthetic or record batches (the Benchmark's input hooks)
 
     config: config_lib.BertConfig
@@ -231,11 +230,3 @@ class BertBenchmark(Benchmark):
             C.MAX_SEQUENCE_LENGTH: self.config.data.max_seq_length,
             MAX_PREDICTIONS_PER_SEQ: self.config.data.max_predictions_per_seq,
         }
-
-    @classmethod
-    def prepare_mini(cls, data_dir: str) -> None:
-        """Writes the stdlib-docstring mini dataset (TFRecords + vocab) into `data_dir`."""
-        from benchmarks.bert import prepare
-
-        summary = prepare.prepare_mini(data_dir)
-        logging.info("bert: mini dataset in %s: %s", data_dir, summary)

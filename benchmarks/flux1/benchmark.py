@@ -16,8 +16,7 @@ from mlperf_logging.mllog import constants as C
 from benchmarks.flux1 import config as config_lib
 from benchmarks.flux1 import input as input_lib
 from benchmarks.flux1 import model as model_lib
-from mlperf_tf import rcps
-from mlperf_tf.benchmark import Benchmark, EvalPoint, sample_eval_schedule
+from mlperf_tf.benchmark import Benchmark, EvalPoint, RcpLearningRate, sample_eval_schedule
 from mlperf_tf.facts import Blocks, Rcp, SimulatorShape
 from mlperf_tf.optimizers.adamw import AdamW
 from mlperf_tf.runner.actions import Action
@@ -56,7 +55,7 @@ class WarmupConstant(keras.optimizers.schedules.LearningRateSchedule):
         return {"base_learning_rate": self.base_learning_rate, "warmup_steps": self.warmup_steps}
 
 
-class FluxBenchmark(Benchmark):
+class FluxBenchmark(RcpLearningRate, Benchmark):
     """FLUX.1 rectified-flow training with AdamW to the MLPerf validation-loss target.
 
     Training batches (input.py) hold the clean latents `latents` [B, H, W, C], `noise`, the
@@ -67,16 +66,16 @@ class FluxBenchmark(Benchmark):
     """
 
     name = "flux1"
-    mlperf_benchmark = "flux1"
     sample_unit = "image"  # one latent image with its caption's encodings
     config_class = config_lib.FluxConfig
-    presets = {"mlperf": config_lib.mlperf, "mini": config_lib.mini, "smoke": config_lib.smoke}
     input_module = input_lib
     higher_is_better = False
     parallel_axes = ("data", "model")
     convergence = Rcp("training_6.1.0/rcps_flux1.json", "flux_ref_", in_samples=True)
 
     config: config_lib.FluxConfig
+
+    reference_hparams = staticmethod(config_lib.rcp_hparams)  # (base LR, warm-up) at a batch
 
     # ---- facts ---------------------------------------------------------------------------------
     def parameter_count(self) -> int:
@@ -99,15 +98,6 @@ class FluxBenchmark(Benchmark):
         return SimulatorShape(blocks=Blocks(blocks, per_block, h, tokens, 2 * h * f, 4.0 * h * f))
 
     # ---- schedule ------------------------------------------------------------------------------
-    def learning_rate_and_warmup(self) -> tuple[float, int]:
-        """(base LR, warm-up steps): the config's, or the RCP's for the global batch size.
-
-        Raises:
-          ConfigError: taken from the RCPs, and the batch size has none.
-        """
-        batch = self.config.global_batch_size
-        return rcps.lr_and_warmup(self.config.optimizer, lambda: config_lib.rcp_hparams(batch))
-
     def eval_interval(self) -> int:
         """Samples between evaluations (`evaluation_frequency`)."""
         return config_lib.eval_interval_samples(
@@ -206,14 +196,6 @@ class FluxBenchmark(Benchmark):
         if not self.config.sample_grid_steps or not self.config.data_dir:
             return []
         return [SampleGrid(self)]
-
-    @classmethod
-    def prepare_mini(cls, data_dir: str) -> None:
-        """Writes the offline mini data set (digits, frozen stand-in encoders) to `data_dir`."""
-        from benchmarks.flux1 import prepare  # noqa: PLC0415
-
-        summary = prepare.prepare_mini(data_dir)
-        logging.info("flux1: mini dataset in %s: %s", data_dir, summary)
 
 
 def sample(model, t5, clip, *, steps: int, shape, seed: int = 0) -> np.ndarray:

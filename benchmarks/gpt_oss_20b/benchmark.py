@@ -31,9 +31,7 @@ class GptOssBenchmark(PretrainingBenchmark):
     """
 
     name = "gpt_oss_20b"
-    mlperf_benchmark = "gpt_oss_20b"
     config_class = config_lib.GptOssConfig
-    presets = {"mlperf": config_lib.mlperf, "mini": config_lib.mini, "smoke": config_lib.smoke}
     input_module = input_lib.INPUT
     model_name = model_lib.MODEL_NAME
     # Samples (sequences of 8,192 tokens) to log perplexity 3.34 at global batch 16, 32, 64.
@@ -41,9 +39,7 @@ class GptOssBenchmark(PretrainingBenchmark):
 
     config: config_lib.GptOssConfig
 
-    def reference_hparams(self, global_batch_size: int) -> tuple[float, int]:
-        """(base LR, warm-up steps) of this benchmark's RCP for the batch (`config.rcp_hparams`)."""
-        return config_lib.rcp_hparams(global_batch_size)
+    reference_hparams = staticmethod(config_lib.rcp_hparams)  # (base LR, warm-up) at a batch
 
     @property
     def eod_token(self) -> int | None:

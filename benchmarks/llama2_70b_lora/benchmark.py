@@ -39,9 +39,7 @@ class LoraBenchmark(LanguageModelBenchmark):
     """
 
     name = "llama2_70b_lora"
-    mlperf_benchmark = "llama2_70b_lora"
     config_class = config_lib.LoraBenchmarkConfig
-    presets = {"mlperf": config_lib.mlperf, "mini": config_lib.mini, "smoke": config_lib.smoke}
     input_module = input_lib.INPUT
     model_name = model_lib.MODEL_NAME
     parallel_axes = ("data", "model")
@@ -205,11 +203,3 @@ class LoraBenchmark(LanguageModelBenchmark):
             C.LORA_ALPHA: self.config.lora.alpha,
             LORA_RANK: self.config.lora.rank,
         }
-
-    @classmethod
-    def prepare_mini(cls, data_dir: str) -> None:
-        """Writes the mini data and pretrains its base into `data_dir` (prepare.py)."""
-        from benchmarks.llama2_70b_lora import prepare  # noqa: PLC0415
-
-        summary = prepare.prepare_mini(data_dir)
-        logging.info("llama2_70b_lora: mini data and base in %s: %s", data_dir, summary)

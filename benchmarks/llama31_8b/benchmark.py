@@ -3,8 +3,6 @@ perplexity 3.3)."""
 
 from __future__ import annotations
 
-from absl import logging
-
 from benchmarks.llama31_8b import config as config_lib
 from benchmarks.llama31_8b import input as input_lib
 from benchmarks.llama31_8b import model as model_lib
@@ -23,9 +21,7 @@ class Llama31Benchmark(PretrainingBenchmark):
     """
 
     name = "llama31_8b"
-    mlperf_benchmark = "llama31_8b"
     config_class = config_lib.LlamaConfig
-    presets = {"mlperf": config_lib.mlperf, "mini": config_lib.mini, "smoke": config_lib.smoke}
     input_module = input_lib.INPUT
     model_name = model_lib.MODEL_NAME
     # Samples (sequences of 8,192 tokens) to log perplexity 3.3 at global batch 16 ... 128.
@@ -33,9 +29,7 @@ class Llama31Benchmark(PretrainingBenchmark):
 
     config: config_lib.LlamaConfig
 
-    def reference_hparams(self, global_batch_size: int) -> tuple[float, int]:
-        """(base LR, warm-up steps) of this benchmark's RCP for the batch (`config.rcp_hparams`)."""
-        return config_lib.rcp_hparams(global_batch_size)
+    reference_hparams = staticmethod(config_lib.rcp_hparams)  # (base LR, warm-up) at a batch
 
     def simulator_shape(self) -> SimulatorShape:
         """For `--model_parallel` and `--expert_parallel`: Megatron's two all-reduces per block
@@ -45,12 +39,3 @@ class Llama31Benchmark(PretrainingBenchmark):
         seq = self.config.data.max_sequence_length
         blocks = Blocks(m.num_hidden_layers, 2, h, seq, 3 * h * f, 2.0 * 3 * h * f)
         return SimulatorShape(blocks=blocks)
-
-    # ---- host side -----------------------------------------------------------------------------
-    @classmethod
-    def prepare_mini(cls, data_dir: str) -> None:
-        """Writes the offline mini data set (TFRecords + BPE vocabulary) into `data_dir`."""
-        from benchmarks.llama31_8b import prepare  # noqa: PLC0415
-
-        summary = prepare.prepare_mini(data_dir)
-        logging.info("llama31_8b: mini dataset in %s: %s", data_dir, summary)

@@ -126,7 +126,6 @@ def mlperf() -> LlamaConfig:
 # The mini data set's shapes: `mlperf_tf.data.c4.prepare_mini` writes exactly these.
 MINI_VOCAB_SIZE = c4.MINI_VOCAB_SIZE
 MINI_SEQ_LENGTH = c4.MINI_SEQUENCE_LENGTH
-MINI_TRAIN_STEPS = 2000
 MINI_TARGET = TARGET_LOG_PERPLEXITY
 
 
@@ -140,12 +139,8 @@ def mini() -> LlamaConfig:
     0.9/0.95/1e-5/0.1, clip 1.0, 1,024 eval sequences, max_steps 1,200,000 with the cosine
     over them, the BS-16 RCP's LR and warm-up. Expected: see README.md ("mini").
     """
-    batch = 8
-    return LlamaConfig(
-        # The run's budget (2,000 steps); the schedule's length stays max_steps (1,200,000).
-        **pretraining.preset_sizes(
-            batch=batch, eval_batch=64, train_steps=MINI_TRAIN_STEPS, target=MINI_TARGET
-        ),
+    return pretraining.mini_preset(
+        LlamaConfig,
         model=ModelConfig(
             **MINI_SHAPE,
             vocab_size=MINI_VOCAB_SIZE,
@@ -154,12 +149,9 @@ def mini() -> LlamaConfig:
             rope_original_max_position=MINI_SEQ_LENGTH,
             max_position_embeddings=MINI_SEQ_LENGTH,
         ),
-        # Not fixed by the rules: the BS-128 RCP's peak LR suits this small model better than
-        # BS 16's 4e-4; 50 warm-up steps.
-        optimizer=OptimizerConfig(opt_base_learning_rate=2e-3, opt_learning_rate_warmup_steps=50),
         data=DataConfig(max_sequence_length=MINI_SEQ_LENGTH, shuffle_buffer=4096),
-        data_dir=c4.mini_data_dir(),
-        eval_every_samples=batch * 500,
+        target=MINI_TARGET,
+        eval_every_steps=500,
     )
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 import functools
 import math
 import os
@@ -70,10 +70,8 @@ class TransformerBenchmark(Benchmark):
     """WMT English->German with Transformer-big; quality: uncased BLEU (sacrebleu, intl) / 100."""
 
     name = "transformer"
-    mlperf_benchmark = "transformer"
     sample_unit = "token"  # its global batch counts tokens
     config_class = config_lib.TransformerConfig
-    presets = {"mlperf": config_lib.mlperf, "mini": config_lib.mini, "smoke": config_lib.smoke}
     # No RCP exists (the Transformer retired before RCPs began with MLPerf 1.0): MLPerf v0.6
     # TPU-v3 result logs converged in 2-3 epochs at global batch 512 and in 5 at 2048
     # (training_results_v0.6 Google/results/tpu-v3-{32,2048}/transformer); their batch unit is
@@ -152,15 +150,12 @@ class TransformerBenchmark(Benchmark):
     def model_params(self) -> model_lib.TransformerParams:
         m = self.config.model
         return model_lib.TransformerParams(
-            vocab_size=m.vocab_size,
-            hidden_size=m.hidden_size,
-            num_layers=m.num_layers,
-            num_heads=m.num_heads,
-            filter_size=m.filter_size,
-            dropout=m.dropout,
-            attention_dropout=m.attention_dropout,
-            relu_dropout=m.relu_dropout,
-            moe=m.moe,
+            # The shape, dropouts and MoE: `config.model`'s fields of the same names.
+            **{
+                field.name: getattr(m, field.name)
+                for field in dataclasses.fields(model_lib.TransformerParams)
+                if hasattr(m, field.name)
+            },
             # Training capacity counts the replica's token budget, not each batch's real tokens:
             # one buffer shape on every replica (expert parallelism's all-to-all needs it), and
             # the same for every --expert_parallel.
@@ -327,12 +322,10 @@ class TransformerBenchmark(Benchmark):
     def eval_step(self, model, batch) -> dict[str, tf.Tensor]:
         """Beam-search translations of the batch (padding rows are marked by `valid`)."""
         m = self.config.model
-        with contextlib.ExitStack() as stack:
-            # Expert parallelism: each replica gathers every expert once for the batch; the
-            # decoding loop stops at different steps on different replicas, so it cannot hold
-            # all-to-alls.
-            for layer in model.moe_layers:
-                stack.enter_context(layer.whole_experts())
+        # Expert parallelism: each replica gathers every expert once for the batch; the
+        # decoding loop stops at different steps on different replicas, so it cannot hold
+        # all-to-alls.
+        with moe.whole_experts(model):
             hypotheses = beam_search.translate(
                 model,
                 batch["inputs"],

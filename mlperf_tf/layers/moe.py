@@ -703,6 +703,19 @@ class MoEFeedForward(keras.layers.Layer):
             self._gathered = None
 
 
+@contextlib.contextmanager
+def whole_experts(model):
+    """Within it, every MoE layer of `model` (its `moe_layers`; a model without them has none)
+    runs on its whole experts (`MoEFeedForward.whole_experts`): the eval scope of every MoE
+    benchmark, written once. Eval steps may differ in length across replicas (a decoding loop
+    stops when its batch is done), so they cannot hold expert parallelism's all-to-alls: each
+    replica gathers every expert once per batch and routes its own tokens through them."""
+    with contextlib.ExitStack() as stack:
+        for layer in getattr(model, "moe_layers", ()):
+            stack.enter_context(layer.whole_experts())
+        yield
+
+
 # ---- dropless dispatch by sorting (single-replica experts) ----------------------------------------
 
 

@@ -5,7 +5,6 @@ its data, optimizer, schedule and MLPerf keys."""
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any, ClassVar
 
 import keras
@@ -135,12 +134,10 @@ class LanguageModelBenchmark(Benchmark):
         (padding examples: 0).
 
         Expert parallelism: each replica gathers every expert once per batch
-        (`MoEFeedForward.whole_experts`, one all-gather per MoE layer) and routes its own
+        (`moe.whole_experts`, one all-gather per MoE layer) and routes its own
         tokens through them at the eval capacity factor, with no all-to-all.
         """
-        with contextlib.ExitStack() as stack:
-            for layer in getattr(model, "moe_layers", []):
-                stack.enter_context(layer.whole_experts())
+        with moe.whole_experts(model):
             losses = self.token_losses(model, batch, training=False)
         weights = self.loss_weights(batch)
         valid = tf.cast(batch["valid"], tf.float32)

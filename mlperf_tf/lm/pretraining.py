@@ -5,7 +5,8 @@
 with its MLPerf-named fields, linear warm-up then cosine decay to 0.1x over a fixed 1,200,000
 steps, the learning rate and warm-up of the reference convergence point of the batch size,
 evals every `eval_every_samples` sequences with `samples_count`, the C4 windows of 8,192 tokens.
-A benchmark subclasses it with its model and its `reference_hparams` (its RCP file).
+A benchmark subclasses it with its model and its `reference_hparams` (its RCP file;
+`mlperf_tf.benchmark.RcpLearningRate`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import keras
 from mlperf_logging.mllog import constants as C
 
 from mlperf_tf import flops, rcps
-from mlperf_tf.benchmark import EvalPoint, sample_eval_schedule
+from mlperf_tf.benchmark import EvalPoint, RcpLearningRate, sample_eval_schedule
 from mlperf_tf.config import BenchmarkConfig, ConfigError, require, require_adamw
 from mlperf_tf.data import c4
 from mlperf_tf.lm.benchmark import LanguageModelBenchmark
@@ -133,6 +134,33 @@ def smoke_preset(config_class: type, *, model: DecoderConfig, data, target: floa
     )
 
 
+# The mini presets' budget: 2,000 steps of batch 8 (the cosine stays over `max_steps`).
+MINI_TRAIN_STEPS = 2000
+
+
+def mini_preset(
+    config_class: type, *, model: DecoderConfig, data, target: float, eval_every_steps: int,
+    train_steps: int = MINI_TRAIN_STEPS,
+):  # fmt: skip
+    """A `config_class` on the shared C4-format mini corpus (`mlperf_tf.data.c4.mini_data_dir`):
+    batch 8, `train_steps` steps (the run's budget; the cosine stays over `max_steps`), an eval
+    of the rules' 1,024 windows at batch 64 every `eval_every_steps` steps, LR 2e-3 after 50
+    warm-up steps (not fixed by the rules: the BS-128 RCP's peak LR suits a small model better
+    than BS 16's 4e-4); `model` and `data` are the benchmark's."""
+    optimizer_class = {f.name: f for f in dataclasses.fields(config_class)}["optimizer"]
+    batch = 8
+    return config_class(
+        **preset_sizes(batch=batch, eval_batch=64, train_steps=train_steps, target=target),
+        model=model,
+        optimizer=optimizer_class.default_factory(
+            opt_base_learning_rate=2e-3, opt_learning_rate_warmup_steps=50
+        ),
+        data=data,
+        data_dir=c4.mini_data_dir(),
+        eval_every_samples=batch * eval_every_steps,
+    )
+
+
 def rcp_lr_and_warmup(rcp_file: str, benchmark: str, global_batch_size: int) -> tuple[float, int]:
     """(base LR, warm-up steps) of `benchmark`'s reference convergence point for the batch size:
     warm-up steps are the RCP's warm-up samples over the batch, rounded up.
@@ -147,20 +175,12 @@ def rcp_lr_and_warmup(rcp_file: str, benchmark: str, global_batch_size: int) -> 
     )
 
 
-class PretrainingBenchmark(LanguageModelBenchmark):
+class PretrainingBenchmark(RcpLearningRate, LanguageModelBenchmark):
     """A causal LM pretrained on C4 under the closed C4 pretraining rules (see the module).
 
     The config has `optimizer` (a `PretrainingOptimizerConfig`), `data.max_sequence_length`,
     `eval_every_samples`, `gradient_clip_norm` and `global_batch_size`.
     """
-
-    def reference_hparams(self, global_batch_size: int) -> tuple[float, int]:
-        """(base LR, warm-up steps) of the benchmark's reference convergence point for the batch.
-
-        Raises:
-          ConfigError: no RCP has this batch size.
-        """
-        raise NotImplementedError
 
     def decoder_shape(self) -> flops.DecoderShape:
         """`config.model` (a `mlperf_tf.lm.DecoderConfig`) as `mlperf_tf.flops` counts a decoder:
@@ -183,15 +203,6 @@ class PretrainingBenchmark(LanguageModelBenchmark):
         )
 
     # ---- sizes and schedule --------------------------------------------------------------------
-    def learning_rate_and_warmup(self) -> tuple[float, int]:
-        """(base LR, warm-up steps): the config's, or the RCP's for the global batch size.
-
-        Raises:
-          ConfigError: taken from the RCPs, and the batch size has none.
-        """
-        batch = self.config.global_batch_size
-        return rcps.lr_and_warmup(self.config.optimizer, lambda: self.reference_hparams(batch))
-
     def end_learning_rate(self) -> float:
         """`opt_end_learning_rate`, or 0.1 x the base LR (the references' `min_lr`) when -1."""
         end = self.config.optimizer.opt_end_learning_rate

@@ -253,3 +253,31 @@ def test_a_fused_projection_refuses_replicated_key_value_heads_in_one_line():
     assert "\n" not in str(error.value)
     with use_mesh(DeviceMesh(model=3)), pytest.raises(UserError, match="num_attention_heads"):
         build_decoder(TINY)
+
+
+def test_whole_experts_scopes_every_moe_layer_for_the_call_and_no_layer_of_a_dense_model():
+    """`moe.whole_experts(model)`, the eval scope of the LM benchmarks and the Transformer: each
+    MoE layer's `whole_experts()` is entered before the call and left after it."""
+    import contextlib
+    from unittest import mock
+
+    model = build_decoder(dataclasses.replace(TINY, moe=MoEConfig(num_experts=4, every=1)))
+    events = []
+
+    @contextlib.contextmanager
+    def scoped(layer):
+        events.append(("enter", layer.name))
+        yield
+        events.append(("exit", layer.name))
+
+    with mock.patch.object(moe.MoEFeedForward, "whole_experts", scoped):
+        with moe.whole_experts(model):
+            events.append(("call", None))
+        with moe.whole_experts(build_decoder(TINY)):  # dense: no layer to scope
+            events.append(("dense", None))
+    names = [layer.name for layer in model.moe_layers]
+    assert len(names) == 2
+    assert events == [
+        *[("enter", n) for n in names], ("call", None), *[("exit", n) for n in reversed(names)],
+        ("dense", None),
+    ]  # fmt: skip
