@@ -540,32 +540,7 @@ class Controller:
         self._log_init_events()
         _fresh_keras_state(cfg.seed)
         precision.set_policy(cfg.dtype)
-        flags = dict(
-            model_parallel=cfg.model_parallel,
-            expert_parallel=cfg.expert_parallel,
-            spatial_partition=cfg.spatial_partition,
-        )
-        if (
-            distribute.is_tpu(self.strategy)
-            and tpu_lib.cores_per_replica(
-                model_parallel=cfg.model_parallel, spatial_partition=cfg.spatial_partition
-            )
-            > 1
-        ):
-            # TPU: the spatial and model axes are each replica's logical cores; the benchmark
-            # sees the data axis and builds the unsplit model, which the replica steps annotate.
-            self.partition = tpu_lib.TpuPartition.from_flags(
-                self.strategy.num_replicas_in_sync,
-                input_key=self.benchmark.spatial_input,
-                **flags,
-            )
-            parallel_mesh.check_supported(
-                self.partition.mesh, self.benchmark.name, self.benchmark.parallel_axes
-            )
-            mesh = self.partition.replica_mesh
-        else:
-            mesh = parallel_mesh.build_mesh(self.strategy.num_replicas_in_sync, **flags)
-            parallel_mesh.check_supported(mesh, self.benchmark.name, self.benchmark.parallel_axes)
+        mesh = self._mesh()
         context = RunContext(
             num_replicas=self.strategy.num_replicas_in_sync,
             seed=cfg.seed,
@@ -596,6 +571,37 @@ class Controller:
         self.start_step = self.step
         if cfg.warm_up:
             self._warm_up()
+
+    def _mesh(self):
+        """The run's device mesh from the parallelism flags, checked against what the benchmark
+        supports (on a TPU with more than one core per replica, the replica's mesh)."""
+        cfg = self.run_config
+        flags = dict(
+            model_parallel=cfg.model_parallel,
+            expert_parallel=cfg.expert_parallel,
+            spatial_partition=cfg.spatial_partition,
+        )
+        if (
+            distribute.is_tpu(self.strategy)
+            and tpu_lib.cores_per_replica(
+                model_parallel=cfg.model_parallel, spatial_partition=cfg.spatial_partition
+            )
+            > 1
+        ):
+            # TPU: the spatial and model axes are each replica's logical cores; the benchmark
+            # sees the data axis and builds the unsplit model, which the replica steps annotate.
+            self.partition = tpu_lib.TpuPartition.from_flags(
+                self.strategy.num_replicas_in_sync,
+                input_key=self.benchmark.spatial_input,
+                **flags,
+            )
+            parallel_mesh.check_supported(
+                self.partition.mesh, self.benchmark.name, self.benchmark.parallel_axes
+            )
+            return self.partition.replica_mesh
+        mesh = parallel_mesh.build_mesh(self.strategy.num_replicas_in_sync, **flags)
+        parallel_mesh.check_supported(mesh, self.benchmark.name, self.benchmark.parallel_axes)
+        return mesh
 
     def _warm_up(self) -> None:
         """Traces (with --xla compiles) the train and eval steps on synthetic batches, so that the
