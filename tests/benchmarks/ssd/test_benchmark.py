@@ -112,6 +112,10 @@ def _batch(cfg, n):
 def test_two_replicas_with_synced_bn_equal_one_replica():
     # Global batch 4 on 1 replica vs 2 replicas x 2 with batch norm over both (group size 2):
     # the summed replica gradients (data loss / global batch, L2 / replicas) must be equal.
+    # Seeded: the initial weights must not depend on the tests run before this one (after the
+    # optimizer and contract tests, one gradient element of 576 once differed beyond it;
+    # seeds 0-7 use at most 0.3 % of the tolerance).
+    keras.utils.set_random_seed(0)
     cfg = dataclasses.replace(_tiny_config(bn_group_size=2), global_batch_size=4)
     batch = _batch(cfg, 4)
     single = SSDBenchmark(cfg)
