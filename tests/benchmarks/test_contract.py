@@ -11,15 +11,19 @@ the newest round's common and open-division rules.
 """
 
 import dataclasses
+import importlib
 import json
 import os
+from unittest import mock
 
 import keras
 import pytest
+from absl import logging
 from mlperf_logging.mllog import constants as C
 
 from mlperf_tf import registry, rounds, runner
 from tests import e2e
+from tests.tiny_benchmark import TinyBenchmark
 
 NAMES = sorted(registry.available())
 
@@ -224,3 +228,22 @@ def test_round_level_keys_come_from_the_run_for_every_benchmark():
         keras.mixed_precision.set_global_policy(policy)
     assert set(rounds.ROUND_KEYS).isdisjoint(rounds.adapt_hparams((), "5.0.0", keys))
     assert rounds.adapt_hparams((), "6.1.0", keys) == keys
+
+
+@pytest.mark.parametrize(
+    "module", ["llama31_8b", "llama2_70b_lora", "bert", "flux1"], ids=lambda module: module
+)
+def test_prepare_mini_runs_the_packages_prepare_mini_and_logs_its_summary(module, tmp_path):
+    """`Benchmark.prepare_mini`'s default (these benchmarks' own): the `prepare_mini` of the
+    `prepare` module beside the benchmark, whose summary it logs; a package without one (the
+    tests' tiny benchmark) has no mini dataset."""
+    prepare = importlib.import_module(f"benchmarks.{module}.prepare")
+    with (
+        mock.patch.object(prepare, "prepare_mini", return_value={"files": 3}) as written,
+        mock.patch.object(logging, "info") as info,
+    ):
+        registry.get(module).prepare_mini(str(tmp_path))
+    written.assert_called_once_with(str(tmp_path))
+    info.assert_called_once_with("%s: mini dataset in %s: %s", module, str(tmp_path), {"files": 3})
+    with pytest.raises(NotImplementedError, match="benchmark 'tiny' has no mini dataset"):
+        TinyBenchmark.prepare_mini(str(tmp_path))

@@ -162,30 +162,3 @@ def test_analytic_training_flops_equal_the_traced_count_attention_included():
     mlperf = _bench().training_flops_per_sample()
     assert mlperf == pytest.approx(6 * 7_504_658_432 * 8192 + 12 * 8192**2 * 4096 * 32, rel=1e-12)
     assert _bench().tokens_per_sample() == 8192
-
-
-@pytest.mark.parametrize(
-    "module", ["llama31_8b", "llama2_70b_lora", "bert", "flux1"], ids=lambda module: module
-)
-def test_prepare_mini_runs_the_packages_prepare_mini_and_logs_its_summary(module, tmp_path):
-    """`Benchmark.prepare_mini`'s default (these benchmarks' own): the `prepare_mini` of the
-    `prepare` module beside the benchmark, whose summary it logs; a package without one (the
-    tests' tiny benchmark) has no mini dataset."""
-    import importlib
-    from unittest import mock
-
-    from absl import logging
-
-    from mlperf_tf import registry
-    from tests.tiny_benchmark import TinyBenchmark
-
-    prepare = importlib.import_module(f"benchmarks.{module}.prepare")
-    with (
-        mock.patch.object(prepare, "prepare_mini", return_value={"files": 3}) as written,
-        mock.patch.object(logging, "info") as info,
-    ):
-        registry.get(module).prepare_mini(str(tmp_path))
-    written.assert_called_once_with(str(tmp_path))
-    info.assert_called_once_with("%s: mini dataset in %s: %s", module, str(tmp_path), {"files": 3})
-    with pytest.raises(NotImplementedError, match="benchmark 'tiny' has no mini dataset"):
-        TinyBenchmark.prepare_mini(str(tmp_path))
