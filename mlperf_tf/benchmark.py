@@ -152,6 +152,12 @@ class Benchmark(abc.ABC):
             cls.mlperf_benchmark = cls.name
         if not hasattr(cls, "presets") and hasattr(cls, "config_class"):
             module = sys.modules[cls.config_class.__module__]
+            missing = [preset for preset in PRESET_NAMES if not hasattr(module, preset)]
+            if missing:
+                raise TypeError(
+                    f"benchmark {cls.name!r} declares no `presets`, and its config module "
+                    f"{module.__name__} has no {', '.join(missing)} function to default them to"
+                )
             cls.presets = {preset: getattr(module, preset) for preset in PRESET_NAMES}
 
     def __init__(self, config: BenchmarkConfig, *, context: RunContext | None = None):

@@ -247,3 +247,26 @@ def test_prepare_mini_runs_the_packages_prepare_mini_and_logs_its_summary(module
     info.assert_called_once_with("%s: mini dataset in %s: %s", module, str(tmp_path), {"files": 3})
     with pytest.raises(NotImplementedError, match="benchmark 'tiny' has no mini dataset"):
         TinyBenchmark.prepare_mini(str(tmp_path))
+
+
+def test_undeclared_presets_default_to_the_config_modules_functions():
+    """A benchmark that leaves out `mlperf_benchmark` and `presets` gets its name and its config
+    module's `mlperf`/`mini`/`smoke`; without such functions, a `TypeError` names what is
+    missing when the class is defined (not an `AttributeError` from inside the registry)."""
+    from benchmarks.bert import config as bert_config
+    from mlperf_tf.benchmark import Benchmark
+    from tests import tiny_benchmark
+
+    class Defaults(Benchmark):
+        name = "bert_again"
+        config_class = bert_config.BertConfig
+
+    assert Defaults.mlperf_benchmark == "bert_again"
+    assert Defaults.presets == {
+        preset: getattr(bert_config, preset) for preset in ("mlperf", "mini", "smoke")
+    }
+    with pytest.raises(TypeError, match=r"'tiny_again' declares no `presets`.* mlperf, mini "):
+
+        class NoPresets(Benchmark):  # tests/tiny_benchmark.py has only `smoke`
+            name = "tiny_again"
+            config_class = tiny_benchmark.TinyConfig
