@@ -37,19 +37,24 @@ def test_a_loop_without_batches_is_reported_once_naming_the_dispatcher():
     assert "\n" not in stalls[0]
 
 
-def _after_a_while(element, seconds=0.2):
+def _after_a_while(element, seconds=0.1):
     waited = tf.py_function(lambda: time.sleep(seconds) or True, [], tf.bool)
     with tf.control_dependencies([waited]):
         return {key: tf.identity(value) for key, value in element.items()}
 
 
 def test_batches_arriving_keep_it_quiet_and_elements_pass_unchanged():
-    watchdog, stalls, _ = _watchdog(timeout_s=0.5)
-    # A batch every 0.2 s (slower than the poll, faster than the timeout), for 1.5 s.
-    slow = tf.data.Dataset.range(8).map(lambda x: {"x": x, "y": 2 * x}).map(_after_a_while)
+    watchdog, stalls, _ = _watchdog(timeout_s=1.0)
+    # A batch every 0.1 s (slower than the poll, a tenth of the timeout) for 2 s: twice the
+    # timeout in all, so only the batches' stamps keep it quiet.
+    slow = tf.data.Dataset.range(20).map(lambda x: {"x": x, "y": 2 * x}).map(_after_a_while)
+    batches = iter(watchdog.stamped(slow))
+    # Making the iterator and its first batch is tracing, which the runner never watches (its first
+    # loop is unarmed); on a busy machine it alone can take longer than the timeout.
+    elements = [next(batches)]
     with watchdog.watching():
-        elements = list(watchdog.stamped(slow))
-    assert [int(e["y"]) for e in elements] == [2 * i for i in range(8)]
+        elements += list(batches)
+    assert [int(e["y"]) for e in elements] == [2 * i for i in range(20)]
     assert not stalls
 
 
