@@ -153,7 +153,7 @@ def test_a_huge_cpu_device_count_is_one_line_before_any_set_up(tmp_path):
     begin = time.monotonic()
     with pytest.raises(UserError, match=r"--num_cpu_devices=100000 is more than this host"):
         _config(tmp_path / "m", num_cpu_devices=100000, distribution="mirrored")
-    assert time.monotonic() - begin < 1
+    assert time.monotonic() - begin < 10  # making 100,000 devices would take minutes
     assert distribute.max_cpu_devices() >= 8  # the tests' splits fit on any CI host
     assert not (tmp_path / "m").exists()
 
