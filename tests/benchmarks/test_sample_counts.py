@@ -6,8 +6,9 @@ M times fast (smoke, 4 steps: `epoch_num` 2.0 at M = 2 where M = 1 logged 1.0; M
 step 2 on its epoch budget). Here each benchmark's smoke preset is bound to every layout it
 supports, at the same batch shards, and what the runner counts with (steps per epoch, step
 budget, per-replica batch times batch shards, the eval schedule with its epoch numbers and sample
-counts, MLPerf's train and eval samples) must be that of data parallelism alone. A runner run
-then checks the logged `epoch_num` of the Transformer at M = 2.
+counts, MLPerf's train and eval samples) must be that of data parallelism alone. The logged
+`epoch_num` of the Transformer at M = 2 is checked through the runner by
+tests/mlperf_tf/test_runner.py (test_a_model_parallel_transformer_run_trains_evaluates_and_logs).
 """
 
 from __future__ import annotations
@@ -15,14 +16,11 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-import tensorflow as tf
-from mlperf_logging.mllog import constants as C
 
 from mlperf_tf import config as config_lib
 from mlperf_tf import registry
 from mlperf_tf.benchmark import RunContext
 from mlperf_tf.parallel.mesh import build_mesh, check_supported
-from tests.e2e import log_records
 
 MOE = {"model.moe.num_experts": "4", "model.moe.every": "2"}
 # (benchmark, config overrides, layouts as `build_mesh` flags); each layout at 1 and 2 batch shards.
@@ -100,25 +98,3 @@ def test_samples_and_epochs_are_those_of_data_parallelism(name, overrides, layou
     split = _bind(benchmark, batch_shards, **layout)
     assert split.mesh.axes_used()  # a layout beyond data parallelism
     assert _counts(split) == _counts(data_parallel)
-
-
-def test_the_transformer_logs_the_same_epochs_at_model_parallel_2(tmp_path):
-    """Through the runner (2 logical CPUs, M = 2, one batch shard): 4 steps of the smoke preset
-    (32 pairs of 8 tokens, 8 pairs a step: 4 steps an epoch) end epoch 1, as on one device."""
-    from mlperf_tf import runner  # noqa: PLC0415 (the runner only for this test)
-
-    assert len(tf.config.list_logical_devices("CPU")) >= 2
-    cls = registry.get("transformer")
-    cfg = config_lib.override(cls.preset("smoke"), {"max_epochs": "1"})
-    unsplit = cls(cfg)
-    assert unsplit.steps_per_epoch == 4
-    result = runner.run(
-        cls(cfg),
-        runner.RunConfig(
-            model_dir=str(tmp_path), distribution="mirrored", num_cpu_devices=2,
-            model_parallel=2, collective_timeout=60, steps_per_loop=2, warm_up=False,
-        ),
-    )  # fmt: skip
-    assert result.steps == 4  # the epoch budget: 4 steps, not 2
-    evals = [r for r in log_records(result.mlperf_log) if r["key"] == C.EVAL_ACCURACY]
-    assert [e["metadata"]["epoch_num"] for e in evals] == [1]

@@ -89,6 +89,10 @@ def test_bad_variant_is_a_config_error_naming_it(plugin_site):
         config.ModelConfig(variant="b9")
 
 
+# 20 s: by default a third-party plug-in is listed and run through the CLI by
+# tests/mlperf_tf/test_cli.py (test_third_party_benchmark_is_listed_and_runs), and `.ci/run` runs
+# this plug-in's contract cases (smoke run, official checker, resume) with it installed.
+@pytest.mark.slow
 def test_plugin_is_listed_runs_through_the_cli_and_its_log_is_judged(plugin_site, tmp_path):
     env = processes.python_env(PYTHONPATH=f"{plugin_site}{os.pathsep}{processes.REPO_ROOT}")
     listed = subprocess.run(

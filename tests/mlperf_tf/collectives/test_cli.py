@@ -2,12 +2,18 @@
 
 import json
 
+import pytest
+
 from tests import e2e, processes
 from tests.refusals import the_error_line
 
 TIMEOUT_S = 900
 
 
+# 35-39 s (four replicas' sharded step to trace, even at 4 steps without the warm-up): the same
+# flags through two worker processes run by default (`test_multiworker.py`, torus2d + sharding),
+# and the summer's algorithms at four devices (`test_summer.py`).
+@pytest.mark.slow
 def test_resnet50_smoke_torus2d_sharded_on_four_devices(tmp_path):
     model_dir = tmp_path / "run"
     log = str(tmp_path / "cli.out")
