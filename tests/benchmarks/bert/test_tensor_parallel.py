@@ -26,8 +26,8 @@ def benchmark(**model):
 def test_split_run_equals_the_unsplit_run(devices, model_parallel, optimizer):
     # One encoder layer (half the tracing of the smoke's two): every split layer kind runs.
     tensor_parallel.assert_split_equals_unsplit(
-        benchmark(num_hidden_layers=1), num_devices=devices, model_parallel=model_parallel, optimizer=optimizer,
-        rtol=RTOL,
+        benchmark(num_hidden_layers=1), num_devices=devices, model_parallel=model_parallel,
+        optimizer=optimizer, rtol=RTOL,
     )  # fmt: skip
 
 
