@@ -145,7 +145,7 @@ def main(argv=None) -> int:
         parser.error(f"--presets: unknown {unknown} (known: {', '.join(FIRST_GOOD_EVAL)})")
     sides = {"old": os.path.abspath(args.old), "new": os.path.abspath(args.new)}
     for side, checkout in sides.items():
-        if not os.access(os.path.join(checkout, ".venv", "bin", "mlperf-tf"), os.X_OK):
+        if not os.path.isfile(os.path.join(checkout, ".venv", "bin", "mlperf-tf")):
             parser.error(f"--{side} ({checkout}) has no .venv/bin/mlperf-tf (see the docstring)")
     os.makedirs(args.out, exist_ok=True)
     results_path = os.path.join(args.out, "results.jsonl")
