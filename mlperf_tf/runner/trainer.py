@@ -39,7 +39,7 @@ def bind_collective_timeout(benchmark: Benchmark) -> None:
     parallelism (expert-parallel layers get it from their config, `RunContext`).
     """
     mesh = benchmark.mesh
-    if mesh.model > 1:
+    if mesh.model > 1 or mesh.context > 1:
         replica_collectives(
             num_replicas=mesh.size, timeout_s=benchmark.context.collective_timeout_s
         )
@@ -224,9 +224,9 @@ class Trainer:
             )
             # Each replica's loss is its batch shard's share of the global mean, the same on
             # every replica of a group (spatial x model): the sum over replicas counts each
-            # batch once per group member.
+            # batch once per group member (context members hold shares that sum to it).
             loss = self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_loss, axis=None)
-            loss /= self.benchmark.mesh.group_size
+            loss /= self.benchmark.mesh.loss_copies
             loss_sum += tf.cast(loss, tf.float32)
             metric_sums = {
                 name: total
