@@ -1,0 +1,125 @@
+"""Measures the training step of a language model under context parallelism (`--context_parallel`)
+against the unsplit layout, at the same global batch on the same logical CPU devices, in
+interleaved rounds (the pipeline's cases belong here too: `--layouts` names each case).
+
+Layouts on 4 logical CPU devices, every one at the same global batch of sequences:
+
+| case | mesh | per replica |
+|---|---|---|
+| `c1` | data 4 | B/4 whole sequences |
+| `c2` | data 2 x context 2 | B/2 sequences, 2 of their 4 zig-zag chunks; k/v gathered over 2 |
+
+What a CPU can show: that the split runs, its collectives' overhead on one host (the all-gather
+of k and v and its backward all-reduce per layer, the weight-total all-reduce), and that the
+attention work per replica is balanced (zig-zag) at equal tokens per replica: c1 and c2 hold the
+same tokens per replica, c2 computes each query against twice the keys but for half the
+sequences, so the attention FLOPs per replica are equal and the matmuls are the same sizes.
+What it cannot show: any speed-up or the memory it buys. The 4 "devices" share the machine's
+cores, so a layout never computes faster; and what context parallelism is for, a sequence whose
+activations do not fit one chip (each member holds S/C tokens' activations), only shows against
+a layout that holds the whole sequence on one replica at the same data groups, which on logical
+devices is time-sliced on the same cores too. The printed ratio is overhead, not speed-up.
+
+    python tools/studies/bench_pp_cp.py [--layouts=c1,c2] [--seq_length=256] [--batch=8]
+        [--steps=3] [--rounds=5]
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # the repository root
+
+from tools import harness  # noqa: E402
+
+NUM_DEVICES = 4
+# Case name -> the mesh flags of `mlperf_tf.parallel.mesh.build_mesh`.
+LAYOUTS = {"c1": {}, "c2": {"context_parallel": 2}}
+
+
+def make_contestant(strategy, base, flags: dict):
+    """A `run(steps)` callable training `base` on the mesh of `flags` (the runner's summer)."""
+    import tensorflow as tf  # noqa: PLC0415
+
+    from mlperf_tf.benchmark import RunContext  # noqa: PLC0415
+    from mlperf_tf.collectives import GradientSummer, Settings  # noqa: PLC0415
+    from mlperf_tf.parallel.context import use_mesh  # noqa: PLC0415
+    from mlperf_tf.parallel.input import for_mesh  # noqa: PLC0415
+    from mlperf_tf.parallel.mesh import build_mesh  # noqa: PLC0415
+
+    mesh = build_mesh(NUM_DEVICES, **flags)
+    context = RunContext(num_replicas=NUM_DEVICES, seed=1, mesh=mesh, static_shapes=True)
+    benchmark = base.with_context(context)
+    summer = GradientSummer(strategy, Settings(all_reduce="ring"), mesh)
+    with strategy.scope(), use_mesh(mesh):
+        model = benchmark.build_model()
+        optimizer = benchmark.build_optimizer(1000)
+        variables = model.trainable_variables
+        optimizer.build(variables)
+        summer.build(optimizer, variables)
+    data = iter(strategy.distribute_datasets_from_function(for_mesh(benchmark.train_dataset, mesh)))
+
+    def replica_step(batch):
+        with tf.GradientTape() as tape:
+            loss = benchmark.compute_loss(model, batch, training=True)
+        summer.apply(optimizer, tape.gradient(loss, variables), variables)
+        return loss
+
+    @tf.function
+    def step():
+        loss = strategy.run(replica_step, args=(next(data),))
+        return strategy.reduce("sum", loss, axis=None) / mesh.loss_copies
+
+    def run(steps: int) -> None:
+        for _ in range(steps):
+            loss = step()
+        float(loss)  # wait for the last step
+
+    return run
+
+
+def main(argv=None) -> None:
+    parser = harness.rounds_parser(__doc__.splitlines()[0], steps=3)
+    parser.add_argument("--layouts", default="c1,c2", help=f"cases of {', '.join(LAYOUTS)}")
+    parser.add_argument("--seq_length", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=8, help="global batch (sequences)")
+    args = harness.parse_rounds(parser, argv, "seq_length", "batch")
+    layouts = harness.comma_list(parser, args.layouts, "--layouts")
+    for name in layouts:
+        if name not in LAYOUTS:
+            parser.error(f"--layouts: {name!r} is not one of {', '.join(LAYOUTS)}")
+
+    import tensorflow as tf  # noqa: PLC0415
+
+    from benchmarks.llama31_8b.benchmark import Llama31Benchmark  # noqa: PLC0415
+    from mlperf_tf import config as config_lib  # noqa: PLC0415
+
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration()] * NUM_DEVICES
+    )
+    strategy = harness.mirrored_cpus(NUM_DEVICES)
+    config = config_lib.override(
+        Llama31Benchmark.preset("smoke"),
+        {
+            "data.max_sequence_length": str(args.seq_length),
+            "model.max_position_embeddings": str(max(args.seq_length, 131072)),
+            "global_batch_size": str(args.batch),
+        },
+    )
+    base = Llama31Benchmark(config)
+    contestants = {name: make_contestant(strategy, base, LAYOUTS[name]) for name in layouts}
+    harness.warm_up(contestants)
+    result = harness.interleaved_rounds(
+        contestants, steps=args.steps, rounds=args.rounds, samples_per_step=args.batch
+    )
+    print(f"llama31_8b smoke model, sequence {args.seq_length}, global batch {args.batch}, "
+          f"{NUM_DEVICES} logical CPU devices; load {harness.load_average()}")  # fmt: skip
+    print(harness.report(result, reference=layouts[0], unit="sequences"))
+
+
+if __name__ == "__main__":
+    main()
