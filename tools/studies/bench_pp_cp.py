@@ -41,44 +41,21 @@ LAYOUTS = {"c1": {}, "c2": {"context_parallel": 2}}
 
 
 def make_contestant(strategy, base, flags: dict):
-    """A `run(steps)` callable training `base` on the mesh of `flags` (the runner's summer)."""
-    import tensorflow as tf  # noqa: PLC0415
-
+    """A `run(steps)` callable: the runner's `Trainer` training `base` on the mesh of `flags`
+    (its batches routed over the mesh, each gradient summed by the runner's summer)."""
     from mlperf_tf.benchmark import RunContext  # noqa: PLC0415
     from mlperf_tf.collectives import GradientSummer, Settings  # noqa: PLC0415
-    from mlperf_tf.parallel.context import use_mesh  # noqa: PLC0415
     from mlperf_tf.parallel.input import for_mesh  # noqa: PLC0415
     from mlperf_tf.parallel.mesh import build_mesh  # noqa: PLC0415
 
     mesh = build_mesh(NUM_DEVICES, **flags)
     context = RunContext(num_replicas=NUM_DEVICES, seed=1, mesh=mesh, static_shapes=True)
     benchmark = base.with_context(context)
-    summer = GradientSummer(strategy, Settings(all_reduce="ring"), mesh)
-    with strategy.scope(), use_mesh(mesh):
-        model = benchmark.build_model()
-        optimizer = benchmark.build_optimizer(1000)
-        variables = model.trainable_variables
-        optimizer.build(variables)
-        summer.build(optimizer, variables)
-    data = iter(strategy.distribute_datasets_from_function(for_mesh(benchmark.train_dataset, mesh)))
-
-    def replica_step(batch):
-        with tf.GradientTape() as tape:
-            loss = benchmark.compute_loss(model, batch, training=True)
-        summer.apply(optimizer, tape.gradient(loss, variables), variables)
-        return loss
-
-    @tf.function
-    def step():
-        loss = strategy.run(replica_step, args=(next(data),))
-        return strategy.reduce("sum", loss, axis=None) / mesh.loss_copies
-
-    def run(steps: int) -> None:
-        for _ in range(steps):
-            loss = step()
-        float(loss)  # wait for the last step
-
-    return run
+    parts = harness.runner_parts(
+        strategy, benchmark, dataset_fn=for_mesh(benchmark.train_dataset, mesh),
+        summer=GradientSummer(strategy, Settings(all_reduce="ring"), mesh),
+    )  # fmt: skip
+    return parts.run
 
 
 def main(argv=None) -> None:

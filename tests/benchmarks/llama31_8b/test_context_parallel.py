@@ -33,6 +33,7 @@ def test_c2_x_d2_llama_equals_the_unsplit_run():
     assert got.losses[-1] < got.losses[0]
 
 
+@pytest.mark.slow  # 15-20 CPU s; C2 x D2 above runs by default
 def test_c2_x_e2_gpt_oss_equals_the_unsplit_run():
     """The smoke GPT-OSS (4 experts, top-2, dropless, sliding-window layers and sinks) at
     C = 2 x E = 2 on 4 devices against data = 2 on 2."""
