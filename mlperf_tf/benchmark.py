@@ -24,6 +24,7 @@ from mlperf_logging.mllog import constants as C
 from mlperf_tf import rcps
 from mlperf_tf import rounds as rounds_lib
 from mlperf_tf.config import BenchmarkConfig, ConfigError
+from mlperf_tf.errors import UserError
 from mlperf_tf.facts import Rcp, RenamedKey, SimulatorShape, StatedConvergence
 from mlperf_tf.parallel.mesh import DeviceMesh
 
@@ -49,6 +50,8 @@ class RunContext:
       collective_timeout_s: seconds a collective the model issues itself (an expert-parallel
         MoE layer's all-to-alls) may wait for its peers before it fails naming itself
         (`--collective_timeout`; 0: no limit).
+      micro_batch_size: sequences per data group in one pipeline micro-batch
+        (`--micro_batch_size`; 0: the whole per-replica batch, `per_replica_batch_size`).
     """
 
     num_replicas: int = 1
@@ -57,6 +60,7 @@ class RunContext:
     static_shapes: bool = False
     mesh: DeviceMesh | None = None
     collective_timeout_s: float = 0.0
+    micro_batch_size: int = 0
 
     @property
     def device_mesh(self) -> DeviceMesh:
@@ -256,6 +260,26 @@ class Benchmark(abc.ABC):
         return self.replica_batch_size(self.micro_batch_size)
 
     @property
+    def pipeline_micro_batch(self) -> int:
+        """Examples per data group in one micro-batch of the pipeline schedule: the run's
+        `--micro_batch_size`, or the whole `per_replica_batch_size` (one micro-batch).
+
+        Raises:
+          UserError: `--micro_batch_size` does not divide `per_replica_batch_size`.
+        """
+        size = self.context.micro_batch_size
+        per_replica = self.per_replica_batch_size
+        if not size:
+            return per_replica
+        if per_replica % size:
+            raise UserError(
+                f"--micro_batch_size ({size}) must divide the batch of each data group "
+                f"({per_replica}: global_batch_size / gradient_accumulation_steps / "
+                f"{self.mesh.batch_shards} data groups)"
+            )
+        return size
+
+    @property
     def steps_per_epoch(self) -> int:
         return self.config.steps_per_epoch
 
@@ -330,12 +354,12 @@ class Benchmark(abc.ABC):
         return {
             **{key: precision for key in rounds_lib.PRECISION_KEYS},
             "tensor_parallelism": mesh.model,
-            "pipeline_parallelism": 1,
+            "pipeline_parallelism": mesh.pipeline,
             # Spatial partitioning splits each sample's activations over the group: the image
-            # counterpart of splitting a sequence's context.
-            "context_parallelism": mesh.spatial,
+            # counterpart of splitting a sequence's context (a run has one or the other).
+            "context_parallelism": mesh.context * mesh.spatial,
             "expert_parallelism": mesh.expert,
-            "micro_batch_size": self.per_replica_batch_size,
+            "micro_batch_size": self.pipeline_micro_batch,
             "config_filename": self.config_class.__module__.replace(".", "/") + ".py",
         }
 

@@ -7,17 +7,25 @@ Every kind of parallelism in the suite is a layout over this one mesh (JAX's `Me
 |---|---|---|
 | `data` | (the rest) | read different batches; gradients are summed over it |
 | `expert` | `--expert_parallel=E` | read different batches (it is part of data parallelism) and hold different experts of each mixture-of-experts layer; tokens travel between them by all-to-all |
+| `pipeline` | `--pipeline_parallel=P` | share one batch; each holds a stage of consecutive layers, the batch run through them in micro-batches (`--micro_batch_size`) |
+| `context` | `--context_parallel=C` | share one batch; each holds 2 of every sequence's 2C chunks (zig-zag: chunks c and 2C-1-c) and gathers keys and values over the axis |
 | `spatial` | `--spatial_partition=K` or `KxL` | share one batch; each holds a slab (rows, or a K x L tile) of every image's activations |
 | `model` | `--model_parallel=M` | share one batch; each holds 1/M of the split weights (Megatron's tensor parallelism) |
 
-Replica ids are laid out row-major over (data, expert, spatial, model), `model` fastest: the
-replicas of one model group are consecutive, so they sit on one host (the fastest links) when a
-host has at least M devices, and a host's devices stay together for the data-axis all-reduce
-(`--mesh=RxC` is the all-reduce's view of the data groups; `mlperf_tf/collectives/README.md`).
+Replica ids are laid out row-major over (data, expert, pipeline, context, spatial, model),
+`model` fastest: the replicas of one model group are consecutive, so they sit on one host (the
+fastest links) when a host has at least M devices, and a host's devices stay together for the
+data-axis all-reduce (`--mesh=RxC` is the all-reduce's view of the data groups;
+`mlperf_tf/collectives/README.md`). Megatron orders its groups tp-cp-ep-dp-pp (pipeline
+outermost, across nodes); here every axis whose replicas share a batch is inside the batch axes,
+so the replicas of one batch shard are consecutive ids and the input routing repeats each batch
+for a run of consecutive replicas (`mlperf_tf.parallel.input`). On one host the order costs
+nothing; across hosts a pipeline group of P > the host's devices spans hosts as Megatron's does.
 
 Replicas that share a batch (one `batch shard`: same data and expert coordinates) read the same
-examples; `mlperf_tf.parallel.input` routes them. This module imports no TensorFlow, so the
-simulator and the flag checks describe a mesh with the same type the runner trains on.
+examples; `mlperf_tf.parallel.input` routes them. This module imports no TensorFlow (nor
+`mlperf_tf.parallel.input`, which imports it: no circle), so the simulator and the flag checks
+describe a mesh with the same type the runner trains on.
 """
 
 from __future__ import annotations
@@ -27,17 +35,21 @@ import dataclasses
 from mlperf_tf.errors import UserError
 
 # Outermost first; replica ids are row-major over these.
-AXES = ("data", "expert", "spatial", "model")
+AXES = ("data", "expert", "pipeline", "context", "spatial", "model")
 # The axes whose replicas read different batches.
 BATCH_AXES = ("data", "expert")
-# The axes a replicated weight's gradient is summed over: the batch axes, and `spatial`, whose
-# replicas each hold the partial gradient of their slab of the same images. (Not `model`: the
-# shards of a model group compute the same gradient of a replicated weight.)
-GRADIENT_AXES = BATCH_AXES + ("spatial",)
+# The axes a replicated weight's gradient is summed over: the batch axes, and `context` and
+# `spatial`, whose replicas each hold the partial gradient of their chunks of the same sequences
+# or their slab of the same images. (Not `model`: the shards of a model group compute the same
+# gradient of a replicated weight. Not `pipeline`: a stage's weights live on that stage only,
+# with a layout of their own.)
+GRADIENT_AXES = BATCH_AXES + ("context", "spatial")
 # Which flag sets each axis, for error messages.
 AXIS_FLAGS = {
     "data": "the replica count",
     "expert": "--expert_parallel",
+    "pipeline": "--pipeline_parallel",
+    "context": "--context_parallel",
     "spatial": "--spatial_partition",
     "model": "--model_parallel",
 }
@@ -45,7 +57,7 @@ AXIS_FLAGS = {
 
 @dataclasses.dataclass(frozen=True)
 class DeviceMesh:
-    """The run's replicas as a (data, expert, spatial, model) mesh.
+    """The run's replicas as a (data, expert, pipeline, context, spatial, model) mesh.
 
     Attributes:
       data: data-parallel groups beyond the expert axis.
@@ -53,6 +65,11 @@ class DeviceMesh:
       spatial: replicas that split each image (`spatial_rows` x `spatial_cols` tiles).
       model: replicas that split the weights of tensor-parallel layers.
       spatial_cols: the width factor L of `--spatial_partition=KxL` (1: slabs of rows only).
+      pipeline: replicas that each hold a stage of consecutive layers.
+      context: replicas that split each sequence (2 of its 2 x `context` chunks each).
+
+    (`pipeline` and `context` come last among the fields so that meshes written positionally
+    before them keep their meaning; `AXES` gives the replica-id order.)
     """
 
     data: int = 1
@@ -60,6 +77,8 @@ class DeviceMesh:
     spatial: int = 1
     model: int = 1
     spatial_cols: int = 1
+    pipeline: int = 1
+    context: int = 1
 
     def __post_init__(self):
         for axis in AXES:
@@ -97,8 +116,8 @@ class DeviceMesh:
 
     @property
     def group_size(self) -> int:
-        """Replicas that read one batch (spatial x model)."""
-        return self.spatial * self.model
+        """Replicas that read one batch (pipeline x context x spatial x model)."""
+        return self.pipeline * self.context * self.spatial * self.model
 
     def axes_used(self) -> tuple[str, ...]:
         """The axes beyond `data` whose size is more than 1 (what a benchmark must support)."""
@@ -178,21 +197,56 @@ def parse_spatial(text: str) -> tuple[int, int]:
     return rows, cols
 
 
-def check_flags(*, model_parallel: int, expert_parallel: int, spatial_partition: str) -> None:
+def check_flags(
+    *, model_parallel: int, expert_parallel: int, spatial_partition: str,
+    pipeline_parallel: int = 1, context_parallel: int = 1, micro_batch_size: int = 0,
+) -> None:  # fmt: skip
     """Validates the mesh flags that need no strategy (RunConfig time).
 
+    Args:
+      micro_batch_size: `--micro_batch_size` (0: the whole per-replica batch in one pass).
+
     Raises:
-      UserError: a size that is not a positive integer, or a malformed `--spatial_partition`.
+      UserError: a size that is not a positive integer, a negative micro batch, or a malformed
+        `--spatial_partition`.
     """
-    for name, value in (("model_parallel", model_parallel), ("expert_parallel", expert_parallel)):
+    sizes = {
+        "model_parallel": model_parallel,
+        "expert_parallel": expert_parallel,
+        "pipeline_parallel": pipeline_parallel,
+        "context_parallel": context_parallel,
+    }
+    for name, value in sizes.items():
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise UserError(f"--{name} ({value!r}) must be a positive integer (1: off)")
+    if isinstance(micro_batch_size, bool) or not isinstance(micro_batch_size, int):
+        raise UserError(f"--micro_batch_size ({micro_batch_size!r}) must be an integer")
+    if micro_batch_size < 0:
+        raise UserError(
+            f"--micro_batch_size ({micro_batch_size}) must not be negative (0: the whole "
+            "per-replica batch in one pass)"
+        )
     parse_spatial(spatial_partition)
+
+
+def _axis_sizes(
+    model_parallel: int, expert_parallel: int, spatial_partition: str, pipeline_parallel: int,
+    context_parallel: int,
+) -> dict[str, int]:  # fmt: skip
+    """The flags as sizes of the mesh axes beyond `data`."""
+    rows, cols = parse_spatial(spatial_partition)
+    return {
+        "expert": expert_parallel,
+        "pipeline": pipeline_parallel,
+        "context": context_parallel,
+        "spatial": rows * cols,
+        "model": model_parallel,
+    }
 
 
 def build_mesh(
     num_replicas: int, *, model_parallel: int = 1, expert_parallel: int = 1,
-    spatial_partition: str = "1",
+    spatial_partition: str = "1", pipeline_parallel: int = 1, context_parallel: int = 1,
 ) -> DeviceMesh:  # fmt: skip
     """The run's mesh: `num_replicas` split by the flags, the rest on the data axis.
 
@@ -203,44 +257,48 @@ def build_mesh(
         model_parallel=model_parallel,
         expert_parallel=expert_parallel,
         spatial_partition=spatial_partition,
+        pipeline_parallel=pipeline_parallel,
+        context_parallel=context_parallel,
     )
-    rows, cols = parse_spatial(spatial_partition)
-    spatial = rows * cols
-    split = model_parallel * expert_parallel * spatial
+    sizes = _axis_sizes(
+        model_parallel, expert_parallel, spatial_partition, pipeline_parallel, context_parallel
+    )
+    split = 1
+    for size in sizes.values():
+        split *= size
     if num_replicas % split:
-        named = [
-            f"--{flag}={value}"
-            for flag, value in (
-                ("model_parallel", model_parallel),
-                ("expert_parallel", expert_parallel),
-                ("spatial_partition", spatial_partition),
-            )
-            if str(value) != "1"
-        ]
+        flags = {
+            "model_parallel": model_parallel,
+            "expert_parallel": expert_parallel,
+            "pipeline_parallel": pipeline_parallel,
+            "context_parallel": context_parallel,
+            "spatial_partition": spatial_partition,
+        }
+        named = [f"--{flag}={value}" for flag, value in flags.items() if str(value) != "1"]
         raise UserError(
             f"{' x '.join(named)} needs a multiple of {split} replicas; this run has "
             f"{num_replicas} (set --num_cpu_devices, or use a size that divides {num_replicas})"
         )
     return DeviceMesh(
         data=num_replicas // split,
-        expert=expert_parallel,
-        spatial=spatial,
-        model=model_parallel,
-        spatial_cols=cols,
+        spatial_cols=parse_spatial(spatial_partition)[1],
+        **sizes,
     )
 
 
 def check_flags_supported(
     benchmark_name: str, supported: tuple[str, ...], *, model_parallel: int = 1,
-    expert_parallel: int = 1, spatial_partition: str = "1",
+    expert_parallel: int = 1, spatial_partition: str = "1", pipeline_parallel: int = 1,
+    context_parallel: int = 1,
 ) -> None:  # fmt: skip
     """`check_supported` from the flags alone: before the strategy, the log or any set-up.
 
     Raises:
       UserError: one line naming the flag, the benchmark and the axes it supports.
     """
-    rows, cols = parse_spatial(spatial_partition)
-    sizes = {"expert": expert_parallel, "spatial": rows * cols, "model": model_parallel}
+    sizes = _axis_sizes(
+        model_parallel, expert_parallel, spatial_partition, pipeline_parallel, context_parallel
+    )
     for axis in AXES[1:]:
         if sizes[axis] > 1 and axis not in supported:
             raise UserError(
@@ -262,16 +320,3 @@ def check_supported(mesh: DeviceMesh, benchmark_name: str, supported: tuple[str,
                 f"{flag}: benchmark '{benchmark_name}' does not support {axis} parallelism "
                 f"(it supports: {', '.join(supported)})"
             )
-
-
-# The input helpers moved to `mlperf_tf.parallel.input` (they need TensorFlow; this module does
-# not). Resolved on first use, for callers written before the move.
-_MOVED_TO_INPUT = ("mesh_input_context", "repeat_for_group", "for_mesh")
-
-
-def __getattr__(name: str):
-    if name in _MOVED_TO_INPUT:
-        from mlperf_tf.parallel import input as input_lib  # noqa: PLC0415 (imports TensorFlow)
-
-        return getattr(input_lib, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

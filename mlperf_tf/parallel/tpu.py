@@ -64,13 +64,15 @@ def cores_per_replica(*, model_parallel: int = 1, spatial_partition: str = "1") 
 
 
 def check_tpu_flags(
-    *, model_parallel: int = 1, expert_parallel: int = 1, spatial_partition: str = "1"
-) -> None:
+    *, model_parallel: int = 1, expert_parallel: int = 1, spatial_partition: str = "1",
+    pipeline_parallel: int = 1, context_parallel: int = 1,
+) -> None:  # fmt: skip
     """Refuses the mesh flags this TPU path does not map (no TF needed).
 
     Raises:
-      UserError: `--expert_parallel` > 1 (an MoE layer's all-to-all has no annotation in the
-        public API), or `--model_parallel` and `--spatial_partition` both > 1 (one
+      UserError: `--expert_parallel`, `--pipeline_parallel` or `--context_parallel` > 1 (their
+        exchanges have no annotation here), or `--model_parallel` and `--spatial_partition` both
+        > 1 (one
         `partition_dimensions` list must multiply to all of a replica's cores, so a weight
         split M ways cannot be replicated over the K x L spatial cores).
     """
@@ -80,6 +82,15 @@ def check_tpu_flags(
             "all-to-all has no TPUStrategy path here (only --spatial_partition and "
             "--model_parallel map to logical cores)"
         )
+    for flag, value in (
+        ("pipeline_parallel", pipeline_parallel),
+        ("context_parallel", context_parallel),
+    ):
+        if value > 1:
+            raise UserError(
+                f"--{flag}={value} with --distribution=tpu: not mapped to TPUStrategy here (only "
+                "--spatial_partition and --model_parallel map to logical cores)"
+            )
     rows, cols = parse_spatial(spatial_partition)
     if model_parallel > 1 and rows * cols > 1:
         raise UserError(

@@ -188,6 +188,22 @@ class RunConfig:
         help="Spatial partitioning: K (slabs of rows) or KxL (tiles) replicas share one batch of "
         "images, each holding a part of every activation; convolutions exchange halos (1: off).",
     )
+    pipeline_parallel: int = setting(
+        1,
+        help="Pipeline parallelism: P replicas that share one batch each hold a stage of "
+        "consecutive decoder layers; the batch runs through them in micro-batches (1: off).",
+    )
+    context_parallel: int = setting(
+        1,
+        help="Context parallelism: C replicas that share one batch each hold 2 of every "
+        "sequence's 2C chunks (zig-zag, for the causal mask's balance); attention gathers keys "
+        "and values over them (1: off).",
+    )
+    micro_batch_size: int = setting(
+        0,
+        help="Sequences per data group in one pipeline micro-batch (0: the whole per-replica "
+        "batch, or the gradient-accumulation count's share of it).",
+    )
 
     def __post_init__(self):
         _check_numbers(self)
@@ -201,6 +217,9 @@ class RunConfig:
             model_parallel=self.model_parallel,
             expert_parallel=self.expert_parallel,
             spatial_partition=self.spatial_partition,
+            pipeline_parallel=self.pipeline_parallel,
+            context_parallel=self.context_parallel,
+            micro_batch_size=self.micro_batch_size,
         )
         if not self.model_dir:
             raise UserError("--model_dir is required")
@@ -213,6 +232,16 @@ class RunConfig:
             distribute.check_cpu_device_count(self.num_cpu_devices)
         _check_no_effect(self)
         runlog.resolve_path(self.mlperf_log, self.model_dir)  # a bad path fails before any work
+
+    def mesh_flags(self) -> dict[str, int | str]:
+        """The flags that size the device mesh's axes, as `parallel.mesh.build_mesh` takes them."""
+        return dict(
+            model_parallel=self.model_parallel,
+            expert_parallel=self.expert_parallel,
+            spatial_partition=self.spatial_partition,
+            pipeline_parallel=self.pipeline_parallel,
+            context_parallel=self.context_parallel,
+        )
 
     @property
     def mlperf_log_path(self) -> str:
@@ -239,6 +268,9 @@ _BOUNDS = {
     "slurm_port_base": 65535,
     "model_parallel": 1 << 20,
     "expert_parallel": 1 << 20,
+    "pipeline_parallel": 1 << 20,
+    "context_parallel": 1 << 20,
+    "micro_batch_size": _MAX_COUNT,
     "num_cpu_devices": 1 << 20,
 }
 _POSITIVE = ("steps_per_loop", "max_checkpoints", "startup_timeout_s", "slurm_port_base")

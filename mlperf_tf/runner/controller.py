@@ -125,11 +125,7 @@ def _strategy(run_config: RunConfig) -> tf.distribute.Strategy:
         ),
     )
     if distribute.is_tpu(strategy):
-        tpu_lib.check_tpu_flags(
-            model_parallel=run_config.model_parallel,
-            expert_parallel=run_config.expert_parallel,
-            spatial_partition=run_config.spatial_partition,
-        )
+        tpu_lib.check_tpu_flags(**run_config.mesh_flags())
     return strategy
 
 
@@ -164,11 +160,7 @@ def preflight(benchmark: Benchmark, run_config: RunConfig) -> RunConfig:
         raise UserError(f"--model_dir={run_config.model_dir!r} is a file, not a folder")
     distribute.check_resolver_environment(run_config.cluster_resolver)
     parallel_mesh.check_flags_supported(
-        benchmark.name,
-        benchmark.parallel_axes,
-        model_parallel=run_config.model_parallel,
-        expert_parallel=run_config.expert_parallel,
-        spatial_partition=run_config.spatial_partition,
+        benchmark.name, benchmark.parallel_axes, **run_config.mesh_flags()
     )
     run_config = _resolve_division(benchmark, run_config, ruleset)
     splits.check_run_split(benchmark.config, run_config)  # where the replicas are known already
@@ -549,12 +541,15 @@ class Controller:
             # instance's shape at its first execution ("Shape mismatch in the collective
             # instance"): their tensors must not change shape between steps (BERT's packed
             # encoder ran [256,32] in the warm-up, [177,32] in the first real step).
+            # (The context and pipeline axes' gathers and sends alike.)
             static_shapes=distribute.needs_static_shapes(self.strategy, xla=cfg.xla)
-            or mesh.model > 1,
+            or max(mesh.model, mesh.context, mesh.pipeline) > 1,
             mesh=mesh,
             collective_timeout_s=cfg.collective_timeout,
+            micro_batch_size=cfg.micro_batch_size,
         )
         self.benchmark = self.benchmark.with_context(context)
+        _ = self.benchmark.pipeline_micro_batch  # a --micro_batch_size that splits no batch: error
         self._build_model()
         for event in rounds.init_events(self.benchmark.mlperf_benchmark, self.ruleset):
             self.mllog.event(event.key, event.value, metadata=event.metadata)
@@ -576,11 +571,7 @@ class Controller:
         """The run's device mesh from the parallelism flags, checked against what the benchmark
         supports (on a TPU with more than one core per replica, the replica's mesh)."""
         cfg = self.run_config
-        flags = dict(
-            model_parallel=cfg.model_parallel,
-            expert_parallel=cfg.expert_parallel,
-            spatial_partition=cfg.spatial_partition,
-        )
+        flags = cfg.mesh_flags()
         if (
             distribute.is_tpu(self.strategy)
             and tpu_lib.cores_per_replica(
@@ -590,10 +581,13 @@ class Controller:
         ):
             # TPU: the spatial and model axes are each replica's logical cores; the benchmark
             # sees the data axis and builds the unsplit model, which the replica steps annotate.
+            # (--pipeline_parallel and --context_parallel > 1 were refused by `check_tpu_flags`.)
             self.partition = tpu_lib.TpuPartition.from_flags(
                 self.strategy.num_replicas_in_sync,
                 input_key=self.benchmark.spatial_input,
-                **flags,
+                model_parallel=cfg.model_parallel,
+                expert_parallel=cfg.expert_parallel,
+                spatial_partition=cfg.spatial_partition,
             )
             parallel_mesh.check_supported(
                 self.partition.mesh, self.benchmark.name, self.benchmark.parallel_axes

@@ -22,6 +22,7 @@ from absl import logging
 from mlperf_logging.mllog import constants as C
 
 from mlperf_tf import registry, rounds, runner
+from mlperf_tf.errors import UserError
 from tests import e2e
 from tests.tiny_benchmark import TinyBenchmark
 
@@ -214,6 +215,16 @@ def test_round_level_keys_come_from_the_run_for_every_benchmark():
     assert set(keys) == set(rounds.ROUND_KEYS)
     assert keys["context_parallelism"] == 2 and keys["tensor_parallelism"] == 1
     assert keys["micro_batch_size"] == bench.per_replica_batch_size
+    # The pipeline and context axes, and --micro_batch_size, as the run's mesh has them.
+    staged = DeviceMesh(data=1, pipeline=2, context=2, model=2, expert=1)
+    run = RunContext(mesh=staged, micro_batch_size=1)
+    keys = benchmark_class(benchmark_class.preset("smoke"), context=run).round_hparams()
+    assert (keys["pipeline_parallelism"], keys["context_parallelism"]) == (2, 2)
+    assert (keys["tensor_parallelism"], keys["expert_parallelism"]) == (2, 1)
+    assert keys["micro_batch_size"] == 1
+    odd = dataclasses.replace(run, micro_batch_size=bench.per_replica_batch_size * 2 + 1)
+    with pytest.raises(UserError, match=r"--micro_batch_size \(\d+\) must divide the batch"):
+        benchmark_class(benchmark_class.preset("smoke"), context=odd).round_hparams()
     assert keys["config_filename"] == "benchmarks/resnet50/config.py"
     assert os.path.isfile(
         os.path.join(os.path.dirname(e2e.__file__), "..", keys["config_filename"])

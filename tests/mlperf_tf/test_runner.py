@@ -140,6 +140,18 @@ def test_bad_run_settings_are_user_errors(tmp_path):
         runner.RunConfig(model_dir="")
     with pytest.raises(UserError, match="resume_input"):
         runner.RunConfig(model_dir=str(tmp_path), resume_input="rewind")
+    for flag, value, message in (
+        ("pipeline_parallel", 0, r"--pipeline_parallel \(0\) must be a positive integer"),
+        ("context_parallel", -2, r"--context_parallel \(-2\) must not be negative"),
+        ("micro_batch_size", -1, r"--micro_batch_size \(-1\) must not be negative"),
+    ):
+        with pytest.raises(UserError, match=message):
+            runner.RunConfig(model_dir=str(tmp_path), **{flag: value})
+    # The defaults size no axis: every existing run keeps its mesh.
+    assert runner.RunConfig(model_dir=str(tmp_path)).mesh_flags() == {
+        "model_parallel": 1, "expert_parallel": 1, "spatial_partition": "1",
+        "pipeline_parallel": 1, "context_parallel": 1,
+    }  # fmt: skip
 
 
 def test_global_norm_clipping_applies_to_the_summed_gradient(tmp_path, monkeypatch):

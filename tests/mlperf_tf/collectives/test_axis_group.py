@@ -14,11 +14,12 @@ from tests.strategies import mirrored
 REPLICAS = 4
 
 
-def test_members_along_each_axis_of_a_2x2x2x2_mesh():
-    """Replica ids are row-major over (data, expert, spatial, model): the group along one axis
-    steps by that axis's stride, along two axes it is their product, in rank (id) order."""
-    mesh = DeviceMesh(data=2, expert=2, spatial=2, model=2)
-    stride = {"data": 8, "expert": 4, "spatial": 2, "model": 1}
+def test_members_along_each_axis_of_a_2x2x2x2x2x2_mesh():
+    """Replica ids are row-major over (data, expert, pipeline, context, spatial, model): the group
+    along one axis steps by that axis's stride, along two axes it is their product, in rank (id)
+    order (the pipeline and context axes found as `model` and `expert` are)."""
+    mesh = DeviceMesh(data=2, expert=2, pipeline=2, context=2, spatial=2, model=2)
+    stride = {"data": 32, "expert": 16, "pipeline": 8, "context": 4, "spatial": 2, "model": 1}
     for replica in range(mesh.size):
         for axis in AXES:
             group = AxisGroup(axis, owner="t", mesh=mesh)
@@ -27,8 +28,8 @@ def test_members_along_each_axis_of_a_2x2x2x2_mesh():
             assert group.rank(replica) == mesh.index(replica, axis)
             assert group.size == 2
         both = AxisGroup(("expert", "model"), owner="t", mesh=mesh)
-        base = replica - mesh.index(replica, "expert") * 4 - mesh.index(replica, "model")
-        assert both.members(replica) == [base, base + 1, base + 4, base + 5]
+        base = replica - mesh.index(replica, "expert") * 16 - mesh.index(replica, "model")
+        assert both.members(replica) == [base, base + 1, base + 16, base + 17]
         assert both.size == 4
 
 

@@ -1,5 +1,7 @@
 """Tests of the device mesh: coordinates, groups, the flags' checks and the input routing."""
 
+import ast
+import pathlib
 import subprocess
 import sys
 
@@ -17,12 +19,31 @@ from mlperf_tf.parallel.mesh import DeviceMesh
 def test_replica_ids_are_row_major_with_model_fastest():
     mesh = DeviceMesh(data=2, expert=1, spatial=2, model=2)
     assert mesh.size == 8
-    assert mesh.coords(0) == {"data": 0, "expert": 0, "spatial": 0, "model": 0}
-    assert mesh.coords(1) == {"data": 0, "expert": 0, "spatial": 0, "model": 1}
-    assert mesh.coords(2) == {"data": 0, "expert": 0, "spatial": 1, "model": 0}
-    assert mesh.coords(5) == {"data": 1, "expert": 0, "spatial": 0, "model": 1}
+    zero = {"data": 0, "expert": 0, "pipeline": 0, "context": 0, "spatial": 0, "model": 0}
+    assert mesh.coords(0) == zero
+    assert mesh.coords(1) == {**zero, "model": 1}
+    assert mesh.coords(2) == {**zero, "spatial": 1}
+    assert mesh.coords(5) == {**zero, "data": 1, "model": 1}
     for replica in range(mesh.size):
         assert mesh.replica(**mesh.coords(replica)) == replica
+
+
+def test_pipeline_and_context_sit_between_the_batch_axes_and_spatial():
+    # (data, expert, pipeline, context, spatial, model): the replicas that share a batch are
+    # consecutive ids, whatever the axes that split it.
+    mesh = DeviceMesh(data=2, pipeline=2, context=2, model=2)
+    assert mesh.size == 16 and mesh.group_size == 8 and mesh.batch_shards == 2
+    assert mesh.coords(6) == {
+        "data": 0, "expert": 0, "pipeline": 1, "context": 1, "spatial": 0, "model": 0
+    }  # fmt: skip
+    assert mesh.group(0, "context") == [0, 2]
+    assert mesh.group(1, "pipeline") == [1, 5]
+    assert mesh.group(9, "pipeline", "context") == [9, 11, 13, 15]
+    assert [mesh.batch_shard(r) for r in range(16)] == [0] * 8 + [1] * 8
+    assert mesh.axes_used() == ("pipeline", "context", "model")
+    assert str(mesh) == "DeviceMesh(data=2, pipeline=2, context=2, model=2)"
+    # A replicated weight's gradient: partial per context chunk, summed over it too.
+    assert mesh_lib.GRADIENT_AXES == ("data", "expert", "context", "spatial")
 
 
 def test_groups_vary_only_along_their_axes():
@@ -34,17 +55,24 @@ def test_groups_vary_only_along_their_axes():
     assert mesh.group(6, "data") == [2, 6]
     assert mesh.group(5) == [5]
     assert [mesh.batch_shard(r) for r in range(8)] == [0, 0, 1, 1, 2, 2, 3, 3]
-    with pytest.raises(ValueError, match="unknown mesh axis 'pipeline'"):
-        mesh.group(0, "pipeline")
+    with pytest.raises(ValueError, match="unknown mesh axis 'stage'"):
+        mesh.group(0, "stage")
 
 
 def test_build_mesh_puts_the_rest_on_the_data_axis():
+    ones = {"data": 1, "expert": 1, "pipeline": 1, "context": 1, "spatial": 1, "model": 1}
     mesh = mesh_lib.build_mesh(8, model_parallel=2, expert_parallel=2)
-    assert mesh.shape == {"data": 2, "expert": 2, "spatial": 1, "model": 2}
+    assert mesh.shape == {**ones, "data": 2, "expert": 2, "model": 2}
     tiles = mesh_lib.build_mesh(4, spatial_partition="2x2")
     assert (tiles.spatial, tiles.spatial_rows, tiles.spatial_cols) == (4, 2, 2)
     assert str(tiles) == "DeviceMesh(spatial=2x2)"
-    assert mesh_lib.build_mesh(4).shape == {"data": 4, "expert": 1, "spatial": 1, "model": 1}
+    assert mesh_lib.build_mesh(4).shape == {**ones, "data": 4}
+    assert mesh_lib.build_mesh(4) == DeviceMesh(data=4)  # defaults: every run as before
+    staged = mesh_lib.build_mesh(8, pipeline_parallel=2, context_parallel=2)
+    assert staged.shape == {**ones, "data": 2, "pipeline": 2, "context": 2}
+    assert mesh_lib.build_mesh(4, context_parallel=2, expert_parallel=2).shape == {
+        **ones, "expert": 2, "context": 2
+    }  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -62,6 +90,16 @@ def test_build_mesh_puts_the_rest_on_the_data_axis():
         ({"expert_parallel": -2}, r"--expert_parallel \(-2\) must be a positive integer"),
         ({"spatial_partition": "2x"}, r"--spatial_partition='2x' must be K or KxL"),
         ({"spatial_partition": "nan"}, r"--spatial_partition='nan' must be K or KxL"),
+        (
+            {"pipeline_parallel": 3},
+            r"--pipeline_parallel=3 needs a multiple of 3 replicas; this run has 4",
+        ),
+        (
+            {"context_parallel": 2, "model_parallel": 4},
+            r"--model_parallel=4 x --context_parallel=2 needs a multiple of 8 replicas",
+        ),
+        ({"pipeline_parallel": 0}, r"--pipeline_parallel \(0\) must be a positive integer"),
+        ({"context_parallel": 1.5}, r"--context_parallel \(1.5\) must be a positive integer"),
     ],
 )
 def test_bad_mesh_flags_are_one_line_errors(kwargs, message):
@@ -75,6 +113,27 @@ def test_a_benchmark_refuses_an_axis_it_does_not_declare():
     mesh_lib.check_supported(mesh, "bert", ("data", "model"))
     with pytest.raises(UserError, match=r"--model_parallel: benchmark 'resnet50' does not support"):
         mesh_lib.check_supported(mesh, "resnet50", ("data",))
+    for flag, axis in (("pipeline_parallel", "pipeline"), ("context_parallel", "context")):
+        with pytest.raises(UserError, match=rf"--{flag}: benchmark 'bert' does not support {axis}"):
+            mesh_lib.check_supported(DeviceMesh(**{axis: 2}), "bert", ("data", "model"))
+        with pytest.raises(UserError, match=rf"--{flag}: benchmark 'bert' does not support"):
+            mesh_lib.check_flags_supported("bert", ("data", "model"), **{flag: 2})
+        mesh_lib.check_flags_supported("x", ("data", axis), **{flag: 2})
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"micro_batch_size": -1}, r"--micro_batch_size \(-1\) must not be negative"),
+        ({"micro_batch_size": "4"}, r"--micro_batch_size \('4'\) must be an integer"),
+        ({"context_parallel": True}, r"--context_parallel \(True\) must be a positive integer"),
+    ],
+)
+def test_bad_micro_batch_and_axis_flags_are_refused_before_any_strategy(kwargs, message):
+    flags = {"model_parallel": 1, "expert_parallel": 1, "spatial_partition": "1", **kwargs}
+    with pytest.raises(UserError, match=message) as raised:
+        mesh_lib.check_flags(**flags)
+    assert "\n" not in str(raised.value)
 
 
 def _routed(mesh, pipelines, pipeline_id):
@@ -97,6 +156,8 @@ def test_replicas_of_a_group_read_one_batch_and_data_groups_differ():
     assert _routed(mesh, 1, 0) == [mesh.batch_shard(r) for r in range(4)] == [0, 0, 1, 1]
     spatial = DeviceMesh(data=1, spatial=2, model=2)
     assert _routed(spatial, 1, 0) == [0, 0, 0, 0]
+    staged = DeviceMesh(data=2, pipeline=2, context=2)  # 8 replicas, 2 batch shards
+    assert _routed(staged, 1, 0) == [staged.batch_shard(r) for r in range(8)] == [0] * 4 + [1] * 4
 
 
 def test_a_model_group_across_workers_reads_the_same_batch_on_each():
@@ -132,3 +193,14 @@ def test_the_mesh_imports_no_tensorflow():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120)
     assert done.returncode == 0, done.stderr.decode()
+
+
+def test_the_mesh_does_not_import_the_input_routing():
+    # `parallel/input.py` imports the mesh; the mesh must not import it back (no circle, not even
+    # a lazy one through a module `__getattr__`).
+    tree = ast.parse(pathlib.Path(mesh_lib.__file__).read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            assert node.module == "__future__" or not node.module.startswith("mlperf_tf.parallel")
+        assert not (isinstance(node, ast.FunctionDef) and node.name == "__getattr__")
+    assert not hasattr(mesh_lib, "for_mesh")

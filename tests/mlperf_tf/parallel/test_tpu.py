@@ -115,6 +115,9 @@ def test_device_assignment_gives_each_replica_the_mesh_group_s_cores(flags, repl
 def test_tpu_refuses_expert_and_model_with_spatial():
     with pytest.raises(UserError, match="--expert_parallel=2 with --distribution=tpu"):
         tpu.check_tpu_flags(expert_parallel=2)
+    for flag in ("pipeline_parallel", "context_parallel"):
+        with pytest.raises(UserError, match=f"--{flag}=2 with --distribution=tpu: not mapped"):
+            tpu.check_tpu_flags(**{flag: 2})
     with pytest.raises(UserError, match="--model_parallel=2 with --spatial_partition=2 on TPU"):
         tpu.TpuPartition.from_flags(2, model_parallel=2, spatial_partition="2")
 
