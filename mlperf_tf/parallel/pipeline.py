@@ -153,3 +153,24 @@ def stage_bounds(num_layers: int, stages: int) -> list[tuple[int, int]]:
         )
     per = num_layers // stages
     return [(s * per, (s + 1) * per) for s in range(stages)]
+
+
+def sum_over_stages(variables, mesh) -> None:
+    """Adds the `pipeline` axis to the gradient sum of every variable in `variables` (a model
+    built under `mesh`; nothing when `mesh` has one stage).
+
+    A stage computes the gradient of its own layers only (zero on the other stages of its
+    group): summed over the group, every replica gets the whole model's gradient, applies the
+    same update, and the weights stay equal on every stage, so the evaluation (the whole model
+    on each replica) and the checkpoint (any replica's copy) need nothing new. Tied weights (an
+    embedding the first stage reads and the last stage's head reuses) get both stages' parts.
+    """
+    if mesh is None or mesh.pipeline == 1:
+        return
+    from mlperf_tf.parallel import layout as layout_lib  # noqa: PLC0415 (imports TensorFlow)
+
+    for variable in variables:
+        layout = layout_lib.layout_of(variable)
+        if "pipeline" not in layout.sum_over:
+            summed = dataclasses.replace(layout, sum_over=(*layout.sum_over, "pipeline"))
+            layout_lib.set_layout(variable, summed)

@@ -17,6 +17,7 @@ from mlperf_tf.benchmark import Benchmark
 from mlperf_tf.collectives.ops import replica_collectives
 from mlperf_tf.errors import UserError
 from mlperf_tf.parallel.mesh import DeviceMesh
+from mlperf_tf.runner.pipeline import PipelineStep
 
 
 def replica_function(fn, *, xla: bool):
@@ -77,9 +78,12 @@ class Trainer:
       optimizer: the Keras optimizer, built under `strategy.scope()`.
       xla: compile each replica's forward/backward pass with XLA. `apply_gradients` stays outside
         it: its cross-replica sum is a merge_call, which XLA cannot hold on CPU/GPU.
+      pipeline_schedule: "1f1b" or "gpipe", the micro-batches' order through the stages of a
+        `pipeline` axis (`mlperf_tf.parallel.pipeline.Schedule`).
     """
 
-    def __init__(self, *, strategy, benchmark: Benchmark, model, optimizer, xla: bool):
+    def __init__(self, *, strategy, benchmark: Benchmark, model, optimizer, xla: bool,
+                 pipeline_schedule: str = "1f1b"):  # fmt: skip
         self.strategy = strategy
         self.benchmark = benchmark
         self.model = model
@@ -93,6 +97,17 @@ class Trainer:
             )
         self.loss_scale = group_loss_scale(benchmark.mesh)
         self._grads = replica_function(self._replica_grads, xla=xla)
+        # With a `pipeline` axis the micro-batches run through the stages in one schedule
+        # (`mlperf_tf.runner.pipeline`) instead of one after the other.
+        self.pipeline = None
+        if benchmark.mesh.pipeline > 1:
+            self.pipeline = PipelineStep(
+                benchmark=benchmark, model=model, optimizer=optimizer,
+                micro_batches=self.accumulation, schedule=pipeline_schedule,
+                loss_scale=self.loss_scale, mesh=benchmark.mesh,
+                timeout_s=benchmark.context.collective_timeout_s,
+            )  # fmt: skip
+            self._pipeline = replica_function(self.pipeline, xla=xla)
         # Set by the controller before the first loop (see `mlperf_tf.preemption.StopRequest`).
         self.stop_request = None
         # Set by the controller when --all_reduce/--pack_mb/--weight_update_sharding ask for
@@ -141,6 +156,9 @@ class Trainer:
         total_loss = 0.0
         total_grads = None
         total_metrics = {}
+        if self.pipeline is not None:  # all micro-batches through the stages, one schedule
+            total_loss, total_grads, total_metrics = self._pipeline(micro_batches)
+            micro_batches = ()
         for batch in micro_batches:  # Python loop: the accumulation count is static
             loss, grads, metrics = self._grads(batch)
             total_loss += loss

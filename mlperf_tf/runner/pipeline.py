@@ -1,0 +1,172 @@
+"""Provides `PipelineStep`: one replica's part of a pipelined training step, the whole schedule
+unrolled into one compiled function (replica context).
+
+Each member of a `pipeline` group of the ambient mesh is one stage (`Benchmark.pipeline_stage`:
+a run of consecutive layers, the embedding on the first, the head and the loss on the last).
+The step's micro-batches (the gradient-accumulation count) run through the stages in the tick
+table of `mlperf_tf.parallel.pipeline.Schedule`, unrolled at trace time: static shapes, one
+`tf.function` (with `--xla`, one XLA computation per replica).
+
+Per tick, on every member of the group, in the same order (so the collectives match):
+
+1. The stage's action, if any. A forward (F m) runs the stage on micro-batch m under a
+   `tf.GradientTape` of its own, kept until the backward (the activations in flight). A
+   backward (B m) takes that tape's gradient: of the loss on the last stage, else of the
+   stage's output with the gradient the next stage sent (`output_gradients`), for the
+   model's variables (those of other stages get none: their gradient here is zero) and for
+   the stage's input, which goes back to the stage before.
+2. If any stage sends at this tick (known from the table, the same on every member): one
+   all-to-all over the group (`AxisGroup.all_to_all`, the axis view the layers use) of a
+   [P, micro batch, seq, hidden] tensor whose row s + 1 holds this stage's output and row
+   s - 1 the gradient of its input (zeros elsewhere): a forward and a backward send in one
+   collective. Cost: each member sends P - 1 rows of one activation, of which at most two
+   carry data (at P = 2 exactly one: what a point-to-point send costs); a TPU's
+   `CollectivePermute` (XLA's `ppermute`) would send those two only. An all-reduce of the
+   same table would cost 2 (P - 1) rows per member on a ring.
+
+Gradients of a stage's weights are therefore zero on the other stages of its group; summed
+over the `pipeline` axis (`GRADIENT_AXES`) with the data axis, every replica gets the whole
+model's gradient, the global-norm clip sees the whole model, and every replica applies the
+same update (the weights stay mirrored: see the package README for what that costs).
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from mlperf_tf.collectives.axis_group import AxisGroup
+from mlperf_tf.parallel.pipeline import Schedule
+
+
+class PipelineStep:
+    """Runs one step's micro-batches through this replica's pipeline stage.
+
+    Made once per run, before any replica context (it finds its group on the ambient mesh).
+
+    Args:
+      benchmark: supplies `pipeline_stage(model, stage, stages)`.
+      model: the Keras model.
+      optimizer: the run's optimizer (its `scale_loss`).
+      micro_batches: the accumulated batches of one step; each is cut into
+        `per_replica_batch_size / pipeline_micro_batch` micro-batches of the schedule.
+      schedule: "gpipe" or "1f1b".
+      loss_scale: the runner's factor on each loss before its gradient (`group_loss_scale`).
+      mesh: the run's mesh (None: the ambient one).
+      timeout_s: the least timeout of the exchanges (0: the replica context's).
+    """
+
+    def __init__(self, *, benchmark, model, optimizer, micro_batches: int,
+                 schedule: str = "1f1b", loss_scale: float = 1.0, mesh=None,
+                 timeout_s: float = 0.0):  # fmt: skip
+        self.benchmark = benchmark
+        self.model = model
+        self.optimizer = optimizer
+        self.loss_scale = loss_scale
+        self.group = AxisGroup("pipeline", owner="pipeline", mesh=mesh, timeout_s=timeout_s)
+        # Each accumulated batch in pieces of `--micro_batch_size` (1: the batch whole).
+        self.micro_batch = benchmark.pipeline_micro_batch
+        self.pieces = benchmark.per_replica_batch_size // self.micro_batch
+        self.schedule = Schedule.build(
+            schedule, stages=self.group.size, micro_batches=micro_batches * self.pieces
+        )
+
+    def _scaled(self, loss):
+        loss = loss * self.loss_scale if self.loss_scale != 1.0 else loss
+        return self.optimizer.scale_loss(loss)
+
+    def __call__(self, micro_batches):
+        """(loss summed over micro-batches, gradients summed over them, metrics summed over
+        them) of this replica (replica context). The loss and metrics are the whole model's
+        on every stage; the gradients are zero outside this stage's variables.
+        """
+        micro_batches = [
+            tf.nest.map_structure(lambda t, i=i: t[i * self.micro_batch : (i + 1) * self.micro_batch], b)
+            for b in micro_batches
+            for i in range(self.pieces)
+        ] if self.pieces > 1 else list(micro_batches)  # fmt: skip
+        stages = self.schedule.stages
+        stage = self.group.rank()
+        last = stage == stages - 1
+        part = self.benchmark.pipeline_stage(self.model, stage, stages)
+        variables = self.model.trainable_variables
+        sources = list(variables)
+        grads = [None] * len(variables)
+        total_loss = tf.constant(0.0, tf.float32)
+        total_metrics: dict[str, tf.Tensor] = {}
+        shape, dtype = part.activation_shape(micro_batches[0]), part.activation_dtype
+        inputs = {}  # micro-batch -> this stage's input (received)
+        output_grads = {}  # micro-batch -> the gradient of this stage's output (received)
+        pending = {}  # micro-batch -> (tape, input, output, aux loss): in flight
+        for row in self.schedule.ticks:
+            action = row[stage]
+            send_forward = send_backward = None
+            if action is not None and action.kind == "F":
+                m = action.micro
+                batch = micro_batches[m]
+                x = inputs.pop(m, None)
+                with tf.GradientTape(watch_accessed_variables=True) as tape:
+                    if x is not None:
+                        tape.watch(x)
+                    if last:
+                        loss, metrics = part.loss(batch, x)
+                        out, aux = self._scaled(loss), None
+                        total_loss += tf.cast(loss, tf.float32)
+                    else:
+                        out, aux, metrics = part.forward(batch, x)
+                        aux = None if aux is None else self._scaled(aux)
+                        send_forward = out
+                    for name, value in metrics.items():
+                        value = tf.cast(value, tf.float32)
+                        total_metrics[name] = total_metrics.get(name, 0.0) + value
+                pending[m] = (tape, x, out, aux)
+            elif action is not None:
+                tape, x, out, aux = pending.pop(action.micro)
+                if last:
+                    targets, seeds = out, None
+                else:
+                    targets, seeds = [out], [output_grads.pop(action.micro)]
+                    if aux is not None:
+                        targets.append(aux)
+                        seeds.append(tf.ones_like(aux))
+                with_input = sources + ([x] if x is not None else [])
+                got = tape.gradient(targets, with_input, output_gradients=seeds)
+                for i, g in enumerate(got[: len(sources)]):
+                    if g is not None:
+                        g = tf.convert_to_tensor(g)  # dense: equal types on every stage
+                        grads[i] = g if grads[i] is None else grads[i] + g
+                if x is not None:
+                    send_backward = got[-1]
+            self._exchange(row, stage, send_forward, send_backward, shape, dtype,
+                           inputs, output_grads)  # fmt: skip
+        grads = [tf.zeros_like(v) if g is None else g for g, v in zip(grads, variables)]
+        # Every stage reports the step's loss and the whole model's metrics (the runner
+        # averages them over replicas): the last stage's loss and each stage's part of the
+        # metrics, combined over the group (a few scalars and small tables).
+        total_loss = self.group.all_reduce(total_loss, what="loss")
+        for name in sorted(total_metrics):
+            value = total_metrics[name]
+            if name in part.metric_max:
+                total_metrics[name] = self.group.max(value)
+            else:
+                total_metrics[name] = self.group.all_reduce(value, what=f"metric/{name}")
+        return total_loss, grads, total_metrics
+
+    def _exchange(self, row, stage, send_forward, send_backward, shape, dtype,
+                  inputs, output_grads):  # fmt: skip
+        """The tick's one all-to-all over the group, if any stage sends (same on every member)."""
+        stages = len(row)
+        forward = [s < stages - 1 and a is not None and a.kind == "F" for s, a in enumerate(row)]
+        backward = [s > 0 and a is not None and a.kind == "B" for s, a in enumerate(row)]
+        if not any(forward) and not any(backward):
+            return
+        zeros = tf.zeros(shape, dtype)
+        rows = [zeros] * stages  # [P] x [micro batch, seq, hidden]: row j goes to stage j
+        if send_forward is not None:
+            rows[stage + 1] = tf.cast(send_forward, dtype)
+        if send_backward is not None:
+            rows[stage - 1] = tf.cast(send_backward, dtype)
+        received = self.group.all_to_all(tf.stack(rows), what="exchange")  # row i from stage i
+        if stage > 0 and forward[stage - 1]:
+            inputs[row[stage - 1].micro] = tf.stop_gradient(received[stage - 1])
+        if stage < stages - 1 and backward[stage + 1]:
+            output_grads[row[stage + 1].micro] = tf.stop_gradient(received[stage + 1])
