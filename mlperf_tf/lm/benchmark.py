@@ -15,6 +15,13 @@ from mlperf_tf.layers import moe
 from mlperf_tf.lm import loss as loss_lib
 from mlperf_tf.lm.decoder import DecoderModel, build_decoder
 from mlperf_tf.parallel.context import use_mesh
+from mlperf_tf.parallel.memory import (
+    ChipLayout,
+    ChipMemory,
+    candidate_layouts,
+    decoder_memory,
+    memory_table,
+)
 from mlperf_tf.parallel.pipeline import stage_bounds, sum_over_stages
 
 
@@ -66,6 +73,46 @@ class LanguageModelBenchmark(Benchmark):
     def training_flops_per_sample(self) -> float:
         """Training FLOPs of one sequence, analytic (`DecoderConfig.training_flops`)."""
         return self.config.model.training_flops(self.sequence_length())
+
+    # ---- memory ------------------------------------------------------------------------------
+    def memory_bytes(self) -> dict[str, float]:
+        """`mlperf_tf.parallel.memory.decoder_memory`'s byte sizes where this benchmark differs
+        from its defaults (a LoRA run's frozen base and trainable count)."""
+        return {}
+
+    def memory_per_chip(self, layout: ChipLayout, *, schedule: str = "1f1b",
+                        micro_batch: int = 1) -> ChipMemory:  # fmt: skip
+        """Bytes a chip holds to train this config under `layout` (`decoder_memory`): one
+        sequence per micro-batch (Megatron's LLM default), the global batch's micro-batches
+        on each data group of `layout`."""
+        per_group = self.config.global_batch_size // (micro_batch * layout.data)
+        return decoder_memory(
+            self.config.model, seq=self.sequence_length(), micro_batch=micro_batch,
+            micro_batches=max(1, per_group), layout=layout, schedule=schedule,
+            **self.memory_bytes(),
+        )  # fmt: skip
+
+    def memory_layouts(self) -> list[ChipLayout]:
+        """The layouts a user would try, fewest chips first, on the axes this benchmark
+        supports and the sizes its model divides by."""
+        m = self.config.model
+        axes = self.parallel_axes
+        out = []
+        for layout in candidate_layouts(moe=m.moe.enabled, num_experts=m.moe.num_experts):
+            if layout.pipeline > 1 and (
+                "pipeline" not in axes or m.num_hidden_layers % layout.pipeline
+            ):
+                continue
+            if layout.expert > 1 and "expert" not in axes:
+                continue
+            if layout.tensor > 1 and ("model" not in axes or m.num_key_value_heads % layout.tensor):
+                continue
+            out.append(layout)
+        return out
+
+    def memory_table(self) -> str:
+        """The README's table: per chip size (`memory.CHIP_GB`), the first layout that fits."""
+        return memory_table(self.memory_per_chip, self.memory_layouts())
 
     # ---- building ----------------------------------------------------------------------------
     def moe_group_size(self) -> int | None:
