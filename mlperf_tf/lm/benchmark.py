@@ -22,7 +22,7 @@ from mlperf_tf.parallel.memory import (
     decoder_memory,
     memory_table,
 )
-from mlperf_tf.parallel.pipeline import stage_bounds, sum_over_stages
+from mlperf_tf.parallel.pipeline import stage_bounds
 
 
 class LanguageModelBenchmark(Benchmark):
@@ -130,17 +130,11 @@ class LanguageModelBenchmark(Benchmark):
         """The decoder of `config.model` (under the strategy scope, dtype policy set), built
         under this benchmark's mesh: the runner has made it ambient already; tests and tools
         that build a benchmark directly get it here."""
-        pipelined = self.mesh is not None and self.mesh.pipeline > 1
-        if pipelined:  # P must divide the layers: one line, before any weight is made
-            stage_bounds(self.config.model.num_hidden_layers, self.mesh.pipeline)
         with use_mesh(self.mesh):
-            model = build_decoder(
+            return build_decoder(
                 self.config.model, moe_group_size=self.moe_group_size(),
                 collective_timeout_s=self.context.collective_timeout_s, name=self.model_name,
             )  # fmt: skip
-        if pipelined:
-            sum_over_stages(model.trainable_variables, self.mesh)
-        return model
 
     def pipeline_stage(self, model: DecoderModel, stage: int, stages: int) -> DecoderStage:
         """Stage `stage` of `stages` of `model` for the pipeline schedule

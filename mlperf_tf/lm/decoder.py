@@ -29,6 +29,7 @@ from mlperf_tf.lm.layers import Linear, RMSNorm, tied_logits
 from mlperf_tf.lm.rope import RotaryEmbedding
 from mlperf_tf.parallel.context import current_mesh
 from mlperf_tf.parallel.layout import check_divides
+from mlperf_tf.parallel.pipeline import stage_bounds, sum_over_stages
 
 
 class DecoderBlock(keras.layers.Layer):
@@ -92,7 +93,7 @@ class DecoderModel(keras.Model):
 
     Raises:
       UserError: the ambient mesh's `model` axis does not divide the heads, the feed-forward
-        width or the vocabulary.
+        width or the vocabulary, or its `pipeline` axis the layers.
     """
 
     def __init__(self, config: DecoderConfig, *, moe_group_size: int | None = None,
@@ -101,6 +102,8 @@ class DecoderModel(keras.Model):
         self.config = config
         c = config
         mesh = current_mesh()
+        if mesh is not None and mesh.pipeline > 1:  # one line, before any weight is made
+            stage_bounds(c.num_hidden_layers, mesh.pipeline)
         if mesh is not None:
             check_divides(
                 mesh, **{"model.num_attention_heads": c.num_attention_heads,
@@ -212,4 +215,6 @@ def build_decoder(config: DecoderConfig, *, moe_group_size: int | None = None,
         name=name,
     )  # fmt: skip
     model.build((None, None))
+    # Pipeline stages: each computes its layers' gradients only, summed over the axis.
+    sum_over_stages(model.trainable_variables, current_mesh())
     return model

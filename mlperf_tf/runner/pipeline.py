@@ -64,11 +64,21 @@ class PipelineStep:
         self.loss_scale = loss_scale
         self.group = AxisGroup("pipeline", owner="pipeline", mesh=mesh, timeout_s=timeout_s)
         # Each accumulated batch in pieces of `--micro_batch_size` (1: the batch whole).
+        self.timed = False  # set before the first trace (`metric_shapes`)
         self.micro_batch = benchmark.pipeline_micro_batch
         self.pieces = benchmark.per_replica_batch_size // self.micro_batch
         self.schedule = Schedule.build(
             schedule, stages=self.group.size, micro_batches=micro_batches * self.pieces
         )
+
+    # With `timed`, each replica also returns the seconds its stage computed (`busy`) and the
+    # seconds from its first action to its last exchange (`span`): the bubble it measured is
+    # 1 - busy / span (`mlperf-tf bench`). Two `tf.timestamp`s per action; not under XLA.
+    TIMING_METRICS = {"pipeline/busy_s": (), "pipeline/span_s": ()}
+
+    def metric_shapes(self) -> dict[str, tuple[int, ...]]:
+        """The metrics this step adds to the benchmark's (`TIMING_METRICS` when `timed`)."""
+        return dict(self.TIMING_METRICS) if self.timed else {}
 
     def _scaled(self, loss):
         loss = loss * self.loss_scale if self.loss_scale != 1.0 else loss
@@ -97,9 +107,15 @@ class PipelineStep:
         inputs = {}  # micro-batch -> this stage's input (received)
         output_grads = {}  # micro-batch -> the gradient of this stage's output (received)
         pending = {}  # micro-batch -> (tape, input, output, aux loss): in flight
+        busy, started = tf.constant(0.0, tf.float64), None
         for row in self.schedule.ticks:
             action = row[stage]
             send_forward = send_backward = None
+            if self.timed and action is not None:
+                ready = inputs.get(action.micro) if action.kind == "F" else None
+                with tf.control_dependencies([] if ready is None else [ready]):
+                    begin = tf.timestamp()
+                started = begin if started is None else started
             if action is not None and action.kind == "F":
                 m = action.micro
                 batch = micro_batches[m]
@@ -136,15 +152,27 @@ class PipelineStep:
                         grads[i] = g if grads[i] is None else grads[i] + g
                 if x is not None:
                     send_backward = got[-1]
+            if self.timed and action is not None:
+                done = [t for t in (send_forward, send_backward) if t is not None]
+                done = done or [g for g in grads if g is not None] or [total_loss]
+                with tf.control_dependencies(done):
+                    busy += tf.timestamp() - begin
             self._exchange(row, stage, send_forward, send_backward, shape, dtype,
                            inputs, output_grads)  # fmt: skip
         grads = [tf.zeros_like(v) if g is None else g for g, v in zip(grads, variables)]
+        if self.timed:
+            with tf.control_dependencies(grads):
+                span = tf.timestamp() - started
+            total_metrics["pipeline/busy_s"] = tf.cast(busy, tf.float32)
+            total_metrics["pipeline/span_s"] = tf.cast(span, tf.float32)
         # Every stage reports the step's loss and the whole model's metrics (the runner
         # averages them over replicas): the last stage's loss and each stage's part of the
         # metrics, combined over the group (a few scalars and small tables).
         total_loss = self.group.all_reduce(total_loss, what="loss")
         for name in sorted(total_metrics):
             value = total_metrics[name]
+            if name in self.TIMING_METRICS:  # this replica's own: averaged by the runner
+                continue
             if name in part.metric_max:
                 total_metrics[name] = self.group.max(value)
             else:

@@ -223,6 +223,8 @@ class Trainer:
         loss_sum = tf.constant(0.0, tf.float32)
         done = tf.constant(0, tf.int32)
         shapes = self.benchmark.train_metric_shapes()
+        if self.pipeline is not None:
+            shapes = {**shapes, **self.pipeline.metric_shapes()}
         metric_sums = {name: tf.zeros(shape, tf.float32) for name, shape in shapes.items()}
         waited = tf.constant(0.0, tf.float64)
         for _ in tf.range(num_steps):
