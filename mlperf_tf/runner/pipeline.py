@@ -112,14 +112,22 @@ class PipelineStep:
             action = row[stage]
             send_forward = send_backward = None
             if self.timed and action is not None:
-                ready = inputs.get(action.micro) if action.kind == "F" else None
+                # It starts when its input is there: the forward's activations or the
+                # backward's gradient from the neighbouring stage (the wait is the bubble).
+                waits_on = inputs if action.kind == "F" else output_grads
+                ready = waits_on.get(action.micro)
                 with tf.control_dependencies([] if ready is None else [ready]):
                     begin = tf.timestamp()
                 started = begin if started is None else started
+            gate = _after(begin) if self.timed and action is not None else (lambda t: t)
             if action is not None and action.kind == "F":
                 m = action.micro
                 batch = micro_batches[m]
                 x = inputs.pop(m, None)
+                if x is None:  # the first stage: its work starts with the batch
+                    batch = tf.nest.map_structure(gate, batch)
+                else:
+                    x = gate(x)
                 with tf.GradientTape(watch_accessed_variables=True) as tape:
                     if x is not None:
                         tape.watch(x)
@@ -138,9 +146,9 @@ class PipelineStep:
             elif action is not None:
                 tape, x, out, aux = pending.pop(action.micro)
                 if last:
-                    targets, seeds = out, None
+                    targets, seeds = [out], [gate(tf.ones_like(out))]
                 else:
-                    targets, seeds = [out], [output_grads.pop(action.micro)]
+                    targets, seeds = [out], [gate(output_grads.pop(action.micro))]
                     if aux is not None:
                         targets.append(aux)
                         seeds.append(tf.ones_like(aux))
@@ -198,3 +206,13 @@ class PipelineStep:
             inputs[row[stage - 1].micro] = tf.stop_gradient(received[stage - 1])
         if stage < stages - 1 and backward[stage + 1]:
             output_grads[row[stage + 1].micro] = tf.stop_gradient(received[stage + 1])
+
+
+def _after(begin):
+    """t -> t, computed after `begin` (a timestamp): the stage's work cannot start before it."""
+
+    def gate(t):
+        with tf.control_dependencies([begin]):
+            return tf.identity(t)
+
+    return gate

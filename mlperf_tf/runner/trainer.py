@@ -14,7 +14,7 @@ import contextlib
 import tensorflow as tf
 
 from mlperf_tf.benchmark import Benchmark
-from mlperf_tf.collectives.ops import replica_collectives
+from mlperf_tf.collectives.ops import loop_function, replica_collectives
 from mlperf_tf.errors import UserError
 from mlperf_tf.parallel.mesh import DeviceMesh
 from mlperf_tf.runner.pipeline import PipelineStep
@@ -157,7 +157,11 @@ class Trainer:
         total_grads = None
         total_metrics = {}
         if self.pipeline is not None:  # all micro-batches through the stages, one schedule
-            total_loss, total_grads, total_metrics = self._pipeline(micro_batches)
+            # Timed, the schedule is a function of its own per replica (`loop_function`): its
+            # timestamps, stateful ops without a resource, would otherwise be chained across
+            # the replicas in program order and wait on each other's exchanges (a deadlock).
+            run = loop_function(self.pipeline) if self.pipeline.timed else self._pipeline
+            total_loss, total_grads, total_metrics = run(micro_batches)
             micro_batches = ()
         for batch in micro_batches:  # Python loop: the accumulation count is static
             loss, grads, metrics = self._grads(batch)
