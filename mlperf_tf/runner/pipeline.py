@@ -5,7 +5,8 @@ Each member of a `pipeline` group of the ambient mesh is one stage (`Benchmark.p
 a run of consecutive layers, the embedding on the first, the head and the loss on the last).
 The step's micro-batches (the gradient-accumulation count) run through the stages in the tick
 table of `mlperf_tf.parallel.pipeline.Schedule`, unrolled at trace time: static shapes, one
-`tf.function` (with `--xla`, one XLA computation per replica).
+`tf.function` (with `--xla`, each stage's forward pass and its gradient compiled; the
+exchanges between them stay outside XLA, which has no collectives on CPUs).
 
 Per tick, on every member of the group, in the same order (so the collectives match):
 
@@ -53,11 +54,14 @@ class PipelineStep:
       loss_scale: the runner's factor on each loss before its gradient (`group_loss_scale`).
       mesh: the run's mesh (None: the ambient one).
       timeout_s: the least timeout of the exchanges (0: the replica context's).
+      xla: compile each stage's forward pass (and so its gradient) with XLA. The exchanges
+        stay outside: XLA has no collectives on CPUs (`mlperf_tf/layers/README.md`), and the
+        runner's other collectives are outside its compiled functions alike.
     """
 
     def __init__(self, *, benchmark, model, optimizer, micro_batches: int,
                  schedule: str = "1f1b", loss_scale: float = 1.0, mesh=None,
-                 timeout_s: float = 0.0):  # fmt: skip
+                 timeout_s: float = 0.0, xla: bool = False):  # fmt: skip
         self.benchmark = benchmark
         self.model = model
         self.optimizer = optimizer
@@ -65,6 +69,7 @@ class PipelineStep:
         self.group = AxisGroup("pipeline", owner="pipeline", mesh=mesh, timeout_s=timeout_s)
         # Each accumulated batch in pieces of `--micro_batch_size` (1: the batch whole).
         self.timed = False  # set before the first trace (`metric_shapes`)
+        self.xla = xla
         self.micro_batch = benchmark.pipeline_micro_batch
         self.pieces = benchmark.per_replica_batch_size // self.micro_batch
         self.schedule = Schedule.build(
@@ -98,6 +103,10 @@ class PipelineStep:
         stage = self.group.rank()
         last = stage == stages - 1
         part = self.benchmark.pipeline_stage(self.model, stage, stages)
+        forward, loss_of = part.forward, part.loss
+        if self.xla:  # traced for this replica: its stage's layers
+            forward = tf.function(forward, jit_compile=True, autograph=False)
+            loss_of = tf.function(loss_of, jit_compile=True, autograph=False)
         variables = self.model.trainable_variables
         sources = list(variables)
         grads = [None] * len(variables)
@@ -132,11 +141,11 @@ class PipelineStep:
                     if x is not None:
                         tape.watch(x)
                     if last:
-                        loss, metrics = part.loss(batch, x)
+                        loss, metrics = loss_of(batch, x)
                         out, aux = self._scaled(loss), None
                         total_loss += tf.cast(loss, tf.float32)
                     else:
-                        out, aux, metrics = part.forward(batch, x)
+                        out, aux, metrics = forward(batch, x)
                         aux = None if aux is None else self._scaled(aux)
                         send_forward = out
                     for name, value in metrics.items():

@@ -36,11 +36,13 @@ def bind_collective_timeout(benchmark: Benchmark) -> None:
     The model axis's all-reduces (`mlperf_tf.layers.tensor_parallel.ModelAxis`) are those of the
     replica context (`collectives.ops.replica_collectives`), which wait at most the largest
     timeout asked for there: asked here first, before the step's first collective, the run's
-    bound reaches every layer without each model passing it down. Nothing without model
-    parallelism (expert-parallel layers get it from their config, `RunContext`).
+    bound reaches every layer without each model passing it down; made here, in the replica
+    step's graph, the replica's ordering token is also captured (not made) by a compiled
+    (`--xla`) stage schedule. Nothing without model or pipeline parallelism (expert-parallel
+    layers get it from their config, `RunContext`).
     """
     mesh = benchmark.mesh
-    if mesh.model > 1:
+    if mesh.model > 1 or mesh.pipeline > 1:
         replica_collectives(
             num_replicas=mesh.size, timeout_s=benchmark.context.collective_timeout_s
         )
@@ -105,9 +107,8 @@ class Trainer:
                 benchmark=benchmark, model=model, optimizer=optimizer,
                 micro_batches=self.accumulation, schedule=pipeline_schedule,
                 loss_scale=self.loss_scale, mesh=benchmark.mesh,
-                timeout_s=benchmark.context.collective_timeout_s,
+                timeout_s=benchmark.context.collective_timeout_s, xla=xla,
             )  # fmt: skip
-            self._pipeline = replica_function(self.pipeline, xla=xla)
         # Set by the controller before the first loop (see `mlperf_tf.preemption.StopRequest`).
         self.stop_request = None
         # Set by the controller when --all_reduce/--pack_mb/--weight_update_sharding ask for
@@ -160,7 +161,7 @@ class Trainer:
             # Timed, the schedule is a function of its own per replica (`loop_function`): its
             # timestamps, stateful ops without a resource, would otherwise be chained across
             # the replicas in program order and wait on each other's exchanges (a deadlock).
-            run = loop_function(self.pipeline) if self.pipeline.timed else self._pipeline
+            run = loop_function(self.pipeline) if self.pipeline.timed else self.pipeline
             total_loss, total_grads, total_metrics = run(micro_batches)
             micro_batches = ()
         for batch in micro_batches:  # Python loop: the accumulation count is static

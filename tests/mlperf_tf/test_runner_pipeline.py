@@ -102,3 +102,15 @@ def test_p_not_dividing_the_layers_is_one_line():
     with pytest.raises(UserError, match=r"--pipeline_parallel=3 must divide") as error:
         bench.build_model()
     assert "\n" not in str(error.value)
+
+
+@pytest.mark.slow
+def test_xla_compiles_the_stages():
+    """With --xla each stage's forward pass and gradient are compiled (the exchanges stay
+    outside: XLA has no collectives on CPUs): P2 on 2 devices against one device without XLA
+    (measured: 2.5e-7, XLA's fused float32 arithmetic)."""
+    bench = _llama()
+    ref = pipeline_runs.train(bench, num_devices=1, summer=True, clip_norm=1.0)
+    got = pipeline_runs.train(bench, num_devices=2, pipeline=2, summer=True, clip_norm=1.0,
+                              xla=True)  # fmt: skip
+    _assert_same(got, ref)
