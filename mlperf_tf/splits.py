@@ -91,12 +91,7 @@ def data_groups(num_replicas: int, run_config) -> int:
     """
     from mlperf_tf.parallel import mesh as parallel_mesh
 
-    mesh = parallel_mesh.build_mesh(
-        num_replicas,
-        model_parallel=run_config.model_parallel,
-        expert_parallel=run_config.expert_parallel,
-        spatial_partition=run_config.spatial_partition,
-    )
+    mesh = parallel_mesh.build_mesh(num_replicas, **run_config.mesh_flags())
     return mesh.batch_shards
 
 

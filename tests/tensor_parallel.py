@@ -76,14 +76,19 @@ def _whole_grads(per_replica, variables, mesh):
 def train(benchmark, *, num_devices: int, model_parallel: int, optimizer: str,
           steps: int = STEPS, all_reduce: str = "ring", weight_update_sharding: bool = False,
           clip_norm: float | None = None, save_to: str = "", restore_from: str = "",
-          expert_parallel: int = 1, pack_mb: float = 0.0) -> Result:  # fmt: skip
+          expert_parallel: int = 1, pack_mb: float = 0.0,
+          context_parallel: int = 1) -> Result:  # fmt: skip
     """`steps` steps of `benchmark` (a Benchmark of a smoke config, dropout off) on
-    `num_devices` logical CPUs split as `expert_parallel` x `model_parallel` (the rest: data);
+    `num_devices` logical CPUs split as `expert_parallel` x `context_parallel` x
+    `model_parallel` (the rest: data);
     optionally restored from a checkpoint (`restore_from`, before the steps) and saved
     (`save_to`, after them), as the runner's checkpoint holds them
     (`tf.train.Checkpoint(model=..., optimizer=...)`). Every collective waits at most 60 s."""
     strategy = strategies.mirrored(num_devices)
-    mesh = build_mesh(num_devices, model_parallel=model_parallel, expert_parallel=expert_parallel)
+    mesh = build_mesh(
+        num_devices, model_parallel=model_parallel, expert_parallel=expert_parallel,
+        context_parallel=context_parallel,
+    )  # fmt: skip
     context = RunContext(num_replicas=num_devices, seed=1, mesh=mesh, collective_timeout_s=60.0)
     benchmark = benchmark.with_context(context)
     keras.utils.set_random_seed(1)
@@ -98,6 +103,7 @@ def train(benchmark, *, num_devices: int, model_parallel: int, optimizer: str,
     # unsplit runs.
     shards = {layout_lib.layout_of(v).num_shards(mesh) for v in variables}
     assert max(shards) == max(model_parallel, expert_parallel), shards
+    assert mesh.context == context_parallel
     with strategy.scope():
         opt.build([] if summer.sharded else variables)
         summer.build(opt, variables)
@@ -119,7 +125,7 @@ def train(benchmark, *, num_devices: int, model_parallel: int, optimizer: str,
     @tf.function
     def step(iterator):
         loss, grads = strategy.run(replica_step, args=(next(iterator),))
-        total = strategy.reduce("sum", loss, axis=None) / mesh.group_size
+        total = strategy.reduce("sum", loss, axis=None) / mesh.loss_copies
         return total, grads
 
     losses, first_grads, agree = [], None, True
@@ -161,21 +167,21 @@ def assert_same_run(got: Result, ref: Result, *, rtol: float = 1e-5) -> None:
 
 def assert_split_equals_unsplit(
     benchmark, *, num_devices: int, model_parallel: int, expert_parallel: int = 1,
-    rtol: float = 1e-5, **train_args,
+    rtol: float = 1e-5, context_parallel: int = 1, **train_args,
 ) -> Result:  # fmt: skip
     """Trains `benchmark` split on `num_devices` logical CPUs (`expert_parallel` x
-    `model_parallel`, the rest data) and unsplit on the same `num_devices // model_parallel`
-    batch shards; asserts the two runs are the same (`assert_same_run`) and returns the split
+    `context_parallel` x `model_parallel`, the rest data) and unsplit on the same
+    `num_devices // (model_parallel x context_parallel)` batch shards; asserts the two runs are the same (`assert_same_run`) and returns the split
     one. `train_args` (optimizer, steps, ...) go to both runs.
 
     The exactness test every split model shares: a layout may change where the work runs, never
     what the model computes.
     """
-    shards = num_devices // model_parallel
+    shards = num_devices // (model_parallel * context_parallel)
     ref = train(benchmark, num_devices=shards, model_parallel=1, **train_args)
     got = train(
         benchmark, num_devices=num_devices, model_parallel=model_parallel,
-        expert_parallel=expert_parallel, **train_args,
+        expert_parallel=expert_parallel, context_parallel=context_parallel, **train_args,
     )  # fmt: skip
     assert_same_run(got, ref, rtol=rtol)
     return got

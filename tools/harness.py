@@ -199,15 +199,19 @@ class RunnerParts:
 
 def runner_parts(
     strategy, benchmark, *, xla: bool = False, build_optimizer=None, adjust_model=None,
-    dataset_fn=None,
+    dataset_fn=None, summer=None,
 ) -> RunnerParts:  # fmt: skip
     """Builds, in `strategy`'s scope, the benchmark's model (`adjust_model(model)` before the
     first trace) and optimizer (`build_optimizer(benchmark)` instead of the benchmark's), with
     its slots (a custom loop under MirroredStrategy fails at its first step without them), and
-    the runner's `Trainer` over `dataset_fn` (default the benchmark's train data)."""
-    from mlperf_tf.runner import Trainer  # noqa: PLC0415 - the harness runs without TF
+    the runner's `Trainer` over `dataset_fn` (default the benchmark's train data). On a mesh
+    (`summer`: the runner's `GradientSummer` of `benchmark.mesh`) the model is built under the
+    ambient mesh and the Trainer sums each gradient over its layout's axes, as `mlperf-tf run`
+    does; pass `dataset_fn=parallel.input.for_mesh(...)` to route the batches."""
+    from mlperf_tf.parallel.context import use_mesh  # noqa: PLC0415 - the harness runs without TF
+    from mlperf_tf.runner import Trainer  # noqa: PLC0415
 
-    with strategy.scope():
+    with strategy.scope(), use_mesh(benchmark.mesh if summer is not None else None):
         model = benchmark.build_model()
         if adjust_model is not None:
             adjust_model(model)
@@ -216,9 +220,12 @@ def runner_parts(
         else:
             optimizer = build_optimizer(benchmark)
         optimizer.build(model.trainable_variables)
+        if summer is not None:
+            summer.build(optimizer, model.trainable_variables)
     trainer = Trainer(
         strategy=strategy, benchmark=benchmark, model=model, optimizer=optimizer, xla=xla
     )
+    trainer.summer = summer
     datasets = strategy.distribute_datasets_from_function(dataset_fn or benchmark.train_dataset)
     return RunnerParts(model, optimizer, trainer, iter(datasets))
 

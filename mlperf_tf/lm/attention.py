@@ -14,6 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from mlperf_tf.errors import UserError
+from mlperf_tf.layers.context_parallel import ContextAxis
 from mlperf_tf.layers.tensor_parallel import ModelAxis
 from mlperf_tf.lm.layers import Linear, RMSNorm
 from mlperf_tf.lm.rope import apply_rope
@@ -147,6 +148,11 @@ class Attention(keras.layers.Layer):
     keeps the one key/value head its query heads share. A fused projection is column-parallel
     and needs M to divide kv_heads. The norms' scales are replicated.
 
+    Context parallelism (the ambient mesh's `context` axis, C members): each member holds 2 of
+    every sequence's 2C chunks (`mlperf_tf.layers.context_parallel`); its queries attend to the
+    keys and values of the whole sequence, gathered over the axis after RoPE (k and v in one
+    all-gather), masked by the tokens' true positions. The window and the sinks apply alike.
+
     Args:
       hidden_size: the model width (the output's).
       num_heads, num_kv_heads, head_dim: the heads.
@@ -175,6 +181,7 @@ class Attention(keras.layers.Layer):
         self.sliding_window = int(sliding_window)
         self.use_sinks = sinks
         self.axis = ModelAxis(None, self)
+        self.context = ContextAxis(self)
         m = self.axis.size
         if num_heads % m:
             raise UserError(f"--model_parallel={m} must divide the query heads ({num_heads})")
@@ -281,6 +288,15 @@ class Attention(keras.layers.Layer):
         # i - j < W: band_part keeps at most W - 1 subdiagonals.
         return tf.linalg.band_part(causal, self.sliding_window - 1, 0)
 
+    def mask_at(self, query_positions, key_positions):
+        """bool [queries, keys] from true positions (NumPy int [queries], [keys]): key j is
+        visible to query i when 0 <= p_i - p_j (< W with a window); `mask` for 0..seq-1."""
+        distance = query_positions[:, None] - key_positions[None, :]
+        visible = distance >= 0
+        if self.sliding_window:
+            visible &= distance < self.sliding_window
+        return tf.constant(visible)
+
     def call(self, x, cos, sin):
         """x [batch, seq, hidden]; cos, sin [seq, head_dim] -> [batch, seq, hidden]."""
         kv, d = self.local_kv, self.head_dim
@@ -294,10 +310,20 @@ class Attention(keras.layers.Layer):
         k = apply_rope(k, cos, sin)
         q = tf.transpose(q, [0, 2, 3, 1, 4])  # [batch, kv, group, seq, d]
         q = q * tf.cast(1.0 / math.sqrt(d), q.dtype)
-        k = tf.transpose(k, [0, 2, 1, 3])  # [batch, kv, seq, d]
-        v = tf.transpose(v, [0, 2, 1, 3])  # [batch, kv, seq, d]
+        if self.context.size > 1:
+            # This member's chunks attend to the whole sequence: k and v of every member, one
+            # gather of [2, batch, seq, kv, d] -> [2, batch, C seq, kv, d].
+            length = x.shape[1]
+            k, v = tf.unstack(self.context.gather_sequence(tf.stack([k, v]), axis=2))
+            mask = self.mask_at(
+                self.context.positions(length), self.context.key_positions(length)
+            )  # [seq, C seq]
+        else:
+            mask = self.mask(seq)
+        k = tf.transpose(k, [0, 2, 1, 3])  # [batch, kv, keys, d]
+        v = tf.transpose(v, [0, 2, 1, 3])  # [batch, kv, keys, d]
         sinks = tf.reshape(self.sinks, [kv, group]) if self.use_sinks else None
-        out = attend(q, k, v, mask=self.mask(seq), sinks=sinks)  # [batch, kv, group, seq, d]
+        out = attend(q, k, v, mask=mask, sinks=sinks)  # [batch, kv, group, seq, d]
         out = tf.transpose(out, [0, 3, 1, 2, 4])  # [batch, seq, kv, group, d]
         out = tf.reshape(out, [batch, seq, self.local_heads * d])
         return self.o_proj(out)

@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from mlperf_tf.benchmark import Benchmark
 from mlperf_tf.layers import moe
+from mlperf_tf.layers.context_parallel import ContextAxis, check_sequence
 from mlperf_tf.lm import loss as loss_lib
 from mlperf_tf.lm.decoder import DecoderModel, build_decoder
 from mlperf_tf.parallel.context import use_mesh
@@ -39,7 +40,16 @@ class LanguageModelBenchmark(Benchmark):
         `eod_mask_loss`), or None.
 
     Hooks: `loss_weights(batch)` (the per-position weights), `sequence_length()`.
+
+    Context parallelism (`--context_parallel=C`): every member of a context group receives the
+    group's batch and keeps its 2 of each sequence's 2C chunks (`split_sequences`, in the step:
+    token ids are 4 bytes a token, nothing beside the activations); the model attends over the
+    gathered keys at true positions; each member's loss is its tokens' share of the whole
+    sequences' weighted mean, and its eval sums are summed over the axis.
     """
+
+    # The [batch, seq] tensors of a batch that context parallelism splits along the sequence.
+    sequence_keys: ClassVar[tuple[str, ...]] = ("input_ids", "labels", "loss_mask")
 
     model_name: ClassVar[str] = "decoder"
     eod_token: ClassVar[int | None] = None
@@ -48,9 +58,9 @@ class LanguageModelBenchmark(Benchmark):
 
     @property
     def parallel_axes(self) -> tuple[str, ...]:
-        """Data, tensor and pipeline parallelism; expert parallelism too when the config has
-        MoE blocks (a dense config refuses --expert_parallel in one line)."""
-        axes = ("data", "model", "pipeline")
+        """Data, tensor, pipeline and context parallelism; expert parallelism too when the
+        config has MoE blocks (a dense config refuses --expert_parallel in one line)."""
+        axes = ("data", "model", "pipeline", "context")
         return axes + ("expert",) if self.config.model.moe.enabled else axes
 
     # ---- sizes -------------------------------------------------------------------------------
@@ -122,14 +132,20 @@ class LanguageModelBenchmark(Benchmark):
         --expert_parallel); None for a dense model."""
         if not self.config.model.moe.enabled:
             return None
+        tokens = self.sequence_length() // self.mesh.context  # a context member's share
         if self.mesh.pipeline > 1:  # the pipeline's micro-batches go through the layers
-            return self.pipeline_micro_batch * self.sequence_length()
-        return self.per_replica_batch_size * self.sequence_length()
+            return self.pipeline_micro_batch * tokens
+        return self.per_replica_batch_size * tokens
 
     def build_model(self) -> DecoderModel:
         """The decoder of `config.model` (under the strategy scope, dtype policy set), built
         under this benchmark's mesh: the runner has made it ambient already; tests and tools
-        that build a benchmark directly get it here."""
+        that build a benchmark directly get it here.
+
+        Raises:
+          UserError: `--context_parallel` does not cut the sequence into 2C equal chunks.
+        """
+        check_sequence(self.sequence_length(), self.mesh.context)
         with use_mesh(self.mesh):
             return build_decoder(
                 self.config.model, moe_group_size=self.moe_group_size(),
@@ -148,6 +164,18 @@ class LanguageModelBenchmark(Benchmark):
         return DecoderStage(self, model, first, end)
 
     # ---- steps (replica context) -------------------------------------------------------------
+    def context_axis(self) -> ContextAxis:
+        """The mesh's `context` axis as the step's loss and batch split see it."""
+        return ContextAxis("lm_batch", mesh=self.mesh, timeout_s=self.context.collective_timeout_s)
+
+    def split_sequences(self, batch: Any) -> Any:
+        """This replica's tokens of `batch` under context parallelism (its zig-zag chunks of
+        every `sequence_keys` tensor); `batch` itself otherwise."""
+        axis = self.context_axis()
+        if axis.size == 1 or not isinstance(batch, dict):
+            return batch
+        return {k: axis.split(v) if k in self.sequence_keys else v for k, v in batch.items()}
+
     def loss_weights(self, batch: Any) -> tf.Tensor:
         """float32 [batch, seq] weights of each position's loss (`mlperf_tf.lm.loss.loss_weights`:
         ignored labels, `eod_token` inputs, the batch's `loss_mask`)."""
@@ -183,13 +211,18 @@ class LanguageModelBenchmark(Benchmark):
         and NeMo's loss when every window is full). The auxiliary losses are per replica (a
         replica's tokens are one routing group) and scaled alike.
         """
+        context = self.context_axis()
+        batch = self.split_sequences(batch)
         aux = moe.Collector()
         losses = self.token_losses(model, batch, training, aux=aux)
         local_batch = batch["input_ids"].shape[0]
-        loss = loss_lib.weighted_mean(losses, self.loss_weights(batch))
+        weights = self.loss_weights(batch)
+        loss = loss_lib.weighted_mean(losses, weights, context if context.size > 1 else None)
         aux_loss, metrics = moe.summarize(aux)
         if aux.calls:
-            loss += aux_loss
+            # Per routing group (a replica's tokens): under context parallelism the members'
+            # mean, so the group's auxiliary loss counts once.
+            loss += aux_loss / context.size
         return loss * (float(local_batch) / float(self.micro_batch_size)), metrics
 
     def eval_step(self, model: keras.Model, batch: Any) -> dict[str, tf.Tensor]:
@@ -200,13 +233,17 @@ class LanguageModelBenchmark(Benchmark):
         (`moe.whole_experts`, one all-gather per MoE layer) and routes its own
         tokens through them at the eval capacity factor, with no all-to-all.
         """
+        context = self.context_axis()
+        batch = self.split_sequences(batch)
         with moe.whole_experts(model):
             losses = self.token_losses(model, batch, training=False)
         weights = self.loss_weights(batch)
         valid = tf.cast(batch["valid"], tf.float32)
+        # Context parallelism: each member's sums over its chunks, summed over the axis (the
+        # evaluator counts the first replica of each group).
         return {
-            "loss": tf.reduce_sum(losses * weights, axis=1) * valid,
-            "tokens": tf.reduce_sum(weights, axis=1) * valid,
+            "loss": context.total(tf.reduce_sum(losses * weights, axis=1) * valid),
+            "tokens": context.total(tf.reduce_sum(weights, axis=1) * valid),
         }
 
     # ---- host side ---------------------------------------------------------------------------

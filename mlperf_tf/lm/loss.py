@@ -64,8 +64,17 @@ def loss_weights(labels, *, input_ids=None, eod_token: int | None = None, mask=N
     return weights
 
 
-def weighted_mean(losses, weights):
+def weighted_mean(losses, weights, context=None):
     """sum(losses * weights) / sum(weights), 0 when every weight is 0 (a replica whose batch is
-    all prompt): float32 scalar."""
+    all prompt): float32 scalar.
+
+    Args:
+      context: under context parallelism, the model's `ContextAxis`: the replica holds part of
+        each sequence, and the count is the whole sequences' (summed over the axis, no
+        gradient), so the members' means sum to the unsplit mean and their gradients to its.
+    """
     total = tf.reduce_sum(losses * weights)
-    return tf.math.divide_no_nan(total, tf.reduce_sum(weights))
+    count = tf.reduce_sum(weights)
+    if context is not None:
+        count = context.total(count)
+    return tf.math.divide_no_nan(total, count)

@@ -19,6 +19,8 @@ import math
 import numpy as np
 import tensorflow as tf
 
+from mlperf_tf.layers.context_parallel import ContextAxis
+
 
 def llama3_inverse_frequencies(
     inv: np.ndarray,
@@ -91,6 +93,10 @@ def yarn_inverse_frequencies(
 class RotaryEmbedding:
     """The rotary tables of one model (no weights: a plain object the model keeps).
 
+    Under context parallelism (the ambient mesh's `context` axis, made when the model is) a
+    replica holds 2 of each sequence's 2C chunks: `tables` gives the rotations of its tokens'
+    true positions (`ContextAxis.positions`), so the model's blocks need not know of the split.
+
     Args:
       head_dim: the rotated width.
       theta: the base.
@@ -124,6 +130,7 @@ class RotaryEmbedding:
             elif rope_type != "default":
                 raise ValueError(f"rope_type {rope_type!r} must be default, llama3 or yarn")
         self.inverse_frequencies = inv  # float64 [head_dim / 2]
+        self.context = ContextAxis("rotary")
 
     @classmethod
     def from_config(cls, config) -> RotaryEmbedding:
@@ -138,9 +145,16 @@ class RotaryEmbedding:
         )  # fmt: skip
 
     def tables(self, seq) -> tuple[tf.Tensor, tf.Tensor]:
-        """(cos, sin) [seq, head_dim] in float32 for positions 0..seq-1 (times the attention
-        factor: YaRN's temperature)."""
-        positions = tf.cast(tf.range(seq), tf.float32)
+        """(cos, sin) [seq, head_dim] in float32 for positions 0..seq-1, or under context
+        parallelism for this replica's `seq` tokens' true positions (times the attention factor:
+        YaRN's temperature)."""
+        if self.context.size > 1:
+            return self.tables_at(self.context.positions(seq))
+        return self.tables_at(tf.range(seq))
+
+    def tables_at(self, positions) -> tuple[tf.Tensor, tf.Tensor]:
+        """(cos, sin) [n, head_dim] in float32 for the int `positions` [n]."""
+        positions = tf.cast(positions, tf.float32)
         inv = tf.constant(self.inverse_frequencies.astype(np.float32))
         angles = positions[:, None] * inv[None, :]
         angles = tf.concat([angles, angles], axis=-1)

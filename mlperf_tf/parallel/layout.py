@@ -110,7 +110,7 @@ REPLICATED = Layout()
 # experts) split over `expert`; each gradient summed over the replicas that hold the same experts
 # and read other batches or slabs (`data`, `spatial`), never over `expert` (other experts) nor
 # `model` (the shards of a model group compute the same gradient of a weight they replicate).
-EXPERT_SPLIT = Layout(split_axis=0, split_over=("expert",), sum_over=("data", "spatial"))
+EXPERT_SPLIT = Layout(split_axis=0, split_over=("expert",), sum_over=("data", "context", "spatial"))
 
 
 def model_split(axis: int) -> Layout:

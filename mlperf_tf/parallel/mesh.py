@@ -119,6 +119,13 @@ class DeviceMesh:
         """Replicas that read one batch (pipeline x context x spatial x model)."""
         return self.pipeline * self.context * self.spatial * self.model
 
+    @property
+    def loss_copies(self) -> int:
+        """Replicas of a group whose losses are each the batch shard's whole loss (the summed
+        reported loss is divided by it): not the `context` members, whose losses are their
+        tokens' shares and sum to it."""
+        return self.group_size // self.context
+
     def axes_used(self) -> tuple[str, ...]:
         """The axes beyond `data` whose size is more than 1 (what a benchmark must support)."""
         return tuple(axis for axis in AXES[1:] if getattr(self, axis) > 1)

@@ -38,11 +38,11 @@ def bind_collective_timeout(benchmark: Benchmark) -> None:
     timeout asked for there: asked here first, before the step's first collective, the run's
     bound reaches every layer without each model passing it down; made here, in the replica
     step's graph, the replica's ordering token is also captured (not made) by a compiled
-    (`--xla`) stage schedule. Nothing without model or pipeline parallelism (expert-parallel
-    layers get it from their config, `RunContext`).
+    (`--xla`) stage schedule. Nothing without model, context or pipeline parallelism
+    (expert-parallel layers get it from their config, `RunContext`).
     """
     mesh = benchmark.mesh
-    if mesh.model > 1 or mesh.pipeline > 1:
+    if mesh.model > 1 or mesh.context > 1 or mesh.pipeline > 1:
         replica_collectives(
             num_replicas=mesh.size, timeout_s=benchmark.context.collective_timeout_s
         )
@@ -249,9 +249,9 @@ class Trainer:
             )
             # Each replica's loss is its batch shard's share of the global mean, the same on
             # every replica of a group (spatial x model): the sum over replicas counts each
-            # batch once per group member.
+            # batch once per group member (context members hold shares that sum to it).
             loss = self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_loss, axis=None)
-            loss /= self.benchmark.mesh.group_size
+            loss /= self.benchmark.mesh.loss_copies
             loss_sum += tf.cast(loss, tf.float32)
             metric_sums = {
                 name: total

@@ -147,6 +147,11 @@ def test_bad_run_settings_are_user_errors(tmp_path):
     ):
         with pytest.raises(UserError, match=message):
             runner.RunConfig(model_dir=str(tmp_path), **{flag: value})
+    # The batch is split over the data groups that the context axis leaves (the smoke batch of 8
+    # over C = 3: 6 replicas are 2 data groups).
+    from mlperf_tf import splits
+
+    assert splits.data_groups(6, runner.RunConfig(model_dir=str(tmp_path), context_parallel=3)) == 2
     # The defaults size no axis: every existing run keeps its mesh.
     assert runner.RunConfig(model_dir=str(tmp_path)).mesh_flags() == {
         "model_parallel": 1, "expert_parallel": 1, "spatial_partition": "1",
