@@ -7,20 +7,17 @@ from __future__ import annotations
 
 import dataclasses
 
-import keras
 import numpy as np
 import tensorflow as tf
 
 from mlperf_tf import config as config_lib
-from mlperf_tf.benchmark import RunContext
 from mlperf_tf.collectives import GradientSummer, Settings
 from mlperf_tf.optimizers.adam import FusedAdam
 from mlperf_tf.parallel import layout as layout_lib
 from mlperf_tf.parallel.context import use_mesh
 from mlperf_tf.parallel.input import for_mesh
-from mlperf_tf.parallel.mesh import build_mesh
 from mlperf_tf.runner.trainer import Trainer
-from tests import strategies
+from tests.tensor_parallel import on_mesh
 
 
 @dataclasses.dataclass
@@ -46,16 +43,12 @@ def train(benchmark, *, num_devices: int, pipeline: int = 1, model_parallel: int
     """`steps` Adam steps of `benchmark` through the `Trainer` on `num_devices` logical CPUs:
     `pipeline` x `expert_parallel` x `model_parallel`, the rest data. `summer`: the collectives'
     `GradientSummer` instead of Keras' sum (needed with model or expert parallelism)."""
-    strategy = strategies.mirrored(num_devices)
-    mesh = build_mesh(
-        num_devices, model_parallel=model_parallel, expert_parallel=expert_parallel,
+    strategy, mesh, benchmark = on_mesh(
+        benchmark, num_devices, model_parallel=model_parallel, expert_parallel=expert_parallel,
         pipeline_parallel=pipeline,
     )  # fmt: skip
-    context = RunContext(num_replicas=num_devices, seed=1, mesh=mesh, collective_timeout_s=60.0)
-    benchmark = benchmark.with_context(context)
     if clip_norm is not None:
         benchmark.gradient_clip_norm = lambda: clip_norm
-    keras.utils.set_random_seed(1)
     gradient_summer = None
     if summer or model_parallel > 1 or expert_parallel > 1:
         settings = Settings(all_reduce="ring", timeout_s=60)
