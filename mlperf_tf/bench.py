@@ -53,6 +53,9 @@ SHARED_RUN_SETTINGS = (
     "xla",
     "seed",
     "startup_timeout_s",
+    "pipeline_parallel",
+    "micro_batch_size",
+    "pipeline_schedule",
 )
 MATMUL_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
@@ -122,6 +125,11 @@ class BenchResult:
     tokens_per_sample: int | None = None  # a language model's tokens per sequence
     tokens_per_s: float | None = None  # the median rate in tokens (a language model)
     load_average: tuple[float, float] = (0.0, 0.0)  # 1-min load before and after
+    # With --pipeline_parallel: the schedule's (P - 1) / (M + P - 1) and the bubble the stages
+    # measured (1 - seconds computing / seconds from their first action to their last exchange,
+    # over every replica and timed step).
+    pipeline_bubble_predicted: float | None = None
+    pipeline_bubble_measured: float | None = None
     device: str = ""
     tensorflow: str = ""
 
@@ -146,6 +154,11 @@ class BenchResult:
             )
         if self.input_samples_per_s is not None:
             line += f", input pipeline {self.input_samples_per_s:.4g} {unit}/s"
+        if self.pipeline_bubble_predicted is not None:
+            line += (
+                f", pipeline bubble {100 * self.pipeline_bubble_measured:.1f}% measured "
+                f"({100 * self.pipeline_bubble_predicted:.1f}% predicted)"
+            )
         load = self.load_average
         return line + f"; load average {load[0]:.1f} -> {load[1]:.1f}"
 
@@ -295,6 +308,9 @@ class _Setup:
     iterator: Any
     device: str
     global_batch: int
+    # (seconds the stages computed, seconds of their schedules) per timed window, averaged
+    # over replicas and steps: with --pipeline_parallel only.
+    pipeline_times: list = dataclasses.field(default_factory=list)
 
 
 def run(config: BenchConfig, run_settings: dict[str, Any], overrides: dict[str, str]):
@@ -350,6 +366,8 @@ def _set_up(benchmark_class, real_config, run_settings: dict[str, Any]) -> _Setu
 
     from mlperf_tf import distribute, precision
     from mlperf_tf.benchmark import RunContext
+    from mlperf_tf.parallel.input import for_mesh
+    from mlperf_tf.parallel.mesh import build_mesh, check_supported
     from mlperf_tf.runner import Trainer
 
     synthetic_config = dataclasses.replace(real_config, data_dir="")
@@ -362,16 +380,20 @@ def _set_up(benchmark_class, real_config, run_settings: dict[str, Any]) -> _Setu
     keras.utils.set_random_seed(run_settings["seed"])
     precision.set_policy(run_settings["dtype"])
     replicas = strategy.num_replicas_in_sync
+    mesh = build_mesh(replicas, pipeline_parallel=run_settings["pipeline_parallel"])
     context = RunContext(
         num_replicas=replicas,
         seed=run_settings["seed"],
         static_shapes=distribute.needs_static_shapes(strategy, xla=run_settings["xla"]),
+        mesh=mesh,
+        micro_batch_size=run_settings["micro_batch_size"],
     )
     splits.check_batch_split(
-        synthetic_config, data_groups=replicas, replicas=replicas,
+        synthetic_config, data_groups=mesh.batch_shards, replicas=replicas,
         groups_from=f"--distribution={run_settings['distribution']}",
     )  # fmt: skip
     benchmark = benchmark_class(synthetic_config).with_context(context)
+    check_supported(mesh, benchmark.name, benchmark.parallel_axes)
     with strategy.scope():
         model = benchmark.build_model()
         optimizer = precision.wrap_optimizer(
@@ -380,9 +402,12 @@ def _set_up(benchmark_class, real_config, run_settings: dict[str, Any]) -> _Setu
         optimizer.build(model.trainable_variables)
     trainer = Trainer(
         strategy=strategy, benchmark=benchmark, model=model, optimizer=optimizer,
-        xla=run_settings["xla"],
+        xla=run_settings["xla"], pipeline_schedule=run_settings["pipeline_schedule"],
     )  # fmt: skip
-    iterator = iter(strategy.distribute_datasets_from_function(benchmark.train_dataset))
+    if trainer.pipeline is not None:  # the stages time their work (not under XLA)
+        trainer.pipeline.timed = not run_settings["xla"]
+    dataset = for_mesh(benchmark.train_dataset, mesh)
+    iterator = iter(strategy.distribute_datasets_from_function(dataset))
     return _Setup(
         strategy=strategy, benchmark=benchmark, trainer=trainer, iterator=iterator,
         device=strategy.extended.worker_devices[0],
@@ -399,7 +424,12 @@ def _timed_windows(config: BenchConfig, setup: _Setup, flops_per_sample, peak, d
     steps = tf.constant(config.steps_per_window, tf.int32)
     for window in range(config.windows):
         begin = time.perf_counter()
-        loss = float(setup.trainer.loop(setup.iterator, steps)[0].numpy())
+        loss, _, _, metrics = setup.trainer.loop(setup.iterator, steps)
+        loss = float(loss.numpy())
+        if "pipeline/busy_s" in metrics:
+            setup.pipeline_times.append(
+                (float(metrics["pipeline/busy_s"]), float(metrics["pipeline/span_s"]))
+            )
         elapsed = time.perf_counter() - begin
         rates.append(config.steps_per_window * setup.global_batch / elapsed)
         line = (
@@ -420,6 +450,12 @@ def _result(config, run_settings, setup: _Setup, *, rates, peaks, devices, warmu
 
     median = statistics.median(rates)
     replicas = setup.strategy.num_replicas_in_sync
+    predicted = measured = None
+    if setup.trainer.pipeline is not None:
+        predicted = setup.trainer.pipeline.schedule.predicted_bubble
+        if setup.pipeline_times:
+            busy, span = (sum(t) for t in zip(*setup.pipeline_times, strict=True))
+            measured = 1.0 - busy / span
     tokens = setup.benchmark.tokens_per_sample()
     return BenchResult(
         benchmark=config.benchmark,
@@ -445,6 +481,8 @@ def _result(config, run_settings, setup: _Setup, *, rates, peaks, devices, warmu
         tokens_per_sample=tokens,
         tokens_per_s=median * tokens if tokens else None,
         load_average=(load_before, os.getloadavg()[0]),
+        pipeline_bubble_predicted=predicted,
+        pipeline_bubble_measured=measured,
         device=setup.device,
         tensorflow=tf.__version__,
     )

@@ -73,6 +73,17 @@ def _whole_grads(per_replica, variables, mesh):
     return out, agree
 
 
+def on_mesh(benchmark, num_devices: int, **mesh_flags):
+    """(a MirroredStrategy over `num_devices` logical CPUs, the mesh of `mesh_flags`
+    (`build_mesh`'s), `benchmark` in a run context on it, every collective bounded by 60 s);
+    Keras' seed set to 1."""
+    strategy = strategies.mirrored(num_devices)
+    mesh = build_mesh(num_devices, **mesh_flags)
+    context = RunContext(num_replicas=num_devices, seed=1, mesh=mesh, collective_timeout_s=60.0)
+    keras.utils.set_random_seed(1)
+    return strategy, mesh, benchmark.with_context(context)
+
+
 def train(benchmark, *, num_devices: int, model_parallel: int, optimizer: str,
           steps: int = STEPS, all_reduce: str = "ring", weight_update_sharding: bool = False,
           clip_norm: float | None = None, save_to: str = "", restore_from: str = "",
@@ -84,14 +95,10 @@ def train(benchmark, *, num_devices: int, model_parallel: int, optimizer: str,
     optionally restored from a checkpoint (`restore_from`, before the steps) and saved
     (`save_to`, after them), as the runner's checkpoint holds them
     (`tf.train.Checkpoint(model=..., optimizer=...)`). Every collective waits at most 60 s."""
-    strategy = strategies.mirrored(num_devices)
-    mesh = build_mesh(
-        num_devices, model_parallel=model_parallel, expert_parallel=expert_parallel,
+    strategy, mesh, benchmark = on_mesh(
+        benchmark, num_devices, model_parallel=model_parallel, expert_parallel=expert_parallel,
         context_parallel=context_parallel,
     )  # fmt: skip
-    context = RunContext(num_replicas=num_devices, seed=1, mesh=mesh, collective_timeout_s=60.0)
-    benchmark = benchmark.with_context(context)
-    keras.utils.set_random_seed(1)
     settings = Settings(all_reduce=all_reduce, weight_update_sharding=weight_update_sharding,
                         pack_mb=pack_mb, timeout_s=60)  # fmt: skip
     summer = GradientSummer(strategy, settings, mesh)

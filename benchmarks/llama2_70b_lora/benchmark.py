@@ -68,6 +68,11 @@ class LoraBenchmark(LanguageModelBenchmark):
         """The adapters' parameters, from the config (44,564,480 for the `mlperf` preset)."""
         return lora_lib.trainable_parameters(self.config.lora, self.config.model.projections())
 
+    def memory_bytes(self) -> dict[str, float]:
+        """The frozen base in `model.base_dtype`; only the adapters have gradients and moments."""
+        frozen = 2 if self.config.model.base_dtype == "bfloat16" else 4
+        return {"trainable_parameters": self.trainable_parameter_count(), "frozen_bytes": frozen}
+
     def training_flops_per_sample(self) -> float:
         """FLOPs of one fine-tuning sequence (a multiply-add is 2). A frozen projection costs its
         forward product and the input gradient's (2 x forward; no weight gradient), the

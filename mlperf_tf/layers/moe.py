@@ -786,3 +786,36 @@ class SortedMoEFeedForward(MoEFeedForward):
             compute, routing.expert, routing.gates, self.num_experts, expert_fn
         )
         return tf.reshape(y, shape), self._stats(routing)
+
+
+def stage_metrics(
+    metrics: dict[str, tf.Tensor], *, first: int, total: int, num_experts: int
+) -> dict[str, tf.Tensor]:
+    """`summarize`'s metrics of one pipeline stage's MoE layers (`first`.. in model order, of
+    `total`; experts per layer `num_experts`) as the stage's additive part of the whole model's: per-layer rows placed at the
+    stage's layers (zeros elsewhere), means over the stage's layers weighted by its share of the
+    layers; `moe/max_router_logit` stays the stage's max. Summed over the stages (the max one
+    maxed: `STAGE_MAX_METRICS`), they are `summarize` of the whole model. With no MoE layer on
+    the stage: zeros of `metric_shapes`.
+    """
+    if not metrics:
+        return {
+            name: tf.zeros(s, tf.float32) for name, s in metric_shapes(total, num_experts).items()
+        }
+    count = int(metrics["moe/dropped_per_layer"].shape[0])
+    share = count / total
+    out = {}
+    for name, value in metrics.items():
+        value = tf.cast(value, tf.float32)
+        if name in ("moe/dropped_per_layer", "moe/load"):
+            pad = [[first, total - first - count]] + [[0, 0]] * (value.shape.rank - 1)
+            out[name] = tf.pad(value, pad)
+        elif name in ("moe/balance_loss", "moe/z_loss", "moe/dropped"):
+            out[name] = value * share
+        else:  # the aux loss (a sum over layers) and the max
+            out[name] = value
+    return out
+
+
+# The metrics of `stage_metrics` that combine over stages by a max (the others by a sum).
+STAGE_MAX_METRICS = ("moe/max_router_logit",)

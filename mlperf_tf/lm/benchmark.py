@@ -16,6 +16,14 @@ from mlperf_tf.layers.context_parallel import ContextAxis, check_sequence
 from mlperf_tf.lm import loss as loss_lib
 from mlperf_tf.lm.decoder import DecoderModel, build_decoder
 from mlperf_tf.parallel.context import use_mesh
+from mlperf_tf.parallel.memory import (
+    ChipLayout,
+    ChipMemory,
+    candidate_layouts,
+    decoder_memory,
+    memory_table,
+)
+from mlperf_tf.parallel.pipeline import stage_bounds
 
 
 class LanguageModelBenchmark(Benchmark):
@@ -50,9 +58,9 @@ class LanguageModelBenchmark(Benchmark):
 
     @property
     def parallel_axes(self) -> tuple[str, ...]:
-        """Data, tensor and context parallelism; expert parallelism too when the config has MoE
-        blocks (a dense config refuses --expert_parallel in one line)."""
-        axes = ("data", "model", "context")
+        """Data, tensor, pipeline and context parallelism; expert parallelism too when the
+        config has MoE blocks (a dense config refuses --expert_parallel in one line)."""
+        axes = ("data", "model", "pipeline", "context")
         return axes + ("expert",) if self.config.model.moe.enabled else axes
 
     # ---- sizes -------------------------------------------------------------------------------
@@ -76,14 +84,58 @@ class LanguageModelBenchmark(Benchmark):
         """Training FLOPs of one sequence, analytic (`DecoderConfig.training_flops`)."""
         return self.config.model.training_flops(self.sequence_length())
 
+    # ---- memory ------------------------------------------------------------------------------
+    def memory_bytes(self) -> dict[str, float]:
+        """`mlperf_tf.parallel.memory.decoder_memory`'s byte sizes where this benchmark differs
+        from its defaults (a LoRA run's frozen base and trainable count)."""
+        return {}
+
+    def memory_per_chip(self, layout: ChipLayout, *, schedule: str = "1f1b",
+                        micro_batch: int = 1) -> ChipMemory:  # fmt: skip
+        """Bytes a chip holds to train this config under `layout` (`decoder_memory`): one
+        sequence per micro-batch (Megatron's LLM default), the global batch's micro-batches
+        on each data group of `layout`."""
+        per_group = self.config.global_batch_size // (micro_batch * layout.data)
+        return decoder_memory(
+            self.config.model, seq=self.sequence_length(), micro_batch=micro_batch,
+            micro_batches=max(1, per_group), layout=layout, schedule=schedule,
+            **self.memory_bytes(),
+        )  # fmt: skip
+
+    def memory_layouts(self) -> list[ChipLayout]:
+        """The layouts a user would try, fewest chips first, on the axes this benchmark
+        supports and the sizes its model divides by."""
+        m = self.config.model
+        axes = self.parallel_axes
+        out = []
+        for layout in candidate_layouts(moe=m.moe.enabled, num_experts=m.moe.num_experts):
+            if layout.pipeline > 1 and (
+                "pipeline" not in axes or m.num_hidden_layers % layout.pipeline
+            ):
+                continue
+            if layout.expert > 1 and "expert" not in axes:
+                continue
+            if layout.tensor > 1 and ("model" not in axes or m.num_key_value_heads % layout.tensor):
+                continue
+            out.append(layout)
+        return out
+
+    def memory_table(self) -> str:
+        """The README's table: per chip size (`memory.CHIP_GB`), the first layout that fits."""
+        return memory_table(self.memory_per_chip, self.memory_layouts())
+
     # ---- building ----------------------------------------------------------------------------
     def moe_group_size(self) -> int | None:
         """Static tokens per replica for the MoE training capacity (micro batch share x
-        sequence length: one buffer shape on every replica, as expert parallelism's all-to-all
-        needs, the same for every --expert_parallel); None for a dense model."""
+        sequence length, or with a pipeline its micro-batch's: one buffer shape on every
+        replica, as expert parallelism's all-to-all needs, the same for every
+        --expert_parallel); None for a dense model."""
         if not self.config.model.moe.enabled:
             return None
-        return self.per_replica_batch_size * self.sequence_length() // self.mesh.context
+        tokens = self.sequence_length() // self.mesh.context  # a context member's share
+        if self.mesh.pipeline > 1:  # the pipeline's micro-batches go through the layers
+            return self.pipeline_micro_batch * tokens
+        return self.per_replica_batch_size * tokens
 
     def build_model(self) -> DecoderModel:
         """The decoder of `config.model` (under the strategy scope, dtype policy set), built
@@ -99,6 +151,17 @@ class LanguageModelBenchmark(Benchmark):
                 self.config.model, moe_group_size=self.moe_group_size(),
                 collective_timeout_s=self.context.collective_timeout_s, name=self.model_name,
             )  # fmt: skip
+
+    def pipeline_stage(self, model: DecoderModel, stage: int, stages: int) -> DecoderStage:
+        """Stage `stage` of `stages` of `model` for the pipeline schedule
+        (`mlperf_tf.runner.pipeline`): an equal run of consecutive decoder layers, the
+        embedding on the first stage, the final norm, head and loss on the last.
+
+        Raises:
+          UserError: `stages` does not divide the decoder's layers (one line).
+        """
+        first, end = stage_bounds(self.config.model.num_hidden_layers, stages)[stage]
+        return DecoderStage(self, model, first, end)
 
     # ---- steps (replica context) -------------------------------------------------------------
     def context_axis(self) -> ContextAxis:
@@ -191,3 +254,55 @@ class LanguageModelBenchmark(Benchmark):
         if tokens <= 0:
             raise ValueError("eval saw no tokens: the eval set is empty or all masked")
         return float(state["loss"]) / tokens
+
+
+class DecoderStage:
+    """One pipeline stage of a decoder: layers [first, end) (replica context).
+
+    `forward(batch, x)` -> (hidden states [micro batch, seq, hidden], the stage's MoE auxiliary
+    loss or None, its metrics) of a stage before the last (`x` None on the first: it embeds
+    `input_ids`); `loss(batch, x)` -> (loss, metrics) of the last stage: the whole model's loss
+    code run from layer `first` on `x` (`DecoderModel.from_stage`). Metrics are the stage's
+    additive part of the model's (`moe.stage_metrics`); `metric_max` names those combined
+    over the stages by a max.
+    """
+
+    metric_max = moe.STAGE_MAX_METRICS
+
+    def __init__(self, benchmark: LanguageModelBenchmark, model: DecoderModel, first: int,
+                 end: int):  # fmt: skip
+        self.benchmark, self.model, self.first, self.end = benchmark, model, first, end
+        self.activation_dtype = model.compute_dtype
+        m = model.config
+        self._moe_first = m.moe.count(first)  # MoE layers before this stage's first
+        self._moe_total = m.moe.count(m.num_hidden_layers)
+
+    def activation_shape(self, batch) -> list[int]:
+        """[micro batch, seq, hidden]: what a stage sends to the next (static)."""
+        ids = batch["input_ids"]
+        return [int(ids.shape[0]), int(ids.shape[1]), self.model.config.hidden_size]
+
+    def _metrics(self, metrics):
+        if not self._moe_total:
+            return {}
+        return moe.stage_metrics(
+            metrics, first=self._moe_first, total=self._moe_total,
+            num_experts=self.model.config.moe.num_experts,
+        )  # fmt: skip
+
+    def forward(self, batch, x):
+        aux = moe.Collector()
+        x = batch["input_ids"] if x is None else x
+        out = self.model.stage_states(x, self.first, self.end, training=True, aux=aux)
+        if not aux.calls:
+            return out, None, self._metrics({})
+        share = float(batch["input_ids"].shape[0]) / float(self.benchmark.micro_batch_size)
+        aux_loss, metrics = moe.summarize(aux)
+        return out, aux_loss * share, self._metrics(metrics)
+
+    def loss(self, batch, x):
+        with self.model.from_stage(x, self.first):
+            loss, metrics = self.benchmark.compute_loss_and_metrics(
+                self.model, batch, training=True
+            )
+        return loss, self._metrics(metrics)

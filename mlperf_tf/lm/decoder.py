@@ -15,6 +15,8 @@ ambient one (`mlperf_tf.parallel.current_mesh()`) when they are made.
 
 from __future__ import annotations
 
+import contextlib
+
 import keras
 import tensorflow as tf
 
@@ -27,6 +29,7 @@ from mlperf_tf.lm.layers import Linear, RMSNorm, tied_logits
 from mlperf_tf.lm.rope import RotaryEmbedding
 from mlperf_tf.parallel.context import current_mesh
 from mlperf_tf.parallel.layout import check_divides
+from mlperf_tf.parallel.pipeline import stage_bounds, sum_over_stages
 
 
 class DecoderBlock(keras.layers.Layer):
@@ -90,7 +93,7 @@ class DecoderModel(keras.Model):
 
     Raises:
       UserError: the ambient mesh's `model` axis does not divide the heads, the feed-forward
-        width or the vocabulary.
+        width or the vocabulary, or its `pipeline` axis the layers.
     """
 
     def __init__(self, config: DecoderConfig, *, moe_group_size: int | None = None,
@@ -99,6 +102,8 @@ class DecoderModel(keras.Model):
         self.config = config
         c = config
         mesh = current_mesh()
+        if mesh is not None and mesh.pipeline > 1:  # one line, before any weight is made
+            stage_bounds(c.num_hidden_layers, mesh.pipeline)
         if mesh is not None:
             check_divides(
                 mesh, **{"model.num_attention_heads": c.num_attention_heads,
@@ -127,6 +132,7 @@ class DecoderModel(keras.Model):
                 c.vocab_size, stddev=c.initializer_range, parallel="column", name="lm_head"
             )
         self.rotary = RotaryEmbedding.from_config(c)
+        self._stage_input = None  # (hidden states, first layer) inside `from_stage`
 
     def build(self, input_shape=None):
         """Creates every weight in forward order, without a forward pass."""
@@ -150,13 +156,41 @@ class DecoderModel(keras.Model):
 
     def hidden_states(self, token_ids, training=False, aux=None):
         """The final-norm output [batch, seq, hidden]. No dropout; `training` sets the MoE
-        layers' capacity factor. `aux`: a `moe.Collector`, or None."""
-        x = self.token_embedding(token_ids)
-        seq = token_ids.shape[1] if token_ids.shape[1] is not None else tf.shape(token_ids)[1]
-        cos, sin = self.rotary_tables(seq)
-        for layer in self.decoder_layers:
-            x = layer(x, cos, sin, training=training, aux=aux)
+        layers' capacity factor. `aux`: a `moe.Collector`, or None.
+
+        Inside `from_stage(x, first)` (a pipeline's last stage) the embedding and the layers
+        before `first` are skipped: `x` [batch, seq, hidden], sent by the stage before, is the
+        input of layer `first`, and `token_ids` only gives the shape.
+        """
+        if self._stage_input is None:
+            x, first = self.token_embedding(token_ids), 0
+        else:
+            x, first = self._stage_input
+        x = self.stage_states(x, first, len(self.decoder_layers), training=training, aux=aux)
         return self.final_norm(x)
+
+    def stage_states(self, x, first: int, end: int, training=False, aux=None):
+        """Decoder layers [first, end) on `x`: hidden states [batch, seq, hidden], or, when
+        `first` is 0 and `x` is token ids [batch, seq], their embedding first (a pipeline
+        stage's forward pass; no final norm). `aux`: a `moe.Collector`, or None."""
+        if first == 0 and x.shape.rank == 2:
+            x = self.token_embedding(x)
+        seq = x.shape[1] if x.shape[1] is not None else tf.shape(x)[1]
+        cos, sin = self.rotary_tables(seq)
+        for layer in self.decoder_layers[first:end]:
+            x = layer(x, cos, sin, training=training, aux=aux)
+        return x
+
+    @contextlib.contextmanager
+    def from_stage(self, x, first: int):
+        """Calls of the model inside the block start at decoder layer `first` with hidden states
+        `x` [batch, seq, hidden] (a pipeline's last stage: the loss code calls the whole model
+        and sees the stage's part of it)."""
+        previous, self._stage_input = self._stage_input, (x, first)
+        try:
+            yield
+        finally:
+            self._stage_input = previous
 
     def logits(self, states):
         """Logits of final-norm states [..., hidden]: this shard's [..., vocab/M] (f on the
@@ -181,4 +215,6 @@ def build_decoder(config: DecoderConfig, *, moe_group_size: int | None = None,
         name=name,
     )  # fmt: skip
     model.build((None, None))
+    # Pipeline stages: each computes its layers' gradients only, summed over the axis.
+    sum_over_stages(model.trainable_variables, current_mesh())
     return model

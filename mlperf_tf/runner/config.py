@@ -18,6 +18,7 @@ from mlperf_tf import distribute, precision, runlog
 from mlperf_tf.collectives import mesh as collectives_mesh
 from mlperf_tf.errors import UserError
 from mlperf_tf.parallel import mesh as parallel_mesh
+from mlperf_tf.parallel import pipeline as pipeline_lib
 
 RESUME_INPUT_MODES = ("skip", "reseed")
 SUBMISSION_DIVISIONS = ("auto", "closed", "open")
@@ -198,6 +199,13 @@ class RunConfig:
         help="Context parallelism: C replicas that share one batch each hold 2 of every "
         "sequence's 2C chunks (zig-zag, for the causal mask's balance); attention gathers keys "
         "and values over them (1: off).",
+    )
+    pipeline_schedule: str = setting(
+        "1f1b",
+        help="The order of the micro-batches through the pipeline's stages: '1f1b' (each stage "
+        "holds at most P - s micro-batches' activations) or 'gpipe' (every forward, then every "
+        "backward: M in flight); both idle (P - 1) / (M + P - 1) of the step.",
+        choices=pipeline_lib.SCHEDULES,
     )
     micro_batch_size: int = setting(
         0,

@@ -696,7 +696,9 @@ class Controller:
         self.train_data = strategy.distribute_datasets_from_function(self._train_specs)
         eval_data = strategy.distribute_datasets_from_function(self._eval_specs)
         parts = dict(strategy=strategy, benchmark=benchmark, model=self.model, xla=cfg.xla)
-        self.trainer = self.trainer_class(optimizer=self.optimizer, **parts)
+        self.trainer = self.trainer_class(
+            optimizer=self.optimizer, pipeline_schedule=cfg.pipeline_schedule, **parts
+        )
         self.trainer.stop_request = self.stop_request
         self.trainer.summer = self.summer
         self.trainer.partition = self.partition

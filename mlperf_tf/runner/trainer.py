@@ -14,9 +14,10 @@ import contextlib
 import tensorflow as tf
 
 from mlperf_tf.benchmark import Benchmark
-from mlperf_tf.collectives.ops import replica_collectives
+from mlperf_tf.collectives.ops import loop_function, replica_collectives
 from mlperf_tf.errors import UserError
 from mlperf_tf.parallel.mesh import DeviceMesh
+from mlperf_tf.runner.pipeline import PipelineStep
 
 
 def replica_function(fn, *, xla: bool):
@@ -35,11 +36,13 @@ def bind_collective_timeout(benchmark: Benchmark) -> None:
     The model axis's all-reduces (`mlperf_tf.layers.tensor_parallel.ModelAxis`) are those of the
     replica context (`collectives.ops.replica_collectives`), which wait at most the largest
     timeout asked for there: asked here first, before the step's first collective, the run's
-    bound reaches every layer without each model passing it down. Nothing without model
-    parallelism (expert-parallel layers get it from their config, `RunContext`).
+    bound reaches every layer without each model passing it down; made here, in the replica
+    step's graph, the replica's ordering token is also captured (not made) by a compiled
+    (`--xla`) stage schedule. Nothing without model, context or pipeline parallelism
+    (expert-parallel layers get it from their config, `RunContext`).
     """
     mesh = benchmark.mesh
-    if mesh.model > 1 or mesh.context > 1:
+    if mesh.model > 1 or mesh.context > 1 or mesh.pipeline > 1:
         replica_collectives(
             num_replicas=mesh.size, timeout_s=benchmark.context.collective_timeout_s
         )
@@ -77,9 +80,12 @@ class Trainer:
       optimizer: the Keras optimizer, built under `strategy.scope()`.
       xla: compile each replica's forward/backward pass with XLA. `apply_gradients` stays outside
         it: its cross-replica sum is a merge_call, which XLA cannot hold on CPU/GPU.
+      pipeline_schedule: "1f1b" or "gpipe", the micro-batches' order through the stages of a
+        `pipeline` axis (`mlperf_tf.parallel.pipeline.Schedule`).
     """
 
-    def __init__(self, *, strategy, benchmark: Benchmark, model, optimizer, xla: bool):
+    def __init__(self, *, strategy, benchmark: Benchmark, model, optimizer, xla: bool,
+                 pipeline_schedule: str = "1f1b"):  # fmt: skip
         self.strategy = strategy
         self.benchmark = benchmark
         self.model = model
@@ -93,6 +99,16 @@ class Trainer:
             )
         self.loss_scale = group_loss_scale(benchmark.mesh)
         self._grads = replica_function(self._replica_grads, xla=xla)
+        # With a `pipeline` axis the micro-batches run through the stages in one schedule
+        # (`mlperf_tf.runner.pipeline`) instead of one after the other.
+        self.pipeline = None
+        if benchmark.mesh.pipeline > 1:
+            self.pipeline = PipelineStep(
+                benchmark=benchmark, model=model, optimizer=optimizer,
+                micro_batches=self.accumulation, schedule=pipeline_schedule,
+                loss_scale=self.loss_scale, mesh=benchmark.mesh,
+                timeout_s=benchmark.context.collective_timeout_s, xla=xla,
+            )  # fmt: skip
         # Set by the controller before the first loop (see `mlperf_tf.preemption.StopRequest`).
         self.stop_request = None
         # Set by the controller when --all_reduce/--pack_mb/--weight_update_sharding ask for
@@ -141,6 +157,13 @@ class Trainer:
         total_loss = 0.0
         total_grads = None
         total_metrics = {}
+        if self.pipeline is not None:  # all micro-batches through the stages, one schedule
+            # Timed, the schedule is a function of its own per replica (`loop_function`): its
+            # timestamps, stateful ops without a resource, would otherwise be chained across
+            # the replicas in program order and wait on each other's exchanges (a deadlock).
+            run = loop_function(self.pipeline) if self.pipeline.timed else self.pipeline
+            total_loss, total_grads, total_metrics = run(micro_batches)
+            micro_batches = ()
         for batch in micro_batches:  # Python loop: the accumulation count is static
             loss, grads, metrics = self._grads(batch)
             total_loss += loss
@@ -205,6 +228,8 @@ class Trainer:
         loss_sum = tf.constant(0.0, tf.float32)
         done = tf.constant(0, tf.int32)
         shapes = self.benchmark.train_metric_shapes()
+        if self.pipeline is not None:
+            shapes = {**shapes, **self.pipeline.metric_shapes()}
         metric_sums = {name: tf.zeros(shape, tf.float32) for name, shape in shapes.items()}
         waited = tf.constant(0.0, tf.float64)
         for _ in tf.range(num_steps):

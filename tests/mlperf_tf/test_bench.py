@@ -165,3 +165,16 @@ def test_missing_data_fails_before_the_timed_windows(capsys, tmp_path):
 def test_matmul_peak_is_a_plausible_cpu_rate():
     peak = bench.matmul_peak(device="/cpu:0", seconds=0.05, size=128)
     assert 1e6 < peak < 1e14  # FLOP/s: above a 1990s PC, below any CPU socket today
+
+
+@pytest.mark.slow
+def test_pipeline_reports_its_measured_bubble_beside_the_predicted_one(capsys):
+    """Two stages of the smoke Llama on 2 devices (data 1: 8 sequences per replica, micro
+    batch 1, so M = 8): the schedule predicts 1 / 9; the stages' measured idle share is a
+    fraction (on shared CPU cores mostly the exchanges' latency: not a speed claim)."""
+    result = _bench_json(
+        capsys, "--benchmark=llama31_8b", "--preset=smoke", "--distribution=mirrored",
+        "--num_cpu_devices=2", "--pipeline_parallel=2", "--micro_batch_size=1",
+    )  # fmt: skip
+    assert result["pipeline_bubble_predicted"] == pytest.approx(1 / 9)
+    assert 0 < result["pipeline_bubble_measured"] < 1

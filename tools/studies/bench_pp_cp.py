@@ -8,6 +8,13 @@ Layouts on 4 logical CPU devices, every one at the same global batch of sequence
 |---|---|---|
 | `c1` | data 4 | B/4 whole sequences |
 | `c2` | data 2 x context 2 | B/2 sequences, 2 of their 4 zig-zag chunks; k/v gathered over 2 |
+| `p1` | data 4 | B/4 whole sequences, the whole model (the same as `c1`) |
+| `p2` | data 2 x pipeline 2 | B/2 sequences in micro-batches of `--micro_batch_size` through half the layers (1F1B) |
+
+For the pipeline, the same limits hold: a stage's idle tick is not idle hardware (the other
+stages use the cores), so the ratio is the exchanges' and the unrolled schedule's overhead;
+`mlperf-tf bench --pipeline_parallel=P` reports the bubble the stages measured beside the
+schedule's (P - 1) / (M + P - 1) (on shared cores it counts the exchanges' latency as idle).
 
 What a CPU can show: that the split runs, its collectives' overhead on one host (the all-gather
 of k and v and its backward all-reduce per layer, the weight-total all-reduce), and that the
@@ -20,8 +27,8 @@ activations do not fit one chip (each member holds S/C tokens' activations), onl
 a layout that holds the whole sequence on one replica at the same data groups, which on logical
 devices is time-sliced on the same cores too. The printed ratio is overhead, not speed-up.
 
-    python tools/studies/bench_pp_cp.py [--layouts=c1,c2] [--seq_length=256] [--batch=8]
-        [--steps=3] [--rounds=5]
+    python tools/studies/bench_pp_cp.py [--layouts=c1,c2|p1,p2] [--seq_length=256] [--batch=8]
+        [--steps=3] [--rounds=5] [--micro_batch_size=1] [--layers=4]
 """
 
 from __future__ import annotations
@@ -37,10 +44,16 @@ from tools import harness  # noqa: E402
 
 NUM_DEVICES = 4
 # Case name -> the mesh flags of `mlperf_tf.parallel.mesh.build_mesh`.
-LAYOUTS = {"c1": {}, "c2": {"context_parallel": 2}}
+LAYOUTS = {
+    "c1": {},
+    "c2": {"context_parallel": 2},
+    "p1": {},
+    "p2": {"pipeline_parallel": 2},
+    "p4": {"pipeline_parallel": 4},
+}
 
 
-def make_contestant(strategy, base, flags: dict):
+def make_contestant(strategy, base, flags: dict, micro_batch_size: int = 0):
     """A `run(steps)` callable: the runner's `Trainer` training `base` on the mesh of `flags`
     (its batches routed over the mesh, each gradient summed by the runner's summer)."""
     from mlperf_tf.benchmark import RunContext  # noqa: PLC0415
@@ -49,7 +62,8 @@ def make_contestant(strategy, base, flags: dict):
     from mlperf_tf.parallel.mesh import build_mesh  # noqa: PLC0415
 
     mesh = build_mesh(NUM_DEVICES, **flags)
-    context = RunContext(num_replicas=NUM_DEVICES, seed=1, mesh=mesh, static_shapes=True)
+    context = RunContext(num_replicas=NUM_DEVICES, seed=1, mesh=mesh, static_shapes=True,
+                         micro_batch_size=micro_batch_size)  # fmt: skip
     benchmark = base.with_context(context)
     parts = harness.runner_parts(
         strategy, benchmark, dataset_fn=for_mesh(benchmark.train_dataset, mesh),
@@ -63,6 +77,13 @@ def main(argv=None) -> None:
     parser.add_argument("--layouts", default="c1,c2", help=f"cases of {', '.join(LAYOUTS)}")
     parser.add_argument("--seq_length", type=int, default=256)
     parser.add_argument("--batch", type=int, default=8, help="global batch (sequences)")
+    parser.add_argument(
+        "--micro_batch_size",
+        type=int,
+        default=1,
+        help="sequences per pipeline micro-batch (0: the data group's batch)",
+    )
+    parser.add_argument("--layers", type=int, default=4, help="decoder layers (P divides them)")
     args = harness.parse_rounds(parser, argv, "seq_length", "batch")
     layouts = harness.comma_list(parser, args.layouts, "--layouts")
     for name in layouts:
@@ -85,10 +106,14 @@ def main(argv=None) -> None:
             "data.max_sequence_length": str(args.seq_length),
             "model.max_position_embeddings": str(max(args.seq_length, 131072)),
             "global_batch_size": str(args.batch),
+            "model.num_hidden_layers": str(args.layers),
         },
     )
     base = Llama31Benchmark(config)
-    contestants = {name: make_contestant(strategy, base, LAYOUTS[name]) for name in layouts}
+    contestants = {
+        name: make_contestant(strategy, base, LAYOUTS[name], args.micro_batch_size)
+        for name in layouts
+    }
     harness.warm_up(contestants)
     result = harness.interleaved_rounds(
         contestants, steps=args.steps, rounds=args.rounds, samples_per_step=args.batch

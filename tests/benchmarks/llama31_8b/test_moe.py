@@ -95,7 +95,7 @@ def test_active_flops_count_top_k_experts():
 
 def test_expert_axis_only_with_moe_and_bad_sizes_are_one_line():
     assert "expert" not in _benchmark({}).parallel_axes
-    assert _benchmark().parallel_axes == ("data", "model", "context", "expert")
+    assert _benchmark().parallel_axes == ("data", "model", "pipeline", "context", "expert")
     with pytest.raises(ConfigError, match="--expert_parallel=4 must divide") as error:
         _benchmark({**MOE, "model.moe.num_experts": "6"}, mesh=DeviceMesh(expert=4)).build_model()
     assert "\n" not in str(error.value)

@@ -98,5 +98,5 @@ def test_benchmark_base_sizes_and_disclosure_keys():
         moe=dataclasses.replace(bench.config.model.moe, num_experts=4, every=1),
     )
     moe_bench = Llama31Benchmark(dataclasses.replace(bench.config, model=moe_model))
-    assert moe_bench.parallel_axes == ("data", "model", "context", "expert")
+    assert moe_bench.parallel_axes == ("data", "model", "pipeline", "context", "expert")
     assert moe_bench.active_parameter_count() < moe_bench.parameter_count()

@@ -1,0 +1,234 @@
+"""Provides `PipelineStep`: one replica's part of a pipelined training step, the whole schedule
+unrolled into one compiled function (replica context).
+
+Each member of a `pipeline` group of the ambient mesh is one stage (`Benchmark.pipeline_stage`:
+a run of consecutive layers, the embedding on the first, the head and the loss on the last).
+The step's micro-batches (the gradient-accumulation count) run through the stages in the tick
+table of `mlperf_tf.parallel.pipeline.Schedule`, unrolled at trace time: static shapes, one
+`tf.function` (with `--xla`, each stage's forward pass and its gradient compiled; the
+exchanges between them stay outside XLA, which has no collectives on CPUs).
+
+Per tick, on every member of the group, in the same order (so the collectives match):
+
+1. The stage's action, if any. A forward (F m) runs the stage on micro-batch m under a
+   `tf.GradientTape` of its own, kept until the backward (the activations in flight). A
+   backward (B m) takes that tape's gradient: of the loss on the last stage, else of the
+   stage's output with the gradient the next stage sent (`output_gradients`), for the
+   model's variables (those of other stages get none: their gradient here is zero) and for
+   the stage's input, which goes back to the stage before.
+2. If any stage sends at this tick (known from the table, the same on every member): one
+   all-to-all over the group (`AxisGroup.all_to_all`, the axis view the layers use) of a
+   [P, micro batch, seq, hidden] tensor whose row s + 1 holds this stage's output and row
+   s - 1 the gradient of its input (zeros elsewhere): a forward and a backward send in one
+   collective. Cost: each member sends P - 1 rows of one activation, of which at most two
+   carry data (at P = 2 exactly one: what a point-to-point send costs); a TPU's
+   `CollectivePermute` (XLA's `ppermute`) would send those two only. An all-reduce of the
+   same table would cost 2 (P - 1) rows per member on a ring.
+
+Gradients of a stage's weights are therefore zero on the other stages of its group; summed
+over the `pipeline` axis (`GRADIENT_AXES`) with the data axis, every replica gets the whole
+model's gradient, the global-norm clip sees the whole model, and every replica applies the
+same update (the weights stay mirrored: see the package README for what that costs).
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from mlperf_tf.collectives.axis_group import AxisGroup
+from mlperf_tf.errors import UserError
+from mlperf_tf.parallel.pipeline import Schedule
+
+
+class PipelineStep:
+    """Runs one step's micro-batches through this replica's pipeline stage.
+
+    Made once per run, before any replica context (it finds its group on the ambient mesh).
+
+    Args:
+      benchmark: supplies `pipeline_stage(model, stage, stages)`.
+      model: the Keras model.
+      optimizer: the run's optimizer (its `scale_loss`).
+      micro_batches: the accumulated batches of one step; each is cut into
+        `per_replica_batch_size / pipeline_micro_batch` micro-batches of the schedule.
+      schedule: "gpipe" or "1f1b".
+      loss_scale: the runner's factor on each loss before its gradient (`group_loss_scale`).
+      mesh: the run's mesh (None: the ambient one).
+      timeout_s: the least timeout of the exchanges (0: the replica context's).
+      xla: compile each stage's forward pass (and so its gradient) with XLA. The exchanges
+        stay outside: XLA has no collectives on CPUs (`mlperf_tf/layers/README.md`), and the
+        runner's other collectives are outside its compiled functions alike.
+    """
+
+    def __init__(self, *, benchmark, model, optimizer, micro_batches: int,
+                 schedule: str = "1f1b", loss_scale: float = 1.0, mesh=None,
+                 timeout_s: float = 0.0, xla: bool = False):  # fmt: skip
+        self.benchmark = benchmark
+        self.model = model
+        self.optimizer = optimizer
+        self.loss_scale = loss_scale
+        self.group = AxisGroup("pipeline", owner="pipeline", mesh=mesh, timeout_s=timeout_s)
+        if self.group.mesh is not None and self.group.mesh.context > 1:
+            # A stage would need the context split of its micro-batches and of the activations
+            # it sends: not built (nor tested).
+            raise UserError(
+                "--pipeline_parallel with --context_parallel is not supported yet: use one of them"
+            )
+        # Each accumulated batch in pieces of `--micro_batch_size` (1: the batch whole).
+        self.timed = False  # set before the first trace (`metric_shapes`)
+        self.xla = xla
+        self.micro_batch = benchmark.pipeline_micro_batch
+        self.pieces = benchmark.per_replica_batch_size // self.micro_batch
+        self.schedule = Schedule.build(
+            schedule, stages=self.group.size, micro_batches=micro_batches * self.pieces
+        )
+
+    # With `timed`, each replica also returns the seconds its stage computed (`busy`) and the
+    # seconds from its first action to its last exchange (`span`): the bubble it measured is
+    # 1 - busy / span (`mlperf-tf bench`). Two `tf.timestamp`s per action; not under XLA.
+    TIMING_METRICS = {"pipeline/busy_s": (), "pipeline/span_s": ()}
+
+    def metric_shapes(self) -> dict[str, tuple[int, ...]]:
+        """The metrics this step adds to the benchmark's (`TIMING_METRICS` when `timed`)."""
+        return dict(self.TIMING_METRICS) if self.timed else {}
+
+    def _scaled(self, loss):
+        loss = loss * self.loss_scale if self.loss_scale != 1.0 else loss
+        return self.optimizer.scale_loss(loss)
+
+    def __call__(self, micro_batches):
+        """(loss summed over micro-batches, gradients summed over them, metrics summed over
+        them) of this replica (replica context). The loss and metrics are the whole model's
+        on every stage; the gradients are zero outside this stage's variables.
+        """
+        micro_batches = [
+            tf.nest.map_structure(lambda t, i=i: t[i * self.micro_batch : (i + 1) * self.micro_batch], b)
+            for b in micro_batches
+            for i in range(self.pieces)
+        ] if self.pieces > 1 else list(micro_batches)  # fmt: skip
+        stages = self.schedule.stages
+        stage = self.group.rank()
+        last = stage == stages - 1
+        part = self.benchmark.pipeline_stage(self.model, stage, stages)
+        forward, loss_of = part.forward, part.loss
+        if self.xla:  # traced for this replica: its stage's layers
+            forward = tf.function(forward, jit_compile=True, autograph=False)
+            loss_of = tf.function(loss_of, jit_compile=True, autograph=False)
+        variables = self.model.trainable_variables
+        sources = list(variables)
+        grads = [None] * len(variables)
+        total_loss = tf.constant(0.0, tf.float32)
+        total_metrics: dict[str, tf.Tensor] = {}
+        shape, dtype = part.activation_shape(micro_batches[0]), part.activation_dtype
+        inputs = {}  # micro-batch -> this stage's input (received)
+        output_grads = {}  # micro-batch -> the gradient of this stage's output (received)
+        pending = {}  # micro-batch -> (tape, input, output, aux loss): in flight
+        busy, started = tf.constant(0.0, tf.float64), None
+        for row in self.schedule.ticks:
+            action = row[stage]
+            send_forward = send_backward = None
+            if self.timed and action is not None:
+                # It starts when its input is there: the forward's activations or the
+                # backward's gradient from the neighbouring stage (the wait is the bubble).
+                waits_on = inputs if action.kind == "F" else output_grads
+                ready = waits_on.get(action.micro)
+                with tf.control_dependencies([] if ready is None else [ready]):
+                    begin = tf.timestamp()
+                started = begin if started is None else started
+            gate = _after(begin) if self.timed and action is not None else (lambda t: t)
+            if action is not None and action.kind == "F":
+                m = action.micro
+                batch = micro_batches[m]
+                x = inputs.pop(m, None)
+                if x is None:  # the first stage: its work starts with the batch
+                    batch = tf.nest.map_structure(gate, batch)
+                else:
+                    x = gate(x)
+                with tf.GradientTape(watch_accessed_variables=True) as tape:
+                    if x is not None:
+                        tape.watch(x)
+                    if last:
+                        loss, metrics = loss_of(batch, x)
+                        out, aux = self._scaled(loss), None
+                        total_loss += tf.cast(loss, tf.float32)
+                    else:
+                        out, aux, metrics = forward(batch, x)
+                        aux = None if aux is None else self._scaled(aux)
+                        send_forward = out
+                    for name, value in metrics.items():
+                        value = tf.cast(value, tf.float32)
+                        total_metrics[name] = total_metrics.get(name, 0.0) + value
+                pending[m] = (tape, x, out, aux)
+            elif action is not None:
+                tape, x, out, aux = pending.pop(action.micro)
+                if last:
+                    targets, seeds = [out], [gate(tf.ones_like(out))]
+                else:
+                    targets, seeds = [out], [gate(output_grads.pop(action.micro))]
+                    if aux is not None:
+                        targets.append(aux)
+                        seeds.append(tf.ones_like(aux))
+                with_input = sources + ([x] if x is not None else [])
+                got = tape.gradient(targets, with_input, output_gradients=seeds)
+                for i, g in enumerate(got[: len(sources)]):
+                    if g is not None:
+                        g = tf.convert_to_tensor(g)  # dense: equal types on every stage
+                        grads[i] = g if grads[i] is None else grads[i] + g
+                if x is not None:
+                    send_backward = got[-1]
+            if self.timed and action is not None:
+                done = [t for t in (send_forward, send_backward) if t is not None]
+                done = done or [g for g in grads if g is not None] or [total_loss]
+                with tf.control_dependencies(done):
+                    busy += tf.timestamp() - begin
+            self._exchange(row, stage, send_forward, send_backward, shape, dtype,
+                           inputs, output_grads)  # fmt: skip
+        grads = [tf.zeros_like(v) if g is None else g for g, v in zip(grads, variables)]
+        if self.timed:
+            with tf.control_dependencies(grads):
+                span = tf.timestamp() - started
+            total_metrics["pipeline/busy_s"] = tf.cast(busy, tf.float32)
+            total_metrics["pipeline/span_s"] = tf.cast(span, tf.float32)
+        # Every stage reports the step's loss and the whole model's metrics (the runner
+        # averages them over replicas): the last stage's loss and each stage's part of the
+        # metrics, combined over the group (a few scalars and small tables).
+        total_loss = self.group.all_reduce(total_loss, what="loss")
+        for name in sorted(total_metrics):
+            value = total_metrics[name]
+            if name in self.TIMING_METRICS:  # this replica's own: averaged by the runner
+                continue
+            if name in part.metric_max:
+                total_metrics[name] = self.group.max(value)
+            else:
+                total_metrics[name] = self.group.all_reduce(value, what=f"metric/{name}")
+        return total_loss, grads, total_metrics
+
+    def _exchange(self, row, stage, send_forward, send_backward, shape, dtype,
+                  inputs, output_grads):  # fmt: skip
+        """The tick's one all-to-all over the group, if any stage sends (same on every member)."""
+        stages = len(row)
+        forward = [s < stages - 1 and a is not None and a.kind == "F" for s, a in enumerate(row)]
+        backward = [s > 0 and a is not None and a.kind == "B" for s, a in enumerate(row)]
+        if not any(forward) and not any(backward):
+            return
+        zeros = tf.zeros(shape, dtype)
+        rows = [zeros] * stages  # [P] x [micro batch, seq, hidden]: row j goes to stage j
+        if send_forward is not None:
+            rows[stage + 1] = tf.cast(send_forward, dtype)
+        if send_backward is not None:
+            rows[stage - 1] = tf.cast(send_backward, dtype)
+        received = self.group.all_to_all(tf.stack(rows), what="exchange")  # row i from stage i
+        if stage > 0 and forward[stage - 1]:
+            inputs[row[stage - 1].micro] = tf.stop_gradient(received[stage - 1])
+        if stage < stages - 1 and backward[stage + 1]:
+            output_grads[row[stage + 1].micro] = tf.stop_gradient(received[stage + 1])
+
+
+def _after(begin):
+    """t -> t, computed after `begin` (a timestamp): the stage's work cannot start before it."""
+
+    def gate(t):
+        with tf.control_dependencies([begin]):
+            return tf.identity(t)
+
+    return gate

@@ -1,0 +1,116 @@
+"""Pipeline parallelism through the runner's `Trainer` (`mlperf_tf.runner.pipeline`): the smoke
+Llama's layers in P stages on logical CPUs, its micro-batches in the 1F1B or GPipe schedule in
+one compiled step, against the unpipelined run of the same batch shards and micro-batches
+(losses and whole weights at a scale-aware 1e-5; measured: ~4e-9, float32 rounding of the
+gradients' summation order), and checkpoints across P."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from benchmarks.gpt_oss_20b.benchmark import GptOssBenchmark
+from benchmarks.llama31_8b.benchmark import Llama31Benchmark
+from mlperf_tf.benchmark import RunContext
+from mlperf_tf.errors import UserError
+from mlperf_tf.parallel.mesh import DeviceMesh
+from tests import pipeline_runs
+from tests.numerics import assert_close
+
+pytestmark = pytest.mark.numerics
+
+
+def _assert_same(got: pipeline_runs.Run, ref: pipeline_runs.Run, rtol: float = 1e-5):
+    assert_close(got.losses, ref.losses, rtol=rtol, err_msg="losses")
+    scale = max(float(np.max(np.abs(w))) for w in ref.weights.values())
+    assert got.weights.keys() == ref.weights.keys()
+    for name, expected in ref.weights.items():
+        np.testing.assert_allclose(
+            got.weights[name], expected, rtol=rtol, atol=rtol * scale, err_msg=name
+        )
+
+
+def _llama(**overrides):
+    return pipeline_runs.benchmark_of(Llama31Benchmark, gradient_accumulation_steps=2, **overrides)
+
+
+@pytest.fixture(scope="module")
+def llama_d2():
+    """The unpipelined reference: data 2 on 2 devices, 2 micro-batches per step, clip 1."""
+    return pipeline_runs.train(_llama(), num_devices=2, summer=True, clip_norm=1.0)
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", pytest.param("gpipe", marks=pytest.mark.slow)])
+def test_d2_x_p2_equals_the_unpipelined_run(llama_d2, schedule):
+    """Data 2 x pipeline 2 on 4 devices (one layer per stage) ends at data 2's weights, clipped
+    to the whole model's norm; every replica's copy is the same, and the loss is reported once
+    per batch shard."""
+    got = pipeline_runs.train(
+        _llama(), num_devices=4, pipeline=2, schedule=schedule, summer=True, clip_norm=1.0
+    )
+    _assert_same(got, llama_d2)
+    assert got.losses[1] < got.losses[0]
+    assert got.trainer.pipeline.schedule.kind == schedule
+    assert got.trainer.pipeline.schedule.micro_batches == 2
+
+
+@pytest.mark.slow
+def test_keras_sum_and_four_stages():
+    """P = 4 (4 layers, one per stage) under Keras' own sum (a sparse embedding gradient made
+    dense on every stage) against one device with the summer's dense sum."""
+    bench = _llama(**{"model.num_hidden_layers": 4})
+    ref = pipeline_runs.train(bench, num_devices=1, summer=True, clip_norm=1.0)
+    got = pipeline_runs.train(bench, num_devices=4, pipeline=4, clip_norm=1.0)
+    _assert_same(got, ref)
+
+
+@pytest.mark.slow
+def test_p2_x_m2_equals_tensor_parallel_alone():
+    """Pipeline 2 x model 2 (4 devices, data 1) against model 2 alone on 2 devices."""
+    bench = _llama(**{"model.num_attention_heads": 4})
+    ref = pipeline_runs.train(bench, num_devices=2, model_parallel=2, clip_norm=1.0)
+    got = pipeline_runs.train(bench, num_devices=4, pipeline=2, model_parallel=2, clip_norm=1.0)
+    _assert_same(got, ref)
+
+
+@pytest.mark.slow
+def test_gpt_oss_expert_x_pipeline_equals_expert_alone():
+    """GPT-OSS smoke (MoE in every block, sinks, windows): E2 x P2 against E2 on 2 devices,
+    the MoE auxiliary losses of both stages in the gradient and the metrics whole."""
+    bench = pipeline_runs.benchmark_of(GptOssBenchmark, gradient_accumulation_steps=2)
+    ref = pipeline_runs.train(bench, num_devices=2, expert_parallel=2, clip_norm=1.0)
+    got = pipeline_runs.train(bench, num_devices=4, expert_parallel=2, pipeline=2, clip_norm=1.0)
+    _assert_same(got, ref)
+
+
+@pytest.mark.slow
+def test_a_checkpoint_at_p2_resumes_at_p1_and_the_reverse(tmp_path, llama_d2):
+    """One step at P = 2, saved, one more at P = 1 (and the reverse) end at the unbroken run."""
+    bench = _llama()
+    for first, second, name in ((2, 1, "p2"), (1, 2, "p1")):
+        path = str(tmp_path / name)
+        pipeline_runs.train(bench, num_devices=2 * first, pipeline=first, steps=1, summer=True,
+                            clip_norm=1.0, save_to=path)  # fmt: skip
+        resumed = pipeline_runs.train(bench, num_devices=2 * second, pipeline=second, steps=1,
+                                      summer=True, clip_norm=1.0, restore_from=path)  # fmt: skip
+        for key, expected in llama_d2.weights.items():
+            np.testing.assert_allclose(resumed.weights[key], expected, rtol=1e-5, atol=1e-7)
+
+
+def test_p_not_dividing_the_layers_is_one_line():
+    bench = _llama().with_context(RunContext(num_replicas=3, mesh=DeviceMesh(pipeline=3)))
+    with pytest.raises(UserError, match=r"--pipeline_parallel=3 must divide") as error:
+        bench.build_model()
+    assert "\n" not in str(error.value)
+
+
+@pytest.mark.slow
+def test_xla_compiles_the_stages():
+    """With --xla each stage's forward pass and gradient are compiled (the exchanges stay
+    outside: XLA has no collectives on CPUs): P2 on 2 devices against one device without XLA
+    (measured: 2.5e-7, XLA's fused float32 arithmetic)."""
+    bench = _llama()
+    ref = pipeline_runs.train(bench, num_devices=1, summer=True, clip_norm=1.0)
+    got = pipeline_runs.train(bench, num_devices=2, pipeline=2, summer=True, clip_norm=1.0,
+                              xla=True)  # fmt: skip
+    _assert_same(got, ref)

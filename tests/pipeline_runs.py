@@ -1,0 +1,81 @@
+"""Provides `train`: a few steps of a language-model benchmark through the runner's `Trainer` on a
+data x pipeline (x model x expert) mesh of logical CPUs, returning the losses and whole weights,
+for the exactness tests of pipeline parallelism (the pipelined run against the unpipelined run
+of the same batch shards and micro-batches)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import tensorflow as tf
+
+from mlperf_tf import config as config_lib
+from mlperf_tf.collectives import GradientSummer, Settings
+from mlperf_tf.optimizers.adam import FusedAdam
+from mlperf_tf.parallel import layout as layout_lib
+from mlperf_tf.parallel.context import use_mesh
+from mlperf_tf.parallel.input import for_mesh
+from mlperf_tf.runner.trainer import Trainer
+from tests.tensor_parallel import on_mesh
+
+
+@dataclasses.dataclass
+class Run:
+    losses: list[float]
+    weights: dict[str, np.ndarray]  # whole, by Keras path, after the steps
+    slots: dict[str, np.ndarray]  # the optimizer's variables, whole, by name
+    trainer: Trainer
+
+
+def benchmark_of(benchmark_class, preset: str = "smoke", **overrides):
+    """`benchmark_class` on `preset` with `--config.*` style `overrides` (dots as "__")."""
+    cfg = config_lib.override(
+        benchmark_class.preset(preset), {k.replace("__", "."): str(v) for k, v in overrides.items()}
+    )
+    return benchmark_class(cfg)
+
+
+def train(benchmark, *, num_devices: int, pipeline: int = 1, model_parallel: int = 1,
+          expert_parallel: int = 1, steps: int = 2, schedule: str = "1f1b",
+          summer: bool = False, clip_norm: float | None = None, xla: bool = False,
+          save_to: str = "", restore_from: str = "") -> Run:  # fmt: skip
+    """`steps` Adam steps of `benchmark` through the `Trainer` on `num_devices` logical CPUs:
+    `pipeline` x `expert_parallel` x `model_parallel`, the rest data. `summer`: the collectives'
+    `GradientSummer` instead of Keras' sum (needed with model or expert parallelism)."""
+    strategy, mesh, benchmark = on_mesh(
+        benchmark, num_devices, model_parallel=model_parallel, expert_parallel=expert_parallel,
+        pipeline_parallel=pipeline,
+    )  # fmt: skip
+    if clip_norm is not None:
+        benchmark.gradient_clip_norm = lambda: clip_norm
+    gradient_summer = None
+    if summer or model_parallel > 1 or expert_parallel > 1:
+        settings = Settings(all_reduce="ring", timeout_s=60)
+        gradient_summer = GradientSummer(strategy, settings, mesh)
+    with strategy.scope(), use_mesh(mesh):
+        model = benchmark.build_model()
+        opt = FusedAdam(1e-3)
+        variables = model.trainable_variables
+        opt.build(variables)
+        if gradient_summer is not None:
+            gradient_summer.build(opt, variables)
+        layout_lib.split_slots(opt, mesh)
+        checkpoint = tf.train.Checkpoint(model=model, optimizer=opt)
+        if restore_from:
+            checkpoint.read(restore_from).assert_consumed()
+        trainer = Trainer(strategy=strategy, benchmark=benchmark, model=model, optimizer=opt,
+                          xla=xla, pipeline_schedule=schedule)  # fmt: skip
+    trainer.summer = gradient_summer
+    data = iter(strategy.distribute_datasets_from_function(for_mesh(benchmark.train_dataset, mesh)))
+    losses = []
+    for _ in range(steps):
+        loss, done, _, _ = trainer.loop(data, tf.constant(1, tf.int32))
+        assert int(done) == 1
+        losses.append(float(loss))
+    with strategy.scope():
+        weights = {v.path: np.asarray(layout_lib.whole_value(v, mesh)) for v in variables}
+        slots = {v.name: np.asarray(layout_lib.whole_value(v, mesh)) for v in opt.variables}
+        if save_to:
+            checkpoint.write(save_to)
+    return Run(losses, weights, slots, trainer)
