@@ -27,87 +27,16 @@ benchmark missing from the cache is counted on the fly (importing TensorFlow).
 from __future__ import annotations
 
 import dataclasses
-import functools
-import json
 import math
-import os
 from typing import Any
 
-from mlperf_tf import paths
 from mlperf_tf.errors import UserError
 from mlperf_tf.facts import SimulatorShape
 from mlperf_tf.parallel import mesh as mesh_lib
 from mlperf_tf.parallel.mesh import DeviceMesh
-from mlperf_tf.simulate import collectives, convergence, parallelism
+from mlperf_tf.simulate import cache, collectives, convergence, parallelism
+from mlperf_tf.simulate.cache import FLOPS_CACHE, benchmark_facts, shape_of  # noqa: F401 (the API)
 from mlperf_tf.simulate.systems import System
-
-FLOPS_CACHE = os.path.join(os.path.dirname(__file__), "data", "flops.json")
-
-
-def _flops_table() -> dict[str, Any]:
-    """The committed FLOPs cache, updated with the user's (plug-in benchmarks) when it exists."""
-    table = dict(_committed_flops())
-    user = paths.user_flops_cache()
-    if os.path.isfile(user):
-        try:
-            with open(user, encoding="utf-8") as f:
-                table.update(json.load(f))
-        except (OSError, ValueError) as e:
-            raise UserError(f"the FLOPs cache {user!r} cannot be read: {e}") from None
-    return table
-
-
-@functools.cache
-def _committed_flops() -> dict[str, Any]:
-    with open(FLOPS_CACHE, encoding="utf-8") as f:
-        return json.load(f)
-
-
-def benchmark_facts(benchmark: str, preset: str = "mlperf") -> dict[str, Any]:
-    """The FLOPs, parameters, sizes and declarations of a benchmark preset (see `mlperf_tf.flops`):
-    cached, or for a registered benchmark the cache does not hold, counted now.
-
-    Raises:
-      UserError: the benchmark is neither cached nor registered, or has no such preset.
-    """
-    table = _flops_table()
-    if benchmark not in table:
-        table = {benchmark: _counted_now(benchmark, preset)}
-    if preset not in table[benchmark]:
-        raise UserError(
-            f"benchmark '{benchmark}' has no preset '{preset}' "
-            f"(presets: {', '.join(sorted(table[benchmark]))})"
-        )
-    return table[benchmark][preset]
-
-
-@functools.cache
-def _counted_now(benchmark: str, preset: str) -> dict[str, Any]:
-    """{preset: entry} of a registered benchmark that no cache holds (imports TensorFlow; a
-    small model is traced, so `python -m mlperf_tf.flops --write NAME` once saves the time)."""
-    from mlperf_tf import flops, registry
-
-    if benchmark not in registry.available():
-        cached = ", ".join(sorted(_flops_table()))
-        raise UserError(
-            f"unknown benchmark '{benchmark}' for simulate (cached: {cached}; registered: "
-            f"{', '.join(registry.available())})"
-        )
-    return flops.build_cache([benchmark], presets=[preset])[benchmark]
-
-
-def shape_of(facts: dict[str, Any]) -> SimulatorShape:
-    """The benchmark's declared `simulator_shape()` in a cache entry."""
-    return SimulatorShape.from_dict(facts.get("shape"))
-
-
-def _family(kind: str) -> list[str]:
-    """The cached benchmarks whose `mlperf` shape declares `kind` ("blocks" or "convs")."""
-    return [
-        name
-        for name, presets in _flops_table().items()
-        if (presets.get("mlperf") or {}).get("shape", {}).get(kind)
-    ]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -352,7 +281,9 @@ def _workload(benchmark: str, facts: dict[str, Any], shape, moe) -> _Workload:
     active = float(facts.get("active_parameters", parameters))
     if not moe.num_experts:
         return _Workload(flops, params, parameters, active, shape=shape)
-    b = parallelism.blocks_of(shape, "config.model.moe.num_experts", benchmark, _family("blocks"))
+    b = parallelism.blocks_of(
+        shape, "config.model.moe.num_experts", benchmark, cache.family("blocks")
+    )
     layers = moe.layers(b.blocks)
     expert_params = layers * moe.num_experts * b.ffn_parameters
     if shape.experts is not None:  # declared: the counts already hold every expert
@@ -403,12 +334,12 @@ def _check_parallel(
     )
     rows, cols = mesh_lib.parse_spatial(str(spatial))
     if model_parallel > 1:
-        parallelism.blocks_of(shape, "model_parallel", benchmark, _family("blocks"))
+        parallelism.blocks_of(shape, "model_parallel", benchmark, cache.family("blocks"))
     if rows * cols > 1:
-        convs = parallelism.convs_of(shape, benchmark, _family("convs"))
+        convs = parallelism.convs_of(shape, benchmark, cache.family("convs"))
         parallelism.check_splits(convs, rows, cols)
     if experts > 1:
-        parallelism.blocks_of(shape, "expert_parallel", benchmark, _family("blocks"))
+        parallelism.blocks_of(shape, "expert_parallel", benchmark, cache.family("blocks"))
         if not moe.num_experts or moe.num_experts % experts:
             raise UserError(
                 f"--expert_parallel ({experts}) must divide --config.model.moe.num_experts "
