@@ -16,7 +16,7 @@ from benchmarks.llama2_70b_lora import config as config_lib
 from benchmarks.llama2_70b_lora import input as input_lib
 from benchmarks.llama2_70b_lora import model as model_lib
 from mlperf_tf.benchmark import EvalPoint, sample_eval_schedule
-from mlperf_tf.facts import Blocks, Rcp, SimulatorShape
+from mlperf_tf.facts import Blocks, Calibration, Rcp, SimulatorShape
 from mlperf_tf.layers import lora as lora_lib
 from mlperf_tf.lm.benchmark import LanguageModelBenchmark
 from mlperf_tf.optimizers import WarmupCosineDecay, registry
@@ -24,6 +24,21 @@ from mlperf_tf.spmd import use_mesh
 
 # MLPerf log keys of closed_llama2_70b_lora.yaml that `mlperf_logging.mllog.constants` lacks.
 LORA_RANK = "lora_rank"
+
+
+# The simulator's constants of this benchmark per system family (`mlperf-tf simulate`), each
+# from the published result it names (docs/scaling.md: one MLPerf result per benchmark at most
+# calibrates; the rest of data/published.json tests). Efficiencies are fractions of the dense
+# peak of the calibrating run's number format.
+SIMULATOR_CALIBRATION = (
+    Calibration(("blackwell",), 0.2497, "fp4",
+                "MLPerf v5.1 Nebius/results/nebius_b200_n1/llama2_70b_lora"),
+    # Hopper has no FP4: its runs multiply in FP8; assumed to sustain the rate the Blackwell
+    # calibration sustains as a fraction of the bf16 peak (0.2497 x 9 / 2.25 = 0.9987), which
+    # is 0.4991 of Hopper's FP8 peak. No Hopper result calibrates.
+    Calibration(("hopper",), 0.4991, "fp8",
+                "assumed: the Blackwell calibration's share of the bf16 peak, in FP8 terms"),
+)  # fmt: skip
 
 
 class LoraBenchmark(LanguageModelBenchmark):
@@ -61,7 +76,7 @@ class LoraBenchmark(LanguageModelBenchmark):
         m = self.config.model
         h, f = m.hidden_size, m.intermediate_size
         blocks = Blocks(m.num_hidden_layers, 2, h, self.sequence_length(), 3 * h * f, 6.0 * h * f)
-        return SimulatorShape(blocks=blocks)
+        return SimulatorShape(blocks=blocks, precision="bf16", calibration=SIMULATOR_CALIBRATION)
 
     # ---- sizes and schedule --------------------------------------------------------------------
     def trainable_parameter_count(self) -> int:
