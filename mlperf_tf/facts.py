@@ -72,7 +72,13 @@ class Experts:
 # Number formats a system can list a dense peak for (`--precision`); the aliases name the same
 # products (AMD's MXFP4 and NVIDIA's NVFP4 are both 4-bit floats with block scales).
 FORMATS = ("fp32", "tf32", "fp16", "bf16", "fp8", "fp4")
-FORMAT_ALIASES = {"mxfp4": "fp4", "nvfp4": "fp4", "mxfp8": "fp8"}
+FORMAT_ALIASES = {
+    "mxfp4": "fp4",
+    "nvfp4": "fp4",
+    "mxfp8": "fp8",
+    "bfloat16": "bf16",
+    "float16": "fp16",
+}
 
 
 def normalize_format(name: str) -> str:

@@ -245,6 +245,10 @@ def simulate(
         benchmark, shape, layout, working // stages.size, model_parallel, spatial_partition,
         expert_parallel, moe,
     )  # fmt: skip
+    if stages.size > 1 and layout.chips > 1:
+        what = "--model_parallel x --spatial_partition x --context_parallel x --pipeline_parallel"
+        for size in (mesh.group_size * stages.size, mesh.group_size * stages.pipeline):
+            parallelism.check_fits(layout, size, f"{what} ({size})")
     batch_given = global_batch is not None
     if global_batch is None:
         global_batch = _default_batch(const, benchmark, preset, facts, working // stages.size)
@@ -576,15 +580,28 @@ def fastest(**kwargs) -> Result:
       UserError: no layout is legal (the error of plain data parallelism says why).
     """
     fixed = {k: kwargs.pop(k) for k in list(kwargs) if k in _SEARCH}
+    shape = shape_of(benchmark_facts(kwargs["benchmark"], kwargs.get("preset", "mlperf")))
+    moe = kwargs.get("moe") or parallelism.Moe()
+    searched = dict(_SEARCH)
+    if shape.blocks is None:  # nothing for tensor, context or pipeline parallelism to split
+        searched = {flag: 1 for flag in searched}
+    if shape.experts is None and not moe.num_experts:
+        searched["expert_parallel"] = 1
     sizes = {
         flag: [fixed[flag]] if flag in fixed else [2**i for i in range(most.bit_length())]
-        for flag, most in _SEARCH.items()
+        for flag, most in searched.items()
     }
+    working = kwargs["chips"] - kwargs.get("failed_chips", 0)
     best, first_error = None, None
     for tp in sizes["model_parallel"]:
         for cp in sizes["context_parallel"]:
             for pp in sizes["pipeline_parallel"]:
                 for ep in sizes["expert_parallel"]:
+                    product = tp * cp * pp * ep
+                    searched_only = dict(zip(_SEARCH, (tp, cp, pp, ep)))
+                    plain = all(v == 1 for k, v in searched_only.items() if k not in fixed)
+                    if not plain and (product < 1 or working % product):  # skip, unless it is
+                        continue  # the layout the flags pin (its error is the one to show)
                     try:
                         r = simulate(
                             model_parallel=tp, context_parallel=cp, pipeline_parallel=pp,

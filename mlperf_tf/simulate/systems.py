@@ -69,6 +69,8 @@ class System:
       native_format: the format of `peak_flops`.
       peak_flops_by_format: dense peak per number format the chip's matrix units have (cited).
       memory_capacity: HBM per chip, bytes (0: not stated).
+      platform_names: accelerator names an MLPerf log's `submission_platform` gives for it
+        (`simulate --from_log`).
       memory_bandwidth: per chip (HBM), bytes/s: bounds the optimizer's weight update.
       compute_efficiency: fraction of the peak the model's products sustain: a "default" for
         benchmarks that declare no calibration for `family`; a user's system file may also name
@@ -114,6 +116,7 @@ class System:
     native_format: str = "bf16"
     peak_flops_by_format: dict[str, float] = dataclasses.field(default_factory=dict)
     memory_capacity: float = 0.0
+    platform_names: tuple[str, ...] = ()
 
     def peak(self, precision: str) -> float:
         """The dense peak FLOP/s per chip in `precision`.
@@ -414,6 +417,7 @@ def from_dict(data: dict[str, Any], origin: str) -> System:
     return System(
         family=str(data.get("family", data["name"])),
         native_format=native,
+        platform_names=tuple(str(n) for n in data.get("platform_names", ())),
         peak_flops_by_format=peaks,
         memory_capacity=_number(
             data.get("memory_capacity", 0),

@@ -139,7 +139,7 @@ def rows(points: list[dict], loaded: dict[str, systems.System]) -> list[dict]:
             "error_rcp": predicted / published - 1,
             "epochs_rcp": rcp.epochs_to_target,
             "role": point["role"],
-            "layout": _layout_text(rcp),
+            "layout": layout_text(rcp),
             "precision": rcp.precision,
             "mfu": rcp.mfu,
         }
@@ -152,7 +152,8 @@ def rows(points: list[dict], loaded: dict[str, systems.System]) -> list[dict]:
     return out
 
 
-def _layout_text(r: model.Result) -> str:
+def layout_text(r: model.Result) -> str:
+    """The parallel layout of a result: "tp2 cp4", or "dp" (data parallelism alone)."""
     parts = [f"{name}{size}" for name, size in (
         ("tp", r.model_parallel), ("cp", r.context_parallel), ("pp", r.pipeline_parallel),
         ("ep", r.expert_parallel)) if size > 1]  # fmt: skip
