@@ -40,8 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--epochs", type=float, help="override epochs to target")
     # The mesh flags of `mlperf-tf run` (RunConfig fields; mlperf_tf/parallel/mesh.py), same names
     # and validation.
-    # No layout flag given: the fastest legal layout is chosen (and printed); a flag given pins
-    # that axis and the others are searched.
+    # No layout flag given: the fastest legal layout is chosen (and printed); any layout flag
+    # pins the layout, the axes it does not name being 1.
     parser.add_argument(
         "--model_parallel", type=int, help="M chips share a batch, weights split (TP)"
     )
@@ -226,7 +226,8 @@ def main(argv: list[str]) -> int:
         micro_batch_size=args.micro_batch_size,
         precision=args.precision,
     )
-    every_axis_given = len(pinned) == len(_LAYOUT_FLAGS) or args.spatial_partition is not None
+    # Any layout flag pins the layout (an axis not given is 1); none: the fastest legal one.
+    every_axis_given = bool(pinned) or args.spatial_partition is not None
     if every_axis_given:
         results = [model.simulate(chips=chips, **common, **pinned) for chips in args.chips]
     else:

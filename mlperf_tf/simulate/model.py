@@ -333,7 +333,11 @@ def _check_batch(global_batch: int, mesh: DeviceMesh, *, batch_given: bool, fail
     groups, split = mesh.batch_shards, mesh.group_size
     what = "working chips" if split == 1 else f"data-parallel groups ({mesh.size} / {split})"
     if global_batch < groups:
-        raise UserError(f"--global_batch ({global_batch}) is smaller than the {groups} {what}")
+        raise UserError(
+            f"--global_batch ({global_batch}) is smaller than the {groups} {what}: split the "
+            "samples (--model_parallel, --context_parallel, --pipeline_parallel), or give no "
+            "layout flag and simulate chooses the fastest legal layout"
+        )
     if global_batch % groups and batch_given and not failed_chips:
         raise UserError(
             f"--global_batch ({global_batch}) does not split evenly over the {groups} {what}: "

@@ -17,7 +17,13 @@ TOLERANCE_MEDIAN = 0.10
 
 
 def _points():
-    return [p for p in validate.load_points()["points"] if p["benchmark"] == "llama2_70b_lora"]
+    """The published llama2_70b_lora points on the systems its calibration holds for (MI355X
+    calibrates nothing: its point tests the system's uncalibrated default, test_todays_systems)."""
+    return [
+        p
+        for p in validate.load_points()["points"]
+        if p["benchmark"] == "llama2_70b_lora" and p["system"] != "mi355x"
+    ]
 
 
 def test_calibrates_on_one_nebius_point_and_tests_the_others():

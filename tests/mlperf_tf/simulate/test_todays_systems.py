@@ -232,6 +232,17 @@ def test_v6_errors_within_the_bound_except_the_uncalibrated_benchmark():
     assert abs(worst["error_rcp"]) <= V6_EACH, (worst["id"], worst["error_rcp"])
 
 
+def test_the_mi355x_point_is_predicted_uncalibrated_and_says_so():
+    """AMD's v5.1 MI355X LoRA result tests a system no benchmark calibrates on: its prediction
+    uses the system's stated default efficiency, and the result names that."""
+    (point,) = [p for p in validate.load_points()["points"] if p["system"] == "mi355x"]
+    r = model.simulate(benchmark=point["benchmark"], system=systems.load("mi355x"),
+                       chips=point["chips"], global_batch=point["global_batch"],
+                       precision=point["precision"])  # fmt: skip
+    assert r.calibration_source.startswith("uncalibrated")
+    assert r.peak_flops == systems.load("mi355x").peak("fp8")
+
+
 # ---- --validate, --from_log, trainable parameters -----------------------------------------------
 def test_validate_prints_every_point_and_marks_the_calibration(capsys):
     code, out, _ = _run(capsys, "--validate")
