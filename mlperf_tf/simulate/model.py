@@ -334,9 +334,9 @@ def _check_batch(global_batch: int, mesh: DeviceMesh, *, batch_given: bool, fail
     what = "working chips" if split == 1 else f"data-parallel groups ({mesh.size} / {split})"
     if global_batch < groups:
         raise UserError(
-            f"--global_batch ({global_batch}) is smaller than the {groups} {what}: split the "
-            "samples (--model_parallel, --context_parallel, --pipeline_parallel), or give no "
-            "layout flag and simulate chooses the fastest legal layout"
+            f"--global_batch ({global_batch}) is smaller than the {groups} {what}: use a larger "
+            "batch, or split each sample over chips (model, context, pipeline or spatial "
+            "parallelism)"
         )
     if global_batch % groups and batch_given and not failed_chips:
         raise UserError(
@@ -616,6 +616,13 @@ def fastest(**kwargs) -> Result:
                         continue
                     if best is None or r.time_to_train_min < best.time_to_train_min:
                         best = r
+    if best is None and not any(len(v) > 1 for v in sizes.values()):
+        raise first_error  # nothing to search (a model without blocks): the plain error
     if best is None:
-        raise first_error
+        searched_axes = ", ".join(f"--{k}" for k, v in sizes.items() if len(v) > 1) or "none"
+        raise UserError(
+            f"no legal layout of {kwargs['chips']} chips at --global_batch="
+            f"{kwargs.get('global_batch')} (searched {searched_axes}, powers of two); the plain "
+            f"one: {first_error}"
+        )
     return best

@@ -70,6 +70,9 @@ def test_bad_input_is_one_line_naming_the_setting_and_what_would_work(capsys):
          "--pipeline_parallel (3) must divide the 32 blocks", "use one of 1, 2, 4, 8, 16, 32"),
         ([*gb, "--chips=8", "--global_batch=8", "--context_parallel=3"],
          "--context_parallel (3) must divide the 8192 tokens", ""),
+        # 64 samples over 72 chips: no power-of-two split gives data groups dividing 64.
+        (["--system=gb300-nvl72", "--benchmark=gpt_oss_20b", "--chips=72", "--global_batch=64"],
+         "no legal layout of 72 chips at --global_batch=64", "use a larger batch"),
         ([*gb, "--chips=16", "--global_batch=16", "--pipeline_parallel=2",
           "--micro_batch_size=3", "--model_parallel=1", "--context_parallel=1"],
          "--micro_batch_size (3) must divide", ""),
