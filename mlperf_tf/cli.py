@@ -209,20 +209,13 @@ def _print_config_keys(benchmark: str, preset: str, overrides: dict[str, str]) -
     return 0
 
 
-def _parameter_count(benchmark_class) -> int | None:
-    """The `mlperf` preset's parameter count from its config (no weights), or None."""
+def _count(benchmark_class, method: str = "parameter_count") -> int | None:
+    """A count of the `mlperf` preset from its config (no weights): `parameter_count()`,
+    `active_parameter_count()` (a mixture of experts' top-k) or `trainable_parameter_count()`
+    (a fine-tuning benchmark's adapters); None where the benchmark does not say."""
     try:
-        return benchmark_class(benchmark_class.preset("mlperf")).parameter_count()
+        return getattr(benchmark_class(benchmark_class.preset("mlperf")), method)()
     except Exception:  # noqa: BLE001 (a third-party preset may not build; the count is optional)
-        return None
-
-
-def _active_parameter_count(benchmark_class) -> int | None:
-    """Parameters one token uses in the `mlperf` preset (a mixture of experts' top-k): the
-    benchmark's `active_parameter_count()`, or None."""
-    try:
-        return benchmark_class(benchmark_class.preset("mlperf")).active_parameter_count()
-    except Exception:  # noqa: BLE001 (optional, as the parameter count)
         return None
 
 
@@ -238,7 +231,7 @@ def _list_command(argv: list[str]) -> int:
     for name, target in registry.available().items():
         try:
             benchmark_class = registry.get(name)
-            parameters = _parameter_count(benchmark_class)
+            parameters = _count(benchmark_class)
             entries.append(
                 {
                     "name": name,
@@ -247,9 +240,10 @@ def _list_command(argv: list[str]) -> int:
                     **({"parameters": parameters} if parameters is not None else {}),
                 }
             )
-            active = _active_parameter_count(benchmark_class)
-            if active is not None and active != parameters:
-                entries[-1]["active_parameters"] = active
+            for key in ("active_parameters", "trainable_parameters"):
+                count = _count(benchmark_class, key[:-1] + "_count")
+                if count is not None and count != parameters:
+                    entries[-1][key] = count
             if not as_json:
                 presets = ", ".join(benchmark_class.presets)
                 count = f"  {parameters / 1e6:,.1f} M parameters" if parameters else ""

@@ -69,9 +69,71 @@ class Experts:
     capacity_factor: float = 0.0
 
 
+# Number formats a system can list a dense peak for (`--precision`); the aliases name the same
+# products (AMD's MXFP4 and NVIDIA's NVFP4 are both 4-bit floats with block scales).
+FORMATS = ("fp32", "tf32", "fp16", "bf16", "fp8", "fp4")
+FORMAT_ALIASES = {
+    "mxfp4": "fp4",
+    "nvfp4": "fp4",
+    "mxfp8": "fp8",
+    "bfloat16": "bf16",
+    "float16": "fp16",
+}
+
+
+def normalize_format(name: str) -> str:
+    """The canonical name of a number format (`mxfp4` -> `fp4`); unknown names come back
+    lower-cased, for the caller to refuse with the formats it has."""
+    name = str(name).strip().lower()
+    return FORMAT_ALIASES.get(name, name)
+
+
+@dataclasses.dataclass(frozen=True)
+class Calibration:
+    """The simulator's constants of one benchmark on one family of systems, and the published
+    result they come from (docs/scaling.md: at most one MLPerf result per benchmark calibrates;
+    the rest are tests).
+
+    Attributes:
+      families: the system families it holds for (`System.family`: "blackwell", "hopper",
+        "tpu-v3", ...); the first entry naming a system's family wins.
+      compute_efficiency: the fraction of the dense peak of `precision` that the model's
+        products sustain (a physically plausible value is at most 0.75); None: the system's
+        default.
+      precision: the number format of the calibrating run's products (its log's
+        `lowest_numerical_precision`, or the submitter's config).
+      source: the published result (round and path) it was fitted to, or "assumed: why".
+      overlap_fraction: the part of the gradient all-reduce hidden under the backward pass, where
+        this benchmark's runs differ from the system's (None: the system's).
+      per_chip_batch: the default per-chip batch when no global batch is given (None: the
+        system's).
+      input_samples_per_s_per_host: the input pipeline's rate per host (None: unbounded).
+    """
+
+    families: tuple[str, ...]
+    compute_efficiency: float | None = None
+    precision: str = "bf16"
+    source: str = ""
+    overlap_fraction: float | None = None
+    per_chip_batch: int | None = None
+    input_samples_per_s_per_host: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["families"] = list(self.families)
+        return {k: v for k, v in data.items() if v is not None}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Calibration:
+        data = dict(data)
+        data["families"] = tuple(data["families"])
+        return cls(**data)
+
+
 @dataclasses.dataclass(frozen=True)
 class SimulatorShape:
-    """What each kind of parallelism splits and sends, for `mlperf-tf simulate`.
+    """What each kind of parallelism splits and sends, for `mlperf-tf simulate`, and the
+    simulator's constants of the benchmark.
 
     Attributes:
       blocks: the transformer blocks that tensor parallelism (`--model_parallel`) splits and
@@ -83,19 +145,31 @@ class SimulatorShape:
       experts: the model's own mixture-of-experts layers (None: dense; the simulator's
         `--config.model.moe.*` then adds experts to `blocks`, as `run` does to a dense
         Transformer or Llama).
+      precision: the number format the benchmark's reference trains in (`simulate
+        --precision`'s default).
+      calibration: the simulator's constants per system family (`Calibration`); (): the
+        systems' defaults, uncalibrated.
     """
 
     blocks: Blocks | None = None
     convs: tuple[Conv, ...] = ()
     batch_norms: int = 0
     experts: Experts | None = None
+    precision: str = "bf16"
+    calibration: tuple[Calibration, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
-        """Plain dicts; `experts` only where declared (the dense entries of the cache keep their
-        form)."""
+        """Plain dicts; `experts`, `precision` and `calibration` only where declared (the
+        entries of the cache that declare none keep their form)."""
         data = dataclasses.asdict(self)
         if self.experts is None:
             del data["experts"]
+        if self.precision == "bf16":
+            del data["precision"]
+        if self.calibration:
+            data["calibration"] = [c.as_dict() for c in self.calibration]
+        else:
+            del data["calibration"]
         return data
 
     @classmethod
@@ -108,7 +182,16 @@ class SimulatorShape:
             convs=tuple(Conv(**c) for c in data.get("convs", ())),
             batch_norms=int(data.get("batch_norms", 0)),
             experts=Experts(**data["experts"]) if data.get("experts") else None,
+            precision=str(data.get("precision", "bf16")),
+            calibration=tuple(Calibration.from_dict(c) for c in data.get("calibration", ())),
         )
+
+    def calibration_for(self, family: str) -> Calibration | None:
+        """The first declared calibration that holds for `family` (None: none does)."""
+        for entry in self.calibration:
+            if family in entry.families:
+                return entry
+        return None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -295,8 +295,8 @@ def _system_file(tmp, case):
     _, key, value = case
     owner = data
     *parents, name = key.split(".")
-    for part in parents:
-        owner = owner[part]
+    for part in parents:  # a per-benchmark table the built-in file lacks is a user's override
+        owner = owner.setdefault(part, {})
     owner[name] = value
     with open(path, "w", encoding="utf-8") as f:
         f.write(json.dumps(data).replace('"nan"', "NaN").replace('"inf"', "Infinity"))

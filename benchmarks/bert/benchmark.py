@@ -16,7 +16,7 @@ from benchmarks.bert import model as model_lib
 from mlperf_tf import rounds, rules
 from mlperf_tf.benchmark import Benchmark, EvalPoint, eval_ratio, sample_eval_schedule
 from mlperf_tf.config import ConfigError
-from mlperf_tf.facts import Blocks, Rcp, RenamedKey, SimulatorShape
+from mlperf_tf.facts import Blocks, Calibration, Rcp, RenamedKey, SimulatorShape
 from mlperf_tf.optimizers import WarmupPolynomialDecay, registry
 from mlperf_tf.optimizers.lamb import DEFAULT_LAMB_EXCLUDE
 from mlperf_tf.spmd import vocab_parallel_cross_entropy
@@ -31,6 +31,21 @@ MAX_PREDICTIONS_PER_SEQ = "max_predictions_per_seq"
 LAMB_EXCLUDE = DEFAULT_LAMB_EXCLUDE
 # The reference's denominator guard for the masked-LM mean (`+ 1e-5`).
 _MLM_WEIGHT_EPSILON = 1e-5
+
+
+# The simulator's constants of this benchmark per system family (`mlperf-tf simulate`), each
+# from the published result it names (docs/scaling.md: one MLPerf result per benchmark at most
+# calibrates; the rest of data/published.json tests). Efficiencies are fractions of the dense
+# peak of the calibrating run's number format.
+SIMULATOR_CALIBRATION = (
+    Calibration(("tpu-v3",), 0.5513, "bf16", "MLPerf v0.7 Google/results/tpu-v3-32-TF2.0/bert",
+                per_chip_batch=8),
+    Calibration(("tpu-v4",), 0.6869, "bf16", "MLPerf v0.7 Google/results/tpu-v4-16-TF/bert",
+                per_chip_batch=24),
+    # NVIDIA's v0.7 BERT all-reduced after the backward pass: no overlap.
+    Calibration(("ampere",), 0.4653, "fp16", "MLPerf v0.7 NVIDIA/results/dgxa100_ngc20.06_pytorch/bert",
+                overlap_fraction=0.0, per_chip_batch=32),
+)  # fmt: skip
 
 
 class BertBenchmark(Benchmark):
@@ -62,7 +77,7 @@ class BertBenchmark(Benchmark):
         blocks = Blocks(
             m.num_hidden_layers, 2, h, self.config.data.max_seq_length, 2 * h * f, 2.0 * 2 * h * f
         )
-        return SimulatorShape(blocks=blocks)
+        return SimulatorShape(blocks=blocks, precision="bf16", calibration=SIMULATOR_CALIBRATION)
 
     # ---- sizes ---------------------------------------------------------------------------------
     @property

@@ -17,13 +17,25 @@ from benchmarks.flux1 import config as config_lib
 from benchmarks.flux1 import input as input_lib
 from benchmarks.flux1 import model as model_lib
 from mlperf_tf.benchmark import Benchmark, EvalPoint, RcpLearningRate, sample_eval_schedule
-from mlperf_tf.facts import Blocks, Rcp, SimulatorShape
+from mlperf_tf.facts import Blocks, Calibration, Rcp, SimulatorShape
 from mlperf_tf.optimizers.adamw import AdamW
 from mlperf_tf.runner.actions import Action
 from mlperf_tf.spmd import check_divides
 
 EVALUATION_FREQUENCY = "evaluation_frequency"  # closed_flux1.yaml (not in mllog.constants)
 GRID_FILE = "samples.png"
+
+
+# The simulator's constants of this benchmark per system family (`mlperf-tf simulate`), each
+# from the published result it names (docs/scaling.md: one MLPerf result per benchmark at most
+# calibrates; the rest of data/published.json tests). Efficiencies are fractions of the dense
+# peak of the calibrating run's number format.
+SIMULATOR_CALIBRATION = (
+    # The calibrating run multiplies in MXFP8 (University-of-Florida/benchmarks/flux1/
+    # implementations/hpg.dgxb200x8/config_DGXB200_02x08x32.sh: FP8_RECIPE="mxfp8").
+    Calibration(("blackwell",), 0.2673, "fp8",
+                "MLPerf v5.1 University-of-Florida/results/hpg.dgxb200x8.n2/flux1"),
+)  # fmt: skip
 
 
 @keras.saving.register_keras_serializable(package="mlperf_tf")
@@ -95,7 +107,11 @@ class FluxBenchmark(RcpLearningRate, Benchmark):
         blocks = m.depth + m.depth_single_blocks
         per_block = (2 * m.depth + m.depth_single_blocks) / max(1, blocks)
         tokens = d.image_tokens + d.t5_length
-        return SimulatorShape(blocks=Blocks(blocks, per_block, h, tokens, 2 * h * f, 4.0 * h * f))
+        return SimulatorShape(
+            blocks=Blocks(blocks, per_block, h, tokens, 2 * h * f, 4.0 * h * f),
+            precision="bf16",
+            calibration=SIMULATOR_CALIBRATION,
+        )
 
     # ---- schedule ------------------------------------------------------------------------------
     def eval_interval(self) -> int:

@@ -16,7 +16,7 @@ from benchmarks.llama2_70b_lora import config as config_lib
 from benchmarks.llama2_70b_lora import input as input_lib
 from benchmarks.llama2_70b_lora import model as model_lib
 from mlperf_tf.benchmark import EvalPoint, sample_eval_schedule
-from mlperf_tf.facts import Blocks, Rcp, SimulatorShape
+from mlperf_tf.facts import Blocks, Calibration, Rcp, SimulatorShape
 from mlperf_tf.layers import lora as lora_lib
 from mlperf_tf.lm.benchmark import LanguageModelBenchmark
 from mlperf_tf.optimizers import WarmupCosineDecay, registry
@@ -24,6 +24,19 @@ from mlperf_tf.spmd import use_mesh
 
 # MLPerf log keys of closed_llama2_70b_lora.yaml that `mlperf_logging.mllog.constants` lacks.
 LORA_RANK = "lora_rank"
+
+
+# The simulator's constants of this benchmark per system family (`mlperf-tf simulate`), each
+# from the published result it names (docs/scaling.md: one MLPerf result per benchmark at most
+# calibrates; the rest of data/published.json tests). Efficiencies are fractions of the dense
+# peak of the calibrating run's number format.
+SIMULATOR_CALIBRATION = (
+    # The calibrating run multiplies in FP8 (Nebius/benchmarks/llama2_70b_lora/
+    # config_DGXB200_1x8x1xtp1pp1cp1.sh: FP8=True via config_common.sh); Hopper takes the
+    # Blackwell fraction of its FP8 peak (no Hopper result calibrates).
+    Calibration(("blackwell", "hopper"), 0.4993, "fp8",
+                "MLPerf v5.1 Nebius/results/nebius_b200_n1/llama2_70b_lora"),
+)  # fmt: skip
 
 
 class LoraBenchmark(LanguageModelBenchmark):
@@ -61,7 +74,7 @@ class LoraBenchmark(LanguageModelBenchmark):
         m = self.config.model
         h, f = m.hidden_size, m.intermediate_size
         blocks = Blocks(m.num_hidden_layers, 2, h, self.sequence_length(), 3 * h * f, 6.0 * h * f)
-        return SimulatorShape(blocks=blocks)
+        return SimulatorShape(blocks=blocks, precision="bf16", calibration=SIMULATOR_CALIBRATION)
 
     # ---- sizes and schedule --------------------------------------------------------------------
     def trainable_parameter_count(self) -> int:

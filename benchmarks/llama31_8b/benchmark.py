@@ -6,8 +6,19 @@ from __future__ import annotations
 from benchmarks.llama31_8b import config as config_lib
 from benchmarks.llama31_8b import input as input_lib
 from benchmarks.llama31_8b import model as model_lib
-from mlperf_tf.facts import Blocks, Rcp, SimulatorShape
+from mlperf_tf.facts import Blocks, Calibration, Rcp, SimulatorShape
 from mlperf_tf.lm.pretraining import PretrainingBenchmark
+
+# The simulator's constants of this benchmark per system family (`mlperf-tf simulate`), each
+# from the published result it names (docs/scaling.md: one MLPerf result per benchmark at most
+# calibrates; the rest of data/published.json tests). Efficiencies are fractions of the dense
+# peak of the calibrating run's number format.
+SIMULATOR_CALIBRATION = (
+    # NeMo's MLPerf LLM runs multiply in FP8 on Hopper and Blackwell; Hopper takes the Blackwell
+    # fraction of its FP8 peak (no Hopper result calibrates).
+    Calibration(("blackwell", "hopper"), 0.4966, "fp8",
+                "MLPerf v5.1 Nebius/results/nebius_b200_n1/llama31_8b", per_chip_batch=2),
+)  # fmt: skip
 
 
 class Llama31Benchmark(PretrainingBenchmark):
@@ -38,4 +49,4 @@ class Llama31Benchmark(PretrainingBenchmark):
         h, f = m.hidden_size, m.intermediate_size
         seq = self.config.data.max_sequence_length
         blocks = Blocks(m.num_hidden_layers, 2, h, seq, 3 * h * f, 2.0 * 3 * h * f)
-        return SimulatorShape(blocks=blocks)
+        return SimulatorShape(blocks=blocks, precision="bf16", calibration=SIMULATOR_CALIBRATION)

@@ -14,7 +14,7 @@ from benchmarks.resnet50 import input as input_lib
 from benchmarks.resnet50 import model as model_lib
 from mlperf_tf import layers
 from mlperf_tf.benchmark import Benchmark, eval_ratio
-from mlperf_tf.facts import Conv, Rcp, SimulatorShape
+from mlperf_tf.facts import Calibration, Conv, Rcp, SimulatorShape
 from mlperf_tf.optimizers import WarmupPolynomialDecay, registry
 from mlperf_tf.spmd import SpatialLayout
 
@@ -26,6 +26,25 @@ SGD_OPT_LR_DECAY_STEPS = "sgd_opt_learning_rate_decay_steps"
 SGD_OPT_WEIGHT_DECAY = "sgd_opt_weight_decay"
 SGD_OPT_MOMENTUM = "sgd_opt_momentum"
 OPT_LR_DECAY_POLY_POWER = "opt_learning_rate_decay_poly_power"  # registry optimizers
+
+
+# The simulator's constants of this benchmark per system family (`mlperf-tf simulate`), each
+# from the published result it names (docs/scaling.md: one MLPerf result per benchmark at most
+# calibrates; the rest of data/published.json tests). Efficiencies are fractions of the dense
+# peak of the calibrating run's number format.
+SIMULATOR_CALIBRATION = (
+    Calibration(("tpu-v3",), 0.3752, "bf16", "MLPerf v0.7 Google/results/tpu-v3-32-TF2.0/resnet",
+                per_chip_batch=32, input_samples_per_s_per_host=8000),
+    Calibration(("tpu-v4",), 0.3319, "bf16", "MLPerf v0.7 Google/results/tpu-v4-16-TF/resnet",
+                per_chip_batch=64, input_samples_per_s_per_host=20000),
+    Calibration(("ampere",), 0.2355, "fp16",
+                "MLPerf v0.7 NVIDIA/results/dgxa100_ngc20.06_mxnet/resnet",
+                per_chip_batch=408, input_samples_per_s_per_host=40000),
+    Calibration(("volta",), 0.3346, "fp16", "MLPerf v0.6 NVIDIA/results/dgx2h_ngc19.05_mxnet/resnet",
+                per_chip_batch=208, input_samples_per_s_per_host=40000),
+    Calibration(("pascal",), 0.473, "fp32", "Jia et al. 2018 (arXiv:1807.11205), 1,024 P40s",
+                per_chip_batch=32, input_samples_per_s_per_host=5000),
+)  # fmt: skip
 
 
 class ResNet50Benchmark(Benchmark):
@@ -59,7 +78,12 @@ class ResNet50Benchmark(Benchmark):
             convs.append(Conv(blocks, 3, side, side, m.base_width * 2**stage))
             side = math.ceil(side / 2)
         norms = 1 + 3 * sum(m.block_layers) + len(m.block_layers)
-        return SimulatorShape(convs=tuple(convs), batch_norms=norms)
+        return SimulatorShape(
+            convs=tuple(convs),
+            batch_norms=norms,
+            precision="bf16",
+            calibration=SIMULATOR_CALIBRATION,
+        )
 
     # ---- sizes ---------------------------------------------------------------------------------
     def warmup_steps(self) -> int:

@@ -20,13 +20,27 @@ from benchmarks.ssd import model as model_lib
 from mlperf_tf.benchmark import Benchmark
 from mlperf_tf.data import pipeline
 from mlperf_tf.errors import DataError, UserError
-from mlperf_tf.facts import Conv, Rcp, SimulatorShape
+from mlperf_tf.facts import Calibration, Conv, Rcp, SimulatorShape
 from mlperf_tf.layers import model_bn_span
 from mlperf_tf.optimizers import PiecewiseConstantWithWarmup, registry
 from mlperf_tf.spmd import SpatialLayout
 
 # Offset of the synthetic eval examples' seeds, so they differ from the training batch's.
 _SYNTHETIC_EVAL_SEED = 1_000_000
+
+
+# The simulator's constants of this benchmark per system family (`mlperf-tf simulate`), each
+# from the published result it names (docs/scaling.md: one MLPerf result per benchmark at most
+# calibrates; the rest of data/published.json tests). Efficiencies are fractions of the dense
+# peak of the calibrating run's number format.
+SIMULATOR_CALIBRATION = (
+    Calibration(("tpu-v3",), 0.5289, "bf16", "MLPerf v0.6 Google/results/tpu-v3-32/ssd",
+                per_chip_batch=4, input_samples_per_s_per_host=4000),
+    Calibration(("tpu-v4",), None, "bf16", "assumed: the system's default efficiency",
+                per_chip_batch=8, input_samples_per_s_per_host=10000),
+    Calibration(("ampere",), None, "fp16", "assumed: the system's default efficiency",
+                per_chip_batch=56, input_samples_per_s_per_host=15000),
+)  # fmt: skip
 
 
 class SSDBenchmark(Benchmark):
@@ -94,7 +108,9 @@ class SSDBenchmark(Benchmark):
         for channels, stride, padding in list(extras)[:-1]:
             side = (side + 2 * padding - 3) // stride + 1
             convs.append(Conv(3, 3, side, side, width(channels)))
-        return SimulatorShape(convs=tuple(convs), batch_norms=37)
+        return SimulatorShape(
+            convs=tuple(convs), batch_norms=37, precision="bf16", calibration=SIMULATOR_CALIBRATION
+        )
 
     # ---- model and optimizer -------------------------------------------------------------------
     def build_model(self) -> keras.Model:

@@ -10,7 +10,7 @@ import sys
 
 from mlperf_tf import listflags, paths
 from mlperf_tf.errors import UserError
-from mlperf_tf.simulate import model, parallelism, systems
+from mlperf_tf.simulate import model, parallelism, systems, validate
 
 _ALGORITHMS = ("ring", "hierarchical", "torus2d")
 
@@ -26,15 +26,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Predict a benchmark's step time, throughput and time to train on a system "
         "of N chips (α–β all-reduce models; see docs/scaling.md).",
     )
-    parser.add_argument(
-        "--benchmark", required=True, help="a registered benchmark (mlperf-tf list)"
-    )
-    system = parser.add_mutually_exclusive_group(required=True)
+    parser.add_argument("--benchmark", help="a registered benchmark (mlperf-tf list)")
+    system = parser.add_mutually_exclusive_group()
     system.add_argument("--system", help=f"built-in system: {', '.join(systems.available())}")
     system.add_argument("--system_file", help="a system of your own (JSON or YAML)")
-    parser.add_argument(
-        "--chips", required=True, type=_int_list, help="chips, or a comma list: 256,1024,4096"
-    )
+    parser.add_argument("--chips", type=_int_list, help="chips, or a comma list: 256,1024,4096")
     parser.add_argument("--global_batch", type=int, help="samples per step (default: per system)")
     parser.add_argument("--all_reduce", choices=_ALGORITHMS, help="default: the system's best")
     parser.add_argument("--weight_update_sharding", action="store_true")
@@ -44,16 +40,38 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--epochs", type=float, help="override epochs to target")
     # The mesh flags of `mlperf-tf run` (RunConfig fields; mlperf_tf/parallel/mesh.py), same names
     # and validation.
+    # No layout flag given: the fastest legal layout is chosen (and printed); any layout flag
+    # pins the layout, the axes it does not name being 1.
     parser.add_argument(
-        "--model_parallel", type=int, default=1, help="M chips share a batch, weights split (TP)"
+        "--model_parallel", type=int, help="M chips share a batch, weights split (TP)"
     )
     parser.add_argument(
-        "--spatial_partition",
-        default="1",
-        help="K (KxL) chips share a batch; images in slabs (tiles)",
+        "--spatial_partition", help="K (KxL) chips share a batch; images in slabs (tiles)"
+    )
+    parser.add_argument("--expert_parallel", type=int, help="E chips split the MoE layers' experts")
+    parser.add_argument(
+        "--pipeline_parallel", type=int, help="P chips hold 1/P of the blocks each (1F1B)"
     )
     parser.add_argument(
-        "--expert_parallel", type=int, default=1, help="E chips split the MoE layers' experts"
+        "--context_parallel", type=int, help="C chips share each sample, 1/C of its tokens"
+    )
+    parser.add_argument(
+        "--micro_batch_size", type=int, help="samples per pipeline micro-batch (default 1)"
+    )
+    parser.add_argument(
+        "--precision",
+        help="number format of the products: bf16, fp16, fp8, fp4 (mxfp4, nvfp4), fp32, tf32 "
+        "(default: what the benchmark's reference trains in)",
+    )
+    parser.add_argument(
+        "--validate",
+        action="store_true",
+        help="print every published point the suite knows, predicted against published",
+    )
+    parser.add_argument(
+        "--from_log",
+        metavar="LOG",
+        help="predict the run of a published MLPerf log (system, chips, batch, disclosed layout)",
     )
     # The MoE config as `mlperf-tf run` takes it (`--config.model.moe.X=V`): experts added to a
     # dense Transformer or Llama. A benchmark built with experts (gpt_oss_20b) declares its own.
@@ -72,6 +90,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_LAYOUT_FLAGS = ("model_parallel", "context_parallel", "pipeline_parallel", "expert_parallel")
+
+
+def _from_log(args: argparse.Namespace) -> None:
+    """Fills the flags the user did not give from the published run the log records."""
+    from mlperf_tf.simulate import fromlog
+
+    run = fromlog.read_run(args.from_log, args.system)
+    args.system = args.system or (None if args.system_file else run["system"])
+    for key in ("benchmark", "global_batch", "precision", *_LAYOUT_FLAGS):
+        if getattr(args, key) is None and key in run:
+            setattr(args, key, run[key])
+    if args.chips is None:
+        args.chips = [run["chips"]]
+
+
 def _int_list(text: str) -> list[int]:
     return list(listflags.parse_list(text, "--chips", int))
 
@@ -85,23 +119,28 @@ def _table(results: list[model.Result]) -> str:
             ("tp", "model_parallel_s"),
             ("halo", "halo_s"),
             ("a2a", "all_to_all_s"),
+            ("cp", "context_parallel_s"),
+            ("pp", "pipeline_s"),
         )
         if any(getattr(r, field) for r in results)
     ]
     head = (
-        f"{'chips':>6} {'layout':>14} {'algo':>12} {'batch':>7} {'step ms':>8} {'compute':>8} "
+        f"{'chips':>6} {'layout':>14} {'parallel':>14} {'algo':>12} {'batch':>7} {'step ms':>8} "
+        f"{'compute':>8} "
         f"{'allred':>7} {'exposed':>7} {'update':>7} "
         + "".join(f"{title:>7} " for title, _ in extra)
-        + f"{'samples/s':>11} {'eff':>5} {'epochs':>6} {'TTT min':>8}"
+        + f"{'samples/s':>11} {'eff':>5} {'MFU':>5} {'epochs':>6} {'TTT min':>8}"
     )
     rows = [head]
     for r in results:
         rows.append(
-            f"{r.chips:>6} {r.layout:>14} {r.algorithm:>12} {r.global_batch:>7} "
-            f"{r.step_time_s * 1e3:>8.2f} {r.compute_s * 1e3:>8.2f} {r.allreduce_s * 1e3:>7.2f} "
+            f"{r.chips:>6} {r.layout:>14} {validate.layout_text(r):>14} {r.algorithm:>12} "
+            f"{r.global_batch:>7} {r.step_time_s * 1e3:>8.2f} {r.compute_s * 1e3:>8.2f} "
+            f"{r.allreduce_s * 1e3:>7.2f} "
             f"{r.exposed_comm_s * 1e3:>7.2f} {r.weight_update_s * 1e3:>7.2f} "
             + "".join(f"{getattr(r, field) * 1e3:>7.2f} " for _, field in extra)
-            + f"{r.samples_per_s:>11.0f} {r.scaling_efficiency:>5.2f} {r.epochs_to_target:>6.1f} "
+            + f"{r.samples_per_s:>11.0f} {r.scaling_efficiency:>5.2f} {r.mfu:>5.2f} "
+            f"{r.epochs_to_target:>6.1f} "
             f"{r.time_to_train_min:>8.2f}" + ("  (input-bound)" if r.input_bound else "")
         )
     return "\n".join(rows)
@@ -115,6 +154,11 @@ _MOST_EPOCHS = 1e6
 
 def _check_args(args: argparse.Namespace) -> None:
     """Every number in its range and the plot path writable, before any work (one line each)."""
+    for flag in ("benchmark", "chips"):
+        if getattr(args, flag) is None:
+            raise UserError(f"--{flag} is required (or --from_log LOG, or --validate)")
+    if not (args.system or args.system_file):
+        raise UserError("--system or --system_file is required (or --from_log LOG)")
     for chips in args.chips:
         if not 1 <= chips <= _MOST_CHIPS:
             raise UserError(f"--chips ({chips}) must be in [1, {_MOST_CHIPS}]")
@@ -152,6 +196,10 @@ def main(argv: list[str]) -> int:
         build_parser().print_help()
         return 0
     args = build_parser().parse_args(argv)
+    if args.validate:
+        return validate.main([])
+    if args.from_log:
+        _from_log(args)
     _check_args(args)
     system = systems.load(args.system) if args.system else systems.load_file(args.system_file)
     moe = parallelism.Moe(
@@ -160,31 +208,42 @@ def main(argv: list[str]) -> int:
         top_k=args.moe_top_k,
         capacity_factor=args.moe_capacity_factor,
     )
-    results = [
-        model.simulate(
-            benchmark=args.benchmark,
-            system=system,
-            chips=chips,
-            global_batch=args.global_batch,
-            algorithm=args.all_reduce,
-            weight_update_sharding=args.weight_update_sharding,
-            failed_chips=args.failed_chips,
-            wraparound=args.wraparound,
-            preset=args.preset,
-            epochs_to_target=args.epochs,
-            model_parallel=args.model_parallel,
-            spatial_partition=args.spatial_partition,
-            expert_parallel=args.expert_parallel,
-            moe=moe,
-        )
-        for chips in args.chips
-    ]
+    pinned = {
+        flag: getattr(args, flag) for flag in _LAYOUT_FLAGS if getattr(args, flag) is not None
+    }
+    common = dict(
+        benchmark=args.benchmark,
+        system=system,
+        global_batch=args.global_batch,
+        algorithm=args.all_reduce,
+        weight_update_sharding=args.weight_update_sharding,
+        failed_chips=args.failed_chips,
+        wraparound=args.wraparound,
+        preset=args.preset,
+        epochs_to_target=args.epochs,
+        spatial_partition=args.spatial_partition or "1",
+        moe=moe,
+        micro_batch_size=args.micro_batch_size,
+        precision=args.precision,
+    )
+    # Any layout flag pins the layout (an axis not given is 1); none: the fastest legal one.
+    every_axis_given = bool(pinned) or args.spatial_partition is not None
+    if every_axis_given:
+        results = [model.simulate(chips=chips, **common, **pinned) for chips in args.chips]
+    else:
+        results = [model.fastest(chips=chips, **common, **pinned) for chips in args.chips]
     if args.json:
         for r in results:
             print(json.dumps(r.as_dict(), sort_keys=True))
     else:
         print(f"{args.benchmark} on {system.name}: {system.description}")
         print(_table(results))
+        chosen = "" if every_axis_given else " (the fastest legal layout for each chip count)"
+        print(f"parallel: {', '.join(validate.layout_text(r) for r in results)}{chosen}")
+        print(
+            f"precision: {results[0].precision} (dense peak {results[0].peak_flops / 1e12:,.0f} "
+            f"TFLOP/s per chip; MFU against it); efficiency: {results[0].calibration_source}"
+        )
         print(f"epochs to target: {results[0].convergence_source}")
     if args.plot:
         from mlperf_tf.simulate import plot

@@ -21,6 +21,7 @@ import statistics
 
 from mlperf_tf.errors import UserError
 from mlperf_tf.facts import Rcp, StatedConvergence, convergence_from_dict
+from mlperf_tf.simulate import cache
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,14 +54,12 @@ def rcp_folder() -> str:
 
 def curve(benchmark: str, preset: str = "mlperf") -> ConvergenceCurve:
     """The convergence curve the benchmark declares (`Benchmark.convergence`, cached with its
-    FLOPs; `model.benchmark_facts`).
+    FLOPs; `cache.benchmark_facts`).
 
     Raises:
       UserError: it declares no RCP and no stated model.
     """
-    from mlperf_tf.simulate import model  # the cache reader (which imports this module)
-
-    declared = convergence_from_dict(model.benchmark_facts(benchmark, preset).get("convergence"))
+    declared = convergence_from_dict(cache.benchmark_facts(benchmark, preset).get("convergence"))
     return curve_of(declared, benchmark)
 
 

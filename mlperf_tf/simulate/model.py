@@ -2,8 +2,13 @@
 
 Per training step (all times in seconds):
 
-    compute   = per-chip batch x training FLOPs per sample / (peak x efficiency)
-                (forward 1/3, backward 2/3: the 3x convention of `mlperf_tf.flops`)
+    compute   = per-chip batch x training FLOPs per sample / (peak[precision] x efficiency)
+                x (1 + pipeline bubble)
+                (forward 1/3, backward 2/3: the 3x convention of `mlperf_tf.flops`; the peak is
+                the dense peak of the run's number format, `--precision`; the efficiency is the
+                benchmark's calibration for the system's family, `SimulatorShape.calibration`)
+    bubble    = (P - 1) / m for a 1F1B pipeline of P stages and m micro-batches per step
+                (Narayanan et al. 2021, sec. 2.2: the idle share of an unbalanced-free schedule)
     allreduce = the α–β time of the chosen algorithm on the system's layout
                 (gradient bytes = parameters x `gradient_bytes`)
     exposed   = allreduce - min(overlap_fraction x allreduce, backward): the part of the
@@ -11,7 +16,10 @@ Per training step (all times in seconds):
     update    = parameters x optimizer bytes per parameter / memory bandwidth, divided by the
                 chips with weight-update sharding (Kumar et al. 2020: each chip updates 1/p of the
                 weights between the reduce-scatter and the all-gather, at no extra traffic)
-    device    = compute + exposed + update + step overhead (x replicas where they share cores)
+    parallel  = tensor-parallel all-reduces + halos + expert all-to-alls + context-parallel K/V
+                ring passes (the part the attention does not hide) + pipeline sends
+    device    = compute + exposed + update + parallel + step overhead (x replicas where they
+                share cores)
     input     = global batch / (hosts x per-host input rate)
     step      = max(device, input)          (input is prefetched: the slower of the two wins)
 
@@ -27,87 +35,16 @@ benchmark missing from the cache is counted on the fly (importing TensorFlow).
 from __future__ import annotations
 
 import dataclasses
-import functools
-import json
 import math
-import os
 from typing import Any
 
-from mlperf_tf import paths
 from mlperf_tf.errors import UserError
-from mlperf_tf.facts import SimulatorShape
+from mlperf_tf.facts import SimulatorShape, normalize_format
 from mlperf_tf.parallel import mesh as mesh_lib
 from mlperf_tf.parallel.mesh import DeviceMesh
-from mlperf_tf.simulate import collectives, convergence, parallelism
+from mlperf_tf.simulate import cache, collectives, convergence, parallelism
+from mlperf_tf.simulate.cache import FLOPS_CACHE, benchmark_facts, shape_of  # noqa: F401 (the API)
 from mlperf_tf.simulate.systems import System
-
-FLOPS_CACHE = os.path.join(os.path.dirname(__file__), "data", "flops.json")
-
-
-def _flops_table() -> dict[str, Any]:
-    """The committed FLOPs cache, updated with the user's (plug-in benchmarks) when it exists."""
-    table = dict(_committed_flops())
-    user = paths.user_flops_cache()
-    if os.path.isfile(user):
-        try:
-            with open(user, encoding="utf-8") as f:
-                table.update(json.load(f))
-        except (OSError, ValueError) as e:
-            raise UserError(f"the FLOPs cache {user!r} cannot be read: {e}") from None
-    return table
-
-
-@functools.cache
-def _committed_flops() -> dict[str, Any]:
-    with open(FLOPS_CACHE, encoding="utf-8") as f:
-        return json.load(f)
-
-
-def benchmark_facts(benchmark: str, preset: str = "mlperf") -> dict[str, Any]:
-    """The FLOPs, parameters, sizes and declarations of a benchmark preset (see `mlperf_tf.flops`):
-    cached, or for a registered benchmark the cache does not hold, counted now.
-
-    Raises:
-      UserError: the benchmark is neither cached nor registered, or has no such preset.
-    """
-    table = _flops_table()
-    if benchmark not in table:
-        table = {benchmark: _counted_now(benchmark, preset)}
-    if preset not in table[benchmark]:
-        raise UserError(
-            f"benchmark '{benchmark}' has no preset '{preset}' "
-            f"(presets: {', '.join(sorted(table[benchmark]))})"
-        )
-    return table[benchmark][preset]
-
-
-@functools.cache
-def _counted_now(benchmark: str, preset: str) -> dict[str, Any]:
-    """{preset: entry} of a registered benchmark that no cache holds (imports TensorFlow; a
-    small model is traced, so `python -m mlperf_tf.flops --write NAME` once saves the time)."""
-    from mlperf_tf import flops, registry
-
-    if benchmark not in registry.available():
-        cached = ", ".join(sorted(_flops_table()))
-        raise UserError(
-            f"unknown benchmark '{benchmark}' for simulate (cached: {cached}; registered: "
-            f"{', '.join(registry.available())})"
-        )
-    return flops.build_cache([benchmark], presets=[preset])[benchmark]
-
-
-def shape_of(facts: dict[str, Any]) -> SimulatorShape:
-    """The benchmark's declared `simulator_shape()` in a cache entry."""
-    return SimulatorShape.from_dict(facts.get("shape"))
-
-
-def _family(kind: str) -> list[str]:
-    """The cached benchmarks whose `mlperf` shape declares `kind` ("blocks" or "convs")."""
-    return [
-        name
-        for name, presets in _flops_table().items()
-        if (presets.get("mlperf") or {}).get("shape", {}).get(kind)
-    ]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,7 +55,8 @@ class Result:
     trainable ones where the benchmark declares no count); `active_parameters` those one token
     multiplies (a MoE layer's top-k experts; the dense model's every weight);
     `trainable_parameters` those that get gradients (all-reduced and updated: a LoRA run's
-    adapters).
+    adapters). `mfu` is the model FLOPs the chips sustain over their dense peak in `precision`
+    (`peak_flops`, per chip).
     """
 
     benchmark: str
@@ -136,7 +74,17 @@ class Result:
     model_parallel: int
     spatial_partition: str
     expert_parallel: int
+    pipeline_parallel: int
+    context_parallel: int
+    micro_batch_size: int
+    precision: str
+    peak_flops: float
+    mfu: float
+    calibration_source: str
     model_parallel_s: float
+    context_parallel_s: float
+    pipeline_s: float
+    pipeline_bubble: float
     halo_s: float
     all_to_all_s: float
     compute_s: float
@@ -184,6 +132,55 @@ class _Workload:
     shape: SimulatorShape = SimulatorShape()
 
 
+@dataclasses.dataclass(frozen=True)
+class Constants:
+    """The numbers of one benchmark on one system, resolved once: its calibration for the
+    system's family (`SimulatorShape.calibration`) or the system's defaults, in the run's format.
+    """
+
+    precision: str
+    peak: float
+    efficiency: float
+    overlap: float
+    input_rate: float
+    per_chip_batch: int
+    source: str
+
+    @property
+    def chip_flops(self) -> float:
+        return self.peak * self.efficiency
+
+
+def constants(
+    system: System, benchmark: str, shape: SimulatorShape, precision: str | None = None
+) -> Constants:
+    """The constants of `benchmark` on `system` in `precision` (None: the benchmark's reference
+    format, or the chip's native one where it lacks that).
+
+    Raises:
+      UserError: a `precision` the chip has no peak for.
+    """
+    calibration = shape.calibration_for(system.family)
+    if precision is None:
+        precision = shape.precision if shape.precision in system.formats else system.native_format
+    peak = system.peak(precision)
+    if benchmark in system.compute_efficiency:
+        source = f"system file: compute_efficiency.{benchmark}"
+    elif calibration is not None and calibration.compute_efficiency is not None:
+        source = calibration.source
+    else:
+        source = f"uncalibrated: '{system.name}' default"
+    return Constants(
+        precision=normalize_format(precision),
+        peak=peak,
+        efficiency=system.efficiency(benchmark, calibration),
+        overlap=system.overlap(benchmark, calibration),
+        input_rate=system.input_rate_per_host(benchmark, calibration),
+        per_chip_batch=system.default_per_chip_batch(benchmark, calibration),
+        source=source,
+    )
+
+
 def simulate(
     *,
     benchmark: str,
@@ -200,6 +197,10 @@ def simulate(
     spatial_partition: str = "1",
     expert_parallel: int = 1,
     moe: parallelism.Moe | None = None,
+    pipeline_parallel: int = 1,
+    context_parallel: int = 1,
+    micro_batch_size: int | None = None,
+    precision: str | None = None,
 ) -> Result:
     """Predicts one configuration (see the module docstring for the model).
 
@@ -220,6 +221,10 @@ def simulate(
         every image, E chips split each MoE layer's experts.
       moe: experts added to a dense Transformer-family benchmark (`--config.model.moe.*`); a
         benchmark that declares its own (`SimulatorShape.experts`) uses those.
+      pipeline_parallel: P chips hold consecutive 1/P of the blocks (a 1F1B pipeline).
+      context_parallel: C chips share each sample, 1/C of its tokens each (ring attention).
+      micro_batch_size: samples per pipeline micro-batch (default 1).
+      precision: the number format of the products (default: the benchmark's reference).
 
     Raises:
       UserError: an unknown benchmark or algorithm, chips that do not fit the system, failed
@@ -230,27 +235,40 @@ def simulate(
     layout, algorithm = _check_system(system, chips, algorithm, failed_chips, wraparound)
     working = chips - failed_chips
     shape = shape_of(facts)
+    const = constants(system, benchmark, shape, precision)
     moe = _moe_of(benchmark, shape, moe or parallelism.Moe())
+    stages = parallelism.Stages.checked(
+        shape, benchmark, working, pipeline_parallel, context_parallel, micro_batch_size,
+        cache.family("blocks"),
+    )  # fmt: skip
     mesh = _check_parallel(
-        benchmark, shape, layout, working, model_parallel, spatial_partition, expert_parallel, moe
-    )
+        benchmark, shape, layout, working // stages.size, model_parallel, spatial_partition,
+        expert_parallel, moe,
+    )  # fmt: skip
+    if stages.size > 1 and layout.chips > 1:
+        what = "--model_parallel x --spatial_partition x --context_parallel x --pipeline_parallel"
+        for size in (mesh.group_size * stages.size, mesh.group_size * stages.pipeline):
+            parallelism.check_fits(layout, size, f"{what} ({size})")
     batch_given = global_batch is not None
     if global_batch is None:
-        global_batch = _default_batch(system, benchmark, preset, facts, working)
+        global_batch = _default_batch(const, benchmark, preset, facts, working // stages.size)
     _check_batch(global_batch, mesh, batch_given=batch_given, failed_chips=failed_chips)
+    stages.check_batch(global_batch / mesh.batch_shards)
     work = _workload(benchmark, facts, shape, moe)
-    per_group, split = global_batch / mesh.batch_shards, mesh.group_size  # a group's samples
+    per_group = global_batch / mesh.batch_shards  # a group's samples
+    split = mesh.group_size * stages.size  # chips that share a group's samples
     step = _step(
-        system=system, benchmark=benchmark, layout=layout, algorithm=algorithm,
+        system=system, const=const, layout=layout, algorithm=algorithm,
         per_chip_batch=per_group, global_batch=global_batch, work=work, mesh=mesh,
-        sharding=weight_update_sharding, failed_chips=failed_chips,
+        sharding=weight_update_sharding, failed_chips=failed_chips, stages=stages,
     )  # fmt: skip
     samples_per_s = global_batch / step["step_time_s"]
-    single_rate = _single_chip_rate(system, benchmark, algorithm, work, per_group / split)
+    single_rate = _single_chip_rate(system, const, algorithm, work, per_group / split)
     train = _time_to_train(
-        system, benchmark, preset, facts, global_batch, step["step_time_s"], working,
+        system, const, benchmark, preset, facts, global_batch, step["step_time_s"], working,
         epochs_to_target,
     )  # fmt: skip
+    mfu = samples_per_s * work.flops / (working * const.peak)
     return Result(
         benchmark=benchmark, system=system.name, chips=chips, failed_chips=failed_chips,
         layout=layout.describe(), algorithm=algorithm,
@@ -258,21 +276,24 @@ def simulate(
         per_chip_batch=per_group / split, parameters=int(work.parameters),
         active_parameters=int(work.active_parameters), trainable_parameters=int(work.params),
         model_parallel=model_parallel, spatial_partition=str(spatial_partition),
-        expert_parallel=expert_parallel,
+        expert_parallel=expert_parallel, pipeline_parallel=stages.pipeline,
+        context_parallel=stages.context, micro_batch_size=stages.micro_batch_size,
+        precision=const.precision, peak_flops=const.peak, mfu=mfu,
+        calibration_source=const.source,
         single_chip_samples_per_s=single_rate, samples_per_s=samples_per_s,
         scaling_efficiency=samples_per_s / (single_rate * chips), **train, **step,
     )  # fmt: skip
 
 
-def _single_chip_rate(system: System, benchmark: str, algorithm: str, work, batch: float):
+def _single_chip_rate(system: System, const: Constants, algorithm: str, work, batch: float):
     """Samples/s of one chip alone on a chip's share of a group's batch: no layout to
     all-reduce over, the whole model and its experts held."""
     alone = dataclasses.replace(work, expert_params=0.0, moe=parallelism.Moe())
     single = _step(
-        system=system, benchmark=benchmark, algorithm=algorithm,
+        system=system, const=const, algorithm=algorithm,
         layout=system.layout(1) if system.kind != "torus" else None,
         per_chip_batch=batch, global_batch=batch, work=alone, mesh=DeviceMesh(),
-        sharding=False, failed_chips=0,
+        sharding=False, failed_chips=0, stages=parallelism.Stages(),
     )  # fmt: skip
     return batch / single["step_time_s"]
 
@@ -295,11 +316,11 @@ def _check_system(system: System, chips: int, algorithm, failed_chips: int, wrap
     return layout, algorithm
 
 
-def _default_batch(system: System, benchmark: str, preset: str, facts, working: int) -> int:
-    """The system's per-chip batch x working chips (or the preset's global batch), no larger
-    than the largest batch with convergence data (beyond it epochs are guesses)."""
-    per_chip = system.per_chip_batch.get(benchmark, system.per_chip_batch.get("default", 0))
-    global_batch = per_chip * working or int(facts["global_batch_size"])
+def _default_batch(const: Constants, benchmark: str, preset: str, facts, working: int) -> int:
+    """The per-chip batch (the benchmark's for the system's family, or the system's) x working
+    data-parallel chips (or the preset's global batch), no larger than the largest batch with
+    convergence data (beyond it epochs are guesses)."""
+    global_batch = const.per_chip_batch * working or int(facts["global_batch_size"])
     curve = convergence.curve(benchmark, preset)
     return max(min(global_batch, curve.batches[-1]), working)
 
@@ -312,7 +333,11 @@ def _check_batch(global_batch: int, mesh: DeviceMesh, *, batch_given: bool, fail
     groups, split = mesh.batch_shards, mesh.group_size
     what = "working chips" if split == 1 else f"data-parallel groups ({mesh.size} / {split})"
     if global_batch < groups:
-        raise UserError(f"--global_batch ({global_batch}) is smaller than the {groups} {what}")
+        raise UserError(
+            f"--global_batch ({global_batch}) is smaller than the {groups} {what}: use a larger "
+            "batch, or split each sample over chips (model, context, pipeline or spatial "
+            "parallelism)"
+        )
     if global_batch % groups and batch_given and not failed_chips:
         raise UserError(
             f"--global_batch ({global_batch}) does not split evenly over the {groups} {what}: "
@@ -352,7 +377,9 @@ def _workload(benchmark: str, facts: dict[str, Any], shape, moe) -> _Workload:
     active = float(facts.get("active_parameters", parameters))
     if not moe.num_experts:
         return _Workload(flops, params, parameters, active, shape=shape)
-    b = parallelism.blocks_of(shape, "config.model.moe.num_experts", benchmark, _family("blocks"))
+    b = parallelism.blocks_of(
+        shape, "config.model.moe.num_experts", benchmark, cache.family("blocks")
+    )
     layers = moe.layers(b.blocks)
     expert_params = layers * moe.num_experts * b.ffn_parameters
     if shape.experts is not None:  # declared: the counts already hold every expert
@@ -367,7 +394,7 @@ def _workload(benchmark: str, facts: dict[str, Any], shape, moe) -> _Workload:
 
 
 def _time_to_train(
-    system, benchmark, preset, facts, global_batch, step_s, working, epochs_to_target
+    system, const, benchmark, preset, facts, global_batch, step_s, working, epochs_to_target
 ) -> dict[str, Any]:
     """Epochs and samples to the target, the evaluations' time and the time to train."""
     epoch_examples = float(facts["train_examples"])
@@ -383,7 +410,7 @@ def _time_to_train(
     per_batch, constant = facts.get("skipped_evals_rule", (0.0, 0.0))  # e.g. llama2_70b_lora
     evals = max(1, evals - int(per_batch * global_batch + constant))
     eval_flops = float(facts["forward_flops_per_sample"]) * float(facts["eval_examples"])
-    compute_rate = _chip_flops(system, benchmark, working) * working
+    compute_rate = _chip_flops(system, const, working) * working
     eval_s = evals * (eval_flops / compute_rate + system.eval_overhead_s)
     return {
         "epochs_to_target": epochs,
@@ -403,12 +430,12 @@ def _check_parallel(
     )
     rows, cols = mesh_lib.parse_spatial(str(spatial))
     if model_parallel > 1:
-        parallelism.blocks_of(shape, "model_parallel", benchmark, _family("blocks"))
+        parallelism.blocks_of(shape, "model_parallel", benchmark, cache.family("blocks"))
     if rows * cols > 1:
-        convs = parallelism.convs_of(shape, benchmark, _family("convs"))
+        convs = parallelism.convs_of(shape, benchmark, cache.family("convs"))
         parallelism.check_splits(convs, rows, cols)
     if experts > 1:
-        parallelism.blocks_of(shape, "expert_parallel", benchmark, _family("blocks"))
+        parallelism.blocks_of(shape, "expert_parallel", benchmark, cache.family("blocks"))
         if not moe.num_experts or moe.num_experts % experts:
             raise UserError(
                 f"--expert_parallel ({experts}) must divide --config.model.moe.num_experts "
@@ -428,8 +455,8 @@ def _check_parallel(
     )  # fmt: skip
 
 
-def _chip_flops(system: System, benchmark: str, working: int) -> float:
-    rate = system.peak_flops * system.efficiency(benchmark)
+def _chip_flops(system: System, const: Constants, working: int) -> float:
+    rate = const.chip_flops
     return rate / working if system.shared_compute else rate
 
 
@@ -462,7 +489,7 @@ def allreduce_cost(
 def _step(
     *,
     system: System,
-    benchmark: str,
+    const: Constants,
     layout,
     algorithm: str,
     per_chip_batch: float,
@@ -471,39 +498,52 @@ def _step(
     mesh: DeviceMesh,
     sharding: bool,
     failed_chips: int,
+    stages: parallelism.Stages,
 ) -> dict[str, Any]:
-    """The step's parts (seconds) of `mesh`'s chips; `per_chip_batch` is a group's batch."""
-    split, working = mesh.group_size, mesh.size
-    compute = per_chip_batch * work.flops / split / _chip_flops(system, benchmark, working)
+    """The step's parts (seconds) of the chips of `mesh` x `stages` (each stage and context
+    shard a `mesh` of its own); `per_chip_batch` is a group's batch."""
+    split, working = mesh.group_size * stages.size, mesh.size * stages.size
+    bubble = stages.bubble(per_chip_batch)
+    compute = per_chip_batch * work.flops / split / _chip_flops(system, const, working)
     backward = compute * 2.0 / 3.0
-    # Each chip holds 1/M of the weights (experts: 1/E of them); the gradient all-reduce runs
-    # over the replicas of one shard, every split-th chip.
+    compute *= 1.0 + bubble
+    # Each chip holds 1/(M P) of the weights (experts: 1/(E P) of them); the gradient all-reduce
+    # runs over the replicas of one shard, every (split / C)-th chip: the data-parallel groups
+    # and the context shards, which hold the same weights.
     dense = work.params - work.expert_params
-    held = dense / mesh.model + work.expert_params / mesh.expert
-    replicas = parallelism.data_layout(system, layout, split) if layout is not None else None
+    held = (dense / mesh.model + work.expert_params / mesh.expert) / stages.pipeline
+    stride = split // stages.context
+    replicas = parallelism.data_layout(system, layout, stride) if layout is not None else None
     cost = allreduce_cost(system, replicas, algorithm, held * system.gradient_bytes, failed_chips)
     allreduce = cost.total_s
-    exposed = allreduce - min(system.overlap(benchmark) * allreduce, backward)
+    exposed = allreduce - min(const.overlap * allreduce, backward)
     update = held * system.optimizer_bytes_per_parameter / system.memory_bandwidth
     if sharding:
-        update /= max(1, working // split)
-    model_s = halo_s = a2a_s = 0.0
+        update /= max(1, working // stride)
+    model_s = halo_s = a2a_s = context_s = pipeline_s = 0.0
     if layout is not None and layout.chips > 1:
-        blocks = work.shape.blocks
+        blocks = stages.local_blocks(work.shape.blocks)  # a stage's blocks, a shard's tokens
         model_s = parallelism.tensor_parallel_cost(
             system, layout, blocks, mesh.model, per_chip_batch
+        ).total_s
+        context_s = (1.0 - const.overlap) * stages.context_cost(
+            system, layout, blocks, mesh.group_size, per_chip_batch
+        ).total_s
+        pipeline_s = stages.pipeline_cost(
+            system, layout, blocks, mesh.group_size, per_chip_batch
         ).total_s
         halo_s = parallelism.halo_cost(
             system, layout, work.shape, mesh.spatial_rows, per_chip_batch, cols=mesh.spatial_cols
         ).total_s
         a2a_s = parallelism.moe_all_to_all_cost(
-            system, layout, blocks, work.moe, mesh.expert, per_chip_batch / split
+            system, layout, blocks, work.moe, mesh.expert, per_chip_batch / mesh.group_size
         ).total_s
     # Logical devices sharing the cores also dispatch their replicas' ops one after another.
     overhead = system.step_overhead_s * (working if system.shared_compute else 1)
-    device = compute + exposed + update + overhead + model_s + halo_s + a2a_s
+    device = compute + exposed + update + overhead + model_s + halo_s + a2a_s + context_s
+    device += pipeline_s
     hosts = max(1, math.ceil(working / system.chips_per_host))
-    input_limit = global_batch / (hosts * system.input_rate_per_host(benchmark))
+    input_limit = global_batch / (hosts * const.input_rate)
     return {
         "compute_s": compute,
         "allreduce_s": allreduce,
@@ -511,6 +551,9 @@ def _step(
         "allreduce_bandwidth_s": cost.bandwidth_s,
         "exposed_comm_s": exposed,
         "model_parallel_s": model_s,
+        "context_parallel_s": context_s,
+        "pipeline_s": pipeline_s,
+        "pipeline_bubble": bubble,
         "halo_s": halo_s,
         "all_to_all_s": a2a_s,
         "weight_update_s": update,
@@ -519,3 +562,67 @@ def _step(
         "input_bound": input_limit > device,
         "step_time_s": max(device, input_limit),
     }
+
+
+# The layouts `fastest` tries: powers of two up to these (and dividing what they split).
+_SEARCH = {
+    "model_parallel": 8,
+    "context_parallel": 16,
+    "pipeline_parallel": 8,
+    "expert_parallel": 64,
+}
+
+
+def fastest(**kwargs) -> Result:
+    """The fastest legal layout of `simulate(**kwargs)` (by time to train), as a submitter
+    would choose it: data parallelism where the batch allows, else tensor, context, pipeline
+    and expert parallelism over the chips the batch cannot feed. Layout arguments given in
+    `kwargs` are kept; the others are searched. Memory is not modelled: the search may choose a
+    layout whose weights and activations would not fit a chip.
+
+    Raises:
+      UserError: no layout is legal (the error of plain data parallelism says why).
+    """
+    fixed = {k: kwargs.pop(k) for k in list(kwargs) if k in _SEARCH}
+    shape = shape_of(benchmark_facts(kwargs["benchmark"], kwargs.get("preset", "mlperf")))
+    moe = kwargs.get("moe") or parallelism.Moe()
+    searched = dict(_SEARCH)
+    if shape.blocks is None:  # nothing for tensor, context or pipeline parallelism to split
+        searched = {flag: 1 for flag in searched}
+    if shape.experts is None and not moe.num_experts:
+        searched["expert_parallel"] = 1
+    sizes = {
+        flag: [fixed[flag]] if flag in fixed else [2**i for i in range(most.bit_length())]
+        for flag, most in searched.items()
+    }
+    working = kwargs["chips"] - kwargs.get("failed_chips", 0)
+    best, first_error = None, None
+    for tp in sizes["model_parallel"]:
+        for cp in sizes["context_parallel"]:
+            for pp in sizes["pipeline_parallel"]:
+                for ep in sizes["expert_parallel"]:
+                    product = tp * cp * pp * ep
+                    searched_only = dict(zip(_SEARCH, (tp, cp, pp, ep)))
+                    plain = all(v == 1 for k, v in searched_only.items() if k not in fixed)
+                    if not plain and (product < 1 or working % product):  # skip, unless it is
+                        continue  # the layout the flags pin (its error is the one to show)
+                    try:
+                        r = simulate(
+                            model_parallel=tp, context_parallel=cp, pipeline_parallel=pp,
+                            expert_parallel=ep, **kwargs,
+                        )  # fmt: skip
+                    except UserError as e:
+                        first_error = first_error or e
+                        continue
+                    if best is None or r.time_to_train_min < best.time_to_train_min:
+                        best = r
+    if best is None and not any(len(v) > 1 for v in sizes.values()):
+        raise first_error  # nothing to search (a model without blocks): the plain error
+    if best is None:
+        searched_axes = ", ".join(f"--{k}" for k, v in sizes.items() if len(v) > 1) or "none"
+        raise UserError(
+            f"no legal layout of {kwargs['chips']} chips at --global_batch="
+            f"{kwargs.get('global_batch')} (searched {searched_axes}, powers of two); the plain "
+            f"one: {first_error}"
+        )
+    return best

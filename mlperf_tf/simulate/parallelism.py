@@ -327,3 +327,125 @@ def moe_all_to_all_cost(
     one = all_to_all(system, layout, expert_parallel, nbytes)
     count = 4 * moe.layers(b.blocks)
     return collectives.Cost(one.latency_s * count, one.bandwidth_s * count)
+
+
+@dataclasses.dataclass(frozen=True)
+class Stages:
+    """Pipeline and context parallelism of a run, around the (data, expert, spatial, model) mesh
+    of each stage and context shard.
+
+    Attributes:
+      pipeline: P chips hold consecutive 1/P of the blocks; a 1F1B schedule (Narayanan et al.
+        2021) runs the step's micro-batches through them.
+      context: C chips share every sample, 1/C of its tokens each; attention passes the keys
+        and values around them (ring attention, Liu et al. 2023).
+      micro_batch_size: samples per pipeline micro-batch.
+    """
+
+    pipeline: int = 1
+    context: int = 1
+    micro_batch_size: int = 1
+
+    @property
+    def size(self) -> int:
+        return self.pipeline * self.context
+
+    @classmethod
+    def checked(
+        cls, shape: SimulatorShape, benchmark: str, working: int, pipeline: int, context: int,
+        micro_batch_size: int | None, family: Iterable[str],
+    ) -> Stages:  # fmt: skip
+        """The stages of the flags, after checking them against the model and the chips.
+
+        Raises:
+          UserError: a flag below 1, a model without blocks, blocks or tokens that the flag
+            does not divide, or chips that are not a multiple of P x C.
+        """
+        flags = {
+            "--pipeline_parallel": pipeline,
+            "--context_parallel": context,
+            "--micro_batch_size": 1 if micro_batch_size is None else micro_batch_size,
+        }
+        for flag, value in flags.items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise UserError(f"{flag} ({value!r}) must be a positive integer")
+        if pipeline > 1:
+            b = blocks_of(shape, "pipeline_parallel", benchmark, family)
+            if b.blocks % pipeline:
+                fits = [d for d in range(1, b.blocks + 1) if b.blocks % d == 0]
+                raise UserError(
+                    f"--pipeline_parallel ({pipeline}) must divide the {b.blocks} blocks of "
+                    f"'{benchmark}': use one of {', '.join(map(str, fits))}"
+                )
+        if context > 1:
+            b = blocks_of(shape, "context_parallel", benchmark, family)
+            if b.tokens_per_sample % context:
+                raise UserError(
+                    f"--context_parallel ({context}) must divide the {b.tokens_per_sample} tokens "
+                    f"of a '{benchmark}' sample"
+                )
+        if working % (pipeline * context):
+            raise UserError(
+                f"--pipeline_parallel={pipeline} x --context_parallel={context} needs a multiple "
+                f"of {pipeline * context} chips; {working} work"
+            )
+        return cls(pipeline, context, flags["--micro_batch_size"])
+
+    def check_batch(self, group_batch: float) -> None:
+        """Refuses micro-batches that do not divide a data-parallel group's samples."""
+        if self.pipeline > 1 and (
+            group_batch < self.micro_batch_size or group_batch % self.micro_batch_size
+        ):
+            raise UserError(
+                f"--micro_batch_size ({self.micro_batch_size}) must divide the {group_batch:g} "
+                "samples a pipeline runs per step (global batch / data-parallel groups)"
+            )
+
+    def micro_batches(self, group_batch: float) -> float:
+        return max(1.0, group_batch / self.micro_batch_size)
+
+    def bubble(self, group_batch: float) -> float:
+        """The 1F1B pipeline's idle time over its busy time: (P - 1) / m."""
+        if self.pipeline <= 1:
+            return 0.0
+        return (self.pipeline - 1) / self.micro_batches(group_batch)
+
+    def local_blocks(self, blocks: Blocks | None) -> Blocks | None:
+        """One stage's blocks over one context shard's tokens."""
+        if blocks is None or self.size == 1:
+            return blocks
+        return dataclasses.replace(
+            blocks,
+            blocks=blocks.blocks // self.pipeline,
+            tokens_per_sample=blocks.tokens_per_sample // self.context,
+        )
+
+    def context_cost(
+        self, system: System, layout: Layout, blocks: Blocks | None, group: int,
+        group_batch: float,
+    ) -> collectives.Cost:  # fmt: skip
+        """The ring passes of keys and values: C - 1 steps per block forward, twice that
+        backward (the values and their gradients), each of a shard's group batch x tokens x
+        2 (K, V) x hidden bf16 values over the tensor group (an upper bound: grouped-query
+        attention sends fewer key/value heads)."""
+        if self.context <= 1 or blocks is None:
+            return collectives.ZERO
+        nbytes = group_batch * blocks.tokens_per_sample * 2 * blocks.hidden * ACTIVATION_BYTES
+        link, _, _ = _group_ring(system, layout, group * self.context)
+        steps = 3 * blocks.blocks * (self.context - 1)
+        return collectives.Cost(steps * link.alpha, steps * nbytes / group / link.bandwidth)
+
+    def pipeline_cost(
+        self, system: System, layout: Layout, blocks: Blocks | None, group: int,
+        group_batch: float,
+    ) -> collectives.Cost:  # fmt: skip
+        """The sends between stages on the schedule's critical path: 2 (m + P - 2) of one
+        micro-batch's activations (micro-batch x tokens x hidden bf16 values, split over the
+        tensor group as Megatron's scatter-gather does)."""
+        if self.pipeline <= 1 or blocks is None:
+            return collectives.ZERO
+        nbytes = self.micro_batch_size * blocks.tokens_per_sample * blocks.hidden
+        nbytes *= ACTIVATION_BYTES / group
+        link, _, _ = _group_ring(system, layout, group * self.size)
+        sends = 2 * (self.micro_batches(group_batch) + self.pipeline - 2)
+        return collectives.Cost(sends * link.alpha, sends * nbytes / link.bandwidth)

@@ -9,6 +9,9 @@ documents they come from (`sources`); `--system_file=PATH` reads a user's own in
   links when its length is in [`wrap_min`, `wrap_max`] and a multiple of `wrap_multiple`, and the
   slice has at least `wrap_min_chips` chips.
 - `switched`: nodes of `chips_per_node` GPUs on NVLink/NVSwitch, nodes on a network (DGX clusters).
+  With `domain_chips` (GB200/GB300 NVL72), a node is a compute tray and up to `domain_chips` GPUs
+  of whole trays share one NVLink domain: a run takes any number of trays, and one larger than a
+  domain spans ceil(chips / domain_chips) domains joined by the network.
 - `local`: logical devices of one process (the CPU tests), one ring with a measured α and β.
 """
 
@@ -21,6 +24,7 @@ import os
 from typing import Any
 
 from mlperf_tf.errors import UserError
+from mlperf_tf.facts import FORMATS, Calibration, normalize_format
 from mlperf_tf.simulate.collectives import Link
 
 SYSTEMS_DIR = os.path.join(os.path.dirname(__file__), "systems")
@@ -47,6 +51,8 @@ class Layout:
             dims = "x".join(str(d) for d in self.shape)
             kind = "torus" if all(self.wraps) else ("mesh" if not any(self.wraps) else "torus/mesh")
             return f"{dims} {kind}"
+        if self.chips != self.nodes * self.chips_per_node:  # domains of uneven size
+            return f"{self.nodes} domain(s) of <={-(-self.chips // self.nodes)}"
         return f"{self.nodes} node(s) x {self.chips_per_node}"
 
 
@@ -57,10 +63,19 @@ class System:
     Attributes:
       name: what `--system` calls it.
       description: one line.
-      peak_flops: per chip, at the training precision (bf16/fp16 matmul peak).
+      peak_flops: per chip, dense, in `native_format` (the format `--precision` falls back to
+        when the chip lacks the benchmark's reference format).
+      family: the chip family benchmarks calibrate for (`facts.Calibration.families`).
+      native_format: the format of `peak_flops`.
+      peak_flops_by_format: dense peak per number format the chip's matrix units have (cited).
+      memory_capacity: HBM per chip, bytes (0: not stated).
+      platform_names: accelerator names an MLPerf log's `submission_platform` gives for it
+        (`simulate --from_log`).
       memory_bandwidth: per chip (HBM), bytes/s: bounds the optimizer's weight update.
-      compute_efficiency: fraction of `peak_flops` the model's products sustain, per benchmark
-        name, with a "default"; the calibrated constants (docs/scaling.md says which points).
+      compute_efficiency: fraction of the peak the model's products sustain: a "default" for
+        benchmarks that declare no calibration for `family`; a user's system file may also name
+        a benchmark (it then overrides the benchmark's declaration). Built-in files name none:
+        each benchmark declares its constants (`SimulatorShape.calibration`).
       topology: the raw topology dict (kind and its fields).
       link: chip-to-chip link of a torus or a local ring; intra-node link of a switched system.
       network: per-GPU share of the network of a switched system.
@@ -97,6 +112,29 @@ class System:
     per_chip_batch: dict[str, int]
     sources: dict[str, str]
     overlap_fraction_by_benchmark: dict[str, float] = dataclasses.field(default_factory=dict)
+    family: str = ""
+    native_format: str = "bf16"
+    peak_flops_by_format: dict[str, float] = dataclasses.field(default_factory=dict)
+    memory_capacity: float = 0.0
+    platform_names: tuple[str, ...] = ()
+
+    def peak(self, precision: str) -> float:
+        """The dense peak FLOP/s per chip in `precision`.
+
+        Raises:
+          UserError: the chip has no such format (the message lists its formats).
+        """
+        fmt = normalize_format(precision)
+        peaks = self.formats
+        if fmt not in peaks:
+            have = ", ".join(f"{k} ({v / 1e12:,.0f} TFLOP/s)" for k, v in peaks.items())
+            raise UserError(f"--precision={precision}: '{self.name}' has {have}")
+        return peaks[fmt]
+
+    @property
+    def formats(self) -> dict[str, float]:
+        """{format: dense peak} (at least the native format's `peak_flops`)."""
+        return {self.native_format: self.peak_flops, **self.peak_flops_by_format}
 
     @property
     def kind(self) -> str:
@@ -110,16 +148,37 @@ class System:
     def default_algorithm(self) -> str:
         return self.algorithms[0]
 
-    def efficiency(self, benchmark: str) -> float:
-        return float(self.compute_efficiency.get(benchmark, self.compute_efficiency["default"]))
+    def efficiency(self, benchmark: str, calibration: Calibration | None = None) -> float:
+        """The fraction of the peak `benchmark` sustains here: a user's file naming it, else the
+        benchmark's `calibration` for this family, else the system's default."""
+        if benchmark in self.compute_efficiency:
+            return float(self.compute_efficiency[benchmark])
+        if calibration is not None and calibration.compute_efficiency is not None:
+            return float(calibration.compute_efficiency)
+        return float(self.compute_efficiency["default"])
 
-    def overlap(self, benchmark: str) -> float:
+    def overlap(self, benchmark: str, calibration: Calibration | None = None) -> float:
         """The part of the all-reduce hidden under the backward pass for `benchmark`."""
-        return float(self.overlap_fraction_by_benchmark.get(benchmark, self.overlap_fraction))
+        if benchmark in self.overlap_fraction_by_benchmark:
+            return float(self.overlap_fraction_by_benchmark[benchmark])
+        if calibration is not None and calibration.overlap_fraction is not None:
+            return float(calibration.overlap_fraction)
+        return float(self.overlap_fraction)
 
-    def input_rate_per_host(self, benchmark: str) -> float:
+    def input_rate_per_host(self, benchmark: str, calibration: Calibration | None = None) -> float:
         rates = self.input_samples_per_s_per_host
-        return float(rates.get(benchmark, rates.get("default", math.inf)))
+        if benchmark in rates:
+            return float(rates[benchmark])
+        if calibration is not None and calibration.input_samples_per_s_per_host is not None:
+            return float(calibration.input_samples_per_s_per_host)
+        return float(rates.get("default", math.inf))
+
+    def default_per_chip_batch(self, benchmark: str, calibration: Calibration | None = None) -> int:
+        if benchmark in self.per_chip_batch:
+            return int(self.per_chip_batch[benchmark])
+        if calibration is not None and calibration.per_chip_batch is not None:
+            return int(calibration.per_chip_batch)
+        return int(self.per_chip_batch.get("default", 0))
 
     def layout(self, chips: int, *, wraparound: str = "auto") -> Layout:
         """Places `chips` chips on this system.
@@ -142,6 +201,8 @@ class System:
             return self._torus_layout(chips, wraparound)
         if wraparound != "auto":
             raise UserError(f"--wraparound applies to torus systems; '{self.name}' is {self.kind}")
+        if self.kind == "switched" and "domain_chips" in topo:
+            return self._domain_layout(chips)
         if self.kind == "switched":
             per_node = int(topo["chips_per_node"])
             max_nodes = int(topo.get("max_nodes", 1 << 30))
@@ -162,6 +223,23 @@ class System:
         if chips > max_chips:
             raise UserError(f"--chips ({chips}) exceeds the {max_chips} devices of '{self.name}'")
         return Layout(chips=chips, nodes=1, chips_per_node=chips)
+
+    def _domain_layout(self, chips: int) -> Layout:
+        """Trays of `chips_per_node` GPUs in NVLink domains of up to `domain_chips`: any divisor
+        of a tray or any number of whole trays; beyond one domain, the fewest domains, filled
+        evenly (512 GPUs: 8 domains of 64), joined by the network."""
+        topo = self.topology
+        tray, domain = int(topo["chips_per_node"]), int(topo["domain_chips"])
+        most = tray * int(topo.get("max_nodes", 1 << 30))
+        if (chips < tray and tray % chips) or (chips > tray and chips % tray) or chips > most:
+            raise UserError(
+                f"--chips ({chips}) does not fit '{self.name}': a divisor of its {tray}-GPU "
+                f"trays or whole trays (a multiple of {tray}) up to {most}"
+            )
+        if chips <= domain:
+            return Layout(chips=chips, nodes=1, chips_per_node=chips)
+        domains = -(-chips // domain)
+        return Layout(chips=chips, nodes=domains, chips_per_node=chips // domains)
 
     def _torus_layout(self, chips: int, wraparound: str) -> Layout:
         topo = self.topology
@@ -252,7 +330,7 @@ def _table(data: dict, field: str, unit: str, origin: str, **bounds) -> dict[str
 
 def _check_topology(topology: dict, origin: str) -> None:
     counts = ("chips_per_node", "max_nodes", "max_chips", "min_chips", "wrap_min", "wrap_max",
-              "wrap_multiple", "wrap_min_chips")  # fmt: skip
+              "wrap_multiple", "wrap_min_chips", "domain_chips")  # fmt: skip
     for key in counts:
         if key in topology:
             _number(topology[key], f"topology.{key}", "chips", origin, low=1, low_ok=True,
@@ -319,7 +397,36 @@ def from_dict(data: dict[str, Any], origin: str) -> System:
         )  # fmt: skip
         for name, (unit, low, low_ok, high) in _FIELDS.items()
     }
+    native = normalize_format(data.get("native_format", "bf16"))
+    by_format = data.get("peak_flops_by_format", {})
+    if not isinstance(by_format, dict) or native not in FORMATS:
+        raise UserError(
+            f"system file {origin}: peak_flops_by_format must map formats ({', '.join(FORMATS)}) "
+            f"to FLOP/s, native_format one of them"
+        )
+    peaks = {}
+    for fmt, value in by_format.items():
+        if normalize_format(fmt) not in FORMATS:
+            raise UserError(
+                f"system file {origin}: peak_flops_by_format.{fmt} is not a format "
+                f"({', '.join(FORMATS)})"
+            )
+        peaks[normalize_format(fmt)] = _number(
+            value, f"peak_flops_by_format.{fmt}", "FLOP/s per chip", origin, high=1e21
+        )
     return System(
+        family=str(data.get("family", data["name"])),
+        native_format=native,
+        platform_names=tuple(str(n) for n in data.get("platform_names", ())),
+        peak_flops_by_format=peaks,
+        memory_capacity=_number(
+            data.get("memory_capacity", 0),
+            "memory_capacity",
+            "bytes per chip",
+            origin,
+            low_ok=True,
+            high=1e15,
+        ),  # fmt: skip
         name=str(data["name"]),
         description=str(data.get("description", "")),
         compute_efficiency=_table(

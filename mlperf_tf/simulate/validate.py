@@ -21,7 +21,7 @@ import statistics
 import sys
 from typing import Any
 
-from mlperf_tf.simulate import model, systems
+from mlperf_tf.simulate import cache, model, systems
 
 PUBLISHED = os.path.join(os.path.dirname(__file__), "data", "published.json")
 DOCS_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "scaling")
@@ -33,18 +33,38 @@ def load_points() -> dict[str, Any]:
         return json.load(f)
 
 
+_LAYOUT = ("model_parallel", "context_parallel", "pipeline_parallel", "expert_parallel")
+
+
 def _predict(point: dict, system: systems.System, *, logged: bool) -> model.Result:
+    """The prediction of a published point: its layout where the data gives one (disclosed, or
+    what its note infers), else the simulator's fastest legal layout, as a user would run it."""
     epochs = point.get("epochs_logged") if logged else None
-    return model.simulate(
+    kwargs = dict(
         benchmark=point["benchmark"],
         system=system,
         chips=point["chips"],
         global_batch=point["global_batch"],
         epochs_to_target=epochs,
         weight_update_sharding=bool(point.get("weight_update_sharding", False)),
-        model_parallel=int(point.get("model_parallel", 1)),
         spatial_partition=str(point.get("spatial_partition", "1")),
+        precision=point.get("precision"),
+        micro_batch_size=point.get("micro_batch_size"),
     )
+    layout = {k: int(point[k]) for k in _LAYOUT if k in point}
+    if point.get("layout") == "fastest":
+        return model.fastest(**kwargs, **layout)
+    return model.simulate(**kwargs, **layout)
+
+
+def committed_constant(system: systems.System, field: str, key: str | None) -> float:
+    """The committed value of a calibrated constant: a benchmark's efficiency as its package
+    declares it for the system's family, or a system field."""
+    if field == "compute_efficiency":
+        shape = cache.shape_of(cache.benchmark_facts(key))
+        return model.constants(system, key, shape).efficiency
+    value = getattr(system, field)
+    return value[key] if key else value
 
 
 def _measure(point: dict, result: model.Result) -> tuple[float, float, str]:
@@ -119,6 +139,9 @@ def rows(points: list[dict], loaded: dict[str, systems.System]) -> list[dict]:
             "error_rcp": predicted / published - 1,
             "epochs_rcp": rcp.epochs_to_target,
             "role": point["role"],
+            "layout": layout_text(rcp),
+            "precision": rcp.precision,
+            "mfu": rcp.mfu,
         }
         if point.get("epochs_logged") is not None:
             logged = _predict(point, system, logged=True)
@@ -127,6 +150,14 @@ def rows(points: list[dict], loaded: dict[str, systems.System]) -> list[dict]:
             row["error_logged"] = row["predicted_logged"] / published - 1
         out.append(row)
     return out
+
+
+def layout_text(r: model.Result) -> str:
+    """The parallel layout of a result: "tp2 cp4", or "dp" (data parallelism alone)."""
+    parts = [f"{name}{size}" for name, size in (
+        ("tp", r.model_parallel), ("cp", r.context_parallel), ("pp", r.pipeline_parallel),
+        ("ep", r.expert_parallel)) if size > 1]  # fmt: skip
+    return " ".join(parts) or "dp"
 
 
 def summary(table: list[dict]) -> dict[str, float]:

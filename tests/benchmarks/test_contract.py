@@ -170,7 +170,7 @@ def test_declared_facts_are_well_formed_and_cached_as_declared(name):
     committed cache holds what it declares now (regenerate it with
     `python -m mlperf_tf.flops --write --builtin NAME` after changing a declaration)."""
     from mlperf_tf import facts
-    from mlperf_tf.simulate import convergence, model
+    from mlperf_tf.simulate import cache, convergence, model
 
     benchmark_class = registry.get(name)
     for ruleset in benchmark_class.supported_rounds():
@@ -179,7 +179,7 @@ def test_declared_facts_are_well_formed_and_cached_as_declared(name):
     if declared is not None:
         curve = convergence.curve_of(declared, name)
         assert curve.batches and all(v > 0 for v in curve.values)
-    cached = model._flops_table().get(name, {})
+    cached = cache._flops_table().get(name, {})
     for preset in benchmark_class.presets:
         benchmark = benchmark_class(benchmark_class.preset(preset))
         shape = benchmark.simulator_shape()

@@ -17,10 +17,16 @@ TOLERANCE_MEDIAN = 0.10
 
 
 def _points():
-    return [p for p in validate.load_points()["points"] if p["benchmark"] == "llama2_70b_lora"]
+    """The published llama2_70b_lora points on the systems its calibration holds for (MI355X
+    calibrates nothing: its point tests the system's uncalibrated default, test_todays_systems)."""
+    return [
+        p
+        for p in validate.load_points()["points"]
+        if p["benchmark"] == "llama2_70b_lora" and p["system"] != "mi355x" and p["source"] == "v5.1"
+    ]
 
 
-def test_calibrates_on_one_nebius_point_and_tests_the_other_27():
+def test_calibrates_on_one_nebius_point_and_tests_the_others():
     points = _points()
     calibrating = [p for p in points if p["role"].startswith("calibrate")]
     assert len(calibrating) == 1
@@ -42,12 +48,19 @@ def test_every_published_point_is_predicted_within_the_tolerance():
     assert median < TOLERANCE_MEDIAN, median
 
 
-def test_h100_and_h200_take_the_b200_fraction_of_peak():
+def _constants(system, precision=None):
+    shape = model.shape_of(model.benchmark_facts("llama2_70b_lora"))
+    return model.constants(system, "llama2_70b_lora", shape, precision)
+
+
+def test_h100_and_h200_take_the_b200_share_of_the_bf16_peak():
+    """Calibrated in FP8 on B200; Hopper runs FP8 at the same share of its bf16 peak."""
     b200 = systems.load("b200-dgx")
+    blackwell = _constants(b200, "fp8").chip_flops / b200.peak("bf16")
     for name in ("h100-dgx", "h200-dgx"):
-        assert systems.load(name).efficiency("llama2_70b_lora") == b200.efficiency(
-            "llama2_70b_lora"
-        )
+        system = systems.load(name)
+        hopper = _constants(system, "fp8").chip_flops / system.peak("bf16")
+        assert hopper == pytest.approx(blackwell, abs=1e-3)
 
 
 @pytest.mark.parametrize("batch, skipped", [(8, 3), (16, 4), (32, 6)])
@@ -60,7 +73,7 @@ def test_the_reference_eval_delay_is_not_timed(batch, skipped):
     per_eval = (
         facts["forward_flops_per_sample"]
         * facts["eval_examples"]
-        / (system.peak_flops * system.efficiency("llama2_70b_lora") * batch)
+        / (_constants(system).chip_flops * batch)
         + system.eval_overhead_s
     )
     assert r.eval_s == pytest.approx(evals * per_eval)

@@ -1,0 +1,322 @@
+"""Tests of `simulate` on the systems MLPerf runs on today (issue 48): number formats, NVL72 trays,
+pipeline and context parallelism, the fastest layout, calibration declared by the benchmarks,
+`--from_log`, `--validate`, and the MLPerf v6.0 published points as a check that was never fitted."""
+
+import json
+import os
+import re
+import statistics
+
+import pytest
+
+from mlperf_tf import cli
+from mlperf_tf.simulate import model, systems, validate
+
+MAX_EFFICIENCY = 0.75  # of the dense peak of the calibrating run's format
+V6_MEDIAN, V6_EACH = 0.25, 0.35  # issue 48's bounds on the MLPerf v6.0 points
+
+
+def _run(capsys, *args):
+    code = cli.main(["simulate", *args])
+    out = capsys.readouterr()
+    return code, out.out, out.err.strip()
+
+
+# ---- systems and formats ------------------------------------------------------------------------
+def test_no_built_in_system_names_a_benchmark():
+    names = set(model.cache._flops_table())
+    for name in systems.available():
+        with open(os.path.join(systems.SYSTEMS_DIR, name + ".json"), encoding="utf-8") as f:
+            text = f.read()
+        for benchmark in names:
+            assert not re.search(rf"\b{benchmark}\b", text), (name, benchmark)
+
+
+@pytest.mark.parametrize(
+    "name, formats",
+    [
+        ("gb200-nvl72", {"bf16": 2.5e15, "fp8": 5e15, "fp4": 10e15}),
+        ("gb300-nvl72", {"bf16": 2.5e15, "fp8": 5e15, "fp4": 15e15}),
+        ("b200-dgx", {"bf16": 2.25e15, "fp8": 4.5e15, "fp4": 9e15}),
+        ("mi355x", {"bf16": 2.5166e15, "fp8": 5.0332e15, "fp4": 10.0663e15}),
+        ("h100-dgx", {"bf16": 989e12, "fp8": 1979e12}),
+    ],
+)
+def test_dense_peaks_per_format_are_the_cited_ones(name, formats):
+    system = systems.load(name)
+    for fmt, peak in formats.items():
+        assert system.peak(fmt) == pytest.approx(peak), fmt
+    assert system.peak("mxfp4" if "fp4" in formats else "bf16") > 0
+    assert "peak_flops_by_format" in " ".join(system.sources) or "peak_flops" in " ".join(
+        system.sources
+    )
+
+
+@pytest.mark.parametrize(
+    "chips, domains, per_domain", [(4, 1, 4), (32, 1, 32), (72, 1, 72), (144, 2, 72), (512, 8, 64)]
+)
+def test_nvl72_takes_whole_trays_and_spans_domains_beyond_72(chips, domains, per_domain):
+    layout = systems.load("gb200-nvl72").layout(chips)
+    assert (layout.nodes, layout.chips_per_node) == (domains, per_domain)
+
+
+def test_bad_input_is_one_line_naming_the_setting_and_what_would_work(capsys):
+    gb = ["--system=gb200-nvl72", "--benchmark=llama31_8b"]
+    cases = [
+        ([*gb, "--chips=6"], "--chips (6) does not fit 'gb200-nvl72'", "multiple of 4"),
+        (["--system=a100-dgx", "--benchmark=bert", "--chips=8", "--precision=fp8"],
+         "--precision=fp8", "bf16"),
+        ([*gb, "--chips=72", "--global_batch=72", "--pipeline_parallel=3"],
+         "--pipeline_parallel (3) must divide the 32 blocks", "use one of 1, 2, 4, 8, 16, 32"),
+        ([*gb, "--chips=8", "--global_batch=8", "--context_parallel=3"],
+         "--context_parallel (3) must divide the 8192 tokens", ""),
+        # 64 samples over 72 chips: no power-of-two split gives data groups dividing 64.
+        (["--system=gb300-nvl72", "--benchmark=gpt_oss_20b", "--chips=72", "--global_batch=64"],
+         "no legal layout of 72 chips at --global_batch=64", "use a larger batch"),
+        ([*gb, "--chips=16", "--global_batch=16", "--pipeline_parallel=2",
+          "--micro_batch_size=3", "--model_parallel=1", "--context_parallel=1"],
+         "--micro_batch_size (3) must divide", ""),
+    ]  # fmt: skip
+    for args, message, hint in cases:
+        code, _, err = _run(capsys, *args)
+        assert code == 2 and err.startswith("error: ") and "\n" not in err, (args, err)
+        assert message in err and hint in err, (args, err)
+
+
+# ---- the step model's new axes ------------------------------------------------------------------
+def test_pipeline_splits_compute_and_adds_the_1f1b_bubble():
+    """P stages of a group: compute / P x (1 + (P - 1) / m), m = group batch / micro-batch."""
+    b200 = systems.load("b200-dgx")
+    kw = dict(benchmark="llama31_8b", system=b200, global_batch=32, precision="fp8")
+    plain = model.simulate(chips=8, **kw)  # 8 groups of 4 samples
+    for stages, micro in ((2, 1), (4, 2), (8, 4)):
+        piped = model.simulate(chips=8 * stages, pipeline_parallel=stages, micro_batch_size=micro,
+                               **kw)  # fmt: skip
+        m = 4 / micro
+        assert piped.pipeline_bubble == pytest.approx((stages - 1) / m)
+        assert piped.compute_s == pytest.approx(plain.compute_s / stages * (1 + (stages - 1) / m))
+        assert piped.pipeline_s > 0
+
+
+def test_context_parallelism_splits_each_sample_and_pays_its_ring():
+    b200 = systems.load("b200-dgx")
+    kw = dict(benchmark="llama31_8b", system=b200, global_batch=8, precision="fp8")
+    plain = model.simulate(chips=8, **kw)
+    split = model.simulate(chips=32, context_parallel=4, **kw)
+    assert split.compute_s == pytest.approx(plain.compute_s / 4)
+    assert split.context_parallel_s > 0 and plain.context_parallel_s == 0
+    # Keys and values go around the ring: 3 (C - 1) passes per block of a shard's tokens.
+    blocks = model.shape_of(model.benchmark_facts("llama31_8b")).blocks
+    nbytes = 1 * blocks.tokens_per_sample / 4 * 2 * blocks.hidden * 2
+    ring = 3 * blocks.blocks * 3 * (b200.link.alpha + nbytes / b200.link.bandwidth)
+    assert split.context_parallel_s == pytest.approx((1 - b200.overlap_fraction) * ring)
+
+
+def test_mfu_is_against_the_peak_of_the_format_used():
+    b200 = systems.load("b200-dgx")
+    kw = dict(benchmark="llama31_8b", system=b200, chips=8, global_batch=16)
+    for fmt in ("bf16", "fp8", "fp4"):
+        r = model.simulate(precision=fmt, **kw)
+        flops = model.benchmark_facts("llama31_8b")["training_flops_per_sample"]
+        assert r.peak_flops == b200.peak(fmt)
+        assert r.mfu == pytest.approx(r.samples_per_s * flops / (8 * b200.peak(fmt)))
+
+
+def test_without_a_layout_the_fastest_legal_one_is_chosen_and_printed(capsys):
+    args = ["--benchmark=gpt_oss_20b", "--system=gb200-nvl72", "--chips=72", "--global_batch=36"]
+    code, out, err = _run(capsys, *args, "--json")
+    assert code == 0, err
+    chosen = json.loads(out)
+    assert chosen["global_batch"] == 36  # below the 72 chips: some chips share samples
+    assert chosen["model_parallel"] * chosen["context_parallel"] * chosen["pipeline_parallel"] > 1
+    pinned = {k: chosen[k] for k in validate._LAYOUT}
+    system = systems.load("gb200-nvl72")
+    same = model.simulate(benchmark="gpt_oss_20b", system=system, chips=72, global_batch=36,
+                          **pinned)  # fmt: skip
+    assert same.time_to_train_min == pytest.approx(chosen["time_to_train_min"])
+    plain = dict(benchmark="gpt_oss_20b", system=system, chips=72, global_batch=72)
+    assert chosen["time_to_train_min"] > 0 and model.simulate(**plain).time_to_train_min > 0
+    code, out, _ = _run(capsys, *args)
+    assert "the fastest legal layout" in out and validate.layout_text(same) in out
+
+
+# ---- calibration belongs to the benchmark -------------------------------------------------------
+def test_every_calibration_is_plausible_and_names_its_source():
+    points = validate.load_points()["points"]
+    calibrating = {p["path"] for p in points if p["role"].startswith("calibrate")}
+    for name, presets in model.cache._flops_table().items():
+        shape = model.shape_of(presets["mlperf"])
+        for entry in shape.calibration:
+            if entry.compute_efficiency is not None:
+                assert 0 < entry.compute_efficiency <= MAX_EFFICIENCY, (name, entry)
+            assert entry.source.startswith("assumed") or any(
+                path in entry.source for path in calibrating
+            ), (name, entry.source)
+
+
+def test_at_most_one_mlperf_v5_1_result_calibrates_each_benchmark():
+    points = validate.load_points()["points"]
+    for benchmark in {p["benchmark"] for p in points}:
+        v51 = [p for p in points if p["benchmark"] == benchmark and p["source"] == "v5.1"
+               and p["role"].startswith("calibrate")]  # fmt: skip
+        assert len(v51) <= 1, (benchmark, [p["id"] for p in v51])
+    assert not [p for p in points if p["source"] == "v6.0" and p["role"] != "test"]
+
+
+# ---- the MLPerf v6.0 check ----------------------------------------------------------------------
+def _v6_rows():
+    points = [p for p in validate.load_points()["points"] if p["source"] == "v6.0"]
+    loaded = {name: systems.load(name) for name in {p["system"] for p in points}}
+    return points, validate.rows(points, loaded)
+
+
+def test_v6_points_cover_the_published_configurations():
+    points, _ = _v6_rows()
+    configs = {(p["benchmark"], p["system"], p["chips"], p["global_batch"]) for p in points}
+    assert {("gpt_oss_20b", "gb300-nvl72", 72, 36), ("gpt_oss_20b", "gb300-nvl72", 512, 64),
+            ("gpt_oss_20b", "gb200-nvl72", 72, 36), ("llama2_70b_lora", "gb300-nvl72", 72, 9),
+            ("llama2_70b_lora", "gb300-nvl72", 8, 8), ("llama2_70b_lora", "gb300-nvl72", 512, 64),
+            ("llama31_8b", "gb300-nvl72", 72, 72),
+            ("flux1", "gb300-nvl72", 32, 1024), ("flux1", "gb300-nvl72", 72, 2304)} <= configs  # fmt: skip
+    assert all("/results/" in p["path"] and p["path"].endswith("result_0.txt") for p in points)
+
+
+@pytest.mark.parametrize(
+    "bench, system, chips, batch",
+    [
+        ("gpt_oss_20b", "gb200-nvl72", 72, 36),
+        ("gpt_oss_20b", "gb200-nvl72", 512, 64),
+        ("llama2_70b_lora", "gb200-nvl72", 72, 9),
+        ("llama2_70b_lora", "gb200-nvl72", 512, 64),
+        ("flux1", "gb200-nvl72", 32, 1024),
+        ("flux1", "gb300-nvl72", 72, 2304),
+        ("llama31_8b", "gb300-nvl72", 512, 256),
+        ("llama2_70b_lora", "mi355x", 8, 8),
+    ],
+)
+def test_published_configurations_are_accepted_as_published(capsys, bench, system, chips, batch):
+    code, _, err = _run(capsys, f"--benchmark={bench}", f"--system={system}",
+                        f"--chips={chips}", f"--global_batch={batch}")  # fmt: skip
+    assert code == 0, err
+
+
+def test_v6_points_cover_every_benchmark():
+    _, rows = _v6_rows()
+    assert len(rows) >= 14
+    assert {r["benchmark"] for r in rows} == {
+        "gpt_oss_20b",
+        "llama2_70b_lora",
+        "llama31_8b",
+        "flux1",
+    }
+
+
+def _calibrated_in_their_format(rows):
+    """The points of a benchmark calibrated on its own MLPerf result, run in the format of that
+    calibration (no transfer of an efficiency to another format)."""
+    out = []
+    for r in rows:
+        shape = model.shape_of(model.benchmark_facts(r["benchmark"]))
+        entry = shape.calibration_for(systems.load(r["system"]).family)
+        if entry and not entry.source.startswith("assumed") and entry.precision == r["precision"]:
+            out.append(r)
+    return out
+
+
+def test_v6_points_in_their_calibrated_format_are_within_the_issue_bound():
+    """Computed from the predictions, never fitted: the v6.0 points calibrate nothing."""
+    _, rows = _v6_rows()
+    rows = _calibrated_in_their_format(rows)
+    assert len(rows) >= 8
+    worst = max(rows, key=lambda r: abs(r["error_rcp"]))
+    assert abs(worst["error_rcp"]) <= V6_EACH, (worst["id"], worst["error_rcp"])
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 48's 25 % median is not met (25.9 % over 14 points): gpt_oss_20b's efficiency is "
+    "assumed (-28 to -41 %) and the FP8 calibration of llama2_70b_lora overstates the 8-GPU GB300 "
+    "FP4 run (-43 %). Strict: this test fails the run once the median is within the bound.",
+)
+def test_v6_median_error_is_within_the_issue_bound():
+    _, rows = _v6_rows()
+    errors = [abs(r["error_rcp"]) for r in rows]
+    assert statistics.median(errors) <= V6_MEDIAN, statistics.median(errors)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 48's 35 % bound is not met: llama2_70b_lora on 8 GB300 in FP4 (-43 %: an FP8 "
+    "calibration applied to the FP4 peak) and gpt_oss_20b on 8 B200 (-41 %: assumed efficiency). "
+    "Strict: this test fails the run once every point is within the bound.",
+)
+def test_v6_each_error_is_within_the_issue_bound():
+    _, rows = _v6_rows()
+    worst = max(rows, key=lambda r: abs(r["error_rcp"]))
+    assert abs(worst["error_rcp"]) <= V6_EACH, (worst["id"], worst["error_rcp"])
+
+
+def test_the_mi355x_point_is_predicted_uncalibrated_and_says_so():
+    """AMD's v5.1 MI355X LoRA result tests a system no benchmark calibrates on: its prediction
+    uses the system's stated default efficiency, and the result names that."""
+    (point,) = [p for p in validate.load_points()["points"] if p["system"] == "mi355x"]
+    r = model.simulate(benchmark=point["benchmark"], system=systems.load("mi355x"),
+                       chips=point["chips"], global_batch=point["global_batch"],
+                       precision=point["precision"])  # fmt: skip
+    assert r.calibration_source.startswith("uncalibrated")
+    assert r.peak_flops == systems.load("mi355x").peak("fp8")
+
+
+# ---- --validate, --from_log, trainable parameters -----------------------------------------------
+def test_validate_prints_every_point_and_marks_the_calibration(capsys):
+    code, out, _ = _run(capsys, "--validate")
+    assert code == 0
+    points = validate.load_points()["points"]
+    for p in points:
+        assert f"| {p['id']} |" in out, p["id"]
+    assert out.count("| calibrate: ") == sum(p["role"].startswith("calibrate") for p in points)
+
+
+def _log(tmp_path, **values):
+    lines = [
+        json.dumps(
+            {
+                "namespace": "",
+                "time_ms": 1,
+                "event_type": "POINT_IN_TIME",
+                "key": k,
+                "value": v,
+                "metadata": {},
+            }
+        )  # fmt: skip
+        for k, v in values.items()
+    ]
+    path = tmp_path / "result_0.txt"
+    path.write_text("".join(f":::MLLOG {line}\n" for line in lines))
+    return str(path)
+
+
+def test_from_log_predicts_the_logged_run_with_its_disclosed_layout(tmp_path, capsys):
+    log = _log(tmp_path, submission_benchmark="llama2_70b_lora",
+               submission_platform="18xNVIDIA GB300", global_batch_size=9, tensor_parallelism=1,
+               pipeline_parallelism=1, context_parallelism=8, expert_parallelism=1,
+               lowest_numerical_precision_in_linear="nvfp4")  # fmt: skip
+    code, out, err = _run(capsys, f"--from_log={log}", "--json")
+    assert code == 0, err
+    r = json.loads(out)
+    assert (r["system"], r["chips"], r["global_batch"]) == ("gb300-nvl72", 72, 9)
+    assert (r["context_parallel"], r["model_parallel"], r["precision"]) == (8, 1, "fp4")
+    code, _, err = _run(capsys, f"--from_log={_log(tmp_path, submission_benchmark='x')}")
+    assert code == 2 and "has no submission_platform" in err
+
+
+def test_simulate_json_gives_the_lora_adapters_as_trainable_parameters(capsys):
+    code, out, _ = _run(capsys, "--benchmark=llama2_70b_lora", "--system=b200-dgx", "--chips=8",
+                        "--json")  # fmt: skip
+    r = json.loads(out)
+    # Rank-16 adapters on the fused QKV (8192 -> 8192 + 2 x 1024) and output (8192 -> 8192)
+    # projections of Llama 2 70B's 80 blocks: r (d_in + d_out) each.
+    layers, rank, hidden, kv = 80, 16, 8192, 1024
+    adapters = layers * rank * ((hidden + hidden + 2 * kv) + (hidden + hidden))
+    assert r["trainable_parameters"] == adapters == 44_564_480
+    assert r["parameters"] > 1000 * r["trainable_parameters"]
