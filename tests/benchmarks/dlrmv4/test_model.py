@@ -287,3 +287,13 @@ def test_parameter_counts_are_the_built_models_without_allocating():
     emb, dense = model_lib.parameter_counts(config_lib.ModelConfig())
     assert emb == 293_051_712 * 512
     assert 10_000_000 < dense < 20_000_000
+
+
+def test_time_features_are_the_postprocessors_hour_and_day_phases():
+    ts = np.array([0, 3599, 3600, 86400 * 3 + 7200 + 5, 1_700_000_000])
+    got = model_lib.time_features(tf.constant(ts, tf.int64)).numpy()
+    want = []
+    for period, units in ((3600, 24), (86400, 7)):
+        angle = np.remainder(np.floor(ts / period), units) / units * 2 * 3.14  # not 2 pi
+        want += [np.cos(angle), np.sin(angle)]
+    np.testing.assert_allclose(got, np.stack(want, 1), rtol=0, atol=1e-6)
