@@ -14,7 +14,7 @@ import math
 import os
 
 from mlperf_tf import paths
-from mlperf_tf.config import BenchmarkConfig, ConfigError, require
+from mlperf_tf.config import MAX_INT, BenchmarkConfig, ConfigError, require
 
 NAME = "dlrmv4"
 
@@ -223,7 +223,18 @@ class DlrmConfig(BenchmarkConfig):
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
 
     def __post_init__(self):
-        super().__post_init__()
+        # The stream is 2,290,835,423 samples, above the int32 bound `BenchmarkConfig` holds
+        # counts to (they are int32 in compiled loops; this one never enters one: the steps,
+        # 279,643 at batch 8192, do). Checked against int64 here, the rest by the base class.
+        stream = self.train_examples
+        if isinstance(stream, int) and not isinstance(stream, bool) and MAX_INT < stream < 2**53:
+            object.__setattr__(self, "train_examples", MAX_INT)
+            try:
+                super().__post_init__()
+            finally:
+                object.__setattr__(self, "train_examples", stream)
+        else:
+            super().__post_init__()
         lr = self.learning_rate
         if self.optimizer.lr_band_check:
             low, high = (f * REFERENCE_LR_PER_SAMPLE * self.global_batch_size for f in LR_BAND)

@@ -1,0 +1,126 @@
+"""DLRMv4's rules: the learning-rate band, the eval grid and first eval, the logged keys, the AUC,
+and the data checks (windows in time order, ids inside their tables)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+import yaml
+
+from benchmarks.dlrmv4 import config as config_lib
+from benchmarks.dlrmv4 import input as input_lib
+from benchmarks.dlrmv4.benchmark import AUC_BINS, DlrmV4Benchmark, binned_auc
+from mlperf_tf.config import ConfigError
+from mlperf_tf.errors import UserError
+
+
+def rules_file() -> str:
+    import mlperf_logging  # noqa: PLC0415
+
+    return os.path.join(
+        os.path.dirname(mlperf_logging.__file__),
+        "compliance_checker", "training_6.1.0", "closed_dlrmv4.yaml",
+    )  # fmt: skip
+
+
+def test_the_learning_rate_defaults_to_the_rules_law_and_is_held_to_its_band():
+    for batch in (8192, 16384, 32768):
+        config = dataclasses.replace(config_lib.mlperf(), global_batch_size=batch)
+        assert config.learning_rate == pytest.approx(1e-6 * batch / 8192)
+    optimizer = dataclasses.replace(config_lib.OptimizerConfig(), opt_base_learning_rate=2e-6)
+    with pytest.raises(ConfigError, match=r"opt_base_learning_rate.*outside the rules' band") as e:
+        dataclasses.replace(config_lib.mlperf(), optimizer=optimizer)
+    assert "\n" not in str(e.value)
+    ok = dataclasses.replace(optimizer, opt_base_learning_rate=1.5e-6)
+    assert dataclasses.replace(config_lib.mlperf(), optimizer=ok).learning_rate == 1.5e-6
+
+
+@pytest.mark.parametrize("batch, block", [(8192, 25), (16384, 31), (32768, 41)])
+def test_the_first_eval_and_the_grid_are_the_rules(batch, block):
+    """closed_dlrmv4.yaml: eval every ceil(0.001 x 2,290,835,423 / batch) steps; the first at
+    block 25, 31, 41 of that grid for batch 8192, 16384, 32768."""
+    config = dataclasses.replace(config_lib.mlperf(), global_batch_size=batch)
+    schedule = DlrmV4Benchmark(config).eval_schedule()
+    interval = math.ceil(0.001 * 2_290_835_423 / batch) * batch
+    assert schedule[0].samples_count == block * interval
+    assert all(p.samples_count % interval == 0 for p in schedule)
+    assert all(b.step - a.step == interval // batch for a, b in zip(schedule, schedule[1:]))
+    assert schedule[-1].samples_count <= config_lib.TRAIN_SAMPLES
+
+
+def test_the_log_holds_every_key_the_rules_require():
+    with open(rules_file()) as f:
+        rules = yaml.safe_load(f)
+    required = {r["KEY"]["NAME"] for r in rules if "KEY" in r} - {"eval_accuracy"}
+    hparams = DlrmV4Benchmark(config_lib.mlperf()).logged_hparams()
+    assert required <= set(hparams)
+    assert hparams["opt_sparse_base_learning_rate"] == hparams["opt_base_learning_rate"]
+    assert hparams["opt_sparse_name"] == "RowWiseAdagrad" and hparams["eval_samples"] == 2058204
+
+
+def test_binned_auc_is_the_pairwise_auc_when_scores_fall_in_distinct_bins():
+    rng = np.random.default_rng(0)
+    bins = rng.choice(AUC_BINS, 300, replace=False)
+    labels = rng.random(300) < 0.4
+    pos = np.bincount(bins[labels], minlength=AUC_BINS)
+    neg = np.bincount(bins[~labels], minlength=AUC_BINS)
+    pairs = (bins[labels][:, None] > bins[~labels][None, :]).mean()
+    assert binned_auc(pos, neg) == pytest.approx(pairs, abs=1e-12)
+    # Ties in one bin count half; an empty class gives 0.5.
+    assert binned_auc(np.array([1, 0]), np.array([1, 0])) == 0.5
+    assert binned_auc(np.array([3, 0]), np.zeros(2)) == 0.5
+
+
+def test_eval_counts_are_summed_exactly_over_replicas_and_padding_is_left_out():
+    benchmark = DlrmV4Benchmark(config_lib.smoke())
+    rng = np.random.default_rng(1)
+    outputs = {
+        "bin": rng.integers(0, AUC_BINS, 64).astype(np.int32),
+        "label": (rng.random(64) < 0.5).astype(np.float32),
+        "valid": np.r_[np.ones(60), np.zeros(4)].astype(np.float32),
+    }
+    whole = benchmark.eval_reduce(benchmark.eval_begin(), outputs)
+    halves = benchmark.eval_begin()
+    for part in (slice(0, 32), slice(32, 64)):  # two replicas' gathered rows
+        halves = benchmark.eval_reduce(halves, {k: v[part] for k, v in outputs.items()})
+    assert whole["pos"].sum() + whole["neg"].sum() == 60
+    np.testing.assert_array_equal(whole["pos"], halves["pos"])
+    np.testing.assert_array_equal(whole["neg"], halves["neg"])
+
+
+def _manifest(tmp_path, windows, table_rows=None):
+    manifest = {
+        "train_windows": windows[:-1],
+        "eval_window": windows[-1],
+        "table_rows": table_rows or {"item_id": 10},
+        "history_length": 4,
+    }
+    (tmp_path / input_lib.MANIFEST).write_text(json.dumps(manifest))
+    return input_lib.read_manifest(str(tmp_path))
+
+
+def test_data_errors_are_one_line_naming_the_window_or_the_table(tmp_path):
+    config = dataclasses.replace(
+        config_lib.smoke(), data=dataclasses.replace(config_lib.smoke().data, num_train_windows=2)
+    )
+    w = lambda name, start: {"file": name, "start": start, "end": start + 10}  # noqa: E731
+    good = [w("a", 0), w("b", 10), w("eval", 20)]
+    input_lib.check_manifest(_manifest(tmp_path, good), config)
+    with pytest.raises(UserError, match=r"window b \[5, 15\) is out of time order after a"):
+        input_lib.check_manifest(_manifest(tmp_path, [w("a", 0), w("b", 5), w("e", 20)]), config)
+    with pytest.raises(UserError, match="window eval .* out of time order"):
+        input_lib.check_manifest(_manifest(tmp_path, [w("a", 0), w("b", 10), w("eval", 0)]),
+                                 config)  # fmt: skip
+    rows = config.model.item_rows
+    with pytest.raises(UserError, match=f"ids up to {rows} in table item_id, outside its {rows}"):
+        input_lib.check_manifest(_manifest(tmp_path, good, {"item_id": rows + 1}), config)
+    with pytest.raises(UserError, match="no manifest.json"):
+        input_lib.read_manifest(str(tmp_path / "missing"))
+    (tmp_path / input_lib.MANIFEST).write_text("{not json")
+    with pytest.raises(UserError, match="is corrupt"):
+        input_lib.read_manifest(str(tmp_path))
