@@ -305,14 +305,14 @@ def mlperf() -> DlrmConfig:
 
 # The mini data set's shapes (`prepare.prepare_mini` writes exactly these).
 MINI_ITEMS = 2000
-MINI_ARTISTS = 100
+MINI_ARTISTS = 50
 MINI_ALBUMS = 400
 MINI_USERS = 800
 MINI_CROSS_ROWS = (4096,) * len(CROSS_FEATURES)
 MINI_MAX_SEQ_LEN = 48
 MINI_WINDOWS = 6
-MINI_TRAIN_SAMPLES = 5 * 4096  # five training windows of 4,096 listens
-MINI_EVAL_SAMPLES = 4096
+MINI_TRAIN_SAMPLES = 5 * 16384  # five training windows of 16,384 listens
+MINI_EVAL_SAMPLES = 16384
 MINI_BATCH = 128
 MINI_TARGET_AUC = 0.70
 
@@ -359,7 +359,7 @@ def mini() -> DlrmConfig:
         quality_target=MINI_TARGET_AUC,
         model=mini_model(),
         optimizer=OptimizerConfig(
-            opt_base_learning_rate=1e-3, opt_learning_rate_warmup_steps=100, lr_band_check=False
+            opt_base_learning_rate=5e-3, opt_learning_rate_warmup_steps=100, lr_band_check=False
         ),
         data=DataConfig(
             window_seconds=86_400,
