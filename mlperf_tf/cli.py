@@ -226,6 +226,15 @@ def _active_parameter_count(benchmark_class) -> int | None:
         return None
 
 
+def _parameter_groups(benchmark_class) -> dict[str, int] | None:
+    """The `mlperf` preset's parameters by kind (e.g. embedding tables apart from dense
+    weights): the benchmark's `parameter_groups()`, or None."""
+    try:
+        return benchmark_class(benchmark_class.preset("mlperf")).parameter_groups()
+    except Exception:  # noqa: BLE001 (optional, as the parameter count)
+        return None
+
+
 def _list_command(argv: list[str]) -> int:
     import json
 
@@ -250,6 +259,9 @@ def _list_command(argv: list[str]) -> int:
             active = _active_parameter_count(benchmark_class)
             if active is not None and active != parameters:
                 entries[-1]["active_parameters"] = active
+            groups = _parameter_groups(benchmark_class)
+            if groups:
+                entries[-1]["parameter_groups"] = groups
             if not as_json:
                 presets = ", ".join(benchmark_class.presets)
                 count = f"  {parameters / 1e6:,.1f} M parameters" if parameters else ""

@@ -390,8 +390,8 @@ def generate_mini_events(seed: int = 0):
                 item = int(rng.choice(by_genre[int(rng.choice(now))]))
             else:
                 item = int(rng.choice(c.MINI_ITEMS, p=popularity))
-            logit = (2.8 * (genre_of_item[item] in now) + 0.8 * quality[item]
-                     + 0.6 * (artist_of[item] in heard[u]) - 1.6)  # fmt: skip
+            logit = (3.0 * (genre_of_item[item] in now) + 0.3 * quality[item]
+                     + 0.6 * (artist_of[item] in heard[u]) - 1.8)  # fmt: skip
             label = int(rng.random() < 1 / (1 + np.exp(-logit)))
             heard[u].add(int(artist_of[item]))
             for key, value in (("uid", u), ("ts", ts), ("item", item), ("label", label),
