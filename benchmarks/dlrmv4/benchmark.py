@@ -121,12 +121,13 @@ class DlrmV4Benchmark(Benchmark):
             weight_decay=o.opt_weight_decay,
             sparse_variables=(model_lib.SPARSE_PREFIX,),
             sparse_epsilon=o.opt_sparse_epsilon,
+            dense_clipnorm=o.opt_gradient_clip_norm or None,
         )
 
     def gradient_clip_norm(self) -> float | None:
-        """The rules' clip norm 1.0 (the runner clips the summed gradient, tables included;
-        the reference's clip leaves the fused tables out: see README.md)."""
-        return float(self.config.optimizer.opt_gradient_clip_norm) or None
+        """None: the optimizer clips the summed dense gradients to the rules' norm itself
+        (`dense_clipnorm`), leaving the tables out as the reference does."""
+        return None
 
     # ---- steps ---------------------------------------------------------------------------------
     def compute_loss(self, model, batch, training: bool = True) -> tf.Tensor:

@@ -59,10 +59,13 @@ class AdamWRowWiseAdagrad(AdamW):
       beta_1, beta_2, epsilon: the dense Adam's (`AdamW`).
       sparse_epsilon: eps of the row-wise Adagrad (>= 0).
       sparse_variables: regular expressions (`re.search` on the path) naming the tables.
+      dense_clipnorm: clip the dense variables' summed gradients to this global norm, leaving
+        the tables' out of the norm and unclipped (the DLRMv4 reference's clip: its fused
+        tables update inside the backward pass); None: no clip.
       {{base_keyword_args}}
     """
 
-    config_arguments = ("beta_1", "beta_2", "epsilon", "sparse_epsilon")
+    config_arguments = ("beta_1", "beta_2", "epsilon", "sparse_epsilon", "dense_clipnorm")
 
     def __init__(
         self,
@@ -70,12 +73,16 @@ class AdamWRowWiseAdagrad(AdamW):
         *,
         sparse_variables: Iterable[str] = ("embedding",),
         sparse_epsilon: float = 1e-8,
+        dense_clipnorm: float | None = None,
         weight_decay: float = 0.0,
         name: str = "adamw_rowwise_adagrad",
         **kwargs,
     ):
         super().__init__(learning_rate, weight_decay=weight_decay, name=name, **kwargs)
         self.sparse_epsilon = check_number("sparse_epsilon", sparse_epsilon)
+        self.dense_clipnorm = (
+            None if dense_clipnorm is None else check_number("dense_clipnorm", dense_clipnorm)
+        )
         self.sparse_patterns = compile_exclusion_patterns("sparse_variables", sparse_variables)
 
     def get_config(self):
@@ -83,6 +90,21 @@ class AdamWRowWiseAdagrad(AdamW):
         config = super().get_config()
         config["sparse_variables"] = list(self.sparse_patterns)
         return config
+
+    def _all_reduce_sum_gradients(self, grads_and_vars):
+        """Keras' cross-replica sum of the gradients, then the dense-only clip: the summed
+        (full-batch) dense gradients scaled to at most `dense_clipnorm` in global norm."""
+        grads_and_vars = super()._all_reduce_sum_gradients(grads_and_vars)
+        if not self.dense_clipnorm:
+            return grads_and_vars
+        dense = [i for i, (g, v) in enumerate(grads_and_vars) if g is not None
+                 and not self.is_sparse(v)]  # fmt: skip
+        clipped, _ = tf.clip_by_global_norm([grads_and_vars[i][0] for i in dense],
+                                            self.dense_clipnorm)  # fmt: skip
+        grads_and_vars = list(grads_and_vars)
+        for i, g in zip(dense, clipped):
+            grads_and_vars[i] = (g, grads_and_vars[i][1])
+        return grads_and_vars
 
     def is_sparse(self, variable) -> bool:
         """Whether `variable` is a table updated by row-wise Adagrad."""

@@ -76,3 +76,21 @@ def test_config_round_trips():
     opt = AdamWRowWiseAdagrad(0.1, sparse_variables=("table_",), sparse_epsilon=1e-6)
     again = AdamWRowWiseAdagrad.from_config(opt.get_config())
     assert again.sparse_patterns == ("table_",) and again.sparse_epsilon == 1e-6
+
+
+def test_the_clip_scales_the_dense_gradients_only():
+    rng = np.random.default_rng(2)
+    table0 = rng.standard_normal((5, 3)).astype(np.float32)
+    dense0 = rng.standard_normal((3,)).astype(np.float32)
+    table = keras.Variable(table0, name="embedding_table")
+    dense = keras.Variable(dense0, name="dense")
+    opt = AdamWRowWiseAdagrad(0.1, dense_clipnorm=0.01, sparse_epsilon=0.0)
+    g_table = tf.IndexedSlices(tf.constant([[3.0, 4.0, 0.0]]), tf.constant([2]), (5, 3))
+    g_dense = tf.constant([30.0, 40.0, 0.0])
+    opt.apply_gradients(zip([g_table, g_dense], [table, dense]))
+    # Table row 2: a = mean(g^2) = 25/3, step 0.1 g / sqrt(a): the unclipped gradient.
+    want_row = table0[2] - 0.1 * np.array([3.0, 4.0, 0.0]) / np.sqrt(25 / 3)
+    np.testing.assert_allclose(table.numpy()[2], want_row, rtol=1e-6)
+    # Dense: Adam's first step is lr * sign(g) whatever the clip, so check the moments.
+    momentum = [s for s in opt.variables if s.path.endswith("dense_momentum")][0]
+    np.testing.assert_allclose(momentum.numpy(), 0.1 * np.array([0.006, 0.008, 0.0]), rtol=1e-5)
