@@ -201,9 +201,11 @@ class DataConfig:
             positive_int=("window_seconds", "num_train_windows"),
             positive=("eval_every_data_pct",),
         )
-        if isinstance(self.first_eval_samples, bool) or not isinstance(
-            self.first_eval_samples, int
-        ) or self.first_eval_samples < -1:
+        if (
+            isinstance(self.first_eval_samples, bool)
+            or not isinstance(self.first_eval_samples, int)
+            or self.first_eval_samples < -1
+        ):
             raise ConfigError(
                 f"`data.first_eval_samples` ({self.first_eval_samples!r}) must be -1 or >= 0"
             )

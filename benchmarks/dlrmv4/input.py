@@ -156,7 +156,7 @@ def eval_dataset(config: DlrmConfig, *, input_context, batch_size: int, num_batc
 def synthetic_example(config: ModelConfig, seed) -> dict[str, tf.Tensor]:
     """A random example of the model's input shapes: ids in range, a random history length,
     times increasing by up to an hour, a random label."""
-    h, nc = config.history_length, config.num_contextual
+    h = config.history_length
 
     def uniform(shape, high, index, dtype=tf.int32):
         s = tf.stack([tf.cast(seed, tf.int32), tf.constant(index, tf.int32)])

@@ -265,6 +265,7 @@ class DlrmHstu(keras.Model):
         c = self.c
         nc, hist = c.num_contextual, tf.shape(batch["uih_item"])[1]
         lengths = tf.cast(batch["uih_length"], tf.int32)  # [B]
+
         # The merged item / artist / album sequences: the history, then the candidate.
         def merged(table, history, candidate):
             return self.tables[table](tf.concat([history, candidate[:, None]], axis=1))

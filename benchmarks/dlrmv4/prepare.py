@@ -271,8 +271,9 @@ def write_windows(state: dict, work_dir: str, out_dir: str, *, history: int, use
                 label = int(ev["ratio"][i] >= LISTEN_PLUS_THRESHOLD)
                 h_items, h_times, h_actions = ring.last(uid, history)
                 h_items = h_items.astype(np.int64)
-                h_art = np.where(h_items < len(artist_of),
-                                 artist_of[np.minimum(h_items, len(artist_of) - 1)], 0)
+                h_art = np.where(
+                    h_items < len(artist_of), artist_of[np.minimum(h_items, len(artist_of) - 1)], 0
+                )
                 h_alb = np.where(h_items < len(album_of),
                                  album_of[np.minimum(h_items, len(album_of) - 1)], 0)  # fmt: skip
                 anchor = {
@@ -420,7 +421,11 @@ def prepare_mini(data_dir: str) -> dict:
             name = "eval.tfrecord" if day == c.MINI_WINDOWS - 1 else f"train-{day:05d}.tfrecord"
             with tf.io.TFRecordWriter(os.path.join(out, name)) as writer:
                 for i in np.flatnonzero(day_of == day):
-                    u, item, ts = int(events["uid"][i]), int(events["item"][i]), int(events["ts"][i])
+                    u, item, ts = (
+                        int(events["uid"][i]),
+                        int(events["item"][i]),
+                        int(events["ts"][i]),
+                    )
                     label = int(events["label"][i])
                     past = state_rows[u][-history:]
                     h = np.array(past, np.int64).reshape(-1, 3)
@@ -441,8 +446,12 @@ def prepare_mini(data_dir: str) -> dict:
         manifest = {
             "train_windows": windows[:-1],
             "eval_window": windows[-1],
-            "table_rows": {"item_id": c.MINI_ITEMS, "artist_id": c.MINI_ARTISTS,
-                           "album_id": c.MINI_ALBUMS, "uid": c.MINI_USERS},  # fmt: skip
+            "table_rows": {
+                "item_id": c.MINI_ITEMS,
+                "artist_id": c.MINI_ARTISTS,
+                "album_id": c.MINI_ALBUMS,
+                "uid": c.MINI_USERS,
+            },  # fmt: skip
             "history_length": history,
         }
         with open(os.path.join(out, MANIFEST), "w") as f:

@@ -136,9 +136,12 @@ def reference_forward(w, c, batch, n):
               for name in c.table_rows()}  # fmt: skip
     lengths = t["uih_length"]
     bsz = len(lengths)
-    merged = lambda key, cand: np.concatenate(  # noqa: E731  (UIH values, then candidates)
-        [np.concatenate([t[key][b, : lengths[b]], [t[cand][b]]]) for b in range(bsz)]
-    )
+
+    def merged(key, cand):  # the merged jagged values: UIH events, then the candidate
+        return np.concatenate(
+            [np.concatenate([t[key][b, : lengths[b]], [t[cand][b]]]) for b in range(bsz)]
+        )
+
     item = tables["item_id"][merged("uih_item", "cand_item")]
     artist = tables["artist_id"][merged("uih_artist", "cand_artist")]
     album = tables["album_id"][merged("uih_album", "cand_album")]
@@ -150,7 +153,9 @@ def reference_forward(w, c, batch, n):
     for b in range(bsz):
         a = t["uih_action"][b, : lengths[b]]
         exploded = (np.bitwise_and(a[:, None], bits[None]) > 0)[..., None]
-        act_rows.append((exploded * w["dlrm_hstu/action_embedding_table"][None]).reshape(len(a), -1))
+        act_rows.append(
+            (exploded * w["dlrm_hstu/action_embedding_table"][None]).reshape(len(a), -1)
+        )
         act_rows.append(w["dlrm_hstu/target_action_embedding"].reshape(1, -1))
     seq = seq + mlp(np.concatenate(act_rows), w, "dlrm_hstu/action_mlp")
     # Contextual tokens (baddbmm of per-position weights), concatenated left of each sequence.
@@ -235,7 +240,7 @@ def test_forward_matches_the_reference_formulas_on_jagged_sequences(built):
     np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4)
     # The positional encoder's output (after the preprocessor) on the real rows.
     x, lengths, _ = model.preprocess(batch)
-    rows = np.concatenate([x.numpy()[b, :l] for b, l in enumerate(lengths.numpy())])
+    rows = np.concatenate([x.numpy()[b, :n_b] for b, n_b in enumerate(lengths.numpy())])
     np.testing.assert_allclose(rows, want_positional, rtol=2e-4, atol=2e-4)
 
 
@@ -260,9 +265,9 @@ def test_an_stu_layer_matches_pytorch_hstu_mha_and_compute_output(built):
     got = model.layers_[0](tf.constant(x), tf.constant(lengths, tf.int32)).numpy()
     weights = {k: v.astype(np.float64) for k, v in model_lib.numpy_weights(model).items()}
     offsets = np.concatenate([[0], np.cumsum(lengths)])
-    jagged = np.concatenate([x[b, :l] for b, l in enumerate(lengths)]).astype(np.float64)
+    jagged = np.concatenate([x[b, :n_b] for b, n_b in enumerate(lengths)]).astype(np.float64)
     want = stu_layer(jagged, weights, "dlrm_hstu/stu_0", c, s, offsets, np.ones(3, np.int64))
-    got_rows = np.concatenate([got[b, :l] for b, l in enumerate(lengths)])
+    got_rows = np.concatenate([got[b, :n_b] for b, n_b in enumerate(lengths)])
     np.testing.assert_allclose(got_rows, want, rtol=1e-4, atol=1e-4)
 
 

@@ -34,7 +34,9 @@ def write_yambda(folder, events, row_group_size=4):
         "played_ratio_pct": pa.array(ratio, pa.uint16()),
         "track_length_seconds": pa.array([200] * len(events), pa.uint32()),
     })  # fmt: skip
-    pq.write_table(table, os.path.join(folder, "multi_event.parquet"), row_group_size=row_group_size)
+    pq.write_table(
+        table, os.path.join(folder, "multi_event.parquet"), row_group_size=row_group_size
+    )
     items = np.arange(10)
     pq.write_table(pa.table({"item_id": items, "artist_id": items // 2}),
                    os.path.join(folder, "artist_item_mapping.parquet"))  # fmt: skip
@@ -57,9 +59,7 @@ EVENTS = [  # (uid, timestamp, item, event type, played %), in time order
 
 def records(path):
     parse = input_lib.parse_fn(history=8, num_contextual=8)
-    return [
-        {k: v.numpy() for k, v in parse(r).items()} for r in tf.data.TFRecordDataset([path])
-    ]
+    return [{k: v.numpy() for k, v in parse(r).items()} for r in tf.data.TFRecordDataset([path])]
 
 
 def test_windows_samples_and_histories_follow_the_reference(tmp_path):
@@ -102,7 +102,10 @@ def test_a_stopped_prepare_resumes_to_the_same_records(tmp_path):
     prepare.prepare(str(tmp_path / "in"), part, history=8, users=3)
     for name in sorted(os.listdir(whole)):
         if name.endswith(".tfrecord") or name == input_lib.MANIFEST:
-            with open(os.path.join(whole, name), "rb") as a, open(os.path.join(part, name), "rb") as b:
+            with (
+                open(os.path.join(whole, name), "rb") as a,
+                open(os.path.join(part, name), "rb") as b,
+            ):
                 assert a.read() == b.read(), name
 
 
