@@ -379,7 +379,7 @@ def generate_mini_events(seed: int = 0):
     by_genre = [items[genre_of_item == g] for g in range(MINI_GENRES)]
     per_window = c.MINI_TRAIN_SAMPLES // (c.MINI_WINDOWS - 1)
     heard = [set() for _ in range(c.MINI_USERS)]
-    out = {k: [] for k in ("uid", "ts", "item", "label", "organic")}
+    out = {k: [] for k in ("uid", "ts", "item", "label", "organic", "chance")}
     for day in range(c.MINI_WINDOWS):
         times = np.sort(rng.integers(0, 86_400, per_window)) + day * 86_400
         users = rng.integers(0, c.MINI_USERS, per_window)
@@ -393,12 +393,17 @@ def generate_mini_events(seed: int = 0):
                 item = int(rng.choice(c.MINI_ITEMS, p=popularity))
             logit = (3.0 * (genre_of_item[item] in now) + 0.3 * quality[item]
                      + 0.6 * (artist_of[item] in heard[u]) - 1.8)  # fmt: skip
-            label = int(rng.random() < 1 / (1 + np.exp(-logit)))
+            chance = 1 / (1 + np.exp(-logit))
+            label = int(rng.random() < chance)
+            out["chance"].append(chance)
             heard[u].add(int(artist_of[item]))
             for key, value in (("uid", u), ("ts", ts), ("item", item), ("label", label),
                                ("organic", int(rng.random() < 0.3))):  # fmt: skip
                 out[key].append(int(value))
-    return {k: np.array(v, np.int64) for k, v in out.items()}, artist_of, album_of
+    chance = np.array(out.pop("chance"))
+    events = {k: np.array(v, np.int64) for k, v in out.items()}
+    events["chance"] = chance  # the generator's own probability: the best AUC possible
+    return events, artist_of, album_of
 
 
 def prepare_mini(data_dir: str) -> dict:
