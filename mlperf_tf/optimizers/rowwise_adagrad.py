@@ -146,21 +146,7 @@ class AdamWRowWiseAdagrad(AdamW):
         slot = self._slot[index]
         if not self.is_sparse(variable):
             m, v = self._momentums[slot], self._velocities[slot]
-            dtype = variable.dtype
-            if isinstance(gradient, tf.IndexedSlices):
-                gradient = tf.convert_to_tensor(gradient)
-            w, m_new, v_new = self.formula(
-                self._decay[index],
-                tf.convert_to_tensor(variable),
-                tf.cast(gradient, dtype),
-                tf.convert_to_tensor(m),
-                tf.convert_to_tensor(v),
-                tf.cast(learning_rate, dtype),
-                self.iterations + 1,
-            )
-            m.assign(m_new)
-            v.assign(v_new)
-            variable.assign(w)
+            self.update_with(index, gradient, variable, learning_rate, m, v)
             return
         accumulator = self._row_accumulators[slot]
         rows, g = unique_row_gradient(gradient)
