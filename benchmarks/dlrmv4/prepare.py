@@ -381,8 +381,9 @@ def generate_mini_events(seed: int = 0):
     heard = [set() for _ in range(c.MINI_USERS)]
     out = {k: [] for k in ("uid", "ts", "item", "label", "organic", "chance")}
     for day in range(c.MINI_WINDOWS):
-        times = np.sort(rng.integers(0, 86_400, per_window)) + day * 86_400
-        users = rng.integers(0, c.MINI_USERS, per_window)
+        count = per_window if day < c.MINI_WINDOWS - 1 else c.MINI_EVAL_SAMPLES
+        times = np.sort(rng.integers(0, 86_400, count)) + day * 86_400
+        users = rng.integers(0, c.MINI_USERS, count)
         for ts, u in zip(times, users):
             now = liked[u].copy()
             if day >= swap_day[u]:
