@@ -70,6 +70,18 @@ class DlrmV4Benchmark(Benchmark):
         embedding, dense = model_lib.parameter_counts(self.config.model)
         return {"embedding": embedding, "dense": dense}
 
+    def training_flops_per_sample(self) -> float:
+        """The reference's MFU yardstick (`DlrmHSTU.get_num_flops_per_sample`): per STU layer at
+        the full sequence S, 6 x (UVQK S D H (2 d_v + 2 d_qk) + output S 3 H d_v D) + 7 x causal
+        attention S^2/2 H (d_qk + d_v), and the head's 6 D; lookups and element-wise work left
+        out, as there."""
+        m = self.config.model
+        s, d, h = float(m.max_seq_len), m.transducer_dim, m.num_heads
+        dv, dq = m.attn_linear_dim, m.attn_qk_dim
+        layer = 6 * s * d * (2 * dv + 2 * dq) * h + 7 * (s * s / 2) * h * (dq + dv)
+        layer += 6 * s * (3 * h * dv) * d
+        return m.num_layers * layer + 6 * d
+
     def simulator_shape(self) -> SimulatorShape:
         """Data parallelism only (today's `SimulatorShape` has no embedding all-to-all field)."""
         return SimulatorShape()

@@ -132,3 +132,15 @@ def test_list_reports_embedding_and_dense_parameters_apart():
     groups = cli._parameter_groups(DlrmV4Benchmark)
     assert groups == {"embedding": 293_051_712 * 512, "dense": groups["dense"]}
     assert sum(groups.values()) == DlrmV4Benchmark(config_lib.mlperf()).parameter_count()
+
+
+def test_training_flops_are_the_references_yardstick():
+    """dlrm_hstu.py `_hstu_layer_flops` at S = 4096, D = 512, H = 4, d = 128, 3 layers."""
+    s, d, h, dv = 4096.0, 512, 4, 128
+    uvqk = 2 * 3 * s * d * (4 * dv) * h
+    attn = 2 * 3.5 * (s * s / 2) * h * (2 * dv)
+    out = 2 * 3 * s * (3 * h * dv) * d
+    want = 3 * (uvqk + attn + out) + 2 * 3 * 1 * d
+    got = DlrmV4Benchmark(config_lib.mlperf()).training_flops_per_sample()
+    assert got == pytest.approx(want, rel=1e-12)
+    assert 3 * attn / want == pytest.approx(0.57, abs=0.01)  # "attention is ~57% of the total"
