@@ -12,7 +12,7 @@ from tests import e2e
 @pytest.mark.slow
 def test_mini_passes_the_popularity_baseline_and_the_checker_names_only_scaled_settings(tmp_path):
     """`mlperf-tf run --benchmark=dlrmv4 --preset=mini` (minutes): the target AUC (above the
-    item-popularity baseline's 0.647 on the same eval window, `prepare.prepare_mini`), evals on
+    item-popularity baseline's 0.653 on the same eval window, `prepare.prepare_mini`), evals on
     the grid with `samples_count`, and a 6.1.0 check whose official findings are the declared
     scaled settings alone."""
     log, minutes = e2e.run_mini("dlrmv4", tmp_path)
@@ -20,7 +20,7 @@ def test_mini_passes_the_popularity_baseline_and_the_checker_names_only_scaled_s
     evals = [r for r in records if r["key"] == C.EVAL_ACCURACY]
     assert all("samples_count" in r["metadata"] for r in evals)
     values = [r["value"] for r in evals]
-    assert values[-1] >= config_lib.MINI_TARGET_AUC > 0.647
+    assert values[-1] >= config_lib.MINI_TARGET_AUC > 0.653
     report = checker.check_log(log, ruleset="6.1.0", quality="skip")
     assert report.passed, report.format_text()
     assert sorted({f.check for f in report.warnings if f.source == "official"}) == ["scaled"]
