@@ -14,7 +14,7 @@ def test_mini_passes_the_popularity_baseline_and_the_checker_names_only_scaled_s
     """`mlperf-tf run --benchmark=dlrmv4 --preset=mini` (minutes): the target AUC (above the
     item-popularity baseline's 0.653 on the same eval window, `prepare.prepare_mini`), evals on
     the grid with `samples_count`, and a 6.1.0 check whose official findings are the declared
-    scaled settings alone."""
+    scaled settings and the rules' target alone."""
     log, minutes = e2e.run_mini("dlrmv4", tmp_path)
     records = e2e.log_records(log)
     evals = [r for r in records if r["key"] == C.EVAL_ACCURACY]
@@ -23,5 +23,7 @@ def test_mini_passes_the_popularity_baseline_and_the_checker_names_only_scaled_s
     assert values[-1] >= config_lib.MINI_TARGET_AUC > 0.653
     report = checker.check_log(log, ruleset="6.1.0", quality="skip")
     assert report.passed, report.format_text()
-    assert sorted({f.check for f in report.warnings if f.source == "official"}) == ["scaled"]
+    # The declared scaled settings, and the rules' AUC 0.75 (the mini's target is 0.70).
+    checks = {f.check for f in report.warnings if f.source == "official"}
+    assert checks == ({"scaled"} if values[-1] >= 0.75 else {"scaled", "target"}), checks
     print(f"dlrmv4 mini: {minutes:.1f} min, AUC {values}")
