@@ -21,6 +21,7 @@ import os
 import tensorflow as tf
 
 from benchmarks.dlrmv4.config import DlrmConfig, ModelConfig
+from mlperf_tf.data.pipeline import DATA_ERROR_PREFIX
 from mlperf_tf.errors import UserError
 
 MANIFEST = "manifest.json"
@@ -82,9 +83,10 @@ def check_manifest(manifest: dict, config: DlrmConfig) -> None:
             )
 
 
-def parse_fn(history: int, num_contextual: int):
+def parse_fn(history: int, num_contextual: int, model: ModelConfig | None = None):
     """serialized record -> example dict of the model's inputs (histories padded to
-    `history`, newest kept), with `label` float32."""
+    `history`, newest kept), with `label` float32. With `model`, `parse(record, file)` also
+    fails (a one-line `DataError` on the host, naming the file) on an id outside its table."""
     spec = {key: tf.io.VarLenFeature(tf.int64) for key in SEQUENCE_KEYS}
     spec.update({key: tf.io.FixedLenFeature([], tf.int64) for key in SCALAR_KEYS})
     spec["contextual"] = tf.io.FixedLenFeature([num_contextual], tf.int64)
@@ -108,12 +110,41 @@ def parse_fn(history: int, num_contextual: int):
         out["label"] = tf.cast(ex["label"], tf.float32)
         return out
 
-    return parse
+    if model is None:
+        return parse
+    limits = {
+        ("uih_item", "cand_item"): ("item_rows", model.item_rows),
+        ("uih_artist", "cand_artist"): ("artist_rows", model.artist_rows),
+        ("uih_album", "cand_album"): ("album_rows", model.album_rows),
+    }
+    contextual_rows = tf.constant([model.uid_rows, *model.cross_rows], tf.int32)
+
+    def checked(record, file):
+        out = parse(record)
+        checks = []
+        for keys, (field, rows) in limits.items():
+            ids = tf.concat([tf.reshape(out[k], [-1]) for k in keys], 0)
+            checks.append(tf.debugging.Assert(
+                tf.reduce_all((ids >= 0) & (ids < rows)),
+                [f"{DATA_ERROR_PREFIX} an id outside its table (`model.{field}` {rows}) in", file],
+            ))  # fmt: skip
+        checks.append(tf.debugging.Assert(
+            tf.reduce_all((out["contextual"] >= 0) & (out["contextual"] < contextual_rows)),
+            [f"{DATA_ERROR_PREFIX} a uid or cross id outside its table (`model.uid_rows`, "
+             "`model.cross_rows`) in", file],
+        ))  # fmt: skip
+        with tf.control_dependencies(checks):
+            return {k: tf.identity(v) for k, v in out.items()}
+
+    return checked
 
 
 def _records(files, input_context):
-    """The records of `files` in order, this pipeline's share round-robin (time order kept)."""
-    records = tf.data.TFRecordDataset(files)
+    """(record, its file) of `files` in order, this pipeline's share round-robin (time order
+    kept)."""
+    records = tf.data.Dataset.from_tensor_slices(files).flat_map(
+        lambda f: tf.data.TFRecordDataset(f).map(lambda r: (r, f))
+    )
     if input_context and input_context.num_input_pipelines > 1:
         records = records.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
     return records
@@ -130,7 +161,7 @@ def train_dataset(config: DlrmConfig, *, input_context, batch_size: int, seed: i
         os.path.join(config.data_dir, w["file"])
         for w in manifest["train_windows"][: config.data.num_train_windows]
     ]
-    parse = parse_fn(config.model.history_length, config.model.num_contextual)
+    parse = parse_fn(config.model.history_length, config.model.num_contextual, config.model)
     records = _records(files, input_context).repeat()
     return (
         records.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
@@ -148,8 +179,8 @@ def eval_dataset(config: DlrmConfig, *, input_context, batch_size: int, num_batc
     manifest = read_manifest(config.data_dir)
     check_manifest(manifest, config)
     path = os.path.join(config.data_dir, manifest["eval_window"]["file"])
-    parse = parse_fn(config.model.history_length, config.model.num_contextual)
-    examples = _records([path], input_context).map(parse, deterministic=True)
+    parse = parse_fn(config.model.history_length, config.model.num_contextual, config.model)
+    examples = _records([path], input_context).map(parse)
     return pipeline.pad_eval_dataset(examples, batch_size=batch_size, num_batches=num_batches)
 
 

@@ -144,3 +144,34 @@ def test_training_flops_are_the_references_yardstick():
     got = DlrmV4Benchmark(config_lib.mlperf()).training_flops_per_sample()
     assert got == pytest.approx(want, rel=1e-12)
     assert 3 * attn / want == pytest.approx(0.57, abs=0.01)  # "attention is ~57% of the total"
+
+
+def test_an_id_outside_its_table_in_a_record_is_a_one_line_data_error(tmp_path):
+    import tensorflow as tf  # noqa: PLC0415
+
+    from benchmarks.dlrmv4 import prepare  # noqa: PLC0415
+    from mlperf_tf.data.pipeline import DataError, translate_errors  # noqa: PLC0415
+
+    config = dataclasses.replace(
+        config_lib.smoke(),
+        data_dir=str(tmp_path),
+        global_batch_size=2,
+        data=dataclasses.replace(config_lib.smoke().data, num_train_windows=1),
+    )
+    rows = config.model.item_rows
+    good = prepare._example(([1], [1], [1], [1], [5]), [0] * 8, (2, 1, 1, 6), 1)
+    bad = prepare._example(([rows], [1], [1], [1], [5]), [0] * 8, (2, 1, 1, 6), 1)
+    for name, records in (("train-00000.tfrecord", [good, bad]), ("eval.tfrecord", [good])):
+        with tf.io.TFRecordWriter(str(tmp_path / name)) as writer:
+            for record in records:
+                writer.write(record)
+    w = lambda name, start: {"file": name, "start": start, "end": start + 10}  # noqa: E731
+    _manifest(tmp_path, [w("train-00000.tfrecord", 0), w("eval.tfrecord", 10)])
+    data = input_lib.train_dataset(
+        config, input_context=None, batch_size=1, seed=0, skip_bad_records=False
+    )
+    with pytest.raises(DataError, match=r"an id outside its table \(`model.item_rows` 64\)") as e:
+        with translate_errors():
+            for _ in data.take(2):
+                pass
+    assert "\n" not in str(e.value) and "train-00000.tfrecord" in str(e.value)
