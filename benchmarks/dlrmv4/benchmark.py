@@ -3,8 +3,6 @@ time order, to AUC 0.75 on the held-out future window)."""
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import tensorflow as tf
 from mlperf_logging.mllog import constants as C
@@ -172,9 +170,6 @@ class DlrmV4Benchmark(Benchmark):
         if state["pos"].sum() + state["neg"].sum() == 0:
             raise ValueError("eval saw no samples: the eval window is empty")
         return binned_auc(state["pos"], state["neg"])
-
-    def eval_steps(self, num_replicas: int) -> int:
-        return max(1, math.ceil(self.config.eval_examples / self.config.eval_batch_size))
 
     # ---- schedule and log ----------------------------------------------------------------------
     def eval_schedule(self) -> list[EvalPoint]:
