@@ -306,6 +306,12 @@ class Benchmark(abc.ABC):
         fine-tuning benchmark's adapters)."""
         return self.parameter_count()
 
+    def parameter_groups(self) -> dict[str, int] | None:
+        """`parameter_count()` split by kind where the kinds cost differently, from the config
+        (a recommender's embedding tables, updated sparsely and sharded by rows, apart from its
+        dense weights); `mlperf-tf list --json` shows it. None (the default): one kind."""
+        return None
+
     def active_parameter_count(self) -> int | None:
         """The parameters one sample's token multiplies, from the config: `parameter_count()`
         unless the model routes (a mixture of experts counts its router and top-k experts);

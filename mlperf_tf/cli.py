@@ -244,6 +244,9 @@ def _list_command(argv: list[str]) -> int:
                 count = _count(benchmark_class, key[:-1] + "_count")
                 if count is not None and count != parameters:
                     entries[-1][key] = count
+            groups = _count(benchmark_class, "parameter_groups")  # e.g. embedding apart from dense
+            if groups:
+                entries[-1]["parameter_groups"] = groups
             if not as_json:
                 presets = ", ".join(benchmark_class.presets)
                 count = f"  {parameters / 1e6:,.1f} M parameters" if parameters else ""

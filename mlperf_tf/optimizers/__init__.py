@@ -7,6 +7,7 @@ from mlperf_tf.optimizers.lamb import LAMB
 from mlperf_tf.optimizers.lars import LARS
 from mlperf_tf.optimizers.neumann import Neumann
 from mlperf_tf.optimizers.nlcg import NLCG
+from mlperf_tf.optimizers.rowwise_adagrad import AdamWRowWiseAdagrad
 from mlperf_tf.optimizers.schedules import (
     PiecewiseConstantWithWarmup,
     WarmupCosineDecay,
@@ -17,6 +18,7 @@ from mlperf_tf.optimizers.schedules import (
 
 __all__ = [
     "AdamW",
+    "AdamWRowWiseAdagrad",
     "FusedAdam",
     "KFAC",
     "LAMB",

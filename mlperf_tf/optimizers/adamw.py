@@ -70,9 +70,13 @@ class AdamW(Optimizer):
     def update_step(self, gradient, variable, learning_rate):
         """One AdamW step of one variable (update context, summed gradient)."""
         index = self._get_variable_index(variable)
+        self.update_with(index, gradient, variable, learning_rate,
+                         self._momentums[index], self._velocities[index])  # fmt: skip
+
+    def update_with(self, index, gradient, variable, learning_rate, m, v):
+        """`formula` on `variable` with the moment slots `m` and `v` (a subclass that keeps
+        its slots elsewhere, e.g. `AdamWRowWiseAdagrad`, passes its own)."""
         dtype = variable.dtype
-        m = self._momentums[index]
-        v = self._velocities[index]
         w, m_new, v_new = self.formula(
             self._decay[index],
             tf.convert_to_tensor(variable),

@@ -1,0 +1,214 @@
+"""Provides `DlrmV4Benchmark`: MLPerf `dlrmv4` (an HSTU ranking model on Yambda-5b, streamed in
+time order, to AUC 0.75 on the held-out future window)."""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+from mlperf_logging.mllog import constants as C
+
+from benchmarks.dlrmv4 import config as config_lib
+from benchmarks.dlrmv4 import input as input_lib
+from benchmarks.dlrmv4 import model as model_lib
+from mlperf_tf.benchmark import Benchmark, EvalPoint
+from mlperf_tf.config import ConfigError
+from mlperf_tf.facts import Rcp, SimulatorShape
+from mlperf_tf.optimizers import WarmupPolynomialDecay
+from mlperf_tf.optimizers.rowwise_adagrad import AdamWRowWiseAdagrad
+
+# BinnedCumulativeAUC's resolution (gin `CUMULATIVE_AUC_BINS`).
+AUC_BINS = 100_000
+
+
+def binned_auc(positives: np.ndarray, negatives: np.ndarray) -> float:
+    """The reference's `BinnedCumulativeAUC._compute` on score histograms (index = score bin):
+    sum_b pos_b (neg below b + neg_b / 2) / (P N); 0.5 when a class is empty."""
+    positives = positives.astype(np.float64)
+    negatives = negatives.astype(np.float64)
+    below = np.cumsum(negatives) - negatives
+    denominator = positives.sum() * negatives.sum()
+    if denominator <= 0:
+        return 0.5
+    return float((positives * (below + 0.5 * negatives)).sum() / denominator)
+
+
+class DlrmV4Benchmark(Benchmark):
+    """DlrmHSTU trained by dense Adam and row-wise Adagrad tables, on time windows in order.
+
+    Batches are dicts of the model's inputs (`model.DlrmHstu`) and float32 `label` [batch]
+    (the candidate's `listen_plus` bit); eval batches add float32 `valid`. The loss is the
+    binary cross-entropy of the `listen_plus` logit; the quality value is the AUC over the
+    whole eval window from 100,000-bin score histograms whose integer counts are summed over
+    replicas (the reference's `BinnedCumulativeAUC`, per eval pass).
+    """
+
+    name = config_lib.NAME
+    config_class = config_lib.DlrmConfig
+    input_module = input_lib
+    # Samples to AUC 0.75 at global batch 8192, 16384, 32768 (the reference's sweep).
+    convergence = Rcp(config_lib.RCP_FILE.removeprefix("rcp_checker/"), "dlrmv4_ref_", True)
+
+    config: config_lib.DlrmConfig
+
+    def __init__(self, config, *args, **kwargs):
+        super().__init__(config, *args, **kwargs)
+        if config.optimizer.opt_learning_rate_warmup_start_lr:
+            raise ConfigError(
+                "`optimizer.opt_learning_rate_warmup_start_lr` must be 0.0: the rules fix a "
+                "ramp from zero"
+            )
+
+    # ---- facts ---------------------------------------------------------------------------------
+    def parameter_count(self) -> int:
+        """Embedding rows x width plus the dense weights, from the config alone."""
+        return sum(self.parameter_groups().values())
+
+    def parameter_groups(self) -> dict[str, int]:
+        """{"embedding": table parameters, "dense": the rest}, from the config alone."""
+        embedding, dense = model_lib.parameter_counts(self.config.model)
+        return {"embedding": embedding, "dense": dense}
+
+    def training_flops_per_sample(self) -> float:
+        """The reference's MFU yardstick (`DlrmHSTU.get_num_flops_per_sample`): per STU layer at
+        the full sequence S, 6 x (UVQK S D H (2 d_v + 2 d_qk) + output S 3 H d_v D) + 7 x causal
+        attention S^2/2 H (d_qk + d_v), and the head's 6 D; lookups and element-wise work left
+        out, as there."""
+        m = self.config.model
+        s, d, h = float(m.max_seq_len), m.transducer_dim, m.num_heads
+        dv, dq = m.attn_linear_dim, m.attn_qk_dim
+        layer = 6 * s * d * (2 * dv + 2 * dq) * h + 7 * (s * s / 2) * h * (dq + dv)
+        layer += 6 * s * (3 * h * dv) * d
+        return m.num_layers * layer + 6 * d
+
+    def simulator_shape(self) -> SimulatorShape:
+        """Data parallelism only (today's `SimulatorShape` has no embedding all-to-all field)."""
+        return SimulatorShape()
+
+    def scaled_settings(self) -> dict[str, str]:
+        """The mini and smoke presets' departures from the closed rules, each with why."""
+        c = self.config
+        if c.optimizer.lr_band_check and c.train_examples == config_lib.TRAIN_SAMPLES:
+            return {}
+        why = "a scaled-down preset"
+        out = {
+            C.TRAIN_SAMPLES: f"{c.train_examples} generated samples: {why}",
+            C.EVAL_SAMPLES: f"{c.eval_examples} eval samples: {why}",
+            C.EVAL_ACCURACY: f"first eval at {c.first_eval_samples} samples: {why}",
+        }
+        if c.model.max_seq_len != config_lib.MAX_SEQUENCE_LENGTH:
+            out[C.MAX_SEQUENCE_LENGTH] = f"sequence {c.model.max_seq_len}: {why}"
+        if not c.optimizer.lr_band_check:
+            out[C.OPT_BASE_LR] = f"LR {c.learning_rate:g} for a small model: {why}"
+            out[C.OPT_SPARSE_BASE_LR] = out[C.OPT_BASE_LR]
+        if c.optimizer.opt_learning_rate_warmup_steps != config_lib.WARMUP_STEPS:
+            out[C.OPT_LR_WARMUP_STEPS] = f"warm-up scaled to the run's steps: {why}"
+        if c.data.eval_every_data_pct != config_lib.EVAL_EVERY_DATA_PCT:
+            out[C.EVAL_EVERY_DATA_PCT] = f"fewer evals of a short stream: {why}"
+        return out
+
+    # ---- building ------------------------------------------------------------------------------
+    def build_model(self) -> model_lib.DlrmHstu:
+        """The DlrmHSTU of `config.model`, built (under the strategy scope)."""
+        return model_lib.build(self.config.model, seed=self.seed)
+
+    def build_optimizer(self, train_steps: int) -> AdamWRowWiseAdagrad:
+        """Adam (PyTorch's, no weight decay) on dense weights and row-wise Adagrad on the
+        tables, both at the base rate ramped linearly from 0 over the warm-up steps."""
+        del train_steps
+        o = self.config.optimizer
+        lr = self.config.learning_rate
+        schedule = WarmupPolynomialDecay(
+            lr,
+            warmup_steps=o.opt_learning_rate_warmup_steps,
+            decay_steps=1,
+            end_learning_rate=lr,  # flat after the warm-up
+        )
+        return AdamWRowWiseAdagrad(
+            schedule,
+            beta_1=o.opt_adam_beta_1,
+            beta_2=o.opt_adam_beta_2,
+            epsilon=o.opt_adam_epsilon,
+            weight_decay=o.opt_weight_decay,
+            sparse_variables=(model_lib.SPARSE_PREFIX,),
+            sparse_epsilon=o.opt_sparse_epsilon,
+            dense_clipnorm=o.opt_gradient_clip_norm or None,
+        )
+
+    def gradient_clip_norm(self) -> float | None:
+        """None: the optimizer clips the summed dense gradients to the rules' norm itself
+        (`dense_clipnorm`), leaving the tables out as the reference does."""
+        return None
+
+    # ---- steps ---------------------------------------------------------------------------------
+    def compute_loss(self, model, batch, training: bool = True) -> tf.Tensor:
+        """Binary cross-entropy of the `listen_plus` logit, summed over the batch / micro batch."""
+        logits = model(batch, training=training)
+        loss = tf.nn.sigmoid_cross_entropy_with_logits(labels=batch["label"], logits=logits)
+        return tf.reduce_sum(loss) / float(self.micro_batch_size)
+
+    def eval_step(self, model, batch) -> dict[str, tf.Tensor]:
+        """Each example's score bin (of `AUC_BINS` over [0, 1]), label and `valid`."""
+        scores = tf.sigmoid(model(batch, training=False))
+        bins = tf.clip_by_value(tf.cast(scores * AUC_BINS, tf.int32), 0, AUC_BINS - 1)
+        return {"bin": bins, "label": batch["label"], "valid": batch["valid"]}
+
+    def eval_begin(self):
+        """Histograms of positive and negative counts per score bin (int64: exact sums)."""
+        return {"pos": np.zeros(AUC_BINS, np.int64), "neg": np.zeros(AUC_BINS, np.int64)}
+
+    def eval_reduce(self, state, outputs):
+        """Adds one gathered batch's real examples to the histograms."""
+        valid = np.asarray(outputs["valid"]) > 0
+        bins = np.asarray(outputs["bin"])[valid]
+        labels = np.asarray(outputs["label"])[valid] > 0.5
+        state["pos"] += np.bincount(bins[labels], minlength=AUC_BINS)
+        state["neg"] += np.bincount(bins[~labels], minlength=AUC_BINS)
+        return state
+
+    def eval_result(self, state) -> float:
+        """The AUC of the eval window (`binned_auc`)."""
+        if state["pos"].sum() + state["neg"].sum() == 0:
+            raise ValueError("eval saw no samples: the eval window is empty")
+        return binned_auc(state["pos"], state["neg"])
+
+    # ---- schedule and log ----------------------------------------------------------------------
+    def eval_schedule(self) -> list[EvalPoint]:
+        """Evals on the rules' grid (every ceil(pct x train_samples / batch) steps) from the
+        first eval on, up to the end of the stream; `samples_count` on each."""
+        c = self.config
+        every = c.eval_interval_steps
+        first = c.first_eval_samples // c.global_batch_size
+        last = max(first, (self.steps_per_epoch // every) * every)
+        points, previous = [], 0
+        for step in range(first, last + 1, every):
+            samples = step * c.global_batch_size
+            points.append(
+                EvalPoint(
+                    step=step,
+                    epoch_num=samples,
+                    first_epoch_num=previous * c.global_batch_size,
+                    epoch_count=(step - previous) * c.global_batch_size,
+                    samples_count=samples,
+                )
+            )
+            previous = step
+        return points
+
+    def mlperf_hparams(self) -> dict:
+        """The keys closed_dlrmv4.yaml requires (the runner adds batch and sample counts)."""
+        c, o = self.config, self.config.optimizer
+        return {
+            C.OPT_NAME: o.opt_name,
+            C.OPT_BASE_LR: c.learning_rate,
+            C.OPT_ADAM_BETA_1: o.opt_adam_beta_1,
+            C.OPT_ADAM_BETA_2: o.opt_adam_beta_2,
+            C.OPT_ADAM_EPSILON: o.opt_adam_epsilon,
+            C.OPT_WEIGHT_DECAY: o.opt_weight_decay,
+            C.OPT_GRADIENT_CLIP_NORM: o.opt_gradient_clip_norm,
+            C.OPT_SPARSE_NAME: o.opt_sparse_name,
+            C.OPT_SPARSE_BASE_LR: c.learning_rate,
+            C.OPT_LR_WARMUP_STEPS: o.opt_learning_rate_warmup_steps,
+            C.OPT_LR_WARMUP_START_LR: o.opt_learning_rate_warmup_start_lr,
+            C.EVAL_EVERY_DATA_PCT: c.data.eval_every_data_pct,
+            C.MAX_SEQUENCE_LENGTH: c.model.max_seq_len,
+        }

@@ -1,0 +1,383 @@
+"""Provides `DlrmHstu`, the reference's HSTU ranking model (`modules/dlrm_hstu.py`) in Keras 3.
+
+One sample is a user's history of H events (item, artist, album, action bits, time), eight
+contextual ids (`uid` and seven hashed crosses) and one candidate listen; the model predicts
+the candidate's `listen_plus` bit. The sequence the HSTU stack sees is, per sample,
+
+    [8 contextual tokens][l history events][candidate]          (length L = 8 + l + 1)
+
+(`ContextualPreprocessor` then `HSTUPositionalEncoder`), a stack of STU layers (`modules/stu.py`
+with the formulas of `ops/pytorch/`), the candidate's output row through the timestamp
+postprocessor, multiplied by the item MLP's candidate embedding, and a prediction MLP.
+
+Jaggedness: a batch arrives padded to the config's history length `[B, H]` with the true
+lengths `[B]`; every per-token layer runs on the padded rows and the attention masks keys at
+or beyond each sample's L, exactly as the reference's PyTorch path (`pytorch_hstu_mha` pads to
+the batch's `max_seq_len` too). At the MLPerf setting every history is full (gin
+`MIN_HISTORY` 4086 = `HISTORY_LENGTH`), so the padding costs nothing there; the mini's short
+histories pay it (README, "Jagged sequences").
+"""
+
+from __future__ import annotations
+
+import math
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from benchmarks.dlrmv4.config import CROSS_FEATURES, ModelConfig
+
+# The multitask module's one task: `listen_plus`, bit 1 of the action weight.
+TIME_FEATURES = ((3600, 24), (86400, 7))  # postprocessors.py: hour of day, day of week
+TWO_PI = 2 * 3.14  # postprocessors.py writes 2 * 3.14, not 2 * pi
+SPARSE_PREFIX = "sparse_table_"  # layers holding embedding tables (row-wise Adagrad's)
+
+
+def xavier(seed):
+    """torch's `xavier_uniform_` (`init_mlp_weights_optional_bias`): U(+-sqrt(6/(in+out)))."""
+    return keras.initializers.GlorotUniform(seed=seed)
+
+
+class EmbeddingTable(keras.layers.Layer):
+    """One embedding table `[rows, dim]` (TorchRec's default init U(+-sqrt(1/rows)))."""
+
+    def __init__(self, rows: int, dim: int, *, seed: int, **kwargs):
+        super().__init__(**kwargs)
+        bound = math.sqrt(1.0 / rows)
+        self.rows = rows
+        self.table = self.add_weight(
+            shape=(rows, dim),
+            initializer=keras.initializers.RandomUniform(-bound, bound, seed=seed),
+            name="embeddings",
+        )
+
+    def call(self, ids):
+        return tf.gather(self.table, ids)  # [..., dim]; its gradient is an IndexedSlices
+
+
+def swish_layer_norm(x, gamma, beta, eps):
+    """`SwishLayerNorm`: x * sigmoid(LN(x)) (pt_layer_norm.py `pytorch_swish_layer_norm`)."""
+    return x * tf.sigmoid(layer_norm(x, gamma, beta, eps))
+
+
+def layer_norm(x, gamma, beta, eps):
+    """LayerNorm over the last axis (biased variance, as torch)."""
+    mean, var = tf.nn.moments(x, axes=[-1], keepdims=True)
+    return (x - mean) * tf.math.rsqrt(var + eps) * gamma + beta
+
+
+class Mlp(keras.layers.Layer):
+    """Linear -> SwishLayerNorm -> Linear [-> LayerNorm]: the reference's MLP blocks (the
+    preprocessor's content, action and additional MLPs end in a LayerNorm; the prediction
+    head does not)."""
+
+    def __init__(self, hidden: int, out: int, *, final_norm: bool, seed: int, **kwargs):
+        super().__init__(**kwargs)
+        self.hidden, self.out, self.final_norm, self.seed = hidden, out, final_norm, seed
+
+    def build(self, input_shape):
+        d = input_shape[-1]
+        self.w1 = self.add_weight(shape=(d, self.hidden), initializer=xavier(self.seed), name="w1")
+        self.b1 = self.add_weight(shape=(self.hidden,), initializer="zeros", name="b1")
+        self.g1 = self.add_weight(shape=(self.hidden,), initializer="ones", name="swish_ln_gamma")
+        self.n1 = self.add_weight(shape=(self.hidden,), initializer="zeros", name="swish_ln_beta")
+        self.w2 = self.add_weight(
+            shape=(self.hidden, self.out), initializer=xavier(self.seed + 1), name="w2"
+        )
+        self.b2 = self.add_weight(shape=(self.out,), initializer="zeros", name="b2")
+        if self.final_norm:
+            self.g2 = self.add_weight(shape=(self.out,), initializer="ones", name="ln_gamma")
+            self.n2 = self.add_weight(shape=(self.out,), initializer="zeros", name="ln_beta")
+
+    def call(self, x):
+        h = swish_layer_norm(tf.matmul(x, self.w1) + self.b1, self.g1, self.n1, 1e-5)
+        y = tf.matmul(h, self.w2) + self.b2
+        return layer_norm(y, self.g2, self.n2, 1e-5) if self.final_norm else y
+
+
+class StuLayer(keras.layers.Layer):
+    """One STU layer (stu.py `STULayer`, PyTorch kernels), on padded rows `[B, S, D]`.
+
+        n = LN(x; eps 1e-6);  u, v, q, k = split(n W_uvqk + b);  u = silu(u)
+        A[i, j] = silu(alpha q_i . k_j) / N  for keys j <= i and j < L (causal, jagged)
+        a = A v  (per head);  y = u * LN(a; eps 1e-6)
+        x' = x + dropout([u, a, y]) W_out
+
+    alpha = 1/sqrt(d_qk); N the sequence length attended over (the reference's
+    `max_seq_len`); the target-aware mask of one candidate equals the causal one.
+    """
+
+    def __init__(self, config: ModelConfig, *, seed: int, **kwargs):
+        super().__init__(**kwargs)
+        self.c, self.seed = config, seed
+        self.dropout = keras.layers.Dropout(config.linear_dropout, seed=seed + 7)
+
+    def build(self, input_shape):
+        c = self.c
+        d, h = c.transducer_dim, c.num_heads
+        width = (2 * c.attn_linear_dim + 2 * c.attn_qk_dim) * h
+        self.uvqk = self.add_weight(shape=(d, width), initializer=xavier(self.seed), name="uvqk")
+        self.uvqk_beta = self.add_weight(shape=(width,), initializer="zeros", name="uvqk_beta")
+        self.in_gamma = self.add_weight(shape=(d,), initializer="ones", name="input_norm_gamma")
+        self.in_beta = self.add_weight(shape=(d,), initializer="zeros", name="input_norm_beta")
+        hv = h * c.attn_linear_dim
+        self.out = self.add_weight(
+            shape=(3 * hv, d), initializer=xavier(self.seed + 1), name="output_weight"
+        )
+        self.out_gamma = self.add_weight(shape=(hv,), initializer="ones", name="output_norm_gamma")
+        self.out_beta = self.add_weight(shape=(hv,), initializer="zeros", name="output_norm_beta")
+
+    def call(self, x, lengths, training=False):
+        """x `[B, S, D]`, lengths `[B]` (L of each sample) -> `[B, S, D]`."""
+        c = self.c
+        h, dv, dq = c.num_heads, c.attn_linear_dim, c.attn_qk_dim
+        s = tf.shape(x)[1]
+        normed = layer_norm(x, self.in_gamma, self.in_beta, 1e-6)
+        uvqk = tf.matmul(normed, self.uvqk) + self.uvqk_beta  # [B, S, 2 H dv + 2 H dq]
+        u, v, q, k = tf.split(uvqk, [h * dv, h * dv, h * dq, h * dq], axis=-1)
+        u = tf.nn.silu(u)
+        q = tf.reshape(q, [-1, s, h, dq])
+        k = tf.reshape(k, [-1, s, h, dq])
+        v = tf.reshape(v, [-1, s, h, dv])
+        scores = tf.einsum("bxha,byha->bhxy", q, k) * (1.0 / math.sqrt(dq))  # [B, H, S, S]
+        rows = tf.range(s)[:, None]
+        cols = tf.range(s)[None, :]
+        mask = (cols <= rows)[None] & (cols[None] < lengths[:, None, None])  # [B, S, S]
+        weights = tf.nn.silu(scores) / tf.cast(s, x.dtype)
+        weights = weights * tf.cast(mask[:, None], x.dtype)
+        attn = tf.reshape(tf.einsum("bhxy,byhv->bxhv", weights, v), [-1, s, h * dv])
+        y = u * layer_norm(attn, self.out_gamma, self.out_beta, 1e-6)
+        cat = self.dropout(tf.concat([u, attn, y], axis=-1), training=training)
+        return x + tf.matmul(cat, self.out)
+
+
+def position_indices(lengths, seq: int, num_contextual: int, num_buckets: int):
+    """pt_position.py `_get_col_indices` with one target: `[B, S]` position buckets.
+
+    Contextual tokens take 0..C-1; token p >= C of a sample of length L takes
+    min(C + (L - 1) - min(p, L - 1), buckets - 1): the candidate C, the newest event C + 1, ...
+    """
+    p = tf.range(seq)[None, :]
+    high = (lengths - 1)[:, None]  # seq_lengths - num_targets
+    col = high - tf.minimum(p, high) + num_contextual
+    col = tf.minimum(col, num_buckets - 1)
+    return tf.where(p < num_contextual, tf.broadcast_to(p, tf.shape(col)), col)
+
+
+def time_buckets(timestamps, query_time, num_buckets: int):
+    """pt_position.py's sqrt time buckets: int(sqrt(max(query - t, 1e-6) / 60)) in [0, T]."""
+    dt = tf.cast(query_time[:, None] - timestamps, tf.float32)
+    dt = tf.maximum(dt, 1e-6) / 60.0
+    return tf.clip_by_value(tf.cast(tf.sqrt(dt), tf.int32), 0, num_buckets)
+
+
+def time_features(timestamps):
+    """postprocessors.py `_concat_time_features`: [cos, sin] of the hour of day and the day
+    of week, `[..., 4]`."""
+    parts = []
+    for period, units in TIME_FEATURES:
+        since = tf.math.floordiv(timestamps, period)
+        angle = tf.cast(tf.math.floormod(since, units), tf.float32) / units * TWO_PI
+        parts += [tf.cos(angle), tf.sin(angle)]
+    return tf.stack(parts, axis=-1)
+
+
+class DlrmHstu(keras.Model):
+    """The HSTU ranking model of `ModelConfig` (see the module docstring).
+
+    Inputs (a dict, per replica): `uih_item`, `uih_artist`, `uih_album`, `uih_action` int32
+    `[B, H]`, `uih_time` int64 `[B, H]`, `uih_length` int32 `[B]`, `contextual` int32 `[B, 8]`,
+    `cand_item`, `cand_artist`, `cand_album` int32 `[B]`, `cand_time` int64 `[B]`.
+    Output: the `listen_plus` logit `[B]`.
+    """
+
+    def __init__(self, config: ModelConfig, *, seed: int = 0, **kwargs):
+        super().__init__(**kwargs)
+        c = self.c = config
+        e, d, hid = c.embedding_dim, c.transducer_dim, c.preprocessor_hidden_dim
+        rows = c.table_rows()
+        self.tables = {
+            name: EmbeddingTable(n, e, seed=seed + i, name=SPARSE_PREFIX + name)
+            for i, (name, n) in enumerate(rows.items())
+        }
+        self.contextual_names = ["uid"] + [name for name, _ in CROSS_FEATURES]
+        self.content_mlp = Mlp(hid, d, final_norm=True, seed=seed + 100, name="content_mlp")
+        self.additional_mlp = Mlp(hid, d, final_norm=True, seed=seed + 102, name="additional_mlp")
+        self.action_mlp = Mlp(hid, d, final_norm=True, seed=seed + 104, name="action_mlp")
+        self.item_mlp = Mlp(c.mlp_hidden_dim, d, final_norm=True, seed=seed + 106, name="item_mlp")
+        self.head = Mlp(c.mlp_hidden_dim, 1, final_norm=False, seed=seed + 108, name="head")
+        self.layers_ = [StuLayer(c, seed=seed + 200 + 10 * i, name=f"stu_{i}") for i in
+                        range(c.num_layers)]  # fmt: skip
+        self.input_dropout = keras.layers.Dropout(c.input_dropout, seed=seed + 300)
+        self.seed_ = seed
+        std = math.sqrt(2.0 / (e + d))
+        nc = c.num_contextual
+        self.ctx_w = self.add_weight(
+            shape=(nc, e, d),
+            initializer=keras.initializers.RandomNormal(0.0, std, seed=seed + 400),
+            name="contextual_weights",
+        )
+        self.ctx_b = self.add_weight(shape=(nc, d), initializer="zeros", name="contextual_bias")
+        na = c.num_action_types * c.action_embedding_dim
+        normal = keras.initializers.RandomNormal(0.0, 0.1, seed=seed + 401)
+        self.action_table = self.add_weight(
+            shape=(c.num_action_types, c.action_embedding_dim), initializer=normal,
+            name="action_embedding_table",
+        )  # fmt: skip
+        self.target_action = self.add_weight(
+            shape=(na,), initializer=keras.initializers.RandomNormal(0.0, 0.1, seed=seed + 402),
+            name="target_action_embedding",
+        )  # fmt: skip
+        pb, tb = c.num_position_buckets, c.num_time_buckets
+        self.pos_table = self.add_weight(
+            shape=(pb, d), name="position_embeddings",
+            initializer=keras.initializers.RandomUniform(
+                -math.sqrt(1 / pb), math.sqrt(1 / pb), seed=seed + 403),
+        )  # fmt: skip
+        self.time_table = self.add_weight(
+            shape=(tb + 1, d), name="timestamp_embeddings",
+            initializer=keras.initializers.RandomUniform(
+                -math.sqrt(1 / tb), math.sqrt(1 / tb), seed=seed + 404),
+        )  # fmt: skip
+        self.post_w = self.add_weight(
+            shape=(d + 2 * len(TIME_FEATURES), d), initializer=xavier(seed + 405),
+            name="postprocessor_w",
+        )  # fmt: skip
+        self.post_b = self.add_weight(shape=(d,), initializer="zeros", name="postprocessor_b")
+        self.post_gamma = self.add_weight(shape=(d,), initializer="ones", name="post_ln_gamma")
+        self.post_beta = self.add_weight(shape=(d,), initializer="zeros", name="post_ln_beta")
+
+    # ---- the reference's blocks, each tested against a NumPy transcription ---------------------
+    def action_embeddings(self, actions):
+        """ActionEncoder on history events: each set bit's embedding, `[B, H, 3 x a]`."""
+        bits = tf.constant([1 << i for i in range(self.c.num_action_types)], tf.int32)
+        on = tf.cast(tf.bitwise.bitwise_and(actions[..., None], bits) > 0, tf.float32)
+        emb = on[..., None] * self.action_table  # [B, H, types, a]
+        return tf.reshape(emb, tf.concat([tf.shape(actions), [-1]], 0))
+
+    def preprocess(self, batch, training=False):
+        """ContextualPreprocessor + HSTUPositionalEncoder + input dropout.
+
+        Returns (x `[B, S, D]`, L `[B]`) with S = 8 + H + 1: contextual tokens, the history
+        and, at position 8 + l, the candidate; rows past L are padding.
+        """
+        c = self.c
+        nc, hist = c.num_contextual, tf.shape(batch["uih_item"])[1]
+        lengths = tf.cast(batch["uih_length"], tf.int32)  # [B]
+
+        # The merged item / artist / album sequences: the history, then the candidate.
+        def merged(table, history, candidate):
+            return self.tables[table](tf.concat([history, candidate[:, None]], axis=1))
+
+        item = merged("item_id", batch["uih_item"], batch["cand_item"])  # [B, H+1, E]
+        artist = merged("artist_id", batch["uih_artist"], batch["cand_artist"])
+        album = merged("album_id", batch["uih_album"], batch["cand_album"])
+        seq = self.content_mlp(item) + self.additional_mlp(tf.concat([artist, album], -1))
+        actions = self.action_embeddings(batch["uih_action"])  # [B, H, 3a]
+        target = tf.broadcast_to(self.target_action, tf.shape(actions[:, :1]))  # [B, 1, 3a]
+        actions = tf.concat([actions, target], axis=1)  # [B, H+1, 3a]
+        seq = seq + self.action_mlp(actions)  # [B, H+1, D]
+        # Move the candidate (row H) to row l, right after the history (jagged layout).
+        idx = tf.range(hist + 1)[None, :]  # [1, H+1]
+        is_cand = idx == lengths[:, None]
+        source = tf.where(is_cand, hist, tf.where(idx < lengths[:, None], idx, hist + 1))
+        seq = tf.gather(
+            tf.concat([seq, tf.zeros_like(seq[:, :1])], 1), source, batch_dims=1
+        )  # [B, H+1, D]; rows past l zero
+        times = tf.concat([batch["uih_time"], batch["cand_time"][:, None]], axis=1)  # [B, H+1]
+        times = tf.concat([times, tf.zeros_like(times[:, :1])], 1)
+        times = tf.gather(times, source, batch_dims=1)
+        # Contextual tokens: a per-position linear map of each contextual id's embedding.
+        ctx = tf.stack(
+            [self.tables[n](batch["contextual"][:, i]) for i, n in
+             enumerate(self.contextual_names)], axis=1)  # fmt: skip  # [B, C, E]
+        ctx = tf.einsum("bce,ced->bcd", ctx, self.ctx_w) + self.ctx_b  # [B, C, D]
+        x = tf.concat([ctx, seq], axis=1)  # [B, S, D]
+        times = tf.concat([tf.zeros_like(times[:, :nc]), times], axis=1)  # [B, S]
+        total = lengths + nc + 1  # L
+        x = self.positional(x, times, total)
+        return self.input_dropout(x, training=training), total, times
+
+    def positional(self, x, times, lengths):
+        """HSTUPositionalEncoder: x * sqrt(D) + position embedding + time-bucket embedding."""
+        c = self.c
+        s = tf.shape(x)[1]
+        pos = position_indices(lengths, s, c.num_contextual, c.num_position_buckets)
+        query = tf.gather(times, lengths - 1, batch_dims=1)  # [B]: the candidate's time
+        tb = time_buckets(times, query, c.num_time_buckets)
+        x = x * math.sqrt(c.transducer_dim)
+        valid = tf.range(s)[None, :] < lengths[:, None]
+        bias = tf.gather(self.pos_table, pos) + tf.gather(self.time_table, tb)
+        return x + bias * tf.cast(valid, x.dtype)[..., None]
+
+    def postprocess(self, candidate, cand_time):
+        """TimestampLayerNormPostprocessor: LN(Linear([emb, time features]); eps 1e-5)."""
+        y = tf.matmul(tf.concat([candidate, time_features(cand_time)], -1), self.post_w)
+        return layer_norm(y + self.post_b, self.post_gamma, self.post_beta, 1e-5)
+
+    def call(self, batch, training=False):
+        x, lengths, times = self.preprocess(batch, training=training)
+        for layer in self.layers_:
+            x = layer(x, lengths, training=training)
+        user = tf.gather(x, lengths - 1, batch_dims=1)  # [B, D]: the candidate's row
+        user = self.postprocess(user, tf.gather(times, lengths - 1, batch_dims=1))
+        items = tf.concat(
+            [self.tables[n](batch[k]) for n, k in
+             (("item_id", "cand_item"), ("artist_id", "cand_artist"),
+              ("album_id", "cand_album"))], axis=-1)  # fmt: skip  # [B, 3E]
+        item = self.item_mlp(items)  # [B, D]
+        return self.head(user * item)[:, 0]  # [B]
+
+
+def build(config: ModelConfig, *, seed: int = 0, batch: int = 2) -> DlrmHstu:
+    """A built `DlrmHstu` (its weights created by one call on a zero batch)."""
+    model = DlrmHstu(config, seed=seed, name="dlrm_hstu")
+    model(dummy_batch(config, batch))
+    return model
+
+
+def dummy_batch(config: ModelConfig, batch: int) -> dict[str, tf.Tensor]:
+    """A batch of the model's input shapes (histories of length 1)."""
+    h = config.history_length
+    ints = lambda *shape: tf.zeros(shape, tf.int32)  # noqa: E731
+    return {
+        "uih_item": ints(batch, h),
+        "uih_artist": ints(batch, h),
+        "uih_album": ints(batch, h),
+        "uih_action": ints(batch, h),
+        "uih_time": tf.zeros((batch, h), tf.int64),
+        "uih_length": tf.ones((batch,), tf.int32),
+        "contextual": ints(batch, config.num_contextual),
+        "cand_item": ints(batch),
+        "cand_artist": ints(batch),
+        "cand_album": ints(batch),
+        "cand_time": tf.zeros((batch,), tf.int64),
+    }
+
+
+def parameter_counts(c: ModelConfig) -> tuple[int, int]:
+    """(embedding, dense) parameters of `c`, from the shapes alone (nothing allocated)."""
+    embedding = sum(c.table_rows().values()) * c.embedding_dim
+    e, d, hid, m = c.embedding_dim, c.transducer_dim, c.preprocessor_hidden_dim, c.mlp_hidden_dim
+
+    def mlp(inp, hidden, out, final_norm=True):
+        return inp * hidden + hidden + 2 * hidden + hidden * out + out + (2 * out if final_norm
+                                                                          else 0)  # fmt: skip
+
+    na = c.num_action_types * c.action_embedding_dim
+    dense = mlp(e, hid, d) + mlp(2 * e, hid, d) + mlp(na, hid, d)  # preprocessor MLPs
+    dense += c.num_contextual * (e * d + d)  # contextual linear maps
+    dense += c.num_action_types * c.action_embedding_dim + na  # action tables
+    dense += c.num_position_buckets * d + (c.num_time_buckets + 1) * d  # positional encoder
+    width = (2 * c.attn_linear_dim + 2 * c.attn_qk_dim) * c.num_heads
+    hv = c.num_heads * c.attn_linear_dim
+    dense += c.num_layers * (d * width + width + 2 * d + 3 * hv * d + 2 * hv)  # STU layers
+    dense += (d + 2 * len(TIME_FEATURES)) * d + d + 2 * d  # postprocessor
+    dense += mlp(3 * e, m, d) + mlp(d, m, 1, final_norm=False)  # item MLP, prediction head
+    return embedding, dense
+
+
+def numpy_weights(model: DlrmHstu) -> dict[str, np.ndarray]:
+    """Path -> value of every weight (for tests and tools)."""
+    return {v.path: v.numpy() for v in model.weights}
