@@ -44,7 +44,7 @@ class DecoderBlock(keras.layers.Layer):
         super().__init__(**kwargs)
         self.index = index
         self.attention_norm = RMSNorm(config.rms_norm_eps, name="attention_norm")
-        self.attention = Attention.from_config(config, index, name="attention")
+        self.attention = self.make_mixer(config, index)
         self.mlp_norm = RMSNorm(config.rms_norm_eps, name="mlp_norm")
         if config.moe.is_moe(index):
             self.mlp = moe_feed_forward(
@@ -52,6 +52,10 @@ class DecoderBlock(keras.layers.Layer):
             )
         else:
             self.mlp = FeedForward.from_config(config, name="mlp")
+
+    def make_mixer(self, config: DecoderConfig, index: int):
+        """The block's token mixer, named `attention` (a subclass returns another kind)."""
+        return Attention.from_config(config, index, name="attention")
 
     @property
     def is_moe(self) -> bool:
@@ -93,6 +97,9 @@ class DecoderModel(keras.Model):
         width or the vocabulary.
     """
 
+    # The block of every layer; a subclass with other blocks (`mlperf_tf.lm.hybrid`) sets its own.
+    block_class = DecoderBlock
+
     def __init__(self, config: DecoderConfig, *, moe_group_size: int | None = None,
                  collective_timeout_s: float = 0.0, **kwargs):  # fmt: skip
         super().__init__(**kwargs)
@@ -112,7 +119,7 @@ class DecoderModel(keras.Model):
             name="token_embedding",
         )  # fmt: skip
         self.decoder_layers = [
-            DecoderBlock(
+            self.block_class(
                 c,
                 index=i,
                 moe_group_size=moe_group_size,
