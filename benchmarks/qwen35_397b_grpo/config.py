@@ -15,9 +15,9 @@ import dataclasses
 import math
 
 from mlperf_tf.config import ConfigError, require
-from mlperf_tf.layers.moe import MoEConfig
 from mlperf_tf.lm.hybrid import HybridDecoderConfig
 from mlperf_tf.rl.grpo import PolicyLossConfig
+from mlperf_tf.spmd import MoEConfig
 
 # What the closed rules of 6.1.0 fix (closed_qwen35_397b_grpo.yaml).
 MLPERF_SEQUENCE_LENGTH = 65_536

@@ -303,11 +303,9 @@ class Attention(keras.layers.Layer):
         # i - j < W: band_part keeps at most W - 1 subdiagonals.
         return tf.linalg.band_part(causal, self.sliding_window - 1, 0)
 
-    def call(self, x, cos, sin):
-        """x [batch, seq, hidden]; cos, sin [seq, head_dim] -> [batch, seq, hidden]."""
-        kv, d = self.local_kv, self.head_dim
-        group = self.local_heads // kv
-        batch, seq = tf.shape(x)[0], tf.shape(x)[1]
+    def _heads(self, x, cos, sin):
+        """q [batch, kv, group, seq, d] (scaled), k, v [batch, kv, seq, d], the output gate
+        [batch, seq, kv, group, d] or None: this shard's heads after QK-norm and RoPE."""
         x = self.axis.copy(x)  # f: one all-reduce of the input gradient for q, k and v
         q, k, v = self.project_qkv(x)
         gate = None
@@ -318,13 +316,54 @@ class Attention(keras.layers.Layer):
         q = apply_partial_rope(q, cos, sin)
         k = apply_partial_rope(k, cos, sin)
         q = tf.transpose(q, [0, 2, 3, 1, 4])  # [batch, kv, group, seq, d]
-        q = q * tf.cast(1.0 / math.sqrt(d), q.dtype)
+        q = q * tf.cast(1.0 / math.sqrt(self.head_dim), q.dtype)
         k = tf.transpose(k, [0, 2, 1, 3])  # [batch, kv, seq, d]
         v = tf.transpose(v, [0, 2, 1, 3])  # [batch, kv, seq, d]
+        return q, k, v, gate
+
+    def _output(self, q, k, v, gate, mask):
+        """Attention of q over k, v under `mask`, gated, through o_proj: [batch, seq, hidden]."""
+        kv = self.local_kv
+        group = self.local_heads // kv
+        batch, seq = tf.shape(q)[0], tf.shape(q)[3]
         sinks = tf.reshape(self.sinks, [kv, group]) if self.use_sinks else None
-        out = attend(q, k, v, mask=self.mask(seq), sinks=sinks)  # [batch, kv, group, seq, d]
+        out = attend(q, k, v, mask=mask, sinks=sinks)  # [batch, kv, group, seq, d]
         out = tf.transpose(out, [0, 3, 1, 2, 4])  # [batch, seq, kv, group, d]
         if gate is not None:
             out = out * tf.sigmoid(gate)
-        out = tf.reshape(out, [batch, seq, self.local_heads * d])
+        out = tf.reshape(out, [batch, seq, self.local_heads * self.head_dim])
         return self.o_proj(out)
+
+    def call(self, x, cos, sin):
+        """x [batch, seq, hidden]; cos, sin [seq, head_dim] -> [batch, seq, hidden]."""
+        q, k, v, gate = self._heads(x, cos, sin)
+        return self._output(q, k, v, gate, self.mask(tf.shape(x)[1]))
+
+    def decode(self, x, cos, sin, cache, key_valid):
+        """Attention of new tokens over a key/value cache (generation; eager, growing cache).
+
+        Args:
+          x: [batch, new, hidden], the tokens after those in `cache`.
+          cos, sin: the tables of the new tokens' positions [new, rotary width].
+          cache: (k, v) each [batch, kv, past, d] (past may be 0).
+          key_valid: bool [batch, past + new], False at left padding: no query sees those keys,
+            except a padding query its own (its output is then its value, 0 for a zero input).
+
+        Returns:
+          ([batch, new, hidden], the cache with the new keys and values appended).
+        """
+        q, k, v, gate = self._heads(x, cos, sin)
+        k = tf.concat([cache[0], k], axis=2)
+        v = tf.concat([cache[1], v], axis=2)
+        new, total = tf.shape(q)[3], tf.shape(k)[2]
+        past = total - new
+        rows = tf.range(new)[:, None] + past  # absolute positions of the queries
+        cols = tf.range(total)[None, :]
+        visible = (cols <= rows) & (self.sliding_window == 0 or rows - cols < self.sliding_window)
+        mask = (visible[None] & key_valid[:, None, :]) | (cols == rows)[None]  # [batch, new, total]
+        return self._output(q, k, v, gate, mask[:, None, None]), (k, v)
+
+    def empty_cache(self, batch: int):
+        """An empty (k, v) cache: [batch, kv, 0, d] each."""
+        empty = tf.zeros([batch, self.local_kv, 0, self.head_dim], self.compute_dtype)
+        return empty, empty

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 
 import keras
+import tensorflow as tf
 
 from mlperf_tf.config import ConfigError, require
 from mlperf_tf.lm.attention import Attention
@@ -169,6 +170,10 @@ class HybridDecoderBlock(DecoderBlock):
 
     def call(self, x, cos, sin, training=False, aux=None):
         x = x + self.mix(self.attention_norm(x), cos, sin)
+        return self.feed_forward(x, training=training, aux=aux)
+
+    def feed_forward(self, x, training=False, aux=None):
+        """x + the MoE (and shared expert) or dense block of norm(x)."""
         normed = self.mlp_norm(x)
         if not self.is_moe:
             return x + self.mlp(normed)
@@ -180,6 +185,19 @@ class HybridDecoderBlock(DecoderBlock):
             y = y + gate * self.shared_expert(normed)
         return x + y
 
+    def empty_cache(self, batch: int):
+        """The DeltaNet's (conv, recurrent) state or the attention's empty (k, v)."""
+        return self.attention.empty_cache(batch)
+
+    def decode(self, x, cos, sin, cache, key_valid):
+        """The block on new tokens after `cache` (generation); returns (x, new cache)."""
+        normed = self.attention_norm(x)
+        if self.linear:
+            y, cache = self.attention(normed, cache=cache)
+        else:
+            y, cache = self.attention.decode(normed, cos, sin, cache, key_valid)
+        return self.feed_forward(x + y), cache
+
 
 class HybridDecoderModel(DecoderModel):
     """A `DecoderModel` of `HybridDecoderBlock`s; RoPE tables `rotary_dim` wide."""
@@ -189,6 +207,39 @@ class HybridDecoderModel(DecoderModel):
     def __init__(self, config: HybridDecoderConfig, **kwargs):
         super().__init__(config, **kwargs)
         self.rotary = RotaryEmbedding(config.rotary_dim, theta=config.rope_theta)
+
+    def empty_cache(self, batch: int) -> list:
+        """Every layer's empty cache: O(1) recurrent state per DeltaNet layer, a growing
+        key/value cache per attention layer."""
+        return [layer.empty_cache(batch) for layer in self.decoder_layers]
+
+    def decode(self, token_ids, cache: list, key_valid):
+        """Logits of new tokens given the cache of the tokens before them (generation).
+
+        Sequences of a batch are left-padded to one length: `key_valid` [batch, past + new] is
+        False at padding, whose embeddings are zeroed so that they leave every DeltaNet state
+        at 0 and every residual at 0 (exact: a padded sequence's logits equal its unpadded
+        ones); attention never shows padding keys to real queries, and RoPE is relative.
+
+        Args:
+          token_ids: [batch, new] int.
+          cache: `empty_cache(batch)` or the cache a previous call returned.
+          key_valid: bool [batch, past + new].
+
+        Returns:
+          (logits [batch, new, vocab] float32, the new cache).
+        """
+        new = token_ids.shape[1]
+        total = key_valid.shape[1]
+        valid = tf.cast(key_valid[:, total - new :], self.compute_dtype)[..., None]
+        x = self.token_embedding(token_ids) * valid
+        cos, sin = self.rotary_tables(total)
+        cos, sin = cos[total - new :], sin[total - new :]
+        caches = []
+        for layer, layer_cache in zip(self.decoder_layers, cache, strict=True):
+            x, layer_cache = layer.decode(x, cos, sin, layer_cache, key_valid)
+            caches.append(layer_cache)
+        return tf.cast(self.logits(self.final_norm(x)), tf.float32), caches
 
 
 def build_hybrid_decoder(config: HybridDecoderConfig, *, name: str = "decoder", **kwargs):
