@@ -14,8 +14,9 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from mlperf_tf.config import ConfigError, require
+from mlperf_tf.config import BenchmarkConfig, ConfigError, require
 from mlperf_tf.lm.hybrid import HybridDecoderConfig
+from mlperf_tf.rl.generation import ByteChat
 from mlperf_tf.rl.grpo import PolicyLossConfig
 from mlperf_tf.spmd import MoEConfig
 
@@ -164,6 +165,8 @@ class GrpoConfig:
       num_val_generations_per_prompt: k of pass@k.
       max_steps: the step budget (30 at GBS 256).
       max_rollout_turns: agent turns per rollout (the environment's limit; 30 in NeMo Gym).
+      val_start_step: the first evaluation's step, then every step (0: the rules'
+        `first_validation_step` of the batch size).
     """
 
     num_prompts_per_step: int = 16
@@ -181,13 +184,14 @@ class GrpoConfig:
     num_val_generations_per_prompt: int = 4
     max_steps: int = 30
     max_rollout_turns: int = 30
+    val_start_step: int = 0
 
     def __post_init__(self):
         require(
             self, prefix="grpo.",
             positive_int=("num_prompts_per_step", "num_val_generations_per_prompt", "max_steps",
                           "max_rollout_turns"),
-            non_negative_int=("max_trajectory_age_steps",),
+            non_negative_int=("max_trajectory_age_steps", "val_start_step"),
             positive=("training_temperature", "validation_temperature",
                       "seq_logprob_error_threshold"),
         )  # fmt: skip
@@ -210,8 +214,8 @@ class EnvironmentConfig:
     """Where rollouts act (`benchmarks.qwen35_397b_grpo.environments`).
 
     Attributes:
-      kind: "r2e_gym" (the reference's container tasks) or "repair" (generated repair tasks in
-        the local sandbox: `mini`, `smoke`).
+      kind: "r2e_gym" (the reference's container tasks), "repair" (generated repair tasks in
+        the local sandbox: `mini`) or "synthetic" (no tools, a reward from the text: `smoke`).
       agent_timeout_s: wall-clock seconds a rollout may take (1,800 in the reference, which
         must never bind: a rollout cut by it is invalid).
       test_timeout_s: seconds the task's tests may run (300 training, 180 validation).
@@ -230,11 +234,93 @@ class EnvironmentConfig:
     max_observation_chars: int = 4000
 
     def __post_init__(self):
-        if self.kind not in ("r2e_gym", "repair"):
-            raise ConfigError(f"`env.kind` ({self.kind!r}) must be 'r2e_gym' or 'repair'.")
+        if self.kind not in ("r2e_gym", "repair", "synthetic"):
+            raise ConfigError(
+                f"`env.kind` ({self.kind!r}) must be 'r2e_gym', 'repair' or 'synthetic'."
+            )
         require(
             self, prefix="env.",
             positive=("agent_timeout_s", "test_timeout_s", "validation_test_timeout_s",
                       "tool_timeout_s"),
             positive_int=("tool_cpu_s", "tool_memory_mb", "max_observation_chars"),
         )  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RolloutConfig:
+    """Lengths of a rollout (tokens): `max_length` the whole conversation (the reference's
+    65,536), `max_turn_tokens` one generated turn; `train_tasks`, `eval_tasks`: the generated
+    task sets of `mini` and `smoke` (`tasks.make_tasks`, seeds `task_seed` and `task_seed + 1`)."""
+
+    max_length: int = MLPERF_SEQUENCE_LENGTH
+    max_turn_tokens: int = MLPERF_SEQUENCE_LENGTH
+    train_tasks: int = TRAIN_ROWS
+    eval_tasks: int = EVAL_SAMPLES
+    task_seed: int = 1
+
+    def __post_init__(self):
+        require(
+            self, prefix="rollout.",
+            positive_int=("max_length", "max_turn_tokens", "train_tasks", "eval_tasks"),
+            non_negative_int=("task_seed",),
+        )  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Qwen35GrpoConfig(BenchmarkConfig):
+    """Qwen3.5 GRPO (MLPerf `qwen35_397b_grpo`). Sizes are in rollouts: a step is
+    `grpo.num_prompts_per_step` tasks x `grpo.num_generations_per_prompt` rollouts
+    (`global_batch_size`, which must equal their product); an epoch is `train_examples` tasks'
+    rollouts; an evaluation is `eval_examples` tasks x `grpo.num_val_generations_per_prompt`.
+    """
+
+    model: ModelConfig = ModelConfig()
+    grpo: GrpoConfig = GrpoConfig()
+    optimizer: OptimizerConfig = OptimizerConfig()
+    env: EnvironmentConfig = EnvironmentConfig()
+    rollout: RolloutConfig = RolloutConfig()
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.global_batch_size != self.grpo.global_batch_size:
+            raise ConfigError(
+                f"`global_batch_size` ({self.global_batch_size}) must equal "
+                f"`grpo.num_prompts_per_step` x `grpo.num_generations_per_prompt` "
+                f"({self.grpo.num_prompts_per_step} x {self.grpo.num_generations_per_prompt})."
+            )
+
+
+def mlperf() -> Qwen35GrpoConfig:
+    """The reference at GBS 256 (16 x 16) on the R2E-Gym tasks: needs the checkpoint, the task
+    images and a container runtime (README.md); not runnable yet (no checkpoint import)."""
+    gbs = REFERENCE_GBS
+    return Qwen35GrpoConfig(
+        global_batch_size=gbs, eval_batch_size=EVAL_SAMPLES, train_examples=TRAIN_ROWS * 16,
+        eval_examples=EVAL_SAMPLES, max_epochs=30 * gbs / (TRAIN_ROWS * 16),
+        quality_target=TARGET_PASS_AT_4, gradient_clip_norm=gradient_clip(gbs),
+    )  # fmt: skip
+
+
+def mini() -> Qwen35GrpoConfig:
+    """Not built yet: the supervised base model on expert trajectories and its GRPO run."""
+    raise ConfigError("preset `mini` of qwen35_397b_grpo is not built yet (README.md).")
+
+
+def smoke() -> Qwen35GrpoConfig:
+    """About a minute on a CPU (most of it tracing the steps): the tiny model of every layer
+    kind, 2 synthetic tasks x 2 rollouts a step of one 8-token turn, 2 steps, evaluated after
+    each on 2 held-out tasks x 2 (pass@2). Overlong filtering is off: every 8-token turn ends at
+    the length limit, and the update would otherwise see no rollout.
+    `mlperf-tf run --benchmark=qwen35_397b_grpo --preset=smoke --model_dir=/tmp/grpo-smoke`.
+    """
+    grpo = GrpoConfig(num_prompts_per_step=2, num_generations_per_prompt=2, max_steps=2,
+                      num_val_generations_per_prompt=2, max_rollout_turns=1,
+                      val_start_step=1, overlong_filtering=False)  # fmt: skip
+    return Qwen35GrpoConfig(
+        global_batch_size=4, eval_batch_size=2, train_examples=4 * 2, eval_examples=2,
+        max_epochs=1.0, quality_target=1.01, gradient_clip_norm=gradient_clip(4),
+        model=tiny(ByteChat.vocab_size), grpo=grpo,
+        optimizer=OptimizerConfig(opt_base_learning_rate=1e-4),
+        env=EnvironmentConfig(kind="synthetic"),
+        rollout=RolloutConfig(max_length=256, max_turn_tokens=8, train_tasks=4, eval_tasks=2),
+    )  # fmt: skip

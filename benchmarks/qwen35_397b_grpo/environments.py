@@ -107,6 +107,27 @@ class RepairEnvironment(Environment):
             self.sandbox = None
 
 
+class SyntheticEnvironment(Environment):
+    """The `smoke` preset's task: no tools; the rollout's reward is 1 when the bytes of its
+    first turn sum to an even number (a reward that depends on what the policy wrote, with
+    variance inside every group, in microseconds)."""
+
+    def reset(self, task: str) -> str:
+        self.first_turn = None
+        return task
+
+    def tools(self):
+        return {}
+
+    def act(self, text: str):
+        if self.first_turn is None:
+            self.first_turn = text
+        return super().act(text)
+
+    def reward(self) -> float:
+        return float(sum((self.first_turn or "").encode()) % 2 == 0)
+
+
 # ---- R2E-Gym in containers -----------------------------------------------------------------------
 
 RUNTIMES = ("apptainer", "singularity", "docker")

@@ -7,7 +7,8 @@ A turn: every unfinished rollout's conversation so far is prefilled (left-padded
 the policy generates until end-of-turn, a closed tool call or the turn's token limit, and the
 environment answers the tool calls; the answer joins the conversation as a tool-response
 message. A rollout ends when the agent calls `finish`, writes no tool call, runs out of turns,
-or reaches `max_length` tokens (then `truncated`: overlong filtering drops it). Between turns
+or reaches `max_length` tokens or a turn's limit (then `truncated`: it still gets its reward
+from the environment, and overlong filtering drops it from the update). Between turns
 the conversation is prefilled again (the key/value cache is not kept across turns: simpler,
 and cheap next to decoding at these lengths; the reference's vLLM keeps a prefix cache).
 """
@@ -75,11 +76,11 @@ def run_rollouts(model, environments, tasks, *, chat: ByteChat, max_turns: int,
             r = rollouts[i]
             r.extend(out.tokens, policy=True, logprobs=out.logprobs)
             r.turns += 1
-            if out.stop == "length" or len(r.tokens) >= max_length:
-                r.truncated = True
-                continue
             answer = environments[i].act(chat.decode(out.tokens))
             r.errors += answer.errors
+            if out.stop == "length" or len(r.tokens) >= max_length:
+                r.truncated = True  # the environment saw the cut turn (a tool call in it ran)
+                continue
             if answer.done:
                 continue
             if out.stop != "eos":  # close the assistant turn the tool call ended
@@ -93,6 +94,6 @@ def run_rollouts(model, environments, tasks, *, chat: ByteChat, max_turns: int,
         active = still
     # A rollout out of turns ended without `finish`: its reward is its state's, as it stands.
     for r, env in zip(rollouts, environments, strict=True):
-        r.reward = 0.0 if r.truncated else env.reward()
+        r.reward = env.reward()  # truncated ones too; overlong filtering drops them
         del r.tokens[max_length:], r.policy_mask[max_length:], r.logprobs[max_length:]
     return rollouts
