@@ -58,8 +58,11 @@ class Qwen35GrpoBenchmark(Benchmark):
 
     # ---- model and optimizer -----------------------------------------------------------------------
     def build_model(self):
-        self._policy = build_model(self.config.model)
-        return self._policy
+        return build_model(self.config.model)
+
+    def bind_model(self, model) -> None:
+        """The policy the rollout pipelines generate with: the trained weights themselves."""
+        self._policy = model
 
     def learning_rate(self) -> float:
         return self.config.optimizer.opt_base_learning_rate or config_lib.learning_rate(
@@ -82,7 +85,7 @@ class Qwen35GrpoBenchmark(Benchmark):
     # ---- data: rollouts ----------------------------------------------------------------------------
     def _policy_model(self):
         if self._policy is None:
-            raise RuntimeError("build_model() must run before the rollout datasets are made")
+            raise RuntimeError("bind_model() must run before the rollout datasets are read")
         return self._policy
 
     def train_dataset(self, input_context) -> tf.data.Dataset:

@@ -309,7 +309,7 @@ def mini() -> Qwen35GrpoConfig:
 def smoke() -> Qwen35GrpoConfig:
     """About a minute on a CPU (most of it tracing the steps): the tiny model of every layer
     kind, 2 synthetic tasks x 2 rollouts a step of one 8-token turn, 2 steps, evaluated after
-    each on 2 held-out tasks x 2 (pass@2). Overlong filtering is off: every 8-token turn ends at
+    each on 3 held-out tasks x 2 (pass@2). Overlong filtering is off: every 8-token turn ends at
     the length limit, and the update would otherwise see no rollout.
     `mlperf-tf run --benchmark=qwen35_397b_grpo --preset=smoke --model_dir=/tmp/grpo-smoke`.
     """
@@ -317,10 +317,10 @@ def smoke() -> Qwen35GrpoConfig:
                       num_val_generations_per_prompt=2, max_rollout_turns=1,
                       val_start_step=1, overlong_filtering=False)  # fmt: skip
     return Qwen35GrpoConfig(
-        global_batch_size=4, eval_batch_size=2, train_examples=4 * 2, eval_examples=2,
+        global_batch_size=4, eval_batch_size=3, train_examples=4 * 2, eval_examples=3,
         max_epochs=1.0, quality_target=1.01, gradient_clip_norm=gradient_clip(4),
         model=tiny(ByteChat.vocab_size), grpo=grpo,
         optimizer=OptimizerConfig(opt_base_learning_rate=1e-4),
         env=EnvironmentConfig(kind="synthetic"),
-        rollout=RolloutConfig(max_length=256, max_turn_tokens=8, train_tasks=4, eval_tasks=2),
+        rollout=RolloutConfig(max_length=256, max_turn_tokens=8, train_tasks=4, eval_tasks=3),
     )  # fmt: skip

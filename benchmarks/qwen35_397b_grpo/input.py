@@ -107,7 +107,8 @@ def validation_batches(model, config: Qwen35GrpoConfig, *, batch_tasks: int, see
                 model, envs, group, chat=CHAT, max_turns=grpo.max_rollout_turns,
                 max_turn_tokens=config.rollout.max_turn_tokens,
                 max_length=config.rollout.max_length, temperature=grpo.validation_temperature,
-                top_p=grpo.validation_top_p, seed=seed * 100_000 + start,
+                top_p=grpo.validation_top_p, seed=seed,
+                ids=[(start + j // k) * k + j % k for j in range(len(group))],
             )  # fmt: skip
             rewards = np.array([r.reward for r in rollouts], np.float32).reshape(batch_tasks, k)
             yield {"rewards": rewards, "valid": valid}

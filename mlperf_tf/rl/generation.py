@@ -18,20 +18,22 @@ import numpy as np
 import tensorflow as tf
 
 
-def sample(logits, *, temperature: float, top_p: float, seed):
+def sample(logits, *, temperature: float, top_p: float, seeds):
     """One token per row of `logits` [batch, vocab] and its log-probability.
 
     Temperature 0 is greedy. Otherwise the logits are divided by the temperature and, with
     top_p < 1, only the smallest set of most likely tokens whose probability reaches top_p keeps
-    its mass (renormalized). The log-probability returned is the token's under the
-    temperature-scaled distribution before the top-p cut, the distribution the policy update
-    recomputes (`mlperf_tf.rl.grpo.token_logprobs` at the same temperature).
+    its mass (renormalized); the draw is the Gumbel-max of the kept logits with each row's own
+    noise (`seeds`), so a row's token does not depend on the other rows of the batch. The
+    log-probability returned is the token's under the temperature-scaled distribution before
+    the top-p cut, the distribution the policy update recomputes
+    (`mlperf_tf.rl.grpo.token_logprobs` at the same temperature).
 
     Args:
       logits: [batch, vocab] float.
       temperature: >= 0.
       top_p: in (0, 1].
-      seed: int32 [2], the stateless sampling seed of this step.
+      seeds: int32 [batch, 2], each row's stateless seed for this step.
 
     Returns:
       (tokens int32 [batch], log-probs float32 [batch]).
@@ -55,8 +57,25 @@ def sample(logits, *, temperature: float, top_p: float, seed):
             tf.reshape(keep_sorted, [-1]), tf.shape(scaled),
         )  # fmt: skip
         filtered = tf.where(keep, scaled, -np.inf)
-    tokens = tf.random.stateless_categorical(filtered, 1, seed, dtype=tf.int32)[:, 0]
+    gumbel = -tf.math.log(-tf.math.log(_hash_uniform(seeds, logits.shape[-1])))
+    tokens = tf.argmax(filtered + gumbel, axis=-1, output_type=tf.int32)
     return tokens, tf.gather(logp, tokens, axis=-1, batch_dims=1)
+
+
+_MASK32 = 0xFFFFFFFF
+
+
+def _hash_uniform(seeds, vocab: int) -> tf.Tensor:
+    """Uniforms in (0, 1) [batch, vocab], each from its row's seed and its column alone: a
+    32-bit hash of (seed, column) (MurmurHash3's finalizer), so rows are independent of the
+    batch they are drawn in."""
+    seeds = tf.cast(seeds, tf.int64)
+    column = tf.range(vocab, dtype=tf.int64)[None, :]
+    x = (seeds[:, :1] * 0x9E3779B1 + seeds[:, 1:] * 0x85EBCA6B + column * 0xC2B2AE35) & _MASK32
+    for shift, factor in ((16, 0x85EBCA6B), (13, 0xC2B2AE35)):
+        x = ((x ^ tf.bitwise.right_shift(x, shift)) * factor) & _MASK32
+    x = x ^ tf.bitwise.right_shift(x, 16)
+    return tf.cast((tf.cast(x, tf.float64) + 0.5) / 2.0**32, tf.float32)
 
 
 @dataclasses.dataclass
@@ -70,13 +89,14 @@ class Generated:
 
 
 def generate(model, prompts: list[list[int]], *, max_new_tokens: int, eos_id: int, pad_id: int,
-             temperature: float, top_p: float, seed: int, stop_suffixes=(),
+             temperature: float, top_p: float, seeds: list[int], stop_suffixes=(),
              decode_text=None) -> list[Generated]:  # fmt: skip
     """Continues each prompt until `eos_id`, a stop suffix (e.g. a closed tool call, checked on
     `decode_text(tokens)`), or `max_new_tokens`; all prompts advance together.
 
     Prompts are left-padded with `pad_id` to one length (`HybridDecoderModel.decode` makes the
-    padding exact). A finished sequence keeps being fed its last token until all stop; its
+    padding exact). `seeds`: one per prompt; a sequence's tokens depend on its seed, not on
+    the batch it is in. A finished sequence keeps being fed its last token until all stop; its
     outputs are dropped.
     """
     batch = len(prompts)
@@ -91,8 +111,9 @@ def generate(model, prompts: list[list[int]], *, max_new_tokens: int, eos_id: in
     results = [Generated([], [], "length") for _ in range(batch)]
     done = np.zeros(batch, bool)
     for step in range(max_new_tokens):
+        step_seeds = np.stack([np.asarray(seeds, np.int64) % (2**31), np.full(batch, step)], 1)
         tokens, logp = sample(last, temperature=temperature, top_p=top_p,
-                              seed=tf.constant([seed, step], tf.int32))  # fmt: skip
+                              seeds=tf.constant(step_seeds, tf.int32))  # fmt: skip
         tokens, logp = tokens.numpy(), logp.numpy()
         for i in np.nonzero(~done)[0]:
             results[i].tokens.append(int(tokens[i]))

@@ -39,7 +39,7 @@ class Rollout:
 
 def run_rollouts(model, environments, tasks, *, chat: ByteChat, max_turns: int,
                  max_turn_tokens: int, max_length: int, temperature: float, top_p: float,
-                 seed: int) -> list[Rollout]:  # fmt: skip
+                 seed: int, ids=None) -> list[Rollout]:  # fmt: skip
     """One rollout per (environment, task) pair, all generated together.
 
     Args:
@@ -51,7 +51,9 @@ def run_rollouts(model, environments, tasks, *, chat: ByteChat, max_turns: int,
       max_turn_tokens: tokens one turn may generate.
       max_length: a rollout's whole length (prompt, turns, tool output) in tokens.
       temperature, top_p: sampling.
-      seed: the sampling seed (turn t uses seed * 1000 + t).
+      seed: the sampling seed.
+      ids: one int per rollout (default its position): rollout i's tokens depend on the seed,
+        its id and its own context only, not on the other rollouts of the batch.
 
     Returns:
       The rollouts, in the tasks' order, each with its reward from the environment.
@@ -62,6 +64,7 @@ def run_rollouts(model, environments, tasks, *, chat: ByteChat, max_turns: int,
         r = Rollout([], [], [])
         r.extend(chat.message("user", prompt) + chat.assistant_header(), policy=False)
         rollouts.append(r)
+    ids = list(range(len(rollouts))) if ids is None else list(ids)
     active = list(range(len(rollouts)))
     for turn in range(max_turns):
         if not active:
@@ -69,7 +72,8 @@ def run_rollouts(model, environments, tasks, *, chat: ByteChat, max_turns: int,
         outs = generate(
             model, [rollouts[i].tokens for i in active], max_new_tokens=max_turn_tokens,
             eos_id=chat.IM_END, pad_id=chat.PAD, temperature=temperature, top_p=top_p,
-            seed=seed * 1000 + turn, stop_suffixes=(CALL_CLOSE,), decode_text=chat.decode,
+            seeds=[(seed * 1_000_003 + ids[i]) * 101 + turn for i in active],
+            stop_suffixes=(CALL_CLOSE,), decode_text=chat.decode,
         )  # fmt: skip
         still = []
         for i, out in zip(active, outs, strict=True):

@@ -51,26 +51,30 @@ def test_cached_decoding_equals_the_forward_and_padding_is_exact(model):
 
 def test_sampling():
     logits = tf.constant([[0.0, 2.0, 1.0, -1.0], [3.0, 0.0, 0.0, 0.0]])
-    tokens, logp = sample(logits, temperature=0.0, top_p=1.0, seed=[0, 0])
+    tokens, logp = sample(logits, temperature=0.0, top_p=1.0, seeds=[[0, 0], [1, 0]])
     np.testing.assert_array_equal(tokens.numpy(), [1, 0])
     # top_p below the top token's probability: only it is ever drawn.
     for s in range(20):
-        tokens, _ = sample(logits, temperature=1.0, top_p=0.3, seed=[s, 1])
+        tokens, _ = sample(logits, temperature=1.0, top_p=0.3, seeds=[[s, 1], [s, 2]])
         np.testing.assert_array_equal(tokens.numpy(), [1, 0])
     # The returned log-prob is the temperature-scaled one; the draws follow it.
-    draws = [sample(logits, temperature=2.0, top_p=1.0, seed=[s, 2]) for s in range(400)]
+    draws = [sample(logits, temperature=2.0, top_p=1.0, seeds=[[s, 2], [s, 3]]) for s in range(400)]
     want = tf.nn.log_softmax(logits / 2.0).numpy()
     for tok, lp in draws[:5]:
         np.testing.assert_allclose(lp.numpy(), want[[0, 1], tok.numpy()], rtol=1e-6)
     freq = np.bincount([int(t[0]) for t, _ in draws], minlength=4) / 400
     np.testing.assert_allclose(freq, np.exp(want[0]), atol=0.08)
+    # A row's draw depends on its own seed only, not on the rows beside it.
+    alone = sample(logits[:1], temperature=2.0, top_p=1.0, seeds=[[7, 2]])[0]
+    together = sample(logits, temperature=2.0, top_p=1.0, seeds=[[7, 2], [9, 9]])[0]
+    assert int(alone[0]) == int(together[0])
 
 
 @pytest.mark.numerics
 def test_generation_logprobs_equal_the_training_forward(model):
     prompts = [CHAT.encode("fix the bug"), CHAT.encode("hi")]
     outs = generate(model, prompts, max_new_tokens=6, eos_id=CHAT.IM_END, pad_id=CHAT.PAD,
-                    temperature=1.0, top_p=1.0, seed=3)  # fmt: skip
+                    temperature=1.0, top_p=1.0, seeds=[3, 4])  # fmt: skip
     for prompt, out in zip(prompts, outs):
         seq = prompt + out.tokens
         logits = model(tf.constant([seq[:-1]]))
