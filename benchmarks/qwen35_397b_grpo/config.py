@@ -27,6 +27,7 @@ TARGET_PASS_AT_4 = 0.69
 NUM_GENERATIONS_PER_PROMPT = 16
 REFERENCE_GBS = 256
 RCP_FILE = "rcp_checker/training_6.1.0/rcps_qwen35_397b_grpo.json"
+RCP_BATCH_SIZES = (256, 512, 1024)  # the batches of RCP_FILE (tested against it)
 
 # The reference's data (llm_post_training/verify_dataset.sh): never shuffled, row order is input.
 TRAIN_FILE = (
@@ -287,6 +288,11 @@ class Qwen35GrpoConfig(BenchmarkConfig):
                 f"`global_batch_size` ({self.global_batch_size}) must equal "
                 f"`grpo.num_prompts_per_step` x `grpo.num_generations_per_prompt` "
                 f"({self.grpo.num_prompts_per_step} x {self.grpo.num_generations_per_prompt})."
+            )
+        if self.env.kind == "r2e_gym" and self.global_batch_size not in RCP_BATCH_SIZES:
+            raise ConfigError(
+                f"`global_batch_size` ({self.global_batch_size}): the reference has convergence "
+                f"points at {', '.join(map(str, RCP_BATCH_SIZES))} rollouts only."
             )
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from mlperf_tf.errors import UserError
 from mlperf_tf.rl.generation import ByteChat, generate
 from mlperf_tf.rl.tool_calls import CALL_CLOSE
 
@@ -63,6 +64,11 @@ def run_rollouts(model, environments, tasks, *, chat: ByteChat, max_turns: int,
         prompt = env.reset(task)
         r = Rollout([], [], [])
         r.extend(chat.message("user", prompt) + chat.assistant_header(), policy=False)
+        if len(r.tokens) >= max_length:
+            raise UserError(
+                f"task {getattr(task, 'task_id', task)!r}: its prompt is {len(r.tokens)} tokens, "
+                f"not below the rollout length limit ({max_length})"
+            )
         rollouts.append(r)
     ids = list(range(len(rollouts))) if ids is None else list(ids)
     active = list(range(len(rollouts)))
