@@ -307,11 +307,6 @@ def mlperf() -> Qwen35GrpoConfig:
     )  # fmt: skip
 
 
-def mini() -> Qwen35GrpoConfig:
-    """Not built yet: the supervised base model on expert trajectories and its GRPO run."""
-    raise ConfigError("preset `mini` of qwen35_397b_grpo is not built yet (README.md).")
-
-
 def smoke() -> Qwen35GrpoConfig:
     """About a minute on a CPU (most of it tracing the steps): the tiny model of every layer
     kind, 2 synthetic tasks x 2 rollouts a step of one 8-token turn, 2 steps, evaluated after
