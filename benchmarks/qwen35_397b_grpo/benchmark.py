@@ -26,8 +26,6 @@ class Qwen35GrpoBenchmark(Benchmark):
 
     name = "qwen35_397b_grpo"
     config_class = config_lib.Qwen35GrpoConfig
-    # No `mini` yet (README.md): `--preset=mini` is refused with the presets there are.
-    presets = {"mlperf": config_lib.mlperf, "smoke": config_lib.smoke}
     sample_unit = "rollout"
 
     def __init__(self, config, *, context=None):
