@@ -53,6 +53,7 @@ setup(
             "gpt_oss_20b = benchmarks.gpt_oss_20b.benchmark:GptOssBenchmark",
             "llama2_70b_lora = benchmarks.llama2_70b_lora.benchmark:LoraBenchmark",
             "llama31_8b = benchmarks.llama31_8b.benchmark:Llama31Benchmark",
+            "qwen35_397b_grpo = benchmarks.qwen35_397b_grpo.benchmark:Qwen35GrpoBenchmark",
             "resnet50 = benchmarks.resnet50.benchmark:ResNet50Benchmark",
             "ssd = benchmarks.ssd.benchmark:SSDBenchmark",
             "transformer = benchmarks.transformer.benchmark:TransformerBenchmark",

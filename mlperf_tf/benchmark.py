@@ -589,6 +589,11 @@ class Benchmark(abc.ABC):
         The default: none."""
         return []
 
+    def bind_model(self, model: Any) -> None:
+        """Tells the benchmark the model its input pipelines may read, before the runner makes
+        them (and before `evaluate_only` evaluates): a pipeline whose examples the model itself
+        generates (reinforcement learning's rollouts) needs it. The default: nothing."""
+
     def restore_initial_weights(self, model: Any) -> None:
         """Loads a starting checkpoint (e.g. BERT's TF1 checkpoint) before training, if any.
 

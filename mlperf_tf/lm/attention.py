@@ -120,6 +120,16 @@ def split_qkv(fused, *, num_heads: int, num_kv_heads: int, head_dim: int):
     return q, k, v
 
 
+def apply_partial_rope(x, cos, sin):
+    """`apply_rope` on the first `cos.shape[-1]` features of `x`'s last axis (all of them when
+    the tables are as wide as the heads); the rest pass unrotated."""
+    rotary = cos.shape[-1]
+    if rotary == x.shape[-1]:
+        return apply_rope(x, cos, sin)
+    rotated, rest = tf.split(x, [rotary, x.shape[-1] - rotary], axis=-1)
+    return tf.concat([apply_rope(rotated, cos, sin), rest], axis=-1)
+
+
 class Attention(keras.layers.Layer):
     """Causal grouped-query self-attention: [batch, seq, hidden] -> [batch, seq, hidden].
 
@@ -140,6 +150,12 @@ class Attention(keras.layers.Layer):
         `window_size=(w, 0)` is W = w + 1, as is keras-hub GptOss's `sliding_window=w`).
       sinks: a learned logit per query head (`sinks` [heads]) joins each row's softmax as one
         more column and is dropped after it (GPT-OSS): rows may sum to less than 1.
+      output_gate: Qwen3.5's gated attention (Qiu et al. 2025, "Gated Attention for LLMs"):
+        `q_proj` also makes a gate per query head ([hidden, heads * 2d], each head's d query
+        then d gate columns, Hugging Face's order) and each head's output is multiplied by
+        sigmoid(gate) before `o_proj`.
+      Partial RoPE (Qwen3.5: 64 of 256): when the cos/sin tables are narrower than head_dim,
+        only the first `table width` features of each query and key head are rotated.
 
     Tensor parallelism (the ambient mesh's `model` axis, M shards): each shard holds heads/M
     query heads (q column-parallel, o row-parallel: f on the input, g on the output; the sinks
@@ -165,7 +181,8 @@ class Attention(keras.layers.Layer):
     def __init__(self, *, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int,
                  stddev: float, output_stddev: float, use_bias: bool = False,
                  fused_qkv: bool = False, qk_norm: bool = False, norm_epsilon: float = 1e-5,
-                 sliding_window: int = 0, sinks: bool = False, **kwargs):  # fmt: skip
+                 sliding_window: int = 0, sinks: bool = False, output_gate: bool = False,
+                 **kwargs):  # fmt: skip
         super().__init__(**kwargs)
         if num_heads % num_kv_heads:
             raise ValueError(
@@ -180,6 +197,7 @@ class Attention(keras.layers.Layer):
         self.qk_norm = qk_norm
         self.sliding_window = int(sliding_window)
         self.use_sinks = sinks
+        self.output_gate = output_gate
         self.axis = ModelAxis(None, self)
         self.context = ContextAxis(self)
         m = self.axis.size
@@ -191,6 +209,8 @@ class Attention(keras.layers.Layer):
                 f"--model_parallel={m} must divide the key/value heads ({num_kv_heads}) or be a "
                 "multiple of them (key/value heads are split or replicated)"
             )
+        if fused_qkv and output_gate:
+            raise ValueError("output_gate needs separate q/k/v projections (fused_qkv False)")
         if fused_qkv and not split_kv:
             raise UserError(
                 f"--model_parallel={m} must divide the key/value heads ({num_kv_heads}) of a "
@@ -211,7 +231,7 @@ class Attention(keras.layers.Layer):
                 return Linear(units, stddev=stddev, use_bias=use_bias, parallel=parallel,
                               name=name)  # fmt: skip
 
-            self.q_proj = linear(num_heads * d, "q_proj", "column")
+            self.q_proj = linear(num_heads * d * (2 if output_gate else 1), "q_proj", "column")
             self.k_proj = linear(num_kv_heads * d, "k_proj", kv_kind)
             self.v_proj = linear(num_kv_heads * d, "v_proj", kv_kind)
         self.o_proj = Linear(
@@ -232,7 +252,8 @@ class Attention(keras.layers.Layer):
             stddev=c.initializer_range, output_stddev=c.output_init_std,
             use_bias=c.attention_bias, fused_qkv=c.fused_qkv, qk_norm=c.qk_norm,
             norm_epsilon=c.rms_norm_eps, sliding_window=c.layer_window(index),
-            sinks=c.attention_sinks, **kwargs,
+            sinks=c.attention_sinks, output_gate=getattr(c, "attention_output_gate", False),
+            **kwargs,
         )  # fmt: skip
 
     def build(self, input_shape):
@@ -263,8 +284,9 @@ class Attention(keras.layers.Layer):
         return t[:, :, head : head + 1]
 
     def project_qkv(self, x):
-        """q [batch, seq, kv, group, d], k and v [batch, seq, kv, d]: this shard's heads, before
-        QK-norm and RoPE (`x` already through f)."""
+        """q [batch, seq, kv, group, d] (with `output_gate`, [..., 2d]: each head's query then
+        its gate), k and v [batch, seq, kv, d]: this shard's heads, before QK-norm and RoPE (`x`
+        already through f)."""
         kv, d = self.local_kv, self.head_dim
         group = self.local_heads // kv
         batch, seq = tf.shape(x)[0], tf.shape(x)[1]
@@ -275,7 +297,7 @@ class Attention(keras.layers.Layer):
             qkv = tf.reshape(self.qkv_proj(x), [batch, seq, kv, group + 2, d])
             q, k, v = tf.split(qkv, [group, 1, 1], axis=3)
             return q, tf.squeeze(k, 3), tf.squeeze(v, 3)
-        q = tf.reshape(self.q_proj(x), [batch, seq, kv, group, d])
+        q = tf.reshape(self.q_proj(x), [batch, seq, kv, group, -1])
         k = self._local_kv(tf.reshape(self.k_proj(x), [batch, seq, -1, d]))
         v = self._local_kv(tf.reshape(self.v_proj(x), [batch, seq, -1, d]))
         return q, k, v
@@ -297,33 +319,74 @@ class Attention(keras.layers.Layer):
             visible &= distance < self.sliding_window
         return tf.constant(visible)
 
-    def call(self, x, cos, sin):
-        """x [batch, seq, hidden]; cos, sin [seq, head_dim] -> [batch, seq, hidden]."""
-        kv, d = self.local_kv, self.head_dim
-        group = self.local_heads // kv
-        batch, seq = tf.shape(x)[0], tf.shape(x)[1]
+    def _heads(self, x, cos, sin):
+        """q [batch, kv, group, seq, d] (scaled), k, v [batch, kv, seq, d], the output gate
+        [batch, seq, kv, group, d] or None: this shard's heads after QK-norm and RoPE."""
         x = self.axis.copy(x)  # f: one all-reduce of the input gradient for q, k and v
         q, k, v = self.project_qkv(x)
+        gate = None
+        if self.output_gate:
+            q, gate = tf.split(q, 2, axis=-1)  # each [batch, seq, kv, group, d]
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)  # this shard's heads; scales read through f
-        q = apply_rope(q, cos, sin)
-        k = apply_rope(k, cos, sin)
+        q = apply_partial_rope(q, cos, sin)
+        k = apply_partial_rope(k, cos, sin)
         q = tf.transpose(q, [0, 2, 3, 1, 4])  # [batch, kv, group, seq, d]
-        q = q * tf.cast(1.0 / math.sqrt(d), q.dtype)
-        if self.context.size > 1:
-            # This member's chunks attend to the whole sequence: k and v of every member, one
-            # gather of [2, batch, seq, kv, d] -> [2, batch, C seq, kv, d].
-            length = x.shape[1]
-            k, v = tf.unstack(self.context.gather_sequence(tf.stack([k, v]), axis=2))
-            mask = self.mask_at(
-                self.context.positions(length), self.context.key_positions(length)
-            )  # [seq, C seq]
-        else:
-            mask = self.mask(seq)
-        k = tf.transpose(k, [0, 2, 1, 3])  # [batch, kv, keys, d]
-        v = tf.transpose(v, [0, 2, 1, 3])  # [batch, kv, keys, d]
+        q = q * tf.cast(1.0 / math.sqrt(self.head_dim), q.dtype)
+        k = tf.transpose(k, [0, 2, 1, 3])  # [batch, kv, seq, d]
+        v = tf.transpose(v, [0, 2, 1, 3])  # [batch, kv, seq, d]
+        return q, k, v, gate
+
+    def _output(self, q, k, v, gate, mask):
+        """Attention of q over k, v under `mask`, gated, through o_proj: [batch, seq, hidden]."""
+        kv = self.local_kv
+        group = self.local_heads // kv
+        batch, seq = tf.shape(q)[0], tf.shape(q)[3]
         sinks = tf.reshape(self.sinks, [kv, group]) if self.use_sinks else None
         out = attend(q, k, v, mask=mask, sinks=sinks)  # [batch, kv, group, seq, d]
         out = tf.transpose(out, [0, 3, 1, 2, 4])  # [batch, seq, kv, group, d]
-        out = tf.reshape(out, [batch, seq, self.local_heads * d])
+        if gate is not None:
+            out = out * tf.sigmoid(gate)
+        out = tf.reshape(out, [batch, seq, self.local_heads * self.head_dim])
         return self.o_proj(out)
+
+    def call(self, x, cos, sin):
+        """x [batch, seq, hidden]; cos, sin [seq, head_dim] -> [batch, seq, hidden]."""
+        q, k, v, gate = self._heads(x, cos, sin)
+        if self.context.size == 1:
+            return self._output(q, k, v, gate, self.mask(tf.shape(x)[1]))
+        # This member's chunks attend to the whole sequence: k and v of every member, one
+        # gather of [2, batch, kv, seq, d] -> [2, batch, kv, C seq, d].
+        length = x.shape[1]
+        k, v = tf.unstack(self.context.gather_sequence(tf.stack([k, v]), axis=3))
+        mask = self.mask_at(self.context.positions(length), self.context.key_positions(length))
+        return self._output(q, k, v, gate, mask)  # mask [seq, C seq]
+
+    def decode(self, x, cos, sin, cache, key_valid):
+        """Attention of new tokens over a key/value cache (generation; eager, growing cache).
+
+        Args:
+          x: [batch, new, hidden], the tokens after those in `cache`.
+          cos, sin: the tables of the new tokens' positions [new, rotary width].
+          cache: (k, v) each [batch, kv, past, d] (past may be 0).
+          key_valid: bool [batch, past + new], False at left padding: no query sees those keys,
+            except a padding query its own (its output is then its value, 0 for a zero input).
+
+        Returns:
+          ([batch, new, hidden], the cache with the new keys and values appended).
+        """
+        q, k, v, gate = self._heads(x, cos, sin)
+        k = tf.concat([cache[0], k], axis=2)
+        v = tf.concat([cache[1], v], axis=2)
+        new, total = tf.shape(q)[3], tf.shape(k)[2]
+        past = total - new
+        rows = tf.range(new)[:, None] + past  # absolute positions of the queries
+        cols = tf.range(total)[None, :]
+        visible = (cols <= rows) & (self.sliding_window == 0 or rows - cols < self.sliding_window)
+        mask = (visible[None] & key_valid[:, None, :]) | (cols == rows)[None]  # [batch, new, total]
+        return self._output(q, k, v, gate, mask[:, None, None]), (k, v)
+
+    def empty_cache(self, batch: int):
+        """An empty (k, v) cache: [batch, kv, 0, d] each."""
+        empty = tf.zeros([batch, self.local_kv, 0, self.head_dim], self.compute_dtype)
+        return empty, empty

@@ -47,7 +47,7 @@ class DecoderBlock(keras.layers.Layer):
         super().__init__(**kwargs)
         self.index = index
         self.attention_norm = RMSNorm(config.rms_norm_eps, name="attention_norm")
-        self.attention = Attention.from_config(config, index, name="attention")
+        self.attention = self.make_mixer(config, index)
         self.mlp_norm = RMSNorm(config.rms_norm_eps, name="mlp_norm")
         if config.moe.is_moe(index):
             self.mlp = moe_feed_forward(
@@ -55,6 +55,10 @@ class DecoderBlock(keras.layers.Layer):
             )
         else:
             self.mlp = FeedForward.from_config(config, name="mlp")
+
+    def make_mixer(self, config: DecoderConfig, index: int):
+        """The block's token mixer, named `attention` (a subclass returns another kind)."""
+        return Attention.from_config(config, index, name="attention")
 
     @property
     def is_moe(self) -> bool:
@@ -96,6 +100,9 @@ class DecoderModel(keras.Model):
         width or the vocabulary, or its `pipeline` axis the layers.
     """
 
+    # The block of every layer; a subclass with other blocks (`mlperf_tf.lm.hybrid`) sets its own.
+    block_class = DecoderBlock
+
     def __init__(self, config: DecoderConfig, *, moe_group_size: int | None = None,
                  collective_timeout_s: float = 0.0, **kwargs):  # fmt: skip
         super().__init__(**kwargs)
@@ -117,7 +124,7 @@ class DecoderModel(keras.Model):
             name="token_embedding",
         )  # fmt: skip
         self.decoder_layers = [
-            DecoderBlock(
+            self.block_class(
                 c,
                 index=i,
                 moe_group_size=moe_group_size,

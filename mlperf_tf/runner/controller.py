@@ -678,6 +678,7 @@ class Controller:
     def _build_loops(self) -> None:
         """The datasets, the Trainer and Evaluator, the schedule and the action list."""
         strategy, benchmark, cfg = self.strategy, self.benchmark, self.run_config
+        benchmark.bind_model(self.model)  # before its pipelines are made (rollouts read it)
         if cfg.data_service and cfg.data_service_timeout_s:
             from mlperf_tf.data.watchdog import StallWatchdog  # noqa: PLC0415 (only service runs)
 

@@ -87,6 +87,7 @@ class Evaluator:
 def evaluate_only(benchmark: Benchmark, model) -> float:
     """Evaluates `model` on the benchmark's eval set on the default strategy (tests, tools)."""
     strategy = tf.distribute.get_strategy()
+    benchmark.bind_model(model)
     data = strategy.distribute_datasets_from_function(
         parallel_input.for_mesh(benchmark.eval_dataset, benchmark.mesh)
     )

@@ -251,3 +251,42 @@ def test_multi_head_attend_is_attend_with_groups_of_one_and_applies_dropout():
 
     zeros = multi_head_attend(q, k, v, mask=causal, dropout=dropout, training=True)
     assert seen == [((2, 3, 6, 6), True)] and not np.any(zeros.numpy())
+
+
+def test_gated_attention_with_partial_rope_matches_keras_hub_qwen3_5():
+    """Qwen3.5's gated attention (output gate, QK-norm, RoPE on 4 of 16 features, GQA 4/2)
+    against keras-hub's `Qwen3_5Attention` with the same weights; its (1 + w) norms get w = our
+    scale - 1."""
+    from keras_hub.src.models.qwen3_5.qwen3_5_attention import Qwen3_5Attention
+
+    heads, kv, d, hidden, rotary, seq = 4, 2, 16, 24, 4, 7
+    keras.utils.set_random_seed(11)
+    ours = Attention(
+        hidden_size=hidden, num_heads=heads, num_kv_heads=kv, head_dim=d, stddev=0.3,
+        output_stddev=0.3, norm_epsilon=1e-6, qk_norm=True, output_gate=True,
+    )  # fmt: skip
+    ours.build((None, None, hidden))
+    rng = np.random.default_rng(12)
+    ours.q_norm.scale.assign(rng.uniform(0.5, 1.5, size=d))
+    ours.k_norm.scale.assign(rng.uniform(0.5, 1.5, size=d))
+    hub = Qwen3_5Attention(
+        num_query_heads=heads, num_key_value_heads=kv, head_dim=d,
+        partial_rotary_factor=rotary / d, rope_max_wavelength=10_000, layer_norm_epsilon=1e-6,
+    )  # fmt: skip
+    hub.build((None, None, hidden))
+    hub._query_dense.kernel.assign(ours.q_proj.kernel.numpy().reshape(hidden, heads, 2 * d))
+    hub._key_dense.kernel.assign(ours.k_proj.kernel.numpy().reshape(hidden, kv, d))
+    hub._value_dense.kernel.assign(ours.v_proj.kernel.numpy().reshape(hidden, kv, d))
+    hub._output_dense.kernel.assign(ours.o_proj.kernel.numpy().reshape(heads, d, hidden))
+    hub._query_norm.scale.assign(ours.q_norm.scale.numpy() - 1.0)
+    hub._key_norm.scale.assign(ours.k_norm.scale.numpy() - 1.0)
+    x = rng.normal(size=(2, seq, hidden)).astype(np.float32)
+    causal = np.tril(np.ones((seq, seq), bool))[None].repeat(2, 0)
+    want = hub(x, attention_mask=causal).numpy()
+    cos, sin = RotaryEmbedding(rotary, theta=10_000.0).tables(seq)
+    assert_close(ours(x, cos, sin).numpy(), want, rtol=2e-5)
+    ungated = Attention(
+        hidden_size=hidden, num_heads=heads, num_kv_heads=kv, head_dim=d, stddev=0.3,
+        output_stddev=0.3, norm_epsilon=1e-6, qk_norm=True,
+    )  # fmt: skip
+    assert ungated.q_proj.units * 2 == ours.q_proj.units

@@ -1,0 +1,199 @@
+"""Provides `Qwen35GrpoBenchmark`, MLPerf `qwen35_397b_grpo` on the Benchmark contract: a training
+"batch" is one step's rollouts (generated on the host by the policy itself, `input.py`), the
+loss is GRPO's (`mlperf_tf.rl`), an evaluation is pass@k over validation rollouts."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import keras
+import tensorflow as tf
+from mlperf_logging.mllog import constants as C
+
+from benchmarks.qwen35_397b_grpo import config as config_lib
+from benchmarks.qwen35_397b_grpo import input as input_lib
+from benchmarks.qwen35_397b_grpo.model import build_model
+from mlperf_tf.benchmark import Benchmark, EvalPoint
+from mlperf_tf.rl import batch as batch_lib
+
+_METRICS = ("reward", "is_oob_ratio", "sampling_importance_ratio", "masked_sequences")
+
+
+class Qwen35GrpoBenchmark(Benchmark):
+    """Qwen3.5-397B-A17B GRPO (README.md). Runs on one replica (the rollouts' generation is
+    host-side and unsplit); `smoke` runs end to end, `mlperf` needs what README.md lists."""
+
+    name = "qwen35_397b_grpo"
+    config_class = config_lib.Qwen35GrpoConfig
+    sample_unit = "rollout"
+
+    def __init__(self, config, *, context=None):
+        super().__init__(config, context=context)
+        self._policy = None
+
+    # ---- sizes -----------------------------------------------------------------------------------
+    def parameter_count(self) -> int:
+        return self.config.model.parameter_count()
+
+    def active_parameter_count(self) -> int:
+        return self.config.model.active_parameter_count()
+
+    def trainable_parameter_count(self) -> int:
+        m = self.config.model
+        frozen = m.moe.count(m.num_hidden_layers) * m.hidden_size * m.moe.num_experts
+        return self.parameter_count() - (frozen if m.freeze_router else 0)
+
+    def training_flops_per_sample(self) -> float:
+        """An estimate: 6 x active parameters x the rollout's length (the attention and
+        DeltaNet state products and the generation are not counted)."""
+        return 6.0 * self.active_parameter_count() * self.config.rollout.max_length
+
+    @property
+    def train_steps(self) -> int:
+        return self.config.grpo.max_steps
+
+    def eval_steps(self, num_replicas: int) -> int:
+        return math.ceil(self.config.eval_examples / self.config.eval_batch_size)
+
+    # ---- model and optimizer -----------------------------------------------------------------------
+    def build_model(self):
+        return build_model(self.config.model)
+
+    def bind_model(self, model) -> None:
+        """The policy the rollout pipelines generate with: the trained weights themselves."""
+        self._policy = model
+
+    def learning_rate(self) -> float:
+        return self.config.optimizer.opt_base_learning_rate or config_lib.learning_rate(
+            self.config.global_batch_size
+        )
+
+    def gradient_clip_norm(self) -> float:
+        return self.config.gradient_clip_norm or config_lib.gradient_clip(
+            self.config.global_batch_size
+        )
+
+    def build_optimizer(self, train_steps: int):
+        """Adam at a constant rate, no weight decay (the reference's `optimizer: adam`)."""
+        opt = self.config.optimizer
+        return keras.optimizers.Adam(
+            learning_rate=self.learning_rate(), beta_1=opt.opt_adamw_beta_1,
+            beta_2=opt.opt_adamw_beta_2, epsilon=opt.opt_adamw_epsilon,
+        )  # fmt: skip
+
+    # ---- data: rollouts ----------------------------------------------------------------------------
+    def _policy_model(self):
+        if self._policy is None:
+            raise RuntimeError("bind_model() must run before the rollout datasets are read")
+        return self._policy
+
+    def train_dataset(self, input_context) -> tf.data.Dataset:
+        gbs = self.config.global_batch_size
+        dataset = tf.data.Dataset.from_generator(
+            lambda: input_lib.rollout_steps(self._policy_model(), self.config, seed=self.seed),
+            output_signature=input_lib.train_signature(self.config, gbs),
+        )
+        per_replica = self.replica_batch_size(self.micro_batch_size, input_context)
+        if per_replica != gbs:
+            dataset = dataset.unbatch().batch(per_replica, drop_remainder=True)
+        return dataset
+
+    def eval_dataset(self, input_context) -> tf.data.Dataset:
+        tasks = self.config.eval_batch_size
+        k = self.config.grpo.num_val_generations_per_prompt
+        return tf.data.Dataset.from_generator(
+            lambda: input_lib.validation_batches(
+                self._policy_model(), self.config, batch_tasks=tasks, seed=self.seed
+            ),
+            output_signature={
+                "rewards": tf.TensorSpec([tasks, k], tf.float32),
+                "valid": tf.TensorSpec([tasks], tf.float32),
+            },
+        )
+
+    # ---- loss and eval -------------------------------------------------------------------------
+    def compute_loss_and_metrics(self, model, batch, training: bool = True):
+        grpo = self.config.grpo
+        loss, metrics = batch_lib.policy_loss(
+            model, batch, loss=grpo.loss, logprob_error_threshold=grpo.seq_logprob_error_threshold,
+            temperature=grpo.training_temperature,
+        )  # fmt: skip
+        metrics["reward"] = tf.reduce_mean(batch["rewards"])
+        # Each replica's token mean; the runner sums the replicas' gradients.
+        return loss / self.batch_shards, {k: metrics[k] for k in _METRICS}
+
+    def compute_loss(self, model, batch, training: bool = True):
+        return self.compute_loss_and_metrics(model, batch, training)[0]
+
+    def train_metric_shapes(self) -> dict[str, tuple[int, ...]]:
+        return {k: () for k in _METRICS}
+
+    def eval_step(self, model, batch) -> dict[str, tf.Tensor]:
+        solved = tf.cast(tf.reduce_any(batch["rewards"] > 0, axis=1), tf.float32)
+        return {"solved": solved * batch["valid"], "tasks": batch["valid"]}
+
+    def eval_result(self, state) -> float:
+        return float(state["solved"] / max(state["tasks"], 1.0))
+
+    def eval_schedule(self) -> list[EvalPoint]:
+        """Step `val_start_step` (default: the rules' ceil(2.5 + 3840 / GBS)), then every step to
+        `max_steps`; `samples_count` is the rollouts trained on (the rules check it)."""
+        gbs, last = self.config.global_batch_size, self.train_steps
+        first = self.config.grpo.val_start_step or config_lib.first_validation_step(gbs)
+        points, previous = [], 0
+        for step in range(min(first, last), last + 1):
+            points.append(
+                EvalPoint(step=step, epoch_num=step * gbs, first_epoch_num=previous * gbs,
+                          epoch_count=(step - previous) * gbs, samples_count=step * gbs)
+            )  # fmt: skip
+            previous = step
+        return points
+
+    # ---- log ---------------------------------------------------------------------------------------
+    def mlperf_hparams(self) -> dict[str, Any]:
+        """The keys of closed_qwen35_397b_grpo.yaml (6.1.0); the disclosure keys are the
+        runner's (`round_hparams`)."""
+        opt, grpo = self.config.optimizer, self.config.grpo
+        return {
+            C.MAX_SEQUENCE_LENGTH: self.config.rollout.max_length,
+            C.INIT_CHECKPOINT_STEP: 0,
+            C.MAX_STEPS: grpo.max_steps,
+            C.OPT_NAME: "adamw",
+            C.OPT_BASE_LR: self.learning_rate(),
+            C.OPT_ADAMW_BETA_1: opt.opt_adamw_beta_1,
+            C.OPT_ADAMW_BETA_2: opt.opt_adamw_beta_2,
+            C.OPT_ADAMW_EPSILON: opt.opt_adamw_epsilon,
+            C.OPT_ADAMW_WEIGHT_DECAY: opt.opt_adamw_weight_decay,
+            C.OPT_GRADIENT_CLIP_NORM: self.gradient_clip_norm(),
+            C.OPT_LR_WARMUP_STEPS: opt.opt_learning_rate_warmup_steps,
+            C.OPT_LR_DECAY_SCHEDULE: "constant",
+            C.GENERATION_TRAINING_ROLLOUT_TEMPERATURE: grpo.training_temperature,
+            C.GENERATION_TRAINING_ROLLOUT_TOP_P: grpo.training_top_p,
+            C.GENERATION_VALIDATION_ROLLOUT_TEMPERATURE: grpo.validation_temperature,
+            C.GENERATION_VALIDATION_ROLLOUT_TOP_P: grpo.validation_top_p,
+            C.NUM_PROMPTS_PER_STEP: grpo.num_prompts_per_step,
+            C.NUM_GENERATIONS_PER_PROMPT: grpo.num_generations_per_prompt,
+        }
+
+    def scaled_settings(self) -> dict[str, str]:
+        """What a `smoke`/`mini` run sets off the closed rules, and why."""
+        notes = {}
+        gbs = self.config.global_batch_size
+        if self.config.rollout.max_length != config_lib.MLPERF_SEQUENCE_LENGTH:
+            notes[C.MAX_SEQUENCE_LENGTH] = "short rollouts of the generated repair tasks"
+        if self.config.eval_examples != config_lib.EVAL_SAMPLES:
+            notes[C.EVAL_SAMPLES] = "a small held-out task set"
+        if self.config.grpo.num_generations_per_prompt != config_lib.NUM_GENERATIONS_PER_PROMPT:
+            notes[C.NUM_GENERATIONS_PER_PROMPT] = "fewer rollouts per task"
+        first = config_lib.first_validation_step(gbs)
+        if self.config.grpo.val_start_step not in (0, first):
+            notes[C.EVAL_ACCURACY] = (
+                f"evaluated from step {self.config.grpo.val_start_step} (the rules: step {first} "
+                f"at this batch size, {first * gbs} rollouts)"
+            )
+        if not self.config.grpo.overlong_filtering:
+            notes["overlong_filtering"] = "off: the smoke's turns all end at their length limit"
+        if self.learning_rate() != config_lib.learning_rate(gbs):
+            notes[C.OPT_BASE_LR] = "the tiny model's rate"
+        return notes

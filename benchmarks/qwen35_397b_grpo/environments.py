@@ -1,0 +1,274 @@
+"""Provides the benchmark's two environments on `mlperf_tf.rl.environment.Environment`:
+`RepairEnvironment`, the generated repair tasks (`tasks.py`) in the local sandbox, and
+`R2EGymEnvironment`, the reference's R2E-Gym tasks, each in its container image started by
+Apptainer/Singularity or Docker as a subprocess; and `load_prompt_templates`, the reference's
+OpenHands prompts read from the user's NeMo Gym checkout and checked by SHA-256.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import uuid
+
+from benchmarks.qwen35_397b_grpo import config as config_lib
+from benchmarks.qwen35_397b_grpo.tasks import TESTS, RepairTask
+from mlperf_tf.errors import UserError
+from mlperf_tf.rl.environment import Environment
+from mlperf_tf.rl.sandbox import Sandbox
+
+# Runs every test_* function of the tests file; a failure prints its traceback and exits 1.
+_RUN_TESTS = f"""
+import sys, traceback
+sys.path.insert(0, ".")
+import {TESTS[:-3]} as tests
+failed = 0
+for name, test in sorted(vars(tests).items()):
+    if name.startswith("test_") and callable(test):
+        try:
+            test()
+            print(name, "passed")
+        except Exception:
+            failed += 1
+            print(name, "FAILED")
+            traceback.print_exc(limit=2)
+sys.exit(1 if failed else 0)
+"""
+
+
+class RepairEnvironment(Environment):
+    """A generated repair task in a `Sandbox`: a fresh copy per rollout; tools `view`,
+    `str_replace`, `run_tests`; the reward runs the task's original tests (a copy the agent
+    cannot have edited) against the agent's `solution.py` under the test timeout."""
+
+    def __init__(self, env: config_lib.EnvironmentConfig, *, validation: bool = False):
+        self.env = env
+        self.test_timeout_s = env.validation_test_timeout_s if validation else env.test_timeout_s
+        self.sandbox: Sandbox | None = None
+        self.task: RepairTask | None = None
+
+    def reset(self, task: RepairTask) -> str:
+        self.close()
+        self.task = task
+        with tempfile.TemporaryDirectory() as source:
+            for name, text in task.files.items():
+                with open(os.path.join(source, name), "w") as f:
+                    f.write(text)
+            self.sandbox = Sandbox(
+                source, timeout_s=self.env.tool_timeout_s, cpu_s=self.env.tool_cpu_s,
+                memory_mb=self.env.tool_memory_mb,
+                max_output_chars=self.env.max_observation_chars,
+            )  # fmt: skip
+        return task.prompt()
+
+    def tools(self):
+        return {"view": self.view, "str_replace": self.str_replace, "run_tests": self.run_tests}
+
+    def view(self, path: str) -> str:
+        with open(self.sandbox.path(path)) as f:
+            lines = f.read().splitlines()
+        return "\n".join(f"{i + 1:4d}  {line}" for i, line in enumerate(lines))
+
+    def str_replace(self, path: str, old_str: str, new_str: str) -> str:
+        if os.path.basename(path) == TESTS:
+            return f"error: {TESTS} must not be edited"
+        full = self.sandbox.path(path)
+        with open(full) as f:
+            text = f.read()
+        count = text.count(old_str)
+        if count != 1:
+            return f"error: old_str occurs {count} times in {path} (it must occur once)"
+        with open(full, "w") as f:
+            f.write(text.replace(old_str, new_str, 1))
+        return f"edited {path}"
+
+    def _pytest(self, timeout_s: float):
+        """The tests' `test_*` functions in a fresh interpreter (pytest's start-up would be most
+        of a rollout's environment time); exit code 0 when all pass."""
+        argv = [sys.executable, "-I", "-c", _RUN_TESTS]
+        return self.sandbox.run(argv, timeout_s=timeout_s)
+
+    def run_tests(self) -> str:
+        return self._pytest(self.env.tool_timeout_s).observation()
+
+    def reward(self) -> float:
+        with open(self.sandbox.path(TESTS), "w") as f:  # the task's own tests, restored
+            f.write(self.task.files[TESTS])
+        result = self._pytest(self.test_timeout_s)
+        return 1.0 if result.returncode == 0 else 0.0
+
+    def close(self) -> None:
+        if self.sandbox is not None:
+            self.sandbox.close()
+            self.sandbox = None
+
+
+class SyntheticEnvironment(Environment):
+    """The `smoke` preset's task: no tools; the rollout's reward is 1 when the bytes of its
+    first turn sum to an even number (a reward that depends on what the policy wrote, with
+    variance inside every group, in microseconds)."""
+
+    def reset(self, task: str) -> str:
+        self.first_turn = None
+        return task
+
+    def tools(self):
+        return {}
+
+    def act(self, text: str):
+        if self.first_turn is None:
+            self.first_turn = text
+        return super().act(text)
+
+    def reward(self) -> float:
+        return float(sum((self.first_turn or "").encode()) % 2 == 0)
+
+
+# ---- R2E-Gym in containers -----------------------------------------------------------------------
+
+RUNTIMES = ("apptainer", "singularity", "docker")
+
+
+def find_container_runtime(which=shutil.which, probe=None) -> str:
+    """The first container runtime on PATH that answers (`apptainer`/`singularity` `--version`,
+    `docker info`: a client without its daemon does not count).
+
+    Raises:
+      UserError: none found (one line naming what was looked for).
+    """
+    probe = probe or _probe
+    tried = []
+    for name in RUNTIMES:
+        exe = which(name)
+        if exe is None:
+            continue
+        if probe(name, exe):
+            return exe
+        tried.append(f"{name} at {exe} does not answer")
+    detail = f" ({'; '.join(tried)})" if tried else ""
+    raise UserError(
+        "`env.kind` 'r2e_gym' needs a container runtime: none of apptainer, singularity, docker "
+        f"works here{detail}; install one, or use `--config.env.kind=repair`."
+    )
+
+
+def _probe(name: str, exe: str) -> bool:
+    argv = [exe, "info"] if name == "docker" else [exe, "--version"]
+    try:
+        return subprocess.run(argv, capture_output=True, timeout=20).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def task_image(sif_dir: str, instance_id: str) -> str:
+    """The task's SIF image in either layout the reference accepts
+    (`<dir>/r2egym/<id>.sif` or `<dir>/<id>.sif`).
+
+    Raises:
+      UserError: neither exists (the task's environment cannot start).
+    """
+    for path in (os.path.join(sif_dir, "r2egym", f"{instance_id}.sif"),
+                 os.path.join(sif_dir, f"{instance_id}.sif")):  # fmt: skip
+        if os.path.isfile(path):
+            return path
+    raise UserError(
+        f"task {instance_id!r}: no image {instance_id}.sif under `env.sif_dir` ({sif_dir}) or "
+        "its r2egym/ folder; its environment cannot start."
+    )
+
+
+def container_commands(runtime: str, image: str, name: str, workdir: str = "/testbed"):
+    """(start, exec prefix, stop) argv lists keeping one container alive for a rollout.
+
+    Apptainer/Singularity: an instance (`instance start --containall --net --network none`,
+    then `exec instance://NAME`); Docker: a detached container with no network (`run -d
+    --network none ... sleep infinity`, then `exec -w`).
+    """
+    kind = os.path.basename(runtime)
+    if kind == "docker":
+        start = [runtime, "run", "-d", "--rm", "--network", "none", "--name", name, "-w",
+                 workdir, image, "sleep", "infinity"]  # fmt: skip
+        return start, [runtime, "exec", "-w", workdir, name], [runtime, "kill", name]
+    start = [runtime, "instance", "start", "--containall", "--writable-tmpfs", "--net",
+             "--network", "none", image, name]  # fmt: skip
+    exec_prefix = [runtime, "exec", "--pwd", workdir, f"instance://{name}"]
+    return start, exec_prefix, [runtime, "instance", "stop", name]
+
+
+class R2EGymEnvironment(Environment):
+    """An R2E-Gym task (a row of the reference's JSONL) in its container: tools `execute_bash`
+    and `str_replace_editor`-style edits run through the runtime's exec; the reward runs the
+    task's test command in the same container under the test timeout.
+
+    Only the command construction and the runtime's discovery are exercised on machines
+    without a container runtime; the OpenHands tool set is reduced to `execute_bash`.
+    """
+
+    def __init__(self, env: config_lib.EnvironmentConfig, *, sif_dir: str, runtime: str = ""):
+        self.env = env
+        self.sif_dir = sif_dir
+        self.runtime = runtime or find_container_runtime()
+        self.exec_prefix: list[str] | None = None
+        self.stop: list[str] | None = None
+        self.row: dict | None = None
+
+    def reset(self, task: dict) -> str:
+        self.close()
+        self.row = task
+        image = task_image(self.sif_dir, task["instance_id"])
+        name = f"mlperf-{uuid.uuid4().hex[:12]}"
+        start, self.exec_prefix, self.stop = container_commands(self.runtime, image, name)
+        done = subprocess.run(start, capture_output=True, timeout=self.env.agent_timeout_s)
+        if done.returncode:
+            raise UserError(
+                f"task {task['instance_id']!r}: its container did not start: "
+                f"{done.stderr.decode(errors='replace').strip()[:200]}"
+            )
+        return task.get("problem_statement", "")
+
+    def _exec(self, command: str, timeout_s: float) -> str:
+        argv = self.exec_prefix + ["bash", "-lc", command]
+        try:
+            done = subprocess.run(argv, capture_output=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return "[command timed out]"
+        out = (done.stdout + done.stderr).decode(errors="replace")
+        return out[-self.env.max_observation_chars :] + f"\n[exit code {done.returncode}]"
+
+    def tools(self):
+        return {"execute_bash": lambda command: self._exec(command, self.env.tool_timeout_s)}
+
+    def reward(self) -> float:
+        out = self._exec(self.row["test_command"], self.env.test_timeout_s)
+        return 1.0 if out.endswith("[exit code 0]") else 0.0
+
+    def close(self) -> None:
+        if self.stop is not None:
+            subprocess.run(self.stop, capture_output=True, timeout=60)
+            self.stop = None
+
+
+def load_prompt_templates(gym_root: str) -> dict[str, str]:
+    """The reference's system and user prompt templates from a NeMo-RL checkout (`gym_root`:
+    its root), each checked against the SHA-256 the reference README gives.
+
+    Raises:
+      UserError: a template is missing or differs (one line naming it and both digests).
+    """
+    templates = {}
+    for name, want in config_lib.PROMPT_SHA256.items():
+        path = os.path.join(gym_root, config_lib.PROMPT_DIR, name)
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError as e:
+            raise UserError(f"prompt template {path}: cannot read it ({e.strerror})") from None
+        got = hashlib.sha256(data).hexdigest()
+        if got != want:
+            raise UserError(f"prompt template {path}: SHA-256 {got}, expected {want}")
+        templates[name] = data.decode("utf-8")
+    return templates

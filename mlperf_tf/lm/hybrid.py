@@ -1,0 +1,249 @@
+"""Provides the hybrid linear/full-attention decoder of the Qwen3-Next / Qwen3.5 family:
+`HybridDecoderConfig`, `HybridDecoderBlock` and `HybridDecoderModel`.
+
+Layer i mixes tokens with a `GatedDeltaNet` (linear attention) unless `(i + 1) %
+full_attention_interval == 0`, where it uses gated attention (`Attention` with `output_gate`,
+QK-norm and RoPE on the first `rotary_dim` features); Hugging Face's default `layer_types`
+(Qwen3.5-397B-A17B: 15 blocks of 3 DeltaNet layers and 1 attention layer). The feed-forward is
+the MoE of `DecoderConfig.moe` plus, with `shared_expert_size`, one shared SwiGLU expert every
+token passes through, scaled by sigmoid(a learned [hidden, 1] gate) (Hugging Face's
+`Qwen3NextSparseMoeBlock` / `Qwen3_5MoeSparseMoeBlock`). `freeze_router` makes the routers'
+kernels non-trainable (the MLPerf GRPO recipe's `freeze_moe_router`).
+
+Norms: Hugging Face's Qwen3.5 RMSNorms scale by (1 + w) from w = 0; ours scale by s from s = 1
+(the same function, s = 1 + w: a checkpoint importer adds 1); the DeltaNet's gated norm is
+plain w in both.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import keras
+import tensorflow as tf
+
+from mlperf_tf.config import ConfigError, require
+from mlperf_tf.lm.attention import Attention
+from mlperf_tf.lm.config import DecoderConfig
+from mlperf_tf.lm.decoder import DecoderBlock, DecoderModel
+from mlperf_tf.lm.feed_forward import FeedForward
+from mlperf_tf.lm.gated_deltanet import GatedDeltaNet
+from mlperf_tf.lm.layers import Linear
+from mlperf_tf.lm.rope import RotaryEmbedding
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class HybridDecoderConfig(DecoderConfig):
+    """`DecoderConfig` with linear-attention layers, gated attention and a shared expert.
+
+    Attributes (beyond `DecoderConfig`'s; Hugging Face's `Qwen3_5MoeTextConfig` names):
+      full_attention_interval: every N-th layer (1-based) is full attention, the rest DeltaNet.
+      linear_num_key_heads, linear_num_value_heads, linear_key_head_dim,
+        linear_value_head_dim, linear_conv_kernel_dim: the DeltaNet layers' shape.
+      linear_chunk_size: the chunked form's chunk (training and prefill).
+      rotary_dim: the features of each query/key head RoPE rotates (head_dim * Hugging Face's
+        `partial_rotary_factor`).
+      attention_output_gate: the attention layers' sigmoid output gate.
+      shared_expert_size: the shared expert's width (0: none).
+      freeze_router: the MoE routers are not trained.
+    """
+
+    full_attention_interval: int = 4
+    linear_num_key_heads: int = 16
+    linear_num_value_heads: int = 64
+    linear_key_head_dim: int = 128
+    linear_value_head_dim: int = 128
+    linear_conv_kernel_dim: int = 4
+    linear_chunk_size: int = 64
+    rotary_dim: int = 64
+    attention_output_gate: bool = True
+    qk_norm: bool = True
+    shared_expert_size: int = 0
+    freeze_router: bool = False
+
+    def __post_init__(self):
+        super().__post_init__()
+        require(
+            self, prefix="model.",
+            positive_int=("full_attention_interval", "linear_num_key_heads",
+                          "linear_num_value_heads", "linear_key_head_dim",
+                          "linear_value_head_dim", "linear_conv_kernel_dim",
+                          "linear_chunk_size", "rotary_dim"),
+            non_negative_int=("shared_expert_size",),
+        )  # fmt: skip
+        if self.linear_num_value_heads % self.linear_num_key_heads:
+            raise ConfigError(
+                f"`model.linear_num_value_heads` ({self.linear_num_value_heads}) must be a "
+                f"multiple of `model.linear_num_key_heads` ({self.linear_num_key_heads})."
+            )
+        if self.rotary_dim > self.head_dim or self.rotary_dim % 2:
+            raise ConfigError(
+                f"`model.rotary_dim` ({self.rotary_dim}) must be even and at most "
+                f"`model.head_dim` ({self.head_dim})."
+            )
+
+    def is_linear(self, index: int) -> bool:
+        """Whether layer `index` (0-based) is a DeltaNet layer."""
+        return (index + 1) % self.full_attention_interval != 0
+
+    def linear_layers(self) -> int:
+        return sum(self.is_linear(i) for i in range(self.num_hidden_layers))
+
+    def deltanet_parameters(self) -> int:
+        return GatedDeltaNet.parameter_count(
+            hidden_size=self.hidden_size, num_key_heads=self.linear_num_key_heads,
+            num_value_heads=self.linear_num_value_heads, key_head_dim=self.linear_key_head_dim,
+            value_head_dim=self.linear_value_head_dim,
+            conv_kernel_size=self.linear_conv_kernel_dim,
+        )  # fmt: skip
+
+    def attention_parameters(self) -> int:
+        gate = self.hidden_size * self.num_attention_heads * self.head_dim
+        return super().attention_parameters() + (gate if self.attention_output_gate else 0)
+
+    def shared_expert_parameters(self) -> int:
+        """The shared expert (gate, up, down) and its [hidden, 1] gate."""
+        if not self.shared_expert_size:
+            return 0
+        return 3 * self.hidden_size * self.shared_expert_size + self.hidden_size
+
+    def parameter_count(self) -> int:
+        linear = self.linear_layers()
+        return (
+            super().parameter_count()
+            - linear * self.attention_parameters()
+            + linear * self.deltanet_parameters()
+            + self.moe.count(self.num_hidden_layers) * self.shared_expert_parameters()
+        )
+
+    def active_parameter_count(self) -> int:
+        return self.parameter_count() - self.moe.count(self.num_hidden_layers) * (
+            self.moe_layer_parameters() - self.moe_active_parameters()
+        )
+
+
+class HybridDecoderBlock(DecoderBlock):
+    """A `DecoderBlock` whose mixer is a `GatedDeltaNet` on linear layers and gated attention
+    on the others, with the shared expert next to the MoE. Sublayers as `DecoderBlock`'s
+    (`attention` is the DeltaNet on linear layers), plus `shared_expert`, `shared_expert_gate`."""
+
+    def __init__(self, config: HybridDecoderConfig, *, index: int = 0, **kwargs):
+        self.linear = config.is_linear(index)
+        super().__init__(config, index=index, **kwargs)
+        c = config
+        self.shared_expert = None
+        if c.shared_expert_size and self.is_moe:
+            self.shared_expert = FeedForward.from_config(
+                dataclasses.replace(c, intermediate_size=c.shared_expert_size),
+                name="shared_expert",
+            )
+            self.shared_expert_gate = Linear(1, stddev=c.initializer_range, name="shared_gate")
+        self.freeze_router = c.freeze_router and self.is_moe
+
+    def make_mixer(self, config: HybridDecoderConfig, index: int):
+        """A `GatedDeltaNet` on linear layers, gated attention on the others."""
+        c = config
+        if not c.is_linear(index):
+            return Attention.from_config(c, index, name="attention")
+        return GatedDeltaNet(
+            hidden_size=c.hidden_size, num_key_heads=c.linear_num_key_heads,
+            num_value_heads=c.linear_num_value_heads, key_head_dim=c.linear_key_head_dim,
+            value_head_dim=c.linear_value_head_dim, conv_kernel_size=c.linear_conv_kernel_dim,
+            chunk_size=c.linear_chunk_size, norm_epsilon=c.rms_norm_eps,
+            stddev=c.initializer_range, name="attention",
+        )  # fmt: skip
+
+    def build(self, input_shape):
+        super().build(input_shape)
+        hidden = (None, None, input_shape[-1])
+        if self.shared_expert is not None:
+            self.shared_expert.build(hidden)
+            self.shared_expert_gate.build(hidden)
+        if self.freeze_router:
+            self.mlp.router_kernel.trainable = False
+
+    def mix(self, x, cos, sin, cache=None):
+        """The token mixer on normed `x`; with `cache` (DeltaNet layers) also the new cache."""
+        if self.linear:
+            return self.attention(x, cache=cache) if cache is not None else self.attention(x)
+        return self.attention(x, cos, sin)
+
+    def call(self, x, cos, sin, training=False, aux=None):
+        x = x + self.mix(self.attention_norm(x), cos, sin)
+        return self.feed_forward(x, training=training, aux=aux)
+
+    def feed_forward(self, x, training=False, aux=None):
+        """x + the MoE (and shared expert) or dense block of norm(x)."""
+        normed = self.mlp_norm(x)
+        if not self.is_moe:
+            return x + self.mlp(normed)
+        y, stats = self.mlp(normed, training=training)
+        if aux is not None:
+            aux.add(self.mlp, stats)
+        if self.shared_expert is not None:
+            gate = keras.ops.sigmoid(self.shared_expert_gate(normed))
+            y = y + gate * self.shared_expert(normed)
+        return x + y
+
+    def empty_cache(self, batch: int):
+        """The DeltaNet's (conv, recurrent) state or the attention's empty (k, v)."""
+        return self.attention.empty_cache(batch)
+
+    def decode(self, x, cos, sin, cache, key_valid):
+        """The block on new tokens after `cache` (generation); returns (x, new cache)."""
+        normed = self.attention_norm(x)
+        if self.linear:
+            y, cache = self.attention(normed, cache=cache)
+        else:
+            y, cache = self.attention.decode(normed, cos, sin, cache, key_valid)
+        return self.feed_forward(x + y), cache
+
+
+class HybridDecoderModel(DecoderModel):
+    """A `DecoderModel` of `HybridDecoderBlock`s; RoPE tables `rotary_dim` wide."""
+
+    block_class = HybridDecoderBlock
+
+    def __init__(self, config: HybridDecoderConfig, **kwargs):
+        super().__init__(config, **kwargs)
+        self.rotary = RotaryEmbedding(config.rotary_dim, theta=config.rope_theta)
+
+    def empty_cache(self, batch: int) -> list:
+        """Every layer's empty cache: O(1) recurrent state per DeltaNet layer, a growing
+        key/value cache per attention layer."""
+        return [layer.empty_cache(batch) for layer in self.decoder_layers]
+
+    def decode(self, token_ids, cache: list, key_valid):
+        """Logits of new tokens given the cache of the tokens before them (generation).
+
+        Sequences of a batch are left-padded to one length: `key_valid` [batch, past + new] is
+        False at padding, whose embeddings are zeroed so that they leave every DeltaNet state
+        at 0 and every residual at 0 (exact: a padded sequence's logits equal its unpadded
+        ones); attention never shows padding keys to real queries, and RoPE is relative.
+
+        Args:
+          token_ids: [batch, new] int.
+          cache: `empty_cache(batch)` or the cache a previous call returned.
+          key_valid: bool [batch, past + new].
+
+        Returns:
+          (logits [batch, new, vocab] float32, the new cache).
+        """
+        new = token_ids.shape[1]
+        total = key_valid.shape[1]
+        valid = tf.cast(key_valid[:, total - new :], self.compute_dtype)[..., None]
+        x = self.token_embedding(token_ids) * valid
+        cos, sin = self.rotary_tables(total)
+        cos, sin = cos[total - new :], sin[total - new :]
+        caches = []
+        for layer, layer_cache in zip(self.decoder_layers, cache, strict=True):
+            x, layer_cache = layer.decode(x, cos, sin, layer_cache, key_valid)
+            caches.append(layer_cache)
+        return tf.cast(self.logits(self.final_norm(x)), tf.float32), caches
+
+
+def build_hybrid_decoder(config: HybridDecoderConfig, *, name: str = "decoder", **kwargs):
+    """A built `HybridDecoderModel` (weights made in forward order, no forward pass)."""
+    model = HybridDecoderModel(config, name=name, **kwargs)
+    model.build((None, None))
+    return model

@@ -1,0 +1,1 @@
+"""Provides reinforcement-learning post-training parts: GRPO's math, rollouts' environments."""

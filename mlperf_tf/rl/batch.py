@@ -1,0 +1,78 @@
+"""Provides the step from rollouts to the policy update: `training_batch` turns one step's
+rollouts into padded tensors with GRPO's advantages and filters, and `policy_loss` is the loss
+of such a batch under a causal language model (the token-level clipped loss of
+`mlperf_tf.rl.grpo` with the log-prob error mask applied first, as NeMo-RL orders them).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from mlperf_tf.rl import grpo
+
+
+def training_batch(rollouts, *, num_generations: int, length: int, pad_id: int,
+                   leave_one_out: bool = True, normalize: bool = True,
+                   overlong_filtering: bool = True) -> dict[str, np.ndarray]:  # fmt: skip
+    """One step's rollouts (prompt-major: generation g of prompt p at p * G + g) as arrays.
+
+    Returns:
+      `input_ids` int32 [R, length] (the tokens but the last), `targets` int32 [R, length]
+      (the next tokens), `token_mask` float32 [R, length] (1 where the target is the policy's),
+      `generation_logprobs` float32 [R, length] (of the targets), `advantages` float32 [R],
+      `sample_mask` float32 [R] (0 for truncated rollouts with overlong filtering), `rewards`.
+
+    Raises:
+      ValueError: the rollouts are not a whole number of groups.
+    """
+    count = len(rollouts)
+    if count % num_generations:
+        raise ValueError(f"{count} rollouts are not groups of {num_generations} generations")
+    rewards = np.array([r.reward for r in rollouts], np.float32)
+    advantages = grpo.group_advantages(
+        rewards.reshape(-1, num_generations), leave_one_out=leave_one_out, normalize=normalize
+    )
+    arrays = {
+        "input_ids": np.full([count, length], pad_id, np.int32),
+        "targets": np.full([count, length], pad_id, np.int32),
+        "token_mask": np.zeros([count, length], np.float32),
+        "generation_logprobs": np.zeros([count, length], np.float32),
+    }
+    for i, r in enumerate(rollouts):
+        n = min(len(r.tokens), length + 1) - 1  # predictions of tokens 1..n
+        arrays["input_ids"][i, :n] = r.tokens[:n]
+        arrays["targets"][i, :n] = r.tokens[1 : n + 1]
+        arrays["token_mask"][i, :n] = r.policy_mask[1 : n + 1]
+        arrays["generation_logprobs"][i, :n] = r.logprobs[1 : n + 1]
+    truncated = np.array([r.truncated for r in rollouts])
+    sample_mask = np.ones(count, np.float32)
+    if overlong_filtering:
+        sample_mask = grpo.overlong_filter(sample_mask, truncated).numpy()
+    arrays.update(
+        advantages=advantages.numpy().reshape(-1), sample_mask=sample_mask, rewards=rewards
+    )
+    return arrays
+
+
+def policy_loss(model, batch, *, loss: grpo.PolicyLossConfig, logprob_error_threshold: float,
+                temperature: float = 1.0, global_valid_tokens=None):  # fmt: skip
+    """The GRPO loss of `batch` (`training_batch`'s arrays, as tensors) under `model`
+    (token ids [R, T] -> logits [R, T, vocab]); returns (loss, metrics).
+
+    The current log-probs are both the policy's (differentiated) and, stopped, the old
+    policy's (`force_on_policy_ratio`): the log-prob error mask compares them with the
+    generator's before the loss, as NeMo-RL's `seq_logprob_error_threshold` does.
+    """
+    logits = model(batch["input_ids"])
+    curr = grpo.token_logprobs(logits, batch["targets"], temperature)  # [R, T]
+    sample_mask = grpo.logprob_error_mask(
+        batch["generation_logprobs"], tf.stop_gradient(curr), batch["token_mask"],
+        batch["sample_mask"], logprob_error_threshold,
+    )  # fmt: skip
+    value, metrics = grpo.clipped_policy_loss(
+        curr, batch["generation_logprobs"], batch["advantages"], batch["token_mask"],
+        sample_mask, config=loss, global_valid_tokens=global_valid_tokens,
+    )  # fmt: skip
+    metrics["masked_sequences"] = tf.reduce_sum(batch["sample_mask"] - sample_mask)
+    return value, metrics

@@ -1,0 +1,157 @@
+"""Provides generation for rollouts: `sample` (temperature and top-p, the log-probability the
+update needs), `generate` (a batch of left-padded prompts continued with a model's cache until
+each stops: an end-of-turn token, a closed tool call, or the length limit), and `ByteChat`, the
+`mini`/`smoke` presets' tokenizer in Qwen's ChatML layout.
+
+The model is any object with `empty_cache(batch)` and `decode(token_ids, cache, key_valid)`
+(`mlperf_tf.lm.hybrid.HybridDecoderModel`): one prefill of the prompts, then one token per
+step, with the DeltaNet layers' O(1) recurrent state and the attention layers' key/value cache.
+Generation runs eagerly on the trained weights themselves (one copy: no refit step; the cost is
+that generation and training share the devices and take turns).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import tensorflow as tf
+
+
+def sample(logits, *, temperature: float, top_p: float, seeds):
+    """One token per row of `logits` [batch, vocab] and its log-probability.
+
+    Temperature 0 is greedy. Otherwise the logits are divided by the temperature and, with
+    top_p < 1, only the smallest set of most likely tokens whose probability reaches top_p keeps
+    its mass (renormalized); the draw is the Gumbel-max of the kept logits with each row's own
+    noise (`seeds`), so a row's token does not depend on the other rows of the batch. The
+    log-probability returned is the token's under the temperature-scaled distribution before
+    the top-p cut, the distribution the policy update recomputes
+    (`mlperf_tf.rl.grpo.token_logprobs` at the same temperature).
+
+    Args:
+      logits: [batch, vocab] float.
+      temperature: >= 0.
+      top_p: in (0, 1].
+      seeds: int32 [batch, 2], each row's stateless seed for this step.
+
+    Returns:
+      (tokens int32 [batch], log-probs float32 [batch]).
+    """
+    logits = tf.cast(logits, tf.float32)
+    if temperature == 0:
+        tokens = tf.argmax(logits, axis=-1, output_type=tf.int32)
+        logp = tf.nn.log_softmax(logits, axis=-1)
+        return tokens, tf.gather(logp, tokens, axis=-1, batch_dims=1)
+    scaled = logits / temperature
+    logp = tf.nn.log_softmax(scaled, axis=-1)
+    filtered = scaled
+    if top_p < 1.0:
+        order = tf.argsort(scaled, axis=-1, direction="DESCENDING")
+        sorted_probs = tf.gather(tf.exp(logp), order, batch_dims=1)
+        before = tf.cumsum(sorted_probs, axis=-1, exclusive=True)  # mass of likelier tokens
+        keep_sorted = before < top_p  # the first token always
+        keep = tf.scatter_nd(
+            tf.stack([tf.repeat(tf.range(tf.shape(order)[0]), tf.shape(order)[1]),
+                      tf.reshape(order, [-1])], axis=1),
+            tf.reshape(keep_sorted, [-1]), tf.shape(scaled),
+        )  # fmt: skip
+        filtered = tf.where(keep, scaled, -np.inf)
+    gumbel = -tf.math.log(-tf.math.log(_hash_uniform(seeds, logits.shape[-1])))
+    tokens = tf.argmax(filtered + gumbel, axis=-1, output_type=tf.int32)
+    return tokens, tf.gather(logp, tokens, axis=-1, batch_dims=1)
+
+
+_MASK32 = 0xFFFFFFFF
+
+
+def _hash_uniform(seeds, vocab: int) -> tf.Tensor:
+    """Uniforms in (0, 1) [batch, vocab], each from its row's seed and its column alone: a
+    32-bit hash of (seed, column) (MurmurHash3's finalizer), so rows are independent of the
+    batch they are drawn in."""
+    seeds = tf.cast(seeds, tf.int64)
+    column = tf.range(vocab, dtype=tf.int64)[None, :]
+    x = (seeds[:, :1] * 0x9E3779B1 + seeds[:, 1:] * 0x85EBCA6B + column * 0xC2B2AE35) & _MASK32
+    for shift, factor in ((16, 0x85EBCA6B), (13, 0xC2B2AE35)):
+        x = ((x ^ tf.bitwise.right_shift(x, shift)) * factor) & _MASK32
+    x = x ^ tf.bitwise.right_shift(x, 16)
+    return tf.cast((tf.cast(x, tf.float64) + 0.5) / 2.0**32, tf.float32)
+
+
+@dataclasses.dataclass
+class Generated:
+    """One sequence's continuation: its tokens, their log-probs, and why it stopped
+    ("eos", "tool_call" or "length")."""
+
+    tokens: list[int]
+    logprobs: list[float]
+    stop: str
+
+
+def generate(model, prompts: list[list[int]], *, max_new_tokens: int, eos_id: int, pad_id: int,
+             temperature: float, top_p: float, seeds: list[int], stop_suffixes=(),
+             decode_text=None) -> list[Generated]:  # fmt: skip
+    """Continues each prompt until `eos_id`, a stop suffix (e.g. a closed tool call, checked on
+    `decode_text(tokens)`), or `max_new_tokens`; all prompts advance together.
+
+    Prompts are left-padded with `pad_id` to one length (`HybridDecoderModel.decode` makes the
+    padding exact). `seeds`: one per prompt; a sequence's tokens depend on its seed, not on
+    the batch it is in. A finished sequence keeps being fed its last token until all stop; its
+    outputs are dropped.
+    """
+    batch = len(prompts)
+    width = max(len(p) for p in prompts)
+    ids = np.full([batch, width], pad_id, np.int32)
+    valid = np.zeros([batch, width], bool)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p) :] = p
+        valid[i, width - len(p) :] = True
+    logits, cache = model.decode(tf.constant(ids), model.empty_cache(batch), tf.constant(valid))
+    last = logits[:, -1]
+    results = [Generated([], [], "length") for _ in range(batch)]
+    done = np.zeros(batch, bool)
+    for step in range(max_new_tokens):
+        step_seeds = np.stack([np.asarray(seeds, np.int64) % (2**31), np.full(batch, step)], 1)
+        tokens, logp = sample(last, temperature=temperature, top_p=top_p,
+                              seeds=tf.constant(step_seeds, tf.int32))  # fmt: skip
+        tokens, logp = tokens.numpy(), logp.numpy()
+        for i in np.nonzero(~done)[0]:
+            results[i].tokens.append(int(tokens[i]))
+            results[i].logprobs.append(float(logp[i]))
+            if tokens[i] == eos_id:
+                results[i].stop, done[i] = "eos", True
+            elif decode_text is not None and any(
+                decode_text(results[i].tokens).endswith(s) for s in stop_suffixes
+            ):
+                results[i].stop, done[i] = "tool_call", True
+        if done.all() or step == max_new_tokens - 1:
+            break
+        valid = np.concatenate([valid, np.ones([batch, 1], bool)], axis=1)
+        logits, cache = model.decode(tf.constant(tokens[:, None]), cache, tf.constant(valid))
+        last = logits[:, -1]
+    return results
+
+
+class ByteChat:
+    """Bytes as tokens (0-255) plus ChatML's `<|im_start|>`, `<|im_end|>` and a pad: the
+    `mini` and `smoke` presets' tokenizer (no vocabulary file to ship or download)."""
+
+    IM_START, IM_END, PAD = 256, 257, 258
+    vocab_size = 259
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, tokens) -> str:
+        return bytes(t for t in tokens if t < 256).decode("utf-8", errors="replace")
+
+    def message(self, role: str, text: str) -> list[int]:
+        """`<|im_start|>role\\ntext<|im_end|>\\n`."""
+        return [self.IM_START, *self.encode(f"{role}\n{text}"), self.IM_END, *self.encode("\n")]
+
+    def assistant_header(self) -> list[int]:
+        return [self.IM_START, *self.encode("assistant\n")]
+
+    def tool_response(self, observation: str) -> list[int]:
+        """Qwen's tool result turn: a user message wrapping `<tool_response>`."""
+        return self.message("user", f"<tool_response>\n{observation}\n</tool_response>")

@@ -1,0 +1,109 @@
+"""Provides `run_rollouts`: many concurrent multi-turn agent rollouts, each in its own
+`Environment`, generated together turn by turn, and `Rollout`, what the policy update needs
+from one (its tokens, which of them the policy wrote, their generation log-probs, the reward,
+whether it was cut by the length limit).
+
+A turn: every unfinished rollout's conversation so far is prefilled (left-padded, one batch),
+the policy generates until end-of-turn, a closed tool call or the turn's token limit, and the
+environment answers the tool calls; the answer joins the conversation as a tool-response
+message. A rollout ends when the agent calls `finish`, writes no tool call, runs out of turns,
+or reaches `max_length` tokens or a turn's limit (then `truncated`: it still gets its reward
+from the environment, and overlong filtering drops it from the update). Between turns
+the conversation is prefilled again (the key/value cache is not kept across turns: simpler,
+and cheap next to decoding at these lengths; the reference's vLLM keeps a prefix cache).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from mlperf_tf.errors import UserError
+from mlperf_tf.rl.generation import ByteChat, generate
+from mlperf_tf.rl.tool_calls import CALL_CLOSE
+
+
+@dataclasses.dataclass
+class Rollout:
+    tokens: list[int]
+    policy_mask: list[int]  # 1 on tokens the policy generated, 0 on prompts and tool output
+    logprobs: list[float]  # the generator's log-prob of each token (0 where policy_mask is 0)
+    reward: float = 0.0
+    truncated: bool = False
+    turns: int = 0
+    errors: int = 0
+
+    def extend(self, tokens, *, policy: bool, logprobs=None):
+        self.tokens += tokens
+        self.policy_mask += [int(policy)] * len(tokens)
+        self.logprobs += logprobs if logprobs is not None else [0.0] * len(tokens)
+
+
+def run_rollouts(model, environments, tasks, *, chat: ByteChat, max_turns: int,
+                 max_turn_tokens: int, max_length: int, temperature: float, top_p: float,
+                 seed: int, ids=None) -> list[Rollout]:  # fmt: skip
+    """One rollout per (environment, task) pair, all generated together.
+
+    Args:
+      model: a decoder with `empty_cache` and `decode` (`generation.generate`).
+      environments: one `Environment` per rollout (each resets to its task here).
+      tasks: the tasks, as many as environments.
+      chat: the tokenizer and chat layout.
+      max_turns: agent turns per rollout.
+      max_turn_tokens: tokens one turn may generate.
+      max_length: a rollout's whole length (prompt, turns, tool output) in tokens.
+      temperature, top_p: sampling.
+      seed: the sampling seed.
+      ids: one int per rollout (default its position): rollout i's tokens depend on the seed,
+        its id and its own context only, not on the other rollouts of the batch.
+
+    Returns:
+      The rollouts, in the tasks' order, each with its reward from the environment.
+    """
+    rollouts = []
+    for env, task in zip(environments, tasks, strict=True):
+        prompt = env.reset(task)
+        r = Rollout([], [], [])
+        r.extend(chat.message("user", prompt) + chat.assistant_header(), policy=False)
+        if len(r.tokens) >= max_length:
+            raise UserError(
+                f"task {getattr(task, 'task_id', task)!r}: its prompt is {len(r.tokens)} tokens, "
+                f"not below the rollout length limit ({max_length})"
+            )
+        rollouts.append(r)
+    ids = list(range(len(rollouts))) if ids is None else list(ids)
+    active = list(range(len(rollouts)))
+    for turn in range(max_turns):
+        if not active:
+            break
+        outs = generate(
+            model, [rollouts[i].tokens for i in active], max_new_tokens=max_turn_tokens,
+            eos_id=chat.IM_END, pad_id=chat.PAD, temperature=temperature, top_p=top_p,
+            seeds=[(seed * 1_000_003 + ids[i]) * 101 + turn for i in active],
+            stop_suffixes=(CALL_CLOSE,), decode_text=chat.decode,
+        )  # fmt: skip
+        still = []
+        for i, out in zip(active, outs, strict=True):
+            r = rollouts[i]
+            r.extend(out.tokens, policy=True, logprobs=out.logprobs)
+            r.turns += 1
+            answer = environments[i].act(chat.decode(out.tokens))
+            r.errors += answer.errors
+            if out.stop == "length" or len(r.tokens) >= max_length:
+                r.truncated = True  # the environment saw the cut turn (a tool call in it ran)
+                continue
+            if answer.done:
+                continue
+            if out.stop != "eos":  # close the assistant turn the tool call ended
+                r.extend([chat.IM_END, *chat.encode("\n")], policy=False)
+            r.extend(chat.tool_response(answer.observation) + chat.assistant_header(),
+                     policy=False)  # fmt: skip
+            if len(r.tokens) >= max_length:
+                r.truncated = True
+                continue
+            still.append(i)
+        active = still
+    # A rollout out of turns ended without `finish`: its reward is its state's, as it stands.
+    for r, env in zip(rollouts, environments, strict=True):
+        r.reward = env.reward()  # truncated ones too; overlong filtering drops them
+        del r.tokens[max_length:], r.policy_mask[max_length:], r.logprobs[max_length:]
+    return rollouts

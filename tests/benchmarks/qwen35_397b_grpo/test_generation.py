@@ -1,0 +1,138 @@
+"""Tests of generation: the hybrid model's cached decoding (a prefill, then one token at a time;
+left-padded next to a longer prompt) against its whole-sequence forward, sampling (greedy,
+top-p, the log-probs), the generator's log-probs against the training forward's, and the
+multi-turn rollout loop with the repair environment (a scripted expert earns the reward,
+a silent agent does not, a rollout at the length limit is truncated)."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from benchmarks.qwen35_397b_grpo import config, environments, tasks
+from mlperf_tf.lm.hybrid import build_hybrid_decoder
+from mlperf_tf.rl import grpo
+from mlperf_tf.rl.generation import ByteChat, generate, sample
+from mlperf_tf.rl.rollout import run_rollouts
+from tests.numerics import assert_close
+
+CHAT = ByteChat()
+
+
+@pytest.fixture(scope="module")
+def model():
+    tf.keras.utils.set_random_seed(0)
+    c = config.tiny(vocab_size=CHAT.vocab_size)
+    return build_hybrid_decoder(c)
+
+
+@pytest.mark.numerics
+def test_cached_decoding_equals_the_forward_and_padding_is_exact(model):
+    rng = np.random.default_rng(1)
+    long = rng.integers(0, 256, size=11)
+    short = rng.integers(0, 256, size=7)
+    want_long = model(tf.constant(long[None])).numpy()[0]
+    want_short = model(tf.constant(short[None])).numpy()[0]
+    # Prefill the first 6 (short: 2 after 4 pads), then 5 single tokens.
+    ids = np.stack([long, np.concatenate([np.full(4, CHAT.PAD), short])])
+    valid = np.stack([np.ones(11, bool), np.arange(11) >= 4])
+    logits, cache = model.decode(
+        tf.constant(ids[:, :6]), model.empty_cache(2), tf.constant(valid[:, :6])
+    )
+    steps = [logits.numpy()]
+    for t in range(6, 11):
+        logits, cache = model.decode(
+            tf.constant(ids[:, t : t + 1]), cache, tf.constant(valid[:, : t + 1])
+        )
+        steps.append(logits.numpy())
+    got = np.concatenate(steps, axis=1)
+    assert_close(got[0], want_long, rtol=1e-4)
+    assert_close(got[1, 4:], want_short, rtol=1e-4)
+
+
+def test_sampling():
+    logits = tf.constant([[0.0, 2.0, 1.0, -1.0], [3.0, 0.0, 0.0, 0.0]])
+    tokens, logp = sample(logits, temperature=0.0, top_p=1.0, seeds=[[0, 0], [1, 0]])
+    np.testing.assert_array_equal(tokens.numpy(), [1, 0])
+    # top_p below the top token's probability: only it is ever drawn.
+    for s in range(20):
+        tokens, _ = sample(logits, temperature=1.0, top_p=0.3, seeds=[[s, 1], [s, 2]])
+        np.testing.assert_array_equal(tokens.numpy(), [1, 0])
+    # The returned log-prob is the temperature-scaled one; the draws follow it.
+    draws = [sample(logits, temperature=2.0, top_p=1.0, seeds=[[s, 2], [s, 3]]) for s in range(400)]
+    want = tf.nn.log_softmax(logits / 2.0).numpy()
+    for tok, lp in draws[:5]:
+        np.testing.assert_allclose(lp.numpy(), want[[0, 1], tok.numpy()], rtol=1e-6)
+    freq = np.bincount([int(t[0]) for t, _ in draws], minlength=4) / 400
+    np.testing.assert_allclose(freq, np.exp(want[0]), atol=0.08)
+    # A row's draw depends on its own seed only, not on the rows beside it.
+    alone = sample(logits[:1], temperature=2.0, top_p=1.0, seeds=[[7, 2]])[0]
+    together = sample(logits, temperature=2.0, top_p=1.0, seeds=[[7, 2], [9, 9]])[0]
+    assert int(alone[0]) == int(together[0])
+
+
+@pytest.mark.numerics
+def test_generation_logprobs_equal_the_training_forward(model):
+    prompts = [CHAT.encode("fix the bug"), CHAT.encode("hi")]
+    outs = generate(model, prompts, max_new_tokens=6, eos_id=CHAT.IM_END, pad_id=CHAT.PAD,
+                    temperature=1.0, top_p=1.0, seeds=[3, 4])  # fmt: skip
+    for prompt, out in zip(prompts, outs):
+        seq = prompt + out.tokens
+        logits = model(tf.constant([seq[:-1]]))
+        logp = grpo.token_logprobs(logits, tf.constant([seq[1:]]))[0, len(prompt) - 1 :]
+        np.testing.assert_allclose(logp.numpy(), out.logprobs, atol=1e-4)
+
+
+class ScriptedModel:
+    """Emits, for each row, the expert's next turn (chosen by how many tool responses its
+    prompt holds) then end-of-turn; `silent` rows answer without a tool call."""
+
+    def __init__(self, scripts, silent=()):
+        self.scripts, self.silent = scripts, set(silent)
+
+    def empty_cache(self, batch):
+        return None
+
+    def decode(self, token_ids, cache, key_valid):
+        ids = token_ids.numpy()
+        if cache is None:  # prefill: pick each row's script from its prompt
+            cache = []
+            for row in ids:
+                text = CHAT.decode(row)
+                task = next(i for i, s in enumerate(self.scripts) if s[0] in text)
+                turn = text.count("<tool_response>")
+                reply = "I am done." if task in self.silent else self.scripts[task][1][turn]
+                cache.append([*CHAT.encode(reply), CHAT.IM_END])
+        nxt = [s.pop(0) if s else CHAT.IM_END for s in cache]
+        logits = np.full([len(ids), 1, CHAT.vocab_size], -30.0, np.float32)
+        logits[np.arange(len(ids)), 0, nxt] = 30.0
+        return tf.constant(logits), cache
+
+
+def test_multi_turn_rollouts_in_the_sandbox():
+    env_config = config.EnvironmentConfig(kind="repair", tool_timeout_s=5.0, test_timeout_s=5.0)
+    chosen = tasks.make_tasks(3, seed=9)
+    scripts = [(t.issue, tasks.expert_turns(t)) for t in chosen]
+    envs = [environments.RepairEnvironment(env_config) for _ in chosen]
+    try:
+        rollouts = run_rollouts(
+            ScriptedModel(scripts, silent=[2]), envs, chosen, chat=CHAT, max_turns=6,
+            max_turn_tokens=400, max_length=4000, temperature=1.0, top_p=1.0, seed=0,
+        )  # fmt: skip
+        assert [r.reward for r in rollouts] == [1.0, 1.0, 0.0]
+        assert [r.turns for r in rollouts] == [4, 4, 1]
+        for r in rollouts:
+            assert len(r.tokens) == len(r.policy_mask) == len(r.logprobs)
+            assert not r.truncated and r.errors == 0
+        text = CHAT.decode(rollouts[0].tokens)
+        assert text.count("<tool_response>") == 3 and "[exit code 0]" in text
+        policy = CHAT.decode([t for t, m in zip(rollouts[0].tokens, rollouts[0].policy_mask) if m])
+        assert "<tool_response>" not in policy and "<function=str_replace>" in policy
+        # A turn limit of 30 tokens cuts the expert's first call: truncated, no reward.
+        cut = run_rollouts(
+            ScriptedModel(scripts), envs[:1], chosen[:1], chat=CHAT, max_turns=6,
+            max_turn_tokens=30, max_length=4000, temperature=1.0, top_p=1.0, seed=0,
+        )  # fmt: skip
+        assert cut[0].truncated and cut[0].reward == 0.0
+    finally:
+        for env in envs:
+            env.close()
