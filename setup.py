@@ -48,6 +48,7 @@ setup(
         # The built-in benchmarks register like any third-party package (mlperf_tf/registry.py).
         "mlperf_tf.benchmarks": [
             "bert = benchmarks.bert.benchmark:BertBenchmark",
+            "deepseekv3_671b = benchmarks.deepseekv3_671b.benchmark:DeepseekV3Benchmark",
             "flux1 = benchmarks.flux1.benchmark:FluxBenchmark",
             "gpt_oss_20b = benchmarks.gpt_oss_20b.benchmark:GptOssBenchmark",
             "llama2_70b_lora = benchmarks.llama2_70b_lora.benchmark:LoraBenchmark",

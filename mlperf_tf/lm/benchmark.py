@@ -14,7 +14,40 @@ from mlperf_tf.benchmark import Benchmark
 from mlperf_tf.layers import moe
 from mlperf_tf.lm import loss as loss_lib
 from mlperf_tf.lm.decoder import DecoderModel, build_decoder
+from mlperf_tf.lm.mtp import shift_left
 from mlperf_tf.parallel.context import use_mesh
+from mlperf_tf.runner.actions import Action, LoopOutput
+
+
+class RouterBiasUpdate(Action):
+    """DeepSeek-V3's auxiliary-loss-free balancing between steps: after each host loop, every
+    sigmoid MoE layer's selection bias moves by `moe.bias_update_rate` x the loop's steps
+    towards balance (`mlperf_tf.layers.moe.aux_free_bias_update` of the loop's mean expert
+    load, the `moe/load` metric, summed over replicas and micro batches), outside the gradient
+    (Megatron's `moe_router_bias_update_rate`, applied once per optimizer step on the step's
+    token counts; equal to it with `--steps_per_loop=1`)."""
+
+    def __init__(self, rate: float):
+        self.rate = float(rate)
+        self.model = None
+
+    def attach(self, controller) -> None:
+        self.model = controller.model
+
+    def after_loop(self, output: LoopOutput):
+        load = output.metrics.get("moe/load")
+        if load is None or self.model is None:
+            return None
+        for layer, layer_load in zip(self.model.moe_layers, load, strict=True):
+            bias = moe.aux_free_bias_update(
+                layer.router_bias, tf.constant(layer_load), self.rate * output.steps
+            )
+            layer.router_bias.assign(bias)
+        return None
+
+
+# The training metric of the multi-token prediction loss (weighted, as added to the loss).
+MTP_LOSS = "mtp/loss"
 
 
 class LanguageModelBenchmark(Benchmark):
@@ -109,7 +142,27 @@ class LanguageModelBenchmark(Benchmark):
 
     def train_metric_shapes(self) -> dict[str, tuple[int, ...]]:
         m = self.config.model
-        return moe.metric_shapes(m.moe.count(m.num_hidden_layers), m.moe.num_experts)
+        shapes = moe.metric_shapes(
+            m.moe.count(m.num_hidden_layers + m.mtp_layers), m.moe.num_experts
+        )
+        if m.mtp_layers:
+            shapes[MTP_LOSS] = ()
+        return shapes
+
+    def mtp_loss(self, mtp_logits: list, batch: Any, weights: tf.Tensor, axis=None) -> tf.Tensor:
+        """The MTP depths' weighted mean token losses, summed, x `mtp_loss_weight / D`
+        (`mlperf_tf.lm.mtp`): depth k's targets are the labels k positions on, its weights
+        the main weights k positions on (0 at the last k positions). `axis`: the model's
+        `ModelAxis` (vocabulary-split logits)."""
+        m = self.config.model
+        total = tf.constant(0.0)
+        for k, logits in enumerate(mtp_logits, start=1):
+            labels = shift_left(batch["labels"], k, fill=loss_lib.IGNORE_INDEX)
+            losses = loss_lib.token_cross_entropy(
+                logits, labels, vocab_size=m.vocab_size, axis=axis
+            )
+            total += loss_lib.weighted_mean(losses, shift_left(weights, k))
+        return total * (m.mtp_loss_weight / len(mtp_logits))
 
     def compute_loss_and_metrics(self, model: keras.Model, batch: Any, training: bool = True):
         """This replica's weighted mean token loss, plus the MoE layers' weighted auxiliary
@@ -121,12 +174,24 @@ class LanguageModelBenchmark(Benchmark):
         replica's tokens are one routing group) and scaled alike.
         """
         aux = moe.Collector()
-        losses = self.token_losses(model, batch, training, aux=aux)
+        weights = self.loss_weights(batch)
+        mtp = None
+        if self.config.model.mtp_layers and training:
+            logits, mtp_logits = model.with_mtp(batch["input_ids"], training=training, aux=aux)
+            mtp = self.mtp_loss(mtp_logits, batch, weights, axis=model.axis)
+            losses = loss_lib.token_cross_entropy(
+                logits, batch["labels"], vocab_size=self.config.model.vocab_size, axis=model.axis
+            )
+        else:
+            losses = self.token_losses(model, batch, training, aux=aux)
         local_batch = batch["input_ids"].shape[0]
-        loss = loss_lib.weighted_mean(losses, self.loss_weights(batch))
+        loss = loss_lib.weighted_mean(losses, weights)
         aux_loss, metrics = moe.summarize(aux)
         if aux.calls:
             loss += aux_loss
+        if mtp is not None:
+            loss += mtp
+            metrics[MTP_LOSS] = mtp
         return loss * (float(local_batch) / float(self.micro_batch_size)), metrics
 
     def eval_step(self, model: keras.Model, batch: Any) -> dict[str, tf.Tensor]:
@@ -147,6 +212,11 @@ class LanguageModelBenchmark(Benchmark):
         }
 
     # ---- host side ---------------------------------------------------------------------------
+    def run_actions(self) -> list[Any]:
+        """`RouterBiasUpdate` when the MoE layers move a selection bias (`moe.bias_update_rate`)."""
+        rate = self.config.model.moe.bias_update_rate
+        return [RouterBiasUpdate(rate)] if self.config.model.moe.enabled and rate else []
+
     def eval_result(self, state: dict[str, float]) -> float:
         """Log perplexity: summed token loss over the eval set's counted tokens (Megatron's
         validation loss, token-weighted)."""
