@@ -10,6 +10,7 @@ from typing import Any
 from absl import logging
 from mlperf_logging.mllog import constants as C
 
+from benchmarks.deepseekv3_671b import checkpoint as checkpoint_lib
 from benchmarks.deepseekv3_671b import config as config_lib
 from benchmarks.deepseekv3_671b import input as input_lib
 from benchmarks.deepseekv3_671b import model as model_lib
@@ -165,6 +166,16 @@ class DeepseekV3Benchmark(PretrainingBenchmark):
                 m, moe_group_size=self.moe_group_size(),
                 collective_timeout_s=self.context.collective_timeout_s,
             )  # fmt: skip
+
+    def restore_initial_weights(self, model: DecoderModel) -> None:
+        """Loads `config.init_checkpoint` (a Hugging Face DeepSeek-V3 folder) into the model,
+        before `run_start` as the rules want (`checkpoint.load`, the shared importer); nothing
+        when it is "" (the smoke preset starts from the initializers)."""
+        if not self.config.init_checkpoint:
+            return
+        with use_mesh(self.mesh):
+            count = checkpoint_lib.load(self.config.init_checkpoint, model, self.config.model)
+        logging.info("deepseekv3_671b: %d tensors from %s", count, self.config.init_checkpoint)
 
     # ---- host side -----------------------------------------------------------------------------
     @classmethod
