@@ -187,8 +187,8 @@ class DeepseekV3Config(pretraining.PretrainingConfig):
     `init_checkpoint`: the Hugging Face folder (`model.safetensors.index.json` and its shards)
     the run starts from, loaded before `run_start` ("": start from the initializers, the
     `smoke` preset). `first_eval_samples`: sequences before the first eval (-1: the rules'
-    GBS x floor(42 + 24,576 / GBS)); then an eval every `eval_every_samples` (the rules: every
-    step, GBS).
+    GBS x floor(42 + 24,576 / GBS)); then an eval every `eval_every_samples` rounded up to
+    whole steps (the rules: every step, which 1 gives at any batch).
     """
 
     model: ModelConfig = dataclasses.field(default_factory=deepseek_v3_671b)
@@ -229,7 +229,7 @@ def mlperf() -> DeepseekV3Config:
         model=deepseek_v3_671b(),
         data=DataConfig(),
         data_dir=os.path.join(paths.data_root(), "llama31-c4-4096"),
-        eval_every_samples=MIN_GLOBAL_BATCH_SIZE,
+        eval_every_samples=1,  # every step at any batch (rounded up to whole steps)
     )  # fmt: skip
 
 
