@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from typing import Any
 
 from absl import logging
@@ -14,6 +15,7 @@ from benchmarks.deepseekv3_671b import checkpoint as checkpoint_lib
 from benchmarks.deepseekv3_671b import config as config_lib
 from benchmarks.deepseekv3_671b import input as input_lib
 from benchmarks.deepseekv3_671b import model as model_lib
+from benchmarks.deepseekv3_671b import prepare as prepare_lib
 from mlperf_tf.benchmark import EvalPoint
 from mlperf_tf.data import c4
 from mlperf_tf.errors import UserError
@@ -171,8 +173,13 @@ class DeepseekV3Benchmark(PretrainingBenchmark):
         """Loads `config.init_checkpoint` (a Hugging Face DeepSeek-V3 folder) into the model,
         before `run_start` as the rules want (`checkpoint.load`, the shared importer); nothing
         when it is "" (the smoke preset starts from the initializers)."""
-        if not self.config.init_checkpoint:
+        path = self.config.init_checkpoint
+        if not path:
             return
+        if not os.path.exists(path) and path == prepare_lib.mini_base_dir():
+            # The mini's first run trains its base here, before run_start (untimed).
+            logging.info("deepseekv3_671b: training the mini base into %s", path)
+            logging.info("deepseekv3_671b: %s", prepare_lib.prepare_mini_base(path))
         with use_mesh(self.mesh):
             count = checkpoint_lib.load(self.config.init_checkpoint, model, self.config.model)
         logging.info("deepseekv3_671b: %d tensors from %s", count, self.config.init_checkpoint)

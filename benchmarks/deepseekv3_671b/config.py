@@ -16,6 +16,7 @@ import dataclasses
 import math
 import os
 
+from benchmarks.deepseekv3_671b import prepare
 from mlperf_tf import paths, rcps
 from mlperf_tf.config import ConfigError
 from mlperf_tf.data import c4
@@ -271,7 +272,10 @@ def mini() -> DeepseekV3Config:
     optimizer = dataclasses.replace(
         config.optimizer, opt_base_learning_rate=2e-3, opt_learning_rate_warmup_steps=WARMUP_STEPS
     )
-    return dataclasses.replace(config, optimizer=optimizer, first_eval_samples=8 * 25)
+    return dataclasses.replace(
+        config, optimizer=optimizer, first_eval_samples=8 * 25,
+        init_checkpoint=prepare.mini_base_dir(),
+    )  # fmt: skip
 
 
 def smoke() -> DeepseekV3Config:
