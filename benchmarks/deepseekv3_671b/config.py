@@ -257,7 +257,7 @@ def mini() -> DeepseekV3Config:
     (`mlperf_tf.data.c4`, the data and eval set of `llama31_8b`'s mini) at batch 8, sequence
     256, the rules' schedule otherwise (AdamW 0.9/0.95/1e-8/0.1, clip 1.0, 4 warm-up steps,
     cosine over 11,996 steps) at LR 2e-3 (the rules' formula at batch 8 is 5e-7: too small to
-    move a small model), evals every 25 steps after the first 25.
+    move a small model), evals every 50 steps after the first 50.
 
     Command: `mlperf-tf run --benchmark=deepseekv3_671b --preset=mini --model_dir=/tmp/dsv3_mini`.
     Hardware: 2 CPU cores. Expected: log perplexity 3.6 (the real target); README.md ("mini")
@@ -267,13 +267,13 @@ def mini() -> DeepseekV3Config:
     config = pretraining.mini_preset(
         DeepseekV3Config, model=mini_model(),
         data=DataConfig(max_sequence_length=seq, shuffle_buffer=4096),
-        target=TARGET_LOG_PERPLEXITY, eval_every_steps=25,
+        target=TARGET_LOG_PERPLEXITY, eval_every_steps=50,
     )  # fmt: skip
     optimizer = dataclasses.replace(
         config.optimizer, opt_base_learning_rate=2e-3, opt_learning_rate_warmup_steps=WARMUP_STEPS
     )
     return dataclasses.replace(
-        config, optimizer=optimizer, first_eval_samples=8 * 25,
+        config, optimizer=optimizer, first_eval_samples=8 * 50,
         init_checkpoint=prepare.mini_base_dir(),
     )  # fmt: skip
 
