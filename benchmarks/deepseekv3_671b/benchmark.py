@@ -3,7 +3,6 @@ continued from a checkpoint, to log perplexity 3.6)."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 from typing import Any
@@ -18,7 +17,6 @@ from benchmarks.deepseekv3_671b import model as model_lib
 from benchmarks.deepseekv3_671b import prepare as prepare_lib
 from mlperf_tf.benchmark import EvalPoint
 from mlperf_tf.data import c4
-from mlperf_tf.errors import UserError
 from mlperf_tf.facts import Blocks, Experts, Rcp, SimulatorShape
 from mlperf_tf.lm.decoder import DecoderModel
 from mlperf_tf.lm.pretraining import PretrainingBenchmark
@@ -144,31 +142,6 @@ class DeepseekV3Benchmark(PretrainingBenchmark):
         }
 
     # ---- building ------------------------------------------------------------------------------
-    def check_layout(self) -> None:
-        """Raises UserError when the mesh's expert axis does not divide the routed experts."""
-        experts, axis = self.config.model.moe.num_experts, self.mesh.expert
-        if experts % axis:
-            raise UserError(
-                f"--expert_parallel={axis} must divide `model.moe.num_experts` ({experts})"
-            )
-
-    def build_model(self) -> DecoderModel:
-        """The DeepSeek-V3 decoder of `config.model` (under the strategy scope, dtype policy set).
-
-        The MoE layers are dropless: with `moe.dispatch` "sorted" each expert runs on its routed
-        rows only; where shapes must be static (XLA) and under expert parallelism they use the
-        capacity buffers.
-        """
-        self.check_layout()
-        m = self.config.model
-        if self.static_shapes and m.moe.dispatch == "sorted":
-            m = dataclasses.replace(m, moe=dataclasses.replace(m.moe, dispatch="buffer"))
-        with use_mesh(self.mesh):
-            return model_lib.build_model(
-                m, moe_group_size=self.moe_group_size(),
-                collective_timeout_s=self.context.collective_timeout_s,
-            )  # fmt: skip
-
     def restore_initial_weights(self, model: DecoderModel) -> None:
         """Loads `config.init_checkpoint` (a Hugging Face DeepSeek-V3 folder) into the model,
         before `run_start` as the rules want (`checkpoint.load`, the shared importer); nothing

@@ -5,12 +5,14 @@ its data, optimizer, schedule and MLPerf keys."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, ClassVar
 
 import keras
 import tensorflow as tf
 
 from mlperf_tf.benchmark import Benchmark
+from mlperf_tf.errors import UserError
 from mlperf_tf.layers import moe
 from mlperf_tf.lm import loss as loss_lib
 from mlperf_tf.lm.decoder import DecoderModel, build_decoder
@@ -107,13 +109,30 @@ class LanguageModelBenchmark(Benchmark):
             return None
         return self.per_replica_batch_size * self.sequence_length()
 
+    def check_layout(self) -> None:
+        """Raises UserError when the mesh's expert axis does not divide the experts."""
+        experts, axis = self.config.model.moe.num_experts, self.mesh.expert
+        if experts and experts % axis:
+            raise UserError(
+                f"--expert_parallel={axis} must divide `model.moe.num_experts` ({experts})"
+            )
+
     def build_model(self) -> DecoderModel:
         """The decoder of `config.model` (under the strategy scope, dtype policy set), built
         under this benchmark's mesh: the runner has made it ambient already; tests and tools
-        that build a benchmark directly get it here."""
+        that build a benchmark directly get it here.
+
+        Dropless MoE layers with `moe.dispatch` "sorted" run each expert on its routed rows
+        only; where shapes must be static (XLA) they use the capacity buffers (every expert
+        over the replica's T tokens), as they do under expert parallelism.
+        """
+        self.check_layout()
+        m = self.config.model
+        if self.static_shapes and m.moe.dispatch == "sorted":
+            m = dataclasses.replace(m, moe=dataclasses.replace(m.moe, dispatch="buffer"))
         with use_mesh(self.mesh):
             return build_decoder(
-                self.config.model, moe_group_size=self.moe_group_size(),
+                m, moe_group_size=self.moe_group_size(),
                 collective_timeout_s=self.context.collective_timeout_s, name=self.model_name,
             )  # fmt: skip
 
