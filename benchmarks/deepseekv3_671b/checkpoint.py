@@ -28,7 +28,7 @@ from safetensors.numpy import save_file
 from benchmarks.deepseekv3_671b.config import ModelConfig
 from mlperf_tf import hf_checkpoint, prepare_cli
 from mlperf_tf.hf_checkpoint import CheckpointImportError, Entry, transposed
-from mlperf_tf.parallel.context import current_mesh
+from mlperf_tf.spmd import current_mesh
 
 ARCHITECTURE = "DeepseekV3ForCausalLM"
 

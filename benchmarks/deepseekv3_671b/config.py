@@ -20,10 +20,10 @@ from benchmarks.deepseekv3_671b import prepare
 from mlperf_tf import paths, rcps
 from mlperf_tf.config import ConfigError
 from mlperf_tf.data import c4
-from mlperf_tf.layers.moe import MoEConfig
 from mlperf_tf.lm import pretraining
 from mlperf_tf.lm.config import DecoderConfig
 from mlperf_tf.lm.pretraining import PretrainingOptimizerConfig
+from mlperf_tf.spmd import MoEConfig
 
 # What the closed rules of 6.0.0 and 6.1.0 fix (closed_deepseekv3_671b.yaml).
 MLPERF_SEQUENCE_LENGTH = 4096

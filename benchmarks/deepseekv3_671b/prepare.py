@@ -57,7 +57,7 @@ def prepare_mini_base(out_dir: str, *, steps: int = MINI_BASE_STEPS, data_dir: s
     from benchmarks.deepseekv3_671b import config as config_lib  # noqa: PLC0415
     from benchmarks.deepseekv3_671b.benchmark import DeepseekV3Benchmark  # noqa: PLC0415
     from mlperf_tf.benchmark import RunContext  # noqa: PLC0415
-    from mlperf_tf.layers import moe  # noqa: PLC0415
+    from mlperf_tf.lm.benchmark import update_router_biases  # noqa: PLC0415
 
     config = config_lib.mini()
     config = dataclasses.replace(config, init_checkpoint="", data_dir=data_dir or config.data_dir)
@@ -78,8 +78,7 @@ def prepare_mini_base(out_dir: str, *, steps: int = MINI_BASE_STEPS, data_dir: s
         grads = tape.gradient(loss, model.trainable_variables)
         grads, _ = tf.clip_by_global_norm(grads, config.gradient_clip_norm)
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        for layer, load in zip(model.moe_layers, tf.unstack(metrics["moe/load"]), strict=True):
-            layer.router_bias.assign(moe.aux_free_bias_update(layer.router_bias, load, rate))
+        update_router_biases(model, metrics["moe/load"], rate)
         return loss
 
     begin, loss = time.time(), float("nan")

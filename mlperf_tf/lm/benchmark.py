@@ -21,6 +21,14 @@ from mlperf_tf.parallel.context import use_mesh
 from mlperf_tf.runner.actions import Action, LoopOutput
 
 
+def update_router_biases(model, load, rate: float) -> None:
+    """Moves every MoE layer's selection bias of `model` (its `moe_layers`) by `rate` towards
+    balance (`moe.aux_free_bias_update`); `load` [layers, experts]: each layer's fraction of
+    choices per expert (the `moe/load` metric). Host or graph context."""
+    for layer, layer_load in zip(model.moe_layers, tf.unstack(load), strict=True):
+        layer.router_bias.assign(moe.aux_free_bias_update(layer.router_bias, layer_load, rate))
+
+
 class RouterBiasUpdate(Action):
     """DeepSeek-V3's auxiliary-loss-free balancing between steps: after each host loop, every
     sigmoid MoE layer's selection bias moves by `moe.bias_update_rate` x the loop's steps
@@ -40,11 +48,7 @@ class RouterBiasUpdate(Action):
         load = output.metrics.get("moe/load")
         if load is None or self.model is None:
             return None
-        for layer, layer_load in zip(self.model.moe_layers, load, strict=True):
-            bias = moe.aux_free_bias_update(
-                layer.router_bias, tf.constant(layer_load), self.rate * output.steps
-            )
-            layer.router_bias.assign(bias)
+        update_router_biases(self.model, tf.constant(load, tf.float32), self.rate * output.steps)
         return None
 
 
