@@ -49,6 +49,7 @@ setup(
         "mlperf_tf.benchmarks": [
             "bert = benchmarks.bert.benchmark:BertBenchmark",
             "dlrmv4 = benchmarks.dlrmv4.benchmark:DlrmV4Benchmark",
+            "deepseekv3_671b = benchmarks.deepseekv3_671b.benchmark:DeepseekV3Benchmark",
             "flux1 = benchmarks.flux1.benchmark:FluxBenchmark",
             "gpt_oss_20b = benchmarks.gpt_oss_20b.benchmark:GptOssBenchmark",
             "llama2_70b_lora = benchmarks.llama2_70b_lora.benchmark:LoraBenchmark",

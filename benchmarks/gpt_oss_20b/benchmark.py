@@ -3,19 +3,14 @@ C4 to log perplexity 3.34)."""
 
 from __future__ import annotations
 
-import dataclasses
-
 from absl import logging
 
 from benchmarks.gpt_oss_20b import config as config_lib
 from benchmarks.gpt_oss_20b import input as input_lib
 from benchmarks.gpt_oss_20b import model as model_lib
 from mlperf_tf.data import c4
-from mlperf_tf.errors import UserError
 from mlperf_tf.facts import Blocks, Calibration, Experts, Rcp, SimulatorShape
-from mlperf_tf.lm.decoder import DecoderModel
 from mlperf_tf.lm.pretraining import PretrainingBenchmark
-from mlperf_tf.spmd import use_mesh
 
 # The simulator's constants of this benchmark per system family (`mlperf-tf simulate`), each
 # from the published result it names (docs/scaling.md: one MLPerf result per benchmark at most
@@ -76,32 +71,6 @@ class GptOssBenchmark(PretrainingBenchmark):
         return SimulatorShape(
             blocks=blocks, experts=experts, precision="bf16", calibration=SIMULATOR_CALIBRATION
         )
-
-    # ---- building ------------------------------------------------------------------------------
-    def check_layout(self) -> None:
-        """Raises UserError when the mesh's expert axis does not divide the experts."""
-        experts, axis = self.config.model.moe.num_experts, self.mesh.expert
-        if experts % axis:
-            raise UserError(
-                f"--expert_parallel={axis} must divide `model.moe.num_experts` ({experts})"
-            )
-
-    def build_model(self) -> DecoderModel:
-        """The GPT-OSS decoder of `config.model` (under the strategy scope, dtype policy set).
-
-        The MoE layers are dropless. With `moe.dispatch` "sorted" each expert runs on its routed
-        rows only; where shapes must be static (XLA) the layers use the capacity buffers (every
-        expert over the replica's T tokens), as they do under expert parallelism.
-        """
-        self.check_layout()
-        m = self.config.model
-        if self.static_shapes and m.moe.dispatch == "sorted":
-            m = dataclasses.replace(m, moe=dataclasses.replace(m.moe, dispatch="buffer"))
-        with use_mesh(self.mesh):
-            return model_lib.build_model(
-                m, moe_group_size=self.moe_group_size(),
-                collective_timeout_s=self.context.collective_timeout_s,
-            )  # fmt: skip
 
     # ---- host side -----------------------------------------------------------------------------
     @classmethod

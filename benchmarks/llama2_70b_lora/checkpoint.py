@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import glob
 import json
 import os
 from collections.abc import Iterator
@@ -31,18 +30,12 @@ from safetensors import SafetensorError, safe_open
 from safetensors.tensorflow import save_file
 
 from benchmarks.llama2_70b_lora.config import ModelConfig
-from mlperf_tf import prepare_cli
-from mlperf_tf.errors import UserError
+from mlperf_tf import hf_checkpoint, prepare_cli
+from mlperf_tf.hf_checkpoint import CONFIG, CheckpointImportError, check_config, read_json
 
 FORMAT = "mlperf_tf.llama/1"
-CONFIG = "config.json"
 INDEX = "index.json"
-HF_INDEX = "model.safetensors.index.json"
 SHARD_BYTES = 2 << 30
-
-
-class CheckpointImportError(UserError):
-    """A checkpoint that cannot be read as the configured model (one line, naming the file)."""
 
 
 def tensor_shapes(model: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -74,19 +67,6 @@ def _open(path: str):
         ) from None
 
 
-def _read_json(path: str, what: str) -> dict:
-    try:
-        with open(path, encoding="utf-8") as handle:
-            value = json.load(handle)
-    except FileNotFoundError:
-        raise CheckpointImportError(f"checkpoint {what} {path!r} is missing") from None
-    except (OSError, ValueError) as e:
-        raise CheckpointImportError(f"checkpoint {what} {path!r} is not valid JSON ({e})") from None
-    if not isinstance(value, dict):
-        raise CheckpointImportError(f"checkpoint {what} {path!r} is not a JSON object")
-    return value
-
-
 def check_hf_config(config: dict, model: ModelConfig, path: str) -> None:
     """Raises CheckpointImportError naming the first field of a Hugging Face `config.json` that
     describes another model than `model` (defaults as `transformers.LlamaConfig` has them)."""
@@ -105,13 +85,10 @@ def check_hf_config(config: dict, model: ModelConfig, path: str) -> None:
     }
     defaults = {"num_key_value_heads": heads, "rope_theta": 10_000.0, "rope_scaling": None,
                 "tie_word_embeddings": False}  # fmt: skip
-    for key, want in expected.items():
-        have = config.get(key, defaults.get(key, "missing"))
-        if have != want:
-            raise CheckpointImportError(
-                f"checkpoint config {path!r}: `{key}` is {have!r}, the model's is {want!r} "
-                "(set --config.model.* to import another Llama)"
-            )
+    check_config(
+        config, expected, path, defaults=defaults,
+        hint="set --config.model.* to import another Llama",
+    )  # fmt: skip
     head_dim = config.get("head_dim") or (config["hidden_size"] // heads)
     if head_dim != model.head_dim:
         raise CheckpointImportError(
@@ -130,26 +107,9 @@ class HFSource:
         self.directory = directory
         self.model = model
         config_path = os.path.join(directory, CONFIG)
-        check_hf_config(_read_json(config_path, "config"), model, config_path)
-        index_path = os.path.join(directory, HF_INDEX)
-        if os.path.exists(index_path):
-            weight_map = _read_json(index_path, "index").get("weight_map")
-            if not isinstance(weight_map, dict):
-                raise CheckpointImportError(f"checkpoint index {index_path!r} has no weight_map")
-            self.weight_map = {k: os.path.join(directory, v) for k, v in weight_map.items()}
-            for path in sorted(set(self.weight_map.values())):
-                if not os.path.isfile(path):
-                    raise CheckpointImportError(
-                        f"checkpoint shard {path!r} (named by {HF_INDEX}) is missing"
-                    )
-        else:
-            files = sorted(glob.glob(os.path.join(directory, "*.safetensors")))
-            if not files:
-                raise CheckpointImportError(f"--checkpoint {directory!r} has no *.safetensors")
-            self.weight_map = {}
-            for path in files:
-                with _open(path) as handle:
-                    self.weight_map.update(dict.fromkeys(handle.keys(), path))
+        check_hf_config(read_json(config_path, "config"), model, config_path)
+        # The index (or the folder's shards) and its missing-shard check: the shared importer's.
+        self.weight_map = hf_checkpoint.HFCheckpoint(directory).weight_map
         self.fused = any(k.endswith("self_attn.qkv_proj.weight") for k in self.weight_map)
 
     @property
@@ -215,13 +175,7 @@ class HFSource:
         return _checked(self.read(name), (self.model.hidden_size,), name, self.directory)
 
 
-def _checked(tensor: tf.Tensor, shape: tuple[int, ...], name: str, where: str) -> tf.Tensor:
-    if tuple(tensor.shape) != tuple(shape):
-        raise CheckpointImportError(
-            f"checkpoint {where!r}: tensor {name!r} has shape {list(tensor.shape)}, the model "
-            f"needs {list(shape)} (Keras layout)"
-        )
-    return tensor
+_checked = hf_checkpoint.checked  # the shared shape check, one line naming the tensor
 
 
 # ---- the suite's checkpoint ----------------------------------------------------------------------
@@ -345,7 +299,7 @@ class SuiteCheckpoint:
 
     def __init__(self, directory: str, model: ModelConfig):
         self.directory = directory
-        config = _read_json(os.path.join(directory, CONFIG), "config")
+        config = read_json(os.path.join(directory, CONFIG), "config")
         if config.get("format") != FORMAT:
             raise CheckpointImportError(
                 f"{directory!r} is not a suite checkpoint (format {config.get('format')!r}, "
@@ -361,7 +315,7 @@ class SuiteCheckpoint:
                     f"base checkpoint {directory!r}: model.{name} is {saved.get(name)!r}, the "
                     f"run's is {want!r}"
                 )
-        self.weight_map = _read_json(os.path.join(directory, INDEX), "index").get("weight_map", {})
+        self.weight_map = read_json(os.path.join(directory, INDEX), "index").get("weight_map", {})
         missing = sorted(set(tensor_shapes(model)) - set(self.weight_map))
         if missing:
             raise CheckpointImportError(f"base checkpoint {directory!r} has no {missing[0]!r}")

@@ -21,7 +21,17 @@ ST-MoE eq. 5), with these choices:
   (the layer's non-trainable `router_bias` [E], the auxiliary-loss-free balancing bias, moved
   between steps by `aux_free_bias_update`), and the gates are the chosen experts' scores
   without the bias, normalized to sum 1 (`norm_topk_prob`). DeepSeek-V3's group-limited choice
-  (`n_group`, `topk_group`) and its `routed_scaling_factor` are not offered.
+  (`num_groups`, `topk_groups`: the experts in `num_groups` equal groups, a group ranked by the
+  sum of its two best biased scores, the top-k taken among the `topk_groups` best groups only;
+  `inference/model.py` `Gate.forward`) and its `routed_scaling` (the gates times 2.5) are
+  options of `route`.
+* **Shared experts.** `shared_filter_size` > 0 adds DeepSeekMoE's always-on shared expert(s)
+  (one SwiGLU of that width, the sum of the shared experts' widths), on every token, unsplit
+  and replicated (not over `expert`): the layer's output is routed + shared.
+* **Balance loss per sequence.** `balance_loss="sequence"` is DeepSeek-V3's sequence-wise
+  auxiliary loss (arXiv 2412.19437 eqs. 17-20; Megatron's `seq_aux_loss`): the Switch form
+  computed over each sequence's tokens and averaged over the sequences, scaled to the paper's
+  `(E / k) sum_e f_e P_e` (1 for a balanced router).
 * **Capacity.** Per expert and per group (a replica's tokens): `ceil(k * capacity_factor * T /
   experts)`, at most T (Flaxformer's `MoeLayer` writes `capacity_factor * T / experts`, k
   folded into the factor; here the factor 1.0 means exactly the slots of a balanced router,
@@ -71,6 +81,7 @@ from mlperf_tf.parallel.layout import EXPERT_SPLIT
 from mlperf_tf.parallel.mesh import DeviceMesh
 
 ROUTER_SOFTMAX = ("before", "after", "sigmoid")
+BALANCE_LOSSES = ("batch", "sequence")
 # Flaxformer's router initializer (`routing.default_kernel_init`): normal, stddev 2e-2.
 ROUTER_STDDEV = 2e-2
 
@@ -129,8 +140,8 @@ def expert_capacity(tokens, *, num_experts: int, top_k: int, capacity_factor: fl
     return tf.minimum(tf.cast(tokens, tf.int32), slots)
 
 
-def route(logits, *, top_k: int, capacity, router_softmax: str = "before",
-          bias=None) -> Routing:  # fmt: skip
+def route(logits, *, top_k: int, capacity, router_softmax: str = "before", bias=None,
+          num_groups: int = 1, topk_groups: int = 1, routed_scaling: float = 1.0) -> Routing:  # fmt: skip
     """Token-choice top-k routing of one group (Flaxformer `TokensChooseMaskedRouter`).
 
     Args:
@@ -140,6 +151,10 @@ def route(logits, *, top_k: int, capacity, router_softmax: str = "before",
       router_softmax: "before" (gates: softmax over all experts), "after" (softmax over the
         k selected logits) or "sigmoid" (DeepSeek-V3: see the module docstring).
       bias: float32 [E], added to the sigmoid scores for the choice only ("sigmoid"; None: 0).
+      num_groups, topk_groups: group-limited choice (DeepSeek-V3: 8, 4): the top-k only among
+        the `topk_groups` groups whose two best (biased) scores sum highest ("sigmoid"; 1, 1:
+        no limit).
+      routed_scaling: a factor of the gates after their normalization (DeepSeek-V3: 2.5).
 
     Returns:
       The `Routing` (for "sigmoid", `probs` are the scores normalized over the experts, what the
@@ -149,6 +164,8 @@ def route(logits, *, top_k: int, capacity, router_softmax: str = "before",
     if router_softmax == "sigmoid":
         scores = tf.sigmoid(logits)  # [T, E]
         choice = scores if bias is None else scores + tf.cast(bias, scores.dtype)[None, :]
+        if num_groups > 1:
+            choice = group_limited(choice, num_groups=num_groups, topk_groups=topk_groups)
         _, expert = tf.math.top_k(choice, k=top_k)  # [T, k], best first
         picked = tf.gather(scores, expert, batch_dims=1)
         gates = picked / tf.reduce_sum(picked, axis=-1, keepdims=True)
@@ -171,7 +188,51 @@ def route(logits, *, top_k: int, capacity, router_softmax: str = "before",
     position = tf.transpose(tf.reshape(position, [top_k, -1]))  # [T, k]
     kept = position < tf.cast(capacity, tf.int32)
     gates = gates * tf.cast(kept, gates.dtype)
+    if routed_scaling != 1.0:
+        gates = gates * routed_scaling
     return Routing(logits, probs, expert, position, kept, gates, tf.cast(capacity, tf.int32))
+
+
+def group_limited(choice, *, num_groups: int, topk_groups: int):
+    """`choice` [T, E] with the experts outside each token's `topk_groups` best groups set to
+    -inf (DeepSeek-V3's node-limited routing, `inference/model.py` `Gate.forward` with a bias):
+    the E experts are `num_groups` consecutive groups, a group's score is the sum of its two
+    best choice scores (its one best when a group holds a single expert)."""
+    tokens, experts = _dims2(choice)
+    per_group = experts // num_groups
+    grouped = tf.reshape(choice, [tokens, num_groups, per_group])  # [T, G, E/G]
+    best, _ = tf.math.top_k(grouped, k=min(2, per_group))
+    group_score = tf.reduce_sum(best, axis=-1)  # [T, G]
+    _, groups = tf.math.top_k(group_score, k=topk_groups)  # [T, topk_groups]
+    keep = tf.reduce_max(tf.one_hot(groups, num_groups, dtype=tf.float32), axis=1) > 0  # [T, G]
+    masked = tf.where(keep[:, :, None], grouped, tf.constant(-math.inf, choice.dtype))
+    return tf.reshape(masked, [tokens, experts])
+
+
+def _dims2(t):
+    """[T, E] of a 2-D tensor: T static where known, E static."""
+    return (t.shape[0] if t.shape[0] is not None else tf.shape(t)[0]), t.shape[-1]
+
+
+def sequence_balance_loss(probs, expert, sequence_length: int):
+    """DeepSeek-V3's sequence-wise balance loss (arXiv 2412.19437 eqs. 17-20) without its
+    coefficient: per sequence of `sequence_length` consecutive tokens, `(E / k) sum_e f_e P_e`
+    with f_e the fraction of the sequence's tokens that chose e and P_e the mean normalized
+    score of e over the sequence; the mean over sequences (1 for a balanced router).
+
+    Args:
+      probs: float32 [T, E] scores normalized over the experts (`Routing.probs`).
+      expert: int32 [T, k] the choices.
+      sequence_length: tokens per sequence (T a multiple of it).
+    """
+    num_experts, top_k = probs.shape[-1], expert.shape[-1]
+    chosen = tf.reduce_max(tf.one_hot(expert, num_experts, dtype=tf.float32), axis=-2)  # [T, E]
+    chosen = tf.reshape(chosen, [-1, sequence_length, num_experts])  # [B, S, E]
+    probs = tf.reshape(probs, [-1, sequence_length, num_experts])
+    per_sequence = tf.reduce_sum(
+        tf.reduce_mean(chosen, axis=1) * tf.reduce_mean(probs, axis=1), axis=-1
+    )  # [B]
+    return tf.reduce_mean(per_sequence) * float(num_experts) / float(top_k)
 
 
 def balance_loss(probs, expert):
@@ -214,7 +275,8 @@ def dispatch_and_combine(routing: Routing, num_experts: int, capacity: int):
 
 def _check(
     *, num_experts, top_k, capacity_factor, eval_capacity_factor, router_softmax,
-    expert_parallel, jitter,
+    expert_parallel, jitter, num_groups=1, topk_groups=1, routed_scaling=1.0,
+    balance_loss="batch",
 ):  # fmt: skip
     if isinstance(num_experts, bool) or not isinstance(num_experts, int) or num_experts < 1:
         raise ConfigError(f"moe `num_experts` ({num_experts!r}) must be a positive integer")
@@ -238,6 +300,32 @@ def _check(
         raise ConfigError(
             f"--expert_parallel={expert_parallel} must divide moe `num_experts` ({num_experts})"
         )
+    for name, value in (("num_groups", num_groups), ("topk_groups", topk_groups)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"moe `{name}` ({value!r}) must be a positive integer")
+    if num_experts % num_groups:
+        raise ConfigError(
+            f"moe `num_groups` ({num_groups}) must divide moe `num_experts` ({num_experts})"
+        )
+    if topk_groups > num_groups:
+        raise ConfigError(
+            f"moe `topk_groups` ({topk_groups}) must be at most moe `num_groups` ({num_groups})"
+        )
+    if num_groups > 1 and router_softmax != "sigmoid":
+        raise ConfigError(
+            f"moe `num_groups` ({num_groups}) > 1 needs moe `router_softmax` 'sigmoid'"
+        )
+    if top_k > topk_groups * (num_experts // num_groups):
+        raise ConfigError(
+            f"moe `top_k` ({top_k}) exceeds the experts of moe `topk_groups` ({topk_groups}) "
+            f"groups of {num_experts // num_groups}"
+        )
+    if not isinstance(routed_scaling, (int, float)) or not routed_scaling > 0:
+        raise ConfigError(f"moe `routed_scaling` ({routed_scaling!r}) must be > 0")
+    if balance_loss not in BALANCE_LOSSES:
+        raise ConfigError(
+            f"moe `balance_loss` ({balance_loss!r}) must be one of {', '.join(BALANCE_LOSSES)}"
+        )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -258,6 +346,16 @@ class MoEConfig:
       jitter: router input jitter in training (0: off).
       filter_size: each expert's inner width (0: the model's feed-forward width). Top-k experts
         of width F/k cost the active FLOPs of one dense block of width F.
+      first_dense: the first `first_dense` blocks stay dense (DeepSeek-V3's
+        `first_k_dense_replace`, 3).
+      num_groups, topk_groups: group-limited routing ("sigmoid"; see `route`).
+      routed_scaling: the gates' factor (DeepSeek-V3's `routed_scaling_factor`, 2.5).
+      balance_loss: "batch" (Switch's, over a replica's tokens) or "sequence" (DeepSeek-V3's
+        sequence-wise form, `sequence_balance_loss`).
+      shared_filter_size: width of the always-on shared expert(s) (0: none; DeepSeek-V3's
+        `n_shared_experts x moe_intermediate_size`, 2,048).
+      bias_update_rate: the selection bias's step per training step ("sigmoid";
+        `aux_free_bias_update`, applied between steps by `RouterBiasUpdate`; 0: frozen).
     """
 
     num_experts: int = 0
@@ -273,6 +371,13 @@ class MoEConfig:
     # "sorted": a dropless layer runs each expert on its routed rows only (`SortedMoEFeedForward`;
     # not for static shapes); "buffer": the capacity buffers.
     dispatch: Literal["buffer", "sorted"] = "buffer"
+    first_dense: int = 0
+    num_groups: int = 1
+    topk_groups: int = 1
+    routed_scaling: float = 1.0
+    balance_loss: Literal["batch", "sequence"] = "batch"
+    shared_filter_size: int = 0
+    bias_update_rate: float = 0.0
 
     def __post_init__(self):
         if self.dispatch not in ("buffer", "sorted"):
@@ -303,7 +408,21 @@ class MoEConfig:
                 capacity_factor=self.capacity_factor,
                 eval_capacity_factor=self.eval_capacity_factor,
                 router_softmax=self.router_softmax, expert_parallel=1, jitter=self.jitter,
+                num_groups=self.num_groups, topk_groups=self.topk_groups,
+                routed_scaling=self.routed_scaling, balance_loss=self.balance_loss,
             )  # fmt: skip
+        for name in ("first_dense", "shared_filter_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"moe `{name}` ({value!r}) must be an integer >= 0")
+        rate = self.bias_update_rate
+        if not isinstance(rate, (int, float)) or not math.isfinite(rate) or rate < 0:
+            raise ConfigError(f"moe `bias_update_rate` ({rate!r}) must be >= 0")
+        if rate and self.router_softmax != "sigmoid":
+            raise ConfigError(
+                f"moe `bias_update_rate` ({rate}) needs moe `router_softmax` 'sigmoid' (the "
+                "selection bias)"
+            )
 
     @property
     def enabled(self) -> bool:
@@ -311,7 +430,9 @@ class MoEConfig:
 
     def is_moe(self, layer_index: int) -> bool:
         """Whether feed-forward block `layer_index` (0-based) is an MoE layer."""
-        return self.enabled and (layer_index + 1) % self.every == 0
+        return (
+            self.enabled and layer_index >= self.first_dense and (layer_index + 1) % self.every == 0
+        )
 
     def count(self, num_layers: int) -> int:
         """MoE layers among `num_layers` blocks."""
@@ -330,7 +451,7 @@ class MoEConfig:
         else:
             expert = 3 * d * f + ((2 * f + d) if expert_bias else 0)
         bias = e if self.router_softmax == "sigmoid" else 0  # the non-trainable selection bias
-        return d * e + bias + e * expert
+        return d * e + bias + e * expert + 3 * d * self.shared_filter_size
 
     def layer(self, *, hidden_size: int, filter_size: int, **kwargs) -> MoEFeedForward:
         """The `MoEFeedForward` of these settings (`kwargs`: dropout, group_size, mesh, ...)."""
@@ -341,7 +462,9 @@ class MoEConfig:
             top_k=self.top_k, capacity_factor=self.capacity_factor,
             eval_capacity_factor=self.eval_capacity_factor, router_softmax=self.router_softmax,
             z_loss_coef=self.z_loss_coef, balance_loss_coef=self.balance_loss_coef,
-            jitter=self.jitter, **kwargs,
+            jitter=self.jitter, num_groups=self.num_groups, topk_groups=self.topk_groups,
+            routed_scaling=self.routed_scaling, balance_loss=self.balance_loss,
+            shared_filter_size=self.shared_filter_size, **kwargs,
         )  # fmt: skip
 
 
@@ -446,6 +569,12 @@ class MoEFeedForward(keras.layers.Layer):
       kernel_initializer: the experts' input kernels' initializer (w_in; w_gate and w_up);
         None: Glorot-uniform of one expert's [d, f] (as Keras' Dense starts it).
       output_initializer: the output kernels' (w_out; w_down); None: Glorot-uniform.
+      num_groups, topk_groups, routed_scaling: DeepSeek-V3's group-limited choice and gate
+        factor (`route`).
+      balance_loss: "batch" or "sequence" (per sequence of the input's second-to-last axis;
+        `sequence_balance_loss`).
+      shared_filter_size: the shared expert's width (0: none): `shared_gate`, `shared_up`
+        [d, f_s] and `shared_down` [f_s, d], a SwiGLU on every token, started as the experts.
     """
 
     def __init__(
@@ -473,6 +602,11 @@ class MoEFeedForward(keras.layers.Layer):
         swiglu_alpha: float = 1.702,
         kernel_initializer=None,
         output_initializer=None,
+        num_groups: int = 1,
+        topk_groups: int = 1,
+        routed_scaling: float = 1.0,
+        balance_loss: str = "batch",
+        shared_filter_size: int = 0,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -486,8 +620,13 @@ class MoEFeedForward(keras.layers.Layer):
         _check(
             num_experts=num_experts, top_k=top_k, capacity_factor=capacity_factor,
             eval_capacity_factor=eval_capacity_factor, router_softmax=router_softmax,
-            expert_parallel=expert_parallel, jitter=jitter,
+            expert_parallel=expert_parallel, jitter=jitter, num_groups=num_groups,
+            topk_groups=topk_groups, routed_scaling=routed_scaling, balance_loss=balance_loss,
         )  # fmt: skip
+        self.num_groups, self.topk_groups = num_groups, topk_groups
+        self.routed_scaling = float(routed_scaling)
+        self.balance_loss_kind = balance_loss
+        self.shared_filter_size = int(shared_filter_size)
         if expert_parallel > 1 and (mesh is None or mesh.expert != expert_parallel):
             raise ValueError(
                 f"expert_parallel={expert_parallel} needs a mesh with that expert axis"
@@ -565,6 +704,13 @@ class MoEFeedForward(keras.layers.Layer):
                 mesh=mesh,
             )  # fmt: skip
             setattr(self, name, weight)
+        if self.shared_filter_size:
+            fs = self.shared_filter_size
+            for name, shape, init in (
+                ("shared_gate", (d, fs), kernel), ("shared_up", (d, fs), kernel),
+                ("shared_down", (fs, d), output),
+            ):  # fmt: skip
+                setattr(self, name, self.add_weight(name=name, shape=shape, initializer=init))
         super().build(input_shape)
 
     @property
@@ -608,7 +754,9 @@ class MoEFeedForward(keras.layers.Layer):
             capacity=capacity,
             router_softmax=self.router_softmax,
             bias=self.router_bias if self.router_softmax == "sigmoid" else None,
-        )
+            num_groups=self.num_groups, topk_groups=self.topk_groups,
+            routed_scaling=self.routed_scaling,
+        )  # fmt: skip
         # Row of each choice in the [E * C + 1, d] buffer; dropped choices write the spare row.
         rows = self.num_experts * capacity
         index = routing.expert * capacity + routing.position  # [T, k]
@@ -627,17 +775,32 @@ class MoEFeedForward(keras.layers.Layer):
         )
         picked = tf.gather(out, index)  # [T, k, d]
         y = tf.einsum("tkd,tk->td", picked, tf.cast(routing.gates, picked.dtype))
-        stats = self._stats(routing)
+        y = self._add_shared(tokens, y)
+        stats = self._stats(routing, x)
         return tf.reshape(y, shape), stats
 
-    def _stats(self, routing: Routing) -> MoEStats:
+    def _add_shared(self, tokens, y):
+        """`y` [T, d] plus the shared expert's output on `tokens` [T, d] (when there is one)."""
+        if not self.shared_filter_size:
+            return y
+        x = tf.cast(tokens, self.compute_dtype)
+        gate = tf.matmul(x, tf.cast(self.shared_gate, self.compute_dtype))
+        up = tf.matmul(x, tf.cast(self.shared_up, self.compute_dtype))
+        shared = tf.matmul(swiglu(gate, up), tf.cast(self.shared_down, self.compute_dtype))
+        return y + tf.cast(shared, y.dtype)
+
+    def _stats(self, routing: Routing, x=None) -> MoEStats:
         choices = tf.cast(tf.size(routing.expert), tf.float32)
         load = tf.reduce_sum(
             tf.one_hot(routing.expert, self.num_experts, dtype=tf.float32), axis=[0, 1]
         ) / tf.maximum(choices, 1.0)
         dropped = 1.0 - tf.reduce_sum(tf.cast(routing.kept, tf.float32)) / tf.maximum(choices, 1.0)
+        if self.balance_loss_kind == "sequence":
+            balance = sequence_balance_loss(routing.probs, routing.expert, x.shape[-2])
+        else:
+            balance = balance_loss(routing.probs, routing.expert)
         return MoEStats(
-            balance_loss=balance_loss(routing.probs, routing.expert),
+            balance_loss=balance,
             z_loss=z_loss(routing.logits),
             load=load,
             dropped=dropped,
@@ -775,7 +938,9 @@ class SortedMoEFeedForward(MoEFeedForward):
             capacity=tf.shape(tokens)[0],
             router_softmax=self.router_softmax,
             bias=self.router_bias if self.router_softmax == "sigmoid" else None,
-        )
+            num_groups=self.num_groups, topk_groups=self.topk_groups,
+            routed_scaling=self.routed_scaling,
+        )  # fmt: skip
         weights = self.expert_weights
         compute = tf.cast(tokens, self.compute_dtype)
 
@@ -785,7 +950,8 @@ class SortedMoEFeedForward(MoEFeedForward):
         y = sorted_expert_outputs(
             compute, routing.expert, routing.gates, self.num_experts, expert_fn
         )
-        return tf.reshape(y, shape), self._stats(routing)
+        y = self._add_shared(tokens, y)
+        return tf.reshape(y, shape), self._stats(routing, x)
 
 
 def stage_metrics(

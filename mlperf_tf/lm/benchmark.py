@@ -5,16 +5,19 @@ its data, optimizer, schedule and MLPerf keys."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, ClassVar
 
 import keras
 import tensorflow as tf
 
 from mlperf_tf.benchmark import Benchmark
+from mlperf_tf.errors import UserError
 from mlperf_tf.layers import moe
 from mlperf_tf.layers.context_parallel import ContextAxis, check_sequence
 from mlperf_tf.lm import loss as loss_lib
 from mlperf_tf.lm.decoder import DecoderModel, build_decoder
+from mlperf_tf.lm.mtp import shift_left
 from mlperf_tf.parallel.context import use_mesh
 from mlperf_tf.parallel.memory import (
     ChipLayout,
@@ -24,6 +27,42 @@ from mlperf_tf.parallel.memory import (
     memory_table,
 )
 from mlperf_tf.parallel.pipeline import stage_bounds
+from mlperf_tf.runner.actions import Action, LoopOutput
+
+
+def update_router_biases(model, load, rate: float) -> None:
+    """Moves every MoE layer's selection bias of `model` (its `moe_layers`) by `rate` towards
+    balance (`moe.aux_free_bias_update`); `load` [layers, experts]: each layer's fraction of
+    choices per expert (the `moe/load` metric). Host or graph context."""
+    for layer, layer_load in zip(model.moe_layers, tf.unstack(load), strict=True):
+        layer.router_bias.assign(moe.aux_free_bias_update(layer.router_bias, layer_load, rate))
+
+
+class RouterBiasUpdate(Action):
+    """DeepSeek-V3's auxiliary-loss-free balancing between steps: after each host loop, every
+    sigmoid MoE layer's selection bias moves by `moe.bias_update_rate` x the loop's steps
+    towards balance (`mlperf_tf.layers.moe.aux_free_bias_update` of the loop's mean expert
+    load, the `moe/load` metric, summed over replicas and micro batches), outside the gradient
+    (Megatron's `moe_router_bias_update_rate`, applied once per optimizer step on the step's
+    token counts; equal to it with `--steps_per_loop=1`)."""
+
+    def __init__(self, rate: float):
+        self.rate = float(rate)
+        self.model = None
+
+    def attach(self, controller) -> None:
+        self.model = controller.model
+
+    def after_loop(self, output: LoopOutput):
+        load = output.metrics.get("moe/load")
+        if load is None or self.model is None:
+            return None
+        update_router_biases(self.model, tf.constant(load, tf.float32), self.rate * output.steps)
+        return None
+
+
+# The training metric of the multi-token prediction loss (weighted, as added to the loss).
+MTP_LOSS = "mtp/loss"
 
 
 class LanguageModelBenchmark(Benchmark):
@@ -58,10 +97,21 @@ class LanguageModelBenchmark(Benchmark):
 
     @property
     def parallel_axes(self) -> tuple[str, ...]:
-        """Data, tensor, pipeline and context parallelism; expert parallelism too when the
-        config has MoE blocks (a dense config refuses --expert_parallel in one line)."""
-        axes = ("data", "model", "pipeline", "context")
-        return axes + ("expert",) if self.config.model.moe.enabled else axes
+        """Data and tensor parallelism; expert parallelism when the config has MoE blocks;
+        pipeline and context parallelism where the model's split is exact. A refused axis is
+        the runner's one-line error, never a silently wrong split:
+
+        - multi-token prediction (`model.mtp_layers`) shifts targets along the whole sequence
+          and reuses the first stage's embedding on the last: neither a zig-zag slice of the
+          sequence nor a stage holds what it needs (not built);
+        - context parallelism gathers keys and values in the GQA attention only
+          (`model.attention` "gqa"; MLA's latent path has no context gather yet).
+        """
+        m = self.config.model
+        axes = ("data", "model")
+        if not m.mtp_layers:
+            axes += ("pipeline",) + (("context",) if m.attention == "gqa" else ())
+        return axes + ("expert",) if m.moe.enabled else axes
 
     # ---- sizes -------------------------------------------------------------------------------
     def sequence_length(self) -> int:
@@ -137,18 +187,35 @@ class LanguageModelBenchmark(Benchmark):
             return self.pipeline_micro_batch * tokens
         return self.per_replica_batch_size * tokens
 
+    def check_layout(self) -> None:
+        """Raises UserError when the mesh's expert axis does not divide the experts."""
+        experts, axis = self.config.model.moe.num_experts, self.mesh.expert
+        if experts and experts % axis:
+            raise UserError(
+                f"--expert_parallel={axis} must divide `model.moe.num_experts` ({experts})"
+            )
+
     def build_model(self) -> DecoderModel:
         """The decoder of `config.model` (under the strategy scope, dtype policy set), built
         under this benchmark's mesh: the runner has made it ambient already; tests and tools
         that build a benchmark directly get it here.
 
+        Dropless MoE layers with `moe.dispatch` "sorted" run each expert on its routed rows
+        only; where shapes must be static (XLA) they use the capacity buffers (every expert
+        over the replica's T tokens), as they do under expert parallelism.
+
         Raises:
-          UserError: `--context_parallel` does not cut the sequence into 2C equal chunks.
+          UserError: `--context_parallel` does not cut the sequence into 2C equal chunks, or
+            `--expert_parallel` does not divide the experts.
         """
         check_sequence(self.sequence_length(), self.mesh.context)
+        self.check_layout()
+        m = self.config.model
+        if self.static_shapes and m.moe.dispatch == "sorted":
+            m = dataclasses.replace(m, moe=dataclasses.replace(m.moe, dispatch="buffer"))
         with use_mesh(self.mesh):
             return build_decoder(
-                self.config.model, moe_group_size=self.moe_group_size(),
+                m, moe_group_size=self.moe_group_size(),
                 collective_timeout_s=self.context.collective_timeout_s, name=self.model_name,
             )  # fmt: skip
 
@@ -200,7 +267,27 @@ class LanguageModelBenchmark(Benchmark):
 
     def train_metric_shapes(self) -> dict[str, tuple[int, ...]]:
         m = self.config.model
-        return moe.metric_shapes(m.moe.count(m.num_hidden_layers), m.moe.num_experts)
+        shapes = moe.metric_shapes(
+            m.moe.count(m.num_hidden_layers + m.mtp_layers), m.moe.num_experts
+        )
+        if m.mtp_layers:
+            shapes[MTP_LOSS] = ()
+        return shapes
+
+    def mtp_loss(self, mtp_logits: list, batch: Any, weights: tf.Tensor, axis=None) -> tf.Tensor:
+        """The MTP depths' weighted mean token losses, summed, x `mtp_loss_weight / D`
+        (`mlperf_tf.lm.mtp`): depth k's targets are the labels k positions on, its weights
+        the main weights k positions on (0 at the last k positions). `axis`: the model's
+        `ModelAxis` (vocabulary-split logits)."""
+        m = self.config.model
+        total = tf.constant(0.0)
+        for k, logits in enumerate(mtp_logits, start=1):
+            labels = shift_left(batch["labels"], k, fill=loss_lib.IGNORE_INDEX)
+            losses = loss_lib.token_cross_entropy(
+                logits, labels, vocab_size=m.vocab_size, axis=axis
+            )
+            total += loss_lib.weighted_mean(losses, shift_left(weights, k))
+        return total * (m.mtp_loss_weight / len(mtp_logits))
 
     def compute_loss_and_metrics(self, model: keras.Model, batch: Any, training: bool = True):
         """This replica's weighted mean token loss, plus the MoE layers' weighted auxiliary
@@ -214,15 +301,26 @@ class LanguageModelBenchmark(Benchmark):
         context = self.context_axis()
         batch = self.split_sequences(batch)
         aux = moe.Collector()
-        losses = self.token_losses(model, batch, training, aux=aux)
-        local_batch = batch["input_ids"].shape[0]
         weights = self.loss_weights(batch)
+        mtp = None
+        if self.config.model.mtp_layers and training:
+            logits, mtp_logits = model.with_mtp(batch["input_ids"], training=training, aux=aux)
+            mtp = self.mtp_loss(mtp_logits, batch, weights, axis=model.axis)
+            losses = loss_lib.token_cross_entropy(
+                logits, batch["labels"], vocab_size=self.config.model.vocab_size, axis=model.axis
+            )
+        else:
+            losses = self.token_losses(model, batch, training, aux=aux)
+        local_batch = batch["input_ids"].shape[0]
         loss = loss_lib.weighted_mean(losses, weights, context if context.size > 1 else None)
         aux_loss, metrics = moe.summarize(aux)
         if aux.calls:
             # Per routing group (a replica's tokens): under context parallelism the members'
             # mean, so the group's auxiliary loss counts once.
             loss += aux_loss / context.size
+        if mtp is not None:
+            loss += mtp
+            metrics[MTP_LOSS] = mtp
         return loss * (float(local_batch) / float(self.micro_batch_size)), metrics
 
     def eval_step(self, model: keras.Model, batch: Any) -> dict[str, tf.Tensor]:
@@ -247,6 +345,11 @@ class LanguageModelBenchmark(Benchmark):
         }
 
     # ---- host side ---------------------------------------------------------------------------
+    def run_actions(self) -> list[Any]:
+        """`RouterBiasUpdate` when the MoE layers move a selection bias (`moe.bias_update_rate`)."""
+        rate = self.config.model.moe.bias_update_rate
+        return [RouterBiasUpdate(rate)] if self.config.model.moe.enabled and rate else []
+
     def eval_result(self, state: dict[str, float]) -> float:
         """Log perplexity: summed token loss over the eval set's counted tokens (Megatron's
         validation loss, token-weighted)."""

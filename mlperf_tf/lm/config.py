@@ -79,6 +79,13 @@ class DecoderConfig:
       tie_word_embeddings: the output projection is the input embedding's transpose.
       moe: mixture-of-experts feed-forward blocks (`mlperf_tf.layers.moe.MoEConfig`;
         num_experts 0: dense).
+      attention: "gqa" (`mlperf_tf.lm.attention.Attention`) or "mla" (DeepSeek's multi-head
+        latent attention, `mlperf_tf.lm.mla`; `head_dim` and `num_key_value_heads` unused).
+      q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim: MLA's widths
+        (Hugging Face's `DeepseekV3Config` names; q_lora_rank 0: no query latent).
+      mtp_layers: multi-token prediction depth D (DeepSeek-V3: 1; `mlperf_tf.lm.mtp`).
+      mtp_loss_weight: lambda, the MTP losses' weight (Megatron's `mtp_loss_scaling_factor`):
+        the training loss adds lambda / D x the sum of the D depths' losses.
     """
 
     vocab_size: int = 32_000
@@ -114,6 +121,14 @@ class DecoderConfig:
     mlp_bias: bool = False
     tie_word_embeddings: bool = False
     moe: MoEConfig = MoEConfig()
+    attention: Literal["gqa", "mla"] = "gqa"
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    mtp_layers: int = 0
+    mtp_loss_weight: float = 0.0
 
     def __post_init__(self):
         require(
@@ -137,6 +152,22 @@ class DecoderConfig:
             )
         if self.head_dim % 2:
             raise ConfigError(f"`model.head_dim` ({self.head_dim}) must be even (RoPE pairs).")
+        if self.attention not in ("gqa", "mla"):
+            raise ConfigError(f"`model.attention` ({self.attention!r}) must be 'gqa' or 'mla'.")
+        require(
+            self, prefix="model.",
+            non_negative_int=("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
+                              "qk_rope_head_dim", "v_head_dim", "mtp_layers"),
+            non_negative=("mtp_loss_weight",),
+        )  # fmt: skip
+        if self.attention == "mla":
+            for name in ("kv_lora_rank", "qk_rope_head_dim", "v_head_dim"):
+                if getattr(self, name) < 1:
+                    raise ConfigError(f"`model.{name}` ({getattr(self, name)}) must be >= 1 (MLA).")
+            if self.qk_rope_head_dim % 2:
+                raise ConfigError(
+                    f"`model.qk_rope_head_dim` ({self.qk_rope_head_dim}) must be even (RoPE pairs)."
+                )
         if self.rope_type not in ROPE_TYPES:
             raise ConfigError(
                 f"`model.rope_type` ({self.rope_type!r}) must be one of {', '.join(ROPE_TYPES)}."
@@ -196,8 +227,25 @@ class DecoderConfig:
         return self.initializer_range / (2.0 * self.num_hidden_layers) ** 0.5
 
     # ---- sizes ---------------------------------------------------------------------------------
+    @property
+    def rope_head_dim(self) -> int:
+        """The rotated width of a head (MLA: its decoupled rotary part)."""
+        return self.qk_rope_head_dim if self.attention == "mla" else self.head_dim
+
+    def mla_projections(self) -> int:
+        """Weights of MLA's projections (no norms): q (a, b), kv_a, kv_b, o."""
+        h, n = self.hidden_size, self.num_attention_heads
+        qk = self.qk_nope_head_dim + self.qk_rope_head_dim
+        q = (h * self.q_lora_rank + self.q_lora_rank * n * qk) if self.q_lora_rank else h * n * qk
+        kv_a = h * (self.kv_lora_rank + self.qk_rope_head_dim)
+        kv_b = self.kv_lora_rank * n * (self.qk_nope_head_dim + self.v_head_dim)
+        return q + kv_a + kv_b + n * self.v_head_dim * h
+
     def attention_parameters(self) -> int:
-        """Weights of one attention layer (q, k, v, o; biases, QK-norm scales, sinks)."""
+        """Weights of one attention layer (q, k, v, o; biases, QK-norm scales, sinks; MLA: its
+        projections and latent norms)."""
+        if self.attention == "mla":
+            return self.mla_projections() + self.q_lora_rank + self.kv_lora_rank
         h, d = self.hidden_size, self.head_dim
         q, kv = self.num_attention_heads * d, self.num_key_value_heads * d
         count = 2 * h * q + 2 * h * kv
@@ -222,31 +270,45 @@ class DecoderConfig:
         )  # fmt: skip
 
     def moe_active_parameters(self, biases: bool = True) -> int:
-        """Weights one token uses in an MoE layer: the router and its top-k experts (their
-        biases too unless `biases=False`, as the FLOPs count them)."""
+        """Weights one token uses in an MoE layer: the router, its top-k experts (their
+        biases too unless `biases=False`, as the FLOPs count them) and the shared expert."""
         h, f = self.hidden_size, self.moe.filter_size or self.intermediate_size
         expert = 3 * h * f + ((2 * f + h) if biases and self.mlp_bias else 0)
-        return h * self.moe.num_experts + self.moe.top_k * expert
+        shared = 3 * h * self.moe.shared_filter_size
+        return h * self.moe.num_experts + self.moe.top_k * expert + shared
+
+    def block_parameters(self, index: int) -> int:
+        """Weights of decoder block `index` (0-based; an MTP block is `num_hidden_layers + k`):
+        attention, its two norms, the dense or MoE feed-forward."""
+        ffn = (
+            self.moe_layer_parameters()
+            if self.moe.is_moe(index)
+            else self.dense_feed_forward_parameters()
+        )
+        return self.attention_parameters() + 2 * self.hidden_size + ffn
+
+    def mtp_parameters(self) -> int:
+        """Weights of the multi-token prediction modules: per depth, a block (MoE when its
+        index is), the two input norms, the [2h, h] projection and the output norm (the
+        embedding and the output head are the model's, shared)."""
+        h = self.hidden_size
+        return sum(
+            self.block_parameters(self.num_hidden_layers + k) + 3 * h + 2 * h * h
+            for k in range(self.mtp_layers)
+        )
 
     def parameter_count(self) -> int:
         """Parameters of this shape, from the config alone (no weights are allocated)."""
         h = self.hidden_size
-        per_layer = self.attention_parameters() + 2 * h
-        moe_layers = self.moe.count(self.num_hidden_layers)
-        dense_layers = self.num_hidden_layers - moe_layers
         embeddings = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
-        return (
-            self.num_hidden_layers * per_layer
-            + dense_layers * self.dense_feed_forward_parameters()
-            + moe_layers * self.moe_layer_parameters()
-            + embeddings
-            + h
-        )
+        blocks = sum(self.block_parameters(i) for i in range(self.num_hidden_layers))
+        return blocks + embeddings + h + self.mtp_parameters()
 
     def active_parameter_count(self) -> int:
         """Parameters one token uses: `parameter_count` with each MoE layer's experts cut to the
         router and the top-k (the embedding counted, as GPT-OSS's model card counts it)."""
-        moe_layers = self.moe.count(self.num_hidden_layers)
+        layers = self.num_hidden_layers + self.mtp_layers
+        moe_layers = self.moe.count(layers)
         return self.parameter_count() - moe_layers * (
             self.moe_layer_parameters() - self.moe_active_parameters()
         )
@@ -255,20 +317,30 @@ class DecoderConfig:
         """Training FLOPs of one sequence of `seq` tokens (a multiply-add is 2; 3x forward).
 
         Forward: 2 FLOPs per weight of every projection (q, k, v, o, gate, up, down, output;
-        the input embedding is a lookup, biases and norms are not counted) per token, plus
-        attention's two products per layer, scores and context, each 2 x seq x seq x heads x
-        head_dim per sequence: the full square, as the model computes it (masked, not skipped,
-        windowed layers too). An MoE layer counts its router and top-k experts only.
+        MLA's q_a, q_b, kv_a, kv_b, o; the input embedding is a lookup, biases and norms are
+        not counted) per token, plus attention's two products per layer, scores and context,
+        2 x seq x seq x heads x width each per sequence (GQA: head_dim both; MLA: nope + rope
+        for the scores, v_head_dim for the context): the full square, as the model computes
+        it (masked, not skipped, windowed layers too). An MoE layer counts its router, top-k
+        and shared experts only. Each MTP depth adds a block, its [2h, h] projection and the
+        output projection again.
         """
-        h, d = self.hidden_size, self.head_dim
-        q, kv = self.num_attention_heads * d, self.num_key_value_heads * d
-        moe_layers = self.moe.count(self.num_hidden_layers)
-        dense_layers = self.num_hidden_layers - moe_layers
+        h, heads = self.hidden_size, self.num_attention_heads
+        if self.attention == "mla":
+            attention_weights = self.mla_projections()
+            widths = self.qk_nope_head_dim + self.qk_rope_head_dim + self.v_head_dim
+        else:
+            q, kv = heads * self.head_dim, self.num_key_value_heads * self.head_dim
+            attention_weights = 2 * h * q + 2 * h * kv
+            widths = 2 * self.head_dim
+        layers = self.num_hidden_layers + self.mtp_layers
+        moe_layers = self.moe.count(layers)
         projections = (
-            self.num_hidden_layers * (2 * h * q + 2 * h * kv)
-            + dense_layers * 3 * h * self.intermediate_size
+            layers * attention_weights
+            + (layers - moe_layers) * 3 * h * self.intermediate_size
             + moe_layers * self.moe_active_parameters(biases=False)
-            + self.vocab_size * h  # the output projection (tied or not)
+            + (1 + self.mtp_layers) * self.vocab_size * h  # the output projection (tied or not)
+            + self.mtp_layers * 2 * h * h
         )
-        attention = 4.0 * seq * seq * self.num_attention_heads * d * self.num_hidden_layers
+        attention = 2.0 * seq * seq * heads * widths * layers
         return 3.0 * (2.0 * seq * projections + attention)

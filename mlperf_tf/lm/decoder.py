@@ -26,6 +26,8 @@ from mlperf_tf.lm.attention import Attention
 from mlperf_tf.lm.config import DecoderConfig
 from mlperf_tf.lm.feed_forward import FeedForward, moe_feed_forward
 from mlperf_tf.lm.layers import Linear, RMSNorm, tied_logits
+from mlperf_tf.lm.mla import MultiHeadLatentAttention
+from mlperf_tf.lm.mtp import MultiTokenPrediction, shift_left
 from mlperf_tf.lm.rope import RotaryEmbedding
 from mlperf_tf.parallel.context import current_mesh
 from mlperf_tf.parallel.layout import check_divides
@@ -57,7 +59,10 @@ class DecoderBlock(keras.layers.Layer):
             self.mlp = FeedForward.from_config(config, name="mlp")
 
     def make_mixer(self, config: DecoderConfig, index: int):
-        """The block's token mixer, named `attention` (a subclass returns another kind)."""
+        """The block's token mixer, named `attention` (a subclass returns another kind):
+        grouped-query attention, or DeepSeek's multi-head latent attention."""
+        if config.attention == "mla":
+            return MultiHeadLatentAttention.from_config(config, name="attention")
         return Attention.from_config(config, index, name="attention")
 
     @property
@@ -134,6 +139,21 @@ class DecoderModel(keras.Model):
             for i in range(c.num_hidden_layers)
         ]
         self.final_norm = RMSNorm(c.rms_norm_eps, name="final_norm")
+        self.mtp = [
+            MultiTokenPrediction(
+                c,
+                depth=k + 1,
+                name=f"mtp_{k}",
+                block=DecoderBlock(
+                    c,
+                    index=c.num_hidden_layers + k,
+                    moe_group_size=moe_group_size,
+                    collective_timeout_s=collective_timeout_s,
+                    name="block",
+                ),
+            )  # fmt: skip
+            for k in range(c.mtp_layers)
+        ]
         if not c.tie_word_embeddings:
             self.lm_head = Linear(
                 c.vocab_size, stddev=c.initializer_range, parallel="column", name="lm_head"
@@ -148,6 +168,8 @@ class DecoderModel(keras.Model):
         for layer in self.decoder_layers:
             layer.build(hidden)
         self.final_norm.build(hidden)
+        for module in self.mtp:
+            module.build(hidden)
         if not self.config.tie_word_embeddings:
             self.lm_head.build(hidden)
         self.built = True
@@ -159,7 +181,8 @@ class DecoderModel(keras.Model):
     @property
     def moe_layers(self) -> list:
         """The MoE feed-forward layers, in block order (the order of a `moe.Collector`)."""
-        return [layer.mlp for layer in self.decoder_layers if layer.is_moe]
+        blocks = self.decoder_layers + [module.block for module in self.mtp]
+        return [layer.mlp for layer in blocks if layer.is_moe]
 
     def hidden_states(self, token_ids, training=False, aux=None):
         """The final-norm output [batch, seq, hidden]. No dropout; `training` sets the MoE
@@ -198,6 +221,20 @@ class DecoderModel(keras.Model):
             yield
         finally:
             self._stage_input = previous
+
+    def with_mtp(self, token_ids, training=False, aux=None):
+        """(main logits [batch, seq, vocab], [logits of MTP depth k, k = 1..D]): depth k's at
+        position i predict token i + k + 1 (`mlperf_tf.lm.mtp`; its last k positions have no
+        target). The MoE stats of every block, the MTP blocks' last, go to `aux`."""
+        states = self.hidden_states(token_ids, training=training, aux=aux)
+        seq = token_ids.shape[1] if token_ids.shape[1] is not None else tf.shape(token_ids)[1]
+        cos, sin = self.rotary_tables(seq)
+        outputs, h = [], states
+        for module in self.mtp:
+            embedded = self.token_embedding(shift_left(token_ids, module.depth))
+            h, normed = module(h, embedded, cos, sin, training=training, aux=aux)
+            outputs.append(self.logits(normed))
+        return self.logits(states), outputs
 
     def logits(self, states):
         """Logits of final-norm states [..., hidden]: this shard's [..., vocab/M] (f on the

@@ -105,13 +105,15 @@ class RotaryEmbedding:
       low_freq_factor, high_freq_factor: Llama 3.1's.
       original_max_position: Llama 3.1's and YaRN's original context.
       beta_fast, beta_slow, truncate: YaRN's.
+      scale_tables: YaRN's temperature multiplies the tables (False: 1; multi-head latent
+        attention puts it into its softmax scale, `mlperf_tf.lm.mla`).
     """
 
     def __init__(self, head_dim: int, *, theta: float, rope_type: str = "default",
                  scaling_factor: float = 1.0, low_freq_factor: float = 1.0,
                  high_freq_factor: float = 4.0, original_max_position: int = 8192,
                  beta_fast: float = 32.0, beta_slow: float = 1.0,
-                 truncate: bool = True):  # fmt: skip
+                 truncate: bool = True, scale_tables: bool = True):  # fmt: skip
         self.attention_factor = 1.0
         if rope_type == "yarn":
             inv, self.attention_factor = yarn_inverse_frequencies(
@@ -131,13 +133,15 @@ class RotaryEmbedding:
                 raise ValueError(f"rope_type {rope_type!r} must be default, llama3 or yarn")
         self.inverse_frequencies = inv  # float64 [head_dim / 2]
         self.context = ContextAxis("rotary")
+        if not scale_tables:  # the temperature goes elsewhere (MLA: into the softmax scale)
+            self.attention_factor = 1.0
 
     @classmethod
     def from_config(cls, config) -> RotaryEmbedding:
-        """The tables of a `DecoderConfig`."""
+        """The tables of a `DecoderConfig` (over its `rope_head_dim`)."""
         c = config
         return cls(
-            c.head_dim, theta=c.rope_theta, rope_type=c.rope_type,
+            c.rope_head_dim, theta=c.rope_theta, scale_tables=c.attention != "mla", rope_type=c.rope_type,
             scaling_factor=c.rope_scaling_factor, low_freq_factor=c.rope_low_freq_factor,
             high_freq_factor=c.rope_high_freq_factor,
             original_max_position=c.rope_original_max_position, beta_fast=c.rope_beta_fast,

@@ -1,0 +1,165 @@
+"""Provides `DeepseekV3Benchmark`: MLPerf `deepseekv3_671b` (DeepSeek-V3 671B pretraining on C4,
+continued from a checkpoint, to log perplexity 3.6)."""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+from absl import logging
+from mlperf_logging.mllog import constants as C
+
+from benchmarks.deepseekv3_671b import checkpoint as checkpoint_lib
+from benchmarks.deepseekv3_671b import config as config_lib
+from benchmarks.deepseekv3_671b import input as input_lib
+from benchmarks.deepseekv3_671b import model as model_lib
+from benchmarks.deepseekv3_671b import prepare as prepare_lib
+from mlperf_tf.benchmark import EvalPoint
+from mlperf_tf.data import c4
+from mlperf_tf.facts import Blocks, Experts, Rcp, SimulatorShape
+from mlperf_tf.lm.decoder import DecoderModel
+from mlperf_tf.lm.pretraining import PretrainingBenchmark
+from mlperf_tf.spmd import use_mesh
+
+
+class DeepseekV3Benchmark(PretrainingBenchmark):
+    """DeepSeek-V3 causal-LM pretraining with AdamW from a starting checkpoint to the MLPerf
+    log-perplexity target.
+
+    Batches are dicts of int32 `input_ids` and `labels` [batch, seq] (`mlperf_tf.data.
+    token_windows`) and, in eval, float32 `valid` [batch]. Every position counts in the loss
+    (the reference's `eod_mask_loss=False`). The training loss is the main head's mean token
+    cross-entropy, plus the MoE layers' sequence-wise balance loss x 0.01 and the MTP loss x
+    0.1; the quality value is the main head's log perplexity over the 1,024 eval windows
+    (`mlperf_tf.lm.LanguageModelBenchmark`).
+    """
+
+    name = "deepseekv3_671b"
+    config_class = config_lib.DeepseekV3Config
+    input_module = input_lib.INPUT
+    model_name = model_lib.MODEL_NAME
+    # Samples (sequences of 4,096 tokens) to log perplexity 3.6 at global batch 15,360, 16,384,
+    # 18,432.
+    convergence = Rcp(
+        config_lib.RCP_FILE.removeprefix("rcp_checker/"), "deepseekv3_671b_ref_", True
+    )
+
+    config: config_lib.DeepseekV3Config
+
+    reference_hparams = staticmethod(config_lib.rcp_hparams)  # (base LR, warm-up) at a batch
+
+    # ---- sizes ---------------------------------------------------------------------------------
+    def training_flops_per_sample(self) -> float:
+        """Training FLOPs of one sequence (`DecoderConfig.training_flops`: MLA's projections and
+        its real attention widths, nope + rope for the scores and v for the context; the
+        router, top-8 and shared experts of an MoE layer; the MTP depth)."""
+        return self.config.model.training_flops(self.sequence_length())
+
+    def simulator_shape(self) -> SimulatorShape:
+        """Two all-reduces per block under tensor parallelism (MLA's o and the feed-forward's
+        down); each MoE layer holds 256 SwiGLU experts of 2,048 and sends a token to 8 of them
+        (the shared expert's FLOPs are counted in the per-token feed-forward's; the simulator
+        splits the routed experts over `--expert_parallel` with two all-to-alls)."""
+        m = self.config.model
+        h, f = m.hidden_size, m.moe.filter_size
+        seq = self.sequence_length()
+        blocks = Blocks(
+            m.num_hidden_layers + m.mtp_layers, 2, h, seq, 3 * h * f,
+            2.0 * 3 * h * (f + m.moe.shared_filter_size),
+        )  # fmt: skip
+        experts = Experts(num_experts=m.moe.num_experts, top_k=m.moe.top_k, every=m.moe.every)
+        return SimulatorShape(blocks=blocks, experts=experts)
+
+    def scaled_settings(self) -> dict[str, str]:
+        """`max_sequence_length` off 4,096 and `global_batch_size` below 15,360 (the mini and
+        smoke presets), and what follows from a small batch when a preset sets it apart from
+        the rules' formulas: the base LR, the warm-up, the first eval's step."""
+        out = {}
+        batch = self.config.global_batch_size
+        lr, warmup = self.learning_rate_and_warmup()
+        if abs(lr - config_lib.reference_learning_rate(batch)) >= 1e-9:
+            out[C.OPT_BASE_LR] = (
+                f"LR {lr:g} instead of 2.4e-5 x sqrt({batch} / 16384): a scaled-down preset"
+            )
+        if warmup != config_lib.WARMUP_STEPS:
+            out[C.OPT_LR_WARMUP_STEPS] = f"{warmup} warm-up steps: a scaled-down preset"
+        if self.first_eval_step() != config_lib.first_eval_step(batch):
+            out[C.EVAL_ACCURACY] = (
+                f"first eval after {self.first_eval_step()} steps instead of "
+                f"floor(42 + 24576 / {batch}): a scaled-down preset"
+            )
+        seq = self.sequence_length()
+        if seq != config_lib.MLPERF_SEQUENCE_LENGTH:
+            out[C.MAX_SEQUENCE_LENGTH] = (
+                f"sequence {seq} instead of {config_lib.MLPERF_SEQUENCE_LENGTH}: a scaled-down "
+                "preset"
+            )
+        if batch < config_lib.MIN_GLOBAL_BATCH_SIZE:
+            out[C.GLOBAL_BATCH_SIZE] = (
+                f"batch {batch} below {config_lib.MIN_GLOBAL_BATCH_SIZE}: a scaled-down preset"
+            )
+        return out
+
+    # ---- schedule ------------------------------------------------------------------------------
+    def first_eval_step(self) -> int:
+        """The first eval's step: `first_eval_samples` / GBS rounded up, or the rules'
+        floor(42 + 24,576 / GBS)."""
+        batch, samples = self.config.global_batch_size, self.config.first_eval_samples
+        if samples > 0:
+            return math.ceil(samples / batch)
+        return config_lib.first_eval_step(batch)
+
+    def eval_schedule(self) -> list[EvalPoint]:
+        """The first eval after `first_eval_step()` steps, then every
+        ceil(`eval_every_samples` / GBS) steps (the rules: every step) and at the end, each
+        with `samples_count`."""
+        batch, last = self.config.global_batch_size, self.train_steps
+        every = max(1, math.ceil(self.config.eval_every_samples / batch))
+        first = min(self.first_eval_step(), last)
+        steps = list(range(first, last, every)) + [last]
+        points, previous = [], 0
+        for step in dict.fromkeys(steps):
+            points.append(
+                EvalPoint(
+                    step=step,
+                    epoch_num=step * batch,
+                    first_epoch_num=previous * batch,
+                    epoch_count=(step - previous) * batch,
+                    samples_count=step * batch,
+                )  # fmt: skip
+            )
+            previous = step
+        return points
+
+    def mlperf_hparams(self) -> dict[str, Any]:
+        """The C4 pretraining keys (`PretrainingBenchmark`) and what `closed_deepseekv3_671b.yaml`
+        adds: `moe_aux_loss_coeff` and `init_checkpoint_step` (0: the checkpoint is the start)."""
+        return {
+            **super().mlperf_hparams(),
+            C.MOE_AUX_LOSS_COEFF: self.config.model.moe.balance_loss_coef,
+            C.INIT_CHECKPOINT_STEP: 0,
+        }
+
+    # ---- building ------------------------------------------------------------------------------
+    def restore_initial_weights(self, model: DecoderModel) -> None:
+        """Loads `config.init_checkpoint` (a Hugging Face DeepSeek-V3 folder) into the model,
+        before `run_start` as the rules want (`checkpoint.load`, the shared importer); nothing
+        when it is "" (the smoke preset starts from the initializers)."""
+        path = self.config.init_checkpoint
+        if not path:
+            return
+        if not os.path.exists(path) and path == prepare_lib.mini_base_dir():
+            # The mini's first run trains its base here, before run_start (untimed).
+            logging.info("deepseekv3_671b: training the mini base into %s", path)
+            logging.info("deepseekv3_671b: %s", prepare_lib.prepare_mini_base(path))
+        with use_mesh(self.mesh):
+            count = checkpoint_lib.load(self.config.init_checkpoint, model, self.config.model)
+        logging.info("deepseekv3_671b: %d tensors from %s", count, self.config.init_checkpoint)
+
+    # ---- host side -----------------------------------------------------------------------------
+    @classmethod
+    def prepare_mini(cls, data_dir: str) -> None:
+        """Writes the shared C4-format mini corpus (`mlperf_tf.data.c4`) into `data_dir`."""
+        summary = c4.prepare_mini(data_dir)
+        logging.info("deepseekv3_671b: mini dataset in %s: %s", data_dir, summary)

@@ -1,0 +1,145 @@
+"""Tests of the deepseekv3_671b benchmark: the rules' hyperparameters at the RCP batches (LR
+formula, 4 warm-up steps, cosine over 12,000 - 4 to 1e-8, AdamW epsilon 1e-8, aux coefficient
+0.01, init_checkpoint_step 0), the eval cadence (first after floor(42 + 24,576 / GBS) steps,
+then every step), bad input, the listed sizes, the MTP loss, the selection-bias update, and the
+keys 6.0.0 and 6.1.0 require."""
+
+import dataclasses
+import json
+import math
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from mlperf_logging.mllog import constants as C
+
+from benchmarks.deepseekv3_671b import config as config_lib
+from benchmarks.deepseekv3_671b.benchmark import DeepseekV3Benchmark
+from mlperf_tf.benchmark import RunContext
+from mlperf_tf.config import ConfigError
+from mlperf_tf.errors import UserError
+from mlperf_tf.lm.benchmark import RouterBiasUpdate
+from mlperf_tf.parallel import DeviceMesh
+from mlperf_tf.runner.actions import LoopOutput
+from tests.closed_rules import logged_hparams
+
+RULESETS = ("6.0.0", "6.1.0")
+
+
+def _bench(preset="mlperf", mesh=None, **changes):
+    config = dataclasses.replace(DeepseekV3Benchmark.preset(preset), **changes)
+    return DeepseekV3Benchmark(config).with_context(RunContext(num_replicas=1, mesh=mesh))
+
+
+@pytest.mark.parametrize("batch", [15_360, 16_384, 18_432])
+def test_learning_rate_and_schedule_follow_the_rules(batch):
+    bench = _bench(global_batch_size=batch)
+    hparams = bench.mlperf_hparams()
+    assert abs(hparams[C.OPT_BASE_LR] - 2.4e-5 * math.sqrt(batch / 16384)) < 1e-12
+    assert hparams[C.OPT_LR_WARMUP_STEPS] == 4 and hparams[C.OPT_LR_DECAY_STEPS] == 11_996
+    assert hparams[C.OPT_END_LR] == 1e-8 and hparams[C.OPT_ADAMW_EPSILON] == 1e-8
+    assert hparams[C.MOE_AUX_LOSS_COEFF] == 0.01 and hparams[C.INIT_CHECKPOINT_STEP] == 0
+    assert bench.scaled_settings() == {}
+    schedule = bench.learning_rate_schedule()
+    lr = hparams[C.OPT_BASE_LR]
+    assert float(schedule(4)) == pytest.approx(lr, rel=1e-6)
+    # Cosine from the peak at step 4 to 1e-8 at step 12,000.
+    mid = 1e-8 + (lr - 1e-8) * 0.5 * (1 + math.cos(math.pi * 0.5))
+    assert float(schedule(4 + 11_996 // 2)) == pytest.approx(mid, rel=1e-4)
+    assert float(schedule(12_000)) == pytest.approx(1e-8, rel=1e-3)
+
+
+@pytest.mark.parametrize("batch, first", [(15_360, 43), (16_384, 43), (18_432, 43), (8192, 45)])
+def test_the_first_eval_follows_the_rules_then_every_step(batch, first):
+    opt = config_lib.OptimizerConfig(opt_base_learning_rate=1e-5, opt_learning_rate_warmup_steps=4)
+    points = _bench(global_batch_size=batch, optimizer=opt).eval_schedule()
+    assert points[0].step == first == math.floor(42 + 24576 / batch)
+    assert points[0].samples_count == batch * first
+    assert [p.step for p in points[1:4]] == [first + 1, first + 2, first + 3]
+
+
+def test_a_batch_with_no_rcp_is_one_line_naming_the_setting():
+    bench = _bench(global_batch_size=15_872)
+    with pytest.raises(ConfigError, match="opt_base_learning_rate") as e:
+        bench.learning_rate_and_warmup()
+    assert "\n" not in str(e.value)
+    with pytest.raises(UserError, match="--expert_parallel=3 must divide"):
+        _bench("smoke", mesh=DeviceMesh(expert=3)).check_layout()
+
+
+@pytest.mark.parametrize("ruleset", RULESETS)
+def test_mlperf_preset_logs_every_key_the_closed_rules_require(ruleset):
+    bench = _bench()
+    hparams = logged_hparams(bench, ruleset)
+    assert hparams[C.MAX_SEQUENCE_LENGTH] == 4096 and bench.config.global_batch_size == 15_360
+    assert bench.eval_samples() == 1024 and bench.quality_target == 3.6
+    assert ("expert_parallelism" in hparams) == (ruleset == "6.1.0")
+
+
+def test_parameters_are_listed_by_mlperf_tf_list_json(capsys):
+    from mlperf_tf import cli
+
+    assert cli.main(["list", "--json"]) == 0
+    listed = {entry["name"]: entry for entry in json.loads(capsys.readouterr().out)}
+    model = config_lib.deepseek_v3_671b()
+    assert listed["deepseekv3_671b"]["parameters"] == model.parameter_count()
+    assert listed["deepseekv3_671b"]["active_parameters"] == model.active_parameter_count()
+    assert listed["deepseekv3_671b"]["mlperf_benchmark"] == "deepseekv3_671b"
+
+
+def test_training_flops_count_mla_widths_active_and_shared_experts_and_mtp():
+    bench = _bench()
+    m, seq = bench.config.model, 4096
+    h, heads = m.hidden_size, m.num_attention_heads
+    attention_weights = (
+        h * 1536 + 1536 * heads * 192 + h * (512 + 64) + 512 * heads * 256 + heads * 128 * h
+    )
+    moe = h * 256 + 8 * 3 * h * 2048 + 3 * h * 2048
+    layers = 62  # 61 + the MTP block
+    per_token = (
+        layers * attention_weights + 3 * 3 * h * 18_432 + 59 * moe + 2 * m.vocab_size * h
+        + 2 * h * h
+    )  # fmt: skip
+    forward = 2 * seq * per_token + 2 * seq * seq * heads * (192 + 128) * layers
+    assert bench.training_flops_per_sample() == pytest.approx(3 * forward, rel=1e-12)
+
+
+def test_the_training_loss_adds_the_mtp_loss_at_its_weight():
+    keras.utils.set_random_seed(0)
+    bench = _bench("smoke")
+    model = bench.build_model()
+    tokens = tf.random.uniform([8, 33], 0, 128, tf.int32, seed=1)
+    batch = {"input_ids": tokens[:, :-1], "labels": tokens[:, 1:]}
+    loss, metrics = bench.compute_loss_and_metrics(model, batch, training=True)
+    plain = dataclasses.replace(bench.config.model, mtp_loss_weight=0.0)
+    bench0 = DeepseekV3Benchmark(dataclasses.replace(bench.config, model=plain))
+    loss0, _ = bench0.with_context(bench.context).compute_loss_and_metrics(model, batch, True)
+    assert float(metrics["mtp/loss"]) > 0.1 * 4.0  # 0.1 x a cross-entropy near ln(128)
+    assert float(loss) == pytest.approx(float(loss0) + float(metrics["mtp/loss"]), rel=1e-5)
+    # NumPy: depth 1 predicts t_{i+2} over the first 30 positions.
+    _, (mtp,) = model.with_mtp(batch["input_ids"], training=True)
+    logits = mtp.numpy().astype(np.float64)[:, :-1]
+    log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    target = tokens.numpy()[:, 2:]
+    nll = -np.take_along_axis(log_probs, target[..., None], -1)[..., 0]
+    assert float(metrics["mtp/loss"]) == pytest.approx(0.1 * nll.mean(), rel=1e-4)
+
+
+def test_the_selection_bias_moves_towards_balance_between_steps():
+    keras.utils.set_random_seed(0)
+    bench = _bench("smoke")
+    model = bench.build_model()
+    (action,) = bench.run_actions()
+    assert isinstance(action, RouterBiasUpdate) and action.rate == 1e-3
+    action.model = model
+    layers, experts = len(model.moe_layers), 8
+    load = np.full((layers, experts), 1 / experts, np.float32)
+    load[0, 0], load[0, 1] = 2 / experts, 0.0  # expert 0 overloaded, 1 idle in layer 0
+    output = LoopOutput(step=2, steps=2, loss=1.0, seconds=1.0, samples_per_second=1.0,
+                        last_step=6, epoch=0.3, metrics={"moe/load": load})  # fmt: skip
+    action.after_loop(output)
+    bias = model.moe_layers[0].router_bias.numpy()
+    np.testing.assert_allclose(bias[:2], [-2e-3, 2e-3])
+    np.testing.assert_array_equal(bias[2:], 0.0)
+    np.testing.assert_array_equal(model.moe_layers[1].router_bias.numpy(), 0.0)
