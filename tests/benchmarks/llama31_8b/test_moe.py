@@ -13,6 +13,7 @@ from benchmarks.llama31_8b.benchmark import Llama31Benchmark
 from mlperf_tf import config as config_lib
 from mlperf_tf.benchmark import RunContext
 from mlperf_tf.config import ConfigError
+from mlperf_tf.errors import UserError
 from mlperf_tf.lm import FeedForward
 from mlperf_tf.parallel.mesh import DeviceMesh
 from tests import strategies, tensor_parallel
@@ -96,7 +97,8 @@ def test_active_flops_count_top_k_experts():
 def test_expert_axis_only_with_moe_and_bad_sizes_are_one_line():
     assert "expert" not in _benchmark({}).parallel_axes
     assert _benchmark().parallel_axes == ("data", "model", "pipeline", "context", "expert")
-    with pytest.raises(ConfigError, match="--expert_parallel=4 must divide") as error:
+    # The shared layout check (LanguageModelBenchmark.check_layout) refuses it before any layer.
+    with pytest.raises(UserError, match="--expert_parallel=4 must divide") as error:
         _benchmark({**MOE, "model.moe.num_experts": "6"}, mesh=DeviceMesh(expert=4)).build_model()
     assert "\n" not in str(error.value)
     with pytest.raises(ConfigError, match="top_k"):
