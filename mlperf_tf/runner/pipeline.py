@@ -40,6 +40,20 @@ from mlperf_tf.errors import UserError
 from mlperf_tf.parallel.pipeline import Schedule
 
 
+class _StageState:
+    """One replica's state over the schedule's ticks (`PipelineStep.__call__`)."""
+
+    def __init__(self, variables, *, last: bool):
+        self.sources = list(variables)
+        self.grads = [None] * len(self.sources)  # summed over micro-batches; None: none yet
+        self.last = last  # the last stage computes the loss
+        self.total_loss = tf.constant(0.0, tf.float32)
+        self.total_metrics: dict[str, tf.Tensor] = {}
+        self.inputs = {}  # micro-batch -> this stage's input (received)
+        self.output_grads = {}  # micro-batch -> the gradient of this stage's output (received)
+        self.pending = {}  # micro-batch -> (tape, input, output, aux loss): in flight
+
+
 class PipelineStep:
     """Runs one step's micro-batches through this replica's pipeline stage.
 
@@ -101,28 +115,16 @@ class PipelineStep:
         them) of this replica (replica context). The loss and metrics are the whole model's
         on every stage; the gradients are zero outside this stage's variables.
         """
-        micro_batches = [
-            tf.nest.map_structure(lambda t, i=i: t[i * self.micro_batch : (i + 1) * self.micro_batch], b)
-            for b in micro_batches
-            for i in range(self.pieces)
-        ] if self.pieces > 1 else list(micro_batches)  # fmt: skip
+        micro_batches = self._pieces(micro_batches)
         stages = self.schedule.stages
         stage = self.group.rank()
-        last = stage == stages - 1
         part = self.benchmark.pipeline_stage(self.model, stage, stages)
         forward, loss_of = part.forward, part.loss
         if self.xla:  # traced for this replica: its stage's layers
             forward = tf.function(forward, jit_compile=True, autograph=False)
             loss_of = tf.function(loss_of, jit_compile=True, autograph=False)
-        variables = self.model.trainable_variables
-        sources = list(variables)
-        grads = [None] * len(variables)
-        total_loss = tf.constant(0.0, tf.float32)
-        total_metrics: dict[str, tf.Tensor] = {}
+        state = _StageState(self.model.trainable_variables, last=stage == stages - 1)
         shape, dtype = part.activation_shape(micro_batches[0]), part.activation_dtype
-        inputs = {}  # micro-batch -> this stage's input (received)
-        output_grads = {}  # micro-batch -> the gradient of this stage's output (received)
-        pending = {}  # micro-batch -> (tape, input, output, aux loss): in flight
         busy, started = tf.constant(0.0, tf.float64), None
         for row in self.schedule.ticks:
             action = row[stage]
@@ -130,68 +132,92 @@ class PipelineStep:
             if self.timed and action is not None:
                 # It starts when its input is there: the forward's activations or the
                 # backward's gradient from the neighbouring stage (the wait is the bubble).
-                waits_on = inputs if action.kind == "F" else output_grads
+                waits_on = state.inputs if action.kind == "F" else state.output_grads
                 ready = waits_on.get(action.micro)
                 with tf.control_dependencies([] if ready is None else [ready]):
                     begin = tf.timestamp()
                 started = begin if started is None else started
             gate = _after(begin) if self.timed and action is not None else (lambda t: t)
             if action is not None and action.kind == "F":
-                m = action.micro
-                batch = micro_batches[m]
-                x = inputs.pop(m, None)
-                if x is None:  # the first stage: its work starts with the batch
-                    batch = tf.nest.map_structure(gate, batch)
-                else:
-                    x = gate(x)
-                with tf.GradientTape(watch_accessed_variables=True) as tape:
-                    if x is not None:
-                        tape.watch(x)
-                    if last:
-                        loss, metrics = loss_of(batch, x)
-                        out, aux = self._scaled(loss), None
-                        total_loss += tf.cast(loss, tf.float32)
-                    else:
-                        out, aux, metrics = forward(batch, x)
-                        aux = None if aux is None else self._scaled(aux)
-                        send_forward = out
-                    for name, value in metrics.items():
-                        value = tf.cast(value, tf.float32)
-                        total_metrics[name] = total_metrics.get(name, 0.0) + value
-                pending[m] = (tape, x, out, aux)
+                batch = micro_batches[action.micro]
+                send_forward = self._forward(state, action.micro, batch, gate, forward, loss_of)
             elif action is not None:
-                tape, x, out, aux = pending.pop(action.micro)
-                if last:
-                    targets, seeds = [out], [gate(tf.ones_like(out))]
-                else:
-                    targets, seeds = [out], [gate(output_grads.pop(action.micro))]
-                    if aux is not None:
-                        targets.append(aux)
-                        seeds.append(tf.ones_like(aux))
-                with_input = sources + ([x] if x is not None else [])
-                got = tape.gradient(targets, with_input, output_gradients=seeds)
-                for i, g in enumerate(got[: len(sources)]):
-                    if g is not None:
-                        g = tf.convert_to_tensor(g)  # dense: equal types on every stage
-                        grads[i] = g if grads[i] is None else grads[i] + g
-                if x is not None:
-                    send_backward = got[-1]
+                send_backward = self._backward(state, action.micro, gate)
             if self.timed and action is not None:
                 done = [t for t in (send_forward, send_backward) if t is not None]
-                done = done or [g for g in grads if g is not None] or [total_loss]
+                done = done or [g for g in state.grads if g is not None] or [state.total_loss]
                 with tf.control_dependencies(done):
                     busy += tf.timestamp() - begin
             self._exchange(row, stage, send_forward, send_backward, shape, dtype,
-                           inputs, output_grads)  # fmt: skip
-        grads = [tf.zeros_like(v) if g is None else g for g, v in zip(grads, variables)]
+                           state.inputs, state.output_grads)  # fmt: skip
+        grads = [tf.zeros_like(v) if g is None else g for g, v in zip(state.grads, state.sources)]
         if self.timed:
             with tf.control_dependencies(grads):
                 span = tf.timestamp() - started
-            total_metrics["pipeline/busy_s"] = tf.cast(busy, tf.float32)
-            total_metrics["pipeline/span_s"] = tf.cast(span, tf.float32)
-        # Every stage reports the step's loss and the whole model's metrics (the runner
-        # averages them over replicas): the last stage's loss and each stage's part of the
-        # metrics, combined over the group (a few scalars and small tables).
+            state.total_metrics["pipeline/busy_s"] = tf.cast(busy, tf.float32)
+            state.total_metrics["pipeline/span_s"] = tf.cast(span, tf.float32)
+        total_loss, total_metrics = self._combine(state.total_loss, state.total_metrics, part)
+        return total_loss, grads, total_metrics
+
+    def _pieces(self, micro_batches) -> list:
+        """Each accumulated batch cut into pieces of `--micro_batch_size`, in order."""
+        if self.pieces == 1:
+            return list(micro_batches)
+        return [
+            tf.nest.map_structure(lambda t, i=i: t[i * self.micro_batch : (i + 1) * self.micro_batch], b)
+            for b in micro_batches
+            for i in range(self.pieces)
+        ]  # fmt: skip
+
+    def _forward(self, state: _StageState, m: int, batch, gate, forward, loss_of):
+        """Micro-batch `m`'s forward pass on this stage, its tape kept until its backward:
+        the activations to send on (None on the last stage, which computes the loss)."""
+        x = state.inputs.pop(m, None)
+        if x is None:  # the first stage: its work starts with the batch
+            batch = tf.nest.map_structure(gate, batch)
+        else:
+            x = gate(x)
+        send = None
+        with tf.GradientTape(watch_accessed_variables=True) as tape:
+            if x is not None:
+                tape.watch(x)
+            if state.last:
+                loss, metrics = loss_of(batch, x)
+                out, aux = self._scaled(loss), None
+                state.total_loss += tf.cast(loss, tf.float32)
+            else:
+                out, aux, metrics = forward(batch, x)
+                aux = None if aux is None else self._scaled(aux)
+                send = out
+            for name, value in metrics.items():
+                value = tf.cast(value, tf.float32)
+                state.total_metrics[name] = state.total_metrics.get(name, 0.0) + value
+        state.pending[m] = (tape, x, out, aux)
+        return send
+
+    def _backward(self, state: _StageState, m: int, gate):
+        """Micro-batch `m`'s backward pass on this stage, its gradients added to the stage's:
+        the gradient of its input to send back (None on the first stage)."""
+        tape, x, out, aux = state.pending.pop(m)
+        if state.last:
+            targets, seeds = [out], [gate(tf.ones_like(out))]
+        else:
+            targets, seeds = [out], [gate(state.output_grads.pop(m))]
+            if aux is not None:
+                targets.append(aux)
+                seeds.append(tf.ones_like(aux))
+        with_input = state.sources + ([x] if x is not None else [])
+        got = tape.gradient(targets, with_input, output_gradients=seeds)
+        for i, g in enumerate(got[: len(state.sources)]):
+            if g is not None:
+                g = tf.convert_to_tensor(g)  # dense: equal types on every stage
+                state.grads[i] = g if state.grads[i] is None else state.grads[i] + g
+        return got[-1] if x is not None else None
+
+    def _combine(self, total_loss, total_metrics: dict, part):
+        """The step's loss and the whole model's metrics on every stage (the runner averages
+        them over replicas): the last stage's loss and each stage's part of the metrics,
+        combined over the group (a few scalars and small tables)."""
         total_loss = self.group.all_reduce(total_loss, what="loss")
         for name in sorted(total_metrics):
             value = total_metrics[name]
@@ -201,7 +227,7 @@ class PipelineStep:
                 total_metrics[name] = self.group.max(value)
             else:
                 total_metrics[name] = self.group.all_reduce(value, what=f"metric/{name}")
-        return total_loss, grads, total_metrics
+        return total_loss, total_metrics
 
     def _exchange(self, row, stage, send_forward, send_backward, shape, dtype,
                   inputs, output_grads):  # fmt: skip
