@@ -41,11 +41,11 @@ def section(benchmark) -> str:
     )
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--benchmark", required=True)
     parser.add_argument("--write", action="store_true", help="replace the README's section")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     cls = registry.get(args.benchmark)
     benchmark = cls(cls.preset("mlperf"))
     text = section(benchmark)
