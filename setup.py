@@ -40,7 +40,7 @@ setup(
         "pyarrow>=14,<21",  # (21+ needs NumPy 2; the peers pin 1.26) parquet: MLCommons' preprocessed GovReport and FLUX embeddings
     ],
     extras_require={
-        "test": ["pytest>=8", "hypothesis>=6.100", "ruff==0.17.6"],
+        "test": ["pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6.100", "ruff==0.17.6"],
         "peers": ["tf-models-official==2.20.*", "keras-hub>=0.21"],
     },
     entry_points={

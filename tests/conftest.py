@@ -1,5 +1,6 @@
 """Test-session set-up: quiet TF, the CPU split into 4 logical devices for cross-replica tests,
-and bfloat16 tests skipped when oneDNN is capped below the instruction sets that have bfloat16."""
+bfloat16 tests skipped when oneDNN is capped below the instruction sets that have bfloat16, and
+how many test processes `-n auto` starts."""
 
 import os
 
@@ -51,6 +52,16 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "bfloat16" in item.keywords:
             item.add_marker(skip)
+
+
+# `-n auto` (pyproject's addopts): one test process per core, at most 4. Each process imports TF
+# and holds its own runs (1-3 GB at the test shapes), and the multi-process tests start two more
+# workers of their own: beyond 4 the memory grows and the run gains little.
+MAX_TEST_PROCESSES = 4
+
+
+def pytest_xdist_auto_num_workers(config):
+    return max(1, min(len(os.sched_getaffinity(0)), MAX_TEST_PROCESSES))
 
 
 def pytest_configure(config):
