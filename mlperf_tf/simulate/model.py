@@ -60,7 +60,12 @@ class Result:
     multiplies (a MoE layer's top-k experts; the dense model's every weight);
     `trainable_parameters` those that get gradients (all-reduced and updated: a LoRA run's
     adapters). `mfu` is the model FLOPs the chips sustain over their dense peak in `precision`
-    (`peak_flops`, per chip).
+    (`peak_flops`, per chip). `scaling_efficiency` is the share of the step each chip spends on
+    the work it would do alone (its products without the pipeline bubble, its weight update,
+    the step overhead); the rest is communication, bubble or input waits, so it is at most 1.
+    It is not `samples_per_s` over `chips` x `single_chip_samples_per_s`: a lone chip updates
+    every weight, N chips sharing the update (weight-update sharding, tensor or expert splits)
+    update 1/N each, which that ratio would count as more than perfect scaling.
     """
 
     benchmark: str
@@ -296,8 +301,17 @@ def simulate(
         precision=const.precision, peak_flops=const.peak, mfu=mfu,
         calibration_source=const.source,
         single_chip_samples_per_s=single_rate, samples_per_s=samples_per_s,
-        scaling_efficiency=samples_per_s / (single_rate * chips), **train, **step,
+        scaling_efficiency=_own_work_s(step) / step["step_time_s"], **train, **step,
     )  # fmt: skip
+
+
+def _own_work_s(step: dict[str, Any]) -> float:
+    """Seconds of a step a chip spends on its own work (`Result.scaling_efficiency`)."""
+    return (
+        step["compute_s"] / (1.0 + step["pipeline_bubble"])
+        + step["weight_update_s"]
+        + step["overhead_s"]
+    )
 
 
 def _single_chip_rate(system: System, const: Constants, algorithm: str, work, batch: float):

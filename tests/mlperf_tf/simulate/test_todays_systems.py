@@ -135,6 +135,35 @@ def test_attention_runs_in_bf16_and_causal_half_whatever_the_linear_format(fmt):
     assert r.mfu == pytest.approx(r.samples_per_s * flops / (8 * peak))  # MFU: model FLOPs
 
 
+def test_scaling_efficiency_never_exceeds_one():
+    """Sharded updates, tensor, expert, context and pipeline splits: at most 1 (the share of the
+    step a chip spends on its own work); equal to N chips over N lone chips where the chips split
+    nothing and update every weight each (data parallelism without weight-update sharding)."""
+    b200, gb300 = systems.load("b200-dgx"), systems.load("gb300-nvl72")
+    cases = [
+        dict(benchmark="gpt_oss_20b", system=b200, chips=8, global_batch=16,
+             weight_update_sharding=True),
+        dict(benchmark="gpt_oss_20b", system=gb300, chips=72, global_batch=36,
+             expert_parallel=4, context_parallel=2, weight_update_sharding=True),
+        dict(benchmark="llama2_70b_lora", system=gb300, chips=72, global_batch=9,
+             context_parallel=8, weight_update_sharding=True),
+        dict(benchmark="llama31_8b", system=b200, chips=64, global_batch=8, model_parallel=2,
+             pipeline_parallel=4, weight_update_sharding=True),
+        dict(benchmark="resnet50", system=systems.load("tpu-v3"), chips=1024, global_batch=65536,
+             weight_update_sharding=True),
+    ]  # fmt: skip
+    for kw in cases:
+        r = model.simulate(**kw)
+        own = r.compute_s / (1 + r.pipeline_bubble) + r.weight_update_s + r.overhead_s
+        assert r.scaling_efficiency == pytest.approx(own / r.step_time_s), kw
+        assert 0 < r.scaling_efficiency <= 1, kw
+    plain = model.simulate(benchmark="llama31_8b", system=b200, chips=16, global_batch=32)
+    lone = plain.samples_per_s / (plain.single_chip_samples_per_s * 16)
+    assert plain.scaling_efficiency == pytest.approx(lone)
+    sharded = model.simulate(**cases[0])  # the ratio to lone chips would exceed 1 here
+    assert sharded.samples_per_s / (sharded.single_chip_samples_per_s * 8) > 1
+
+
 def test_mfu_is_against_the_peak_of_the_format_used():
     b200 = systems.load("b200-dgx")
     kw = dict(benchmark="llama31_8b", system=b200, chips=8, global_batch=16)
