@@ -302,7 +302,7 @@ def test_v6_points_of_calibrated_benchmarks_are_within_the_issue_bound():
 
 
 def test_v6_median_error_is_within_the_issue_bound():
-    """The median absolute error over every v6.0 point (24.3 % over 14: three of them MLPerf's
+    """The median absolute error over every v6.0 point (23.3 % over 14: four of them MLPerf's
     score of all ten runs, the others result_0 alone)."""
     _, rows = _v6_rows()
     errors = [abs(r["error_rcp"]) for r in rows]
