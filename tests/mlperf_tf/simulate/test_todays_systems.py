@@ -311,8 +311,8 @@ def test_v6_median_error_is_within_the_issue_bound():
 
 @pytest.mark.xfail(
     strict=True,
-    reason="issue 48's 35 % bound is not met: gpt_oss_20b on 8 B200 (Dell, -43 % against its MLPerf score), whose "
-    "efficiency is assumed (no MLPerf v5.1 result exists to calibrate it; its v6.0 runs sustain "
+    reason="issue 48's 35 % bound is not met: gpt_oss_20b on 8 B200 (Dell, -43 % against its "
+    "MLPerf score), whose efficiency is assumed (no MLPerf v5.1 result exists to calibrate it; its v6.0 runs sustain "
     "about half the MFU of llama31_8b's). Strict: this test fails the run once every point is "
     "within the bound.",
 )
