@@ -81,6 +81,13 @@ FORMAT_ALIASES = {
 }
 
 
+def is_moe_layer(index: int, *, num_experts: int, every: int, first_dense: int) -> bool:
+    """Whether block `index` (0-based) of a decoder is a mixture-of-experts layer: every
+    `every`-th block after the first `first_dense` when the model has experts (`MoEConfig`'s
+    rule, here without TensorFlow for the simulator's memory count)."""
+    return num_experts > 0 and index >= first_dense and (index + 1) % every == 0
+
+
 def normalize_format(name: str) -> str:
     """The canonical name of a number format (`mxfp4` -> `fp4`); unknown names come back
     lower-cased, for the caller to refuse with the formats it has."""

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from mlperf_tf.facts import is_moe_layer
 from mlperf_tf.parallel.pipeline import Schedule, stage_bounds
 
 GB = 1e9
@@ -282,10 +283,11 @@ class MoESizes:
         return self.num_experts > 0
 
     def is_moe(self, layer_index: int) -> bool:
-        """As `MoEConfig.is_moe`: every `every`-th block after the first `first_dense`."""
-        return (
-            self.enabled and layer_index >= self.first_dense and (layer_index + 1) % self.every == 0
-        )
+        """As `MoEConfig.is_moe` (`mlperf_tf.facts.is_moe_layer`)."""
+        return is_moe_layer(
+            layer_index, num_experts=self.num_experts, every=self.every,
+            first_dense=self.first_dense,
+        )  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
