@@ -81,6 +81,13 @@ FORMAT_ALIASES = {
 }
 
 
+def is_moe_layer(index: int, *, num_experts: int, every: int, first_dense: int) -> bool:
+    """Whether block `index` (0-based) of a decoder is a mixture-of-experts layer: every
+    `every`-th block after the first `first_dense` when the model has experts (`MoEConfig`'s
+    rule, here without TensorFlow for the simulator's memory count)."""
+    return num_experts > 0 and index >= first_dense and (index + 1) % every == 0
+
+
 def normalize_format(name: str) -> str:
     """The canonical name of a number format (`mxfp4` -> `fp4`); unknown names come back
     lower-cased, for the caller to refuse with the formats it has."""
@@ -149,6 +156,14 @@ class SimulatorShape:
         --precision`'s default).
       calibration: the simulator's constants per system family (`Calibration`); (): the
         systems' defaults, uncalibrated.
+      attention_flops: of the training FLOPs per sample, those of attention's score and
+        context products (Q·Kᵀ, P·V and their gradients) as the count makes them (the full
+        S x S square). They run in BF16 whatever `--precision` the linear layers use:
+        Transformer Engine's FP8 and NVFP4 recipes quantize the GEMMs of its Linear modules,
+        and FP8 attention is a separate switch, off by default (`DelayedScaling(fp8_dpa=
+        False)`). 0: none declared (every FLOP in the run's format).
+      causal: the attention is causal, so flash attention computes half of the counted
+        square (FlashAttention-2, Dao 2023, sec. 3.1: blocks above the diagonal are skipped).
     """
 
     blocks: Blocks | None = None
@@ -157,6 +172,8 @@ class SimulatorShape:
     experts: Experts | None = None
     precision: str = "bf16"
     calibration: tuple[Calibration, ...] = ()
+    attention_flops: float = 0.0
+    causal: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         """Plain dicts; `experts`, `precision` and `calibration` only where declared (the
@@ -170,6 +187,8 @@ class SimulatorShape:
             data["calibration"] = [c.as_dict() for c in self.calibration]
         else:
             del data["calibration"]
+        if not self.attention_flops:
+            del data["attention_flops"], data["causal"]
         return data
 
     @classmethod
@@ -184,6 +203,8 @@ class SimulatorShape:
             experts=Experts(**data["experts"]) if data.get("experts") else None,
             precision=str(data.get("precision", "bf16")),
             calibration=tuple(Calibration.from_dict(c) for c in data.get("calibration", ())),
+            attention_flops=float(data.get("attention_flops", 0.0)),
+            causal=bool(data.get("causal", False)),
         )
 
     def calibration_for(self, family: str) -> Calibration | None:

@@ -382,6 +382,11 @@ def _cache_entry(benchmark) -> dict[str, Any]:
     )
     # Evals a run skips before its first, int(a x global batch + b), where a benchmark's rules
     # say so (llama2_70b_lora's eval delay): the simulator does not time them.
+    model = getattr(config, "model", None)
+    if callable(getattr(model, "attention_parameters", None)):  # a decoder's sizes: the
+        from mlperf_tf.parallel import memory  # simulator's memory count reads them
+
+        entry["decoder"] = memory.DecoderSizes.of(model).as_dict()
     rule = type(benchmark).skipped_evals_rule
     if rule is not None:
         entry["skipped_evals_rule"] = [float(rule[0]), float(rule[1])]

@@ -8,6 +8,7 @@ from absl import logging
 from benchmarks.gpt_oss_20b import config as config_lib
 from benchmarks.gpt_oss_20b import input as input_lib
 from benchmarks.gpt_oss_20b import model as model_lib
+from mlperf_tf import flops
 from mlperf_tf.data import c4
 from mlperf_tf.facts import Blocks, Calibration, Experts, Rcp, SimulatorShape
 from mlperf_tf.lm.pretraining import PretrainingBenchmark
@@ -68,9 +69,13 @@ class GptOssBenchmark(PretrainingBenchmark):
             every=m.moe.every,
             capacity_factor=float(m.moe.capacity_factor),
         )
+        # Attention's products (3 x forward, as the training FLOPs count them) stay in BF16.
+        per_token = flops.decoder_forward_flops_per_token(self.decoder_shape(), seq)
+        attention = 3.0 * seq * per_token["attention"]
         return SimulatorShape(
-            blocks=blocks, experts=experts, precision="bf16", calibration=SIMULATOR_CALIBRATION
-        )
+            blocks=blocks, experts=experts, precision="bf16", calibration=SIMULATOR_CALIBRATION,
+            attention_flops=attention, causal=True,
+        )  # fmt: skip
 
     # ---- host side -----------------------------------------------------------------------------
     @classmethod

@@ -71,10 +71,20 @@ class LoraBenchmark(LanguageModelBenchmark):
         """For `--model_parallel`: Megatron's two all-reduces per block over sequence x hidden
         activations, the frozen base split as in pretraining (the adapters follow their
         projections' split)."""
-        m = self.config.model
+        m, seq = self.config.model, self.sequence_length()
         h, f = m.hidden_size, m.intermediate_size
-        blocks = Blocks(m.num_hidden_layers, 2, h, self.sequence_length(), 3 * h * f, 6.0 * h * f)
-        return SimulatorShape(blocks=blocks, precision="bf16", calibration=SIMULATOR_CALIBRATION)
+        blocks = Blocks(m.num_hidden_layers, 2, h, seq, 3 * h * f, 6.0 * h * f)
+        # Attention's products stay in BF16 in an FP8 or FP4 run.
+        return SimulatorShape(
+            blocks=blocks, precision="bf16", calibration=SIMULATOR_CALIBRATION,
+            attention_flops=self._attention_flops(), causal=True,
+        )  # fmt: skip
+
+    def _attention_flops(self) -> float:
+        """Attention's scores and context products of one sequence in training (3 x forward:
+        the activations' gradients are all needed), the full square as `training_flops` counts."""
+        m, seq = self.config.model, self.sequence_length()
+        return 3.0 * 4.0 * seq * seq * m.num_attention_heads * m.head_dim * m.num_hidden_layers
 
     # ---- sizes and schedule --------------------------------------------------------------------
     def trainable_parameter_count(self) -> int:
@@ -94,7 +104,7 @@ class LoraBenchmark(LanguageModelBenchmark):
         frozen projections', plus the adapters' 3 x 2 r (in + out) per token."""
         m, seq = self.config.model, self.sequence_length()
         whole = m.training_flops(seq)
-        attention = 3.0 * 4.0 * seq * seq * m.num_attention_heads * m.head_dim * m.num_hidden_layers
+        attention = self._attention_flops()
         frozen = whole - attention  # 3 x 2 seq x projections
         return frozen * 2.0 / 3.0 + attention + 3.0 * 2.0 * seq * self.trainable_parameter_count()
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from benchmarks.llama31_8b import config as config_lib
 from benchmarks.llama31_8b import input as input_lib
 from benchmarks.llama31_8b import model as model_lib
+from mlperf_tf import flops
 from mlperf_tf.facts import Blocks, Calibration, Rcp, SimulatorShape
 from mlperf_tf.lm.pretraining import PretrainingBenchmark
 
@@ -49,4 +50,10 @@ class Llama31Benchmark(PretrainingBenchmark):
         h, f = m.hidden_size, m.intermediate_size
         seq = self.config.data.max_sequence_length
         blocks = Blocks(m.num_hidden_layers, 2, h, seq, 3 * h * f, 2.0 * 3 * h * f)
-        return SimulatorShape(blocks=blocks, precision="bf16", calibration=SIMULATOR_CALIBRATION)
+        # Attention's products (3 x forward, as the training FLOPs count them) stay in BF16.
+        per_token = flops.decoder_forward_flops_per_token(self.decoder_shape(), seq)
+        attention = 3.0 * seq * per_token["attention"]
+        return SimulatorShape(
+            blocks=blocks, precision="bf16", calibration=SIMULATOR_CALIBRATION,
+            attention_flops=attention, causal=True,
+        )  # fmt: skip

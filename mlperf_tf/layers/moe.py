@@ -74,6 +74,7 @@ import tensorflow as tf
 
 from mlperf_tf.collectives.axis_group import AxisGroup
 from mlperf_tf.config import ConfigError
+from mlperf_tf.facts import is_moe_layer
 from mlperf_tf.layers.activations import clamped_swiglu, swiglu
 from mlperf_tf.parallel import layout as mesh_layout
 from mlperf_tf.parallel.context import resolve
@@ -430,9 +431,10 @@ class MoEConfig:
 
     def is_moe(self, layer_index: int) -> bool:
         """Whether feed-forward block `layer_index` (0-based) is an MoE layer."""
-        return (
-            self.enabled and layer_index >= self.first_dense and (layer_index + 1) % self.every == 0
-        )
+        return is_moe_layer(
+            layer_index, num_experts=self.num_experts, every=self.every,
+            first_dense=self.first_dense,
+        )  # fmt: skip
 
     def count(self, num_layers: int) -> int:
         """MoE layers among `num_layers` blocks."""

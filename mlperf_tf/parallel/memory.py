@@ -22,6 +22,13 @@ An estimate from the config, for planning (no weights are allocated). What it co
   stage (`Schedule.in_flight`: 1F1B at most P - s, GPipe all M). Tokens per chip: the micro
   batch x sequence / `context`.
 
+Options for planning a GPU framework's run (`mlperf-tf simulate`): `shard_weights` divides the
+weights and gradients by `data` too (FSDP, ZeRO-3; Megatron's `data_parallel_sharding_strategy=
+'optim_grads_params'`), and `precision_bytes` gives the bytes per weight of the run's number
+format with Megatron's mixed-precision state (fp32 gradients, fp32 master weights and moments).
+`DecoderSizes` carries what the count reads of a `DecoderConfig` as plain numbers, so that the
+simulator can count without importing TensorFlow (the config's module imports Keras).
+
 Not counted: the framework's workspace, the all-to-all and all-reduce buffers, fragmentation,
 the input pipeline (a few percent to 20 % in practice).
 """
@@ -30,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from mlperf_tf.facts import is_moe_layer
 from mlperf_tf.parallel.pipeline import Schedule, stage_bounds
 
 GB = 1e9
@@ -110,10 +118,43 @@ def _activation_bytes_per_token(config, index: int, *, tensor: int, activation_b
     return count
 
 
+def _megatron_activation_bytes_per_token(config, index: int, *, tensor: int, linear_input: float):
+    """Bytes one token keeps for the backward pass in layer `index` under Megatron-Core with
+    Transformer Engine (`decoder_memory(..., activation_model="megatron")`), no recomputation:
+
+    * the two norms' bf16 inputs (2 x 2h) and each Linear's input in the run's format
+      (`linear_input`: TE keeps the quantized copy its weight gradient reads): the norms'
+      outputs into QKV and the first feed-forward product (2h), the attention output into
+      the projection (q), the gated product into the second feed-forward product;
+    * flash attention's bf16 q, k, v and output (2q + 2kv, x 2 bytes; its softmax statistics,
+      a few bytes a head, aside);
+    * the first feed-forward product's bf16 output (2I x 2), which SwiGLU's backward reads; an
+      MoE layer: per routed copy of the token (top-k) the dispatched input (h, in the format),
+      that product (2f x 2), the gated product (f, in the format) and the expert output for the
+      combine (h x 2), and the router's fp32 probabilities (E x 4).
+
+    Megatron runs tensor parallelism with sequence parallelism: all of it is divided by
+    `tensor`. The logits are not kept: the v6.0 runs fuse the head with the cross entropy
+    (`LinearCrossEntropyModule`, `cross_entropy_loss_fusion` in their logs).
+    """
+    c, b = config, linear_input
+    h, d = c.hidden_size, c.head_dim
+    q, kv = c.num_attention_heads * d, c.num_key_value_heads * d
+    count = 2 * h * 2 + 2 * h * b + q * b + (2 * q + 2 * kv) * 2
+    if c.moe.is_moe(index):
+        f = c.moe.filter_size or c.intermediate_size
+        count += c.moe.top_k * (h * b + 2 * f * 2 + f * b + h * 2) + c.moe.num_experts * 4
+    else:
+        count += 2 * c.intermediate_size * 2 + c.intermediate_size * b
+    return count / tensor
+
+
 def decoder_memory(
     config, *, seq: int, micro_batch: int, micro_batches: int, layout: ChipLayout,
     schedule: str = "1f1b", trainable_parameters: float | None = None, weight_bytes: int = 4,
     frozen_bytes: int = 2, grad_bytes: int = 4, moment_bytes: int = 8, activation_bytes: int = 2,
+    shard_weights: bool = False, activation_model: str = "keras", linear_input_bytes: float = 2,
+    recompute: bool = False,
 ) -> ChipMemory:  # fmt: skip
     """The bytes of the worst chip of `layout` training `config` (a `DecoderConfig`).
 
@@ -127,6 +168,14 @@ def decoder_memory(
         trains (LoRA's adapters, spread as the frozen weights are); None: all.
       weight_bytes, frozen_bytes, grad_bytes, moment_bytes, activation_bytes: bytes per
         trainable weight, frozen weight, gradient, both Adam moments, activation element.
+      shard_weights: weights and gradients divided by `layout.data` too (FSDP).
+      activation_model: "keras" (this suite's layers: the module doc) or "megatron" (Megatron-Core
+        with Transformer Engine: `_megatron_activation_bytes_per_token`, no logits kept).
+      linear_input_bytes: under "megatron", bytes of each Linear's kept input (the run's
+        format: 1 for FP8).
+      recompute: full activation recomputation (Megatron's `recompute_granularity=full`):
+        a micro-batch keeps each layer's bf16 input (2h bytes a token, divided by `tensor`
+        under sequence parallelism) and, during its backward, one layer's activations.
 
     Raises:
       UserError: `layout.pipeline` does not divide the layers.
@@ -147,22 +196,164 @@ def decoder_memory(
             trainable = trainable_parameters * params / whole
             weights = (params - trainable) * frozen_bytes + trainable * weight_bytes
         moments = trainable * moment_bytes / (layout.data if layout.shard_moments else 1)
-        per_micro = tokens * sum(
-            _activation_bytes_per_token(
-                config, i, tensor=layout.tensor, activation_bytes=activation_bytes
-            )
-            for i in range(first, end)
-        )  # fmt: skip
+        per_layer = _megatron_activation_bytes_per_token if activation_model == "megatron" else None
+        if recompute:
+            largest = max(
+                per_layer(config, i, tensor=layout.tensor, linear_input=linear_input_bytes)
+                if per_layer
+                else _activation_bytes_per_token(
+                    config, i, tensor=layout.tensor, activation_bytes=activation_bytes
+                )
+                for i in range(first, end)
+            )  # fmt: skip
+            inputs = (end - first) * 2 * config.hidden_size * activation_bytes / layout.tensor
+            per_micro = tokens * (inputs + largest)
+        elif per_layer:
+            per_micro = tokens * sum(
+                per_layer(config, i, tensor=layout.tensor, linear_input=linear_input_bytes)
+                for i in range(first, end)
+            )  # fmt: skip
+        else:
+            per_micro = tokens * sum(
+                _activation_bytes_per_token(
+                    config, i, tensor=layout.tensor, activation_bytes=activation_bytes
+                )
+                for i in range(first, end)
+            )  # fmt: skip
         if s == 0:
             per_micro += tokens * config.hidden_size * activation_bytes
         in_flight = table.in_flight(s)
         activations = per_micro * in_flight
-        if s == len(stages) - 1:  # logits and softmax, float32, one micro-batch at a time
+        if s == len(stages) - 1 and per_layer is None:  # logits and softmax, float32
             activations += tokens * 2 * 4 * config.vocab_size / layout.tensor
-        memory = ChipMemory(weights, trainable * grad_bytes, moments, activations, s, in_flight)
+        gradients = trainable * grad_bytes
+        if shard_weights:  # FSDP: each data replica keeps 1/data of them between uses
+            weights, gradients = weights / layout.data, gradients / layout.data
+        memory = ChipMemory(weights, gradients, moments, activations, s, in_flight)
         if best is None or memory.total > best.total:
             best = memory
     return best
+
+
+# Bytes per weight of each number format: FP8 E4M3 one byte (MXFP8's one 8-bit scale per 32
+# values adds 1/32, ignored); NVFP4 E2M1 half a byte plus one E4M3 scale per 16 values (4.5
+# bits: NVIDIA, "Introducing NVFP4", 2025). A run keeps its weights in the format of its products
+# (Transformer Engine's `fp8_param`, as NVIDIA's and Dell's v6.0 gpt_oss_20b logs print it).
+FORMAT_BYTES = {"fp32": 4.0, "tf32": 4.0, "fp16": 2.0, "bf16": 2.0, "fp8": 1.0, "fp4": 0.5625}
+# Megatron's mixed-precision state per trainable weight, as the v6.0 logs configure it: a bf16
+# gradient buffer (`grad_reduce_in_fp32=False`) and, in the optimizer, the fp32 main gradient,
+# master copy and two Adam moments (`main_grads_dtype`, `main_params_dtype`, `exp_avg_dtype`,
+# `exp_avg_sq_dtype` all float32), 16 bytes, which the distributed optimizer divides by the
+# data-parallel size (Megatron Core's "Distributed Optimizer" guide, docs.nvidia.com/megatron-
+# core/developer-guide/latest/distrib_optimizer.html: 4 + 16/d bytes per parameter for 16-bit
+# weights and gradients).
+GRADIENT_BYTES = 2
+OPTIMIZER_BYTES = 16
+
+
+def precision_bytes(precision: str) -> dict[str, float | str]:
+    """`decoder_memory`'s byte arguments for a Megatron-Core run whose products use `precision`
+    (a format of `FORMAT_BYTES`): its weights, trainable and frozen, and its Linear inputs kept
+    for the backward pass in that format (at most bf16); Megatron's bf16 gradient buffer and
+    fp32 optimizer state; Megatron's activations (`_megatron_activation_bytes_per_token`).
+
+    Raises:
+      KeyError: an unknown format.
+    """
+    weight = FORMAT_BYTES[precision]
+    return {
+        "weight_bytes": weight, "frozen_bytes": weight, "grad_bytes": GRADIENT_BYTES,
+        "moment_bytes": OPTIMIZER_BYTES, "activation_bytes": 2, "activation_model": "megatron",
+        "linear_input_bytes": min(weight, 2.0),
+    }  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class MoESizes:
+    """What the count reads of a `MoEConfig` (`mlperf_tf.layers.moe`)."""
+
+    num_experts: int = 0
+    every: int = 1
+    first_dense: int = 0
+    top_k: int = 1
+    filter_size: int = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.num_experts > 0
+
+    def is_moe(self, layer_index: int) -> bool:
+        """As `MoEConfig.is_moe` (`mlperf_tf.facts.is_moe_layer`)."""
+        return is_moe_layer(
+            layer_index, num_experts=self.num_experts, every=self.every,
+            first_dense=self.first_dense,
+        )  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class DecoderSizes:
+    """What `decoder_memory` reads of a `DecoderConfig`, as plain numbers: the benchmark facts
+    cache stores it (`mlperf_tf.flops`) and `simulate` counts from it without TensorFlow.
+
+    Attributes:
+      attention, dense_feed_forward, moe_layer, parameters: `DecoderConfig`'s
+        `attention_parameters()`, `dense_feed_forward_parameters()`, `moe_layer_parameters()`
+        and `parameter_count()`.
+      the others: the config's fields of the same names (`moe`: its `MoEConfig`'s).
+    """
+
+    num_hidden_layers: int
+    hidden_size: int
+    vocab_size: int
+    head_dim: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    intermediate_size: int
+    tie_word_embeddings: bool
+    attention: int
+    dense_feed_forward: int
+    moe_layer: int
+    parameters: int
+    moe: MoESizes = MoESizes()
+
+    @classmethod
+    def of(cls, config) -> DecoderSizes:
+        """The sizes of a `DecoderConfig` (read by attribute: this module imports no model)."""
+        m = config.moe
+        return cls(
+            num_hidden_layers=config.num_hidden_layers, hidden_size=config.hidden_size,
+            vocab_size=config.vocab_size, head_dim=config.head_dim,
+            num_attention_heads=config.num_attention_heads,
+            num_key_value_heads=config.num_key_value_heads,
+            intermediate_size=config.intermediate_size,
+            tie_word_embeddings=bool(config.tie_word_embeddings),
+            attention=int(config.attention_parameters()),
+            dense_feed_forward=int(config.dense_feed_forward_parameters()),
+            moe_layer=int(config.moe_layer_parameters()) if m.enabled else 0,
+            parameters=int(config.parameter_count()),
+            moe=MoESizes(m.num_experts, m.every, m.first_dense, m.top_k, m.filter_size),
+        )  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, data: dict) -> DecoderSizes:
+        data = dict(data)
+        data["moe"] = MoESizes(**data.get("moe", {}))
+        return cls(**data)
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def attention_parameters(self) -> int:
+        return self.attention
+
+    def dense_feed_forward_parameters(self) -> int:
+        return self.dense_feed_forward
+
+    def moe_layer_parameters(self) -> int:
+        return self.moe_layer
+
+    def parameter_count(self) -> int:
+        return self.parameters
 
 
 # Layouts in the order a user tries them: the fewest chips per model copy first; tensor

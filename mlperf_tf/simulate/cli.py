@@ -34,6 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--global_batch", type=int, help="samples per step (default: per system)")
     parser.add_argument("--all_reduce", choices=_ALGORITHMS, help="default: the system's best")
     parser.add_argument("--weight_update_sharding", action="store_true")
+    parser.add_argument(
+        "--fsdp", action="store_true", help="weights and gradients sharded too (memory count)"
+    )
     parser.add_argument("--failed_chips", type=int, default=0, help="holes in a torus/mesh")
     parser.add_argument("--wraparound", choices=("auto", "on", "off"), default="auto")
     parser.add_argument("--preset", default="mlperf", help="the benchmark preset's model")
@@ -217,6 +220,7 @@ def main(argv: list[str]) -> int:
         global_batch=args.global_batch,
         algorithm=args.all_reduce,
         weight_update_sharding=args.weight_update_sharding,
+        fsdp=args.fsdp,
         failed_chips=args.failed_chips,
         wraparound=args.wraparound,
         preset=args.preset,

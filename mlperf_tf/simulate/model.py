@@ -4,6 +4,10 @@ Per training step (all times in seconds):
 
     compute   = per-chip batch x training FLOPs per sample / (peak[precision] x efficiency)
                 x (1 + pipeline bubble)
+                (attention's score and context products, where the benchmark declares them,
+                at the BF16 peak instead, and half of them for a causal model: Transformer
+                Engine quantizes Linear GEMMs only, flash attention skips the masked blocks;
+                `SimulatorShape.attention_flops`)
                 (forward 1/3, backward 2/3: the 3x convention of `mlperf_tf.flops`; the peak is
                 the dense peak of the run's number format, `--precision`; the efficiency is the
                 benchmark's calibration for the system's family, `SimulatorShape.calibration`)
@@ -40,6 +44,7 @@ from typing import Any
 
 from mlperf_tf.errors import UserError
 from mlperf_tf.facts import SimulatorShape, normalize_format
+from mlperf_tf.parallel import memory as memory_lib
 from mlperf_tf.parallel import mesh as mesh_lib
 from mlperf_tf.parallel.mesh import DeviceMesh
 from mlperf_tf.simulate import cache, collectives, convergence, parallelism
@@ -56,7 +61,12 @@ class Result:
     multiplies (a MoE layer's top-k experts; the dense model's every weight);
     `trainable_parameters` those that get gradients (all-reduced and updated: a LoRA run's
     adapters). `mfu` is the model FLOPs the chips sustain over their dense peak in `precision`
-    (`peak_flops`, per chip).
+    (`peak_flops`, per chip). `scaling_efficiency` is the share of the step each chip spends on
+    the work it would do alone (its products without the pipeline bubble, its weight update,
+    the step overhead); the rest is communication, bubble or input waits, so it is at most 1.
+    It is not `samples_per_s` over `chips` x `single_chip_samples_per_s`: a lone chip updates
+    every weight, N chips sharing the update (weight-update sharding, tensor or expert splits)
+    update 1/N each, which that ratio would count as more than perfect scaling.
     """
 
     benchmark: str
@@ -105,6 +115,7 @@ class Result:
     convergence_source: str
     eval_s: float
     time_to_train_min: float
+    memory_per_chip_gb: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -145,6 +156,7 @@ class Constants:
     input_rate: float
     per_chip_batch: int
     source: str
+    attention_scale: float = 1.0
 
     @property
     def chip_flops(self) -> float:
@@ -178,7 +190,17 @@ def constants(
         input_rate=system.input_rate_per_host(benchmark, calibration),
         per_chip_batch=system.default_per_chip_batch(benchmark, calibration),
         source=source,
+        attention_scale=_attention_scale(system, shape, peak),
     )
+
+
+def _attention_scale(system: System, shape: SimulatorShape, peak: float) -> float:
+    """The time of one counted attention FLOP over that of one FLOP in the run's format: the
+    products run at the 16-bit peak (BF16, or the chip's half format where it has no BF16),
+    half of them computed where the attention is causal (`SimulatorShape.attention_flops`)."""
+    half = "bf16" if "bf16" in system.formats else system.native_format
+    computed = 0.5 if shape.causal else 1.0
+    return computed * peak / system.peak(half)
 
 
 def simulate(
@@ -201,6 +223,7 @@ def simulate(
     context_parallel: int = 1,
     micro_batch_size: int | None = None,
     precision: str | None = None,
+    fsdp: bool = False,
 ) -> Result:
     """Predicts one configuration (see the module docstring for the model).
 
@@ -225,11 +248,14 @@ def simulate(
       context_parallel: C chips share each sample, 1/C of its tokens each (ring attention).
       micro_batch_size: samples per pipeline micro-batch (default 1).
       precision: the number format of the products (default: the benchmark's reference).
+      fsdp: weights and gradients sharded over the data-parallel groups too (FSDP; Megatron's
+        `optim_grads_params`), in the memory count.
 
     Raises:
       UserError: an unknown benchmark or algorithm, chips that do not fit the system, failed
         chips off a torus or not fewer than the chips, a batch smaller than the data-parallel
-        groups, or a parallel flag that does not divide the chips or fit the benchmark.
+        groups, a parallel flag that does not divide the chips or fit the benchmark, or a
+        layout whose bytes per chip exceed the chip's memory (`_check_memory`).
     """
     facts = benchmark_facts(benchmark, preset)
     layout, algorithm = _check_system(system, chips, algorithm, failed_chips, wraparound)
@@ -256,6 +282,11 @@ def simulate(
     stages.check_batch(global_batch / mesh.batch_shards)
     work = _workload(benchmark, facts, shape, moe)
     per_group = global_batch / mesh.batch_shards  # a group's samples
+    memory = _check_memory(
+        system, facts, shape, mesh, stages, per_group=per_group, trainable=work.params,
+        sharding=weight_update_sharding, fsdp=fsdp, precision=const.precision,
+        model_parallel=model_parallel, expert_parallel=expert_parallel,
+    )  # fmt: skip
     split = mesh.group_size * stages.size  # chips that share a group's samples
     step = _step(
         system=system, const=const, layout=layout, algorithm=algorithm,
@@ -281,8 +312,73 @@ def simulate(
         precision=const.precision, peak_flops=const.peak, mfu=mfu,
         calibration_source=const.source,
         single_chip_samples_per_s=single_rate, samples_per_s=samples_per_s,
-        scaling_efficiency=samples_per_s / (single_rate * chips), **train, **step,
+        scaling_efficiency=_own_work_s(step) / step["step_time_s"], **train, **step,
+        memory_per_chip_gb=memory.total / memory_lib.GB if memory else 0.0,
     )  # fmt: skip
+
+
+def _check_memory(
+    system, facts, shape, mesh, stages, *, per_group, trainable, sharding, fsdp, precision,
+    model_parallel, expert_parallel,
+) -> memory_lib.ChipMemory | None:  # fmt: skip
+    """The bytes the worst chip of the layout holds (`mlperf_tf.parallel.memory.decoder_memory`
+    with Megatron's mixed-precision state in the run's format, `precision_bytes`), for a
+    benchmark whose cache entry carries its decoder's sizes; None for the others.
+
+    Weight-update sharding divides the optimizer state (fp32 master weights and moments) over
+    the data-parallel groups (Megatron's distributed optimizer), `fsdp` the weights and
+    gradients too, over the chips that hold the same dense weights (`batch_shards`: data x
+    expert, as Megatron shards them): exact for a dense model; for a mixture of experts a lower
+    bound on its experts' share (Megatron shards each expert's state over the data axis alone),
+    as the check refuses only what no plan can hold. Activations: the least a run can keep, with full
+    recomputation (each layer's input, and one layer's activations during its backward), for
+    one micro-batch of `--micro_batch_size` samples (a run accumulates the rest), times the 1F1B
+    schedule's micro-batches in flight on the first stage: a layout is refused only if no
+    memory plan fits it. The step model does not charge the recomputation (the runs recompute
+    little: Dell's gpt_oss_20b log recomputes `core_attn` alone).
+
+    Raises:
+      UserError: the bytes exceed `memory.HEADROOM` of the system's `memory_capacity`.
+    """
+    if "decoder" not in facts or not system.memory_capacity or shape.blocks is None:
+        return None
+    config = memory_lib.DecoderSizes.from_dict(facts["decoder"])
+    layout = memory_lib.ChipLayout(
+        tensor=model_parallel, pipeline=stages.pipeline, expert=expert_parallel,
+        context=stages.context, data=mesh.batch_shards, shard_moments=sharding,
+    )  # fmt: skip
+    frozen = trainable < config.parameters
+    chip = memory_lib.decoder_memory(
+        config, seq=shape.blocks.tokens_per_sample, micro_batch=stages.micro_batch_size,
+        micro_batches=max(1, round(stages.micro_batches(per_group))), layout=layout,
+        trainable_parameters=trainable if frozen else None, shard_weights=fsdp, recompute=True,
+        **memory_lib.precision_bytes(precision),
+    )  # fmt: skip
+    usable = memory_lib.HEADROOM * system.memory_capacity
+    if chip.total > usable:
+        gb = memory_lib.GB
+        raise UserError(
+            f"--model_parallel={model_parallel} --context_parallel={stages.context} "
+            f"--pipeline_parallel={stages.pipeline} --expert_parallel={expert_parallel}"
+            f"{' --weight_update_sharding' if sharding else ''}{' --fsdp' if fsdp else ''} does "
+            f"not fit a chip of {system.name} even recomputing every activation: "
+            f"{chip.total / gb:.0f} GB (weights "
+            f"{chip.weights / gb:.0f}, gradients {chip.gradients / gb:.0f}, optimizer "
+            f"{chip.moments / gb:.0f}, activations {chip.activations / gb:.0f}) over "
+            f"{usable / gb:.0f} GB ({memory_lib.HEADROOM:.0%} of {system.memory_capacity / gb:.0f}"
+            f"); shard more (--weight_update_sharding, --fsdp, --pipeline_parallel, "
+            f"--model_parallel, --context_parallel) or use more chips"
+        )
+    return chip
+
+
+def _own_work_s(step: dict[str, Any]) -> float:
+    """Seconds of a step a chip spends on its own work (`Result.scaling_efficiency`)."""
+    return (
+        step["compute_s"] / (1.0 + step["pipeline_bubble"])
+        + step["weight_update_s"]
+        + step["overhead_s"]
+    )
 
 
 def _single_chip_rate(system: System, const: Constants, algorithm: str, work, batch: float):
@@ -504,7 +600,9 @@ def _step(
     shard a `mesh` of its own); `per_chip_batch` is a group's batch."""
     split, working = mesh.group_size * stages.size, mesh.size * stages.size
     bubble = stages.bubble(per_chip_batch)
-    compute = per_chip_batch * work.flops / split / _chip_flops(system, const, working)
+    attention = work.shape.attention_flops  # counted in work.flops, timed at its own peak
+    timed = work.flops + attention * (const.attention_scale - 1.0)
+    compute = per_chip_batch * timed / split / _chip_flops(system, const, working)
     backward = compute * 2.0 / 3.0
     compute *= 1.0 + bubble
     # Each chip holds 1/(M P) of the weights (experts: 1/(E P) of them); the gradient all-reduce
@@ -577,8 +675,8 @@ def fastest(**kwargs) -> Result:
     """The fastest legal layout of `simulate(**kwargs)` (by time to train), as a submitter
     would choose it: data parallelism where the batch allows, else tensor, context, pipeline
     and expert parallelism over the chips the batch cannot feed. Layout arguments given in
-    `kwargs` are kept; the others are searched. Memory is not modelled: the search may choose a
-    layout whose weights and activations would not fit a chip.
+    `kwargs` are kept; the others are searched. A layout whose bytes per chip exceed the chip's
+    memory is not legal (`_check_memory`: decoders on systems that state their memory).
 
     Raises:
       UserError: no layout is legal (the error of plain data parallelism says why).

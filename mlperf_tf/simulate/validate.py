@@ -47,6 +47,7 @@ def _predict(point: dict, system: systems.System, *, logged: bool) -> model.Resu
         global_batch=point["global_batch"],
         epochs_to_target=epochs,
         weight_update_sharding=bool(point.get("weight_update_sharding", False)),
+        fsdp=bool(point.get("fsdp", False)),
         spatial_partition=str(point.get("spatial_partition", "1")),
         precision=point.get("precision"),
         micro_batch_size=point.get("micro_batch_size"),

@@ -11,7 +11,9 @@ from mlperf_tf.errors import UserError
 from mlperf_tf.facts import Experts
 from mlperf_tf.simulate import collectives, model, parallelism, systems
 
-GB200 = dict(benchmark="gpt_oss_20b", chips=72, global_batch=72)
+# Weight-update sharding: without it a chip would hold 20.5 B weights x 16 bytes of fp32 optimizer
+# state, which no GB200 holds (the simulator refuses layouts that do not fit a chip).
+GB200 = dict(benchmark="gpt_oss_20b", chips=72, global_batch=72, weight_update_sharding=True)
 
 
 def _gb200():
@@ -72,7 +74,8 @@ def test_json_reports_the_config_derived_parameter_counts(capsys):
 def test_experts_added_by_flag_count_as_active_top_k():
     moe = parallelism.Moe(num_experts=8, every=2, top_k=2)
     r = model.simulate(benchmark="llama31_8b", system=systems.load("b200-dgx"), chips=8,
-                       global_batch=8, expert_parallel=8, moe=moe)  # fmt: skip
+                       global_batch=8, expert_parallel=8, moe=moe,
+                       weight_update_sharding=True)  # fmt: skip
     blocks = model.shape_of(model.benchmark_facts("llama31_8b")).blocks
     dense = 8_030_261_248
     assert r.parameters == dense + 16 * 7 * blocks.ffn_parameters  # 16 MoE layers of 8 experts
@@ -110,10 +113,12 @@ def test_gb200_nvl72_is_one_nvlink_domain_of_72():
 def test_table_shows_the_all_to_all_only_where_there_is_one(capsys):
     # Every axis pinned (a layout flag left out is searched for the fastest).
     args = ["simulate", "--benchmark=gpt_oss_20b", "--system=gb200-nvl72", "--chips=72",
-            "--model_parallel=1", "--context_parallel=1", "--pipeline_parallel=1"]  # fmt: skip
+            "--model_parallel=1", "--context_parallel=1", "--pipeline_parallel=1",
+            "--weight_update_sharding"]  # fmt: skip
     assert cli.main([*args, "--expert_parallel=8"]) == 0
     head, row = capsys.readouterr().out.splitlines()[1:3]
-    a2a = model.simulate(system=_gb200(), benchmark="gpt_oss_20b", chips=72, expert_parallel=8)
+    a2a = model.simulate(system=_gb200(), benchmark="gpt_oss_20b", chips=72, expert_parallel=8,
+                         weight_update_sharding=True)  # fmt: skip
     assert row.split()[head.split().index("a2a") + 2] == f"{a2a.all_to_all_s * 1e3:.2f}"
     assert cli.main([*args, "--expert_parallel=1"]) == 0
     assert "a2a" not in capsys.readouterr().out
