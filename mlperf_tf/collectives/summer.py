@@ -157,12 +157,15 @@ class GradientSummer:
 
     def metadata(self) -> dict:
         """The choices, for the suite's own run metadata (not MLPerf keys)."""
-        return {
+        out = {
             "all_reduce": self.algorithm,
             "mesh": str(self.mesh),
             "pack_mb": self.settings.pack_mb,
             "weight_update_sharding": self.settings.weight_update_sharding,
         }
+        if self.owners is not None:  # sharded by the stage map over `pipeline` (`stages.py`)
+            out["update_stages"] = self.device_mesh.pipeline
+        return out
 
     @property
     def sharded(self) -> bool:
