@@ -25,7 +25,9 @@ layout on the same groups: each sum group's members hold 1/n pieces of its varia
 gradients and optimizer slots (so expert weights are sharded over the data axis, replicated ones
 over data x expert), and the optimizer's declared rule (`sharding.rule_for`) updates the pieces
 with the whole-variable norms it asks for: squares summed over the split axes, then over the
-sum group.
+sum group. On a `pipeline` axis the pieces follow the stage map (`build(stages=...)`,
+`stages.py`): each stage's replicas sum and update their stage's variables only, hold only
+their slots, and exchange the new weights over the pipeline group.
 
 The step's collectives use the replica's shared `replica_collectives()`, the one ordering token
 an expert-parallel MoE layer's all-to-alls (forward and gradient) also take, so every replica
