@@ -88,6 +88,6 @@ def train(benchmark, *, num_devices: int, pipeline: int = 1, model_parallel: int
     with strategy.scope():
         weights = {v.path: np.asarray(layout_lib.whole_value(v, mesh)) for v in variables}
         slots = {v.name: np.asarray(layout_lib.whole_value(v, mesh)) for v in opt.variables}
-        if save_to:
-            checkpoint.write(save_to)
+    if save_to:  # outside the scope, as the runner saves (a sharded update's slots gather)
+        checkpoint.write(save_to)
     return Run(losses, weights, slots, trainer)

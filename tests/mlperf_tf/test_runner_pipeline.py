@@ -13,6 +13,7 @@ from benchmarks.gpt_oss_20b.benchmark import GptOssBenchmark
 from benchmarks.llama31_8b.benchmark import Llama31Benchmark
 from mlperf_tf.benchmark import RunContext
 from mlperf_tf.errors import UserError
+from mlperf_tf.parallel.memory import ChipLayout
 from mlperf_tf.parallel.mesh import DeviceMesh
 from tests import pipeline_runs
 from tests.numerics import assert_close
@@ -157,6 +158,12 @@ def test_stage_sharded_update_holds_the_stage_s_moments_and_ends_at_the_unpipeli
     assert held == max(shares)
     assert held < 0.75 * whole / 2  # the data axis alone would hold half of the whole
     assert summer.slot_bytes_per_replica() == 4 * held
+    # What `parallel/memory.py` predicts for the worst chip's stage: its Adam moments (float32)
+    # against the elements that stage's buffers hold (equal but for the pieces' rounding up).
+    predicted = got.trainer.benchmark.memory_per_chip(
+        ChipLayout(pipeline=2, data=2, shard_moments=True)
+    )
+    np.testing.assert_allclose(predicted.moments, 4 * shares[predicted.stage], rtol=0.01)
 
 
 @pytest.mark.slow
