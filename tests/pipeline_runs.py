@@ -74,10 +74,10 @@ def train(benchmark, *, num_devices: int, pipeline: int = 1, model_parallel: int
                 parts["sharded_slots"] = gradient_summer.checkpointable()
         layout_lib.split_slots(opt, mesh)
         checkpoint = tf.train.Checkpoint(model=model, optimizer=opt, **parts)
-        if restore_from:
-            checkpoint.read(restore_from).assert_consumed()
         trainer = Trainer(strategy=strategy, benchmark=benchmark, model=model, optimizer=opt,
                           xla=xla, pipeline_schedule=schedule)  # fmt: skip
+    if restore_from:  # outside the scope, as the runner restores
+        checkpoint.read(restore_from).assert_consumed()
     trainer.summer = gradient_summer
     data = iter(strategy.distribute_datasets_from_function(for_mesh(benchmark.train_dataset, mesh)))
     losses = []
