@@ -16,6 +16,7 @@ from mlperf_tf.optimizers.adam import FusedAdam
 from mlperf_tf.parallel import layout as layout_lib
 from mlperf_tf.parallel.context import use_mesh
 from mlperf_tf.parallel.input import for_mesh
+from mlperf_tf.runner.pipeline import summer_stages
 from mlperf_tf.runner.trainer import Trainer
 from tests.tensor_parallel import on_mesh
 
@@ -39,10 +40,13 @@ def benchmark_of(benchmark_class, preset: str = "smoke", **overrides):
 def train(benchmark, *, num_devices: int, pipeline: int = 1, model_parallel: int = 1,
           expert_parallel: int = 1, steps: int = 2, schedule: str = "1f1b",
           summer: bool = False, clip_norm: float | None = None, xla: bool = False,
-          save_to: str = "", restore_from: str = "") -> Run:  # fmt: skip
+          save_to: str = "", restore_from: str = "",
+          weight_update_sharding: bool = False) -> Run:  # fmt: skip
     """`steps` Adam steps of `benchmark` through the `Trainer` on `num_devices` logical CPUs:
     `pipeline` x `expert_parallel` x `model_parallel`, the rest data. `summer`: the collectives'
-    `GradientSummer` instead of Keras' sum (needed with model or expert parallelism)."""
+    `GradientSummer` instead of Keras' sum (needed with model or expert parallelism);
+    `weight_update_sharding`: its sharded update (the optimizer holds no slots: the summer's
+    pieces, saved whole as `sharded_slots`, as the runner saves them)."""
     strategy, mesh, benchmark = on_mesh(
         benchmark, num_devices, model_parallel=model_parallel, expert_parallel=expert_parallel,
         pipeline_parallel=pipeline,
@@ -50,22 +54,30 @@ def train(benchmark, *, num_devices: int, pipeline: int = 1, model_parallel: int
     if clip_norm is not None:
         benchmark.gradient_clip_norm = lambda: clip_norm
     gradient_summer = None
-    if summer or model_parallel > 1 or expert_parallel > 1:
-        settings = Settings(all_reduce="ring", timeout_s=60)
+    if summer or model_parallel > 1 or expert_parallel > 1 or weight_update_sharding:
+        settings = Settings(
+            all_reduce="ring", timeout_s=60, weight_update_sharding=weight_update_sharding
+        )
         gradient_summer = GradientSummer(strategy, settings, mesh)
     with strategy.scope(), use_mesh(mesh):
         model = benchmark.build_model()
         opt = FusedAdam(1e-3)
         variables = model.trainable_variables
-        opt.build(variables)
+        opt.build([] if weight_update_sharding else variables)
+        parts = {}
         if gradient_summer is not None:
-            gradient_summer.build(opt, variables)
+            stages = summer_stages(
+                strategy=strategy, benchmark=benchmark, model=model, summer=gradient_summer
+            )
+            gradient_summer.build(opt, variables, stages=stages)
+            if gradient_summer.sharded:
+                parts["sharded_slots"] = gradient_summer.checkpointable()
         layout_lib.split_slots(opt, mesh)
-        checkpoint = tf.train.Checkpoint(model=model, optimizer=opt)
-        if restore_from:
-            checkpoint.read(restore_from).assert_consumed()
+        checkpoint = tf.train.Checkpoint(model=model, optimizer=opt, **parts)
         trainer = Trainer(strategy=strategy, benchmark=benchmark, model=model, optimizer=opt,
                           xla=xla, pipeline_schedule=schedule)  # fmt: skip
+    if restore_from:  # outside the scope, as the runner restores
+        checkpoint.read(restore_from).assert_consumed()
     trainer.summer = gradient_summer
     data = iter(strategy.distribute_datasets_from_function(for_mesh(benchmark.train_dataset, mesh)))
     losses = []
@@ -76,6 +88,6 @@ def train(benchmark, *, num_devices: int, pipeline: int = 1, model_parallel: int
     with strategy.scope():
         weights = {v.path: np.asarray(layout_lib.whole_value(v, mesh)) for v in variables}
         slots = {v.name: np.asarray(layout_lib.whole_value(v, mesh)) for v in opt.variables}
-        if save_to:
-            checkpoint.write(save_to)
+    if save_to:  # outside the scope, as the runner saves (a sharded update's slots gather)
+        checkpoint.write(save_to)
     return Run(losses, weights, slots, trainer)

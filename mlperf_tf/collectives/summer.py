@@ -25,7 +25,9 @@ layout on the same groups: each sum group's members hold 1/n pieces of its varia
 gradients and optimizer slots (so expert weights are sharded over the data axis, replicated ones
 over data x expert), and the optimizer's declared rule (`sharding.rule_for`) updates the pieces
 with the whole-variable norms it asks for: squares summed over the split axes, then over the
-sum group.
+sum group. On a `pipeline` axis the pieces follow the stage map (`build(stages=...)`,
+`stages.py`): each stage's replicas sum and update their stage's variables only, hold only
+their slots, and exchange the new weights over the pipeline group.
 
 The step's collectives use the replica's shared `replica_collectives()`, the one ordering token
 an expert-parallel MoE layer's all-to-alls (forward and gradient) also take, so every replica
@@ -53,6 +55,7 @@ from mlperf_tf.collectives.ops import (
 )
 from mlperf_tf.collectives.packing import Packing
 from mlperf_tf.collectives.sharding import check_optimizer, rule_for
+from mlperf_tf.collectives.stages import StageSlots, exchange
 from mlperf_tf.errors import UserError
 from mlperf_tf.parallel.layout import REPLICATED, layout_of
 from mlperf_tf.parallel.mesh import DeviceMesh
@@ -101,12 +104,15 @@ class SumGroup:
       indices: the variables' positions in the list `GradientSummer.build` saw.
       packing: their buckets (rows: the group's replicas).
       mesh: the algorithm's R x C view of the group's replicas.
+      stage: the pipeline stage whose replicas sum and update these variables (a stage-sharded
+        update, `build(stages=...)`); None: every replica.
     """
 
     axes: tuple[str, ...]
     indices: tuple[int, ...]
     packing: Packing
     mesh: Mesh
+    stage: int | None = None
 
 
 class GradientSummer:
@@ -139,36 +145,59 @@ class GradientSummer:
         )  # fmt: skip
         self.workers = workers
         self.layouts = []
+        self.shapes: list[tuple[int, ...]] = []  # the variables' (a split one's: its shard's)
+        self.dtypes: list[tf.DType] = []
         self.groups: list[SumGroup] = []
         self.traffic: dict[int, Traffic] = {}  # per replica id, filled when the step is traced
         self.rule = None
         self.slots: list[list[tf.Variable]] = []
+        # A stage-sharded update (`build(stages=...)`): each variable's stage, and the slots.
+        self.owners: list[int] | None = None
+        self.stage_slots: StageSlots | None = None
         self.packing: Packing | None = None
         self._gather_slots = None  # the traced `_gather_slots_fn`, made at the first save
 
     def metadata(self) -> dict:
         """The choices, for the suite's own run metadata (not MLPerf keys)."""
-        return {
+        out = {
             "all_reduce": self.algorithm,
             "mesh": str(self.mesh),
             "pack_mb": self.settings.pack_mb,
             "weight_update_sharding": self.settings.weight_update_sharding,
         }
+        if self.owners is not None:  # sharded by the stage map over `pipeline` (`stages.py`)
+            out["update_stages"] = self.device_mesh.pipeline
+        return out
 
     @property
     def sharded(self) -> bool:
         return self.settings.weight_update_sharding
 
-    def build(self, optimizer, variables) -> None:
+    def build(self, optimizer, variables, *, stages: list[int] | None = None) -> None:
         """Makes the shard slots (one [k] copy per replica); call under `strategy.scope()`.
+
+        Args:
+          optimizer: the run's optimizer (built without slots when sharded).
+          variables: the trainable variables, in the order `apply` will see them.
+          stages: with weight-update sharding on a `pipeline` axis, each variable's stage (the
+            one whose layers read it, `mlperf_tf.runner.pipeline.stage_owners`): the update is
+            sharded by the stage map over that axis (`stages.py`); None: even pieces over
+            every axis the gradient is summed over.
 
         Raises:
           UserError: sharding with an optimizer that has no sharded rule.
         """
         self.layouts = [layout_of(v) for v in variables]
-        by_axes: dict[tuple[str, ...], list[int]] = {}
+        self.shapes = [tuple(v.shape) for v in variables]
+        self.dtypes = [tf.as_dtype(v.dtype) for v in variables]
+        staged = self.sharded and stages is not None and self.device_mesh.pipeline > 1
+        self.owners = list(stages) if staged else None
+        by_axes: dict[tuple, list[int]] = {}
         for i, layout in enumerate(self.layouts):
-            by_axes.setdefault(layout.sum_axes(self.device_mesh), []).append(i)
+            axes = layout.sum_axes(self.device_mesh)
+            if staged:  # (stage, the axes but `pipeline`): the owner stage's members sum it
+                axes = (self.owners[i], tuple(a for a in axes if a != "pipeline"))
+            by_axes.setdefault(axes, []).append(i)
         if not by_axes:
             by_axes[REPLICATED.sum_axes(self.device_mesh)] = []
         split = [v.path for v, layout in zip(variables, self.layouts, strict=True)
@@ -181,7 +210,8 @@ class GradientSummer:
                     "LARS, LAMB or Adam with --model_parallel"
                 )
         self.groups = []
-        for axes, indices in sorted(by_axes.items()):
+        for key, indices in sorted(by_axes.items()):
+            stage, axes = key if staged else (None, key)
             mesh = self._group_mesh(axes)
             packing = Packing(
                 [variables[i].shape for i in indices],
@@ -189,7 +219,7 @@ class GradientSummer:
                 num_shards=mesh.size,
                 pack_mb=self.settings.pack_mb,
             )
-            self.groups.append(SumGroup(axes, tuple(indices), packing, mesh))
+            self.groups.append(SumGroup(axes, tuple(indices), packing, mesh, stage))
         # The one group's packing (weight-update sharding has one group).
         self.packing = self.groups[0].packing if len(self.groups) == 1 else None
         check_optimizer(optimizer, f"--all_reduce={self.algorithm}")
@@ -200,6 +230,14 @@ class GradientSummer:
         # weights), each replica holding its own.
         self.rule = rule_for(optimizer, variables)
         self.slots = [[] for _ in variables]
+        if staged:  # per stage, its groups' pieces, in one buffer per slot name and dtype
+            pieces = [[] for _ in range(self.device_mesh.pipeline)]
+            for group in self.groups:
+                for slot in group.packing.slots:
+                    index = group.indices[slot.index]
+                    pieces[group.stage].append((index, slot.cols, variables[index].dtype))
+            self.stage_slots = StageSlots(self.rule.slot_names, pieces)
+            return
         for group in self.groups:
             for slot in group.packing.slots:
                 index = group.indices[slot.index]
@@ -222,6 +260,8 @@ class GradientSummer:
 
     def slot_bytes_per_replica(self) -> int:
         """Bytes of optimizer slots one replica holds for the sharded update."""
+        if self.stage_slots is not None:
+            return self.stage_slots.bytes_per_replica()
         return sum(
             int(s.shape.num_elements()) * s.dtype.size for group in self.slots for s in group
         )
@@ -354,11 +394,13 @@ class GradientSummer:
         def replica():
             ops = self._replica_collectives(traffic=Traffic())  # not the step's bytes
             full = {}
-            for group in self.groups:
+            stage = self._stage(ops.replica)
+            slots = self._slots_of(stage)
+            for group in self._groups_of(stage):
                 algorithm = self._algorithm(ops, group)
                 prefix = self._prefix(group)
                 for position, name in enumerate(self.rule.slot_names):
-                    parts = [tf.convert_to_tensor(self.slots[i][position]) for i in group.indices]
+                    parts = [tf.convert_to_tensor(slots[i][position]) for i in group.indices]
                     joined = group.packing.join_shards(parts)
                     gathered = [algorithm.all_gather(s, f"{prefix}slots/{name}{i}")
                                 for i, s in enumerate(joined)]  # fmt: skip
@@ -366,6 +408,16 @@ class GradientSummer:
                     for i, value in zip(group.indices, values, strict=True):
                         key = self._slot_key(name, i)
                         full[key] = self._whole_slot(ops, i, value, f"slots/whole/{key}")
+            if stage is not None:  # the other stages' slots: one all-gather per name and dtype
+                for name in self.rule.slot_names:
+                    keys = [self._slot_key(name, i) for i in range(len(self.owners))]
+                    values = [full.get(key) for key in keys]
+                    shapes = [self._whole_shape(i) for i in range(len(keys))]
+                    dtypes = [self.dtypes[i] for i in range(len(keys))]
+                    owned = {i: v for i, v in enumerate(values) if v is not None}
+                    values = exchange(ops, self._stage_members(ops), stage, owned, self.owners,
+                                      shapes, dtypes, f"slots/stages/{name}")  # fmt: skip
+                    full.update(zip(keys, values, strict=True))
             return full
 
         # Identical on every replica: the first local copy is the whole value.
@@ -385,6 +437,14 @@ class GradientSummer:
         whole = tf.reshape(flat, [len(members) * front.shape[0], *front.shape[1:]])
         return tf.experimental.numpy.moveaxis(whole, 0, layout.split_axis)
 
+    def _whole_shape(self, index: int) -> list[int]:
+        """Variable `index`'s whole shape (its shard's, times its shards along the split)."""
+        shape = list(self.shapes[index])
+        if self._split_axes(index) is not None:
+            layout = self.layouts[index]
+            shape[layout.split_axis] *= layout.num_shards(self.device_mesh)
+        return shape
+
     def _slot_shard(self, replica: int, index: int, whole):
         """This replica's shard of a slot saved whole (`_whole_slot`'s inverse)."""
         if self._split_axes(index) is None:
@@ -403,13 +463,17 @@ class GradientSummer:
 
         def replica(full):
             ops = self._replica_collectives(traffic=Traffic())  # runs no collective
-            for group in self.groups:
+            stage = self._stage(ops.replica)
+            slots = self._slots_of(stage)
+            for group in self._groups_of(stage):
                 algorithm = self._algorithm(ops, group)
                 for i, slot in zip(group.indices, group.packing.slots, strict=True):
-                    for variable, name in zip(self.slots[i], self.rule.slot_names, strict=True):
+                    for variable, name in zip(slots[i], self.rule.slot_names, strict=True):
                         whole = tf.cast(full[self._slot_key(name, i)], variable.dtype)
                         value = self._slot_shard(ops.replica, i, whole)
                         variable.assign(group.packing.as_rows(value, slot)[algorithm.shard])
+            if stage is not None:
+                self.stage_slots.commit(stage, slots)
 
         tf.function(lambda full: self.strategy.run(replica, args=(full,)))(full)
 
@@ -441,7 +505,8 @@ class GradientSummer:
         n = len(variables)
         g_parts, w_parts = [None] * n, [None] * n
         plans = []  # per sum group: (group, its algorithm, its name prefix)
-        for group in self.groups:
+        stage = self._stage(ops.replica)
+        for group in self._groups_of(stage):
             algorithm = self._algorithm(ops, group)
             prefix = self._prefix(group)
             plans.append((group, algorithm, prefix))
@@ -454,18 +519,22 @@ class GradientSummer:
                 w = _tf_variable(variables[i]).read_value()
                 w_parts[i] = group.packing.as_rows(w, slot)[algorithm.shard]
         if clip_norm:
-            squares = [tf.reshape(tf.reduce_sum(tf.square(tf.cast(g, tf.float32))), [1])
+            squares = [None if g is None else
+                       tf.reshape(tf.reduce_sum(tf.square(tf.cast(g, tf.float32))), [1])
                        for g in g_parts]  # fmt: skip
             squares = self._sharded_whole_squares(ops, squares, "clip_norm")
             square = tf.add_n([
                 self._over_group(plan, tf.add_n([squares[i] for i in plan[0].indices]),
                                  "clip_norm")
                 for plan in plans if plan[0].indices
-            ])  # fmt: skip
+            ] or [tf.zeros([1])])  # fmt: skip
+            if stage is not None:  # the other stages' squares: one scalar all-reduce
+                square = ops.all_reduce(square, self._stage_members(ops), "clip_norm/stages")
             norm = tf.sqrt(square[0])
             scale = clip_norm / tf.maximum(norm, clip_norm)
-            g_parts = [g * tf.cast(scale, g.dtype) for g in g_parts]
-        new_parts = self._sharded_update(optimizer, ops, plans, w_parts, g_parts)
+            g_parts = [None if g is None else g * tf.cast(scale, g.dtype) for g in g_parts]
+        slots = self._slots_of(stage)
+        new_parts = self._sharded_update(optimizer, ops, plans, w_parts, g_parts, slots)
         values = [None] * n
         for group, algorithm, prefix in plans:
             joined = group.packing.join_shards([new_parts[i] for i in group.indices])
@@ -473,7 +542,36 @@ class GradientSummer:
                         for i, s in enumerate(joined)]  # fmt: skip
             for i, value in zip(group.indices, group.packing.unpack(gathered), strict=True):
                 values[i] = value
+        if stage is not None:  # this stage's slots back into its buffers; the others' weights
+            self.stage_slots.commit(stage, slots)
+            values = self._from_stages(ops, stage, values, variables, "weights/stages")
         context.merge_call(_assign_weights, args=(optimizer, values, variables))
+
+    # ---- a stage-sharded update (`build(stages=...)`, `stages.py`) -------------------------------
+    def _stage(self, replica: int) -> int | None:
+        """`replica`'s pipeline stage under a stage-sharded update, else None."""
+        return None if self.owners is None else self.device_mesh.index(replica, "pipeline")
+
+    def _groups_of(self, stage: int | None) -> list[SumGroup]:
+        """The sum groups a replica of `stage` sums and updates (all without a stage map)."""
+        return [g for g in self.groups if stage is None or g.stage == stage]
+
+    def _stage_members(self, ops) -> list[int]:
+        return self.device_mesh.group(ops.replica, "pipeline")
+
+    def _slots_of(self, stage: int | None):
+        """Per variable index, its slot pieces on this replica (replica context)."""
+        if stage is None:
+            return self.slots
+        return self.stage_slots.pieces(stage)
+
+    def _from_stages(self, ops, stage: int, owned_values, variables, name: str):
+        """Every variable's tensor from its owner stage (`stages.exchange`)."""
+        owned = {i: owned_values[i] for i, s in enumerate(self.owners) if s == stage}
+        return exchange(
+            ops, self._stage_members(ops), stage, owned, self.owners,
+            [v.shape for v in variables], [v.dtype for v in variables], name,
+        )  # fmt: skip
 
     def _prefix(self, group: SumGroup) -> str:
         """The collectives' name prefix of a sum group ("" when there is one group)."""
@@ -490,14 +588,19 @@ class GradientSummer:
         squares are summed over its shard group here, and over its sum group by the caller."""
         return self._whole_squares(ops, squares, name + "/model")
 
-    def _sharded_update(self, optimizer, ops, plans, w_parts, g_parts):
-        """The optimizer's rule on every piece: phase 1, the whole norms its terms need (summed
-        over the split axes, then one [terms, 2] all-reduce per sum group), phase 2."""
+    def _sharded_update(self, optimizer, ops, plans, w_parts, g_parts, slots):
+        """The optimizer's rule on every piece this replica holds (`slots`: per variable index,
+        its slot pieces): phase 1, the whole norms its terms need (summed over the split axes,
+        then one [terms, 2] all-reduce per sum group), phase 2."""
         step = optimizer.iterations + 1
         states, partials = [], []
         for i, (w, g) in enumerate(zip(w_parts, g_parts, strict=True)):
+            if w is None:  # another stage's variable
+                states.append(None)
+                partials.append(None)
+                continue
             g = tf.cast(g, w.dtype)
-            state, terms = self.rule.direction(i, w, g, self.slots[i], step)
+            state, terms = self.rule.direction(i, w, g, slots[i], step)
             states.append(state)
             partials.append(
                 None
@@ -518,10 +621,11 @@ class GradientSummer:
         lr = optimizer.learning_rate
         new_parts = []
         for i, (w, state) in enumerate(zip(w_parts, states, strict=True)):
+            if w is None:
+                new_parts.append(None)
+                continue
             norm = None if norms[i] is None else tf.cast(norms[i], w.dtype)
-            new_parts.append(
-                self.rule.finish(i, state, w, self.slots[i], tf.cast(lr, w.dtype), norm)
-            )
+            new_parts.append(self.rule.finish(i, state, w, slots[i], tf.cast(lr, w.dtype), norm))
         return new_parts
 
 

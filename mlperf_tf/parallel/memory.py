@@ -10,7 +10,13 @@ An estimate from the config, for planning (no weights are allocated). What it co
   norms replicated; `weight_bytes` each (4: Keras' mixed precision keeps float32 variables);
   a frozen base (LoRA) at `frozen_bytes`;
 * gradients of the trainable weights (`grad_bytes`) and Adam's two moments (`moment_bytes` for
-  both), the moments divided by `data` under weight-update sharding (`shard_moments`);
+  both) of the stage: the moments divided by P through the stage map, and by `data` under
+  weight-update sharding (`shard_moments`). The suite's runs hold exactly that with
+  `--weight_update_sharding` (its update sharded by the stage map over `pipeline`, then evenly
+  over `data`: `mlperf_tf/collectives/stages.py`); without it every replica holds the whole
+  model's moments. The weights and gradients counted are the stage's, what a framework with
+  stage-local variables holds; the suite's mirrored variables keep the whole model's weights
+  and gradient buffers on every replica (`mlperf_tf/parallel/README.md`);
 * activations kept for the backward pass, per token of a layer, in `activation_bytes` (2:
   bfloat16), with a fused attention kernel (no [seq, seq] scores kept: this suite's CPU
   attention does keep them, a GPU or TPU kernel does not) and no recomputation: the norms'

@@ -48,6 +48,7 @@ from mlperf_tf.parallel import mesh as parallel_mesh
 from mlperf_tf.parallel import tpu as tpu_lib
 from mlperf_tf.preemption import StopRequest
 from mlperf_tf.runner import actions as actions_lib
+from mlperf_tf.runner import pipeline as pipeline_lib
 from mlperf_tf.runner import warmup
 from mlperf_tf.runner.actions import Action, EvalOutput, LoopOutput, RunEnd, Stop
 from mlperf_tf.runner.breakdown import TimeBreakdown
@@ -664,7 +665,12 @@ class Controller:
             sharded = self.summer is not None and self.summer.sharded
             self.optimizer.build([] if sharded else self.model.trainable_variables)
             if self.summer is not None:
-                self.summer.build(self.optimizer, self.model.trainable_variables)
+                # On a `pipeline` axis the sharded update follows the stage map.
+                stages = pipeline_lib.summer_stages(
+                    strategy=self.strategy, benchmark=benchmark, model=self.model,
+                    summer=self.summer,
+                )  # fmt: skip
+                self.summer.build(self.optimizer, self.model.trainable_variables, stages=stages)
             # Slots of split variables are split alike, and saved whole.
             layout.split_slots(self.optimizer, mesh)
         # A save gathers shards held by other workers (a model axis across processes): bounded

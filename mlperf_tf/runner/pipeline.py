@@ -28,7 +28,11 @@ Per tick, on every member of the group, in the same order (so the collectives ma
 Gradients of a stage's weights are therefore zero on the other stages of its group; summed
 over the `pipeline` axis (`GRADIENT_AXES`) with the data axis, every replica gets the whole
 model's gradient, the global-norm clip sees the whole model, and every replica applies the
-same update (the weights stay mirrored: see the package README for what that costs).
+same update (the weights stay mirrored: see the package README for what that costs). With
+`--weight_update_sharding` the update is sharded by the stage map instead (`stage_owners`,
+`mlperf_tf/collectives/stages.py`): each stage sums, clips (one scalar all-reduce over the
+axis) and updates its own variables with its own slots, then the stages exchange the new
+weights.
 """
 
 from __future__ import annotations
@@ -258,3 +262,64 @@ def _after(begin):
             return tf.identity(t)
 
     return gate
+
+
+def stage_owners(*, strategy, benchmark, model, batch_spec) -> list[int] | None:
+    """Per trainable variable of `model`, the pipeline stage whose part reads it: the stage map
+    of a stage-sharded update (`GradientSummer.build(stages=...)`); None when a variable is read
+    by no stage or by several (a tied embedding): the update is then sharded evenly.
+
+    Found by tracing (not running) each stage's forward pass, or its loss on the last stage,
+    and its gradient on every replica (`strategy.run` in a `tf.function` that is only traced):
+    a variable belongs to the stage that gives it a gradient, as in `PipelineStep._backward`.
+    No benchmark declares its stages' variables, and the trace sees shared ones as the step
+    does.
+
+    Args:
+      strategy: the run's strategy (its replicas are the mesh's).
+      benchmark: supplies `pipeline_stage` and the ambient mesh.
+      model: the built model.
+      batch_spec: one replica's training batch (`tf.TensorSpec`s; any batch size).
+    """
+    mesh = benchmark.mesh
+    stages = mesh.pipeline
+    variables = model.trainable_variables
+    readers = [set() for _ in variables]
+    group = AxisGroup("pipeline", owner="pipeline", mesh=mesh)
+    rows = benchmark.pipeline_micro_batch
+
+    def probe(batch):
+        stage = group.rank()
+        part = benchmark.pipeline_stage(model, stage, stages)
+        batch = tf.nest.map_structure(lambda t: t[:rows], batch)
+        x = None
+        if stage > 0:
+            x = tf.zeros(part.activation_shape(batch), part.activation_dtype)
+        with tf.GradientTape() as tape:
+            if x is not None:
+                tape.watch(x)
+            out = part.loss(batch, x)[0] if stage == stages - 1 else part.forward(batch, x)[0]
+        for i, grad in enumerate(tape.gradient(out, variables)):
+            if grad is not None:
+                readers[i].add(stage)
+
+    specs = tf.nest.map_structure(
+        lambda s: tf.TensorSpec([rows, *s.shape[1:]], s.dtype), batch_spec
+    )
+    tf.function(lambda batch: strategy.run(probe, args=(batch,))).get_concrete_function(specs)
+    if any(len(r) != 1 for r in readers):
+        return None
+    return [next(iter(r)) for r in readers]
+
+
+def summer_stages(*, strategy, benchmark, model, summer) -> list[int] | None:
+    """The stage map to build `summer` with (`stage_owners`), when its update is sharded on a
+    `pipeline` axis; else None (nothing traced: no cost without a pipeline). Call under the
+    strategy's scope and the run's mesh."""
+    if summer is None or not summer.sharded or benchmark.mesh.pipeline == 1:
+        return None
+    rows = benchmark.pipeline_micro_batch
+    data = benchmark.synthetic_train_data(tf.distribute.InputContext(), rows)
+    return stage_owners(
+        strategy=strategy, benchmark=benchmark, model=model, batch_spec=data.element_spec
+    )

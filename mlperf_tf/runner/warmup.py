@@ -88,6 +88,8 @@ def run_state_variables(model, optimizer, summer) -> list:
     variables = list(model.variables) + list(optimizer.variables)
     if summer is not None and summer.sharded:
         variables += [slot for slots in summer.slots for slot in slots]  # per replica: a shard
+        if summer.stage_slots is not None:  # per replica: its stage's pieces
+            variables += summer.stage_slots.variables()
     return variables
 
 

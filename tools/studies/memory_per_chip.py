@@ -25,6 +25,16 @@ NONE_FITS = (
 )
 
 
+MOMENTS_NOTE = (
+    "\nThe Adam moments column is the worst stage's: divided by P on a pipeline layout (the "
+    "stage map), and by the data axis under `--weight_update_sharding`. The suite's runs hold "
+    "exactly that with `--weight_update_sharding`, whose update is sharded by the stage map over "
+    "the pipeline axis (`mlperf_tf/parallel/README.md`, pipeline section); without it every chip "
+    "holds the whole model's moments. The weights and gradients columns are the stage's too, "
+    "which the suite's mirrored variables do not give: every chip holds the whole model's.\n"
+)
+
+
 def section(benchmark) -> str:
     table = benchmark.memory_table()
     return (
@@ -38,6 +48,7 @@ def section(benchmark) -> str:
         "chip; GB = 1e9 bytes. Regenerate: `python tools/studies/memory_per_chip.py "
         f"--benchmark={benchmark.name} --write`.\n\n{table}\n"
         + (NONE_FITS if "none" in table else "")
+        + MOMENTS_NOTE
     )
 
 
