@@ -98,19 +98,15 @@ class LanguageModelBenchmark(Benchmark):
     @property
     def parallel_axes(self) -> tuple[str, ...]:
         """Data and tensor parallelism; expert parallelism when the config has MoE blocks;
-        pipeline and context parallelism where the model's split is exact. A refused axis is
-        the runner's one-line error, never a silently wrong split:
-
-        - multi-token prediction (`model.mtp_layers`) shifts targets along the whole sequence
-          and reuses the first stage's embedding on the last: neither a zig-zag slice of the
-          sequence nor a stage holds what it needs (not built);
-        - context parallelism gathers keys and values in the GQA attention only
-          (`model.attention` "gqa"; MLA's latent path has no context gather yet).
+        pipeline parallelism where the model's split is exact; context parallelism. A refused
+        axis is the runner's one-line error, never a silently wrong split: multi-token
+        prediction (`model.mtp_layers`) reuses the first stage's embedding on the last, which
+        holds its mirrored copy (`DecoderStage`) -- not yet built.
         """
         m = self.config.model
-        axes = ("data", "model")
+        axes = ("data", "model", "context")
         if not m.mtp_layers:
-            axes += ("pipeline",) + (("context",) if m.attention == "gqa" else ())
+            axes += ("pipeline",)
         return axes + ("expert",) if m.moe.enabled else axes
 
     # ---- sizes -------------------------------------------------------------------------------
@@ -274,19 +270,36 @@ class LanguageModelBenchmark(Benchmark):
             shapes[MTP_LOSS] = ()
         return shapes
 
-    def mtp_loss(self, mtp_logits: list, batch: Any, weights: tf.Tensor, axis=None) -> tf.Tensor:
+    def mtp_targets(self, batch: Any) -> list[dict[str, tf.Tensor]]:
+        """Per MTP depth k = 1..D, this replica's `input_ids` (the tokens t_{i+k} whose
+        embedding the depth reads), `labels` (t_{i+k+1}) and loss `weights` (the main weights k
+        positions on, 0 at the last k positions of the sequence), each shifted along the whole
+        sequence of `batch` and then split like the batch (`split_sequences`): under context
+        parallelism a zig-zag chunk's next tokens are the next chunk's first, held by another
+        member, so the shift cannot come after the split."""
+        weights = self.loss_weights(batch)  # [batch, seq]: per position, split like the batch
+        axis = self.context_axis()
+        return [
+            {
+                "input_ids": axis.split(shift_left(batch["input_ids"], k)),
+                "labels": axis.split(shift_left(batch["labels"], k, fill=loss_lib.IGNORE_INDEX)),
+                "weights": axis.split(shift_left(weights, k)),
+            }
+            for k in range(1, self.config.model.mtp_layers + 1)
+        ]
+
+    def mtp_loss(self, mtp_logits: list, targets: list[dict], axis=None, context=None):
         """The MTP depths' weighted mean token losses, summed, x `mtp_loss_weight / D`
-        (`mlperf_tf.lm.mtp`): depth k's targets are the labels k positions on, its weights
-        the main weights k positions on (0 at the last k positions). `axis`: the model's
-        `ModelAxis` (vocabulary-split logits)."""
+        (`mlperf_tf.lm.mtp`) against `mtp_targets`. `axis`: the model's `ModelAxis`
+        (vocabulary-split logits); `context`: the `ContextAxis` of C > 1 (the means over whole
+        sequences' tokens), or None."""
         m = self.config.model
         total = tf.constant(0.0)
-        for k, logits in enumerate(mtp_logits, start=1):
-            labels = shift_left(batch["labels"], k, fill=loss_lib.IGNORE_INDEX)
+        for logits, target in zip(mtp_logits, targets, strict=True):
             losses = loss_lib.token_cross_entropy(
-                logits, labels, vocab_size=m.vocab_size, axis=axis
+                logits, target["labels"], vocab_size=m.vocab_size, axis=axis
             )
-            total += loss_lib.weighted_mean(losses, shift_left(weights, k))
+            total += loss_lib.weighted_mean(losses, target["weights"], context)
         return total * (m.mtp_loss_weight / len(mtp_logits))
 
     def compute_loss_and_metrics(self, model: keras.Model, batch: Any, training: bool = True):
@@ -299,24 +312,32 @@ class LanguageModelBenchmark(Benchmark):
         replica's tokens are one routing group) and scaled alike.
         """
         context = self.context_axis()
+        whole_sequences = context if context.size > 1 else None
+        targets = None
+        if self.config.model.mtp_layers and training:
+            targets = self.mtp_targets(batch)  # from the whole sequences, before the split
         batch = self.split_sequences(batch)
         aux = moe.Collector()
         weights = self.loss_weights(batch)
         mtp = None
-        if self.config.model.mtp_layers and training:
-            logits, mtp_logits = model.with_mtp(batch["input_ids"], training=training, aux=aux)
-            mtp = self.mtp_loss(mtp_logits, batch, weights, axis=model.axis)
+        if targets is not None:
+            logits, mtp_logits = model.with_mtp(
+                batch["input_ids"], training=training, aux=aux,
+                next_ids=[t["input_ids"] for t in targets],
+            )  # fmt: skip
+            mtp = self.mtp_loss(mtp_logits, targets, axis=model.axis, context=whole_sequences)
             losses = loss_lib.token_cross_entropy(
                 logits, batch["labels"], vocab_size=self.config.model.vocab_size, axis=model.axis
             )
         else:
             losses = self.token_losses(model, batch, training, aux=aux)
         local_batch = batch["input_ids"].shape[0]
-        loss = loss_lib.weighted_mean(losses, weights, context if context.size > 1 else None)
+        loss = loss_lib.weighted_mean(losses, weights, whole_sequences)
         aux_loss, metrics = moe.summarize(aux)
         if aux.calls:
             # Per routing group (a replica's tokens): under context parallelism the members'
-            # mean, so the group's auxiliary loss counts once.
+            # mean, so the group's auxiliary loss counts once (the sequence-wise balance loss
+            # is the whole sequences' on every member, `moe.sequence_balance_loss`).
             loss += aux_loss / context.size
         if mtp is not None:
             loss += mtp
