@@ -514,6 +514,10 @@ def metric_shapes(num_moe_layers: int, num_experts: int) -> dict[str, tuple[int,
     }
 
 
+# The names of `summarize`'s metrics.
+MOE_METRICS = tuple(metric_shapes(1, 1))
+
+
 def summarize(collector: Collector) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
     """The weighted auxiliary loss of a forward pass and its metrics.
 

@@ -97,17 +97,13 @@ class LanguageModelBenchmark(Benchmark):
 
     @property
     def parallel_axes(self) -> tuple[str, ...]:
-        """Data and tensor parallelism; expert parallelism when the config has MoE blocks;
-        pipeline parallelism where the model's split is exact; context parallelism. A refused
-        axis is the runner's one-line error, never a silently wrong split: multi-token
-        prediction (`model.mtp_layers`) reuses the first stage's embedding on the last, which
-        holds its mirrored copy (`DecoderStage`) -- not yet built.
-        """
-        m = self.config.model
-        axes = ("data", "model", "context")
-        if not m.mtp_layers:
-            axes += ("pipeline",)
-        return axes + ("expert",) if m.moe.enabled else axes
+        """Data, tensor, pipeline and context parallelism; expert parallelism when the config
+        has MoE blocks. The model's split is exact on each (multi-token prediction included:
+        its targets are shifted before the context split, `mtp_targets`, and it runs on the
+        last pipeline stage, `DecoderStage`); a layout the model cannot take is a one-line
+        error where it is built."""
+        axes = ("data", "model", "pipeline", "context")
+        return axes + ("expert",) if self.config.model.moe.enabled else axes
 
     # ---- sizes -------------------------------------------------------------------------------
     def sequence_length(self) -> int:
@@ -386,7 +382,11 @@ class DecoderStage:
     `forward(batch, x)` -> (hidden states [micro batch, seq, hidden], the stage's MoE auxiliary
     loss or None, its metrics) of a stage before the last (`x` None on the first: it embeds
     `input_ids`); `loss(batch, x)` -> (loss, metrics) of the last stage: the whole model's loss
-    code run from layer `first` on `x` (`DecoderModel.from_stage`). Metrics are the stage's
+    code run from layer `first` on `x` (`DecoderModel.from_stage`), multi-token prediction
+    included: its depths read the embedding of the next tokens through the last stage's own
+    (mirrored) copy of the table, a second lookup of the shifted ids from the micro-batch,
+    whose gradient is summed with the first stage's over the `pipeline` axis like every
+    weight's (no activations sent for it). Metrics are the stage's
     additive part of the model's (`moe.stage_metrics`); `metric_max` names those combined
     over the stages by a max.
     """
@@ -399,28 +399,42 @@ class DecoderStage:
         self.activation_dtype = model.compute_dtype
         m = model.config
         self._moe_first = m.moe.count(first)  # MoE layers before this stage's first
-        self._moe_total = m.moe.count(m.num_hidden_layers)
+        # The MTP depths' blocks (after the last layer, on the last stage) count too.
+        self._moe_total = m.moe.count(m.num_hidden_layers + m.mtp_layers)
+        # Every stage returns every training metric (zeros where not its own: the pipeline
+        # combines them over the stages name by name), e.g. the last stage's MTP loss.
+        self._metric_shapes = benchmark.train_metric_shapes()
 
     def activation_shape(self, batch) -> list[int]:
-        """[micro batch, seq, hidden]: what a stage sends to the next (static)."""
+        """[micro batch, seq / C, hidden]: what a stage sends to the next (static; under context
+        parallelism a member's tokens, to the member of the same context index)."""
         ids = batch["input_ids"]
-        return [int(ids.shape[0]), int(ids.shape[1]), self.model.config.hidden_size]
+        seq = int(ids.shape[1]) // self.benchmark.mesh.context
+        return [int(ids.shape[0]), seq, self.model.config.hidden_size]
 
     def _metrics(self, metrics):
-        if not self._moe_total:
-            return {}
-        return moe.stage_metrics(
-            metrics, first=self._moe_first, total=self._moe_total,
-            num_experts=self.model.config.moe.num_experts,
-        )  # fmt: skip
+        out = dict(metrics)
+        if self._moe_total:
+            moe_metrics = {k: v for k, v in metrics.items() if k in moe.MOE_METRICS}
+            out.update(moe.stage_metrics(
+                moe_metrics, first=self._moe_first, total=self._moe_total,
+                num_experts=self.model.config.moe.num_experts,
+            ))  # fmt: skip
+        for name, shape in self._metric_shapes.items():
+            out.setdefault(name, tf.zeros(shape, tf.float32))
+        return out
 
     def forward(self, batch, x):
         aux = moe.Collector()
-        x = batch["input_ids"] if x is None else x
+        if x is None:  # the first stage: this context member's tokens (all of them at C = 1)
+            x = self.benchmark.split_sequences(batch)["input_ids"]
         out = self.model.stage_states(x, self.first, self.end, training=True, aux=aux)
         if not aux.calls:
             return out, None, self._metrics({})
+        # The micro-batch's share of the batch; under context parallelism the members' mean
+        # (as `compute_loss_and_metrics` adds the auxiliary losses).
         share = float(batch["input_ids"].shape[0]) / float(self.benchmark.micro_batch_size)
+        share /= self.benchmark.mesh.context
         aux_loss, metrics = moe.summarize(aux)
         return out, aux_loss * share, self._metrics(metrics)
 
