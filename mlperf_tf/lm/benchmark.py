@@ -338,6 +338,13 @@ class LanguageModelBenchmark(Benchmark):
         if mtp is not None:
             loss += mtp
             metrics[MTP_LOSS] = mtp
+        if context.size > 1:
+            # The runner averages metrics over replicas: a member's MTP loss is its tokens'
+            # share (summed over the axis: the whole sequences'), its max logit its tokens' own.
+            if MTP_LOSS in metrics:
+                metrics[MTP_LOSS] = context.total(metrics[MTP_LOSS])
+            if "moe/max_router_logit" in metrics:
+                metrics["moe/max_router_logit"] = context.max(metrics["moe/max_router_logit"])
         return loss * (float(local_batch) / float(self.micro_batch_size)), metrics
 
     def eval_step(self, model: keras.Model, batch: Any) -> dict[str, tf.Tensor]:
