@@ -38,18 +38,19 @@ def benchmark_of(benchmark_class, preset: str = "smoke", **overrides):
 
 
 def train(benchmark, *, num_devices: int, pipeline: int = 1, model_parallel: int = 1,
-          expert_parallel: int = 1, steps: int = 2, schedule: str = "1f1b",
+          expert_parallel: int = 1, context_parallel: int = 1, steps: int = 2,
+          schedule: str = "1f1b",
           summer: bool = False, clip_norm: float | None = None, xla: bool = False,
           save_to: str = "", restore_from: str = "",
           weight_update_sharding: bool = False) -> Run:  # fmt: skip
     """`steps` Adam steps of `benchmark` through the `Trainer` on `num_devices` logical CPUs:
-    `pipeline` x `expert_parallel` x `model_parallel`, the rest data. `summer`: the collectives'
-    `GradientSummer` instead of Keras' sum (needed with model or expert parallelism);
-    `weight_update_sharding`: its sharded update (the optimizer holds no slots: the summer's
-    pieces, saved whole as `sharded_slots`, as the runner saves them)."""
+    `pipeline` x `expert_parallel` x `context_parallel` x `model_parallel`, the rest data.
+    `summer`: the collectives' `GradientSummer` instead of Keras' sum (needed with model or
+    expert parallelism); `weight_update_sharding`: its sharded update (the optimizer holds no
+    slots: the summer's pieces, saved whole as `sharded_slots`, as the runner saves them)."""
     strategy, mesh, benchmark = on_mesh(
         benchmark, num_devices, model_parallel=model_parallel, expert_parallel=expert_parallel,
-        pipeline_parallel=pipeline,
+        pipeline_parallel=pipeline, context_parallel=context_parallel,
     )  # fmt: skip
     if clip_norm is not None:
         benchmark.gradient_clip_norm = lambda: clip_norm

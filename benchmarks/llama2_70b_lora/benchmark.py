@@ -18,6 +18,7 @@ from benchmarks.llama2_70b_lora import model as model_lib
 from mlperf_tf.benchmark import EvalPoint, sample_eval_schedule
 from mlperf_tf.facts import Blocks, Calibration, Rcp, SimulatorShape
 from mlperf_tf.layers import lora as lora_lib
+from mlperf_tf.layers.context_parallel import check_sequence
 from mlperf_tf.lm.benchmark import LanguageModelBenchmark
 from mlperf_tf.optimizers import WarmupCosineDecay, registry
 from mlperf_tf.spmd import use_mesh
@@ -55,7 +56,7 @@ class LoraBenchmark(LanguageModelBenchmark):
     config_class = config_lib.LoraBenchmarkConfig
     input_module = input_lib.INPUT
     model_name = model_lib.MODEL_NAME
-    parallel_axes = ("data", "model")
+    parallel_axes = ("data", "model", "context")
     # Samples to the eval loss target at global batch 8 ... 128 (6.1.0's RCPs).
     convergence = Rcp(
         "training_6.1.0/rcps_llama2_70b_lora.json", "llama2_70b_lora_ref_", in_samples=True
@@ -137,7 +138,12 @@ class LoraBenchmark(LanguageModelBenchmark):
     # ---- building ------------------------------------------------------------------------------
     def build_model(self) -> keras.Model:
         """Llama 2 with adapters on `config.lora.targets`, base frozen (under the strategy scope
-        and this benchmark's mesh)."""
+        and this benchmark's mesh).
+
+        Raises:
+          UserError: `--context_parallel` does not cut the sequence into 2C equal chunks.
+        """
+        check_sequence(self.sequence_length(), self.mesh.context)
         with use_mesh(self.mesh):
             model = model_lib.build_model(self.config.model, self.config.lora, seed=self.seed)
         trainable = sum(int(v.shape.num_elements()) for v in model.trainable_variables)
@@ -178,10 +184,16 @@ class LoraBenchmark(LanguageModelBenchmark):
 
     # ---- steps (replica context) ---------------------------------------------------------------
     def sequence_losses(self, model, batch, training: bool) -> tuple[tf.Tensor, tf.Tensor]:
-        """(mean loss over each sequence's counted tokens [batch], counted tokens [batch])."""
+        """(mean loss over each sequence's counted tokens [batch], counted tokens [batch]).
+
+        Under context parallelism (`--context_parallel=C`) this member's tokens' share of each
+        sequence's mean: its summed token losses over the whole sequence's count (summed over
+        the axis, no gradient), so the members' shares, and their gradients, sum to the
+        unsplit per-sequence means."""
+        batch = self.split_sequences(batch)
         losses = self.token_losses(model, batch, training)
         weights = self.loss_weights(batch)
-        tokens = tf.reduce_sum(weights, axis=1)
+        tokens = self.context_axis().total(tf.reduce_sum(weights, axis=1))  # whole sequences'
         return tf.reduce_sum(losses * weights, axis=1) / tf.maximum(tokens, 1.0), tokens
 
     def compute_loss_and_metrics(self, model: keras.Model, batch: Any, training: bool = True):
@@ -196,6 +208,7 @@ class LoraBenchmark(LanguageModelBenchmark):
         """Per example: its mean summary-token loss, 1 (a sequence) and its token count
         (padding examples: 0)."""
         per_sequence, tokens = self.sequence_losses(model, batch, training=False)
+        per_sequence = self.context_axis().total(per_sequence)  # the members' shares summed
         valid = tf.cast(batch["valid"], tf.float32)
         return {"loss": per_sequence * valid, "sequences": valid, "tokens": tokens * valid}
 

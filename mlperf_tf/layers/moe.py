@@ -76,6 +76,7 @@ from mlperf_tf.collectives.axis_group import AxisGroup
 from mlperf_tf.config import ConfigError
 from mlperf_tf.facts import is_moe_layer
 from mlperf_tf.layers.activations import clamped_swiglu, swiglu
+from mlperf_tf.layers.context_parallel import ContextAxis
 from mlperf_tf.parallel import layout as mesh_layout
 from mlperf_tf.parallel.context import resolve
 from mlperf_tf.parallel.layout import EXPERT_SPLIT
@@ -215,25 +216,41 @@ def _dims2(t):
     return (t.shape[0] if t.shape[0] is not None else tf.shape(t)[0]), t.shape[-1]
 
 
-def sequence_balance_loss(probs, expert, sequence_length: int):
+def sequence_balance_loss(probs, expert, sequence_length: int, context=None):
     """DeepSeek-V3's sequence-wise balance loss (arXiv 2412.19437 eqs. 17-20) without its
     coefficient: per sequence of `sequence_length` consecutive tokens, `(E / k) sum_e f_e P_e`
     with f_e the fraction of the sequence's tokens that chose e and P_e the mean normalized
     score of e over the sequence; the mean over sequences (1 for a balanced router).
 
+    Under context parallelism (`context` a `ContextAxis` of C > 1 members, each holding
+    `sequence_length` of every sequence's C x `sequence_length` tokens) f and P are the whole
+    sequences': the members' per-sequence sums, summed over the axis (two [B, E] all-reduces,
+    forward only). The value is the unsplit one on every member; its gradient is C x this
+    member's tokens' part of the unsplit gradient, so that the members' mean (the loss adds the
+    auxiliary losses / C) has the unsplit gradient.
+
     Args:
       probs: float32 [T, E] scores normalized over the experts (`Routing.probs`).
       expert: int32 [T, k] the choices.
-      sequence_length: tokens per sequence (T a multiple of it).
+      sequence_length: tokens per sequence (T a multiple of it), this member's.
+      context: the layer's `ContextAxis`, or None.
     """
     num_experts, top_k = probs.shape[-1], expert.shape[-1]
     chosen = tf.reduce_max(tf.one_hot(expert, num_experts, dtype=tf.float32), axis=-2)  # [T, E]
     chosen = tf.reshape(chosen, [-1, sequence_length, num_experts])  # [B, S, E]
     probs = tf.reshape(probs, [-1, sequence_length, num_experts])
-    per_sequence = tf.reduce_sum(
-        tf.reduce_mean(chosen, axis=1) * tf.reduce_mean(probs, axis=1), axis=-1
-    )  # [B]
-    return tf.reduce_mean(per_sequence) * float(num_experts) / float(top_k)
+    scale = float(num_experts) / float(top_k)
+    if context is None or context.size == 1:
+        per_sequence = tf.reduce_sum(
+            tf.reduce_mean(chosen, axis=1) * tf.reduce_mean(probs, axis=1), axis=-1
+        )  # [B]
+        return tf.reduce_mean(per_sequence) * scale
+    whole = float(sequence_length * context.size)
+    fraction = context.total(tf.reduce_sum(chosen, axis=1)) / whole  # [B, E], constant
+    local = tf.reduce_sum(probs, axis=1) / whole  # [B, E]: this member's part of P
+    mean = context.total(local)  # [B, E], forward only
+    mean += context.size * (local - tf.stop_gradient(local))  # value: the whole P
+    return tf.reduce_mean(tf.reduce_sum(fraction * mean, axis=-1)) * scale
 
 
 def balance_loss(probs, expert):
@@ -499,6 +516,10 @@ def metric_shapes(num_moe_layers: int, num_experts: int) -> dict[str, tuple[int,
     }
 
 
+# The names of `summarize`'s metrics.
+MOE_METRICS = tuple(metric_shapes(1, 1))
+
+
 def summarize(collector: Collector) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
     """The weighted auxiliary loss of a forward pass and its metrics.
 
@@ -657,6 +678,8 @@ class MoEFeedForward(keras.layers.Layer):
             timeout_s=collective_timeout_s,
         )  # fmt: skip
         self.local_experts = num_experts // expert_parallel
+        # The sequence-wise balance loss's whole-sequence statistics under context parallelism.
+        self.context = ContextAxis(self, mesh=mesh, timeout_s=collective_timeout_s)
         self.expert_mlp = expert_mlp
         self.expert_bias = bool(expert_bias)
         self.swiglu_limit = float(swiglu_limit)
@@ -798,7 +821,9 @@ class MoEFeedForward(keras.layers.Layer):
         ) / tf.maximum(choices, 1.0)
         dropped = 1.0 - tf.reduce_sum(tf.cast(routing.kept, tf.float32)) / tf.maximum(choices, 1.0)
         if self.balance_loss_kind == "sequence":
-            balance = sequence_balance_loss(routing.probs, routing.expert, x.shape[-2])
+            balance = sequence_balance_loss(
+                routing.probs, routing.expert, x.shape[-2], context=self.context
+            )
         else:
             balance = balance_loss(routing.probs, routing.expert)
         return MoEStats(

@@ -97,21 +97,13 @@ class LanguageModelBenchmark(Benchmark):
 
     @property
     def parallel_axes(self) -> tuple[str, ...]:
-        """Data and tensor parallelism; expert parallelism when the config has MoE blocks;
-        pipeline and context parallelism where the model's split is exact. A refused axis is
-        the runner's one-line error, never a silently wrong split:
-
-        - multi-token prediction (`model.mtp_layers`) shifts targets along the whole sequence
-          and reuses the first stage's embedding on the last: neither a zig-zag slice of the
-          sequence nor a stage holds what it needs (not built);
-        - context parallelism gathers keys and values in the GQA attention only
-          (`model.attention` "gqa"; MLA's latent path has no context gather yet).
-        """
-        m = self.config.model
-        axes = ("data", "model")
-        if not m.mtp_layers:
-            axes += ("pipeline",) + (("context",) if m.attention == "gqa" else ())
-        return axes + ("expert",) if m.moe.enabled else axes
+        """Data, tensor, pipeline and context parallelism; expert parallelism when the config
+        has MoE blocks. The model's split is exact on each (multi-token prediction included:
+        its targets are shifted before the context split, `mtp_targets`, and it runs on the
+        last pipeline stage, `DecoderStage`); a layout the model cannot take is a one-line
+        error where it is built."""
+        axes = ("data", "model", "pipeline", "context")
+        return axes + ("expert",) if self.config.model.moe.enabled else axes
 
     # ---- sizes -------------------------------------------------------------------------------
     def sequence_length(self) -> int:
@@ -274,19 +266,36 @@ class LanguageModelBenchmark(Benchmark):
             shapes[MTP_LOSS] = ()
         return shapes
 
-    def mtp_loss(self, mtp_logits: list, batch: Any, weights: tf.Tensor, axis=None) -> tf.Tensor:
+    def mtp_targets(self, batch: Any) -> list[dict[str, tf.Tensor]]:
+        """Per MTP depth k = 1..D, this replica's `input_ids` (the tokens t_{i+k} whose
+        embedding the depth reads), `labels` (t_{i+k+1}) and loss `weights` (the main weights k
+        positions on, 0 at the last k positions of the sequence), each shifted along the whole
+        sequence of `batch` and then split like the batch (`split_sequences`): under context
+        parallelism a zig-zag chunk's next tokens are the next chunk's first, held by another
+        member, so the shift cannot come after the split."""
+        weights = self.loss_weights(batch)  # [batch, seq]: per position, split like the batch
+        axis = self.context_axis()
+        return [
+            {
+                "input_ids": axis.split(shift_left(batch["input_ids"], k)),
+                "labels": axis.split(shift_left(batch["labels"], k, fill=loss_lib.IGNORE_INDEX)),
+                "weights": axis.split(shift_left(weights, k)),
+            }
+            for k in range(1, self.config.model.mtp_layers + 1)
+        ]
+
+    def mtp_loss(self, mtp_logits: list, targets: list[dict], axis=None, context=None):
         """The MTP depths' weighted mean token losses, summed, x `mtp_loss_weight / D`
-        (`mlperf_tf.lm.mtp`): depth k's targets are the labels k positions on, its weights
-        the main weights k positions on (0 at the last k positions). `axis`: the model's
-        `ModelAxis` (vocabulary-split logits)."""
+        (`mlperf_tf.lm.mtp`) against `mtp_targets`. `axis`: the model's `ModelAxis`
+        (vocabulary-split logits); `context`: the `ContextAxis` of C > 1 (the means over whole
+        sequences' tokens), or None."""
         m = self.config.model
         total = tf.constant(0.0)
-        for k, logits in enumerate(mtp_logits, start=1):
-            labels = shift_left(batch["labels"], k, fill=loss_lib.IGNORE_INDEX)
+        for logits, target in zip(mtp_logits, targets, strict=True):
             losses = loss_lib.token_cross_entropy(
-                logits, labels, vocab_size=m.vocab_size, axis=axis
+                logits, target["labels"], vocab_size=m.vocab_size, axis=axis
             )
-            total += loss_lib.weighted_mean(losses, shift_left(weights, k))
+            total += loss_lib.weighted_mean(losses, target["weights"], context)
         return total * (m.mtp_loss_weight / len(mtp_logits))
 
     def compute_loss_and_metrics(self, model: keras.Model, batch: Any, training: bool = True):
@@ -299,28 +308,43 @@ class LanguageModelBenchmark(Benchmark):
         replica's tokens are one routing group) and scaled alike.
         """
         context = self.context_axis()
+        whole_sequences = context if context.size > 1 else None
+        targets = None
+        if self.config.model.mtp_layers and training:
+            targets = self.mtp_targets(batch)  # from the whole sequences, before the split
         batch = self.split_sequences(batch)
         aux = moe.Collector()
         weights = self.loss_weights(batch)
         mtp = None
-        if self.config.model.mtp_layers and training:
-            logits, mtp_logits = model.with_mtp(batch["input_ids"], training=training, aux=aux)
-            mtp = self.mtp_loss(mtp_logits, batch, weights, axis=model.axis)
+        if targets is not None:
+            logits, mtp_logits = model.with_mtp(
+                batch["input_ids"], training=training, aux=aux,
+                next_ids=[t["input_ids"] for t in targets],
+            )  # fmt: skip
+            mtp = self.mtp_loss(mtp_logits, targets, axis=model.axis, context=whole_sequences)
             losses = loss_lib.token_cross_entropy(
                 logits, batch["labels"], vocab_size=self.config.model.vocab_size, axis=model.axis
             )
         else:
             losses = self.token_losses(model, batch, training, aux=aux)
         local_batch = batch["input_ids"].shape[0]
-        loss = loss_lib.weighted_mean(losses, weights, context if context.size > 1 else None)
+        loss = loss_lib.weighted_mean(losses, weights, whole_sequences)
         aux_loss, metrics = moe.summarize(aux)
         if aux.calls:
             # Per routing group (a replica's tokens): under context parallelism the members'
-            # mean, so the group's auxiliary loss counts once.
+            # mean, so the group's auxiliary loss counts once (the sequence-wise balance loss
+            # is the whole sequences' on every member, `moe.sequence_balance_loss`).
             loss += aux_loss / context.size
         if mtp is not None:
             loss += mtp
             metrics[MTP_LOSS] = mtp
+        if context.size > 1:
+            # The runner averages metrics over replicas: a member's MTP loss is its tokens'
+            # share (summed over the axis: the whole sequences'), its max logit its tokens' own.
+            if MTP_LOSS in metrics:
+                metrics[MTP_LOSS] = context.total(metrics[MTP_LOSS])
+            if "moe/max_router_logit" in metrics:
+                metrics["moe/max_router_logit"] = context.max(metrics["moe/max_router_logit"])
         return loss * (float(local_batch) / float(self.micro_batch_size)), metrics
 
     def eval_step(self, model: keras.Model, batch: Any) -> dict[str, tf.Tensor]:
@@ -365,7 +389,11 @@ class DecoderStage:
     `forward(batch, x)` -> (hidden states [micro batch, seq, hidden], the stage's MoE auxiliary
     loss or None, its metrics) of a stage before the last (`x` None on the first: it embeds
     `input_ids`); `loss(batch, x)` -> (loss, metrics) of the last stage: the whole model's loss
-    code run from layer `first` on `x` (`DecoderModel.from_stage`). Metrics are the stage's
+    code run from layer `first` on `x` (`DecoderModel.from_stage`), multi-token prediction
+    included: its depths read the embedding of the next tokens through the last stage's own
+    (mirrored) copy of the table, a second lookup of the shifted ids from the micro-batch,
+    whose gradient is summed with the first stage's over the `pipeline` axis like every
+    weight's (no activations sent for it). Metrics are the stage's
     additive part of the model's (`moe.stage_metrics`); `metric_max` names those combined
     over the stages by a max.
     """
@@ -378,28 +406,42 @@ class DecoderStage:
         self.activation_dtype = model.compute_dtype
         m = model.config
         self._moe_first = m.moe.count(first)  # MoE layers before this stage's first
-        self._moe_total = m.moe.count(m.num_hidden_layers)
+        # The MTP depths' blocks (after the last layer, on the last stage) count too.
+        self._moe_total = m.moe.count(m.num_hidden_layers + m.mtp_layers)
+        # Every stage returns every training metric (zeros where not its own: the pipeline
+        # combines them over the stages name by name), e.g. the last stage's MTP loss.
+        self._metric_shapes = benchmark.train_metric_shapes()
 
     def activation_shape(self, batch) -> list[int]:
-        """[micro batch, seq, hidden]: what a stage sends to the next (static)."""
+        """[micro batch, seq / C, hidden]: what a stage sends to the next (static; under context
+        parallelism a member's tokens, to the member of the same context index)."""
         ids = batch["input_ids"]
-        return [int(ids.shape[0]), int(ids.shape[1]), self.model.config.hidden_size]
+        seq = int(ids.shape[1]) // self.benchmark.mesh.context
+        return [int(ids.shape[0]), seq, self.model.config.hidden_size]
 
     def _metrics(self, metrics):
-        if not self._moe_total:
-            return {}
-        return moe.stage_metrics(
-            metrics, first=self._moe_first, total=self._moe_total,
-            num_experts=self.model.config.moe.num_experts,
-        )  # fmt: skip
+        out = dict(metrics)
+        if self._moe_total:
+            moe_metrics = {k: v for k, v in metrics.items() if k in moe.MOE_METRICS}
+            out.update(moe.stage_metrics(
+                moe_metrics, first=self._moe_first, total=self._moe_total,
+                num_experts=self.model.config.moe.num_experts,
+            ))  # fmt: skip
+        for name, shape in self._metric_shapes.items():
+            out.setdefault(name, tf.zeros(shape, tf.float32))
+        return out
 
     def forward(self, batch, x):
         aux = moe.Collector()
-        x = batch["input_ids"] if x is None else x
+        if x is None:  # the first stage: this context member's tokens (all of them at C = 1)
+            x = self.benchmark.split_sequences(batch)["input_ids"]
         out = self.model.stage_states(x, self.first, self.end, training=True, aux=aux)
         if not aux.calls:
             return out, None, self._metrics({})
+        # The micro-batch's share of the batch; under context parallelism the members' mean
+        # (as `compute_loss_and_metrics` adds the auxiliary losses).
         share = float(batch["input_ids"].shape[0]) / float(self.benchmark.micro_batch_size)
+        share /= self.benchmark.mesh.context
         aux_loss, metrics = moe.summarize(aux)
         return out, aux_loss * share, self._metrics(metrics)
 

@@ -222,16 +222,25 @@ class DecoderModel(keras.Model):
         finally:
             self._stage_input = previous
 
-    def with_mtp(self, token_ids, training=False, aux=None):
+    def with_mtp(self, token_ids, training=False, aux=None, next_ids=None):
         """(main logits [batch, seq, vocab], [logits of MTP depth k, k = 1..D]): depth k's at
         position i predict token i + k + 1 (`mlperf_tf.lm.mtp`; its last k positions have no
-        target). The MoE stats of every block, the MTP blocks' last, go to `aux`."""
+        target). The MoE stats of every block, the MTP blocks' last, go to `aux`.
+
+        `next_ids`: per depth k, the tokens t_{i+k} [batch, seq] at this replica's positions
+        (under context parallelism shifted along the whole sequence before the split:
+        `LanguageModelBenchmark.mtp_targets`); None: `token_ids` shifted left by k. On a
+        pipeline's last stage (`from_stage`) they are embedded by that replica's copy of the
+        embedding table, whose gradient there is summed over the `pipeline` axis with the
+        first stage's like every weight's."""
         states = self.hidden_states(token_ids, training=training, aux=aux)
         seq = token_ids.shape[1] if token_ids.shape[1] is not None else tf.shape(token_ids)[1]
         cos, sin = self.rotary_tables(seq)
+        if next_ids is None:
+            next_ids = [shift_left(token_ids, module.depth) for module in self.mtp]
         outputs, h = [], states
-        for module in self.mtp:
-            embedded = self.token_embedding(shift_left(token_ids, module.depth))
+        for module, ids in zip(self.mtp, next_ids, strict=True):
+            embedded = self.token_embedding(ids)
             h, normed = module(h, embedded, cos, sin, training=training, aux=aux)
             outputs.append(self.logits(normed))
         return self.logits(states), outputs

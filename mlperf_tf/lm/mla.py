@@ -24,6 +24,16 @@ projections `q_a_proj`, `kv_a_proj_with_mqa` and their norms are replicated, rea
 (each shard's gradient is its heads' part, summed by one all-reduce each backward); `q_b_proj`
 and `kv_b_proj` are column-parallel (H/M heads per shard), `o_proj` row-parallel (g: one
 all-reduce forward). M must divide the heads.
+
+Context parallelism (the ambient mesh's `context` axis, C > 1,
+`mlperf_tf.layers.context_parallel`): each member holds 2 of every sequence's 2C zig-zag chunks,
+and `cos`, `sin` are the tables of its tokens' true positions. What the keys and values of the
+whole sequence need is per token and small: the normalized latent and the rotated shared `k_pe`,
+[kv_lora + rope] a token (DeepSeek-V3: 576 values, against 128 x (192 + 128) for the heads' k
+and v), gathered over the axis in one all-gather; each member then up-projects the gathered latent through `kv_b_proj` (C x that matmul's FLOPs,
+the price of gathering 1/71 of the bytes) and masks by true positions. The gather's backward
+returns each member its own rows of the summed gradient; `kv_b_proj`'s gradient is the member's
+queries' part, summed over the axis with the other replicated weights'.
 """
 
 from __future__ import annotations
@@ -35,6 +45,7 @@ import numpy as np
 import tensorflow as tf
 
 from mlperf_tf.errors import UserError
+from mlperf_tf.layers.context_parallel import ContextAxis
 from mlperf_tf.layers.tensor_parallel import ModelAxis
 from mlperf_tf.lm.attention import NEG_INF
 from mlperf_tf.lm.layers import Linear, RMSNorm
@@ -89,6 +100,7 @@ class MultiHeadLatentAttention(keras.layers.Layer):
                 f"--model_parallel={m} must divide `model.num_attention_heads` ({num_heads})"
             )
         self.local_heads = num_heads // m
+        self.context = ContextAxis(self)
         self.scale = (qk_nope_head_dim + qk_rope_head_dim) ** -0.5 * mscale * mscale
         self.order = tf.constant(interleaved_to_halves(qk_rope_head_dim), tf.int32)
         qk = qk_nope_head_dim + qk_rope_head_dim
@@ -140,10 +152,19 @@ class MultiHeadLatentAttention(keras.layers.Layer):
         """Rotary part [batch, seq, heads, rope] with DeepSeek's adjacent pairs."""
         return apply_rope(tf.gather(t, self.order, axis=-1), cos, sin)
 
+    def _scores_mask(self, length):
+        """bool [queries, keys] of this member's queries over the (gathered) keys: causal by
+        true positions (`length`: the member's tokens, static under context parallelism)."""
+        if self.context.size == 1:
+            return tf.linalg.band_part(tf.ones([length, length], tf.bool), -1, 0)
+        query, key = self.context.positions(length), self.context.key_positions(length)
+        return tf.constant(key[None, :] <= query[:, None])
+
     def call(self, x, cos, sin):
         """x [batch, seq, hidden]; cos, sin [seq, rope] -> [batch, seq, hidden]."""
         h, nope, rope, dv = self.local_heads, self.nope, self.rope, self.v_head_dim
         batch, seq = tf.shape(x)[0], tf.shape(x)[1]
+        length = x.shape[1] if self.context.size > 1 else seq
         x = self.axis.copy(x)  # f: one all-reduce of the input gradient backward
         if self.q_lora_rank:
             q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
@@ -152,18 +173,25 @@ class MultiHeadLatentAttention(keras.layers.Layer):
         q = tf.reshape(q, [batch, seq, h, nope + rope])
         q_nope, q_pe = tf.split(q, [nope, rope], axis=-1)
         latent, k_pe = tf.split(self.kv_a_proj_with_mqa(x), [self.kv_lora_rank, rope], axis=-1)
-        kv = tf.reshape(self.kv_b_proj(self.kv_a_layernorm(latent)), [batch, seq, h, nope + dv])
-        k_nope, v = tf.split(kv, [nope, dv], axis=-1)
+        latent = self.kv_a_layernorm(latent)  # [batch, seq, kv_lora]
         q_pe = self._rotate(q_pe, cos, sin)  # [batch, seq, h, rope]
-        k_pe = self._rotate(k_pe[:, :, None, :], cos, sin)  # [batch, seq, 1, rope]
+        k_pe = self._rotate(k_pe[:, :, None, :], cos, sin)[:, :, 0]  # [batch, seq, rope]
+        if self.context.size > 1:
+            # The whole sequence's latents and rotated k_pe, in the members' rank order:
+            # [batch, seq, kv_lora + rope] -> [batch, C seq, kv_lora + rope].
+            both = self.context.gather_sequence(tf.concat([latent, k_pe], axis=-1), axis=1)
+            latent, k_pe = tf.split(both, [self.kv_lora_rank, rope], axis=-1)
+        keys = tf.shape(latent)[1]  # seq, or C seq gathered
+        kv = tf.reshape(self.kv_b_proj(latent), [batch, keys, h, nope + dv])
+        k_nope, v = tf.split(kv, [nope, dv], axis=-1)
+        k_pe = tf.broadcast_to(k_pe[:, :, None, :], tf.stack([batch, keys, h, rope]))
         q = tf.concat([q_nope, q_pe], axis=-1)  # [batch, seq, h, nope + rope]
-        k = tf.concat([k_nope, tf.broadcast_to(k_pe, tf.stack([batch, seq, h, rope]))], axis=-1)
+        k = tf.concat([k_nope, k_pe], axis=-1)  # [batch, keys, h, nope + rope]
         q = tf.transpose(q, [0, 2, 1, 3])  # [batch, h, seq, qk]
-        k = tf.transpose(k, [0, 2, 1, 3])  # [batch, h, seq, qk]
-        v = tf.transpose(v, [0, 2, 1, 3])  # [batch, h, seq, dv]
+        k = tf.transpose(k, [0, 2, 1, 3])  # [batch, h, keys, qk]
+        v = tf.transpose(v, [0, 2, 1, 3])  # [batch, h, keys, dv]
         scores = tf.cast(tf.matmul(q, k, transpose_b=True), tf.float32) * self.scale
-        causal = tf.linalg.band_part(tf.ones([seq, seq], tf.bool), -1, 0)
-        probs = tf.nn.softmax(tf.where(causal, scores, NEG_INF), axis=-1)  # [batch, h, s, s]
+        probs = tf.nn.softmax(tf.where(self._scores_mask(length), scores, NEG_INF), axis=-1)
         out = tf.matmul(tf.cast(probs, v.dtype), v)  # [batch, h, seq, dv]
         out = tf.reshape(tf.transpose(out, [0, 2, 1, 3]), [batch, seq, h * dv])
         return self.o_proj(out)

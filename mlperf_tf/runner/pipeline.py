@@ -40,7 +40,6 @@ from __future__ import annotations
 import tensorflow as tf
 
 from mlperf_tf.collectives.axis_group import AxisGroup
-from mlperf_tf.errors import UserError
 from mlperf_tf.parallel.pipeline import Schedule
 
 
@@ -85,13 +84,10 @@ class PipelineStep:
         self.model = model
         self.optimizer = optimizer
         self.loss_scale = loss_scale
+        # Under context parallelism too: the stage splits its micro-batches' sequences itself
+        # (`Benchmark.pipeline_stage`) and sends its tokens' activations to the next stage's
+        # member of the same context index (a `pipeline` group shares the context index).
         self.group = AxisGroup("pipeline", owner="pipeline", mesh=mesh, timeout_s=timeout_s)
-        if self.group.mesh is not None and self.group.mesh.context > 1:
-            # A stage would need the context split of its micro-batches and of the activations
-            # it sends: not built (nor tested).
-            raise UserError(
-                "--pipeline_parallel with --context_parallel is not supported yet: use one of them"
-            )
         # Each accumulated batch in pieces of `--micro_batch_size` (1: the batch whole).
         self.timed = False  # set before the first trace (`metric_shapes`)
         self.xla = xla

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from benchmarks.deepseekv3_671b.benchmark import DeepseekV3Benchmark
 from benchmarks.gpt_oss_20b.benchmark import GptOssBenchmark
 from benchmarks.llama31_8b.benchmark import Llama31Benchmark
 from mlperf_tf.benchmark import RunContext
@@ -220,3 +221,40 @@ def test_a_stage_sharded_checkpoint_is_the_p1_sharded_one_and_restores_across_p(
                             clip_norm=1.0, restore_from=str(tmp_path / f"p{first}"),
                             save_to=path, weight_update_sharding=True)  # fmt: skip
         _assert_same_checkpoint(_checkpoint(path), saved[first])
+
+
+def _deepseek(**overrides):
+    """The smoke DeepSeek-V3 at 2 layers (a dense first stage, an MoE last stage with MTP)."""
+    return pipeline_runs.benchmark_of(
+        DeepseekV3Benchmark, gradient_accumulation_steps=2, model__num_hidden_layers=2,
+        **overrides,
+    )  # fmt: skip
+
+
+@pytest.mark.slow  # about a minute of CPU a run
+@pytest.mark.parametrize(("expert_parallel", "devices"), [(1, 2), (2, 2)], ids=["D2xP2", "E2xP2"])
+def test_deepseek_with_mtp_on_the_last_stage_equals_the_unpipelined_run(expert_parallel, devices):
+    """DeepSeek-V3 (MLA, 8 experts in groups, the sequence-wise balance loss, one MTP depth)
+    at P = 2 on 4 devices against the unpipelined run on 2: the MTP depth on the last stage
+    embeds the shifted tokens with that stage's copy of the embedding (its gradient summed with
+    the first stage's over the axis); the metrics, MTP loss and per-layer MoE rows of both
+    stages, equal the unpipelined run's."""
+    bench = _deepseek()
+    ref = pipeline_runs.train(bench, num_devices=devices, expert_parallel=expert_parallel,
+                              summer=True, clip_norm=1.0)  # fmt: skip
+    got = pipeline_runs.train(bench, num_devices=2 * devices, expert_parallel=expert_parallel,
+                              pipeline=2, summer=True, clip_norm=1.0)  # fmt: skip
+    _assert_same(got, ref)
+    assert got.losses[1] < got.losses[0]
+
+
+@pytest.mark.slow  # two runs of about a minute of CPU
+def test_p2_x_c2_equals_the_unsplit_run():
+    """Pipeline 2 x context 2 on 4 devices (each stage's two members holding zig-zag chunks of
+    every sequence, the activations sent to the next stage's member of the same context index)
+    against one device: the losses and whole weights, clipped to the whole model's norm."""
+    bench = _llama()
+    ref = pipeline_runs.train(bench, num_devices=1, summer=True, clip_norm=1.0)
+    got = pipeline_runs.train(bench, num_devices=4, pipeline=2, context_parallel=2, summer=True,
+                              clip_norm=1.0)  # fmt: skip
+    _assert_same(got, ref)

@@ -77,6 +77,20 @@ def test_mlperf_preset_logs_every_key_the_closed_rules_require(ruleset):
     assert ("expert_parallelism" in hparams) == (ruleset == "6.1.0")
 
 
+def test_the_pipeline_and_context_axes_are_taken_and_disclosed_as_used():
+    """The reference's layout has a pipeline axis (TP1 x PP4 x CP1 x EP64): the benchmark takes
+    pipeline and context (MTP on the last stage, MLA's latent gathered), and the 6.1 keys say
+    the mesh's sizes; a P that does not divide the layers is one line."""
+    bench = _bench("smoke", mesh=DeviceMesh(pipeline=2, context=2, expert=2))
+    assert {"pipeline", "context", "expert"} <= set(bench.parallel_axes)
+    keys = bench.round_hparams()
+    assert (keys["pipeline_parallelism"], keys["context_parallelism"]) == (2, 2)
+    assert (keys["expert_parallelism"], keys["tensor_parallelism"]) == (2, 1)
+    with pytest.raises(UserError, match=r"--pipeline_parallel=2 must divide") as e:
+        bench.build_model()  # the smoke model's 3 layers
+    assert "\n" not in str(e.value)
+
+
 def test_parameters_are_listed_by_mlperf_tf_list_json(capsys):
     from mlperf_tf import cli
 

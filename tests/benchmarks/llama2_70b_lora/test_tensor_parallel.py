@@ -25,3 +25,16 @@ def test_split_lora_run_equals_the_unsplit_run():
     # The adapters moved away from B = 0 (else A's gradient stays 0 and nothing is tested).
     assert max(abs(w).max() for n, w in zip(got.names, got.weights) if n.endswith("lora_b")) > 0
     tensor_parallel.assert_same_run(got, ref, rtol=RTOL)
+
+
+@pytest.mark.slow  # two runs of 4 steps on 2 and 4 devices
+def test_context_parallel_lora_run_equals_the_unsplit_run():
+    """C = 2 x D2 on 4 devices (each sequence's 4 zig-zag chunks over 2 members, the
+    per-sequence mean over the whole sequence's summary tokens) against D2 on 2."""
+    config = config_lib.smoke()
+    config = dataclasses.replace(config, lora=dataclasses.replace(config.lora, dropout=0.0))
+    got = tensor_parallel.assert_split_equals_unsplit(
+        LoraBenchmark(config), num_devices=4, model_parallel=1, context_parallel=2,
+        optimizer="own", steps=4, rtol=RTOL,
+    )  # fmt: skip
+    assert max(abs(w).max() for n, w in zip(got.names, got.weights) if n.endswith("lora_b")) > 0
