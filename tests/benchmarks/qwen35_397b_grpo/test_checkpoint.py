@@ -20,6 +20,8 @@ from safetensors.numpy import save_file
 from benchmarks.qwen35_397b_grpo import checkpoint
 from benchmarks.qwen35_397b_grpo import config as config_lib
 from benchmarks.qwen35_397b_grpo import model as model_lib
+from benchmarks.qwen35_397b_grpo.benchmark import Qwen35GrpoBenchmark
+from mlperf_tf.errors import UserError
 from mlperf_tf.hf_checkpoint import CheckpointImportError
 from tests.numerics import assert_close
 
@@ -237,3 +239,21 @@ def test_truncated_shard_is_one_line(moe_checkpoint, tmp_path):
     with pytest.raises(CheckpointImportError) as e:
         checkpoint.load(path, _model(c), c)
     assert "model.safetensors" in _one_line(e) and "truncated" in str(e.value)
+
+
+def test_benchmark_restores_init_checkpoint_before_the_run(tmp_path):
+    smoke = config_lib.smoke()
+    t = _hf_tensors(smoke.model, seed=5)
+    path = _write(tmp_path / "init", smoke.model, t)
+    bench = Qwen35GrpoBenchmark(dataclasses.replace(smoke, init_checkpoint=path))
+    model = bench.build_model()
+    bench.restore_initial_weights(model)
+    np.testing.assert_array_equal(
+        model.token_embedding.embeddings.numpy(), t[P + "embed_tokens.weight"]
+    )
+    empty = Qwen35GrpoBenchmark(smoke)  # "": the initializers, nothing read
+    empty.restore_initial_weights(model)
+    bad = Qwen35GrpoBenchmark(dataclasses.replace(smoke, init_checkpoint=str(tmp_path / "none")))
+    with pytest.raises(UserError) as e:
+        bad.restore_initial_weights(model)
+    assert "none" in _one_line(e) and "not a folder" in str(e.value)
