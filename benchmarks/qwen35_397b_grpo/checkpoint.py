@@ -35,13 +35,13 @@ from __future__ import annotations
 
 import os
 
+import keras
 import numpy as np
 import tensorflow as tf
 
 from benchmarks.qwen35_397b_grpo.config import ModelConfig
 from mlperf_tf import hf_checkpoint
-from mlperf_tf.hf_checkpoint import CheckpointImportError, Entry, transposed
-from mlperf_tf.spmd import current_mesh
+from mlperf_tf.hf_checkpoint import Entry, transposed
 
 PREFIX = "model.language_model."
 ARCHITECTURE = "Qwen3_5MoeForConditionalGeneration"
@@ -251,23 +251,17 @@ def entries(keras_model, model: ModelConfig, *, fused: bool = True) -> list[Entr
     return out
 
 
-def _set(variable, value) -> None:
-    variable.assign(tf.cast(value, variable.value.dtype))
-
-
 def _assign(entry: Entry, value: np.ndarray) -> None:
-    """Writes a converted tensor into its variable(s)."""
+    """Writes a converted tensor into its variable(s): `hf_checkpoint.assign`, or the two
+    halves of a fused `gate_up_proj` [E, hidden, 2 width] into (gate, up)."""
     target = entry.target
-    if not isinstance(target, tuple):
-        _set(target, value)
-    elif isinstance(target[1], int):  # (stacked variable, expert): that expert's slice
-        variable, index = target
-        variable.value[index].assign(tf.cast(value, variable.value.dtype))
-    else:  # (gate, up) of a fused gate_up_proj [E, hidden, 2 width]
-        gate, up = target
-        width = int(gate.shape[-1])
-        _set(gate, value[..., :width])
-        _set(up, value[..., width:])
+    if not (isinstance(target, tuple) and isinstance(target[1], keras.Variable)):
+        hf_checkpoint.assign(entry, value)
+        return
+    gate, up = target
+    width = int(gate.shape[-1])
+    gate.assign(tf.cast(value[..., :width], gate.value.dtype))
+    up.assign(tf.cast(value[..., width:], up.value.dtype))
 
 
 def has_fused_experts(source: hf_checkpoint.HFCheckpoint, model: ModelConfig) -> bool:
@@ -280,21 +274,17 @@ def has_fused_experts(source: hf_checkpoint.HFCheckpoint, model: ModelConfig) ->
 
 
 def load(directory: str, keras_model, model: ModelConfig) -> int:
-    """Loads the Hugging Face checkpoint `directory` into `keras_model` (built from `model`),
-    shard by shard; returns the tensors loaded.
+    """Imports the Qwen3.5 folder `directory` into `keras_model` (built from `model`): its
+    `config.json` checked, its experts' layout found, then shard by shard.
+
+    Returns:
+      The number of tensors imported.
 
     Raises:
-      CheckpointImportError: another model's config, a missing or truncated shard, a tensor
-        missing or of another shape, or a split mesh (the import fills whole tensors: load at
-        --model_parallel=1 --expert_parallel=1).
+      CheckpointImportError: one line naming the field, file or tensor (`open_whole`,
+        `check_hf_config`, `HFCheckpoint.load`).
     """
-    mesh = current_mesh()
-    if mesh is not None and (mesh.model > 1 or mesh.expert > 1):
-        raise CheckpointImportError(
-            f"`init_checkpoint` loads whole tensors: run the import at --model_parallel=1 "
-            f"--expert_parallel=1 (got {mesh.model}, {mesh.expert})"
-        )
-    source = hf_checkpoint.HFCheckpoint(directory)
+    source = hf_checkpoint.open_whole(directory)
     check_hf_config(source.config(), model, os.path.join(directory, hf_checkpoint.CONFIG))
     fused = has_fused_experts(source, model)
     return source.load(entries(keras_model, model, fused=fused), _assign)
