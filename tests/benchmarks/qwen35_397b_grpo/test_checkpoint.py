@@ -257,3 +257,34 @@ def test_benchmark_restores_init_checkpoint_before_the_run(tmp_path):
     with pytest.raises(UserError) as e:
         bad.restore_initial_weights(model)
     assert "none" in _one_line(e) and "not a folder" in str(e.value)
+
+
+def test_config_check_reads_the_release_form_of_config_json():
+    """The full model against a `config.json` in the form transformers writes for Qwen3.5-MoE
+    (written here by hand): `text_config` without `layer_types` (transformers derives them from
+    `full_attention_interval`), an integer `rope_theta` and the M-RoPE fields inside
+    `rope_parameters`, `tie_word_embeddings` at the top only."""
+    release = {
+        "architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe",
+        "tie_word_embeddings": False, "vision_config": {"depth": 27},
+        "text_config": {
+            "model_type": "qwen3_5_moe_text", "vocab_size": 248320, "hidden_size": 4096,
+            "num_hidden_layers": 60, "num_attention_heads": 32, "num_key_value_heads": 2,
+            "head_dim": 256, "full_attention_interval": 4, "linear_num_key_heads": 16,
+            "linear_num_value_heads": 64, "linear_key_head_dim": 128,
+            "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4, "num_experts": 512,
+            "num_experts_per_tok": 10, "moe_intermediate_size": 1024,
+            "shared_expert_intermediate_size": 1024, "rms_norm_eps": 1e-6,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000000,
+                                "partial_rotary_factor": 0.25, "mrope_interleaved": True,
+                                "mrope_section": [11, 11, 10]},
+        },
+    }  # fmt: skip
+    full = config_lib.qwen35_397b()
+    checkpoint.check_hf_config(release, full, "config.json")
+    release["text_config"]["full_attention_interval"] = 3
+    with pytest.raises(CheckpointImportError, match="`layer_types`"):
+        checkpoint.check_hf_config(release, full, "config.json")
+    release["text_config"].update(full_attention_interval=4, num_experts_per_tok=8)
+    with pytest.raises(CheckpointImportError, match="`num_experts_per_tok` is 8"):
+        checkpoint.check_hf_config(release, full, "config.json")
