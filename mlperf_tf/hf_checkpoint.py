@@ -7,8 +7,10 @@ A benchmark declares what its model holds as a list of `Entry`s (a Hugging Face 
 target's shape, how the tensor becomes it: `as_is`, `transposed` for a torch Linear weight
 [out, in] into a Keras kernel [in, out]); `HFCheckpoint.load` reads them grouped by shard (each
 shard opened once, nothing of another shard in memory) and hands each converted tensor to the
-caller's `assign`. The config check (`check_config`) compares a checkpoint's `config.json` with
-the model's fields, one named field per error.
+caller's `assign` (`assign` writes a variable, or one expert's slice of a stacked one;
+`open_whole` opens a folder for such an import, refusing a mesh that splits tensors). The
+config check (`check_config`) compares a checkpoint's `config.json` with the model's fields,
+one named field per error.
 
 The shard reader parses the safetensors format itself (an 8-byte little-endian header length, a
 JSON header of dtype, shape and byte offsets, the data; huggingface/safetensors' README): the
@@ -30,8 +32,10 @@ from collections.abc import Callable, Iterable
 
 import ml_dtypes
 import numpy as np
+import tensorflow as tf
 
 from mlperf_tf.errors import UserError
+from mlperf_tf.parallel.context import current_mesh
 
 CONFIG = "config.json"
 INDEX = "model.safetensors.index.json"
@@ -270,3 +274,30 @@ class HFCheckpoint:
                 ) from None
         tensor = entry.convert(tensor.astype(np.float32))
         return checked(tensor, entry.shape, entry.name, shard.path)
+
+
+def open_whole(directory: str) -> HFCheckpoint:
+    """The checkpoint folder `directory`, for an import that fills whole tensors.
+
+    Raises:
+      CheckpointImportError: the ambient mesh splits tensors (load at --model_parallel=1
+        --expert_parallel=1), or `directory` is not a checkpoint (`HFCheckpoint`).
+    """
+    mesh = current_mesh()
+    if mesh is not None and (mesh.model > 1 or mesh.expert > 1):
+        raise CheckpointImportError(
+            f"`init_checkpoint` loads whole tensors: run the import at --model_parallel=1 "
+            f"--expert_parallel=1 (got {mesh.model}, {mesh.expert})"
+        )
+    return HFCheckpoint(directory)
+
+
+def assign(entry: Entry, value: np.ndarray) -> None:
+    """Writes a converted tensor into `entry.target`: a variable, or (stacked variable, index)
+    for one expert of an [E, ...] weight (the backing tf.Variable's slice, so no whole [E, ...]
+    copy is made)."""
+    if isinstance(entry.target, tuple):
+        variable, index = entry.target
+        variable.value[index].assign(tf.cast(value, variable.value.dtype))
+    else:
+        entry.target.assign(tf.cast(value, entry.target.value.dtype))

@@ -22,13 +22,11 @@ import json
 import os
 
 import numpy as np
-import tensorflow as tf
 from safetensors.numpy import save_file
 
 from benchmarks.deepseekv3_671b.config import ModelConfig
 from mlperf_tf import hf_checkpoint, prepare_cli
 from mlperf_tf.hf_checkpoint import CheckpointImportError, Entry, transposed
-from mlperf_tf.spmd import current_mesh
 
 ARCHITECTURE = "DeepseekV3ForCausalLM"
 
@@ -164,16 +162,6 @@ def entries(keras_model, model: ModelConfig) -> list[Entry]:
     return out
 
 
-def _assign(entry: Entry, value: np.ndarray) -> None:
-    """Writes a converted tensor into its variable (one expert's slice of a stacked one)."""
-    if isinstance(entry.target, tuple):
-        variable, index = entry.target
-        # [E, ...]: the backing tf.Variable's slice, so no whole [E, ...] copy is made.
-        variable.value[index].assign(tf.cast(value, variable.value.dtype))
-    else:
-        entry.target.assign(tf.cast(value, entry.target.value.dtype))
-
-
 def load(directory: str, keras_model, model: ModelConfig) -> int:
     """Loads the Hugging Face checkpoint `directory` into `keras_model` (built from `model`),
     shard by shard; returns the tensors loaded.
@@ -183,15 +171,9 @@ def load(directory: str, keras_model, model: ModelConfig) -> int:
         missing or of another shape, or a split mesh (the import fills whole tensors: load at
         --model_parallel=1 --expert_parallel=1).
     """
-    mesh = current_mesh()
-    if mesh is not None and (mesh.model > 1 or mesh.expert > 1):
-        raise CheckpointImportError(
-            f"`init_checkpoint` loads whole tensors: run the import at --model_parallel=1 "
-            f"--expert_parallel=1 (got {mesh.model}, {mesh.expert})"
-        )
-    source = hf_checkpoint.HFCheckpoint(directory)
+    source = hf_checkpoint.open_whole(directory)
     check_hf_config(source.config(), model, os.path.join(directory, hf_checkpoint.CONFIG))
-    return source.load(entries(keras_model, model), _assign)
+    return source.load(entries(keras_model, model), hf_checkpoint.assign)
 
 
 def export(keras_model, model: ModelConfig, out_dir: str, *, shards: int = 2,

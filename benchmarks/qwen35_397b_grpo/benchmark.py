@@ -9,13 +9,16 @@ from typing import Any
 
 import keras
 import tensorflow as tf
+from absl import logging
 from mlperf_logging.mllog import constants as C
 
+from benchmarks.qwen35_397b_grpo import checkpoint as checkpoint_lib
 from benchmarks.qwen35_397b_grpo import config as config_lib
 from benchmarks.qwen35_397b_grpo import input as input_lib
 from benchmarks.qwen35_397b_grpo.model import build_model
 from mlperf_tf.benchmark import Benchmark, EvalPoint
 from mlperf_tf.rl import batch as batch_lib
+from mlperf_tf.spmd import use_mesh
 
 _METRICS = ("reward", "is_oob_ratio", "sampling_importance_ratio", "masked_sequences")
 
@@ -63,6 +66,17 @@ class Qwen35GrpoBenchmark(Benchmark):
     def bind_model(self, model) -> None:
         """The policy the rollout pipelines generate with: the trained weights themselves."""
         self._policy = model
+
+    def restore_initial_weights(self, model) -> None:
+        """Loads `config.init_checkpoint` (a Hugging Face Qwen3.5 folder: the released
+        Qwen3.5-397B-A17B) into the policy before `run_start`, through the shared importer
+        (`checkpoint.load`); nothing when it is "" (the initializers)."""
+        path = self.config.init_checkpoint
+        if not path:
+            return
+        with use_mesh(self.mesh):
+            count = checkpoint_lib.load(path, model, self.config.model)
+        logging.info("qwen35_397b_grpo: %d tensors from %s", count, path)
 
     def learning_rate(self) -> float:
         return self.config.optimizer.opt_base_learning_rate or config_lib.learning_rate(

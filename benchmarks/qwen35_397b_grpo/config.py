@@ -273,9 +273,12 @@ class Qwen35GrpoConfig(BenchmarkConfig):
     `grpo.num_prompts_per_step` tasks x `grpo.num_generations_per_prompt` rollouts
     (`global_batch_size`, which must equal their product); an epoch is `train_examples` tasks'
     rollouts; an evaluation is `eval_examples` tasks x `grpo.num_val_generations_per_prompt`.
+    `init_checkpoint`: the Hugging Face folder the policy starts from (the released
+    Qwen3.5-397B-A17B, `checkpoint.load`), loaded before `run_start` ("": the initializers).
     """
 
     model: ModelConfig = ModelConfig()
+    init_checkpoint: str = ""
     grpo: GrpoConfig = GrpoConfig()
     optimizer: OptimizerConfig = OptimizerConfig()
     env: EnvironmentConfig = EnvironmentConfig()
@@ -297,8 +300,9 @@ class Qwen35GrpoConfig(BenchmarkConfig):
 
 
 def mlperf() -> Qwen35GrpoConfig:
-    """The reference at GBS 256 (16 x 16) on the R2E-Gym tasks: needs the checkpoint, the task
-    images and a container runtime (README.md); not runnable yet (no checkpoint import)."""
+    """The reference at GBS 256 (16 x 16) on the R2E-Gym tasks: needs the checkpoint
+    (`--config.init_checkpoint=QWEN35_397B_A17B`, the Hugging Face folder), the task images
+    and a container runtime (README.md)."""
     gbs = REFERENCE_GBS
     return Qwen35GrpoConfig(
         global_batch_size=gbs, eval_batch_size=EVAL_SAMPLES, train_examples=TRAIN_ROWS * 16,
