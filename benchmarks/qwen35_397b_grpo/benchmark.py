@@ -61,8 +61,9 @@ class Qwen35GrpoBenchmark(Benchmark):
         return build_model(self.config.model)
 
     def bind_model(self, model) -> None:
-        """The policy the rollout pipelines generate with: the trained weights themselves."""
-        self._policy = model
+        """The policy the rollout pipelines generate with: the trained weights themselves,
+        through one compiled generator (`input.generator`)."""
+        self._policy = input_lib.generator(model, self.config)
 
     def learning_rate(self) -> float:
         return self.config.optimizer.opt_base_learning_rate or config_lib.learning_rate(

@@ -251,20 +251,33 @@ class EnvironmentConfig:
 class RolloutConfig:
     """Lengths of a rollout (tokens): `max_length` the whole conversation (the reference's
     65,536), `max_turn_tokens` one generated turn; `train_tasks`, `eval_tasks`: the generated
-    task sets of `mini` and `smoke` (`tasks.make_tasks`, seeds `task_seed` and `task_seed + 1`)."""
+    task sets of `mini` and `smoke` (`tasks.make_tasks`, seeds `task_seed` and `task_seed + 1`);
+    `compiled_generation`: decode with `mlperf_tf.rl.generation.CompiledGenerator` (compiled
+    prefill per `prefill_bucket` of prompt length, one compiled step; the same tokens as the
+    eager path, which False selects)."""
 
     max_length: int = MLPERF_SEQUENCE_LENGTH
     max_turn_tokens: int = MLPERF_SEQUENCE_LENGTH
     train_tasks: int = TRAIN_ROWS
     eval_tasks: int = EVAL_SAMPLES
     task_seed: int = 1
+    compiled_generation: bool = True
+    prefill_bucket: int = 64
 
     def __post_init__(self):
         require(
             self, prefix="rollout.",
-            positive_int=("max_length", "max_turn_tokens", "train_tasks", "eval_tasks"),
+            positive_int=("max_length", "max_turn_tokens", "train_tasks", "eval_tasks",
+                          "prefill_bucket"),
             non_negative_int=("task_seed",),
         )  # fmt: skip
+
+    def generation_capacity(self) -> int:
+        """Key/value slots of the compiled generator: the longest prompt a turn can start from
+        (`max_length`, padded to the bucket) plus one turn."""
+        return -(-self.max_length // self.prefill_bucket) * self.prefill_bucket + (
+            self.max_turn_tokens
+        )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
