@@ -73,7 +73,9 @@ def run_rollouts(model, environments, tasks, *, chat: ByteChat, max_turns: int,
             )
         rollouts.append(r)
     ids = list(range(len(rollouts))) if ids is None else list(ids)
-    generator = model if isinstance(model, CompiledGenerator) else functools.partial(generate, model)
+    generator = (
+        model if isinstance(model, CompiledGenerator) else functools.partial(generate, model)
+    )
     active = list(range(len(rollouts)))
     for turn in range(max_turns):
         if not active:
