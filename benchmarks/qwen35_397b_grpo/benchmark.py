@@ -5,16 +5,20 @@ loss is GRPO's (`mlperf_tf.rl`), an evaluation is pass@k over validation rollout
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 import keras
 import tensorflow as tf
+from absl import logging
 from mlperf_logging.mllog import constants as C
 
 from benchmarks.qwen35_397b_grpo import config as config_lib
 from benchmarks.qwen35_397b_grpo import input as input_lib
+from benchmarks.qwen35_397b_grpo import sft
 from benchmarks.qwen35_397b_grpo.model import build_model
 from mlperf_tf.benchmark import Benchmark, EvalPoint
+from mlperf_tf.errors import UserError
 from mlperf_tf.rl import batch as batch_lib
 
 _METRICS = ("reward", "is_oob_ratio", "sampling_importance_ratio", "masked_sequences")
@@ -64,6 +68,23 @@ class Qwen35GrpoBenchmark(Benchmark):
         """The policy the rollout pipelines generate with: the trained weights themselves,
         through one compiled generator (`input.generator`)."""
         self._policy = input_lib.generator(model, self.config)
+
+    def restore_initial_weights(self, model) -> None:
+        """Loads `config.init_checkpoint` (a folder with `sft.WEIGHTS`: the `mini` base), before
+        `run_start`; when it is the mini's and missing, trains it first (`sft.train_base`,
+        untimed, as `prepare --mini` would). Nothing when it is "" (`smoke`). The reference's
+        Hugging Face checkpoint import is not built (README.md)."""
+        path = self.config.init_checkpoint
+        if not path:
+            return
+        weights = os.path.join(path, sft.WEIGHTS)
+        if not os.path.exists(weights) and path == config_lib.mini_base_dir():
+            logging.info("qwen35_397b_grpo: training the mini base into %s", path)
+            logging.info("qwen35_397b_grpo: %s", sft.train_base(path))
+        if not os.path.exists(weights):
+            raise UserError(f"`init_checkpoint` ({path!r}): no {sft.WEIGHTS} in it")
+        model.load_weights(weights)
+        logging.info("qwen35_397b_grpo: initial weights from %s", weights)
 
     def learning_rate(self) -> float:
         return self.config.optimizer.opt_base_learning_rate or config_lib.learning_rate(

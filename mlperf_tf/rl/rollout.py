@@ -19,7 +19,7 @@ import dataclasses
 import functools
 
 from mlperf_tf.errors import UserError
-from mlperf_tf.rl.generation import ByteChat, CompiledGenerator, generate
+from mlperf_tf.rl.generation import ByteChat, generate
 from mlperf_tf.rl.tool_calls import CALL_CLOSE
 
 
@@ -46,7 +46,8 @@ def run_rollouts(model, environments, tasks, *, chat: ByteChat, max_turns: int,
 
     Args:
       model: a decoder with `empty_cache` and `decode` (eager `generation.generate`), or a
-        `generation.CompiledGenerator` of one (compiled steps, the same tokens).
+        generator called as `generate` is without its model: a `generation.CompiledGenerator`
+        (compiled steps, the same tokens) or a scripted policy (the expert trajectories).
       environments: one `Environment` per rollout (each resets to its task here).
       tasks: the tasks, as many as environments.
       chat: the tokenizer and chat layout.
@@ -73,9 +74,7 @@ def run_rollouts(model, environments, tasks, *, chat: ByteChat, max_turns: int,
             )
         rollouts.append(r)
     ids = list(range(len(rollouts))) if ids is None else list(ids)
-    generator = (
-        model if isinstance(model, CompiledGenerator) else functools.partial(generate, model)
-    )
+    generator = functools.partial(generate, model) if hasattr(model, "decode") else model
     active = list(range(len(rollouts)))
     for turn in range(max_turns):
         if not active:
