@@ -351,22 +351,22 @@ def mini_model() -> ModelConfig:
 def mini() -> Qwen35GrpoConfig:
     """The generated repair tasks in the local sandbox, from the base model `prepare --mini`
     trains supervised on expert trajectories (`sft.train_base`; the first run trains it when
-    missing, before `run_start`): 8 tasks x 4 rollouts a step of up to 6 turns of 256 tokens,
-    evaluated by pass@4 on 251 held-out tasks from step 4, then every step.
-    `mlperf-tf run --benchmark=qwen35_397b_grpo --preset=mini --model_dir=/tmp/grpo-mini`.
+    missing, before `run_start`): 2 tasks x 16 rollouts a step (the rules' 16 generations) of
+    up to 6 turns of 256 tokens, evaluated by pass@4 on 251 held-out tasks from step 4, then
+    every step. `mlperf-tf run --benchmark=qwen35_397b_grpo --preset=mini --model_dir=DIR`.
     """
-    grpo = GrpoConfig(num_prompts_per_step=8, num_generations_per_prompt=4, max_steps=12,
+    grpo = GrpoConfig(num_prompts_per_step=2, num_generations_per_prompt=16, max_steps=10,
                       max_rollout_turns=6, val_start_step=4)  # fmt: skip
     gbs = grpo.global_batch_size
     return Qwen35GrpoConfig(
-        global_batch_size=gbs, eval_batch_size=64, train_examples=256 * 4,
-        eval_examples=EVAL_SAMPLES, max_epochs=12 * gbs / (256 * 4),
+        global_batch_size=gbs, eval_batch_size=128, train_examples=256 * 16,
+        eval_examples=EVAL_SAMPLES, max_epochs=10 * gbs / (256 * 16),
         quality_target=MINI_TARGET_PASS_AT_4, gradient_clip_norm=gradient_clip(gbs),
         model=mini_model(), grpo=grpo, optimizer=OptimizerConfig(opt_base_learning_rate=1e-4),
         env=EnvironmentConfig(kind="repair", tool_timeout_s=10.0, test_timeout_s=10.0,
                               validation_test_timeout_s=10.0),
         rollout=RolloutConfig(max_length=1536, max_turn_tokens=256, train_tasks=256,
-                              eval_tasks=EVAL_SAMPLES, prefill_bucket=128),
+                              eval_tasks=EVAL_SAMPLES, prefill_bucket=256),
         init_checkpoint=mini_base_dir(),
     )  # fmt: skip
 
