@@ -40,8 +40,9 @@ def main(argv=None) -> None:
 
     config = config_lib.mini()
     config = dataclasses.replace(
-        config, rollout=dataclasses.replace(config.rollout, eval_tasks=args.eval_tasks)
-    )
+        config, rollout=dataclasses.replace(config.rollout, eval_tasks=args.eval_tasks),
+        eval_batch_size=min(config.eval_batch_size, args.eval_tasks),
+    )  # fmt: skip
     weights = args.weights or os.path.join(config_lib.mini_base_dir(), sft.WEIGHTS)
     model = build_model(config.model)
     model.load_weights(weights)
