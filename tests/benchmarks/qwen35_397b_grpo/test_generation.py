@@ -86,20 +86,19 @@ def test_generation_logprobs_equal_the_training_forward(model):
 def test_compiled_generation_equals_the_eager_path(model):
     """Same seeds, same tokens: prompts of three lengths (left-padded to a 16-token bucket, not
     to the longest prompt as eagerly; the batch of 3 padded to 4), sampling with top-p; then a
-    second call at another bucket reuses the step's trace."""
-    compiled = CompiledGenerator(model, capacity=64, bucket=16)
-    kw = dict(max_new_tokens=10, eos_id=CHAT.IM_END, pad_id=CHAT.PAD, temperature=1.0,
+    call at the next bucket reuses the step's one trace."""
+    compiled = CompiledGenerator(model, capacity=48, bucket=16)
+    kw = dict(max_new_tokens=6, eos_id=CHAT.IM_END, pad_id=CHAT.PAD, temperature=1.0,
               top_p=0.9, stop_suffixes=("</tool_call>",), decode_text=CHAT.decode)  # fmt: skip
-    for prompts, seeds in (
-        ([CHAT.encode("fix the bug"), CHAT.encode("hi"), CHAT.encode("x = 1\n" * 3)], [3, 4, 5]),
-        ([CHAT.encode("a longer prompt, in a second bucket")], [11]),
-    ):
+    short = [CHAT.encode("fix the bug"), CHAT.encode("hi"), CHAT.encode("x = 1\n" * 2)]
+    for prompts, seeds in ((short, [3, 4, 5]), ([CHAT.encode("a prompt of two buckets")], [11])):
         want = generate(model, prompts, seeds=seeds, **kw)
         got = compiled(prompts, seeds=seeds, **kw)
         for w, g in zip(want, got, strict=True):
             assert g.tokens == w.tokens and g.stop == w.stop
             np.testing.assert_allclose(g.logprobs, w.logprobs, atol=1e-5)
-    assert compiled._step.experimental_get_tracing_count() == 2  # batch 4, then batch 1
+    assert compiled._prefill.experimental_get_tracing_count() == 2  # (batch 4, 16), (1, 32)
+    assert compiled._step.experimental_get_tracing_count() == 2  # batch 4, batch 1
 
 
 class ScriptedModel:
