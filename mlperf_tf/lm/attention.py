@@ -381,8 +381,14 @@ class Attention(keras.layers.Layer):
           ([batch, new, hidden], the cache with the new keys and values appended or written).
         """
         q, k, v, gate = self._heads(x, cos, sin)
+        written = None
         if position is not None:
-            k, v, past = _write_cache(cache, k, v, position)
+            written = _write_cache(cache, k, v, position)
+            past = position
+            if isinstance(position, int) and position == 0:  # a prefill: its own keys only
+                key_valid = key_valid[:, : k.shape[2]]
+            else:
+                k, v = written
         else:
             k = tf.concat([cache[0], k], axis=2)
             v = tf.concat([cache[1], v], axis=2)
@@ -392,7 +398,7 @@ class Attention(keras.layers.Layer):
         cols = tf.range(total)[None, :]
         visible = (cols <= rows) & (self.sliding_window == 0 or rows - cols < self.sliding_window)
         mask = (visible[None] & key_valid[:, None, :]) | (cols == rows)[None]  # [batch, new, total]
-        return self._output(q, k, v, gate, mask[:, None, None]), (k, v)
+        return self._output(q, k, v, gate, mask[:, None, None]), written or (k, v)
 
     def empty_cache(self, batch: int, capacity: int = 0):
         """An empty (k, v) cache: [batch, kv, 0, d] each (it grows), or [batch, kv, capacity,
@@ -403,15 +409,15 @@ class Attention(keras.layers.Layer):
 
 def _write_cache(cache, k, v, position):
     """Writes k, v [batch, kv, new, d] into a fixed-capacity cache [batch, kv, capacity, d] at
-    slots position .. position + new - 1; returns (k, v, position). A Python 0 (a prefill) is
+    slots position .. position + new - 1; returns the written (k, v). A Python 0 (a prefill) is
     one concatenation; a tensor position blends with a one-hot [new, capacity] (no scatter:
     the shapes and the graph stay the same for every step)."""
     capacity, new = cache[0].shape[2], k.shape[2]
     if isinstance(position, int) and position == 0:
         return (tf.concat([k, cache[0][:, :, new:]], axis=2),
-                tf.concat([v, cache[1][:, :, new:]], axis=2), 0)  # fmt: skip
+                tf.concat([v, cache[1][:, :, new:]], axis=2))  # fmt: skip
     slots = tf.one_hot(position + tf.range(new), capacity, dtype=k.dtype)  # [new, capacity]
     keep = 1.0 - tf.reduce_sum(slots, axis=0)[:, None]  # [capacity, 1]
     k = cache[0] * keep + tf.einsum("nc,bknd->bkcd", slots, k)
     v = cache[1] * keep + tf.einsum("nc,bknd->bkcd", slots, v)
-    return k, v, position
+    return k, v

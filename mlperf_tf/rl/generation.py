@@ -146,12 +146,14 @@ class CompiledGenerator:
     position (`HybridDecoderModel.decode(position=...)`), each DeltaNet layer's state is O(1).
 
     Prompts are left-padded to a multiple of `bucket` tokens and the batch to a power of two
-    (rows of padding only: their outputs are dropped), so a run traces a handful of shapes.
+    (rows of padding only: their outputs are dropped), so a run traces a handful of shapes;
+    the prefill runs `prefill_rows` rows at a time (its attention scores are rows x length^2).
     Same tokens as `generate` for the same seeds (the padding is exact; tested).
     """
 
-    def __init__(self, model, *, capacity: int, bucket: int = 64):
+    def __init__(self, model, *, capacity: int, bucket: int = 64, prefill_rows: int = 8):
         self.model, self.capacity, self.bucket = model, capacity, bucket
+        self.prefill_rows = prefill_rows  # rows a prefill call takes (its memory is rows x P^2)
         self._prefill = tf.function(self._prefill_fn)
         self._step = tf.function(self._step_fn)
 
@@ -182,7 +184,11 @@ class CompiledGenerator:
         for i, p in enumerate(prompts):
             ids[i, width - len(p) :] = p
             valid[i, width - len(p) : width] = True
-        last, cache = self._prefill(tf.constant(ids), tf.constant(valid))
+        rows = min(batch, self.prefill_rows)
+        parts = [self._prefill(tf.constant(ids[i : i + rows]), tf.constant(valid[i : i + rows]))
+                 for i in range(0, batch, rows)]  # fmt: skip
+        last = tf.concat([p[0] for p in parts], axis=0)
+        cache = tf.nest.map_structure(lambda *xs: tf.concat(xs, axis=0), *[p[1] for p in parts])
         row_seeds = np.zeros(batch, np.int64)
         row_seeds[:count] = np.asarray(seeds, np.int64) % (2**31)
         results = [Generated([], [], "length") for _ in range(count)]

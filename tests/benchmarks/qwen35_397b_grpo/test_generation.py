@@ -85,9 +85,9 @@ def test_generation_logprobs_equal_the_training_forward(model):
 @pytest.mark.numerics
 def test_compiled_generation_equals_the_eager_path(model):
     """Same seeds, same tokens: prompts of three lengths (left-padded to a 16-token bucket, not
-    to the longest prompt as eagerly; the batch of 3 padded to 4), sampling with top-p; then a
-    call at the next bucket reuses the step's one trace."""
-    compiled = CompiledGenerator(model, capacity=48, bucket=16)
+    to the longest prompt as eagerly; the batch of 3 padded to 4, prefilled 2 rows at a time),
+    sampling with top-p; then one prompt at the next bucket."""
+    compiled = CompiledGenerator(model, capacity=48, bucket=16, prefill_rows=2)
     kw = dict(max_new_tokens=6, eos_id=CHAT.IM_END, pad_id=CHAT.PAD, temperature=1.0,
               top_p=0.9, stop_suffixes=("</tool_call>",), decode_text=CHAT.decode)  # fmt: skip
     short = [CHAT.encode("fix the bug"), CHAT.encode("hi"), CHAT.encode("x = 1\n" * 2)]
@@ -97,7 +97,7 @@ def test_compiled_generation_equals_the_eager_path(model):
         for w, g in zip(want, got, strict=True):
             assert g.tokens == w.tokens and g.stop == w.stop
             np.testing.assert_allclose(g.logprobs, w.logprobs, atol=1e-5)
-    assert compiled._prefill.experimental_get_tracing_count() == 2  # (batch 4, 16), (1, 32)
+    assert compiled._prefill.experimental_get_tracing_count() == 2  # (rows 2, 16), (1, 32)
     assert compiled._step.experimental_get_tracing_count() == 2  # batch 4, batch 1
 
 
