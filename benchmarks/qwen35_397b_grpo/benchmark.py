@@ -5,6 +5,7 @@ loss is GRPO's (`mlperf_tf.rl`), an evaluation is pass@k over validation rollout
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 import keras
@@ -15,8 +16,10 @@ from mlperf_logging.mllog import constants as C
 from benchmarks.qwen35_397b_grpo import checkpoint as checkpoint_lib
 from benchmarks.qwen35_397b_grpo import config as config_lib
 from benchmarks.qwen35_397b_grpo import input as input_lib
+from benchmarks.qwen35_397b_grpo import sft
 from benchmarks.qwen35_397b_grpo.model import build_model
 from mlperf_tf.benchmark import Benchmark, EvalPoint
+from mlperf_tf.errors import UserError
 from mlperf_tf.rl import batch as batch_lib
 from mlperf_tf.spmd import use_mesh
 
@@ -64,19 +67,35 @@ class Qwen35GrpoBenchmark(Benchmark):
         return build_model(self.config.model)
 
     def bind_model(self, model) -> None:
-        """The policy the rollout pipelines generate with: the trained weights themselves."""
-        self._policy = model
+        """The policy the rollout pipelines generate with: the trained weights themselves,
+        through one compiled generator (`input.generator`)."""
+        self._policy = input_lib.generator(model, self.config)
 
     def restore_initial_weights(self, model) -> None:
-        """Loads `config.init_checkpoint` (a Hugging Face Qwen3.5 folder: the released
-        Qwen3.5-397B-A17B) into the policy before `run_start`, through the shared importer
-        (`checkpoint.load`); nothing when it is "" (the initializers)."""
+        """Loads `config.init_checkpoint` into the policy before `run_start`: a Hugging Face
+        Qwen3.5 folder (its `config.json`: the released Qwen3.5-397B-A17B) through the shared
+        importer (`checkpoint.load`), else a folder with `sft.WEIGHTS` (the `mini` base), which,
+        when it is the mini's and missing, is trained first (`sft.train_base`, untimed, as
+        `prepare --mini` would). Nothing when it is "" (`smoke`: the initializers)."""
         path = self.config.init_checkpoint
         if not path:
             return
-        with use_mesh(self.mesh):
-            count = checkpoint_lib.load(path, model, self.config.model)
-        logging.info("qwen35_397b_grpo: %d tensors from %s", count, path)
+        if os.path.isfile(os.path.join(path, "config.json")):
+            with use_mesh(self.mesh):
+                count = checkpoint_lib.load(path, model, self.config.model)
+            logging.info("qwen35_397b_grpo: %d tensors from %s", count, path)
+            return
+        weights = os.path.join(path, sft.WEIGHTS)
+        if not os.path.exists(weights) and path == config_lib.mini_base_dir():
+            logging.info("qwen35_397b_grpo: training the mini base into %s", path)
+            logging.info("qwen35_397b_grpo: %s", sft.train_base(path))
+        if not os.path.exists(weights):
+            raise UserError(
+                f"`init_checkpoint` ({path!r}): neither a Hugging Face checkpoint (config.json) "
+                f"nor the mini base ({sft.WEIGHTS})"
+            )
+        model.load_weights(weights)
+        logging.info("qwen35_397b_grpo: initial weights from %s", weights)
 
     def learning_rate(self) -> float:
         return self.config.optimizer.opt_base_learning_rate or config_lib.learning_rate(

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 
+from mlperf_tf import paths
 from mlperf_tf.config import BenchmarkConfig, ConfigError, require
 from mlperf_tf.lm.hybrid import HybridDecoderConfig
 from mlperf_tf.rl.generation import ByteChat
@@ -47,6 +49,19 @@ PROMPT_SHA256 = {
     "system_prompt.j2": "8aff26bf83a11605ca9bab0336804d56d202f1555b0a073d21db21e4e41b8b9a",
     "user_prompt.j2": "0b0489b934d2c229c439b7af2f588fe404a6327be9da3c12d4c7c9efd3cf1c03",
 }
+
+# The mini's base model (`sft.train_base`): supervised steps on expert trajectories, untimed.
+MINI_BASE_STEPS = 300
+MINI_BASE_BATCH = 8
+MINI_BASE_LR = 2e-3
+MINI_BASE_SEED = 5151
+MINI_TARGET_PASS_AT_4 = 0.6  # the mini's quality target (README.md: base and runs beside it)
+
+
+def mini_base_dir() -> str:
+    """Where the `mini` preset's base model lives (under the shared data root)."""
+    return os.path.join(paths.data_root(), "qwen35-grpo-mini-base")
+
 
 # Qwen3.5-397B-A17B's experts (README section 4; Megatron's `--num-experts 512
 # --moe-router-topk 10 --moe-ffn-hidden-size 1024`, softmax scores renormalized over the top 10:
@@ -251,20 +266,33 @@ class EnvironmentConfig:
 class RolloutConfig:
     """Lengths of a rollout (tokens): `max_length` the whole conversation (the reference's
     65,536), `max_turn_tokens` one generated turn; `train_tasks`, `eval_tasks`: the generated
-    task sets of `mini` and `smoke` (`tasks.make_tasks`, seeds `task_seed` and `task_seed + 1`)."""
+    task sets of `mini` and `smoke` (`tasks.make_tasks`, seeds `task_seed` and `task_seed + 1`);
+    `compiled_generation`: decode with `mlperf_tf.rl.generation.CompiledGenerator` (compiled
+    prefill per `prefill_bucket` of prompt length, one compiled step; the same tokens as the
+    eager path, which False selects)."""
 
     max_length: int = MLPERF_SEQUENCE_LENGTH
     max_turn_tokens: int = MLPERF_SEQUENCE_LENGTH
     train_tasks: int = TRAIN_ROWS
     eval_tasks: int = EVAL_SAMPLES
     task_seed: int = 1
+    compiled_generation: bool = True
+    prefill_bucket: int = 64
 
     def __post_init__(self):
         require(
             self, prefix="rollout.",
-            positive_int=("max_length", "max_turn_tokens", "train_tasks", "eval_tasks"),
+            positive_int=("max_length", "max_turn_tokens", "train_tasks", "eval_tasks",
+                          "prefill_bucket"),
             non_negative_int=("task_seed",),
         )  # fmt: skip
+
+    def generation_capacity(self) -> int:
+        """Key/value slots of the compiled generator: the longest prompt a turn can start from
+        (`max_length`, padded to the bucket) plus one turn."""
+        return -(-self.max_length // self.prefill_bucket) * self.prefill_bucket + (
+            self.max_turn_tokens
+        )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -273,8 +301,9 @@ class Qwen35GrpoConfig(BenchmarkConfig):
     `grpo.num_prompts_per_step` tasks x `grpo.num_generations_per_prompt` rollouts
     (`global_batch_size`, which must equal their product); an epoch is `train_examples` tasks'
     rollouts; an evaluation is `eval_examples` tasks x `grpo.num_val_generations_per_prompt`.
-    `init_checkpoint`: the Hugging Face folder the policy starts from (the released
-    Qwen3.5-397B-A17B, `checkpoint.load`), loaded before `run_start` ("": the initializers).
+    `init_checkpoint`: what the policy starts from, loaded before `run_start`: a Hugging Face
+    folder (the released Qwen3.5-397B-A17B, `checkpoint.load`) or the mini's supervised base
+    (`sft.WEIGHTS`); "": the initializers.
     """
 
     model: ModelConfig = ModelConfig()
@@ -311,30 +340,38 @@ def mlperf() -> Qwen35GrpoConfig:
     )  # fmt: skip
 
 
-def mini() -> Qwen35GrpoConfig:
-    """NOT the issue's mini yet: GRPO from random weights on the generated repair tasks in the
-    local sandbox (4 tasks x 4 rollouts a step, up to 4 turns of 96 tokens), evaluated by
-    pass@4 on 251 held-out tasks. The supervised base model on expert trajectories
-    (`tasks.expert_turns`) that would make the target reachable is not built, so a run ends at
-    its step budget without reaching 0.69; untimed (hours at this eval size on 2 cores).
-    `mlperf-tf run --benchmark=qwen35_397b_grpo --preset=mini --model_dir=/tmp/grpo-mini`.
-    """
-    grpo = GrpoConfig(num_prompts_per_step=4, num_generations_per_prompt=4, max_steps=20,
-                      max_rollout_turns=4, val_start_step=5)  # fmt: skip
-    model = dataclasses.replace(
-        tiny(ByteChat.vocab_size), hidden_size=64, head_dim=16, intermediate_size=64,
-        shared_expert_size=64, linear_key_head_dim=16, linear_value_head_dim=16,
-        moe=dataclasses.replace(REFERENCE_MOE, num_experts=4, top_k=2, filter_size=64),
+def mini_model() -> ModelConfig:
+    """The `mini` model: every layer kind of the reference at width 128 (3 DeltaNet layers of
+    2 key / 4 value heads of 32, 1 gated-attention layer of 4 / 2 heads of 32, each
+    feed-forward 4 experts top-2 of 128 and a shared expert of 128), ChatML bytes."""
+    return dataclasses.replace(
+        tiny(ByteChat.vocab_size), hidden_size=128, head_dim=32, rotary_dim=16,
+        intermediate_size=128, shared_expert_size=128, max_position_embeddings=2048,
+        linear_key_head_dim=32, linear_value_head_dim=32, linear_chunk_size=64,
+        moe=dataclasses.replace(REFERENCE_MOE, num_experts=4, top_k=2, filter_size=128),
     )  # fmt: skip
+
+
+def mini() -> Qwen35GrpoConfig:
+    """The generated repair tasks in the local sandbox, from the base model `prepare --mini`
+    trains supervised on expert trajectories (`sft.train_base`; the first run trains it when
+    missing, before `run_start`): 2 tasks x 16 rollouts a step (the rules' 16 generations) of
+    up to 6 turns of 256 tokens, evaluated by pass@4 on 251 held-out tasks from step 4, then
+    every step. `mlperf-tf run --benchmark=qwen35_397b_grpo --preset=mini --model_dir=DIR`.
+    """
+    grpo = GrpoConfig(num_prompts_per_step=2, num_generations_per_prompt=16, max_steps=10,
+                      max_rollout_turns=6, val_start_step=4)  # fmt: skip
+    gbs = grpo.global_batch_size
     return Qwen35GrpoConfig(
-        global_batch_size=16, eval_batch_size=8, train_examples=64 * 4,
-        eval_examples=EVAL_SAMPLES, max_epochs=20 * 16 / (64 * 4),
-        quality_target=TARGET_PASS_AT_4, gradient_clip_norm=gradient_clip(16), model=model,
-        grpo=grpo, optimizer=OptimizerConfig(opt_base_learning_rate=1e-4),
+        global_batch_size=gbs, eval_batch_size=128, train_examples=256 * 16,
+        eval_examples=EVAL_SAMPLES, max_epochs=10 * gbs / (256 * 16),
+        quality_target=MINI_TARGET_PASS_AT_4, gradient_clip_norm=gradient_clip(gbs),
+        model=mini_model(), grpo=grpo, optimizer=OptimizerConfig(opt_base_learning_rate=1e-4),
         env=EnvironmentConfig(kind="repair", tool_timeout_s=10.0, test_timeout_s=10.0,
                               validation_test_timeout_s=10.0),
-        rollout=RolloutConfig(max_length=1024, max_turn_tokens=96, train_tasks=64,
-                              eval_tasks=EVAL_SAMPLES),
+        rollout=RolloutConfig(max_length=1536, max_turn_tokens=256, train_tasks=256,
+                              eval_tasks=EVAL_SAMPLES, prefill_bucket=256),
+        init_checkpoint=mini_base_dir(),
     )  # fmt: skip
 
 

@@ -16,7 +16,7 @@ import tempfile
 import uuid
 
 from benchmarks.qwen35_397b_grpo import config as config_lib
-from benchmarks.qwen35_397b_grpo.tasks import TESTS, RepairTask
+from benchmarks.qwen35_397b_grpo.tasks import SOLUTION, TESTS, RepairTask
 from mlperf_tf.errors import UserError
 from mlperf_tf.rl.environment import Environment
 from mlperf_tf.rl.sandbox import Sandbox
@@ -38,6 +38,11 @@ for name, test in sorted(vars(tests).items()):
             traceback.print_exc(limit=2)
 sys.exit(1 if failed else 0)
 """
+
+
+# Finished test runs by (solution.py, test_solution.py, timeout): `RepairEnvironment._pytest`.
+_RESULTS: dict = {}
+_MAX_RESULTS = 4096
 
 
 class RepairEnvironment(Environment):
@@ -88,9 +93,24 @@ class RepairEnvironment(Environment):
 
     def _pytest(self, timeout_s: float):
         """The tests' `test_*` functions in a fresh interpreter (pytest's start-up would be most
-        of a rollout's environment time); exit code 0 when all pass."""
+        of a rollout's environment time); exit code 0 when all pass.
+
+        The tests are deterministic functions of the two files, so a finished run's result is
+        kept by their exact contents (`_RESULTS`, bounded) and a rollout that reaches the same
+        files again (the group's other rollouts, the reward after `run_tests`) reuses it: at
+        a low sampling temperature most of an evaluation's runs are repeats. A run killed at
+        its timeout is never reused."""
+        with open(self.sandbox.path(SOLUTION)) as f, open(self.sandbox.path(TESTS)) as g:
+            key = (f.read(), g.read(), timeout_s)
+        if key in _RESULTS:
+            return _RESULTS[key]
         argv = [sys.executable, "-I", "-c", _RUN_TESTS]
-        return self.sandbox.run(argv, timeout_s=timeout_s)
+        result = self.sandbox.run(argv, timeout_s=timeout_s)
+        if not result.timed_out:
+            if len(_RESULTS) >= _MAX_RESULTS:
+                _RESULTS.pop(next(iter(_RESULTS)))  # the oldest
+            _RESULTS[key] = result
+        return result
 
     def run_tests(self) -> str:
         return self._pytest(self.env.tool_timeout_s).observation()

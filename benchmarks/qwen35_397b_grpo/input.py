@@ -20,7 +20,7 @@ from benchmarks.qwen35_397b_grpo.config import Qwen35GrpoConfig
 from benchmarks.qwen35_397b_grpo.environments import RepairEnvironment, SyntheticEnvironment
 from mlperf_tf.errors import UserError
 from mlperf_tf.rl import batch as batch_lib
-from mlperf_tf.rl.generation import ByteChat
+from mlperf_tf.rl.generation import ByteChat, CompiledGenerator
 from mlperf_tf.rl.rollout import run_rollouts
 
 CHAT = ByteChat()
@@ -42,6 +42,16 @@ def _tasks(config: Qwen35GrpoConfig, count: int, seed: int) -> list:
     if config.env.kind == "synthetic":
         return [f"task {seed}-{i}: write anything." for i in range(count)]
     return tasks_lib.make_tasks(count, seed)
+
+
+def generator(model, config: Qwen35GrpoConfig):
+    """What the rollouts generate with (`rollout_steps`' and `validation_batches`' `model`):
+    the compiled generator of `model` (made once: its traces serve every step and evaluation),
+    or `model` itself (eager) when `rollout.compiled_generation` is off."""
+    r = config.rollout
+    if not r.compiled_generation:
+        return model
+    return CompiledGenerator(model, capacity=r.generation_capacity(), bucket=r.prefill_bucket)
 
 
 def train_signature(config: Qwen35GrpoConfig, rows: int) -> dict[str, tf.TensorSpec]:

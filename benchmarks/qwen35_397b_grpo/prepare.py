@@ -3,8 +3,13 @@ checked by SHA-256, size and row count (`llm_post_training/verify_dataset.sh`), 
 and written in their order to `--out_dir` as `train.jsonl` and `val.jsonl` (never shuffled: the
 training rows' curriculum order is part of the benchmark's input).
 
+`--mini` trains the `mini` preset's base model instead (`sft.train_base`: supervised, untimed,
+on expert trajectories of the generated repair tasks) into `--out_dir` (the preset reads
+`config.mini_base_dir()`: pass it, or the run trains the base itself on its first start).
+
 Command line:
   mlperf-tf prepare qwen35_397b_grpo --data_dir=DIR --out_dir=DIR
+  mlperf-tf prepare qwen35_397b_grpo --mini --out_dir=~/.cache/mlperf_tf/qwen35-grpo-mini-base
 """
 
 from __future__ import annotations
@@ -66,12 +71,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     """`mlperf-tf prepare qwen35_397b_grpo ...` (see the module docstring)."""
     parser = prepare_cli.parser(
         "qwen35_397b_grpo", "Check and copy the reference's R2E-Gym JSONL files.",
-        mini_help="not built yet: the mini's generated tasks need no files",
+        mini_help="train the mini's base model into --out_dir (supervised, untimed)",
     )  # fmt: skip
     parser.add_argument("--data_dir", help="the folder download_dataset.sh wrote")
+    parser.add_argument("--base_steps", type=int, default=config.MINI_BASE_STEPS,
+                        help="--mini: supervised steps")  # fmt: skip
     args = parser.parse_args(argv)
     if args.mini:
-        raise UserError("--mini: the qwen35_397b_grpo mini is not built yet (README.md)")
+        if args.base_steps < 1:
+            raise UserError(f"--base_steps ({args.base_steps}) must be positive")
+        from benchmarks.qwen35_397b_grpo import sft  # noqa: PLC0415 (TensorFlow only here)
+
+        print(sft.train_base(args.out_dir, steps=args.base_steps))
+        return 0
     if not args.data_dir:
         raise UserError("--data_dir is required (the folder with the reference's JSONL files)")
     print(prepare(args.data_dir, args.out_dir))

@@ -362,31 +362,62 @@ class Attention(keras.layers.Layer):
         mask = self.mask_at(self.context.positions(length), self.context.key_positions(length))
         return self._output(q, k, v, gate, mask)  # mask [seq, C seq]
 
-    def decode(self, x, cos, sin, cache, key_valid):
-        """Attention of new tokens over a key/value cache (generation; eager, growing cache).
+    def decode(self, x, cos, sin, cache, key_valid, position=None):
+        """Attention of new tokens over a key/value cache (generation).
 
         Args:
           x: [batch, new, hidden], the tokens after those in `cache`.
           cos, sin: the tables of the new tokens' positions [new, rotary width].
-          cache: (k, v) each [batch, kv, past, d] (past may be 0).
-          key_valid: bool [batch, past + new], False at left padding: no query sees those keys,
-            except a padding query its own (its output is then its value, 0 for a zero input).
+          cache: (k, v) each [batch, kv, past, d] (past may be 0); with `position`, a
+            fixed-capacity cache [batch, kv, capacity, d] (`empty_cache(batch, capacity)`).
+          key_valid: bool [batch, past + new] (with `position`: [batch, capacity]), False at
+            left padding: no query sees those keys, except a padding query its own (its output
+            is then its value, 0 for a zero input).
+          position: None (the cache grows by concatenation: eager decoding), or the slot of
+            the first new token in a fixed-capacity cache (an int32 scalar, a compiled
+            decoding step's: every shape stays fixed, so one trace serves every step).
 
         Returns:
-          ([batch, new, hidden], the cache with the new keys and values appended).
+          ([batch, new, hidden], the cache with the new keys and values appended or written).
         """
         q, k, v, gate = self._heads(x, cos, sin)
-        k = tf.concat([cache[0], k], axis=2)
-        v = tf.concat([cache[1], v], axis=2)
+        written = None
+        if position is not None:
+            written = _write_cache(cache, k, v, position)
+            past = position
+            if isinstance(position, int) and position == 0:  # a prefill: its own keys only
+                key_valid = key_valid[:, : k.shape[2]]
+            else:
+                k, v = written
+        else:
+            k = tf.concat([cache[0], k], axis=2)
+            v = tf.concat([cache[1], v], axis=2)
+            past = tf.shape(k)[2] - tf.shape(q)[3]
         new, total = tf.shape(q)[3], tf.shape(k)[2]
-        past = total - new
         rows = tf.range(new)[:, None] + past  # absolute positions of the queries
         cols = tf.range(total)[None, :]
         visible = (cols <= rows) & (self.sliding_window == 0 or rows - cols < self.sliding_window)
         mask = (visible[None] & key_valid[:, None, :]) | (cols == rows)[None]  # [batch, new, total]
-        return self._output(q, k, v, gate, mask[:, None, None]), (k, v)
+        return self._output(q, k, v, gate, mask[:, None, None]), written or (k, v)
 
-    def empty_cache(self, batch: int):
-        """An empty (k, v) cache: [batch, kv, 0, d] each."""
-        empty = tf.zeros([batch, self.local_kv, 0, self.head_dim], self.compute_dtype)
+    def empty_cache(self, batch: int, capacity: int = 0):
+        """An empty (k, v) cache: [batch, kv, 0, d] each (it grows), or [batch, kv, capacity,
+        d] of zeros (written in place at `decode`'s `position`)."""
+        empty = tf.zeros([batch, self.local_kv, capacity, self.head_dim], self.compute_dtype)
         return empty, empty
+
+
+def _write_cache(cache, k, v, position):
+    """Writes k, v [batch, kv, new, d] into a fixed-capacity cache [batch, kv, capacity, d] at
+    slots position .. position + new - 1; returns the written (k, v). A Python 0 (a prefill) is
+    one concatenation; a tensor position blends with a one-hot [new, capacity] (no scatter:
+    the shapes and the graph stay the same for every step)."""
+    capacity, new = cache[0].shape[2], k.shape[2]
+    if isinstance(position, int) and position == 0:
+        return (tf.concat([k, cache[0][:, :, new:]], axis=2),
+                tf.concat([v, cache[1][:, :, new:]], axis=2))  # fmt: skip
+    slots = tf.one_hot(position + tf.range(new), capacity, dtype=k.dtype)  # [new, capacity]
+    keep = 1.0 - tf.reduce_sum(slots, axis=0)[:, None]  # [capacity, 1]
+    k = cache[0] * keep + tf.einsum("nc,bknd->bkcd", slots, k)
+    v = cache[1] * keep + tf.einsum("nc,bknd->bkcd", slots, v)
+    return k, v

@@ -185,17 +185,21 @@ class HybridDecoderBlock(DecoderBlock):
             y = y + gate * self.shared_expert(normed)
         return x + y
 
-    def empty_cache(self, batch: int):
-        """The DeltaNet's (conv, recurrent) state or the attention's empty (k, v)."""
-        return self.attention.empty_cache(batch)
+    def empty_cache(self, batch: int, capacity: int = 0):
+        """The DeltaNet's (conv, recurrent) state or the attention's empty (k, v) (growing, or
+        of fixed `capacity`)."""
+        if self.linear:
+            return self.attention.empty_cache(batch)
+        return self.attention.empty_cache(batch, capacity)
 
-    def decode(self, x, cos, sin, cache, key_valid):
-        """The block on new tokens after `cache` (generation); returns (x, new cache)."""
+    def decode(self, x, cos, sin, cache, key_valid, position=None):
+        """The block on new tokens after `cache` (generation); returns (x, new cache).
+        `position`: `Attention.decode`'s (a fixed-capacity cache's slot)."""
         normed = self.attention_norm(x)
         if self.linear:
             y, cache = self.attention(normed, cache=cache)
         else:
-            y, cache = self.attention.decode(normed, cos, sin, cache, key_valid)
+            y, cache = self.attention.decode(normed, cos, sin, cache, key_valid, position)
         return self.feed_forward(x + y), cache
 
 
@@ -208,12 +212,12 @@ class HybridDecoderModel(DecoderModel):
         super().__init__(config, **kwargs)
         self.rotary = RotaryEmbedding(config.rotary_dim, theta=config.rope_theta)
 
-    def empty_cache(self, batch: int) -> list:
-        """Every layer's empty cache: O(1) recurrent state per DeltaNet layer, a growing
-        key/value cache per attention layer."""
-        return [layer.empty_cache(batch) for layer in self.decoder_layers]
+    def empty_cache(self, batch: int, capacity: int = 0) -> list:
+        """Every layer's empty cache: O(1) recurrent state per DeltaNet layer, a key/value cache
+        per attention layer (growing, or of fixed `capacity` tokens: compiled decoding)."""
+        return [layer.empty_cache(batch, capacity) for layer in self.decoder_layers]
 
-    def decode(self, token_ids, cache: list, key_valid):
+    def decode(self, token_ids, cache: list, key_valid, position=None):
         """Logits of new tokens given the cache of the tokens before them (generation).
 
         Sequences of a batch are left-padded to one length: `key_valid` [batch, past + new] is
@@ -224,20 +228,28 @@ class HybridDecoderModel(DecoderModel):
         Args:
           token_ids: [batch, new] int.
           cache: `empty_cache(batch)` or the cache a previous call returned.
-          key_valid: bool [batch, past + new].
+          key_valid: bool [batch, past + new]; with `position`, [batch, capacity].
+          position: None, or the first new token's slot in a fixed-capacity cache
+            (`empty_cache(batch, capacity)`): a Python 0 for a prefill, an int32 scalar tensor
+            for a step (every shape fixed: `mlperf_tf.rl.generation.CompiledGenerator` traces
+            the step once).
 
         Returns:
           (logits [batch, new, vocab] float32, the new cache).
         """
         new = token_ids.shape[1]
         total = key_valid.shape[1]
-        valid = tf.cast(key_valid[:, total - new :], self.compute_dtype)[..., None]
-        x = self.token_embedding(token_ids) * valid
         cos, sin = self.rotary_tables(total)
-        cos, sin = cos[total - new :], sin[total - new :]
+        if position is None:
+            positions = tf.range(total - new, total)
+        else:
+            positions = position + tf.range(new)
+        valid = tf.cast(tf.gather(key_valid, positions, axis=1), self.compute_dtype)[..., None]
+        x = self.token_embedding(token_ids) * valid
+        cos, sin = tf.gather(cos, positions), tf.gather(sin, positions)
         caches = []
         for layer, layer_cache in zip(self.decoder_layers, cache, strict=True):
-            x, layer_cache = layer.decode(x, cos, sin, layer_cache, key_valid)
+            x, layer_cache = layer.decode(x, cos, sin, layer_cache, key_valid, position)
             caches.append(layer_cache)
         return tf.cast(self.logits(self.final_norm(x)), tf.float32), caches
 

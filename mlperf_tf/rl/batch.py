@@ -33,6 +33,23 @@ def training_batch(rollouts, *, num_generations: int, length: int, pad_id: int,
     advantages = grpo.group_advantages(
         rewards.reshape(-1, num_generations), leave_one_out=leave_one_out, normalize=normalize
     )
+    arrays = token_arrays(rollouts, length=length, pad_id=pad_id)
+    truncated = np.array([r.truncated for r in rollouts])
+    sample_mask = np.ones(count, np.float32)
+    if overlong_filtering:
+        sample_mask = grpo.overlong_filter(sample_mask, truncated).numpy()
+    arrays.update(
+        advantages=advantages.numpy().reshape(-1), sample_mask=sample_mask, rewards=rewards
+    )
+    return arrays
+
+
+def token_arrays(rollouts, *, length: int, pad_id: int) -> dict[str, np.ndarray]:
+    """The rollouts' tokens as next-token arrays [R, length], cut or padded: `input_ids`,
+    `targets`, `token_mask` (1 where the target is the policy's), `generation_logprobs` (the
+    targets'). `training_batch`'s token part, and a supervised batch on its own (the `mini`
+    base's expert trajectories)."""
+    count = len(rollouts)
     arrays = {
         "input_ids": np.full([count, length], pad_id, np.int32),
         "targets": np.full([count, length], pad_id, np.int32),
@@ -45,14 +62,15 @@ def training_batch(rollouts, *, num_generations: int, length: int, pad_id: int,
         arrays["targets"][i, :n] = r.tokens[1 : n + 1]
         arrays["token_mask"][i, :n] = r.policy_mask[1 : n + 1]
         arrays["generation_logprobs"][i, :n] = r.logprobs[1 : n + 1]
-    truncated = np.array([r.truncated for r in rollouts])
-    sample_mask = np.ones(count, np.float32)
-    if overlong_filtering:
-        sample_mask = grpo.overlong_filter(sample_mask, truncated).numpy()
-    arrays.update(
-        advantages=advantages.numpy().reshape(-1), sample_mask=sample_mask, rewards=rewards
-    )
     return arrays
+
+
+def supervised_loss(model, batch) -> tf.Tensor:
+    """Mean negative log-likelihood of the policy's tokens (`token_mask`) of `batch`
+    (`token_arrays`' arrays) under `model`: supervised fine-tuning on expert trajectories."""
+    logp = grpo.token_logprobs(model(batch["input_ids"]), batch["targets"])
+    mask = tf.cast(batch["token_mask"], tf.float32)
+    return -tf.reduce_sum(logp * mask) / tf.maximum(tf.reduce_sum(mask), 1.0)
 
 
 def policy_loss(model, batch, *, loss: grpo.PolicyLossConfig, logprob_error_threshold: float,

@@ -88,6 +88,20 @@ class Generated:
     stop: str
 
 
+def _record(results, done, tokens, logp, eos_id, stop_suffixes, decode_text) -> None:
+    """Appends one step's token and log-prob to each unfinished row's `Generated` (rows past
+    `len(results)` are batch padding) and marks the rows that stop on it."""
+    for i in np.nonzero(~done)[0]:
+        results[i].tokens.append(int(tokens[i]))
+        results[i].logprobs.append(float(logp[i]))
+        if tokens[i] == eos_id:
+            results[i].stop, done[i] = "eos", True
+        elif decode_text is not None and any(
+            decode_text(results[i].tokens).endswith(s) for s in stop_suffixes
+        ):
+            results[i].stop, done[i] = "tool_call", True
+
+
 def generate(model, prompts: list[list[int]], *, max_new_tokens: int, eos_id: int, pad_id: int,
              temperature: float, top_p: float, seeds: list[int], stop_suffixes=(),
              decode_text=None) -> list[Generated]:  # fmt: skip
@@ -114,22 +128,88 @@ def generate(model, prompts: list[list[int]], *, max_new_tokens: int, eos_id: in
         step_seeds = np.stack([np.asarray(seeds, np.int64) % (2**31), np.full(batch, step)], 1)
         tokens, logp = sample(last, temperature=temperature, top_p=top_p,
                               seeds=tf.constant(step_seeds, tf.int32))  # fmt: skip
-        tokens, logp = tokens.numpy(), logp.numpy()
-        for i in np.nonzero(~done)[0]:
-            results[i].tokens.append(int(tokens[i]))
-            results[i].logprobs.append(float(logp[i]))
-            if tokens[i] == eos_id:
-                results[i].stop, done[i] = "eos", True
-            elif decode_text is not None and any(
-                decode_text(results[i].tokens).endswith(s) for s in stop_suffixes
-            ):
-                results[i].stop, done[i] = "tool_call", True
+        tokens = tokens.numpy()
+        _record(results, done, tokens, logp.numpy(), eos_id, stop_suffixes, decode_text)
         if done.all() or step == max_new_tokens - 1:
             break
         valid = np.concatenate([valid, np.ones([batch, 1], bool)], axis=1)
         logits, cache = model.decode(tf.constant(tokens[:, None]), cache, tf.constant(valid))
         last = logits[:, -1]
     return results
+
+
+class CompiledGenerator:
+    """`generate` with compiled steps: the prefill (`tf.function`, one trace per padded batch
+    and prompt-length bucket) and one decoding step (the model's token, sampling included;
+    one trace per padded batch and sampling setting) over a cache whose shapes never change:
+    each attention layer's key/value cache is `capacity` slots written in place at the step's
+    position (`HybridDecoderModel.decode(position=...)`), each DeltaNet layer's state is O(1).
+
+    Prompts are left-padded to a multiple of `bucket` tokens and the batch to a power of two
+    (rows of padding only: their outputs are dropped), so a run traces a handful of shapes;
+    the prefill runs `prefill_rows` rows at a time (its attention scores are rows x length^2).
+    Same tokens as `generate` for the same seeds (the padding is exact; tested).
+    """
+
+    def __init__(self, model, *, capacity: int, bucket: int = 64, prefill_rows: int = 8):
+        self.model, self.capacity, self.bucket = model, capacity, bucket
+        self.prefill_rows = prefill_rows  # rows a prefill call takes (its memory is rows x P^2)
+        self._prefill = tf.function(self._prefill_fn)
+        self._step = tf.function(self._step_fn)
+
+    def _prefill_fn(self, ids, valid):
+        batch = ids.shape[0]
+        logits, cache = self.model.decode(
+            ids, self.model.empty_cache(batch, self.capacity), valid, position=0
+        )
+        return logits[:, -1], cache
+
+    def _step_fn(self, tokens, cache, valid, position, seeds, temperature, top_p):
+        logits, cache = self.model.decode(tokens[:, None], cache, valid, position=position)
+        tokens, logp = sample(logits[:, -1], temperature=temperature, top_p=top_p, seeds=seeds)
+        return tokens, logp, cache
+
+    def __call__(self, prompts: list[list[int]], *, max_new_tokens: int, eos_id: int,
+                 pad_id: int, temperature: float, top_p: float, seeds: list[int],
+                 stop_suffixes=(), decode_text=None) -> list[Generated]:  # fmt: skip
+        """`generate`'s arguments and results."""
+        count = len(prompts)
+        batch = 1 << (count - 1).bit_length()  # the next power of two
+        width = -(-max(len(p) for p in prompts) // self.bucket) * self.bucket
+        steps = min(max_new_tokens, self.capacity - width)
+        if steps < 1:
+            raise ValueError(f"a prompt of {width} tokens fills the cache ({self.capacity})")
+        ids = np.full([batch, width], pad_id, np.int32)
+        valid = np.zeros([batch, self.capacity], bool)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p) :] = p
+            valid[i, width - len(p) : width] = True
+        rows = min(batch, self.prefill_rows)
+        parts = [self._prefill(tf.constant(ids[i : i + rows]), tf.constant(valid[i : i + rows]))
+                 for i in range(0, batch, rows)]  # fmt: skip
+        last = tf.concat([p[0] for p in parts], axis=0)
+        cache = tf.nest.map_structure(lambda *xs: tf.concat(xs, axis=0), *[p[1] for p in parts])
+        row_seeds = np.zeros(batch, np.int64)
+        row_seeds[:count] = np.asarray(seeds, np.int64) % (2**31)
+        results = [Generated([], [], "length") for _ in range(count)]
+        done = np.zeros(count, bool)
+        tokens = None
+        for step in range(steps):
+            step_seeds = tf.constant(np.stack([row_seeds, np.full(batch, step)], 1), tf.int32)
+            if step == 0:
+                tokens, logp = sample(last, temperature=temperature, top_p=top_p,
+                                      seeds=step_seeds)  # fmt: skip
+            else:
+                valid[:, width + step - 1] = True
+                tokens, logp, cache = self._step(
+                    tokens, cache, tf.constant(valid), tf.constant(width + step - 1, tf.int32),
+                    step_seeds, temperature, top_p,
+                )  # fmt: skip
+            _record(results, done, tokens.numpy(), logp.numpy(), eos_id, stop_suffixes,
+                    decode_text)  # fmt: skip
+            if done.all():
+                break
+        return results
 
 
 class ByteChat:

@@ -16,6 +16,7 @@ and cheap next to decoding at these lengths; the reference's vLLM keeps a prefix
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 from mlperf_tf.errors import UserError
 from mlperf_tf.rl.generation import ByteChat, generate
@@ -44,7 +45,9 @@ def run_rollouts(model, environments, tasks, *, chat: ByteChat, max_turns: int,
     """One rollout per (environment, task) pair, all generated together.
 
     Args:
-      model: a decoder with `empty_cache` and `decode` (`generation.generate`).
+      model: a decoder with `empty_cache` and `decode` (eager `generation.generate`), or a
+        generator called as `generate` is without its model: a `generation.CompiledGenerator`
+        (compiled steps, the same tokens) or a scripted policy (the expert trajectories).
       environments: one `Environment` per rollout (each resets to its task here).
       tasks: the tasks, as many as environments.
       chat: the tokenizer and chat layout.
@@ -71,12 +74,13 @@ def run_rollouts(model, environments, tasks, *, chat: ByteChat, max_turns: int,
             )
         rollouts.append(r)
     ids = list(range(len(rollouts))) if ids is None else list(ids)
+    generator = functools.partial(generate, model) if hasattr(model, "decode") else model
     active = list(range(len(rollouts)))
     for turn in range(max_turns):
         if not active:
             break
-        outs = generate(
-            model, [rollouts[i].tokens for i in active], max_new_tokens=max_turn_tokens,
+        outs = generator(
+            [rollouts[i].tokens for i in active], max_new_tokens=max_turn_tokens,
             eos_id=chat.IM_END, pad_id=chat.PAD, temperature=temperature, top_p=top_p,
             seeds=[(seed * 1_000_003 + ids[i]) * 101 + turn for i in active],
             stop_suffixes=(CALL_CLOSE,), decode_text=chat.decode,

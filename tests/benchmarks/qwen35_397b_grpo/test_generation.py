@@ -11,7 +11,7 @@ import tensorflow as tf
 from benchmarks.qwen35_397b_grpo import config, environments, tasks
 from mlperf_tf.lm.hybrid import build_hybrid_decoder
 from mlperf_tf.rl import grpo
-from mlperf_tf.rl.generation import ByteChat, generate, sample
+from mlperf_tf.rl.generation import ByteChat, CompiledGenerator, generate, sample
 from mlperf_tf.rl.rollout import run_rollouts
 from tests.numerics import assert_close
 
@@ -80,6 +80,25 @@ def test_generation_logprobs_equal_the_training_forward(model):
         logits = model(tf.constant([seq[:-1]]))
         logp = grpo.token_logprobs(logits, tf.constant([seq[1:]]))[0, len(prompt) - 1 :]
         np.testing.assert_allclose(logp.numpy(), out.logprobs, atol=1e-4)
+
+
+@pytest.mark.numerics
+def test_compiled_generation_equals_the_eager_path(model):
+    """Same seeds, same tokens: prompts of three lengths (left-padded to a 16-token bucket, not
+    to the longest prompt as eagerly; the batch of 3 padded to 4, prefilled 2 rows at a time),
+    sampling with top-p; then one prompt at the next bucket."""
+    compiled = CompiledGenerator(model, capacity=48, bucket=16, prefill_rows=2)
+    kw = dict(max_new_tokens=6, eos_id=CHAT.IM_END, pad_id=CHAT.PAD, temperature=1.0,
+              top_p=0.9, stop_suffixes=("</tool_call>",), decode_text=CHAT.decode)  # fmt: skip
+    short = [CHAT.encode("fix the bug"), CHAT.encode("hi"), CHAT.encode("x = 1\n" * 2)]
+    for prompts, seeds in ((short, [3, 4, 5]), ([CHAT.encode("a prompt of two buckets")], [11])):
+        want = generate(model, prompts, seeds=seeds, **kw)
+        got = compiled(prompts, seeds=seeds, **kw)
+        for w, g in zip(want, got, strict=True):
+            assert g.tokens == w.tokens and g.stop == w.stop
+            np.testing.assert_allclose(g.logprobs, w.logprobs, atol=1e-5)
+    assert compiled._prefill.experimental_get_tracing_count() == 2  # (rows 2, 16), (1, 32)
+    assert compiled._step.experimental_get_tracing_count() == 2  # batch 4, batch 1
 
 
 class ScriptedModel:

@@ -1,0 +1,150 @@
+"""Provides the `mini` preset's base model: the mini model trained supervised, untimed, on
+expert trajectories of generated repair tasks, as the MLPerf run starts from the released
+Qwen3.5 checkpoint.
+
+An expert trajectory is a real rollout: `ExpertPolicy` writes `tasks.expert_turns` (look, edit,
+test, finish) in place of the model, through `mlperf_tf.rl.rollout.run_rollouts`, so the tokens,
+the chat layout and the observations are those a policy's rollout has (the sandbox runs the
+tests); only trajectories that earn reward 1 are kept. The loss is the negative log-likelihood of
+the policy's tokens (`mlperf_tf.rl.batch.supervised_loss`: prompts and tool output masked).
+`train_base` writes the weights to `config.mini_base_dir()`, which `prepare --mini` fills and
+the first `mini` run fills before `run_start` when it is missing (`Benchmark.
+restore_initial_weights`), as `deepseekv3_671b`'s mini does with its base.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import keras
+import numpy as np
+import tensorflow as tf
+from absl import logging
+
+from benchmarks.qwen35_397b_grpo import config as config_lib
+from benchmarks.qwen35_397b_grpo import tasks as tasks_lib
+from benchmarks.qwen35_397b_grpo.environments import RepairEnvironment
+from benchmarks.qwen35_397b_grpo.model import build_model
+from mlperf_tf.rl import batch as batch_lib
+from mlperf_tf.rl.generation import ByteChat, Generated
+from mlperf_tf.rl.rollout import run_rollouts
+
+CHAT = ByteChat()
+WEIGHTS = "model.weights.h5"
+
+
+class ExpertPolicy:
+    """A scripted generator for `run_rollouts`: for each conversation, the expert's next turn
+    of its task (found by the first user message; the turn by the tool responses so far)."""
+
+    def __init__(self, tasks):
+        self.turns = {t.prompt(): tasks_lib.expert_turns(t) for t in tasks}
+
+    def __call__(self, prompts, *, max_new_tokens: int, **unused) -> list[Generated]:
+        outs = []
+        for tokens in prompts:
+            first = CHAT.decode(tokens[1 : tokens.index(CHAT.IM_END)])  # "user\n" + the prompt
+            turn = CHAT.decode(tokens).count("<tool_response>")
+            text = self.turns[first[len("user\n") :]][turn]
+            ids = CHAT.encode(text)[:max_new_tokens]
+            outs.append(Generated(ids, [0.0] * len(ids), "tool_call"))
+        return outs
+
+
+def expert_rollouts(config: config_lib.Qwen35GrpoConfig, tasks, *, chunk: int = 64) -> list:
+    """The expert's rollouts of `tasks` that earn reward 1 (run `chunk` at a time)."""
+    grpo, r = config.grpo, config.rollout
+    kept = []
+    envs = [RepairEnvironment(config.env) for _ in range(chunk)]
+    try:
+        for start in range(0, len(tasks), chunk):
+            part = tasks[start : start + chunk]
+            rollouts = run_rollouts(
+                ExpertPolicy(part), envs[: len(part)], part, chat=CHAT,
+                max_turns=grpo.max_rollout_turns, max_turn_tokens=r.max_turn_tokens,
+                max_length=r.max_length, temperature=1.0, top_p=1.0, seed=0,
+            )  # fmt: skip
+            kept += [x for x in rollouts if x.reward == 1.0 and not x.truncated]
+    finally:
+        for env in envs:
+            env.close()
+    return kept
+
+
+def supervised_batches(rollouts, *, batch: int, seed: int):
+    """Endless batches of `batch` expert rollouts (`batch_lib.token_arrays`, one padded length:
+    the longest, to a multiple of 64), in a seeded order that reshuffles every pass."""
+    longest = max(len(x.tokens) for x in rollouts)
+    length = -(-longest // 64) * 64
+    arrays = batch_lib.token_arrays(rollouts, length=length, pad_id=CHAT.PAD)
+    rng = np.random.default_rng(seed)
+    while True:
+        order = rng.permutation(len(rollouts))
+        for start in range(0, len(order) - batch + 1, batch):
+            rows = order[start : start + batch]
+            yield {k: tf.constant(v[rows]) for k, v in arrays.items()}
+
+
+def supervised_step(model, optimizer, clip: float):
+    """A compiled supervised step of `model` (`batch_lib.supervised_loss`, clipped Adam)."""
+
+    @tf.function
+    def step(batch):
+        with tf.GradientTape() as tape:
+            loss = batch_lib.supervised_loss(model, batch)
+        variables = model.trainable_variables
+        grads, _ = tf.clip_by_global_norm(tape.gradient(loss, variables), clip)
+        optimizer.apply_gradients(zip(grads, variables))
+        return loss
+
+    return step
+
+
+def train_base(out_dir: str, *, config=None, steps: int = config_lib.MINI_BASE_STEPS,
+               save_every: int = 0) -> dict:  # fmt: skip
+    """Trains the `mini` model from its initializers on the expert rollouts of the mini's
+    training tasks for `steps` steps (batch `MINI_BASE_BATCH`, Adam at `MINI_BASE_LR`, clip 1)
+    and writes `out_dir/model.weights.h5` (with `save_every`, also `step<N>.weights.h5`).
+
+    Returns:
+      A summary: trajectories, steps, the last loss, seconds.
+    """
+    config = config or config_lib.mini()
+    begin = time.time()
+    pool = tasks_lib.make_tasks(config.rollout.train_tasks, config.rollout.task_seed)
+    rollouts = expert_rollouts(config, pool)
+    logging.info("qwen35_397b_grpo mini base: %d expert trajectories", len(rollouts))
+    keras.utils.set_random_seed(config_lib.MINI_BASE_SEED)
+    model = build_model(config.model)
+    optimizer = keras.optimizers.Adam(config_lib.MINI_BASE_LR)
+    optimizer.build(model.trainable_variables)
+    step = supervised_step(model, optimizer, 1.0)
+    data = supervised_batches(rollouts, batch=config_lib.MINI_BASE_BATCH,
+                              seed=config_lib.MINI_BASE_SEED)  # fmt: skip
+    os.makedirs(out_dir, exist_ok=True)
+    loss = float("nan")
+    for i in range(steps):
+        loss = float(step(next(data)))
+        if (i + 1) % 25 == 0:
+            logging.info("qwen35_397b_grpo mini base: step %d/%d loss %.4f", i + 1, steps, loss)
+        if save_every and (i + 1) % save_every == 0:
+            model.save_weights(os.path.join(out_dir, f"step{i + 1}.weights.h5"))
+    model.save_weights(os.path.join(out_dir, WEIGHTS))
+    return {"trajectories": len(rollouts), "steps": steps, "loss": round(loss, 4),
+            "seconds": round(time.time() - begin, 1)}  # fmt: skip
+
+
+def held_out_pass_at_k(policy, config: config_lib.Qwen35GrpoConfig, *, seed: int = 0) -> float:
+    """Grouped pass@k of `policy` (a decoder or `input.generator`'s) on the held-out tasks, as
+    the run's evaluation computes it (`input.validation_batches`, `eval_batch_size` tasks at a
+    time): the `mini` base's and the supervised-only comparison's number."""
+    from benchmarks.qwen35_397b_grpo import input as input_lib  # noqa: PLC0415 (a cycle)
+
+    solved = tasks = 0.0
+    for b in input_lib.validation_batches(
+        policy, config, batch_tasks=config.eval_batch_size, seed=seed
+    ):
+        solved += float(np.sum(np.any(b["rewards"] > 0, axis=1) * b["valid"]))
+        tasks += float(np.sum(b["valid"]))
+    return solved / max(tasks, 1.0)

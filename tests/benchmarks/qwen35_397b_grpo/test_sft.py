@@ -1,0 +1,57 @@
+"""Tests of the `mini` base model's supervision: the expert's scripted rollouts earn reward 1
+with the policy's tokens exactly the expert's turns, the supervised loss against a NumPy
+transcription (prompt and tool output masked), and the one-line errors of a missing base and
+of `prepare --mini --base_steps=0`."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from benchmarks.qwen35_397b_grpo import config, prepare, sft, tasks
+from benchmarks.qwen35_397b_grpo.benchmark import Qwen35GrpoBenchmark
+from mlperf_tf.errors import UserError
+from mlperf_tf.lm.hybrid import build_hybrid_decoder
+from mlperf_tf.rl import batch as batch_lib
+
+
+def test_expert_rollouts_earn_the_reward_and_hold_the_expert_turns():
+    chosen = tasks.make_tasks(2, seed=31)
+    rollouts = sft.expert_rollouts(config.mini(), chosen, chunk=2)
+    assert len(rollouts) == 2
+    for r, task in zip(rollouts, chosen):
+        assert r.reward == 1.0 and r.turns == 4 and not r.truncated
+        policy = sft.CHAT.decode([t for t, m in zip(r.tokens, r.policy_mask) if m])
+        assert policy == "".join(tasks.expert_turns(task))
+        assert "[exit code 0]" in sft.CHAT.decode(r.tokens)
+
+
+@pytest.mark.numerics
+def test_supervised_loss_is_the_masked_mean_nll():
+    tf.keras.utils.set_random_seed(0)
+    model = build_hybrid_decoder(config.tiny(vocab_size=sft.CHAT.vocab_size))
+    rng = np.random.default_rng(0)
+    batch = {
+        "input_ids": rng.integers(0, 256, size=[2, 9]).astype(np.int32),
+        "targets": rng.integers(0, 256, size=[2, 9]).astype(np.int32),
+        "token_mask": (rng.random([2, 9]) < 0.5).astype(np.float32),
+    }
+    logits = model(tf.constant(batch["input_ids"])).numpy().astype(np.float64)
+    logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    picked = np.take_along_axis(logp, batch["targets"][..., None], axis=-1)[..., 0]
+    want = -(picked * batch["token_mask"]).sum() / batch["token_mask"].sum()
+    got = batch_lib.supervised_loss(model, {k: tf.constant(v) for k, v in batch.items()})
+    np.testing.assert_allclose(float(got), want, rtol=1e-5)
+
+
+def test_a_missing_base_is_one_line(tmp_path):
+    cfg = dataclasses.replace(config.smoke(), init_checkpoint=str(tmp_path / "none"))
+    with pytest.raises(UserError, match="init_checkpoint") as info:
+        Qwen35GrpoBenchmark(cfg).restore_initial_weights(None)
+    assert "\n" not in str(info.value)
+
+
+def test_prepare_mini_refuses_zero_steps(tmp_path):
+    with pytest.raises(UserError, match="--base_steps"):
+        prepare.main(["--mini", "--base_steps=0", f"--out_dir={tmp_path}"])
