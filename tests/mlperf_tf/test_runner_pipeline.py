@@ -258,10 +258,10 @@ def test_a_stage_sharded_checkpoint_is_the_p1_sharded_one_and_restores_across_p(
         _assert_same_checkpoint(_checkpoint(path), saved[first])
 
 
-def _deepseek(**overrides):
+def _deepseek(layers: int = 2, **overrides):
     """The smoke DeepSeek-V3 at 2 layers (a dense first stage, an MoE last stage with MTP)."""
     return pipeline_runs.benchmark_of(
-        DeepseekV3Benchmark, gradient_accumulation_steps=2, model__num_hidden_layers=2,
+        DeepseekV3Benchmark, gradient_accumulation_steps=2, model__num_hidden_layers=layers,
         **overrides,
     )  # fmt: skip
 
@@ -279,6 +279,19 @@ def test_deepseek_with_mtp_on_the_last_stage_equals_the_unpipelined_run(expert_p
                               summer=True, clip_norm=1.0)  # fmt: skip
     got = pipeline_runs.train(bench, num_devices=2 * devices, expert_parallel=expert_parallel,
                               pipeline=2, summer=True, clip_norm=1.0)  # fmt: skip
+    _assert_same(got, ref)
+    assert got.losses[1] < got.losses[0]
+
+
+@pytest.mark.slow  # two runs of about a minute of CPU
+def test_deepseek_with_the_recipe_s_uneven_shape_equals_the_unpipelined_run():
+    """The recipe's shape in small: 3 layers as the declared 2 + 1 (a dense and an MoE layer on
+    the first stage; one MoE layer, MTP and the loss on the last) at D2 x P2 against D2."""
+    bench = _deepseek(layers=3, model__pipeline_layers="2+1")
+    ref = pipeline_runs.train(bench, num_devices=2, summer=True, clip_norm=1.0)
+    got = pipeline_runs.train(bench, num_devices=4, pipeline=2, summer=True, clip_norm=1.0)
+    part = got.trainer.benchmark.pipeline_stage(got.trainer.model, 1, 2)
+    assert (part.first, part.end) == (2, 3)
     _assert_same(got, ref)
     assert got.losses[1] < got.losses[0]
 
