@@ -129,7 +129,7 @@ def test_an_undeclared_uneven_p_names_the_maps():
         bench.build_model()
 
 
-@pytest.mark.slow  # two runs; measured below
+@pytest.mark.slow  # two runs: 42 s (2026-12-06, load 8)
 def test_d2_x_p2_with_an_uneven_declared_split_equals_the_unpipelined_run():
     """Data 2 x pipeline 2 on 4 devices with 3 layers as 2 + 1 ends at data 2's weights."""
     ref = pipeline_runs.train(_llama_uneven(), num_devices=2, summer=True, clip_norm=1.0)
