@@ -43,6 +43,15 @@ FIRST_EVAL_SAMPLES = 24_576
 # Llama 3's <|end_of_text|>: the document separator of the C4 windows. The reference does not
 # mask it (`eod_mask_loss=False` in `pretrain_deepseek_v3_671b.py`).
 LLAMA3_VOCAB_SIZE = 128_256
+# The reference's pipeline stages (Megatron-Bridge `recipes/deepseek/deepseek_v3.py`,
+# `_deepseek_v3_common`'s `layout_map` of `pipeline_model_parallel_layout` without virtual
+# stages): the first stage also holds the embedding and the last the MTP depth and the loss, so
+# the last holds fewer decoder layers. PP4 is the reference run's (config_GB300_64x4x*xtp1pp4cp1).
+RECIPE_PIPELINE_LAYERS = (
+    "16+16+16+13",  # PP4
+    "+".join(["8"] * 7 + ["5"]),  # PP8
+    "+".join(["4"] * 15 + ["1"]),  # PP16
+)
 
 
 def first_eval_step(global_batch_size: int) -> int:
@@ -130,6 +139,7 @@ class ModelConfig(DecoderConfig):
     mtp_layers: int = 1
     mtp_loss_weight: float = 0.1
     moe: MoEConfig = REFERENCE_MOE
+    pipeline_layers: tuple[str, ...] = RECIPE_PIPELINE_LAYERS
 
     def __post_init__(self):
         super().__post_init__()
@@ -158,6 +168,7 @@ def tiny(vocab_size: int = 128) -> ModelConfig:
             REFERENCE_MOE, num_experts=8, first_dense=1, top_k=2, filter_size=16,
             shared_filter_size=16, num_groups=4, topk_groups=2,
         ),
+        pipeline_layers=(),  # 3 layers: the 671B's maps do not apply
     )  # fmt: skip
 
 
@@ -249,6 +260,7 @@ def mini_model() -> ModelConfig:
             REFERENCE_MOE, num_experts=8, first_dense=1, top_k=2, filter_size=128,
             shared_filter_size=128, num_groups=4, topk_groups=2,
         ),
+        pipeline_layers=(),  # 4 layers: equal stages at P = 2 and 4
     )  # fmt: skip
 
 

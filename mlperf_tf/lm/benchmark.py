@@ -26,7 +26,6 @@ from mlperf_tf.parallel.memory import (
     decoder_memory,
     memory_table,
 )
-from mlperf_tf.parallel.pipeline import stage_bounds
 from mlperf_tf.runner.actions import Action, LoopOutput
 
 
@@ -152,7 +151,7 @@ class LanguageModelBenchmark(Benchmark):
         out = []
         for layout in candidate_layouts(moe=m.moe.enabled, num_experts=m.moe.num_experts):
             if layout.pipeline > 1 and (
-                "pipeline" not in axes or m.num_hidden_layers % layout.pipeline
+                "pipeline" not in axes or not m.takes_pipeline(layout.pipeline)
             ):
                 continue
             if layout.expert > 1 and "expert" not in axes:
@@ -213,13 +212,14 @@ class LanguageModelBenchmark(Benchmark):
 
     def pipeline_stage(self, model: DecoderModel, stage: int, stages: int) -> DecoderStage:
         """Stage `stage` of `stages` of `model` for the pipeline schedule
-        (`mlperf_tf.runner.pipeline`): an equal run of consecutive decoder layers, the
+        (`mlperf_tf.runner.pipeline`): a run of consecutive decoder layers (the config's
+        declared map for `stages`, `DecoderConfig.pipeline_layers`, else equal runs), the
         embedding on the first stage, the final norm, head and loss on the last.
 
         Raises:
-          UserError: `stages` does not divide the decoder's layers (one line).
+          UserError: no map for `stages` and it does not divide the layers (one line).
         """
-        first, end = stage_bounds(self.config.model.num_hidden_layers, stages)[stage]
+        first, end = self.config.model.stage_bounds(stages)[stage]
         return DecoderStage(self, model, first, end)
 
     # ---- steps (replica context) -------------------------------------------------------------

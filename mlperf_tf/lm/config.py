@@ -13,7 +13,9 @@ import types
 from typing import Literal
 
 from mlperf_tf.config import ConfigError, require
+from mlperf_tf.errors import UserError
 from mlperf_tf.layers.moe import MoEConfig
+from mlperf_tf.parallel.pipeline import layer_maps, stage_bounds
 
 ROPE_TYPES = ("default", "llama3", "yarn")
 FEED_FORWARDS = ("swiglu", "swiglu_clamped")
@@ -86,6 +88,9 @@ class DecoderConfig:
       mtp_layers: multi-token prediction depth D (DeepSeek-V3: 1; `mlperf_tf.lm.mtp`).
       mtp_loss_weight: lambda, the MTP losses' weight (Megatron's `mtp_loss_scaling_factor`):
         the training loss adds lambda / D x the sum of the D depths' losses.
+      pipeline_layers: the decoder layers of each pipeline stage, one "+"-joined map per
+        stage count P (e.g. "16+16+16+13": P = 4, DeepSeek-V3's recipe); a P not declared
+        takes equal runs and must divide the layers (`stage_bounds`).
     """
 
     vocab_size: int = 32_000
@@ -129,6 +134,7 @@ class DecoderConfig:
     v_head_dim: int = 0
     mtp_layers: int = 0
     mtp_loss_weight: float = 0.0
+    pipeline_layers: tuple[str, ...] = ()
 
     def __post_init__(self):
         require(
@@ -172,6 +178,10 @@ class DecoderConfig:
             raise ConfigError(
                 f"`model.rope_type` ({self.rope_type!r}) must be one of {', '.join(ROPE_TYPES)}."
             )
+        try:
+            layer_maps(self.pipeline_layers)
+        except UserError as e:
+            raise ConfigError(str(e)) from None
         if self.feed_forward not in FEED_FORWARDS:
             raise ConfigError(
                 f"`model.feed_forward` ({self.feed_forward!r}) must be one of "
@@ -296,6 +306,24 @@ class DecoderConfig:
             self.block_parameters(self.num_hidden_layers + k) + 3 * h + 2 * h * h
             for k in range(self.mtp_layers)
         )
+
+    def stage_bounds(self, stages: int) -> list[tuple[int, int]]:
+        """The [first, end) layers of each of `stages` pipeline stages: the declared map for
+        that count (`pipeline_layers`) or equal runs.
+
+        Raises:
+          UserError: no map for `stages` and it does not divide the layers, or the map does
+            not sum to them (one line).
+        """
+        return stage_bounds(self.num_hidden_layers, stages, self.pipeline_layers)
+
+    def takes_pipeline(self, stages: int) -> bool:
+        """Whether `stage_bounds(stages)` splits the layers (a layout search's filter)."""
+        try:
+            self.stage_bounds(stages)
+        except UserError:
+            return False
+        return True
 
     def parameter_count(self) -> int:
         """Parameters of this shape, from the config alone (no weights are allocated)."""

@@ -31,7 +31,7 @@ from mlperf_tf.lm.mtp import MultiTokenPrediction, shift_left
 from mlperf_tf.lm.rope import RotaryEmbedding
 from mlperf_tf.parallel.context import current_mesh
 from mlperf_tf.parallel.layout import check_divides
-from mlperf_tf.parallel.pipeline import stage_bounds, sum_over_stages
+from mlperf_tf.parallel.pipeline import sum_over_stages
 
 
 class DecoderBlock(keras.layers.Layer):
@@ -102,7 +102,8 @@ class DecoderModel(keras.Model):
 
     Raises:
       UserError: the ambient mesh's `model` axis does not divide the heads, the feed-forward
-        width or the vocabulary, or its `pipeline` axis the layers.
+        width or the vocabulary, or its `pipeline` axis the layers (without a declared map,
+        `DecoderConfig.pipeline_layers`).
     """
 
     # The block of every layer; a subclass with other blocks (`mlperf_tf.lm.hybrid`) sets its own.
@@ -115,7 +116,7 @@ class DecoderModel(keras.Model):
         c = config
         mesh = current_mesh()
         if mesh is not None and mesh.pipeline > 1:  # one line, before any weight is made
-            stage_bounds(c.num_hidden_layers, mesh.pipeline)
+            c.stage_bounds(mesh.pipeline)
         if mesh is not None:
             check_divides(
                 mesh, **{"model.num_attention_heads": c.num_attention_heads,

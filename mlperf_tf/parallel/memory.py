@@ -25,8 +25,9 @@ An estimate from the config, for planning (no weights are allocated). What it co
   its top-k experts' 3 f per token and the dispatch and combine buffers, 2 top-k h); the
   first stage's embedding output, the last stage's float32 logits and softmax (2 x 4 V /
   tensor) for one micro-batch; times the micro-batches the schedule holds in flight on the
-  stage (`Schedule.in_flight`: 1F1B at most P - s, GPipe all M). Tokens per chip: the micro
-  batch x sequence / `context`.
+  stage (`pipeline.in_flight`, the schedule table's count: 1F1B at most P - s, GPipe all M).
+  Tokens per chip: the micro batch x sequence / `context`. With a declared uneven stage map
+  (`DecoderConfig.pipeline_layers`) the stages are the map's; the chip counted is the worst.
 
 Options for planning a GPU framework's run (`mlperf-tf simulate`): `shard_weights` divides the
 weights and gradients by `data` too (FSDP, ZeRO-3; Megatron's `data_parallel_sharding_strategy=
@@ -44,7 +45,8 @@ from __future__ import annotations
 import dataclasses
 
 from mlperf_tf.facts import is_moe_layer
-from mlperf_tf.parallel.pipeline import Schedule, stage_bounds
+from mlperf_tf.parallel.pipeline import in_flight as in_flight_of
+from mlperf_tf.parallel.pipeline import stage_bounds
 
 GB = 1e9
 
@@ -184,10 +186,11 @@ def decoder_memory(
         under sequence parallelism) and, during its backward, one layer's activations.
 
     Raises:
-      UserError: `layout.pipeline` does not divide the layers.
+      UserError: `layout.pipeline` does not divide the layers and the config declares no map
+        for it (`DecoderConfig.pipeline_layers`).
     """
-    stages = stage_bounds(config.num_hidden_layers, layout.pipeline)
-    table = Schedule.build(schedule, stages=layout.pipeline, micro_batches=micro_batches)
+    # The declared map's stages when the config has one for P (`DecoderConfig.pipeline_layers`).
+    stages = stage_bounds(config.num_hidden_layers, layout.pipeline, config.pipeline_layers)
     tokens = micro_batch * seq / layout.context
     whole = config.parameter_count()
     best = None
@@ -228,7 +231,9 @@ def decoder_memory(
             )  # fmt: skip
         if s == 0:
             per_micro += tokens * config.hidden_size * activation_bytes
-        in_flight = table.in_flight(s)
+        in_flight = in_flight_of(
+            schedule, stages=layout.pipeline, micro_batches=micro_batches, stage=s
+        )
         activations = per_micro * in_flight
         if s == len(stages) - 1 and per_layer is None:  # logits and softmax, float32
             activations += tokens * 2 * 4 * config.vocab_size / layout.tensor
@@ -305,7 +310,8 @@ class DecoderSizes:
       attention, dense_feed_forward, moe_layer, parameters: `DecoderConfig`'s
         `attention_parameters()`, `dense_feed_forward_parameters()`, `moe_layer_parameters()`
         and `parameter_count()`.
-      the others: the config's fields of the same names (`moe`: its `MoEConfig`'s).
+      the others: the config's fields of the same names (`moe`: its `MoEConfig`'s;
+        `pipeline_layers`: its declared stage maps).
     """
 
     num_hidden_layers: int
@@ -321,6 +327,7 @@ class DecoderSizes:
     moe_layer: int
     parameters: int
     moe: MoESizes = MoESizes()
+    pipeline_layers: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, config) -> DecoderSizes:
@@ -338,12 +345,14 @@ class DecoderSizes:
             moe_layer=int(config.moe_layer_parameters()) if m.enabled else 0,
             parameters=int(config.parameter_count()),
             moe=MoESizes(m.num_experts, m.every, m.first_dense, m.top_k, m.filter_size),
+            pipeline_layers=tuple(config.pipeline_layers),
         )  # fmt: skip
 
     @classmethod
     def from_dict(cls, data: dict) -> DecoderSizes:
         data = dict(data)
         data["moe"] = MoESizes(**data.get("moe", {}))
+        data["pipeline_layers"] = tuple(data.get("pipeline_layers", ()))  # JSON: a list
         return cls(**data)
 
     def as_dict(self) -> dict:

@@ -18,6 +18,8 @@ compiled step (`mlperf_tf.runner.pipeline`). This module imports no TensorFlow.
 from __future__ import annotations
 
 import dataclasses
+import itertools
+from collections.abc import Sequence
 
 from mlperf_tf.errors import UserError
 
@@ -140,19 +142,67 @@ def predicted_bubble(stages: int, micro_batches: int) -> float:
     return (stages - 1) / (micro_batches + stages - 1)
 
 
-def stage_bounds(num_layers: int, stages: int) -> list[tuple[int, int]]:
-    """The [first, end) decoder layers of each of `stages` stages (equal consecutive runs).
+def in_flight(kind: str, *, stages: int, micro_batches: int, stage: int) -> int:
+    """`Schedule.in_flight` without the table (the memory estimate asks it of layouts with
+    thousands of micro-batches): GPipe holds all M; 1F1B's stage s runs min(P - 1 - s, M)
+    warm-up forwards, then one more before its first backward, so min(P - s, M).
 
     Raises:
-      UserError: `stages` does not divide `num_layers`.
+      UserError: an unknown `kind`.
     """
-    if num_layers % stages:
+    if kind not in SCHEDULES:
+        raise UserError(f"--pipeline_schedule={kind!r} must be one of {', '.join(SCHEDULES)}")
+    return micro_batches if kind == "gpipe" else min(stages - stage, micro_batches)
+
+
+def stage_bounds(
+    num_layers: int, stages: int, declared: Sequence[str] = ()
+) -> list[tuple[int, int]]:
+    """The [first, end) decoder layers of each of `stages` stages: the map `declared` for that
+    many stages (a model's `pipeline_layers`, "+"-joined layer counts, e.g. DeepSeek-V3's
+    uneven PP4 "16+16+16+13") when there is one, else equal consecutive runs.
+
+    Stages of unequal length change only which layers a stage runs: what it sends to the next
+    is the hidden state [micro batch, seq, hidden] whatever its layers, so the exchange and the
+    schedule are those of equal stages (the longest stage sets the tick).
+
+    Raises:
+      UserError: a declared map for `stages` that does not sum to `num_layers`, or no map and
+        `stages` not dividing `num_layers` (one line naming P, the layers and the maps).
+    """
+    counts = next((c for c in layer_maps(declared) if len(c) == stages), None)
+    if counts is not None:
+        if sum(counts) != num_layers:
+            raise UserError(
+                f"--pipeline_parallel={stages}: model.pipeline_layers' map "
+                f"{'+'.join(map(str, counts))} sums to {sum(counts)}, not "
+                f"model.num_hidden_layers ({num_layers})"
+            )
+    elif num_layers % stages:
+        maps = ", ".join(declared) or "none"
         raise UserError(
-            f"--pipeline_parallel={stages} must divide model.num_hidden_layers ({num_layers}): "
-            "each stage holds an equal run of consecutive layers"
+            f"--pipeline_parallel={stages} must divide model.num_hidden_layers ({num_layers}) "
+            f"or be declared in model.pipeline_layers (declared: {maps})"
         )
-    per = num_layers // stages
-    return [(s * per, (s + 1) * per) for s in range(stages)]
+    else:
+        counts = (num_layers // stages,) * stages
+    ends = list(itertools.accumulate(counts))
+    return [(end - count, end) for count, end in zip(counts, ends, strict=True)]
+
+
+def layer_maps(declared: Sequence[str]) -> list[tuple[int, ...]]:
+    """The layer counts of each "+"-joined map in `declared` (first stage first).
+
+    Raises:
+      UserError: a count that is not a positive integer, or two maps of one stage count.
+    """
+    maps = [tuple(int(c) if c.isdigit() else 0 for c in m.split("+")) for m in declared]
+    if any(0 in m for m in maps) or len({len(m) for m in maps}) < len(maps):
+        raise UserError(
+            f"model.pipeline_layers ({', '.join(declared)}) must be maps like '16+16+13' of "
+            "positive layer counts, one per stage count"
+        )
+    return maps
 
 
 def sum_over_stages(variables, mesh) -> None:

@@ -187,7 +187,9 @@ class PipelineStep:
                 state.total_loss += tf.cast(loss, tf.float32)
             else:
                 out, aux, metrics = forward(batch, x)
-                aux = None if aux is None else self._scaled(aux)
+                if aux is not None:  # this stage's MoE auxiliary loss is part of the step's
+                    state.total_loss += tf.cast(aux, tf.float32)
+                    aux = self._scaled(aux)
                 send = out
             for name, value in metrics.items():
                 value = tf.cast(value, tf.float32)
@@ -216,7 +218,8 @@ class PipelineStep:
 
     def _combine(self, total_loss, total_metrics: dict, part):
         """The step's loss and the whole model's metrics on every stage (the runner averages
-        them over replicas): the last stage's loss and each stage's part of the metrics,
+        them over replicas): the last stage's loss plus the earlier stages' MoE auxiliary losses
+        (which an unpipelined step's loss holds too) and each stage's part of the metrics,
         combined over the group (a few scalars and small tables)."""
         total_loss = self.group.all_reduce(total_loss, what="loss")
         for name in sorted(total_metrics):

@@ -107,6 +107,41 @@ def test_p_not_dividing_the_layers_is_one_line():
     assert "\n" not in str(error.value)
 
 
+def _llama_uneven():
+    """The smoke Llama at 3 layers with the declared P = 2 map 2 + 1 (`pipeline_layers`)."""
+    return _llama(model__num_hidden_layers=3, model__pipeline_layers="2+1")
+
+
+def test_a_declared_uneven_split_is_the_stages_layers():
+    """Cheap (no training): at P = 2 the stages run layers [0, 2) and [2, 3), and send one
+    activation shape, so the exchange is that of equal stages; the unsplit model is the same."""
+    bench = _llama_uneven().with_context(RunContext(num_replicas=2, mesh=DeviceMesh(pipeline=2)))
+    model = bench.build_model()
+    stages = [bench.pipeline_stage(model, s, 2) for s in range(2)]
+    assert [(p.first, p.end) for p in stages] == [(0, 2), (2, 3)]
+    batch = {"input_ids": tf.zeros([2, 32], tf.int32)}
+    assert stages[0].activation_shape(batch) == stages[1].activation_shape(batch) == [2, 32, 32]
+
+
+def test_an_undeclared_uneven_p_names_the_maps():
+    bench = _llama_uneven().with_context(RunContext(num_replicas=4, mesh=DeviceMesh(pipeline=4)))
+    with pytest.raises(UserError, match=r"--pipeline_parallel=4 must divide .*declared: 2\+1\)$"):
+        bench.build_model()
+
+
+@pytest.mark.slow  # two runs: 42 s (2026-12-06, load 8)
+def test_d2_x_p2_with_an_uneven_declared_split_equals_the_unpipelined_run():
+    """Data 2 x pipeline 2 on 4 devices with 3 layers as 2 + 1 ends at data 2's weights."""
+    ref = pipeline_runs.train(_llama_uneven(), num_devices=2, summer=True, clip_norm=1.0)
+    got = pipeline_runs.train(
+        _llama_uneven(), num_devices=4, pipeline=2, summer=True, clip_norm=1.0
+    )
+    part = got.trainer.benchmark.pipeline_stage(got.trainer.model, 1, 2)
+    assert (part.first, part.end) == (2, 3)
+    _assert_same(got, ref)
+    assert got.losses[1] < got.losses[0]
+
+
 @pytest.mark.slow
 def test_xla_compiles_the_stages():
     """With --xla each stage's forward pass and gradient are compiled (the exchanges stay
@@ -223,10 +258,10 @@ def test_a_stage_sharded_checkpoint_is_the_p1_sharded_one_and_restores_across_p(
         _assert_same_checkpoint(_checkpoint(path), saved[first])
 
 
-def _deepseek(**overrides):
+def _deepseek(layers: int = 2, **overrides):
     """The smoke DeepSeek-V3 at 2 layers (a dense first stage, an MoE last stage with MTP)."""
     return pipeline_runs.benchmark_of(
-        DeepseekV3Benchmark, gradient_accumulation_steps=2, model__num_hidden_layers=2,
+        DeepseekV3Benchmark, gradient_accumulation_steps=2, model__num_hidden_layers=layers,
         **overrides,
     )  # fmt: skip
 
@@ -244,6 +279,19 @@ def test_deepseek_with_mtp_on_the_last_stage_equals_the_unpipelined_run(expert_p
                               summer=True, clip_norm=1.0)  # fmt: skip
     got = pipeline_runs.train(bench, num_devices=2 * devices, expert_parallel=expert_parallel,
                               pipeline=2, summer=True, clip_norm=1.0)  # fmt: skip
+    _assert_same(got, ref)
+    assert got.losses[1] < got.losses[0]
+
+
+@pytest.mark.slow  # two runs of about a minute of CPU
+def test_deepseek_with_the_recipe_s_uneven_shape_equals_the_unpipelined_run():
+    """The recipe's shape in small: 3 layers as the declared 2 + 1 (a dense and an MoE layer on
+    the first stage; one MoE layer, MTP and the loss on the last) at D2 x P2 against D2."""
+    bench = _deepseek(layers=3, model__pipeline_layers="2+1")
+    ref = pipeline_runs.train(bench, num_devices=2, summer=True, clip_norm=1.0)
+    got = pipeline_runs.train(bench, num_devices=4, pipeline=2, summer=True, clip_norm=1.0)
+    part = got.trainer.benchmark.pipeline_stage(got.trainer.model, 1, 2)
+    assert (part.first, part.end) == (2, 3)
     _assert_same(got, ref)
     assert got.losses[1] < got.losses[0]
 

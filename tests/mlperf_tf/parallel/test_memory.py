@@ -7,6 +7,7 @@ import pathlib
 
 import pytest
 
+from benchmarks.deepseekv3_671b.benchmark import DeepseekV3Benchmark
 from benchmarks.gpt_oss_20b.benchmark import GptOssBenchmark
 from benchmarks.llama2_70b_lora.benchmark import LoraBenchmark
 from benchmarks.llama31_8b.benchmark import Llama31Benchmark
@@ -26,13 +27,45 @@ def test_stages_hold_the_whole_model_once():
         memory._stage_parameters(  # noqa: SLF001
             config, first, end, tensor=1, expert=1, first_stage=s == 0, last_stage=s == 3
         )
-        for s, (first, end) in enumerate(memory.stage_bounds(config.num_hidden_layers, 4))
+        for s, (first, end) in enumerate(config.stage_bounds(4))
     ]
     assert sum(per_stage) == config.parameter_count()
     # The first stage holds the embedding, the last the head and final norm, besides 8 layers.
     table = config.vocab_size * config.hidden_size
     assert per_stage[0] - table == pytest.approx(per_stage[1])
     assert per_stage[3] - table - config.hidden_size == pytest.approx(per_stage[1])
+
+
+@pytest.mark.parametrize(("layers", "worst"), [("20+12", 0), ("12+20", 1)])
+def test_a_declared_uneven_map_is_the_estimate_s_stages_and_the_worst_is_counted(layers, worst):
+    """P = 2 over Llama's 32 layers as a declared 20 + 12 (or 12 + 20): the chip counted is
+    the stage of 20 layers, its weights those layers' (with the embedding or the head)."""
+    config = dataclasses.replace(_llama().config.model, pipeline_layers=(layers,))
+    bounds = config.stage_bounds(2)
+    chip = memory.decoder_memory(
+        config, seq=128, micro_batch=1, micro_batches=4, layout=ChipLayout(pipeline=2)
+    )
+    first, end = bounds[worst]
+    assert end - first == 20 and chip.stage == worst
+    params = memory._stage_parameters(  # noqa: SLF001
+        config, first, end, tensor=1, expert=1, first_stage=worst == 0, last_stage=worst == 1
+    )
+    assert chip.weights == pytest.approx(4 * params)
+    assert chip.in_flight == 2 - worst  # 1F1B: P - s
+
+
+def test_deepseek_declares_the_recipe_s_maps_and_its_layouts_use_them():
+    """The reference's PP4, PP8 and PP16 over 61 layers (Megatron-Bridge's `layout_map`):
+    the memory search offers them, with the first stage's 16 layers the worst at P4."""
+    bench = DeepseekV3Benchmark(DeepseekV3Benchmark.preset("mlperf"))
+    config = bench.config.model
+    assert config.stage_bounds(4) == [(0, 16), (16, 32), (32, 48), (48, 61)]
+    assert [end - first for first, end in config.stage_bounds(8)] == [8] * 7 + [5]
+    assert [end - first for first, end in config.stage_bounds(16)] == [4] * 15 + [1]
+    pipelines = {layout.pipeline for layout in bench.memory_layouts()}
+    assert {4, 8, 16} <= pipelines and 2 not in pipelines  # 2 neither divides 61 nor is declared
+    chip = bench.memory_per_chip(ChipLayout(pipeline=4, expert=64))
+    assert chip.stage == 0 and chip.in_flight == 4
 
 
 def test_one_chip_is_sixteen_bytes_a_weight_plus_activations():
@@ -77,7 +110,9 @@ def test_expert_parallel_splits_only_the_experts():
     assert e1.weights - e4.weights == pytest.approx(4 * experts * 3 / 4)
 
 
-@pytest.mark.parametrize("benchmark_class", [Llama31Benchmark, GptOssBenchmark, LoraBenchmark])
+@pytest.mark.parametrize(
+    "benchmark_class", [Llama31Benchmark, GptOssBenchmark, LoraBenchmark, DeepseekV3Benchmark]
+)
 def test_the_readme_table_is_the_functions_output(benchmark_class):
     bench = benchmark_class(benchmark_class.preset("mlperf"))
     readme = REPO / "benchmarks" / bench.name / "README.md"

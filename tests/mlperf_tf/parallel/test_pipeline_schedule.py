@@ -53,3 +53,41 @@ def test_stage_bounds_and_errors():
         pipeline.stage_bounds(32, 3)
     with pytest.raises(UserError, match="pipeline_schedule"):
         pipeline.Schedule.build("interleaved", stages=2, micro_batches=2)
+
+
+def test_a_declared_map_splits_unevenly_and_other_p_split_equally():
+    """DeepSeek-V3's recipe map at P = 4 (16+16+16+13 of 61 layers); an undeclared P takes
+    equal runs when it divides the layers."""
+    maps = ("16+16+16+13", "3+2")
+    assert pipeline.stage_bounds(61, 4, maps) == [(0, 16), (16, 32), (32, 48), (48, 61)]
+    assert pipeline.stage_bounds(5, 2, maps) == [(0, 3), (3, 5)]
+    assert pipeline.stage_bounds(4, 4, ("3+1",)) == [(0, 1), (1, 2), (2, 3), (3, 4)]
+    # Every layer in exactly one stage, in order.
+    bounds = pipeline.stage_bounds(61, 16, ("+".join(["4"] * 15 + ["1"]),))
+    assert [i for first, end in bounds for i in range(first, end)] == list(range(61))
+    assert bounds[-1] == (60, 61)
+
+
+def test_an_undeclared_p_not_dividing_or_a_map_of_other_layers_is_one_line():
+    with pytest.raises(UserError) as error:
+        pipeline.stage_bounds(61, 2, ("16+16+16+13", "8+8+8+8+8+8+8+5"))
+    message = str(error.value)
+    assert message.startswith("--pipeline_parallel=2 must divide model.num_hidden_layers (61)")
+    assert "declared: 16+16+16+13, 8+8+8+8+8+8+8+5" in message and "\n" not in message
+    with pytest.raises(UserError, match=r"map 2\+1 sums to 3, not model.num_hidden_layers \(4\)"):
+        pipeline.stage_bounds(4, 2, ("2+1",))
+    for bad in (("2+0",), ("2+x",), ("2+1", "1+2"), ("",)):
+        with pytest.raises(UserError, match="model.pipeline_layers"):
+            pipeline.stage_bounds(3, 2, bad)
+
+
+@pytest.mark.parametrize("kind", pipeline.SCHEDULES)
+def test_in_flight_without_the_table_is_the_tables(kind):
+    for stages in range(1, 6):
+        for micro_batches in range(1, 8):
+            table = pipeline.Schedule.build(kind, stages=stages, micro_batches=micro_batches)
+            for s in range(stages):
+                got = pipeline.in_flight(kind, stages=stages, micro_batches=micro_batches, stage=s)
+                assert got == table.in_flight(s), (kind, stages, micro_batches, s)
+    with pytest.raises(UserError, match="pipeline_schedule"):
+        pipeline.in_flight("interleaved", stages=2, micro_batches=2, stage=0)
