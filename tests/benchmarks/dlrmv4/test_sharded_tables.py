@@ -13,6 +13,7 @@ import tensorflow as tf
 
 from benchmarks.dlrmv4.benchmark import DlrmV4Benchmark
 from benchmarks.dlrmv4.config import CROSS_FEATURES
+from mlperf_tf.errors import UserError
 from mlperf_tf.layers.sharded_embedding import ROW_WISE, TABLE_WISE, plan_tables
 from tests import tensor_parallel
 
@@ -105,6 +106,7 @@ def _table_entries(path: str, shape) -> int:
     return sum(tuple(s) == tuple(shape) for s in reader.get_variable_to_shape_map().values())
 
 
+@pytest.mark.slow  # 8 short trainings: 183 s at load 8
 def test_a_checkpoint_written_split_restores_unsplit_and_the_reverse(tmp_path):
     """2 steps at E = 2 and at E = 1 (data = 2), each saved: both checkpoints hold the tables
     whole (`[sum of rows, dim]`, and their accumulators `[sum of rows]`), no storage layout.
@@ -121,3 +123,16 @@ def test_a_checkpoint_written_split_restores_unsplit_and_the_reverse(tmp_path):
         ref = _train(b, 2, e, steps=2, restore_from=paths[e])
         got = _train(b, 2, e, steps=2, restore_from=paths[other])
         _assert_same(got, ref)
+
+
+def test_tables_larger_than_a_replica_can_hold_are_one_line():
+    """`model.embedding_memory_gb` below what one replica's share of the tables and their
+    row-wise slot needs: a one-line error naming it, before anything is allocated."""
+    b = _benchmark()
+    c = b.config
+    small = dataclasses.replace(c.model, embedding_memory_gb=1e-5)  # 10 KiB < 1,128 x 17 x 4 B
+    bench = DlrmV4Benchmark(dataclasses.replace(c, model=small))
+    with pytest.raises(
+        UserError, match=r"`model.embedding_memory_gb` \([0-9.e-]+ GiB\): .*expert_parallel=1"
+    ):
+        bench.build_model()
