@@ -45,6 +45,9 @@ class DlrmV4Benchmark(Benchmark):
     name = config_lib.NAME
     config_class = config_lib.DlrmConfig
     input_module = input_lib
+    # The tables split over `expert` (`--expert_parallel`): its replicas read different
+    # batches and exchange rows by all-to-all, as the MoE layers' experts (README).
+    parallel_axes = ("data", "expert")
     # Samples to AUC 0.75 at global batch 8192, 16384, 32768 (the reference's sweep).
     convergence = Rcp(config_lib.RCP_FILE.removeprefix("rcp_checker/"), "dlrmv4_ref_", True)
 

@@ -64,6 +64,10 @@ class ModelConfig:
       action_embedding_dim: width of each action type's embedding (3 types: listen+, like,
         skip, the bits 1, 2, 4 of `action_weight`).
       mlp_hidden_dim: the item MLP's and the prediction head's hidden width (512).
+      embedding_memory_gb: the most one replica may hold of the tables and their row-wise
+        Adagrad state, in GiB (0: unchecked); the tables split over `--expert_parallel`
+        replicas (`mlperf_tf.layers.sharded_embedding`), and more than this per replica is a
+        one-line error at build.
     """
 
     item_rows: int = 9_390_624
@@ -86,6 +90,7 @@ class ModelConfig:
     action_embedding_dim: int = 8
     num_action_types: int = 3
     mlp_hidden_dim: int = 512
+    embedding_memory_gb: float = 0.0
 
     def __post_init__(self):
         require(
@@ -98,6 +103,7 @@ class ModelConfig:
                 "num_time_buckets", "action_embedding_dim", "num_action_types", "mlp_hidden_dim",
             ),
             fraction=("input_dropout", "linear_dropout"),
+            non_negative=("embedding_memory_gb",),
         )  # fmt: skip
         if len(self.cross_rows) != len(CROSS_FEATURES) or any(
             isinstance(r, bool) or not isinstance(r, int) or r < 1 for r in self.cross_rows
@@ -301,6 +307,8 @@ def mlperf() -> DlrmConfig:
         eval_examples=EVAL_SAMPLES,
         max_epochs=1.0,
         quality_target=TARGET_AUC,
+        # An 80 GB accelerator's memory: the 600 GB of tables need 8+ replicas on `expert`.
+        model=ModelConfig(embedding_memory_gb=80.0),
         data_dir=os.path.join(paths.data_root(), "dlrmv4-yambda"),
     )
 

@@ -27,33 +27,18 @@ import numpy as np
 import tensorflow as tf
 
 from benchmarks.dlrmv4.config import CROSS_FEATURES, ModelConfig
+from mlperf_tf.layers.sharded_embedding import ShardedEmbeddings
 
 # The multitask module's one task: `listen_plus`, bit 1 of the action weight.
 TIME_FEATURES = ((3600, 24), (86400, 7))  # postprocessors.py: hour of day, day of week
 TWO_PI = 2 * 3.14  # postprocessors.py writes 2 * 3.14, not 2 * pi
-SPARSE_PREFIX = "sparse_table_"  # layers holding embedding tables (row-wise Adagrad's)
+SPARSE_PREFIX = "sparse_tables/"  # the layer holding the embedding tables (row-wise Adagrad's)
+TABLES_LAYER = "sparse_tables"
 
 
 def xavier(seed):
     """torch's `xavier_uniform_` (`init_mlp_weights_optional_bias`): U(+-sqrt(6/(in+out)))."""
     return keras.initializers.GlorotUniform(seed=seed)
-
-
-class EmbeddingTable(keras.layers.Layer):
-    """One embedding table `[rows, dim]` (TorchRec's default init U(+-sqrt(1/rows)))."""
-
-    def __init__(self, rows: int, dim: int, *, seed: int, **kwargs):
-        super().__init__(**kwargs)
-        bound = math.sqrt(1.0 / rows)
-        self.rows = rows
-        self.table = self.add_weight(
-            shape=(rows, dim),
-            initializer=keras.initializers.RandomUniform(-bound, bound, seed=seed),
-            name="embeddings",
-        )
-
-    def call(self, ids):
-        return tf.gather(self.table, ids)  # [..., dim]; its gradient is an IndexedSlices
 
 
 def swish_layer_norm(x, gamma, beta, eps):
@@ -197,10 +182,16 @@ class DlrmHstu(keras.Model):
         c = self.c = config
         e, d, hid = c.embedding_dim, c.transducer_dim, c.preprocessor_hidden_dim
         rows = c.table_rows()
-        self.tables = {
-            name: EmbeddingTable(n, e, seed=seed + i, name=SPARSE_PREFIX + name)
-            for i, (name, n) in enumerate(rows.items())
-        }
+        # Every table in one layer, sharded over the mesh's `expert` axis when there is one;
+        # TorchRec's default init U(+-sqrt(1/rows)) per table, seeded by its position.
+        self.tables = ShardedEmbeddings(
+            rows, e, name=TABLES_LAYER,
+            initializers={name: keras.initializers.RandomUniform(
+                -math.sqrt(1.0 / n), math.sqrt(1.0 / n), seed=seed + i)
+                for i, (name, n) in enumerate(rows.items())},
+            memory_limit_bytes=int(c.embedding_memory_gb * 2**30),
+            limit_setting="model.embedding_memory_gb",
+        )  # fmt: skip
         self.contextual_names = ["uid"] + [name for name, _ in CROSS_FEATURES]
         self.content_mlp = Mlp(hid, d, final_norm=True, seed=seed + 100, name="content_mlp")
         self.additional_mlp = Mlp(hid, d, final_norm=True, seed=seed + 102, name="additional_mlp")
@@ -256,23 +247,34 @@ class DlrmHstu(keras.Model):
         emb = on[..., None] * self.action_table  # [B, H, types, a]
         return tf.reshape(emb, tf.concat([tf.shape(actions), [-1]], 0))
 
-    def preprocess(self, batch, training=False):
+    def embed(self, batch):
+        """Every table lookup of a batch in one exchange (`ShardedEmbeddings`): the merged
+        item, artist and album sequences (the history, then the candidate) `[B, H+1, E]` each
+        and the contextual ids' embeddings `[B, C, E]`."""
+        merged = [
+            tf.concat([batch[f"uih_{k}"], batch[f"cand_{k}"][:, None]], axis=1)
+            for k in ("item", "artist", "album")
+        ]  # 3 x [B, H+1]
+        contextual = [batch["contextual"][:, i] for i in range(len(self.contextual_names))]
+        out = self.tables(
+            merged + contextual,
+            tables=("item_id", "artist_id", "album_id", *self.contextual_names),
+        )
+        return {"item": out[0], "artist": out[1], "album": out[2],
+                "contextual": tf.stack(out[3:], axis=1)}  # fmt: skip
+
+    def preprocess(self, batch, training=False, embedded=None):
         """ContextualPreprocessor + HSTUPositionalEncoder + input dropout.
 
-        Returns (x `[B, S, D]`, L `[B]`) with S = 8 + H + 1: contextual tokens, the history
-        and, at position 8 + l, the candidate; rows past L are padding.
+        Returns (x `[B, S, D]`, L `[B]`, times `[B, S]`) with S = 8 + H + 1: contextual tokens,
+        the history and, at position 8 + l, the candidate; rows past L are padding. `embedded`:
+        `embed(batch)` when the caller has it.
         """
         c = self.c
         nc, hist = c.num_contextual, tf.shape(batch["uih_item"])[1]
         lengths = tf.cast(batch["uih_length"], tf.int32)  # [B]
-
-        # The merged item / artist / album sequences: the history, then the candidate.
-        def merged(table, history, candidate):
-            return self.tables[table](tf.concat([history, candidate[:, None]], axis=1))
-
-        item = merged("item_id", batch["uih_item"], batch["cand_item"])  # [B, H+1, E]
-        artist = merged("artist_id", batch["uih_artist"], batch["cand_artist"])
-        album = merged("album_id", batch["uih_album"], batch["cand_album"])
+        embedded = self.embed(batch) if embedded is None else embedded
+        item, artist, album = embedded["item"], embedded["artist"], embedded["album"]
         seq = self.content_mlp(item) + self.additional_mlp(tf.concat([artist, album], -1))
         actions = self.action_embeddings(batch["uih_action"])  # [B, H, 3a]
         target = tf.broadcast_to(self.target_action, tf.shape(actions[:, :1]))  # [B, 1, 3a]
@@ -289,9 +291,7 @@ class DlrmHstu(keras.Model):
         times = tf.concat([times, tf.zeros_like(times[:, :1])], 1)
         times = tf.gather(times, source, batch_dims=1)
         # Contextual tokens: a per-position linear map of each contextual id's embedding.
-        ctx = tf.stack(
-            [self.tables[n](batch["contextual"][:, i]) for i, n in
-             enumerate(self.contextual_names)], axis=1)  # fmt: skip  # [B, C, E]
+        ctx = embedded["contextual"]  # [B, C, E]
         ctx = tf.einsum("bce,ced->bcd", ctx, self.ctx_w) + self.ctx_b  # [B, C, D]
         x = tf.concat([ctx, seq], axis=1)  # [B, S, D]
         times = tf.concat([tf.zeros_like(times[:, :nc]), times], axis=1)  # [B, S]
@@ -317,15 +317,15 @@ class DlrmHstu(keras.Model):
         return layer_norm(y + self.post_b, self.post_gamma, self.post_beta, 1e-5)
 
     def call(self, batch, training=False):
-        x, lengths, times = self.preprocess(batch, training=training)
+        embedded = self.embed(batch)
+        x, lengths, times = self.preprocess(batch, training=training, embedded=embedded)
         for layer in self.layers_:
             x = layer(x, lengths, training=training)
         user = tf.gather(x, lengths - 1, batch_dims=1)  # [B, D]: the candidate's row
         user = self.postprocess(user, tf.gather(times, lengths - 1, batch_dims=1))
         items = tf.concat(
-            [self.tables[n](batch[k]) for n, k in
-             (("item_id", "cand_item"), ("artist_id", "cand_artist"),
-              ("album_id", "cand_album"))], axis=-1)  # fmt: skip  # [B, 3E]
+            [embedded[k][:, -1] for k in ("item", "artist", "album")], axis=-1
+        )  # [B, 3E]: the candidate's rows of the merged sequences
         item = self.item_mlp(items)  # [B, D]
         return self.head(user * item)[:, 0]  # [B]
 
@@ -379,5 +379,8 @@ def parameter_counts(c: ModelConfig) -> tuple[int, int]:
 
 
 def numpy_weights(model: DlrmHstu) -> dict[str, np.ndarray]:
-    """Path -> value of every weight (for tests and tools)."""
-    return {v.path: v.numpy() for v in model.weights}
+    """Path -> value of every weight (for tests and tools): the tables whole, each as
+    `sparse_tables/<table name>`, whatever their sharding."""
+    out = {v.path: v.numpy() for v in model.weights if v.path != model.tables.embeddings.path}
+    out.update({SPARSE_PREFIX + n: t for n, t in model.tables.tables().items()})
+    return out

@@ -498,6 +498,11 @@ class GradientSummer:
             if clip_norm:
                 norm = self._global_norm(ops, grads)
                 grads, _ = tf.clip_by_global_norm(grads, clip_norm, use_norm=norm)
+            # An optimizer's own clip of the summed gradients (row-wise Adagrad's dense-only
+            # clip), which Keras' path runs after its sum and `update_step` alone would skip.
+            clip_summed = getattr(optimizer, "clip_summed_gradients", None)
+            if clip_summed is not None:
+                grads = clip_summed(grads, variables)
             norms = self._whole_norms(ops, optimizer, grads, variables)
             context.merge_call(_apply_gradients, args=(optimizer, grads, variables, norms))
             return

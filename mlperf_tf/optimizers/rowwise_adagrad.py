@@ -22,6 +22,7 @@ from mlperf_tf.optimizers.base import (
     tf_variable,
     variable_path,
 )
+from mlperf_tf.parallel.layout import layout_of
 
 
 def rowwise_adagrad_rows(rows, g, accumulator, lr, epsilon):
@@ -92,19 +93,35 @@ class AdamWRowWiseAdagrad(AdamW):
         return config
 
     def _all_reduce_sum_gradients(self, grads_and_vars):
-        """Keras' cross-replica sum of the gradients, then the dense-only clip: the summed
-        (full-batch) dense gradients scaled to at most `dense_clipnorm` in global norm."""
+        """Keras' cross-replica sum of the gradients, then the dense-only clip
+        (`clip_summed_gradients`)."""
         grads_and_vars = super()._all_reduce_sum_gradients(grads_and_vars)
+        grads, variables = zip(*grads_and_vars) if grads_and_vars else ((), ())
+        return list(zip(self.clip_summed_gradients(list(grads), list(variables)), variables))
+
+    def clip_summed_gradients(self, grads, variables):
+        """The dense-only clip: the summed (full-batch) dense gradients scaled to at most
+        `dense_clipnorm` in global norm, the tables' untouched. Keras' update path calls it
+        after its sum; the suite's gradient summer (split tables) after its own.
+
+        Raises:
+          ValueError: a clipped (dense) variable is split over replicas (its norm would be
+            one shard's).
+        """
         if not self.dense_clipnorm:
-            return grads_and_vars
-        dense = [i for i, (g, v) in enumerate(grads_and_vars) if g is not None
+            return grads
+        dense = [i for i, (g, v) in enumerate(zip(grads, variables)) if g is not None
                  and not self.is_sparse(v)]  # fmt: skip
-        clipped, _ = tf.clip_by_global_norm([grads_and_vars[i][0] for i in dense],
-                                            self.dense_clipnorm)  # fmt: skip
-        grads_and_vars = list(grads_and_vars)
+        for i in dense:
+            if layout_of(variables[i]).split:
+                raise ValueError(
+                    f"dense_clipnorm: {variable_path(variables[i])} is split over replicas"
+                )
+        clipped, _ = tf.clip_by_global_norm([grads[i] for i in dense], self.dense_clipnorm)
+        grads = list(grads)
         for i, g in zip(dense, clipped):
-            grads_and_vars[i] = (g, grads_and_vars[i][1])
-        return grads_and_vars
+            grads[i] = g
+        return grads
 
     def is_sparse(self, variable) -> bool:
         """Whether `variable` is a table updated by row-wise Adagrad."""
@@ -118,23 +135,31 @@ class AdamWRowWiseAdagrad(AdamW):
         super(AdamW, self).build(var_list)  # the base's weight-decay bookkeeping, no slots
         self._slot = {}  # variable index -> position in its slot lists
         self._momentums, self._velocities, self._row_accumulators = [], [], []
+        # By index: `update_step` may get a replica's component (the gradient summer's update),
+        # whose name is not the Keras path.
+        self._sparse_indices = set()
         for variable in var_list:
             index = self._get_variable_index(variable)
             if self.is_sparse(variable):
+                self._sparse_indices.add(index)
                 if len(variable.shape) != 2:
                     raise ValueError(
                         f"sparse variable {variable_path(variable)} must be [rows, dim], "
                         f"got shape {tuple(variable.shape)}"
                     )
                 self._slot[index] = len(self._row_accumulators)
-                self._row_accumulators.append(
-                    self.add_variable(
-                        shape=(variable.shape[0],),
-                        dtype=variable.dtype,
-                        initializer="zeros",
-                        name=f"{variable_path(variable).replace('/', '_')}_row_accumulator",
-                    )
+                accumulator = self.add_variable(
+                    shape=(variable.shape[0],),
+                    dtype=variable.dtype,
+                    initializer="zeros",
+                    name=f"{variable_path(variable).replace('/', '_')}_row_accumulator",
                 )
+                # A sharded table (`layers.sharded_embedding`) gives its per-row slot its
+                # layout and its placement-free checkpoint entry.
+                attach = getattr(variable, "attach_row_slot", None)
+                if attach is not None:
+                    attach(accumulator)
+                self._row_accumulators.append(accumulator)
             else:
                 self._slot[index] = len(self._momentums)
                 self._momentums.append(self.add_variable_from_reference(variable, "momentum"))
@@ -144,7 +169,7 @@ class AdamWRowWiseAdagrad(AdamW):
         """One step of one variable (update context, summed gradient)."""
         index = self._get_variable_index(variable)
         slot = self._slot[index]
-        if not self.is_sparse(variable):
+        if index not in self._sparse_indices:
             m, v = self._momentums[slot], self._velocities[slot]
             self.update_with(index, gradient, variable, learning_rate, m, v)
             return

@@ -132,7 +132,7 @@ def reference_forward(w, c, batch, n):
     """DlrmHSTU's forward (training=False) in the reference's jagged form: the logits [B],
     and the positional encoder's jagged output."""
     t = {k: np.asarray(v) for k, v in batch.items()}
-    tables = {name: w[model_lib.SPARSE_PREFIX + name + "/embeddings"].astype(np.float64)
+    tables = {name: w[model_lib.SPARSE_PREFIX + name].astype(np.float64)
               for name in c.table_rows()}  # fmt: skip
     lengths = t["uih_length"]
     bsz = len(lengths)
@@ -285,7 +285,7 @@ def test_position_and_time_buckets_match_the_reference_indices():
 def test_parameter_counts_are_the_built_models_without_allocating():
     c = tiny_config()
     model = model_lib.build(c)
-    counts = {v.path: int(np.prod(v.shape)) for v in model.weights}
+    counts = {p: int(np.prod(v.shape)) for p, v in model_lib.numpy_weights(model).items()}
     embedding = sum(n for p, n in counts.items() if p.startswith(model_lib.SPARSE_PREFIX))
     assert model_lib.parameter_counts(c) == (embedding, sum(counts.values()) - embedding)
     # The reference's yambda-5b model: 293,051,712 rows of 512, ~15 M dense weights.
