@@ -80,6 +80,8 @@ class Qwen35GrpoBenchmark(Benchmark):
         path = self.config.init_checkpoint
         if not path:
             return
+        if not os.path.isdir(path) and path != config_lib.mini_base_dir():
+            raise UserError(f"checkpoint {path!r} is not a folder")
         if os.path.isfile(os.path.join(path, "config.json")):
             with use_mesh(self.mesh):
                 count = checkpoint_lib.load(path, model, self.config.model)

@@ -140,29 +140,6 @@ def test_eval_padding_is_masked(name):
     )
 
 
-class _FirstLoop(runner.Action):
-    def __init__(self):
-        self.first = None
-
-    def after_loop(self, output):
-        self.first = self.first or output
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_a_run_resumes_from_its_checkpoint(name, tmp_path):
-    """Stopped after one step, a run restarted in the same folder continues from that step."""
-    benchmark_class = registry.get(name)
-    benchmark = benchmark_class(benchmark_class.preset("smoke"))
-    settings = dict(model_dir=str(tmp_path), distribution="one_device", steps_per_loop=8)
-    first = runner.run(benchmark, runner.RunConfig(max_train_steps=1, **settings))
-    assert first.steps == 1 and len(first.evals) == 1  # the budget's end is evaluated
-    loop = _FirstLoop()
-    second = runner.run(benchmark, runner.RunConfig(max_train_steps=2, **settings), actions=[loop])
-    assert (loop.first.step - loop.first.steps, loop.first.step) == (1, 2)  # began at step 1
-    assert second.steps == 2 and len(second.evals) == 1
-    assert os.path.exists(first.mlperf_log + ".1")  # the first run's log was kept
-
-
 @pytest.mark.parametrize("name", NAMES)
 def test_declared_facts_are_well_formed_and_cached_as_declared(name):
     """The facts a benchmark declares (`Benchmark` docstring): its rounds have its rule files,

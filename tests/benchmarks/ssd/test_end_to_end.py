@@ -1,5 +1,5 @@
 """The SSD mini acceptance run (slow). The smoke-run checks every benchmark shares (official
-log check, hparams, eval padding, resume) are in tests/benchmarks/test_contract.py."""
+log check, hparams, eval padding, resume) are in tests/benchmarks/test_contract*.py."""
 
 import os
 

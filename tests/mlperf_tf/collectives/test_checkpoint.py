@@ -70,6 +70,8 @@ def test_a_resumed_sharded_run_matches_the_unbroken_run(tmp_path, lars_tiny):
         assert np.abs(momentum).max() > 0
 
 
+@pytest.mark.slow  # 17-63 s; the default run keeps the same-algorithm resume above and
+# tests/mlperf_tf/layers/test_moe_parallel.py's slots saved whole and cut again
 def test_a_sharded_checkpoint_resumes_under_another_algorithm(tmp_path, lars_tiny):
     # Saved at full size, the slots are cut again for the resuming run's shard layout (ring:
     # replica i holds shard i). Different summation orders: the plain-sum tolerance, 1e-5.

@@ -1,0 +1,37 @@
+"""The `Benchmark` contract's resume case for every registered benchmark (the rest of the
+contract is `test_contract.py`): stopped after one step, a run restarted in the same folder
+continues from that step. Its own module so that the test processes (`-n auto --dist
+loadscope`, tests/README.md) run it beside the contract's smoke runs, not after them: the two
+are the default run's largest modules.
+"""
+
+import os
+
+import pytest
+
+from mlperf_tf import registry, runner
+
+NAMES = sorted(registry.available())
+
+
+class _FirstLoop(runner.Action):
+    def __init__(self):
+        self.first = None
+
+    def after_loop(self, output):
+        self.first = self.first or output
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_run_resumes_from_its_checkpoint(name, tmp_path):
+    """Stopped after one step, a run restarted in the same folder continues from that step."""
+    benchmark_class = registry.get(name)
+    benchmark = benchmark_class(benchmark_class.preset("smoke"))
+    settings = dict(model_dir=str(tmp_path), distribution="one_device", steps_per_loop=8)
+    first = runner.run(benchmark, runner.RunConfig(max_train_steps=1, **settings))
+    assert first.steps == 1 and len(first.evals) == 1  # the budget's end is evaluated
+    loop = _FirstLoop()
+    second = runner.run(benchmark, runner.RunConfig(max_train_steps=2, **settings), actions=[loop])
+    assert (loop.first.step - loop.first.steps, loop.first.step) == (1, 2)  # began at step 1
+    assert second.steps == 2 and len(second.evals) == 1
+    assert os.path.exists(first.mlperf_log + ".1")  # the first run's log was kept
