@@ -81,7 +81,7 @@ class Qwen35GrpoBenchmark(Benchmark):
         if not path:
             return
         if not os.path.isdir(path) and path != config_lib.mini_base_dir():
-            raise UserError(f"checkpoint {path!r} is not a folder")
+            raise UserError(f"`init_checkpoint` {path!r} is not a folder")
         if os.path.isfile(os.path.join(path, "config.json")):
             with use_mesh(self.mesh):
                 count = checkpoint_lib.load(path, model, self.config.model)
