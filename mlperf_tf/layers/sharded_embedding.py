@@ -223,33 +223,15 @@ class ShardedEmbeddings(keras.layers.Layer):
         self._save_canonical(slot)
 
     def _save_canonical(self, variable) -> None:
-        """Sets `variable`'s checkpoint entry to its canonical whole (the Trackable hooks
-        `layout.save_whole` uses), permuted at save and restore; another shape is a one-line
-        `UserError`."""
-        mesh, index = self.mesh, self.plan.storage_rows()
-        shape = (self.plan.total_rows, *variable.shape[1:])
+        """Makes `variable`'s checkpoint entry its canonical whole (`layout.save_whole`), the
+        tables' rows gathered from their shards at save and scattered back at restore."""
+        index = self.plan.storage_rows()
         storage = [self.plan.shards * self.plan.capacity, *variable.shape[1:]]
-        name = getattr(variable, "path", None) or variable.name
-
-        def serialize():
-            return {"VARIABLE_VALUE": tf.gather(layout_lib.whole_value(variable, mesh), index)}
-
-        def restore(restored_tensors):
-            value = restored_tensors["VARIABLE_VALUE"]
-            if tuple(value.shape) != shape:
-                raise UserError(
-                    f"checkpoint tensor {name} has shape {list(value.shape)}, the model needs "
-                    f"{list(shape)}"
-                )
-            whole = tf.scatter_nd(index[:, None], tf.cast(value, variable.dtype), storage)
-            if mesh is None or self.plan.shards == 1:
-                variable.assign(whole)
-            else:
-                layout_lib.assign_whole(variable, whole, mesh)
-            return variable.value
-
-        variable._serialize_to_tensors = serialize  # noqa: SLF001 (Trackable's own hook)
-        variable._restore_from_tensors = restore  # noqa: SLF001
+        layout_lib.save_whole(
+            variable, self.mesh, (self.plan.total_rows, *variable.shape[1:]),
+            to_whole=lambda stored: tf.gather(stored, index),
+            from_whole=lambda whole: tf.scatter_nd(index[:, None], whole, storage),
+        )  # fmt: skip
 
     # ---- lookup --------------------------------------------------------------------------------
     def call(self, ids, tables=()):

@@ -310,22 +310,32 @@ def _name(variable) -> str:
     return getattr(variable, "path", None) or variable.name
 
 
-def save_whole(variable, mesh: DeviceMesh, whole_shape) -> None:
+def save_whole(variable, mesh: DeviceMesh | None, whole_shape, *, to_whole=None,
+               from_whole=None) -> None:  # fmt: skip
     """Makes `variable`'s checkpoint entry its whole tensor: joined at save, split at restore.
 
     Uses the hooks `tf.train.Checkpoint` calls on objects that serialize themselves
     (`_serialize_to_tensors` / `_restore_from_tensors`, which Keras 3's TF variables implement),
     set on this one variable. A restored tensor whose shape is not `whole_shape` is a one-line
     `UserError` (a checkpoint of another model).
+
+    `to_whole` / `from_whole`: for a variable that stores its whole tensor in another
+    arrangement (`mlperf_tf.layers.sharded_embedding`: each table's rows on their shard, padded),
+    the maps from the joined storage to the whole tensor and back; the hooks are then set at
+    any shard count, one included.
     """
     layout = layout_of(variable)
-    if not layout.split or layout.num_shards(mesh) == 1:
+    split = mesh is not None and layout.split and layout.num_shards(mesh) > 1
+    if not split and to_whole is None:
         return
     whole_shape = tuple(int(d) for d in whole_shape)
-    name = getattr(variable, "path", None) or variable.name
+    name = _name(variable)
 
     def serialize():
-        return {"VARIABLE_VALUE": whole_value(variable, mesh)}
+        stored = (
+            whole_value(variable, mesh) if split else tf.convert_to_tensor(_tf_variable(variable))
+        )
+        return {"VARIABLE_VALUE": stored if to_whole is None else to_whole(stored)}
 
     def restore(restored_tensors):
         value = restored_tensors["VARIABLE_VALUE"]
@@ -334,7 +344,12 @@ def save_whole(variable, mesh: DeviceMesh, whole_shape) -> None:
                 f"checkpoint tensor {name} has shape {list(value.shape)}, the model needs "
                 f"{list(whole_shape)}"
             )
-        assign_whole(variable, value, mesh)
+        value = tf.cast(value, variable.dtype)
+        stored = value if from_whole is None else from_whole(value)
+        if split:
+            assign_whole(variable, stored, mesh)
+        else:
+            _tf_variable(variable).assign(stored)
         return variable.value
 
     variable._serialize_to_tensors = serialize  # noqa: SLF001 (Trackable's own hook)
