@@ -284,6 +284,20 @@ def test_deepseek_with_mtp_on_the_last_stage_equals_the_unpipelined_run(expert_p
 
 
 @pytest.mark.slow  # two runs of about a minute of CPU
+def test_a_variable_read_by_two_stages_falls_back_to_the_even_sharded_update():
+    """DeepSeek-V3's embedding is read by the first stage (the tokens) and the last (MTP's
+    shifted tokens): the stage map has no owner for it, so `--weight_update_sharding` shards
+    the whole update evenly over every gradient axis, the pipeline's included; D2 x P2 so
+    sharded ends at D2's weights (unsharded), clipped to the whole model's norm."""
+    bench = _deepseek()
+    ref = pipeline_runs.train(bench, num_devices=2, summer=True, clip_norm=1.0)
+    got = pipeline_runs.train(bench, num_devices=4, pipeline=2, summer=True, clip_norm=1.0,
+                              weight_update_sharding=True)  # fmt: skip
+    assert got.trainer.summer.owners is None  # the fallback, not the stage map
+    _assert_same(got, ref)
+
+
+@pytest.mark.slow  # two runs of about a minute of CPU
 def test_deepseek_with_the_recipe_s_uneven_shape_equals_the_unpipelined_run():
     """The recipe's shape in small: 3 layers as the declared 2 + 1 (a dense and an MoE layer on
     the first stage; one MoE layer, MTP and the loss on the last) at D2 x P2 against D2."""

@@ -169,6 +169,8 @@ def test_lamb_excludes_layer_norm_and_biases():
         assert decays == (not excluded), tf1
 
 
+@pytest.mark.slow  # 60 s of XLA compiling; default covers: BERT smoke through the runner under
+# --xla (test_end_to_end.py's accumulation run) and the transformer's XLA step that learns.
 def test_train_step_compiles_under_xla():
     # No dropout and a longer schedule than smoke's 6 steps: the loss must fall on one batch.
     model_config = dataclasses.replace(
