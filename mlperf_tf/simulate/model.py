@@ -116,6 +116,7 @@ class Result:
     eval_s: float
     time_to_train_min: float
     memory_per_chip_gb: float = 0.0
+    expert_weights_s: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -262,6 +263,7 @@ def simulate(
     working = chips - failed_chips
     shape = shape_of(facts)
     const = constants(system, benchmark, shape, precision)
+    weight_update_sharding = weight_update_sharding or shape.weight_update_sharding
     moe = _moe_of(benchmark, shape, moe or parallelism.Moe())
     stages = parallelism.Stages.checked(
         shape, benchmark, working, pipeline_parallel, context_parallel, micro_batch_size,
@@ -413,9 +415,14 @@ def _check_system(system: System, chips: int, algorithm, failed_chips: int, wrap
 
 
 def _default_batch(const: Constants, benchmark: str, preset: str, facts, working: int) -> int:
-    """The per-chip batch (the benchmark's for the system's family, or the system's) x working
-    data-parallel chips (or the preset's global batch), no larger than the largest batch with
-    convergence data (beyond it epochs are guesses)."""
+    """The batch the benchmark's reference runs where it declares one
+    (`SimulatorShape.reference_batch`), else the per-chip batch (the benchmark's for the
+    system's family, or the system's) x working data-parallel chips (or the preset's global
+    batch), no larger than the largest batch with convergence data (beyond it epochs are
+    guesses)."""
+    reference = shape_of(facts).reference_batch  # the benchmark's own, where it declares one
+    if reference:
+        return reference
     global_batch = const.per_chip_batch * working or int(facts["global_batch_size"])
     curve = convergence.curve(benchmark, preset)
     return max(min(global_batch, curve.batches[-1]), working)
@@ -462,6 +469,7 @@ def _moe_of(benchmark: str, shape: SimulatorShape, flags: parallelism.Moe) -> pa
         every=declared.every,
         top_k=declared.top_k,
         capacity_factor=declared.capacity_factor,
+        first_dense=declared.first_dense,
     )
 
 
@@ -502,7 +510,8 @@ def _time_to_train(
         source = curve.source
     samples = epochs * epoch_examples
     steps = math.ceil(samples / global_batch)
-    evals = math.ceil(epochs / float(facts["eval_every_epochs"]))
+    # An evaluation runs between steps: at most one a step (an eval "every sample" is every step).
+    evals = min(math.ceil(epochs / float(facts["eval_every_epochs"])), steps)
     per_batch, constant = facts.get("skipped_evals_rule", (0.0, 0.0))  # e.g. llama2_70b_lora
     evals = max(1, evals - int(per_batch * global_batch + constant))
     eval_flops = float(facts["forward_flops_per_sample"]) * float(facts["eval_examples"])
@@ -603,6 +612,7 @@ def _step(
     attention = work.shape.attention_flops  # counted in work.flops, timed at its own peak
     timed = work.flops + attention * (const.attention_scale - 1.0)
     compute = per_chip_batch * timed / split / _chip_flops(system, const, working)
+    compute *= stages.imbalance(work.shape.blocks)  # the longest stage sets the tick
     backward = compute * 2.0 / 3.0
     compute *= 1.0 + bubble
     # Each chip holds 1/(M P) of the weights (experts: 1/(E P) of them); the gradient all-reduce
@@ -619,6 +629,7 @@ def _step(
     if sharding:
         update /= max(1, working // stride)
     model_s = halo_s = a2a_s = context_s = pipeline_s = 0.0
+    experts_s = expert_weight_streaming(system, work, mesh, stages, per_chip_batch)
     if layout is not None and layout.chips > 1:
         blocks = stages.local_blocks(work.shape.blocks)  # a stage's blocks, a shard's tokens
         model_s = parallelism.tensor_parallel_cost(
@@ -639,7 +650,7 @@ def _step(
     # Logical devices sharing the cores also dispatch their replicas' ops one after another.
     overhead = system.step_overhead_s * (working if system.shared_compute else 1)
     device = compute + exposed + update + overhead + model_s + halo_s + a2a_s + context_s
-    device += pipeline_s
+    device += pipeline_s + experts_s
     hosts = max(1, math.ceil(working / system.chips_per_host))
     input_limit = global_batch / (hosts * const.input_rate)
     return {
@@ -654,6 +665,7 @@ def _step(
         "pipeline_bubble": bubble,
         "halo_s": halo_s,
         "all_to_all_s": a2a_s,
+        "expert_weights_s": experts_s,
         "weight_update_s": update,
         "overhead_s": overhead,
         "input_limit_s": input_limit,
@@ -669,6 +681,26 @@ _SEARCH = {
     "pipeline_parallel": 8,
     "expert_parallel": 64,
 }
+
+
+def expert_weight_streaming(
+    system: System, work: _Workload, mesh: DeviceMesh, stages: parallelism.Stages,
+    group_batch: float,
+) -> float:  # fmt: skip
+    """Seconds a chip spends reading its experts' weights from memory in one step.
+
+    Each micro-batch runs every expert the chip holds (a dropless layer's grouped products see
+    tokens in each), and the products read each expert's weights once forward and twice backward
+    (the input gradient and the weight gradient), bf16: 3 x 2 bytes per weight per micro-batch,
+    at the memory bandwidth. The fewer chips split the experts, the more weights each streams
+    per token it computes: what keeps a mixture of experts of many small experts from running
+    on a small expert axis at the compute rate (its products are bound by memory there).
+    """
+    if not work.expert_params:
+        return 0.0
+    held = work.expert_params / mesh.expert / stages.pipeline  # 1/(E P) of the experts
+    micro = stages.micro_batches(group_batch)
+    return micro * held * 3 * parallelism.ACTIVATION_BYTES / system.memory_bandwidth
 
 
 def fastest(**kwargs) -> Result:

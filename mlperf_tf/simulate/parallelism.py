@@ -31,7 +31,7 @@ import math
 from collections.abc import Iterable
 
 from mlperf_tf.errors import UserError
-from mlperf_tf.facts import Blocks, Conv, SimulatorShape
+from mlperf_tf.facts import Blocks, Conv, SimulatorShape, is_moe_layer
 from mlperf_tf.simulate import collectives
 from mlperf_tf.simulate.systems import Layout, System
 
@@ -257,12 +257,15 @@ class Moe:
       top_k: experts per token.
       capacity_factor: slots per expert over the even share (0: dropless, charged as 1.0 plus
         no padding).
+      first_dense: the first blocks that stay dense (a benchmark's declaration,
+        `facts.Experts.first_dense`).
     """
 
     num_experts: int = 0
     every: int = 1
     top_k: int = 2
     capacity_factor: float = 1.25
+    first_dense: int = 0
 
     def __post_init__(self):
         for name in ("num_experts", "every", "top_k"):
@@ -282,7 +285,11 @@ class Moe:
             )
 
     def layers(self, blocks: int) -> int:
-        return blocks // self.every if self.num_experts else 0
+        """The MoE layers among `blocks` blocks (`facts.is_moe_layer`)."""
+        if not self.first_dense:
+            return blocks // self.every if self.num_experts else 0
+        rule = dict(num_experts=self.num_experts, every=self.every, first_dense=self.first_dense)
+        return sum(is_moe_layer(i, **rule) for i in range(blocks))
 
     @property
     def slots(self) -> float:
@@ -345,10 +352,18 @@ class Stages:
     pipeline: int = 1
     context: int = 1
     micro_batch_size: int = 1
+    longest_stage: int = 0  # blocks of the longest stage (0: equal stages)
 
     @property
     def size(self) -> int:
         return self.pipeline * self.context
+
+    def imbalance(self, blocks: Blocks | None) -> float:
+        """The longest stage's blocks over the mean stage's: the tick of a pipeline with uneven
+        stages (`SimulatorShape.pipeline_stages`) over that of equal ones (1: equal)."""
+        if self.pipeline <= 1 or blocks is None or not self.longest_stage:
+            return 1.0
+        return self.longest_stage * self.pipeline / blocks.blocks
 
     @classmethod
     def checked(
@@ -369,14 +384,18 @@ class Stages:
         for flag, value in flags.items():
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise UserError(f"{flag} ({value!r}) must be a positive integer")
+        longest = 0
         if pipeline > 1:
             b = blocks_of(shape, "pipeline_parallel", benchmark, family)
-            if b.blocks % pipeline:
-                fits = [d for d in range(1, b.blocks + 1) if b.blocks % d == 0]
+            stages = shape.stage_blocks(pipeline)
+            if stages is None:
+                fits = [d for d in range(1, b.blocks + 1) if shape.stage_blocks(d)]
                 raise UserError(
                     f"--pipeline_parallel ({pipeline}) must divide the {b.blocks} blocks of "
-                    f"'{benchmark}': use one of {', '.join(map(str, fits))}"
+                    f"'{benchmark}' or be one of its declared stage maps: use one of "
+                    f"{', '.join(map(str, fits))}"
                 )
+            longest = max(stages) if len(set(stages)) > 1 else 0
         if context > 1:
             b = blocks_of(shape, "context_parallel", benchmark, family)
             if b.tokens_per_sample % context:
@@ -389,7 +408,7 @@ class Stages:
                 f"--pipeline_parallel={pipeline} x --context_parallel={context} needs a multiple "
                 f"of {pipeline * context} chips; {working} work"
             )
-        return cls(pipeline, context, flags["--micro_batch_size"])
+        return cls(pipeline, context, flags["--micro_batch_size"], longest)
 
     def check_batch(self, group_batch: float) -> None:
         """Refuses micro-batches that do not divide a data-parallel group's samples."""
@@ -416,7 +435,7 @@ class Stages:
             return blocks
         return dataclasses.replace(
             blocks,
-            blocks=blocks.blocks // self.pipeline,
+            blocks=self.longest_stage or blocks.blocks // self.pipeline,
             tokens_per_sample=blocks.tokens_per_sample // self.context,
         )
 
