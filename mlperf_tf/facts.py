@@ -146,8 +146,12 @@ class Rollouts:
       turns: mean turns of a rollout.
       environment_s_per_turn: mean seconds the environment spends on one turn's tool call.
       environment_source: where that constant comes from.
-      weight_bytes: bytes of the generator's weights (every expert: a large decoding batch
-        touches all of them).
+      weight_bytes: bytes of the generator's weights outside the routed experts (every
+        decoding step reads them).
+      expert_bytes: bytes of the routed experts' weights; a decoding step reads those its
+        sequences' tokens route to: of E experts per layer with top-k each, 1 - (1 - k/E)^c
+        of them for c sequences (`touched_experts`).
+      num_experts, top_k: the routing of the experts (0: dense).
       kv_bytes_per_token: cache bytes per context token read by one decoding step of one
         sequence (the attention layers' keys and values).
       state_bytes: recurrent state bytes per sequence read and written per decoding step (the
@@ -167,10 +171,20 @@ class Rollouts:
     environment_s_per_turn: float
     environment_source: str
     weight_bytes: float
+    expert_bytes: float
+    num_experts: int
+    top_k: int
     kv_bytes_per_token: float
     state_bytes: float
     active_parameters: float
     max_age: int = 1
+
+    def touched_experts(self, sequences: float) -> float:
+        """The share of the routed experts one decoding step of `sequences` sequences reads:
+        1 - (1 - k/E)^c, each sequence's token choosing k of E (uniform routing)."""
+        if not self.num_experts:
+            return 0.0
+        return 1.0 - (1.0 - self.top_k / self.num_experts) ** max(1.0, sequences)
 
 
 # Number formats a system can list a dense peak for (`--precision`); the aliases name the same

@@ -117,6 +117,13 @@ class Result:
     time_to_train_min: float
     memory_per_chip_gb: float = 0.0
     expert_weights_s: float = 0.0
+    embedding_lookup_s: float = 0.0
+    embedding_all_to_all_s: float = 0.0
+    rollout_decode_s: float = 0.0
+    rollout_prefill_s: float = 0.0
+    rollout_environment_s: float = 0.0
+    exposed_generation_s: float = 0.0
+    refit_s: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -295,6 +302,8 @@ def simulate(
         per_chip_batch=per_group, global_batch=global_batch, work=work, mesh=mesh,
         sharding=weight_update_sharding, failed_chips=failed_chips, stages=stages,
     )  # fmt: skip
+    if shape.rollouts is not None:
+        step = _rollout_step(system, const, layout, shape.rollouts, global_batch, working, step)
     samples_per_s = global_batch / step["step_time_s"]
     single_rate = _single_chip_rate(system, const, algorithm, work, per_group / split)
     train = _time_to_train(
@@ -380,6 +389,7 @@ def _own_work_s(step: dict[str, Any]) -> float:
         step["compute_s"] / (1.0 + step["pipeline_bubble"])
         + step["weight_update_s"]
         + step["overhead_s"]
+        + step.get("embedding_lookup_s", 0.0)
     )
 
 
@@ -619,6 +629,8 @@ def _step(
     # runs over the replicas of one shard, every (split / C)-th chip: the data-parallel groups
     # and the context shards, which hold the same weights.
     dense = work.params - work.expert_params
+    if work.shape.embeddings is not None:  # sharded tables: updated where they live (their
+        dense -= work.shape.embeddings.parameters  # rows' traffic is the lookups' below)
     held = (dense / mesh.model + work.expert_params / mesh.expert) / stages.pipeline
     stride = split // stages.context
     replicas = parallelism.data_layout(system, layout, stride) if layout is not None else None
@@ -630,6 +642,13 @@ def _step(
         update /= max(1, working // stride)
     model_s = halo_s = a2a_s = context_s = pipeline_s = 0.0
     experts_s = expert_weight_streaming(system, work, mesh, stages, per_chip_batch)
+    own = per_chip_batch / split  # a chip's samples
+    lookup_s = parallelism.embedding_memory_s(system, work.shape.embeddings, own)
+    table_s = 0.0
+    if layout is not None and layout.chips > 1:
+        table_s = parallelism.embedding_all_to_all_cost(
+            system, layout, work.shape.embeddings, working, own
+        ).total_s
     if layout is not None and layout.chips > 1:
         blocks = stages.local_blocks(work.shape.blocks)  # a stage's blocks, a shard's tokens
         model_s = parallelism.tensor_parallel_cost(
@@ -650,7 +669,7 @@ def _step(
     # Logical devices sharing the cores also dispatch their replicas' ops one after another.
     overhead = system.step_overhead_s * (working if system.shared_compute else 1)
     device = compute + exposed + update + overhead + model_s + halo_s + a2a_s + context_s
-    device += pipeline_s + experts_s
+    device += pipeline_s + experts_s + lookup_s + table_s
     hosts = max(1, math.ceil(working / system.chips_per_host))
     input_limit = global_batch / (hosts * const.input_rate)
     return {
@@ -666,6 +685,8 @@ def _step(
         "halo_s": halo_s,
         "all_to_all_s": a2a_s,
         "expert_weights_s": experts_s,
+        "embedding_lookup_s": lookup_s,
+        "embedding_all_to_all_s": table_s,
         "weight_update_s": update,
         "overhead_s": overhead,
         "input_limit_s": input_limit,
@@ -681,6 +702,71 @@ _SEARCH = {
     "pipeline_parallel": 8,
     "expert_parallel": 64,
 }
+
+
+def rollout_times(
+    system: System, const: Constants, layout, r, global_batch: float, chips: int
+) -> dict[str, float]:
+    """The parts of one reinforcement-learning step whose samples are generated rollouts
+    (`facts.Rollouts`), in seconds:
+
+    - generation: the pool of `r.generation_chips` x chips in instances of `r.instance_chips`
+      runs the step's `global_batch` rollouts at once (c = batch / instances each); a rollout
+      is its decoding, its prefills and its environment turns one after another:
+      decode = generated tokens x (the weights read per decoding step, experts touched by c
+      sequences included, + c x (key/value cache over the mean context + recurrent state)) /
+      (instance chips x memory bandwidth); prefill = c x (context - generated tokens) x 2 x
+      active weights / (instance chips x sustained FLOP/s); environment = turns x seconds a turn;
+    - training: 6 x active weights x the rollouts' context tokens on the other chips, at the
+      sustained FLOP/s;
+    - refit: the weights (bf16, every expert) sent to every generator instance, each chip
+      receiving its 1/instance share over the network (the pools sit in different domains).
+    """
+    pool = max(r.instance_chips, round(chips * r.generation_chips))
+    instances = max(1, pool // r.instance_chips)
+    trainers = max(1, chips - pool)
+    c = global_batch / instances  # rollouts per instance
+    mean_context = r.prompt_tokens + (r.context_tokens - r.prompt_tokens) / 2
+    read = r.weight_bytes + r.expert_bytes * r.touched_experts(c)
+    read += c * (r.kv_bytes_per_token * mean_context + 2 * r.state_bytes)
+    rate = r.instance_chips * system.memory_bandwidth
+    decode = r.generated_tokens * read / rate
+    prefill = c * (r.context_tokens - r.generated_tokens) * 2 * r.active_parameters
+    prefill /= r.instance_chips * const.chip_flops
+    environment = r.turns * r.environment_s_per_turn
+    train = (
+        6 * r.active_parameters * r.context_tokens * global_batch / (trainers * const.chip_flops)
+    )
+    link = system.network if layout is not None and layout.nodes > 1 else system.link
+    refit = (r.weight_bytes + r.expert_bytes) / r.instance_chips / link.bandwidth
+    return {
+        "decode_s": decode, "prefill_s": prefill, "environment_s": environment,
+        "generation_s": decode + prefill + environment, "training_s": train, "refit_s": refit,
+        "generation_chips": float(pool),
+    }  # fmt: skip
+
+
+def _rollout_step(system, const, layout, r, global_batch, chips, step) -> dict[str, Any]:
+    """The step of a benchmark whose samples are rollouts (`rollout_times`): with rollouts at
+    most one step old (`r.max_age` 1) the generation of step k+1 runs beside the training of
+    step k, so the step is the longer of the two plus the refit (generation waits for the new
+    weights) and what is exposed of the generation is the part training does not cover; with
+    `max_age` 0 the three add up. The training's own communication (`step`'s all-reduce,
+    update and overhead) is added to its compute."""
+    t = rollout_times(system, const, layout, r, global_batch, chips)
+    train = t["training_s"] + step["exposed_comm_s"] + step["weight_update_s"] + step["overhead_s"]
+    if r.max_age >= 1:
+        step_s = max(t["generation_s"], train) + t["refit_s"]
+        exposed = max(0.0, t["generation_s"] - train)
+    else:
+        step_s = t["generation_s"] + train + t["refit_s"]
+        exposed = t["generation_s"]
+    return {
+        **step, "compute_s": t["training_s"], "step_time_s": step_s,
+        "rollout_decode_s": t["decode_s"], "rollout_prefill_s": t["prefill_s"],
+        "rollout_environment_s": t["environment_s"], "exposed_generation_s": exposed,
+        "refit_s": t["refit_s"],
+    }  # fmt: skip
 
 
 def expert_weight_streaming(

@@ -31,7 +31,7 @@ import math
 from collections.abc import Iterable
 
 from mlperf_tf.errors import UserError
-from mlperf_tf.facts import Blocks, Conv, SimulatorShape, is_moe_layer
+from mlperf_tf.facts import Blocks, Conv, Embeddings, SimulatorShape, is_moe_layer
 from mlperf_tf.simulate import collectives
 from mlperf_tf.simulate.systems import Layout, System
 
@@ -334,6 +334,30 @@ def moe_all_to_all_cost(
     one = all_to_all(system, layout, expert_parallel, nbytes)
     count = 4 * moe.layers(b.blocks)
     return collectives.Cost(one.latency_s * count, one.bandwidth_s * count)
+
+
+def embedding_all_to_all_cost(
+    system: System, layout: Layout, embeddings: Embeddings | None, chips: int,
+    samples_per_chip: float,
+) -> collectives.Cost:  # fmt: skip
+    """The three all-to-alls of sharded tables in one step (`facts.Embeddings`): each chip
+    sends its samples' ids to the rows' owners, gets the rows back, and sends the rows'
+    gradients, over every chip holding a share of the tables; (chips-1)/chips of it leaves."""
+    if embeddings is None or chips <= 1:
+        return collectives.ZERO
+    cost = collectives.ZERO
+    for per_sample in embeddings.all_to_all_bytes_per_sample():
+        cost = cost + all_to_all(system, layout, chips, samples_per_chip * per_sample)
+    return cost
+
+
+def embedding_memory_s(system: System, embeddings: Embeddings | None, samples_per_chip: float):
+    """Seconds the owners spend streaming looked-up rows through memory in one step: rows
+    spread evenly over the chips, each holds the rows of as many lookups as its own samples
+    make (`Embeddings.memory_bytes_per_sample`), at the memory bandwidth."""
+    if embeddings is None:
+        return 0.0
+    return samples_per_chip * embeddings.memory_bytes_per_sample() / system.memory_bandwidth
 
 
 @dataclasses.dataclass(frozen=True)
