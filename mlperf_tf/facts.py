@@ -290,6 +290,10 @@ class SimulatorShape:
         replicas (Megatron's distributed optimizer): `simulate` always does for it.
       reference_batch: the global batch the reference runs (`simulate`'s default; 0: the
         per-chip batch times the chips).
+      recompute: the memory check counts full activation recomputation, the least any plan
+        keeps (True), or none (False: a benchmark whose reference keeps its activations, e.g.
+        DeepSeek-V3's v6.0 runs, `RECOMPUTE_MODULES=""`; the layouts a search finds are then
+        the ones its reference's plan fits).
       embeddings: sharded embedding tables and their sparse optimizer (`Embeddings`).
       rollouts: the step is generated rollouts and training on them (`Rollouts`).
     """
@@ -305,6 +309,7 @@ class SimulatorShape:
     pipeline_stages: tuple[str, ...] = ()
     weight_update_sharding: bool = False
     reference_batch: int = 0
+    recompute: bool = True
     embeddings: Embeddings | None = None
     rollouts: Rollouts | None = None
 
@@ -316,6 +321,8 @@ class SimulatorShape:
                      "embeddings", "rollouts"):  # fmt: skip
             if not data[name]:
                 del data[name]
+        if self.recompute:
+            del data["recompute"]
         if "pipeline_stages" in data:
             data["pipeline_stages"] = list(self.pipeline_stages)
         if self.experts is None:
@@ -349,6 +356,7 @@ class SimulatorShape:
             pipeline_stages=tuple(data.get("pipeline_stages", ())),
             weight_update_sharding=bool(data.get("weight_update_sharding", False)),
             reference_batch=int(data.get("reference_batch", 0)),
+            recompute=bool(data.get("recompute", True)),
             embeddings=Embeddings(**data["embeddings"]) if data.get("embeddings") else None,
             rollouts=Rollouts(**data["rollouts"]) if data.get("rollouts") else None,
         )

@@ -47,6 +47,7 @@ from mlperf_tf.facts import SimulatorShape, normalize_format
 from mlperf_tf.parallel import memory as memory_lib
 from mlperf_tf.parallel import mesh as mesh_lib
 from mlperf_tf.parallel.mesh import DeviceMesh
+from mlperf_tf.parallel.pipeline import stage_bounds
 from mlperf_tf.simulate import cache, collectives, convergence, parallelism
 from mlperf_tf.simulate.cache import FLOPS_CACHE, benchmark_facts, shape_of  # noqa: F401 (the API)
 from mlperf_tf.simulate.systems import System
@@ -339,14 +340,16 @@ def _check_memory(
     Weight-update sharding divides the optimizer state (fp32 master weights and moments) over
     the data-parallel groups (Megatron's distributed optimizer), `fsdp` the weights and
     gradients too, over the chips that hold the same dense weights (`batch_shards`: data x
-    expert, as Megatron shards them): exact for a dense model; for a mixture of experts a lower
-    bound on its experts' share (Megatron shards each expert's state over the data axis alone),
-    as the check refuses only what no plan can hold. Activations: the least a run can keep, with full
-    recomputation (each layer's input, and one layer's activations during its backward), for
-    one micro-batch of `--micro_batch_size` samples (a run accumulates the rest), times the 1F1B
-    schedule's micro-batches in flight on the first stage: a layout is refused only if no
-    memory plan fits it. The step model does not charge the recomputation (the runs recompute
-    little: Dell's gpt_oss_20b log recomputes `core_attn` alone).
+    expert, as Megatron shards them); a mixture of experts' experts' state over the chips that
+    hold the same experts, the data axis alone (Megatron's expert-data-parallel group:
+    `_expert_moments`). Activations: the least a run can keep, with full recomputation (each
+    layer's input, and one layer's activations during its backward), for one micro-batch of
+    `--micro_batch_size` samples (a run accumulates the rest), times the 1F1B schedule's
+    micro-batches in flight on the first stage: a layout is refused only if no memory plan fits
+    it; or, where the benchmark declares that its reference keeps them
+    (`SimulatorShape.recompute` False), Megatron's activations without recomputation. The step
+    model does not charge the recomputation (the runs recompute little: Dell's gpt_oss_20b log
+    recomputes `core_attn` alone).
 
     Raises:
       UserError: the bytes exceed `memory.HEADROOM` of the system's `memory_capacity`.
@@ -362,9 +365,12 @@ def _check_memory(
     chip = memory_lib.decoder_memory(
         config, seq=shape.blocks.tokens_per_sample, micro_batch=stages.micro_batch_size,
         micro_batches=max(1, round(stages.micro_batches(per_group))), layout=layout,
-        trainable_parameters=trainable if frozen else None, shard_weights=fsdp, recompute=True,
-        **memory_lib.precision_bytes(precision),
+        trainable_parameters=trainable if frozen else None, shard_weights=fsdp,
+        recompute=shape.recompute, **memory_lib.precision_bytes(precision),
     )  # fmt: skip
+    if sharding and expert_parallel > 1 and not frozen:
+        extra = _expert_moments(config, chip.stage, layout, mesh.data)
+        chip = dataclasses.replace(chip, moments=chip.moments + extra)
     usable = memory_lib.HEADROOM * system.memory_capacity
     if chip.total > usable:
         gb = memory_lib.GB
@@ -372,7 +378,8 @@ def _check_memory(
             f"--model_parallel={model_parallel} --context_parallel={stages.context} "
             f"--pipeline_parallel={stages.pipeline} --expert_parallel={expert_parallel}"
             f"{' --weight_update_sharding' if sharding else ''}{' --fsdp' if fsdp else ''} does "
-            f"not fit a chip of {system.name} even recomputing every activation: "
+            f"not fit a chip of {system.name} "
+            f"{'even recomputing every activation' if shape.recompute else 'as its reference keeps its activations'}: "
             f"{chip.total / gb:.0f} GB (weights "
             f"{chip.weights / gb:.0f}, gradients {chip.gradients / gb:.0f}, optimizer "
             f"{chip.moments / gb:.0f}, activations {chip.activations / gb:.0f}) over "
@@ -381,6 +388,20 @@ def _check_memory(
             f"--model_parallel, --context_parallel) or use more chips"
         )
     return chip
+
+
+def _expert_moments(config, stage: int, layout, data: int) -> float:
+    """The optimizer bytes of the experts on one chip of `stage` beyond what dividing them over
+    the data x expert chips counts: Megatron's distributed optimizer shards an expert's state
+    over the chips holding that expert (the data axis alone), E times fewer."""
+    first, end = stage_bounds(config.num_hidden_layers, layout.pipeline, config.pipeline_layers)[
+        stage
+    ]
+    h, moe = config.hidden_size, config.moe
+    per_layer = config.moe_layer_parameters() - h * moe.num_experts  # the router is replicated
+    held = sum(moe.is_moe(i) for i in range(first, end)) * per_layer / layout.expert
+    moments = memory_lib.OPTIMIZER_BYTES
+    return held * moments * (1.0 / max(1, data) - 1.0 / layout.data)
 
 
 def _own_work_s(step: dict[str, Any]) -> float:
@@ -664,7 +685,8 @@ def _step(
             system, layout, work.shape, mesh.spatial_rows, per_chip_batch, cols=mesh.spatial_cols
         ).total_s
         a2a_s = parallelism.moe_all_to_all_cost(
-            system, layout, blocks, work.moe, mesh.expert, per_chip_batch / mesh.group_size
+            system, layout, blocks, work.moe, mesh.expert, per_chip_batch / mesh.group_size,
+            whole=work.shape.blocks,
         ).total_s
     # Logical devices sharing the cores also dispatch their replicas' ops one after another.
     overhead = system.step_overhead_s * (working if system.shared_compute else 1)

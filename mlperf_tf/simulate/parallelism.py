@@ -324,15 +324,20 @@ def all_to_all(system: System, layout: Layout, size: int, nbytes: float) -> coll
 
 def moe_all_to_all_cost(
     system: System, layout: Layout, blocks: Blocks | None, moe: Moe, expert_parallel: int,
-    group_batch: float,
+    group_batch: float, whole: Blocks | None = None,
 ) -> collectives.Cost:  # fmt: skip
-    """4 all-to-alls (dispatch, return; forward, backward) per MoE layer per step."""
+    """4 all-to-alls (dispatch, return; forward, backward) per MoE layer per step, over the
+    MoE layers of `blocks` (a pipeline stage's, `Stages.local_blocks`, of the model's `whole`
+    blocks: the longest stage's, its dense blocks, the first ones, on the first stage)."""
     if not moe.num_experts or expert_parallel <= 1:
         return collectives.ZERO
     b = blocks
     nbytes = group_batch * b.tokens_per_sample * moe.slots * b.hidden * ACTIVATION_BYTES
     one = all_to_all(system, layout, expert_parallel, nbytes)
-    count = 4 * moe.layers(b.blocks)
+    layers = moe.layers(b.blocks)
+    if whole is not None and whole.blocks > b.blocks:  # a stage: the MoE-only later stages
+        layers = min(b.blocks, moe.layers(whole.blocks))
+    count = 4 * layers
     return collectives.Cost(one.latency_s * count, one.bandwidth_s * count)
 
 
