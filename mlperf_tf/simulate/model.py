@@ -687,7 +687,7 @@ def _step(
         a2a_s = parallelism.moe_all_to_all_cost(
             system, layout, blocks, work.moe, mesh.expert, per_chip_batch / mesh.group_size,
             whole=work.shape.blocks,
-        ).total_s
+        ).total_s  # fmt: skip
     # Logical devices sharing the cores also dispatch their replicas' ops one after another.
     overhead = system.step_overhead_s * (working if system.shared_compute else 1)
     device = compute + exposed + update + overhead + model_s + halo_s + a2a_s + context_s
