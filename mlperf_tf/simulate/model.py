@@ -22,10 +22,16 @@ Per training step (all times in seconds):
                 weights between the reduce-scatter and the all-gather, at no extra traffic)
     parallel  = tensor-parallel all-reduces + halos + expert all-to-alls + context-parallel K/V
                 ring passes (the part the attention does not hide) + pipeline sends
-    device    = compute + exposed + update + parallel + step overhead (x replicas where they
-                share cores)
+    experts   = micro-batches x the chip's expert weights x 3 reads x 2 bytes / memory bandwidth
+                (`expert_weight_streaming`)
+    tables    = a chip's samples x the bytes its lookups move through memory / bandwidth + the
+                ids', rows' and gradients' all-to-alls (`SimulatorShape.embeddings`)
+    device    = compute + exposed + update + parallel + experts + tables + step overhead
+                (x replicas where they share cores)
     input     = global batch / (hosts x per-host input rate)
     step      = max(device, input)          (input is prefetched: the slower of the two wins)
+                or, for a benchmark whose samples are rollouts (`SimulatorShape.rollouts`),
+                max(generation, training) + refit (`rollout_times`, `_rollout_step`)
 
 Time to train = steps to target x step + evaluations x (eval forward passes + eval overhead),
 with epochs to target from `convergence.curve` at the global batch. Per-sample FLOPs, the
