@@ -576,6 +576,12 @@ def _check_parallel(
     if rows * cols > 1:
         convs = parallelism.convs_of(shape, benchmark, cache.family("convs"))
         parallelism.check_splits(convs, rows, cols)
+    if experts > 1 and shape.embeddings is not None and shape.experts is None:
+        raise UserError(
+            f"--expert_parallel ({experts}): '{benchmark}' shares its embedding tables over "
+            "every chip in the simulator (ids and rows by all-to-all, as TorchRec plans them); "
+            "leave the flag out"
+        )
     if experts > 1:
         parallelism.blocks_of(shape, "expert_parallel", benchmark, cache.family("blocks"))
         if not moe.num_experts or moe.num_experts % experts:

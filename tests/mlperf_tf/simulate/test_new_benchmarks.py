@@ -122,6 +122,14 @@ def test_dlrm_step_charges_the_tables_on_every_chip():
     assert r.allreduce_s < r.embedding_all_to_all_s / 10
 
 
+def test_dlrm_expert_parallel_is_one_line_saying_the_tables_span_every_chip(capsys):
+    code = cli.main(["simulate", "--benchmark=dlrmv4", "--system=mi355x", "--chips=8",
+                     "--expert_parallel=8"])  # fmt: skip
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith("error: ") and "\n" not in err, err
+    assert "--expert_parallel (8)" in err and "every chip" in err, err
+
+
 def test_grpo_step_is_rollouts_beside_training_plus_the_refit():
     facts = model.benchmark_facts("qwen35_397b_grpo")
     ro = model.shape_of(facts).rollouts
