@@ -179,6 +179,11 @@ class Rollouts:
     active_parameters: float
     max_age: int = 1
 
+    def training_flops_per_sample(self) -> float:
+        """Training FLOPs of one rollout: 6 x active weights x its tokens (the products of the
+        forward and backward passes; attention's and the recurrent state's left out)."""
+        return 6.0 * self.active_parameters * self.context_tokens
+
     def touched_experts(self, sequences: float) -> float:
         """The share of the routed experts one decoding step of `sequences` sequences reads:
         1 - (1 - k/E)^c, each sequence's token choosing k of E (uniform routing)."""

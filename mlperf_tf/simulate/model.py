@@ -297,6 +297,8 @@ def simulate(
     _check_batch(global_batch, mesh, batch_given=batch_given, failed_chips=failed_chips)
     stages.check_batch(global_batch / mesh.batch_shards)
     work = _workload(benchmark, facts, shape, moe)
+    if shape.rollouts is not None:  # a rollout's training FLOPs at its mean length (MFU's too)
+        work = dataclasses.replace(work, flops=shape.rollouts.training_flops_per_sample())
     per_group = global_batch / mesh.batch_shards  # a group's samples
     memory = _check_memory(
         system, facts, shape, mesh, stages, per_group=per_group, trainable=work.params,
@@ -768,9 +770,7 @@ def rollout_times(
     prefill = c * (r.context_tokens - r.generated_tokens) * 2 * r.active_parameters
     prefill /= r.instance_chips * const.chip_flops
     environment = r.turns * r.environment_s_per_turn
-    train = (
-        6 * r.active_parameters * r.context_tokens * global_batch / (trainers * const.chip_flops)
-    )
+    train = r.training_flops_per_sample() * global_batch / (trainers * const.chip_flops)
     link = system.network if layout is not None and layout.nodes > 1 else system.link
     refit = (r.weight_bytes + r.expert_bytes) / r.instance_chips / link.bandwidth
     return {

@@ -148,6 +148,12 @@ def test_grpo_step_is_rollouts_beside_training_plus_the_refit():
     # 15 gated-attention layers x K, V x 2 heads x 256 x bf16; 45 DeltaNet states 64 x 128 x 128.
     assert ro.kv_bytes_per_token == 15 * 2 * 2 * 256 * 2
     assert ro.state_bytes == 45 * 64 * 128 * 128 * 4
+    # Training: 6 x 17.35 B active weights x 18,768 tokens (3,000 prompt + 5,768 generated +
+    # 20 observations of 500) x 256 rollouts on 64 GPUs at the default 0.3 of 2.5 PFLOP/s.
+    assert ro.context_tokens == 3000 + 5768 + 20 * 500
+    active = model.benchmark_facts("qwen35_397b_grpo")["active_parameters"]
+    assert ro.active_parameters == active
+    assert r.compute_s == pytest.approx(6 * active * 18_768 * 256 / (64 * 0.3 * 2.5e15))
     generation = r.rollout_decode_s + r.rollout_prefill_s + r.rollout_environment_s
     train = r.compute_s + r.exposed_comm_s + r.weight_update_s + r.overhead_s
     assert r.step_time_s == pytest.approx(max(generation, train) + r.refit_s)  # async, age 1
