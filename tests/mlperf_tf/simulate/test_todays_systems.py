@@ -309,7 +309,7 @@ def test_v6_points_of_calibrated_benchmarks_are_within_the_issue_bound():
 
 
 def test_v6_median_error_is_within_the_issue_bound():
-    """The median absolute error over every v6.0 point (21.4 % over 17: four of them MLPerf's
+    """The median absolute error over every v6.0 point (23.5 % over 19: four of them MLPerf's
     score of all ten runs, the others result_0 alone; 22.5 % over the 14 without DeepSeek-V3)."""
     _, rows = _v6_rows()
     errors = [abs(r["error_rcp"]) for r in rows]
@@ -320,8 +320,9 @@ def test_v6_median_error_is_within_the_issue_bound():
     strict=True,
     reason="issue 48's 35 % bound is not met: gpt_oss_20b on 8 B200 (Dell, -40 % against its "
     "MLPerf score), whose efficiency is assumed (no MLPerf v5.1 result exists to calibrate it; its v6.0 runs sustain "
-    "about half the MFU of llama31_8b's). Strict: this test fails the run once every point is "
-    "within the bound.",
+    "about half the MFU of llama31_8b's), and deepseekv3_671b on GB200 with TP2 (-35 % at 512, "
+    "-44 % at 2,048, -45 % at 4,096 GPUs; docs/scaling.md). Strict: this test fails the run "
+    "once every point is within the bound.",
 )
 def test_v6_each_error_is_within_the_issue_bound():
     _, rows = _v6_rows()
