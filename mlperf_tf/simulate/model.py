@@ -294,7 +294,8 @@ def simulate(
     batch_given = global_batch is not None
     if global_batch is None:
         global_batch = _default_batch(const, benchmark, preset, facts, working // stages.size)
-    _check_batch(global_batch, mesh, batch_given=batch_given, failed_chips=failed_chips)
+    if shape.rollouts is None:  # rollouts: instances share a batch, trainers split samples
+        _check_batch(global_batch, mesh, batch_given=batch_given, failed_chips=failed_chips)
     stages.check_batch(global_batch / mesh.batch_shards)
     work = _workload(benchmark, facts, shape, moe)
     if shape.rollouts is not None:  # a rollout's training FLOPs at its mean length (MFU's too)
@@ -382,12 +383,14 @@ def _check_memory(
     usable = memory_lib.HEADROOM * system.memory_capacity
     if chip.total > usable:
         gb = memory_lib.GB
+        how = "even recomputing every activation"
+        if not shape.recompute:
+            how = "as its reference keeps its activations"
         raise UserError(
             f"--model_parallel={model_parallel} --context_parallel={stages.context} "
             f"--pipeline_parallel={stages.pipeline} --expert_parallel={expert_parallel}"
             f"{' --weight_update_sharding' if sharding else ''}{' --fsdp' if fsdp else ''} does "
-            f"not fit a chip of {system.name} "
-            f"{'even recomputing every activation' if shape.recompute else 'as its reference keeps its activations'}: "
+            f"not fit a chip of {system.name} {how}: "
             f"{chip.total / gb:.0f} GB (weights "
             f"{chip.weights / gb:.0f}, gradients {chip.gradients / gb:.0f}, optimizer "
             f"{chip.moments / gb:.0f}, activations {chip.activations / gb:.0f}) over "
@@ -756,11 +759,21 @@ def rollout_times(
     - training: 6 x active weights x the rollouts' context tokens on the other chips, at the
       sustained FLOP/s;
     - refit: the weights (bf16, every expert) sent to every generator instance, each chip
-      receiving its 1/instance share over the network (the pools sit in different domains).
+      receiving its 1/instance share, over the network when the run spans several nodes
+      (NVLink domains), else over the chips' links.
+
+    Raises:
+      UserError: `chips` too few for one generator instance and a training chip.
     """
-    pool = max(r.instance_chips, round(chips * r.generation_chips))
-    instances = max(1, pool // r.instance_chips)
-    trainers = max(1, chips - pool)
+    instances = max(1, round(chips * r.generation_chips / r.instance_chips))
+    pool = instances * r.instance_chips  # whole instances, the share of the chips
+    trainers = chips - pool
+    if trainers < 1:
+        raise UserError(
+            f"--chips ({chips}) leaves no chip to train beside the generators: rollouts are "
+            f"generated on instances of {r.instance_chips} chips ({r.generation_chips:.0%} of "
+            f"the chips) and trained on the rest; use more than {pool}"
+        )
     c = global_batch / instances  # rollouts per instance
     mean_context = r.prompt_tokens + (r.context_tokens - r.prompt_tokens) / 2
     read = r.weight_bytes + r.expert_bytes * r.touched_experts(c)

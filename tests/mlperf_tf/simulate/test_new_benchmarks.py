@@ -162,6 +162,14 @@ def test_grpo_step_is_rollouts_beside_training_plus_the_refit():
     assert math.isclose(r.time_to_train_min * 60, 18 * r.step_time_s + r.eval_s)
 
 
+def test_grpo_on_too_few_chips_for_a_generator_and_a_trainer_is_one_line(capsys):
+    code = cli.main(["simulate", "--benchmark=qwen35_397b_grpo", f"--system={GB300}",
+                     "--chips=8"])  # fmt: skip
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith("error: ") and "\n" not in err, err
+    assert "--chips (8)" in err and "instances of 8 chips" in err, err
+
+
 def test_the_published_points_of_the_new_benchmarks_are_tests_with_citations():
     points = [p for p in validate.load_points()["points"]
               if p["benchmark"] in ("deepseekv3_671b", "dlrmv4", "qwen35_397b_grpo")]  # fmt: skip
