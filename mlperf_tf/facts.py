@@ -26,6 +26,9 @@ class Blocks:
         counts tokens: 1).
       ffn_parameters: weights of one block's feed-forward (what an MoE layer has per expert).
       ffn_flops_per_token: forward FLOPs of one block's feed-forward per token.
+      kv_width: values per token of the keys and values a context-parallel ring pass sends
+        (0: 2 x hidden, an upper bound for grouped-query attention; multi-head latent attention
+        sends its full heads, 128 x (192 + 128) for DeepSeek-V3).
     """
 
     blocks: int
@@ -34,6 +37,7 @@ class Blocks:
     tokens_per_sample: int
     ffn_parameters: int
     ffn_flops_per_token: float
+    kv_width: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -330,6 +334,8 @@ class SimulatorShape:
             del data["recompute"]
         if "pipeline_stages" in data:
             data["pipeline_stages"] = list(self.pipeline_stages)
+        if self.blocks is not None and not self.blocks.kv_width:
+            del data["blocks"]["kv_width"]
         if self.experts is None:
             del data["experts"]
         elif not self.experts.first_dense:

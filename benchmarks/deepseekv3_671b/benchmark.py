@@ -69,7 +69,8 @@ class DeepseekV3Benchmark(PretrainingBenchmark):
         """DeepSeek-V3 as `mlperf-tf simulate` times it (docs/scaling.md):
 
         - blocks: the 61 decoder layers and the MTP depth's block (62), two all-reduces each
-          under tensor parallelism (MLA's o and the feed-forward's down);
+          under tensor parallelism (MLA's o and the feed-forward's down); under context
+          parallelism MLA's full keys and values (128 heads x (192 + 128)) pass the ring;
         - experts: 256 routed SwiGLU experts of 2,048 per MoE layer, top-8, dropless, in every
           block after the first 3 dense ones (59 MoE blocks with the MTP's): the routed experts
           split over `--expert_parallel`, the tokens sent by all-to-all; the shared expert's
@@ -89,14 +90,15 @@ class DeepseekV3Benchmark(PretrainingBenchmark):
         h, f = m.hidden_size, m.moe.filter_size
         seq = self.sequence_length()
         layers = m.num_hidden_layers + m.mtp_layers
+        widths = m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim
         blocks = Blocks(
             layers, 2, h, seq, 3 * h * f, 2.0 * 3 * h * (f + m.moe.shared_filter_size),
+            kv_width=m.num_attention_heads * widths,  # a context ring pass: K 192, V 128 a head
         )  # fmt: skip
         experts = Experts(
             num_experts=m.moe.num_experts, top_k=m.moe.top_k, every=m.moe.every,
             first_dense=m.moe.first_dense,
         )  # fmt: skip
-        widths = m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim
         attention = 3.0 * 2.0 * seq * seq * m.num_attention_heads * widths * layers
         stages = tuple(
             "+".join(map(str, counts[:-1] + [counts[-1] + m.mtp_layers]))

@@ -474,11 +474,13 @@ class Stages:
     ) -> collectives.Cost:  # fmt: skip
         """The ring passes of keys and values: C - 1 steps per block forward, twice that
         backward (the values and their gradients), each of a shard's group batch x tokens x
-        2 (K, V) x hidden bf16 values over the tensor group (an upper bound: grouped-query
-        attention sends fewer key/value heads)."""
+        the keys' and values' width (`Blocks.kv_width`; undeclared, 2 x hidden: an upper bound,
+        grouped-query attention sends fewer key/value heads) bf16 values over the tensor
+        group."""
         if self.context <= 1 or blocks is None:
             return collectives.ZERO
-        nbytes = group_batch * blocks.tokens_per_sample * 2 * blocks.hidden * ACTIVATION_BYTES
+        width = blocks.kv_width or 2 * blocks.hidden
+        nbytes = group_batch * blocks.tokens_per_sample * width * ACTIVATION_BYTES
         link, _, _ = _group_ring(system, layout, group * self.context)
         steps = 3 * blocks.blocks * (self.context - 1)
         return collectives.Cost(steps * link.alpha, steps * nbytes / group / link.bandwidth)

@@ -49,6 +49,14 @@ def test_deepseek_experts_skip_the_dense_blocks_and_stages_are_the_recipes():
     # PP4: the recipe's 16+16+16+13 layers, the MTP block on the last stage.
     assert shape.stage_blocks(4) == (16, 16, 16, 14) and shape.stage_blocks(3) is None
     assert shape.weight_update_sharding and shape.reference_batch == 16_384
+    # A context-parallel ring pass sends MLA's full keys and values: 128 x (128 + 64 + 128).
+    assert shape.blocks.kv_width == HEADS * (NOPE + ROPE + V)
+    stages = parallelism.Stages(context=2)
+    cost = stages.context_cost(systems.load(GB300), systems.load(GB300).layout(8), shape.blocks,
+                               1, 1.0)  # fmt: skip
+    link = systems.load(GB300).link
+    sent = 3 * (LAYERS + MTP) * 1 * (SEQ * HEADS * (NOPE + ROPE + V) * 2) / link.bandwidth
+    assert cost.bandwidth_s == pytest.approx(sent)
 
 
 def test_deepseek_default_batch_and_the_reference_layout_are_legal():
