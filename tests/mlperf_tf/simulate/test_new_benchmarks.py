@@ -70,8 +70,8 @@ def test_deepseek_default_batch_and_the_reference_layout_are_legal():
     # The search's pick and the reference's layout are within 5 % of each other (the model's
     # resolution: the reference's PP4 pays its bubble and its longest stage, docs/scaling.md).
     assert best.time_to_train_min <= r.time_to_train_min < 1.05 * best.time_to_train_min
-    # Keeping its activations (`recompute` False), no layout without the pipeline or the
-    # context split fits: the plain EP64 layout is refused.
+    # Keeping its activations (`recompute` False), the plain EP64 layout (no pipeline, context
+    # or tensor split) does not fit: 276 GB over the usable 259.
     with pytest.raises(UserError, match="as its reference keeps its activations"):
         _deepseek(chips=256, expert_parallel=64)
 
