@@ -17,10 +17,19 @@ from benchmarks.deepseekv3_671b import model as model_lib
 from benchmarks.deepseekv3_671b import prepare as prepare_lib
 from mlperf_tf.benchmark import EvalPoint
 from mlperf_tf.data import c4
-from mlperf_tf.facts import Blocks, Experts, Rcp, SimulatorShape
+from mlperf_tf.facts import Blocks, Calibration, Experts, Rcp, SimulatorShape
 from mlperf_tf.lm.decoder import DecoderModel
 from mlperf_tf.lm.pretraining import PretrainingBenchmark
 from mlperf_tf.spmd import use_mesh
+
+# The simulator's constants of this benchmark per system family (`mlperf-tf simulate`; docs/
+# scaling.md: one MLPerf v5.1 result per benchmark at most calibrates, every v6.0 result tests).
+# No v5.1 result exists (the benchmark is new in v6.0): assumed to sustain llama31_8b's Blackwell
+# calibration, a decoder trained by the same NeMo/Megatron stack in FP8, as gpt_oss_20b assumes.
+SIMULATOR_CALIBRATION = (
+    Calibration(("blackwell", "hopper"), 0.4966, "fp8",
+                "assumed: llama31_8b's calibration (MLPerf v5.1 Nebius B200, 8 GPUs)"),
+)  # fmt: skip
 
 
 class DeepseekV3Benchmark(PretrainingBenchmark):
@@ -57,19 +66,50 @@ class DeepseekV3Benchmark(PretrainingBenchmark):
         return self.config.model.training_flops(self.sequence_length())
 
     def simulator_shape(self) -> SimulatorShape:
-        """Two all-reduces per block under tensor parallelism (MLA's o and the feed-forward's
-        down); each MoE layer holds 256 SwiGLU experts of 2,048 and sends a token to 8 of them
-        (the shared expert's FLOPs are counted in the per-token feed-forward's; the simulator
-        splits the routed experts over `--expert_parallel` with two all-to-alls)."""
+        """DeepSeek-V3 as `mlperf-tf simulate` times it (docs/scaling.md):
+
+        - blocks: the 61 decoder layers and the MTP depth's block (62), two all-reduces each
+          under tensor parallelism (MLA's o and the feed-forward's down); under context
+          parallelism MLA's full keys and values (128 heads x (192 + 128)) pass the ring;
+        - experts: 256 routed SwiGLU experts of 2,048 per MoE layer, top-8, dropless, in every
+          block after the first 3 dense ones (59 MoE blocks with the MTP's): the routed experts
+          split over `--expert_parallel`, the tokens sent by all-to-all; the shared expert's
+          FLOPs are in the per-token feed-forward's;
+        - attention: MLA's score and context products (nope + rope for the scores, v for the
+          context, `attention_flops`), causal, at the 16-bit peak;
+        - pipeline: the recipe's uneven stage maps (`model.pipeline_layers`) with the MTP block
+          on the last stage ("16+16+16+14" at PP4);
+        - the distributed optimizer (Megatron's `use_distributed_optimizer`, on in the
+          reference) and the reference's batch, 16,384 (config_GB300_64x4x256xtp1pp4cp1.sh);
+        - memory: the activations kept, not recomputed (`recompute` False: the reference
+          recomputes only `mlp,moe_act`, NVIDIA's v6.0 runs nothing), so that a layout search
+          finds the layouts its plan fits;
+        - calibration: `SIMULATOR_CALIBRATION` (assumed; the v6.0 results test).
+        """
         m = self.config.model
         h, f = m.hidden_size, m.moe.filter_size
         seq = self.sequence_length()
+        layers = m.num_hidden_layers + m.mtp_layers
+        widths = m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim
         blocks = Blocks(
-            m.num_hidden_layers + m.mtp_layers, 2, h, seq, 3 * h * f,
-            2.0 * 3 * h * (f + m.moe.shared_filter_size),
+            layers, 2, h, seq, 3 * h * f, 2.0 * 3 * h * (f + m.moe.shared_filter_size),
+            kv_width=m.num_attention_heads * widths,  # a context ring pass: K 192, V 128 a head
         )  # fmt: skip
-        experts = Experts(num_experts=m.moe.num_experts, top_k=m.moe.top_k, every=m.moe.every)
-        return SimulatorShape(blocks=blocks, experts=experts)
+        experts = Experts(
+            num_experts=m.moe.num_experts, top_k=m.moe.top_k, every=m.moe.every,
+            first_dense=m.moe.first_dense,
+        )  # fmt: skip
+        attention = 3.0 * 2.0 * seq * seq * m.num_attention_heads * widths * layers
+        stages = tuple(
+            "+".join(map(str, counts[:-1] + [counts[-1] + m.mtp_layers]))
+            for counts in ([int(c) for c in entry.split("+")] for entry in m.pipeline_layers)
+        )
+        return SimulatorShape(
+            blocks=blocks, experts=experts, precision="bf16", attention_flops=attention,
+            causal=True, calibration=SIMULATOR_CALIBRATION, pipeline_stages=stages,
+            weight_update_sharding=True, reference_batch=config_lib.REFERENCE_BATCH,
+            recompute=False,
+        )  # fmt: skip
 
     def scaled_settings(self) -> dict[str, str]:
         """`max_sequence_length` off 4,096 and `global_batch_size` below 15,360 (the mini and

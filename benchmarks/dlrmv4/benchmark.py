@@ -12,7 +12,7 @@ from benchmarks.dlrmv4 import input as input_lib
 from benchmarks.dlrmv4 import model as model_lib
 from mlperf_tf.benchmark import Benchmark, EvalPoint
 from mlperf_tf.config import ConfigError
-from mlperf_tf.facts import Rcp, SimulatorShape
+from mlperf_tf.facts import Embeddings, Rcp, SimulatorShape
 from mlperf_tf.optimizers import WarmupPolynomialDecay
 from mlperf_tf.optimizers.rowwise_adagrad import AdamWRowWiseAdagrad
 
@@ -30,6 +30,13 @@ def binned_auc(positives: np.ndarray, negatives: np.ndarray) -> float:
     if denominator <= 0:
         return 0.5
     return float((positives * (below + 0.5 * negatives)).sum() / denominator)
+
+
+# The simulator's shape of the reference (`simulator_shape`): its mean history (gin
+# `HISTORY_LENGTH` = `MIN_HISTORY` = 4,086 events: every kept anchor has that many) and its
+# tables' values, fp32 (assumed: TorchRec's `EmbeddingBagConfig` default `data_type`).
+REFERENCE_MEAN_HISTORY = 4086
+TABLE_VALUE_BYTES = 4
 
 
 class DlrmV4Benchmark(Benchmark):
@@ -72,20 +79,41 @@ class DlrmV4Benchmark(Benchmark):
         return {"embedding": embedding, "dense": dense}
 
     def training_flops_per_sample(self) -> float:
-        """The reference's MFU yardstick (`DlrmHSTU.get_num_flops_per_sample`): per STU layer at
-        the full sequence S, 6 x (UVQK S D H (2 d_v + 2 d_qk) + output S 3 H d_v D) + 7 x causal
-        attention S^2/2 H (d_qk + d_v), and the head's 6 D; lookups and element-wise work left
-        out, as there."""
+        """The reference's MFU yardstick (`DlrmHSTU.get_num_flops_per_sample`) at the jagged
+        sequence's mean length S (`jagged_length`), not the padded `max_seq_len`: per STU layer
+        6 x (UVQK S D H (2 d_v + 2 d_qk) + output S 3 H d_v D) + 7 x causal attention S^2/2 H
+        (d_qk + d_v), and the head's 6 D; lookups and element-wise work left out, as there
+        (the simulator charges the lookups apart: `simulator_shape`)."""
         m = self.config.model
-        s, d, h = float(m.max_seq_len), m.transducer_dim, m.num_heads
+        s, d, h = float(self.jagged_length()), m.transducer_dim, m.num_heads
         dv, dq = m.attn_linear_dim, m.attn_qk_dim
         layer = 6 * s * d * (2 * dv + 2 * dq) * h + 7 * (s * s / 2) * h * (dq + dv)
         layer += 6 * s * (3 * h * dv) * d
         return m.num_layers * layer + 6 * d
 
+    def jagged_length(self) -> int:
+        """A sample's mean sequence length: the contextual tokens, the mean history and the
+        candidate. The reference keeps only anchors with `MIN_HISTORY` earlier events and
+        gives each `HISTORY_LENGTH` of them (gin: both 4,086), so its mean history is 4,086
+        (`REFERENCE_MEAN_HISTORY`); a preset with shorter histories counts its longest."""
+        m = self.config.model
+        return m.num_contextual + min(REFERENCE_MEAN_HISTORY, m.history_length) + 1
+
     def simulator_shape(self) -> SimulatorShape:
-        """Data parallelism only (today's `SimulatorShape` has no embedding all-to-all field)."""
-        return SimulatorShape()
+        """The tables as the simulator charges them (`facts.Embeddings`): per sample the
+        history's and the candidate's item, artist and album rows (3 x (L + 1)) and the 8
+        contextual rows, 512 fp32 values each, sharded over every chip (TorchRec's plan),
+        updated by row-wise Adagrad (one fp32 accumulator per row); the dense weights all-reduced;
+        the preset's batch as the default (the reference's 8,192). No blocks: tensor, pipeline and context parallelism do not apply."""
+        m = self.config.model
+        history = self.jagged_length() - m.num_contextual - 1
+        embeddings = Embeddings(
+            parameters=model_lib.parameter_counts(m)[0],
+            lookups_per_sample=3 * (history + 1) + m.num_contextual,
+            row_bytes=m.embedding_dim * TABLE_VALUE_BYTES,
+        )
+        # The reference's batch (gin BATCH_SIZE 8,192: 1,024 a rank x 8), the preset's.
+        return SimulatorShape(embeddings=embeddings, reference_batch=self.config.global_batch_size)
 
     def scaled_settings(self) -> dict[str, str]:
         """The mini and smoke presets' departures from the closed rules, each with why."""

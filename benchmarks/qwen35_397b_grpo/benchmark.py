@@ -17,6 +17,7 @@ from benchmarks.qwen35_397b_grpo import checkpoint as checkpoint_lib
 from benchmarks.qwen35_397b_grpo import config as config_lib
 from benchmarks.qwen35_397b_grpo import input as input_lib
 from benchmarks.qwen35_397b_grpo import sft
+from benchmarks.qwen35_397b_grpo import simulator as simulator_lib
 from benchmarks.qwen35_397b_grpo.model import build_model
 from mlperf_tf.benchmark import Benchmark, EvalPoint
 from mlperf_tf.errors import UserError
@@ -33,6 +34,7 @@ class Qwen35GrpoBenchmark(Benchmark):
     name = "qwen35_397b_grpo"
     config_class = config_lib.Qwen35GrpoConfig
     sample_unit = "rollout"
+    convergence = simulator_lib.CONVERGENCE  # rollouts to pass@4 0.69 at 256, 512, 1,024
 
     def __init__(self, config, *, context=None):
         super().__init__(config, context=context)
@@ -54,6 +56,10 @@ class Qwen35GrpoBenchmark(Benchmark):
         """An estimate: 6 x active parameters x the rollout's length (the attention and
         DeltaNet state products and the generation are not counted)."""
         return 6.0 * self.active_parameter_count() * self.config.rollout.max_length
+
+    def simulator_shape(self):
+        """Rollouts, training and refit as `mlperf-tf simulate` times them (`simulator.py`)."""
+        return simulator_lib.simulator_shape(self.config.model, self.config.global_batch_size)
 
     @property
     def train_steps(self) -> int:

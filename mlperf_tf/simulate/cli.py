@@ -115,7 +115,8 @@ def _int_list(text: str) -> list[int]:
 
 def _table(results: list[model.Result]) -> str:
     """The results as a table; the model-parallel columns (tensor-parallel all-reduces, halos,
-    all-to-all, ms a step) only where a result has them."""
+    all-to-all, ms a step), the experts' weight reads, the tables' lookups and all-to-alls and
+    the rollouts' parts only where a result has them."""
     extra = [
         (title, field)
         for title, field in (
@@ -124,6 +125,13 @@ def _table(results: list[model.Result]) -> str:
             ("a2a", "all_to_all_s"),
             ("cp", "context_parallel_s"),
             ("pp", "pipeline_s"),
+            ("experts", "expert_weights_s"),
+            ("lookup", "embedding_lookup_s"),
+            ("tables", "embedding_all_to_all_s"),
+            ("decode", "rollout_decode_s"),
+            ("env", "rollout_environment_s"),
+            ("gen exp", "exposed_generation_s"),
+            ("refit", "refit_s"),
         )
         if any(getattr(r, field) for r in results)
     ]

@@ -22,10 +22,16 @@ Per training step (all times in seconds):
                 weights between the reduce-scatter and the all-gather, at no extra traffic)
     parallel  = tensor-parallel all-reduces + halos + expert all-to-alls + context-parallel K/V
                 ring passes (the part the attention does not hide) + pipeline sends
-    device    = compute + exposed + update + parallel + step overhead (x replicas where they
-                share cores)
+    experts   = micro-batches x the chip's expert weights x 3 reads x 2 bytes / memory bandwidth
+                (`expert_weight_streaming`)
+    tables    = a chip's samples x the bytes its lookups move through memory / bandwidth + the
+                ids', rows' and gradients' all-to-alls (`SimulatorShape.embeddings`)
+    device    = compute + exposed + update + parallel + experts + tables + step overhead
+                (x replicas where they share cores)
     input     = global batch / (hosts x per-host input rate)
     step      = max(device, input)          (input is prefetched: the slower of the two wins)
+                or, for a benchmark whose samples are rollouts (`SimulatorShape.rollouts`),
+                max(generation, training) + refit (`rollout_times`, `_rollout_step`)
 
 Time to train = steps to target x step + evaluations x (eval forward passes + eval overhead),
 with epochs to target from `convergence.curve` at the global batch. Per-sample FLOPs, the
@@ -47,6 +53,7 @@ from mlperf_tf.facts import SimulatorShape, normalize_format
 from mlperf_tf.parallel import memory as memory_lib
 from mlperf_tf.parallel import mesh as mesh_lib
 from mlperf_tf.parallel.mesh import DeviceMesh
+from mlperf_tf.parallel.pipeline import stage_bounds
 from mlperf_tf.simulate import cache, collectives, convergence, parallelism
 from mlperf_tf.simulate.cache import FLOPS_CACHE, benchmark_facts, shape_of  # noqa: F401 (the API)
 from mlperf_tf.simulate.systems import System
@@ -116,6 +123,14 @@ class Result:
     eval_s: float
     time_to_train_min: float
     memory_per_chip_gb: float = 0.0
+    expert_weights_s: float = 0.0
+    embedding_lookup_s: float = 0.0
+    embedding_all_to_all_s: float = 0.0
+    rollout_decode_s: float = 0.0
+    rollout_prefill_s: float = 0.0
+    rollout_environment_s: float = 0.0
+    exposed_generation_s: float = 0.0
+    refit_s: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -262,6 +277,7 @@ def simulate(
     working = chips - failed_chips
     shape = shape_of(facts)
     const = constants(system, benchmark, shape, precision)
+    weight_update_sharding = weight_update_sharding or shape.weight_update_sharding
     moe = _moe_of(benchmark, shape, moe or parallelism.Moe())
     stages = parallelism.Stages.checked(
         shape, benchmark, working, pipeline_parallel, context_parallel, micro_batch_size,
@@ -278,9 +294,12 @@ def simulate(
     batch_given = global_batch is not None
     if global_batch is None:
         global_batch = _default_batch(const, benchmark, preset, facts, working // stages.size)
-    _check_batch(global_batch, mesh, batch_given=batch_given, failed_chips=failed_chips)
+    if shape.rollouts is None:  # rollouts: instances share a batch, trainers split samples
+        _check_batch(global_batch, mesh, batch_given=batch_given, failed_chips=failed_chips)
     stages.check_batch(global_batch / mesh.batch_shards)
     work = _workload(benchmark, facts, shape, moe)
+    if shape.rollouts is not None:  # a rollout's training FLOPs at its mean length (MFU's too)
+        work = dataclasses.replace(work, flops=shape.rollouts.training_flops_per_sample())
     per_group = global_batch / mesh.batch_shards  # a group's samples
     memory = _check_memory(
         system, facts, shape, mesh, stages, per_group=per_group, trainable=work.params,
@@ -293,6 +312,8 @@ def simulate(
         per_chip_batch=per_group, global_batch=global_batch, work=work, mesh=mesh,
         sharding=weight_update_sharding, failed_chips=failed_chips, stages=stages,
     )  # fmt: skip
+    if shape.rollouts is not None:
+        step = _rollout_step(system, const, layout, shape.rollouts, global_batch, working, step)
     samples_per_s = global_batch / step["step_time_s"]
     single_rate = _single_chip_rate(system, const, algorithm, work, per_group / split)
     train = _time_to_train(
@@ -328,14 +349,16 @@ def _check_memory(
     Weight-update sharding divides the optimizer state (fp32 master weights and moments) over
     the data-parallel groups (Megatron's distributed optimizer), `fsdp` the weights and
     gradients too, over the chips that hold the same dense weights (`batch_shards`: data x
-    expert, as Megatron shards them): exact for a dense model; for a mixture of experts a lower
-    bound on its experts' share (Megatron shards each expert's state over the data axis alone),
-    as the check refuses only what no plan can hold. Activations: the least a run can keep, with full
-    recomputation (each layer's input, and one layer's activations during its backward), for
-    one micro-batch of `--micro_batch_size` samples (a run accumulates the rest), times the 1F1B
-    schedule's micro-batches in flight on the first stage: a layout is refused only if no
-    memory plan fits it. The step model does not charge the recomputation (the runs recompute
-    little: Dell's gpt_oss_20b log recomputes `core_attn` alone).
+    expert, as Megatron shards them); a mixture of experts' experts' state over the chips that
+    hold the same experts, the data axis alone (Megatron's expert-data-parallel group:
+    `_expert_moments`). Activations: the least a run can keep, with full recomputation (each
+    layer's input, and one layer's activations during its backward), for one micro-batch of
+    `--micro_batch_size` samples (a run accumulates the rest), times the 1F1B schedule's
+    micro-batches in flight on the first stage: a layout is refused only if no memory plan fits
+    it; or, where the benchmark declares that its reference keeps them
+    (`SimulatorShape.recompute` False), Megatron's activations without recomputation. The step
+    model does not charge the recomputation (the runs recompute little: Dell's gpt_oss_20b log
+    recomputes `core_attn` alone).
 
     Raises:
       UserError: the bytes exceed `memory.HEADROOM` of the system's `memory_capacity`.
@@ -351,17 +374,23 @@ def _check_memory(
     chip = memory_lib.decoder_memory(
         config, seq=shape.blocks.tokens_per_sample, micro_batch=stages.micro_batch_size,
         micro_batches=max(1, round(stages.micro_batches(per_group))), layout=layout,
-        trainable_parameters=trainable if frozen else None, shard_weights=fsdp, recompute=True,
-        **memory_lib.precision_bytes(precision),
+        trainable_parameters=trainable if frozen else None, shard_weights=fsdp,
+        recompute=shape.recompute, **memory_lib.precision_bytes(precision),
     )  # fmt: skip
+    if sharding and expert_parallel > 1 and not frozen:
+        extra = _expert_moments(config, chip.stage, layout, mesh.data)
+        chip = dataclasses.replace(chip, moments=chip.moments + extra)
     usable = memory_lib.HEADROOM * system.memory_capacity
     if chip.total > usable:
         gb = memory_lib.GB
+        how = "even recomputing every activation"
+        if not shape.recompute:
+            how = "as its reference keeps its activations"
         raise UserError(
             f"--model_parallel={model_parallel} --context_parallel={stages.context} "
             f"--pipeline_parallel={stages.pipeline} --expert_parallel={expert_parallel}"
             f"{' --weight_update_sharding' if sharding else ''}{' --fsdp' if fsdp else ''} does "
-            f"not fit a chip of {system.name} even recomputing every activation: "
+            f"not fit a chip of {system.name} {how}: "
             f"{chip.total / gb:.0f} GB (weights "
             f"{chip.weights / gb:.0f}, gradients {chip.gradients / gb:.0f}, optimizer "
             f"{chip.moments / gb:.0f}, activations {chip.activations / gb:.0f}) over "
@@ -372,12 +401,27 @@ def _check_memory(
     return chip
 
 
+def _expert_moments(config, stage: int, layout, data: int) -> float:
+    """The optimizer bytes of the experts on one chip of `stage` beyond what dividing them over
+    the data x expert chips counts: Megatron's distributed optimizer shards an expert's state
+    over the chips holding that expert (the data axis alone), E times fewer."""
+    first, end = stage_bounds(config.num_hidden_layers, layout.pipeline, config.pipeline_layers)[
+        stage
+    ]
+    h, moe = config.hidden_size, config.moe
+    per_layer = config.moe_layer_parameters() - h * moe.num_experts  # the router is replicated
+    held = sum(moe.is_moe(i) for i in range(first, end)) * per_layer / layout.expert
+    moments = memory_lib.OPTIMIZER_BYTES
+    return held * moments * (1.0 / max(1, data) - 1.0 / layout.data)
+
+
 def _own_work_s(step: dict[str, Any]) -> float:
     """Seconds of a step a chip spends on its own work (`Result.scaling_efficiency`)."""
     return (
         step["compute_s"] / (1.0 + step["pipeline_bubble"])
         + step["weight_update_s"]
         + step["overhead_s"]
+        + step.get("embedding_lookup_s", 0.0)
     )
 
 
@@ -413,9 +457,14 @@ def _check_system(system: System, chips: int, algorithm, failed_chips: int, wrap
 
 
 def _default_batch(const: Constants, benchmark: str, preset: str, facts, working: int) -> int:
-    """The per-chip batch (the benchmark's for the system's family, or the system's) x working
-    data-parallel chips (or the preset's global batch), no larger than the largest batch with
-    convergence data (beyond it epochs are guesses)."""
+    """The batch the benchmark's reference runs where it declares one
+    (`SimulatorShape.reference_batch`), else the per-chip batch (the benchmark's for the
+    system's family, or the system's) x working data-parallel chips (or the preset's global
+    batch), no larger than the largest batch with convergence data (beyond it epochs are
+    guesses)."""
+    reference = shape_of(facts).reference_batch  # the benchmark's own, where it declares one
+    if reference:
+        return reference
     global_batch = const.per_chip_batch * working or int(facts["global_batch_size"])
     curve = convergence.curve(benchmark, preset)
     return max(min(global_batch, curve.batches[-1]), working)
@@ -462,6 +511,7 @@ def _moe_of(benchmark: str, shape: SimulatorShape, flags: parallelism.Moe) -> pa
         every=declared.every,
         top_k=declared.top_k,
         capacity_factor=declared.capacity_factor,
+        first_dense=declared.first_dense,
     )
 
 
@@ -502,7 +552,8 @@ def _time_to_train(
         source = curve.source
     samples = epochs * epoch_examples
     steps = math.ceil(samples / global_batch)
-    evals = math.ceil(epochs / float(facts["eval_every_epochs"]))
+    # An evaluation runs between steps: at most one a step (an eval "every sample" is every step).
+    evals = min(math.ceil(epochs / float(facts["eval_every_epochs"])), steps)
     per_batch, constant = facts.get("skipped_evals_rule", (0.0, 0.0))  # e.g. llama2_70b_lora
     evals = max(1, evals - int(per_batch * global_batch + constant))
     eval_flops = float(facts["forward_flops_per_sample"]) * float(facts["eval_examples"])
@@ -530,6 +581,12 @@ def _check_parallel(
     if rows * cols > 1:
         convs = parallelism.convs_of(shape, benchmark, cache.family("convs"))
         parallelism.check_splits(convs, rows, cols)
+    if experts > 1 and shape.embeddings is not None and shape.experts is None:
+        raise UserError(
+            f"--expert_parallel ({experts}): '{benchmark}' shares its embedding tables over "
+            "every chip in the simulator (ids and rows by all-to-all, as TorchRec plans them); "
+            "leave the flag out"
+        )
     if experts > 1:
         parallelism.blocks_of(shape, "expert_parallel", benchmark, cache.family("blocks"))
         if not moe.num_experts or moe.num_experts % experts:
@@ -603,12 +660,15 @@ def _step(
     attention = work.shape.attention_flops  # counted in work.flops, timed at its own peak
     timed = work.flops + attention * (const.attention_scale - 1.0)
     compute = per_chip_batch * timed / split / _chip_flops(system, const, working)
+    compute *= stages.imbalance(work.shape.blocks)  # the longest stage sets the tick
     backward = compute * 2.0 / 3.0
     compute *= 1.0 + bubble
     # Each chip holds 1/(M P) of the weights (experts: 1/(E P) of them); the gradient all-reduce
     # runs over the replicas of one shard, every (split / C)-th chip: the data-parallel groups
     # and the context shards, which hold the same weights.
     dense = work.params - work.expert_params
+    if work.shape.embeddings is not None:  # sharded tables: updated where they live (their
+        dense -= work.shape.embeddings.parameters  # rows' traffic is the lookups' below)
     held = (dense / mesh.model + work.expert_params / mesh.expert) / stages.pipeline
     stride = split // stages.context
     replicas = parallelism.data_layout(system, layout, stride) if layout is not None else None
@@ -619,6 +679,14 @@ def _step(
     if sharding:
         update /= max(1, working // stride)
     model_s = halo_s = a2a_s = context_s = pipeline_s = 0.0
+    experts_s = expert_weight_streaming(system, work, mesh, stages, per_chip_batch)
+    own = per_chip_batch / split  # a chip's samples
+    lookup_s = parallelism.embedding_memory_s(system, work.shape.embeddings, own)
+    table_s = 0.0
+    if layout is not None and layout.chips > 1:
+        table_s = parallelism.embedding_all_to_all_cost(
+            system, layout, work.shape.embeddings, working, own
+        ).total_s
     if layout is not None and layout.chips > 1:
         blocks = stages.local_blocks(work.shape.blocks)  # a stage's blocks, a shard's tokens
         model_s = parallelism.tensor_parallel_cost(
@@ -634,12 +702,13 @@ def _step(
             system, layout, work.shape, mesh.spatial_rows, per_chip_batch, cols=mesh.spatial_cols
         ).total_s
         a2a_s = parallelism.moe_all_to_all_cost(
-            system, layout, blocks, work.moe, mesh.expert, per_chip_batch / mesh.group_size
-        ).total_s
+            system, layout, blocks, work.moe, mesh.expert, per_chip_batch / mesh.group_size,
+            whole=work.shape.blocks,
+        ).total_s  # fmt: skip
     # Logical devices sharing the cores also dispatch their replicas' ops one after another.
     overhead = system.step_overhead_s * (working if system.shared_compute else 1)
     device = compute + exposed + update + overhead + model_s + halo_s + a2a_s + context_s
-    device += pipeline_s
+    device += pipeline_s + experts_s + lookup_s + table_s
     hosts = max(1, math.ceil(working / system.chips_per_host))
     input_limit = global_batch / (hosts * const.input_rate)
     return {
@@ -654,6 +723,9 @@ def _step(
         "pipeline_bubble": bubble,
         "halo_s": halo_s,
         "all_to_all_s": a2a_s,
+        "expert_weights_s": experts_s,
+        "embedding_lookup_s": lookup_s,
+        "embedding_all_to_all_s": table_s,
         "weight_update_s": update,
         "overhead_s": overhead,
         "input_limit_s": input_limit,
@@ -669,6 +741,99 @@ _SEARCH = {
     "pipeline_parallel": 8,
     "expert_parallel": 64,
 }
+
+
+def rollout_times(
+    system: System, const: Constants, layout, r, global_batch: float, chips: int
+) -> dict[str, float]:
+    """The parts of one reinforcement-learning step whose samples are generated rollouts
+    (`facts.Rollouts`), in seconds:
+
+    - generation: the pool of `r.generation_chips` x chips in instances of `r.instance_chips`
+      runs the step's `global_batch` rollouts at once (c = batch / instances each); a rollout
+      is its decoding, its prefills and its environment turns one after another:
+      decode = generated tokens x (the weights read per decoding step, experts touched by c
+      sequences included, + c x (key/value cache over the mean context + recurrent state)) /
+      (instance chips x memory bandwidth); prefill = c x (context - generated tokens) x 2 x
+      active weights / (instance chips x sustained FLOP/s); environment = turns x seconds a turn;
+    - training: 6 x active weights x the rollouts' context tokens on the other chips, at the
+      sustained FLOP/s;
+    - refit: the weights (bf16, every expert) sent to every generator instance, each chip
+      receiving its 1/instance share, over the network when the run spans several nodes
+      (NVLink domains), else over the chips' links.
+
+    Raises:
+      UserError: `chips` too few for one generator instance and a training chip.
+    """
+    instances = max(1, round(chips * r.generation_chips / r.instance_chips))
+    pool = instances * r.instance_chips  # whole instances, the share of the chips
+    trainers = chips - pool
+    if trainers < 1:
+        raise UserError(
+            f"--chips ({chips}) leaves no chip to train beside the generators: rollouts are "
+            f"generated on instances of {r.instance_chips} chips ({r.generation_chips:.0%} of "
+            f"the chips) and trained on the rest; use more than {pool}"
+        )
+    c = global_batch / instances  # rollouts per instance
+    mean_context = r.prompt_tokens + (r.context_tokens - r.prompt_tokens) / 2
+    read = r.weight_bytes + r.expert_bytes * r.touched_experts(c)
+    read += c * (r.kv_bytes_per_token * mean_context + 2 * r.state_bytes)
+    rate = r.instance_chips * system.memory_bandwidth
+    decode = r.generated_tokens * read / rate
+    prefill = c * (r.context_tokens - r.generated_tokens) * 2 * r.active_parameters
+    prefill /= r.instance_chips * const.chip_flops
+    environment = r.turns * r.environment_s_per_turn
+    train = r.training_flops_per_sample() * global_batch / (trainers * const.chip_flops)
+    link = system.network if layout is not None and layout.nodes > 1 else system.link
+    refit = (r.weight_bytes + r.expert_bytes) / r.instance_chips / link.bandwidth
+    return {
+        "decode_s": decode, "prefill_s": prefill, "environment_s": environment,
+        "generation_s": decode + prefill + environment, "training_s": train, "refit_s": refit,
+        "generation_chips": float(pool),
+    }  # fmt: skip
+
+
+def _rollout_step(system, const, layout, r, global_batch, chips, step) -> dict[str, Any]:
+    """The step of a benchmark whose samples are rollouts (`rollout_times`): with rollouts at
+    most one step old (`r.max_age` 1) the generation of step k+1 runs beside the training of
+    step k, so the step is the longer of the two plus the refit (generation waits for the new
+    weights) and what is exposed of the generation is the part training does not cover; with
+    `max_age` 0 the three add up. The training's own communication (`step`'s all-reduce,
+    update and overhead) is added to its compute."""
+    t = rollout_times(system, const, layout, r, global_batch, chips)
+    train = t["training_s"] + step["exposed_comm_s"] + step["weight_update_s"] + step["overhead_s"]
+    if r.max_age >= 1:
+        step_s = max(t["generation_s"], train) + t["refit_s"]
+        exposed = max(0.0, t["generation_s"] - train)
+    else:
+        step_s = t["generation_s"] + train + t["refit_s"]
+        exposed = t["generation_s"]
+    return {
+        **step, "compute_s": t["training_s"], "step_time_s": step_s,
+        "rollout_decode_s": t["decode_s"], "rollout_prefill_s": t["prefill_s"],
+        "rollout_environment_s": t["environment_s"], "exposed_generation_s": exposed,
+        "refit_s": t["refit_s"],
+    }  # fmt: skip
+
+
+def expert_weight_streaming(
+    system: System, work: _Workload, mesh: DeviceMesh, stages: parallelism.Stages,
+    group_batch: float,
+) -> float:  # fmt: skip
+    """Seconds a chip spends reading its experts' weights from memory in one step.
+
+    Each micro-batch runs every expert the chip holds (a dropless layer's grouped products see
+    tokens in each), and the products read each expert's weights once forward and twice backward
+    (the input gradient and the weight gradient), bf16: 3 x 2 bytes per weight per micro-batch,
+    at the memory bandwidth. The fewer chips split the experts, the more weights each streams
+    per token it computes: what keeps a mixture of experts of many small experts from running
+    on a small expert axis at the compute rate (its products are bound by memory there).
+    """
+    if not work.expert_params:
+        return 0.0
+    held = work.expert_params / mesh.expert / stages.pipeline  # 1/(E P) of the experts
+    micro = stages.micro_batches(group_batch)
+    return micro * held * 3 * parallelism.ACTIVATION_BYTES / system.memory_bandwidth
 
 
 def fastest(**kwargs) -> Result:

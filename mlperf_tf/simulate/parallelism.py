@@ -31,7 +31,7 @@ import math
 from collections.abc import Iterable
 
 from mlperf_tf.errors import UserError
-from mlperf_tf.facts import Blocks, Conv, SimulatorShape
+from mlperf_tf.facts import Blocks, Conv, Embeddings, SimulatorShape, is_moe_layer
 from mlperf_tf.simulate import collectives
 from mlperf_tf.simulate.systems import Layout, System
 
@@ -257,12 +257,15 @@ class Moe:
       top_k: experts per token.
       capacity_factor: slots per expert over the even share (0: dropless, charged as 1.0 plus
         no padding).
+      first_dense: the first blocks that stay dense (a benchmark's declaration,
+        `facts.Experts.first_dense`).
     """
 
     num_experts: int = 0
     every: int = 1
     top_k: int = 2
     capacity_factor: float = 1.25
+    first_dense: int = 0
 
     def __post_init__(self):
         for name in ("num_experts", "every", "top_k"):
@@ -282,7 +285,11 @@ class Moe:
             )
 
     def layers(self, blocks: int) -> int:
-        return blocks // self.every if self.num_experts else 0
+        """The MoE layers among `blocks` blocks (`facts.is_moe_layer`)."""
+        if not self.first_dense:
+            return blocks // self.every if self.num_experts else 0
+        rule = dict(num_experts=self.num_experts, every=self.every, first_dense=self.first_dense)
+        return sum(is_moe_layer(i, **rule) for i in range(blocks))
 
     @property
     def slots(self) -> float:
@@ -317,16 +324,45 @@ def all_to_all(system: System, layout: Layout, size: int, nbytes: float) -> coll
 
 def moe_all_to_all_cost(
     system: System, layout: Layout, blocks: Blocks | None, moe: Moe, expert_parallel: int,
-    group_batch: float,
+    group_batch: float, whole: Blocks | None = None,
 ) -> collectives.Cost:  # fmt: skip
-    """4 all-to-alls (dispatch, return; forward, backward) per MoE layer per step."""
+    """4 all-to-alls (dispatch, return; forward, backward) per MoE layer per step, over the
+    MoE layers of `blocks` (a pipeline stage's, `Stages.local_blocks`, of the model's `whole`
+    blocks: the longest stage's, its dense blocks, the first ones, on the first stage)."""
     if not moe.num_experts or expert_parallel <= 1:
         return collectives.ZERO
     b = blocks
     nbytes = group_batch * b.tokens_per_sample * moe.slots * b.hidden * ACTIVATION_BYTES
     one = all_to_all(system, layout, expert_parallel, nbytes)
-    count = 4 * moe.layers(b.blocks)
+    layers = moe.layers(b.blocks)
+    if whole is not None and whole.blocks > b.blocks:  # a stage: the MoE-only later stages
+        layers = min(b.blocks, moe.layers(whole.blocks))
+    count = 4 * layers
     return collectives.Cost(one.latency_s * count, one.bandwidth_s * count)
+
+
+def embedding_all_to_all_cost(
+    system: System, layout: Layout, embeddings: Embeddings | None, chips: int,
+    samples_per_chip: float,
+) -> collectives.Cost:  # fmt: skip
+    """The three all-to-alls of sharded tables in one step (`facts.Embeddings`): each chip
+    sends its samples' ids to the rows' owners, gets the rows back, and sends the rows'
+    gradients, over every chip holding a share of the tables; (chips-1)/chips of it leaves."""
+    if embeddings is None or chips <= 1:
+        return collectives.ZERO
+    cost = collectives.ZERO
+    for per_sample in embeddings.all_to_all_bytes_per_sample():
+        cost = cost + all_to_all(system, layout, chips, samples_per_chip * per_sample)
+    return cost
+
+
+def embedding_memory_s(system: System, embeddings: Embeddings | None, samples_per_chip: float):
+    """Seconds the owners spend streaming looked-up rows through memory in one step: rows
+    spread evenly over the chips, each holds the rows of as many lookups as its own samples
+    make (`Embeddings.memory_bytes_per_sample`), at the memory bandwidth."""
+    if embeddings is None:
+        return 0.0
+    return samples_per_chip * embeddings.memory_bytes_per_sample() / system.memory_bandwidth
 
 
 @dataclasses.dataclass(frozen=True)
@@ -345,10 +381,18 @@ class Stages:
     pipeline: int = 1
     context: int = 1
     micro_batch_size: int = 1
+    longest_stage: int = 0  # blocks of the longest stage (0: equal stages)
 
     @property
     def size(self) -> int:
         return self.pipeline * self.context
+
+    def imbalance(self, blocks: Blocks | None) -> float:
+        """The longest stage's blocks over the mean stage's: the tick of a pipeline with uneven
+        stages (`SimulatorShape.pipeline_stages`) over that of equal ones (1: equal)."""
+        if self.pipeline <= 1 or blocks is None or not self.longest_stage:
+            return 1.0
+        return self.longest_stage * self.pipeline / blocks.blocks
 
     @classmethod
     def checked(
@@ -369,14 +413,18 @@ class Stages:
         for flag, value in flags.items():
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise UserError(f"{flag} ({value!r}) must be a positive integer")
+        longest = 0
         if pipeline > 1:
             b = blocks_of(shape, "pipeline_parallel", benchmark, family)
-            if b.blocks % pipeline:
-                fits = [d for d in range(1, b.blocks + 1) if b.blocks % d == 0]
+            stages = shape.stage_blocks(pipeline)
+            if stages is None:
+                fits = [d for d in range(1, b.blocks + 1) if shape.stage_blocks(d)]
                 raise UserError(
                     f"--pipeline_parallel ({pipeline}) must divide the {b.blocks} blocks of "
-                    f"'{benchmark}': use one of {', '.join(map(str, fits))}"
+                    f"'{benchmark}' or be one of its declared stage maps: use one of "
+                    f"{', '.join(map(str, fits))}"
                 )
+            longest = max(stages) if len(set(stages)) > 1 else 0
         if context > 1:
             b = blocks_of(shape, "context_parallel", benchmark, family)
             if b.tokens_per_sample % context:
@@ -389,7 +437,7 @@ class Stages:
                 f"--pipeline_parallel={pipeline} x --context_parallel={context} needs a multiple "
                 f"of {pipeline * context} chips; {working} work"
             )
-        return cls(pipeline, context, flags["--micro_batch_size"])
+        return cls(pipeline, context, flags["--micro_batch_size"], longest)
 
     def check_batch(self, group_batch: float) -> None:
         """Refuses micro-batches that do not divide a data-parallel group's samples."""
@@ -416,7 +464,7 @@ class Stages:
             return blocks
         return dataclasses.replace(
             blocks,
-            blocks=blocks.blocks // self.pipeline,
+            blocks=self.longest_stage or blocks.blocks // self.pipeline,
             tokens_per_sample=blocks.tokens_per_sample // self.context,
         )
 
@@ -426,11 +474,13 @@ class Stages:
     ) -> collectives.Cost:  # fmt: skip
         """The ring passes of keys and values: C - 1 steps per block forward, twice that
         backward (the values and their gradients), each of a shard's group batch x tokens x
-        2 (K, V) x hidden bf16 values over the tensor group (an upper bound: grouped-query
-        attention sends fewer key/value heads)."""
+        the keys' and values' width (`Blocks.kv_width`; undeclared, 2 x hidden: an upper bound,
+        grouped-query attention sends fewer key/value heads) bf16 values over the tensor
+        group."""
         if self.context <= 1 or blocks is None:
             return collectives.ZERO
-        nbytes = group_batch * blocks.tokens_per_sample * 2 * blocks.hidden * ACTIVATION_BYTES
+        width = blocks.kv_width or 2 * blocks.hidden
+        nbytes = group_batch * blocks.tokens_per_sample * width * ACTIVATION_BYTES
         link, _, _ = _group_ring(system, layout, group * self.context)
         steps = 3 * blocks.blocks * (self.context - 1)
         return collectives.Cost(steps * link.alpha, steps * nbytes / group / link.bandwidth)

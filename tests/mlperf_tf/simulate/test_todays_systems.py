@@ -282,6 +282,7 @@ def test_v6_points_cover_every_benchmark():
         "llama2_70b_lora",
         "llama31_8b",
         "flux1",
+        "deepseekv3_671b",
     }
 
 
@@ -308,8 +309,8 @@ def test_v6_points_of_calibrated_benchmarks_are_within_the_issue_bound():
 
 
 def test_v6_median_error_is_within_the_issue_bound():
-    """The median absolute error over every v6.0 point (23.3 % over 14: four of them MLPerf's
-    score of all ten runs, the others result_0 alone)."""
+    """The median absolute error over every v6.0 point (23.5 % over 19: four of them MLPerf's
+    score of all ten runs, the others result_0 alone; 22.5 % over the 14 without DeepSeek-V3)."""
     _, rows = _v6_rows()
     errors = [abs(r["error_rcp"]) for r in rows]
     assert statistics.median(errors) <= V6_MEDIAN, statistics.median(errors)
@@ -317,10 +318,11 @@ def test_v6_median_error_is_within_the_issue_bound():
 
 @pytest.mark.xfail(
     strict=True,
-    reason="issue 48's 35 % bound is not met: gpt_oss_20b on 8 B200 (Dell, -43 % against its "
+    reason="issue 48's 35 % bound is not met: gpt_oss_20b on 8 B200 (Dell, -40 % against its "
     "MLPerf score), whose efficiency is assumed (no MLPerf v5.1 result exists to calibrate it; its v6.0 runs sustain "
-    "about half the MFU of llama31_8b's). Strict: this test fails the run once every point is "
-    "within the bound.",
+    "about half the MFU of llama31_8b's), and deepseekv3_671b on GB200 with TP2 (-35 % at 512, "
+    "-44 % at 2,048, -45 % at 4,096 GPUs; docs/scaling.md). Strict: this test fails the run "
+    "once every point is within the bound.",
 )
 def test_v6_each_error_is_within_the_issue_bound():
     _, rows = _v6_rows()
@@ -331,7 +333,8 @@ def test_v6_each_error_is_within_the_issue_bound():
 def test_the_mi355x_point_is_predicted_uncalibrated_and_says_so():
     """AMD's v5.1 MI355X LoRA result tests a system no benchmark calibrates on: its prediction
     uses the system's stated default efficiency, and the result names that."""
-    (point,) = [p for p in validate.load_points()["points"] if p["system"] == "mi355x"]
+    (point,) = [p for p in validate.load_points()["points"]
+                if p["system"] == "mi355x" and p["benchmark"] == "llama2_70b_lora"]  # fmt: skip
     r = model.simulate(benchmark=point["benchmark"], system=systems.load("mi355x"),
                        chips=point["chips"], global_batch=point["global_batch"],
                        precision=point["precision"])  # fmt: skip
