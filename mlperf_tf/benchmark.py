@@ -594,6 +594,16 @@ class Benchmark(abc.ABC):
         them (and before `evaluate_only` evaluates): a pipeline whose examples the model itself
         generates (reinforcement learning's rollouts) needs it. The default: nothing."""
 
+    def prepare_initial_weights(self) -> None:
+        """Makes the starting checkpoint `restore_initial_weights` will load when it is missing
+        (e.g. a `mini` preset's base, trained untimed before `run_start` on the first run).
+
+        Called once per run before the model is built, outside the strategy's scope and before
+        the run is seeded: a base trains there as `mlperf-tf prepare` trains it (the default
+        strategy; a Keras optimizer's update inside another strategy's scope has no replica
+        context). The default: nothing.
+        """
+
     def restore_initial_weights(self, model: Any) -> None:
         """Loads a starting checkpoint (e.g. BERT's TF1 checkpoint) before training, if any.
 

@@ -182,17 +182,20 @@ class DeepseekV3Benchmark(PretrainingBenchmark):
         }
 
     # ---- building ------------------------------------------------------------------------------
+    def prepare_initial_weights(self) -> None:
+        """The mini's first run trains its base here (`prepare.prepare_mini_base`, untimed,
+        before `run_start`) when `config.init_checkpoint` is the mini's missing base folder."""
+        path = self.config.init_checkpoint
+        if path and path == prepare_lib.mini_base_dir() and not os.path.exists(path):
+            logging.info("deepseekv3_671b: training the mini base into %s", path)
+            logging.info("deepseekv3_671b: %s", prepare_lib.prepare_mini_base(path))
+
     def restore_initial_weights(self, model: DecoderModel) -> None:
         """Loads `config.init_checkpoint` (a Hugging Face DeepSeek-V3 folder) into the model,
         before `run_start` as the rules want (`checkpoint.load`, the shared importer); nothing
         when it is "" (the smoke preset starts from the initializers)."""
-        path = self.config.init_checkpoint
-        if not path:
+        if not self.config.init_checkpoint:
             return
-        if not os.path.exists(path) and path == prepare_lib.mini_base_dir():
-            # The mini's first run trains its base here, before run_start (untimed).
-            logging.info("deepseekv3_671b: training the mini base into %s", path)
-            logging.info("deepseekv3_671b: %s", prepare_lib.prepare_mini_base(path))
         with use_mesh(self.mesh):
             count = checkpoint_lib.load(self.config.init_checkpoint, model, self.config.model)
         logging.info("deepseekv3_671b: %d tensors from %s", count, self.config.init_checkpoint)

@@ -531,6 +531,7 @@ class Controller:
         """The MLPerf init phase: log the run's keys, build, restore, log hparams, make the loops."""
         cfg = self.run_config
         self._log_init_events()
+        self.benchmark.prepare_initial_weights()  # outside the scope, before the run's seed
         _fresh_keras_state(cfg.seed)
         precision.set_policy(cfg.dtype)
         mesh = self._mesh()

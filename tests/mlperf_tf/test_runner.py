@@ -44,6 +44,41 @@ def test_two_replicas_equal_one_device_on_the_same_global_batch(tmp_path):
     assert max(moved) > 1e-3
 
 
+_HOOKS: list[tuple[str, bool]] = []
+
+
+class _TrainsItsBase(TinyBenchmark):
+    """Trains a small model with a Keras optimizer in `prepare_initial_weights`, as a mini's
+    first run trains its base, and records where the two starting-weight hooks run."""
+
+    def prepare_initial_weights(self):
+        _HOOKS.append(("prepare", tf.distribute.has_strategy()))
+        base = keras.Sequential([keras.layers.Dense(1)])
+        base.build((None, 2))
+        optimizer = keras.optimizers.Adam(1e-2)
+
+        @tf.function
+        def step(x):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(base(x) ** 2)
+            grads = tape.gradient(loss, base.trainable_variables)
+            optimizer.apply_gradients(zip(grads, base.trainable_variables))
+            return loss
+
+        step(tf.ones([4, 2]))  # under a strategy's scope: no replica context, an AttributeError
+
+    def restore_initial_weights(self, model):
+        _HOOKS.append(("restore", tf.distribute.has_strategy()))
+
+
+def test_a_base_trains_outside_the_strategy_before_the_weights_are_restored(tmp_path):
+    _HOOKS.clear()
+    run_config = runner.RunConfig(model_dir=str(tmp_path), distribution="one_device",
+                                  max_train_steps=1)  # fmt: skip
+    assert runner.run(_TrainsItsBase(smoke()), run_config).steps == 1
+    assert _HOOKS == [("prepare", False), ("restore", True)]
+
+
 def test_gradient_accumulation_equals_the_full_batch(tmp_path):
     full = _run(tmp_path, "full", distribution="one_device", max_train_steps=3)
     accumulated_cfg = dataclasses.replace(smoke(), gradient_accumulation_steps=2)
