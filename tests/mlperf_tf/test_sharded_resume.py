@@ -1,7 +1,8 @@
 """Resuming a weight-update-sharded Adam run (`--weight_update_sharding`, FusedAdam) of the smoke
 Llama through the runner's `Trainer` and checkpoint format (`checkpoints.run_checkpoint`): saved
 after step k and restored into a fresh model, the weights are the saving run's at k bit for bit,
-and step k + 1 ends at the unbroken run's, at P = 1, at D2 x P2 and across P.
+and step k + 1 ends at the unbroken run's, at P = 1, at D2 x P2 and across P; and through
+`runner.run` itself (the benchmark's AdamW, the `Checkpointer`; slow).
 
 The bug these guard: the checkpoint `tests/pipeline_runs.py` wrote was `tf.train.Checkpoint(
 model=...)`, whose object graph does not reach layers Keras 3 holds in a list (the decoder
@@ -17,9 +18,10 @@ import numpy as np
 import pytest
 
 from benchmarks.llama31_8b.benchmark import Llama31Benchmark
-from mlperf_tf import checkpoints
+from mlperf_tf import checkpoints, runner
 from tests import pipeline_runs
 from tests.numerics import assert_close
+from tests.tiny_benchmark import weights
 
 pytestmark = pytest.mark.numerics
 
@@ -101,3 +103,24 @@ def test_a_sharded_adam_run_resumes_across_p(unbroken_runs, saved_at, resumed_at
     unbroken, _ = unbroken_runs[resumed_at]
     resumed = _sharded(resumed_at, 1, restore_from=path, **PIPELINE)
     _assert_resumed(resumed, saving, unbroken, rtol=1e-5)
+
+
+@pytest.mark.slow  # three runner runs, 157 s (load 5-6)
+def test_the_runner_resumes_a_sharded_llama_exactly(tmp_path):
+    """Through `runner.run` and its own checkpoint (`Checkpointer`, by path): 1 step, a restart,
+    1 more = 2 unbroken steps (measured: bit for bit)."""
+
+    def run(folder: str, steps: int):
+        config = runner.RunConfig(
+            model_dir=str(tmp_path / folder), steps_per_loop=1, max_train_steps=steps,
+            distribution="mirrored", num_cpu_devices=2, weight_update_sharding=True,
+            collective_timeout=120,
+        )  # fmt: skip
+        return runner.run(Llama31Benchmark(Llama31Benchmark.preset("smoke")), config)
+
+    unbroken = run("unbroken", 2)
+    assert run("broken", 1).steps == 1
+    resumed = run("broken", 2)
+    assert resumed.steps == 2
+    for got, want in zip(weights(resumed.model), weights(unbroken.model), strict=True):
+        assert_close(got, want, rtol=1e-6)
