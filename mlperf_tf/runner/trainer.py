@@ -208,8 +208,8 @@ class Trainer:
         the reference's clip of the full-batch gradient) and without merging an embedding's
         sparse gradient (`IndexedSlices`): it joins the replicas' rows, and each lookup of a
         row is one more row, to which Keras' sparse Adam gives sum(g_i^2) for (sum g_i)^2
-        (`optimizers.base.merge_duplicate_rows`). So this sums first (the clipped gradients
-        all; else the sparse ones only), merges each sparse gradient's duplicate rows, clips,
+        (`optimizers.base.merge_duplicate_rows`). So this sums first (every gradient when it
+        clips, else the sparse ones only), merges each sparse gradient's duplicate rows, clips,
         and hands Keras shares its sum restores: a dense gradient's sum / replicas, a sparse
         one's rows r, r + R, ... on replica r of R, so the joined rows are each row once. One
         extra all-reduce, none with a single replica.
@@ -315,7 +315,7 @@ def _share(g, replica, replicas: int):
         return tf.IndexedSlices(
             tf.gather(g.values, keep), tf.gather(g.indices, keep), g.dense_shape
         )
-    return g * (1.0 / replicas)
+    return _scale_gradient(g, 1.0 / replicas)
 
 
 def _scale_gradient(g, factor: float):
