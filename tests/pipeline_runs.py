@@ -10,6 +10,7 @@ import dataclasses
 import numpy as np
 import tensorflow as tf
 
+from mlperf_tf import checkpoints
 from mlperf_tf import config as config_lib
 from mlperf_tf.collectives import GradientSummer, Settings
 from mlperf_tf.optimizers.adam import FusedAdam
@@ -27,6 +28,8 @@ class Run:
     weights: dict[str, np.ndarray]  # whole, by Keras path, after the steps
     slots: dict[str, np.ndarray]  # the optimizer's variables, whole, by name
     trainer: Trainer
+    restored: dict[str, np.ndarray]  # whole weights right after `restore_from` ({}: none)
+    saved: dict[str, np.ndarray]  # whole weights when `save_to` was written ({}: not saved)
 
 
 def benchmark_of(benchmark_class, preset: str = "smoke", **overrides):
@@ -41,13 +44,16 @@ def train(benchmark, *, num_devices: int, pipeline: int = 1, model_parallel: int
           expert_parallel: int = 1, context_parallel: int = 1, steps: int = 2,
           schedule: str = "1f1b",
           summer: bool = False, clip_norm: float | None = None, xla: bool = False,
-          save_to: str = "", restore_from: str = "",
+          save_to: str = "", restore_from: str = "", save_after: int | None = None,
           weight_update_sharding: bool = False) -> Run:  # fmt: skip
     """`steps` Adam steps of `benchmark` through the `Trainer` on `num_devices` logical CPUs:
     `pipeline` x `expert_parallel` x `context_parallel` x `model_parallel`, the rest data.
     `summer`: the collectives' `GradientSummer` instead of Keras' sum (needed with model or
     expert parallelism); `weight_update_sharding`: its sharded update (the optimizer holds no
-    slots: the summer's pieces, saved whole as `sharded_slots`, as the runner saves them)."""
+    slots: the summer's pieces, saved whole as `sharded_slots`, as the runner saves them). The
+    checkpoint is the runner's (`checkpoints.run_checkpoint`), read from `restore_from` before
+    the steps and written to `save_to` after `save_after` of them (None: after all), the run
+    going on after it."""
     strategy, mesh, benchmark = on_mesh(
         benchmark, num_devices, model_parallel=model_parallel, expert_parallel=expert_parallel,
         pipeline_parallel=pipeline, context_parallel=context_parallel,
@@ -74,21 +80,37 @@ def train(benchmark, *, num_devices: int, pipeline: int = 1, model_parallel: int
             if gradient_summer.sharded:
                 parts["sharded_slots"] = gradient_summer.checkpointable()
         layout_lib.split_slots(opt, mesh)
-        checkpoint = tf.train.Checkpoint(model=model, optimizer=opt, **parts)
+        # The runner's one format (variables by Keras path). Not `tf.train.Checkpoint(model=...)`:
+        # Keras 3 does not track layers held in a list (`DecoderModel.decoder_layers`) for TF's
+        # checkpoint, so a positional one holds the decoder blocks only through the optimizer's
+        # references, which a sharded update's optimizer (built without variables) has not.
+        checkpoint = checkpoints.run_checkpoint(model=model, optimizer=opt, **parts)
         trainer = Trainer(strategy=strategy, benchmark=benchmark, model=model, optimizer=opt,
                           xla=xla, pipeline_schedule=schedule)  # fmt: skip
     if restore_from:  # outside the scope, as the runner restores
         checkpoint.read(restore_from).assert_consumed()
+    restored = _whole(strategy, variables, mesh) if restore_from else {}
     trainer.summer = gradient_summer
     data = iter(strategy.distribute_datasets_from_function(for_mesh(benchmark.train_dataset, mesh)))
-    losses = []
-    for _ in range(steps):
+    losses, saved = [], {}
+    save_after = steps if save_after is None else save_after
+    for step in range(steps + 1):
+        if save_to and step == save_after:
+            # Outside the scope, as the runner saves (a sharded update's slots gather).
+            checkpoint.write(save_to)
+            saved = _whole(strategy, variables, mesh)
+        if step == steps:
+            break
         loss, done, _, _ = trainer.loop(data, tf.constant(1, tf.int32))
         assert int(done) == 1
         losses.append(float(loss))
+    weights = _whole(strategy, variables, mesh)
     with strategy.scope():
-        weights = {v.path: np.asarray(layout_lib.whole_value(v, mesh)) for v in variables}
         slots = {v.name: np.asarray(layout_lib.whole_value(v, mesh)) for v in opt.variables}
-    if save_to:  # outside the scope, as the runner saves (a sharded update's slots gather)
-        checkpoint.write(save_to)
-    return Run(losses, weights, slots, trainer)
+    return Run(losses, weights, slots, trainer, restored, saved)
+
+
+def _whole(strategy, variables, mesh) -> dict[str, np.ndarray]:
+    """Each variable's whole value (a split one joined over its shards), by Keras path."""
+    with strategy.scope():
+        return {v.path: np.asarray(layout_lib.whole_value(v, mesh)) for v in variables}

@@ -29,7 +29,8 @@ class FusedAdam(keras.optimizers.Adam):
     tf_keras Adam. On 2 CPU cores that saved about 2 % of the step's CPU time, within noise (`benchmarks/transformer/README.md`, "Step speed"); the op count matters more
     where per-op dispatch is dear. The kernel forms 1 - b1 in the variable's dtype where Keras
     rounds the float64 difference, so the two agree to float32 rounding, not bit for bit.
-    Sparse gradients (`IndexedSlices`) and `amsgrad=True` take Keras' own update.
+    Sparse gradients (`IndexedSlices`) and `amsgrad=True` take Keras' own update, which is right
+    only for rows listed once (the runner's `Trainer` merges duplicates first; see the README).
     """
 
     def update_step(self, gradient, variable, learning_rate):

@@ -19,6 +19,7 @@ from mlperf_tf.optimizers.base import (
     compile_exclusion_patterns,
     document_base_keyword_args,
     matches_any,
+    merge_duplicate_rows,
     tf_variable,
     variable_path,
 )
@@ -200,9 +201,8 @@ def unique_row_gradient(gradient):
     deduplication before the row-wise update). A dense gradient gives its nonzero rows.
     """
     if isinstance(gradient, tf.IndexedSlices):
-        ids, position = tf.unique(tf.cast(gradient.indices, tf.int64))
-        summed = tf.math.unsorted_segment_sum(gradient.values, position, tf.shape(ids)[0])
-        return ids, summed
+        merged = merge_duplicate_rows(gradient)
+        return tf.cast(merged.indices, tf.int64), merged.values
     gradient = tf.convert_to_tensor(gradient)
     ids = tf.where(tf.reduce_any(tf.not_equal(gradient, 0), axis=-1))[:, 0]  # [n]
     return ids, tf.gather(gradient, ids)

@@ -16,6 +16,7 @@ import tensorflow as tf
 from mlperf_tf.benchmark import Benchmark
 from mlperf_tf.collectives.ops import loop_function, replica_collectives
 from mlperf_tf.errors import UserError
+from mlperf_tf.optimizers.base import merge_duplicate_rows
 from mlperf_tf.parallel.mesh import DeviceMesh
 from mlperf_tf.runner.pipeline import PipelineStep
 
@@ -186,7 +187,7 @@ class Trainer:
         The seam for gradient summation: every optimizer update of a run goes through here. Each
         replica's loss is its share of the global mean, so the cross-replica *sum* of `grads` is the
         full-batch gradient. Keras 3 sums across replicas inside `apply_gradients`; clipping must
-        see that sum, not each replica's part (see `_clip_summed`).
+        see that sum, not each replica's part (see `_summed_shares`).
 
         Args:
           grads: one gradient per `model.trainable_variables`, of this replica's micro batches.
@@ -195,24 +196,41 @@ class Trainer:
             variables = self.model.trainable_variables
             self.summer.apply(self.optimizer, grads, variables, clip_norm=self.clip_norm)
             return
-        if self.clip_norm:
-            grads = self._clip_summed(grads)
+        if self.clip_norm or any(isinstance(g, tf.IndexedSlices) for g in grads):
+            grads = self._summed_shares(grads)
         self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
 
-    def _clip_summed(self, grads):
-        """Clips the cross-replica sum of `grads` to `clip_norm` (global norm), in replica context.
+    def _summed_shares(self, grads):
+        """`grads` summed over replicas, each sparse row once, clipped to `clip_norm` (global
+        norm), and handed back as this replica's share of that sum (replica context).
 
-        Keras clips before its own cross-replica sum, i.e. per replica, which is not the
-        reference's clip of the full-batch gradient. So this sums first, clips, and hands Keras
-        each replica's equal share (sum / replicas), which its sum restores: one extra
-        all-reduce, and none with a single replica.
+        Keras sums across replicas inside `apply_gradients`, after its clip (per replica: not
+        the reference's clip of the full-batch gradient) and without merging an embedding's
+        sparse gradient (`IndexedSlices`): it joins the replicas' rows, and each lookup of a
+        row is one more row, to which Keras' sparse Adam gives sum(g_i^2) for (sum g_i)^2
+        (`optimizers.base.merge_duplicate_rows`). So this sums first (every gradient when it
+        clips, else the sparse ones only), merges each sparse gradient's duplicate rows, clips,
+        and hands Keras shares its sum restores: a dense gradient's sum / replicas, a sparse
+        one's rows r, r + R, ... on replica r of R, so the joined rows are each row once. One
+        extra all-reduce, none with a single replica.
         """
         context = tf.distribute.get_replica_context()
         replicas = context.num_replicas_in_sync if context else 1
+        chosen = [i for i, g in enumerate(grads)
+                  if self.clip_norm or isinstance(g, tf.IndexedSlices)]  # fmt: skip
+        summed = [grads[i] for i in chosen]
         if replicas > 1:
-            grads = context.all_reduce(tf.distribute.ReduceOp.SUM, grads)
-        grads, _ = tf.clip_by_global_norm(grads, self.clip_norm)
-        return [_scale_gradient(g, 1.0 / replicas) for g in grads] if replicas > 1 else grads
+            summed = context.all_reduce(tf.distribute.ReduceOp.SUM, summed)
+        summed = [merge_duplicate_rows(g) for g in summed]
+        if self.clip_norm:  # `chosen` is every gradient
+            summed, _ = tf.clip_by_global_norm(summed, self.clip_norm)
+        if replicas > 1:
+            replica = context.replica_id_in_sync_group
+            summed = [_share(g, replica, replicas) for g in summed]
+        out = list(grads)
+        for i, g in zip(chosen, summed, strict=True):
+            out[i] = g
+        return out
 
     def _loop(self, iterator, num_steps):
         """Runs up to `num_steps` steps; returns (mean loss, steps run, seconds waited for input,
@@ -285,6 +303,19 @@ def _add_gradients(a, b):
     if isinstance(a, tf.IndexedSlices) or isinstance(b, tf.IndexedSlices):
         return tf.convert_to_tensor(a) + tf.convert_to_tensor(b)
     return a + b
+
+
+def _share(g, replica, replicas: int):
+    """Replica `replica`'s share of a gradient summed over `replicas`, such that the replicas'
+    shares sum (`tf.distribute`'s all-reduce) to it: a dense one's g / replicas; a sparse
+    one's (`IndexedSlices`, rows distinct) rows replica, replica + replicas, ..., since a
+    sparse all-reduce joins rows rather than adding them."""
+    if isinstance(g, tf.IndexedSlices):
+        keep = tf.range(replica, tf.shape(g.indices)[0], replicas)  # [rows / replicas]
+        return tf.IndexedSlices(
+            tf.gather(g.values, keep), tf.gather(g.indices, keep), g.dense_shape
+        )
+    return _scale_gradient(g, 1.0 / replicas)
 
 
 def _scale_gradient(g, factor: float):
