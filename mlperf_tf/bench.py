@@ -23,6 +23,11 @@ declared `training_flops_per_sample()` where it declares them, so a mixture of e
 counts the experts a token is routed to (its active parameters) and attention with each
 sliding-window layer at its window (`mlperf_tf.flops.decoder_training_flops_per_sample`).
 
+A benchmark may declare parts of its step to time (`Benchmark.timed_step_parts`, e.g. dlrmv4's
+embedding lookup): each runs alone, forward and backward, for as many steps right after each
+timed window, and the report gives its ms a step and its share of the step (`_part_loops` says
+why alone). `--expert_parallel=E` splits the replicas' expert axis as `mlperf-tf run` does.
+
     mlperf-tf bench --benchmark=resnet50 [--preset=mlperf] [--distribution=auto] [--dtype=fp32]
         [--xla] [--json] [--windows=5] [--steps_per_window=10] [--config.KEY=VALUE ...]
 """
