@@ -23,8 +23,8 @@ declared `training_flops_per_sample()` where it declares them, so a mixture of e
 counts the experts a token is routed to (its active parameters) and attention with each
 sliding-window layer at its window (`mlperf_tf.flops.decoder_training_flops_per_sample`).
 
-A benchmark may declare parts of its step to time (`Benchmark.timed_step_parts`, e.g. dlrmv4's
-embedding lookup): each runs alone, forward and backward, for as many steps right after each
+A benchmark may declare parts of its step to time (`Benchmark.timed_step_parts`, e.g. a
+recommender's embedding lookup): each runs alone, forward and backward, for as many steps right after each
 timed window, and the report gives its ms a step and its share of the step (`_part_loops` says
 why alone). `--expert_parallel=E` splits the replicas' expert axis as `mlperf-tf run` does.
 
@@ -137,8 +137,8 @@ class BenchResult:
     # over every replica and timed step).
     pipeline_bubble_predicted: float | None = None
     pipeline_bubble_measured: float | None = None
-    # The benchmark's declared step parts (`Benchmark.timed_step_parts`, e.g. dlrmv4's embedding
-    # lookup): each part's ms a step, run alone right after each window on the same iterator,
+    # The benchmark's declared step parts (`Benchmark.timed_step_parts`, e.g. a recommender's
+    # embedding lookup): each part's ms a step, run alone right after each window on the same iterator,
     # and its share of the step (the median over windows of part ms / that window's step ms).
     part_ms: dict[str, float] = dataclasses.field(default_factory=dict)
     part_shares: dict[str, float] = dataclasses.field(default_factory=dict)
