@@ -24,9 +24,10 @@ counts the experts a token is routed to (its active parameters) and attention wi
 sliding-window layer at its window (`mlperf_tf.flops.decoder_training_flops_per_sample`).
 
 A benchmark may declare parts of its step to time (`Benchmark.timed_step_parts`, e.g. a
-recommender's embedding lookup): each runs alone, forward and backward, for as many steps right after each
-timed window, and the report gives its ms a step and its share of the step (`_part_loops` says
-why alone). `--expert_parallel=E` splits the replicas' expert axis as `mlperf-tf run` does.
+recommender's embedding lookup): each runs alone, forward and backward, for as many steps right
+after each timed window, and the report gives its ms a step and its share of the step
+(`_part_loops` says why alone). `--expert_parallel=E` splits the replicas' expert axis as
+`mlperf-tf run` does.
 
     mlperf-tf bench --benchmark=resnet50 [--preset=mlperf] [--distribution=auto] [--dtype=fp32]
         [--xla] [--json] [--windows=5] [--steps_per_window=10] [--config.KEY=VALUE ...]
@@ -138,8 +139,9 @@ class BenchResult:
     pipeline_bubble_predicted: float | None = None
     pipeline_bubble_measured: float | None = None
     # The benchmark's declared step parts (`Benchmark.timed_step_parts`, e.g. a recommender's
-    # embedding lookup): each part's ms a step, run alone right after each window on the same iterator,
-    # and its share of the step (the median over windows of part ms / that window's step ms).
+    # embedding lookup): each part's ms a step, run alone right after each window on the same
+    # iterator, and its share of the step (the median over windows of part ms / that window's
+    # step ms).
     part_ms: dict[str, float] = dataclasses.field(default_factory=dict)
     part_shares: dict[str, float] = dataclasses.field(default_factory=dict)
     device: str = ""
