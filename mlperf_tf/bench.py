@@ -23,6 +23,12 @@ declared `training_flops_per_sample()` where it declares them, so a mixture of e
 counts the experts a token is routed to (its active parameters) and attention with each
 sliding-window layer at its window (`mlperf_tf.flops.decoder_training_flops_per_sample`).
 
+A benchmark may declare parts of its step to time (`Benchmark.timed_step_parts`, e.g. a
+recommender's embedding lookup): each runs alone, forward and backward, for as many steps right
+after each timed window, and the report gives its ms a step and its share of the step
+(`_part_loops` says why alone). `--expert_parallel=E` splits the replicas' expert axis as
+`mlperf-tf run` does.
+
     mlperf-tf bench --benchmark=resnet50 [--preset=mlperf] [--distribution=auto] [--dtype=fp32]
         [--xla] [--json] [--windows=5] [--steps_per_window=10] [--config.KEY=VALUE ...]
 """
@@ -54,6 +60,7 @@ SHARED_RUN_SETTINGS = (
     "seed",
     "startup_timeout_s",
     "pipeline_parallel",
+    "expert_parallel",
     "micro_batch_size",
     "pipeline_schedule",
 )
@@ -108,6 +115,7 @@ class BenchResult:
     xla: bool
     strategy: str
     replicas: int
+    expert_parallel: int  # replicas of the mesh's `expert` axis (`--expert_parallel`)
     global_batch_size: int
     steps_per_window: int
     sample_unit: str  # what one sample is (`Benchmark.sample_unit`): "image", "sequence", ...
@@ -130,6 +138,12 @@ class BenchResult:
     # over every replica and timed step).
     pipeline_bubble_predicted: float | None = None
     pipeline_bubble_measured: float | None = None
+    # The benchmark's declared step parts (`Benchmark.timed_step_parts`, e.g. a recommender's
+    # embedding lookup): each part's ms a step, run alone right after each window on the same
+    # iterator, and its share of the step (the median over windows of part ms / that window's
+    # step ms).
+    part_ms: dict[str, float] = dataclasses.field(default_factory=dict)
+    part_shares: dict[str, float] = dataclasses.field(default_factory=dict)
     device: str = ""
     tensorflow: str = ""
 
@@ -139,7 +153,9 @@ class BenchResult:
         unit = _plural(self.sample_unit)
         line = (
             f"bench {self.benchmark} ({self.preset}, {self.dtype}, {'XLA' if self.xla else 'no XLA'}"
-            f", {self.strategy} x{self.replicas}, batch {self.global_batch_size}): "
+            f", {self.strategy} x{self.replicas}"
+            f"{f' (expert {self.expert_parallel})' if self.expert_parallel > 1 else ''}"
+            f", batch {self.global_batch_size}): "
             f"{self.samples_per_s:.4g} {unit}/s median ({spread}; {len(self.window_samples_per_s)}"
             f" windows of {self.steps_per_window} steps), "
             f"{self.samples_per_s_per_replica:.4g} {unit}/s/replica, step {self.step_time_ms:.1f} ms"
@@ -159,6 +175,8 @@ class BenchResult:
                 f", pipeline bubble {100 * self.pipeline_bubble_measured:.1f}% measured "
                 f"({100 * self.pipeline_bubble_predicted:.1f}% predicted)"
             )
+        for name, share in self.part_shares.items():
+            line += f", {name} {self.part_ms[name]:.1f} ms ({100 * share:.1f}% of the step)"
         load = self.load_average
         return line + f"; load average {load[0]:.1f} -> {load[1]:.1f}"
 
@@ -311,6 +329,10 @@ class _Setup:
     # (seconds the stages computed, seconds of their schedules) per timed window, averaged
     # over replicas and steps: with --pipeline_parallel only.
     pipeline_times: list = dataclasses.field(default_factory=list)
+    # name -> compiled loop of the benchmark's declared step part (`_part_loops`).
+    part_loops: dict = dataclasses.field(default_factory=dict)
+    # name -> [(part seconds a step, step seconds a step)] per timed window.
+    part_times: dict = dataclasses.field(default_factory=dict)
 
 
 def run(config: BenchConfig, run_settings: dict[str, Any], overrides: dict[str, str]):
@@ -364,8 +386,10 @@ def _set_up(benchmark_class, real_config, run_settings: dict[str, Any]) -> _Setu
     optimizer built in the strategy's scope, and the runner's `Trainer` over its dataset."""
     import keras
 
-    from mlperf_tf import distribute, precision
+    from mlperf_tf import collectives, distribute, precision
     from mlperf_tf.benchmark import RunContext
+    from mlperf_tf.parallel import layout
+    from mlperf_tf.parallel.context import use_mesh
     from mlperf_tf.parallel.input import for_mesh
     from mlperf_tf.parallel.mesh import build_mesh, check_supported
     from mlperf_tf.runner import Trainer
@@ -380,7 +404,10 @@ def _set_up(benchmark_class, real_config, run_settings: dict[str, Any]) -> _Setu
     keras.utils.set_random_seed(run_settings["seed"])
     precision.set_policy(run_settings["dtype"])
     replicas = strategy.num_replicas_in_sync
-    mesh = build_mesh(replicas, pipeline_parallel=run_settings["pipeline_parallel"])
+    mesh = build_mesh(
+        replicas, pipeline_parallel=run_settings["pipeline_parallel"],
+        expert_parallel=run_settings["expert_parallel"],
+    )  # fmt: skip
     context = RunContext(
         num_replicas=replicas,
         seed=run_settings["seed"],
@@ -394,25 +421,64 @@ def _set_up(benchmark_class, real_config, run_settings: dict[str, Any]) -> _Setu
     )  # fmt: skip
     benchmark = benchmark_class(synthetic_config).with_context(context)
     check_supported(mesh, benchmark.name, benchmark.parallel_axes)
-    with strategy.scope():
+    # The mesh ambient while the model is built (its layers find their groups); a split
+    # variable's gradient summed over its layout's axes only, as `mlperf-tf run` does.
+    summer = None
+    if mesh.axes_used():
+        summer = collectives.GradientSummer(strategy, collectives.Settings(), mesh)
+    with strategy.scope(), use_mesh(mesh):
         model = benchmark.build_model()
         optimizer = precision.wrap_optimizer(
             benchmark.build_optimizer(benchmark.train_steps), run_settings["dtype"]
         )
         optimizer.build(model.trainable_variables)
+        if summer is not None:
+            summer.build(optimizer, model.trainable_variables)
+        layout.split_slots(optimizer, mesh)
     trainer = Trainer(
         strategy=strategy, benchmark=benchmark, model=model, optimizer=optimizer,
         xla=run_settings["xla"], pipeline_schedule=run_settings["pipeline_schedule"],
     )  # fmt: skip
+    trainer.summer = summer
     if trainer.pipeline is not None:  # the stages time their work (not under XLA)
         trainer.pipeline.timed = not run_settings["xla"]
+    benchmark.bind_model(model)  # before its pipelines are made (rollouts read it), as `run`
     dataset = for_mesh(benchmark.train_dataset, mesh)
     iterator = iter(strategy.distribute_datasets_from_function(dataset))
     return _Setup(
         strategy=strategy, benchmark=benchmark, trainer=trainer, iterator=iterator,
         device=strategy.extended.worker_devices[0],
         global_batch=synthetic_config.global_batch_size,
+        part_loops=_part_loops(strategy, benchmark.timed_step_parts(model)),
     )  # fmt: skip
+
+
+def _part_loops(strategy, parts: dict) -> dict:
+    """A compiled loop per declared step part: `steps` times, the next distributed batch
+    through the part on every replica (as `Trainer.loop` runs the step), a scalar back.
+
+    Why alone and not the step with and without the part: a step without it is not the same
+    step minus the part (an embedding lookup replaced by constants leaves its tables without a
+    gradient, so their optimizer update and gradient exchange vanish too), and a profile's
+    per-op times on a shared CPU host need op-to-part attribution the graph does not keep. The
+    part alone runs exactly its own ops, collectives included; what it cannot show is how much
+    of it the step overlaps with other work, so its share is an upper bound of what removing
+    the part would save.
+    """
+    import tensorflow as tf
+
+    def loop(part):
+        @tf.function
+        def run_part(iterator, steps):
+            total = tf.constant(0.0, tf.float32)
+            for _ in tf.range(steps):
+                out = strategy.run(part, args=(next(iterator),))
+                total += tf.cast(strategy.reduce("SUM", out, axis=None), tf.float32)
+            return total
+
+        return run_part
+
+    return {name: loop(part) for name, part in parts.items()}
 
 
 def _timed_windows(config: BenchConfig, setup: _Setup, flops_per_sample, peak, devices, progress):
@@ -436,6 +502,15 @@ def _timed_windows(config: BenchConfig, setup: _Setup, flops_per_sample, peak, d
             f"window {window + 1}/{config.windows}: {rates[-1]:.4g} {unit}/s, "
             f"step {1e3 * elapsed / config.steps_per_window:.1f} ms, loss {loss:.4g}"
         )
+        for name, part in setup.part_loops.items():
+            if window == 0:  # traced outside the timing
+                part(setup.iterator, tf.constant(1, tf.int32)).numpy()
+            begin = time.perf_counter()
+            part(setup.iterator, steps).numpy()
+            seconds = (time.perf_counter() - begin) / config.steps_per_window
+            step_s = elapsed / config.steps_per_window
+            setup.part_times.setdefault(name, []).append((seconds, step_s))
+            line += f", {name} {1e3 * seconds:.1f} ms ({100 * seconds / step_s:.0f}%)"
         if flops_per_sample:
             peaks.append(peak.measure(config.peak_seconds))
             line += f", MFU {100 * flops_per_sample * rates[-1] / (max(peaks) * devices):.1f}%"
@@ -464,6 +539,7 @@ def _result(config, run_settings, setup: _Setup, *, rates, peaks, devices, warmu
         xla=run_settings["xla"],
         strategy=type(setup.strategy).__name__,
         replicas=replicas,
+        expert_parallel=run_settings["expert_parallel"],
         global_batch_size=setup.global_batch,
         steps_per_window=config.steps_per_window,
         sample_unit=setup.benchmark.sample_unit,
@@ -483,6 +559,14 @@ def _result(config, run_settings, setup: _Setup, *, rates, peaks, devices, warmu
         load_average=(load_before, os.getloadavg()[0]),
         pipeline_bubble_predicted=predicted,
         pipeline_bubble_measured=measured,
+        part_ms={
+            name: 1e3 * statistics.median(s for s, _ in times)
+            for name, times in setup.part_times.items()
+        },
+        part_shares={
+            name: statistics.median(s / step for s, step in times)
+            for name, times in setup.part_times.items()
+        },
         device=setup.device,
         tensorflow=tf.__version__,
     )

@@ -340,6 +340,17 @@ class Benchmark(abc.ABC):
         """
         return None
 
+    def timed_step_parts(self, model: Any) -> dict[str, Callable[[Any], tf.Tensor]]:
+        """Parts of the training step that `mlperf-tf bench` times alone beside the whole step
+        and reports as shares of it (e.g. an embedding lookup); {} (the default): none.
+
+        Each value runs, in replica context on one replica's batch (what `compute_loss` gets),
+        the part's forward and backward pass as the step runs them (collectives included) and
+        returns a scalar that depends on both, so that nothing of it is pruned.
+        """
+        del model
+        return {}
+
     def simulator_shape(self) -> SimulatorShape:
         """What each kind of parallelism splits and sends, from the config, for `simulate`:
         the transformer blocks (`--model_parallel`, `--expert_parallel`), the convolutions by

@@ -170,6 +170,23 @@ class DlrmV4Benchmark(Benchmark):
         (`dense_clipnorm`), leaving the tables out as the reference does."""
         return None
 
+    def timed_step_parts(self, model) -> dict:
+        """The embedding lookup, for `bench`'s share of the step: every table's gather of one
+        replica's batch (`DlrmHstu.embed`: with the tables split, the ids and rows all-to-alls
+        too) and its backward pass down to the tables' gradient (with the tables split, the
+        rows' all-to-all back to their owners), as the step runs them. Not the row-wise
+        Adagrad update of the touched rows, which is the optimizer's."""
+
+        def lookup(batch):
+            with tf.GradientTape() as tape:
+                embedded = model.embed(batch)  # [B, H+1, E] x 3, [B, C, E]
+                total = tf.add_n([tf.reduce_sum(v) for v in embedded.values()])
+            grad = tape.gradient(total, model.tables.embeddings)  # of the local shard
+            values = grad.values if isinstance(grad, tf.IndexedSlices) else grad
+            return total + tf.reduce_sum(values[:1])
+
+        return {"embedding lookup": lookup}
+
     # ---- steps ---------------------------------------------------------------------------------
     def compute_loss(self, model, batch, training: bool = True) -> tf.Tensor:
         """Binary cross-entropy of the `listen_plus` logit, summed over the batch / micro batch."""

@@ -247,6 +247,11 @@ class ShardedEmbeddings(keras.layers.Layer):
         owner, local = tf.concat(owner, 0), tf.concat(local, 0)  # [n]
         if self.plan.shards == 1:
             rows = tf.gather(self.embeddings, local)  # [n, dim]
+        elif tf.distribute.in_cross_replica_context() and not tf.executing_eagerly():
+            # Keras' symbolic build of an enclosing model (its first call, under the strategy's
+            # scope) traces this once for the output shapes alone; the shards cannot be joined
+            # in a graph (`whole_value` is eager), and the values are discarded.
+            rows = tf.zeros([tf.size(owner), self.dim], self.variable_dtype)  # [n, dim]
         elif tf.distribute.in_cross_replica_context():
             # Outside the replicas' step (the model built by a call on a dummy batch): from the
             # joined shards, at [E x capacity] storage rows.
