@@ -59,6 +59,8 @@ def _run(model_dir, expert: int):
     return result, losses.losses, model_lib.numpy_weights(result.model)
 
 
+@pytest.mark.slow  # 90-160 s at load 4-7; default covers: test_sharded_tables' split tables
+# against whole ones, test_bench at --expert_parallel=2 (the runner's mesh and summer)
 def test_the_cli_run_with_tables_split_equals_the_data_parallel_run(tmp_path):
     got, got_losses, got_weights = _run(tmp_path / "e2", expert=2)
     ref, ref_losses, ref_weights = _run(tmp_path / "dp", expert=1)
