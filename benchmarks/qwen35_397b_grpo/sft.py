@@ -135,6 +135,42 @@ def train_base(out_dir: str, *, config=None, steps: int = config_lib.MINI_BASE_S
             "seconds": round(time.time() - begin, 1)}  # fmt: skip
 
 
+EDIT_PARAMETERS = ("old_str", "new_str")
+
+
+def edit_positions(rollout) -> list[int]:
+    """Token positions of the expert's edit in `rollout`: the bytes of the `str_replace` call's
+    `old_str` and `new_str` values and the newline that ends each (where the value stops)."""
+    tokens, positions = rollout.tokens, []
+    for name in EDIT_PARAMETERS:
+        opening = CHAT.encode(f"<parameter={name}>\n")
+        closing = CHAT.encode("\n</parameter>")
+        start = next(i for i in range(len(tokens)) if tokens[i : i + len(opening)] == opening)
+        start += len(opening)
+        end = next(i for i in range(start, len(tokens)) if tokens[i : i + len(closing)] == closing)
+        positions += range(start, end + 1)
+    return positions
+
+
+def edit_accuracy(model, rollouts, *, batch: int = 8) -> dict[str, float]:
+    """Teacher-forced accuracy of the edit on expert `rollouts` (a cheap proxy of pass@k): with
+    the trajectory up to each byte of `old_str`/`new_str` given, is the model's most likely next
+    token that byte (`edit_positions`)? `bytes`: the share of such bytes right; `edits`: the
+    share of rollouts whose every edit byte is right (what greedy decoding of the edit would
+    copy, given the view before it)."""
+    right = total = whole = 0
+    for start in range(0, len(rollouts), batch):
+        part = rollouts[start : start + batch]
+        length = -(-max(len(r.tokens) for r in part) // 64) * 64
+        arrays = batch_lib.token_arrays(part, length=length, pad_id=CHAT.PAD)
+        guess = np.argmax(model(tf.constant(arrays["input_ids"])), axis=-1)  # [B, length]
+        for row, r in enumerate(part):
+            at = np.asarray(edit_positions(r)) - 1  # predictions of tokens at those positions
+            hits = guess[row, at] == arrays["targets"][row, at]
+            right, total, whole = right + int(hits.sum()), total + len(at), whole + bool(hits.all())
+    return {"bytes": right / max(total, 1), "edits": whole / max(len(rollouts), 1)}
+
+
 def held_out_pass_at_k(policy, config: config_lib.Qwen35GrpoConfig, *, seed: int = 0) -> float:
     """Grouped pass@k of `policy` (a decoder or `input.generator`'s) on the held-out tasks, as
     the run's evaluation computes it (`input.validation_batches`, `eval_batch_size` tasks at a

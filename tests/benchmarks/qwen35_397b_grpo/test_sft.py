@@ -27,6 +27,41 @@ def test_expert_rollouts_earn_the_reward_and_hold_the_expert_turns():
         assert "[exit code 0]" in sft.CHAT.decode(r.tokens)
 
 
+class _Oracle:
+    """Logits that put each rollout's next token first, except at the positions in `wrong`
+    (row, position of the token): a model whose teacher-forced accuracy is known."""
+
+    def __init__(self, rollouts, wrong=()):
+        self.next = {tuple(r.tokens[:-1]): r.tokens[1:] for r in rollouts}
+        self.wrong = set(wrong)
+
+    def __call__(self, ids):
+        ids = ids.numpy()
+        logits = np.zeros([*ids.shape, sft.CHAT.vocab_size], np.float32)
+        for row, seq in enumerate(ids):
+            key = next(k for k in self.next if tuple(seq[: len(k)]) == k)
+            for pos, token in enumerate(self.next[key]):
+                logits[row, pos, (token + ((row, pos + 1) in self.wrong)) % 256] = 1.0
+        return tf.constant(logits)
+
+
+def test_edit_accuracy_counts_the_edit_bytes_teacher_forced():
+    chosen = tasks.make_tasks(3, seed=33)
+    rollouts = sft.expert_rollouts(config.mini(), chosen, chunk=3)
+    for r, task in zip(rollouts, chosen):
+        old, new = task.edit()
+        assert sft.CHAT.decode([r.tokens[i] for i in sft.edit_positions(r)]) == f"{old}\n{new}\n"
+    assert sft.edit_accuracy(_Oracle(rollouts), rollouts, batch=2) == {"bytes": 1.0, "edits": 1.0}
+    first = sft.edit_positions(rollouts[1])[0]
+    total = sum(len(sft.edit_positions(r)) for r in rollouts)
+    # Row 1 of the first batch of 2 is rollouts[1]; one wrong byte spoils its whole edit.
+    got = sft.edit_accuracy(_Oracle(rollouts, wrong=[(1, first)]), rollouts, batch=2)
+    assert got == {"bytes": (total - 1) / total, "edits": 2 / 3}
+    # A wrong token outside the edit does not count.
+    got = sft.edit_accuracy(_Oracle(rollouts, wrong=[(0, 5)]), rollouts, batch=2)
+    assert got == {"bytes": 1.0, "edits": 1.0}
+
+
 @pytest.mark.numerics
 def test_supervised_loss_is_the_masked_mean_nll():
     tf.keras.utils.set_random_seed(0)
