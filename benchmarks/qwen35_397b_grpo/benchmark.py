@@ -17,7 +17,7 @@ from benchmarks.qwen35_397b_grpo import checkpoint as checkpoint_lib
 from benchmarks.qwen35_397b_grpo import config as config_lib
 from benchmarks.qwen35_397b_grpo import input as input_lib
 from benchmarks.qwen35_397b_grpo import sft
-from benchmarks.qwen35_397b_grpo.model import build_model
+from benchmarks.qwen35_397b_grpo.model import build_model, load_base_weights
 from mlperf_tf.benchmark import Benchmark, EvalPoint
 from mlperf_tf.errors import UserError
 from mlperf_tf.rl import batch as batch_lib
@@ -96,7 +96,7 @@ class Qwen35GrpoBenchmark(Benchmark):
                 f"`init_checkpoint` ({path!r}): neither a Hugging Face checkpoint (config.json) "
                 f"nor the mini base ({sft.WEIGHTS})"
             )
-        model.load_weights(weights)
+        load_base_weights(model, weights)
         logging.info("qwen35_397b_grpo: initial weights from %s", weights)
 
     def learning_rate(self) -> float:

@@ -14,6 +14,7 @@ restore_initial_weights`), as `deepseekv3_671b`'s mini does with its base.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 
@@ -116,7 +117,8 @@ def train_base(out_dir: str, *, config=None, steps: int = config_lib.MINI_BASE_S
     rollouts = expert_rollouts(config, pool)
     logging.info("qwen35_397b_grpo mini base: %d expert trajectories", len(rollouts))
     keras.utils.set_random_seed(config_lib.MINI_BASE_SEED)
-    model = build_model(config.model)
+    # The base is the plain model (the GRPO run's parametrization loads it scaled).
+    model = build_model(dataclasses.replace(config.model, weight_scale=1.0))
     optimizer = keras.optimizers.Adam(config_lib.MINI_BASE_LR)
     optimizer.build(model.trainable_variables)
     step = supervised_step(model, optimizer, 1.0)
