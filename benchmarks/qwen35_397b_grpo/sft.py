@@ -102,6 +102,34 @@ def supervised_step(model, optimizer, clip: float):
     return step
 
 
+def accumulated_step(model, optimizer, clip: float, loss_fn, micro_batch: int):
+    """An update as the runner makes it with gradient accumulation: `loss_fn(model, batch)`'s
+    gradients on micro-batches of `micro_batch` rows (compiled once), averaged, clipped to
+    `clip`, one optimizer step. Returns a function of a batch (dict of [rows, ...] arrays)
+    giving (the micro-batches' mean loss, the global gradient norm before the clip)."""
+
+    @tf.function
+    def gradients(batch):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(model, batch)
+        grads = tape.gradient(loss, model.trainable_variables)
+        return loss, [tf.convert_to_tensor(g) for g in grads]
+
+    def step(batch):
+        rows = len(next(iter(batch.values())))
+        total, losses = None, []
+        for start in range(0, rows, micro_batch):
+            loss, grads = gradients({k: v[start : start + micro_batch] for k, v in batch.items()})
+            total = grads if total is None else [a + b for a, b in zip(total, grads)]
+            losses.append(float(loss))
+        parts = len(losses)
+        grads, norm = tf.clip_by_global_norm([g / parts for g in total], clip)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return float(np.mean(losses)), float(norm)
+
+    return step
+
+
 def train_base(out_dir: str, *, config=None, steps: int = config_lib.MINI_BASE_STEPS,
                save_every: int = 0) -> dict:  # fmt: skip
     """Trains the `mini` model from its initializers on the expert rollouts of the mini's

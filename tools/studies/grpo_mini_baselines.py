@@ -40,6 +40,7 @@ def main(argv=None) -> None:
     from benchmarks.qwen35_397b_grpo import input as input_lib  # noqa: PLC0415
     from benchmarks.qwen35_397b_grpo import sft, tasks  # noqa: PLC0415
     from benchmarks.qwen35_397b_grpo.model import build_model, load_base_weights  # noqa: PLC0415
+    from mlperf_tf.rl import batch as batch_lib  # noqa: PLC0415
     from tools import harness  # noqa: PLC0415
 
     config = config_lib.mini()
@@ -77,11 +78,12 @@ def main(argv=None) -> None:
     lr = config_lib.learning_rate(config.global_batch_size)
     optimizer = keras.optimizers.Adam(lr)
     optimizer.build(model.trainable_variables)
-    step = sft.supervised_step(model, optimizer, config.gradient_clip_norm)
+    step = sft.accumulated_step(model, optimizer, config.gradient_clip_norm,
+                                batch_lib.supervised_loss, config_lib.MINI_MICRO_BATCH)  # fmt: skip
     data = sft.supervised_batches(rollouts, batch=config.global_batch_size, seed=1)
     begin = time.time()
     for _ in range(steps):
-        loss = float(step(next(data)))
+        loss, _ = step(next(data))
     print(f"{steps} supervised steps (batch {config.global_batch_size}, Adam {lr:.3g} on the "
           f"weights scaled by {config.model.weight_scale:g}): last loss {loss:.4f} "
           f"({time.time() - begin:.0f} s)", flush=True)  # fmt: skip

@@ -33,8 +33,7 @@ def main(argv=None) -> None:
     if args.steps < 1 or args.eval_tasks < 0 or args.prompts_per_step < 0:
         parser.error("--steps must be positive, --eval_tasks and --prompts_per_step >= 0")
 
-    import numpy as np  # noqa: PLC0415 (TensorFlow after --help)
-    import tensorflow as tf  # noqa: PLC0415
+    import numpy as np  # noqa: PLC0415 (the heavy imports after --help)
 
     from benchmarks.qwen35_397b_grpo import config as config_lib  # noqa: PLC0415
     from benchmarks.qwen35_397b_grpo import input as input_lib  # noqa: PLC0415
@@ -49,7 +48,7 @@ def main(argv=None) -> None:
     config = dataclasses.replace(
         config, grpo=grpo, global_batch_size=grpo.global_batch_size,
         gradient_clip_norm=config_lib.gradient_clip(grpo.global_batch_size),
-        gradient_accumulation_steps=prompts * grpo.num_generations_per_prompt // 16,
+        gradient_accumulation_steps=grpo.global_batch_size // config_lib.MINI_MICRO_BATCH,
         rollout=dataclasses.replace(config.rollout, eval_tasks=max(args.eval_tasks, 1)),
         eval_batch_size=min(config.eval_batch_size, max(args.eval_tasks, 1)),
     )  # fmt: skip
@@ -64,25 +63,13 @@ def main(argv=None) -> None:
     print(f"GBS {config.global_batch_size}, Adam {bench.learning_rate():.3g} on weights scaled by "
           f"{config.model.weight_scale:g}, clip {clip:.3g}", flush=True)  # fmt: skip
 
-    @tf.function
-    def gradients(batch):
-        with tf.GradientTape() as tape:
-            loss, _ = bench.compute_loss_and_metrics(model, batch)
-        grads = tape.gradient(loss, model.trainable_variables)
-        return loss, [tf.convert_to_tensor(g) for g in grads]
-
-    def update(batch):
-        """The runner's update: micro-batches of `micro_batch_size` rollouts, their gradients
-        averaged (`gradient_accumulation_steps`), clipped, one Adam step."""
-        size, total, losses = bench.micro_batch_size, None, []
-        for start in range(0, config.global_batch_size, size):
-            loss, grads = gradients({k: v[start : start + size] for k, v in batch.items()})
-            total = grads if total is None else [a + b for a, b in zip(total, grads)]
-            losses.append(float(loss))
-        parts = config.gradient_accumulation_steps
-        grads, norm = tf.clip_by_global_norm([g / parts for g in total], clip)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return float(np.mean(losses)), norm
+    update = sft.accumulated_step(
+        model,
+        optimizer,
+        clip,
+        lambda m, b: bench.compute_loss_and_metrics(m, b)[0],
+        bench.micro_batch_size,
+    )
 
     def evaluate(label: str) -> None:
         if args.eval_tasks:
@@ -99,12 +86,11 @@ def main(argv=None) -> None:
         batch = next(steps)
         rollout_s = time.time() - begin
         policy_tokens = int(batch["token_mask"].sum())
-        batch = {k: tf.constant(v) for k, v in batch.items()}
         begin = time.time()
         loss, norm = update(batch)
         print(f"step {i + 1}: rollouts {rollout_s:.0f} s ({policy_tokens} policy tokens), update "
               f"{time.time() - begin:.0f} s, reward {float(np.mean(batch['rewards'])):.3f}, "
-              f"grad norm {float(norm):.3g}, loss {float(loss):.4f}, load "
+              f"grad norm {norm:.3g}, loss {loss:.4f}, load "
               f"{harness.load_average()}", flush=True)  # fmt: skip
     evaluate(f"base + {args.steps} GRPO steps")
 

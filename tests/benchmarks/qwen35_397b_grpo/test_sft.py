@@ -90,3 +90,26 @@ def test_a_missing_base_is_one_line(tmp_path):
 def test_prepare_mini_refuses_zero_steps(tmp_path):
     with pytest.raises(UserError, match="--base_steps"):
         prepare.main(["--mini", "--base_steps=0", f"--out_dir={tmp_path}"])
+
+
+@pytest.mark.numerics
+def test_accumulated_step_is_the_whole_batch_step():
+    """Micro-batches of equal token counts: their averaged gradients are the whole batch's, so
+    the clipped step moves the weights as one step on the whole batch does."""
+    rng = np.random.default_rng(4)
+    batch = {
+        "input_ids": rng.integers(0, 256, size=[4, 7]).astype(np.int32),
+        "targets": rng.integers(0, 256, size=[4, 7]).astype(np.int32),
+        "token_mask": np.ones([4, 7], np.float32),
+    }
+    weights = []
+    for micro in (2, 4):
+        tf.keras.utils.set_random_seed(0)
+        model = build_hybrid_decoder(config.tiny(vocab_size=sft.CHAT.vocab_size))
+        optimizer = tf.keras.optimizers.SGD(0.5)
+        step = sft.accumulated_step(model, optimizer, 0.01, batch_lib.supervised_loss, micro)
+        loss, norm = step(batch)
+        assert norm > 0.01  # the clip binds
+        weights.append([v.numpy() for v in model.trainable_variables])
+    for a, b in zip(*weights, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7)
