@@ -7,7 +7,7 @@ GRPO run's optimizer: Adam at the rules' rate on the mini's scaled parametrizati
 clip), each with the time it took and the load average.
 
     python tools/studies/grpo_mini_baselines.py [--weights=BASE/model.weights.h5]
-        [--proxy_tasks=64] [--eval_tasks=251] [--sft_steps=33]
+        [--proxy_tasks=64] [--eval_tasks=251] [--sft_steps=33] [--no_base_eval]
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ def main(argv=None) -> None:
     parser.add_argument("--eval_tasks", type=int, default=251, help="0: no pass@4")
     parser.add_argument("--sft_steps", type=int, default=-1,
                         help="-1: the GRPO run's steps to its first evaluation; 0: none")  # fmt: skip
+    parser.add_argument("--no_base_eval", action="store_true", help="measure after the steps only")
     args = parser.parse_args(argv)
     if args.proxy_tasks < 0 or args.eval_tasks < 0:
         parser.error("--proxy_tasks and --eval_tasks must be >= 0")
@@ -67,7 +68,8 @@ def main(argv=None) -> None:
             print(f"{label}: pass@4 {value:.3f} on {args.eval_tasks} held-out tasks "
                   f"({time.time() - begin:.0f} s, load {harness.load_average()})", flush=True)  # fmt: skip
 
-    measure(f"base {weights}")
+    if not args.no_base_eval:
+        measure(f"base {weights}")
     steps = args.sft_steps
     if steps < 0:
         steps = config_lib.first_validation_step(config.global_batch_size)
