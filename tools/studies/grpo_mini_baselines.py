@@ -23,6 +23,18 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # the repository root
 
 
+def print_pass_at_k(policy, config, label: str) -> None:
+    """Prints `policy`'s pass@4 on `config`'s held-out tasks (`sft.held_out_pass_at_k`, the
+    run's evaluation), the seconds it took and the load average."""
+    from benchmarks.qwen35_397b_grpo import sft  # noqa: PLC0415 (TensorFlow after --help)
+    from tools import harness  # noqa: PLC0415
+
+    begin = time.time()
+    value = sft.held_out_pass_at_k(policy, config)
+    print(f"{label}: pass@4 {value:.3f} on {config.rollout.eval_tasks} held-out tasks "
+          f"({time.time() - begin:.0f} s, load {harness.load_average()})", flush=True)  # fmt: skip
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--weights", default="", help="default: the mini base's")
@@ -63,10 +75,7 @@ def main(argv=None) -> None:
                   f"{proxy['edits']:.3f} on {args.proxy_tasks} held-out expert trajectories "
                   f"({time.time() - begin:.0f} s, load {harness.load_average()})", flush=True)  # fmt: skip
         if args.eval_tasks:
-            begin = time.time()
-            value = sft.held_out_pass_at_k(policy, config)
-            print(f"{label}: pass@4 {value:.3f} on {args.eval_tasks} held-out tasks "
-                  f"({time.time() - begin:.0f} s, load {harness.load_average()})", flush=True)  # fmt: skip
+            print_pass_at_k(policy, config, label)
 
     if not args.no_base_eval:
         measure(f"base {weights}")

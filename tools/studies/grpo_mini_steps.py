@@ -41,6 +41,7 @@ def main(argv=None) -> None:
     from benchmarks.qwen35_397b_grpo.benchmark import Qwen35GrpoBenchmark  # noqa: PLC0415
     from benchmarks.qwen35_397b_grpo.model import load_base_weights  # noqa: PLC0415
     from tools import harness  # noqa: PLC0415
+    from tools.studies.grpo_mini_baselines import print_pass_at_k  # noqa: PLC0415
 
     config = config_lib.mini()
     prompts = args.prompts_per_step or config.grpo.num_prompts_per_step
@@ -73,10 +74,7 @@ def main(argv=None) -> None:
 
     def evaluate(label: str) -> None:
         if args.eval_tasks:
-            begin = time.time()
-            value = sft.held_out_pass_at_k(policy, config)
-            print(f"{label}: pass@4 {value:.3f} on {args.eval_tasks} held-out tasks "
-                  f"({time.time() - begin:.0f} s, load {harness.load_average()})", flush=True)  # fmt: skip
+            print_pass_at_k(policy, config, label)
 
     if not args.no_base_eval:
         evaluate("base")
