@@ -8,6 +8,7 @@ clip), each with the time it took and the load average.
 
     python tools/studies/grpo_mini_baselines.py [--weights=BASE/model.weights.h5]
         [--proxy_tasks=64] [--eval_tasks=251] [--sft_steps=33] [--no_base_eval]
+        [--weight_scale=S]
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ def main(argv=None) -> None:
     parser.add_argument("--sft_steps", type=int, default=-1,
                         help="-1: the GRPO run's steps to its first evaluation; 0: none")  # fmt: skip
     parser.add_argument("--no_base_eval", action="store_true", help="measure after the steps only")
+    parser.add_argument("--weight_scale", type=float, default=0.0,
+                        help="the parametrization's s (default: the mini's)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.proxy_tasks < 0 or args.eval_tasks < 0:
         parser.error("--proxy_tasks and --eval_tasks must be >= 0")
@@ -57,6 +60,10 @@ def main(argv=None) -> None:
     from tools import harness  # noqa: PLC0415
 
     config = config_lib.mini()
+    if args.weight_scale:
+        config = dataclasses.replace(
+            config, model=dataclasses.replace(config.model, weight_scale=args.weight_scale)
+        )
     config = dataclasses.replace(
         config, rollout=dataclasses.replace(config.rollout, eval_tasks=max(args.eval_tasks, 1)),
         eval_batch_size=min(config.eval_batch_size, max(args.eval_tasks, 1)),
