@@ -18,7 +18,7 @@ from benchmarks.qwen35_397b_grpo import config as config_lib
 from benchmarks.qwen35_397b_grpo import input as input_lib
 from benchmarks.qwen35_397b_grpo import sft
 from benchmarks.qwen35_397b_grpo import simulator as simulator_lib
-from benchmarks.qwen35_397b_grpo.model import build_model
+from benchmarks.qwen35_397b_grpo.model import build_model, load_base_weights
 from mlperf_tf.benchmark import Benchmark, EvalPoint
 from mlperf_tf.errors import UserError
 from mlperf_tf.rl import batch as batch_lib
@@ -77,16 +77,25 @@ class Qwen35GrpoBenchmark(Benchmark):
         through one compiled generator (`input.generator`)."""
         self._policy = input_lib.generator(model, self.config)
 
+    def prepare_initial_weights(self) -> None:
+        """The mini's first run trains its missing base here (`sft.train_base`, untimed, before
+        `run_start`, outside the strategy's scope, as `prepare --mini` would)."""
+        path = self.config.init_checkpoint
+        missing = not os.path.exists(os.path.join(path, sft.WEIGHTS))
+        if path and path == config_lib.mini_base_dir() and missing:
+            logging.info("qwen35_397b_grpo: training the mini base into %s", path)
+            logging.info("qwen35_397b_grpo: %s", sft.train_base(path))
+
     def restore_initial_weights(self, model) -> None:
         """Loads `config.init_checkpoint` into the policy before `run_start`: a Hugging Face
         Qwen3.5 folder (its `config.json`: the released Qwen3.5-397B-A17B) through the shared
-        importer (`checkpoint.load`), else a folder with `sft.WEIGHTS` (the `mini` base), which,
-        when it is the mini's and missing, is trained first (`sft.train_base`, untimed, as
-        `prepare --mini` would). Nothing when it is "" (`smoke`: the initializers)."""
+        importer (`checkpoint.load`), else a folder with `sft.WEIGHTS` (the `mini` base, trained
+        by `prepare_initial_weights` when missing). Nothing when it is "" (`smoke`: the
+        initializers)."""
         path = self.config.init_checkpoint
         if not path:
             return
-        if not os.path.isdir(path) and path != config_lib.mini_base_dir():
+        if not os.path.isdir(path):
             raise UserError(f"`init_checkpoint` {path!r} is not a folder")
         if os.path.isfile(os.path.join(path, "config.json")):
             with use_mesh(self.mesh):
@@ -94,15 +103,12 @@ class Qwen35GrpoBenchmark(Benchmark):
             logging.info("qwen35_397b_grpo: %d tensors from %s", count, path)
             return
         weights = os.path.join(path, sft.WEIGHTS)
-        if not os.path.exists(weights) and path == config_lib.mini_base_dir():
-            logging.info("qwen35_397b_grpo: training the mini base into %s", path)
-            logging.info("qwen35_397b_grpo: %s", sft.train_base(path))
         if not os.path.exists(weights):
             raise UserError(
                 f"`init_checkpoint` ({path!r}): neither a Hugging Face checkpoint (config.json) "
                 f"nor the mini base ({sft.WEIGHTS})"
             )
-        model.load_weights(weights)
+        load_base_weights(model, weights)
         logging.info("qwen35_397b_grpo: initial weights from %s", weights)
 
     def learning_rate(self) -> float:

@@ -1,12 +1,76 @@
 """Provides `build_model`: the Qwen3.5 policy (`mlperf_tf.lm.hybrid.HybridDecoderModel`) of a
-`ModelConfig`, built under the ambient mesh without a forward pass."""
+`ModelConfig`, built under the ambient mesh without a forward pass; and `ScaledPolicy`, the
+`mini`'s parametrization of it (`ModelConfig.weight_scale`).
+
+Why a parametrization: the closed rules fix the learning rate (1e-6 sqrt(GBS / 256)), which is
+right for a 397 B model and moves a 1 M-parameter model nothing in a few dozen steps. With every
+trainable weight stored as w / s and multiplied back by s in the forward pass, the function is
+the same, the gradient of the stored value is s times the weight's, and Adam (invariant to the
+gradient's scale, but for its epsilon) moves the stored value by the rules' rate, so the
+effective weight moves as Adam at s times that rate would move it. The gradient clip then only
+rescales the (s times larger) gradient before Adam normalizes it.
+"""
 
 from __future__ import annotations
+
+import keras
 
 from benchmarks.qwen35_397b_grpo.config import ModelConfig
 from mlperf_tf.lm.hybrid import HybridDecoderModel, build_hybrid_decoder
 
 
+class ScaledPolicy(HybridDecoderModel):
+    """`HybridDecoderModel` whose trainable weights are stored divided by `weight_scale`: its
+    forward (`call`, `decode`) reads each as its stored value times the scale (a Keras
+    `StatelessScope` mapping the variables to the products), so it computes what the unscaled
+    model of the effective weights computes (tested)."""
+
+    def __init__(self, config: ModelConfig, **kwargs):
+        super().__init__(config, **kwargs)
+        self.weight_scale = float(config.weight_scale)
+
+    def _effective(self):
+        """A scope in which every trainable variable reads as its effective weight."""
+        scale = self.weight_scale
+        return keras.StatelessScope(
+            state_mapping=[(v, v.value * scale) for v in self.trainable_variables]
+        )
+
+    def call(self, *args, **kwargs):
+        with self._effective():
+            return super().call(*args, **kwargs)
+
+    def decode(self, *args, **kwargs):
+        with self._effective():
+            return super().decode(*args, **kwargs)
+
+    def set_effective_weights(self) -> None:
+        """Divides the trainable variables, holding effective weights (the initializers', or
+        an unscaled model's just loaded), by the scale: the stored form."""
+        for v in self.trainable_variables:
+            v.assign(v / self.weight_scale)
+
+    def load_unscaled_weights(self, path: str) -> None:
+        """Loads weights saved by the unscaled model of the same shape (the `mini` base), then
+        stores them divided by the scale."""
+        self.load_weights(path)
+        self.set_effective_weights()
+
+
 def build_model(config: ModelConfig) -> HybridDecoderModel:
-    """The policy: DeltaNet and gated-attention layers, MoE with a shared expert, router frozen."""
-    return build_hybrid_decoder(config, name="qwen35")
+    """The policy: DeltaNet and gated-attention layers, MoE with a shared expert, router frozen;
+    a `ScaledPolicy` (its initial function the unscaled model's) when `weight_scale` is not 1."""
+    if config.weight_scale == 1.0:
+        return build_hybrid_decoder(config, name="qwen35")
+    model = ScaledPolicy(config, name="qwen35")
+    model.build((None, None))
+    model.set_effective_weights()
+    return model
+
+
+def load_base_weights(model, path: str) -> None:
+    """Loads weights an unscaled model saved (`sft.train_base`) into `model`, scaled or not."""
+    if isinstance(model, ScaledPolicy):
+        model.load_unscaled_weights(path)
+    else:
+        model.load_weights(path)

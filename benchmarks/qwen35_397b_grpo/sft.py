@@ -14,6 +14,7 @@ restore_initial_weights`), as `deepseekv3_671b`'s mini does with its base.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 
@@ -101,6 +102,34 @@ def supervised_step(model, optimizer, clip: float):
     return step
 
 
+def accumulated_step(model, optimizer, clip: float, loss_fn, micro_batch: int):
+    """An update as the runner makes it with gradient accumulation: `loss_fn(model, batch)`'s
+    gradients on micro-batches of `micro_batch` rows (compiled once), averaged, clipped to
+    `clip`, one optimizer step. Returns a function of a batch (dict of [rows, ...] arrays)
+    giving (the micro-batches' mean loss, the global gradient norm before the clip)."""
+
+    @tf.function
+    def gradients(batch):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(model, batch)
+        grads = tape.gradient(loss, model.trainable_variables)
+        return loss, [tf.convert_to_tensor(g) for g in grads]
+
+    def step(batch):
+        rows = len(next(iter(batch.values())))
+        total, losses = None, []
+        for start in range(0, rows, micro_batch):
+            loss, grads = gradients({k: v[start : start + micro_batch] for k, v in batch.items()})
+            total = grads if total is None else [a + b for a, b in zip(total, grads)]
+            losses.append(float(loss))
+        parts = len(losses)
+        grads, norm = tf.clip_by_global_norm([g / parts for g in total], clip)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return float(np.mean(losses)), float(norm)
+
+    return step
+
+
 def train_base(out_dir: str, *, config=None, steps: int = config_lib.MINI_BASE_STEPS,
                save_every: int = 0) -> dict:  # fmt: skip
     """Trains the `mini` model from its initializers on the expert rollouts of the mini's
@@ -116,7 +145,8 @@ def train_base(out_dir: str, *, config=None, steps: int = config_lib.MINI_BASE_S
     rollouts = expert_rollouts(config, pool)
     logging.info("qwen35_397b_grpo mini base: %d expert trajectories", len(rollouts))
     keras.utils.set_random_seed(config_lib.MINI_BASE_SEED)
-    model = build_model(config.model)
+    # The base is the plain model (the GRPO run's parametrization loads it scaled).
+    model = build_model(dataclasses.replace(config.model, weight_scale=1.0))
     optimizer = keras.optimizers.Adam(config_lib.MINI_BASE_LR)
     optimizer.build(model.trainable_variables)
     step = supervised_step(model, optimizer, 1.0)
@@ -133,6 +163,42 @@ def train_base(out_dir: str, *, config=None, steps: int = config_lib.MINI_BASE_S
     model.save_weights(os.path.join(out_dir, WEIGHTS))
     return {"trajectories": len(rollouts), "steps": steps, "loss": round(loss, 4),
             "seconds": round(time.time() - begin, 1)}  # fmt: skip
+
+
+EDIT_PARAMETERS = ("old_str", "new_str")
+
+
+def edit_positions(rollout) -> list[int]:
+    """Token positions of the expert's edit in `rollout`: the bytes of the `str_replace` call's
+    `old_str` and `new_str` values and the newline that ends each (where the value stops)."""
+    tokens, positions = rollout.tokens, []
+    for name in EDIT_PARAMETERS:
+        opening = CHAT.encode(f"<parameter={name}>\n")
+        closing = CHAT.encode("\n</parameter>")
+        start = next(i for i in range(len(tokens)) if tokens[i : i + len(opening)] == opening)
+        start += len(opening)
+        end = next(i for i in range(start, len(tokens)) if tokens[i : i + len(closing)] == closing)
+        positions += range(start, end + 1)
+    return positions
+
+
+def edit_accuracy(model, rollouts, *, batch: int = 8) -> dict[str, float]:
+    """Teacher-forced accuracy of the edit on expert `rollouts` (a cheap proxy of pass@k): with
+    the trajectory up to each byte of `old_str`/`new_str` given, is the model's most likely next
+    token that byte (`edit_positions`)? `bytes`: the share of such bytes right; `edits`: the
+    share of rollouts whose every edit byte is right (what greedy decoding of the edit would
+    copy, given the view before it)."""
+    right = total = whole = 0
+    for start in range(0, len(rollouts), batch):
+        part = rollouts[start : start + batch]
+        length = -(-max(len(r.tokens) for r in part) // 64) * 64
+        arrays = batch_lib.token_arrays(part, length=length, pad_id=CHAT.PAD)
+        guess = np.argmax(model(tf.constant(arrays["input_ids"])), axis=-1)  # [B, length]
+        for row, r in enumerate(part):
+            at = np.asarray(edit_positions(r)) - 1  # predictions of tokens at those positions
+            hits = guess[row, at] == arrays["targets"][row, at]
+            right, total, whole = right + int(hits.sum()), total + len(at), whole + bool(hits.all())
+    return {"bytes": right / max(total, 1), "edits": whole / max(len(rollouts), 1)}
 
 
 def held_out_pass_at_k(policy, config: config_lib.Qwen35GrpoConfig, *, seed: int = 0) -> float:

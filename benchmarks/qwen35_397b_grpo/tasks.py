@@ -40,7 +40,7 @@ _TEMPLATES = (
      lambda r: [([r.randint(0, 9) for _ in range(r.randint(2, 5))],) for _ in range(4)]),
     ("pick", "def pick(xs):\n    best = xs[0]\n    for x in xs:\n        if x > best:\n"
      "            best = x\n    return best + {b}\n",
-     [("        if x > best:", "        if x < best:"), ("    return best + {b}", "    return best")],
+     [("        if x > best:", "        if x < best:"), ("    return best + {b}", "    return best - {b}")],
      lambda r: [([r.randint(-9, 9) for _ in range(5)],) for _ in range(4)]),
 )  # fmt: skip
 
@@ -57,11 +57,45 @@ class RepairTask:
     fixed_line: str
 
     def prompt(self) -> str:
-        return (
-            f"The repository has a bug.\n{self.issue}\nFix `{SOLUTION}` (do not edit "
-            f"`{TESTS}`). Tools: view(path), str_replace(path, old_str, new_str), run_tests(), "
-            "finish()."
-        )
+        """The task as the agent reads it: the issue and the files' names, short (a rollout's
+        prompt is prefilled again every turn)."""
+        return f"Fix {SOLUTION}, not {TESTS}: {self.issue}"
+
+    def edit(self) -> tuple[str, str]:
+        """The expert's `str_replace` (old_str, new_str): `shortest_unique_edit` of the buggy
+        and the correct `solution.py`."""
+        bad = self.files[SOLUTION]
+        return shortest_unique_edit(bad, bad.replace(self.buggy_line, self.fixed_line, 1))
+
+
+def shortest_unique_edit(before: str, after: str) -> tuple[str, str]:
+    """The shortest (old, new) that turns `before` into `after` by one `str_replace`: `old` is
+    the shortest substring of `before` that holds every changed character and occurs once in it
+    (within one line when it can be; of equal lengths, the one reaching furthest left: code
+    before constants); `new` is the same span of `after`. An agent copies a few bytes around
+    the change, not a whole line.
+
+    Raises:
+      ValueError: the texts are equal.
+    """
+    if before == after:
+        raise ValueError("nothing changed")
+    start = 0
+    while before[start] == after[start]:
+        start += 1
+    tail = 0  # common suffix, not overlapping the common prefix
+    while (tail < min(len(before), len(after)) - start
+           and before[-1 - tail] == after[-1 - tail]):  # fmt: skip
+        tail += 1
+    end = len(before) - tail  # before[start:end] becomes after[start:len(after) - tail]
+    for newline_ok in (False, True):
+        for length in range(max(end - start, 1), len(before) + 1):
+            for i in range(max(0, end - length), min(start, len(before) - length) + 1):
+                old = before[i : i + length]
+                if (newline_ok or "\n" not in old) and before.count(old) == 1:
+                    j = len(before) - (i + length)  # the span's right edge, from the end
+                    return old, after[i : len(after) - j]
+    raise AssertionError("unreachable: the whole text occurs once")
 
 
 def _run(source: str, name: str, args):
@@ -89,8 +123,7 @@ def make_task(seed: int) -> RepairTask:
     )
     first = next(a for a, e in zip(cases, expected) if _run(bad, name, a) != e)
     issue = (
-        f"`{name}(*{first!r})` returns {_run(bad, name, first)!r}; "
-        f"it should return {_run(good, name, first)!r}."
+        f"{name}(*{first!r}) returns {_run(bad, name, first)!r}, not {_run(good, name, first)!r}."
     )
     return RepairTask(f"repair-{seed}", {SOLUTION: bad, TESTS: tests}, issue, wrong, right)
 
@@ -101,14 +134,13 @@ def make_tasks(count: int, seed: int) -> list[RepairTask]:
 
 
 def expert_turns(task: RepairTask) -> list[str]:
-    """The assistant turns of the expert trajectory (each one tool call): look, edit, test,
-    finish. The `mini` base model is trained on these, with the environment's observations."""
+    """The assistant turns of the expert trajectory (each one tool call): look, edit (the
+    shortest unique substring around the bug, `RepairTask.edit`), test, finish. The `mini` base
+    model is trained on these, with the environment's observations."""
+    old, new = task.edit()
     return [
         format_tool_call("view", {"path": SOLUTION}),
-        format_tool_call(
-            "str_replace",
-            {"path": SOLUTION, "old_str": task.buggy_line, "new_str": task.fixed_line},
-        ),
+        format_tool_call("str_replace", {"path": SOLUTION, "old_str": old, "new_str": new}),
         format_tool_call("run_tests", {}),
         format_tool_call("finish", {}),
     ]

@@ -3,6 +3,7 @@ schedule against the 6.1.0 rules' formulas, sizes without allocating, the RCP ba
 one-line errors (a batch with no RCP, a prompt over the length limit)."""
 
 import dataclasses
+import math
 
 import pytest
 
@@ -12,7 +13,7 @@ from mlperf_tf.config import ConfigError
 from mlperf_tf.errors import UserError
 from mlperf_tf.rl.generation import ByteChat
 from mlperf_tf.rl.rollout import run_rollouts
-from tests.benchmarks.qwen35_397b_grpo.test_config import _rcps
+from tests.benchmarks.qwen35_397b_grpo.test_config import _rcps, _rules
 
 
 def test_mlperf_preset_logs_the_rules_values():
@@ -28,6 +29,36 @@ def test_mlperf_preset_logs_the_rules_values():
     assert [p.samples_count for p in points[:2]] == [4608, 4864]
     assert bench.scaled_settings() == {}
     assert 396e9 < bench.parameter_count() < 398e9
+
+
+def test_mini_preset_fails_no_rule_but_the_sequence_length():
+    """The 6.1.0 rules' own CHECK expressions (closed_qwen35_397b_grpo.yaml) on the mini's
+    logged values and evaluation schedule: only `max_sequence_length` fails."""
+    bench = Qwen35GrpoBenchmark(Qwen35GrpoBenchmark.preset("mini"))
+    h = bench.logged_hparams()
+    rules = _rules()
+    s = {"target_accuracy": 0.69}
+    v = {"value": h["global_batch_size"]}
+    exec(rules["global_batch_size"]["POST"], {"math": math, "s": s, "v": v})  # noqa: S102
+    s["num_prompts_per_step"] = h["num_prompts_per_step"]
+    scope = {"math": math, "s": s, "is_integer": lambda x: isinstance(x, int)}
+    failed = []
+    for name, rule in rules.items():
+        checks = rule.get("CHECK", [])
+        if name == "eval_accuracy" or not checks:
+            continue
+        for check in [checks] if isinstance(checks, str) else checks:
+            if not eval(check, {**scope, "v": {"value": h[name]}}):  # noqa: S307
+                failed.append(name)
+    assert failed == ["max_sequence_length"]
+    assert set(bench.scaled_settings()) == {"max_sequence_length"}
+    points = bench.eval_schedule()
+    assert points[0].samples_count == s["validation_start_samples"] == 33 * 128
+    assert [p.samples_count for p in points] == [
+        s["validation_start_samples"] + i * 128 for i in range(len(points))
+    ]
+    assert config.MINI_TARGET_PASS_AT_4 > s["target_accuracy"]
+    assert bench.config.model.weight_scale == config.MINI_WEIGHT_SCALE > 1
 
 
 def test_rcp_batches_are_the_files():

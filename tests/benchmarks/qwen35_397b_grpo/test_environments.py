@@ -24,6 +24,37 @@ def test_tasks_are_deterministic_and_distinct():
     assert all(t.buggy_line in t.files[tasks.SOLUTION] for t in a)
 
 
+def _brute_force_edit(before, after):
+    """Every substring of `before` tried by length, then by start: the shortest unique one whose
+    replacement gives `after` (a span covering the change), within one line if any is."""
+    for newline_ok in (False, True):
+        for length in range(1, len(before) + 1):
+            for i in range(len(before) - length + 1):
+                old = before[i : i + length]
+                if before.count(old) != 1 or (not newline_ok and "\n" in old):
+                    continue
+                prefix, suffix = before[:i], before[i + length :]
+                if after.startswith(prefix) and after.endswith(suffix):
+                    new = after[len(prefix) : len(after) - len(suffix)]
+                    if len(prefix) + len(suffix) <= len(after):
+                        return old, new
+    return None
+
+
+def test_the_expert_edit_is_the_shortest_unique_substring_around_the_bug():
+    for task in tasks.make_tasks(60, seed=7):
+        bad = task.files[tasks.SOLUTION]
+        good = bad.replace(task.buggy_line, task.fixed_line, 1)
+        old, new = task.edit()
+        assert bad.count(old) == 1 and bad.replace(old, new, 1) == good
+        assert len(old) == len(_brute_force_edit(bad, good)[0]), (old, new)
+        assert len(old) <= 4  # a few bytes, not a line
+    assert tasks.shortest_unique_edit("ab ab+", "ab ab-") == ("+", "-")
+    assert tasks.shortest_unique_edit("x = 1\nx = 1\n", "x = 1\nx = 2\n") == ("\nx = 1", "\nx = 2")
+    with pytest.raises(ValueError):
+        tasks.shortest_unique_edit("same", "same")
+
+
 def _play(env, task, turns):
     env.reset(task)
     answers = []

@@ -3,12 +3,15 @@ total, ~17 B active, the model card's figures), the same count against a built t
 every kind of layer, its layer pattern, a frozen router, and a forward and gradient pass."""
 
 import dataclasses
+import os
+import tempfile
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from benchmarks.qwen35_397b_grpo import config
+from benchmarks.qwen35_397b_grpo import model as model_lib
 from mlperf_tf.lm.gated_deltanet import GatedDeltaNet
 from mlperf_tf.lm.hybrid import build_hybrid_decoder
 
@@ -45,3 +48,42 @@ def test_router_is_frozen_and_the_rest_trains():
     grads = tape.gradient(loss, model.trainable_variables)
     missing = [v.path for v, g in zip(model.trainable_variables, grads) if g is None]
     assert not missing, missing
+
+
+@pytest.mark.numerics
+def test_scaled_policy_computes_the_unscaled_model():
+    """The mini's parametrization (`model.ScaledPolicy`): weights stored divided by s, the same
+    logits (training and cached decoding paths) as the plain model of the same initial weights,
+    gradients of the stored values s times the plain ones; an unscaled model's saved weights
+    load into it as the same function."""
+    plain_config = config.tiny(vocab_size=259)
+    scaled_config = dataclasses.replace(plain_config, weight_scale=50.0)
+    tf.keras.utils.set_random_seed(3)
+    plain = model_lib.build_model(plain_config)
+    tf.keras.utils.set_random_seed(3)
+    scaled = model_lib.build_model(scaled_config)
+    assert isinstance(scaled, model_lib.ScaledPolicy)
+    for p, s in zip(plain.trainable_variables, scaled.trainable_variables, strict=True):
+        np.testing.assert_allclose(s.numpy() * 50.0, p.numpy(), rtol=1e-6, atol=1e-12)
+    ids = tf.constant(np.random.default_rng(1).integers(0, 256, size=(2, 11)), tf.int32)
+    np.testing.assert_allclose(scaled(ids).numpy(), plain(ids).numpy(), rtol=1e-4, atol=1e-6)
+    valid = tf.ones([2, 11], bool)
+    got, _ = scaled.decode(ids, scaled.empty_cache(2), valid)
+    want, _ = plain.decode(ids, plain.empty_cache(2), valid)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-6)
+
+    def grads(m):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.square(m(ids)))
+        return [tf.convert_to_tensor(g).numpy() for g in tape.gradient(loss, m.trainable_variables)]
+
+    for g_plain, g_scaled in zip(grads(plain), grads(scaled), strict=True):
+        # float32 rounding (the products s x w/s) differs; a missed scale would be 49x off
+        error = np.linalg.norm(g_scaled - 50.0 * g_plain) / np.linalg.norm(50.0 * g_plain)
+        assert error < 1e-3, error
+    for v in plain.trainable_variables:  # new weights: a plain model's file loads scaled
+        v.assign(v * 1.5)
+    path = os.path.join(tempfile.mkdtemp(), "plain.weights.h5")
+    plain.save_weights(path)
+    model_lib.load_base_weights(scaled, path)
+    np.testing.assert_allclose(scaled(ids).numpy(), plain(ids).numpy(), rtol=1e-4, atol=1e-6)

@@ -27,6 +27,41 @@ def test_expert_rollouts_earn_the_reward_and_hold_the_expert_turns():
         assert "[exit code 0]" in sft.CHAT.decode(r.tokens)
 
 
+class _Oracle:
+    """Logits that put each rollout's next token first, except at the positions in `wrong`
+    (row, position of the token): a model whose teacher-forced accuracy is known."""
+
+    def __init__(self, rollouts, wrong=()):
+        self.next = {tuple(r.tokens[:-1]): r.tokens[1:] for r in rollouts}
+        self.wrong = set(wrong)
+
+    def __call__(self, ids):
+        ids = ids.numpy()
+        logits = np.zeros([*ids.shape, sft.CHAT.vocab_size], np.float32)
+        for row, seq in enumerate(ids):
+            key = next(k for k in self.next if tuple(seq[: len(k)]) == k)
+            for pos, token in enumerate(self.next[key]):
+                logits[row, pos, (token + ((row, pos + 1) in self.wrong)) % 256] = 1.0
+        return tf.constant(logits)
+
+
+def test_edit_accuracy_counts_the_edit_bytes_teacher_forced():
+    chosen = tasks.make_tasks(3, seed=33)
+    rollouts = sft.expert_rollouts(config.mini(), chosen, chunk=3)
+    for r, task in zip(rollouts, chosen):
+        old, new = task.edit()
+        assert sft.CHAT.decode([r.tokens[i] for i in sft.edit_positions(r)]) == f"{old}\n{new}\n"
+    assert sft.edit_accuracy(_Oracle(rollouts), rollouts, batch=2) == {"bytes": 1.0, "edits": 1.0}
+    first = sft.edit_positions(rollouts[1])[0]
+    total = sum(len(sft.edit_positions(r)) for r in rollouts)
+    # Row 1 of the first batch of 2 is rollouts[1]; one wrong byte spoils its whole edit.
+    got = sft.edit_accuracy(_Oracle(rollouts, wrong=[(1, first)]), rollouts, batch=2)
+    assert got == {"bytes": (total - 1) / total, "edits": 2 / 3}
+    # A wrong token outside the edit does not count.
+    got = sft.edit_accuracy(_Oracle(rollouts, wrong=[(0, 5)]), rollouts, batch=2)
+    assert got == {"bytes": 1.0, "edits": 1.0}
+
+
 @pytest.mark.numerics
 def test_supervised_loss_is_the_masked_mean_nll():
     tf.keras.utils.set_random_seed(0)
@@ -55,3 +90,34 @@ def test_a_missing_base_is_one_line(tmp_path):
 def test_prepare_mini_refuses_zero_steps(tmp_path):
     with pytest.raises(UserError, match="--base_steps"):
         prepare.main(["--mini", "--base_steps=0", f"--out_dir={tmp_path}"])
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("clip", [1e6, 0.01])
+def test_accumulated_step_is_the_whole_batch_step(clip):
+    """Micro-batches of equal token counts: their averaged gradients are the whole batch's, so
+    the step (clip binding or not) moves the weights as one step on the whole batch does."""
+    rng = np.random.default_rng(4)
+    batch = {
+        "input_ids": rng.integers(0, 256, size=[4, 7]).astype(np.int32),
+        "targets": rng.integers(0, 256, size=[4, 7]).astype(np.int32),
+        "token_mask": np.ones([4, 7], np.float32),
+    }
+    weights, norms = [], []
+    for micro in (2, 4):
+        tf.keras.utils.set_random_seed(0)  # a small causal LM: ids -> logits (cheap to trace)
+        model = tf.keras.Sequential(
+            [tf.keras.layers.Embedding(sft.CHAT.vocab_size, 8), tf.keras.layers.Dense(259)]
+        )
+        model.build((None, None))
+        before = [v.numpy() for v in model.trainable_variables]
+        step = sft.accumulated_step(
+            model, tf.keras.optimizers.SGD(0.5), clip, batch_lib.supervised_loss, micro
+        )
+        norms.append(step(batch)[1])
+        weights.append([v.numpy() for v in model.trainable_variables])
+        moved = np.sqrt(sum(np.sum((a - b) ** 2) for a, b in zip(weights[-1], before)))
+        np.testing.assert_allclose(moved, 0.5 * min(norms[-1], clip), rtol=1e-4)
+    assert norms[0] == pytest.approx(norms[1], rel=1e-5) and norms[0] > 0.01
+    for a, b in zip(*weights, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7)
