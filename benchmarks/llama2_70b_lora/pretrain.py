@@ -31,6 +31,7 @@ from mlperf_tf.lm.attention import split_qkv
 from mlperf_tf.lm.decoder import DecoderModel
 from mlperf_tf.optimizers import WarmupCosineDecay
 from mlperf_tf.optimizers.adamw import AdamW
+from mlperf_tf.optimizers.base import clipped_update
 from mlperf_tf.spmd import MoEConfig
 
 BATCH = 16
@@ -111,8 +112,7 @@ def pretrain_base(stream: np.ndarray, config: ModelConfig, out_dir: str, *, step
             )
             loss = tf.reduce_mean(losses)
         grads = tape.gradient(loss, model.trainable_variables)
-        grads, _ = tf.clip_by_global_norm(grads, 1.0)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        clipped_update(optimizer, grads, model.trainable_variables, 1.0)
         return loss
 
     begin = time.monotonic()

@@ -148,6 +148,24 @@ def merge_duplicate_rows(gradient):
     return tf.IndexedSlices(values, rows, gradient.dense_shape)  # values [n, ...]
 
 
+def clipped_update(optimizer, grads, variables, clip_norm: float | None):
+    """One optimizer step of a single-replica loop outside the runner (a benchmark's base
+    training in `prepare`): duplicate sparse rows merged (`merge_duplicate_rows`), then the
+    global-norm clip, then `optimizer.apply_gradients`. Returns the global norm before the clip.
+
+    Why one function: every such loop must merge before it clips and applies (the runner's
+    `Trainer` does the same for its own step); a loop that clips first counts each duplicate
+    row's square in the norm and hands Keras the duplicates.
+    """
+    grads = [merge_duplicate_rows(g) for g in grads]
+    if clip_norm:
+        grads, norm = tf.clip_by_global_norm(grads, clip_norm)
+    else:
+        norm = tf.linalg.global_norm(grads)
+    optimizer.apply_gradients(zip(grads, variables))
+    return norm
+
+
 def l2_norm(x) -> tf.Tensor:
     """|x|_2 over all elements, with one fused reduction (`tf.nn.l2_loss` = sum(x**2) / 2)."""
     return tf.sqrt(2.0 * tf.nn.l2_loss(x))

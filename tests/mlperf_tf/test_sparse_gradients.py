@@ -23,7 +23,7 @@ import tensorflow as tf
 
 from mlperf_tf.benchmark import RunContext
 from mlperf_tf.optimizers.adam import FusedAdam
-from mlperf_tf.optimizers.base import merge_duplicate_rows
+from mlperf_tf.optimizers.base import clipped_update, merge_duplicate_rows
 from mlperf_tf.parallel.mesh import DeviceMesh
 from mlperf_tf.runner.trainer import Trainer
 from tests import strategies
@@ -155,3 +155,23 @@ def test_merge_duplicate_rows_sums_equal_indices():
     np.testing.assert_array_equal(np.asarray(tf.convert_to_tensor(merged)), want)
     dense = tf.ones([2, 2])
     assert merge_duplicate_rows(dense) is dense
+
+
+@pytest.mark.parametrize("clip", [0.0, 0.5])
+def test_clipped_update_outside_the_runner_steps_as_the_dense_gradient(clip):
+    """`clipped_update` (base-training loops in `prepare`): Keras Adam on a sparse gradient with
+    duplicate rows, clipped below its norm, moves the table as on the dense sum (NumPy), and the
+    returned norm is the dense gradient's, not that of the rows as listed."""
+    values = (0.5 + np.arange(15, dtype=np.float32).reshape(5, 3)) / 10.0  # [lookups, WIDTH]
+    indices = np.array([4, 0, 4, 2, 0])
+    dense = np.zeros([6, 3], np.float32)
+    np.add.at(dense, indices, values)
+    table = keras.Variable(np.zeros([6, 3], np.float32))
+    optimizer = keras.optimizers.Adam(LR)
+    optimizer.build([table])
+    grad = tf.IndexedSlices(tf.constant(values), tf.constant(indices), tf.constant([6, 3]))
+    norm = clipped_update(optimizer, [grad], [table], clip)
+    assert_close(float(norm), np.linalg.norm(dense), rtol=1e-6, scale=np.linalg.norm(dense))
+    g = dense * (min(1.0, clip / np.linalg.norm(dense)) if clip else 1.0)
+    expected = _adam_first_step(g)
+    assert_close(np.asarray(table), expected, rtol=1e-5, scale=LR)
