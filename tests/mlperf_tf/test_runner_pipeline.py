@@ -17,7 +17,7 @@ from mlperf_tf.benchmark import RunContext
 from mlperf_tf.errors import UserError
 from mlperf_tf.parallel.memory import ChipLayout
 from mlperf_tf.parallel.mesh import DeviceMesh
-from tests import pipeline_runs
+from tests import noise_floor, pipeline_runs
 from tests.numerics import assert_close
 
 pytestmark = pytest.mark.numerics
@@ -320,3 +320,37 @@ def test_p2_x_c2_equals_the_unsplit_run():
     got = pipeline_runs.train(bench, num_devices=4, pipeline=2, context_parallel=2, summer=True,
                               clip_norm=1.0)  # fmt: skip
     _assert_same(got, ref)
+
+
+_UNPIPELINED = """
+from benchmarks.{module}.benchmark import {cls}
+from tests import noise_floor, pipeline_runs
+bench = pipeline_runs.benchmark_of({cls}, gradient_accumulation_steps=2)
+weights = pipeline_runs.train(bench, num_devices=2, summer=True, clip_norm=1.0,
+                              expert_parallel={e}).weights
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("benchmark_class", "module", "expert"),
+    [(Llama31Benchmark, "llama31_8b", 1), (GptOssBenchmark, "gpt_oss_20b", 2)],
+    ids=["llama_d2xp2", "gpt_oss_e2xp2"],
+)  # fmt: skip
+def test_p2_stays_within_the_noise_floor_of_the_unpipelined_run(
+    tmp_path, benchmark_class, module, expert
+):
+    """P = 2 beside the unpipelined run (Llama: D2; GPT-OSS: E2, whose routing amplifies
+    rounding) and the same unpipelined run with oneDNN off in a subprocess: the pipeline may not
+    move the weights further from the unpipelined run than a change of kernels does (x 10, and
+    at least 1e-6 of the largest weight)."""
+    script = _UNPIPELINED.format(module=module, cls=benchmark_class.__name__, e=expert)
+    off = noise_floor.onednn_off_weights(script, tmp_path, devices=2)
+    bench = pipeline_runs.benchmark_of(benchmark_class, gradient_accumulation_steps=2)
+    ref = pipeline_runs.train(
+        bench, num_devices=2, summer=True, clip_norm=1.0, expert_parallel=expert
+    )
+    got = pipeline_runs.train(
+        bench, num_devices=4, pipeline=2, summer=True, clip_norm=1.0, expert_parallel=expert
+    )
+    noise_floor.assert_within_noise_floor(got.weights, ref.weights, off, what=f"P=2 {module}")

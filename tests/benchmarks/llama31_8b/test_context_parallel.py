@@ -5,11 +5,6 @@ expert (C2 x E2) parallelism."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
-import numpy as np
 import pytest
 
 from benchmarks.gpt_oss_20b.benchmark import GptOssBenchmark
@@ -17,7 +12,7 @@ from benchmarks.llama31_8b.benchmark import Llama31Benchmark
 from mlperf_tf.benchmark import RunContext
 from mlperf_tf.errors import UserError
 from mlperf_tf.parallel.mesh import DeviceMesh
-from tests import tensor_parallel
+from tests import noise_floor, tensor_parallel
 from tests.numerics import assert_close
 
 pytestmark = pytest.mark.numerics
@@ -81,21 +76,11 @@ def test_a_checkpoint_saved_at_c2_resumes_at_c1_and_the_reverse(tmp_path):
 
 
 _UNSPLIT_RUN = """
-import sys, numpy as np, tensorflow as tf
-cpu = tf.config.list_physical_devices("CPU")[0]  # 2 logical devices, as the tests' conftest
-tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 from benchmarks.llama31_8b.benchmark import Llama31Benchmark
 from tests import tensor_parallel
-run = tensor_parallel.train(tensor_parallel.smoke(Llama31Benchmark), num_devices=2,
-                            model_parallel=1, optimizer="adam", steps=3)
-np.savez(sys.argv[1], *run.weights)
+weights = tensor_parallel.train(tensor_parallel.smoke(Llama31Benchmark), num_devices=2,
+                                model_parallel=1, optimizer="adam", steps=3).weights
 """
-
-
-def _scaled_gap(a: list, b: list) -> float:
-    """max |a - b| over every weight, relative to the largest weight of `b`."""
-    scale = max(float(np.max(np.abs(x))) for x in b)
-    return max(float(np.max(np.abs(x - y))) for x, y in zip(a, b, strict=True)) / scale
 
 
 @pytest.mark.slow
@@ -104,18 +89,10 @@ def test_c2_stays_within_the_noise_floor_of_the_unsplit_run(tmp_path):
     same 3 steps with oneDNN off (`TF_ENABLE_ONEDNN_OPTS=0`, other kernels and summation
     orders) in a subprocess. The split may not move the weights further from the unsplit run
     than a change of kernels does (x 10, and at least 1e-6 of the largest weight)."""
-    out = tmp_path / "off.npz"
-    env = {**os.environ, "TF_ENABLE_ONEDNN_OPTS": "0", "PYTHONPATH": os.getcwd()}
-    done = subprocess.run([sys.executable, "-c", _UNSPLIT_RUN, str(out)], env=env,
-                          capture_output=True, timeout=600)  # fmt: skip
-    assert done.returncode == 0, done.stderr.decode()[-2000:]
-    with np.load(out) as saved:
-        off = [saved[f"arr_{i}"] for i in range(len(saved.files))]
+    off = noise_floor.onednn_off_weights(_UNSPLIT_RUN, tmp_path, devices=2)
     bench = tensor_parallel.smoke(Llama31Benchmark)
     ref = tensor_parallel.train(bench, num_devices=2, model_parallel=1, optimizer="adam", steps=3)
     got = tensor_parallel.train(
         bench, num_devices=4, model_parallel=1, context_parallel=2, optimizer="adam", steps=3
     )
-    floor, gap = _scaled_gap(off, ref.weights), _scaled_gap(got.weights, ref.weights)
-    print(f"C=2 gap {gap:.3g}, oneDNN-off noise floor {floor:.3g} (of the largest weight)")
-    assert gap <= max(10 * floor, 1e-6), (gap, floor)
+    noise_floor.assert_within_noise_floor(got.weights, ref.weights, off, what="C=2")
