@@ -41,7 +41,7 @@ setup(
     ],
     extras_require={
         "test": ["pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6.100", "ruff==0.17.6"],
-        "peers": ["tf-models-official==2.20.*", "keras-hub>=0.21", "keras-rs>=0.4"],
+        "peers": ["tf-models-official==2.20.*", "keras-hub>=0.32", "keras-rs>=0.4"],
     },
     entry_points={
         "console_scripts": ["mlperf-tf = mlperf_tf.cli:run_main"],
