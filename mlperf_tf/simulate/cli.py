@@ -62,6 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--micro_batch_size", type=int, help="samples per pipeline micro-batch (default 1)"
     )
     parser.add_argument(
+        "--virtual_stages", type=int, default=1,
+        help="model chunks per pipeline stage: an interleaved 1F1B schedule (default 1: plain)",
+    )  # fmt: skip
+    parser.add_argument(
         "--precision",
         help="number format of the products: bf16, fp16, fp8, fp4 (mxfp4, nvfp4), fp32, tf32 "
         "(default: what the benchmark's reference trains in)",
@@ -236,6 +240,7 @@ def main(argv: list[str]) -> int:
         spatial_partition=args.spatial_partition or "1",
         moe=moe,
         micro_batch_size=args.micro_batch_size,
+        virtual_stages=args.virtual_stages,
         precision=args.precision,
     )
     # Any layout flag pins the layout (an axis not given is 1); none: the fastest legal one.

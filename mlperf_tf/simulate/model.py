@@ -131,6 +131,9 @@ class Result:
     rollout_environment_s: float = 0.0
     exposed_generation_s: float = 0.0
     refit_s: float = 0.0
+    virtual_stages: int = 1
+    slowest_rollout_s: float = 0.0
+    generator_memory_gb: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -239,6 +242,7 @@ def simulate(
     micro_batch_size: int | None = None,
     precision: str | None = None,
     fsdp: bool = False,
+    virtual_stages: int = 1,
 ) -> Result:
     """Predicts one configuration (see the module docstring for the model).
 
@@ -262,6 +266,7 @@ def simulate(
       pipeline_parallel: P chips hold consecutive 1/P of the blocks (a 1F1B pipeline).
       context_parallel: C chips share each sample, 1/C of its tokens each (ring attention).
       micro_batch_size: samples per pipeline micro-batch (default 1).
+      virtual_stages: model chunks per pipeline stage (an interleaved 1F1B schedule; 1: plain).
       precision: the number format of the products (default: the benchmark's reference).
       fsdp: weights and gradients sharded over the data-parallel groups too (FSDP; Megatron's
         `optim_grads_params`), in the memory count.
@@ -281,7 +286,7 @@ def simulate(
     moe = _moe_of(benchmark, shape, moe or parallelism.Moe())
     stages = parallelism.Stages.checked(
         shape, benchmark, working, pipeline_parallel, context_parallel, micro_batch_size,
-        cache.family("blocks"),
+        cache.family("blocks"), virtual_stages,
     )  # fmt: skip
     mesh = _check_parallel(
         benchmark, shape, layout, working // stages.size, model_parallel, spatial_partition,
@@ -330,6 +335,7 @@ def simulate(
         model_parallel=model_parallel, spatial_partition=str(spatial_partition),
         expert_parallel=expert_parallel, pipeline_parallel=stages.pipeline,
         context_parallel=stages.context, micro_batch_size=stages.micro_batch_size,
+        virtual_stages=stages.virtual,
         precision=const.precision, peak_flops=const.peak, mfu=mfu,
         calibration_source=const.source,
         single_chip_samples_per_s=single_rate, samples_per_s=samples_per_s,
@@ -689,12 +695,13 @@ def _step(
         ).total_s
     if layout is not None and layout.chips > 1:
         blocks = stages.local_blocks(work.shape.blocks)  # a stage's blocks, a shard's tokens
+        issues = stages.issues(per_chip_batch)  # each micro-batch pays a collective's latency
         model_s = parallelism.tensor_parallel_cost(
             system, layout, blocks, mesh.model, per_chip_batch
-        ).total_s
+        ).issued(issues).total_s
         context_s = (1.0 - const.overlap) * stages.context_cost(
             system, layout, blocks, mesh.group_size, per_chip_batch
-        ).total_s
+        ).issued(issues).total_s
         pipeline_s = stages.pipeline_cost(
             system, layout, blocks, mesh.group_size, per_chip_batch
         ).total_s
@@ -704,7 +711,7 @@ def _step(
         a2a_s = parallelism.moe_all_to_all_cost(
             system, layout, blocks, work.moe, mesh.expert, per_chip_batch / mesh.group_size,
             whole=work.shape.blocks,
-        ).total_s  # fmt: skip
+        ).issued(issues).total_s  # fmt: skip
     # Logical devices sharing the cores also dispatch their replicas' ops one after another.
     overhead = system.step_overhead_s * (working if system.shared_compute else 1)
     device = compute + exposed + update + overhead + model_s + halo_s + a2a_s + context_s

@@ -1,0 +1,55 @@
+"""Tests of the step's micro-batch terms (issue 48's remaining misses): collectives issued once
+per micro-batch pay their latency per micro-batch, and the interleaved 1F1B schedule's bubble
+and sends (`--virtual_stages`), each against a count written out here."""
+
+import pytest
+
+from mlperf_tf.errors import UserError
+from mlperf_tf.simulate import collectives, model, systems
+
+B200 = systems.load("b200-dgx")
+LLAMA = dict(benchmark="llama31_8b", system=B200, precision="fp8")
+
+
+def test_tensor_parallel_latency_is_paid_per_micro_batch():
+    """8 groups of 2 chips, 4 sequences a group: as one message a layer (no micro-batches
+    given), or 4 micro-batches of 1 each paying the all-reduce's 2 (p - 1) alpha."""
+    kw = dict(chips=16, global_batch=32, model_parallel=2, **LLAMA)
+    whole = model.simulate(**kw)
+    micro = model.simulate(micro_batch_size=1, **kw)
+    one = collectives.ring_allreduce(4 * 8192 * 4096 * 2, 2, B200.link)  # the group's 4 samples
+    count = 4 * 32  # 2 forward + 2 backward all-reduces a block, 32 blocks
+    assert whole.model_parallel_s == pytest.approx(count * one.total_s)
+    assert micro.model_parallel_s == pytest.approx(count * (4 * one.latency_s + one.bandwidth_s))
+    assert micro.compute_s == pytest.approx(whole.compute_s)  # the products are the same
+
+
+def test_interleaved_stages_shrink_the_bubble_and_multiply_the_sends():
+    """P = 4 stages, m = 8 micro-batches of 1: bubble (P - 1) / (V m); sends 2 (m + P - 2) V of
+    one micro-batch's activations (8,192 tokens x 4,096 hidden bf16) over NVLink."""
+    kw = dict(chips=32, global_batch=64, pipeline_parallel=4, micro_batch_size=1, **LLAMA)
+    plain = model.simulate(**kw)
+    inter = model.simulate(virtual_stages=2, **kw)
+    m = 64 / 8
+    assert plain.pipeline_bubble == pytest.approx(3 / m)
+    assert inter.pipeline_bubble == pytest.approx(3 / (2 * m))
+    assert inter.compute_s / (1 + inter.pipeline_bubble) == pytest.approx(
+        plain.compute_s / (1 + plain.pipeline_bubble)
+    )
+    nbytes = 8192 * 4096 * 2
+    sends = 2 * (m + 4 - 2)
+    link = B200.link
+    assert plain.pipeline_s == pytest.approx(sends * (link.alpha + nbytes / link.bandwidth))
+    assert inter.pipeline_s == pytest.approx(2 * plain.pipeline_s)
+    assert inter.virtual_stages == 2 and inter.step_time_s < plain.step_time_s
+
+
+def test_virtual_stages_are_refused_without_a_pipeline_or_beyond_the_shortest_stage():
+    kw = dict(chips=32, global_batch=64, **LLAMA)
+    with pytest.raises(UserError, match=r"--virtual_stages \(2\) interleaves a pipeline"):
+        model.simulate(virtual_stages=2, **kw)
+    # 32 blocks over 4 stages: 8 a stage, so at most 8 chunks.
+    with pytest.raises(UserError, match=r"exceeds the 8 blocks .* use at most 8"):
+        model.simulate(virtual_stages=9, pipeline_parallel=4, **kw)
+    with pytest.raises(UserError, match=r"--virtual_stages \(0\) must be a positive integer"):
+        model.simulate(virtual_stages=0, pipeline_parallel=4, **kw)
