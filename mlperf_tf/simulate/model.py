@@ -696,9 +696,11 @@ def _step(
     if layout is not None and layout.chips > 1:
         blocks = stages.local_blocks(work.shape.blocks)  # a stage's blocks, a shard's tokens
         issues = stages.issues(per_chip_batch)  # each micro-batch pays a collective's latency
-        model_s = parallelism.tensor_parallel_cost(
-            system, layout, blocks, mesh.model, per_chip_batch
-        ).issued(issues).total_s
+        model_s = (
+            parallelism.tensor_parallel_cost(system, layout, blocks, mesh.model, per_chip_batch)
+            .issued(issues)
+            .total_s
+        )
         context_s = (1.0 - const.overlap) * stages.context_cost(
             system, layout, blocks, mesh.group_size, per_chip_batch
         ).issued(issues).total_s
