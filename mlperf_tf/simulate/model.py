@@ -760,11 +760,14 @@ def rollout_times(
 
     - generation: the pool of `r.generation_chips` x chips in instances of `r.instance_chips`
       runs the step's `global_batch` rollouts at once (c = batch / instances each); a rollout
-      is its decoding, its prefills and its environment turns one after another:
-      decode = generated tokens x (the weights read per decoding step, experts touched by c
+      is its decoding, its prefills and its environment turns one after another, and the step
+      waits for its slowest (`Rollouts.slowest`: the expected longest of the batch's rollouts,
+      its turns in proportion, within the turn and context limits):
+      decode = its generated tokens x (the weights read per decoding step, experts touched by c
       sequences included, + c x (key/value cache over the mean context + recurrent state)) /
-      (instance chips x memory bandwidth); prefill = c x (context - generated tokens) x 2 x
-      active weights / (instance chips x sustained FLOP/s); environment = turns x seconds a turn;
+      (instance chips x memory bandwidth); prefill = c x (its context - its generated tokens)
+      x 2 x active weights / (instance chips x sustained FLOP/s); environment = its turns x
+      seconds a turn;
     - training: 6 x active weights x the rollouts' context tokens on the other chips, at the
       sustained FLOP/s;
     - refit: the weights (bf16, every expert) sent to every generator instance, each chip
@@ -772,7 +775,9 @@ def rollout_times(
       (NVLink domains), else over the chips' links.
 
     Raises:
-      UserError: `chips` too few for one generator instance and a training chip.
+      UserError: `chips` too few for one generator instance and a training chip, or a
+        generator or training chip whose bytes exceed the chip's memory
+        (`rollout_memory`).
     """
     instances = max(1, round(chips * r.generation_chips / r.instance_chips))
     pool = instances * r.instance_chips  # whole instances, the share of the chips
@@ -784,22 +789,58 @@ def rollout_times(
             f"the chips) and trained on the rest; use more than {pool}"
         )
     c = global_batch / instances  # rollouts per instance
+    generated, turns, context = r.slowest(global_batch)  # the rollout the step waits for
+    memory = rollout_memory(system, r, c, context, trainers)
     mean_context = r.prompt_tokens + (r.context_tokens - r.prompt_tokens) / 2
     read = r.weight_bytes + r.expert_bytes * r.touched_experts(c)
     read += c * (r.kv_bytes_per_token * mean_context + 2 * r.state_bytes)
     rate = r.instance_chips * system.memory_bandwidth
-    decode = r.generated_tokens * read / rate
-    prefill = c * (r.context_tokens - r.generated_tokens) * 2 * r.active_parameters
+    decode = generated * read / rate
+    prefill = c * (context - generated) * 2 * r.active_parameters
     prefill /= r.instance_chips * const.chip_flops
-    environment = r.turns * r.environment_s_per_turn
+    environment = turns * r.environment_s_per_turn
     train = r.training_flops_per_sample() * global_batch / (trainers * const.chip_flops)
     link = system.network if layout is not None and layout.nodes > 1 else system.link
     refit = (r.weight_bytes + r.expert_bytes) / r.instance_chips / link.bandwidth
     return {
         "decode_s": decode, "prefill_s": prefill, "environment_s": environment,
         "generation_s": decode + prefill + environment, "training_s": train, "refit_s": refit,
-        "generation_chips": float(pool),
+        "generation_chips": float(pool), "generator_memory": memory,
     }  # fmt: skip
+
+
+def rollout_memory(system: System, r, concurrency: float, context: float, trainers: int) -> float:
+    """The bytes a generator chip holds (its 1/instance share of the bf16 weights, every
+    expert, and of the key/value cache and recurrent state of the instance's `concurrency`
+    rollouts, each at `context` tokens: the slowest's, what the cache must hold by the step's
+    end), after checking it and the training chips' share of the model's state (bf16 weights
+    and gradients and 16 bytes of fp32 optimizer state a weight, sharded over every training
+    chip: the least a trainer can hold) against the system's memory (`memory.HEADROOM` of it;
+    systems without a stated capacity are not checked).
+
+    Raises:
+      UserError: either exceeds the usable memory.
+    """
+    gb = memory_lib.GB
+    weights = r.weight_bytes + r.expert_bytes
+    cache_bytes = concurrency * (r.kv_bytes_per_token * context + r.state_bytes)
+    generator = (weights + cache_bytes) / r.instance_chips
+    trainer = weights / parallelism.ACTIVATION_BYTES * (2 + 2 + 16) / trainers
+    usable = memory_lib.HEADROOM * system.memory_capacity
+    if not system.memory_capacity:
+        return generator
+    for what, held in (("generator", generator), ("training", trainer)):
+        if held > usable:
+            raise UserError(
+                f"--system={system.name}: a {what} chip would hold {held / gb:.0f} GB "
+                f"(generator: weights {weights / r.instance_chips / gb:.0f}, cache of "
+                f"{concurrency:.1f} rollouts at {context:,.0f} tokens "
+                f"{cache_bytes / r.instance_chips / gb:.0f}; training: weights, gradients and "
+                f"optimizer over {trainers} chips {trainer / gb:.0f}) over {usable / gb:.0f} GB "
+                f"({memory_lib.HEADROOM:.0%} of {system.memory_capacity / gb:.0f}); use a "
+                f"system with more memory a chip{' or more chips' if what == 'training' else ''}"
+            )
+    return generator
 
 
 def _rollout_step(system, const, layout, r, global_batch, chips, step) -> dict[str, Any]:
@@ -821,7 +862,8 @@ def _rollout_step(system, const, layout, r, global_batch, chips, step) -> dict[s
         **step, "compute_s": t["training_s"], "step_time_s": step_s,
         "rollout_decode_s": t["decode_s"], "rollout_prefill_s": t["prefill_s"],
         "rollout_environment_s": t["environment_s"], "exposed_generation_s": exposed,
-        "refit_s": t["refit_s"],
+        "refit_s": t["refit_s"], "slowest_rollout_s": t["generation_s"],
+        "generator_memory_gb": t["generator_memory"] / memory_lib.GB,
     }  # fmt: skip
 
 
