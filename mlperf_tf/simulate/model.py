@@ -243,6 +243,7 @@ def simulate(
     precision: str | None = None,
     fsdp: bool = False,
     virtual_stages: int = 1,
+    recompute_attention: bool = False,
 ) -> Result:
     """Predicts one configuration (see the module docstring for the model).
 
@@ -269,7 +270,11 @@ def simulate(
       virtual_stages: model chunks per pipeline stage (an interleaved 1F1B schedule; 1: plain).
       precision: the number format of the products (default: the benchmark's reference).
       fsdp: weights and gradients sharded over the data-parallel groups too (FSDP; Megatron's
-        `optim_grads_params`), in the memory count.
+        `optim_grads_params`): in the memory count, and the weights gathered before the forward
+        and again before the backward (`_step`).
+      recompute_attention: the attention's score and context products run their forward once
+        more in the backward (Megatron's selective recomputation, `recompute_modules:
+        ['core_attn']`, as Dell's gpt_oss_20b log prints it).
 
     Raises:
       UserError: an unknown benchmark or algorithm, chips that do not fit the system, failed
@@ -316,6 +321,7 @@ def simulate(
         system=system, const=const, layout=layout, algorithm=algorithm,
         per_chip_batch=per_group, global_batch=global_batch, work=work, mesh=mesh,
         sharding=weight_update_sharding, failed_chips=failed_chips, stages=stages,
+        fsdp=fsdp, recompute_attention=recompute_attention,
     )  # fmt: skip
     if shape.rollouts is not None:
         step = _rollout_step(system, const, layout, shape.rollouts, global_batch, working, step)
@@ -658,13 +664,23 @@ def _step(
     sharding: bool,
     failed_chips: int,
     stages: parallelism.Stages,
+    fsdp: bool = False,
+    recompute_attention: bool = False,
 ) -> dict[str, Any]:
     """The step's parts (seconds) of the chips of `mesh` x `stages` (each stage and context
-    shard a `mesh` of its own); `per_chip_batch` is a group's batch."""
+    shard a `mesh` of its own); `per_chip_batch` is a group's batch.
+
+    Under `fsdp` the gradient collective carries 1.5 x an all-reduce's bytes: the weights are
+    all-gathered before the forward and again before the backward and the gradients
+    reduce-scattered, three half all-reduces where data parallelism runs two (ZeRO stage 3,
+    Rajbhandari et al. 2020, sec. 7.2.2), with the same overlap. `recompute_attention` adds
+    one more forward of the attention products (a third of their counted training FLOPs)."""
     split, working = mesh.group_size * stages.size, mesh.size * stages.size
     bubble = stages.bubble(per_chip_batch)
     attention = work.shape.attention_flops  # counted in work.flops, timed at its own peak
     timed = work.flops + attention * (const.attention_scale - 1.0)
+    if recompute_attention:  # the score and context products' forward, again in the backward
+        timed += attention / 3.0 * const.attention_scale
     compute = per_chip_batch * timed / split / _chip_flops(system, const, working)
     compute *= stages.imbalance(work.shape.blocks)  # the longest stage sets the tick
     backward = compute * 2.0 / 3.0
@@ -679,6 +695,8 @@ def _step(
     stride = split // stages.context
     replicas = parallelism.data_layout(system, layout, stride) if layout is not None else None
     cost = allreduce_cost(system, replicas, algorithm, held * system.gradient_bytes, failed_chips)
+    if fsdp:  # gather (forward), gather (backward), reduce-scatter: 3 halves of an all-reduce
+        cost = collectives.Cost(1.5 * cost.latency_s, 1.5 * cost.bandwidth_s)
     allreduce = cost.total_s
     exposed = allreduce - min(const.overlap * allreduce, backward)
     update = held * system.optimizer_bytes_per_parameter / system.memory_bandwidth

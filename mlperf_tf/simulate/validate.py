@@ -52,6 +52,7 @@ def _predict(point: dict, system: systems.System, *, logged: bool) -> model.Resu
         precision=point.get("precision"),
         micro_batch_size=point.get("micro_batch_size"),
         virtual_stages=int(point.get("virtual_stages", 1)),
+        recompute_attention=bool(point.get("recompute_attention", False)),
     )
     layout = {k: int(point[k]) for k in _LAYOUT if k in point}
     if point.get("layout") == "fastest":

@@ -53,3 +53,21 @@ def test_virtual_stages_are_refused_without_a_pipeline_or_beyond_the_shortest_st
         model.simulate(virtual_stages=9, pipeline_parallel=4, **kw)
     with pytest.raises(UserError, match=r"--virtual_stages \(0\) must be a positive integer"):
         model.simulate(virtual_stages=0, pipeline_parallel=4, **kw)
+
+
+def test_fsdp_gathers_the_weights_twice_and_recompute_adds_an_attention_forward():
+    """FSDP: gather (forward), gather (backward), reduce-scatter = 1.5 x the all-reduce, same
+    overlap; core-attention recomputation: + the attention's products / 3 at their own peak
+    (BF16, half of the causal square)."""
+    kw = dict(benchmark="gpt_oss_20b", system=B200, chips=8, global_batch=16,
+              weight_update_sharding=True, precision="fp8", micro_batch_size=2)  # fmt: skip
+    plain = model.simulate(**kw)
+    fsdp = model.simulate(fsdp=True, **kw)
+    assert fsdp.allreduce_s == pytest.approx(1.5 * plain.allreduce_s)
+    exposed = fsdp.allreduce_s - min(0.8 * fsdp.allreduce_s, fsdp.compute_s * 2 / 3)
+    assert fsdp.exposed_comm_s == pytest.approx(exposed)
+    again = model.simulate(recompute_attention=True, **kw)
+    shape = model.shape_of(model.benchmark_facts("gpt_oss_20b"))
+    const = model.constants(B200, "gpt_oss_20b", shape, "fp8")
+    extra = 2 * shape.attention_flops / 3 * 0.5 / (B200.peak("bf16") * const.efficiency)
+    assert again.compute_s - plain.compute_s == pytest.approx(extra)  # 2 samples a chip
