@@ -292,6 +292,7 @@ def simulate(
     stages = parallelism.Stages.checked(
         shape, benchmark, working, pipeline_parallel, context_parallel, micro_batch_size,
         cache.family("blocks"), virtual_stages,
+        accumulate="decoder" in facts,  # its memory is counted a micro-batch at a time
     )  # fmt: skip
     mesh = _check_parallel(
         benchmark, shape, layout, working // stages.size, model_parallel, spatial_partition,

@@ -404,8 +404,11 @@ class Stages:
     def checked(
         cls, shape: SimulatorShape, benchmark: str, working: int, pipeline: int, context: int,
         micro_batch_size: int | None, family: Iterable[str], virtual: int = 1,
+        accumulate: bool = False,
     ) -> Stages:  # fmt: skip
-        """The stages of the flags, after checking them against the model and the chips.
+        """The stages of the flags, after checking them against the model and the chips; the
+        run accumulates micro-batches with a pipeline, a `micro_batch_size` given, or where the
+        caller says so (`accumulate`: a decoder, whose memory is counted per micro-batch).
 
         Raises:
           UserError: a flag below 1, a model without blocks, blocks or tokens that the flag
@@ -456,7 +459,7 @@ class Stages:
                 f"--pipeline_parallel={pipeline} x --context_parallel={context} needs a multiple "
                 f"of {pipeline * context} chips; {working} work"
             )
-        accumulates = pipeline > 1 or micro_batch_size is not None
+        accumulates = accumulate or pipeline > 1 or micro_batch_size is not None
         return cls(pipeline, context, flags["--micro_batch_size"], longest, virtual, accumulates)
 
     def check_batch(self, group_batch: float) -> None:
@@ -481,9 +484,8 @@ class Stages:
 
     def issues(self, group_batch: float) -> float:
         """How many times a layer's collectives are issued in one step: once per micro-batch
-        where the run accumulates (a pipeline, or a `--micro_batch_size` given: each
-        micro-batch passes every layer on its own and pays each collective's latency), once
-        for the group's samples where it does not."""
+        where the run accumulates (`checked`: each micro-batch passes every layer on its own and
+        pays each collective's latency), once for the group's samples where it does not."""
         return self.micro_batches(group_batch) if self.accumulates else 1.0
 
     def local_blocks(self, blocks: Blocks | None) -> Blocks | None:

@@ -12,16 +12,25 @@ LLAMA = dict(benchmark="llama31_8b", system=B200, precision="fp8")
 
 
 def test_tensor_parallel_latency_is_paid_per_micro_batch():
-    """8 groups of 2 chips, 4 sequences a group: as one message a layer (no micro-batches
-    given), or 4 micro-batches of 1 each paying the all-reduce's 2 (p - 1) alpha."""
+    """8 groups of 2 chips, 4 sequences a group: a decoder accumulates micro-batches of 1 (its
+    memory is counted so), each paying the all-reduce's 2 (p - 1) alpha; micro-batches of 2
+    pay it twice. A model without a decoder count (BERT) sends its group's samples at once."""
     kw = dict(chips=16, global_batch=32, model_parallel=2, **LLAMA)
-    whole = model.simulate(**kw)
-    micro = model.simulate(micro_batch_size=1, **kw)
+    ones = model.simulate(**kw)
+    twos = model.simulate(micro_batch_size=2, **kw)
     one = collectives.ring_allreduce(4 * 8192 * 4096 * 2, 2, B200.link)  # the group's 4 samples
     count = 4 * 32  # 2 forward + 2 backward all-reduces a block, 32 blocks
-    assert whole.model_parallel_s == pytest.approx(count * one.total_s)
-    assert micro.model_parallel_s == pytest.approx(count * (4 * one.latency_s + one.bandwidth_s))
-    assert micro.compute_s == pytest.approx(whole.compute_s)  # the products are the same
+    assert ones.model_parallel_s == pytest.approx(count * (4 * one.latency_s + one.bandwidth_s))
+    assert twos.model_parallel_s == pytest.approx(count * (2 * one.latency_s + one.bandwidth_s))
+    assert twos.compute_s == pytest.approx(ones.compute_s)  # the products are the same
+    v3 = systems.load("tpu-v3")
+    bert = model.simulate(benchmark="bert", system=v3, chips=64, global_batch=256,
+                          model_parallel=2)  # 8 samples a group, at once  # fmt: skip
+    micro = model.simulate(benchmark="bert", system=v3, chips=64, global_batch=256,
+                           model_parallel=2, micro_batch_size=1)  # fmt: skip
+    assert micro.model_parallel_s - bert.model_parallel_s == pytest.approx(
+        4 * 24 * 7 * 2 * v3.link.alpha, rel=1e-6
+    )  # 7 more issues of the 2 (p - 1) = 2 alpha steps
 
 
 def test_interleaved_stages_shrink_the_bubble_and_multiply_the_sends():

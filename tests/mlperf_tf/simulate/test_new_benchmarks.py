@@ -67,8 +67,7 @@ def test_deepseek_default_batch_and_the_reference_layout_are_legal():
     assert r.global_batch == 16_384 and r.weight_update_sharding  # the distributed optimizer
     assert r.pipeline_bubble == pytest.approx(3 / (16_384 / 64))  # (P-1)/m, m = 256
     assert r.memory_per_chip_gb * 1e9 <= 0.9 * systems.load(GB300).memory_capacity
-    best = model.fastest(benchmark="deepseekv3_671b", system=systems.load(GB300), chips=256,
-                         micro_batch_size=1)  # the reference's MBS  # fmt: skip
+    best = model.fastest(benchmark="deepseekv3_671b", system=systems.load(GB300), chips=256)
     assert best.global_batch == 16_384 and best.weight_update_sharding
     # The reference's pipeline axis: with each micro-batch paying its collectives' latency,
     # CP2's ring passes and all-to-alls over 64 chips cost more than PP4's bubble (3/256).
