@@ -652,6 +652,17 @@ def allreduce_cost(
     return collectives.ring_allreduce(nbytes, layout.chips, system.link)
 
 
+def _gradient_cost(
+    system: System, layout, algorithm: str, stride: int, held: float, failed_chips: int
+) -> collectives.Cost:
+    """The all-reduce of `held` weights' gradients over their replicas, every `stride`-th
+    chip of `layout` (`parallelism.data_layout`)."""
+    if layout is None:
+        return collectives.ZERO
+    replicas = parallelism.data_layout(system, layout, stride)
+    return allreduce_cost(system, replicas, algorithm, held * system.gradient_bytes, failed_chips)
+
+
 def _step(
     *,
     system: System,
@@ -688,21 +699,34 @@ def _step(
     compute *= 1.0 + bubble
     # Each chip holds 1/(M P) of the weights (experts: 1/(E P) of them); the gradient all-reduce
     # runs over the replicas of one shard, every (split / C)-th chip: the data-parallel groups
-    # and the context shards, which hold the same weights.
+    # and the context shards, which hold the same weights. An expert's replicas are E times
+    # fewer and E times farther apart (Megatron's expert-data-parallel group: the data axis
+    # alone), so on a switched system its gradients go over those (fewer chips a node share
+    # the network) and, sharded, its update over them; on a torus with the dense ones.
     dense = work.params - work.expert_params
     if work.shape.embeddings is not None:  # sharded tables: updated where they live (their
         dense -= work.shape.embeddings.parameters  # rows' traffic is the lookups' below)
-    held = (dense / mesh.model + work.expert_params / mesh.expert) / stages.pipeline
+    held_dense = dense / mesh.model / stages.pipeline
+    held_experts = work.expert_params / mesh.expert / stages.pipeline
+    held = held_dense + held_experts
     stride = split // stages.context
-    replicas = parallelism.data_layout(system, layout, stride) if layout is not None else None
-    cost = allreduce_cost(system, replicas, algorithm, held * system.gradient_bytes, failed_chips)
+    apart = system.kind == "switched" and mesh.expert > 1 and held_experts > 0
+    together = held_dense if apart else held
+    cost = _gradient_cost(system, layout, algorithm, stride, together, failed_chips)
+    if apart:
+        cost += _gradient_cost(
+            system, layout, algorithm, stride * mesh.expert, held_experts, failed_chips
+        )
     if fsdp:  # gather (forward), gather (backward), reduce-scatter: 3 halves of an all-reduce
         cost = collectives.Cost(1.5 * cost.latency_s, 1.5 * cost.bandwidth_s)
     allreduce = cost.total_s
     exposed = allreduce - min(const.overlap * allreduce, backward)
-    update = held * system.optimizer_bytes_per_parameter / system.memory_bandwidth
+    per_byte = system.optimizer_bytes_per_parameter / system.memory_bandwidth
+    update = held * per_byte
     if sharding:
-        update /= max(1, working // stride)
+        update = held_dense * per_byte / max(1, working // stride)
+        expert_stride = stride * (mesh.expert if apart else 1)
+        update += held_experts * per_byte / max(1, working // expert_stride)
     model_s = halo_s = a2a_s = context_s = pipeline_s = 0.0
     experts_s = expert_weight_streaming(system, work, mesh, stages, per_chip_batch)
     own = per_chip_batch / split  # a chip's samples

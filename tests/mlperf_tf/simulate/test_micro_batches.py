@@ -80,3 +80,24 @@ def test_fsdp_gathers_the_weights_twice_and_recompute_adds_an_attention_forward(
     const = model.constants(B200, "gpt_oss_20b", shape, "fp8")
     extra = 2 * shape.attention_flops / 3 * 0.5 / (B200.peak("bf16") * const.efficiency)
     assert again.compute_s - plain.compute_s == pytest.approx(extra)  # 2 samples a chip
+
+
+def test_expert_gradients_are_reduced_over_the_chips_holding_the_same_experts():
+    """GPT-OSS on 2 B200 nodes, EP 8: the dense gradients are all-reduced over all 16 chips
+    (8 a node), each expert's over the 2 chips that hold it (one a node, over the network);
+    sharded, the experts' update is split 2 ways, the dense one 16."""
+    kw = dict(benchmark="gpt_oss_20b", system=B200, chips=16, global_batch=16,
+              expert_parallel=8, precision="fp8", weight_update_sharding=True)  # fmt: skip
+    r = model.simulate(**kw)
+    facts = model.benchmark_facts("gpt_oss_20b")
+    shape = model.shape_of(facts)
+    b, e = shape.blocks, shape.experts
+    experts = e.layers(b.blocks) * e.num_experts * b.ffn_parameters
+    dense = facts["trainable_parameters"] - experts
+    hier = collectives.hierarchical_allreduce
+    net, link = B200.network, B200.link
+    dense_cost = hier(dense * 2, gpus_per_node=8, nodes=2, intra=link, inter=net)
+    expert_cost = hier(experts / 8 * 2, gpus_per_node=1, nodes=2, intra=link, inter=net)
+    assert r.allreduce_s == pytest.approx(dense_cost.total_s + expert_cost.total_s)
+    per_byte = B200.optimizer_bytes_per_parameter / B200.memory_bandwidth
+    assert r.weight_update_s == pytest.approx(dense * per_byte / 16 + experts / 8 * per_byte / 2)
