@@ -11,17 +11,21 @@ Per training step (all times in seconds):
                 (forward 1/3, backward 2/3: the 3x convention of `mlperf_tf.flops`; the peak is
                 the dense peak of the run's number format, `--precision`; the efficiency is the
                 benchmark's calibration for the system's family, `SimulatorShape.calibration`)
-    bubble    = (P - 1) / m for a 1F1B pipeline of P stages and m micro-batches per step
+    bubble    = (P - 1) / (V m) for a 1F1B pipeline of P stages, V chunks a stage
+                (`--virtual_stages`, interleaved) and m micro-batches per step
                 (Narayanan et al. 2021, sec. 2.2: the idle share of an unbalanced-free schedule)
     allreduce = the α–β time of the chosen algorithm on the system's layout
-                (gradient bytes = parameters x `gradient_bytes`)
+                (gradient bytes = parameters x `gradient_bytes`; an expert's over the chips
+                holding it; x 1.5 under `--fsdp`: the weights gathered twice)
     exposed   = allreduce - min(overlap_fraction x allreduce, backward): the part of the
                 all-reduce that the backward pass cannot hide
     update    = parameters x optimizer bytes per parameter / memory bandwidth, divided by the
                 chips with weight-update sharding (Kumar et al. 2020: each chip updates 1/p of the
                 weights between the reduce-scatter and the all-gather, at no extra traffic)
     parallel  = tensor-parallel all-reduces + halos + expert all-to-alls + context-parallel K/V
-                ring passes (the part the attention does not hide) + pipeline sends
+                ring passes (the part the attention does not hide) + pipeline sends; where
+                a run accumulates micro-batches, each layer's collectives pay their latency
+                once per micro-batch (`Stages.issues`)
     experts   = micro-batches x the chip's expert weights x 3 reads x 2 bytes / memory bandwidth
                 (`expert_weight_streaming`)
     tables    = a chip's samples x the bytes its lookups move through memory / bandwidth + the
@@ -31,7 +35,8 @@ Per training step (all times in seconds):
     input     = global batch / (hosts x per-host input rate)
     step      = max(device, input)          (input is prefetched: the slower of the two wins)
                 or, for a benchmark whose samples are rollouts (`SimulatorShape.rollouts`),
-                max(generation, training) + refit (`rollout_times`, `_rollout_step`)
+                max(generation of the slowest rollout, training) + refit (`rollout_times`,
+                `_rollout_step`; generator and trainer memory checked, `rollout_memory`)
 
 Time to train = steps to target x step + evaluations x (eval forward passes + eval overhead),
 with epochs to target from `convergence.curve` at the global batch. Per-sample FLOPs, the
