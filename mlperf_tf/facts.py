@@ -9,6 +9,8 @@ with `from_dict` without importing TensorFlow. Pure Python: nothing here imports
 from __future__ import annotations
 
 import dataclasses
+import math
+import statistics
 from typing import Any, NamedTuple
 
 
@@ -164,6 +166,13 @@ class Rollouts:
       max_age: generation runs at most this many steps ahead of training (0: synchronous, the
         step is the sum; 1: generation of step k+1 beside training of step k, the step the
         larger of the two plus the refit).
+      length_cv: the spread of one rollout's generated tokens over the rollouts of a step, as
+        a coefficient of variation of a lognormal distribution (0: every rollout the mean). A
+        step waits for its slowest rollout (`slowest`).
+      length_source: where `length_cv` comes from.
+      max_context_tokens: the longest context a rollout may reach (the run's
+        `max_sequence_length`; 0: no limit).
+      max_turns: the agent's turn limit (0: none).
     """
 
     generation_chips: float
@@ -182,6 +191,40 @@ class Rollouts:
     state_bytes: float
     active_parameters: float
     max_age: int = 1
+    length_cv: float = 0.0
+    length_source: str = ""
+    max_context_tokens: float = 0.0
+    max_turns: float = 0.0
+
+    def slowest_factor(self, rollouts: float) -> float:
+        """The slowest of `rollouts` rollouts' generated tokens over the mean: the expected
+        maximum of n lognormal draws of mean 1 and coefficient of variation `length_cv`,
+        exp(sigma z_n - sigma^2 / 2) with sigma^2 = ln(1 + cv^2) and z_n Blom's normal score
+        of the largest of n, the normal quantile of (n - 0.375) / (n + 0.25) (Blom 1958, the
+        standard approximation of the expected largest order statistic)."""
+        if self.length_cv <= 0 or rollouts <= 1:
+            return 1.0
+        sigma = math.sqrt(math.log1p(self.length_cv**2))
+        z = statistics.NormalDist().inv_cdf((rollouts - 0.375) / (rollouts + 0.25))
+        return math.exp(sigma * z - sigma**2 / 2)
+
+    def slowest(self, rollouts: float) -> tuple[float, float, float]:
+        """(generated tokens, turns, context tokens) of the slowest of `rollouts` rollouts: the
+        mean rollout's scaled by `slowest_factor`, its turns (each with its observation) in
+        proportion, within the turn limit and the context limit."""
+        factor = self.slowest_factor(rollouts)
+        generated = self.generated_tokens * factor
+        turns = self.turns * factor
+        if self.max_turns:
+            turns = min(turns, self.max_turns)
+        observations = self.context_tokens - self.prompt_tokens - self.generated_tokens
+        context = self.prompt_tokens + generated + observations * turns / max(self.turns, 1e-9)
+        if self.max_context_tokens and context > self.max_context_tokens:
+            generated -= (
+                (context - self.max_context_tokens) * generated / (context - self.prompt_tokens)
+            )
+            context = self.max_context_tokens
+        return generated, turns, context
 
     def training_flops_per_sample(self) -> float:
         """Training FLOPs of one rollout: 6 x active weights x its tokens (the products of the

@@ -59,7 +59,9 @@ class Qwen35GrpoBenchmark(Benchmark):
 
     def simulator_shape(self):
         """Rollouts, training and refit as `mlperf-tf simulate` times them (`simulator.py`)."""
-        return simulator_lib.simulator_shape(self.config.model, self.config.global_batch_size)
+        return simulator_lib.simulator_shape(
+            self.config.model, self.config.global_batch_size, self.config.grpo.max_rollout_turns
+        )
 
     @property
     def train_steps(self) -> int:

@@ -30,12 +30,27 @@ OBSERVATION_TOKENS = 500.0
 # container takes 5 s on average; the reference logs no environment time.
 ENVIRONMENT_S_PER_TURN = 5.0
 ENVIRONMENT_SOURCE = "assumed: 5 s a tool call in the task's container (no measurement logged)"
+# A step waits for its slowest rollout. The reference logs no rollout's length, only each
+# step's mean (`global_valid_toks` / `global_valid_seqs`, 17 steps of 6 seeds at GBS 256): the
+# seeds run the same tasks in the same order (the curriculum is part of the input), so the
+# spread of one step's mean over the seeds is sampling alone (rms 118 tokens over ~251 rollouts:
+# 1,866 a rollout, CV 0.32 within a task) and what the seed-averaged means vary beyond it is the
+# tasks' (16 prompts a step: 1,916 a task, CV 0.33); together CV 0.46 of the 5,822 mean.
+# Assumed lognormal (lengths are positive and right-skewed) and independent.
+LENGTH_CV = 0.46
+LENGTH_SOURCE = (
+    "llm_post_training/rcp_logs/GBS256/seed_1..6.out: spread of the per-step mean generated "
+    "tokens over seeds (within a task) and over steps (between tasks); lognormal assumed"
+)
 BF16 = 2  # the generator's weights and cache (vLLM, BF16 policy)
 STATE_BYTES = 4  # DeltaNet's recurrent state, fp32
 
 
-def simulator_shape(model: config_lib.ModelConfig, global_batch_size: int) -> SimulatorShape:
-    """The shape of `model` generating and training at `global_batch_size` rollouts a step."""
+def simulator_shape(
+    model: config_lib.ModelConfig, global_batch_size: int, max_turns: int = 30
+) -> SimulatorShape:
+    """The shape of `model` generating and training at `global_batch_size` rollouts a step,
+    each within `max_turns` agent turns and the MLPerf context of 65,536 tokens."""
     m = model
     expert = 3 * m.hidden_size * m.moe.filter_size  # one routed SwiGLU expert
     experts = m.moe.count(m.num_hidden_layers) * m.moe.num_experts * expert
@@ -52,7 +67,8 @@ def simulator_shape(model: config_lib.ModelConfig, global_batch_size: int) -> Si
         weight_bytes=(m.parameter_count() - experts) * BF16, expert_bytes=experts * BF16,
         num_experts=m.moe.num_experts, top_k=m.moe.top_k, kv_bytes_per_token=kv,
         state_bytes=state * STATE_BYTES, active_parameters=m.active_parameter_count(),
-        max_age=1,
+        max_age=1, length_cv=LENGTH_CV, length_source=LENGTH_SOURCE,
+        max_context_tokens=config_lib.MLPERF_SEQUENCE_LENGTH, max_turns=max_turns,
     )  # fmt: skip
     return SimulatorShape(
         precision="bf16", reference_batch=global_batch_size, rollouts=rollouts,

@@ -35,7 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--all_reduce", choices=_ALGORITHMS, help="default: the system's best")
     parser.add_argument("--weight_update_sharding", action="store_true")
     parser.add_argument(
-        "--fsdp", action="store_true", help="weights and gradients sharded too (memory count)"
+        "--fsdp",
+        action="store_true",
+        help="weights and gradients sharded too (memory; the weights gathered twice a step)",
     )
     parser.add_argument("--failed_chips", type=int, default=0, help="holes in a torus/mesh")
     parser.add_argument("--wraparound", choices=("auto", "on", "off"), default="auto")
@@ -61,6 +63,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--micro_batch_size", type=int, help="samples per pipeline micro-batch (default 1)"
     )
+    parser.add_argument(
+        "--recompute_attention", action="store_true",
+        help="the attention's products run their forward again in the backward (core_attn)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--virtual_stages", type=int, default=1,
+        help="model chunks per pipeline stage: an interleaved 1F1B schedule (default 1: plain)",
+    )  # fmt: skip
     parser.add_argument(
         "--precision",
         help="number format of the products: bf16, fp16, fp8, fp4 (mxfp4, nvfp4), fp32, tf32 "
@@ -236,6 +246,8 @@ def main(argv: list[str]) -> int:
         spatial_partition=args.spatial_partition or "1",
         moe=moe,
         micro_batch_size=args.micro_batch_size,
+        virtual_stages=args.virtual_stages,
+        recompute_attention=args.recompute_attention,
         precision=args.precision,
     )
     # Any layout flag pins the layout (an axis not given is 1); none: the fastest legal one.

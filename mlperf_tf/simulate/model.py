@@ -11,17 +11,21 @@ Per training step (all times in seconds):
                 (forward 1/3, backward 2/3: the 3x convention of `mlperf_tf.flops`; the peak is
                 the dense peak of the run's number format, `--precision`; the efficiency is the
                 benchmark's calibration for the system's family, `SimulatorShape.calibration`)
-    bubble    = (P - 1) / m for a 1F1B pipeline of P stages and m micro-batches per step
+    bubble    = (P - 1) / (V m) for a 1F1B pipeline of P stages, V chunks a stage
+                (`--virtual_stages`, interleaved) and m micro-batches per step
                 (Narayanan et al. 2021, sec. 2.2: the idle share of an unbalanced-free schedule)
     allreduce = the α–β time of the chosen algorithm on the system's layout
-                (gradient bytes = parameters x `gradient_bytes`)
+                (gradient bytes = parameters x `gradient_bytes`; an expert's over the chips
+                holding it; x 1.5 under `--fsdp`: the weights gathered twice)
     exposed   = allreduce - min(overlap_fraction x allreduce, backward): the part of the
                 all-reduce that the backward pass cannot hide
     update    = parameters x optimizer bytes per parameter / memory bandwidth, divided by the
                 chips with weight-update sharding (Kumar et al. 2020: each chip updates 1/p of the
                 weights between the reduce-scatter and the all-gather, at no extra traffic)
     parallel  = tensor-parallel all-reduces + halos + expert all-to-alls + context-parallel K/V
-                ring passes (the part the attention does not hide) + pipeline sends
+                ring passes (the part the attention does not hide) + pipeline sends; where
+                a run accumulates micro-batches, each layer's collectives pay their latency
+                once per micro-batch (`Stages.issues`)
     experts   = micro-batches x the chip's expert weights x 3 reads x 2 bytes / memory bandwidth
                 (`expert_weight_streaming`)
     tables    = a chip's samples x the bytes its lookups move through memory / bandwidth + the
@@ -31,7 +35,8 @@ Per training step (all times in seconds):
     input     = global batch / (hosts x per-host input rate)
     step      = max(device, input)          (input is prefetched: the slower of the two wins)
                 or, for a benchmark whose samples are rollouts (`SimulatorShape.rollouts`),
-                max(generation, training) + refit (`rollout_times`, `_rollout_step`)
+                max(generation of the slowest rollout, training) + refit (`rollout_times`,
+                `_rollout_step`; generator and trainer memory checked, `rollout_memory`)
 
 Time to train = steps to target x step + evaluations x (eval forward passes + eval overhead),
 with epochs to target from `convergence.curve` at the global batch. Per-sample FLOPs, the
@@ -131,6 +136,9 @@ class Result:
     rollout_environment_s: float = 0.0
     exposed_generation_s: float = 0.0
     refit_s: float = 0.0
+    virtual_stages: int = 1
+    slowest_rollout_s: float = 0.0
+    generator_memory_gb: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -239,6 +247,8 @@ def simulate(
     micro_batch_size: int | None = None,
     precision: str | None = None,
     fsdp: bool = False,
+    virtual_stages: int = 1,
+    recompute_attention: bool = False,
 ) -> Result:
     """Predicts one configuration (see the module docstring for the model).
 
@@ -262,9 +272,14 @@ def simulate(
       pipeline_parallel: P chips hold consecutive 1/P of the blocks (a 1F1B pipeline).
       context_parallel: C chips share each sample, 1/C of its tokens each (ring attention).
       micro_batch_size: samples per pipeline micro-batch (default 1).
+      virtual_stages: model chunks per pipeline stage (an interleaved 1F1B schedule; 1: plain).
       precision: the number format of the products (default: the benchmark's reference).
       fsdp: weights and gradients sharded over the data-parallel groups too (FSDP; Megatron's
-        `optim_grads_params`), in the memory count.
+        `optim_grads_params`): in the memory count, and the weights gathered before the forward
+        and again before the backward (`_step`).
+      recompute_attention: the attention's score and context products run their forward once
+        more in the backward (Megatron's selective recomputation, `recompute_modules:
+        ['core_attn']`, as Dell's gpt_oss_20b log prints it).
 
     Raises:
       UserError: an unknown benchmark or algorithm, chips that do not fit the system, failed
@@ -281,7 +296,8 @@ def simulate(
     moe = _moe_of(benchmark, shape, moe or parallelism.Moe())
     stages = parallelism.Stages.checked(
         shape, benchmark, working, pipeline_parallel, context_parallel, micro_batch_size,
-        cache.family("blocks"),
+        cache.family("blocks"), virtual_stages,
+        accumulate="decoder" in facts,  # its memory is counted a micro-batch at a time
     )  # fmt: skip
     mesh = _check_parallel(
         benchmark, shape, layout, working // stages.size, model_parallel, spatial_partition,
@@ -311,6 +327,7 @@ def simulate(
         system=system, const=const, layout=layout, algorithm=algorithm,
         per_chip_batch=per_group, global_batch=global_batch, work=work, mesh=mesh,
         sharding=weight_update_sharding, failed_chips=failed_chips, stages=stages,
+        fsdp=fsdp, recompute_attention=recompute_attention,
     )  # fmt: skip
     if shape.rollouts is not None:
         step = _rollout_step(system, const, layout, shape.rollouts, global_batch, working, step)
@@ -330,6 +347,7 @@ def simulate(
         model_parallel=model_parallel, spatial_partition=str(spatial_partition),
         expert_parallel=expert_parallel, pipeline_parallel=stages.pipeline,
         context_parallel=stages.context, micro_batch_size=stages.micro_batch_size,
+        virtual_stages=stages.virtual,
         precision=const.precision, peak_flops=const.peak, mfu=mfu,
         calibration_source=const.source,
         single_chip_samples_per_s=single_rate, samples_per_s=samples_per_s,
@@ -639,6 +657,17 @@ def allreduce_cost(
     return collectives.ring_allreduce(nbytes, layout.chips, system.link)
 
 
+def _gradient_cost(
+    system: System, layout, algorithm: str, stride: int, held: float, failed_chips: int
+) -> collectives.Cost:
+    """The all-reduce of `held` weights' gradients over their replicas, every `stride`-th
+    chip of `layout` (`parallelism.data_layout`)."""
+    if layout is None:
+        return collectives.ZERO
+    replicas = parallelism.data_layout(system, layout, stride)
+    return allreduce_cost(system, replicas, algorithm, held * system.gradient_bytes, failed_chips)
+
+
 def _step(
     *,
     system: System,
@@ -652,32 +681,57 @@ def _step(
     sharding: bool,
     failed_chips: int,
     stages: parallelism.Stages,
+    fsdp: bool = False,
+    recompute_attention: bool = False,
 ) -> dict[str, Any]:
     """The step's parts (seconds) of the chips of `mesh` x `stages` (each stage and context
-    shard a `mesh` of its own); `per_chip_batch` is a group's batch."""
+    shard a `mesh` of its own); `per_chip_batch` is a group's batch.
+
+    Under `fsdp` the gradient collective carries 1.5 x an all-reduce's bytes: the weights are
+    all-gathered before the forward and again before the backward and the gradients
+    reduce-scattered, three half all-reduces where data parallelism runs two (ZeRO stage 3,
+    Rajbhandari et al. 2020, sec. 7.2.2), with the same overlap. `recompute_attention` adds
+    one more forward of the attention products (a third of their counted training FLOPs)."""
     split, working = mesh.group_size * stages.size, mesh.size * stages.size
     bubble = stages.bubble(per_chip_batch)
     attention = work.shape.attention_flops  # counted in work.flops, timed at its own peak
     timed = work.flops + attention * (const.attention_scale - 1.0)
+    if recompute_attention:  # the score and context products' forward, again in the backward
+        timed += attention / 3.0 * const.attention_scale
     compute = per_chip_batch * timed / split / _chip_flops(system, const, working)
     compute *= stages.imbalance(work.shape.blocks)  # the longest stage sets the tick
     backward = compute * 2.0 / 3.0
     compute *= 1.0 + bubble
     # Each chip holds 1/(M P) of the weights (experts: 1/(E P) of them); the gradient all-reduce
     # runs over the replicas of one shard, every (split / C)-th chip: the data-parallel groups
-    # and the context shards, which hold the same weights.
+    # and the context shards, which hold the same weights. An expert's replicas are E times
+    # fewer and E times farther apart (Megatron's expert-data-parallel group: the data axis
+    # alone), so on a switched system its gradients go over those (fewer chips a node share
+    # the network) and, sharded, its update over them; on a torus with the dense ones.
     dense = work.params - work.expert_params
     if work.shape.embeddings is not None:  # sharded tables: updated where they live (their
         dense -= work.shape.embeddings.parameters  # rows' traffic is the lookups' below)
-    held = (dense / mesh.model + work.expert_params / mesh.expert) / stages.pipeline
+    held_dense = dense / mesh.model / stages.pipeline
+    held_experts = work.expert_params / mesh.expert / stages.pipeline
+    held = held_dense + held_experts
     stride = split // stages.context
-    replicas = parallelism.data_layout(system, layout, stride) if layout is not None else None
-    cost = allreduce_cost(system, replicas, algorithm, held * system.gradient_bytes, failed_chips)
+    apart = system.kind == "switched" and mesh.expert > 1 and held_experts > 0
+    together = held_dense if apart else held
+    cost = _gradient_cost(system, layout, algorithm, stride, together, failed_chips)
+    if apart:
+        cost += _gradient_cost(
+            system, layout, algorithm, stride * mesh.expert, held_experts, failed_chips
+        )
+    if fsdp:  # gather (forward), gather (backward), reduce-scatter: 3 halves of an all-reduce
+        cost = collectives.Cost(1.5 * cost.latency_s, 1.5 * cost.bandwidth_s)
     allreduce = cost.total_s
     exposed = allreduce - min(const.overlap * allreduce, backward)
-    update = held * system.optimizer_bytes_per_parameter / system.memory_bandwidth
+    per_byte = system.optimizer_bytes_per_parameter / system.memory_bandwidth
+    update = held * per_byte
     if sharding:
-        update /= max(1, working // stride)
+        update = held_dense * per_byte / max(1, working // stride)
+        expert_stride = stride * (mesh.expert if apart else 1)
+        update += held_experts * per_byte / max(1, working // expert_stride)
     model_s = halo_s = a2a_s = context_s = pipeline_s = 0.0
     experts_s = expert_weight_streaming(system, work, mesh, stages, per_chip_batch)
     own = per_chip_batch / split  # a chip's samples
@@ -689,12 +743,15 @@ def _step(
         ).total_s
     if layout is not None and layout.chips > 1:
         blocks = stages.local_blocks(work.shape.blocks)  # a stage's blocks, a shard's tokens
-        model_s = parallelism.tensor_parallel_cost(
-            system, layout, blocks, mesh.model, per_chip_batch
-        ).total_s
+        issues = stages.issues(per_chip_batch)  # each micro-batch pays a collective's latency
+        model_s = (
+            parallelism.tensor_parallel_cost(system, layout, blocks, mesh.model, per_chip_batch)
+            .issued(issues)
+            .total_s
+        )
         context_s = (1.0 - const.overlap) * stages.context_cost(
             system, layout, blocks, mesh.group_size, per_chip_batch
-        ).total_s
+        ).issued(issues).total_s
         pipeline_s = stages.pipeline_cost(
             system, layout, blocks, mesh.group_size, per_chip_batch
         ).total_s
@@ -704,7 +761,7 @@ def _step(
         a2a_s = parallelism.moe_all_to_all_cost(
             system, layout, blocks, work.moe, mesh.expert, per_chip_batch / mesh.group_size,
             whole=work.shape.blocks,
-        ).total_s  # fmt: skip
+        ).issued(issues).total_s  # fmt: skip
     # Logical devices sharing the cores also dispatch their replicas' ops one after another.
     overhead = system.step_overhead_s * (working if system.shared_compute else 1)
     device = compute + exposed + update + overhead + model_s + halo_s + a2a_s + context_s
@@ -751,11 +808,14 @@ def rollout_times(
 
     - generation: the pool of `r.generation_chips` x chips in instances of `r.instance_chips`
       runs the step's `global_batch` rollouts at once (c = batch / instances each); a rollout
-      is its decoding, its prefills and its environment turns one after another:
-      decode = generated tokens x (the weights read per decoding step, experts touched by c
+      is its decoding, its prefills and its environment turns one after another, and the step
+      waits for its slowest (`Rollouts.slowest`: the expected longest of the batch's rollouts,
+      its turns in proportion, within the turn and context limits):
+      decode = its generated tokens x (the weights read per decoding step, experts touched by c
       sequences included, + c x (key/value cache over the mean context + recurrent state)) /
-      (instance chips x memory bandwidth); prefill = c x (context - generated tokens) x 2 x
-      active weights / (instance chips x sustained FLOP/s); environment = turns x seconds a turn;
+      (instance chips x memory bandwidth); prefill = c x (its context - its generated tokens)
+      x 2 x active weights / (instance chips x sustained FLOP/s); environment = its turns x
+      seconds a turn;
     - training: 6 x active weights x the rollouts' context tokens on the other chips, at the
       sustained FLOP/s;
     - refit: the weights (bf16, every expert) sent to every generator instance, each chip
@@ -763,7 +823,9 @@ def rollout_times(
       (NVLink domains), else over the chips' links.
 
     Raises:
-      UserError: `chips` too few for one generator instance and a training chip.
+      UserError: `chips` too few for one generator instance and a training chip, or a
+        generator or training chip whose bytes exceed the chip's memory
+        (`rollout_memory`).
     """
     instances = max(1, round(chips * r.generation_chips / r.instance_chips))
     pool = instances * r.instance_chips  # whole instances, the share of the chips
@@ -775,22 +837,58 @@ def rollout_times(
             f"the chips) and trained on the rest; use more than {pool}"
         )
     c = global_batch / instances  # rollouts per instance
+    generated, turns, context = r.slowest(global_batch)  # the rollout the step waits for
+    memory = rollout_memory(system, r, c, context, trainers)
     mean_context = r.prompt_tokens + (r.context_tokens - r.prompt_tokens) / 2
     read = r.weight_bytes + r.expert_bytes * r.touched_experts(c)
     read += c * (r.kv_bytes_per_token * mean_context + 2 * r.state_bytes)
     rate = r.instance_chips * system.memory_bandwidth
-    decode = r.generated_tokens * read / rate
-    prefill = c * (r.context_tokens - r.generated_tokens) * 2 * r.active_parameters
+    decode = generated * read / rate
+    prefill = c * (context - generated) * 2 * r.active_parameters
     prefill /= r.instance_chips * const.chip_flops
-    environment = r.turns * r.environment_s_per_turn
+    environment = turns * r.environment_s_per_turn
     train = r.training_flops_per_sample() * global_batch / (trainers * const.chip_flops)
     link = system.network if layout is not None and layout.nodes > 1 else system.link
     refit = (r.weight_bytes + r.expert_bytes) / r.instance_chips / link.bandwidth
     return {
         "decode_s": decode, "prefill_s": prefill, "environment_s": environment,
         "generation_s": decode + prefill + environment, "training_s": train, "refit_s": refit,
-        "generation_chips": float(pool),
+        "generation_chips": float(pool), "generator_memory": memory,
     }  # fmt: skip
+
+
+def rollout_memory(system: System, r, concurrency: float, context: float, trainers: int) -> float:
+    """The bytes a generator chip holds (its 1/instance share of the bf16 weights, every
+    expert, and of the key/value cache and recurrent state of the instance's `concurrency`
+    rollouts, each at `context` tokens: the slowest's, what the cache must hold by the step's
+    end), after checking it and the training chips' share of the model's state (bf16 weights
+    and gradients and 16 bytes of fp32 optimizer state a weight, sharded over every training
+    chip: the least a trainer can hold) against the system's memory (`memory.HEADROOM` of it;
+    systems without a stated capacity are not checked).
+
+    Raises:
+      UserError: either exceeds the usable memory.
+    """
+    gb = memory_lib.GB
+    weights = r.weight_bytes + r.expert_bytes
+    cache_bytes = concurrency * (r.kv_bytes_per_token * context + r.state_bytes)
+    generator = (weights + cache_bytes) / r.instance_chips
+    trainer = weights / parallelism.ACTIVATION_BYTES * (2 + 2 + 16) / trainers
+    usable = memory_lib.HEADROOM * system.memory_capacity
+    if not system.memory_capacity:
+        return generator
+    for what, held in (("generator", generator), ("training", trainer)):
+        if held > usable:
+            raise UserError(
+                f"--system={system.name}: a {what} chip would hold {held / gb:.0f} GB "
+                f"(generator: weights {weights / r.instance_chips / gb:.0f}, cache of "
+                f"{concurrency:.1f} rollouts at {context:,.0f} tokens "
+                f"{cache_bytes / r.instance_chips / gb:.0f}; training: weights, gradients and "
+                f"optimizer over {trainers} chips {trainer / gb:.0f}) over {usable / gb:.0f} GB "
+                f"({memory_lib.HEADROOM:.0%} of {system.memory_capacity / gb:.0f}); use a "
+                f"system with more memory a chip{' or more chips' if what == 'training' else ''}"
+            )
+    return generator
 
 
 def _rollout_step(system, const, layout, r, global_batch, chips, step) -> dict[str, Any]:
@@ -812,7 +910,8 @@ def _rollout_step(system, const, layout, r, global_batch, chips, step) -> dict[s
         **step, "compute_s": t["training_s"], "step_time_s": step_s,
         "rollout_decode_s": t["decode_s"], "rollout_prefill_s": t["prefill_s"],
         "rollout_environment_s": t["environment_s"], "exposed_generation_s": exposed,
-        "refit_s": t["refit_s"],
+        "refit_s": t["refit_s"], "slowest_rollout_s": t["generation_s"],
+        "generator_memory_gb": t["generator_memory"] / memory_lib.GB,
     }  # fmt: skip
 
 

@@ -376,12 +376,18 @@ class Stages:
       context: C chips share every sample, 1/C of its tokens each; attention passes the keys
         and values around them (ring attention, Liu et al. 2023).
       micro_batch_size: samples per pipeline micro-batch.
+      virtual: model chunks per stage of an interleaved 1F1B schedule (Narayanan et al. 2021,
+        sec. 2.2.2: each chip holds V chunks of consecutive blocks, round-robin over the
+        stages; Megatron's `virtual_pipeline_model_parallel_size`): the bubble shrinks V-fold,
+        each micro-batch crosses V times as many stage boundaries (1: plain 1F1B).
     """
 
     pipeline: int = 1
     context: int = 1
     micro_batch_size: int = 1
     longest_stage: int = 0  # blocks of the longest stage (0: equal stages)
+    virtual: int = 1
+    accumulates: bool = False  # the run splits a group's samples into micro-batches
 
     @property
     def size(self) -> int:
@@ -397,18 +403,23 @@ class Stages:
     @classmethod
     def checked(
         cls, shape: SimulatorShape, benchmark: str, working: int, pipeline: int, context: int,
-        micro_batch_size: int | None, family: Iterable[str],
+        micro_batch_size: int | None, family: Iterable[str], virtual: int = 1,
+        accumulate: bool = False,
     ) -> Stages:  # fmt: skip
-        """The stages of the flags, after checking them against the model and the chips.
+        """The stages of the flags, after checking them against the model and the chips; the
+        run accumulates micro-batches with a pipeline, a `micro_batch_size` given, or where the
+        caller says so (`accumulate`: a decoder, whose memory is counted per micro-batch).
 
         Raises:
           UserError: a flag below 1, a model without blocks, blocks or tokens that the flag
-            does not divide, or chips that are not a multiple of P x C.
+            does not divide, chips that are not a multiple of P x C, or virtual stages without
+            a pipeline or with more chunks than the shortest stage has blocks.
         """
         flags = {
             "--pipeline_parallel": pipeline,
             "--context_parallel": context,
             "--micro_batch_size": 1 if micro_batch_size is None else micro_batch_size,
+            "--virtual_stages": virtual,
         }
         for flag, value in flags.items():
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -425,6 +436,17 @@ class Stages:
                     f"{', '.join(map(str, fits))}"
                 )
             longest = max(stages) if len(set(stages)) > 1 else 0
+            if virtual > min(stages):
+                raise UserError(
+                    f"--virtual_stages ({virtual}) exceeds the {min(stages)} blocks of the "
+                    f"shortest of the {pipeline} stages of '{benchmark}': each chunk holds "
+                    f"at least one block; use at most {min(stages)}"
+                )
+        elif virtual > 1:
+            raise UserError(
+                f"--virtual_stages ({virtual}) interleaves a pipeline: give "
+                "--pipeline_parallel > 1 or leave it out"
+            )
         if context > 1:
             b = blocks_of(shape, "context_parallel", benchmark, family)
             if b.tokens_per_sample % context:
@@ -437,7 +459,8 @@ class Stages:
                 f"--pipeline_parallel={pipeline} x --context_parallel={context} needs a multiple "
                 f"of {pipeline * context} chips; {working} work"
             )
-        return cls(pipeline, context, flags["--micro_batch_size"], longest)
+        accumulates = accumulate or pipeline > 1 or micro_batch_size is not None
+        return cls(pipeline, context, flags["--micro_batch_size"], longest, virtual, accumulates)
 
     def check_batch(self, group_batch: float) -> None:
         """Refuses micro-batches that do not divide a data-parallel group's samples."""
@@ -453,10 +476,17 @@ class Stages:
         return max(1.0, group_batch / self.micro_batch_size)
 
     def bubble(self, group_batch: float) -> float:
-        """The 1F1B pipeline's idle time over its busy time: (P - 1) / m."""
+        """The 1F1B pipeline's idle time over its busy time: (P - 1) / (V m) (V = 1: plain
+        1F1B; V chunks a stage: the interleaved schedule's, Narayanan et al. 2021, eq. 2.2.2)."""
         if self.pipeline <= 1:
             return 0.0
-        return (self.pipeline - 1) / self.micro_batches(group_batch)
+        return (self.pipeline - 1) / (self.virtual * self.micro_batches(group_batch))
+
+    def issues(self, group_batch: float) -> float:
+        """How many times a layer's collectives are issued in one step: once per micro-batch
+        where the run accumulates (`checked`: each micro-batch passes every layer on its own and
+        pays each collective's latency), once for the group's samples where it does not."""
+        return self.micro_batches(group_batch) if self.accumulates else 1.0
 
     def local_blocks(self, blocks: Blocks | None) -> Blocks | None:
         """One stage's blocks over one context shard's tokens."""
@@ -491,11 +521,12 @@ class Stages:
     ) -> collectives.Cost:  # fmt: skip
         """The sends between stages on the schedule's critical path: 2 (m + P - 2) of one
         micro-batch's activations (micro-batch x tokens x hidden bf16 values, split over the
-        tensor group as Megatron's scatter-gather does)."""
+        tensor group as Megatron's scatter-gather does), V times as many with V chunks a stage
+        (every micro-batch crosses P V - 1 boundaries instead of P - 1)."""
         if self.pipeline <= 1 or blocks is None:
             return collectives.ZERO
         nbytes = self.micro_batch_size * blocks.tokens_per_sample * blocks.hidden
         nbytes *= ACTIVATION_BYTES / group
         link, _, _ = _group_ring(system, layout, group * self.size)
-        sends = 2 * (self.micro_batches(group_batch) + self.pipeline - 2)
+        sends = 2 * (self.micro_batches(group_batch) + self.pipeline - 2) * self.virtual
         return collectives.Cost(sends * link.alpha, sends * nbytes / link.bandwidth)

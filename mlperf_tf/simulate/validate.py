@@ -51,6 +51,8 @@ def _predict(point: dict, system: systems.System, *, logged: bool) -> model.Resu
         spatial_partition=str(point.get("spatial_partition", "1")),
         precision=point.get("precision"),
         micro_batch_size=point.get("micro_batch_size"),
+        virtual_stages=int(point.get("virtual_stages", 1)),
+        recompute_attention=bool(point.get("recompute_attention", False)),
     )
     layout = {k: int(point[k]) for k in _LAYOUT if k in point}
     if point.get("layout") == "fastest":

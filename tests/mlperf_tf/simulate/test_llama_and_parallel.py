@@ -95,7 +95,9 @@ def test_tensor_parallel_all_reduces_hand_computed():
     assert tp.compute_s == pytest.approx(plain.compute_s)
     nbytes = 2 * 8192 * 4096 * 2  # group batch x tokens x hidden x bf16
     one = collectives.ring_allreduce(nbytes, 2, system.link)
-    assert tp.model_parallel_s == pytest.approx(4 * 32 * one.total_s)  # 2 fwd + 2 bwd per block
+    # 2 fwd + 2 bwd per block, issued for each of the group's 2 micro-batches of 1 (a decoder
+    # accumulates: its latency twice, its bytes once).
+    assert tp.model_parallel_s == pytest.approx(4 * 32 * (2 * one.latency_s + one.bandwidth_s))
     # Half the weights per chip: the gradient all-reduce over 8 replicas carries half the bytes.
     assert tp.weight_update_s == pytest.approx(plain.weight_update_s / 2)
     # A batch below the chips needs model parallelism.

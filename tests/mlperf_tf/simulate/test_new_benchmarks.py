@@ -3,8 +3,11 @@ stages, the distributed optimizer), dlrmv4 (sharded tables) and qwen35_397b_grpo
 each against a count written out here from the reference's shapes; the default batch and
 layout; and the published points of them that `--validate` tests (never calibrates)."""
 
+import dataclasses
 import math
+import statistics
 
+import numpy as np
 import pytest
 
 from mlperf_tf import cli
@@ -66,9 +69,11 @@ def test_deepseek_default_batch_and_the_reference_layout_are_legal():
     assert r.memory_per_chip_gb * 1e9 <= 0.9 * systems.load(GB300).memory_capacity
     best = model.fastest(benchmark="deepseekv3_671b", system=systems.load(GB300), chips=256)
     assert best.global_batch == 16_384 and best.weight_update_sharding
-    assert best.expert_parallel == 64  # the reference's expert axis
-    # The search's pick and the reference's layout are within 5 % of each other (the model's
-    # resolution: the reference's PP4 pays its bubble and its longest stage, docs/scaling.md).
+    # The reference's pipeline axis: with each micro-batch paying its collectives' latency,
+    # CP2's ring passes and all-to-alls over 64 chips cost more than PP4's bubble (3/256).
+    assert (best.pipeline_parallel, best.context_parallel, best.model_parallel) == (4, 1, 1)
+    # The search's expert axis and the reference's EP64 are within 5 % (the model's resolution:
+    # EP64 streams fewer expert weights, and pays 63 all-to-all steps a micro-batch, not 15).
     assert best.time_to_train_min <= r.time_to_train_min < 1.05 * best.time_to_train_min
     # Keeping its activations (`recompute` False), the plain EP64 layout (no pipeline, context
     # or tensor split) does not fit: 276 GB over the usable 259.
@@ -150,9 +155,18 @@ def test_grpo_step_is_rollouts_beside_training_plus_the_refit():
     ctx = ro.prompt_tokens + (ro.context_tokens - ro.prompt_tokens) / 2
     read = ro.weight_bytes + ro.expert_bytes * touched + c * (ro.kv_bytes_per_token * ctx
                                                                + 2 * ro.state_bytes)  # fmt: skip
-    decode = ro.generated_tokens * read / (8 * 8e12)
+    # The step waits for its slowest of 256 rollouts: lognormal, CV 0.46, Blom's score of the
+    # largest, z = the normal quantile of (256 - 0.375) / 256.25; its turns in proportion,
+    # within the limit of 30.
+    sigma = math.sqrt(math.log(1 + 0.46**2))
+    z = statistics.NormalDist().inv_cdf((256 - 0.375) / 256.25)
+    factor = math.exp(sigma * z - sigma**2 / 2)
+    assert ro.slowest_factor(256) == pytest.approx(factor) and 3.0 < factor < 3.2
+    generated, turns = ro.generated_tokens * factor, min(30, ro.turns * factor)
+    assert ro.slowest(256)[:2] == pytest.approx((generated, turns))
+    decode = generated * read / (8 * 8e12)
     assert r.rollout_decode_s == pytest.approx(decode)
-    assert r.rollout_environment_s == pytest.approx(ro.turns * ro.environment_s_per_turn)
+    assert r.rollout_environment_s == pytest.approx(30 * ro.environment_s_per_turn)
     # 15 gated-attention layers x K, V x 2 heads x 256 x bf16; 45 DeltaNet states 64 x 128 x 128.
     assert ro.kv_bytes_per_token == 15 * 2 * 2 * 256 * 2
     assert ro.state_bytes == 45 * 64 * 128 * 128 * 4
@@ -168,6 +182,41 @@ def test_grpo_step_is_rollouts_beside_training_plus_the_refit():
     assert r.exposed_generation_s == pytest.approx(max(0.0, generation - train))
     assert r.refit_s == pytest.approx((ro.weight_bytes + ro.expert_bytes) / 8 / 100e9)
     assert math.isclose(r.time_to_train_min * 60, 18 * r.step_time_s + r.eval_s)
+
+
+def test_grpo_slowest_rollout_against_a_monte_carlo_and_the_limits():
+    """Blom's score against the mean largest of 256 lognormal draws (NumPy, 4,000 batches);
+    a rollout past the context limit is cut to it."""
+    ro = model.shape_of(model.benchmark_facts("qwen35_397b_grpo")).rollouts
+    sigma = math.sqrt(math.log(1 + ro.length_cv**2))
+    draws = np.random.default_rng(0).lognormal(-(sigma**2) / 2, sigma, size=(4000, 256))
+    assert ro.slowest_factor(256) == pytest.approx(draws.max(axis=1).mean(), rel=0.03)
+    assert ro.slowest_factor(1) == 1.0
+    tight = dataclasses.replace(ro, max_context_tokens=20_000)
+    generated, turns, context = tight.slowest(256)
+    assert context == 20_000 and generated < ro.slowest(256)[0] and turns == 30
+
+
+def test_grpo_memory_is_checked_for_generators_and_trainers(capsys):
+    """A generator of 8 chips holds 1/8 of the bf16 weights (every expert) and of the cache of
+    its rollouts at the slowest's context: about 100 GB a GB300; an H100 (72 GB usable) is
+    refused in one line naming the system."""
+    ro = model.shape_of(model.benchmark_facts("qwen35_397b_grpo")).rollouts
+    r = model.simulate(benchmark="qwen35_397b_grpo", system=systems.load(GB300), chips=256)
+    c = 256 / 24
+    context = ro.slowest(256)[2]
+    held = (ro.weight_bytes + ro.expert_bytes + c * (ro.kv_bytes_per_token * context
+                                                       + ro.state_bytes)) / 8  # fmt: skip
+    assert r.generator_memory_gb == pytest.approx(held / 1e9)
+    assert 95 < r.generator_memory_gb < 110
+    code = cli.main(["simulate", "--benchmark=qwen35_397b_grpo", "--system=h100-dgx",
+                     "--chips=256"])  # fmt: skip
+    err = capsys.readouterr().err.strip()
+    assert (
+        code == 2
+        and err.startswith("error: --system=h100-dgx: a generator chip")
+        and ("\n" not in err)
+    ), err
 
 
 def test_grpo_on_too_few_chips_for_a_generator_and_a_trainer_is_one_line(capsys):

@@ -9,6 +9,7 @@ import statistics
 
 import numpy as np
 import pytest
+from mlperf_logging import benchmark_meta
 
 from mlperf_tf import cli
 from mlperf_tf.simulate import model, systems, validate
@@ -250,7 +251,10 @@ def test_v6_points_of_every_run_are_mlperf_scores():
     assert scored
     for p in scored:
         runs = np.sort(np.asarray(p["run_minutes"]))
-        assert len(runs) == p["runs"] == 10
+        # Every run MLPerf requires of the benchmark (mlperf_logging.benchmark_meta: 10, or 3
+        # for deepseekv3_671b, whose olympic mean is then the middle run).
+        required = benchmark_meta._ALL_RESULT_FILE_COUNTS["training"][p["benchmark"]]
+        assert len(runs) == p["runs"] == required, p["id"]
         score = runs[1:-1].mean() * p.get("scaling_factor", 1.0)
         assert p["minutes"] == pytest.approx(score, abs=1e-4), p["id"]
 
@@ -309,8 +313,8 @@ def test_v6_points_of_calibrated_benchmarks_are_within_the_issue_bound():
 
 
 def test_v6_median_error_is_within_the_issue_bound():
-    """The median absolute error over every v6.0 point (23.5 % over 19: four of them MLPerf's
-    score of all ten runs, the others result_0 alone; 22.5 % over the 14 without DeepSeek-V3)."""
+    """The median absolute error over every v6.0 point (23.5 % over 19: eleven of them MLPerf's
+    score of every run it requires, the others result_0 alone)."""
     _, rows = _v6_rows()
     errors = [abs(r["error_rcp"]) for r in rows]
     assert statistics.median(errors) <= V6_MEDIAN, statistics.median(errors)
@@ -318,11 +322,12 @@ def test_v6_median_error_is_within_the_issue_bound():
 
 @pytest.mark.xfail(
     strict=True,
-    reason="issue 48's 35 % bound is not met: gpt_oss_20b on 8 B200 (Dell, -40 % against its "
-    "MLPerf score), whose efficiency is assumed (no MLPerf v5.1 result exists to calibrate it; its v6.0 runs sustain "
-    "about half the MFU of llama31_8b's), and deepseekv3_671b on GB200 with TP2 (-35 % at 512, "
-    "-44 % at 2,048, -45 % at 4,096 GPUs; docs/scaling.md). Strict: this test fails the run "
-    "once every point is within the bound.",
+    reason="issue 48's 35 % bound is not met: gpt_oss_20b on 8 B200 (Dell, -36 % against its "
+    "MLPerf score with its printed layout, FSDP and core-attention recomputation), whose "
+    "efficiency is assumed (no MLPerf v5.1 result exists to calibrate it), and deepseekv3_671b "
+    "on GB200 with TP2 (-37 % at 2,048, -42 % at 4,096 GPUs against their MLPerf scores; -32 % "
+    "at 512; docs/scaling.md). Strict: this test fails the run once every point is within the "
+    "bound.",
 )
 def test_v6_each_error_is_within_the_issue_bound():
     _, rows = _v6_rows()
