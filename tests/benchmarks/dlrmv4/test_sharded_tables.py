@@ -113,6 +113,18 @@ def test_tables_split_over_replicas_end_with_the_unsplit_runs_weights(expert):
     assert got.losses[-1] != got.losses[0]
 
 
+@pytest.mark.slow  # 2 x 3 steps of 4 traced models: ~100 s at load 8
+@pytest.mark.parametrize(("devices", "expert"), [(2, 1), (4, 2)], ids=["data2", "data2_expert2"])
+def test_the_tables_gradient_summed_as_rows_ends_where_the_dense_sum_ends(devices, expert):
+    """3 steps of the summer (ring) with each table gradient summed as rows against the same
+    made dense first (the summer's old path), each batch shard its own samples: losses,
+    weights and accumulators at 1e-5 of their scale, the tables summed over data = 2."""
+    b = _benchmark()
+    rows = _train(b, devices, expert)
+    dense = _train(b, devices, expert, dense_gradients=True)
+    _assert_same(rows, dense)
+
+
 def _table_entries(path: str, shape) -> int:
     """How many tensors of `shape` the checkpoint at `path` holds."""
     reader = tf.train.load_checkpoint(path)
@@ -173,7 +185,8 @@ def _built(b, devices: int, expert: int, *, summer: bool):
 
 @pytest.mark.parametrize(
     ("devices", "expert", "summer"),
-    [(2, 2, True), (2, 1, False), pytest.param(1, 1, False, marks=pytest.mark.slow),
+    [(2, 2, True), pytest.param(2, 1, False, marks=pytest.mark.slow),
+     pytest.param(1, 1, False, marks=pytest.mark.slow),
      pytest.param(2, 1, True, marks=pytest.mark.slow)],
     ids=["expert2", "data2_keras_sum", "one_device", "data2_summer"],
 )  # fmt: skip
