@@ -224,11 +224,6 @@ class ShardedEmbeddings(keras.layers.Layer):
         parts.append(tf.zeros([self.plan.capacity - filled, self.dim], self.variable_dtype))
         return tf.concat(parts, axis=0)
 
-    def canonical_initial_value(self):
-        """`[total_rows, dim]`: every table's initial value whole, in order (for tests: the
-        layer itself never draws it)."""
-        return tf.concat([self._draw(n, 0, r) for n, r in self.rows.items()], axis=0)
-
     # ---- whole tables --------------------------------------------------------------------------
     def canonical(self, storage_whole):
         """The canonical `[total_rows, ...]` of a whole storage tensor `[E x capacity, ...]`
@@ -319,13 +314,14 @@ def draw_rows(seed: int, bound: float, start: int, stop: int, dim: int, dtype="f
     drawn by row blocks: block b (rows [b B, (b + 1) B), B = `INIT_BLOCK`) is
     `tf.random.stateless_uniform([B, dim], seed=(seed, b))`, so any range of rows is drawn
     without the others, the same values whoever draws them (counter-based: Philox keyed by
-    the seed pair). Costs at most two blocks more than the range."""
+    the seed pair, named rather than TF's per-device `auto_select`, so a TPU host draws what
+    a CPU does). Costs at most two blocks more than the range."""
     if stop <= start:
         return tf.zeros([0, dim], dtype)
     first, last = start // INIT_BLOCK, (stop - 1) // INIT_BLOCK
     blocks = [
         tf.random.stateless_uniform([INIT_BLOCK, dim], seed=[seed, b], minval=-bound,
-                                    maxval=bound, dtype=tf.float32)
+                                    maxval=bound, dtype=tf.float32, alg="philox")
         for b in range(first, last + 1)
     ]  # fmt: skip
     drawn = tf.concat(blocks, axis=0)  # [(last - first + 1) B, dim]
