@@ -29,6 +29,11 @@ sum group. On a `pipeline` axis the pieces follow the stage map (`build(stages=.
 `stages.py`): each stage's replicas sum and update their stage's variables only, hold only
 their slots, and exchange the new weights over the pipeline group.
 
+An embedding table's sparse gradient (`IndexedSlices`) whose optimizer updates it by rows
+(`is_sparse`, row-wise Adagrad) is summed as rows in the unsharded path (`rows.py`: ids and
+rows all-gathered over the sum group, duplicates merged) and applied as rows, never made into
+the dense table; the others are made dense.
+
 The step's collectives use the replica's shared `replica_collectives()`, the one ordering token
 an expert-parallel MoE layer's all-to-alls (forward and gradient) also take, so every replica
 issues them all in one program order.
