@@ -88,13 +88,15 @@ def train(benchmark, *, num_devices: int, model_parallel: int, optimizer: str,
           steps: int = STEPS, all_reduce: str = "ring", weight_update_sharding: bool = False,
           clip_norm: float | None = None, save_to: str = "", restore_from: str = "",
           expert_parallel: int = 1, pack_mb: float = 0.0,
-          context_parallel: int = 1) -> Result:  # fmt: skip
+          context_parallel: int = 1, dense_gradients: bool = False) -> Result:  # fmt: skip
     """`steps` steps of `benchmark` (a Benchmark of a smoke config, dropout off) on
     `num_devices` logical CPUs split as `expert_parallel` x `context_parallel` x
     `model_parallel` (the rest: data);
     optionally restored from a checkpoint (`restore_from`, before the steps) and saved
     (`save_to`, after them), as the runner's checkpoint holds them
-    (`tf.train.Checkpoint(model=..., optimizer=...)`). Every collective waits at most 60 s."""
+    (`tf.train.Checkpoint(model=..., optimizer=...)`). Every collective waits at most 60 s.
+    The summer gets the gradients as taken (an embedding's sparse), or made dense
+    (`dense_gradients`: the path that sums a table's whole gradient)."""
     strategy, mesh, benchmark = on_mesh(
         benchmark, num_devices, model_parallel=model_parallel, expert_parallel=expert_parallel,
         context_parallel=context_parallel,
@@ -125,9 +127,9 @@ def train(benchmark, *, num_devices: int, model_parallel: int, optimizer: str,
         with tf.GradientTape() as tape:
             loss = benchmark.compute_loss(model, batch, training=True)
         grads = tape.gradient(loss, variables)
-        grads = [tf.convert_to_tensor(g) for g in grads]
-        summer.apply(opt, grads, variables, clip_norm=clip_norm)
-        return loss, grads
+        dense = [tf.convert_to_tensor(g) for g in grads]
+        summer.apply(opt, dense if dense_gradients else grads, variables, clip_norm=clip_norm)
+        return loss, dense
 
     @tf.function
     def step(iterator):

@@ -183,12 +183,11 @@ class DlrmHstu(keras.Model):
         e, d, hid = c.embedding_dim, c.transducer_dim, c.preprocessor_hidden_dim
         rows = c.table_rows()
         # Every table in one layer, sharded over the mesh's `expert` axis when there is one;
-        # TorchRec's default init U(+-sqrt(1/rows)) per table, seeded by its position.
+        # TorchRec's default init U(+-sqrt(1/rows)) per table, seeded by its position and
+        # drawn by row blocks (each replica its own rows; the same at every E).
         self.tables = ShardedEmbeddings(
-            rows, e, name=TABLES_LAYER,
-            initializers={name: keras.initializers.RandomUniform(
-                -math.sqrt(1.0 / n), math.sqrt(1.0 / n), seed=seed + i)
-                for i, (name, n) in enumerate(rows.items())},
+            rows, e, name=TABLES_LAYER, seed=seed,
+            bounds={name: math.sqrt(1.0 / n) for name, n in rows.items()},
             memory_limit_bytes=int(c.embedding_memory_gb * 2**30),
             limit_setting="model.embedding_memory_gb",
         )  # fmt: skip

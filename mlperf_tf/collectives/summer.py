@@ -29,6 +29,11 @@ sum group. On a `pipeline` axis the pieces follow the stage map (`build(stages=.
 `stages.py`): each stage's replicas sum and update their stage's variables only, hold only
 their slots, and exchange the new weights over the pipeline group.
 
+An embedding table's sparse gradient (`IndexedSlices`) whose optimizer updates it by rows
+(`is_sparse`, row-wise Adagrad) is summed as rows in the unsharded path (`rows.py`: ids and
+rows all-gathered over the sum group, duplicates merged) and applied as rows, never made into
+the dense table; the others are made dense.
+
 The step's collectives use the replica's shared `replica_collectives()`, the one ordering token
 an expert-parallel MoE layer's all-to-alls (forward and gradient) also take, so every replica
 issues them all in one program order.
@@ -54,6 +59,7 @@ from mlperf_tf.collectives.ops import (
     static_replica_id,
 )
 from mlperf_tf.collectives.packing import Packing
+from mlperf_tf.collectives.rows import all_gather_rows
 from mlperf_tf.collectives.sharding import check_optimizer, rule_for
 from mlperf_tf.collectives.stages import StageSlots, exchange
 from mlperf_tf.errors import UserError
@@ -303,9 +309,23 @@ class GradientSummer:
         view = ops if len(members) == self.device_mesh.size else GroupView(ops, members)
         return ALGORITHM_CLASSES[self.algorithm](group.mesh, view)
 
-    def _sum(self, ops: Collectives, grads) -> list[tf.Tensor]:
-        """Each gradient summed over its sum group (replica context), packed as planned."""
-        grads = [tf.convert_to_tensor(g) for g in grads]
+    @staticmethod
+    def _row_gradients(optimizer, grads, variables) -> frozenset[int]:
+        """The gradients summed as rows: sparse ones (`IndexedSlices`, an embedding lookup's)
+        of variables the optimizer updates row by row (it declares `is_sparse`, as row-wise
+        Adagrad does). Others are made dense: their optimizers update every row anyway."""
+        takes_rows = getattr(optimizer, "is_sparse", None)
+        if takes_rows is None:
+            return frozenset()
+        return frozenset(
+            i for i, (g, v) in enumerate(zip(grads, variables, strict=True))
+            if isinstance(g, tf.IndexedSlices) and takes_rows(v)
+        )  # fmt: skip
+
+    def _sum(self, ops: Collectives, grads, rows: frozenset[int] = frozenset()) -> list:
+        """Each gradient summed over its sum group (replica context), packed as planned; those
+        in `rows` (`IndexedSlices`) as rows (`rows.all_gather_rows`), never made dense."""
+        grads = [g if i in rows else tf.convert_to_tensor(g) for i, g in enumerate(grads)]
         summed = list(grads)
         groups = self.groups or [  # not built: one group of every variable on `self.packing`
             SumGroup(REPLICATED.sum_axes(self.device_mesh), tuple(range(len(grads))),
@@ -316,10 +336,21 @@ class GradientSummer:
                 continue
             algorithm = self._algorithm(ops, group)
             prefix = "grad" if len(groups) == 1 else f"grad[{','.join(group.axes)}]"
-            buckets = group.packing.pack([grads[i] for i in group.indices])
-            reduced = [algorithm.all_reduce(b, f"{prefix}{i}") for i, b in enumerate(buckets)]
-            for i, g in zip(group.indices, group.packing.unpack(reduced), strict=True):
-                summed[i] = g
+            dense = [i for i in group.indices if i not in rows]
+            packing = group.packing
+            if len(dense) < len(group.indices):  # the dense ones packed without the rows
+                packing = Packing(
+                    [grads[i].shape for i in dense], [grads[i].dtype for i in dense],
+                    num_shards=group.mesh.size, pack_mb=self.settings.pack_mb,
+                )  # fmt: skip
+            if dense:
+                buckets = packing.pack([grads[i] for i in dense])
+                reduced = [algorithm.all_reduce(b, f"{prefix}{i}") for i, b in enumerate(buckets)]
+                for i, g in zip(dense, packing.unpack(reduced), strict=True):
+                    summed[i] = g
+            for i in sorted(rows.intersection(group.indices)):
+                summed[i] = all_gather_rows(algorithm.ops, algorithm.everyone, grads[i],
+                                            f"{prefix}rows{i}")  # fmt: skip
         return summed
 
     def _split_axes(self, index: int) -> tuple[str, ...] | None:
@@ -349,7 +380,8 @@ class GradientSummer:
 
     def _global_norm(self, ops, grads):
         """The global L2 norm of the whole (summed) gradients (replica context)."""
-        squares = [tf.reshape(tf.reduce_sum(tf.square(tf.cast(g, tf.float32))), [1]) for g in grads]
+        squares = [tf.reshape(tf.reduce_sum(tf.square(tf.cast(_values(g), tf.float32))), [1])
+                   for g in grads]  # fmt: skip
         return tf.sqrt(tf.add_n(self._whole_squares(ops, squares, "clip_norm")))[0]
 
     def _whole_norms(self, ops, optimizer, grads, variables):
@@ -494,7 +526,7 @@ class GradientSummer:
         context = tf.distribute.get_replica_context()
         if not self.sharded:
             ops = self._replica_collectives()
-            grads = self._sum(ops, grads)
+            grads = self._sum(ops, grads, rows=self._row_gradients(optimizer, grads, variables))
             if clip_norm:
                 norm = self._global_norm(ops, grads)
                 grads, _ = tf.clip_by_global_norm(grads, clip_norm, use_norm=norm)
@@ -659,6 +691,12 @@ class ShardedSlots(tf.Module):
 
     def _restore_from_tensors(self, restored_tensors):
         self._summer.load_full_slots(dict(restored_tensors))
+
+
+def _values(g):
+    """A gradient's stored values: a sparse one's rows (distinct after a sum as rows, so their
+    squares are the dense gradient's), a dense one itself."""
+    return g.values if isinstance(g, tf.IndexedSlices) else g
 
 
 def _apply_gradients(strategy, optimizer, grads, variables, norms):

@@ -45,6 +45,7 @@ import numpy as np
 import tensorflow as tf
 
 from mlperf_tf.collectives.axis_group import AxisGroup
+from mlperf_tf.collectives.rows import ids_to_pairs, pairs_to_ids
 from mlperf_tf.errors import UserError
 from mlperf_tf.parallel import layout as layout_lib
 from mlperf_tf.parallel.context import resolve
@@ -53,7 +54,7 @@ from mlperf_tf.parallel.layout import EXPERT_SPLIT
 ROW_WISE = "row_wise"
 TABLE_WISE = "table_wise"
 ROW_ALIGN = 8  # capacity rounded up to this many rows
-ID_RADIX = 4096  # rows cross the ids all-to-all as float32 (row // radix, row % radix)
+INIT_BLOCK = 1024  # initial values are drawn in blocks of this many rows of a table
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,11 +142,17 @@ class ShardedEmbeddings(keras.layers.Layer):
     `tables[k]`, all requests in one exchange, and returns their embeddings (`ids[k].shape +
     [dim]`). Without a mesh, or with E = 1, it is a plain gather from the canonical tensor.
 
+    Initial values: table k (in the canonical order) is U(-bounds[name], bounds[name]), drawn
+    in blocks of `INIT_BLOCK` rows, block b by `tf.random.stateless_uniform` at seed (seed + k,
+    b) (`draw_rows`): each replica draws only the blocks its rows fall in, and a row's value
+    depends on neither E nor the placement, so every E starts from bit-identical tables
+    without any replica drawing (or holding) a whole table.
+
     Args:
       rows: table name -> rows (the canonical order).
       dim: the tables' width.
-      initializers: table name -> Keras initializer of the whole table (seeded: every E
-        starts from the same tables).
+      bounds: table name -> the bound b of its uniform initial values U(-b, b).
+      seed: the first table's seed (table k: seed + k).
       memory_limit_bytes: the most one replica may hold of the tables and a per-row fp32 slot
         (0: no limit); more is a one-line `UserError` naming `limit_setting`.
       limit_setting: the setting to name in that error.
@@ -153,12 +160,13 @@ class ShardedEmbeddings(keras.layers.Layer):
     """
 
     def __init__(
-        self, rows: dict[str, int], dim: int, *, initializers: dict, memory_limit_bytes: int = 0,
-        limit_setting: str = "memory_limit_bytes", timeout_s: float = 0.0, **kwargs,
+        self, rows: dict[str, int], dim: int, *, bounds: dict[str, float], seed: int = 0,
+        memory_limit_bytes: int = 0, limit_setting: str = "memory_limit_bytes",
+        timeout_s: float = 0.0, **kwargs,
     ):  # fmt: skip
         super().__init__(**kwargs)
         self.rows, self.dim = dict(rows), int(dim)
-        self.initializers = {n: keras.initializers.get(i) for n, i in initializers.items()}
+        self.bounds, self.seed = {n: float(bounds[n]) for n in self.rows}, int(seed)
         self.mesh = resolve(None)
         self.group = AxisGroup("expert", owner=self, mesh=self.mesh, timeout_s=timeout_s)
         self.plan = plan_tables(self.rows, self.group.size)
@@ -177,27 +185,44 @@ class ShardedEmbeddings(keras.layers.Layer):
     def build(self, input_shape=None):
         if self.built:
             return
-        canonical = self.canonical_initial_value()
-        storage = self.plan.shards * self.plan.capacity
         self.embeddings = self.add_weight(
             name="embeddings", shape=(self.plan.capacity, self.dim), initializer="zeros",
         )  # fmt: skip
-        whole = tf.scatter_nd(self.plan.storage_rows()[:, None], canonical, [storage, self.dim])
         if self.plan.shards > 1:
             layout_lib.set_layout(self.embeddings, EXPERT_SPLIT)
-            layout_lib.assign_whole(self.embeddings, whole, self.mesh)
-        else:
-            self.embeddings.assign(whole)
+        # Each replica draws its own shard's rows (`shard_initial_value`), never the whole.
+        split = self.mesh if self.plan.shards > 1 else None
+        layout_lib.assign_shards(self.embeddings, self.shard_initial_value, split)
         layout_lib.declare_layout(self.embeddings, EXPERT_SPLIT)
         self._save_canonical(self.embeddings)
         self.embeddings.attach_row_slot = self.attach_row_slot
         super().build(input_shape)
 
-    def canonical_initial_value(self):
-        """`[total_rows, dim]`: every table drawn whole by its initializer, in order."""
-        return tf.concat(
-            [self.initializers[n]((r, self.dim), dtype=self.variable_dtype)
-             for n, r in self.rows.items()], axis=0)  # fmt: skip
+    def _draw(self, name: str, start: int, stop: int):
+        """Rows [start, stop) of table `name`'s initial value (`draw_rows`)."""
+        k = list(self.rows).index(name)
+        return draw_rows(self.seed + k, self.bounds[name], start, stop, self.dim,
+                         self.variable_dtype)  # fmt: skip
+
+    def shard_initial_value(self, shard: int):
+        """`[capacity, dim]`: replica `shard`'s storage at the start, drawn for its own rows
+        alone (its row-wise blocks and table-wise tables at their offsets; padding zero)."""
+        pieces = []  # (local offset, [n, dim] values)
+        for name, p in self.plan.tables.items():
+            if p.kind == ROW_WISE:
+                start, stop = shard * p.block, min((shard + 1) * p.block, p.rows)
+            elif p.first == shard:
+                start, stop = 0, p.rows
+            else:
+                continue
+            if stop > start:
+                pieces.append((p.base, self._draw(name, start, stop)))
+        parts, filled = [], 0
+        for base, values in sorted(pieces, key=lambda piece: piece[0]):
+            parts += [tf.zeros([base - filled, self.dim], self.variable_dtype), values]
+            filled = base + int(values.shape[0])
+        parts.append(tf.zeros([self.plan.capacity - filled, self.dim], self.variable_dtype))
+        return tf.concat(parts, axis=0)
 
     # ---- whole tables --------------------------------------------------------------------------
     def canonical(self, storage_whole):
@@ -271,12 +296,11 @@ class ShardedEmbeddings(keras.layers.Layer):
         e = self.plan.shards
         dest = tf.range(e, dtype=tf.int64)[:, None]  # [E, 1]
         send = tf.where(tf.equal(owner[None, :], dest), local[None, :], -1)  # [E, n]
-        # As float32 pairs (row // 2^12, row % 2^12), exact below 2^36 rows: the exchange the
+        # As float32 pairs (`collectives.rows`), exact below 2^36 rows: the exchange the
         # expert layer's tokens take (float32 all-to-alls; an int32 one waited forever here).
-        hi = tf.math.floordiv(send, ID_RADIX)
-        pair = tf.cast(tf.stack([hi, send - hi * ID_RADIX], -1), tf.float32)  # [E, n, 2]
+        pair = ids_to_pairs(send)  # [E, n, 2]
         pair = self.group.all_to_all(tf.stop_gradient(pair), "ids")  # [E, n, 2]: from rank i
-        received = tf.cast(pair[..., 0], tf.int64) * ID_RADIX + tf.cast(pair[..., 1], tf.int64)
+        received = pairs_to_ids(pair)  # [E, n]
         valid = received >= 0
         table = tf.convert_to_tensor(self.embeddings)  # [capacity, dim]: this replica's shard
         rows = tf.gather(table, tf.reshape(tf.maximum(received, 0), [-1]))  # [E n, dim]
@@ -285,4 +309,32 @@ class ShardedEmbeddings(keras.layers.Layer):
         return tf.reduce_sum(back, axis=0)  # [n, dim]: one owner's row, zeros elsewhere
 
 
-__all__ = ["ROW_WISE", "TABLE_WISE", "Placement", "ShardedEmbeddings", "TablePlan", "plan_tables"]
+def draw_rows(seed: int, bound: float, start: int, stop: int, dim: int, dtype="float32"):
+    """Rows [start, stop) of a table whose initial value is U(-bound, bound) `[rows, dim]`,
+    drawn by row blocks: block b (rows [b B, (b + 1) B), B = `INIT_BLOCK`) is
+    `tf.random.stateless_uniform([B, dim], seed=(seed, b))`, so any range of rows is drawn
+    without the others, the same values whoever draws them (counter-based: Philox keyed by
+    the seed pair, named rather than TF's per-device `auto_select`, so a TPU host draws what
+    a CPU does). Costs at most two blocks more than the range."""
+    if stop <= start:
+        return tf.zeros([0, dim], dtype)
+    first, last = start // INIT_BLOCK, (stop - 1) // INIT_BLOCK
+    blocks = [
+        tf.random.stateless_uniform([INIT_BLOCK, dim], seed=[seed, b], minval=-bound,
+                                    maxval=bound, dtype=tf.float32, alg="philox")
+        for b in range(first, last + 1)
+    ]  # fmt: skip
+    drawn = tf.concat(blocks, axis=0)  # [(last - first + 1) B, dim]
+    offset = first * INIT_BLOCK
+    return tf.cast(drawn[start - offset : stop - offset], dtype)  # [stop - start, dim]
+
+
+__all__ = [
+    "ROW_WISE",
+    "TABLE_WISE",
+    "Placement",
+    "ShardedEmbeddings",
+    "TablePlan",
+    "draw_rows",
+    "plan_tables",
+]

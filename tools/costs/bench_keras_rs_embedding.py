@@ -10,7 +10,8 @@ loss and optimizer (Adam on dense weights, row-wise Adagrad on the tables) in on
   every table in one `[sum of rows, dim]` variable, every lookup of a step in one gather);
 * `keras_rs`: the same tables as `keras_rs.layers.DistributedEmbedding`, one `TableConfig`
   per table and one `FeatureConfig` per lookup (the merged item, artist and album sequences
-  flattened to 1-D ids, no combiner reduction; the 8 contextual ids), same initializers. On a
+  flattened to 1-D ids, no combiner reduction; the 8 contextual ids), the same initial values
+  (ours, `draw_rows`, as a Keras initializer). On a
   CPU (no SparseCore) keras-rs places every table on the default device: one `EmbedReduce`
   (a Keras `Embedding`) per table, so a step makes eleven gathers. Its layer is named as ours,
   so the row-wise Adagrad finds its tables by path.
@@ -38,7 +39,22 @@ import tensorflow as tf  # noqa: E402
 
 from benchmarks.dlrmv4 import model as model_lib  # noqa: E402
 from benchmarks.dlrmv4.benchmark import DlrmV4Benchmark  # noqa: E402
+from mlperf_tf.layers.sharded_embedding import draw_rows  # noqa: E402
 from tools import harness  # noqa: E402
+
+
+class RowBlockInitializer(keras.initializers.Initializer):
+    """Our tables' initial values (`sharded_embedding.draw_rows`) as a Keras initializer, so
+    keras-rs' tables start from the same values as ours."""
+
+    def __init__(self, seed: int, bound: float):
+        self.seed, self.bound = seed, bound
+
+    def __call__(self, shape, dtype=None):
+        return draw_rows(self.seed, self.bound, 0, shape[0], shape[1], dtype or "float32")
+
+    def get_config(self):
+        return {"seed": self.seed, "bound": self.bound}
 
 
 class KerasRsTables(keras.layers.Layer):
@@ -46,7 +62,8 @@ class KerasRsTables(keras.layers.Layer):
     `DistributedEmbedding`: one table config per table, one feature per lookup of `lookups`
     ((table, ids a batch), in the model's call order: keras-rs fixes a feature's shape)."""
 
-    def __init__(self, rows: dict[str, int], dim: int, *, initializers: dict, lookups, **kwargs):
+    def __init__(self, rows: dict[str, int], dim: int, *, bounds: dict, seed: int, lookups,
+                 **kwargs):  # fmt: skip
         for unused in ("memory_limit_bytes", "limit_setting", "timeout_s"):
             kwargs.pop(unused, None)
         super().__init__(**kwargs)
@@ -57,9 +74,9 @@ class KerasRsTables(keras.layers.Layer):
         self.table_configs = {
             name: keras_rs.layers.TableConfig(
                 name=name, vocabulary_size=n, embedding_dim=dim,
-                initializer=initializers[name], placement="auto",
+                initializer=RowBlockInitializer(seed + k, bounds[name]), placement="auto",
             )
-            for name, n in rows.items()
+            for k, (name, n) in enumerate(rows.items())
         }  # fmt: skip
         features = {
             f"f{k}": keras_rs.layers.FeatureConfig(

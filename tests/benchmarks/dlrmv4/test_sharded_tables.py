@@ -13,9 +13,22 @@ import tensorflow as tf
 
 from benchmarks.dlrmv4.benchmark import DlrmV4Benchmark
 from benchmarks.dlrmv4.config import CROSS_FEATURES
+from benchmarks.dlrmv4.model import TABLES_LAYER
+from mlperf_tf.collectives import GradientSummer, Settings
 from mlperf_tf.errors import UserError
-from mlperf_tf.layers.sharded_embedding import ROW_WISE, TABLE_WISE, plan_tables
+from mlperf_tf.layers.sharded_embedding import (
+    INIT_BLOCK,
+    ROW_WISE,
+    TABLE_WISE,
+    draw_rows,
+    plan_tables,
+)
+from mlperf_tf.parallel import layout as layout_lib
+from mlperf_tf.parallel.context import use_mesh
+from mlperf_tf.parallel.input import for_mesh
+from mlperf_tf.runner.trainer import Trainer
 from tests import tensor_parallel
+from tests.graph_ops import dense_tensors
 
 pytestmark = pytest.mark.numerics
 
@@ -100,6 +113,18 @@ def test_tables_split_over_replicas_end_with_the_unsplit_runs_weights(expert):
     assert got.losses[-1] != got.losses[0]
 
 
+@pytest.mark.slow  # 2 x 3 steps of 4 traced models: ~100 s at load 8
+@pytest.mark.parametrize(("devices", "expert"), [(2, 1), (4, 2)], ids=["data2", "data2_expert2"])
+def test_the_tables_gradient_summed_as_rows_ends_where_the_dense_sum_ends(devices, expert):
+    """3 steps of the summer (ring) with each table gradient summed as rows against the same
+    made dense first (the summer's old path), each batch shard its own samples: losses,
+    weights and accumulators at 1e-5 of their scale, the tables summed over data = 2."""
+    b = _benchmark()
+    rows = _train(b, devices, expert)
+    dense = _train(b, devices, expert, dense_gradients=True)
+    _assert_same(rows, dense)
+
+
 def _table_entries(path: str, shape) -> int:
     """How many tensors of `shape` the checkpoint at `path` holds."""
     reader = tf.train.load_checkpoint(path)
@@ -136,3 +161,81 @@ def test_tables_larger_than_a_replica_can_hold_are_one_line():
         UserError, match=r"`model.embedding_memory_gb` \([0-9.e-]+ GiB\): .*expert_parallel=1"
     ):
         bench.build_model()
+
+
+def _built(b, devices: int, expert: int, *, summer: bool):
+    """(strategy, mesh, benchmark in its context, model, optimizer built, Trainer) at `devices`
+    logical CPUs split as `expert` x data; `summer`: the collectives' sum (`--all_reduce=ring`,
+    the runner's choice whenever `--expert_parallel` > 1), else Keras' own."""
+    strategy, mesh, bench = tensor_parallel.on_mesh(b, devices, expert_parallel=expert)
+    with strategy.scope(), use_mesh(mesh):
+        model = bench.build_model()
+        optimizer = bench.build_optimizer(100)
+        variables = model.trainable_variables
+        optimizer.build(variables)
+        trainer = Trainer(strategy=strategy, benchmark=bench, model=model, optimizer=optimizer,
+                          xla=False)  # fmt: skip
+        if summer:
+            trainer.summer = GradientSummer(strategy, Settings(all_reduce="ring", timeout_s=60),
+                                            mesh)  # fmt: skip
+            trainer.summer.build(optimizer, variables)
+        layout_lib.split_slots(optimizer, mesh)
+    return strategy, mesh, bench, model, trainer
+
+
+@pytest.mark.parametrize(
+    ("devices", "expert", "summer"),
+    [(2, 2, True), pytest.param(2, 1, False, marks=pytest.mark.slow),
+     pytest.param(1, 1, False, marks=pytest.mark.slow),
+     pytest.param(2, 1, True, marks=pytest.mark.slow)],
+    ids=["expert2", "data2_keras_sum", "one_device", "data2_summer"],
+)  # fmt: skip
+def test_a_train_step_never_makes_the_tables_gradient_dense(devices, expert, summer):
+    """The runner's train step (`Trainer.loop`), traced: no tensor of a replica's table storage
+    shape `[capacity, dim]` but the table's reads (a dense gradient would be one, and the
+    clip, sum and update computed from it more). The split tables' lookup and its backward
+    all-to-all, Keras' sum (`_summed_shares`) and the collectives' sum all keep it as rows."""
+    b = _benchmark()
+    strategy, mesh, bench, model, trainer = _built(b, devices, expert, summer=summer)
+    data = iter(strategy.distribute_datasets_from_function(for_mesh(bench.train_dataset, mesh)))
+    traced = trainer.loop.get_concrete_function(data, tf.constant(1, tf.int32))
+    tables = model.get_layer(TABLES_LAYER)
+    assert dense_tensors(traced, [tables.plan.capacity, tables.dim]) == []
+
+
+def test_every_layout_starts_from_the_same_tables():
+    """The tables built at E = 1, 2 and 4 (on 4 logical CPUs) are bit-identical whole, each
+    table the row-block draw of its seed (`draw_rows`) within U(+-sqrt(1 / rows)); a replica's
+    shard is drawn for its own rows alone (`shard_initial_value` equals the whole draw's rows
+    it holds)."""
+    b = _benchmark()
+    whole = {}
+    for expert in (1, 2, 4):
+        strategy, mesh, bench = tensor_parallel.on_mesh(b, 4, expert_parallel=expert)
+        with strategy.scope(), use_mesh(mesh):
+            tables = bench.build_model().get_layer(TABLES_LAYER)
+            whole[expert] = tables.tables()
+        storage = np.asarray(layout_lib.whole_value(tables.embeddings, mesh))
+        for shard in range(expert):
+            part = storage[shard * tables.plan.capacity : (shard + 1) * tables.plan.capacity]
+            np.testing.assert_array_equal(np.asarray(tables.shard_initial_value(shard)), part)
+    rows = b.config.model.table_rows()
+    for k, (name, n) in enumerate(rows.items()):
+        for expert in (2, 4):
+            np.testing.assert_array_equal(whole[expert][name], whole[1][name], err_msg=name)
+        want = draw_rows(bench.seed + k, np.sqrt(1.0 / n), 0, n, b.config.model.embedding_dim)
+        np.testing.assert_array_equal(whole[1][name], np.asarray(want), err_msg=name)
+        assert np.abs(whole[1][name]).max() <= np.sqrt(1.0 / n)
+    assert len({float(w[0, 0]) for w in whole[1].values()}) == len(rows)  # seeds differ
+
+
+def test_a_range_of_rows_is_drawn_as_the_whole_tables_rows():
+    """`draw_rows` over any range (inside a block, across blocks) is that range of the whole
+    draw, bit for bit, and differs with the seed."""
+    rows, dim = 3 * INIT_BLOCK + 17, 3
+    whole = np.asarray(draw_rows(7, 0.5, 0, rows, dim))
+    assert whole.shape == (rows, dim) and 0.45 < np.abs(whole).max() <= 0.5
+    for start, stop in ((0, 1), (5, 900), (INIT_BLOCK - 2, INIT_BLOCK + 3), (1500, rows)):
+        np.testing.assert_array_equal(np.asarray(draw_rows(7, 0.5, start, stop, dim)),
+                                      whole[start:stop])  # fmt: skip
+    assert not np.array_equal(np.asarray(draw_rows(8, 0.5, 0, rows, dim)), whole)
