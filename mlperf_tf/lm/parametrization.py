@@ -67,9 +67,12 @@ class ScaledWeights:
         )
 
     def build(self, input_shape=None):
-        """Builds the model, then stores its initial weights divided by s."""
+        """Builds the model, then stores its initial weights divided by s (once: a second
+        `build` call leaves the stored weights as they are)."""
+        first = not self.built
         super().build(input_shape)
-        self.store_scaled()
+        if first:
+            self.store_scaled()
 
     def store_scaled(self) -> None:
         """Divides the trainable variables, holding effective weights (the initializers', or a
