@@ -15,7 +15,8 @@ Command line:
   mlperf-tf prepare deepseekv3_671b --c4_dir=C4 --tokenizer=Llama-3.1-8B/tokenizer.json
       --out_dir=DIR --sequence_length=4096 [--train_shards=768-1023] [--max_train_windows=N]
   mlperf-tf prepare deepseekv3_671b --mini --out_dir=DIR
-      (the shared mini corpus in DIR and the mini base beside the default one, `mini_base_dir`)
+      (the shared mini corpus's windows of `config.MINI_SEQUENCE_LENGTH` tokens in DIR, the
+      corpus itself written first if missing, and the mini base, `mini_base_dir`)
 """
 
 from __future__ import annotations
