@@ -17,6 +17,7 @@ from benchmarks.deepseekv3_671b import model as model_lib
 from benchmarks.deepseekv3_671b import prepare as prepare_lib
 from mlperf_tf.benchmark import EvalPoint
 from mlperf_tf.data import c4
+from mlperf_tf.errors import UserError
 from mlperf_tf.facts import Blocks, Calibration, Experts, Rcp, SimulatorShape
 from mlperf_tf.lm.decoder import DecoderModel
 from mlperf_tf.lm.pretraining import PretrainingBenchmark
@@ -182,6 +183,20 @@ class DeepseekV3Benchmark(PretrainingBenchmark):
         }
 
     # ---- building ------------------------------------------------------------------------------
+    def decoder_class(self):
+        """DeepSeek-V3, parametrized at `model.weight_scale` when not 1 (`model.decoder_class`).
+
+        Raises:
+          UserError: a scale under `--pipeline_parallel` (its stages call the layers outside
+            the scaled forward).
+        """
+        if self.config.model.weight_scale != 1.0 and self.mesh.pipeline > 1:
+            raise UserError(
+                f"`model.weight_scale` ({self.config.model.weight_scale:g}) needs "
+                f"--pipeline_parallel=1 (not {self.mesh.pipeline})"
+            )
+        return model_lib.decoder_class(self.config.model)
+
     def prepare_initial_weights(self) -> None:
         """The mini's first run trains its base here (`prepare.prepare_mini_base`, untimed,
         before `run_start`) when `config.init_checkpoint` is the mini's missing base folder."""
@@ -203,6 +218,8 @@ class DeepseekV3Benchmark(PretrainingBenchmark):
     # ---- host side -----------------------------------------------------------------------------
     @classmethod
     def prepare_mini(cls, data_dir: str) -> None:
-        """Writes the shared C4-format mini corpus (`mlperf_tf.data.c4`) into `data_dir`."""
-        summary = c4.prepare_mini(data_dir)
+        """Writes the shared C4-format mini corpus's windows at this benchmark's mini length
+        (`config.MINI_SEQUENCE_LENGTH`, `mlperf_tf.data.c4.prepare_mini_windows`) into
+        `data_dir`."""
+        summary = c4.prepare_mini_windows(data_dir, config_lib.MINI_SEQUENCE_LENGTH)
         logging.info("deepseekv3_671b: mini dataset in %s: %s", data_dir, summary)

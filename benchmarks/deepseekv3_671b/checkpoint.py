@@ -27,6 +27,7 @@ from safetensors.numpy import save_file
 from benchmarks.deepseekv3_671b.config import ModelConfig
 from mlperf_tf import hf_checkpoint, prepare_cli
 from mlperf_tf.hf_checkpoint import CheckpointImportError, Entry, transposed
+from mlperf_tf.lm.parametrization import ScaledWeights
 
 ARCHITECTURE = "DeepseekV3ForCausalLM"
 
@@ -173,21 +174,25 @@ def load(directory: str, keras_model, model: ModelConfig) -> int:
     """
     source = hf_checkpoint.open_whole(directory)
     check_hf_config(source.config(), model, os.path.join(directory, hf_checkpoint.CONFIG))
-    return source.load(entries(keras_model, model), hf_checkpoint.assign)
+    count = source.load(entries(keras_model, model), hf_checkpoint.assign)
+    if isinstance(keras_model, ScaledWeights):  # the file holds effective weights
+        keras_model.store_scaled()
+    return count
 
 
 def export(keras_model, model: ModelConfig, out_dir: str, *, shards: int = 2,
            dtype=np.float32) -> dict:  # fmt: skip
-    """Writes `keras_model` as a Hugging Face DeepSeek-V3 folder (`config.json`,
+    """Writes `keras_model` (its effective weights, when parametrized) as a Hugging Face
+    DeepSeek-V3 folder (`config.json`,
     `model.safetensors.index.json`, `shards` safetensors files of `dtype`), staged: a reader
     never sees half of it. Returns a summary (tensors, shards)."""
+    scaled = isinstance(keras_model, ScaledWeights)
     tensors = {}
     for entry in entries(keras_model, model):
-        if isinstance(entry.target, tuple):
-            variable, index = entry.target
-            value = variable[index].numpy()
-        else:
-            value = entry.target.numpy()
+        variable, index = entry.target if isinstance(entry.target, tuple) else (entry.target, ())
+        value = variable[index].numpy()
+        if scaled and variable.trainable:  # the effective weight, as the plain model's
+            value = value * keras_model.weight_scale
         if entry.convert is transposed:
             value = value.T
         tensors[entry.name] = np.ascontiguousarray(value).astype(dtype)

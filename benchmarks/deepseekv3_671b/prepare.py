@@ -15,7 +15,8 @@ Command line:
   mlperf-tf prepare deepseekv3_671b --c4_dir=C4 --tokenizer=Llama-3.1-8B/tokenizer.json
       --out_dir=DIR --sequence_length=4096 [--train_shards=768-1023] [--max_train_windows=N]
   mlperf-tf prepare deepseekv3_671b --mini --out_dir=DIR
-      (the shared mini corpus in DIR and the mini base beside the default one, `mini_base_dir`)
+      (the shared mini corpus's windows of `config.MINI_SEQUENCE_LENGTH` tokens in DIR, the
+      corpus itself written first if missing, and the mini base, `mini_base_dir`)
 """
 
 from __future__ import annotations
@@ -31,21 +32,29 @@ from absl import logging
 from mlperf_tf import paths, prepare_cli
 from mlperf_tf.data import c4
 
-# The mini base: steps of the mini preset's batch from the initializers, at the mini's peak LR.
-MINI_BASE_STEPS = 400
+# The mini base: steps of the mini preset's batch and sequence from the initializers, on the
+# plain model (s = 1) at this peak rate after `MINI_BASE_WARMUP` steps (the rate the mini's
+# parametrization gives the rules' LR: `config.MINI_WEIGHT_SCALE`).
+MINI_BASE_STEPS = 300
+MINI_BASE_LR = 1.5e-3
+MINI_BASE_WARMUP = 20
 MINI_BASE_SEED = 4242
+# The base's folder names its shape: an older base (another sequence or batch) is not reused.
+MINI_BASE_NAME = "deepseekv3-mini-base-s32-b64"
 
 
 def mini_base_dir() -> str:
     """Where the `mini` preset's base checkpoint lives (under the shared data root)."""
-    return os.path.join(paths.data_root(), "deepseekv3-mini-base")
+    return os.path.join(paths.data_root(), MINI_BASE_NAME)
 
 
 def prepare_mini_base(out_dir: str, *, steps: int = MINI_BASE_STEPS, data_dir: str = "") -> dict:
-    """Trains the `mini` model from its initializers for `steps` steps (batch 8, AdamW at the
-    mini's LR, clip 1.0, the selection bias moved every step) on the mini corpus (`data_dir`,
-    default the preset's) and writes it to `out_dir` in the Hugging Face layout. Untimed: the
-    MLPerf run's starting point, as MLCommons' checkpoint is the real run's.
+    """Trains the `mini` model, plain (s = 1), from its initializers for `steps` steps (the
+    mini's batch and windows, AdamW at `MINI_BASE_LR` after `MINI_BASE_WARMUP` steps, clip 1.0
+    of the gradient with each embedding row once, the selection bias moved every step) on the
+    mini corpus (`data_dir`, default the preset's) and writes it to `out_dir` in the Hugging
+    Face layout. Untimed: the MLPerf run's starting point, as MLCommons' checkpoint is the real
+    run's.
 
     Returns:
       A summary: steps, the last loss, seconds, the export's tensors and shards.
@@ -58,11 +67,19 @@ def prepare_mini_base(out_dir: str, *, steps: int = MINI_BASE_STEPS, data_dir: s
     from benchmarks.deepseekv3_671b.benchmark import DeepseekV3Benchmark  # noqa: PLC0415
     from mlperf_tf.benchmark import RunContext  # noqa: PLC0415
     from mlperf_tf.lm.benchmark import update_router_biases  # noqa: PLC0415
+    from mlperf_tf.optimizers.base import merge_duplicate_rows  # noqa: PLC0415
 
     config = config_lib.mini()
-    config = dataclasses.replace(config, init_checkpoint="", data_dir=data_dir or config.data_dir)
+    optimizer = dataclasses.replace(
+        config.optimizer, opt_base_learning_rate=MINI_BASE_LR,
+        opt_learning_rate_warmup_steps=MINI_BASE_WARMUP,
+    )  # fmt: skip
+    config = dataclasses.replace(
+        config, init_checkpoint="", data_dir=data_dir or config.data_dir, optimizer=optimizer,
+        model=dataclasses.replace(config.model, weight_scale=1.0),
+    )  # fmt: skip
     if not os.path.isdir(config.data_dir):
-        c4.prepare_mini(config.data_dir)
+        c4.prepare_mini_windows(config.data_dir, config_lib.MINI_SEQUENCE_LENGTH)
     bench = DeepseekV3Benchmark(config).with_context(RunContext(num_replicas=1))
     keras.utils.set_random_seed(MINI_BASE_SEED)
     model = bench.build_model()
@@ -76,6 +93,9 @@ def prepare_mini_base(out_dir: str, *, steps: int = MINI_BASE_STEPS, data_dir: s
         with tf.GradientTape() as tape:
             loss, metrics = bench.compute_loss_and_metrics(model, batch, training=True)
         grads = tape.gradient(loss, model.trainable_variables)
+        # The embedding's sparse gradient lists a row once per lookup: merged before the norm
+        # and Adam's second moment, as the runner's trainer does (`merge_duplicate_rows`).
+        grads = [merge_duplicate_rows(g) for g in grads]
         grads, _ = tf.clip_by_global_norm(grads, config.gradient_clip_norm)
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
         update_router_biases(model, metrics["moe/load"], rate)
@@ -92,7 +112,11 @@ def prepare_mini_base(out_dir: str, *, steps: int = MINI_BASE_STEPS, data_dir: s
 
 def main(argv: Sequence[str] | None = None) -> int:
     """`mlperf-tf prepare deepseekv3_671b ...` (see the module docstring)."""
-    code = c4.main(argv, name="deepseekv3_671b")
+    from benchmarks.deepseekv3_671b import config as config_lib  # noqa: PLC0415
+
+    code = c4.main(
+        argv, name="deepseekv3_671b", mini_sequence_length=config_lib.MINI_SEQUENCE_LENGTH
+    )
     args = sys.argv[1:] if argv is None else list(argv)
     if code == 0 and "--mini" in args and not os.path.isdir(mini_base_dir()):
         print(prepare_mini_base(mini_base_dir()))

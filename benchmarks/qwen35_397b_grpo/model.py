@@ -8,53 +8,33 @@ trainable weight stored as w / s and multiplied back by s in the forward pass, t
 the same, the gradient of the stored value is s times the weight's, and Adam (invariant to the
 gradient's scale, but for its epsilon) moves the stored value by the rules' rate, so the
 effective weight moves as Adam at s times that rate would move it. The gradient clip then only
-rescales the (s times larger) gradient before Adam normalizes it.
+rescales the (s times larger) gradient before Adam normalizes it. The mechanism is shared
+(`mlperf_tf.lm.parametrization`); this benchmark declares s (`ModelConfig.weight_scale`).
 """
 
 from __future__ import annotations
 
-import keras
-
 from benchmarks.qwen35_397b_grpo.config import ModelConfig
 from mlperf_tf.lm.hybrid import HybridDecoderModel, build_hybrid_decoder
+from mlperf_tf.lm.parametrization import ScaledWeights
 
 
-class ScaledPolicy(HybridDecoderModel):
-    """`HybridDecoderModel` whose trainable weights are stored divided by `weight_scale`: its
-    forward (`call`, `decode`) reads each as its stored value times the scale (a Keras
-    `StatelessScope` mapping the variables to the products), so it computes what the unscaled
-    model of the effective weights computes (tested)."""
+class ScaledPolicy(ScaledWeights, HybridDecoderModel):
+    """`HybridDecoderModel` whose trainable weights are stored divided by `weight_scale`
+    (`mlperf_tf.lm.parametrization.ScaledWeights`): its forward (`call`, `decode`) reads each
+    as its stored value times the scale, so it computes what the unscaled model of the
+    effective weights computes (tested)."""
+
+    scaled_methods = ("call", "decode")
 
     def __init__(self, config: ModelConfig, **kwargs):
-        super().__init__(config, **kwargs)
-        self.weight_scale = float(config.weight_scale)
-
-    def _effective(self):
-        """A scope in which every trainable variable reads as its effective weight."""
-        scale = self.weight_scale
-        return keras.StatelessScope(
-            state_mapping=[(v, v.value * scale) for v in self.trainable_variables]
-        )
-
-    def call(self, *args, **kwargs):
-        with self._effective():
-            return super().call(*args, **kwargs)
-
-    def decode(self, *args, **kwargs):
-        with self._effective():
-            return super().decode(*args, **kwargs)
-
-    def set_effective_weights(self) -> None:
-        """Divides the trainable variables, holding effective weights (the initializers', or
-        an unscaled model's just loaded), by the scale: the stored form."""
-        for v in self.trainable_variables:
-            v.assign(v / self.weight_scale)
+        super().__init__(config, weight_scale=config.weight_scale, **kwargs)
 
     def load_unscaled_weights(self, path: str) -> None:
         """Loads weights saved by the unscaled model of the same shape (the `mini` base), then
         stores them divided by the scale."""
         self.load_weights(path)
-        self.set_effective_weights()
+        self.store_scaled()
 
 
 def build_model(config: ModelConfig) -> HybridDecoderModel:
@@ -63,8 +43,7 @@ def build_model(config: ModelConfig) -> HybridDecoderModel:
     if config.weight_scale == 1.0:
         return build_hybrid_decoder(config, name="qwen35")
     model = ScaledPolicy(config, name="qwen35")
-    model.build((None, None))
-    model.set_effective_weights()
+    model.build((None, None))  # stores the initial weights divided by the scale
     return model
 
 

@@ -401,13 +401,44 @@ def prepare_mini(data_dir: str, *, eval_every: int = 4) -> dict[str, object]:
     return summary
 
 
-def main(argv: Sequence[str] | None, *, name: str) -> int:
+def mini_windows_dir(sequence_length: int) -> str:
+    """The folder of the mini corpus's windows of `sequence_length` tokens: the shared
+    `mini_data_dir()` at `MINI_SEQUENCE_LENGTH`, else its sibling `<data_root>/c4-mini-<L>`."""
+    if sequence_length == MINI_SEQUENCE_LENGTH:
+        return mini_data_dir()
+    return f"{mini_data_dir()}-{sequence_length}"
+
+
+def prepare_mini_windows(data_dir: str, sequence_length: int) -> dict[str, object]:
+    """Writes the mini corpus's `train/` and `eval/` windows of `sequence_length` tokens (the
+    eval set: the first 1,024, unshuffled) into `data_dir`: the shared corpus's C4-format shards
+    (`mini_data_dir()`, written first if missing) packed with its tokenizer by `prepare`, so a
+    benchmark that declares another length reads the same text as the others' minis.
+
+    Raises:
+      UserError / DataError: `data_dir` exists, or the text gives fewer than 1,024 eval windows.
+    """
+    source = mini_data_dir()
+    if not os.path.isdir(source):
+        prepare_mini(source)
+    return prepare(
+        c4_dir=os.path.join(source, "c4"), tokenizer_path=os.path.join(source, "tokenizer.model"),
+        out_dir=data_dir, sequence_length=sequence_length, train_shards=(768, 768),
+    )  # fmt: skip
+
+
+def main(
+    argv: Sequence[str] | None, *, name: str, mini_sequence_length: int = MINI_SEQUENCE_LENGTH
+) -> int:
     """`mlperf-tf prepare NAME ...` for a benchmark whose data this module prepares.
 
     Command line:
       mlperf-tf prepare NAME --c4_dir=C4 --tokenizer=Llama-3.1-8B/tokenizer.json --out_dir=DIR
           [--sequence_length=8192] [--train_shards=768-1023] [--max_train_windows=N]
       mlperf-tf prepare NAME --mini --out_dir=DIR
+
+    `mini_sequence_length`: the benchmark's mini window length (`--mini` writes the shared
+    corpus at `MINI_SEQUENCE_LENGTH`, else its windows at this length, `prepare_mini_windows`).
     """
     parser = prepare_cli.parser(
         name, __doc__.split("\n")[0], mini_help="write the offline mini data set"
@@ -419,7 +450,10 @@ def main(argv: Sequence[str] | None, *, name: str) -> int:
     parser.add_argument("--max_train_windows", type=int, default=0, help="0: all")
     args = parser.parse_args(argv)
     if args.mini:
-        print(json.dumps(prepare_mini(args.out_dir)))
+        if mini_sequence_length == MINI_SEQUENCE_LENGTH:
+            print(json.dumps(prepare_mini(args.out_dir)))
+        else:
+            print(json.dumps(prepare_mini_windows(args.out_dir, mini_sequence_length)))
         return 0
     if args.max_train_windows < 0:
         raise UserError(f"--max_train_windows ({args.max_train_windows}) must be >= 0")

@@ -6,6 +6,7 @@ its data, optimizer, schedule and MLPerf keys."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import keras
@@ -208,7 +209,13 @@ class LanguageModelBenchmark(Benchmark):
             return build_decoder(
                 m, moe_group_size=self.moe_group_size(),
                 collective_timeout_s=self.context.collective_timeout_s, name=self.model_name,
+                model_class=self.decoder_class(),
             )  # fmt: skip
+
+    def decoder_class(self) -> Callable[..., DecoderModel]:
+        """The model class `build_model` builds (`build_decoder`'s `model_class`): `DecoderModel`;
+        a benchmark with a declared parametrization returns its subclass or factory."""
+        return DecoderModel
 
     def pipeline_stage(self, model: DecoderModel, stage: int, stages: int) -> DecoderStage:
         """Stage `stage` of `stages` of `model` for the pipeline schedule

@@ -16,6 +16,7 @@ ambient one (`mlperf_tf.parallel.current_mesh()`) when they are made.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 
 import keras
 import tensorflow as tf
@@ -261,10 +262,12 @@ class DecoderModel(keras.Model):
 
 
 def build_decoder(config: DecoderConfig, *, moe_group_size: int | None = None,
-                  collective_timeout_s: float = 0.0, name: str = "decoder") -> DecoderModel:  # fmt: skip
+                  collective_timeout_s: float = 0.0, name: str = "decoder",
+                  model_class: Callable[..., DecoderModel] = DecoderModel) -> DecoderModel:  # fmt: skip
     """A built `DecoderModel` (weights created in forward order by `build`, under the ambient
-    mesh; no forward pass)."""
-    model = DecoderModel(
+    mesh; no forward pass). `model_class`: a `DecoderModel` subclass or a factory taking its
+    arguments (e.g. a `mlperf_tf.lm.parametrization.ScaledWeights` one)."""
+    model = model_class(
         config, moe_group_size=moe_group_size, collective_timeout_s=collective_timeout_s,
         name=name,
     )  # fmt: skip

@@ -7,11 +7,14 @@ keys 6.0.0 and 6.1.0 require."""
 import dataclasses
 import json
 import math
+import os
 
 import keras
+import mlperf_logging
 import numpy as np
 import pytest
 import tensorflow as tf
+import yaml
 from mlperf_logging.mllog import constants as C
 
 from benchmarks.deepseekv3_671b import config as config_lib
@@ -75,6 +78,50 @@ def test_mlperf_preset_logs_every_key_the_closed_rules_require(ruleset):
     assert hparams[C.MAX_SEQUENCE_LENGTH] == 4096 and bench.config.global_batch_size == 15_360
     assert bench.eval_samples() == 1024 and bench.quality_target == 3.6
     assert ("expert_parallelism" in hparams) == (ruleset == "6.1.0")
+
+
+def _rules(ruleset):
+    path = os.path.join(
+        os.path.dirname(mlperf_logging.__file__),
+        f"compliance_checker/training_{ruleset}/closed_deepseekv3_671b.yaml",
+    )
+    with open(path) as f:
+        return [entry["KEY"] for entry in yaml.safe_load(f) if "KEY" in entry]
+
+
+@pytest.mark.parametrize("ruleset", RULESETS)
+def test_mini_preset_fails_no_rule_but_the_sequence_length_and_the_batch(ruleset):
+    """The rules' own CHECK, FIRST_CHECK and POST expressions (`closed_deepseekv3_671b.yaml`,
+    in file order) on the mini's logged values and evaluation schedule: only
+    `max_sequence_length` and `global_batch_size` fail; the LR is the rules' formula and the
+    first eval the rules' GBS x floor(42 + 24,576 / GBS) samples, then one every step."""
+    bench = _bench("mini")
+    h = {**logged_hparams(bench, ruleset), C.GLOBAL_BATCH_SIZE: bench.config.global_batch_size,
+         C.GRADIENT_ACCUMULATION_STEPS: 1, C.EVAL_SAMPLES: bench.eval_samples()}  # fmt: skip
+    points = bench.eval_schedule()
+    s, failed = {}, []
+    for rule in _rules(ruleset):
+        name = rule["NAME"]
+        values = [{"metadata": {"samples_count": p.samples_count}} for p in points]
+        if name != C.EVAL_ACCURACY:
+            values = [{"value": h[name]}]
+        checks = rule.get("CHECK", [])
+        checks = [checks] if isinstance(checks, str) else checks
+        first = [rule["FIRST_CHECK"]] if "FIRST_CHECK" in rule else []
+        scope = {"math": math, "s": s}
+        ok = all(eval(c, {**scope, "v": v}) for c in checks for v in values)  # noqa: S307
+        ok = ok and all(eval(c, {**scope, "v": values[0]}) for c in first)  # noqa: S307
+        if not ok:
+            failed.append(name)
+        if "POST" in rule:
+            exec(rule["POST"], {**scope, "v": values[0]})  # noqa: S102
+    assert failed == [C.GLOBAL_BATCH_SIZE, C.MAX_SEQUENCE_LENGTH], failed
+    assert set(bench.scaled_settings()) == set(failed)
+    batch = bench.config.global_batch_size
+    assert points[0].samples_count == batch * math.floor(42 + 24576 / batch) > 24_576
+    assert [p.step for p in points[:3]] == [points[0].step + i for i in range(3)]
+    assert bench.config.model.weight_scale == config_lib.MINI_WEIGHT_SCALE > 1
+    assert h[C.OPT_BASE_LR] == pytest.approx(2.4e-5 * math.sqrt(batch / 16384), rel=1e-12)
 
 
 def test_the_pipeline_and_context_axes_are_taken_and_disclosed_as_used():

@@ -4,6 +4,7 @@ into another model (its forward then equals the written model's, MTP and the sel
 included), FP8 block-scaled weights dequantized, and one-line errors for another model's config,
 a missing or truncated shard and a tensor of the wrong shape."""
 
+import dataclasses
 import json
 import os
 
@@ -86,6 +87,30 @@ def test_import_reproduces_the_written_model_forward(written):
         np.testing.assert_array_equal(a.router_bias.numpy(), b.router_bias.numpy())
     # The loaded model differs from its own initializers: the import did the work.
     assert np.max(np.abs(_model(7)(tf.constant(TOKENS)).numpy() - want_main.numpy())) > 1e-3
+
+
+@pytest.mark.numerics
+def test_the_parametrized_model_imports_and_exports_the_plain_function(written, tmp_path):
+    """The mini's `ScaledDeepseekV3` (weights stored / s): the plain checkpoint loads as the
+    same function (`call` and `with_mtp`), stored at 1/s of the file's values, and exports the
+    effective weights (the file a plain model reads)."""
+    model, config, path, _ = written
+    scaled_config = dataclasses.replace(config, weight_scale=40.0)
+    scaled = _model(7, scaled_config)
+    assert isinstance(scaled, model_lib.ScaledDeepseekV3)
+    checkpoint.load(path, scaled, scaled_config)
+    plain_kernel = model.lm_head.kernel.numpy()
+    np.testing.assert_allclose(scaled.lm_head.kernel.numpy() * 40.0, plain_kernel, rtol=1e-6)
+    want_main, (want_mtp,) = model.with_mtp(tf.constant(TOKENS))
+    got_main, (got_mtp,) = scaled.with_mtp(tf.constant(TOKENS))
+    assert_close(got_main, want_main, rtol=1e-5)
+    assert_close(got_mtp, want_mtp, rtol=1e-5)
+    assert_close(scaled(tf.constant(TOKENS)), want_main, rtol=1e-5)
+    out = str(tmp_path / "again")
+    checkpoint.export(scaled, scaled_config, out)
+    again = _model(9)
+    checkpoint.load(out, again, config)
+    assert_close(again(tf.constant(TOKENS)), want_main, rtol=1e-5)
 
 
 @pytest.mark.numerics
