@@ -64,6 +64,7 @@ def train_signature(config: Qwen35GrpoConfig, rows: int) -> dict[str, tf.TensorS
         "advantages": tf.TensorSpec([rows], tf.float32),
         "sample_mask": tf.TensorSpec([rows], tf.float32),
         "rewards": tf.TensorSpec([rows], tf.float32),
+        "valid_tokens": tf.TensorSpec([rows], tf.float32),
     }
 
 
