@@ -303,7 +303,8 @@ class RolloutConfig:
     eager path, which False selects); `xla_decoding`: its decoding step compiled with XLA
     (needs the MoE on capacity buffers, `MoEConfig.dispatch` "buffer": the `mini`'s);
     `decode_rows`: rows a decoding step call takes (`CompiledGenerator.step_rows`; 0: the
-    whole batch; a power of two)."""
+    whole batch; a power of two); `chunked_prefill`: prefill `prefill_bucket` tokens at a time
+    from the cache (`CompiledGenerator.chunked_prefill`: one trace for every prompt length)."""
 
     max_length: int = MLPERF_SEQUENCE_LENGTH
     max_turn_tokens: int = MLPERF_SEQUENCE_LENGTH
@@ -313,6 +314,7 @@ class RolloutConfig:
     compiled_generation: bool = True
     xla_decoding: bool = False
     decode_rows: int = 0
+    chunked_prefill: bool = False
     prefill_bucket: int = 64
 
     def __post_init__(self):
@@ -418,7 +420,8 @@ def mini() -> Qwen35GrpoConfig:
                               validation_test_timeout_s=10.0),
         rollout=RolloutConfig(max_length=MINI_SEQUENCE_LENGTH, max_turn_tokens=MINI_TURN_TOKENS,
                               train_tasks=256, eval_tasks=EVAL_SAMPLES, prefill_bucket=128,
-                              xla_decoding=True, decode_rows=MINI_DECODE_ROWS),
+                              xla_decoding=True, decode_rows=MINI_DECODE_ROWS,
+                              chunked_prefill=True),
         init_checkpoint=mini_base_dir(),
     )  # fmt: skip
 

@@ -52,7 +52,8 @@ def generator(model, config: Qwen35GrpoConfig):
     if not r.compiled_generation:
         return model
     return CompiledGenerator(model, capacity=r.generation_capacity(), bucket=r.prefill_bucket,
-                             jit_compile=r.xla_decoding, step_rows=r.decode_rows)  # fmt: skip
+                             jit_compile=r.xla_decoding, step_rows=r.decode_rows,
+                             chunked_prefill=r.chunked_prefill)  # fmt: skip
 
 
 def train_signature(config: Qwen35GrpoConfig, rows: int) -> dict[str, tf.TensorSpec]:

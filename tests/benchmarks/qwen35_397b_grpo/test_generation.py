@@ -100,10 +100,11 @@ def test_compiled_generation_equals_the_eager_path(model, buffer_model, xla):
     """Same seeds, same tokens: prompts of three lengths (left-padded to a 16-token bucket, not
     to the longest prompt as eagerly; the batch of 3 padded to 4, prefilled 2 rows at a time),
     sampling with top-p; then one prompt at the next bucket. With `xla`, as the `mini`
-    decodes: the step compiled by XLA on the buffer MoE, in groups of 2 rows (`step_rows`)."""
+    decodes: the step compiled by XLA on the buffer MoE, in groups of 2 rows (`step_rows`),
+    the prefill a 16-token chunk at a time (`chunked_prefill`)."""
     model = buffer_model if xla else model
     compiled = CompiledGenerator(model, capacity=48, bucket=16, prefill_rows=2, jit_compile=xla,
-                                 step_rows=2 if xla else 0)  # fmt: skip
+                                 step_rows=2 if xla else 0, chunked_prefill=xla)  # fmt: skip
     kw = dict(max_new_tokens=6, eos_id=CHAT.IM_END, pad_id=CHAT.PAD, temperature=1.0,
               top_p=0.9, stop_suffixes=("</tool_call>",), decode_text=CHAT.decode)  # fmt: skip
     short = [CHAT.encode("fix the bug"), CHAT.encode("hi"), CHAT.encode("x = 1\n" * 2)]
@@ -113,7 +114,8 @@ def test_compiled_generation_equals_the_eager_path(model, buffer_model, xla):
         for w, g in zip(want, got, strict=True):
             assert g.tokens == w.tokens and g.stop == w.stop
             np.testing.assert_allclose(g.logprobs, w.logprobs, atol=1e-5)
-    assert compiled._prefill.experimental_get_tracing_count() == 2  # (rows 2, 16), (1, 32)
+    prefill = compiled._chunk if xla else compiled._prefill
+    assert prefill.experimental_get_tracing_count() == 2  # (rows 2, 16), (1, 32); chunks: 2, 1
     assert compiled._step.experimental_get_tracing_count() == 2  # batch 4 (or groups of 2), 1
 
 
