@@ -163,14 +163,21 @@ class Qwen35GrpoBenchmark(Benchmark):
 
     # ---- loss and eval -------------------------------------------------------------------------
     def compute_loss_and_metrics(self, model, batch, training: bool = True):
+        """The GRPO loss as a share of the step's token mean: normalized by the step's valid
+        tokens (`valid_tokens`, over all its rollouts, NeMo-RL's `global_valid_toks`), times
+        the accumulation steps, since the runner averages the micro-batches' gradients and sums
+        the replicas': their sum is then the gradient of the mean over the step's tokens,
+        whatever the rollouts' lengths in each micro-batch."""
         grpo = self.config.grpo
         loss, metrics = batch_lib.policy_loss(
             model, batch, loss=grpo.loss, logprob_error_threshold=grpo.seq_logprob_error_threshold,
-            temperature=grpo.training_temperature,
+            temperature=grpo.training_temperature, global_valid_tokens=batch["valid_tokens"][0],
         )  # fmt: skip
+        parts = float(self.config.gradient_accumulation_steps)
         metrics["reward"] = tf.reduce_mean(batch["rewards"])
-        # Each replica's token mean; the runner sums the replicas' gradients.
-        return loss / self.batch_shards, {k: metrics[k] for k in _METRICS}
+        # A token mean over the step, averaged over the micro-batches as the loss is.
+        metrics["sampling_importance_ratio"] *= parts
+        return loss * parts, {k: metrics[k] for k in _METRICS}
 
     def compute_loss(self, model, batch, training: bool = True):
         return self.compute_loss_and_metrics(model, batch, training)[0]

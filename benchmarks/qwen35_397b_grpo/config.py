@@ -65,6 +65,12 @@ MINI_GBS = MINI_PROMPTS_PER_STEP * NUM_GENERATIONS_PER_PROMPT
 MINI_EXTRA_EVALS = 4
 # Rollouts per forward/backward pass of the update (128 at once took 23 GB and was OOM-killed).
 MINI_MICRO_BATCH = 16
+# Held-out tasks a validation batch decodes together: 32 x 4 = 128 rollouts, the training
+# step's decoding batch (one compiled step shape; measured, README "Generation": a decoding
+# step's cost per token grows with the batch, 1.3 ms at 128 rows, 2.2 ms at 1,024).
+MINI_EVAL_TASKS_PER_BATCH = 32
+# Rows a decoding step takes (`RolloutConfig.decode_rows`): measured, README "Generation".
+MINI_DECODE_ROWS = 16
 # Rollouts: an expert trajectory is about 800 tokens, its longest turn (`str_replace`) 140.
 MINI_SEQUENCE_LENGTH = 1024
 MINI_TURN_TOKENS = 192
@@ -294,7 +300,11 @@ class RolloutConfig:
     task sets of `mini` and `smoke` (`tasks.make_tasks`, seeds `task_seed` and `task_seed + 1`);
     `compiled_generation`: decode with `mlperf_tf.rl.generation.CompiledGenerator` (compiled
     prefill per `prefill_bucket` of prompt length, one compiled step; the same tokens as the
-    eager path, which False selects)."""
+    eager path, which False selects); `xla_decoding`: its decoding step compiled with XLA
+    (needs the MoE on capacity buffers, `MoEConfig.dispatch` "buffer": the `mini`'s);
+    `decode_rows`: rows a decoding step call takes (`CompiledGenerator.step_rows`; 0: the
+    whole batch; a power of two); `chunked_prefill`: prefill `prefill_bucket` tokens at a time
+    from the cache (`CompiledGenerator.chunked_prefill`: one trace for every prompt length)."""
 
     max_length: int = MLPERF_SEQUENCE_LENGTH
     max_turn_tokens: int = MLPERF_SEQUENCE_LENGTH
@@ -302,6 +312,9 @@ class RolloutConfig:
     eval_tasks: int = EVAL_SAMPLES
     task_seed: int = 1
     compiled_generation: bool = True
+    xla_decoding: bool = False
+    decode_rows: int = 0
+    chunked_prefill: bool = False
     prefill_bucket: int = 64
 
     def __post_init__(self):
@@ -309,8 +322,12 @@ class RolloutConfig:
             self, prefix="rollout.",
             positive_int=("max_length", "max_turn_tokens", "train_tasks", "eval_tasks",
                           "prefill_bucket"),
-            non_negative_int=("task_seed",),
+            non_negative_int=("task_seed", "decode_rows"),
         )  # fmt: skip
+        if self.decode_rows & (self.decode_rows - 1):
+            raise ConfigError(
+                f"`rollout.decode_rows` ({self.decode_rows}) must be 0 or a power of two."
+            )
 
     def generation_capacity(self) -> int:
         """Key/value slots of the compiled generator: the longest prompt a turn can start from
@@ -368,12 +385,15 @@ def mlperf() -> Qwen35GrpoConfig:
 def mini_model() -> ModelConfig:
     """The `mini` model: every layer kind of the reference at width 128 (3 DeltaNet layers of
     2 key / 4 value heads of 32, 1 gated-attention layer of 4 / 2 heads of 32, each
-    feed-forward 4 experts top-2 of 128 and a shared expert of 128), ChatML bytes."""
+    feed-forward 4 experts top-2 of 128 and a shared expert of 128), ChatML bytes. Its MoE is
+    dropless on capacity buffers (the "sorted" dispatch's function, static shapes: the
+    decoding step compiles with XLA, `RolloutConfig.xla_decoding`)."""
     return dataclasses.replace(
         tiny(ByteChat.vocab_size), hidden_size=128, head_dim=32, rotary_dim=16,
         intermediate_size=128, shared_expert_size=128, max_position_embeddings=2048,
         linear_key_head_dim=32, linear_value_head_dim=32, linear_chunk_size=64,
-        moe=dataclasses.replace(REFERENCE_MOE, num_experts=4, top_k=2, filter_size=128),
+        moe=dataclasses.replace(REFERENCE_MOE, num_experts=4, top_k=2, filter_size=128,
+                                dispatch="buffer"),
     )  # fmt: skip
 
 
@@ -392,14 +412,16 @@ def mini() -> Qwen35GrpoConfig:
     gbs = grpo.global_batch_size
     return Qwen35GrpoConfig(
         global_batch_size=gbs, gradient_accumulation_steps=gbs // MINI_MICRO_BATCH,
-        eval_batch_size=128, train_examples=256 * 16,
+        eval_batch_size=MINI_EVAL_TASKS_PER_BATCH, train_examples=256 * 16,
         eval_examples=EVAL_SAMPLES, max_epochs=grpo.max_steps * gbs / (256 * 16),
         quality_target=MINI_TARGET_PASS_AT_4, gradient_clip_norm=gradient_clip(gbs),
         model=dataclasses.replace(mini_model(), weight_scale=MINI_WEIGHT_SCALE), grpo=grpo,
         env=EnvironmentConfig(kind="repair", tool_timeout_s=10.0, test_timeout_s=10.0,
                               validation_test_timeout_s=10.0),
         rollout=RolloutConfig(max_length=MINI_SEQUENCE_LENGTH, max_turn_tokens=MINI_TURN_TOKENS,
-                              train_tasks=256, eval_tasks=EVAL_SAMPLES, prefill_bucket=128),
+                              train_tasks=256, eval_tasks=EVAL_SAMPLES, prefill_bucket=128,
+                              xla_decoding=True, decode_rows=MINI_DECODE_ROWS,
+                              chunked_prefill=True),
         init_checkpoint=mini_base_dir(),
     )  # fmt: skip
 

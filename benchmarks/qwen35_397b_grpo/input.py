@@ -51,7 +51,9 @@ def generator(model, config: Qwen35GrpoConfig):
     r = config.rollout
     if not r.compiled_generation:
         return model
-    return CompiledGenerator(model, capacity=r.generation_capacity(), bucket=r.prefill_bucket)
+    return CompiledGenerator(model, capacity=r.generation_capacity(), bucket=r.prefill_bucket,
+                             jit_compile=r.xla_decoding, step_rows=r.decode_rows,
+                             chunked_prefill=r.chunked_prefill)  # fmt: skip
 
 
 def train_signature(config: Qwen35GrpoConfig, rows: int) -> dict[str, tf.TensorSpec]:
@@ -64,6 +66,7 @@ def train_signature(config: Qwen35GrpoConfig, rows: int) -> dict[str, tf.TensorS
         "advantages": tf.TensorSpec([rows], tf.float32),
         "sample_mask": tf.TensorSpec([rows], tf.float32),
         "rewards": tf.TensorSpec([rows], tf.float32),
+        "valid_tokens": tf.TensorSpec([rows], tf.float32),
     }
 
 

@@ -21,7 +21,12 @@ def training_batch(rollouts, *, num_generations: int, length: int, pad_id: int,
       `input_ids` int32 [R, length] (the tokens but the last), `targets` int32 [R, length]
       (the next tokens), `token_mask` float32 [R, length] (1 where the target is the policy's),
       `generation_logprobs` float32 [R, length] (of the targets), `advantages` float32 [R],
-      `sample_mask` float32 [R] (0 for truncated rollouts with overlong filtering), `rewards`.
+      `sample_mask` float32 [R] (0 for truncated rollouts with overlong filtering), `rewards`,
+      `valid_tokens` float32 [R]: every row holds the step's count of the policy's tokens in
+      kept rollouts (token mask x sample mask, over all R), the loss's normalizer (NeMo-RL's
+      `global_valid_toks`), so a micro-batch's or a replica's loss is its share of the step's
+      token mean (`policy_loss(global_valid_tokens=...)`). Counted before the log-prob error
+      mask, which needs the current policy's log-probs of every micro-batch.
 
     Raises:
       ValueError: the rollouts are not a whole number of groups.
@@ -38,9 +43,11 @@ def training_batch(rollouts, *, num_generations: int, length: int, pad_id: int,
     sample_mask = np.ones(count, np.float32)
     if overlong_filtering:
         sample_mask = grpo.overlong_filter(sample_mask, truncated).numpy()
+    valid_tokens = float(np.sum(arrays["token_mask"] * sample_mask[:, None]))
     arrays.update(
-        advantages=advantages.numpy().reshape(-1), sample_mask=sample_mask, rewards=rewards
-    )
+        advantages=advantages.numpy().reshape(-1), sample_mask=sample_mask, rewards=rewards,
+        valid_tokens=np.full(count, valid_tokens, np.float32),
+    )  # fmt: skip
     return arrays
 
 

@@ -1,13 +1,16 @@
 """What does compiling the rollouts' decoding buy? `qwen35_397b_grpo` rollout generation at the
 `mini` model's shape: `mlperf_tf.rl.generation.CompiledGenerator` (compiled prefill per length
-bucket, one compiled step over a fixed-capacity key/value cache and the DeltaNet state) against
-the eager `generate` (the same model, the same seeds, the same tokens), in generated tokens/s.
+bucket, one compiled step over a fixed-capacity key/value cache and the DeltaNet state) as a
+graph (`compiled`), with the step compiled by XLA (`xla`), and with XLA in groups of `--rows`
+rows a step call (`xla_rows`: the `mini`'s decoding), against the eager `generate` (`--eager`;
+the same model, the same seeds, the same tokens), in generated tokens/s.
 
 A step is one batch of `--batch` prompts of `--prompt` tokens continued by `--new` tokens (no
-end-of-turn: every row runs to the limit), sampled at temperature 1; rounds alternate the two.
+end-of-turn: every row runs to the limit, so no group is ever skipped: this measures the
+groups' smaller working set only), sampled at temperature 1; rounds alternate the contestants.
 
     python tools/costs/bench_grpo_decoding.py [--batch=16] [--prompt=200] [--new=64] [--steps=1]
-        [--rounds=3]
+        [--rounds=3] [--rows=16] [--eager]
 """
 
 from __future__ import annotations
@@ -29,16 +32,15 @@ from mlperf_tf.rl.generation import ByteChat, CompiledGenerator, generate  # noq
 from tools import harness  # noqa: E402
 
 
-def contestants(batch: int, prompt: int, new: int) -> dict:
-    """The eager and compiled generators of one mini model, each a `run(steps)`."""
+def contestants(batch: int, prompt: int, new: int, rows: int, eager: bool) -> dict:
+    """The generators of one mini model (its MoE on capacity buffers, as the mini's), each a
+    `run(steps)`."""
     config = grpo_config.mini()
     keras.utils.set_random_seed(0)
     model = build_hybrid_decoder(config.model)
     rng = np.random.default_rng(0)
     prompts = [list(rng.integers(0, 256, size=prompt)) for _ in range(batch)]
-    compiled = CompiledGenerator(
-        model, capacity=config.rollout.generation_capacity(), bucket=config.rollout.prefill_bucket
-    )
+    r = config.rollout
     kw = dict(max_new_tokens=new, eos_id=-1, pad_id=ByteChat.PAD, temperature=1.0, top_p=1.0)
 
     def run(generator):
@@ -48,7 +50,19 @@ def contestants(batch: int, prompt: int, new: int) -> dict:
 
         return steps
 
-    return {"compiled": run(compiled), "eager": run(lambda p, **k: generate(model, p, **k))}
+    def compiled(**options):
+        return CompiledGenerator(
+            model, capacity=r.generation_capacity(), bucket=r.prefill_bucket, **options
+        )
+
+    out = {
+        "compiled": run(compiled()),
+        "xla": run(compiled(jit_compile=True)),
+        "xla_rows": run(compiled(jit_compile=True, step_rows=rows)),
+    }
+    if eager:
+        out["eager"] = run(lambda p, **k: generate(model, p, **k))
+    return out
 
 
 def main(argv=None) -> None:
@@ -56,9 +70,12 @@ def main(argv=None) -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--prompt", type=int, default=200)
     parser.add_argument("--new", type=int, default=64)
-    args = harness.parse_rounds(parser, argv, "batch", "prompt", "new")
+    parser.add_argument("--rows", type=int, default=16, help="xla_rows: rows a step call takes")
+    parser.add_argument("--eager", action="store_true", help="also the eager path (slow)")
+    args = harness.parse_rounds(parser, argv, "batch", "prompt", "new", "rows")
     harness.compare(
-        contestants(args.batch, args.prompt, args.new), steps=args.steps, rounds=args.rounds,
+        contestants(args.batch, args.prompt, args.new, args.rows, args.eager),
+        steps=args.steps, rounds=args.rounds,
         samples_per_step=args.batch * args.new, reference="compiled", unit="tokens",
         title=f"qwen35_397b_grpo mini decoding, batch {args.batch}, prompt {args.prompt}, "
         f"{args.new} new tokens; TF {tf.__version__}, Keras {keras.__version__}",

@@ -78,6 +78,7 @@ def test_defaults_are_the_rules_values():
         (config.EnvironmentConfig, "tool_timeout_s", -1.0),
         (config.OptimizerConfig, "opt_adamw_beta_1", 1.5),
         (config.ModelConfig, "weight_scale", 0.0),
+        (config.RolloutConfig, "decode_rows", 12),
     ],
 )
 def test_bad_settings_are_one_line_errors(cls, field, value):

@@ -4,6 +4,8 @@ top-p, the log-probs), the generator's log-probs against the training forward's,
 multi-turn rollout loop with the repair environment (a scripted expert earns the reward,
 a silent agent does not, a rollout at the length limit is truncated)."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -82,12 +84,27 @@ def test_generation_logprobs_equal_the_training_forward(model):
         np.testing.assert_allclose(logp.numpy(), out.logprobs, atol=1e-4)
 
 
+@pytest.fixture(scope="module")
+def buffer_model():
+    """The tiny model with its MoE on capacity buffers (dropless): static shapes, for XLA."""
+    tf.keras.utils.set_random_seed(0)
+    c = config.tiny(vocab_size=CHAT.vocab_size)
+    return build_hybrid_decoder(
+        dataclasses.replace(c, moe=dataclasses.replace(c.moe, dispatch="buffer"))
+    )
+
+
 @pytest.mark.numerics
-def test_compiled_generation_equals_the_eager_path(model):
+@pytest.mark.parametrize("xla", [False, True])
+def test_compiled_generation_equals_the_eager_path(model, buffer_model, xla):
     """Same seeds, same tokens: prompts of three lengths (left-padded to a 16-token bucket, not
     to the longest prompt as eagerly; the batch of 3 padded to 4, prefilled 2 rows at a time),
-    sampling with top-p; then one prompt at the next bucket."""
-    compiled = CompiledGenerator(model, capacity=48, bucket=16, prefill_rows=2)
+    sampling with top-p; then one prompt at the next bucket. With `xla`, as the `mini`
+    decodes: the step compiled by XLA on the buffer MoE, in groups of 2 rows (`step_rows`),
+    the prefill a 16-token chunk at a time (`chunked_prefill`)."""
+    model = buffer_model if xla else model
+    compiled = CompiledGenerator(model, capacity=48, bucket=16, prefill_rows=2, jit_compile=xla,
+                                 step_rows=2 if xla else 0, chunked_prefill=xla)  # fmt: skip
     kw = dict(max_new_tokens=6, eos_id=CHAT.IM_END, pad_id=CHAT.PAD, temperature=1.0,
               top_p=0.9, stop_suffixes=("</tool_call>",), decode_text=CHAT.decode)  # fmt: skip
     short = [CHAT.encode("fix the bug"), CHAT.encode("hi"), CHAT.encode("x = 1\n" * 2)]
@@ -97,8 +114,9 @@ def test_compiled_generation_equals_the_eager_path(model):
         for w, g in zip(want, got, strict=True):
             assert g.tokens == w.tokens and g.stop == w.stop
             np.testing.assert_allclose(g.logprobs, w.logprobs, atol=1e-5)
-    assert compiled._prefill.experimental_get_tracing_count() == 2  # (rows 2, 16), (1, 32)
-    assert compiled._step.experimental_get_tracing_count() == 2  # batch 4, batch 1
+    prefill = compiled._chunk if xla else compiled._prefill
+    assert prefill.experimental_get_tracing_count() == 2  # (rows 2, 16), (1, 32); chunks: 2, 1
+    assert compiled._step.experimental_get_tracing_count() == 2  # batch 4 (or groups of 2), 1
 
 
 class ScriptedModel:

@@ -4,6 +4,8 @@ filtering), the loss at the sampled weights has importance weights of 1 (generat
 agree) and masks nothing, and Adam steps on it raise the log-probability of the rewarded
 rollouts' tokens relative to the unrewarded ones."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -75,3 +77,57 @@ def test_grpo_step_on_the_tiny_model():
             )  # fmt: skip
         optimizer.apply_gradients(zip(tape.gradient(value, variables), variables))
     assert score() > before + 0.05, (before, score())
+
+
+@pytest.mark.numerics
+def test_micro_batches_sum_to_the_step_token_mean():
+    """The benchmark's loss on micro-batches of unequal policy-token counts, averaged as the
+    runner averages them, is the token mean over the whole step (NeMo-RL's
+    `global_valid_toks`), checked against a NumPy transcription; so are its gradients. A
+    per-micro-batch mean would weigh the short micro-batch's tokens more."""
+    from benchmarks.qwen35_397b_grpo.benchmark import Qwen35GrpoBenchmark
+
+    rng = np.random.default_rng(3)
+    rows, length, parts = 4, 9, 2
+    token_mask = np.zeros([rows, length], np.float32)
+    for i, n in enumerate([2, 3, 8, 6]):  # micro-batch 0: 5 tokens, micro-batch 1: 14
+        token_mask[i, length - n :] = 1.0
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential(
+        [tf.keras.layers.Embedding(CHAT.vocab_size, 8), tf.keras.layers.Dense(CHAT.vocab_size)]
+    )
+    tokens = rng.integers(0, 256, size=[rows, length + 1])
+    rollouts = []
+    for i in range(rows):
+        r = Rollout([], [], [])
+        r.extend(tokens[i].tolist(), policy=False)
+        r.policy_mask[1:] = token_mask[i].astype(int).tolist()
+        r.reward = float(i % 2)
+        rollouts.append(r)
+    arrays = batch_lib.training_batch(rollouts, num_generations=2, length=length, pad_id=0)
+    np.testing.assert_array_equal(arrays["token_mask"], token_mask)
+    assert np.all(arrays["valid_tokens"] == token_mask.sum())
+    # The generator is the policy: its log-probs are the model's own.
+    own = grpo.token_logprobs(model(arrays["input_ids"]), arrays["targets"]).numpy()
+    arrays["generation_logprobs"] = own * token_mask
+    smoke = config.smoke()
+    bench = Qwen35GrpoBenchmark(dataclasses.replace(smoke, gradient_accumulation_steps=parts))
+    variables = model.trainable_variables
+
+    def loss_and_grads(part):
+        with tf.GradientTape() as tape:
+            value = bench.compute_loss(model, {k: tf.constant(v[part]) for k, v in arrays.items()})
+        return value.numpy(), [
+            tf.convert_to_tensor(g).numpy() for g in tape.gradient(value, variables)
+        ]
+
+    halves = [loss_and_grads(slice(0, 2)), loss_and_grads(slice(2, 4))]
+    mean_loss = np.mean([h[0] for h in halves])
+    # NumPy: ratios are 1 and importance weights 1 (the generator's log-probs are the policy's),
+    # so the loss is -sum_t A_t m_t / N over the step's tokens.
+    want = -np.sum(arrays["advantages"][:, None] * token_mask) / token_mask.sum()
+    np.testing.assert_allclose(mean_loss, want, rtol=1e-5)
+    whole_loss, whole_grads = loss_and_grads(slice(0, 4))
+    np.testing.assert_allclose(whole_loss / parts, want, rtol=1e-5)
+    for a, b, w in zip(halves[0][1], halves[1][1], whole_grads, strict=True):
+        np.testing.assert_allclose((a + b) / parts, w / parts, rtol=1e-4, atol=1e-7)
