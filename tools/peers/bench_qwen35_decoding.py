@@ -6,9 +6,10 @@ token), with a model of `qwen35_397b_grpo`'s `mini` shape (`config.mini_model()`
 DeltaNet layers and 1 gated-attention layer of width 128, 4 experts top-2 and a shared expert
 in every layer):
 
-  mlperf_tf  `mlperf_tf.rl.generation.CompiledGenerator`, as the benchmark's rollouts use it:
-             the prefill compiled per length bucket, one compiled step over a fixed-capacity
-             key/value cache and the DeltaNet state.
+  mlperf_tf  `mlperf_tf.rl.generation.CompiledGenerator` made as the benchmark's rollouts make it
+             (`input.generator` of the mini config: the decoding step compiled by XLA over a
+             fixed-capacity key/value cache and the DeltaNet state, in groups of rows; the
+             prefill a bucket at a time).
   keras_hub  `keras_hub.models.Qwen3_5MoeCausalLM.generate` (keras-hub >= 0.32, the peers extra;
              no preprocessor; `RandomSampler`), of the same shape: its backbone is built from the
              Hugging Face config our importer checks against (`checkpoint.hf_config`) by
@@ -40,8 +41,9 @@ import tensorflow as tf  # noqa: E402
 
 from benchmarks.qwen35_397b_grpo import checkpoint  # noqa: E402
 from benchmarks.qwen35_397b_grpo import config as grpo_config  # noqa: E402
+from benchmarks.qwen35_397b_grpo import input as grpo_input  # noqa: E402
 from mlperf_tf.lm.hybrid import build_hybrid_decoder  # noqa: E402
-from mlperf_tf.rl.generation import ByteChat, CompiledGenerator  # noqa: E402
+from mlperf_tf.rl.generation import ByteChat  # noqa: E402
 from tools import harness  # noqa: E402
 
 
@@ -55,9 +57,7 @@ def ours(batch: int, prompt: int, new: int):
     config = grpo_config.mini()
     keras.utils.set_random_seed(0)
     model = build_hybrid_decoder(config.model)
-    generator = CompiledGenerator(
-        model, capacity=config.rollout.generation_capacity(), bucket=config.rollout.prefill_bucket
-    )
+    generator = grpo_input.generator(model, config)  # the rollouts' own (XLA, row groups)
     prompts = prompts_of(batch, prompt)
 
     def steps(count: int) -> None:
