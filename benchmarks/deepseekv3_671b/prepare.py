@@ -67,7 +67,7 @@ def prepare_mini_base(out_dir: str, *, steps: int = MINI_BASE_STEPS, data_dir: s
     from benchmarks.deepseekv3_671b.benchmark import DeepseekV3Benchmark  # noqa: PLC0415
     from mlperf_tf.benchmark import RunContext  # noqa: PLC0415
     from mlperf_tf.lm.benchmark import update_router_biases  # noqa: PLC0415
-    from mlperf_tf.optimizers.base import merge_duplicate_rows  # noqa: PLC0415
+    from mlperf_tf.optimizers.base import clipped_update  # noqa: PLC0415
 
     config = config_lib.mini()
     optimizer = dataclasses.replace(
@@ -94,10 +94,8 @@ def prepare_mini_base(out_dir: str, *, steps: int = MINI_BASE_STEPS, data_dir: s
             loss, metrics = bench.compute_loss_and_metrics(model, batch, training=True)
         grads = tape.gradient(loss, model.trainable_variables)
         # The embedding's sparse gradient lists a row once per lookup: merged before the norm
-        # and Adam's second moment, as the runner's trainer does (`merge_duplicate_rows`).
-        grads = [merge_duplicate_rows(g) for g in grads]
-        grads, _ = tf.clip_by_global_norm(grads, config.gradient_clip_norm)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        # and Adam's second moment, as the runner's trainer does.
+        clipped_update(optimizer, grads, model.trainable_variables, config.gradient_clip_norm)
         update_router_biases(model, metrics["moe/load"], rate)
         return loss
 

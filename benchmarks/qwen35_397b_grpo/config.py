@@ -82,8 +82,10 @@ MINI_WEIGHT_SCALE = 20.0
 
 
 def mini_base_dir() -> str:
-    """Where the `mini` preset's base model lives (under the shared data root)."""
-    return os.path.join(paths.data_root(), "qwen35-grpo-mini-base")
+    """Where the `mini` preset's base model lives (under the shared data root). "-2": the base
+    whose supervised loop merges an embedding's duplicate rows before its clip; the one the
+    README's pass@4 was measured on (rows counted once per lookup) was "qwen35-grpo-mini-base"."""
+    return os.path.join(paths.data_root(), "qwen35-grpo-mini-base-2")
 
 
 # Qwen3.5-397B-A17B's experts (README section 4; Megatron's `--num-experts 512

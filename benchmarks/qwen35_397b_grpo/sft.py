@@ -27,6 +27,7 @@ from benchmarks.qwen35_397b_grpo import config as config_lib
 from benchmarks.qwen35_397b_grpo import tasks as tasks_lib
 from benchmarks.qwen35_397b_grpo.environments import RepairEnvironment
 from benchmarks.qwen35_397b_grpo.model import build_model
+from mlperf_tf.optimizers.base import clipped_update
 from mlperf_tf.rl import batch as batch_lib
 from mlperf_tf.rl.generation import ByteChat, Generated
 from mlperf_tf.rl.rollout import run_rollouts
@@ -95,8 +96,8 @@ def supervised_step(model, optimizer, clip: float):
         with tf.GradientTape() as tape:
             loss = batch_lib.supervised_loss(model, batch)
         variables = model.trainable_variables
-        grads, _ = tf.clip_by_global_norm(tape.gradient(loss, variables), clip)
-        optimizer.apply_gradients(zip(grads, variables))
+        # The embedding's sparse gradient lists a row once per lookup: merged before the clip.
+        clipped_update(optimizer, tape.gradient(loss, variables), variables, clip)
         return loss
 
     return step
