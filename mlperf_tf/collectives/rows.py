@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from mlperf_tf.optimizers.base import merge_duplicate_rows
+from mlperf_tf.sparse import merge_duplicate_rows
 
 ID_RADIX = 4096  # an id crosses as float32 (id // radix, id % radix): exact below 2^36
 

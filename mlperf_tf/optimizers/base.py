@@ -21,6 +21,8 @@ from collections.abc import Iterable, Sequence
 import keras
 import tensorflow as tf
 
+from mlperf_tf.sparse import merge_duplicate_rows
+
 # Keras documents its base keyword arguments once (`base_optimizer_keyword_args`); this is the
 # same text for this suite's optimizers, substituted into each class docstring by
 # `document_base_keyword_args`.
@@ -127,25 +129,6 @@ def dense_gradient(gradient, dtype) -> tf.Tensor:
     if isinstance(gradient, tf.IndexedSlices):
         gradient = tf.convert_to_tensor(gradient)
     return tf.cast(gradient, dtype)
-
-
-def merge_duplicate_rows(gradient):
-    """`gradient` with each row listed once: an `IndexedSlices`' values of equal indices summed
-    (`tf.unique` + `unsorted_segment_sum`, rows in order of first appearance); any other
-    gradient unchanged.
-
-    Why: an embedding's sparse gradient lists a row once per lookup (and the runner's joins of
-    micro-batches and replicas list it again), and Keras 3's sparse-aware `ops.square` squares
-    each listed value before the duplicates are summed, so Adam's (and Adagrad's, RMSprop's)
-    second moment of that row gets sum(g_i^2) instead of (sum g_i)^2 and its first step moves
-    it by up to sqrt(n) x lr; a global norm (`tf.clip_by_global_norm`) of such a gradient adds
-    the duplicates' squares too.
-    """
-    if not isinstance(gradient, tf.IndexedSlices):
-        return gradient
-    rows, position = tf.unique(gradient.indices)  # [n], [lookups]
-    values = tf.math.unsorted_segment_sum(gradient.values, position, tf.shape(rows)[0])
-    return tf.IndexedSlices(values, rows, gradient.dense_shape)  # values [n, ...]
 
 
 def clipped_update(optimizer, grads, variables, clip_norm: float | None):

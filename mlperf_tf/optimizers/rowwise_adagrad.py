@@ -19,11 +19,11 @@ from mlperf_tf.optimizers.base import (
     compile_exclusion_patterns,
     document_base_keyword_args,
     matches_any,
-    merge_duplicate_rows,
     tf_variable,
     variable_path,
 )
 from mlperf_tf.parallel.layout import layout_of
+from mlperf_tf.sparse import merge_duplicate_rows
 
 
 def rowwise_adagrad_rows(rows, g, accumulator, lr, epsilon):

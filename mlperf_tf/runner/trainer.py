@@ -16,9 +16,9 @@ import tensorflow as tf
 from mlperf_tf.benchmark import Benchmark
 from mlperf_tf.collectives.ops import loop_function, replica_collectives
 from mlperf_tf.errors import UserError
-from mlperf_tf.optimizers.base import merge_duplicate_rows
 from mlperf_tf.parallel.mesh import DeviceMesh
 from mlperf_tf.runner.pipeline import PipelineStep
+from mlperf_tf.sparse import merge_duplicate_rows
 
 
 def replica_function(fn, *, xla: bool):
@@ -208,7 +208,7 @@ class Trainer:
         the reference's clip of the full-batch gradient) and without merging an embedding's
         sparse gradient (`IndexedSlices`): it joins the replicas' rows, and each lookup of a
         row is one more row, to which Keras' sparse Adam gives sum(g_i^2) for (sum g_i)^2
-        (`optimizers.base.merge_duplicate_rows`). So this sums first (every gradient when it
+        (`mlperf_tf.sparse.merge_duplicate_rows`). So this sums first (every gradient when it
         clips, else the sparse ones only), merges each sparse gradient's duplicate rows, clips,
         and hands Keras shares its sum restores: a dense gradient's sum / replicas, a sparse
         one's rows r, r + R, ... on replica r of R, so the joined rows are each row once. One

@@ -23,9 +23,10 @@ import tensorflow as tf
 
 from mlperf_tf.benchmark import RunContext
 from mlperf_tf.optimizers.adam import FusedAdam
-from mlperf_tf.optimizers.base import clipped_update, merge_duplicate_rows
+from mlperf_tf.optimizers.base import clipped_update
 from mlperf_tf.parallel.mesh import DeviceMesh
 from mlperf_tf.runner.trainer import Trainer
+from mlperf_tf.sparse import merge_duplicate_rows
 from tests import strategies
 from tests.numerics import assert_close
 from tests.tiny_benchmark import TinyBenchmark, TinyConfig
