@@ -328,10 +328,13 @@ class SimulatorShape:
         systems' defaults, uncalibrated.
       attention_flops: of the training FLOPs per sample, those of attention's score and
         context products (Q·Kᵀ, P·V and their gradients) as the count makes them (the full
-        S x S square). They run in BF16 whatever `--precision` the linear layers use:
-        Transformer Engine's FP8 and NVFP4 recipes quantize the GEMMs of its Linear modules,
-        and FP8 attention is a separate switch, off by default (`DelayedScaling(fp8_dpa=
-        False)`). 0: none declared (every FLOP in the run's format).
+        S x S square). They run in `attention_precision` whatever `--precision` the linear
+        layers use: Transformer Engine's FP8 and NVFP4 recipes quantize the GEMMs of its Linear
+        modules, and FP8 attention is a separate switch, off by default (`DelayedScaling(
+        fp8_dpa=False)`). 0: none declared (every FLOP in the run's format).
+      attention_precision: the number format the reference's attention products run in
+        (`simulate --attention_precision`'s default): "bf16" unless the reference turns on
+        FP8 dot-product attention (NeMo's `FP8_DPA`, Megatron's `fp8_dot_product_attention`).
       causal: the attention is causal, so flash attention computes half of the counted
         square (FlashAttention-2, Dao 2023, sec. 3.1: blocks above the diagonal are skipped).
       pipeline_stages: uneven stage maps the reference declares over `blocks.blocks`
@@ -358,6 +361,7 @@ class SimulatorShape:
     calibration: tuple[Calibration, ...] = ()
     attention_flops: float = 0.0
     causal: bool = False
+    attention_precision: str = "bf16"
     pipeline_stages: tuple[str, ...] = ()
     weight_update_sharding: bool = False
     reference_batch: int = 0
@@ -391,6 +395,8 @@ class SimulatorShape:
             del data["calibration"]
         if not self.attention_flops:
             del data["attention_flops"], data["causal"]
+        if self.attention_precision == "bf16":
+            del data["attention_precision"]
         return data
 
     @classmethod
@@ -407,6 +413,7 @@ class SimulatorShape:
             calibration=tuple(Calibration.from_dict(c) for c in data.get("calibration", ())),
             attention_flops=float(data.get("attention_flops", 0.0)),
             causal=bool(data.get("causal", False)),
+            attention_precision=str(data.get("attention_precision", "bf16")),
             pipeline_stages=tuple(data.get("pipeline_stages", ())),
             weight_update_sharding=bool(data.get("weight_update_sharding", False)),
             reference_batch=int(data.get("reference_batch", 0)),

@@ -77,6 +77,11 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: what the benchmark's reference trains in)",
     )
     parser.add_argument(
+        "--attention_precision",
+        help="number format of the attention's score and context products: bf16, fp8 (FP8 "
+        "dot-product attention) (default: the benchmark's reference, bf16)",
+    )
+    parser.add_argument(
         "--validate",
         action="store_true",
         help="print every published point the suite knows, predicted against published",
@@ -112,7 +117,7 @@ def _from_log(args: argparse.Namespace) -> None:
 
     run = fromlog.read_run(args.from_log, args.system)
     args.system = args.system or (None if args.system_file else run["system"])
-    for key in ("benchmark", "global_batch", "precision", *_LAYOUT_FLAGS):
+    for key in ("benchmark", "global_batch", "precision", "attention_precision", *_LAYOUT_FLAGS):
         if getattr(args, key) is None and key in run:
             setattr(args, key, run[key])
     if args.chips is None:
@@ -249,6 +254,7 @@ def main(argv: list[str]) -> int:
         virtual_stages=args.virtual_stages,
         recompute_attention=args.recompute_attention,
         precision=args.precision,
+        attention_precision=args.attention_precision,
     )
     # Any layout flag pins the layout (an axis not given is 1); none: the fastest legal one.
     every_axis_given = bool(pinned) or args.spatial_partition is not None
@@ -266,7 +272,8 @@ def main(argv: list[str]) -> int:
         print(f"parallel: {', '.join(validate.layout_text(r) for r in results)}{chosen}")
         print(
             f"precision: {results[0].precision} (dense peak {results[0].peak_flops / 1e12:,.0f} "
-            f"TFLOP/s per chip; MFU against it); efficiency: {results[0].calibration_source}"
+            f"TFLOP/s per chip; MFU against it), attention {results[0].attention_precision}; "
+            f"efficiency: {results[0].calibration_source}"
         )
         print(f"epochs to target: {results[0].convergence_source}")
     if args.plot:

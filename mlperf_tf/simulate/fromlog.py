@@ -89,4 +89,7 @@ def read_run(path: str, system: str | None = None) -> dict[str, Any]:
             run[arg] = int(values[key])
     if mllog.LOWEST_NUMERICAL_PRECISION_IN_LINEAR in values:
         run["precision"] = normalize_format(values[mllog.LOWEST_NUMERICAL_PRECISION_IN_LINEAR])
+    if mllog.LOWEST_NUMERICAL_PRECISION_IN_ATTN in values:
+        attention = values[mllog.LOWEST_NUMERICAL_PRECISION_IN_ATTN]
+        run["attention_precision"] = normalize_format(attention)
     return run

@@ -5,9 +5,10 @@ Per training step (all times in seconds):
     compute   = per-chip batch x training FLOPs per sample / (peak[precision] x efficiency)
                 x (1 + pipeline bubble)
                 (attention's score and context products, where the benchmark declares them,
-                at the BF16 peak instead, and half of them for a causal model: Transformer
-                Engine quantizes Linear GEMMs only, flash attention skips the masked blocks;
-                `SimulatorShape.attention_flops`)
+                at the peak of the attention's format instead, `--attention_precision`: BF16
+                unless a run turns on FP8 dot-product attention; half of them for a causal
+                model: Transformer Engine quantizes Linear GEMMs only, flash attention skips
+                the masked blocks; `SimulatorShape.attention_flops`)
                 (forward 1/3, backward 2/3: the 3x convention of `mlperf_tf.flops`; the peak is
                 the dense peak of the run's number format, `--precision`; the efficiency is the
                 benchmark's calibration for the system's family, `SimulatorShape.calibration`)
@@ -139,6 +140,7 @@ class Result:
     virtual_stages: int = 1
     slowest_rollout_s: float = 0.0
     generator_memory_gb: float = 0.0
+    attention_precision: str = "bf16"
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -180,6 +182,7 @@ class Constants:
     per_chip_batch: int
     source: str
     attention_scale: float = 1.0
+    attention_precision: str = "bf16"
 
     @property
     def chip_flops(self) -> float:
@@ -187,18 +190,25 @@ class Constants:
 
 
 def constants(
-    system: System, benchmark: str, shape: SimulatorShape, precision: str | None = None
+    system: System,
+    benchmark: str,
+    shape: SimulatorShape,
+    precision: str | None = None,
+    attention_precision: str | None = None,
 ) -> Constants:
     """The constants of `benchmark` on `system` in `precision` (None: the benchmark's reference
-    format, or the chip's native one where it lacks that).
+    format, or the chip's native one where it lacks that), its attention products in
+    `attention_precision` (None: the reference's, `SimulatorShape.attention_precision`, or the
+    chip's 16-bit format where it lacks that).
 
     Raises:
-      UserError: a `precision` the chip has no peak for.
+      UserError: a `precision` or `attention_precision` the chip has no peak for.
     """
     calibration = shape.calibration_for(system.family)
     if precision is None:
         precision = shape.precision if shape.precision in system.formats else system.native_format
     peak = system.peak(precision)
+    attention = _attention_format(system, shape, attention_precision)
     if benchmark in system.compute_efficiency:
         source = f"system file: compute_efficiency.{benchmark}"
     elif calibration is not None and calibration.compute_efficiency is not None:
@@ -213,17 +223,30 @@ def constants(
         input_rate=system.input_rate_per_host(benchmark, calibration),
         per_chip_batch=system.default_per_chip_batch(benchmark, calibration),
         source=source,
-        attention_scale=_attention_scale(system, shape, peak),
+        attention_scale=_attention_scale(system, shape, peak, attention),
+        attention_precision=attention,
     )
 
 
-def _attention_scale(system: System, shape: SimulatorShape, peak: float) -> float:
+def _attention_format(system: System, shape: SimulatorShape, given: str | None) -> str:
+    """The format of the attention products: `given` (checked against the chip), else the
+    reference's where the chip has it, else the chip's 16-bit one (BF16, or its native format
+    where it has no BF16: V100 fp16, P40 fp32)."""
+    if given is not None:
+        system.peak(given, flag="--attention_precision")
+        return normalize_format(given)
+    if shape.attention_precision in system.formats:
+        return shape.attention_precision
+    return "bf16" if "bf16" in system.formats else system.native_format
+
+
+def _attention_scale(system: System, shape: SimulatorShape, peak: float, fmt: str) -> float:
     """The time of one counted attention FLOP over that of one FLOP in the run's format: the
-    products run at the 16-bit peak (BF16, or the chip's half format where it has no BF16),
-    half of them computed where the attention is causal (`SimulatorShape.attention_flops`)."""
-    half = "bf16" if "bf16" in system.formats else system.native_format
+    products run at the peak of `fmt` (FP8 where a run turns on FP8 dot-product attention,
+    e.g. NeMo's `FP8_DPA=True`: cuDNN's FP8 flash attention), half of them computed where the
+    attention is causal (`SimulatorShape.attention_flops`)."""
     computed = 0.5 if shape.causal else 1.0
-    return computed * peak / system.peak(half)
+    return computed * peak / system.peak(fmt)
 
 
 def simulate(
@@ -249,6 +272,7 @@ def simulate(
     fsdp: bool = False,
     virtual_stages: int = 1,
     recompute_attention: bool = False,
+    attention_precision: str | None = None,
 ) -> Result:
     """Predicts one configuration (see the module docstring for the model).
 
@@ -280,6 +304,9 @@ def simulate(
       recompute_attention: the attention's score and context products run their forward once
         more in the backward (Megatron's selective recomputation, `recompute_modules:
         ['core_attn']`, as Dell's gpt_oss_20b log prints it).
+      attention_precision: the number format of the attention's score and context products
+        (default: the reference's, BF16 for every benchmark here; "fp8" where a run turns on
+        FP8 dot-product attention).
 
     Raises:
       UserError: an unknown benchmark or algorithm, chips that do not fit the system, failed
@@ -291,7 +318,7 @@ def simulate(
     layout, algorithm = _check_system(system, chips, algorithm, failed_chips, wraparound)
     working = chips - failed_chips
     shape = shape_of(facts)
-    const = constants(system, benchmark, shape, precision)
+    const = constants(system, benchmark, shape, precision, attention_precision)
     weight_update_sharding = weight_update_sharding or shape.weight_update_sharding
     moe = _moe_of(benchmark, shape, moe or parallelism.Moe())
     stages = parallelism.Stages.checked(
@@ -348,7 +375,8 @@ def simulate(
         expert_parallel=expert_parallel, pipeline_parallel=stages.pipeline,
         context_parallel=stages.context, micro_batch_size=stages.micro_batch_size,
         virtual_stages=stages.virtual,
-        precision=const.precision, peak_flops=const.peak, mfu=mfu,
+        precision=const.precision, attention_precision=const.attention_precision,
+        peak_flops=const.peak, mfu=mfu,
         calibration_source=const.source,
         single_chip_samples_per_s=single_rate, samples_per_s=samples_per_s,
         scaling_efficiency=_own_work_s(step) / step["step_time_s"], **train, **step,
@@ -947,6 +975,10 @@ def fastest(**kwargs) -> Result:
     """
     fixed = {k: kwargs.pop(k) for k in list(kwargs) if k in _SEARCH}
     shape = shape_of(benchmark_facts(kwargs["benchmark"], kwargs.get("preset", "mlperf")))
+    constants(  # a format the chip lacks is the user's error, not every layout's
+        kwargs["system"], kwargs["benchmark"], shape, kwargs.get("precision"),
+        kwargs.get("attention_precision"),
+    )  # fmt: skip
     moe = kwargs.get("moe") or parallelism.Moe()
     searched = dict(_SEARCH)
     if shape.blocks is None:  # nothing for tensor, context or pipeline parallelism to split

