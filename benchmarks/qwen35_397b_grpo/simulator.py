@@ -27,9 +27,21 @@ PROMPT_TOKENS = 3000.0
 TURNS = 20.0
 OBSERVATION_TOKENS = 500.0
 # Assumed: one tool call (a shell command, a file view or edit) in the task's Apptainer
-# container takes 5 s on average; the reference logs no environment time.
+# container takes 5 s on average. No figure for it exists in the reference: its README (section
+# "NeMo Gym and OpenHands configuration") gives limits only, 30 agent turns, a training agent
+# timeout of 1,800 s a rollout (generation and tools; "configure ... high enough that no rollout
+# is terminated"), a 300 s timeout for the final test run, 256 rollouts at once in per-task SIF
+# containers; its logs (`tracked_stats`: train_step_time, policy_training_time,
+# exposed_generation_time, weight_sync_time) time no environment, nor the sandbox's start; NeMo
+# RL's SWE guide (docs/guides/swe-rl-qwen3.md) says only that a multi-turn SWE trajectory "can
+# take many minutes". The timeout bounds the assumption: the slowest rollout the simulator times
+# must fit in AGENT_TIMEOUT_S (a test).
 ENVIRONMENT_S_PER_TURN = 5.0
-ENVIRONMENT_SOURCE = "assumed: 5 s a tool call in the task's container (no measurement logged)"
+ENVIRONMENT_SOURCE = (
+    "assumed: 5 s a tool call in the task's container; the reference states limits only (30 "
+    "turns, 1,800 s agent timeout, 300 s test timeout) and logs no environment time"
+)
+AGENT_TIMEOUT_S = 1800.0  # the reference's training agent timeout, a whole rollout
 # A step waits for its slowest rollout. The reference logs no rollout's length, only each
 # step's mean (`global_valid_toks` / `global_valid_seqs`, 17 steps of 6 seeds at GBS 256): the
 # seeds run the same tasks in the same order (the curriculum is part of the input), so the

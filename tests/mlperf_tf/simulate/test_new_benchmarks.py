@@ -197,6 +197,25 @@ def test_grpo_slowest_rollout_against_a_monte_carlo_and_the_limits():
     assert context == 20_000 and generated < ro.slowest(256)[0] and turns == 30
 
 
+def test_grpo_environment_turn_time_is_a_declared_assumption_within_the_reference_limits():
+    """No figure for a tool call's time exists in the reference (its README states limits, its
+    logs time no environment): the 5 s a turn stays declared as assumed, and the slowest
+    rollout it gives (30 turns of it, plus its decode and prefill) fits the reference's agent
+    timeout of 1,800 s a rollout, which no reference rollout may hit."""
+    from benchmarks.qwen35_397b_grpo import simulator
+
+    ro = model.shape_of(model.benchmark_facts("qwen35_397b_grpo")).rollouts
+    assert ro.environment_s_per_turn == simulator.ENVIRONMENT_S_PER_TURN == 5.0
+    assert ro.environment_source.startswith("assumed:") and "1,800 s" in ro.environment_source
+    r = model.simulate(benchmark="qwen35_397b_grpo", system=systems.load(GB300), chips=256)
+    slowest = r.rollout_decode_s + r.rollout_prefill_s + r.rollout_environment_s
+    assert r.rollout_environment_s == pytest.approx(30 * 5.0)  # the slowest hits the turn limit
+    assert slowest <= simulator.AGENT_TIMEOUT_S == 1800.0
+    # The largest turn time the timeout allows the slowest rollout: (1,800 - its generation) / 30.
+    allowed = (simulator.AGENT_TIMEOUT_S - r.rollout_decode_s - r.rollout_prefill_s) / 30
+    assert 5.0 < allowed < 60.0
+
+
 def test_grpo_memory_is_checked_for_generators_and_trainers(capsys):
     """A generator of 8 chips holds 1/8 of the bf16 weights (every expert) and of the cache of
     its rollouts at the slowest's context: about 100 GB a GB300; an H100 (72 GB usable) is
