@@ -335,6 +335,11 @@ class SimulatorShape:
       attention_precision: the number format the reference's attention products run in
         (`simulate --attention_precision`'s default): "bf16" unless the reference turns on
         FP8 dot-product attention (NeMo's `FP8_DPA`, Megatron's `fp8_dot_product_attention`).
+      output_flops: of the training FLOPs per sample, those of the output projections onto
+        the vocabulary (the LM head, and each multi-token-prediction depth's), which a run may
+        keep out of its low-precision recipe (`simulate --output_precision`; Megatron keeps the
+        output layer in BF16 unless NeMo's `FP8_OUTPUT_PROJ` puts it in MXFP8). 0: none
+        declared (counted in the run's format).
       causal: the attention is causal, so flash attention computes half of the counted
         square (FlashAttention-2, Dao 2023, sec. 3.1: blocks above the diagonal are skipped).
       pipeline_stages: uneven stage maps the reference declares over `blocks.blocks`
@@ -362,6 +367,7 @@ class SimulatorShape:
     attention_flops: float = 0.0
     causal: bool = False
     attention_precision: str = "bf16"
+    output_flops: float = 0.0
     pipeline_stages: tuple[str, ...] = ()
     weight_update_sharding: bool = False
     reference_batch: int = 0
@@ -397,6 +403,8 @@ class SimulatorShape:
             del data["attention_flops"], data["causal"]
         if self.attention_precision == "bf16":
             del data["attention_precision"]
+        if not self.output_flops:
+            del data["output_flops"]
         return data
 
     @classmethod
@@ -414,6 +422,7 @@ class SimulatorShape:
             attention_flops=float(data.get("attention_flops", 0.0)),
             causal=bool(data.get("causal", False)),
             attention_precision=str(data.get("attention_precision", "bf16")),
+            output_flops=float(data.get("output_flops", 0.0)),
             pipeline_stages=tuple(data.get("pipeline_stages", ())),
             weight_update_sharding=bool(data.get("weight_update_sharding", False)),
             reference_batch=int(data.get("reference_batch", 0)),

@@ -78,6 +78,9 @@ class DeepseekV3Benchmark(PretrainingBenchmark):
           FLOPs are in the per-token feed-forward's;
         - attention: MLA's score and context products (nope + rope for the scores, v for the
           context, `attention_flops`), causal, at the 16-bit peak;
+        - output: the LM head and the MTP depth's, vocabulary x hidden each (`output_flops`),
+          in the run's format unless `--output_precision` says otherwise (the v6.0 GB300
+          configs set `FP8_OUTPUT_PROJ=True`, the GB200 ones leave the head in BF16);
         - pipeline: the recipe's uneven stage maps (`model.pipeline_layers`) with the MTP block
           on the last stage ("16+16+16+14" at PP4);
         - the distributed optimizer (Megatron's `use_distributed_optimizer`, on in the
@@ -101,13 +104,15 @@ class DeepseekV3Benchmark(PretrainingBenchmark):
             first_dense=m.moe.first_dense,
         )  # fmt: skip
         attention = 3.0 * 2.0 * seq * seq * m.num_attention_heads * widths * layers
+        output = 3.0 * 2.0 * seq * (1 + m.mtp_layers) * m.vocab_size * h  # the heads' GEMMs
         stages = tuple(
             "+".join(map(str, counts[:-1] + [counts[-1] + m.mtp_layers]))
             for counts in ([int(c) for c in entry.split("+")] for entry in m.pipeline_layers)
         )
         return SimulatorShape(
             blocks=blocks, experts=experts, precision="bf16", attention_flops=attention,
-            causal=True, calibration=SIMULATOR_CALIBRATION, pipeline_stages=stages,
+            causal=True, output_flops=output, calibration=SIMULATOR_CALIBRATION,
+            pipeline_stages=stages,
             weight_update_sharding=True, reference_batch=config_lib.REFERENCE_BATCH,
             recompute=False,
         )  # fmt: skip

@@ -82,6 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
         "dot-product attention) (default: the benchmark's reference, bf16)",
     )
     parser.add_argument(
+        "--output_precision",
+        help="number format of the output projections onto the vocabulary (the LM head), where "
+        "the benchmark declares them: bf16 for a run that keeps its head out of FP8 (default: "
+        "--precision)",
+    )
+    parser.add_argument(
         "--validate",
         action="store_true",
         help="print every published point the suite knows, predicted against published",
@@ -255,6 +261,7 @@ def main(argv: list[str]) -> int:
         recompute_attention=args.recompute_attention,
         precision=args.precision,
         attention_precision=args.attention_precision,
+        output_precision=args.output_precision,
     )
     # Any layout flag pins the layout (an axis not given is 1); none: the fastest legal one.
     every_axis_given = bool(pinned) or args.spatial_partition is not None

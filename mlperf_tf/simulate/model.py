@@ -8,7 +8,9 @@ Per training step (all times in seconds):
                 at the peak of the attention's format instead, `--attention_precision`: BF16
                 unless a run turns on FP8 dot-product attention; half of them for a causal
                 model: Transformer Engine quantizes Linear GEMMs only, flash attention skips
-                the masked blocks; `SimulatorShape.attention_flops`)
+                the masked blocks; `SimulatorShape.attention_flops`; the output projections
+                onto the vocabulary, where declared, at the peak of `--output_precision`,
+                default the run's format; `SimulatorShape.output_flops`)
                 (forward 1/3, backward 2/3: the 3x convention of `mlperf_tf.flops`; the peak is
                 the dense peak of the run's number format, `--precision`; the efficiency is the
                 benchmark's calibration for the system's family, `SimulatorShape.calibration`)
@@ -141,6 +143,7 @@ class Result:
     slowest_rollout_s: float = 0.0
     generator_memory_gb: float = 0.0
     attention_precision: str = "bf16"
+    output_precision: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -183,6 +186,8 @@ class Constants:
     source: str
     attention_scale: float = 1.0
     attention_precision: str = "bf16"
+    output_scale: float = 1.0
+    output_precision: str = ""
 
     @property
     def chip_flops(self) -> float:
@@ -195,20 +200,25 @@ def constants(
     shape: SimulatorShape,
     precision: str | None = None,
     attention_precision: str | None = None,
+    output_precision: str | None = None,
 ) -> Constants:
     """The constants of `benchmark` on `system` in `precision` (None: the benchmark's reference
     format, or the chip's native one where it lacks that), its attention products in
     `attention_precision` (None: the reference's, `SimulatorShape.attention_precision`, or the
-    chip's 16-bit format where it lacks that).
+    chip's 16-bit format where it lacks that), its output projections in `output_precision`
+    (None: the run's format).
 
     Raises:
-      UserError: a `precision` or `attention_precision` the chip has no peak for.
+      UserError: a `precision`, `attention_precision` or `output_precision` the chip has no
+        peak for.
     """
     calibration = shape.calibration_for(system.family)
     if precision is None:
         precision = shape.precision if shape.precision in system.formats else system.native_format
     peak = system.peak(precision)
     attention = _attention_format(system, shape, attention_precision)
+    output = precision if output_precision is None else output_precision
+    output_peak = system.peak(output, flag="--output_precision")
     if benchmark in system.compute_efficiency:
         source = f"system file: compute_efficiency.{benchmark}"
     elif calibration is not None and calibration.compute_efficiency is not None:
@@ -225,6 +235,8 @@ def constants(
         source=source,
         attention_scale=_attention_scale(system, shape, peak, attention),
         attention_precision=attention,
+        output_scale=peak / output_peak,  # the time of an output FLOP over a linear one's
+        output_precision=normalize_format(output),
     )
 
 
@@ -273,6 +285,7 @@ def simulate(
     virtual_stages: int = 1,
     recompute_attention: bool = False,
     attention_precision: str | None = None,
+    output_precision: str | None = None,
 ) -> Result:
     """Predicts one configuration (see the module docstring for the model).
 
@@ -307,6 +320,10 @@ def simulate(
       attention_precision: the number format of the attention's score and context products
         (default: the reference's, BF16 for every benchmark here; "fp8" where a run turns on
         FP8 dot-product attention).
+      output_precision: the number format of the output projections onto the vocabulary, where
+        the benchmark declares them (`SimulatorShape.output_flops`; default: the run's
+        `precision`; "bf16" for a run that keeps its LM head out of FP8, as NeMo does without
+        `FP8_OUTPUT_PROJ`).
 
     Raises:
       UserError: an unknown benchmark or algorithm, chips that do not fit the system, failed
@@ -318,7 +335,7 @@ def simulate(
     layout, algorithm = _check_system(system, chips, algorithm, failed_chips, wraparound)
     working = chips - failed_chips
     shape = shape_of(facts)
-    const = constants(system, benchmark, shape, precision, attention_precision)
+    const = constants(system, benchmark, shape, precision, attention_precision, output_precision)
     weight_update_sharding = weight_update_sharding or shape.weight_update_sharding
     moe = _moe_of(benchmark, shape, moe or parallelism.Moe())
     stages = parallelism.Stages.checked(
@@ -376,6 +393,7 @@ def simulate(
         context_parallel=stages.context, micro_batch_size=stages.micro_batch_size,
         virtual_stages=stages.virtual,
         precision=const.precision, attention_precision=const.attention_precision,
+        output_precision=const.output_precision,
         peak_flops=const.peak, mfu=mfu,
         calibration_source=const.source,
         single_chip_samples_per_s=single_rate, samples_per_s=samples_per_s,
@@ -724,6 +742,7 @@ def _step(
     bubble = stages.bubble(per_chip_batch)
     attention = work.shape.attention_flops  # counted in work.flops, timed at its own peak
     timed = work.flops + attention * (const.attention_scale - 1.0)
+    timed += work.shape.output_flops * (const.output_scale - 1.0)  # the LM head's format
     if recompute_attention:  # the score and context products' forward, again in the backward
         timed += attention / 3.0 * const.attention_scale
     compute = per_chip_batch * timed / split / _chip_flops(system, const, working)
@@ -977,7 +996,7 @@ def fastest(**kwargs) -> Result:
     shape = shape_of(benchmark_facts(kwargs["benchmark"], kwargs.get("preset", "mlperf")))
     constants(  # a format the chip lacks is the user's error, not every layout's
         kwargs["system"], kwargs["benchmark"], shape, kwargs.get("precision"),
-        kwargs.get("attention_precision"),
+        kwargs.get("attention_precision"), kwargs.get("output_precision"),
     )  # fmt: skip
     moe = kwargs.get("moe") or parallelism.Moe()
     searched = dict(_SEARCH)

@@ -51,6 +51,7 @@ def _predict(point: dict, system: systems.System, *, logged: bool) -> model.Resu
         spatial_partition=str(point.get("spatial_partition", "1")),
         precision=point.get("precision"),
         attention_precision=point.get("attention_precision"),
+        output_precision=point.get("output_precision"),
         micro_batch_size=point.get("micro_batch_size"),
         virtual_stages=int(point.get("virtual_stages", 1)),
         recompute_attention=bool(point.get("recompute_attention", False)),

@@ -93,6 +93,34 @@ def test_deepseek_uneven_stages_and_expert_weights_are_charged_as_counted():
     assert stages.imbalance(shape.blocks) == pytest.approx(16 * 4 / 62)
 
 
+def test_deepseek_output_heads_run_in_the_format_the_run_gives_them():
+    """The LM head and the MTP depth's (vocabulary x hidden each, 3 x 2 x S FLOPs a weight)
+    are declared; `output_precision="bf16"` (the GB200 v6.0 configs, no `FP8_OUTPUT_PROJ`)
+    times them at the BF16 peak in an FP8 run: the compute grows by output / timed, where
+    timed is the FP8 run's FLOPs with its attention at its own peak (every other factor of the
+    compute, batch, split, stage imbalance and bubble, is common to both)."""
+    shape = model.shape_of(model.benchmark_facts("deepseekv3_671b"))
+    output = 3 * 2 * SEQ * (1 + MTP) * VOCAB * H
+    assert shape.output_flops == pytest.approx(output)
+    gb200 = systems.load("gb200-nvl72")
+    kw = dict(benchmark="deepseekv3_671b", system=gb200, chips=512, global_batch=15_360,
+              precision="fp8", model_parallel=2, pipeline_parallel=4, expert_parallel=32,
+              virtual_stages=4, attention_precision="fp8")  # fmt: skip
+    fp8, bf16 = model.simulate(**kw), model.simulate(output_precision="bf16", **kw)
+    assert (fp8.output_precision, bf16.output_precision) == ("fp8", "bf16")
+    flops = model.benchmark_facts("deepseekv3_671b")["training_flops_per_sample"]
+    timed = flops + shape.attention_flops * (0.5 * 5e15 / 5e15 - 1)  # causal half, FP8 peak
+    grown = output * (5e15 / 2.5e15 - 1)  # an output FLOP at BF16 takes 2 FP8 FLOPs' time
+    assert bf16.compute_s / fp8.compute_s == pytest.approx(1 + grown / timed)
+    assert bf16.mfu < fp8.mfu  # the model FLOPs are the same, the step longer
+    with pytest.raises(UserError, match="--output_precision=fp4: 'h100-dgx' has"):
+        model.simulate(**{**kw, "system": systems.load("h100-dgx")}, output_precision="fp4")
+    gb200_points = {p["id"] for p in validate.load_points()["points"] if "output_precision" in p}
+    assert gb200_points == {
+        "v6-gb200-deepseek-512", "v6-gb200-deepseek-2048", "v6-gb200-deepseek-4096",
+    }  # fmt: skip
+
+
 def test_a_pipeline_no_map_declares_is_one_line_naming_the_maps(capsys):
     code = cli.main(["simulate", "--benchmark=deepseekv3_671b", f"--system={GB300}",
                      "--chips=96", "--pipeline_parallel=3", "--expert_parallel=32"])  # fmt: skip

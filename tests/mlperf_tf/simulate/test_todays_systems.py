@@ -388,8 +388,9 @@ def test_v6_median_error_is_within_the_issue_bound():
     reason="issue 48's 35 % bound is not met: gpt_oss_20b on 8 B200 (Dell, -36 % against its "
     "MLPerf score with its printed layout, FSDP and core-attention recomputation), whose "
     "efficiency is assumed (no MLPerf v5.1 result exists to calibrate it), deepseekv3_671b "
-    "on GB200 with TP2 and FP8 attention (-36 % at 512, -40 % at 2,048, -44 % at 4,096 GPUs "
-    "against their MLPerf scores), and Dell's NVFP4 llama31_8b with FP8 attention (-37 %; "
+    "on GB200 with TP2, FP8 attention and a BF16 LM head (-39 % at 2,048, -43 % at 4,096 GPUs "
+    "against their MLPerf scores; -34.5 % at 512), and Dell's NVFP4 llama31_8b with FP8 "
+    "attention (-37 %; "
     "docs/scaling.md). Strict: this test fails the run once every point is within the bound.",
 )
 def test_v6_each_error_is_within_the_issue_bound():
