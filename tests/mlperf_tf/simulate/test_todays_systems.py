@@ -166,9 +166,10 @@ def test_fp8_attention_runs_the_attention_products_at_cudnns_fp8_rate(fmt):
 
 
 def test_attention_precision_flag_and_the_published_points_that_enable_it(capsys):
-    """The flag reaches the step (printed, and in --json); the v6.0 points whose configs turn on
-    FP8 attention (DeepSeek-V3's `config_common_mxfp8.sh` FP8_DPA=True, Dell's llama31_8b log
-    `fp8_dot_product_attention=1`) are simulated with it, and only those."""
+    """The flag reaches the step (printed, and in --json); the points whose logs or configs turn
+    on FP8 attention (DeepSeek-V3's `config_common_mxfp8.sh` FP8_DPA=True, Dell's llama31_8b log
+    `fp8_dot_product_attention=1`, the llama2_70b_lora runs' logs and configs) are simulated
+    with it, and only those."""
     args = ["--benchmark=llama31_8b", "--system=b200-dgx", "--chips=8", "--global_batch=8",
             "--model_parallel=1", "--weight_update_sharding", "--json"]  # fmt: skip
     base = json.loads(_run(capsys, *args)[1])
@@ -177,12 +178,54 @@ def test_attention_precision_flag_and_the_published_points_that_enable_it(capsys
     assert fp8["compute_s"] < base["compute_s"]
     code, out, _ = _run(capsys, *args[:-1], "--attention_precision=fp8")
     assert code == 0 and "attention fp8" in out
-    points = [p for p in validate.load_points()["points"] if p.get("attention_precision")]
-    assert {p["id"] for p in points} == {
+    points = validate.load_points()["points"]
+    fp8_points = {p["id"] for p in points if p.get("attention_precision") == "fp8"}
+    assert fp8_points == {
         "v6-gb300-deepseek-256", "v6-gb300-deepseek-512", "v6-gb200-deepseek-512",
         "v6-gb200-deepseek-2048", "v6-gb200-deepseek-4096", "v6-b200-llama-8-dell",
-    }  # fmt: skip
-    assert {p["attention_precision"] for p in points} == {"fp8"}
+    } | LORA_FP8_ATTENTION  # fmt: skip
+    bf16_points = {p["id"] for p in points if p.get("attention_precision") == "bf16"}
+    assert bf16_points == LORA_BF16_ATTENTION
+    assert {p.get("attention_precision") for p in points} == {None, "fp8", "bf16"}
+
+
+# The llama2_70b_lora points by the attention their run used, as read from its log
+# (`fp8_dot_product_attention: 0|1`) or its config (`FP8_DPA`); the rest had no config to read.
+LORA_FP8_ATTENTION = {
+    "b200-lora-8-nebius-v51", "b200-lora-16-nebius-v51", "b200-lora-32-nebius-v51",
+    "b200-lora-8-dell-v51", "h200-lora-8-dell-v51", "b200-lora-8-dell-v51-1xxe9685lx8b",
+    "b200-lora-8-dell-v51-1xxe9780x8b2", "b200-lora-16-dell-v51", "b200-lora-8-gigacomput-v51",
+    "h200-lora-16-krai-v51", "h200-lora-32-krai-v51", "h200-lora-64-krai-v51",
+    "b200-lora-8-lenovo-v51", "b200-lora-8-lenovo-v51-sr780av38xb2", "b200-lora-8-supermicro-v51",
+    "b200-lora-8-supermicro-v51-asa126gstnbr", "b200-lora-8-supermicro-v51-sys422gsnbrt",
+    "b200-lora-8-university-v51", "b200-lora-64-university-v51",
+}  # fmt: skip
+LORA_BF16_ATTENTION = {
+    "h200-lora-8-cisco-v51", "h200-lora-16-cisco-v51", "h100-lora-128-cisco-v51",
+    "h100-lora-64-cisco-v51", "h200-lora-8-dell-v51-1xxe9680x8h2", "h200-lora-8-quanta-clo-v51",
+    "mi355x-lora-8-amd-v51",
+}  # fmt: skip
+
+
+def test_every_lora_point_says_where_its_attention_format_was_read():
+    """Each llama2_70b_lora point names the log or config its attention format came from, or says
+    that none was found (and then keeps the reference's default); the calibrating run is fitted
+    with the FP8 attention its log prints."""
+    lora = [p for p in validate.load_points()["points"] if p["benchmark"] == "llama2_70b_lora"]
+    assert len(lora) == 32
+    for p in lora:
+        note = p["attention_note"]
+        if "attention_precision" in p:
+            # A log's `result_*.txt` or a config's `.sh`, by path.
+            assert "result_*.txt" in note or ".sh" in note, p["id"]
+            assert note.startswith("FP8" if p["attention_precision"] == "fp8" else "BF16"), p["id"]
+        else:
+            assert "config not found" in note, p["id"]
+    calibrating = [p for p in lora if p["role"].startswith("calibrate")]
+    assert [p["attention_precision"] for p in calibrating] == ["fp8"]
+    shape = model.shape_of(model.benchmark_facts("llama2_70b_lora"))
+    [calibration] = shape.calibration
+    assert calibration.precision == "fp8" and calibration.compute_efficiency <= 0.75
 
 
 def test_scaling_efficiency_never_exceeds_one():
