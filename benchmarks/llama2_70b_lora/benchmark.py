@@ -37,7 +37,7 @@ SIMULATOR_CALIBRATION = (
     # `FP8_ATTENTION_SPEEDUP` x the BF16 rate (0.4993 with it counted at BF16). Declared as a
     # fraction of the FP8 peak, although the same logs print NVFP4 linear layers (`fp4: true`,
     # config DGXB200_1x8x1xtp1pp1cp1_fp4, healed to FP8 from step 350): its 9.55 min is no
-    # faster than the FP8 runs' (8.6-10.1 min), and one fraction of the FP4 peak (0.2639) would
+    # faster than the FP8 runs' (9.4-10.1 min), and one fraction of the FP4 peak (0.2639) would
     # put the FP8 B200 points at +13 to +82 % (docs/scaling.md). Hopper takes the Blackwell
     # fraction of its FP8 peak (no Hopper result calibrates).
     Calibration(("blackwell", "hopper"), 0.4708, "fp8",
