@@ -26,6 +26,11 @@ RATE = 0.1
 STEPS = 4
 
 
+# The default tests' model: a dense and an MoE layer, no MTP (tracing the smoke model's three
+# layers and MTP costs about twice the CPU); the slow ones run the whole smoke model.
+SMALL = {"model__num_hidden_layers": 2, "model__mtp_layers": 0}
+
+
 def _bench(rate: float = RATE, accumulation: int = 2, **overrides):
     return pipeline_runs.benchmark_of(
         DeepseekV3Benchmark, gradient_accumulation_steps=accumulation,
@@ -73,7 +78,7 @@ def test_the_bias_moves_every_step_of_a_host_loop_as_megatron_s_update():
     """4 steps in one host loop (micro-batches 2) against 4 single-step loops with the bias
     moved between them by the NumPy update on each step's choices (`moe/tokens_per_expert`,
     summed over the 2 micro-batches): the same biases and weights."""
-    bench = _bench()
+    bench = _bench(**SMALL)
     tokens = _tokens(bench, STEPS)
     got = pipeline_runs.train(
         bench, num_devices=1, steps=STEPS, steps_per_loop=STEPS, dataset_fn=_dataset_fn(tokens)
@@ -93,7 +98,7 @@ def test_the_bias_moves_every_step_of_a_host_loop_as_megatron_s_update():
 
     # The reference's step does not move the bias (rate 0): the NumPy update does, after it.
     ref = pipeline_runs.train(
-        _bench(rate=0.0), num_devices=1, steps=STEPS, dataset_fn=_dataset_fn(tokens),
+        _bench(rate=0.0, **SMALL), num_devices=1, steps=STEPS, dataset_fn=_dataset_fn(tokens),
         between_loops=numpy_update,
     )  # fmt: skip
     expected = _biases(ref)
@@ -113,15 +118,17 @@ def test_the_bias_moves_every_step_of_a_host_loop_as_megatron_s_update():
     ids=["D2", "E2"],
 )
 def test_split_over_replicas_the_bias_moves_on_the_summed_load(expert_parallel):
-    """D2 (and E2) on 2 devices, each replica reading its own half of every micro-batch, at 2
-    steps a loop: the biases and weights of one device reading the whole micro-batches."""
-    bench = _bench()
-    tokens = _tokens(bench, 2)
+    """D2 (and E2) on 2 devices, each replica reading its own half of every micro-batch, at 3
+    steps a loop: the biases and weights of one device reading the whole micro-batches (E2:
+    the whole smoke model, MTP's MoE layer too). 3 steps: an odd number of moves of +-rate,
+    so an expert never at the mean ends off 0."""
+    bench = _bench(**(SMALL if expert_parallel == 1 else {}))
+    tokens = _tokens(bench, 3)
     ref = pipeline_runs.train(
-        bench, num_devices=1, steps=2, steps_per_loop=2, dataset_fn=_dataset_fn(tokens)
+        bench, num_devices=1, steps=3, steps_per_loop=3, dataset_fn=_dataset_fn(tokens)
     )
     got = pipeline_runs.train(
-        bench, num_devices=2, expert_parallel=expert_parallel, steps=2, steps_per_loop=2,
+        bench, num_devices=2, expert_parallel=expert_parallel, steps=3, steps_per_loop=3,
         dataset_fn=_dataset_fn(tokens),
     )  # fmt: skip
     assert got.trainer.benchmark.mesh.batch_shards == 2
@@ -137,12 +144,12 @@ def test_pipelined_each_stage_s_layers_move_on_that_stage_s_load():
     MTP's on the last, `DecoderStage`): each stage's MoE rows of the choices, combined over the
     stages, move its layers' biases as on one device."""
     bench = _bench(model__pipeline_layers="2+1")
-    tokens = _tokens(bench, 2)
+    tokens = _tokens(bench, 3)
     ref = pipeline_runs.train(
-        bench, num_devices=1, steps=2, steps_per_loop=2, dataset_fn=_dataset_fn(tokens)
+        bench, num_devices=1, steps=3, steps_per_loop=3, dataset_fn=_dataset_fn(tokens)
     )
     got = pipeline_runs.train(
-        bench, num_devices=2, pipeline=2, steps=2, steps_per_loop=2, dataset_fn=_dataset_fn(tokens)
+        bench, num_devices=2, pipeline=2, steps=3, steps_per_loop=3, dataset_fn=_dataset_fn(tokens)
     )
     biases = _biases(ref)
     assert biases.shape[0] == 3 and np.all(np.any(biases != 0.0, axis=1))  # every MoE layer
