@@ -19,6 +19,7 @@ import tensorflow as tf
 from benchmarks.deepseekv3_671b.benchmark import DeepseekV3Benchmark
 from mlperf_tf.layers import moe
 from tests import pipeline_runs
+from tests.numerics import assert_close
 
 pytestmark = pytest.mark.numerics
 
@@ -74,15 +75,23 @@ def _biases(run) -> np.ndarray:
     return np.stack([v for k, v in run.non_trainable.items() if k.endswith("router_bias")])
 
 
-def test_the_bias_moves_every_step_of_a_host_loop_as_megatron_s_update():
+@pytest.fixture(scope="module")
+def one_device():
+    """(benchmark, tokens, run): `STEPS` steps of the small model in one host loop on one
+    device (2 micro-batches a step), shared by the NumPy check and the D2 comparison."""
+    bench = _bench(**SMALL)
+    tokens = _tokens(bench, STEPS)
+    run = pipeline_runs.train(
+        bench, num_devices=1, steps=STEPS, steps_per_loop=STEPS, dataset_fn=_dataset_fn(tokens)
+    )
+    return bench, tokens, run
+
+
+def test_the_bias_moves_every_step_of_a_host_loop_as_megatron_s_update(one_device):
     """4 steps in one host loop (micro-batches 2) against 4 single-step loops with the bias
     moved between them by the NumPy update on each step's choices (`moe/tokens_per_expert`,
     summed over the 2 micro-batches): the same biases and weights."""
-    bench = _bench(**SMALL)
-    tokens = _tokens(bench, STEPS)
-    got = pipeline_runs.train(
-        bench, num_devices=1, steps=STEPS, steps_per_loop=STEPS, dataset_fn=_dataset_fn(tokens)
-    )
+    bench, tokens, got = one_device
     accumulation = bench.config.gradient_accumulation_steps
     top_k, seq = bench.config.model.moe.top_k, bench.config.data.max_sequence_length
     choices = top_k * bench.config.global_batch_size * seq  # per layer and step
@@ -102,40 +111,46 @@ def test_the_bias_moves_every_step_of_a_host_loop_as_megatron_s_update():
         between_loops=numpy_update,
     )  # fmt: skip
     expected = _biases(ref)
-    np.testing.assert_allclose(_biases(got), expected, atol=1e-6)
+    assert_close(_biases(got), expected, rtol=1e-6)
     # The per-step updates: a bias of 2 or 0 steps' rate where signs alternated, which one
     # update of 4 x rate on the loop's mean load cannot give.
     steps_moved = np.round(np.abs(expected) / RATE).astype(int)
     assert set(steps_moved.ravel()) - {0, 4}, steps_moved
     for name, value in ref.weights.items():
-        np.testing.assert_allclose(got.weights[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+        assert_close(got.weights[name], value, rtol=1e-5, err_msg=name)
 
 
-@pytest.mark.parametrize(
-    "expert_parallel",
-    # E2: expert-split variables and the collectives' summer, ~twice D2's CPU.
-    [1, pytest.param(2, marks=pytest.mark.slow)],
-    ids=["D2", "E2"],
-)
-def test_split_over_replicas_the_bias_moves_on_the_summed_load(expert_parallel):
-    """D2 (and E2) on 2 devices, each replica reading its own half of every micro-batch, at 3
-    steps a loop: the biases and weights of one device reading the whole micro-batches (E2:
-    the whole smoke model, MTP's MoE layer too). 3 steps: an odd number of moves of +-rate,
-    so an expert never at the mean ends off 0."""
-    bench = _bench(**(SMALL if expert_parallel == 1 else {}))
+def _assert_split_equals(ref, bench, tokens, steps: int, **split) -> None:
+    """`steps` steps in one host loop on 2 devices split as `split`, each replica reading its
+    own half of every micro-batch: the biases (some moved) and weights of `ref`, one device
+    reading the whole micro-batches."""
+    got = pipeline_runs.train(
+        bench, num_devices=2, steps=steps, steps_per_loop=steps, dataset_fn=_dataset_fn(tokens),
+        **split,
+    )  # fmt: skip
+    assert got.trainer.benchmark.mesh.batch_shards == 2
+    assert np.any(_biases(ref) != 0.0)
+    assert_close(_biases(got), _biases(ref), rtol=1e-6)
+    for name, value in ref.weights.items():
+        assert_close(got.weights[name], value, rtol=1e-5, err_msg=name)
+
+
+def test_d2_moves_the_bias_on_the_load_summed_over_replicas(one_device):
+    """D2 at 4 steps a loop against one device (the small model)."""
+    bench, tokens, ref = one_device
+    _assert_split_equals(ref, bench, tokens, STEPS)
+
+
+@pytest.mark.slow  # expert-split variables and the collectives' summer: about a minute of CPU
+def test_e2_moves_the_bias_on_the_load_summed_over_replicas():
+    """E2 (the routed experts split, the tokens exchanged by all-to-all) at 3 steps a loop,
+    the whole smoke model (MTP's MoE layer too), against one device."""
+    bench = _bench()
     tokens = _tokens(bench, 3)
     ref = pipeline_runs.train(
         bench, num_devices=1, steps=3, steps_per_loop=3, dataset_fn=_dataset_fn(tokens)
     )
-    got = pipeline_runs.train(
-        bench, num_devices=2, expert_parallel=expert_parallel, steps=3, steps_per_loop=3,
-        dataset_fn=_dataset_fn(tokens),
-    )  # fmt: skip
-    assert got.trainer.benchmark.mesh.batch_shards == 2
-    np.testing.assert_allclose(_biases(got), _biases(ref), atol=1e-6)
-    assert np.any(_biases(ref) != 0.0)
-    for name, value in ref.weights.items():
-        np.testing.assert_allclose(got.weights[name], value, rtol=1e-4, atol=1e-5, err_msg=name)
+    _assert_split_equals(ref, bench, tokens, 3, expert_parallel=2)
 
 
 @pytest.mark.slow  # a pipelined run: about a minute of CPU
@@ -153,4 +168,4 @@ def test_pipelined_each_stage_s_layers_move_on_that_stage_s_load():
     )
     biases = _biases(ref)
     assert biases.shape[0] == 3 and np.all(np.any(biases != 0.0, axis=1))  # every MoE layer
-    np.testing.assert_allclose(_biases(got), biases, atol=1e-6)
+    assert_close(_biases(got), biases, rtol=1e-6)
