@@ -241,3 +241,29 @@ def test_the_selection_bias_moves_towards_balance_after_each_update():
     model_config = dataclasses.replace(bench.config.model, moe=moe)
     frozen = DeepseekV3Benchmark(dataclasses.replace(bench.config, model=model_config))
     assert frozen.update_metrics() == ()
+
+
+def test_prepare_s_base_perplexity_is_the_main_head_s_over_the_eval_set():
+    """What `prepare` logs of the mini base (`prepare.base_eval_log_perplexity`), at the smoke
+    shape: the main head's mean next-token cross-entropy over every eval window's counted
+    tokens, against NumPy on the same batches."""
+    from benchmarks.deepseekv3_671b import prepare  # noqa: PLC0415
+
+    keras.utils.set_random_seed(0)
+    bench = _bench("smoke", eval_examples=384)  # 2 eval batches of 256, the second padded
+    model = bench.build_model()
+    got = prepare.base_eval_log_perplexity(bench, model)
+    data = iter(bench.eval_dataset(tf.distribute.InputContext()))
+    total, count = 0.0, 0.0
+    for _ in range(bench.eval_steps(1)):
+        batch = next(data)
+        logits = model(batch["input_ids"]).numpy().astype(np.float64)
+        top = logits.max(-1, keepdims=True)
+        log_probs = logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True))
+        labels = batch["labels"].numpy()
+        counted = batch["valid"].numpy()[:, None] * (labels != -100)
+        picked = np.take_along_axis(log_probs, np.maximum(labels, 0)[..., None], -1)[..., 0]
+        total += float(np.sum(-picked * counted))
+        count += float(np.sum(counted))
+    assert count == 384 * bench.config.data.max_sequence_length  # the padding is not counted
+    assert got == pytest.approx(total / count, rel=1e-5)
