@@ -517,6 +517,18 @@ class Benchmark(abc.ABC):
         compiled loop needs them before its first step."""
         return {}
 
+    def update_metrics(self) -> tuple[str, ...]:
+        """The training metrics `after_update` reads; () (the default): it is not called."""
+        return ()
+
+    def after_update(self, model: Any, metrics: dict[str, tf.Tensor]) -> None:
+        """Changes `model` after each optimizer step, outside the gradient, inside the compiled
+        step (cross-replica context): e.g. DeepSeek-V3's selection-bias update, which must see
+        every optimizer step's expert load, not a host loop's. `metrics`: each of
+        `update_metrics` summed over the step's micro-batches and over every replica (each
+        replica's value counted once: replicas of one model or pipeline group count theirs
+        once each). The default: nothing."""
+
     @abc.abstractmethod
     def eval_step(self, model: Any, batch: Any) -> dict[str, tf.Tensor]:
         """Per-replica eval outputs (replica context).

@@ -30,6 +30,7 @@ class Run:
     trainer: Trainer
     restored: dict[str, np.ndarray]  # whole weights right after `restore_from` ({}: none)
     saved: dict[str, np.ndarray]  # whole weights when `save_to` was written ({}: not saved)
+    non_trainable: dict[str, np.ndarray]  # whole, by Keras path, after the steps (MoE biases)
 
 
 def benchmark_of(benchmark_class, preset: str = "smoke", **overrides):
@@ -45,7 +46,8 @@ def train(benchmark, *, num_devices: int, pipeline: int = 1, model_parallel: int
           schedule: str = "1f1b",
           summer: bool = False, clip_norm: float | None = None, xla: bool = False,
           save_to: str = "", restore_from: str = "", save_after: int | None = None,
-          weight_update_sharding: bool = False) -> Run:  # fmt: skip
+          weight_update_sharding: bool = False, dataset_fn=None,
+          steps_per_loop: int = 1, between_loops=None) -> Run:  # fmt: skip
     """`steps` Adam steps of `benchmark` through the `Trainer` on `num_devices` logical CPUs:
     `pipeline` x `expert_parallel` x `context_parallel` x `model_parallel`, the rest data.
     `summer`: the collectives' `GradientSummer` instead of Keras' sum (needed with model or
@@ -53,7 +55,9 @@ def train(benchmark, *, num_devices: int, pipeline: int = 1, model_parallel: int
     slots: the summer's pieces, saved whole as `sharded_slots`, as the runner saves them). The
     checkpoint is the runner's (`checkpoints.run_checkpoint`), read from `restore_from` before
     the steps and written to `save_to` after `save_after` of them (None: after all), the run
-    going on after it."""
+    going on after it. `dataset_fn`: input context -> per-replica batches (default the
+    benchmark's `train_dataset`); the steps run `steps_per_loop` to a `Trainer.loop`, and
+    `between_loops(model, metrics)` (host) after each loop."""
     strategy, mesh, benchmark = on_mesh(
         benchmark, num_devices, model_parallel=model_parallel, expert_parallel=expert_parallel,
         pipeline_parallel=pipeline, context_parallel=context_parallel,
@@ -91,23 +95,27 @@ def train(benchmark, *, num_devices: int, pipeline: int = 1, model_parallel: int
         checkpoint.read(restore_from).assert_consumed()
     restored = _whole(strategy, variables, mesh) if restore_from else {}
     trainer.summer = gradient_summer
-    data = iter(strategy.distribute_datasets_from_function(for_mesh(benchmark.train_dataset, mesh)))
+    dataset_fn = dataset_fn or benchmark.train_dataset
+    data = iter(strategy.distribute_datasets_from_function(for_mesh(dataset_fn, mesh)))
     losses, saved = [], {}
     save_after = steps if save_after is None else save_after
-    for step in range(steps + 1):
+    for step in range(0, steps + 1, steps_per_loop):
         if save_to and step == save_after:
             # Outside the scope, as the runner saves (a sharded update's slots gather).
             checkpoint.write(save_to)
             saved = _whole(strategy, variables, mesh)
         if step == steps:
             break
-        loss, done, _, _ = trainer.loop(data, tf.constant(1, tf.int32))
-        assert int(done) == 1
+        loss, done, _, metrics = trainer.loop(data, tf.constant(steps_per_loop, tf.int32))
+        assert int(done) == steps_per_loop
         losses.append(float(loss))
+        if between_loops is not None:
+            between_loops(model, metrics)
     weights = _whole(strategy, variables, mesh)
+    non_trainable = _whole(strategy, model.non_trainable_variables, mesh)
     with strategy.scope():
         slots = {v.name: np.asarray(layout_lib.whole_value(v, mesh)) for v in opt.variables}
-    return Run(losses, weights, slots, trainer, restored, saved)
+    return Run(losses, weights, slots, trainer, restored, saved, non_trainable)
 
 
 def _whole(strategy, variables, mesh) -> dict[str, np.ndarray]:

@@ -66,6 +66,7 @@ def prepare_mini_base(out_dir: str, *, steps: int = MINI_BASE_STEPS, data_dir: s
     from benchmarks.deepseekv3_671b import config as config_lib  # noqa: PLC0415
     from benchmarks.deepseekv3_671b.benchmark import DeepseekV3Benchmark  # noqa: PLC0415
     from mlperf_tf.benchmark import RunContext  # noqa: PLC0415
+    from mlperf_tf.layers import moe  # noqa: PLC0415
     from mlperf_tf.lm.benchmark import update_router_biases  # noqa: PLC0415
     from mlperf_tf.optimizers.base import clipped_update  # noqa: PLC0415
 
@@ -96,7 +97,7 @@ def prepare_mini_base(out_dir: str, *, steps: int = MINI_BASE_STEPS, data_dir: s
         # The embedding's sparse gradient lists a row once per lookup: merged before the norm
         # and Adam's second moment, as the runner's trainer does.
         clipped_update(optimizer, grads, model.trainable_variables, config.gradient_clip_norm)
-        update_router_biases(model, metrics["moe/load"], rate)
+        update_router_biases(model, metrics[moe.TOKENS_PER_EXPERT], rate)
         return loss
 
     begin, loss = time.time(), float("nan")
@@ -104,8 +105,31 @@ def prepare_mini_base(out_dir: str, *, steps: int = MINI_BASE_STEPS, data_dir: s
         loss = float(step(next(data)))
         if (i + 1) % 50 == 0:
             logging.info("deepseekv3_671b mini base: step %d/%d loss %.4f", i + 1, steps, loss)
+    seconds = round(time.time() - begin, 1)
+    perplexity = base_eval_log_perplexity(bench, model)
+    logging.info(
+        "deepseekv3_671b mini base: eval log perplexity %.4f over the %d eval windows (the "
+        "run's target: %.2f)", perplexity, config.eval_examples,
+        config.quality_target,
+    )  # fmt: skip
     summary = checkpoint.export(model, config.model, out_dir)
-    return {"steps": steps, "loss": loss, "seconds": round(time.time() - begin, 1), **summary}
+    return {"steps": steps, "loss": loss, "seconds": seconds,
+            "eval_log_perplexity": round(perplexity, 4), **summary}  # fmt: skip
+
+
+def base_eval_log_perplexity(bench, model) -> float:
+    """The main head's log perplexity of `model` over `bench`'s eval set (every window once, as
+    the timed run's eval computes it: `eval_step` folded by `eval_reduce`, `eval_result`), on
+    one replica. The base's own quality, which the run's target must lie below."""
+    import tensorflow as tf  # noqa: PLC0415
+
+    step = tf.function(lambda batch: bench.eval_step(model, batch))
+    data = iter(bench.eval_dataset(tf.distribute.InputContext()))
+    state = bench.eval_begin()
+    for _ in range(bench.eval_steps(1)):
+        outputs = step(next(data))
+        state = bench.eval_reduce(state, {k: v.numpy() for k, v in outputs.items()})
+    return bench.eval_result(state)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

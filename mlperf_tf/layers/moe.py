@@ -19,7 +19,7 @@ ST-MoE eq. 5), with these choices:
   renormalization `gate_i / (gate_1 + gate_2)`. `"sigmoid"` (DeepSeek-V3, Hugging Face's
   `DeepseekV3TopkRouter`): scores `sigmoid(logits)`; the top-k is chosen on `scores + bias`
   (the layer's non-trainable `router_bias` [E], the auxiliary-loss-free balancing bias, moved
-  between steps by `aux_free_bias_update`), and the gates are the chosen experts' scores
+  after each optimizer step by `aux_free_bias_update`), and the gates are the chosen experts' scores
   without the bias, normalized to sum 1 (`norm_topk_prob`). DeepSeek-V3's group-limited choice
   (`num_groups`, `topk_groups`: the experts in `num_groups` equal groups, a group ranked by the
   sum of its two best biased scores, the top-k taken among the `topk_groups` best groups only;
@@ -120,6 +120,8 @@ class MoEStats:
         each of its k experts, Flaxformer's form; E when every token picks one expert, k = 1).
       z_loss: mean over tokens of logsumexp(logits)^2.
       load: [E] fraction of the k * T choices that picked each expert (before capacity).
+      tokens: [E] the same choices counted (Megatron's `local_tokens_per_expert`): the
+        selection-bias update sums them over micro-batches and replicas, exact integers.
       dropped: fraction of the k * T choices dropped past capacity.
       max_logit: max |router logit| over the group.
     """
@@ -129,6 +131,7 @@ class MoEStats:
     load: tf.Tensor
     dropped: tf.Tensor
     max_logit: tf.Tensor
+    tokens: tf.Tensor
 
 
 def expert_capacity(tokens, *, num_experts: int, top_k: int, capacity_factor: float):
@@ -269,8 +272,10 @@ def balance_loss(probs, expert):
 def aux_free_bias_update(bias, load, rate: float):
     """DeepSeek-V3's auxiliary-loss-free balancing step (arXiv 2412.19437, section 2.1.2): each
     expert's selection bias moves by `rate` towards balance, `bias + rate * sign(mean(load) -
-    load)` (an overloaded expert's bias falls). `load` [E]: the step's fraction of choices per
-    expert (`MoEStats.load`, or its mean over replicas)."""
+    load)` (an overloaded expert's bias falls). `load` [E]: the step's choices per expert,
+    counted (`MoEStats.tokens` summed over the step's micro-batches and replicas, as Megatron's
+    `get_updated_expert_bias` all-reduces `local_tokens_per_expert`) or as fractions (the
+    sign is the same but where rounding breaks a tie)."""
     load = tf.cast(load, tf.float32)
     return bias + rate * tf.sign(tf.reduce_mean(load) - load)
 
@@ -373,7 +378,8 @@ class MoEConfig:
       shared_filter_size: width of the always-on shared expert(s) (0: none; DeepSeek-V3's
         `n_shared_experts x moe_intermediate_size`, 2,048).
       bias_update_rate: the selection bias's step per training step ("sigmoid";
-        `aux_free_bias_update`, applied between steps by `RouterBiasUpdate`; 0: frozen).
+        `aux_free_bias_update`, applied after each optimizer step inside the compiled step,
+        `mlperf_tf.lm.benchmark.LanguageModelBenchmark.after_update`; 0: frozen).
     """
 
     num_experts: int = 0
@@ -501,6 +507,11 @@ class Collector:
         self.calls.append((layer, stats))
 
 
+# The metric of each MoE layer's choices per expert [layers, E] (`MoEStats.tokens`): what the
+# selection bias moves on (`aux_free_bias_update`), summed over a step's micro-batches and replicas.
+TOKENS_PER_EXPERT = "moe/tokens_per_expert"
+
+
 def metric_shapes(num_moe_layers: int, num_experts: int) -> dict[str, tuple[int, ...]]:
     """The training metrics `summarize` returns (`Benchmark.train_metric_shapes`)."""
     if not num_moe_layers:
@@ -513,6 +524,7 @@ def metric_shapes(num_moe_layers: int, num_experts: int) -> dict[str, tuple[int,
         "moe/max_router_logit": (),
         "moe/dropped_per_layer": (num_moe_layers,),
         "moe/load": (num_moe_layers, num_experts),
+        TOKENS_PER_EXPERT: (num_moe_layers, num_experts),
     }
 
 
@@ -544,6 +556,7 @@ def summarize(collector: Collector) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
         "moe/max_router_logit": tf.reduce_max(tf.stack([s.max_logit for s in stats])),
         "moe/dropped_per_layer": dropped,
         "moe/load": tf.stack([s.load for s in stats]),
+        TOKENS_PER_EXPERT: tf.stack([s.tokens for s in stats]),
     }
 
 
@@ -816,9 +829,10 @@ class MoEFeedForward(keras.layers.Layer):
 
     def _stats(self, routing: Routing, x=None) -> MoEStats:
         choices = tf.cast(tf.size(routing.expert), tf.float32)
-        load = tf.reduce_sum(
+        tokens = tf.reduce_sum(
             tf.one_hot(routing.expert, self.num_experts, dtype=tf.float32), axis=[0, 1]
-        ) / tf.maximum(choices, 1.0)
+        )  # [E]
+        load = tokens / tf.maximum(choices, 1.0)
         dropped = 1.0 - tf.reduce_sum(tf.cast(routing.kept, tf.float32)) / tf.maximum(choices, 1.0)
         if self.balance_loss_kind == "sequence":
             balance = sequence_balance_loss(
@@ -832,6 +846,7 @@ class MoEFeedForward(keras.layers.Layer):
             load=load,
             dropped=dropped,
             max_logit=tf.reduce_max(tf.abs(routing.logits)),
+            tokens=tokens,
         )
 
     def _expert_ffn(self, x, weights, training):
@@ -1000,7 +1015,7 @@ def stage_metrics(
     out = {}
     for name, value in metrics.items():
         value = tf.cast(value, tf.float32)
-        if name in ("moe/dropped_per_layer", "moe/load"):
+        if name in ("moe/dropped_per_layer", "moe/load", TOKENS_PER_EXPERT):
             pad = [[first, total - first - count]] + [[0, 0]] * (value.shape.rank - 1)
             out[name] = tf.pad(value, pad)
         elif name in ("moe/balance_loss", "moe/z_loss", "moe/dropped"):

@@ -27,38 +27,14 @@ from mlperf_tf.parallel.memory import (
     decoder_memory,
     memory_table,
 )
-from mlperf_tf.runner.actions import Action, LoopOutput
 
 
 def update_router_biases(model, load, rate: float) -> None:
     """Moves every MoE layer's selection bias of `model` (its `moe_layers`) by `rate` towards
-    balance (`moe.aux_free_bias_update`); `load` [layers, experts]: each layer's fraction of
-    choices per expert (the `moe/load` metric). Host or graph context."""
+    balance (`moe.aux_free_bias_update`); `load` [layers, experts]: each layer's choices per
+    expert (`moe.TOKENS_PER_EXPERT`, or the `moe/load` fractions). Host or graph context."""
     for layer, layer_load in zip(model.moe_layers, tf.unstack(load), strict=True):
         layer.router_bias.assign(moe.aux_free_bias_update(layer.router_bias, layer_load, rate))
-
-
-class RouterBiasUpdate(Action):
-    """DeepSeek-V3's auxiliary-loss-free balancing between steps: after each host loop, every
-    sigmoid MoE layer's selection bias moves by `moe.bias_update_rate` x the loop's steps
-    towards balance (`mlperf_tf.layers.moe.aux_free_bias_update` of the loop's mean expert
-    load, the `moe/load` metric, summed over replicas and micro batches), outside the gradient
-    (Megatron's `moe_router_bias_update_rate`, applied once per optimizer step on the step's
-    token counts; equal to it with `--steps_per_loop=1`)."""
-
-    def __init__(self, rate: float):
-        self.rate = float(rate)
-        self.model = None
-
-    def attach(self, controller) -> None:
-        self.model = controller.model
-
-    def after_loop(self, output: LoopOutput):
-        load = output.metrics.get("moe/load")
-        if load is None or self.model is None:
-            return None
-        update_router_biases(self.model, tf.constant(load, tf.float32), self.rate * output.steps)
-        return None
 
 
 # The training metric of the multi-token prediction loss (weighted, as added to the loss).
@@ -273,6 +249,27 @@ class LanguageModelBenchmark(Benchmark):
             shapes[MTP_LOSS] = ()
         return shapes
 
+    def update_metrics(self) -> tuple[str, ...]:
+        """The MoE layers' choices per expert when they move a selection bias
+        (`moe.bias_update_rate`), for `after_update`."""
+        m = self.config.model.moe
+        return (moe.TOKENS_PER_EXPERT,) if m.enabled and m.bias_update_rate else ()
+
+    def after_update(self, model: keras.Model, metrics: dict[str, tf.Tensor]) -> None:
+        """DeepSeek-V3's auxiliary-loss-free balancing, once per optimizer step inside the
+        compiled step: every MoE layer's selection bias moves by `moe.bias_update_rate` x
+        sign(mean load - load) on the step's choices per expert, summed over its micro-batches
+        and replicas (`update_router_biases`). Megatron-LM does the same once per global batch
+        (`megatron/core/distributed/finalize_model_grads.py`, `_update_router_expert_bias`:
+        `local_tokens_per_expert` accumulated over the micro-batches, all-reduced over the
+        tensor x data x context group by `moe_utils.get_updated_expert_bias`). Replicas that
+        route the same tokens (a model group) or hold the whole model's counts (each pipeline
+        stage, `moe.stage_metrics` combined over the stages) count them several times: every
+        expert alike, so the sign is the same. Each layer's counts are its own stage's."""
+        update_router_biases(
+            model, metrics[moe.TOKENS_PER_EXPERT], self.config.model.moe.bias_update_rate
+        )
+
     def mtp_targets(self, batch: Any) -> list[dict[str, tf.Tensor]]:
         """Per MTP depth k = 1..D, this replica's `input_ids` (the tokens t_{i+k} whose
         embedding the depth reads), `labels` (t_{i+k+1}) and loss `weights` (the main weights k
@@ -376,11 +373,6 @@ class LanguageModelBenchmark(Benchmark):
         }
 
     # ---- host side ---------------------------------------------------------------------------
-    def run_actions(self) -> list[Any]:
-        """`RouterBiasUpdate` when the MoE layers move a selection bias (`moe.bias_update_rate`)."""
-        rate = self.config.model.moe.bias_update_rate
-        return [RouterBiasUpdate(rate)] if self.config.model.moe.enabled and rate else []
-
     def eval_result(self, state: dict[str, float]) -> float:
         """Log perplexity: summed token loss over the eval set's counted tokens (Megatron's
         validation loss, token-weighted)."""

@@ -19,7 +19,8 @@ How: the mixin wraps the model's forward methods (`scaled_methods`, e.g. `call`,
 `decode`) in a `keras.StatelessScope` that maps each trainable variable to s times its value,
 so every layer reads the effective weight and the tape differentiates through the product.
 Variables the forward assigns inside that scope would not be assigned: the models it serves
-assign none there (the MoE selection bias moves outside the forward, `RouterBiasUpdate`).
+assign none there (the MoE selection bias moves outside the forward,
+`LanguageModelBenchmark.after_update`).
 """
 
 from __future__ import annotations

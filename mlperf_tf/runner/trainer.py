@@ -178,8 +178,10 @@ class Trainer:
             total_grads = [_scale_gradient(g, 1.0 / self.accumulation) for g in total_grads]
             total_loss /= self.accumulation
         self.sum_and_apply(total_grads)
+        # What `Benchmark.after_update` reads: sums over the micro-batches, before the mean.
+        sums = {k: total_metrics[k] for k in self.benchmark.update_metrics()}
         metrics = {k: v / float(self.accumulation) for k, v in total_metrics.items()}
-        return total_loss, metrics
+        return total_loss, metrics, sums
 
     def sum_and_apply(self, grads: list[tf.Tensor]) -> None:
         """Sums this replica's `grads` across replicas, clips the sum, and applies it (replica context).
@@ -262,9 +264,16 @@ class Trainer:
                     waited += tf.timestamp() - asked
             else:
                 micro_batches = [next(iterator) for _ in range(self.accumulation)]
-            per_replica_loss, per_replica_metrics = self.strategy.run(
+            per_replica_loss, per_replica_metrics, per_replica_sums = self.strategy.run(
                 self._replica_step, args=(micro_batches,)
             )
+            # Outside the gradient: what it changes is no input of the update, and its writes
+            # follow this step's reads of the same variables (automatic control dependencies).
+            if per_replica_sums:
+                self.benchmark.after_update(self.model, {
+                    name: self.strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None)
+                    for name, value in per_replica_sums.items()
+                })  # fmt: skip
             # Each replica's loss is its batch shard's share of the global mean, the same on
             # every replica of a group (spatial x model): the sum over replicas counts each
             # batch once per group member (context members hold shares that sum to it).

@@ -22,9 +22,7 @@ from benchmarks.deepseekv3_671b.benchmark import DeepseekV3Benchmark
 from mlperf_tf.benchmark import RunContext
 from mlperf_tf.config import ConfigError
 from mlperf_tf.errors import UserError
-from mlperf_tf.lm.benchmark import RouterBiasUpdate
 from mlperf_tf.parallel import DeviceMesh
-from mlperf_tf.runner.actions import LoopOutput
 from tests.closed_rules import logged_hparams
 
 RULESETS = ("6.0.0", "6.1.0")
@@ -166,6 +164,42 @@ def test_training_flops_count_mla_widths_active_and_shared_experts_and_mtp():
     assert bench.training_flops_per_sample() == pytest.approx(3 * forward, rel=1e-12)
 
 
+def test_training_flops_at_a_tiny_shape_by_hand_and_from_the_built_model_s_matmuls():
+    """The FLOPs `bench` divides by (MFU) at the smoke model's shape, counted twice apart from
+    `DecoderConfig.training_flops`: by hand from `config.tiny` and from the built model's
+    kernels (every projection's weights twice per token, a routed expert's top-k of E, the
+    output head once per head (main + MTP), the embedding a lookup; attention's scores at
+    q_b's heads x (nope + rope) and its context at o_proj's heads x v, 2 s^2 each)."""
+    bench = _bench("smoke")
+    m, seq = bench.config.model, bench.config.data.max_sequence_length
+    assert (m.hidden_size, m.num_attention_heads, seq) == (32, 4, 32)
+    # Hand count: hidden 32, 4 heads; MLA: q latent 16, kv latent 8, nope 8, rope 4, v 8; layer 0
+    # dense (64); layers 1-2 and the MTP block: router, 2 of 8 experts of 16, a shared one of 16.
+    mla = 32 * 16 + 16 * 4 * (8 + 4) + 32 * (8 + 4) + 8 * 4 * (8 + 8) + 4 * 8 * 32
+    moe = 32 * 8 + 2 * 3 * 32 * 16 + 3 * 32 * 16
+    per_token = 4 * mla + 3 * 32 * 64 + 3 * moe + 2 * 128 * 32 + 2 * 32 * 32
+    forward = 2 * seq * per_token + 4 * 2 * seq * seq * 4 * ((8 + 4) + 8)
+    assert bench.training_flops_per_sample() == pytest.approx(3 * forward, rel=1e-12)
+
+    keras.utils.set_random_seed(0)
+    model = bench.build_model()
+    weights, widths = 0, 0
+    for v in model.trainable_variables:
+        shape = tuple(v.shape)
+        if len(shape) < 2 or v.path.endswith("token_embedding/embeddings"):
+            continue  # norm scales; the input embedding is a lookup
+        size = int(np.prod(shape))
+        if len(shape) == 3:  # routed experts [E, in, out]: a token uses top_k of them
+            size = size * m.moe.top_k // shape[0]
+        weights += size * (1 + m.mtp_layers if v.path.endswith("lm_head/kernel") else 1)
+        if v.path.endswith("q_b_proj/kernel"):
+            widths += shape[1]  # heads x (nope + rope): the scores
+        elif v.path.endswith("o_proj/kernel"):
+            widths += shape[0]  # heads x v: the context
+    built = 3 * (2 * seq * weights + 2 * seq * seq * widths)
+    assert bench.training_flops_per_sample() == pytest.approx(built, rel=1e-12)
+
+
 def test_the_training_loss_adds_the_mtp_loss_at_its_weight():
     keras.utils.set_random_seed(0)
     bench = _bench("smoke")
@@ -187,20 +221,49 @@ def test_the_training_loss_adds_the_mtp_loss_at_its_weight():
     assert float(metrics["mtp/loss"]) == pytest.approx(0.1 * nll.mean(), rel=1e-4)
 
 
-def test_the_selection_bias_moves_towards_balance_between_steps():
+def test_the_selection_bias_moves_towards_balance_after_each_update():
+    """`after_update` (the compiled step's, once per optimizer step) moves each MoE layer's
+    bias by the rate x sign(mean - choices) of that layer's summed choices per expert; no host
+    action does it (`tests/benchmarks/deepseekv3_671b/test_bias_update.py` runs it in steps)."""
     keras.utils.set_random_seed(0)
     bench = _bench("smoke")
     model = bench.build_model()
-    (action,) = bench.run_actions()
-    assert isinstance(action, RouterBiasUpdate) and action.rate == 1e-3
-    action.model = model
+    assert bench.run_actions() == [] and bench.update_metrics() == ("moe/tokens_per_expert",)
     layers, experts = len(model.moe_layers), 8
-    load = np.full((layers, experts), 1 / experts, np.float32)
-    load[0, 0], load[0, 1] = 2 / experts, 0.0  # expert 0 overloaded, 1 idle in layer 0
-    output = LoopOutput(step=2, steps=2, loss=1.0, seconds=1.0, samples_per_second=1.0,
-                        last_step=6, epoch=0.3, metrics={"moe/load": load})  # fmt: skip
-    action.after_loop(output)
+    counts = np.full((layers, experts), 64.0, np.float32)
+    counts[0, 0], counts[0, 1] = 128.0, 0.0  # expert 0 overloaded, 1 idle in layer 0
+    bench.after_update(model, {"moe/tokens_per_expert": tf.constant(counts)})
     bias = model.moe_layers[0].router_bias.numpy()
-    np.testing.assert_allclose(bias[:2], [-2e-3, 2e-3])
-    np.testing.assert_array_equal(bias[2:], 0.0)
+    np.testing.assert_allclose(bias[:2], [-1e-3, 1e-3])
+    np.testing.assert_array_equal(bias[2:], 0.0)  # at the mean: a tie moves nothing
     np.testing.assert_array_equal(model.moe_layers[1].router_bias.numpy(), 0.0)
+    moe = dataclasses.replace(bench.config.model.moe, bias_update_rate=0.0)
+    model_config = dataclasses.replace(bench.config.model, moe=moe)
+    frozen = DeepseekV3Benchmark(dataclasses.replace(bench.config, model=model_config))
+    assert frozen.update_metrics() == ()
+
+
+def test_prepare_s_base_perplexity_is_the_main_head_s_over_the_eval_set():
+    """What `prepare` logs of the mini base (`prepare.base_eval_log_perplexity`), at the smoke
+    shape: the main head's mean next-token cross-entropy over every eval window's counted
+    tokens, against NumPy on the same batches."""
+    from benchmarks.deepseekv3_671b import prepare  # noqa: PLC0415
+
+    keras.utils.set_random_seed(0)
+    bench = _bench("smoke", eval_examples=384)  # 2 eval batches of 256, the second padded
+    model = bench.build_model()
+    got = prepare.base_eval_log_perplexity(bench, model)
+    data = iter(bench.eval_dataset(tf.distribute.InputContext()))
+    total, count = 0.0, 0.0
+    for _ in range(bench.eval_steps(1)):
+        batch = next(data)
+        logits = model(batch["input_ids"]).numpy().astype(np.float64)
+        top = logits.max(-1, keepdims=True)
+        log_probs = logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True))
+        labels = batch["labels"].numpy()
+        counted = batch["valid"].numpy()[:, None] * (labels != -100)
+        picked = np.take_along_axis(log_probs, np.maximum(labels, 0)[..., None], -1)[..., 0]
+        total += float(np.sum(-picked * counted))
+        count += float(np.sum(counted))
+    assert count == 384 * bench.config.data.max_sequence_length  # the padding is not counted
+    assert got == pytest.approx(total / count, rel=1e-5)
