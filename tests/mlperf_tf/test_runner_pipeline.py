@@ -13,6 +13,7 @@ import tensorflow as tf
 from benchmarks.deepseekv3_671b.benchmark import DeepseekV3Benchmark
 from benchmarks.gpt_oss_20b.benchmark import GptOssBenchmark
 from benchmarks.llama31_8b.benchmark import Llama31Benchmark
+from mlperf_tf import checkpoints
 from mlperf_tf.benchmark import RunContext
 from mlperf_tf.errors import UserError
 from mlperf_tf.parallel.memory import ChipLayout
@@ -201,6 +202,39 @@ def test_stage_sharded_update_holds_the_stage_s_moments_and_ends_at_the_unpipeli
         ChipLayout(pipeline=2, data=2, shard_moments=True)
     )
     np.testing.assert_allclose(predicted.moments, 4 * shares[predicted.stage], rtol=0.01)
+
+
+def test_without_the_flag_each_stage_holds_its_moments_whole_and_saves_the_p1_format(
+    tmp_path, llama_d2
+):
+    """Without --weight_update_sharding, D2 x P2's update is stage-local too: each replica holds
+    its stage's Adam moments whole (the largest stage's elements, counted on every replica's
+    buffers against a transcription of the stage map; not divided by data), the run ends at
+    data 2's weights, `memory.py` predicts those moments, and the checkpoint holds them under
+    the optimizer's own keys (what the P = 1 run without the flag saves), none apart."""
+    path = str(tmp_path / "p2")
+    got = pipeline_runs.train(_llama(), num_devices=4, pipeline=2, summer=True, clip_norm=1.0,
+                              save_to=path)  # fmt: skip
+    _assert_same(got, llama_d2)
+    summer = got.trainer.summer
+    assert summer.stage_local and not summer.sharded
+    shares = _stage_shares(got, data=1)
+    strategy = got.trainer.strategy
+    held = [0] * 4
+    for buffer in summer.stage_slots.variables():
+        for replica, component in enumerate(strategy.experimental_local_results(buffer)):
+            held[replica] += int(np.prod(component.shape))
+    assert held == [max(shares)] * 4
+    whole = sum(int(np.prod(v.shape)) for v in got.trainer.model.trainable_variables) * 2
+    assert max(shares) < 0.75 * whole
+    predicted = got.trainer.benchmark.memory_per_chip(ChipLayout(pipeline=2, data=2))
+    np.testing.assert_allclose(predicted.moments, 4 * shares[predicted.stage], rtol=0.01)
+    stored = _checkpoint(path)
+    assert not any(k.startswith("sharded_slots") for k in stored)
+    optimizer = checkpoints.read_part(path, checkpoints.OPTIMIZER_PART)
+    assert set(optimizer) == {"iteration", "learning_rate", *summer.slot_paths()}
+    for key in summer.slot_paths():
+        assert np.abs(optimizer[key]).max() > 0, key  # every moment moved, none left at zero
 
 
 @pytest.mark.slow
