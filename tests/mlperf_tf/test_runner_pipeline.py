@@ -13,13 +13,14 @@ import tensorflow as tf
 from benchmarks.deepseekv3_671b.benchmark import DeepseekV3Benchmark
 from benchmarks.gpt_oss_20b.benchmark import GptOssBenchmark
 from benchmarks.llama31_8b.benchmark import Llama31Benchmark
-from mlperf_tf import checkpoints
+from mlperf_tf import checkpoints, runner
 from mlperf_tf.benchmark import RunContext
 from mlperf_tf.errors import UserError
 from mlperf_tf.parallel.memory import ChipLayout
 from mlperf_tf.parallel.mesh import DeviceMesh
 from tests import noise_floor, pipeline_runs
 from tests.numerics import assert_close
+from tests.tiny_benchmark import weights
 
 pytestmark = pytest.mark.numerics
 
@@ -388,3 +389,27 @@ def test_p2_stays_within_the_noise_floor_of_the_unpipelined_run(
         bench, num_devices=4, pipeline=2, summer=True, clip_norm=1.0, expert_parallel=expert
     )
     noise_floor.assert_within_noise_floor(got.weights, ref.weights, off, what=f"P=2 {module}")
+
+
+@pytest.mark.slow  # five runner runs
+def test_the_runner_resumes_across_p_without_the_flag(tmp_path):
+    """Through `runner.run` and its `Checkpointer`, no --weight_update_sharding: 1 step at P = 2
+    (stage-local moments, saved under the optimizer's keys), a restart at P = 1 (the optimizer's
+    own slots) for 1 more, and the reverse, end at 2 unbroken steps at P = 1 (data 1 in all)."""
+
+    def run(folder: str, steps: int, pipeline: int):
+        config = runner.RunConfig(
+            model_dir=str(tmp_path / folder), steps_per_loop=1, max_train_steps=steps,
+            distribution="mirrored", num_cpu_devices=pipeline, pipeline_parallel=pipeline,
+            collective_timeout=120,
+        )  # fmt: skip
+        return runner.run(Llama31Benchmark(Llama31Benchmark.preset("smoke")), config)
+
+    unbroken = run("unbroken", 2, 1)
+    for first, second in ((2, 1), (1, 2)):
+        folder = f"p{first}_then_p{second}"
+        assert run(folder, 1, first).steps == 1
+        resumed = run(folder, 2, second)
+        assert resumed.steps == 2
+        for got, want in zip(weights(resumed.model), weights(unbroken.model), strict=True):
+            assert_close(got, want, rtol=1e-5)
