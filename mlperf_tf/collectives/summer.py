@@ -211,7 +211,8 @@ class GradientSummer:
         }
         if self.owners is not None:  # sharded by the stage map over `pipeline` (`stages.py`)
             out["update_stages"] = self.device_mesh.pipeline
-        out["optimizer_state"] = self.optimizer_state()
+        if self.device_mesh.pipeline > 1:  # what is stage-local (the same at P = 1 always)
+            out["optimizer_state"] = self.optimizer_state()
         return out
 
     def optimizer_state(self) -> str:

@@ -184,3 +184,6 @@ def test_an_optimizer_without_a_rule_on_pieces_keeps_every_slot():
         summer.build(optimizer, model.trainable_variables, stages=STAGES)
     assert not summer.holds_slots and summer.owners is None
     assert summer.metadata()["optimizer_state"] == "every variable's, whole"
+    assert (
+        "optimizer_state" not in GradientSummer(strategy, Settings(), DeviceMesh(data=2)).metadata()
+    )
