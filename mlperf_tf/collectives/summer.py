@@ -196,6 +196,7 @@ class GradientSummer:
         # The stage-local update without `--weight_update_sharding` (`build`): each stage's
         # replicas hold their stage's slots whole.
         self.stage_local = False
+        self.shared: tuple[int, ...] = ()  # variables several stages read (stage-local update)
         self.paths: list[str] = []  # the variables' Keras paths (the slots' checkpoint keys)
         self.stage_slots: StageSlots | None = None
         self.packing: Packing | None = None
@@ -236,15 +237,18 @@ class GradientSummer:
         the optimizer is built without any (known after `build`)."""
         return self.sharded or self.stage_local
 
-    def build(self, optimizer, variables, *, stages: list[int] | None = None) -> None:
+    def build(self, optimizer, variables, *, stages=None) -> None:
         """Makes the shard slots (one [k] copy per replica); call under `strategy.scope()`.
 
         Args:
           optimizer: the run's optimizer; build it after this, without slots when
             `holds_slots` (it is not read here).
           variables: the trainable variables, in the order `apply` will see them.
-          stages: on a `pipeline` axis, each variable's stage (the one whose layers read it,
-            `mlperf_tf.runner.pipeline.stage_owners`): the update is sharded by the stage map
+          stages: on a `pipeline` axis, each variable's stage (a list), or the stage map
+            with the variables several stages read (`mlperf_tf.runner.pipeline.StageMap`, from
+            `stage_owners`; with the flag such a map is not taken: even pieces, as before, and
+            without it their gradients are summed over `pipeline` before their owner stage's
+            update): the update is sharded by the stage map
             over that axis (`stages.py`), with weight-update sharding also over the stage's
             sum group, without it whole on each of the stage's replicas (the stage-local
             update, when the optimizer declares its rule on pieces: `sharding.declared_rule`);
@@ -258,6 +262,10 @@ class GradientSummer:
         self.shapes = [tuple(v.shape) for v in variables]
         self.dtypes = [tf.as_dtype(v.dtype) for v in variables]
         self.paths = [v.path for v in variables]
+        shared = tuple(getattr(stages, "shared", ()))
+        stages = getattr(stages, "owners", stages)
+        if shared and self.sharded:  # the flag's update takes no shared variable: even pieces
+            stages = None
         on_stages = stages is not None and self.device_mesh.pipeline > 1
         self.rule = None
         if on_stages and not self.sharded:
@@ -271,6 +279,7 @@ class GradientSummer:
         self.stage_local = on_stages and not self.sharded and self.rule is not None
         staged = on_stages and (self.sharded or self.stage_local)
         self.owners = list(stages) if staged else None
+        self.shared = shared if staged else ()
         by_axes: dict[tuple, list[int]] = {}
         for i, layout in enumerate(self.layouts):
             axes = layout.sum_axes(self.device_mesh)
@@ -637,6 +646,11 @@ class GradientSummer:
         g_parts, w_parts = [None] * n, [None] * n
         plans = []  # per sum group: (group, its algorithm, its name prefix)
         stage = self._stage(ops.replica)
+        if self.shared:  # read by several stages: each stage's part summed on every stage first
+            grads = list(grads)
+            for i in self.shared:
+                grads[i] = ops.all_reduce(tf.convert_to_tensor(grads[i]),
+                                          self._stage_members(ops), f"shared{i}/stages")  # fmt: skip
         for group in self._groups_of(stage):
             algorithm = self._algorithm(ops, group)
             prefix = self._prefix(group)

@@ -37,6 +37,8 @@ and every replica applies the whole update with every slot.
 
 from __future__ import annotations
 
+import dataclasses
+
 import tensorflow as tf
 
 from mlperf_tf.collectives.axis_group import AxisGroup
@@ -263,11 +265,25 @@ def _after(begin):
     return gate
 
 
-def stage_owners(*, strategy, benchmark, model, batch_spec) -> list[int] | None:
-    """Per trainable variable of `model`, the pipeline stage whose part reads it: the stage map
-    of a stage-sharded update (`GradientSummer.build(stages=...)`); None when a variable is read
-    by no stage or by several (a tied embedding): the update is then sharded evenly (with
-    `--weight_update_sharding`) or not at all.
+@dataclasses.dataclass(frozen=True)
+class StageMap:
+    """The stage map of a stage-sharded update (`GradientSummer.build(stages=...)`).
+
+    Attributes:
+      owners: per trainable variable, the stage that updates it: the one whose part reads it,
+        the first of them for a variable several stages read.
+      shared: the variables several stages read (a tied embedding, one an MTP head reads):
+        their gradients are summed over the pipeline group before their owner's update.
+    """
+
+    owners: list[int]
+    shared: tuple[int, ...] = ()
+
+
+def stage_owners(*, strategy, benchmark, model, batch_spec) -> StageMap | None:
+    """The stage map of `model` (`StageMap`): per trainable variable, the pipeline stages whose
+    parts read it; None when a variable is read by no stage (the update is then sharded evenly
+    with `--weight_update_sharding`, or not at all).
 
     Found by tracing (not running) each stage's forward pass, or its loss on the last stage,
     and its gradient on every replica (`strategy.run` in a `tf.function` that is only traced):
@@ -320,12 +336,13 @@ def stage_owners(*, strategy, benchmark, model, batch_spec) -> list[int] | None:
                 probe(batch, stage)
 
         tf.function(lambda batch: strategy.run(others, args=(batch,))).get_concrete_function(specs)
-    if any(len(r) != 1 for r in readers):
+    if any(not r for r in readers):
         return None
-    return [next(iter(r)) for r in readers]
+    shared = tuple(i for i, r in enumerate(readers) if len(r) > 1)
+    return StageMap([min(r) for r in readers], shared)
 
 
-def summer_stages(*, strategy, benchmark, model, summer) -> list[int] | None:
+def summer_stages(*, strategy, benchmark, model, summer) -> StageMap | None:
     """The stage map to build `summer` with (`stage_owners`) on a `pipeline` axis; else None
     (nothing traced: no cost without a pipeline). Call under the strategy's scope and the run's
     mesh."""

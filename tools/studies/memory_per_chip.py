@@ -32,8 +32,8 @@ MOMENTS_NOTE = (
     "with or without `--weight_update_sharding` (without it each stage's replicas hold their "
     "stage's moments whole; `mlperf_tf/parallel/README.md`, pipeline section), but for a model "
     "with a variable that two stages read (a tied embedding, or one an MTP head on the last "
-    "stage reads), whose moments stay whole on every chip without the flag and are divided "
-    "evenly over P x data with it. The weights and gradients columns are the stage's too, which "
+    "stage reads) under the flag, whose moments are then divided evenly over P x data. The "
+    "weights and gradients columns are the stage's too, which "
     "the suite's mirrored variables do not give: every chip holds the whole model's.\n"
 )
 

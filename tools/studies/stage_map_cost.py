@@ -9,7 +9,7 @@ benchmark's preset at P = 2 on 2 logical CPU devices, beside the model's build, 
 (`name:P`: P stages on P logical CPU devices; P must divide the preset's layers or be declared.)
 
 Prints one line per benchmark: the model's build seconds, the stage map's seconds per trace
-(median and all), and which stage owns how many variables (or None: a variable two stages read).
+(median and all), and which stage owns how many variables (and how many several stages read).
 """
 
 from __future__ import annotations
@@ -60,11 +60,17 @@ def measure(name: str, preset: str, pipeline: int, repeats: int) -> str:
             stages = summer_stages(strategy=strategy, benchmark=benchmark, model=model,
                                    summer=summer)  # fmt: skip
             seconds.append(time.perf_counter() - begin)
-    owners = "None" if stages is None else {s: stages.count(s) for s in sorted(set(stages))}
+    owners = (
+        "None"
+        if stages is None
+        else {s: stages.owners.count(s) for s in sorted(set(stages.owners))}
+    )
+    shared = () if stages is None else stages.shared
     return (
         f"{name} {preset} P{pipeline}: {len(model.trainable_variables)} variables, model built in "
         f"{built:.1f} s; stage map {statistics.median(seconds):.2f} s median of "
-        f"{', '.join(f'{s:.2f}' for s in seconds)}; variables per stage {owners}"
+        f"{', '.join(f'{s:.2f}' for s in seconds)}; variables per stage {owners}, read by "
+        f"several: {len(shared)}"
     )
 
 

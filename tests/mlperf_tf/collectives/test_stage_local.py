@@ -20,6 +20,7 @@ from mlperf_tf import checkpoints
 from mlperf_tf.collectives import GradientSummer, Settings
 from mlperf_tf.optimizers.adam import FusedAdam
 from mlperf_tf.parallel.mesh import DeviceMesh
+from mlperf_tf.runner.pipeline import StageMap
 from tests import strategies
 
 pytestmark = pytest.mark.numerics
@@ -28,6 +29,7 @@ LR, CLIP, STEPS = 0.1, 0.5, 2
 B1, B2, EPS = 0.9, 0.999, 1e-7  # Keras' Adam defaults (FusedAdam's)
 ATOL = 1e-4 * LR
 STAGES = [0, 0, 1, 1]  # the first Dense's kernel and bias on stage 0, the second's on stage 1
+SHARED = (0,)  # the first kernel is read by stage 1 too (as a tied embedding): owned by stage 0
 
 
 def _model():
@@ -40,8 +42,8 @@ def _model():
 
 
 def _gradients(mesh: DeviceMesh, shapes):
-    """Per step and replica, its gradients: random on its stage's variables, zero on the other
-    stage's (as a pipeline stage computes them)."""
+    """Per step and replica, its gradients: random on its stage's variables and the shared one,
+    zero on the other stage's (as a pipeline stage computes them)."""
     rng = np.random.default_rng(7)
     out = []
     for _ in range(STEPS):
@@ -49,7 +51,7 @@ def _gradients(mesh: DeviceMesh, shapes):
         for replica in range(mesh.size):
             stage = mesh.index(replica, "pipeline")
             per_replica.append([
-                rng.normal(size=s).astype(np.float32) if STAGES[i] == stage
+                rng.normal(size=s).astype(np.float32) if STAGES[i] == stage or i in SHARED
                 else np.zeros(s, np.float32)
                 for i, s in enumerate(shapes)
             ])  # fmt: skip
@@ -80,7 +82,7 @@ def _stage_local(strategy, mesh):
         model = _model()
         optimizer = FusedAdam(LR)
         summer = GradientSummer(strategy, Settings(all_reduce="ring", timeout_s=60), mesh)
-        summer.build(optimizer, model.trainable_variables, stages=STAGES)
+        summer.build(optimizer, model.trainable_variables, stages=StageMap(STAGES, SHARED))
         optimizer.build([] if summer.holds_slots else model.trainable_variables)
     return model, optimizer, summer
 
@@ -96,7 +98,7 @@ def test_stage_local_adam_ends_at_the_numpy_steps_and_saves_the_unsharded_format
     model, optimizer, summer = _stage_local(strategy, mesh)
     variables = model.trainable_variables
     shapes = [tuple(v.shape) for v in variables]
-    assert summer.stage_local and summer.owners == STAGES and not summer.sharded
+    assert summer.stage_local and summer.owners == STAGES and summer.shared == SHARED
     assert summer.metadata()["optimizer_state"] == "its pipeline stage's, whole"
     # Each replica holds its stage's moments whole: one buffer per moment, of the larger stage's
     # elements (stage 1: 2 * 5 + 5 = 15; stage 0: 3 * 2 + 2 = 8), not the model's 23.
