@@ -242,18 +242,18 @@ class GradientSummer:
 
         Args:
           optimizer: the run's optimizer; build it after this, without slots when
-            `holds_slots` (it is not read here).
+            `holds_slots` (only its settings and rule are read here).
           variables: the trainable variables, in the order `apply` will see them.
-          stages: on a `pipeline` axis, each variable's stage (a list), or the stage map
-            with the variables several stages read (`mlperf_tf.runner.pipeline.StageMap`, from
-            `stage_owners`; with the flag such a map is not taken: even pieces, as before, and
-            without it their gradients are summed over `pipeline` before their owner stage's
-            update): the update is sharded by the stage map
-            over that axis (`stages.py`), with weight-update sharding also over the stage's
-            sum group, without it whole on each of the stage's replicas (the stage-local
-            update, when the optimizer declares its rule on pieces: `sharding.declared_rule`);
-            None: with weight-update sharding even pieces over every axis the gradient is
-            summed over, without it every replica updates every variable.
+          stages: on a `pipeline` axis, the stage map: each variable's stage (a list) or a
+            `mlperf_tf.runner.pipeline.StageMap` (`stage_owners`: also the variables several
+            stages read). The update is sharded by it over that axis (`stages.py`): with
+            weight-update sharding in pieces over each stage's sum group (a map with shared
+            variables is not taken: even pieces over every gradient axis, as before); without
+            it whole on each of the stage's replicas (the stage-local update, when the
+            optimizer declares its rule on pieces, `sharding.declared_rule`; a shared
+            variable's gradient summed over `pipeline` first). None: with weight-update
+            sharding even pieces over every gradient axis; without it every replica updates
+            every variable.
 
         Raises:
           UserError: sharding with an optimizer that has no sharded rule.
