@@ -405,6 +405,9 @@ def test_the_runner_resumes_across_p_without_the_flag(tmp_path):
         )  # fmt: skip
         return runner.run(Llama31Benchmark(Llama31Benchmark.preset("smoke")), config)
 
+    # The session's 4 logical CPUs (conftest) made now: else the first run's split (1 device)
+    # would be the process's, and the P = 2 runs could not have 2.
+    assert len(tf.config.list_logical_devices("CPU")) >= 2
     unbroken = run("unbroken", 2, 1)
     for first, second in ((2, 1), (1, 2)):
         folder = f"p{first}_then_p{second}"
