@@ -247,17 +247,22 @@ def optimizer_paths(optimizer) -> dict:
     return _unique((key(v), v) for v in optimizer.variables)
 
 
-def run_checkpoint(*, model: keras.Model, optimizer, **parts) -> tf.train.Checkpoint:
+def run_checkpoint(*, model: keras.Model, optimizer, optimizer_slots: dict | None = None,
+                   **parts) -> tf.train.Checkpoint:  # fmt: skip
     """A run's checkpoint in the one format: model and optimizer variables by stable path.
 
     Args:
       model: the built model (split variables already `save_whole`).
       optimizer: the built optimizer (slots of split variables already `split_slots`).
+      optimizer_slots: slots kept outside the optimizer, saved under the keys of the
+        optimizer's own (the pipeline's stage-local update: `GradientSummer.optimizer_slots`).
       **parts: more trackables saved as they are (the run state, sharded slots).
     """
     by_path = {
         MODEL_PART: VariablesByPath(model_paths(model), name=MODEL_PART),
-        OPTIMIZER_PART: VariablesByPath(optimizer_paths(optimizer), name=OPTIMIZER_PART),
+        OPTIMIZER_PART: VariablesByPath(
+            {**optimizer_paths(optimizer), **(optimizer_slots or {})}, name=OPTIMIZER_PART
+        ),
     }
     return tf.train.Checkpoint(**by_path, **parts)
 

@@ -74,15 +74,17 @@ def train(benchmark, *, num_devices: int, pipeline: int = 1, model_parallel: int
         model = benchmark.build_model()
         opt = FusedAdam(1e-3)
         variables = model.trainable_variables
-        opt.build([] if weight_update_sharding else variables)
         parts = {}
-        if gradient_summer is not None:
+        if gradient_summer is not None:  # first: it decides who holds the slots, as the runner
             stages = summer_stages(
                 strategy=strategy, benchmark=benchmark, model=model, summer=gradient_summer
             )
             gradient_summer.build(opt, variables, stages=stages)
             if gradient_summer.sharded:
                 parts["sharded_slots"] = gradient_summer.checkpointable()
+            elif gradient_summer.holds_slots:  # stage-local: under the optimizer's own keys
+                parts["optimizer_slots"] = gradient_summer.optimizer_slots()
+        opt.build([] if gradient_summer is not None and gradient_summer.holds_slots else variables)
         layout_lib.split_slots(opt, mesh)
         # The runner's one format (variables by Keras path). Not `tf.train.Checkpoint(model=...)`:
         # Keras 3 does not track layers held in a list (`DecoderModel.decoder_layers`) for TF's

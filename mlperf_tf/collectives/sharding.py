@@ -64,6 +64,17 @@ def check_optimizer(optimizer, setting: str) -> None:
         )
 
 
+def declared_rule(optimizer, variables):
+    """The rule on pieces `optimizer` declares (`sharded_update`), or Keras' SGD's; None: it
+    has none. Its `slot_names` are the optimizer's own slot names (the stage-local update's
+    checkpoint keys are the optimizer's slots', `GradientSummer.slot_paths`)."""
+    declare = getattr(optimizer, "sharded_update", None)
+    rule = declare(variables) if callable(declare) else None
+    if rule is None and type(optimizer) is keras.optimizers.SGD:
+        rule = KerasSGDPieces(optimizer, variables)
+    return rule
+
+
 def rule_for(optimizer, variables):
     """The sharded rule `optimizer` declares (`sharded_update`), or Keras' SGD's.
 
@@ -72,10 +83,7 @@ def rule_for(optimizer, variables):
         refuses.
     """
     check_optimizer(optimizer, "--weight_update_sharding")
-    declare = getattr(optimizer, "sharded_update", None)
-    rule = declare(variables) if callable(declare) else None
-    if rule is None and type(optimizer) is keras.optimizers.SGD:
-        rule = KerasSGDPieces(optimizer, variables)
+    rule = declared_rule(optimizer, variables)
     if rule is None:
         raise UserError(
             "--weight_update_sharding supports Keras' SGD and the suite's LARS, LAMB, FusedAdam "

@@ -60,7 +60,7 @@ from mlperf_tf.collectives.ops import (
 )
 from mlperf_tf.collectives.packing import Packing
 from mlperf_tf.collectives.rows import all_gather_rows
-from mlperf_tf.collectives.sharding import check_optimizer, rule_for
+from mlperf_tf.collectives.sharding import check_optimizer, declared_rule, rule_for
 from mlperf_tf.collectives.stages import StageSlots, exchange
 from mlperf_tf.errors import UserError
 from mlperf_tf.parallel.layout import REPLICATED, layout_of
@@ -112,6 +112,9 @@ class SumGroup:
       mesh: the algorithm's R x C view of the group's replicas.
       stage: the pipeline stage whose replicas sum and update these variables (a stage-sharded
         update, `build(stages=...)`); None: every replica.
+      whole: the members each hold the whole summed gradient and slots of every variable (the
+        stage-local update without `--weight_update_sharding`: all-reduced, not scattered over
+        the group; `packing` has one shard); False: each holds its 1/n piece.
     """
 
     axes: tuple[str, ...]
@@ -119,6 +122,37 @@ class SumGroup:
     packing: Packing
     mesh: Mesh
     stage: int | None = None
+    whole: bool = False
+
+
+class _WholeView:
+    """An algorithm seen by a `SumGroup.whole` group: its "reduce-scatter" is the all-reduce of
+    the one-shard bucket ([1, K]: every member keeps the whole sum), its "all-gather" moves
+    nothing (every member already holds the whole new value), its shard is 0. So the sharded
+    update's code (pack, scatter, update the pieces, gather, unpack) runs the stage-local update
+    unchanged, with pieces that are whole variables."""
+
+    shard = 0
+
+    def __init__(self, algorithm, size: int):
+        self.algorithm = algorithm
+        self.ops = algorithm.ops
+        self.size = size
+
+    def reduce_scatter(self, x, name: str):
+        # x: [1, K] -> [K], summed over the group; as [size, ceil(K / size)] for the algorithms
+        # that lay a bucket out over the group's members (torus2d).
+        if self.size == 1:
+            return x[0]
+        k = int(x.shape[1])
+        cols = -(-k // self.size)
+        flat = tf.pad(tf.reshape(x, [-1]), [[0, cols * self.size - k]])
+        summed = self.algorithm.all_reduce(tf.reshape(flat, [self.size, cols]), name)
+        return tf.reshape(summed, [-1])[:k]
+
+    def all_gather(self, s, name: str):
+        del name
+        return s[None]  # [1, K]
 
 
 class GradientSummer:
@@ -159,6 +193,11 @@ class GradientSummer:
         self.slots: list[list[tf.Variable]] = []
         # A stage-sharded update (`build(stages=...)`): each variable's stage, and the slots.
         self.owners: list[int] | None = None
+        # The stage-local update without `--weight_update_sharding` (`build`): each stage's
+        # replicas hold their stage's slots whole.
+        self.stage_local = False
+        self.shared: tuple[int, ...] = ()  # variables several stages read (stage-local update)
+        self.paths: list[str] = []  # the variables' Keras paths (the slots' checkpoint keys)
         self.stage_slots: StageSlots | None = None
         self.packing: Packing | None = None
         self._gather_slots = None  # the traced `_gather_slots_fn`, made at the first save
@@ -173,22 +212,48 @@ class GradientSummer:
         }
         if self.owners is not None:  # sharded by the stage map over `pipeline` (`stages.py`)
             out["update_stages"] = self.device_mesh.pipeline
+        if self.device_mesh.pipeline > 1:  # what is stage-local (the same at P = 1 always)
+            out["optimizer_state"] = self.optimizer_state()
         return out
+
+    def optimizer_state(self) -> str:
+        """What one replica holds of the optimizer's slots (after `build`), for the log."""
+        if self.stage_local:
+            return "its pipeline stage's, whole"
+        if self.owners is not None:
+            return "its pipeline stage's, divided over its sum group (data, ...)"
+        if self.sharded:
+            return "1/n of every variable's, n its sum group"
+        return "every variable's, whole"
 
     @property
     def sharded(self) -> bool:
+        """`--weight_update_sharding`: slots and update divided over each sum group."""
         return self.settings.weight_update_sharding
 
-    def build(self, optimizer, variables, *, stages: list[int] | None = None) -> None:
+    @property
+    def holds_slots(self) -> bool:
+        """Whether the summer keeps the optimizer's slots (sharded, or stage-local), so that
+        the optimizer is built without any (known after `build`)."""
+        return self.sharded or self.stage_local
+
+    def build(self, optimizer, variables, *, stages=None) -> None:
         """Makes the shard slots (one [k] copy per replica); call under `strategy.scope()`.
 
         Args:
-          optimizer: the run's optimizer (built without slots when sharded).
+          optimizer: the run's optimizer; build it after this, without slots when
+            `holds_slots` (only its settings and rule are read here).
           variables: the trainable variables, in the order `apply` will see them.
-          stages: with weight-update sharding on a `pipeline` axis, each variable's stage (the
-            one whose layers read it, `mlperf_tf.runner.pipeline.stage_owners`): the update is
-            sharded by the stage map over that axis (`stages.py`); None: even pieces over
-            every axis the gradient is summed over.
+          stages: on a `pipeline` axis, the stage map: each variable's stage (a list) or a
+            `mlperf_tf.runner.pipeline.StageMap` (`stage_owners`: also the variables several
+            stages read). The update is sharded by it over that axis (`stages.py`): with
+            weight-update sharding in pieces over each stage's sum group (a map with shared
+            variables is not taken: even pieces over every gradient axis, as before); without
+            it whole on each of the stage's replicas (the stage-local update, when the
+            optimizer declares its rule on pieces, `sharding.declared_rule`; a shared
+            variable's gradient summed over `pipeline` first). None: with weight-update
+            sharding even pieces over every gradient axis; without it every replica updates
+            every variable.
 
         Raises:
           UserError: sharding with an optimizer that has no sharded rule.
@@ -196,8 +261,25 @@ class GradientSummer:
         self.layouts = [layout_of(v) for v in variables]
         self.shapes = [tuple(v.shape) for v in variables]
         self.dtypes = [tf.as_dtype(v.dtype) for v in variables]
-        staged = self.sharded and stages is not None and self.device_mesh.pipeline > 1
+        self.paths = [v.path for v in variables]
+        shared = tuple(getattr(stages, "shared", ()))
+        stages = getattr(stages, "owners", stages)
+        if shared and self.sharded:  # the flag's update takes no shared variable: even pieces
+            stages = None
+        on_stages = stages is not None and self.device_mesh.pipeline > 1
+        self.rule = None
+        if on_stages and not self.sharded:
+            self.rule = declared_rule(optimizer, variables)
+            if self.rule is None:
+                logging.warning(
+                    "%s declares no update on pieces (`sharded_update`): every replica keeps "
+                    "every variable's optimizer slots at --pipeline_parallel=%d",
+                    type(optimizer).__name__, self.device_mesh.pipeline,
+                )  # fmt: skip
+        self.stage_local = on_stages and not self.sharded and self.rule is not None
+        staged = on_stages and (self.sharded or self.stage_local)
         self.owners = list(stages) if staged else None
+        self.shared = shared if staged else ()
         by_axes: dict[tuple, list[int]] = {}
         for i, layout in enumerate(self.layouts):
             axes = layout.sum_axes(self.device_mesh)
@@ -208,7 +290,7 @@ class GradientSummer:
             by_axes[REPLICATED.sum_axes(self.device_mesh)] = []
         split = [v.path for v, layout in zip(variables, self.layouts, strict=True)
                  if layout.split and layout.num_shards(self.device_mesh) > 1]  # fmt: skip
-        if split and getattr(optimizer, "uses_layer_norms", False) and not self.sharded:
+        if split and getattr(optimizer, "uses_layer_norms", False) and not self.holds_slots:
             if getattr(optimizer, "whole_norm_terms", None) is None:
                 raise UserError(
                     f"optimizer {type(optimizer).__name__} uses layer-wise norms but cannot take "
@@ -222,19 +304,22 @@ class GradientSummer:
             packing = Packing(
                 [variables[i].shape for i in indices],
                 [variables[i].dtype for i in indices],
-                num_shards=mesh.size,
+                num_shards=1 if self.stage_local else mesh.size,
                 pack_mb=self.settings.pack_mb,
             )
-            self.groups.append(SumGroup(axes, tuple(indices), packing, mesh, stage))
+            self.groups.append(
+                SumGroup(axes, tuple(indices), packing, mesh, stage, whole=self.stage_local)
+            )
         # The one group's packing (weight-update sharding has one group).
         self.packing = self.groups[0].packing if len(self.groups) == 1 else None
         check_optimizer(optimizer, f"--all_reduce={self.algorithm}")
-        if not self.sharded:
+        if not self.holds_slots:
             return
         # The optimizer's slots laid out over each sum group: variable i's slots are [k] pieces,
         # one per member of its group (the data axis, and the expert axis for replicated
-        # weights), each replica holding its own.
-        self.rule = rule_for(optimizer, variables)
+        # weights), each replica holding its own; stage-local, one whole piece per variable.
+        if self.rule is None:
+            self.rule = rule_for(optimizer, variables)
         self.slots = [[] for _ in variables]
         if staged:  # per stage, its groups' pieces, in one buffer per slot name and dtype
             pieces = [[] for _ in range(self.device_mesh.pipeline)]
@@ -307,7 +392,8 @@ class GradientSummer:
         """The algorithm over `group`'s replicas that include `ops.replica` (by position)."""
         members = self.device_mesh.group(ops.replica, *group.axes)
         view = ops if len(members) == self.device_mesh.size else GroupView(ops, members)
-        return ALGORITHM_CLASSES[self.algorithm](group.mesh, view)
+        algorithm = ALGORITHM_CLASSES[self.algorithm](group.mesh, view)
+        return _WholeView(algorithm, group.mesh.size) if group.whole else algorithm
 
     @staticmethod
     def _row_gradients(optimizer, grads, variables) -> frozenset[int]:
@@ -408,6 +494,23 @@ class GradientSummer:
     def checkpointable(self) -> ShardedSlots:
         """The sharded slots as one object for `tf.train.Checkpoint` (saved at full size)."""
         return ShardedSlots(self)
+
+    def slot_paths(self) -> dict[str, str]:
+        """Per slot, the key the optimizer would save it under (`checkpoints.optimizer_paths`:
+        Keras' `add_variable_from_reference` name below the optimizer's, `<variable path with
+        "/" as "_">_<slot name>`), mapped to its `full_slots` key."""
+        return {
+            f"{path.replace('/', '_')}_{name}": self._slot_key(name, i)
+            for i, path in enumerate(self.paths)
+            for name in self.rule.slot_names
+        }
+
+    def optimizer_slots(self) -> dict[str, tf.Module]:
+        """The stage-local update's slots as the optimizer's own checkpoint entries, whole
+        (`slot_paths`): a run at P > 1 without `--weight_update_sharding` saves its moments
+        where the same run at P = 1 saves its optimizer's, so either resumes the other."""
+        book = _SlotBook(self)
+        return {path: _SlotEntry(book, key) for path, key in self.slot_paths().items()}
 
     @staticmethod
     def _slot_key(name: str, index: int) -> str:
@@ -524,7 +627,7 @@ class GradientSummer:
           clip_norm: clip the summed gradients to this global norm (None or 0: no clipping).
         """
         context = tf.distribute.get_replica_context()
-        if not self.sharded:
+        if not self.holds_slots:
             ops = self._replica_collectives()
             grads = self._sum(ops, grads, rows=self._row_gradients(optimizer, grads, variables))
             if clip_norm:
@@ -543,6 +646,11 @@ class GradientSummer:
         g_parts, w_parts = [None] * n, [None] * n
         plans = []  # per sum group: (group, its algorithm, its name prefix)
         stage = self._stage(ops.replica)
+        if self.shared:  # read by several stages: each stage's part summed on every stage first
+            grads = list(grads)
+            for i in self.shared:
+                grads[i] = ops.all_reduce(tf.convert_to_tensor(grads[i]),
+                                          self._stage_members(ops), f"shared{i}/stages")  # fmt: skip
         for group in self._groups_of(stage):
             algorithm = self._algorithm(ops, group)
             prefix = self._prefix(group)
@@ -616,8 +724,11 @@ class GradientSummer:
 
     @staticmethod
     def _over_group(plan, x, name: str):
-        """`x` summed over the members of `plan`'s sum group (which hold the other pieces)."""
+        """`x` summed over the members of `plan`'s sum group (which hold the other pieces);
+        `x` itself when each member holds the whole variables (`SumGroup.whole`)."""
         group, algorithm, prefix = plan
+        if group.whole:
+            return x
         return algorithm.ops.all_reduce(x, list(range(group.mesh.size)), prefix + name)
 
     def _sharded_whole_squares(self, ops, squares, name):
@@ -691,6 +802,48 @@ class ShardedSlots(tf.Module):
 
     def _restore_from_tensors(self, restored_tensors):
         self._summer.load_full_slots(dict(restored_tensors))
+
+
+class _SlotBook:
+    """The whole slots of one save, gathered once for all its `_SlotEntry`s; and a restore's,
+    given to the summer once every entry has its tensor."""
+
+    def __init__(self, summer: GradientSummer):
+        self.summer = summer
+        self.full: dict[str, tf.Tensor] | None = None
+        self.served: set[str] = set()  # the keys the gathered `full` has handed out
+        self.restored: dict[str, tf.Tensor] = {}
+
+    def value(self, key: str) -> tf.Tensor:
+        # A save asks each entry once: a key asked again is the next save's (the slots may
+        # have moved since), so the slots are gathered again.
+        if self.full is None or key in self.served:
+            self.full, self.served = self.summer.full_slots(), set()
+        self.served.add(key)
+        return self.full[key]
+
+    def receive(self, key: str, value) -> None:
+        self.restored[key] = value
+        if len(self.restored) == len(self.summer.slot_paths()):
+            self.summer.load_full_slots(self.restored)
+            self.restored, self.full = {}, None
+
+
+class _SlotEntry(tf.Module):
+    """One whole slot in a checkpoint under the key of the optimizer's own slot variable
+    (`GradientSummer.optimizer_slots`): saved and restored as a variable's value, so the
+    checkpoint is the one an optimizer holding its slots writes."""
+
+    def __init__(self, book: _SlotBook, key: str):
+        super().__init__(name=None)
+        self._book = book  # plain objects: not tracked
+        self._key = key
+
+    def _serialize_to_tensors(self):
+        return {"VARIABLE_VALUE": self._book.value(self._key)}
+
+    def _restore_from_tensors(self, restored_tensors):
+        self._book.receive(self._key, restored_tensors["VARIABLE_VALUE"])
 
 
 def _values(g):

@@ -11,10 +11,12 @@ An estimate from the config, for planning (no weights are allocated). What it co
   a frozen base (LoRA) at `frozen_bytes`;
 * gradients of the trainable weights (`grad_bytes`) and Adam's two moments (`moment_bytes` for
   both) of the stage: the moments divided by P through the stage map, and by `data` under
-  weight-update sharding (`shard_moments`). The suite's runs hold exactly that with
-  `--weight_update_sharding` (its update sharded by the stage map over `pipeline`, then evenly
-  over `data`: `mlperf_tf/collectives/stages.py`); without it every replica holds the whole
-  model's moments. The weights and gradients counted are the stage's, what a framework with
+  weight-update sharding (`shard_moments`). The suite's runs hold exactly that at every P > 1
+  (the update sharded by the stage map over `pipeline`, `mlperf_tf/collectives/stages.py`;
+  each stage's replicas hold its moments whole, or with `--weight_update_sharding` divided
+  evenly over `data`), except under the flag for a model with a variable two stages read (a
+  tied embedding, or one an MTP head reads): its moments are then divided over P x data. The
+  weights and gradients counted are the stage's, what a framework with
   stage-local variables holds; the suite's mirrored variables keep the whole model's weights
   and gradient buffers on every replica (`mlperf_tf/parallel/README.md`);
 * activations kept for the backward pass, per token of a layer, in `activation_bytes` (2:

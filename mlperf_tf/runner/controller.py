@@ -500,14 +500,18 @@ class Controller:
         # resumed run's log can carry it. A host variable: outside the strategy scope.
         self.run_state = tf.train.Checkpoint(run_start_ms=tf.Variable(0, dtype=tf.int64))
         parts = dict(run_state=self.run_state)
+        slots = {}
         if isinstance(self.summer, collectives.GradientSummer) and self.summer.sharded:
             # The optimizer holds no slots: the summer's shards, saved at full size.
             parts["sharded_slots"] = self.summer.checkpointable()
+        elif isinstance(self.summer, collectives.GradientSummer) and self.summer.holds_slots:
+            # The pipeline's stage-local slots, whole, under the optimizer's own keys.
+            slots = self.summer.optimizer_slots()
         state = dict(model=self.model, optimizer=self.optimizer, **parts)
         self.checkpointer = checkpoints.Checkpointer(
             # One format at every layout (variables by path, whole); the earlier positional one
             # still restores under the layout that wrote it.
-            checkpoint=checkpoints.run_checkpoint(**state),
+            checkpoint=checkpoints.run_checkpoint(**state, optimizer_slots=slots),
             positional=tf.train.Checkpoint(**state),
             model_dir=cfg.model_dir,
             chief=self.chief,
@@ -660,18 +664,18 @@ class Controller:
             if hasattr(optimizer, "register_model"):  # K-FAC: finds its Dense/Conv2D layers
                 optimizer.register_model(self.model)
             self.optimizer = precision.wrap_optimizer(optimizer, self.run_config.dtype)
-            # Slots must exist before the first step under MirroredStrategy (a placeholder error).
-            # With weight-update sharding the optimizer keeps no full-size slots: the summer
-            # holds each replica's shard of them.
-            sharded = self.summer is not None and self.summer.sharded
-            self.optimizer.build([] if sharded else self.model.trainable_variables)
             if self.summer is not None:
-                # On a `pipeline` axis the sharded update follows the stage map.
+                # On a `pipeline` axis the update follows the stage map (stage-local slots).
                 stages = pipeline_lib.summer_stages(
                     strategy=self.strategy, benchmark=benchmark, model=self.model,
                     summer=self.summer,
                 )  # fmt: skip
                 self.summer.build(self.optimizer, self.model.trainable_variables, stages=stages)
+            # Slots must exist before the first step under MirroredStrategy (a placeholder error).
+            # With weight-update sharding or the pipeline's stage-local update the optimizer
+            # keeps no full-size slots: the summer holds each replica's part of them.
+            held = self.summer is not None and self.summer.holds_slots
+            self.optimizer.build([] if held else self.model.trainable_variables)
             # Slots of split variables are split alike, and saved whole.
             layout.split_slots(self.optimizer, mesh)
         # A save gathers shards held by other workers (a model axis across processes): bounded

@@ -25,17 +25,19 @@ Per tick, on every member of the group, in the same order (so the collectives ma
    `CollectivePermute` (XLA's `ppermute`) would send those two only. An all-reduce of the
    same table would cost 2 (P - 1) rows per member on a ring.
 
-Gradients of a stage's weights are therefore zero on the other stages of its group; summed
-over the `pipeline` axis (`GRADIENT_AXES`) with the data axis, every replica gets the whole
-model's gradient, the global-norm clip sees the whole model, and every replica applies the
-same update (the weights stay mirrored: see the package README for what that costs). With
-`--weight_update_sharding` the update is sharded by the stage map instead (`stage_owners`,
-`mlperf_tf/collectives/stages.py`): each stage sums, clips (one scalar all-reduce over the
-axis) and updates its own variables with its own slots, then the stages exchange the new
-weights.
+Gradients of a stage's weights are therefore zero on the other stages of its group. The
+runner's update is sharded by the stage map (`stage_owners`, `mlperf_tf/collectives/stages.py`):
+each stage sums its own variables' gradients over its data (and other) axes, clips with the
+whole model's norm (one scalar all-reduce over the axis) and updates its own variables with its
+own slots (whole; with `--weight_update_sharding` in pieces over data), then the stages exchange
+the new weights, which stay mirrored (see the package README for what that costs). Keras' own
+sum (no summer: tests only) or an optimizer without a rule on pieces sums over `pipeline` too
+and every replica applies the whole update with every slot.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import tensorflow as tf
 
@@ -263,14 +265,31 @@ def _after(begin):
     return gate
 
 
-def stage_owners(*, strategy, benchmark, model, batch_spec) -> list[int] | None:
-    """Per trainable variable of `model`, the pipeline stage whose part reads it: the stage map
-    of a stage-sharded update (`GradientSummer.build(stages=...)`); None when a variable is read
-    by no stage or by several (a tied embedding): the update is then sharded evenly.
+@dataclasses.dataclass(frozen=True)
+class StageMap:
+    """The stage map of a stage-sharded update (`GradientSummer.build(stages=...)`).
+
+    Attributes:
+      owners: per trainable variable, the stage that updates it: the one whose part reads it,
+        the first of them for a variable several stages read.
+      shared: the variables several stages read (a tied embedding, one an MTP head reads):
+        their gradients are summed over the pipeline group before their owner's update.
+    """
+
+    owners: list[int]
+    shared: tuple[int, ...] = ()
+
+
+def stage_owners(*, strategy, benchmark, model, batch_spec) -> StageMap | None:
+    """The stage map of `model` (`StageMap`): per trainable variable, the pipeline stages whose
+    parts read it; None when a variable is read by no stage (the update is then sharded evenly
+    with `--weight_update_sharding`, or not at all).
 
     Found by tracing (not running) each stage's forward pass, or its loss on the last stage,
     and its gradient on every replica (`strategy.run` in a `tf.function` that is only traced):
     a variable belongs to the stage that gives it a gradient, as in `PipelineStep._backward`.
+    A worker of a multi-worker run sees its own replicas only: the stages none of them holds
+    are traced on them too (with the stage given), so every worker finds the same map.
     No benchmark declares its stages' variables, and the trace sees shared ones as the step
     does.
 
@@ -287,8 +306,11 @@ def stage_owners(*, strategy, benchmark, model, batch_spec) -> list[int] | None:
     group = AxisGroup("pipeline", owner="pipeline", mesh=mesh)
     rows = benchmark.pipeline_micro_batch
 
-    def probe(batch):
-        stage = group.rank()
+    traced = set()
+
+    def probe(batch, stage=None):
+        stage = group.rank() if stage is None else stage
+        traced.add(stage)
         part = benchmark.pipeline_stage(model, stage, stages)
         batch = tf.nest.map_structure(lambda t: t[:rows], batch)
         x = None
@@ -306,16 +328,25 @@ def stage_owners(*, strategy, benchmark, model, batch_spec) -> list[int] | None:
         lambda s: tf.TensorSpec([rows, *s.shape[1:]], s.dtype), batch_spec
     )
     tf.function(lambda batch: strategy.run(probe, args=(batch,))).get_concrete_function(specs)
-    if any(len(r) != 1 for r in readers):
+    missing = [s for s in range(stages) if s not in traced]
+    if missing:  # several workers: this one's replicas hold some stages only; trace the others
+
+        def others(batch):
+            for stage in missing:
+                probe(batch, stage)
+
+        tf.function(lambda batch: strategy.run(others, args=(batch,))).get_concrete_function(specs)
+    if any(not r for r in readers):
         return None
-    return [next(iter(r)) for r in readers]
+    shared = tuple(i for i, r in enumerate(readers) if len(r) > 1)
+    return StageMap([min(r) for r in readers], shared)
 
 
-def summer_stages(*, strategy, benchmark, model, summer) -> list[int] | None:
-    """The stage map to build `summer` with (`stage_owners`), when its update is sharded on a
-    `pipeline` axis; else None (nothing traced: no cost without a pipeline). Call under the
-    strategy's scope and the run's mesh."""
-    if summer is None or not summer.sharded or benchmark.mesh.pipeline == 1:
+def summer_stages(*, strategy, benchmark, model, summer) -> StageMap | None:
+    """The stage map to build `summer` with (`stage_owners`) on a `pipeline` axis; else None
+    (nothing traced: no cost without a pipeline). Call under the strategy's scope and the run's
+    mesh."""
+    if summer is None or benchmark.mesh.pipeline == 1:
         return None
     rows = benchmark.pipeline_micro_batch
     data = benchmark.synthetic_train_data(tf.distribute.InputContext(), rows)

@@ -86,7 +86,7 @@ class StateSnapshot:
 def run_state_variables(model, optimizer, summer) -> list:
     """Every variable a train step may write: model, optimizer, and sharded optimizer slots."""
     variables = list(model.variables) + list(optimizer.variables)
-    if summer is not None and summer.sharded:
+    if summer is not None and summer.holds_slots:
         variables += [slot for slots in summer.slots for slot in slots]  # per replica: a shard
         if summer.stage_slots is not None:  # per replica: its stage's pieces
             variables += summer.stage_slots.variables()

@@ -13,12 +13,14 @@ import tensorflow as tf
 from benchmarks.deepseekv3_671b.benchmark import DeepseekV3Benchmark
 from benchmarks.gpt_oss_20b.benchmark import GptOssBenchmark
 from benchmarks.llama31_8b.benchmark import Llama31Benchmark
+from mlperf_tf import checkpoints, runner
 from mlperf_tf.benchmark import RunContext
 from mlperf_tf.errors import UserError
 from mlperf_tf.parallel.memory import ChipLayout
 from mlperf_tf.parallel.mesh import DeviceMesh
 from tests import noise_floor, pipeline_runs
 from tests.numerics import assert_close
+from tests.tiny_benchmark import weights
 
 pytestmark = pytest.mark.numerics
 
@@ -203,6 +205,39 @@ def test_stage_sharded_update_holds_the_stage_s_moments_and_ends_at_the_unpipeli
     np.testing.assert_allclose(predicted.moments, 4 * shares[predicted.stage], rtol=0.01)
 
 
+def test_without_the_flag_each_stage_holds_its_moments_whole_and_saves_the_p1_format(
+    tmp_path, llama_d2
+):
+    """Without --weight_update_sharding, D2 x P2's update is stage-local too: each replica holds
+    its stage's Adam moments whole (the largest stage's elements, counted on every replica's
+    buffers against a transcription of the stage map; not divided by data), the run ends at
+    data 2's weights, `memory.py` predicts those moments, and the checkpoint holds them under
+    the optimizer's own keys (what the P = 1 run without the flag saves), none apart."""
+    path = str(tmp_path / "p2")
+    got = pipeline_runs.train(_llama(), num_devices=4, pipeline=2, summer=True, clip_norm=1.0,
+                              save_to=path)  # fmt: skip
+    _assert_same(got, llama_d2)
+    summer = got.trainer.summer
+    assert summer.stage_local and not summer.sharded
+    shares = _stage_shares(got, data=1)
+    strategy = got.trainer.strategy
+    held = [0] * 4
+    for buffer in summer.stage_slots.variables():
+        for replica, component in enumerate(strategy.experimental_local_results(buffer)):
+            held[replica] += int(np.prod(component.shape))
+    assert held == [max(shares)] * 4
+    whole = sum(int(np.prod(v.shape)) for v in got.trainer.model.trainable_variables) * 2
+    assert max(shares) < 0.75 * whole
+    predicted = got.trainer.benchmark.memory_per_chip(ChipLayout(pipeline=2, data=2))
+    np.testing.assert_allclose(predicted.moments, 4 * shares[predicted.stage], rtol=0.01)
+    stored = _checkpoint(path)
+    assert not any(k.startswith("sharded_slots") for k in stored)
+    optimizer = checkpoints.read_part(path, checkpoints.OPTIMIZER_PART)
+    assert set(optimizer) == {"iteration", "learning_rate", *summer.slot_paths()}
+    for key in summer.slot_paths():
+        assert np.abs(optimizer[key]).max() > 0, key  # every moment moved, none left at zero
+
+
 @pytest.mark.slow
 def test_stage_sharded_update_of_p2_alone_and_of_gpt_oss_e2_x_p2():
     """P2 on 2 devices (no data axis: each stage updates its variables whole) against one
@@ -354,3 +389,30 @@ def test_p2_stays_within_the_noise_floor_of_the_unpipelined_run(
         bench, num_devices=4, pipeline=2, summer=True, clip_norm=1.0, expert_parallel=expert
     )
     noise_floor.assert_within_noise_floor(got.weights, ref.weights, off, what=f"P=2 {module}")
+
+
+@pytest.mark.slow  # five runner runs
+def test_the_runner_resumes_across_p_without_the_flag(tmp_path):
+    """Through `runner.run` and its `Checkpointer`, no --weight_update_sharding: 1 step at P = 2
+    (stage-local moments, saved under the optimizer's keys), a restart at P = 1 (the optimizer's
+    own slots) for 1 more, and the reverse, end at 2 unbroken steps at P = 1 (data 1 in all)."""
+
+    def run(folder: str, steps: int, pipeline: int):
+        config = runner.RunConfig(
+            model_dir=str(tmp_path / folder), steps_per_loop=1, max_train_steps=steps,
+            distribution="mirrored", num_cpu_devices=pipeline, pipeline_parallel=pipeline,
+            collective_timeout=120,
+        )  # fmt: skip
+        return runner.run(Llama31Benchmark(Llama31Benchmark.preset("smoke")), config)
+
+    # The session's 4 logical CPUs (conftest) made now: else the first run's split (1 device)
+    # would be the process's, and the P = 2 runs could not have 2.
+    assert len(tf.config.list_logical_devices("CPU")) >= 2
+    unbroken = run("unbroken", 2, 1)
+    for first, second in ((2, 1), (1, 2)):
+        folder = f"p{first}_then_p{second}"
+        assert run(folder, 1, first).steps == 1
+        resumed = run(folder, 2, second)
+        assert resumed.steps == 2
+        for got, want in zip(weights(resumed.model), weights(unbroken.model), strict=True):
+            assert_close(got, want, rtol=1e-5)

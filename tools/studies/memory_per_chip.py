@@ -28,10 +28,13 @@ NONE_FITS = (
 MOMENTS_NOTE = (
     "\nThe Adam moments column is the worst stage's: divided by P on a pipeline layout (the "
     "stage map), and by the data axis under `--weight_update_sharding`. The suite's runs hold "
-    "exactly that with `--weight_update_sharding`, whose update is sharded by the stage map over "
-    "the pipeline axis (`mlperf_tf/parallel/README.md`, pipeline section); without it every chip "
-    "holds the whole model's moments. The weights and gradients columns are the stage's too, "
-    "which the suite's mirrored variables do not give: every chip holds the whole model's.\n"
+    "exactly that at every P > 1: the update is sharded by the stage map over the pipeline axis "
+    "with or without `--weight_update_sharding` (without it each stage's replicas hold their "
+    "stage's moments whole; `mlperf_tf/parallel/README.md`, pipeline section), but for a model "
+    "with a variable that two stages read (a tied embedding, or one an MTP head on the last "
+    "stage reads) under the flag, whose moments are then divided evenly over P x data. The "
+    "weights and gradients columns are the stage's too, which "
+    "the suite's mirrored variables do not give: every chip holds the whole model's.\n"
 )
 
 
