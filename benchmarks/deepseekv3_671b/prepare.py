@@ -66,8 +66,6 @@ def prepare_mini_base(out_dir: str, *, steps: int = MINI_BASE_STEPS, data_dir: s
     from benchmarks.deepseekv3_671b import config as config_lib  # noqa: PLC0415
     from benchmarks.deepseekv3_671b.benchmark import DeepseekV3Benchmark  # noqa: PLC0415
     from mlperf_tf.benchmark import RunContext  # noqa: PLC0415
-    from mlperf_tf.layers import moe  # noqa: PLC0415
-    from mlperf_tf.lm.benchmark import update_router_biases  # noqa: PLC0415
     from mlperf_tf.optimizers.base import clipped_update  # noqa: PLC0415
 
     config = config_lib.mini()
@@ -86,7 +84,6 @@ def prepare_mini_base(out_dir: str, *, steps: int = MINI_BASE_STEPS, data_dir: s
     model = bench.build_model()
     optimizer = bench.build_optimizer(steps)
     optimizer.build(model.trainable_variables)
-    rate = config.model.moe.bias_update_rate
     data = iter(bench.train_dataset(tf.distribute.InputContext()))
 
     @tf.function
@@ -97,7 +94,8 @@ def prepare_mini_base(out_dir: str, *, steps: int = MINI_BASE_STEPS, data_dir: s
         # The embedding's sparse gradient lists a row once per lookup: merged before the norm
         # and Adam's second moment, as the runner's trainer does.
         clipped_update(optimizer, grads, model.trainable_variables, config.gradient_clip_norm)
-        update_router_biases(model, metrics[moe.TOKENS_PER_EXPERT], rate)
+        # The selection bias's move, as the runner's step makes it (`Benchmark.after_update`).
+        bench.after_update(model, {name: metrics[name] for name in bench.update_metrics()})
         return loss
 
     begin, loss = time.time(), float("nan")
