@@ -254,37 +254,56 @@ class CompiledGenerator:
         last = tf.concat([p[0] for p in parts], axis=0)
         cache = tf.nest.map_structure(lambda *xs: tf.concat(xs, axis=0), *[p[1] for p in parts])
         group = min(batch, self.step_rows or batch)  # both powers of two: `group` divides
-        starts = range(0, batch, group)
-        caches = [tf.nest.map_structure(lambda x, g=g: x[g : g + group], cache) for g in starts]
-        row_seeds = np.zeros(batch, np.int64)
-        row_seeds[:count] = np.asarray(seeds, np.int64) % (2**31)
-        results = [Generated([], [], "length") for _ in range(count)]
-        done = np.zeros(count, bool)
-        finished = np.ones(batch, bool)  # rows done or batch padding (never decoded again)
-        tokens = logp = None
-        for step in range(steps):
-            step_seeds = np.stack([row_seeds, np.full(batch, step)], 1).astype(np.int32)
-            if step == 0:
-                tokens, logp = sample(last, temperature=temperature, top_p=top_p,
-                                      seeds=tf.constant(step_seeds))  # fmt: skip
-                tokens, logp = tokens.numpy(), logp.numpy()
-            else:
-                valid[:, width + step - 1] = True
-                position = tf.constant(width + step - 1, tf.int32)
-                for index, g in enumerate(starts):
-                    rows = slice(g, g + group)
-                    if finished[rows].all():  # every row of the group has stopped: skip it
-                        continue
-                    t, lp, caches[index] = self._step(
-                        tf.constant(tokens[rows]), caches[index], tf.constant(valid[rows]),
-                        position, tf.constant(step_seeds[rows]), temperature, top_p,
-                    )  # fmt: skip
-                    tokens[rows], logp[rows] = t.numpy(), lp.numpy()
-            _record(results, done, tokens, logp, eos_id, stop_suffixes, decode_text)
-            finished[:count] = done
-            if done.all():
-                break
-        return results
+        caches = [tf.nest.map_structure(lambda x, g=g: x[g : g + group], cache)
+                  for g in range(0, batch, group)]  # fmt: skip
+
+        def step_group(index, rows, step, tokens, step_seeds, fed):
+            valid[rows, width + step - 1] = True
+            t, lp, caches[index] = self._step(
+                tf.constant(tokens[rows]), caches[index], tf.constant(valid[rows]),
+                tf.constant(width + step - 1, tf.int32), tf.constant(step_seeds[rows]),
+                temperature, top_p,
+            )  # fmt: skip
+            return t, lp
+
+        return _decode_loop(last, count, group, steps, seeds, step_group, temperature=temperature,
+                            top_p=top_p, eos_id=eos_id, stop_suffixes=stop_suffixes,
+                            decode_text=decode_text)  # fmt: skip
+
+
+def _decode_loop(last, count: int, group: int, steps: int, seeds, step_group, *, temperature,
+                 top_p, eos_id, stop_suffixes, decode_text) -> list[Generated]:  # fmt: skip
+    """The decoding loop of both compiled paths: the first token sampled from the prompts'
+    `last` logits [batch, vocab], then up to `steps` - 1 more, each by
+    `step_group(index, rows, step, tokens, step_seeds, fed)` (the group `index`'s slice `rows`
+    of the batch; `fed` [batch] int32, 1 on rows still generating) for every group of `group`
+    rows with a row still generating (a group whose rows have all stopped is skipped)."""
+    batch = last.shape[0]
+    row_seeds = np.zeros(batch, np.int64)
+    row_seeds[:count] = np.asarray(seeds, np.int64) % (2**31)
+    results = [Generated([], [], "length") for _ in range(count)]
+    done = np.zeros(count, bool)
+    finished = np.ones(batch, bool)  # rows done or batch padding (never decoded again)
+    tokens = logp = None
+    for step in range(steps):
+        step_seeds = np.stack([row_seeds, np.full(batch, step)], 1).astype(np.int32)
+        if step == 0:
+            tokens, logp = sample(tf.constant(last), temperature=temperature, top_p=top_p,
+                                  seeds=tf.constant(step_seeds))  # fmt: skip
+            tokens, logp = tokens.numpy(), logp.numpy()
+        else:
+            fed = (~finished).astype(np.int32)  # a stopped row is fed nothing more
+            for index, start in enumerate(range(0, batch, group)):
+                rows = slice(start, start + group)
+                if finished[rows].all():  # every row of the group has stopped: skip it
+                    continue
+                t, lp = step_group(index, rows, step, tokens, step_seeds, fed)
+                tokens[rows], logp[rows] = t.numpy(), lp.numpy()
+        _record(results, done, tokens, logp, eos_id, stop_suffixes, decode_text)
+        finished[:count] = done
+        if done.all():
+            break
+    return results
 
 
 def _split_rows(cache, size: int) -> list:
@@ -391,35 +410,18 @@ class ContinuingSession:
         group = min(batch, g.step_rows or batch)
         caches = _split_rows(_join_rows(parts), group)
         steps = min(max_new_tokens, g.capacity - int(length.max()))
-        row_seeds = np.zeros(batch, np.int64)
-        row_seeds[:count] = np.asarray(seeds, np.int64) % (2**31)
-        results = [Generated([], [], "length") for _ in range(count)]
-        done = np.zeros(count, bool)
-        finished = np.ones(batch, bool)  # rows done or batch padding (never decoded again)
-        tokens = logp = None
-        for step in range(steps):
-            step_seeds = np.stack([row_seeds, np.full(batch, step)], 1).astype(np.int32)
-            if step == 0:
-                tokens, logp = sample(tf.constant(last), temperature=temperature, top_p=top_p,
-                                      seeds=tf.constant(step_seeds))  # fmt: skip
-                tokens, logp = tokens.numpy(), logp.numpy()
-            else:
-                fed = (~finished).astype(np.int32)  # a stopped row's cache stays as it was
-                for index, start in enumerate(range(0, batch, group)):
-                    part = slice(start, start + group)
-                    if finished[part].all():
-                        continue
-                    t, lp, caches[index] = g._row_step(
-                        tf.constant(tokens[part]), caches[index], tf.constant(length[part]),
-                        tf.constant(fed[part]), tf.constant(step_seeds[part]), temperature,
-                        top_p,
-                    )  # fmt: skip
-                    tokens[part], logp[part] = t.numpy(), lp.numpy()
-                length = length + fed
-            _record(results, done, tokens, logp, eos_id, stop_suffixes, decode_text)
-            finished[:count] = done
-            if done.all():
-                break
+
+        def step_group(index, rows, step, tokens, step_seeds, fed):
+            t, lp, caches[index] = g._row_step(
+                tf.constant(tokens[rows]), caches[index], tf.constant(length[rows]),
+                tf.constant(fed[rows]), tf.constant(step_seeds[rows]), temperature, top_p,
+            )  # fmt: skip
+            length[rows] += fed[rows]  # a stopped row's cache stays as it was
+            return t, lp
+
+        results = _decode_loop(last, count, group, steps, seeds, step_group,
+                               temperature=temperature, top_p=top_p, eos_id=eos_id,
+                               stop_suffixes=stop_suffixes, decode_text=decode_text)  # fmt: skip
         self.rows = [p + out.tokens[:-1] for p, out in zip(prompts, results, strict=True)]
         self.cache = _join_rows(caches)
         return results
