@@ -447,6 +447,9 @@ def _write_cache_rows(cache, k, v, position):
     position[b] .. position[b] + new - 1 of row b (a one-hot [batch, new, capacity] blend;
     slots past the capacity are dropped)."""
     capacity, new = cache[0].shape[2], tf.shape(k)[2]
+    if k.shape[2] == 1:  # a decoding step: a select, no product (the same values)
+        slot = tf.one_hot(position, capacity, on_value=True, off_value=False)[:, None, :, None]
+        return tf.where(slot, k, cache[0]), tf.where(slot, v, cache[1])
     slots = tf.one_hot(position[:, None] + tf.range(new)[None, :], capacity, dtype=k.dtype)
     keep = (1.0 - tf.reduce_sum(slots, axis=1))[:, None, :, None]  # [batch, 1, capacity, 1]
     k = cache[0] * keep + tf.einsum("bnc,bknd->bkcd", slots, k)

@@ -5,8 +5,8 @@ prefilled again every turn (`rollout.keep_cache` off, the path before it) and ke
 (`CompiledGenerator.session()`), in interleaved rounds (the order alternates: the sandbox
 reuses a finished run's test result, which helps whichever runs second), in one process.
 Prints each run's seconds, the generator's prefill/append and decoding-step seconds and
-calls (the first run of each includes its tracing), whether its batch has the other's tokens,
-and the load average.
+calls (the first run of each includes its tracing), how many of its rollouts have the other's
+tokens, and the load average.
 
     python tools/costs/bench_grpo_kept_cache.py [--tasks=8] [--rounds=2]
 """
@@ -77,9 +77,11 @@ def main(argv=None) -> None:
             seconds = time.time() - begin
             batches[name] = batch
             other = batches.get("kept" if name == "prefilled" else "prefilled")
-            same = "-" if other is None else all(
-                np.array_equal(batch[key], other[key]) for key in ("input_ids", "token_mask")
-            )  # fmt: skip
+            same = "-"
+            if other is not None:  # rows (rollouts) whose tokens are the other run's
+                rows = [np.array_equal(batch[k][i], other[k][i]) for k in ("input_ids",)
+                        for i in range(len(batch[k]))]  # fmt: skip
+                same = f"{sum(rows)}/{len(rows)} rollouts"
             tokens = int(np.asarray(batch["token_mask"]).sum())
             print(f"round {index + 1} {name}: {seconds:.0f} s; prefill {spent['prefill']:.0f} s "
                   f"({spent['prefill calls']} calls), decoding steps {spent['step']:.0f} s "
