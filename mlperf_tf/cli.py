@@ -152,8 +152,10 @@ def _benchmark_and_run_config(FLAGS, overrides: dict[str, str]):
     if FLAGS.data_dir:
         overrides.setdefault("data_dir", FLAGS.data_dir)
     config = config_lib.override(config, overrides)
-    # The mini preset's own data folder (several benchmarks may share one) is written on first use.
-    if FLAGS.preset == "mini" and config.data_dir == benchmark_class.preset("mini").data_dir:
+    # The mini preset's own data folder (several benchmarks may share one) is written on first use;
+    # a mini that reads no data folder (its tasks generated in the run) has none to write.
+    mini_data_dir = FLAGS.preset == "mini" and config.data_dir
+    if mini_data_dir and config.data_dir == benchmark_class.preset("mini").data_dir:
         if not os.path.isdir(config.data_dir):
             print(f"Writing the mini dataset to {config.data_dir} ...", flush=True)
             benchmark_class.prepare_mini(config.data_dir)

@@ -306,7 +306,10 @@ class RolloutConfig:
     (needs the MoE on capacity buffers, `MoEConfig.dispatch` "buffer": the `mini`'s);
     `decode_rows`: rows a decoding step call takes (`CompiledGenerator.step_rows`; 0: the
     whole batch; a power of two); `chunked_prefill`: prefill `prefill_bucket` tokens at a time
-    from the cache (`CompiledGenerator.chunked_prefill`: one trace for every prompt length)."""
+    from the cache (`CompiledGenerator.chunked_prefill`: one trace for every prompt length);
+    `keep_cache`: keep each rollout's cache across its turns (`CompiledGenerator.keep_cache`:
+    a turn appends the observation and the next header, `prefill_bucket` tokens at a time,
+    instead of prefilling the conversation again; the same tokens)."""
 
     max_length: int = MLPERF_SEQUENCE_LENGTH
     max_turn_tokens: int = MLPERF_SEQUENCE_LENGTH
@@ -317,6 +320,7 @@ class RolloutConfig:
     xla_decoding: bool = False
     decode_rows: int = 0
     chunked_prefill: bool = False
+    keep_cache: bool = False
     prefill_bucket: int = 64
 
     def __post_init__(self):

@@ -53,7 +53,8 @@ def generator(model, config: Qwen35GrpoConfig):
         return model
     return CompiledGenerator(model, capacity=r.generation_capacity(), bucket=r.prefill_bucket,
                              jit_compile=r.xla_decoding, step_rows=r.decode_rows,
-                             chunked_prefill=r.chunked_prefill)  # fmt: skip
+                             chunked_prefill=r.chunked_prefill,
+                             keep_cache=r.keep_cache)  # fmt: skip
 
 
 def train_signature(config: Qwen35GrpoConfig, rows: int) -> dict[str, tf.TensorSpec]:

@@ -21,11 +21,11 @@ from mlperf_tf.lm.parametrization import ScaledWeights
 
 class ScaledPolicy(ScaledWeights, HybridDecoderModel):
     """`HybridDecoderModel` whose trainable weights are stored divided by `weight_scale`
-    (`mlperf_tf.lm.parametrization.ScaledWeights`): its forward (`call`, `decode`) reads each
-    as its stored value times the scale, so it computes what the unscaled model of the
-    effective weights computes (tested)."""
+    (`mlperf_tf.lm.parametrization.ScaledWeights`): its forward (`call`, `decode`, `extend`)
+    reads each as its stored value times the scale, so it computes what the unscaled model of
+    the effective weights computes (tested)."""
 
-    scaled_methods = ("call", "decode")
+    scaled_methods = ("call", "decode", "extend")
 
     def __init__(self, config: ModelConfig, **kwargs):
         super().__init__(config, weight_scale=config.weight_scale, **kwargs)

@@ -375,12 +375,18 @@ class Attention(keras.layers.Layer):
             is then its value, 0 for a zero input).
           position: None (the cache grows by concatenation: eager decoding), or the slot of
             the first new token in a fixed-capacity cache (an int32 scalar, a compiled
-            decoding step's: every shape stays fixed, so one trace serves every step).
+            decoding step's: every shape stays fixed, so one trace serves every step), or
+            int32 [batch]: each row's own first slot (rows of different lengths, each
+            contiguous from slot 0: `cos`, `sin` are then [batch, new, width] and `key_valid`
+            is not read; a row's slots at and after its position hold nothing it has seen).
 
         Returns:
           ([batch, new, hidden], the cache with the new keys and values appended or written).
         """
         q, k, v, gate = self._heads(x, cos, sin)
+        if position is not None and getattr(position, "shape", None) is not None:
+            if position.shape.rank == 1:
+                return self._decode_rows(q, k, v, gate, cache, position)
         written = None
         if position is not None:
             written = _write_cache(cache, k, v, position)
@@ -399,6 +405,19 @@ class Attention(keras.layers.Layer):
         visible = (cols <= rows) & (self.sliding_window == 0 or rows - cols < self.sliding_window)
         mask = (visible[None] & key_valid[:, None, :]) | (cols == rows)[None]  # [batch, new, total]
         return self._output(q, k, v, gate, mask[:, None, None]), written or (k, v)
+
+    def _decode_rows(self, q, k, v, gate, cache, position):
+        """`decode` at per-row slots `position` [batch]: row b's new tokens are written at
+        position[b] .. position[b] + new - 1 and see the slots up to their own (causal per
+        row; a row's earlier slots are its tokens, the later ones are never shown)."""
+        k, v = _write_cache_rows(cache, k, v, position)
+        rows = position[:, None] + tf.range(tf.shape(q)[3])[None, :]  # [batch, new]
+        cols = tf.range(tf.shape(k)[2])[None, None, :]
+        distance = rows[:, :, None] - cols  # [batch, new, capacity]
+        visible = distance >= 0
+        if self.sliding_window:
+            visible &= distance < self.sliding_window
+        return self._output(q, k, v, gate, visible[:, None, None]), (k, v)
 
     def empty_cache(self, batch: int, capacity: int = 0):
         """An empty (k, v) cache: [batch, kv, 0, d] each (it grows), or [batch, kv, capacity,
@@ -420,4 +439,19 @@ def _write_cache(cache, k, v, position):
     keep = 1.0 - tf.reduce_sum(slots, axis=0)[:, None]  # [capacity, 1]
     k = cache[0] * keep + tf.einsum("nc,bknd->bkcd", slots, k)
     v = cache[1] * keep + tf.einsum("nc,bknd->bkcd", slots, v)
+    return k, v
+
+
+def _write_cache_rows(cache, k, v, position):
+    """`_write_cache` at each row's own slot: k, v [batch, kv, new, d] written at slots
+    position[b] .. position[b] + new - 1 of row b (a one-hot [batch, new, capacity] blend;
+    slots past the capacity are dropped)."""
+    capacity, new = cache[0].shape[2], tf.shape(k)[2]
+    if k.shape[2] == 1:  # a decoding step: a select, no product (the same values)
+        slot = tf.one_hot(position, capacity, on_value=True, off_value=False)[:, None, :, None]
+        return tf.where(slot, k, cache[0]), tf.where(slot, v, cache[1])
+    slots = tf.one_hot(position[:, None] + tf.range(new)[None, :], capacity, dtype=k.dtype)
+    keep = (1.0 - tf.reduce_sum(slots, axis=1))[:, None, :, None]  # [batch, 1, capacity, 1]
+    k = cache[0] * keep + tf.einsum("bnc,bknd->bkcd", slots, k)
+    v = cache[1] * keep + tf.einsum("bnc,bknd->bkcd", slots, v)
     return k, v

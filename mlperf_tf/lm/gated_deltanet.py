@@ -142,13 +142,16 @@ def chunked_gated_delta_rule(query, key, value, g, beta, *, chunk_size=64, initi
     return out[:, :length], states[-1]
 
 
-def causal_conv(x, kernel, state=None):
+def causal_conv(x, kernel, state=None, counts=None):
     """Depthwise causal convolution over time.
 
     Args:
       x: `[batch, length, channels]`.
       kernel: `[channels, K]` (Hugging Face's conv1d weight [channels, 1, K] squeezed).
       state: `[batch, K - 1, channels]`, the previous K - 1 inputs (decoding), or None (zeros).
+      counts: None, or int32 `[batch]`: row b's first counts[b] inputs are real, the rest
+        right padding; the state returned is then each row's last K - 1 real inputs (the
+        state given, for a row of none).
 
     Returns:
       (`[batch, length, channels]` outputs, `[batch, K - 1, channels]` the last K - 1 inputs).
@@ -160,7 +163,10 @@ def causal_conv(x, kernel, state=None):
     length = tf.shape(x)[1]
     kernel = tf.cast(kernel, x.dtype)
     out = tf.add_n([window[:, i : i + length] * kernel[:, i] for i in range(size)])
-    return out, window[:, -(size - 1) :]
+    if counts is None:
+        return out, window[:, -(size - 1) :]
+    last = counts[:, None] + tf.range(size - 1)[None, :]  # [batch, K - 1] window indices
+    return out, tf.gather(window, last, batch_dims=1)
 
 
 class GatedDeltaNet(keras.layers.Layer):
@@ -174,7 +180,11 @@ class GatedDeltaNet(keras.layers.Layer):
     `call(x)` runs the chunked form; `call(x, cache=(conv_state, recurrent_state))` continues
     from a cache and returns `(y, new_cache)`: one token takes the recurrent form, more (a
     prefill or a tool's output) the chunked one from the cached state. `empty_cache(batch)`
-    makes the cache of a fresh sequence.
+    makes the cache of a fresh sequence. `real` (bool [batch, length], each row's real tokens
+    first, then right padding) makes padding leave the cache as it was: g = 0 and beta = 0
+    there (the state is neither decayed nor written) and the convolution's state is each
+    row's last real inputs, so rows of different lengths continue their own caches (a row
+    of no real token keeps its cache exactly).
     """
 
     def __init__(self, *, hidden_size: int, num_key_heads: int, num_value_heads: int,
@@ -246,10 +256,11 @@ class GatedDeltaNet(keras.layers.Layer):
             ),
         )
 
-    def call(self, x, cache=None):
+    def call(self, x, cache=None, real=None):
         batch, length = tf.shape(x)[0], x.shape[1]
         conv_state, recurrent_state = (None, None) if cache is None else cache
-        mixed, conv_state = causal_conv(self.in_proj_qkv(x), self.conv_kernel, conv_state)
+        counts = None if real is None else tf.reduce_sum(tf.cast(real, tf.int32), axis=1)
+        mixed, conv_state = causal_conv(self.in_proj_qkv(x), self.conv_kernel, conv_state, counts)
         mixed = tf.nn.silu(mixed)  # [B, T, 2 key_dim + value_dim]
         kd, hk, hv = self.key_dim, self.num_key_heads, self.num_value_heads
         query = tf.reshape(mixed[..., :kd], [batch, -1, hk, self.key_head_dim])
@@ -258,6 +269,9 @@ class GatedDeltaNet(keras.layers.Layer):
         beta = tf.sigmoid(tf.cast(self.in_proj_b(x), tf.float32))  # [B, T, v_heads]
         a = tf.cast(self.in_proj_a(x), tf.float32) + tf.cast(self.dt_bias, tf.float32)
         g = -tf.exp(tf.cast(self.A_log, tf.float32)) * tf.nn.softplus(a)
+        if real is not None:  # padding: no decay (g = 0), no write (beta = 0)
+            kept = tf.cast(real, tf.float32)[..., None]  # [B, T, 1]
+            g, beta = g * kept, beta * kept
         if hv > hk:  # key head i serves value heads [i * r, (i + 1) * r)
             query = tf.repeat(query, hv // hk, axis=2)
             key = tf.repeat(key, hv // hk, axis=2)

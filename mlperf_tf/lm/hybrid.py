@@ -192,12 +192,13 @@ class HybridDecoderBlock(DecoderBlock):
             return self.attention.empty_cache(batch)
         return self.attention.empty_cache(batch, capacity)
 
-    def decode(self, x, cos, sin, cache, key_valid, position=None):
+    def decode(self, x, cos, sin, cache, key_valid, position=None, real=None):
         """The block on new tokens after `cache` (generation); returns (x, new cache).
-        `position`: `Attention.decode`'s (a fixed-capacity cache's slot)."""
+        `position`: `Attention.decode`'s (a fixed-capacity cache's slot, or each row's);
+        `real`: `GatedDeltaNet`'s (right padding leaves its cache unchanged)."""
         normed = self.attention_norm(x)
         if self.linear:
-            y, cache = self.attention(normed, cache=cache)
+            y, cache = self.attention(normed, cache=cache, real=real)
         else:
             y, cache = self.attention.decode(normed, cos, sin, cache, key_valid, position)
         return self.feed_forward(x + y), cache
@@ -250,6 +251,41 @@ class HybridDecoderModel(DecoderModel):
         caches = []
         for layer, layer_cache in zip(self.decoder_layers, cache, strict=True):
             x, layer_cache = layer.decode(x, cos, sin, layer_cache, key_valid, position)
+            caches.append(layer_cache)
+        return tf.cast(self.logits(self.final_norm(x)), tf.float32), caches
+
+    def extend(self, token_ids, cache: list, position, count):
+        """Logits of new tokens continuing each row's own cache at its own length: rows of
+        different lengths each extended by a different number of tokens (a multi-turn
+        rollout's next observation, appended to the cache its earlier turns left).
+
+        Row b's cache holds its first position[b] tokens, contiguous from slot 0 of a
+        fixed-capacity cache (`empty_cache(batch, capacity)`: a fresh row is an empty one at
+        position 0). Its new tokens are token_ids[b, :count[b]] (the rest right padding) at
+        positions position[b] ..: RoPE at each row's own positions, attention causal per row,
+        and padding leaves every cache as it was (the DeltaNet's state, decay and conv state
+        held by `GatedDeltaNet`'s `real`; the attention's slots past a row's length are never
+        shown to it). A row's logits are those of its tokens alone (no left padding anywhere).
+
+        Args:
+          token_ids: [batch, new] int.
+          cache: the fixed-capacity cache.
+          position: int32 [batch], each row's tokens in the cache.
+          count: int32 [batch] in 0..new, each row's real new tokens (0: the row is unchanged).
+
+        Returns:
+          (logits [batch, new, vocab] float32 (padding's are meaningless), the new cache).
+        """
+        new = tf.shape(token_ids)[1]
+        positions = position[:, None] + tf.range(new)[None, :]  # [batch, new]
+        real = tf.range(new)[None, :] < count[:, None]  # [batch, new]
+        x = self.token_embedding(token_ids) * tf.cast(real, self.compute_dtype)[..., None]
+        cos, sin = self.rotary.tables_at(tf.reshape(positions, [-1]))
+        shape = [tf.shape(positions)[0], new, cos.shape[-1]]
+        cos, sin = tf.reshape(cos, shape), tf.reshape(sin, shape)  # [batch, new, rotary]
+        caches = []
+        for layer, layer_cache in zip(self.decoder_layers, cache, strict=True):
+            x, layer_cache = layer.decode(x, cos, sin, layer_cache, None, position, real)
             caches.append(layer_cache)
         return tf.cast(self.logits(self.final_norm(x)), tf.float32), caches
 

@@ -172,10 +172,14 @@ def apply_rope(x: tf.Tensor, cos: tf.Tensor, sin: tf.Tensor) -> tf.Tensor:
     """Rotates `x` [batch, seq, ..., head_dim] by position: x cos + rotate_half(x) sin.
 
     `cos`, `sin` are [seq, head_dim] (each half repeats the frequencies), broadcast over the
-    axes between seq and head_dim.
+    axes between seq and head_dim, or [batch, seq, head_dim]: each row's own positions
+    (generation continuing rows of different lengths, `HybridDecoderModel.extend`).
     """
     extra = len(x.shape) - 3  # axes between seq and head_dim
-    shape = [cos.shape[0] if cos.shape[0] is not None else -1] + [1] * extra + [cos.shape[-1]]
+    lead = [d if d is not None else -1 for d in cos.shape[:-1]]
+    if len(lead) == 2:  # per row: [batch, seq, 1, ..., head_dim]
+        lead = [tf.shape(cos)[0], tf.shape(cos)[1]]
+    shape = lead + [1] * extra + [cos.shape[-1]]
     cos = tf.reshape(tf.cast(cos, x.dtype), shape)
     sin = tf.reshape(tf.cast(sin, x.dtype), shape)
     x1, x2 = tf.split(x, 2, axis=-1)

@@ -167,20 +167,43 @@ class CompiledGenerator:
     its position (the step's fixed-capacity write and attention, the DeltaNet's chunked form
     from its state; the left padding stays exact): one trace for every prompt length instead
     of one per bucket (each a graph of the whole model: tens of seconds on a loaded CPU).
+
+    `keep_cache`: `session()` gives a generator that keeps each row's cache across its calls
+    (`ContinuingSession`: a multi-turn rollout's next turn appends only its new tokens, the
+    tool's observation and the next header, instead of prefilling the conversation again).
     """
 
     def __init__(self, model, *, capacity: int, bucket: int = 64, prefill_rows: int = 8,
                  jit_compile: bool = False, step_rows: int = 0,
-                 chunked_prefill: bool = False):  # fmt: skip
+                 chunked_prefill: bool = False, keep_cache: bool = False):  # fmt: skip
         self.model, self.capacity, self.bucket = model, capacity, bucket
         self.prefill_rows = prefill_rows  # rows a prefill call takes (its memory is rows x P^2)
         if step_rows & (step_rows - 1):
             raise ValueError(f"step_rows ({step_rows}) must be 0 or a power of two")
         self.step_rows = step_rows
         self.chunked_prefill = chunked_prefill
+        self.keep_cache = keep_cache
         self._prefill = tf.function(self._prefill_fn)
         self._chunk = tf.function(self._chunk_fn)
         self._step = tf.function(self._step_fn, jit_compile=jit_compile)
+        self._append = tf.function(self._append_fn)
+        self._row_step = tf.function(self._row_step_fn, jit_compile=jit_compile)
+
+    def session(self):
+        """What one batch of multi-turn rollouts generates with (`run_rollouts`): with
+        `keep_cache` a `ContinuingSession` (each row's cache kept from one call to the next),
+        else this generator (every call prefills its prompts)."""
+        return ContinuingSession(self) if self.keep_cache else self
+
+    def _append_fn(self, ids, cache, position, count):
+        logits, cache = self.model.extend(ids, cache, position, count)
+        last = tf.gather(logits, tf.maximum(count - 1, 0), axis=1, batch_dims=1)
+        return last, cache  # [rows, vocab]: each row's last real token's logits
+
+    def _row_step_fn(self, tokens, cache, position, count, seeds, temperature, top_p):
+        logits, cache = self.model.extend(tokens[:, None], cache, position, count)
+        tokens, logp = sample(logits[:, -1], temperature=temperature, top_p=top_p, seeds=seeds)
+        return tokens, logp, cache
 
     def _prefill_fn(self, ids, valid):
         batch = ids.shape[0]
@@ -231,36 +254,176 @@ class CompiledGenerator:
         last = tf.concat([p[0] for p in parts], axis=0)
         cache = tf.nest.map_structure(lambda *xs: tf.concat(xs, axis=0), *[p[1] for p in parts])
         group = min(batch, self.step_rows or batch)  # both powers of two: `group` divides
-        starts = range(0, batch, group)
-        caches = [tf.nest.map_structure(lambda x, g=g: x[g : g + group], cache) for g in starts]
-        row_seeds = np.zeros(batch, np.int64)
-        row_seeds[:count] = np.asarray(seeds, np.int64) % (2**31)
-        results = [Generated([], [], "length") for _ in range(count)]
-        done = np.zeros(count, bool)
-        finished = np.ones(batch, bool)  # rows done or batch padding (never decoded again)
-        tokens = logp = None
-        for step in range(steps):
-            step_seeds = np.stack([row_seeds, np.full(batch, step)], 1).astype(np.int32)
-            if step == 0:
-                tokens, logp = sample(last, temperature=temperature, top_p=top_p,
-                                      seeds=tf.constant(step_seeds))  # fmt: skip
-                tokens, logp = tokens.numpy(), logp.numpy()
+        caches = [tf.nest.map_structure(lambda x, g=g: x[g : g + group], cache)
+                  for g in range(0, batch, group)]  # fmt: skip
+
+        def step_group(index, rows, step, tokens, step_seeds, fed):
+            valid[rows, width + step - 1] = True
+            t, lp, caches[index] = self._step(
+                tf.constant(tokens[rows]), caches[index], tf.constant(valid[rows]),
+                tf.constant(width + step - 1, tf.int32), tf.constant(step_seeds[rows]),
+                temperature, top_p,
+            )  # fmt: skip
+            return t, lp
+
+        return _decode_loop(last, count, group, steps, seeds, step_group, temperature=temperature,
+                            top_p=top_p, eos_id=eos_id, stop_suffixes=stop_suffixes,
+                            decode_text=decode_text)  # fmt: skip
+
+
+def _decode_loop(last, count: int, group: int, steps: int, seeds, step_group, *, temperature,
+                 top_p, eos_id, stop_suffixes, decode_text) -> list[Generated]:  # fmt: skip
+    """The decoding loop of both compiled paths: the first token sampled from the prompts'
+    `last` logits [batch, vocab], then up to `steps` - 1 more, each by
+    `step_group(index, rows, step, tokens, step_seeds, fed)` (the group `index`'s slice `rows`
+    of the batch; `fed` [batch] int32, 1 on rows still generating) for every group of `group`
+    rows with a row still generating (a group whose rows have all stopped is skipped)."""
+    batch = last.shape[0]
+    row_seeds = np.zeros(batch, np.int64)
+    row_seeds[:count] = np.asarray(seeds, np.int64) % (2**31)
+    results = [Generated([], [], "length") for _ in range(count)]
+    done = np.zeros(count, bool)
+    finished = np.ones(batch, bool)  # rows done or batch padding (never decoded again)
+    tokens = logp = None
+    for step in range(steps):
+        step_seeds = np.stack([row_seeds, np.full(batch, step)], 1).astype(np.int32)
+        if step == 0:
+            tokens, logp = sample(tf.constant(last), temperature=temperature, top_p=top_p,
+                                  seeds=tf.constant(step_seeds))  # fmt: skip
+            tokens, logp = tokens.numpy(), logp.numpy()
+        else:
+            fed = (~finished).astype(np.int32)  # a stopped row is fed nothing more
+            for index, start in enumerate(range(0, batch, group)):
+                rows = slice(start, start + group)
+                if finished[rows].all():  # every row of the group has stopped: skip it
+                    continue
+                t, lp = step_group(index, rows, step, tokens, step_seeds, fed)
+                tokens[rows], logp[rows] = t.numpy(), lp.numpy()
+        _record(results, done, tokens, logp, eos_id, stop_suffixes, decode_text)
+        finished[:count] = done
+        if done.all():
+            break
+    return results
+
+
+def _split_rows(cache, size: int) -> list:
+    """The batch cache in groups of `size` rows (each a structure like the cache)."""
+    batch = tf.nest.flatten(cache)[0].shape[0]
+    return [tf.nest.map_structure(lambda x, g=g: x[g : g + size], cache)
+            for g in range(0, batch, size)]  # fmt: skip
+
+
+def _join_rows(groups: list):
+    """`_split_rows`' inverse."""
+    return tf.nest.map_structure(lambda *xs: tf.concat(xs, axis=0), *groups)
+
+
+class ContinuingSession:
+    """A `CompiledGenerator` that keeps each row's cache from one call to the next: a prompt
+    that continues a row of the previous call (that row's prompt and generated tokens, all
+    but the last, which was never fed) appends only its new tokens to that row's cache, each
+    row at its own length (`HybridDecoderModel.extend`: per-row positions; padding leaves the
+    DeltaNet state, its convolution state and the attention cache as they were), and a row
+    that stops waits, unchanged, while the others decode. A prompt that continues no row
+    starts from an empty cache. The tokens are `generate`'s for the same seeds (the same
+    function: each row's tokens at their own positions, no padding anywhere; floats as
+    close as two orders of summation; tested, greedy and sampled).
+
+    One session serves one batch of rollouts (`run_rollouts`): the weights must not change
+    between its calls (a kept cache is of the weights that wrote it). Its cache
+    (`capacity` slots a row) is held from a call to the next.
+    """
+
+    def __init__(self, generator: CompiledGenerator):
+        self.generator = generator
+        self.rows: list[list[int]] = []  # the tokens each kept row's cache holds
+        self.cache = None  # the previous call's batch cache (rows in `self.rows`' order)
+        self.appended = 0  # tokens the last call appended (its prompts' new tokens)
+
+    def _sources(self, prompts) -> list[int]:
+        """For each prompt, the kept row it continues (in order, as `run_rollouts` drops
+        finished rollouts and keeps the rest in order) or -1."""
+        sources, start = [], 0
+        for p in prompts:
+            k = start
+            while k < len(self.rows) and not (
+                len(self.rows[k]) <= len(p) and p[: len(self.rows[k])] == self.rows[k]
+            ):
+                k += 1
+            if k < len(self.rows):
+                sources.append(k)
+                start = k + 1
             else:
-                valid[:, width + step - 1] = True
-                position = tf.constant(width + step - 1, tf.int32)
-                for index, g in enumerate(starts):
-                    rows = slice(g, g + group)
-                    if finished[rows].all():  # every row of the group has stopped: skip it
-                        continue
-                    t, lp, caches[index] = self._step(
-                        tf.constant(tokens[rows]), caches[index], tf.constant(valid[rows]),
-                        position, tf.constant(step_seeds[rows]), temperature, top_p,
-                    )  # fmt: skip
-                    tokens[rows], logp[rows] = t.numpy(), lp.numpy()
-            _record(results, done, tokens, logp, eos_id, stop_suffixes, decode_text)
-            finished[:count] = done
-            if done.all():
-                break
+                sources.append(-1)
+        return sources
+
+    def __call__(self, prompts: list[list[int]], *, max_new_tokens: int, eos_id: int,
+                 pad_id: int, temperature: float, top_p: float, seeds: list[int],
+                 stop_suffixes=(), decode_text=None) -> list[Generated]:  # fmt: skip
+        """`generate`'s arguments and results."""
+        g = self.generator
+        count = len(prompts)
+        batch = 1 << (count - 1).bit_length()
+        sources = self._sources(prompts) + [-1] * (batch - count)
+        empty = g.model.empty_cache(1, g.capacity)
+        if self.cache is None:
+            cache = g.model.empty_cache(batch, g.capacity)
+        else:  # the kept rows, an empty one (index len(rows)) for every new or padding row
+            fresh = len(tf.nest.flatten(self.cache)[0])
+            index = tf.constant([s if s >= 0 else fresh for s in sources], tf.int32)
+            cache = tf.nest.map_structure(
+                lambda old, zero: tf.gather(tf.concat([old, zero], axis=0), index),
+                self.cache, empty,
+            )  # fmt: skip
+        length = np.array([len(self.rows[s]) if s >= 0 else 0 for s in sources], np.int32)
+        suffixes = [p[length[i] :] for i, p in enumerate(prompts)]
+        suffixes += [[] for _ in range(batch - count)]
+        if min(len(x) for x in suffixes[:count]) < 1:
+            raise ValueError("a prompt adds no token to the row it continues")
+        added = np.array([len(x) for x in suffixes], np.int32)
+        self.appended = int(added.sum())
+        if int((length + added).max()) >= g.capacity:
+            raise ValueError(f"a prompt of {int((length + added).max())} tokens fills the "
+                             f"cache ({g.capacity})")  # fmt: skip
+        rows = min(batch, g.prefill_rows)
+        parts = _split_rows(cache, rows)
+        last = None  # [batch, vocab]: each row's last prompt token's logits
+        for start in range(0, int(added.max()), g.bucket):
+            ids = np.full([batch, g.bucket], pad_id, np.int32)
+            for i, x in enumerate(suffixes):
+                chunk = x[start : start + g.bucket]
+                ids[i, : len(chunk)] = chunk
+            real = np.clip(added - start, 0, g.bucket).astype(np.int32)
+            for index, r in enumerate(range(0, batch, rows)):
+                part = slice(r, r + rows)
+                if not real[part].any():  # no row of this group has tokens left
+                    continue
+                out, parts[index] = g._append(
+                    tf.constant(ids[part]), parts[index], tf.constant(length[part] + start),
+                    tf.constant(real[part]),
+                )  # fmt: skip
+                if last is None:
+                    last = np.zeros([batch, out.shape[-1]], np.float32)
+                has = real[part] > 0
+                last[part][has] = out.numpy()[has]
+        length = length + added
+        group = min(batch, g.step_rows or batch)
+        caches = _split_rows(_join_rows(parts), group)
+        steps = min(max_new_tokens, g.capacity - int(length.max()))
+
+        def step_group(index, rows, step, tokens, step_seeds, fed):
+            t, lp, caches[index] = g._row_step(
+                tf.constant(tokens[rows]), caches[index], tf.constant(length[rows]),
+                tf.constant(fed[rows]), tf.constant(step_seeds[rows]), temperature, top_p,
+            )  # fmt: skip
+            length[rows] += fed[rows]  # a stopped row's cache stays as it was
+            return t, lp
+
+        results = _decode_loop(last, count, group, steps, seeds, step_group,
+                               temperature=temperature, top_p=top_p, eos_id=eos_id,
+                               stop_suffixes=stop_suffixes, decode_text=decode_text)  # fmt: skip
+        self.rows = [p + out.tokens[:-1] for p, out in zip(prompts, results, strict=True)]
+        self.cache = _join_rows(caches)
         return results
 
 

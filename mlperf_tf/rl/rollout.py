@@ -8,9 +8,10 @@ the policy generates until end-of-turn, a closed tool call or the turn's token l
 environment answers the tool calls; the answer joins the conversation as a tool-response
 message. A rollout ends when the agent calls `finish`, writes no tool call, runs out of turns,
 or reaches `max_length` tokens or a turn's limit (then `truncated`: it still gets its reward
-from the environment, and overlong filtering drops it from the update). Between turns
-the conversation is prefilled again (the key/value cache is not kept across turns: simpler,
-and cheap next to decoding at these lengths; the reference's vLLM keeps a prefix cache).
+from the environment, and overlong filtering drops it from the update). Between turns the
+conversation is prefilled again, unless the generator keeps each rollout's cache across its
+turns (`CompiledGenerator(keep_cache=True).session()`: only the observation and the next
+header are appended; the reference's vLLM keeps a prefix cache).
 """
 
 from __future__ import annotations
@@ -74,7 +75,10 @@ def run_rollouts(model, environments, tasks, *, chat: ByteChat, max_turns: int,
             )
         rollouts.append(r)
     ids = list(range(len(rollouts))) if ids is None else list(ids)
-    generator = functools.partial(generate, model) if hasattr(model, "decode") else model
+    if hasattr(model, "decode"):
+        generator = functools.partial(generate, model)
+    else:  # a `CompiledGenerator` may keep each rollout's cache across its turns
+        generator = model.session() if hasattr(model, "session") else model
     active = list(range(len(rollouts)))
     for turn in range(max_turns):
         if not active:

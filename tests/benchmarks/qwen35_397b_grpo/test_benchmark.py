@@ -77,3 +77,25 @@ def test_a_prompt_over_the_limit_is_one_line():
     with pytest.raises(UserError, match="prompt is"):
         run_rollouts(None, [env], ["x" * 100], chat=ByteChat(), max_turns=1, max_turn_tokens=4,
                      max_length=50, temperature=1.0, top_p=1.0, seed=0)  # fmt: skip
+
+
+def test_cli_run_of_the_mini_writes_no_mini_dataset(tmp_path, monkeypatch):
+    """`mlperf-tf run --preset=mini` of a mini that reads no data folder (its tasks are
+    generated) goes on to the run's preflight without calling `prepare_mini` (it has none:
+    the first real mini run stopped there)."""
+    from mlperf_tf import cli, runner
+
+    class PreflightError(Exception):
+        pass
+
+    def preflight(benchmark, run_config):
+        raise PreflightError
+
+    def no_mini_dataset(data_dir):
+        raise AssertionError(f"prepare_mini({data_dir!r}) called")
+
+    monkeypatch.setattr(runner, "preflight", preflight)
+    monkeypatch.setattr(Qwen35GrpoBenchmark, "prepare_mini", staticmethod(no_mini_dataset))
+    with pytest.raises(PreflightError):
+        cli.main(["run", "--benchmark=qwen35_397b_grpo", "--preset=mini",
+                  f"--model_dir={tmp_path}"])  # fmt: skip

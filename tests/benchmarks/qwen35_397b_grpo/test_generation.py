@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from benchmarks.qwen35_397b_grpo import config, environments, tasks
 from mlperf_tf.lm.hybrid import build_hybrid_decoder
+from mlperf_tf.rl import generation as generation_lib
 from mlperf_tf.rl import grpo
 from mlperf_tf.rl.generation import ByteChat, CompiledGenerator, generate, sample
 from mlperf_tf.rl.rollout import run_rollouts
@@ -173,3 +174,92 @@ def test_multi_turn_rollouts_in_the_sandbox():
     finally:
         for env in envs:
             env.close()
+
+
+@pytest.mark.numerics
+def test_extend_continues_rows_of_different_lengths(model):
+    """`HybridDecoderModel.extend`: three rows, each at its own length, extended by different
+    counts (right padding; a row of 0 tokens in a chunk and in a one-token step) give each
+    row's logits of its whole-sequence forward: padding leaves the DeltaNet state, its conv
+    state and the attention cache unchanged, RoPE at each row's positions."""
+    rng = np.random.default_rng(0)
+    seqs = [rng.integers(0, 256, size=n) for n in (13, 7, 20)]
+    want = [model(tf.constant(s[None])).numpy()[0] for s in seqs]
+    cache, position = model.empty_cache(3, 40), np.zeros(3, np.int32)
+    got = [[] for _ in seqs]
+    for counts in [(5, 7, 8), (4, 0, 8), (1, 0, 1), (1, 0, 1), (1, 0, 0), (1, 0, 2)]:
+        ids = np.full([3, max(counts)], CHAT.PAD, np.int32)
+        for i, (s, n) in enumerate(zip(seqs, counts)):
+            ids[i, :n] = s[position[i] : position[i] + n]
+        logits, cache = model.extend(tf.constant(ids), cache, tf.constant(position),
+                                     tf.constant(np.array(counts, np.int32)))  # fmt: skip
+        for i, n in enumerate(counts):
+            got[i].append(logits.numpy()[i, :n])
+        position += np.array(counts, np.int32)
+    for g, w in zip(got, want):
+        assert_close(np.concatenate(g), w, rtol=1e-4)
+
+
+@pytest.mark.numerics
+def test_kept_cache_gives_the_tokens_of_prefilling_again(buffer_model):
+    """Two turns of a multi-turn batch as `run_rollouts` makes them (the second's prompts the
+    first's, its generated turn and an observation of its own length; a rollout dropped after
+    the first turn): the session that keeps each row's cache and appends only the new
+    tokens (the step in groups of 2 rows, on the `mini`'s buffer MoE) gives the eager path's
+    tokens, which prefills every conversation again, for the same seeds, greedy and sampled
+    (top-p). (The step compiled by XLA is `test_compiled_generation_equals_the_eager_path`'s;
+    the session's calls are the same compiled functions.)"""
+    compiled = CompiledGenerator(buffer_model, capacity=80, bucket=16, prefill_rows=2,
+                                 step_rows=2, keep_cache=True)  # fmt: skip
+    stops = set()
+    for temperature, top_p in ((0.0, 1.0), (1.0, 0.9)):
+        session = compiled.session()
+        kw = dict(max_new_tokens=6, eos_id=CHAT.IM_END, pad_id=CHAT.PAD,
+                  temperature=temperature, top_p=top_p, stop_suffixes=("S",),
+                  decode_text=lambda t: "S" if t[-1] % 4 == 0 else "")  # fmt: skip
+        prompts = [CHAT.encode("fix the bug"), CHAT.encode("hi"), CHAT.encode("x = 1\n" * 2)]
+        ids, kept = [0, 1, 2], []
+        for turn in range(2):
+            seeds = [10 * i + turn for i in ids]
+            want = generate(buffer_model, prompts, seeds=seeds, **kw)
+            got = session(prompts, seeds=seeds, **kw)
+            for w, g in zip(want, got, strict=True):
+                assert g.tokens == w.tokens and g.stop == w.stop
+                np.testing.assert_allclose(g.logprobs, w.logprobs, atol=1e-5)
+                stops.add(g.stop)
+            # Only the new tokens were appended to the kept rows, not the conversations.
+            assert session.appended == sum(map(len, prompts)) - sum(map(len, kept))
+            if turn:
+                break
+            keep = [0, 2]  # the second turn continues rows 0 and 2, each by its own count
+            kept = [session.rows[k] for k in keep]
+            prompts = [prompts[k] + got[k].tokens + CHAT.encode("obs" * (k + 1)) for k in keep]
+            ids = [ids[k] for k in keep]
+    assert stops == {"tool_call", "length"}  # rows stopped at different steps
+    assert compiled._append.experimental_get_tracing_count() == 1  # (rows 2, bucket 16)
+
+
+def test_rollouts_use_the_generator_session():
+    """`run_rollouts` generates through `session()` when the generator has one (one session
+    for the batch's turns)."""
+    calls = []
+
+    class Generator:
+        def session(self):
+            calls.append("session")
+            return self
+
+        def __call__(self, prompts, **kw):
+            calls.append(len(prompts))
+            return [generation_lib.Generated([CHAT.IM_END], [0.0], "eos") for _ in prompts]
+
+    env_config = config.EnvironmentConfig(kind="repair", tool_timeout_s=5.0, test_timeout_s=5.0)
+    chosen = tasks.make_tasks(2, seed=9)
+    envs = [environments.RepairEnvironment(env_config) for _ in chosen]
+    try:
+        run_rollouts(Generator(), envs, chosen, chat=CHAT, max_turns=3, max_turn_tokens=8,
+                     max_length=4000, temperature=1.0, top_p=1.0, seed=0)  # fmt: skip
+    finally:
+        for env in envs:
+            env.close()
+    assert calls == ["session", 2]

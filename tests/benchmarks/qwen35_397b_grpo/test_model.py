@@ -53,7 +53,7 @@ def test_router_is_frozen_and_the_rest_trains():
 @pytest.mark.numerics
 def test_scaled_policy_computes_the_unscaled_model():
     """The mini's parametrization (`model.ScaledPolicy`): weights stored divided by s, the same
-    logits (training and cached decoding paths) as the plain model of the same initial weights,
+    logits (training, cached decoding and `extend` paths) as the plain model of the same initial weights,
     gradients of the stored values s times the plain ones; an unscaled model's saved weights
     load into it as the same function."""
     plain_config = config.tiny(vocab_size=259)
@@ -70,6 +70,10 @@ def test_scaled_policy_computes_the_unscaled_model():
     valid = tf.ones([2, 11], bool)
     got, _ = scaled.decode(ids, scaled.empty_cache(2), valid)
     want, _ = plain.decode(ids, plain.empty_cache(2), valid)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-6)
+    at, count = tf.zeros([2], tf.int32), tf.constant([11, 11])  # the kept-cache path's
+    got, _ = scaled.extend(ids, scaled.empty_cache(2, 16), at, count)
+    want, _ = plain.extend(ids, plain.empty_cache(2, 16), at, count)
     np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-6)
 
     def grads(m):
