@@ -261,7 +261,8 @@ class GradientSummer:
         self.layouts = [layout_of(v) for v in variables]
         self.shapes = [tuple(v.shape) for v in variables]
         self.dtypes = [tf.as_dtype(v.dtype) for v in variables]
-        self.paths = [v.path for v in variables]
+        # Keras variables' paths (a plain tf.Variable, as some callers build, has its name).
+        self.paths = [getattr(v, "path", None) or v.name for v in variables]
         shared = tuple(getattr(stages, "shared", ()))
         stages = getattr(stages, "owners", stages)
         if shared and self.sharded:  # the flag's update takes no shared variable: even pieces

@@ -74,12 +74,12 @@ def measure(name: str, preset: str, pipeline: int, repeats: int) -> str:
     )
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--benchmarks", default="llama31_8b:2,deepseekv3_671b:3")
     parser.add_argument("--preset", default="smoke")
     parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     cases = [(name, int(p)) for name, p in (c.split(":") for c in args.benchmarks.split(","))]
     _devices(max(p for _, p in cases))
     for name, pipeline in cases:
