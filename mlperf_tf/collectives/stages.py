@@ -25,6 +25,22 @@ import tensorflow as tf
 
 
 @dataclasses.dataclass(frozen=True)
+class StageMap:
+    """The stage map of a stage-sharded update (`GradientSummer.build(stages=...)`), found by
+    `mlperf_tf.runner.pipeline.stage_owners`.
+
+    Attributes:
+      owners: per trainable variable, the stage that updates it: the one whose part reads it,
+        the first of them for a variable several stages read.
+      shared: the variables several stages read (a tied embedding, one an MTP head reads):
+        their gradients are summed over the pipeline group before their owner's update.
+    """
+
+    owners: list[int]
+    shared: tuple[int, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
 class _Place:
     """Where variable `index`'s slot piece lies in its stage's buffers."""
 

@@ -61,7 +61,7 @@ from mlperf_tf.collectives.ops import (
 from mlperf_tf.collectives.packing import Packing
 from mlperf_tf.collectives.rows import all_gather_rows
 from mlperf_tf.collectives.sharding import check_optimizer, declared_rule, rule_for
-from mlperf_tf.collectives.stages import StageSlots, exchange
+from mlperf_tf.collectives.stages import StageMap, StageSlots, exchange
 from mlperf_tf.errors import UserError
 from mlperf_tf.parallel.layout import REPLICATED, layout_of
 from mlperf_tf.parallel.mesh import DeviceMesh
@@ -237,16 +237,16 @@ class GradientSummer:
         the optimizer is built without any (known after `build`)."""
         return self.sharded or self.stage_local
 
-    def build(self, optimizer, variables, *, stages=None) -> None:
+    def build(self, optimizer, variables, *, stages: StageMap | None = None) -> None:
         """Makes the shard slots (one [k] copy per replica); call under `strategy.scope()`.
 
         Args:
           optimizer: the run's optimizer; build it after this, without slots when
             `holds_slots` (only its settings and rule are read here).
           variables: the trainable variables, in the order `apply` will see them.
-          stages: on a `pipeline` axis, the stage map: each variable's stage (a list) or a
-            `mlperf_tf.runner.pipeline.StageMap` (`stage_owners`: also the variables several
-            stages read). The update is sharded by it over that axis (`stages.py`): with
+          stages: on a `pipeline` axis, the stage map (`StageMap`, from
+            `mlperf_tf.runner.pipeline.stage_owners`: each variable's stage and the variables
+            several stages read). The update is sharded by it over that axis (`stages.py`): with
             weight-update sharding in pieces over each stage's sum group (a map with shared
             variables is not taken: even pieces over every gradient axis, as before); without
             it whole on each of the stage's replicas (the stage-local update, when the
@@ -263,8 +263,8 @@ class GradientSummer:
         self.dtypes = [tf.as_dtype(v.dtype) for v in variables]
         # Keras variables' paths (a plain tf.Variable, as some callers build, has its name).
         self.paths = [getattr(v, "path", None) or v.name for v in variables]
-        shared = tuple(getattr(stages, "shared", ()))
-        stages = getattr(stages, "owners", stages)
+        shared = stages.shared if stages is not None else ()
+        stages = stages.owners if stages is not None else None
         if shared and self.sharded:  # the flag's update takes no shared variable: even pieces
             stages = None
         on_stages = stages is not None and self.device_mesh.pipeline > 1

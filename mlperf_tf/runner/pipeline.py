@@ -37,11 +37,10 @@ and every replica applies the whole update with every slot.
 
 from __future__ import annotations
 
-import dataclasses
-
 import tensorflow as tf
 
 from mlperf_tf.collectives.axis_group import AxisGroup
+from mlperf_tf.collectives.stages import StageMap
 from mlperf_tf.parallel.pipeline import Schedule
 
 
@@ -263,21 +262,6 @@ def _after(begin):
             return tf.identity(t)
 
     return gate
-
-
-@dataclasses.dataclass(frozen=True)
-class StageMap:
-    """The stage map of a stage-sharded update (`GradientSummer.build(stages=...)`).
-
-    Attributes:
-      owners: per trainable variable, the stage that updates it: the one whose part reads it,
-        the first of them for a variable several stages read.
-      shared: the variables several stages read (a tied embedding, one an MTP head reads):
-        their gradients are summed over the pipeline group before their owner's update.
-    """
-
-    owners: list[int]
-    shared: tuple[int, ...] = ()
 
 
 def stage_owners(*, strategy, benchmark, model, batch_spec) -> StageMap | None:

@@ -4,6 +4,9 @@ the chief's checkpoint (weights and the stage-local Adam moments, saved whole un
 optimizer's own keys) equals the one-process P = 2 run's on 2 logical CPUs, and holds the keys of
 the unsplit one-device run, whose weights it ends at within the summation order's rounding.
 
+Four workers (P = 2 across process pairs, data = 2, each data group its own smoke batches) end
+at the one-process D2 x P2 run on 4 logical CPUs, and at the unsplit D2 run.
+
 Each worker traces the stage map for the stage it does not hold too (`stage_owners`): before,
 a worker saw its own stage only, found no stage map, and every replica kept every moment.
 Every wait is bounded (collectives 60 s, each process 300 s); processes are killed by pid (group).
@@ -70,4 +73,33 @@ def test_two_workers_one_stage_each_end_at_the_one_process_run(tmp_path):
     # Measured bit for bit (2026-12-06): the same collectives' sums in the same order.
     _assert_close(got, _checkpoint(one), rtol=1e-6)
     # The unsplit run sums the whole gradient in another order: its scale-aware 1e-5.
+    _assert_close(got, _checkpoint(unsplit), rtol=1e-5)
+
+
+def test_four_workers_pipeline_across_pairs_data_axis_of_two_equal_one_process(tmp_path):
+    # P = 2 over process pairs, data = 2: the stage map's sum groups and the stage sends cross
+    # processes while the two data groups read different smoke batches
+    # (`synthetic.per_batch_shard`); the one-process references read the same batch shards.
+    across = tmp_path / "across"
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    processes.run_workers(
+        lambda _: [*LLAMA, "--distribution=multi_worker", "--startup_timeout_s=120",
+                   "--pipeline_parallel=2", f"--model_dir={across}"],
+        logs,
+        TIMEOUT_S * 2,
+        count=4,
+    )  # fmt: skip
+    one = tmp_path / "one_process"
+    processes.run_ok([*LLAMA, "--num_cpu_devices=4", "--pipeline_parallel=2",
+                      f"--model_dir={one}"], str(tmp_path / "one.out"), TIMEOUT_S)  # fmt: skip
+    unsplit = tmp_path / "unsplit"
+    processes.run_ok([*LLAMA, "--num_cpu_devices=2", f"--model_dir={unsplit}"],
+                     str(tmp_path / "unsplit.out"), TIMEOUT_S)  # fmt: skip
+
+    summation = json.loads((across / "gradient_summation.json").read_text())
+    assert summation["update_stages"] == 2
+    got = _checkpoint(across)
+    assert any("_momentum" in k for k in got) and not any("sharded_slots" in k for k in got)
+    _assert_close(got, _checkpoint(one), rtol=1e-6)
     _assert_close(got, _checkpoint(unsplit), rtol=1e-5)

@@ -18,9 +18,9 @@ import tensorflow as tf
 
 from mlperf_tf import checkpoints
 from mlperf_tf.collectives import GradientSummer, Settings
+from mlperf_tf.collectives.stages import StageMap
 from mlperf_tf.optimizers.adam import FusedAdam
 from mlperf_tf.parallel.mesh import DeviceMesh
-from mlperf_tf.runner.pipeline import StageMap
 from tests import strategies
 
 pytestmark = pytest.mark.numerics
@@ -183,7 +183,7 @@ def test_an_optimizer_without_a_rule_on_pieces_keeps_every_slot():
         model = _model()
         optimizer = keras.optimizers.Adam(LR)
         summer = GradientSummer(strategy, Settings(all_reduce="ring", timeout_s=60), mesh)
-        summer.build(optimizer, model.trainable_variables, stages=STAGES)
+        summer.build(optimizer, model.trainable_variables, stages=StageMap(STAGES))
     assert not summer.holds_slots and summer.owners is None
     assert summer.metadata()["optimizer_state"] == "every variable's, whole"
     assert (
