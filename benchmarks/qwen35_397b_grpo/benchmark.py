@@ -22,6 +22,7 @@ from benchmarks.qwen35_397b_grpo.model import build_model, load_base_weights
 from mlperf_tf.benchmark import Benchmark, EvalPoint
 from mlperf_tf.errors import UserError
 from mlperf_tf.rl import batch as batch_lib
+from mlperf_tf.runner.actions import LoopOutput, TrackedStats
 from mlperf_tf.spmd import use_mesh
 
 _METRICS = ("reward", "is_oob_ratio", "sampling_importance_ratio", "masked_sequences")
@@ -161,6 +162,11 @@ class Qwen35GrpoBenchmark(Benchmark):
             },
         )
 
+    def run_actions(self) -> list[TrackedStats]:
+        """The reference's per-step statistics in the MLPerf log (`tracked_stats`, two events
+        a step as NeMo-RL's `mlperf_grpo_logging.py` writes them; `tracked_stats`)."""
+        return [TrackedStats(tracked_stats, self.config.global_batch_size)]
+
     # ---- loss and eval -------------------------------------------------------------------------
     def compute_loss_and_metrics(self, model, batch, training: bool = True):
         """The GRPO loss as a share of the step's token mean: normalized by the step's valid
@@ -253,3 +259,22 @@ class Qwen35GrpoBenchmark(Benchmark):
         if self.learning_rate() != config_lib.learning_rate(gbs):
             notes[C.OPT_BASE_LR] = "the tiny model's rate"
         return notes
+
+
+def tracked_stats(output: LoopOutput) -> list[dict[str, float]]:
+    """A host loop's statistics as the reference logs a step's (its `tracked_stats` in
+    `llm_post_training/rcp_logs`): the loss and mean reward, then where the step's time went.
+
+    `exposed_generation_time` is the time the update waited for its rollouts (the runner's
+    input wait: generation not hidden behind the previous update); `policy_training_time` the
+    rest of the step; `weight_sync_time` 0, since generation reads the policy's own weights (one
+    copy, no refit: README "Generation"). Per step means over the loop (one step a loop at
+    `--steps_per_loop=1`, as the reference logs them).
+    """
+    steps = max(output.steps, 1)
+    step_time, waited = output.seconds / steps, output.input_wait_s / steps
+    return [
+        {"reduced_train_loss": float(output.loss), "reward": float(output.metrics["reward"])},
+        {"train_step_time": step_time, "policy_training_time": step_time - waited,
+         "exposed_generation_time": waited, "weight_sync_time": 0.0},
+    ]  # fmt: skip

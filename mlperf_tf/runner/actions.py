@@ -214,6 +214,39 @@ def current_learning_rate(optimizer) -> float:
         return float("nan")
 
 
+# The key NeMo-RL's MLPerf GRPO logging gives its per-step statistics (not in
+# `mlperf_logging.mllog.constants`; no rule file checks it).
+TRACKED_STATS = "tracked_stats"
+
+
+class TrackedStats(Action):
+    """Logs MLPerf `tracked_stats` events after each host loop, as a reference logs its per-step
+    statistics (NeMo-RL's GRPO: reward and loss, then where the step's time went): one event per
+    dict that `stats(output)` returns, with the loop's last step and its `samples_count`.
+
+    A host loop is one step at `--steps_per_loop=1` (the per-step events of the reference); a
+    longer loop logs its means once, at its last step.
+
+    Args:
+      stats: `LoopOutput` -> a list of dicts of numbers (each one event's value).
+      samples_per_step: the global batch (`samples_count` = step x it).
+    """
+
+    def __init__(self, stats, samples_per_step: int):
+        self.stats = stats
+        self.samples_per_step = samples_per_step
+        self.mllog = None
+
+    def attach(self, controller):
+        self.mllog = controller.mllog
+
+    def after_loop(self, output):
+        # The reference's metadata names (`step`, not the constants' `step_num`).
+        metadata = {C.SAMPLES_COUNT: output.step * self.samples_per_step, "step": output.step}
+        for value in self.stats(output):
+            self.mllog.event(TRACKED_STATS, value, metadata=metadata)
+
+
 class TensorBoardScalars(Action):
     """Writes loss, samples/s and learning rate per loop to a summary writer."""
 

@@ -3,16 +3,21 @@ schedule against the 6.1.0 rules' formulas, sizes without allocating, the RCP ba
 one-line errors (a batch with no RCP, a prompt over the length limit)."""
 
 import dataclasses
+import json
 import math
+import types
 
+import numpy as np
 import pytest
 
 from benchmarks.qwen35_397b_grpo import config, environments
 from benchmarks.qwen35_397b_grpo.benchmark import Qwen35GrpoBenchmark
 from mlperf_tf.config import ConfigError
 from mlperf_tf.errors import UserError
+from mlperf_tf.mllog import MLPerfLogger
 from mlperf_tf.rl.generation import ByteChat
 from mlperf_tf.rl.rollout import run_rollouts
+from mlperf_tf.runner.actions import LoopOutput
 from tests.benchmarks.qwen35_397b_grpo.test_config import _rcps, _rules
 
 
@@ -99,3 +104,30 @@ def test_cli_run_of_the_mini_writes_no_mini_dataset(tmp_path, monkeypatch):
     with pytest.raises(PreflightError):
         cli.main(["run", "--benchmark=qwen35_397b_grpo", "--preset=mini",
                   f"--model_dir={tmp_path}"])  # fmt: skip
+
+
+def test_each_loop_logs_the_references_tracked_stats(tmp_path):
+    """Two `tracked_stats` events a host loop, as the reference's logs hold a step's: the loss
+    and reward, then the step's time split into generation the update waited for and the rest;
+    per-step means over a loop of 2 steps, at the loop's last step and its samples."""
+    bench = Qwen35GrpoBenchmark(Qwen35GrpoBenchmark.preset("mini"))
+    (action,) = bench.run_actions()
+    path = tmp_path / "log.txt"
+    mllog = MLPerfLogger(str(path))
+    action.attach(types.SimpleNamespace(mllog=mllog))
+    output = LoopOutput(
+        step=4, steps=2, loss=-0.5, seconds=10.0, samples_per_second=25.6, last_step=37,
+        epoch=0.1, input_wait_s=6.0, metrics={"reward": np.float32(0.25), "is_oob_ratio": 0.0},
+    )  # fmt: skip
+    action.after_loop(output)
+    mllog.close()
+    lines = [json.loads(line.split(":::MLLOG ", 1)[1]) for line in path.read_text().splitlines()]
+    stats = [r for r in lines if r["key"] == "tracked_stats"]
+    assert [r["value"] for r in stats] == [
+        {"reduced_train_loss": -0.5, "reward": 0.25},
+        {"train_step_time": 5.0, "policy_training_time": 2.0, "exposed_generation_time": 3.0,
+         "weight_sync_time": 0.0},
+    ]  # fmt: skip
+    for record in stats:
+        assert record["metadata"]["samples_count"] == 4 * bench.config.global_batch_size
+        assert record["metadata"]["step"] == 4
