@@ -118,8 +118,10 @@ def test_context_parallelism_splits_each_sample_and_pays_its_ring():
 
 @pytest.mark.parametrize("fmt", ["bf16", "fp8", "fp4"])
 def test_attention_runs_in_bf16_and_causal_half_whatever_the_linear_format(fmt):
-    """Linear GEMMs at the run's peak; the declared attention products at the BF16 peak, half
-    of them computed (causal). Per chip: batch x (F - A + A / 2 x peak / peak_bf16) / peak / e."""
+    """Linear GEMMs at the run's peak (FP4: the FP8 calibration carried at Transformer
+    Engine's profiled NVFP4 / MXFP8 layer rate on a B300, 8.507 / 6.439 ms, not 3 x); the
+    declared attention products at the BF16 peak, half of them computed (causal). Per chip:
+    batch x ((F - A) / R + A / 2 / peak_bf16) / e."""
     gb300 = systems.load("gb300-nvl72")
     kw = dict(benchmark="llama2_70b_lora", system=gb300, chips=8, global_batch=8)
     r = model.simulate(precision=fmt, **kw)
@@ -131,8 +133,10 @@ def test_attention_runs_in_bf16_and_causal_half_whatever_the_linear_format(fmt):
     assert shape.causal
     efficiency = model.constants(gb300, "llama2_70b_lora", shape, fmt).efficiency
     peak, bf16 = gb300.peak(fmt), gb300.peak("bf16")
-    timed = flops - attention + attention * 0.5 * peak / bf16
-    assert r.compute_s == pytest.approx(timed / (peak * efficiency))
+    rate = 5e15 * 8.507 / 6.439 if fmt == "fp4" else peak
+    assert r.compute_s == pytest.approx(
+        ((flops - attention) / rate + attention * 0.5 / bf16) / efficiency
+    )
     if fmt == "fp8":  # half the square at half the FP8 peak: as if all of it ran in FP8
         assert r.compute_s == pytest.approx(flops / (peak * efficiency))
     assert r.mfu == pytest.approx(r.samples_per_s * flops / (8 * peak))  # MFU: model FLOPs
@@ -145,8 +149,9 @@ def test_fp8_attention_runs_the_attention_products_at_cudnns_fp8_rate(fmt):
     """`attention_precision="fp8"` (a run's FP8 dot-product attention, NeMo's `FP8_DPA`): the
     declared attention products at 1.5 x the BF16 peak (cuDNN's FP8 flash attention against
     its BF16 one, `FP8_ATTENTION_SPEEDUP`; not the FP8 peak's 2 x), half computed (causal);
-    the linear GEMMs stay at the run's peak, so per chip batch x (F - A + A / 2 x peak /
-    (1.5 peak_bf16)) / peak / e."""
+    the linear GEMMs stay at their rate R (FP8: the peak; FP4: the FP8 peak x 8.507 / 6.439,
+    Transformer Engine's profiled layer), so per chip batch x ((F - A) / R + A / 2 /
+    (1.5 peak_bf16)) / e."""
     gb300 = systems.load("gb300-nvl72")
     kw = dict(benchmark="llama2_70b_lora", system=gb300, chips=8, global_batch=8, precision=fmt)
     bf16, fp8 = model.simulate(**kw), model.simulate(attention_precision="fp8", **kw)
@@ -156,8 +161,9 @@ def test_fp8_attention_runs_the_attention_products_at_cudnns_fp8_rate(fmt):
     efficiency = model.constants(gb300, "llama2_70b_lora", shape, fmt).efficiency
     peak = gb300.peak(fmt)
     rate = 1.5 * 2.5e15  # GB300's dense BF16 peak x cuDNN's FP8 / BF16 attention ratio
-    timed = flops - attention + attention * 0.5 * peak / rate
-    assert fp8.compute_s == pytest.approx(timed / (peak * efficiency))
+    linear = 5e15 * 8.507 / 6.439 if fmt == "fp4" else peak
+    timed = (flops - attention) / linear + attention * 0.5 / rate
+    assert fp8.compute_s == pytest.approx(timed / efficiency)
     # What FP8 attention saves: half the causal square's FLOPs at 1 / BF16 - 1 / FP8 rate.
     saved = attention * 0.5 * (1 / 2.5e15 - 1 / rate) / efficiency
     assert bf16.compute_s - fp8.compute_s == pytest.approx(saved)

@@ -1,0 +1,88 @@
+"""An efficiency per number format: a calibration stated in FP8 carried to FP4 runs (and back)
+at the rate ratio Transformer Engine's GEMM profile measures, not the ratio of the peaks; a
+calibrating run in two formats (NVFP4 healed to FP8) fitted over its mixed steps."""
+
+import pytest
+
+from mlperf_tf.facts import Calibration
+from mlperf_tf.simulate import model, systems, validate
+
+# Transformer Engine's GEMM profiling guide, one layer's 12 GEMMs on a B300 (5 / 15 PFLOP/s
+# dense FP8 / FP4, 8 TB/s), ms: kernels alone ("pre-quantized") and with training's
+# quantization ("autocast").
+MXFP8_KERNELS, MXFP8_AUTOCAST = 7.324, 8.507
+NVFP4_KERNELS, NVFP4_AUTOCAST = 3.754, 6.439
+
+
+@pytest.mark.numerics
+def test_the_profiled_layer_on_the_chip_it_was_measured_on_and_on_a_b200():
+    """On GB300 (B300: the figure's peaks and bandwidth) the layer takes the autocast times;
+    on a B200 (4.5 / 9 PFLOP/s, 8 TB/s) the kernels scale with the peaks and the quantization
+    with the bandwidth, so NVFP4 is 1.04 x MXFP8 there, not 2 x."""
+    gb300, b200 = systems.load("gb300-nvl72"), systems.load("b200-dgx")
+    assert model.layer_gemm_s(gb300, "fp8") == pytest.approx(MXFP8_AUTOCAST * 1e-3)
+    assert model.layer_gemm_s(gb300, "fp4") == pytest.approx(NVFP4_AUTOCAST * 1e-3)
+    fp8 = MXFP8_KERNELS * 5 / 4.5 + (MXFP8_AUTOCAST - MXFP8_KERNELS)
+    fp4 = NVFP4_KERNELS * 15 / 9 + (NVFP4_AUTOCAST - NVFP4_KERNELS)
+    assert model.layer_gemm_s(b200, "fp8") == pytest.approx(fp8 * 1e-3)
+    assert model.layer_gemm_s(b200, "fp4") == pytest.approx(fp4 * 1e-3)
+    assert fp8 / fp4 == pytest.approx(1.042, abs=1e-3)
+    rate = model.linear_rate(b200, "fp4", "fp8", b200.peak("fp4"))
+    assert rate == pytest.approx(4.5e15 * fp8 / fp4)
+    # The same format, a format outside the profile, or no declared base: the format's peak.
+    assert model.linear_rate(b200, "fp8", "fp8", 4.5e15) == 4.5e15
+    assert model.linear_rate(b200, "bf16", "fp8", 2.25e15) == 2.25e15
+    assert model.linear_rate(b200, "fp4", None, 9e15) == 9e15
+    h100 = systems.load("h100-dgx")  # no FP4: nothing to carry
+    assert model.linear_rate(h100, "fp8", "fp8", h100.peak("fp8")) == h100.peak("fp8")
+
+
+@pytest.mark.numerics
+def test_an_fp4_run_of_an_fp8_calibration_runs_its_linear_flops_at_the_profiled_rate():
+    """llama31_8b (calibrated in FP8) on 8 B200 at batch 16 in FP4 against FP8: only the
+    linear FLOPs (all but the declared attention products) change rate, from the FP8 peak to
+    4.5 PFLOP/s x t8 / t4; per chip 2 samples: 2 (F - A) (1 / R4 - 1 / P8) / e."""
+    b200 = systems.load("b200-dgx")
+    kw = dict(benchmark="llama31_8b", system=b200, chips=8, global_batch=16, model_parallel=1)
+    fp8, fp4 = model.simulate(precision="fp8", **kw), model.simulate(precision="fp4", **kw)
+    facts = model.benchmark_facts("llama31_8b")
+    shape = model.shape_of(facts)
+    efficiency = model.constants(b200, "llama31_8b", shape, "fp4").efficiency
+    assert efficiency == model.constants(b200, "llama31_8b", shape, "fp8").efficiency
+    linear = facts["training_flops_per_sample"] - shape.attention_flops
+    r4 = 4.5e15 * model.layer_gemm_s(b200, "fp8") / model.layer_gemm_s(b200, "fp4")
+    saved = 2 * linear * (1 / 4.5e15 - 1 / r4) / efficiency
+    assert fp8.compute_s - fp4.compute_s == pytest.approx(saved)
+    assert fp4.mfu == pytest.approx(
+        fp4.samples_per_s * facts["training_flops_per_sample"] / (8 * 9e15)
+    )
+
+
+def test_the_lora_calibration_is_fitted_over_its_nvfp4_and_fp8_steps():
+    """The calibrating run's log: NVFP4 until `healing_iter` 350, FP8 after, run_stop at step
+    432. The benchmark declares it (`run_formats`), the published point carries the same steps
+    (`precision_steps`), and its prediction is each format's share of the steps at that
+    format's time to train; the efficiency (a fraction of the FP8 peak) is at most 0.75."""
+    facts = model.benchmark_facts("llama2_70b_lora")
+    calibration = model.shape_of(facts).calibration_for("blackwell")
+    assert calibration.run_formats == (("fp4", 350), ("fp8", 82))
+    assert calibration.precision == "fp8" and calibration.compute_efficiency <= 0.75
+    points = {p["id"]: p for p in validate.load_points()["points"]}
+    point = points["b200-lora-8-nebius-v51"]
+    assert point["precision_steps"] == dict(calibration.run_formats)
+    b200 = systems.load("b200-dgx")
+    mixed = validate._predict(point, b200, logged=False)
+    times = {}
+    for fmt in ("fp4", "fp8"):
+        one = dict(point, precision=fmt)
+        del one["precision_steps"]
+        times[fmt] = validate._predict(one, b200, logged=False).time_to_train_min
+    assert times["fp4"] < times["fp8"]
+    assert mixed.time_to_train_min == pytest.approx((350 * times["fp4"] + 82 * times["fp8"]) / 432)
+    assert mixed.time_to_train_min == pytest.approx(point["minutes"], rel=2e-3)
+
+
+def test_run_formats_survive_the_cache_round_trip():
+    calibration = Calibration(("blackwell",), 0.5, "fp8", "x", run_formats=(("fp4", 3), ("fp8", 1)))
+    assert Calibration.from_dict(calibration.as_dict()) == calibration
+    assert "run_formats" not in Calibration(("blackwell",), 0.5).as_dict()
