@@ -312,12 +312,13 @@ def _attention_scale(system: System, shape: SimulatorShape, peak: float, fmt: st
     products run at the peak of `fmt`, half of them computed where the attention is causal
     (`SimulatorShape.attention_flops`). An 8-bit attention (a run's FP8 dot-product
     attention, e.g. NeMo's `FP8_DPA=True`: cuDNN's FP8 flash attention) runs at
-    `FP8_ATTENTION_SPEEDUP` x the BF16 attention's rate, where the chip has BF16 (at most
-    its 8-bit peak)."""
+    `FP8_ATTENTION_SPEEDUP` x the BF16 attention's rate, where the chip has BF16, times the
+    chip's `fp8_attention_factor` (a B300's faster softmax; at most its 8-bit peak)."""
     computed = 0.5 if shape.causal else 1.0
     rate = system.peak(fmt)
     if fmt != "bf16" and "bf16" in system.formats and rate > system.peak("bf16"):
-        rate = min(rate, FP8_ATTENTION_SPEEDUP * system.peak("bf16"))
+        speedup = FP8_ATTENTION_SPEEDUP * system.fp8_attention_factor  # a B300's softmax
+        rate = min(rate, speedup * system.peak("bf16"))
     return computed * peak / rate
 
 

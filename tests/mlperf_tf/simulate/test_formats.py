@@ -86,3 +86,18 @@ def test_run_formats_survive_the_cache_round_trip():
     calibration = Calibration(("blackwell",), 0.5, "fp8", "x", run_formats=(("fp4", 3), ("fp8", 1)))
     assert Calibration.from_dict(calibration.as_dict()) == calibration
     assert "run_formats" not in Calibration(("blackwell",), 0.5).as_dict()
+
+
+@pytest.mark.numerics
+def test_fp8_attention_on_blackwell_ultra_runs_at_its_faster_softmax():
+    """FP8 attention at 1.5 x the BF16 rate (cuDNN's figure) on GB200, times 1.35 on GB300
+    (Blackwell Ultra's doubled exponential units: NVIDIA's DeepSeek-V3 FP8 attention
+    forward), at most the FP8 peak; BF16 attention the same on both."""
+    gb200, gb300 = systems.load("gb200-nvl72"), systems.load("gb300-nvl72")
+    assert (gb200.fp8_attention_factor, gb300.fp8_attention_factor) == (1.0, 1.35)
+    shape = model.shape_of(model.benchmark_facts("deepseekv3_671b"))
+    for system, rate in ((gb200, 1.5 * 2.5e15), (gb300, min(1.5 * 1.35 * 2.5e15, 5e15))):
+        const = model.constants(system, "deepseekv3_671b", shape, "fp8", attention_precision="fp8")
+        assert const.attention_scale == pytest.approx(0.5 * 5e15 / rate)
+        const = model.constants(system, "deepseekv3_671b", shape, "fp8", attention_precision="bf16")
+        assert const.attention_scale == pytest.approx(0.5 * 5e15 / 2.5e15)
