@@ -366,6 +366,10 @@ class SimulatorShape:
         the ones its reference's plan fits).
       embeddings: sharded embedding tables and their sparse optimizer (`Embeddings`).
       rollouts: the step is generated rollouts and training on them (`Rollouts`).
+      dense_mlp_flops: forward FLOPs per sample of the feed-forwards that are not mixtures of
+        experts (DeepSeek-V3's first 3 blocks): what Megatron's `recompute_modules: ['mlp']`
+        runs again (`simulate --recompute_mlp`; it skips MoE layers). 0: none declared (a
+        dense model's are its blocks' feed-forwards, `recomputed_mlp_flops`).
     """
 
     blocks: Blocks | None = None
@@ -384,13 +388,23 @@ class SimulatorShape:
     recompute: bool = True
     embeddings: Embeddings | None = None
     rollouts: Rollouts | None = None
+    dense_mlp_flops: float = 0.0
+
+    @property
+    def recomputed_mlp_flops(self) -> float:
+        """Forward FLOPs per sample that `recompute_modules: ['mlp']` runs again: the declared
+        dense feed-forwards, or every block's where the model has no experts."""
+        if self.dense_mlp_flops or self.experts is not None or self.blocks is None:
+            return self.dense_mlp_flops
+        b = self.blocks
+        return b.blocks * b.ffn_flops_per_token * b.tokens_per_sample
 
     def as_dict(self) -> dict[str, Any]:
         """Plain dicts; `experts`, `precision`, `calibration` and the later fields only where
         declared (the entries of the cache that declare none keep their form)."""
         data = dataclasses.asdict(self)
         for name in ("pipeline_stages", "weight_update_sharding", "reference_batch",
-                     "embeddings", "rollouts"):  # fmt: skip
+                     "embeddings", "rollouts", "dense_mlp_flops"):  # fmt: skip
             if not data[name]:
                 del data[name]
         if self.recompute:
@@ -439,6 +453,7 @@ class SimulatorShape:
             recompute=bool(data.get("recompute", True)),
             embeddings=Embeddings(**data["embeddings"]) if data.get("embeddings") else None,
             rollouts=Rollouts(**data["rollouts"]) if data.get("rollouts") else None,
+            dense_mlp_flops=float(data.get("dense_mlp_flops", 0.0)),
         )
 
     def stage_blocks(self, stages: int) -> tuple[int, ...] | None:

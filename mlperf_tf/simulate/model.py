@@ -347,6 +347,7 @@ def simulate(
     recompute_attention: bool = False,
     attention_precision: str | None = None,
     output_precision: str | None = None,
+    recompute_mlp: bool = False,
 ) -> Result:
     """Predicts one configuration (see the module docstring for the model).
 
@@ -378,6 +379,10 @@ def simulate(
       recompute_attention: the attention's score and context products run their forward once
         more in the backward (Megatron's selective recomputation, `recompute_modules:
         ['core_attn']`, as Dell's gpt_oss_20b log prints it).
+      recompute_mlp: the feed-forwards that are not mixtures of experts run their forward
+        once more in the backward (Megatron's `recompute_modules: ['mlp']`, which skips MoE
+        layers: `SimulatorShape.dense_mlp_flops`; the v6.0 GB200 DeepSeek-V3 configs'
+        `RECOMPUTE_MODULES="mlp"`).
       attention_precision: the number format of the attention's score and context products
         (default: the reference's, BF16 for every benchmark here; "fp8" where a run turns on
         FP8 dot-product attention).
@@ -432,7 +437,7 @@ def simulate(
         system=system, const=const, layout=layout, algorithm=algorithm,
         per_chip_batch=per_group, global_batch=global_batch, work=work, mesh=mesh,
         sharding=weight_update_sharding, failed_chips=failed_chips, stages=stages,
-        fsdp=fsdp, recompute_attention=recompute_attention,
+        fsdp=fsdp, recompute_attention=recompute_attention, recompute_mlp=recompute_mlp,
     )  # fmt: skip
     if shape.rollouts is not None:
         step = _rollout_step(system, const, layout, shape.rollouts, global_batch, working, step)
@@ -790,6 +795,7 @@ def _step(
     stages: parallelism.Stages,
     fsdp: bool = False,
     recompute_attention: bool = False,
+    recompute_mlp: bool = False,
 ) -> dict[str, Any]:
     """The step's parts (seconds) of the chips of `mesh` x `stages` (each stage and context
     shard a `mesh` of its own); `per_chip_batch` is a group's batch.
@@ -811,6 +817,10 @@ def _step(
         timed += attention / 3.0 * const.attention_scale
     compute = per_chip_batch * timed / split / _chip_flops(system, const, working)
     compute *= stages.imbalance(work.shape.blocks)  # the longest stage sets the tick
+    if recompute_mlp:  # the dense feed-forwards' forward again, on the first stage (they are
+        # the first blocks), a longest one: P x their share of a chip's work
+        extra = work.shape.recomputed_mlp_flops * const.linear_scale * stages.pipeline
+        compute += per_chip_batch * extra / split / _chip_flops(system, const, working)
     backward = compute * 2.0 / 3.0
     compute *= 1.0 + bubble
     # Each chip holds 1/(M P) of the weights (experts: 1/(E P) of them); the gradient all-reduce

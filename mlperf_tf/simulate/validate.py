@@ -55,6 +55,7 @@ def _predict(point: dict, system: systems.System, *, logged: bool) -> model.Resu
         micro_batch_size=point.get("micro_batch_size"),
         virtual_stages=int(point.get("virtual_stages", 1)),
         recompute_attention=bool(point.get("recompute_attention", False)),
+        recompute_mlp=bool(point.get("recompute_mlp", False)),
     )
     layout = {k: int(point[k]) for k in _LAYOUT if k in point}
     run = model.fastest if point.get("layout") == "fastest" else model.simulate

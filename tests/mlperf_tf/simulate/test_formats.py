@@ -101,3 +101,31 @@ def test_fp8_attention_on_blackwell_ultra_runs_at_its_faster_softmax():
         assert const.attention_scale == pytest.approx(0.5 * 5e15 / rate)
         const = model.constants(system, "deepseekv3_671b", shape, "fp8", attention_precision="bf16")
         assert const.attention_scale == pytest.approx(0.5 * 5e15 / 2.5e15)
+
+
+@pytest.mark.numerics
+def test_recompute_mlp_runs_the_dense_feed_forwards_forward_again_on_the_first_stage():
+    """`--recompute_mlp` (Megatron's `recompute_modules: ['mlp']`, which skips MoE layers; the
+    GB200 DeepSeek-V3 configs' `RECOMPUTE_MODULES="mlp"`): the 3 dense blocks' SwiGLU forward,
+    3 x 2 x 3 x 7,168 x 18,432 FLOPs a token, once more on the first pipeline stage, which
+    sets the tick: a chip's share of the samples x those FLOPs x P / (peak x e), x (1 + bubble).
+    """
+    shape = model.shape_of(model.benchmark_facts("deepseekv3_671b"))
+    assert shape.dense_mlp_flops == pytest.approx(3 * 2 * 3 * 7168 * 18432 * 4096)
+    gb200 = systems.load("gb200-nvl72")
+    kw = dict(benchmark="deepseekv3_671b", system=gb200, chips=512, global_batch=15360,
+              precision="fp8", model_parallel=2, pipeline_parallel=4, virtual_stages=4,
+              expert_parallel=32, context_parallel=1, weight_update_sharding=True)  # fmt: skip
+    plain, again = model.simulate(**kw), model.simulate(recompute_mlp=True, **kw)
+    efficiency = model.constants(gb200, "deepseekv3_671b", shape, "fp8").efficiency
+    extra = 15360 / 512 * shape.dense_mlp_flops * 4 / (5e15 * efficiency)
+    assert again.compute_s - plain.compute_s == pytest.approx(extra * (1 + plain.pipeline_bubble))
+    # A dense model's `mlp` is every block's feed-forward: 2 samples a chip, no pipeline.
+    kw = dict(benchmark="llama31_8b", system=gb200, chips=8, global_batch=16, precision="fp8",
+              model_parallel=1)  # fmt: skip
+    plain, again = model.simulate(**kw), model.simulate(recompute_mlp=True, **kw)
+    llama = model.shape_of(model.benchmark_facts("llama31_8b"))
+    blocks = llama.blocks
+    ffn = blocks.blocks * blocks.ffn_flops_per_token * blocks.tokens_per_sample
+    efficiency = model.constants(gb200, "llama31_8b", llama, "fp8").efficiency
+    assert again.compute_s - plain.compute_s == pytest.approx(2 * ffn / (5e15 * efficiency))
