@@ -2,8 +2,11 @@
 at the rate ratio Transformer Engine's GEMM profile measures, not the ratio of the peaks; a
 calibrating run in two formats (NVFP4 healed to FP8) fitted over its mixed steps."""
 
+import json
+
 import pytest
 
+from mlperf_tf import cli
 from mlperf_tf.facts import Calibration
 from mlperf_tf.simulate import model, systems, validate
 
@@ -129,3 +132,19 @@ def test_recompute_mlp_runs_the_dense_feed_forwards_forward_again_on_the_first_s
     ffn = blocks.blocks * blocks.ffn_flops_per_token * blocks.tokens_per_sample
     efficiency = model.constants(gb200, "llama31_8b", llama, "fp8").efficiency
     assert again.compute_s - plain.compute_s == pytest.approx(2 * ffn / (5e15 * efficiency))
+
+
+def test_recompute_mlp_and_fp4_reach_the_step_from_the_command_line(capsys):
+    """`--recompute_mlp` lengthens the compute term, `--precision=fp4` shortens it (a B200:
+    1.04 x FP8's linear rate), both as `simulate()` computes them."""
+    args = ["simulate", "--benchmark=llama31_8b", "--system=b200-dgx", "--chips=8",
+            "--global_batch=16", "--model_parallel=1", "--weight_update_sharding", "--json"]  # fmt: skip
+    runs = {}
+    for extra in ((), ("--recompute_mlp",), ("--precision=fp4",), ("--precision=fp8",)):
+        assert cli.main([*args, *extra]) == 0
+        runs[extra] = json.loads(capsys.readouterr().out)
+    base = runs[()]
+    assert runs[("--recompute_mlp",)]["compute_s"] > base["compute_s"]
+    fp4, fp8 = runs[("--precision=fp4",)], runs[("--precision=fp8",)]
+    assert fp8["compute_s"] / 1.1 < fp4["compute_s"] < fp8["compute_s"]
+    assert (fp4["precision"], fp4["peak_flops"]) == ("fp4", 9e15)
