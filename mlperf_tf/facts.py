@@ -277,8 +277,15 @@ class Calibration:
       compute_efficiency: the fraction of the dense peak of `precision` that the model's
         products sustain (a physically plausible value is at most 0.75); None: the system's
         default.
-      precision: the number format of the calibrating run's products (its log's
-        `lowest_numerical_precision`, or the submitter's config).
+      precision: the number format whose dense peak `compute_efficiency` is a fraction of: the
+        calibrating run's linear layers' format (its log's `lowest_numerical_precision`, or the
+        submitter's config), or, for a run in several (`run_formats`), the one it is stated in.
+        A run in another of FP8 and FP4 takes it at the profiled layer's rate ratio on its chip
+        (`mlperf_tf.simulate.model.linear_rate`), any other format as the same fraction of
+        its own peak.
+      run_formats: the calibrating run's linear-layer formats and the steps it ran in each,
+        from its log, where it ran in more than one (e.g. NVFP4 until a healing step, FP8
+        after): the efficiency is fitted over the mixed steps. (): all in `precision`.
       source: the published result (round and path) it was fitted to, or "assumed: why".
       overlap_fraction: the part of the gradient all-reduce hidden under the backward pass, where
         this benchmark's runs differ from the system's (None: the system's).
@@ -294,16 +301,19 @@ class Calibration:
     overlap_fraction: float | None = None
     per_chip_batch: int | None = None
     input_samples_per_s_per_host: float | None = None
+    run_formats: tuple[tuple[str, int], ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["families"] = list(self.families)
-        return {k: v for k, v in data.items() if v is not None}
+        data["run_formats"] = [list(entry) for entry in self.run_formats]
+        return {k: v for k, v in data.items() if v is not None and v != []}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Calibration:
         data = dict(data)
         data["families"] = tuple(data["families"])
+        data["run_formats"] = tuple((str(f), int(n)) for f, n in data.get("run_formats", ()))
         return cls(**data)
 
 
@@ -356,6 +366,10 @@ class SimulatorShape:
         the ones its reference's plan fits).
       embeddings: sharded embedding tables and their sparse optimizer (`Embeddings`).
       rollouts: the step is generated rollouts and training on them (`Rollouts`).
+      dense_mlp_flops: forward FLOPs per sample of the feed-forwards that are not mixtures of
+        experts (DeepSeek-V3's first 3 blocks): what Megatron's `recompute_modules: ['mlp']`
+        runs again (`simulate --recompute_mlp`; it skips MoE layers). 0: none declared (a
+        dense model's are its blocks' feed-forwards, `recomputed_mlp_flops`).
     """
 
     blocks: Blocks | None = None
@@ -374,13 +388,23 @@ class SimulatorShape:
     recompute: bool = True
     embeddings: Embeddings | None = None
     rollouts: Rollouts | None = None
+    dense_mlp_flops: float = 0.0
+
+    @property
+    def recomputed_mlp_flops(self) -> float:
+        """Forward FLOPs per sample that `recompute_modules: ['mlp']` runs again: the declared
+        dense feed-forwards, or every block's where the model has no experts."""
+        if self.dense_mlp_flops or self.experts is not None or self.blocks is None:
+            return self.dense_mlp_flops
+        b = self.blocks
+        return b.blocks * b.ffn_flops_per_token * b.tokens_per_sample
 
     def as_dict(self) -> dict[str, Any]:
         """Plain dicts; `experts`, `precision`, `calibration` and the later fields only where
         declared (the entries of the cache that declare none keep their form)."""
         data = dataclasses.asdict(self)
         for name in ("pipeline_stages", "weight_update_sharding", "reference_batch",
-                     "embeddings", "rollouts"):  # fmt: skip
+                     "embeddings", "rollouts", "dense_mlp_flops"):  # fmt: skip
             if not data[name]:
                 del data[name]
         if self.recompute:
@@ -429,6 +453,7 @@ class SimulatorShape:
             recompute=bool(data.get("recompute", True)),
             embeddings=Embeddings(**data["embeddings"]) if data.get("embeddings") else None,
             rollouts=Rollouts(**data["rollouts"]) if data.get("rollouts") else None,
+            dense_mlp_flops=float(data.get("dense_mlp_flops", 0.0)),
         )
 
     def stage_blocks(self, stages: int) -> tuple[int, ...] | None:

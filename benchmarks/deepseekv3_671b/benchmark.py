@@ -85,6 +85,10 @@ class DeepseekV3Benchmark(PretrainingBenchmark):
           on the last stage ("16+16+16+14" at PP4);
         - the distributed optimizer (Megatron's `use_distributed_optimizer`, on in the
           reference) and the reference's batch, 16,384 (config_GB300_64x4x256xtp1pp4cp1.sh);
+        - dense MLPs: the first 3 blocks' SwiGLU feed-forwards (7,168 x 18,432), what
+          Megatron's `recompute_modules: ['mlp']` runs again (it skips MoE layers;
+          `dense_mlp_flops`, `simulate --recompute_mlp`: the v6.0 GB200 configs'
+          `RECOMPUTE_MODULES="mlp"`);
         - memory: the activations kept, not recomputed (`recompute` False: the reference
           recomputes only `mlp,moe_act`, NVIDIA's v6.0 runs nothing), so that a layout search
           finds the layouts its plan fits;
@@ -115,6 +119,7 @@ class DeepseekV3Benchmark(PretrainingBenchmark):
             pipeline_stages=stages,
             weight_update_sharding=True, reference_batch=config_lib.REFERENCE_BATCH,
             recompute=False,
+            dense_mlp_flops=2.0 * 3 * h * m.intermediate_size * seq * m.moe.first_dense,
         )  # fmt: skip
 
     def scaled_settings(self) -> dict[str, str]:

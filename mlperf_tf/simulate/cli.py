@@ -68,6 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="the attention's products run their forward again in the backward (core_attn)",
     )  # fmt: skip
     parser.add_argument(
+        "--recompute_mlp", action="store_true",
+        help="the feed-forwards that are not mixtures of experts run their forward again (mlp)",
+    )  # fmt: skip
+    parser.add_argument(
         "--virtual_stages", type=int, default=1,
         help="model chunks per pipeline stage: an interleaved 1F1B schedule (default 1: plain)",
     )  # fmt: skip
@@ -259,6 +263,7 @@ def main(argv: list[str]) -> int:
         micro_batch_size=args.micro_batch_size,
         virtual_stages=args.virtual_stages,
         recompute_attention=args.recompute_attention,
+        recompute_mlp=args.recompute_mlp,
         precision=args.precision,
         attention_precision=args.attention_precision,
         output_precision=args.output_precision,

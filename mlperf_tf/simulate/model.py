@@ -189,6 +189,7 @@ class Constants:
     attention_precision: str = "bf16"
     output_scale: float = 1.0
     output_precision: str = ""
+    linear_scale: float = 1.0
 
     @property
     def chip_flops(self) -> float:
@@ -226,6 +227,7 @@ def constants(
         source = calibration.source
     else:
         source = f"uncalibrated: '{system.name}' default"
+    base = normalize_format(calibration.precision) if calibration is not None else None
     return Constants(
         precision=normalize_format(precision),
         peak=peak,
@@ -236,9 +238,54 @@ def constants(
         source=source,
         attention_scale=_attention_scale(system, shape, peak, attention),
         attention_precision=attention,
-        output_scale=peak / output_peak,  # the time of an output FLOP over a linear one's
+        # the time of an output FLOP over a FLOP at the run's peak
+        output_scale=peak / linear_rate(system, output, base, output_peak),
         output_precision=normalize_format(output),
+        linear_scale=peak / linear_rate(system, precision, base, peak),
     )
+
+
+# The 12 GEMMs of one transformer layer (hidden 4,096, intermediate 16,384, 15,872 tokens) on
+# an NVIDIA B300, from Transformer Engine's GEMM profiling guide (NVIDIA/TransformerEngine
+# docs/features/low_precision_training/gemm_profiling/gemm_profiling.rst): per format, the
+# kernels alone ("pre-quantized") and the quantization that training adds ("autocast" minus
+# pre-quantized: casts, block scales, NVFP4's Hadamard transforms and stochastic rounding),
+# in ms. MXFP8 8.507 ms autocast (7.324 kernels), NVFP4 6.439 (3.754): NVFP4 1.32 x MXFP8 in
+# training, 1.95 x in kernels, against a 3 x peak.
+LAYER_GEMM_MS = {"fp8": (7.324, 8.507 - 7.324), "fp4": (3.754, 6.439 - 3.754)}
+# The B300's dense peaks in those formats and its HBM bandwidth (gb300-nvl72.json's figures).
+LAYER_GEMM_PEAK = {"fp8": 5e15, "fp4": 15e15}
+LAYER_GEMM_BANDWIDTH = 8e12
+
+
+def layer_gemm_s(system: System, fmt: str) -> float:
+    """The profiled layer's GEMM time on `system` in `fmt` ("fp8" or "fp4"): the kernels at
+    the chip's peak in the format, the quantization at its memory bandwidth (both memory- and
+    compute-bound parts scaled from the B300 they were measured on)."""
+    kernels, quantize = LAYER_GEMM_MS[fmt]
+    return 1e-3 * (
+        kernels * LAYER_GEMM_PEAK[fmt] / system.peak(fmt)
+        + quantize * LAYER_GEMM_BANDWIDTH / system.memory_bandwidth
+    )
+
+
+def linear_rate(system: System, fmt: str, base: str | None, peak: float) -> float:
+    """The FLOP/s (before the calibrated efficiency) of linear layers run in `fmt` by a
+    benchmark whose efficiency is a fraction of the `base` format's peak: an 8-bit calibration
+    carried to 4-bit layers (or back) at the profiled layer's rate ratio on this chip
+    (`layer_gemm_s`: 1.02 x on B200 and GB200, 1.32 x on GB300, not the 2 or 3 x of the
+    peaks; docs/scaling.md, "Efficiency per number format"); any other format at its `peak`
+    (the calibrated fraction of its own peak)."""
+    fmt = normalize_format(fmt)
+    pair = {fmt, base}
+    if (
+        base is None
+        or fmt == base
+        or not pair <= set(LAYER_GEMM_MS)
+        or not pair <= set(system.formats)
+    ):
+        return peak
+    return system.peak(base) * layer_gemm_s(system, base) / layer_gemm_s(system, fmt)
 
 
 def _attention_format(system: System, shape: SimulatorShape, given: str | None) -> str:
@@ -265,12 +312,13 @@ def _attention_scale(system: System, shape: SimulatorShape, peak: float, fmt: st
     products run at the peak of `fmt`, half of them computed where the attention is causal
     (`SimulatorShape.attention_flops`). An 8-bit attention (a run's FP8 dot-product
     attention, e.g. NeMo's `FP8_DPA=True`: cuDNN's FP8 flash attention) runs at
-    `FP8_ATTENTION_SPEEDUP` x the BF16 attention's rate, where the chip has BF16 (at most
-    its 8-bit peak)."""
+    `FP8_ATTENTION_SPEEDUP` x the BF16 attention's rate, where the chip has BF16, times the
+    chip's `fp8_attention_factor` (a B300's faster softmax; at most its 8-bit peak)."""
     computed = 0.5 if shape.causal else 1.0
     rate = system.peak(fmt)
     if fmt != "bf16" and "bf16" in system.formats and rate > system.peak("bf16"):
-        rate = min(rate, FP8_ATTENTION_SPEEDUP * system.peak("bf16"))
+        speedup = FP8_ATTENTION_SPEEDUP * system.fp8_attention_factor  # a B300's softmax
+        rate = min(rate, speedup * system.peak("bf16"))
     return computed * peak / rate
 
 
@@ -299,6 +347,7 @@ def simulate(
     recompute_attention: bool = False,
     attention_precision: str | None = None,
     output_precision: str | None = None,
+    recompute_mlp: bool = False,
 ) -> Result:
     """Predicts one configuration (see the module docstring for the model).
 
@@ -330,6 +379,10 @@ def simulate(
       recompute_attention: the attention's score and context products run their forward once
         more in the backward (Megatron's selective recomputation, `recompute_modules:
         ['core_attn']`, as Dell's gpt_oss_20b log prints it).
+      recompute_mlp: the feed-forwards that are not mixtures of experts run their forward
+        once more in the backward (Megatron's `recompute_modules: ['mlp']`, which skips MoE
+        layers: `SimulatorShape.dense_mlp_flops`; the v6.0 GB200 DeepSeek-V3 configs'
+        `RECOMPUTE_MODULES="mlp"`).
       attention_precision: the number format of the attention's score and context products
         (default: the reference's, BF16 for every benchmark here; "fp8" where a run turns on
         FP8 dot-product attention).
@@ -384,7 +437,7 @@ def simulate(
         system=system, const=const, layout=layout, algorithm=algorithm,
         per_chip_batch=per_group, global_batch=global_batch, work=work, mesh=mesh,
         sharding=weight_update_sharding, failed_chips=failed_chips, stages=stages,
-        fsdp=fsdp, recompute_attention=recompute_attention,
+        fsdp=fsdp, recompute_attention=recompute_attention, recompute_mlp=recompute_mlp,
     )  # fmt: skip
     if shape.rollouts is not None:
         step = _rollout_step(system, const, layout, shape.rollouts, global_batch, working, step)
@@ -635,7 +688,7 @@ def _time_to_train(
     evals = max(1, evals - int(per_batch * global_batch + constant))
     eval_flops = float(facts["forward_flops_per_sample"]) * float(facts["eval_examples"])
     compute_rate = _chip_flops(system, const, working) * working
-    eval_s = evals * (eval_flops / compute_rate + system.eval_overhead_s)
+    eval_s = evals * (eval_flops * const.linear_scale / compute_rate + system.eval_overhead_s)
     return {
         "epochs_to_target": epochs,
         "samples_to_target": samples,
@@ -742,6 +795,7 @@ def _step(
     stages: parallelism.Stages,
     fsdp: bool = False,
     recompute_attention: bool = False,
+    recompute_mlp: bool = False,
 ) -> dict[str, Any]:
     """The step's parts (seconds) of the chips of `mesh` x `stages` (each stage and context
     shard a `mesh` of its own); `per_chip_batch` is a group's batch.
@@ -754,12 +808,19 @@ def _step(
     split, working = mesh.group_size * stages.size, mesh.size * stages.size
     bubble = stages.bubble(per_chip_batch)
     attention = work.shape.attention_flops  # counted in work.flops, timed at its own peak
-    timed = work.flops + attention * (const.attention_scale - 1.0)
-    timed += work.shape.output_flops * (const.output_scale - 1.0)  # the LM head's format
+    # linear FLOPs at the run's format's rate, attention's and the LM head's at their own
+    timed = work.flops * const.linear_scale + attention * (
+        const.attention_scale - const.linear_scale
+    )
+    timed += work.shape.output_flops * (const.output_scale - const.linear_scale)
     if recompute_attention:  # the score and context products' forward, again in the backward
         timed += attention / 3.0 * const.attention_scale
     compute = per_chip_batch * timed / split / _chip_flops(system, const, working)
     compute *= stages.imbalance(work.shape.blocks)  # the longest stage sets the tick
+    if recompute_mlp:  # the dense feed-forwards' forward again, on the first stage (they are
+        # the first blocks), a longest one: P x their share of a chip's work
+        extra = work.shape.recomputed_mlp_flops * const.linear_scale * stages.pipeline
+        compute += per_chip_batch * extra / split / _chip_flops(system, const, working)
     backward = compute * 2.0 / 3.0
     compute *= 1.0 + bubble
     # Each chip holds 1/(M P) of the weights (experts: 1/(E P) of them); the gradient all-reduce
@@ -905,9 +966,10 @@ def rollout_times(
     rate = r.instance_chips * system.memory_bandwidth
     decode = generated * read / rate
     prefill = c * (context - generated) * 2 * r.active_parameters
-    prefill /= r.instance_chips * const.chip_flops
+    prefill *= const.linear_scale / (r.instance_chips * const.chip_flops)
     environment = turns * r.environment_s_per_turn
-    train = r.training_flops_per_sample() * global_batch / (trainers * const.chip_flops)
+    train = r.training_flops_per_sample() * global_batch * const.linear_scale
+    train /= trainers * const.chip_flops
     link = system.network if layout is not None and layout.nodes > 1 else system.link
     refit = (r.weight_bytes + r.expert_bytes) / r.instance_chips / link.bandwidth
     return {

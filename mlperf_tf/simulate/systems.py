@@ -91,6 +91,9 @@ class System:
       shared_compute: all chips share one compute budget (logical devices on one CPU).
       per_chip_batch: default per-chip batch by benchmark (+default) when no global batch is given.
       sources: citations of every number.
+      fp8_attention_factor: the chip's 8-bit attention rate over a B200's at the same tensor
+        peaks (the benchmarks' Blackwell calibrations ran on B200s): Blackwell Ultra's doubled
+        exponential units speed the softmax that bounds FP8 attention (1.0: as a B200).
     """
 
     name: str
@@ -117,6 +120,7 @@ class System:
     peak_flops_by_format: dict[str, float] = dataclasses.field(default_factory=dict)
     memory_capacity: float = 0.0
     platform_names: tuple[str, ...] = ()
+    fp8_attention_factor: float = 1.0
 
     def peak(self, precision: str, flag: str = "--precision") -> float:
         """The dense peak FLOP/s per chip in `precision` (`flag`: the setting named in the error).
@@ -426,6 +430,13 @@ def from_dict(data: dict[str, Any], origin: str) -> System:
             origin,
             low_ok=True,
             high=1e15,
+        ),  # fmt: skip
+        fp8_attention_factor=_number(
+            data.get("fp8_attention_factor", 1.0),
+            "fp8_attention_factor",
+            "a ratio",
+            origin,
+            high=10.0,
         ),  # fmt: skip
         name=str(data["name"]),
         description=str(data.get("description", "")),

@@ -55,11 +55,22 @@ def _predict(point: dict, system: systems.System, *, logged: bool) -> model.Resu
         micro_batch_size=point.get("micro_batch_size"),
         virtual_stages=int(point.get("virtual_stages", 1)),
         recompute_attention=bool(point.get("recompute_attention", False)),
+        recompute_mlp=bool(point.get("recompute_mlp", False)),
     )
     layout = {k: int(point[k]) for k in _LAYOUT if k in point}
-    if point.get("layout") == "fastest":
-        return model.fastest(**kwargs, **layout)
-    return model.simulate(**kwargs, **layout)
+    run = model.fastest if point.get("layout") == "fastest" else model.simulate
+    steps = point.get("precision_steps")
+    if not steps:
+        return run(**kwargs, **layout)
+    # A run whose linear layers changed format mid-run (e.g. NVFP4, then FP8 from a healing
+    # step): each format's share of its steps at that format's time to train.
+    total = sum(steps.values())
+    parts = [(n / total, run(**{**kwargs, "precision": fmt}, **layout)) for fmt, n in steps.items()]
+    minutes = sum(share * r.time_to_train_min for share, r in parts)
+    step_s = sum(share * r.step_time_s for share, r in parts)
+    first = parts[0][1]
+    return dataclasses.replace(first, time_to_train_min=minutes, step_time_s=step_s,
+                               samples_per_s=first.samples_per_s * first.step_time_s / step_s)  # fmt: skip
 
 
 def committed_constant(system: systems.System, field: str, key: str | None) -> float:

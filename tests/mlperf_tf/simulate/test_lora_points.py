@@ -9,7 +9,7 @@ import pytest
 
 from mlperf_tf.simulate import model, systems, validate
 
-# Every test point within 25 % (the worst, 128 B200s at batch 16, is -19 %: there 8 GPUs share
+# Every test point within 25 % (the worst, 128 B200s at batch 16, is -18 %: there 8 GPUs share
 # a sequence, which the simulator charges as tensor parallelism rather than the runs' context
 # parallelism); the median within 10 % (7 % when written, 4 % with each run's attention format).
 TOLERANCE_EACH = 0.25
