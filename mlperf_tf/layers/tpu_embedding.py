@@ -229,7 +229,9 @@ class HostEngine:
             table, slot = (tf_variable(v) for v in self.variables[name])
             unique, index = tf.unique(tf.concat(ids, 0))  # [n], [m]
             g = tf.math.unsorted_segment_sum(tf.concat(grads, 0), index, tf.size(unique))
-            rows, (acc,) = self.optimizer.custom_computation(
+            # The program's Python body: eager calls of varying row counts need no retracing.
+            program = getattr(self.optimizer.custom_computation, "python_function", None)
+            rows, (acc,) = (program or self.optimizer.custom_computation)(
                 g, tf.gather(table, unique), (tf.gather(slot, unique),), lr, hyper
             )
             slot.scatter_update(tf.IndexedSlices(acc, unique))
