@@ -210,6 +210,8 @@ class DlrmHstu(keras.Model):
             self.tables = TpuEmbeddingTables(
                 rows, e, bounds=bounds, seed=seed, epsilon=tpu_epsilon, name=TPU_TABLES_LAYER,
                 features=tpu_features(c, self.contextual_names),
+                memory_limit_bytes=int(c.embedding_memory_gb * 2**30),
+                limit_setting="model.embedding_memory_gb",
             )  # fmt: skip
         else:
             # Every table in one layer, sharded over the mesh's `expert` axis when there is one.

@@ -174,6 +174,23 @@ def table_configs(rows: dict[str, int], dim: int, *, bounds: dict[str, float], s
     return out
 
 
+def check_memory(rows: dict[str, int], dim: int, *, shards: int, limit_bytes: int,
+                 setting: str) -> None:  # fmt: skip
+    """Refuses tables whose share on one of `shards` replicas, with the row-wise accumulator
+    slot (table-sized on this API), exceeds `limit_bytes` (0: unchecked).
+
+    Raises:
+      UserError: the share does not fit; names `setting`.
+    """
+    need = -(-sum(rows.values()) // max(1, shards)) * dim * 4 * 2  # table + slot, fp32
+    if limit_bytes and need > limit_bytes:
+        raise UserError(
+            f"`{setting}` ({limit_bytes / 2**30:g} GiB): the TPU embedding tables and their "
+            f"table-sized row-wise Adagrad slot need {need / 2**30:.3g} GiB per replica over "
+            f"{shards} replicas; use more TPU chips"
+        )
+
+
 def feature_configs(tables: dict, features: dict[str, Feature]) -> dict:
     """`FeatureConfig`s of `features` (name -> `Feature`) over `tables` (`table_configs`)."""
     out = {}
@@ -375,12 +392,17 @@ class TpuEmbeddingTables(keras.layers.Layer):
       rows, dim, bounds, seed: the tables as `ShardedEmbeddings` takes them.
       features: feature name -> `Feature`.
       epsilon: row-wise Adagrad's eps.
+      memory_limit_bytes, limit_setting: the most one replica may hold of the tables and their
+        slot (0: unchecked; `check_memory`), checked before any table is made.
     """
 
     def __init__(self, rows: dict[str, int], dim: int, *, bounds: dict[str, float],
                  features: dict[str, Feature], epsilon: float, seed: int = 0,
+                 memory_limit_bytes: int = 0, limit_setting: str = "memory_limit_bytes",
                  **kwargs):  # fmt: skip
         super().__init__(**kwargs)
+        check_memory(rows, dim, shards=tf.distribute.get_strategy().num_replicas_in_sync,
+                     limit_bytes=memory_limit_bytes, setting=limit_setting)  # fmt: skip
         self.rows, self.dim, self.seed = dict(rows), int(dim), int(seed)
         self.features, self.epsilon = dict(features), float(epsilon)
         self.optimizer_ = None
@@ -444,6 +466,7 @@ __all__ = [
     "TableInitializer",
     "TpuEmbeddingTables",
     "feature_configs",
+    "check_memory",
     "check_table_optimizer",
     "concrete_program",
     "custom_optimizer_update",

@@ -18,6 +18,7 @@ from benchmarks.dlrmv4 import input as input_lib
 from benchmarks.dlrmv4 import model as model_lib
 from benchmarks.dlrmv4.benchmark import DlrmV4Benchmark
 from mlperf_tf import distribute, runner
+from mlperf_tf.errors import UserError
 from mlperf_tf.layers import tpu_embedding as te
 from tests import tensor_parallel
 from tests.numerics import assert_close
@@ -141,3 +142,15 @@ def test_the_runner_takes_the_tpu_path(tmp_path):
     assert_close(np.array(tpu_run.evals), np.array(plain.evals), rtol=RTOL)
     for path, value in plain_w.items():
         assert_close(tpu_w[path], value, rtol=RTOL, err_msg=path)
+
+
+def test_tables_too_large_for_the_tpu_replicas_are_a_one_line_error():
+    """The reference's tables (293 M rows x 512) and their table-sized slot on 8 replicas:
+    150 GB each, above the `mlperf` preset's 80 GB; refused before any table is made."""
+    config = DlrmV4Benchmark.preset("mlperf").model
+    strategy = tf.distribute.get_strategy()
+    with (
+        mock.patch.object(type(strategy), "num_replicas_in_sync", 8),
+        pytest.raises(UserError, match=r"model.embedding_memory_gb.*need 1[45]\d GiB per replica"),
+    ):
+        model_lib.DlrmHstu(config, tpu_epsilon=1e-8)
