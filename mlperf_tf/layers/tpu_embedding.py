@@ -97,7 +97,8 @@ def rowwise_adagrad_optimizer(learning_rate, epsilon: float):
         custom_computation=rowwise_adagrad_program,
         learning_rate=learning_rate,
         slot_names=[ACCUMULATOR],
-        slot_initializers=[tf.zeros_initializer()],
+        # As TF's own slots and its `CustomOptimizer` example: an initializer of a partition.
+        slot_initializers=[tf.constant_initializer(0.0, support_partition=True)],
         hyperparameters=[float(epsilon)],
     )
 
@@ -301,7 +302,19 @@ def _row_wise_embedding_class():
 
     class _RowWiseTPUEmbeddingV2(tpu_embedding_v3.TPUEmbeddingV2):
         def apply_gradients(self, gradients, preserved_outputs):
+            # As TF's: stacked on the core, then the SparseCore's backward ops flagged for its
+            # pipelining passes (`EmbeddingPipeliningContext`).
             gradients = self._stack_gradients(gradients)
+            context = tpu_embedding_v3.EmbeddingPipeliningContext(
+                tpu_embedding_v3._PIPELINE_MODE_BACKWARD, self._pipelining
+            )
+            context.Enter()
+            try:
+                self._apply_custom(gradients, preserved_outputs)
+            finally:
+                context.Exit()
+
+        def _apply_custom(self, gradients, preserved_outputs):
             for name, tables in self._stacked_table_to_tables.items():
                 optimizer = tables[0].optimizer
                 if not isinstance(optimizer, tf.tpu.experimental.embedding.CustomOptimizer):
