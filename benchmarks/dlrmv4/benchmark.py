@@ -10,6 +10,7 @@ from mlperf_logging.mllog import constants as C
 from benchmarks.dlrmv4 import config as config_lib
 from benchmarks.dlrmv4 import input as input_lib
 from benchmarks.dlrmv4 import model as model_lib
+from mlperf_tf import distribute
 from mlperf_tf.benchmark import Benchmark, EvalPoint
 from mlperf_tf.config import ConfigError
 from mlperf_tf.facts import Embeddings, Rcp, SimulatorShape
@@ -139,8 +140,14 @@ class DlrmV4Benchmark(Benchmark):
 
     # ---- building ------------------------------------------------------------------------------
     def build_model(self) -> model_lib.DlrmHstu:
-        """The DlrmHSTU of `config.model`, built (under the strategy scope)."""
-        return model_lib.build(self.config.model, seed=self.seed)
+        """The DlrmHSTU of `config.model`, built (under the strategy scope). Under TPUStrategy
+        its tables are the TPU embedding engine's (`TpuEmbeddingTables`: TPUEmbeddingV2, row-wise
+        Adagrad as a `CustomOptimizer` slot program; README "Tables on TPU")."""
+        on_tpu = distribute.is_tpu(tf.distribute.get_strategy())
+        eps = self.config.optimizer.opt_sparse_epsilon if on_tpu else None
+        model = model_lib.build(self.config.model, seed=self.seed, tpu_epsilon=eps)
+        self.tpu_tables = model.tables if on_tpu else None
+        return model
 
     def build_optimizer(self, train_steps: int) -> AdamWRowWiseAdagrad:
         """Adam (PyTorch's, no weight decay) on dense weights and row-wise Adagrad on the
@@ -154,7 +161,7 @@ class DlrmV4Benchmark(Benchmark):
             decay_steps=1,
             end_learning_rate=lr,  # flat after the warm-up
         )
-        return AdamWRowWiseAdagrad(
+        optimizer = AdamWRowWiseAdagrad(
             schedule,
             beta_1=o.opt_adam_beta_1,
             beta_2=o.opt_adam_beta_2,
@@ -164,6 +171,10 @@ class DlrmV4Benchmark(Benchmark):
             sparse_epsilon=o.opt_sparse_epsilon,
             dense_clipnorm=o.opt_gradient_clip_norm or None,
         )
+        if getattr(self, "tpu_tables", None) is not None:
+            # The TPU tables' learning rate is this optimizer's (its schedule at its step).
+            self.tpu_tables.bind_optimizer(optimizer)
+        return optimizer
 
     def gradient_clip_norm(self) -> float | None:
         """None: the optimizer clips the summed dense gradients to the rules' norm itself
@@ -175,7 +186,10 @@ class DlrmV4Benchmark(Benchmark):
         replica's batch (`DlrmHstu.embed`: with the tables split, the ids and rows all-to-alls
         too) and its backward pass down to the tables' gradient (with the tables split, the
         rows' all-to-all back to their owners), as the step runs them. Not the row-wise
-        Adagrad update of the touched rows, which is the optimizer's."""
+        Adagrad update of the touched rows, which is the optimizer's. On TPU none: the
+        engine's backward pass is its update (timing it alone would train the tables)."""
+        if model.on_tpu:
+            return {}
 
         def lookup(batch):
             with tf.GradientTape() as tape:

@@ -28,12 +28,29 @@ import tensorflow as tf
 
 from benchmarks.dlrmv4.config import CROSS_FEATURES, ModelConfig
 from mlperf_tf.layers.sharded_embedding import ShardedEmbeddings
+from mlperf_tf.layers.tpu_embedding import Feature, TpuEmbeddingTables
 
 # The multitask module's one task: `listen_plus`, bit 1 of the action weight.
 TIME_FEATURES = ((3600, 24), (86400, 7))  # postprocessors.py: hour of day, day of week
 TWO_PI = 2 * 3.14  # postprocessors.py writes 2 * 3.14, not 2 * pi
 SPARSE_PREFIX = "sparse_tables/"  # the layer holding the embedding tables (row-wise Adagrad's)
 TABLES_LAYER = "sparse_tables"
+# On TPU the tables live in the embedding engine (`TpuEmbeddingTables`): not Keras trainable
+# weights, and a name outside `SPARSE_PREFIX` (its gradient-trap weight is dense).
+TPU_TABLES_LAYER = "tpu_tables"
+SEQUENCES = ("item", "artist", "album")  # the history's and the candidate's id features
+
+
+def tpu_features(config: ModelConfig, contextual_names) -> dict[str, Feature]:
+    """The model's lookups as TPU embedding features: each history sequence (`uih_<k>`, up to
+    the history length, fed ragged: only real events are looked up), each candidate id
+    (`cand_<k>`) and each contextual id, one a sample."""
+    out = {}
+    for k in SEQUENCES:
+        out[f"uih_{k}"] = Feature(f"{k}_id", config.history_length)
+        out[f"cand_{k}"] = Feature(f"{k}_id")
+    out.update({name: Feature(name) for name in contextual_names})
+    return out
 
 
 def xavier(seed):
@@ -177,21 +194,32 @@ class DlrmHstu(keras.Model):
     Output: the `listen_plus` logit `[B]`.
     """
 
-    def __init__(self, config: ModelConfig, *, seed: int = 0, **kwargs):
+    def __init__(self, config: ModelConfig, *, seed: int = 0, tpu_epsilon: float | None = None,
+                 **kwargs):  # fmt: skip
         super().__init__(**kwargs)
         c = self.c = config
         e, d, hid = c.embedding_dim, c.transducer_dim, c.preprocessor_hidden_dim
         rows = c.table_rows()
-        # Every table in one layer, sharded over the mesh's `expert` axis when there is one;
         # TorchRec's default init U(+-sqrt(1/rows)) per table, seeded by its position and
-        # drawn by row blocks (each replica its own rows; the same at every E).
-        self.tables = ShardedEmbeddings(
-            rows, e, name=TABLES_LAYER, seed=seed,
-            bounds={name: math.sqrt(1.0 / n) for name, n in rows.items()},
-            memory_limit_bytes=int(c.embedding_memory_gb * 2**30),
-            limit_setting="model.embedding_memory_gb",
-        )  # fmt: skip
+        # drawn by row blocks (each replica its own rows; the same at every E, and on TPU).
+        bounds = {name: math.sqrt(1.0 / n) for name, n in rows.items()}
         self.contextual_names = ["uid"] + [name for name, _ in CROSS_FEATURES]
+        self.on_tpu = tpu_epsilon is not None
+        if self.on_tpu:
+            # TPU: the tables in the embedding engine, row-wise Adagrad at this eps.
+            self.tables = TpuEmbeddingTables(
+                rows, e, bounds=bounds, seed=seed, epsilon=tpu_epsilon, name=TPU_TABLES_LAYER,
+                features=tpu_features(c, self.contextual_names),
+                memory_limit_bytes=int(c.embedding_memory_gb * 2**30),
+                limit_setting="model.embedding_memory_gb",
+            )  # fmt: skip
+        else:
+            # Every table in one layer, sharded over the mesh's `expert` axis when there is one.
+            self.tables = ShardedEmbeddings(
+                rows, e, name=TABLES_LAYER, seed=seed, bounds=bounds,
+                memory_limit_bytes=int(c.embedding_memory_gb * 2**30),
+                limit_setting="model.embedding_memory_gb",
+            )  # fmt: skip
         self.content_mlp = Mlp(hid, d, final_norm=True, seed=seed + 100, name="content_mlp")
         self.additional_mlp = Mlp(hid, d, final_norm=True, seed=seed + 102, name="additional_mlp")
         self.action_mlp = Mlp(hid, d, final_norm=True, seed=seed + 104, name="action_mlp")
@@ -249,7 +277,9 @@ class DlrmHstu(keras.Model):
     def embed(self, batch):
         """Every table lookup of a batch in one exchange (`ShardedEmbeddings`): the merged
         item, artist and album sequences (the history, then the candidate) `[B, H+1, E]` each
-        and the contextual ids' embeddings `[B, C, E]`."""
+        and the contextual ids' embeddings `[B, C, E]`. On TPU `embed_tpu`."""
+        if self.on_tpu:
+            return self.embed_tpu(batch)
         merged = [
             tf.concat([batch[f"uih_{k}"], batch[f"cand_{k}"][:, None]], axis=1)
             for k in ("item", "artist", "album")
@@ -261,6 +291,24 @@ class DlrmHstu(keras.Model):
         )
         return {"item": out[0], "artist": out[1], "album": out[2],
                 "contextual": tf.stack(out[3:], axis=1)}  # fmt: skip
+
+    def embed_tpu(self, batch):
+        """`embed` through the TPU embedding engine (`TpuEmbeddingTables`): the histories as
+        ragged sequences of their true lengths (history rows past a sample's length are zero,
+        where `embed` reads the padding id's row: the model masks both alike), the candidates
+        and contextual ids one a sample."""
+        lengths = tf.cast(batch["uih_length"], tf.int32)  # [B]
+        features = {}
+        for k in SEQUENCES:
+            features[f"uih_{k}"] = tf.RaggedTensor.from_tensor(batch[f"uih_{k}"], lengths=lengths)
+            features[f"cand_{k}"] = batch[f"cand_{k}"]  # [B]
+        for i, name in enumerate(self.contextual_names):
+            features[name] = batch["contextual"][:, i]  # [B]
+        out = self.tables(features)
+        merged = {k: tf.concat([out[f"uih_{k}"], out[f"cand_{k}"][:, None]], 1) for k in
+                  SEQUENCES}  # fmt: skip  # [B, H+1, E] each
+        contextual = tf.stack([out[n] for n in self.contextual_names], axis=1)  # [B, C, E]
+        return {**merged, "contextual": contextual}
 
     def preprocess(self, batch, training=False, embedded=None):
         """ContextualPreprocessor + HSTUPositionalEncoder + input dropout.
@@ -329,9 +377,11 @@ class DlrmHstu(keras.Model):
         return self.head(user * item)[:, 0]  # [B]
 
 
-def build(config: ModelConfig, *, seed: int = 0, batch: int = 2) -> DlrmHstu:
-    """A built `DlrmHstu` (its weights created by one call on a zero batch)."""
-    model = DlrmHstu(config, seed=seed, name="dlrm_hstu")
+def build(config: ModelConfig, *, seed: int = 0, batch: int = 2,
+          tpu_epsilon: float | None = None) -> DlrmHstu:  # fmt: skip
+    """A built `DlrmHstu` (its weights created by one call on a zero batch); with
+    `tpu_epsilon` its tables on the TPU embedding engine (row-wise Adagrad at that eps)."""
+    model = DlrmHstu(config, seed=seed, name="dlrm_hstu", tpu_epsilon=tpu_epsilon)
     model(dummy_batch(config, batch))
     return model
 
@@ -379,7 +429,14 @@ def parameter_counts(c: ModelConfig) -> tuple[int, int]:
 
 def numpy_weights(model: DlrmHstu) -> dict[str, np.ndarray]:
     """Path -> value of every weight (for tests and tools): the tables whole, each as
-    `sparse_tables/<table name>`, whatever their sharding."""
-    out = {v.path: v.numpy() for v in model.weights if v.path != model.tables.embeddings.path}
-    out.update({SPARSE_PREFIX + n: t for n, t in model.tables.tables().items()})
+    `sparse_tables/<table name>`, whatever their sharding (on TPU: the host engine's; the
+    engine's slots and gradient trap left out)."""
+    if model.on_tpu:
+        skip = {v.path for v in model.tables.weights}
+        tables = model.tables.table_values()
+    else:
+        skip = {model.tables.embeddings.path}
+        tables = model.tables.tables()
+    out = {v.path: v.numpy() for v in model.weights if v.path not in skip}
+    out.update({SPARSE_PREFIX + n: t for n, t in tables.items()})
     return out

@@ -80,7 +80,8 @@ def check_tpu_flags(
         raise UserError(
             f"--expert_parallel={expert_parallel} with --distribution=tpu: the experts' "
             "all-to-all has no TPUStrategy path here (only --spatial_partition and "
-            "--model_parallel map to logical cores)"
+            "--model_parallel map to logical cores); embedding tables need no flag on TPU: "
+            "the TPU embedding engine shards them itself (mlperf_tf/layers/tpu_embedding.py)"
         )
     for flag, value in (
         ("pipeline_parallel", pipeline_parallel),

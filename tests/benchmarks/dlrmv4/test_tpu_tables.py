@@ -1,0 +1,156 @@
+"""DLRMv4's TPU path (README "Tables on TPU"), without a TPU: under a strategy taken for a TPU
+(`distribute.is_tpu` patched) the benchmark declares its tables to the TPU embedding engine
+(`TpuEmbeddingTables`), and with the host engine in place of TPUEmbeddingV2 (which needs a
+TPUStrategy) the model trains as the CPU model of `ShardedEmbeddings` does; through
+`runner.run` (slow) the same. What TPUEmbeddingV2 and XLA do on a TPU is not tested (not run)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from unittest import mock
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from benchmarks.dlrmv4 import input as input_lib
+from benchmarks.dlrmv4 import model as model_lib
+from benchmarks.dlrmv4.benchmark import DlrmV4Benchmark
+from mlperf_tf import distribute, runner
+from mlperf_tf.errors import UserError
+from mlperf_tf.layers import tpu_embedding as te
+from tests import tensor_parallel
+from tests.numerics import assert_close
+
+pytestmark = pytest.mark.numerics
+
+RTOL = 1e-5
+
+
+def _benchmark() -> DlrmV4Benchmark:
+    """The smoke preset, dropout off, a learning rate that moves the tables visibly."""
+    bench = tensor_parallel.smoke(DlrmV4Benchmark, input_dropout=0.0, linear_dropout=0.0)
+    c = bench.config
+    optimizer = dataclasses.replace(c.optimizer, opt_base_learning_rate=0.05)
+    return DlrmV4Benchmark(dataclasses.replace(c, optimizer=optimizer))
+
+
+def _on_tpu():
+    """The runner's TPU test: `is_tpu` true; TPUEmbeddingV2 replaced by the host engine."""
+    return (
+        mock.patch.object(distribute, "is_tpu", return_value=True),
+        mock.patch.object(te, "make_engine", te.HostEngine),
+    )
+
+
+def _build(tpu: bool):
+    bench = _benchmark()
+    if tpu:
+        patches = _on_tpu()
+        with patches[0], patches[1]:
+            model = bench.build_model()
+            optimizer = bench.build_optimizer(10)
+    else:
+        model, optimizer = bench.build_model(), bench.build_optimizer(10)
+    return bench, model, optimizer
+
+
+def test_the_benchmark_declares_its_tables_to_the_tpu_engine():
+    bench, model, optimizer = _build(tpu=True)
+    _, cpu_model, _ = _build(tpu=False)
+    layer = model.tables
+    assert isinstance(layer, te.TpuEmbeddingTables) and model.on_tpu
+    m = bench.config.model
+    # Tables: every one of the CPU model's, its rows, width and initial values.
+    assert {n: (t.vocabulary_size, t.dim) for n, t in layer.tables.items()} == {
+        n: (r, m.embedding_dim) for n, r in cpu_model.tables.rows.items()
+    }
+    cpu_tables = cpu_model.tables.tables()
+    for name, value in layer.table_values().items():
+        np.testing.assert_array_equal(value, cpu_tables[name])
+    # Features: the histories as sequences of the history length; the rest one id a sample.
+    features = layer.feature_configs
+    for k in model_lib.SEQUENCES:
+        assert features[f"uih_{k}"].table.name == f"{k}_id"
+        assert features[f"uih_{k}"].max_sequence_length == m.history_length
+        assert features[f"cand_{k}"].max_sequence_length == 0
+    assert [n for n in features if features[n].table.name == n] == model.contextual_names
+    # The optimizer: row-wise Adagrad at the rules' eps and the dense rate's warm-up.
+    tpu_opt = layer.tpu_optimizer
+    o = bench.config.optimizer
+    assert tpu_opt.hyperparameters == (o.opt_sparse_epsilon,)
+    assert all(t.optimizer is tpu_opt for t in layer.tables.values())
+    warmup = o.opt_learning_rate_warmup_steps
+    for step in (0, warmup // 2, warmup, warmup + 5):
+        optimizer.iterations.assign(step)
+        want = bench.config.learning_rate * min(1.0, step / warmup)
+        assert float(tpu_opt.learning_rate()) == pytest.approx(want, rel=1e-6)
+    # The dense optimizer never sees the tables.
+    assert not any("tpu_tables/" in v.path and v.shape.rank == 2 for v in
+                   model.trainable_variables)  # fmt: skip
+
+
+def test_the_tpu_path_trains_as_the_sharded_tables():
+    """Three steps of the smoke model on synthetic batches (ragged histories), the TPU path's
+    (host engine) against `ShardedEmbeddings`: losses, tables and dense weights."""
+    results = []
+    for tpu in (False, True):
+        bench, model, optimizer = _build(tpu)
+        batches = iter(input_lib.synthetic_train_dataset(bench.config, batch_size=8, seed=4))
+        losses = []
+        for _ in range(3):
+            batch = next(batches)
+            with tf.GradientTape() as tape:
+                loss = bench.compute_loss(model, batch)
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            losses.append(float(loss))
+        results.append((losses, model_lib.numpy_weights(model)))
+        if tpu:  # the trap's gradient is zero: Adam leaves it at 0
+            assert float(model.tables.trap.numpy()[0]) == 0.0
+    (cpu_losses, cpu), (tpu_losses, tpu) = results
+    assert_close(np.array(tpu_losses), np.array(cpu_losses), rtol=RTOL)
+    assert sorted(tpu) == sorted(cpu)
+    for path, value in cpu.items():
+        assert_close(tpu[path], value, rtol=RTOL, err_msg=path)
+    assert any(np.any(tpu[p] != model_lib.numpy_weights(_build(False)[1])[p])
+               for p in tpu if p.startswith(model_lib.SPARSE_PREFIX))  # fmt: skip
+
+
+@pytest.mark.slow
+def test_the_runner_takes_the_tpu_path(tmp_path):
+    """`runner.run` of the smoke preset (its whole stream, two evals) on a one-device stand-in
+    the runner takes for a TPU, the tables on the host engine, against the plain run on the
+    same stand-in: the evals' AUCs and the final weights, tables whole."""
+    from tests.mlperf_tf.test_runner_tpu_path import RecordingStrategy
+
+    out = []
+    for tpu in (False, True):
+        config = runner.RunConfig(model_dir=str(tmp_path / str(tpu)), warm_up=False)
+        with contextlib.ExitStack() as stack:
+            for patch in _on_tpu() if tpu else ():
+                stack.enter_context(patch)
+            stack.enter_context(
+                mock.patch.object(distribute, "resolve_strategy", return_value=RecordingStrategy())
+            )
+            result = runner.run(_benchmark(), config)
+        assert result.model.on_tpu == tpu
+        out.append((result, model_lib.numpy_weights(result.model)))
+    (plain, plain_w), (tpu_run, tpu_w) = out
+    assert tpu_run.steps == plain.steps > 0 and len(plain.evals) >= 1
+    assert_close(np.array(tpu_run.evals), np.array(plain.evals), rtol=RTOL)
+    for path, value in plain_w.items():
+        assert_close(tpu_w[path], value, rtol=RTOL, err_msg=path)
+
+
+def test_tables_too_large_for_the_tpu_replicas_are_a_one_line_error():
+    """The reference's tables (293 M rows x 512) and their table-sized slot on 8 replicas:
+    150 GB each, above the `mlperf` preset's 80 GB; refused before any table is made."""
+    config = DlrmV4Benchmark.preset("mlperf").model
+    strategy = tf.distribute.get_strategy()
+    with (
+        mock.patch.object(type(strategy), "num_replicas_in_sync", 8),
+        pytest.raises(UserError, match=r"model.embedding_memory_gb.*need 1[45]\d GiB per replica"),
+    ):
+        model_lib.DlrmHstu(config, tpu_epsilon=1e-8)
