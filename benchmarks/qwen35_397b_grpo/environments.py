@@ -8,14 +8,18 @@ OpenHands prompts read from the user's NeMo Gym checkout and checked by SHA-256.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import uuid
 
 from benchmarks.qwen35_397b_grpo import config as config_lib
+from benchmarks.qwen35_397b_grpo import r2egym
 from benchmarks.qwen35_397b_grpo.tasks import SOLUTION, TESTS, RepairTask
 from mlperf_tf.errors import UserError
 from mlperf_tf.rl.environment import Environment
@@ -206,13 +210,13 @@ def container_commands(runtime: str, image: str, name: str, workdir: str = "/tes
 
     Apptainer/Singularity: an instance (`instance start --containall --net --network none`,
     then `exec instance://NAME`); Docker: a detached container with no network (`run -d
-    --network none ... sleep infinity`, then `exec -w`).
+    --network none ... sleep infinity`, then `exec -i -w`: the editor's request is on stdin).
     """
     kind = os.path.basename(runtime)
     if kind == "docker":
         start = [runtime, "run", "-d", "--rm", "--network", "none", "--name", name, "-w",
                  workdir, image, "sleep", "infinity"]  # fmt: skip
-        return start, [runtime, "exec", "-w", workdir, name], [runtime, "kill", name]
+        return start, [runtime, "exec", "-i", "-w", workdir, name], [runtime, "kill", name]
     start = [runtime, "instance", "start", "--containall", "--writable-tmpfs", "--net",
              "--network", "none", image, name]  # fmt: skip
     exec_prefix = [runtime, "exec", "--pwd", workdir, f"instance://{name}"]
@@ -220,56 +224,162 @@ def container_commands(runtime: str, image: str, name: str, workdir: str = "/tes
 
 
 class R2EGymEnvironment(Environment):
-    """An R2E-Gym task (a row of the reference's JSONL) in its container: tools `execute_bash`
-    and `str_replace_editor`-style edits run through the runtime's exec; the reward runs the
-    task's test command in the same container under the test timeout.
+    """An R2E-Gym task (`r2egym.R2ETask`, a row of the reference's JSONL) in its container,
+    kept alive for the rollout (an Apptainer/Singularity instance or a Docker container), with
+    OpenHands CodeActAgent's tools, each one command run through the runtime's exec:
 
-    Only the command construction and the runtime's discovery are exercised on machines
-    without a container runtime; the OpenHands tool set is reduced to `execute_bash`.
+    - `execute_bash(command, is_input, timeout)`: `bash -c` in the container under `timeout
+      --kill-after` and the host's own limit (the tool timeout, or the call's `timeout` when
+      shorter; the agent timeout when sooner), its process group killed when cut. The working
+      directory persists between calls (OpenHands' shell is one persistent session); the
+      environment and background processes do not (each call is a new shell), so `is_input`
+      has no process to talk to and is answered in text.
+    - `str_replace_editor(command, path, ...)`: `r2egym.EDITOR_PROGRAM` run by the
+      container's `python3`, the request on stdin (no file is copied in or out).
+    - `think(thought)`: logged, answered as OpenHands answers it; `finish(message)`: ends.
+
+    The reward runs the task's `run_tests.sh` in the container under the test timeout and
+    compares the tests' statuses with the expected ones (`r2egym.tests_pass`). The agent
+    timeout (`env.agent_timeout_s`) is started at `reset`; a rollout cut by it is invalid
+    (`Turn.invalid`) and its tests are not run.
     """
 
-    def __init__(self, env: config_lib.EnvironmentConfig, *, sif_dir: str, runtime: str = ""):
+    def __init__(self, env: config_lib.EnvironmentConfig, *, sif_dir: str, runtime: str = "",
+                 validation: bool = False):  # fmt: skip
         self.env = env
         self.sif_dir = sif_dir
         self.runtime = runtime or find_container_runtime()
+        self.test_timeout_s = env.validation_test_timeout_s if validation else env.test_timeout_s
         self.exec_prefix: list[str] | None = None
         self.stop: list[str] | None = None
-        self.row: dict | None = None
+        self.task: r2egym.R2ETask | None = None
+        self.cwd = r2egym.REPO_PATH
 
-    def reset(self, task: dict) -> str:
+    def reset(self, task: r2egym.R2ETask) -> str:
+        """Starts the task's container; its prompt is the issue (the reference's user template
+        around it is `load_prompt_templates`' job: not rendered here).
+
+        Raises:
+          UserError: the container does not start (one line naming the task and why).
+        """
         self.close()
-        self.row = task
-        image = task_image(self.sif_dir, task["instance_id"])
+        self.task, self.cwd = task, r2egym.REPO_PATH
+        image = task_image(self.sif_dir, task.instance_id)
         name = f"mlperf-{uuid.uuid4().hex[:12]}"
-        start, self.exec_prefix, self.stop = container_commands(self.runtime, image, name)
-        done = subprocess.run(start, capture_output=True, timeout=self.env.agent_timeout_s)
-        if done.returncode:
-            raise UserError(
-                f"task {task['instance_id']!r}: its container did not start: "
-                f"{done.stderr.decode(errors='replace').strip()[:200]}"
-            )
-        return task.get("problem_statement", "")
-
-    def _exec(self, command: str, timeout_s: float) -> str:
-        argv = self.exec_prefix + ["bash", "-lc", command]
+        start, self.exec_prefix, stop = container_commands(self.runtime, image, name)
         try:
-            done = subprocess.run(argv, capture_output=True, timeout=timeout_s)
+            done = subprocess.run(start, capture_output=True, timeout=self.env.agent_timeout_s)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise UserError(
+                f"task {task.instance_id!r}: its container did not start ({e})"
+            ) from None
+        if done.returncode:
+            why = " ".join(done.stderr.decode(errors="replace").split())[:200]
+            raise UserError(f"task {task.instance_id!r}: its container did not start: {why}")
+        self.stop = stop
+        self.start_agent_clock(self.env.agent_timeout_s)
+        return task.problem_statement
+
+    def _run(self, argv: list[str], timeout_s: float, stdin: bytes = b""):
+        """(returncode, output) of one exec; returncode None when cut at `timeout_s` (the
+        exec client's process group is killed: a stand-in runtime's children too)."""
+        wrapped = ["timeout", "--kill-after=2", f"{timeout_s:.3f}", *argv]
+        proc = subprocess.Popen(self.exec_prefix + wrapped, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                start_new_session=True)  # fmt: skip
+        try:
+            out, _ = proc.communicate(stdin, timeout=timeout_s + 5)
         except subprocess.TimeoutExpired:
-            return "[command timed out]"
-        out = (done.stdout + done.stderr).decode(errors="replace")
-        return out[-self.env.max_observation_chars :] + f"\n[exit code {done.returncode}]"
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+            return None, out.decode(errors="replace")
+        code = None if proc.returncode in (124, 137, -9) else proc.returncode
+        return code, out.decode(errors="replace")
+
+    def _clip(self, text: str) -> str:
+        limit = self.env.max_observation_chars
+        if len(text) <= limit:
+            return text
+        half = limit // 2
+        return text[:half] + "\n<response clipped>\n" + text[-half:]
+
+    def execute_bash(self, command: str, is_input: str = "false", timeout: str = "") -> str:
+        if is_input.strip().lower() == "true":
+            return "ERROR: No previous running command to interact with."
+        limit = self.env.tool_timeout_s
+        if timeout.strip():
+            limit = min(limit, float(timeout))
+        limit = self.time_left(limit)
+        marker = "__MLPERF_CWD__"
+        script = (f"cd {shlex.quote(self.cwd)} && {{\n{command}\n}}; __rc=$?; "
+                  f"echo; echo {marker}$(pwd); exit $__rc")  # fmt: skip
+        code, out = self._run(["bash", "-c", script], limit)
+        if code is None:
+            return (
+                f"{self._clip(out.split(marker)[0].rstrip())}\n[The command timed out after "
+                f"{limit:g} seconds and was killed.]"
+            )
+        out, _, cwd = out.rpartition(marker)
+        self.cwd = cwd.strip() or self.cwd
+        return (
+            f"{self._clip(out.rstrip())}\n[Current working directory: {self.cwd}]\n"
+            f"[Command finished with exit code {code}]"
+        )
+
+    def str_replace_editor(self, command: str, path: str, file_text: str | None = None,
+                           old_str: str | None = None, new_str: str | None = None,
+                           insert_line: str | None = None, view_range: str | None = None) -> str:  # fmt: skip
+        request = {"command": command, "path": path}
+        for key, value in (("file_text", file_text), ("old_str", old_str), ("new_str", new_str)):
+            if value is not None:
+                request[key] = value
+        if insert_line is not None:
+            request["insert_line"] = int(insert_line)
+        if view_range is not None:
+            lo_hi = json.loads(view_range)
+            if not (isinstance(lo_hi, list) and len(lo_hi) == 2):
+                raise ValueError(f"`view_range` must be a list of two integers, not {view_range}")
+            request["view_range"] = [int(x) for x in lo_hi]
+        if command not in r2egym.EDITOR_COMMANDS:
+            return (f"ERROR:\nUnrecognized command {command}. The allowed commands for the "
+                    "str_replace_editor tool are: `view`, `create`, `str_replace`, `insert`, "
+                    "`undo_edit`.")  # fmt: skip
+        limit = self.time_left(self.env.tool_timeout_s)
+        code, out = self._run(["python3", "-c", r2egym.EDITOR_PROGRAM], limit,
+                              json.dumps(request).encode())  # fmt: skip
+        if code is None:
+            return f"ERROR:\nThe editor timed out after {limit:g} seconds."
+        if code:
+            return f"ERROR:\nThe editor failed (exit code {code}): {self._clip(out.strip())}"
+        return self._clip(out.rstrip("\n"))
+
+    def think(self, thought: str) -> str:
+        return "Your thought has been logged."
 
     def tools(self):
-        return {"execute_bash": lambda command: self._exec(command, self.env.tool_timeout_s)}
+        return {"execute_bash": self.execute_bash, "str_replace_editor": self.str_replace_editor,
+                "think": self.think}  # fmt: skip
 
     def reward(self) -> float:
-        out = self._exec(self.row["test_command"], self.env.test_timeout_s)
-        return 1.0 if out.endswith("[exit code 0]") else 0.0
+        """1.0 when the task's tests, run in the container, give the expected statuses; 0.0
+        otherwise, or when the test run is cut at the test timeout. A rollout cut by the agent
+        timeout is invalid (`Turn.invalid`): its tests are not run (0.0, never counted)."""
+        if self.timed_out or self.exec_prefix is None:
+            return 0.0
+        command = f"cd {r2egym.REPO_PATH} && {self.task.test_command}"
+        code, out = self._run(["bash", "-c", command], self.test_timeout_s)
+        if code is None:
+            return 0.0
+        return 1.0 if r2egym.tests_pass(out, self.task.expected_output) else 0.0
 
     def close(self) -> None:
         if self.stop is not None:
-            subprocess.run(self.stop, capture_output=True, timeout=60)
+            try:
+                subprocess.run(self.stop, capture_output=True, timeout=60)
+            except (OSError, subprocess.TimeoutExpired):
+                pass  # a container that will not stop must not stop the run
             self.stop = None
+        self.exec_prefix = None
 
 
 def load_prompt_templates(gym_root: str) -> dict[str, str]:

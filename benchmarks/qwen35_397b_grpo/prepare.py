@@ -1,7 +1,10 @@
 """Provides the Qwen3.5 GRPO data preparation: the reference's training and validation JSONL
-checked by SHA-256, size and row count (`llm_post_training/verify_dataset.sh`), each row parsed,
-and written in their order to `--out_dir` as `train.jsonl` and `val.jsonl` (never shuffled: the
-training rows' curriculum order is part of the benchmark's input).
+checked by SHA-256, size and row count (`llm_post_training/verify_dataset.sh`), each row
+converted into the task `environments.R2EGymEnvironment` takes (`r2egym.task_from_row`: instance
+id, image, issue, expected test statuses; a row that does not convert is a one-line error), and
+the tasks written in their order to `--out_dir` as `train.jsonl` and `val.jsonl`, one
+`r2egym.task_to_json` a line (never shuffled: the training rows' curriculum order is part of
+the benchmark's input).
 
 `--mini` trains the `mini` preset's base model instead (`sft.train_base`: supervised, untimed,
 on expert trajectories of the generated repair tasks) into `--out_dir` (the preset reads
@@ -17,10 +20,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 from collections.abc import Sequence
 
-from benchmarks.qwen35_397b_grpo import config
+from benchmarks.qwen35_397b_grpo import config, r2egym
 from mlperf_tf import prepare_cli
 from mlperf_tf.errors import DataError, UserError
 
@@ -29,17 +31,21 @@ FILES = (
     (config.TRAIN_FILE, config.TRAIN_SHA256, config.TRAIN_ROWS, config.TRAIN_BYTES, "train.jsonl"),
     (config.VAL_FILE, config.VAL_SHA256, config.VAL_ROWS, config.VAL_BYTES, "val.jsonl"),
 )
-REQUIRED_FIELDS = ("instance_id",)
 
 
-def verify(path: str, *, sha256: str, rows: int, size: int) -> None:
-    """Raises DataError (one line naming `path`) unless its bytes, digest, rows and JSON fit."""
+def verify(path: str, *, sha256: str, rows: int, size: int) -> list[r2egym.R2ETask]:
+    """The tasks of the file's rows, in order.
+
+    Raises:
+      DataError: (one line naming `path`) its bytes, digest, rows, JSON or a row's fields do
+        not fit.
+    """
     if not os.path.isfile(path):
         raise DataError(f"{path}: missing (the reference's download_dataset.sh writes it)")
     if os.path.getsize(path) != size:
         raise DataError(f"{path}: {os.path.getsize(path):,} bytes, expected {size:,}")
     digest = hashlib.sha256()
-    count = 0
+    count, tasks = 0, []
     with open(path, "rb") as f:
         for number, line in enumerate(f, 1):
             digest.update(line)
@@ -48,29 +54,31 @@ def verify(path: str, *, sha256: str, rows: int, size: int) -> None:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
                 raise DataError(f"{path}:{number}: not a JSON row ({e.msg})") from None
-            missing = [k for k in REQUIRED_FIELDS if k not in row]
-            if missing:
-                raise DataError(f"{path}:{number}: row without {', '.join(missing)}")
+            tasks.append(r2egym.task_from_row(row, f"{path}:{number}"))
     if count != rows:
         raise DataError(f"{path}: {count} rows, expected {rows}")
     if digest.hexdigest() != sha256:
         raise DataError(f"{path}: SHA-256 {digest.hexdigest()}, expected {sha256}")
+    return tasks
 
 
 def prepare(data_dir: str, out_dir: str, files=FILES) -> dict[str, int]:
-    """Verifies the reference files under `data_dir` and copies them, rows in order."""
-    for name, sha256, rows, size, _ in files:
+    """Verifies the reference files under `data_dir` and writes their tasks, rows in order."""
+    converted = [
         verify(os.path.join(data_dir, name), sha256=sha256, rows=rows, size=size)
+        for name, sha256, rows, size, _ in files
+    ]
     with prepare_cli.staged_folder(out_dir) as staging:
-        for name, _, _, _, out_name in files:
-            shutil.copyfile(os.path.join(data_dir, name), os.path.join(staging, out_name))
+        for tasks, (_, _, _, _, out_name) in zip(converted, files, strict=True):
+            with open(os.path.join(staging, out_name), "w") as f:
+                f.writelines(r2egym.task_to_json(task) + "\n" for task in tasks)
     return {out_name: rows for _, _, rows, _, out_name in files}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """`mlperf-tf prepare qwen35_397b_grpo ...` (see the module docstring)."""
     parser = prepare_cli.parser(
-        "qwen35_397b_grpo", "Check and copy the reference's R2E-Gym JSONL files.",
+        "qwen35_397b_grpo", "Check the reference's R2E-Gym JSONL files and convert their rows.",
         mini_help="train the mini's base model into --out_dir (supervised, untimed)",
     )  # fmt: skip
     parser.add_argument("--data_dir", help="the folder download_dataset.sh wrote")

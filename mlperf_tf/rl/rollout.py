@@ -33,6 +33,7 @@ class Rollout:
     truncated: bool = False
     turns: int = 0
     errors: int = 0
+    invalid: bool = False  # cut by the agent timeout (`Turn.invalid`); also `truncated`
 
     def extend(self, tokens, *, policy: bool, logprobs=None):
         self.tokens += tokens
@@ -96,6 +97,9 @@ def run_rollouts(model, environments, tasks, *, chat: ByteChat, max_turns: int,
             r.turns += 1
             answer = environments[i].act(chat.decode(out.tokens))
             r.errors += answer.errors
+            if answer.invalid:  # never a sample: dropped from the update as a truncated one
+                r.invalid = r.truncated = True
+                continue
             if out.stop == "length" or len(r.tokens) >= max_length:
                 r.truncated = True  # the environment saw the cut turn (a tool call in it ran)
                 continue

@@ -148,7 +148,14 @@ def test_container_commands():
     assert exec_prefix[-1] == "instance://job1" and stop[-2:] == ["stop", "job1"]
     start, exec_prefix, stop = environments.container_commands("/bin/docker", "img:1", "job2")
     assert start[start.index("--network") + 1] == "none" and "img:1" in start
-    assert exec_prefix == ["/bin/docker", "exec", "-w", "/testbed", "job2"]
+    assert exec_prefix == [
+        "/bin/docker",
+        "exec",
+        "-i",
+        "-w",
+        "/testbed",
+        "job2",
+    ]  # stdin: the editor
 
 
 def test_task_image_layouts(tmp_path):

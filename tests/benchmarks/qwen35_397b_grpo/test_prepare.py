@@ -1,14 +1,15 @@
-"""Tests of `prepare`: the reference's file identities, and on small stand-in files (their own
-digests) the checks of size, rows, digest and JSON, each a one-line error naming the file, and
-the rows copied in their order."""
+"""Tests of `prepare`: the reference's file identities, and on small stand-in files in the
+reference's row schema (their own digests) the checks of size, rows, digest, JSON and each
+row's fields, each a one-line error naming the file, and the rows' tasks written in order."""
 
 import hashlib
 import json
 
 import pytest
 
-from benchmarks.qwen35_397b_grpo import config, prepare
+from benchmarks.qwen35_397b_grpo import config, prepare, r2egym
 from mlperf_tf.errors import DataError
+from tests.benchmarks.qwen35_397b_grpo.test_r2egym import reference_row
 
 
 def test_reference_identities():
@@ -19,7 +20,7 @@ def test_reference_identities():
 def _files(tmp_path, rows):
     specs = []
     for index, name in enumerate(("a.jsonl", "b.jsonl")):
-        data = "".join(json.dumps({"instance_id": f"{name}-{i}"}) + "\n" for i in range(rows))
+        data = "".join(json.dumps(reference_row(f"{name}-{i}")) + "\n" for i in range(rows))
         (tmp_path / name).write_text(data)
         raw = data.encode()
         specs.append((name, hashlib.sha256(raw).hexdigest(), rows, len(raw), f"out{index}.jsonl"))
@@ -30,7 +31,8 @@ def test_rows_are_copied_in_order(tmp_path):
     specs = _files(tmp_path, 5)
     counts = prepare.prepare(str(tmp_path), str(tmp_path / "out"), files=specs)
     assert counts == {"out0.jsonl": 5, "out1.jsonl": 5}
-    ids = [json.loads(x)["instance_id"] for x in (tmp_path / "out" / "out0.jsonl").open()]
+    out = (tmp_path / "out" / "out0.jsonl").open()
+    ids = [r2egym.task_from_json(x).instance_id for x in out]
     assert ids == [f"a.jsonl-{i}" for i in range(5)]
 
 
@@ -53,6 +55,10 @@ def test_wrong_files_are_one_line_errors(tmp_path, change, message):
 
 
 def test_bad_row(tmp_path):
-    (tmp_path / "x.jsonl").write_text('{"instance_id": 1}\nnot json\n')
-    with pytest.raises(DataError, match="x.jsonl:2: not a JSON row"):
-        prepare.verify(str(tmp_path / "x.jsonl"), sha256="", rows=2, size=28)
+    good = json.dumps(reference_row("a")) + "\n"
+    for second, message in (("not json", "not a JSON row"),
+                            ('{"instance_id": "b"}', "no 'responses_create_params'")):  # fmt: skip
+        (tmp_path / "x.jsonl").write_text(good + second + "\n")
+        size = (tmp_path / "x.jsonl").stat().st_size
+        with pytest.raises(DataError, match=f"x.jsonl:2: {message}"):
+            prepare.verify(str(tmp_path / "x.jsonl"), sha256="", rows=2, size=size)

@@ -1,0 +1,358 @@
+"""Tests of the R2E-Gym environment end to end on a stand-in container runtime: an executable
+`apptainer` first on PATH that implements the subcommands `container_commands` uses (instance
+start / exec / stop, `--version`) over a per-instance temporary folder unpacked from the task's
+"image" (a tar of `/testbed` holding a tiny repository with a bug and `/root` holding its
+hidden tests and `run_tests.sh`), mapping the container's absolute paths into that folder.
+On it: a scripted rollout with OpenHands' tools (view, str_replace, execute_bash running the
+tests, finish) earns reward 1, a wrong edit 0; the editor's other commands and its errors;
+a hanging command cut at the tool timeout and answered in text; the agent timeout making a
+rollout invalid; a container that fails to start, a one-line error. And the reference rows'
+conversion into tasks, and R2E-Gym's log parser and reward against a transcription."""
+
+import hashlib
+import io
+import json
+import os
+import sys
+import tarfile
+import time
+
+import pytest
+
+from benchmarks.qwen35_397b_grpo import config, environments, prepare, r2egym
+from mlperf_tf.errors import DataError, UserError
+from mlperf_tf.rl.generation import ByteChat, Generated
+from mlperf_tf.rl.rollout import run_rollouts
+from mlperf_tf.rl.tool_calls import format_tool_call
+
+FAKE_APPTAINER = r"""#!{python}
+# A stand-in for apptainer: an instance is a folder; /testbed and /root map into it.
+import os, re, shutil, subprocess, sys, tarfile
+STATE = os.environ["FAKE_APPTAINER_STATE"]
+args = sys.argv[1:]
+if args == ["--version"]:
+    print("apptainer version 0.0-stand-in")
+    sys.exit(0)
+if args[:2] == ["instance", "start"]:
+    image, name = args[-2], args[-1]
+    try:
+        with tarfile.open(image) as t:
+            t.extractall(os.path.join(STATE, name), filter="data")
+    except Exception as e:
+        sys.stderr.write(f"FATAL:   could not open image {image}: {e}\n")
+        sys.exit(255)
+    sys.exit(0)
+if args[:2] == ["instance", "stop"]:
+    shutil.rmtree(os.path.join(STATE, args[2]))
+    sys.exit(0)
+if args[0] == "exec":
+    pwd = args[args.index("--pwd") + 1]
+    at = next(i for i, a in enumerate(args) if a.startswith("instance://"))
+    root = os.path.join(STATE, args[at][len("instance://"):])
+    if not os.path.isdir(root):
+        sys.stderr.write("FATAL:   no instance found\n")
+        sys.exit(255)
+    paths = re.compile(r"(?<![\w.-])/(testbed|root)(?=[/\s'\"]|$)")
+    into = lambda s: paths.sub(lambda m: root + "/" + m.group(1), s)
+    data = into(sys.stdin.buffer.read().decode()).encode()
+    done = subprocess.run([into(a) for a in args[at + 1:]], input=data, cwd=into(pwd),
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    sys.stdout.write(done.stdout.decode().replace(root + "/", "/"))
+    sys.exit(done.returncode)
+sys.stderr.write(f"stand-in apptainer: unsupported {args}\n")
+sys.exit(2)
+"""
+
+BUGGY = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a + b\n"
+# The hidden tests print pytest's short summary (`-rA`), which R2E-Gym's parser reads.
+RUN_TESTS_PY = """import sys
+sys.path.insert(0, ".")
+import calc
+def test_add():
+    assert calc.add(2, 3) == 5
+def test_sub():
+    assert calc.sub(5, 3) == 2
+print("=" * 20, "short test summary info", "=" * 20)
+for name, test in [("test_add", test_add), ("test_sub", test_sub)]:
+    try:
+        test()
+        print(f"PASSED r2e_tests/test_calc.py::{name}")
+    except Exception as e:
+        print(f"FAILED r2e_tests/test_calc.py::{name} - {type(e).__name__}")
+"""
+EXPECTED = {"test_add": "PASSED", "test_sub": "PASSED"}
+ISSUE = "sub(5, 3) returns 8 instead of 2."
+
+
+def reference_row(instance_id, expected=EXPECTED, problem=ISSUE):
+    """A row in the reference's schema (NeMo-RL `create_r2e_gym_easy_subset_jsonl.py`)."""
+    instance = {
+        "instance_id": instance_id, "repo_name": "calc", "commit_hash": "c" * 40,
+        "docker_image": f"namanjain12/calc_final:{'c' * 40}", "FAIL_TO_PASS": [],
+        "PASS_TO_PASS": [], "expected_output_json": json.dumps(expected),
+        "problem_statement": problem, "repo": "calc-org/calc",
+    }  # fmt: skip
+    meta = {
+        "instance_id": instance_id, "base_commit": "b" * 40, "dataset_name": "R2E-Gym/R2E-Gym-Subset",
+        "split": "train", "problem_statement": problem, "hints_text": "", "version": "",
+        "created_at": "", "instance_dict": json.dumps(instance), "repo": "calc-org/calc",
+    }  # fmt: skip
+    return {
+        "responses_create_params": {"input": [], "metadata": meta, "model": "default",
+                                    "temperature": 1.0, "top_p": 1.0},
+        "agent_ref": {"type": "responses_api_agents", "name": "swe_agents_train"},
+    }  # fmt: skip
+
+
+def _add(tar, name, text, mode=0o644):
+    data = text.encode()
+    info = tarfile.TarInfo(name)
+    info.size, info.mode = len(data), mode
+    tar.addfile(info, io.BytesIO(data))
+
+
+@pytest.fixture
+def runtime(tmp_path, monkeypatch):
+    """(sif_dir, the stand-in runtime's path) with PATH and its state folder set."""
+    bin_dir, state, sif_dir = tmp_path / "bin", tmp_path / "state", tmp_path / "sif"
+    for folder in (bin_dir, state, sif_dir / "r2egym"):
+        folder.mkdir(parents=True)
+    fake = bin_dir / "apptainer"
+    fake.write_text(FAKE_APPTAINER.replace("{python}", sys.executable))
+    fake.chmod(0o755)
+    os.symlink(sys.executable, bin_dir / "python3")  # the container's python3
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_APPTAINER_STATE", str(state))
+    with tarfile.open(sif_dir / "r2egym" / "calc__calc-1.sif", "w") as tar:
+        _add(tar, "testbed/calc.py", BUGGY)
+        _add(tar, "root/r2e_tests/run_tests.py", RUN_TESTS_PY)
+        _add(tar, "root/run_tests.sh", 'python3 "$(dirname "$0")/r2e_tests/run_tests.py"\n', 0o755)
+    (sif_dir / "calc__broken-2.sif").write_text("not an image")
+    return str(sif_dir), str(fake)
+
+
+def _env(runtime, **changes):
+    settings = dict(kind="r2e_gym", tool_timeout_s=5.0, test_timeout_s=10.0)
+    settings.update(changes)
+    return environments.R2EGymEnvironment(
+        config.EnvironmentConfig(**settings), sif_dir=runtime[0], runtime=runtime[1]
+    )
+
+
+def _edit(**arguments):
+    return format_tool_call("str_replace_editor", arguments)
+
+
+FIX = _edit(command="str_replace", path="/testbed/calc.py",
+            old_str="def sub(a, b):\n    return a + b", new_str="def sub(a, b):\n    return a - b")  # fmt: skip
+WRONG = _edit(command="str_replace", path="/testbed/calc.py",
+              old_str="def sub(a, b):\n    return a + b", new_str="def sub(a, b):\n    return b - a")  # fmt: skip
+TEST = format_tool_call("execute_bash", {"command": "bash /root/run_tests.sh"})
+FINISH = format_tool_call("finish", {"message": "fixed sub"})
+
+
+class Script:
+    """A scripted policy for `run_rollouts`: rollout i's turn t is `turns[i][t]` (its task found
+    by the instance id the test puts in the issue; the turn by the tool responses so far)."""
+
+    def __init__(self, turns_by_issue):
+        self.turns = turns_by_issue
+
+    def __call__(self, prompts, *, max_new_tokens, **unused):
+        outs = []
+        for tokens in prompts:
+            text = CHAT.decode(tokens)
+            turns = next(t for issue, t in self.turns.items() if issue in text)
+            ids = CHAT.encode(turns[text.count("<tool_response>")])[:max_new_tokens]
+            outs.append(Generated(ids, [0.0] * len(ids), "tool_call"))
+        return outs
+
+
+CHAT = ByteChat()
+
+
+def _task(instance_id="calc__calc-1", problem=ISSUE):
+    return r2egym.task_from_row(reference_row(instance_id, problem=problem))
+
+
+def test_scripted_rollouts_earn_the_reward_and_a_wrong_edit_does_not(runtime):
+    view = _edit(command="view", path="/testbed/calc.py")
+    good, bad = _task(problem=f"[good] {ISSUE}"), _task(problem=f"[bad] {ISSUE}")
+    script = Script({"[good]": [view, FIX, TEST, FINISH], "[bad]": [view, WRONG, TEST, FINISH]})
+    envs = [_env(runtime), _env(runtime)]
+    try:
+        rollouts = run_rollouts(
+            script, envs, [good, bad], chat=CHAT, max_turns=6, max_turn_tokens=400,
+            max_length=20_000, temperature=1.0, top_p=1.0, seed=0,
+        )  # fmt: skip
+        assert [r.reward for r in rollouts] == [1.0, 0.0]
+        assert [r.turns for r in rollouts] == [4, 4]
+        assert not any(r.truncated or r.invalid or r.errors for r in rollouts)
+        text = CHAT.decode(rollouts[0].tokens)
+        assert "Here's the result of running `cat -n` on /testbed/calc.py:" in text
+        assert "     6\t    return a + b" in text  # cat -n's numbering
+        assert "The file /testbed/calc.py has been edited." in text
+        assert "PASSED r2e_tests/test_calc.py::test_sub" in text
+        assert "[Command finished with exit code 0]" in text
+        assert "FAILED r2e_tests/test_calc.py::test_sub" in CHAT.decode(rollouts[1].tokens)
+    finally:
+        for env in envs:
+            env.close()
+    assert not os.listdir(os.environ["FAKE_APPTAINER_STATE"])  # every instance stopped
+
+
+def test_editor_commands_and_mistakes_are_answered(runtime):
+    env = _env(runtime)
+    try:
+        env.reset(_task())
+        turn = env.act(_edit(command="str_replace", path="/testbed/calc.py",
+                             old_str="return a + b", new_str="x"))  # fmt: skip
+        assert "Multiple occurrences of old_str `return a + b` in lines [2, 6]" in turn.observation
+        turn = env.act(_edit(command="str_replace", path="/testbed/calc.py", old_str="nope"))
+        assert "did not appear verbatim in /testbed/calc.py" in turn.observation
+        turn = env.act(_edit(command="view", path="calc.py"))
+        assert "should be an absolute path" in turn.observation
+        turn = env.act(_edit(command="view", path="/testbed/missing.py"))
+        assert "does not exist" in turn.observation
+        turn = env.act(_edit(command="view", path="/testbed/calc.py", view_range="[5, -1]"))
+        assert turn.observation.endswith(
+            "     5\tdef sub(a, b):\n     6\t    return a + b\n     7\t"
+        )
+        turn = env.act(_edit(command="view", path="/testbed"))
+        assert "/testbed/calc.py" in turn.observation and "2 levels deep" in turn.observation
+        env.act(_edit(command="create", path="/testbed/new.py", file_text="x = 1\n"))
+        turn = env.act(_edit(command="create", path="/testbed/new.py", file_text="y"))
+        assert "File already exists" in turn.observation
+        turn = env.act(_edit(command="insert", path="/testbed/new.py", insert_line="1",
+                             new_str="y = 2"))  # fmt: skip
+        assert "has been edited" in turn.observation
+        cat = format_tool_call("execute_bash", {"command": "cat new.py"})
+        assert env.act(cat).observation.startswith("x = 1\ny = 2\n")
+        turn = env.act(_edit(command="undo_edit", path="/testbed/new.py"))
+        assert "undone successfully" in turn.observation
+        assert env.act(cat).observation.startswith("x = 1\n[Current")
+        turn = env.act(_edit(command="undo_edit", path="/testbed/calc.py"))
+        assert "No edit history found" in turn.observation
+        turn = env.act(_edit(command="delete", path="/testbed/calc.py"))
+        assert "Unrecognized command delete" in turn.observation
+        turn = env.act(_edit(command="insert", path="/testbed/calc.py", insert_line="two",
+                             new_str="y"))  # fmt: skip
+        assert turn.errors == 1 and "ValueError" in turn.observation
+        turn = env.act(_edit(path="/testbed/calc.py"))
+        assert turn.errors == 1 and "bad arguments" in turn.observation
+        turn = env.act(format_tool_call("think", {"thought": "the sign is wrong"}))
+        assert turn.observation == "Your thought has been logged."
+        turn = env.act(format_tool_call("execute_bash", {"command": "ls", "is_input": "true"}))
+        assert "No previous running command" in turn.observation
+        turn = env.act("<tool_call>\n<function=execute_bash>\n")
+        assert turn.errors == 1 and "malformed" in turn.observation
+        turn = env.act(format_tool_call("browser", {}))
+        assert "unknown tool 'browser'" in turn.observation
+        # The shell's working directory persists between calls (OpenHands' one session).
+        env.act(format_tool_call("execute_bash", {"command": "mkdir -p sub && cd sub"}))
+        turn = env.act(format_tool_call("execute_bash", {"command": "exit 3"}))
+        assert "[Current working directory: /testbed/sub]" in turn.observation
+        assert "[Command finished with exit code 3]" in turn.observation
+        assert env.reward() == 0.0  # the bug is still there
+    finally:
+        env.close()
+
+
+def test_a_hanging_command_is_cut_and_the_agent_timeout_makes_the_rollout_invalid(runtime):
+    env = _env(runtime, tool_timeout_s=1.0)
+    try:
+        env.reset(_task())
+        start = time.monotonic()
+        turn = env.act(format_tool_call("execute_bash", {"command": "echo begun; sleep 60"}))
+        assert time.monotonic() - start < 8
+        assert "begun" in turn.observation and "timed out after 1 seconds" in turn.observation
+        assert not turn.done and not turn.invalid
+        turn = env.act(format_tool_call("execute_bash", {"command": "echo alive"}))
+        assert turn.observation.startswith("alive")  # the environment still answers
+    finally:
+        env.close()
+    # An agent timeout of 1.5 s: the second command runs into it.
+    env = _env(runtime, tool_timeout_s=1.0, agent_timeout_s=1.5)
+    hang = format_tool_call("execute_bash", {"command": "sleep 60"})
+    try:
+        [rollout] = run_rollouts(
+            Script({"[slow]": [hang, hang, hang, FINISH]}), [env],
+            [_task(problem=f"[slow] {ISSUE}")], chat=CHAT, max_turns=6, max_turn_tokens=400,
+            max_length=20_000, temperature=1.0, top_p=1.0, seed=0,
+        )  # fmt: skip
+        assert rollout.invalid and rollout.truncated and rollout.turns == 2
+        assert env.timed_out and env.reward() == 0.0
+    finally:
+        env.close()
+
+
+def test_a_container_that_fails_to_start_is_one_line(runtime):
+    env = _env(runtime)
+    with pytest.raises(UserError, match="'calc__broken-2': its container did not start") as info:
+        env.reset(_task("calc__broken-2"))
+    assert "\n" not in str(info.value) and "could not open image" in str(info.value)
+    with pytest.raises(UserError, match="cannot start"):
+        env.reset(_task("calc__absent-3"))
+    # The stand-in is found on PATH as the runtime (it answers `--version`).
+    assert environments.find_container_runtime() == runtime[1]
+
+
+def parse_log_pytest_numpy_free(log):
+    """R2E-Gym's `parse_log_pytest`, transcribed for the test (r2egym/repo_analysis/
+    execution_log_parser.py): statuses after the short test summary."""
+    if "short test summary info" not in log:
+        return {}
+    out = {}
+    for line in log.split("short test summary info")[1].strip().split("\n"):
+        if "PASSED" in line:
+            out[".".join(line.split("::")[1:])] = "PASSED"
+        elif "FAILED" in line:
+            out[".".join(line.split("::")[1:]).split(" - ")[0]] = "FAILED"
+        elif "ERROR" in line:
+            out[".".join(line.split("::")[1:]).split(" - ")[0]] = "ERROR"
+    return out
+
+
+def test_log_parser_and_reward_match_r2e_gym():
+    log = (
+        "collected 4 items\ntests/t.py::test_a PASSED\n== short test summary info ==\n"
+        "PASSED tests/t.py::test_a\nFAILED tests/t.py::TestK::test_b - AssertionError: 1\n"
+        "ERROR tests/t.py::test_c - ImportError\nPASSED tests/t.py::test_d[x - y]\n"
+    )
+    assert r2egym.parse_log_pytest(log) == parse_log_pytest_numpy_free(log)
+    assert r2egym.parse_log_pytest(log)["TestK.test_b"] == "FAILED"
+    assert r2egym.parse_log_pytest("no summary") == {}
+    want = {"test_a": "PASSED", "TestK.test_b": "FAILED", "test_c": "ERROR", "test_d[x": "PASSED"}
+    assert r2egym.tests_pass(log, want)
+    assert not r2egym.tests_pass(log, {**want, "test_c": "PASSED"})
+    assert not r2egym.tests_pass(log, {**want, "test_e": "PASSED"})  # a test that did not run
+    colored = log.replace("PASSED tests/t.py::test_a", "\x1b[32mPASSED\x1b[0m tests/t.py::test_a")
+    assert r2egym.tests_pass(colored, want)
+
+
+def test_rows_convert_to_tasks():
+    task = _task()
+    assert task.instance_id == "calc__calc-1" and task.repo == "calc-org/calc"
+    assert task.expected_output == EXPECTED and task.problem_statement == ISSUE
+    assert task.test_command == "bash /root/run_tests.sh" and task.base_commit == "b" * 40
+    assert r2egym.task_from_json(r2egym.task_to_json(task)) == task
+    row = reference_row("x")
+    del row["responses_create_params"]["metadata"]["instance_dict"]
+    with pytest.raises(DataError, match="f.jsonl:3: no 'instance_dict'"):
+        r2egym.task_from_row(row, "f.jsonl:3")
+    with pytest.raises(DataError, match="expected_output_json"):
+        r2egym.task_from_row(reference_row("x", expected={}))
+
+
+def test_prepare_writes_the_tasks_in_order(tmp_path):
+    specs = []
+    for index, name in enumerate(("t.jsonl", "v.jsonl")):
+        data = "".join(json.dumps(reference_row(f"{name}-{i}")) + "\n" for i in range(4))
+        (tmp_path / name).write_bytes(data.encode())
+        specs.append((name, hashlib.sha256(data.encode()).hexdigest(), 4, len(data.encode()),
+                      f"out{index}.jsonl"))  # fmt: skip
+    prepare.prepare(str(tmp_path), str(tmp_path / "out"), files=specs)
+    lines = (tmp_path / "out" / "out0.jsonl").read_text().splitlines()
+    assert [r2egym.task_from_json(x).instance_id for x in lines] == [
+        f"t.jsonl-{i}" for i in range(4)
+    ]
