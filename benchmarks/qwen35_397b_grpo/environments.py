@@ -7,6 +7,7 @@ OpenHands prompts read from the user's NeMo Gym checkout and checked by SHA-256.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -245,8 +246,9 @@ class R2EGymEnvironment(Environment):
     """
 
     def __init__(self, env: config_lib.EnvironmentConfig, *, sif_dir: str, runtime: str = "",
-                 validation: bool = False):  # fmt: skip
+                 validation: bool = False, user_template: str | None = None):  # fmt: skip
         self.env = env
+        self.user_template = user_template
         self.sif_dir = sif_dir
         self.runtime = runtime or find_container_runtime()
         self.test_timeout_s = env.validation_test_timeout_s if validation else env.test_timeout_s
@@ -256,8 +258,8 @@ class R2EGymEnvironment(Environment):
         self.cwd = r2egym.REPO_PATH
 
     def reset(self, task: r2egym.R2ETask) -> str:
-        """Starts the task's container; its prompt is the issue (the reference's user template
-        around it is `load_prompt_templates`' job: not rendered here).
+        """Starts the task's container; returns the prompt: the reference's user template
+        rendered for the task (`render_user_prompt`) when the environment has it, else the issue.
 
         Raises:
           UserError: the container does not start (one line naming the task and why).
@@ -278,7 +280,9 @@ class R2EGymEnvironment(Environment):
             raise UserError(f"task {task.instance_id!r}: its container did not start: {why}")
         self.stop = stop
         self.start_agent_clock(self.env.agent_timeout_s)
-        return task.problem_statement
+        if self.user_template is None:
+            return task.problem_statement
+        return render_user_prompt(self.user_template, task)
 
     def _run(self, argv: list[str], timeout_s: float, stdin: bytes = b""):
         """(returncode, output) of one exec; returncode None when cut at `timeout_s` (the
@@ -402,3 +406,26 @@ def load_prompt_templates(gym_root: str) -> dict[str, str]:
             raise UserError(f"prompt template {path}: SHA-256 {got}, expected {want}")
         templates[name] = data.decode("utf-8")
     return templates
+
+
+def render_user_prompt(template: str, task: r2egym.R2ETask) -> str:
+    """The reference's user prompt for `task`: NeMo Gym's `user_prompt.j2` (a Jinja template
+    of `workspace_path`, the repository's folder in the container, and `instance`, the task's
+    fields: `problem_statement`, `base_commit`, ...), rendered strictly (an unknown variable is
+    an error, not an empty string).
+
+    Raises:
+      UserError: jinja2 is missing, or the template does not render (one line).
+    """
+    try:
+        import jinja2  # noqa: PLC0415 (only the reference's templates need it)
+    except ImportError:
+        raise UserError(
+            "the reference's prompt templates need jinja2: pip install jinja2"
+        ) from None
+    try:
+        return jinja2.Template(
+            template, undefined=jinja2.StrictUndefined, keep_trailing_newline=True
+        ).render(workspace_path=r2egym.REPO_PATH, instance=dataclasses.asdict(task))
+    except jinja2.TemplateError as e:
+        raise UserError(f"prompt template user_prompt.j2 does not render: {e}") from None

@@ -356,3 +356,26 @@ def test_prepare_writes_the_tasks_in_order(tmp_path):
     assert [r2egym.task_from_json(x).instance_id for x in lines] == [
         f"t.jsonl-{i}" for i in range(4)
     ]
+
+
+def test_the_user_template_is_rendered_for_the_task(runtime):
+    # The variables NeMo Gym's openhands/user_prompt.j2 uses (this is not its text).
+    template = (
+        "<uploaded_files>\n{{ workspace_path }}\n</uploaded_files>\n"
+        "{% set language = instance.repo_language | default('') %}[{{ language }}]\n"
+        "{{ instance.problem_statement }}\n"
+        "{% if instance.base_commit %}base {{ instance.base_commit }}{% endif %}\n"
+    )
+    task = _task()
+    want = f"<uploaded_files>\n/testbed\n</uploaded_files>\n[]\n{ISSUE}\nbase {'b' * 40}\n"
+    assert environments.render_user_prompt(template, task) == want
+    env = environments.R2EGymEnvironment(
+        config.EnvironmentConfig(kind="r2e_gym"), sif_dir=runtime[0], runtime=runtime[1],
+        user_template=template,
+    )  # fmt: skip
+    try:
+        assert env.reset(task) == want
+    finally:
+        env.close()
+    with pytest.raises(UserError, match="does not render: 'dict object' has no attribute"):
+        environments.render_user_prompt("{{ instance.hints }}", task)
