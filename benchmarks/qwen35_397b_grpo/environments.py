@@ -239,7 +239,9 @@ class R2EGymEnvironment(Environment):
       container's `python3`, the request on stdin (no file is copied in or out).
     - `think(thought)`: logged, answered as OpenHands answers it; `finish(message)`: ends.
 
-    The reward runs the task's `run_tests.sh` in the container under the test timeout and
+    `reset` first runs R2E-Gym's setup (`r2egym.SETUP_SCRIPT`: the tests and `run_tests.sh`
+    moved out of the repository to /root). The reward runs the task's `run_tests.sh` in the
+    container under the test timeout and
     compares the tests' statuses with the expected ones (`r2egym.tests_pass`). The agent
     timeout (`env.agent_timeout_s`) is started at `reset`; a rollout cut by it is invalid
     (`Turn.invalid`) and its tests are not run.
@@ -280,6 +282,12 @@ class R2EGymEnvironment(Environment):
             raise UserError(f"task {task.instance_id!r}: its container did not start: {why}")
         self.stop = stop
         self.start_agent_clock(self.env.agent_timeout_s)
+        code, out = self._run(["bash", "-c", r2egym.SETUP_SCRIPT], self.env.test_timeout_s)
+        if code != 0:  # every step is best-effort: only a runtime that cannot exec lands here
+            why = " ".join(out.split())[:200]
+            raise UserError(
+                f"task {task.instance_id!r}: its container does not run commands: {why}"
+            )
         if self.user_template is None:
             return task.problem_statement
         return render_user_prompt(self.user_template, task)

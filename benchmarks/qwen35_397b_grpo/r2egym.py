@@ -28,6 +28,26 @@ from mlperf_tf.errors import DataError
 REPO_PATH = "/testbed"  # where an R2E-Gym image holds the repository
 ALT_PATH = "/root"  # where its `run_tests.sh` (and the hidden tests) live
 TEST_COMMAND = f"bash {ALT_PATH}/run_tests.sh"
+# R2E-Gym's runtime `setup_env` for its images, each step best-effort (`|| true`): the repo's
+# virtualenv linked where its tools look, stale bytecode removed, `run_tests.sh` and the tests
+# moved out of the repository to `/root` (the tests linked back as `r2e_tests`). Its `uv pip
+# install chardet` is left out (no network in the container; R2E-Gym's newer images have it).
+SETUP_STEPS = (
+    f"ln -s {REPO_PATH}/.venv {ALT_PATH}/.venv",
+    f"mkdir -p {ALT_PATH}/.local/bin",
+    f"ln -s {REPO_PATH}/.venv/bin/python {ALT_PATH}/.local/bin/python",
+    f"ln -s {REPO_PATH}/.venv/bin/python {ALT_PATH}/.local/bin/python3",
+    f"find {REPO_PATH}/.venv/bin -type f -executable -exec ln -sf {{}} {ALT_PATH}/.local/bin/ \\;",
+    "find . -name '*.pyc' -delete",
+    "find . -name '__pycache__' -exec rm -rf {} +",
+    "find /r2e_tests -name '*.pyc' -delete",
+    "find /r2e_tests -name '__pycache__' -exec rm -rf {} +",
+    f"mv {REPO_PATH}/run_tests.sh {ALT_PATH}/run_tests.sh",
+    f"mv {REPO_PATH}/r2e_tests {ALT_PATH}/r2e_tests",
+    f"mv /r2e_tests {ALT_PATH}/r2e_tests",
+    f"ln -s {ALT_PATH}/r2e_tests {REPO_PATH}/r2e_tests",
+)
+SETUP_SCRIPT = "\n".join(f"{step} >/dev/null 2>&1 || true" for step in SETUP_STEPS)
 
 # OpenHands CodeActAgent's tools (`diversify_tool_names: false` in the reference's Gym config:
 # these exact names). Parameters as OpenHands declares them; `security_risk`-style fields the

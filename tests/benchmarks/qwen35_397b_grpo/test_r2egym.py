@@ -1,8 +1,8 @@
 """Tests of the R2E-Gym environment end to end on a stand-in container runtime: an executable
 `apptainer` first on PATH that implements the subcommands `container_commands` uses (instance
 start / exec / stop, `--version`) over a per-instance temporary folder unpacked from the task's
-"image" (a tar of `/testbed` holding a tiny repository with a bug and `/root` holding its
-hidden tests and `run_tests.sh`), mapping the container's absolute paths into that folder.
+"image" (a tar of `/testbed` holding a tiny repository with a bug, its tests and
+`run_tests.sh`, which R2E-Gym's setup moves to `/root`), mapping the container's absolute paths into that folder.
 On it: a scripted rollout with OpenHands' tools (view, str_replace, execute_bash running the
 tests, finish) earns reward 1, a wrong edit 0; the editor's other commands and its errors;
 a hanging command cut at the tool timeout and answered in text; the agent timeout making a
@@ -125,8 +125,10 @@ def runtime(tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_APPTAINER_STATE", str(state))
     with tarfile.open(sif_dir / "r2egym" / "calc__calc-1.sif", "w") as tar:
         _add(tar, "testbed/calc.py", BUGGY)
-        _add(tar, "root/r2e_tests/run_tests.py", RUN_TESTS_PY)
-        _add(tar, "root/run_tests.sh", 'python3 "$(dirname "$0")/r2e_tests/run_tests.py"\n', 0o755)
+        # As in R2E-Gym's images: the tests in the repository (`reset` moves them to /root).
+        _add(tar, "testbed/r2e_tests/run_tests.py", RUN_TESTS_PY)
+        _add(tar, "testbed/run_tests.sh", "python3 r2e_tests/run_tests.py\n", 0o755)
+        _add(tar, "root/.keep", "")
     (sif_dir / "calc__broken-2.sif").write_text("not an image")
     return str(sif_dir), str(fake)
 
@@ -205,6 +207,9 @@ def test_editor_commands_and_mistakes_are_answered(runtime):
     env = _env(runtime)
     try:
         env.reset(_task())
+        ls = env.act(format_tool_call("execute_bash", {"command": "ls -F /testbed /root"}))
+        assert "run_tests.sh" not in ls.observation.split("/root:")[0]  # moved out by the setup
+        assert "r2e_tests@" in ls.observation and "run_tests.sh*" in ls.observation
         turn = env.act(_edit(command="str_replace", path="/testbed/calc.py",
                              old_str="return a + b", new_str="x"))  # fmt: skip
         assert "Multiple occurrences of old_str `return a + b` in lines [2, 6]" in turn.observation
