@@ -276,7 +276,7 @@ def test_a_hanging_command_is_cut_and_the_agent_timeout_makes_the_rollout_invali
         assert turn.observation.startswith("alive")  # the environment still answers
     finally:
         env.close()
-    # An agent timeout of 1.5 s: the second command runs into it.
+    # An agent timeout of 1.5 s: the second 1 s command runs into it.
     env = _env(runtime, tool_timeout_s=1.0, agent_timeout_s=1.5)
     hang = format_tool_call("execute_bash", {"command": "sleep 60"})
     try:
@@ -285,7 +285,8 @@ def test_a_hanging_command_is_cut_and_the_agent_timeout_makes_the_rollout_invali
             [_task(problem=f"[slow] {ISSUE}")], chat=CHAT, max_turns=6, max_turn_tokens=400,
             max_length=20_000, temperature=1.0, top_p=1.0, seed=0,
         )  # fmt: skip
-        assert rollout.invalid and rollout.truncated and rollout.turns == 2
+        # Cut at the second turn (or the first, on a loaded machine): never allowed to finish.
+        assert rollout.invalid and rollout.truncated and rollout.turns in (1, 2)
         assert env.timed_out and env.reward() == 0.0
     finally:
         env.close()
