@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 
 from benchmarks.qwen35_397b_grpo import config as config_lib
@@ -293,9 +294,12 @@ class R2EGymEnvironment(Environment):
         return render_user_prompt(self.user_template, task)
 
     def _run(self, argv: list[str], timeout_s: float, stdin: bytes = b""):
-        """(returncode, output) of one exec; returncode None when cut at `timeout_s` (the
-        exec client's process group is killed: a stand-in runtime's children too)."""
+        """(returncode, output) of one exec; returncode None when cut at `timeout_s` (by the
+        container's `timeout`, or by the host 5 s later: the exec client's process group is
+        killed, a stand-in runtime's children too). A command that exits 124 or 137 by itself
+        before the limit keeps its code."""
         wrapped = ["timeout", "--kill-after=2", f"{timeout_s:.3f}", *argv]
+        began = time.monotonic()
         proc = subprocess.Popen(self.exec_prefix + wrapped, stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 start_new_session=True)  # fmt: skip
@@ -305,8 +309,8 @@ class R2EGymEnvironment(Environment):
             os.killpg(proc.pid, signal.SIGKILL)
             out, _ = proc.communicate()
             return None, out.decode(errors="replace")
-        code = None if proc.returncode in (124, 137, -9) else proc.returncode
-        return code, out.decode(errors="replace")
+        cut = proc.returncode in (124, 137) and time.monotonic() - began >= timeout_s
+        return (None if cut else proc.returncode), out.decode(errors="replace")
 
     def _clip(self, text: str) -> str:
         limit = self.env.max_observation_chars
@@ -323,16 +327,18 @@ class R2EGymEnvironment(Environment):
             limit = min(limit, float(timeout))
         limit = self.time_left(limit)
         marker = "__MLPERF_CWD__"
-        script = (f"cd {shlex.quote(self.cwd)} && {{\n{command}\n}}; __rc=$?; "
-                  f"echo; echo {marker}$(pwd); exit $__rc")  # fmt: skip
+        # The EXIT trap reports the directory however the command ends (`exit N` included).
+        script = (f"trap 'echo; echo {marker}$(pwd)' EXIT\ncd {shlex.quote(self.cwd)} || exit\n"
+                  f"{command}")  # fmt: skip
         code, out = self._run(["bash", "-c", script], limit)
         if code is None:
             return (
                 f"{self._clip(out.split(marker)[0].rstrip())}\n[The command timed out after "
                 f"{limit:g} seconds and was killed.]"
             )
-        out, _, cwd = out.rpartition(marker)
-        self.cwd = cwd.strip() or self.cwd
+        if marker in out:
+            out, _, cwd = out.rpartition(marker)
+            self.cwd = cwd.strip() or self.cwd
         return (
             f"{self._clip(out.rstrip())}\n[Current working directory: {self.cwd}]\n"
             f"[Command finished with exit code {code}]"

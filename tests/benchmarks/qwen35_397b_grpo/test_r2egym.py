@@ -255,8 +255,11 @@ def test_editor_commands_and_mistakes_are_answered(runtime):
         assert "unknown tool 'browser'" in turn.observation
         # The shell's working directory persists between calls (OpenHands' one session).
         env.act(format_tool_call("execute_bash", {"command": "mkdir -p sub && cd sub"}))
-        turn = env.act(format_tool_call("execute_bash", {"command": "exit 3"}))
+        turn = env.act(format_tool_call("execute_bash", {"command": "echo bye; exit 124"}))
+        assert turn.observation.startswith("bye\n")
         assert "[Current working directory: /testbed/sub]" in turn.observation
+        assert "[Command finished with exit code 124]" in turn.observation  # not a timeout
+        turn = env.act(format_tool_call("execute_bash", {"command": "exit 3"}))
         assert "[Command finished with exit code 3]" in turn.observation
         assert env.reward() == 0.0  # the bug is still there
     finally:
