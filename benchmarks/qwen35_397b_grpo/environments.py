@@ -242,8 +242,8 @@ class R2EGymEnvironment(Environment):
 
     `reset` first runs R2E-Gym's setup (`r2egym.SETUP_SCRIPT`: the tests and `run_tests.sh`
     moved out of the repository to /root). The reward runs the task's `run_tests.sh` in the
-    container under the test timeout and
-    compares the tests' statuses with the expected ones (`r2egym.tests_pass`). The agent
+    container under the test timeout and compares the tests' statuses with the expected ones
+    (`r2egym.tests_pass`). The agent
     timeout (`env.agent_timeout_s`) is started at `reset`; a rollout cut by it is invalid
     (`Turn.invalid`) and its tests are not run.
     """
@@ -286,6 +286,7 @@ class R2EGymEnvironment(Environment):
         code, out = self._run(["bash", "-c", r2egym.SETUP_SCRIPT], self.env.test_timeout_s)
         if code != 0:  # every step is best-effort: only a runtime that cannot exec lands here
             why = " ".join(out.split())[:200]
+            self.close()
             raise UserError(
                 f"task {task.instance_id!r}: its container does not run commands: {why}"
             )

@@ -49,7 +49,7 @@ if args[0] == "exec":
     pwd = args[args.index("--pwd") + 1]
     at = next(i for i, a in enumerate(args) if a.startswith("instance://"))
     root = os.path.join(STATE, args[at][len("instance://"):])
-    if not os.path.isdir(root):
+    if not os.path.isdir(root) or os.path.exists(os.path.join(root, "noexec")):
         sys.stderr.write("FATAL:   no instance found\n")
         sys.exit(255)
     paths = re.compile(r"(?<![\w.-])/(testbed|root)(?=[/\s'\"]|$)")
@@ -130,6 +130,8 @@ def runtime(tmp_path, monkeypatch):
         _add(tar, "testbed/run_tests.sh", "python3 r2e_tests/run_tests.py\n", 0o755)
         _add(tar, "root/.keep", "")
     (sif_dir / "calc__broken-2.sif").write_text("not an image")
+    with tarfile.open(sif_dir / "calc__noexec-4.sif", "w") as tar:
+        _add(tar, "noexec", "")  # the stand-in refuses to exec in it
     return str(sif_dir), str(fake)
 
 
@@ -302,6 +304,9 @@ def test_a_container_that_fails_to_start_is_one_line(runtime):
     assert "\n" not in str(info.value) and "could not open image" in str(info.value)
     with pytest.raises(UserError, match="cannot start"):
         env.reset(_task("calc__absent-3"))
+    with pytest.raises(UserError, match="'calc__noexec-4': its container does not run commands"):
+        env.reset(_task("calc__noexec-4"))
+    assert not os.listdir(os.environ["FAKE_APPTAINER_STATE"])  # stopped
     # The stand-in is found on PATH as the runtime (it answers `--version`).
     assert environments.find_container_runtime() == runtime[1]
 
