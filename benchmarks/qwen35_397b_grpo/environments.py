@@ -269,7 +269,10 @@ class R2EGymEnvironment(Environment):
         """
         self.close()
         self.task, self.cwd = task, r2egym.REPO_PATH
-        image = task_image(self.sif_dir, task.instance_id)
+        if os.path.basename(self.runtime) == "docker":  # R2E-Gym's image by its name
+            image = task.docker_image
+        else:  # the reference's SIF of the task
+            image = task_image(self.sif_dir, task.instance_id)
         name = f"mlperf-{uuid.uuid4().hex[:12]}"
         start, self.exec_prefix, stop = container_commands(self.runtime, image, name)
         try:

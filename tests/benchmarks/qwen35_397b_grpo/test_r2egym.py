@@ -1,6 +1,7 @@
 """Tests of the R2E-Gym environment end to end on a stand-in container runtime: an executable
-`apptainer` first on PATH that implements the subcommands `container_commands` uses (instance
-start / exec / stop, `--version`) over a per-instance temporary folder unpacked from the task's
+`apptainer` (and `docker`) first on PATH that implements the subcommands `container_commands`
+uses (instance start / exec / stop, `--version`; run / exec / kill, `info`) over a
+per-instance temporary folder unpacked from the task's
 "image" (a tar of `/testbed` holding a tiny repository with a bug, its tests and
 `run_tests.sh`, which R2E-Gym's setup moves to `/root`), mapping the container's absolute paths into that folder.
 On it: a scripted rollout with OpenHands' tools (view, str_replace, execute_bash running the
@@ -25,42 +26,54 @@ from mlperf_tf.rl.generation import ByteChat, Generated
 from mlperf_tf.rl.rollout import run_rollouts
 from mlperf_tf.rl.tool_calls import format_tool_call
 
-FAKE_APPTAINER = r"""#!{python}
-# A stand-in for apptainer: an instance is a folder; /testbed and /root map into it.
+FAKE_RUNTIME = r"""#!{python}
+# A stand-in for apptainer or docker (by its name): a container is a folder unpacked from the
+# image (a tar); the container's /testbed and /root map into it (arguments, stdin, output).
 import os, re, shutil, subprocess, sys, tarfile
-STATE = os.environ["FAKE_APPTAINER_STATE"]
+STATE = os.environ["FAKE_RUNTIME_STATE"]
 args = sys.argv[1:]
-if args == ["--version"]:
-    print("apptainer version 0.0-stand-in")
-    sys.exit(0)
-if args[:2] == ["instance", "start"]:
-    image, name = args[-2], args[-1]
+docker = os.path.basename(sys.argv[0]) == "docker"
+
+def start(image, name):
     try:
         with tarfile.open(image) as t:
             t.extractall(os.path.join(STATE, name), filter="data")
     except Exception as e:
         sys.stderr.write(f"FATAL:   could not open image {image}: {e}\n")
         sys.exit(255)
-    sys.exit(0)
-if args[:2] == ["instance", "stop"]:
-    shutil.rmtree(os.path.join(STATE, args[2]))
-    sys.exit(0)
-if args[0] == "exec":
-    pwd = args[args.index("--pwd") + 1]
-    at = next(i for i, a in enumerate(args) if a.startswith("instance://"))
-    root = os.path.join(STATE, args[at][len("instance://"):])
+
+def run(root, pwd, argv):
     if not os.path.isdir(root) or os.path.exists(os.path.join(root, "noexec")):
         sys.stderr.write("FATAL:   no instance found\n")
         sys.exit(255)
     paths = re.compile(r"(?<![\w.-])/(testbed|root)(?=[/\s'\"]|$)")
     into = lambda s: paths.sub(lambda m: root + "/" + m.group(1), s)
     data = into(sys.stdin.buffer.read().decode()).encode()
-    done = subprocess.run([into(a) for a in args[at + 1:]], input=data, cwd=into(pwd),
+    done = subprocess.run([into(a) for a in argv], input=data, cwd=into(pwd),
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     sys.stdout.write(done.stdout.decode().replace(root + "/", "/"))
     sys.exit(done.returncode)
-sys.stderr.write(f"stand-in apptainer: unsupported {args}\n")
-sys.exit(2)
+
+if args in (["--version"], ["info"]):
+    print("stand-in runtime")
+elif args[:2] == ["instance", "start"]:
+    start(args[-2], args[-1])
+elif args[:2] == ["instance", "stop"] or (docker and args[0] == "kill"):
+    shutil.rmtree(os.path.join(STATE, args[-1]))
+elif docker and args[0] == "run":  # run -d --rm --network none --name N -w DIR IMAGE sleep inf
+    image = args[args.index("-w") + 2]
+    start(os.path.join(os.environ["FAKE_DOCKER_IMAGES"], image.replace("/", "_") + ".tar"),
+          args[args.index("--name") + 1])
+elif docker and args[0] == "exec":  # exec -i -w DIR NAME argv...
+    at = args.index("-w")
+    run(os.path.join(STATE, args[at + 2]), args[at + 1], args[at + 3:])
+elif args[0] == "exec":  # exec --pwd DIR instance://NAME argv...
+    at = next(i for i, a in enumerate(args) if a.startswith("instance://"))
+    run(os.path.join(STATE, args[at][len("instance://"):]), args[args.index("--pwd") + 1],
+        args[at + 1:])
+else:
+    sys.stderr.write(f"stand-in runtime: unsupported {args}\n")
+    sys.exit(2)
 """
 
 BUGGY = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a + b\n"
@@ -113,26 +126,31 @@ def _add(tar, name, text, mode=0o644):
 
 @pytest.fixture
 def runtime(tmp_path, monkeypatch):
-    """(sif_dir, the stand-in runtime's path) with PATH and its state folder set."""
+    """(sif_dir, the stand-in apptainer's path) with PATH and the stand-ins' folders set; the
+    stand-in docker is beside it, its image of the calc task in FAKE_DOCKER_IMAGES."""
     bin_dir, state, sif_dir = tmp_path / "bin", tmp_path / "state", tmp_path / "sif"
     for folder in (bin_dir, state, sif_dir / "r2egym"):
         folder.mkdir(parents=True)
-    fake = bin_dir / "apptainer"
-    fake.write_text(FAKE_APPTAINER.replace("{python}", sys.executable))
-    fake.chmod(0o755)
+    for name in ("apptainer", "docker"):
+        fake = bin_dir / name
+        fake.write_text(FAKE_RUNTIME.replace("{python}", sys.executable))
+        fake.chmod(0o755)
     os.symlink(sys.executable, bin_dir / "python3")  # the container's python3
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setenv("FAKE_APPTAINER_STATE", str(state))
-    with tarfile.open(sif_dir / "r2egym" / "calc__calc-1.sif", "w") as tar:
+    monkeypatch.setenv("FAKE_RUNTIME_STATE", str(state))
+    monkeypatch.setenv("FAKE_DOCKER_IMAGES", str(sif_dir))
+    image = sif_dir / "r2egym" / "calc__calc-1.sif"
+    with tarfile.open(image, "w") as tar:
         _add(tar, "testbed/calc.py", BUGGY)
         # As in R2E-Gym's images: the tests in the repository (`reset` moves them to /root).
         _add(tar, "testbed/r2e_tests/run_tests.py", RUN_TESTS_PY)
         _add(tar, "testbed/run_tests.sh", "python3 r2e_tests/run_tests.py\n", 0o755)
         _add(tar, "root/.keep", "")
+    os.symlink(image, sif_dir / (_task().docker_image.replace("/", "_") + ".tar"))
     (sif_dir / "calc__broken-2.sif").write_text("not an image")
     with tarfile.open(sif_dir / "calc__noexec-4.sif", "w") as tar:
         _add(tar, "noexec", "")  # the stand-in refuses to exec in it
-    return str(sif_dir), str(fake)
+    return str(sif_dir), str(bin_dir / "apptainer")
 
 
 def _env(runtime, **changes):
@@ -202,7 +220,7 @@ def test_scripted_rollouts_earn_the_reward_and_a_wrong_edit_does_not(runtime):
     finally:
         for env in envs:
             env.close()
-    assert not os.listdir(os.environ["FAKE_APPTAINER_STATE"])  # every instance stopped
+    assert not os.listdir(os.environ["FAKE_RUNTIME_STATE"])  # every instance stopped
 
 
 def test_editor_commands_and_mistakes_are_answered(runtime):
@@ -306,7 +324,7 @@ def test_a_container_that_fails_to_start_is_one_line(runtime):
         env.reset(_task("calc__absent-3"))
     with pytest.raises(UserError, match="'calc__noexec-4': its container does not run commands"):
         env.reset(_task("calc__noexec-4"))
-    assert not os.listdir(os.environ["FAKE_APPTAINER_STATE"])  # stopped
+    assert not os.listdir(os.environ["FAKE_RUNTIME_STATE"])  # stopped
     # The stand-in is found on PATH as the runtime (it answers `--version`).
     assert environments.find_container_runtime() == runtime[1]
 
@@ -393,3 +411,19 @@ def test_the_user_template_is_rendered_for_the_task(runtime):
         env.close()
     with pytest.raises(UserError, match="does not render: 'dict object' has no attribute"):
         environments.render_user_prompt("{{ instance.hints }}", task)
+
+
+def test_the_same_rollout_through_docker(runtime):
+    """Docker runs R2E-Gym's image by its name (`docker_image`), `exec -i -w`."""
+    env = environments.R2EGymEnvironment(
+        config.EnvironmentConfig(kind="r2e_gym", tool_timeout_s=5.0, test_timeout_s=10.0),
+        sif_dir="/nonexistent", runtime=os.path.join(os.path.dirname(runtime[1]), "docker"),
+    )  # fmt: skip
+    try:
+        env.reset(_task())
+        for turn in (FIX, TEST):
+            assert not env.act(turn).errors
+        assert env.act(FINISH).done and env.reward() == 1.0
+    finally:
+        env.close()
+    assert not os.listdir(os.environ["FAKE_RUNTIME_STATE"])
