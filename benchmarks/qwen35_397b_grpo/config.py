@@ -271,9 +271,15 @@ class EnvironmentConfig:
       tool_timeout_s: seconds one tool call may run in the sandbox.
       tool_cpu_s, tool_memory_mb: the sandbox's CPU-time and address-space limits.
       max_observation_chars: a tool's output is cut to this many characters.
+      image_dir: `r2e_gym`: the folder of the tasks' SIF images (`<instance_id>.sif`, the
+        reference's `NEMO_GYM_SWE_SIF_DIR`); Docker runs R2E-Gym's images by their names.
+      gym_root: `r2e_gym`: the user's NeMo Gym checkout (NeMo-RL's root) whose prompt
+        templates (`PROMPT_DIR`) are read and checked by their SHA-256.
     """
 
     kind: str = "r2e_gym"
+    image_dir: str = ""
+    gym_root: str = ""
     agent_timeout_s: float = 1800.0
     test_timeout_s: float = 300.0
     validation_test_timeout_s: float = 180.0

@@ -12,9 +12,13 @@ generator's, so the importance-sampling correction sees exactly that age.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import tensorflow as tf
 
+from benchmarks.qwen35_397b_grpo import environments as environments_lib
+from benchmarks.qwen35_397b_grpo import r2egym
 from benchmarks.qwen35_397b_grpo import tasks as tasks_lib
 from benchmarks.qwen35_397b_grpo.config import Qwen35GrpoConfig
 from benchmarks.qwen35_397b_grpo.environments import RepairEnvironment, SyntheticEnvironment
@@ -29,18 +33,47 @@ CHAT = ByteChat()
 def _environments(config: Qwen35GrpoConfig, count: int, validation: bool):
     if config.env.kind == "synthetic":
         return [SyntheticEnvironment() for _ in range(count)]
-    if config.env.kind != "repair":
-        raise UserError(
-            f"`env.kind` ({config.env.kind!r}): only the generated repair tasks run yet; the "
-            "R2E-Gym tasks need the reference's data and images (README.md)."
-        )
+    if config.env.kind == "r2e_gym":
+        env = config.env
+        if not env.gym_root:
+            raise UserError(
+                "`env.gym_root` is empty: the R2E-Gym tasks' prompts are the reference's "
+                "templates, read from your NeMo Gym checkout (--config.env.gym_root=DIR)"
+            )
+        template = environments_lib.load_prompt_templates(env.gym_root)["user_prompt.j2"]
+        runtime = environments_lib.find_container_runtime()  # once, not per environment
+        return [
+            environments_lib.R2EGymEnvironment(env, sif_dir=env.image_dir, runtime=runtime,
+                                               validation=validation, user_template=template)
+            for _ in range(count)
+        ]  # fmt: skip
     return [RepairEnvironment(config.env, validation=validation) for _ in range(count)]
 
 
-def _tasks(config: Qwen35GrpoConfig, count: int, seed: int) -> list:
-    """Generated repair tasks, or the synthetic environment's prompts."""
+# `prepare`'s files of the reference's rows as tasks (`r2egym.task_to_json`), in their order.
+R2E_FILES = {False: "train.jsonl", True: "val.jsonl"}
+
+
+def _tasks(config: Qwen35GrpoConfig, count: int, seed: int, validation: bool = False) -> list:
+    """Generated repair tasks, the synthetic environment's prompts, or the first `count` of
+    the reference's R2E-Gym tasks as `prepare` wrote them into `data_dir` (in their order:
+    the training rows' curriculum order is part of the input)."""
     if config.env.kind == "synthetic":
         return [f"task {seed}-{i}: write anything." for i in range(count)]
+    if config.env.kind == "r2e_gym":
+        path = os.path.join(config.data_dir, R2E_FILES[validation])
+        try:
+            with open(path) as f:
+                tasks = [r2egym.task_from_json(line) for line in f if line.strip()]
+        except OSError as e:
+            raise UserError(
+                f"{path}: cannot read the prepared R2E-Gym tasks ({e.strerror}); run "
+                "`mlperf-tf prepare qwen35_397b_grpo --data_dir=... --out_dir=DATA_DIR` and pass "
+                "--config.data_dir=DATA_DIR"
+            ) from None
+        if len(tasks) < count:
+            raise UserError(f"{path}: {len(tasks)} tasks, the run needs {count}")
+        return tasks[:count]
     return tasks_lib.make_tasks(count, seed)
 
 
@@ -108,7 +141,9 @@ def validation_batches(model, config: Qwen35GrpoConfig, *, batch_tasks: int, see
     rollouts each (the last batch padded with tasks marked invalid: `valid` 0)."""
     grpo = config.grpo
     k = grpo.num_val_generations_per_prompt
-    held_out = _tasks(config, config.rollout.eval_tasks, config.rollout.task_seed + 1)
+    held_out = _tasks(
+        config, config.rollout.eval_tasks, config.rollout.task_seed + 1, validation=True
+    )
     envs = _environments(config, batch_tasks * k, validation=True)
     try:
         for start in range(0, len(held_out), batch_tasks):

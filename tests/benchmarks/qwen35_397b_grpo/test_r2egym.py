@@ -17,10 +17,12 @@ import os
 import sys
 import tarfile
 import time
+import types
 
 import pytest
 
 from benchmarks.qwen35_397b_grpo import config, environments, prepare, r2egym
+from benchmarks.qwen35_397b_grpo import input as input_lib
 from mlperf_tf.errors import DataError, UserError
 from mlperf_tf.rl.generation import ByteChat, Generated
 from mlperf_tf.rl.rollout import run_rollouts
@@ -427,3 +429,48 @@ def test_the_same_rollout_through_docker(runtime):
     finally:
         env.close()
     assert not os.listdir(os.environ["FAKE_RUNTIME_STATE"])
+
+
+def test_the_input_pipeline_runs_prepared_tasks_with_the_reference_templates(
+    runtime, tmp_path, monkeypatch
+):
+    """`input`'s R2E-Gym path: the tasks `prepare` wrote (in order), environments on the runtime
+    found once, the user prompt rendered from the templates of a NeMo Gym checkout checked by
+    their SHA-256 (the test's own templates, their digests put in the config's table)."""
+    gym = tmp_path / "gym"
+    prompts = gym / config.PROMPT_DIR
+    prompts.mkdir(parents=True)
+    texts = {"user_prompt.j2": "Repository: {{ workspace_path }}\n{{ instance.problem_statement }}",
+             "system_prompt.j2": "You are a software agent.\n"}  # fmt: skip
+    for name, text in texts.items():
+        (prompts / name).write_text(text)
+        monkeypatch.setitem(config.PROMPT_SHA256, name, hashlib.sha256(text.encode()).hexdigest())
+    data = tmp_path / "data"
+    data.mkdir()
+    tasks = [_task(problem=f"[good] {ISSUE}"), _task(problem=f"[bad] {ISSUE}")]
+    (data / "train.jsonl").write_text("".join(r2egym.task_to_json(t) + "\n" for t in tasks))
+    env = config.EnvironmentConfig(kind="r2e_gym", image_dir=runtime[0], gym_root=str(gym),
+                                   tool_timeout_s=5.0, test_timeout_s=10.0)  # fmt: skip
+    settings = types.SimpleNamespace(env=env, data_dir=str(data))
+    view = _edit(command="view", path="/testbed/calc.py")
+    script = Script({"[good]": [view, FIX, TEST, FINISH], "[bad]": [view, WRONG, TEST, FINISH]})
+    chosen = input_lib._tasks(settings, 2, seed=0)
+    assert [t.problem_statement for t in chosen] == [t.problem_statement for t in tasks]
+    envs = input_lib._environments(settings, 2, validation=False)
+    try:
+        rollouts = run_rollouts(
+            script, envs, chosen, chat=CHAT, max_turns=6, max_turn_tokens=400,
+            max_length=20_000, temperature=1.0, top_p=1.0, seed=0,
+        )  # fmt: skip
+    finally:
+        for e in envs:
+            e.close()
+    assert [r.reward for r in rollouts] == [1.0, 0.0]
+    assert f"Repository: /testbed\n[good] {ISSUE}" in CHAT.decode(rollouts[0].tokens)
+    with pytest.raises(UserError, match="cannot read the prepared R2E-Gym tasks"):
+        input_lib._tasks(settings, 1, seed=0, validation=True)  # no val.jsonl
+    with pytest.raises(UserError, match="2 tasks, the run needs 3"):
+        input_lib._tasks(settings, 3, seed=0)
+    no_gym = types.SimpleNamespace(env=config.EnvironmentConfig(kind="r2e_gym"), data_dir="")
+    with pytest.raises(UserError, match="env.gym_root"):
+        input_lib._environments(no_gym, 1, validation=False)
