@@ -72,8 +72,29 @@ class Qwen35GrpoBenchmark(Benchmark):
         return math.ceil(self.config.eval_examples / self.config.eval_batch_size)
 
     # ---- model and optimizer -----------------------------------------------------------------------
+    # The mesh axes the model splits over exactly (tests/benchmarks/qwen35_397b_grpo/
+    # test_parallel.py): data, and the routed experts over `expert`.
+    parallel_axes = ("data", "expert")
+
     def build_model(self):
-        return build_model(self.config.model)
+        """The policy under this benchmark's mesh (the runner has made it ambient already;
+        tests that build a benchmark directly get it here).
+
+        Raises:
+          UserError: `--expert_parallel` does not divide the experts.
+        """
+        experts, axis = self.config.model.moe.num_experts, self.mesh.expert
+        if experts % axis:
+            raise UserError(
+                f"--expert_parallel={axis} must divide `model.moe.num_experts` ({experts})"
+            )
+        # Static tokens per replica (the all-to-all's buffers have one shape on every replica).
+        tokens = self.per_replica_batch_size * (self.config.rollout.max_length - 1)
+        with use_mesh(self.mesh):
+            return build_model(
+                self.config.model, moe_group_size=tokens if axis > 1 else None,
+                collective_timeout_s=self.context.collective_timeout_s,
+            )  # fmt: skip
 
     def bind_model(self, model) -> None:
         """The policy the rollout pipelines generate with: the trained weights themselves,
