@@ -73,15 +73,17 @@ class Qwen35GrpoBenchmark(Benchmark):
 
     # ---- model and optimizer -----------------------------------------------------------------------
     # The mesh axes the model splits over exactly (tests/benchmarks/qwen35_397b_grpo/
-    # test_parallel.py): data, and the routed experts over `expert`.
-    parallel_axes = ("data", "expert")
+    # test_parallel.py): data, the routed experts over `expert`, the attention's and the
+    # DeltaNet's heads, the shared expert and the vocabulary over `model`.
+    parallel_axes = ("data", "expert", "model")
 
     def build_model(self):
         """The policy under this benchmark's mesh (the runner has made it ambient already;
         tests that build a benchmark directly get it here).
 
         Raises:
-          UserError: `--expert_parallel` does not divide the experts.
+          UserError: `--expert_parallel` does not divide the experts, or `--model_parallel`
+            the heads, the shared expert or the vocabulary.
         """
         experts, axis = self.config.model.moe.num_experts, self.mesh.expert
         if experts % axis:

@@ -56,8 +56,10 @@ class FixedRolloutsBenchmark(Qwen35GrpoBenchmark):
 def _benchmark() -> FixedRolloutsBenchmark:
     """The smoke preset at rollouts of LENGTH + 1 tokens, ROWS rollouts per shard of 4, the
     importance weights untruncated (every rollout counts: the reference's 0.999 / 1.002 bounds
-    would mask the synthetic ones) and the log-prob error mask loose."""
+    would mask the synthetic ones) and the log-prob error mask loose; a vocabulary of 260 (the
+    byte chat's 259 ids, one more so that M = 2 splits it)."""
     config = Qwen35GrpoBenchmark.preset("smoke")
+    config = dataclasses.replace(config, model=dataclasses.replace(config.model, vocab_size=260))
     grpo = dataclasses.replace(
         config.grpo, num_prompts_per_step=2 * ROWS, seq_logprob_error_threshold=100.0,
         loss=PolicyLossConfig(truncated_importance_sampling_type=""),
@@ -68,12 +70,15 @@ def _benchmark() -> FixedRolloutsBenchmark:
 
 
 @pytest.mark.slow  # 241 s at load 9 (2 min of CPU): tracing the DeltaNet's scan on 4 replicas
-@pytest.mark.parametrize(("expert_parallel", "model_parallel"), [(2, 1)], ids=["E2"])
+@pytest.mark.parametrize(("expert_parallel", "model_parallel"), [(2, 1), (1, 2)],
+                         ids=["E2", "M2"])  # fmt: skip
 def test_parallel_grpo_equals_the_unsplit_run(expert_parallel, model_parallel):
     """3 Adam steps of the GRPO loss on the smoke model (3 DeltaNet + 1 gated attention layers,
     4 experts top-2 dropless with a shared expert, router frozen) split on 4 logical devices
     against the unsplit run of the same batch shards: losses, first-step whole gradients and
-    final whole weights at a scale-aware 1e-5."""
+    final whole weights at a scale-aware 1e-5. E2: the routed experts over `expert` (every
+    replica reads its own rollouts); M2: the attention's and the DeltaNet's heads, the shared
+    expert and the vocabulary over `model` (the log-probs from vocabulary shards)."""
     got = tensor_parallel.assert_split_equals_unsplit(
         _benchmark(), num_devices=4, model_parallel=model_parallel,
         expert_parallel=expert_parallel, optimizer="own", steps=3, rtol=1e-5,
@@ -86,4 +91,13 @@ def test_an_expert_axis_that_does_not_divide_the_experts_is_one_line():
         Qwen35GrpoBenchmark.preset("smoke"), context=RunContext(mesh=DeviceMesh(expert=3))
     )
     with pytest.raises(UserError, match=r"--expert_parallel=3 must divide .*num_experts` \(4\)"):
+        bench.build_model()
+
+
+def test_a_model_axis_that_does_not_divide_the_deltanet_heads_is_one_line():
+    """The tiny model's DeltaNet has 2 key heads (and 4 query heads: M = 4 splits those)."""
+    config = Qwen35GrpoBenchmark.preset("smoke")
+    config = dataclasses.replace(config, model=dataclasses.replace(config.model, vocab_size=260))
+    bench = Qwen35GrpoBenchmark(config, context=RunContext(mesh=DeviceMesh(model=4)))
+    with pytest.raises(UserError, match=r"--model_parallel=4 must divide .*linear_num_key_heads"):
         bench.build_model()
