@@ -1,6 +1,10 @@
-"""qwen35_397b_grpo under expert parallelism on 4 logical devices: GRPO update steps on fixed
-rollout batches end at the unsplit run's weights (the unsplit run dispatches every expert on its
-replica's tokens, the split one sends the tokens to the experts' replicas by all-to-all)."""
+"""qwen35_397b_grpo under expert and tensor parallelism: GRPO update steps on fixed rollout
+batches (4 logical devices) end at the unsplit run's weights (E2: the unsplit run dispatches
+every expert on its replica's tokens, the split one sends the tokens to the experts' replicas by
+all-to-all; M2: the heads of the attention and the DeltaNet, the shared expert and the
+vocabulary split over `model`), and the compiled generator on the split model (2 logical
+devices) gives the unsplit model's tokens for fixed seeds; layouts the model cannot take are
+one-line errors."""
 
 from __future__ import annotations
 
@@ -13,8 +17,11 @@ import tensorflow as tf
 from benchmarks.qwen35_397b_grpo.benchmark import Qwen35GrpoBenchmark
 from mlperf_tf.benchmark import RunContext
 from mlperf_tf.errors import UserError
+from mlperf_tf.parallel.context import use_mesh
 from mlperf_tf.parallel.mesh import DeviceMesh
+from mlperf_tf.rl.generation import CompiledGenerator
 from mlperf_tf.rl.grpo import PolicyLossConfig
+from mlperf_tf.rl.split_decoding import for_generation
 from tests import tensor_parallel
 
 pytestmark = pytest.mark.numerics
@@ -101,3 +108,33 @@ def test_a_model_axis_that_does_not_divide_the_deltanet_heads_is_one_line():
     bench = Qwen35GrpoBenchmark(config, context=RunContext(mesh=DeviceMesh(model=4)))
     with pytest.raises(UserError, match=r"--model_parallel=4 must divide .*linear_num_key_heads"):
         bench.build_model()
+
+
+def _generated(bench, *, devices: int, temperature: float, **mesh) -> list:
+    """The compiled generator's rollouts of 3 fixed prompts by the model `bench` builds on
+    `devices` logical CPUs split as `mesh` (Keras' seed 1: the same whole weights on every
+    mesh), decoding through `for_generation` (the split model in replica context)."""
+    strategy, mesh, bench = tensor_parallel.on_mesh(bench, devices, **mesh)
+    with strategy.scope(), use_mesh(mesh):
+        model = bench.build_model()
+    generator = CompiledGenerator(for_generation(model, mesh, strategy), capacity=48, bucket=16)
+    prompts = [[5, 17, 33, 9, 120], [200, 3], [44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54]]
+    return generator(prompts, max_new_tokens=8, eos_id=-1, pad_id=0,
+                     temperature=temperature, top_p=1.0, seeds=[11, 12, 13])  # fmt: skip
+
+
+@pytest.mark.slow  # 70 s each at load 10 (35 s of CPU): tracing the prefill and the step
+@pytest.mark.parametrize(("expert_parallel", "model_parallel"), [(2, 1), (1, 2)],
+                         ids=["E2", "M2"])  # fmt: skip
+def test_split_generation_gives_the_unsplit_tokens(expert_parallel, model_parallel):
+    """The compiled generator (prefill, then one compiled step a token over the fixed-capacity
+    cache) on the model split over 2 logical devices gives the unsplit model's tokens, greedy
+    and sampled at temperature 1 with fixed seeds, and their log-probs within 1e-5."""
+    bench = _benchmark()
+    for temperature in (0.0, 1.0):
+        ref = _generated(bench, devices=1, temperature=temperature)
+        got = _generated(bench, devices=2, temperature=temperature,
+                         expert_parallel=expert_parallel, model_parallel=model_parallel)  # fmt: skip
+        assert [g.tokens for g in got] == [r.tokens for r in ref]
+        for g, r in zip(got, ref, strict=True):
+            np.testing.assert_allclose(g.logprobs, r.logprobs, rtol=1e-5, atol=1e-5)
