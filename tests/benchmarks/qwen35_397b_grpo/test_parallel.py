@@ -77,8 +77,8 @@ def _benchmark() -> FixedRolloutsBenchmark:
 
 
 @pytest.mark.slow  # 241 s at load 9 (2 min of CPU): tracing the DeltaNet's scan on 4 replicas
-@pytest.mark.parametrize(("expert_parallel", "model_parallel"), [(2, 1), (1, 2)],
-                         ids=["E2", "M2"])  # fmt: skip
+@pytest.mark.parametrize(("expert_parallel", "model_parallel"), [(2, 1), (1, 2), (2, 2)],
+                         ids=["E2", "M2", "E2xM2"])  # fmt: skip
 def test_parallel_grpo_equals_the_unsplit_run(expert_parallel, model_parallel):
     """3 Adam steps of the GRPO loss on the smoke model (3 DeltaNet + 1 gated attention layers,
     4 experts top-2 dropless with a shared expert, router frozen) split on 4 logical devices
@@ -110,17 +110,28 @@ def test_a_model_axis_that_does_not_divide_the_deltanet_heads_is_one_line():
         bench.build_model()
 
 
-def _generated(bench, *, devices: int, temperature: float, **mesh) -> list:
+def _generated(bench, *, devices: int, temperature: float, keep_cache: bool = False,
+               **mesh) -> list:  # fmt: skip
     """The compiled generator's rollouts of 3 fixed prompts by the model `bench` builds on
     `devices` logical CPUs split as `mesh` (Keras' seed 1: the same whole weights on every
-    mesh), decoding through `for_generation` (the split model in replica context)."""
+    mesh), decoding through `for_generation` (the split model in replica context). With
+    `keep_cache`, a session's two turns (the second continues each row's kept cache by its
+    generated tokens and 3 more, `HybridDecoderModel.extend` at per-row positions): both
+    turns' rollouts."""
     strategy, mesh, bench = tensor_parallel.on_mesh(bench, devices, **mesh)
     with strategy.scope(), use_mesh(mesh):
         model = bench.build_model()
-    generator = CompiledGenerator(for_generation(model, mesh, strategy), capacity=48, bucket=16)
+    generator = CompiledGenerator(for_generation(model, mesh, strategy), capacity=48, bucket=16,
+                                  keep_cache=keep_cache)  # fmt: skip
+    session = generator.session()
     prompts = [[5, 17, 33, 9, 120], [200, 3], [44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54]]
-    return generator(prompts, max_new_tokens=8, eos_id=-1, pad_id=0,
-                     temperature=temperature, top_p=1.0, seeds=[11, 12, 13])  # fmt: skip
+    args = dict(max_new_tokens=8, eos_id=-1, pad_id=0, temperature=temperature, top_p=1.0,
+                seeds=[11, 12, 13])  # fmt: skip
+    first = session(prompts, **args)
+    if not keep_cache:
+        return first
+    turn = [p + f.tokens + [7, 8, 9] for p, f in zip(prompts, first, strict=True)]
+    return first + session(turn, **args)
 
 
 @pytest.mark.slow  # 70 s each at load 10 (35 s of CPU): tracing the prefill and the step
@@ -132,9 +143,24 @@ def test_split_generation_gives_the_unsplit_tokens(expert_parallel, model_parall
     and sampled at temperature 1 with fixed seeds, and their log-probs within 1e-5."""
     bench = _benchmark()
     for temperature in (0.0, 1.0):
-        ref = _generated(bench, devices=1, temperature=temperature)
-        got = _generated(bench, devices=2, temperature=temperature,
-                         expert_parallel=expert_parallel, model_parallel=model_parallel)  # fmt: skip
-        assert [g.tokens for g in got] == [r.tokens for r in ref]
-        for g, r in zip(got, ref, strict=True):
-            np.testing.assert_allclose(g.logprobs, r.logprobs, rtol=1e-5, atol=1e-5)
+        _assert_same_generation(bench, temperature, expert_parallel, model_parallel)
+
+
+def _assert_same_generation(bench, temperature, expert_parallel, model_parallel, **kwargs):
+    ref = _generated(bench, devices=1, temperature=temperature, **kwargs)
+    got = _generated(bench, devices=2, temperature=temperature, expert_parallel=expert_parallel,
+                     model_parallel=model_parallel, **kwargs)  # fmt: skip
+    assert [g.tokens for g in got] == [r.tokens for r in ref]
+    for g, r in zip(got, ref, strict=True):
+        np.testing.assert_allclose(g.logprobs, r.logprobs, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow  # 36-39 s each at load 8-9
+@pytest.mark.parametrize(("expert_parallel", "model_parallel"), [(2, 1), (1, 2)],
+                         ids=["E2", "M2"])  # fmt: skip
+def test_split_generation_with_kept_caches_gives_the_unsplit_tokens(expert_parallel,
+                                                                   model_parallel):  # fmt: skip
+    """A multi-turn session (`keep_cache`: the second turn appended to each row's kept cache
+    at its own length, then the per-row step) on the split model: the unsplit model's tokens
+    of both turns, sampled at temperature 1 with fixed seeds, and their log-probs."""
+    _assert_same_generation(_benchmark(), 1.0, expert_parallel, model_parallel, keep_cache=True)
