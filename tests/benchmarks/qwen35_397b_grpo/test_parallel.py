@@ -76,7 +76,7 @@ def _benchmark() -> FixedRolloutsBenchmark:
     return FixedRolloutsBenchmark(config)
 
 
-@pytest.mark.slow  # 241 s at load 9 (2 min of CPU): tracing the DeltaNet's scan on 4 replicas
+@pytest.mark.slow  # 150-240 s each at load 8-10 (1.5-2 min of CPU): tracing on 4 replicas
 @pytest.mark.parametrize(("expert_parallel", "model_parallel"), [(2, 1), (1, 2), (2, 2)],
                          ids=["E2", "M2", "E2xM2"])  # fmt: skip
 def test_parallel_grpo_equals_the_unsplit_run(expert_parallel, model_parallel):
