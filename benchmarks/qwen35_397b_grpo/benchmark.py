@@ -22,6 +22,7 @@ from benchmarks.qwen35_397b_grpo.model import build_model, load_base_weights
 from mlperf_tf.benchmark import Benchmark, EvalPoint
 from mlperf_tf.errors import UserError
 from mlperf_tf.rl import batch as batch_lib
+from mlperf_tf.rl.split_decoding import for_generation
 from mlperf_tf.runner.actions import LoopOutput, TrackedStats
 from mlperf_tf.spmd import use_mesh
 
@@ -29,8 +30,9 @@ _METRICS = ("reward", "is_oob_ratio", "sampling_importance_ratio", "masked_seque
 
 
 class Qwen35GrpoBenchmark(Benchmark):
-    """Qwen3.5-397B-A17B GRPO (README.md). Runs on one replica (the rollouts' generation is
-    host-side and unsplit); `smoke` runs end to end, `mlperf` needs what README.md lists."""
+    """Qwen3.5-397B-A17B GRPO (README.md). Splits over `expert` and `model` (the rollouts'
+    generation decodes on every replica of the split model); `smoke` runs end to end, `mlperf`
+    needs what README.md lists."""
 
     name = "qwen35_397b_grpo"
     config_class = config_lib.Qwen35GrpoConfig
@@ -72,13 +74,39 @@ class Qwen35GrpoBenchmark(Benchmark):
         return math.ceil(self.config.eval_examples / self.config.eval_batch_size)
 
     # ---- model and optimizer -----------------------------------------------------------------------
+    # The mesh axes `run` offers (tests/benchmarks/qwen35_397b_grpo/test_parallel.py): data, and
+    # the routed experts over `expert`. The model also splits exactly over `model` (the
+    # attention's and the DeltaNet's heads, the shared expert, the vocabulary: tested), but
+    # `run` offers it only where the simulator models it (`simulator_shape` has no `Blocks`
+    # yet: the contract test), so it is not declared.
+    parallel_axes = ("data", "expert")
+
     def build_model(self):
-        return build_model(self.config.model)
+        """The policy under this benchmark's mesh (the runner has made it ambient already;
+        tests that build a benchmark directly get it here).
+
+        Raises:
+          UserError: `--expert_parallel` does not divide the experts, or `--model_parallel`
+            the heads, the shared expert or the vocabulary.
+        """
+        experts, axis = self.config.model.moe.num_experts, self.mesh.expert
+        if experts % axis:
+            raise UserError(
+                f"--expert_parallel={axis} must divide `model.moe.num_experts` ({experts})"
+            )
+        # Static tokens per replica (the all-to-all's buffers have one shape on every replica).
+        tokens = self.per_replica_batch_size * (self.config.rollout.max_length - 1)
+        with use_mesh(self.mesh):
+            return build_model(
+                self.config.model, moe_group_size=tokens if axis > 1 else None,
+                collective_timeout_s=self.context.collective_timeout_s,
+            )  # fmt: skip
 
     def bind_model(self, model) -> None:
         """The policy the rollout pipelines generate with: the trained weights themselves,
-        through one compiled generator (`input.generator`)."""
-        self._policy = input_lib.generator(model, self.config)
+        through one compiled generator (`input.generator`); on a split mesh, decoding on every
+        replica (`mlperf_tf.rl.split_decoding`)."""
+        self._policy = input_lib.generator(for_generation(model, self.mesh), self.config)
 
     def prepare_initial_weights(self) -> None:
         """The mini's first run trains its missing base here (`sft.train_base`, untimed, before

@@ -37,12 +37,18 @@ class ScaledPolicy(ScaledWeights, HybridDecoderModel):
         self.store_scaled()
 
 
-def build_model(config: ModelConfig) -> HybridDecoderModel:
+def build_model(config: ModelConfig, *, moe_group_size: int | None = None,
+                collective_timeout_s: float = 0.0) -> HybridDecoderModel:  # fmt: skip
     """The policy: DeltaNet and gated-attention layers, MoE with a shared expert, router frozen;
-    a `ScaledPolicy` (its initial function the unscaled model's) when `weight_scale` is not 1."""
+    a `ScaledPolicy` (its initial function the unscaled model's) when `weight_scale` is not 1.
+
+    Built under the ambient mesh: its `expert` axis splits the routed experts (tokens by
+    all-to-all; `moe_group_size`, the static tokens per replica, then required), its `model`
+    axis the attention's and the DeltaNet's heads (`mlperf_tf.lm.hybrid`)."""
+    kwargs = dict(moe_group_size=moe_group_size, collective_timeout_s=collective_timeout_s)
     if config.weight_scale == 1.0:
-        return build_hybrid_decoder(config, name="qwen35")
-    model = ScaledPolicy(config, name="qwen35")
+        return build_hybrid_decoder(config, name="qwen35", **kwargs)
+    model = ScaledPolicy(config, name="qwen35", **kwargs)
     model.build((None, None))  # stores the initial weights divided by the scale
     return model
 

@@ -22,7 +22,16 @@ g = -exp(A_log) softplus(a + dt_bias) per value head, key heads repeated to the 
 the core above, a gated RMSNorm per head (`norm(o) * silu(z)`), and the output projection.
 Weights are float32 math throughout the core (the reference's fp32 state).
 
-Not split under tensor parallelism yet: its projections are unsplit (`parallel=None`).
+Tensor parallelism (the ambient mesh's `model` axis, M shards, M dividing the key heads): each
+shard computes its 1/M of the key heads and of the value heads they serve (key head i serves
+value heads [i r, (i + 1) r)), so the core, the gates and the gated norm run on its heads only,
+with no collective between the projections and `out_proj`: f once on the input, z, b and a
+column-parallel, `dt_bias` and `A_log` split alike, `out_proj` row-parallel (g: one all-reduce
+forward), the norm's scale (shared by the heads) read through f. The fused `in_proj_qkv` and the
+convolution's kernel, whose channels are Hugging Face's [q | k | v] (a shard's heads are three
+column ranges, not one), are held whole on every shard and read through f; each shard multiplies
+and convolves only its own heads' three ranges (the work is split, those two weights' memory is
+not; their gradient is the all-reduce of the shards' parts).
 """
 
 from __future__ import annotations
@@ -30,7 +39,11 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from mlperf_tf.errors import UserError
+from mlperf_tf.layers.matmul import token_matmul
+from mlperf_tf.layers.tensor_parallel import ModelAxis
 from mlperf_tf.lm.layers import Linear, RMSNorm
+from mlperf_tf.parallel.layout import add_split_weight, model_split
 
 
 def _l2norm(x, eps: float = 1e-6):
@@ -207,12 +220,27 @@ class GatedDeltaNet(keras.layers.Layer):
         self.key_dim = num_key_heads * key_head_dim
         self.value_dim = num_value_heads * value_head_dim
         self.conv_dim = 2 * self.key_dim + self.value_dim
-        self.in_proj_qkv = Linear(self.conv_dim, stddev=stddev, name="in_proj_qkv")
-        self.in_proj_z = Linear(self.value_dim, stddev=stddev, name="in_proj_z")
-        self.in_proj_b = Linear(num_value_heads, stddev=stddev, name="in_proj_b")
-        self.in_proj_a = Linear(num_value_heads, stddev=stddev, name="in_proj_a")
-        self.norm = RMSNorm(norm_epsilon, name="norm")
-        self.out_proj = Linear(hidden_size, stddev=stddev, name="out_proj")
+        self.axis = ModelAxis(None, self)
+        m = self.axis.size
+        if num_key_heads % m:
+            raise UserError(
+                f"--model_parallel={m} must divide `model.linear_num_key_heads` ({num_key_heads})"
+            )
+        # This shard's heads (all of them at M = 1).
+        self.local_key_heads, self.local_value_heads = num_key_heads // m, num_value_heads // m
+        self.local_key_dim = self.local_key_heads * key_head_dim
+        self.local_value_dim = self.local_value_heads * value_head_dim
+        self.local_conv_dim = 2 * self.local_key_dim + self.local_value_dim
+        whole = "replicated" if m > 1 else None  # [q | k | v]: read whole, used by parts
+        column = "column" if m > 1 else None
+        self.in_proj_qkv = Linear(self.conv_dim, stddev=stddev, parallel=whole,
+                                  name="in_proj_qkv")  # fmt: skip
+        self.in_proj_z = Linear(self.value_dim, stddev=stddev, parallel=column, name="in_proj_z")
+        self.in_proj_b = Linear(num_value_heads, stddev=stddev, parallel=column, name="in_proj_b")
+        self.in_proj_a = Linear(num_value_heads, stddev=stddev, parallel=column, name="in_proj_a")
+        self.norm = RMSNorm(norm_epsilon, sharded_input=m > 1, name="norm")
+        self.out_proj = Linear(hidden_size, stddev=stddev, parallel="row" if m > 1 else None,
+                               name="out_proj")  # fmt: skip
 
     @staticmethod
     def parameter_count(*, hidden_size, num_key_heads, num_value_heads, key_head_dim,
@@ -236,33 +264,58 @@ class GatedDeltaNet(keras.layers.Layer):
             name="conv_kernel", shape=(self.conv_dim, self.conv_kernel_size),
             initializer=keras.initializers.RandomUniform(-0.5, 0.5),
         )  # fmt: skip
-        self.dt_bias = self.add_weight(name="dt_bias", shape=(self.num_value_heads,),
-                                       initializer="ones")  # fmt: skip
+        heads = model_split(0)  # one value per value head: this shard's
+        self.dt_bias = add_split_weight(self, name="dt_bias", shape=(self.num_value_heads,),
+                                        initializer="ones", layout=heads)  # fmt: skip
         # A = exp(A_log) in [1, 16] as Hugging Face initializes it (log of uniform(0, 16)).
-        self.A_log = self.add_weight(
-            name="A_log", shape=(self.num_value_heads,),
-            initializer=keras.initializers.RandomUniform(0.0, 2.77),
+        self.A_log = add_split_weight(
+            self, name="A_log", shape=(self.num_value_heads,),
+            initializer=keras.initializers.RandomUniform(0.0, 2.77), layout=heads,
         )  # fmt: skip
         self.norm.build((None, self.value_head_dim))
         self.out_proj.build((None, None, self.value_dim))
         self.built = True
 
     def empty_cache(self, batch: int):
-        """(conv_state [batch, K - 1, conv_dim], recurrent_state [batch, v_heads, d_k, d_v])."""
+        """(conv_state [batch, K - 1, conv_dim], recurrent_state [batch, v_heads, d_k, d_v]):
+        this shard's channels and heads under tensor parallelism."""
         return (
-            tf.zeros([batch, self.conv_kernel_size - 1, self.conv_dim], self.compute_dtype),
+            tf.zeros([batch, self.conv_kernel_size - 1, self.local_conv_dim], self.compute_dtype),
             tf.zeros(
-                [batch, self.num_value_heads, self.key_head_dim, self.value_head_dim], tf.float32
+                [batch, self.local_value_heads, self.key_head_dim, self.value_head_dim],
+                tf.float32,
             ),
         )
+
+    def _own_channels(self, t, axis: int):
+        """`t` (whole [q | k | v] channels along `axis`, read through f) -> this shard's heads'
+        [q_s | k_s | v_s] (`t` itself at M = 1): three contiguous ranges, concatenated."""
+        if self.axis.size == 1:
+            return t
+        shard = self.axis.index()
+        parts = []
+        for start, width in ((0, self.local_key_dim), (self.key_dim, self.local_key_dim),
+                             (2 * self.key_dim, self.local_value_dim)):  # fmt: skip
+            first = start + shard * width
+            parts.append(t[first : first + width] if axis == 0 else t[:, first : first + width])
+        return tf.concat(parts, axis=axis)
+
+    def project_qkv(self, x):
+        """This shard's q, k, v channels [..., local conv_dim] of `x` (already through f)."""
+        if self.axis.size == 1:
+            return self.in_proj_qkv(x)
+        kernel = self._own_channels(self.in_proj_qkv.read(self.in_proj_qkv.kernel), axis=1)
+        return token_matmul(x, kernel)
 
     def call(self, x, cache=None, real=None):
         batch, length = tf.shape(x)[0], x.shape[1]
         conv_state, recurrent_state = (None, None) if cache is None else cache
         counts = None if real is None else tf.reduce_sum(tf.cast(real, tf.int32), axis=1)
-        mixed, conv_state = causal_conv(self.in_proj_qkv(x), self.conv_kernel, conv_state, counts)
-        mixed = tf.nn.silu(mixed)  # [B, T, 2 key_dim + value_dim]
-        kd, hk, hv = self.key_dim, self.num_key_heads, self.num_value_heads
+        x = self.axis.copy(x)  # f: one all-reduce of the input gradient for every projection
+        kernel = self._own_channels(self.axis.copy(self.conv_kernel), axis=0)
+        mixed, conv_state = causal_conv(self.project_qkv(x), kernel, conv_state, counts)
+        mixed = tf.nn.silu(mixed)  # [B, T, 2 local key_dim + local value_dim]
+        kd, hk, hv = self.local_key_dim, self.local_key_heads, self.local_value_heads
         query = tf.reshape(mixed[..., :kd], [batch, -1, hk, self.key_head_dim])
         key = tf.reshape(mixed[..., kd : 2 * kd], [batch, -1, hk, self.key_head_dim])
         value = tf.reshape(mixed[..., 2 * kd :], [batch, -1, hv, self.value_head_dim])
@@ -287,7 +340,7 @@ class GatedDeltaNet(keras.layers.Layer):
         z = tf.cast(tf.reshape(self.in_proj_z(x), [batch, -1, hv, self.value_head_dim]), tf.float32)
         core = tf.cast(self.norm(core), tf.float32) * tf.nn.silu(z)  # [B, T, v_heads, d_v]
         y = self.out_proj(
-            tf.cast(tf.reshape(core, [batch, -1, self.value_dim]), self.compute_dtype)
+            tf.cast(tf.reshape(core, [batch, -1, self.local_value_dim]), self.compute_dtype)
         )
         if cache is None:
             return y

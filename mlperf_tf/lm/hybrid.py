@@ -10,6 +10,11 @@ token passes through, scaled by sigmoid(a learned [hidden, 1] gate) (Hugging Fac
 `Qwen3NextSparseMoeBlock` / `Qwen3_5MoeSparseMoeBlock`). `freeze_router` makes the routers'
 kernels non-trainable (the MLPerf GRPO recipe's `freeze_moe_router`).
 
+Parallelism, from the ambient mesh as every `mlperf_tf.lm` block: `model` splits the gated
+attention by heads (`Attention`), the DeltaNet by heads (`GatedDeltaNet`), the shared expert as a
+Megatron feed-forward, the embedding and the head by vocabulary; `expert` splits the routed
+experts (`mlperf_tf.layers.moe`); the shared expert's [hidden, 1] gate is replicated.
+
 Norms: Hugging Face's Qwen3.5 RMSNorms scale by (1 + w) from w = 0; ours scale by s from s = 1
 (the same function, s = 1 + w: a checkpoint importer adds 1); the DeltaNet's gated norm is
 plain w in both.
@@ -30,6 +35,8 @@ from mlperf_tf.lm.feed_forward import FeedForward
 from mlperf_tf.lm.gated_deltanet import GatedDeltaNet
 from mlperf_tf.lm.layers import Linear
 from mlperf_tf.lm.rope import RotaryEmbedding
+from mlperf_tf.parallel.context import current_mesh
+from mlperf_tf.parallel.layout import check_divides
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -210,6 +217,9 @@ class HybridDecoderModel(DecoderModel):
     block_class = HybridDecoderBlock
 
     def __init__(self, config: HybridDecoderConfig, **kwargs):
+        mesh = current_mesh()
+        if mesh is not None and config.shared_expert_size:  # one line, before any weight
+            check_divides(mesh, **{"model.shared_expert_size": config.shared_expert_size})
         super().__init__(config, **kwargs)
         self.rotary = RotaryEmbedding(config.rotary_dim, theta=config.rope_theta)
 

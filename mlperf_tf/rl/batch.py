@@ -72,6 +72,15 @@ def token_arrays(rollouts, *, length: int, pad_id: int) -> dict[str, np.ndarray]
     return arrays
 
 
+def vocab_split(model) -> dict:
+    """`grpo.token_logprobs`' tensor-parallel arguments for `model`'s logits: its `ModelAxis`
+    and whole vocabulary (a `DecoderModel` under a `model` axis gives [..., vocab/M])."""
+    config = getattr(model, "config", None)
+    if config is None:
+        return {}
+    return {"axis": model.axis, "vocab_size": config.vocab_size}
+
+
 def supervised_loss(model, batch) -> tf.Tensor:
     """Mean negative log-likelihood of the policy's tokens (`token_mask`) of `batch`
     (`token_arrays`' arrays) under `model`: supervised fine-tuning on expert trajectories."""
@@ -90,7 +99,8 @@ def policy_loss(model, batch, *, loss: grpo.PolicyLossConfig, logprob_error_thre
     generator's before the loss, as NeMo-RL's `seq_logprob_error_threshold` does.
     """
     logits = model(batch["input_ids"])
-    curr = grpo.token_logprobs(logits, batch["targets"], temperature)  # [R, T]
+    curr = grpo.token_logprobs(logits, batch["targets"], temperature,
+                               **vocab_split(model))  # [R, T] # fmt: skip
     sample_mask = grpo.logprob_error_mask(
         batch["generation_logprobs"], tf.stop_gradient(curr), batch["token_mask"],
         batch["sample_mask"], logprob_error_threshold,

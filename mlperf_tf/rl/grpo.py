@@ -22,6 +22,7 @@ import dataclasses
 import tensorflow as tf
 
 from mlperf_tf.config import ConfigError
+from mlperf_tf.layers.tensor_parallel import vocab_parallel_cross_entropy
 
 # NeMo-RL's constants: `GRPOAdvantageEstimator` divides by std + 1e-6; `masked_mean` adds 1e-8 to
 # its denominator.
@@ -288,17 +289,26 @@ def clipped_policy_loss(
     return loss, metrics
 
 
-def token_logprobs(logits, tokens, temperature: float = 1.0) -> tf.Tensor:
+def token_logprobs(logits, tokens, temperature: float = 1.0, *, axis=None,
+                   vocab_size: int = 0) -> tf.Tensor:  # fmt: skip
     """Log-probabilities of `tokens` under `logits / temperature` (float32 softmax).
 
     Args:
-      logits: `[..., vocab]`.
+      logits: `[..., vocab]`, or under tensor parallelism (`axis.size` M > 1) this shard's
+        `[..., vocab/M]` (the negated vocabulary-parallel cross-entropy: the logits are never
+        gathered).
       tokens: `[...]` int token ids.
+      axis: the model's `ModelAxis` (None or size 1: whole logits).
+      vocab_size: the whole vocabulary (with `axis`).
 
     Returns:
       `[...]` float32.
     """
     logits = tf.cast(logits, tf.float32) / temperature
+    if axis is not None and axis.size > 1:
+        return -vocab_parallel_cross_entropy(
+            logits, tf.cast(tokens, tf.int32), vocab_size=vocab_size, smoothing=0.0, axis=axis
+        )
     logp = tf.nn.log_softmax(logits, axis=-1)
     return tf.gather(logp, tf.cast(tokens, tf.int32), axis=-1, batch_dims=len(tokens.shape))
 
