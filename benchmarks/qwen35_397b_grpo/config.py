@@ -55,6 +55,12 @@ MINI_BASE_STEPS = 200  # measured: teacher-forced edits 0.53, pass@4 0.547 on 64
 MINI_BASE_BATCH = 8
 MINI_BASE_LR = 2e-3
 MINI_BASE_SEED = 5151
+# The rate's warm-up steps and cosine decay to this fraction of the peak at the last step
+# (1.0: constant), and the token embedding's rate as a multiple of the others' (`sft.BaseRecipe`).
+MINI_BASE_WARMUP = 0
+MINI_BASE_FINAL_LR_FRACTION = 1.0
+MINI_BASE_EMBEDDING_LR_SCALE = 1.0
+MINI_BASE_CLIP = 1.0
 # The mini's quality target: above the rules' 0.69 (the checker's `eval_accuracy` check), not
 # yet calibrated against a measured GRPO run (README.md, "The mini").
 MINI_TARGET_PASS_AT_4 = 0.7

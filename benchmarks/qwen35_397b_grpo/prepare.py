@@ -82,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise UserError(f"--base_steps ({args.base_steps}) must be positive")
         from benchmarks.qwen35_397b_grpo import sft  # noqa: PLC0415 (TensorFlow only here)
 
-        print(sft.train_base(args.out_dir, steps=args.base_steps))
+        print(sft.train_base(args.out_dir, recipe=sft.BaseRecipe(steps=args.base_steps)))
         return 0
     if not args.data_dir:
         raise UserError("--data_dir is required (the folder with the reference's JSONL files)")
