@@ -9,7 +9,7 @@ on expert trajectories of the generated repair tasks) into `--out_dir` (the pres
 
 Command line:
   mlperf-tf prepare qwen35_397b_grpo --data_dir=DIR --out_dir=DIR
-  mlperf-tf prepare qwen35_397b_grpo --mini --out_dir=~/.cache/mlperf_tf/qwen35-grpo-mini-base-2
+  mlperf-tf prepare qwen35_397b_grpo --mini --out_dir=~/.cache/mlperf_tf/qwen35-grpo-mini-base-3
 """
 
 from __future__ import annotations

@@ -463,8 +463,8 @@ def _scatter_step(cache, new, position):
 
 def _write_cache_rows(cache, k, v, position):
     """`_write_cache` at each row's own slot: k, v [batch, kv, new, d] written at slots
-    position[b] .. position[b] + new - 1 of row b (a one-hot [batch, new, capacity] blend;
-    slots past the capacity are dropped)."""
+    position[b] .. position[b] + new - 1 of row b (a one-hot [batch, new, capacity] blend, or
+    for one new token a scatter, `_scatter_step`; slots past the capacity are dropped)."""
     capacity, new = cache[0].shape[2], tf.shape(k)[2]
     if k.shape[2] == 1:  # a decoding step: a scatter of one slot a row and head
         return _scatter_step(cache[0], k, position), _scatter_step(cache[1], v, position)
