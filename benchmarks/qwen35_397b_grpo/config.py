@@ -439,7 +439,7 @@ def mini() -> Qwen35GrpoConfig:
         rollout=RolloutConfig(max_length=MINI_SEQUENCE_LENGTH, max_turn_tokens=MINI_TURN_TOKENS,
                               train_tasks=256, eval_tasks=EVAL_SAMPLES, prefill_bucket=128,
                               xla_decoding=True, decode_rows=MINI_DECODE_ROWS,
-                              chunked_prefill=True),
+                              chunked_prefill=True, keep_cache=True),
         init_checkpoint=mini_base_dir(),
     )  # fmt: skip
 
