@@ -12,7 +12,7 @@ on expert trajectories of the generated repair tasks) into `--out_dir` (the pres
 
 Command line:
   mlperf-tf prepare qwen35_397b_grpo --data_dir=DIR --out_dir=DIR
-  mlperf-tf prepare qwen35_397b_grpo --mini --out_dir=~/.cache/mlperf_tf/qwen35-grpo-mini-base-2
+  mlperf-tf prepare qwen35_397b_grpo --mini --out_dir=~/.cache/mlperf_tf/qwen35-grpo-mini-base-3
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise UserError(f"--base_steps ({args.base_steps}) must be positive")
         from benchmarks.qwen35_397b_grpo import sft  # noqa: PLC0415 (TensorFlow only here)
 
-        print(sft.train_base(args.out_dir, steps=args.base_steps))
+        print(sft.train_base(args.out_dir, recipe=sft.BaseRecipe(steps=args.base_steps)))
         return 0
     if not args.data_dir:
         raise UserError("--data_dir is required (the folder with the reference's JSONL files)")

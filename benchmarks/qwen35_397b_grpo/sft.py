@@ -31,6 +31,7 @@ from mlperf_tf.optimizers.base import clipped_update
 from mlperf_tf.rl import batch as batch_lib
 from mlperf_tf.rl.generation import ByteChat, Generated
 from mlperf_tf.rl.rollout import run_rollouts
+from mlperf_tf.sparse import merge_duplicate_rows
 
 CHAT = ByteChat()
 WEIGHTS = "model.weights.h5"
@@ -88,21 +89,6 @@ def supervised_batches(rollouts, *, batch: int, seed: int):
             yield {k: tf.constant(v[rows]) for k, v in arrays.items()}
 
 
-def supervised_step(model, optimizer, clip: float):
-    """A compiled supervised step of `model` (`batch_lib.supervised_loss`, clipped Adam)."""
-
-    @tf.function
-    def step(batch):
-        with tf.GradientTape() as tape:
-            loss = batch_lib.supervised_loss(model, batch)
-        variables = model.trainable_variables
-        # The embedding's sparse gradient lists a row once per lookup: merged before the clip.
-        clipped_update(optimizer, tape.gradient(loss, variables), variables, clip)
-        return loss
-
-    return step
-
-
 def accumulated_step(model, optimizer, clip: float, loss_fn, micro_batch: int):
     """An update as the runner makes it with gradient accumulation: `loss_fn(model, batch)`'s
     gradients on micro-batches of `micro_batch` rows (compiled once), averaged, clipped to
@@ -131,38 +117,98 @@ def accumulated_step(model, optimizer, clip: float, loss_fn, micro_batch: int):
     return step
 
 
-def train_base(out_dir: str, *, config=None, steps: int = config_lib.MINI_BASE_STEPS,
+@dataclasses.dataclass(frozen=True)
+class BaseRecipe:
+    """How `train_base` trains the base: `steps` supervised steps of `batch` expert rollouts,
+    Adam at `lr` after `warmup` linear steps, cosine-decayed to `final_lr_fraction` x `lr` at the
+    last step (1.0: constant), the token embedding at `embedding_lr_scale` x the rate, the
+    global-norm clip `clip` (0: none). Defaults: the declared `config.MINI_BASE_*`.
+
+    Why an embedding rate of its own: the bytes' embedding rows are each looked up hundreds of
+    times a batch; the supervised loop before duplicate rows were merged gave them Adam's
+    sum(g_i^2) second moment, moving them up to sqrt(n) x the rate, and that base was the
+    strong one (README, "The mini")."""
+
+    steps: int = config_lib.MINI_BASE_STEPS
+    batch: int = config_lib.MINI_BASE_BATCH
+    lr: float = config_lib.MINI_BASE_LR
+    warmup: int = config_lib.MINI_BASE_WARMUP
+    final_lr_fraction: float = config_lib.MINI_BASE_FINAL_LR_FRACTION
+    embedding_lr_scale: float = config_lib.MINI_BASE_EMBEDDING_LR_SCALE
+    clip: float = config_lib.MINI_BASE_CLIP
+    seed: int = config_lib.MINI_BASE_SEED
+
+    def schedule(self, scale: float = 1.0):
+        """The rate (times `scale`) as a Keras schedule, or a float when constant."""
+        peak = self.lr * scale
+        if self.final_lr_fraction == 1.0 and not self.warmup:
+            return peak
+        return keras.optimizers.schedules.CosineDecay(
+            0.0 if self.warmup else peak, max(self.steps - self.warmup, 1),
+            alpha=self.final_lr_fraction, warmup_target=peak if self.warmup else None,
+            warmup_steps=self.warmup,
+        )  # fmt: skip
+
+
+def recipe_step(model, recipe: BaseRecipe):
+    """A compiled supervised step of `model` under `recipe`: the loss's gradients, duplicate
+    rows merged and clipped together (`clipped_update`), then the embedding's Adam at its own
+    rate and the other weights' Adam (two optimizers when the rates differ)."""
+    variables = model.trainable_variables
+    is_embedding = [v.path == model.token_embedding.embeddings.path for v in variables]
+    groups = [[i for i, e in enumerate(is_embedding) if e == part] for part in (False, True)]
+    if recipe.embedding_lr_scale == 1.0:
+        groups = [list(range(len(variables)))]
+    scales = (1.0, recipe.embedding_lr_scale)
+    optimizers = [keras.optimizers.Adam(recipe.schedule(scales[k])) for k in range(len(groups))]
+    for opt, group in zip(optimizers, groups):
+        opt.build([variables[i] for i in group])
+
+    @tf.function
+    def step(batch):
+        with tf.GradientTape() as tape:
+            loss = batch_lib.supervised_loss(model, batch)
+        grads = [merge_duplicate_rows(g) for g in tape.gradient(loss, variables)]
+        if recipe.clip:
+            grads, _ = tf.clip_by_global_norm(grads, recipe.clip)
+        for opt, group in zip(optimizers, groups):
+            clipped_update(opt, [grads[i] for i in group], [variables[i] for i in group], None)
+        return loss
+
+    return step
+
+
+def train_base(out_dir: str, *, config=None, recipe: BaseRecipe | None = None,
                save_every: int = 0) -> dict:  # fmt: skip
     """Trains the `mini` model from its initializers on the expert rollouts of the mini's
-    training tasks for `steps` steps (batch `MINI_BASE_BATCH`, Adam at `MINI_BASE_LR`, clip 1)
-    and writes `out_dir/model.weights.h5` (with `save_every`, also `step<N>.weights.h5`).
+    training tasks under `recipe` (default `BaseRecipe()`: the declared settings) and writes
+    `out_dir/model.weights.h5` (with `save_every`, also `step<N>.weights.h5`).
 
     Returns:
       A summary: trajectories, steps, the last loss, seconds.
     """
     config = config or config_lib.mini()
+    recipe = recipe or BaseRecipe()
     begin = time.time()
     pool = tasks_lib.make_tasks(config.rollout.train_tasks, config.rollout.task_seed)
     rollouts = expert_rollouts(config, pool)
     logging.info("qwen35_397b_grpo mini base: %d expert trajectories", len(rollouts))
-    keras.utils.set_random_seed(config_lib.MINI_BASE_SEED)
+    keras.utils.set_random_seed(recipe.seed)
     # The base is the plain model (the GRPO run's parametrization loads it scaled).
     model = build_model(dataclasses.replace(config.model, weight_scale=1.0))
-    optimizer = keras.optimizers.Adam(config_lib.MINI_BASE_LR)
-    optimizer.build(model.trainable_variables)
-    step = supervised_step(model, optimizer, 1.0)
-    data = supervised_batches(rollouts, batch=config_lib.MINI_BASE_BATCH,
-                              seed=config_lib.MINI_BASE_SEED)  # fmt: skip
+    step = recipe_step(model, recipe)
+    data = supervised_batches(rollouts, batch=recipe.batch, seed=recipe.seed)
     os.makedirs(out_dir, exist_ok=True)
     loss = float("nan")
-    for i in range(steps):
+    for i in range(recipe.steps):
         loss = float(step(next(data)))
         if (i + 1) % 25 == 0:
-            logging.info("qwen35_397b_grpo mini base: step %d/%d loss %.4f", i + 1, steps, loss)
+            logging.info("qwen35_397b_grpo mini base: step %d/%d loss %.4f", i + 1, recipe.steps,
+                         loss)  # fmt: skip
         if save_every and (i + 1) % save_every == 0:
             model.save_weights(os.path.join(out_dir, f"step{i + 1}.weights.h5"))
     model.save_weights(os.path.join(out_dir, WEIGHTS))
-    return {"trajectories": len(rollouts), "steps": steps, "loss": round(loss, 4),
+    return {"trajectories": len(rollouts), "steps": recipe.steps, "loss": round(loss, 4),
             "seconds": round(time.time() - begin, 1)}  # fmt: skip
 
 

@@ -9,6 +9,10 @@ calls (the first run of each includes its tracing), how many of its rollouts hav
 tokens, and the load average.
 
     python tools/costs/bench_grpo_kept_cache.py [--tasks=8] [--rounds=2]
+        [--weights=BASE/model.weights.h5] [--paths=prefilled,kept]
+
+With `--paths=prefilled --rounds=1` it is the first step's training reward of a base (no
+update): the proxy of whether GRPO finds an advantage from it.
 """
 
 from __future__ import annotations
@@ -33,9 +37,12 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tasks", type=int, default=8, help="tasks of the step (x 16 rollouts)")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--weights", default="", help="default: the mini base's")
+    parser.add_argument("--paths", default="prefilled,kept", help="of prefilled, kept")
     args = parser.parse_args(argv)
-    if args.tasks < 1 or args.rounds < 1:
-        parser.error("--tasks and --rounds must be positive")
+    paths = args.paths.split(",")
+    if args.tasks < 1 or args.rounds < 1 or not paths or set(paths) - {"prefilled", "kept"}:
+        parser.error("--tasks and --rounds must be positive, --paths of prefilled, kept")
 
     import numpy as np  # noqa: PLC0415
 
@@ -54,7 +61,7 @@ def main(argv=None) -> None:
         gradient_accumulation_steps=max(1, gbs // config_lib.MINI_MICRO_BATCH),
     ))  # fmt: skip
     model = bench.build_model()
-    load_base_weights(model, os.path.join(config_lib.mini_base_dir(), sft.WEIGHTS))
+    load_base_weights(model, args.weights or os.path.join(config_lib.mini_base_dir(), sft.WEIGHTS))
     spent: dict = {}
     generators = {}
     for keep in (False, True):
@@ -68,7 +75,7 @@ def main(argv=None) -> None:
         generators["kept" if keep else "prefilled"] = (generator, config)
     batches = {}
     for index in range(args.rounds):
-        order = ["prefilled", "kept"] if index % 2 == 0 else ["kept", "prefilled"]
+        order = paths if index % 2 == 0 else paths[::-1]
         for name in order:
             generator, config = generators[name]
             spent.update({"prefill": 0.0, "prefill calls": 0, "step": 0.0, "step calls": 0})

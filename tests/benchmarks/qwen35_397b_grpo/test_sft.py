@@ -121,3 +121,53 @@ def test_accumulated_step_is_the_whole_batch_step(clip):
     assert norms[0] == pytest.approx(norms[1], rel=1e-5) and norms[0] > 0.01
     for a, b in zip(*weights, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.numerics
+def test_base_recipe_schedule_is_warmup_then_cosine():
+    recipe = sft.BaseRecipe(steps=10, lr=2.0, warmup=2, final_lr_fraction=0.1)
+    schedule = recipe.schedule(scale=3.0)
+    peak = 6.0
+    for step in range(11):
+        if step < 2:
+            want = peak * step / 2
+        else:
+            want = peak * (0.1 + 0.9 * 0.5 * (1 + np.cos(np.pi * (step - 2) / 8)))
+        np.testing.assert_allclose(float(schedule(step)), want, rtol=1e-5, err_msg=str(step))
+    assert sft.BaseRecipe(lr=0.5).schedule(2.0) == 1.0  # constant: a plain rate
+
+
+class _TinyLM(tf.keras.Model):
+    """ids -> logits through a `token_embedding` (what `sft.recipe_step` finds) and a dense
+    layer: cheap to trace."""
+
+    def __init__(self):
+        super().__init__(name="tiny_lm")
+        self.token_embedding = tf.keras.layers.Embedding(sft.CHAT.vocab_size, 8)
+        self.head = tf.keras.layers.Dense(sft.CHAT.vocab_size)
+
+    def call(self, ids):
+        return self.head(self.token_embedding(ids))
+
+
+@pytest.mark.numerics
+def test_base_recipe_moves_the_embedding_at_its_own_rate():
+    """Adam's first step moves a weight by about the rate (g / |g|): the embedding's rows by
+    `embedding_lr_scale` x the rate, every other weight by the rate."""
+    tf.keras.utils.set_random_seed(0)
+    model = _TinyLM()
+    model(tf.zeros([1, 1], tf.int32))  # builds its layers
+    rng = np.random.default_rng(0)
+    batch = {
+        "input_ids": rng.integers(0, 256, size=[2, 9]).astype(np.int32),
+        "targets": rng.integers(0, 256, size=[2, 9]).astype(np.int32),
+        "token_mask": np.ones([2, 9], np.float32),
+    }
+    before = [v.numpy() for v in model.trainable_variables]
+    step = sft.recipe_step(model, sft.BaseRecipe(lr=1e-3, embedding_lr_scale=4.0, clip=0.0))
+    step({k: tf.constant(v) for k, v in batch.items()})
+    embedding = model.token_embedding.embeddings
+    moved = {v.path: np.abs(v.numpy() - b).max() for v, b in zip(model.trainable_variables, before)}
+    np.testing.assert_allclose(moved.pop(embedding.path), 4e-3, rtol=1e-3)  # no KeyError
+    assert max(moved.values()) <= 1e-3 * (1 + 1e-5)  # |g| / (|g| + epsilon) <= 1
+    np.testing.assert_allclose(max(moved.values()), 1e-3, rtol=1e-3)

@@ -290,3 +290,29 @@ def test_gated_attention_with_partial_rope_matches_keras_hub_qwen3_5():
         output_stddev=0.3, norm_epsilon=1e-6, qk_norm=True,
     )  # fmt: skip
     assert ungated.q_proj.units * 2 == ours.q_proj.units
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("xla", [False, True])
+def test_decoding_step_writes_one_slot_a_row(xla):
+    """A decoding step's cache write (`_write_cache_rows`, one new token, a scatter) against
+    NumPy: row b's slot position[b] takes its new key and value, every other slot and a row
+    whose position is past the capacity keep theirs; the shared-position write alike."""
+    from mlperf_tf.lm import attention  # noqa: PLC0415
+
+    rng = np.random.default_rng(0)
+    cache = [rng.normal(size=[3, 2, 5, 4]).astype(np.float32) for _ in range(2)]
+    new = [rng.normal(size=[3, 2, 1, 4]).astype(np.float32) for _ in range(2)]
+    position = np.array([4, 0, 5], np.int32)  # row 2 is past the 5 slots: unchanged
+    write = tf.function(attention._write_cache_rows, jit_compile=xla)
+    got = write(tuple(map(tf.constant, cache)), *map(tf.constant, new), tf.constant(position))
+    shared = tf.function(attention._write_cache, jit_compile=xla)
+    got_shared = shared(tuple(map(tf.constant, cache)), *map(tf.constant, new), tf.constant(2))
+    for index in range(2):
+        want, want_shared = cache[index].copy(), cache[index].copy()
+        for row, slot in enumerate(position):
+            if slot < 5:
+                want[row, :, slot] = new[index][row, :, 0]
+        want_shared[:, :, 2] = new[index][:, :, 0]
+        np.testing.assert_array_equal(got[index].numpy(), want)
+        np.testing.assert_array_equal(got_shared[index].numpy(), want_shared)
