@@ -180,7 +180,7 @@ class Qwen35GrpoBenchmark(Benchmark):
     def eval_dataset(self, input_context) -> tf.data.Dataset:
         tasks = self.config.eval_batch_size
         k = self.config.grpo.num_val_generations_per_prompt
-        return tf.data.Dataset.from_generator(
+        dataset = tf.data.Dataset.from_generator(
             lambda: input_lib.validation_batches(
                 self._policy_model(), self.config, batch_tasks=tasks, seed=self.seed
             ),
@@ -189,6 +189,12 @@ class Qwen35GrpoBenchmark(Benchmark):
                 "valid": tf.TensorSpec([tasks], tf.float32),
             },
         )
+        # Each batch shard takes its share of a validation batch's tasks (the host generates
+        # them all once), as the training batch is cut into the replicas' micro-batches.
+        per_replica = self.replica_batch_size(tasks, input_context)
+        if per_replica != tasks:
+            dataset = dataset.unbatch().batch(per_replica, drop_remainder=True)
+        return dataset
 
     def run_actions(self) -> list[TrackedStats]:
         """The reference's per-step statistics in the MLPerf log (`tracked_stats`, two events
@@ -209,8 +215,9 @@ class Qwen35GrpoBenchmark(Benchmark):
         )  # fmt: skip
         parts = float(self.config.gradient_accumulation_steps)
         metrics["reward"] = tf.reduce_mean(batch["rewards"])
-        # A token mean over the step, averaged over the micro-batches as the loss is.
-        metrics["sampling_importance_ratio"] *= parts
+        # A token mean over the step: this micro-batch's share of the step's tokens, which the
+        # runner averages over the micro-batches and the replicas (the batch shards' shares sum).
+        metrics["sampling_importance_ratio"] *= parts * self.batch_shards
         return loss * parts, {k: metrics[k] for k in _METRICS}
 
     def compute_loss(self, model, batch, training: bool = True):
