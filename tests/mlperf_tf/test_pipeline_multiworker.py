@@ -48,38 +48,9 @@ def _assert_close(got: dict, want: dict, rtol: float) -> None:
             np.testing.assert_array_equal(got[key], value, err_msg=key)
 
 
-def test_two_workers_one_stage_each_end_at_the_one_process_run(tmp_path):
-    across = tmp_path / "across"
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    processes.run_workers(
-        lambda _: [*LLAMA, "--distribution=multi_worker", "--startup_timeout_s=90",
-                   "--pipeline_parallel=2", f"--model_dir={across}"],
-        logs,
-        TIMEOUT_S,
-    )  # fmt: skip
-    one = tmp_path / "one_process"
-    processes.run_ok([*LLAMA, "--num_cpu_devices=2", "--pipeline_parallel=2",
-                      f"--model_dir={one}"], str(tmp_path / "one.out"), TIMEOUT_S)  # fmt: skip
-    unsplit = tmp_path / "unsplit"
-    processes.run_ok([*LLAMA, "--distribution=one_device", f"--model_dir={unsplit}"],
-                     str(tmp_path / "unsplit.out"), TIMEOUT_S)  # fmt: skip
-
-    summation = json.loads((across / "gradient_summation.json").read_text())
-    assert summation["update_stages"] == 2
-    assert summation["optimizer_state"] == "its pipeline stage's, whole"
-    got = _checkpoint(across)
-    assert any("_momentum" in k for k in got) and not any("sharded_slots" in k for k in got)
-    # Measured bit for bit (2026-12-06): the same collectives' sums in the same order.
-    _assert_close(got, _checkpoint(one), rtol=1e-6)
-    # The unsplit run sums the whole gradient in another order: its scale-aware 1e-5.
-    _assert_close(got, _checkpoint(unsplit), rtol=1e-5)
-
-
-def test_four_workers_pipeline_across_pairs_data_axis_of_two_equal_one_process(tmp_path):
-    # P = 2 over process pairs, data = 2: the stage map's sum groups and the stage sends cross
-    # processes while the two data groups read different smoke batches
-    # (`synthetic.per_batch_shard`); the one-process references read the same batch shards.
+def _three_runs(tmp_path, workers: int, unsplit_devices: str):
+    """The P = 2 run across `workers` processes, the one-process P = 2 run on as many logical
+    CPUs, and the unsplit run on `unsplit_devices`: their checkpoints and the first's summation."""
     across = tmp_path / "across"
     logs = tmp_path / "logs"
     logs.mkdir()
@@ -87,19 +58,35 @@ def test_four_workers_pipeline_across_pairs_data_axis_of_two_equal_one_process(t
         lambda _: [*LLAMA, "--distribution=multi_worker", "--startup_timeout_s=120",
                    "--pipeline_parallel=2", f"--model_dir={across}"],
         logs,
-        TIMEOUT_S * 2,
-        count=4,
+        TIMEOUT_S * workers // 2,
+        count=workers,
     )  # fmt: skip
-    one = tmp_path / "one_process"
-    processes.run_ok([*LLAMA, "--num_cpu_devices=4", "--pipeline_parallel=2",
-                      f"--model_dir={one}"], str(tmp_path / "one.out"), TIMEOUT_S)  # fmt: skip
-    unsplit = tmp_path / "unsplit"
-    processes.run_ok([*LLAMA, "--num_cpu_devices=2", f"--model_dir={unsplit}"],
-                     str(tmp_path / "unsplit.out"), TIMEOUT_S)  # fmt: skip
-
+    runs = {}
+    for name, flags in (("one", [f"--num_cpu_devices={workers}", "--pipeline_parallel=2"]),
+                        ("unsplit", [unsplit_devices])):  # fmt: skip
+        processes.run_ok([*LLAMA, *flags, f"--model_dir={tmp_path / name}"],
+                         str(tmp_path / f"{name}.out"), TIMEOUT_S)  # fmt: skip
+        runs[name] = _checkpoint(tmp_path / name)
     summation = json.loads((across / "gradient_summation.json").read_text())
     assert summation["update_stages"] == 2
     got = _checkpoint(across)
     assert any("_momentum" in k for k in got) and not any("sharded_slots" in k for k in got)
-    _assert_close(got, _checkpoint(one), rtol=1e-6)
-    _assert_close(got, _checkpoint(unsplit), rtol=1e-5)
+    return got, runs, summation
+
+
+def test_two_workers_one_stage_each_end_at_the_one_process_run(tmp_path):
+    got, runs, summation = _three_runs(tmp_path, 2, "--distribution=one_device")
+    assert summation["optimizer_state"] == "its pipeline stage's, whole"
+    # Measured bit for bit (2026-12-06): the same collectives' sums in the same order.
+    _assert_close(got, runs["one"], rtol=1e-6)
+    # The unsplit run sums the whole gradient in another order: its scale-aware 1e-5.
+    _assert_close(got, runs["unsplit"], rtol=1e-5)
+
+
+def test_four_workers_pipeline_across_pairs_data_axis_of_two_equal_one_process(tmp_path):
+    # P = 2 over process pairs, data = 2: the stage map's sum groups and the stage sends cross
+    # processes while the two data groups read different smoke batches
+    # (`synthetic.per_batch_shard`); the one-process references read the same batch shards.
+    got, runs, _ = _three_runs(tmp_path, 4, "--num_cpu_devices=2")
+    _assert_close(got, runs["one"], rtol=1e-6)
+    _assert_close(got, runs["unsplit"], rtol=1e-5)
