@@ -7,8 +7,8 @@ initializers, and prints each one's evaluations: the models beside the MoE at eq
     python tools/studies/deepseek_mini_dense_beside.py [--steps=726] [--out_dir=/tmp/dense_beside]
         [--benchmarks=llama31_8b,gpt_oss_20b]
 
-Each run is `mlperf-tf run --preset=mini` with the data, the sequence length and the batch
-overridden (their own learning rates, schedules and eval sets of 1,024 windows, evaluated on
+Each run is `mlperf-tf run --preset=mini` with the data, the sequence length, the batch and
+the sample budget (a mini's budget is its own steps x its batch of 8) overridden (their own learning rates, schedules and eval sets of 1,024 windows, evaluated on
 their cadence and at the last step); the DeepSeek-V3 mini's own numbers are its README's
 (base 3.7915 after 300 steps, 3.382 at the rules' first eval 426 steps later).
 """
@@ -55,7 +55,7 @@ def main(argv=None) -> None:
             sys.executable, "-m", "mlperf_tf.cli", "run", f"--benchmark={name}", "--preset=mini",
             f"--model_dir={model_dir}", f"--max_train_steps={args.steps}",
             f"--config.data_dir={data_dir}", f"--config.data.max_sequence_length={SEQUENCE}",
-            f"--config.global_batch_size={BATCH}",
+            f"--config.global_batch_size={BATCH}", f"--config.train_examples={args.steps * BATCH}",
         ]  # fmt: skip
         begin = time.perf_counter()
         done = subprocess.run(command, capture_output=True, text=True, check=False)
