@@ -49,7 +49,7 @@ from tensorflow.python.tpu.ops import gen_xla_ops
 from mlperf_tf.errors import UserError
 from mlperf_tf.layers.sharded_embedding import draw_rows
 from mlperf_tf.optimizers.base import tf_variable
-from mlperf_tf.optimizers.rowwise_adagrad import AdamWRowWiseAdagrad
+from mlperf_tf.optimizers.rowwise_adagrad import AdamWRowWiseAdagrad, rowwise_adagrad_rows
 
 ACCUMULATOR = "row_accumulator"  # the custom optimizer's one slot
 # SparseCore's ids are int32 (`sorted_token_ids` of every `XlaSparseDenseMatmul*` op).
@@ -77,9 +77,14 @@ def rowwise_adagrad_update(
     """
     (accumulator,) = slot_variables
     (epsilon,) = hyperparameters
-    accumulator = accumulator + tf.reduce_mean(tf.square(gradient), axis=-1, keepdims=True)
-    scale = learning_rate / (tf.sqrt(accumulator) + epsilon)  # [..., dim]: equal along a row
-    return embedding_table - scale * gradient, (accumulator,)
+    shape = tf.shape(embedding_table)
+    dim = shape[-1]
+    rows, accumulators = rowwise_adagrad_rows(
+        tf.reshape(embedding_table, [-1, dim]), tf.reshape(gradient, [-1, dim]),
+        tf.reshape(accumulator, [-1, dim])[:, 0], learning_rate, epsilon,
+    )  # fmt: skip
+    accumulator = tf.broadcast_to(tf.reshape(accumulators, tf.concat([shape[:-1], [1]], 0)), shape)
+    return tf.reshape(rows, shape), (accumulator,)
 
 
 rowwise_adagrad_program = tf.function(rowwise_adagrad_update, autograph=False)
