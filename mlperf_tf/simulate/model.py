@@ -247,21 +247,29 @@ def constants(
 
 # The 12 GEMMs of one transformer layer (hidden 4,096, intermediate 16,384, 15,872 tokens) on
 # an NVIDIA B300, from Transformer Engine's GEMM profiling guide (NVIDIA/TransformerEngine
-# docs/features/low_precision_training/gemm_profiling/gemm_profiling.rst): per format, the
-# kernels alone ("pre-quantized") and the quantization that training adds ("autocast" minus
-# pre-quantized: casts, block scales, NVFP4's Hadamard transforms and stochastic rounding),
-# in ms. MXFP8 8.507 ms autocast (7.324 kernels), NVFP4 6.439 (3.754): NVFP4 1.32 x MXFP8 in
-# training, 1.95 x in kernels, against a 3 x peak.
-LAYER_GEMM_MS = {"fp8": (7.324, 8.507 - 7.324), "fp4": (3.754, 6.439 - 3.754)}
+# docs/features/low_precision_training/gemm_profiling/gemm_profiling.rst, the guide's draft,
+# commit ce616e1): per format, the kernels alone ("pre-quantized") and the quantization that
+# training adds ("autocast" minus pre-quantized: casts, block scales, NVFP4's Hadamard
+# transforms and stochastic rounding), in ms. BF16 12.227 ms autocast, nothing to quantize
+# (its pre-quantized 12.835 times the same kernels again); MXFP8 8.507 (7.324 kernels); NVFP4
+# 6.439 (3.754): MXFP8 1.44 x BF16 and NVFP4 1.32 x MXFP8 in training, against the peaks' 2 x
+# and 3 x. The guide as merged (docs/examples/gemm_profiling/, commit 1609c890e) has BF16
+# 12.758, MXFP8 8.984 (7.161), NVFP4 6.453 (3.764): not adopted, docs/scaling.md "Issue 48,
+# session 11" says why.
+LAYER_GEMM_MS = {
+    "bf16": (12.227, 0.0),
+    "fp8": (7.324, 8.507 - 7.324),
+    "fp4": (3.754, 6.439 - 3.754),
+}
 # The B300's dense peaks in those formats and its HBM bandwidth (gb300-nvl72.json's figures).
-LAYER_GEMM_PEAK = {"fp8": 5e15, "fp4": 15e15}
+LAYER_GEMM_PEAK = {"bf16": 2.5e15, "fp8": 5e15, "fp4": 15e15}
 LAYER_GEMM_BANDWIDTH = 8e12
 
 
 def layer_gemm_s(system: System, fmt: str) -> float:
-    """The profiled layer's GEMM time on `system` in `fmt` ("fp8" or "fp4"): the kernels at
-    the chip's peak in the format, the quantization at its memory bandwidth (both memory- and
-    compute-bound parts scaled from the B300 they were measured on)."""
+    """The profiled layer's GEMM time on `system` in `fmt` ("bf16", "fp8" or "fp4"): the
+    kernels at the chip's peak in the format, the quantization at its memory bandwidth (both
+    memory- and compute-bound parts scaled from the B300 they were measured on)."""
     kernels, quantize = LAYER_GEMM_MS[fmt]
     return 1e-3 * (
         kernels * LAYER_GEMM_PEAK[fmt] / system.peak(fmt)
@@ -271,11 +279,12 @@ def layer_gemm_s(system: System, fmt: str) -> float:
 
 def linear_rate(system: System, fmt: str, base: str | None, peak: float) -> float:
     """The FLOP/s (before the calibrated efficiency) of linear layers run in `fmt` by a
-    benchmark whose efficiency is a fraction of the `base` format's peak: an 8-bit calibration
-    carried to 4-bit layers (or back) at the profiled layer's rate ratio on this chip
-    (`layer_gemm_s`: 1.02 x on B200 and GB200, 1.32 x on GB300, not the 2 or 3 x of the
-    peaks; docs/scaling.md, "Efficiency per number format"); any other format at its `peak`
-    (the calibrated fraction of its own peak)."""
+    benchmark whose efficiency is a fraction of the `base` format's peak: a calibration in one
+    of the profiled formats (BF16, FP8, FP4) carried to layers in another at the profiled
+    layer's rate ratio on this chip (`layer_gemm_s`: FP4 over FP8 1.04 x on B200, 1.32 x on
+    GB300; FP8 over BF16 1.44-1.46 x on Blackwell, 1.45 x on H100; not the 2 or 3 x of the peaks;
+    docs/scaling.md, "Efficiency per number format" and "Issue 48, session 11"); any other
+    format at its `peak` (the calibrated fraction of its own peak)."""
     fmt = normalize_format(fmt)
     pair = {fmt, base}
     if (

@@ -15,6 +15,7 @@ from mlperf_tf.simulate import model, systems, validate
 # quantization ("autocast").
 MXFP8_KERNELS, MXFP8_AUTOCAST = 7.324, 8.507
 NVFP4_KERNELS, NVFP4_AUTOCAST = 3.754, 6.439
+BF16_AUTOCAST = 12.227  # no quantization: the kernels alone
 
 
 @pytest.mark.numerics
@@ -34,10 +35,36 @@ def test_the_profiled_layer_on_the_chip_it_was_measured_on_and_on_a_b200():
     assert rate == pytest.approx(4.5e15 * fp8 / fp4)
     # The same format, a format outside the profile, or no declared base: the format's peak.
     assert model.linear_rate(b200, "fp8", "fp8", 4.5e15) == 4.5e15
-    assert model.linear_rate(b200, "bf16", "fp8", 2.25e15) == 2.25e15
+    assert model.linear_rate(b200, "fp16", "fp8", 2.25e15) == 2.25e15  # fp16: not profiled
     assert model.linear_rate(b200, "fp4", None, 9e15) == 9e15
     h100 = systems.load("h100-dgx")  # no FP4: nothing to carry
     assert model.linear_rate(h100, "fp8", "fp8", h100.peak("fp8")) == h100.peak("fp8")
+
+
+@pytest.mark.numerics
+def test_a_bf16_run_of_an_fp8_calibration_runs_at_the_profiled_bf16_rate():
+    """BF16 layers of an FP8 calibration (and FP8 layers of a BF16 one) at the profiled layer's
+    ratio on the chip, BF16's kernels at its peak (nothing to quantize): 1.437 x on GB300 (the
+    figure: 12.227 / 8.507), on a B200 (2.25 / 4.5 PFLOP/s, 8 TB/s) 1.458 x, on an H100 (0.989 /
+    1.979 PFLOP/s, 3.35 TB/s) 1.449 x; not the peaks' 2 x."""
+    gb300, b200, h100 = (systems.load(n) for n in ("gb300-nvl72", "b200-dgx", "h100-dgx"))
+    assert model.layer_gemm_s(gb300, "bf16") == pytest.approx(BF16_AUTOCAST * 1e-3)
+    bf16 = BF16_AUTOCAST * 2.5 / 2.25
+    fp8 = MXFP8_KERNELS * 5 / 4.5 + (MXFP8_AUTOCAST - MXFP8_KERNELS)
+    assert model.layer_gemm_s(b200, "bf16") == pytest.approx(bf16 * 1e-3)
+    assert bf16 / fp8 == pytest.approx(1.458, abs=1e-3)
+    rate = model.linear_rate(b200, "bf16", "fp8", b200.peak("bf16"))
+    assert rate == pytest.approx(4.5e15 * fp8 / bf16)
+    assert model.linear_rate(b200, "fp8", "bf16", b200.peak("fp8")) == pytest.approx(
+        2.25e15 * bf16 / fp8
+    )
+    h_bf16 = BF16_AUTOCAST * 2.5 / (h100.peak("bf16") / 1e15)
+    h_kernels = MXFP8_KERNELS * 5 / (h100.peak("fp8") / 1e15)
+    h_fp8 = h_kernels + (MXFP8_AUTOCAST - MXFP8_KERNELS) * 8 / (h100.memory_bandwidth / 1e12)
+    assert h_bf16 / h_fp8 == pytest.approx(1.449, abs=2e-3)
+    assert model.layer_gemm_s(h100, "bf16") / model.layer_gemm_s(h100, "fp8") == pytest.approx(
+        h_bf16 / h_fp8
+    )
 
 
 @pytest.mark.numerics
