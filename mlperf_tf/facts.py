@@ -103,9 +103,12 @@ class Embeddings:
         optimizer's pass).
       lookups_per_sample: rows one sample gathers, over every table (a history of L events
         looks up L item, album and artist rows).
-      row_bytes: bytes of one row as stored and sent (width x bytes per value).
+      row_bytes: bytes of one row as stored (width x bytes per value).
       id_bytes: bytes of one id sent to its owner (int64: 8).
       state_bytes_per_row: the sparse optimizer's state per row (row-wise Adagrad: one fp32).
+      sent_row_bytes: bytes of one row (or its gradient) as the all-to-alls send it, where a
+        run compresses them (TorchRec's quantized comms, e.g. fp16 rows of fp32 tables); 0:
+        `row_bytes`.
     """
 
     parameters: int
@@ -113,6 +116,7 @@ class Embeddings:
     row_bytes: int
     id_bytes: int = 8
     state_bytes_per_row: int = 4
+    sent_row_bytes: int = 0
 
     def memory_bytes_per_sample(self) -> float:
         """Bytes a sample moves through the owners' memory in one step: the gather's row read,
@@ -123,8 +127,8 @@ class Embeddings:
     def all_to_all_bytes_per_sample(self) -> tuple[float, float, float]:
         """(ids out, rows back, gradients out): the bytes one sample sends in each of the three
         all-to-alls of a step."""
-        n = self.lookups_per_sample
-        return n * self.id_bytes, n * self.row_bytes, n * self.row_bytes
+        n, sent = self.lookups_per_sample, self.sent_row_bytes or self.row_bytes
+        return n * self.id_bytes, n * sent, n * sent
 
 
 @dataclasses.dataclass(frozen=True)

@@ -368,6 +368,8 @@ def _cache_entry(benchmark) -> dict[str, Any]:
         if active is not None and active != parameters:  # a mixture of experts
             entry["active_parameters"] = active
     every = getattr(config, "eval_every_samples", None)  # sample-scheduled evals (Llama)
+    if not every and isinstance(getattr(config, "eval_interval_steps", None), int):
+        every = config.eval_interval_steps * config.global_batch_size  # step-scheduled (DLRMv4)
     convergence = type(benchmark).convergence
     entry.update(
         mlperf_benchmark=type(benchmark).mlperf_benchmark,

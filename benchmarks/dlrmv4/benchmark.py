@@ -35,9 +35,12 @@ def binned_auc(positives: np.ndarray, negatives: np.ndarray) -> float:
 
 # The simulator's shape of the reference (`simulator_shape`): its mean history (gin
 # `HISTORY_LENGTH` = `MIN_HISTORY` = 4,086 events: every kept anchor has that many) and its
-# tables' values, fp32 (assumed: TorchRec's `EmbeddingBagConfig` default `data_type`).
+# tables' values, fp32 (assumed: TorchRec's `EmbeddingBagConfig` default `data_type`), sent
+# by the lookups' all-to-alls in fp16 both ways (gin `sparse_a2a_forward_precision` and
+# `sparse_a2a_backward_precision` = "fp16": TorchRec's quantized comms).
 REFERENCE_MEAN_HISTORY = 4086
 TABLE_VALUE_BYTES = 4
+SENT_VALUE_BYTES = 2
 
 
 class DlrmV4Benchmark(Benchmark):
@@ -103,15 +106,17 @@ class DlrmV4Benchmark(Benchmark):
     def simulator_shape(self) -> SimulatorShape:
         """The tables as the simulator charges them (`facts.Embeddings`): per sample the
         history's and the candidate's item, artist and album rows (3 x (L + 1)) and the 8
-        contextual rows, 512 fp32 values each, sharded over every chip (TorchRec's plan),
-        updated by row-wise Adagrad (one fp32 accumulator per row); the dense weights all-reduced;
-        the preset's batch as the default (the reference's 8,192). No blocks: tensor, pipeline and context parallelism do not apply."""
+        contextual rows, 512 fp32 values each (sent as fp16), sharded over every chip
+        (TorchRec's plan), updated by row-wise Adagrad (one fp32 accumulator per row); the dense
+        weights all-reduced; the preset's batch as the default (the reference's 8,192). No
+        blocks: tensor, pipeline and context parallelism do not apply."""
         m = self.config.model
         history = self.jagged_length() - m.num_contextual - 1
         embeddings = Embeddings(
             parameters=model_lib.parameter_counts(m)[0],
             lookups_per_sample=3 * (history + 1) + m.num_contextual,
             row_bytes=m.embedding_dim * TABLE_VALUE_BYTES,
+            sent_row_bytes=m.embedding_dim * SENT_VALUE_BYTES,
         )
         # The reference's batch (gin BATCH_SIZE 8,192: 1,024 a rank x 8), the preset's.
         return SimulatorShape(embeddings=embeddings, reference_batch=self.config.global_batch_size)

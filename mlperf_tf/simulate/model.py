@@ -452,9 +452,13 @@ def simulate(
         step = _rollout_step(system, const, layout, shape.rollouts, global_batch, working, step)
     samples_per_s = global_batch / step["step_time_s"]
     single_rate = _single_chip_rate(system, const, algorithm, work, per_group / split)
+    eval_tables_s = parallelism.embedding_eval_s(  # an evaluation's lookups and all-to-alls
+        system, layout if layout.chips > 1 else None, shape.embeddings, working,
+        float(facts["eval_examples"]) / working,
+    )  # fmt: skip
     train = _time_to_train(
         system, const, benchmark, preset, facts, global_batch, step["step_time_s"], working,
-        epochs_to_target,
+        epochs_to_target, eval_tables_s,
     )  # fmt: skip
     mfu = samples_per_s * work.flops / (working * const.peak)
     return Result(
@@ -679,9 +683,12 @@ def _workload(benchmark: str, facts: dict[str, Any], shape, moe) -> _Workload:
 
 
 def _time_to_train(
-    system, const, benchmark, preset, facts, global_batch, step_s, working, epochs_to_target
-) -> dict[str, Any]:
-    """Epochs and samples to the target, the evaluations' time and the time to train."""
+    system, const, benchmark, preset, facts, global_batch, step_s, working, epochs_to_target,
+    eval_tables_s=0.0,
+) -> dict[str, Any]:  # fmt: skip
+    """Epochs and samples to the target, the evaluations' time and the time to train; each
+    evaluation its forward FLOPs, the system's eval overhead and `eval_tables_s` (its embedding
+    lookups, `parallelism.embedding_eval_s`)."""
     epoch_examples = float(facts["train_examples"])
     if epochs_to_target is not None:
         epochs, source = float(epochs_to_target), "given"
@@ -697,7 +704,9 @@ def _time_to_train(
     evals = max(1, evals - int(per_batch * global_batch + constant))
     eval_flops = float(facts["forward_flops_per_sample"]) * float(facts["eval_examples"])
     compute_rate = _chip_flops(system, const, working) * working
-    eval_s = evals * (eval_flops * const.linear_scale / compute_rate + system.eval_overhead_s)
+    eval_s = evals * (
+        eval_flops * const.linear_scale / compute_rate + system.eval_overhead_s + eval_tables_s
+    )
     return {
         "epochs_to_target": epochs,
         "samples_to_target": samples,

@@ -365,6 +365,24 @@ def embedding_memory_s(system: System, embeddings: Embeddings | None, samples_pe
     return samples_per_chip * embeddings.memory_bytes_per_sample() / system.memory_bandwidth
 
 
+def embedding_eval_s(
+    system: System, layout: Layout | None, embeddings: Embeddings | None, chips: int,
+    samples_per_chip: float,
+) -> float:  # fmt: skip
+    """Seconds an evaluation's lookups take: the forward half of a training step's (the ids out
+    and the rows back, no gradients; the gather's row read, no update), for `samples_per_chip`
+    eval samples a chip. The eval forward passes' FLOPs are timed apart (`_time_to_train`)."""
+    if embeddings is None:
+        return 0.0
+    read_s = samples_per_chip * embeddings.lookups_per_sample * embeddings.row_bytes
+    seconds = read_s / system.memory_bandwidth
+    if layout is not None and chips > 1:
+        ids, rows, _ = embeddings.all_to_all_bytes_per_sample()
+        for per_sample in (ids, rows):
+            seconds += all_to_all(system, layout, chips, samples_per_chip * per_sample).total_s
+    return seconds
+
+
 @dataclasses.dataclass(frozen=True)
 class Stages:
     """Pipeline and context parallelism of a run, around the (data, expert, spatial, model) mesh

@@ -134,7 +134,8 @@ def test_a_pipeline_no_map_declares_is_one_line_naming_the_maps(capsys):
 
 
 # DLRMv4 (gin yambda_5b): 4,086 history events (MIN_HISTORY = HISTORY_LENGTH), 8 contextual
-# tokens, 1 candidate; item, artist and album rows per event and for the candidate; 512 fp32.
+# tokens, 1 candidate; item, artist and album rows per event and for the candidate; 512 fp32,
+# sent by the all-to-alls in fp16 (gin sparse_a2a_forward/backward_precision "fp16").
 HIST, CONTEXTUAL, DIM = 4086, 8, 512
 
 
@@ -142,10 +143,10 @@ def test_dlrm_lookups_all_to_alls_and_jagged_attention_written_out():
     facts = model.benchmark_facts("dlrmv4")
     emb = model.shape_of(facts).embeddings
     lookups = 3 * (HIST + 1) + CONTEXTUAL
-    assert emb == Embeddings(150_042_476_544, lookups, DIM * 4)
-    # Gather (row), update (row, gradient, state read; row, state written).
+    assert emb == Embeddings(150_042_476_544, lookups, DIM * 4, sent_row_bytes=DIM * 2)
+    # Gather (row), update (row, gradient, state read; row, state written), fp32 in memory.
     assert emb.memory_bytes_per_sample() == lookups * (4 * DIM * 4 + 2 * 4)
-    assert emb.all_to_all_bytes_per_sample() == (lookups * 8, lookups * 2048, lookups * 2048)
+    assert emb.all_to_all_bytes_per_sample() == (lookups * 8, lookups * 1024, lookups * 1024)
     # HSTU at the jagged length S = 8 + 4,086 + 1 = 4,095, not the padded 4,096: 3 layers of
     # D 512, 4 heads of d_qk = d_v = 128 (the reference's yardstick).
     s, d, h, dv = 4095.0, 512, 4, 128
@@ -160,11 +161,29 @@ def test_dlrm_step_charges_the_tables_on_every_chip():
     lookups = 3 * (HIST + 1) + CONTEXTUAL
     assert r.embedding_lookup_s == pytest.approx(1024 * lookups * (16 * DIM + 8) / 8e12)
     # Three all-to-alls over the 8 GPUs of one node: 7/8 of each chip's bytes at 537.6 GB/s.
-    sent = 1024 * lookups * (8 + 2 * 4 * DIM)
+    sent = 1024 * lookups * (8 + 2 * 2 * DIM)
     expected = 3 * 7 * 5e-6 + sent * 7 / 8 / 537.6e9
     assert r.embedding_all_to_all_s == pytest.approx(expected)
     # The tables are not all-reduced: the dense weights' all-reduce is tiny beside them.
     assert r.allreduce_s < r.embedding_all_to_all_s / 10
+
+
+def test_dlrm_evaluates_every_tenth_of_a_percent_with_its_lookups():
+    """The reference evaluates every 0.1 % of the stream (EVAL_EVERY_DATA_PCT 0.001: 280 steps
+    of 8,192, 2,293,760 samples), its RCP logs from the first block on; each evaluation runs
+    the forward of its 2,058,204 samples and their lookups' forward half (the ids out, the fp16
+    rows back, the gathers' row reads; no gradients, no update)."""
+    facts = model.benchmark_facts("dlrmv4")
+    assert facts["eval_every_epochs"] * facts["train_examples"] == pytest.approx(280 * 8192)
+    mi350x = systems.load("mi350x")
+    r = model.simulate(benchmark="dlrmv4", system=mi350x, chips=8)
+    lookups = 3 * (HIST + 1) + CONTEXTUAL
+    per_chip = 2_058_204 / 8
+    tables = per_chip * lookups * DIM * 4 / 8e12  # the gathers' reads
+    tables += 2 * 7 * 5e-6 + per_chip * lookups * (8 + 2 * DIM) * 7 / 8 / 537.6e9
+    compute = facts["forward_flops_per_sample"] * 2_058_204 / (8 * mi350x.peak("bf16") * 0.3)
+    evals = math.ceil(r.samples_to_target / (280 * 8192))
+    assert r.eval_s == pytest.approx(evals * (compute + mi350x.eval_overhead_s + tables))
 
 
 def test_dlrm_expert_parallel_is_one_line_saying_the_tables_span_every_chip(capsys):
