@@ -169,7 +169,10 @@ class Rollouts:
       active_parameters: weights one token multiplies (prefill's 2 FLOPs per weight).
       max_age: generation runs at most this many steps ahead of training (0: synchronous, the
         step is the sum; 1: generation of step k+1 beside training of step k, the step the
-        larger of the two plus the refit).
+        larger of the two plus the refit; the first step's rollouts are generated with no
+        training beside them).
+      eval_generations: rollouts an evaluation generates per eval sample (pass@k's k), all at
+        once on the generation pool like a step's; 0: the evaluation is forward passes.
       length_cv: the spread of one rollout's generated tokens over the rollouts of a step, as
         a coefficient of variation of a lognormal distribution (0: every rollout the mean). A
         step waits for its slowest rollout (`slowest`).
@@ -199,6 +202,7 @@ class Rollouts:
     length_source: str = ""
     max_context_tokens: float = 0.0
     max_turns: float = 0.0
+    eval_generations: int = 0
 
     def slowest_factor(self, rollouts: float) -> float:
         """The slowest of `rollouts` rollouts' generated tokens over the mean: the expected

@@ -54,6 +54,9 @@ LENGTH_SOURCE = (
     "llm_post_training/rcp_logs/GBS256/seed_1..6.out: spread of the per-step mean generated "
     "tokens over seeds (within a task) and over steps (between tasks); lognormal assumed"
 )
+# An evaluation: grouped pass@4, 4 trajectories of each validation task (README "Quality";
+# `num_val_generations_per_prompt`), generated on the same pool as a step's rollouts.
+EVAL_GENERATIONS = 4
 BF16 = 2  # the generator's weights and cache (vLLM, BF16 policy)
 STATE_BYTES = 4  # DeltaNet's recurrent state, fp32
 
@@ -81,6 +84,7 @@ def simulator_shape(
         state_bytes=state * STATE_BYTES, active_parameters=m.active_parameter_count(),
         max_age=1, length_cv=LENGTH_CV, length_source=LENGTH_SOURCE,
         max_context_tokens=config_lib.MLPERF_SEQUENCE_LENGTH, max_turns=max_turns,
+        eval_generations=EVAL_GENERATIONS,
     )  # fmt: skip
     return SimulatorShape(
         precision="bf16", reference_batch=global_batch_size, rollouts=rollouts,

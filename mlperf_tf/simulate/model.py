@@ -456,9 +456,14 @@ def simulate(
         system, layout if layout.chips > 1 else None, shape.embeddings, working,
         float(facts["eval_examples"]) / working,
     )  # fmt: skip
+    eval_rollouts_s = fill_s = None
+    if shape.rollouts is not None:
+        eval_rollouts_s, fill_s = _rollout_run_extras(
+            system, const, layout, shape.rollouts, global_batch, working, facts
+        )
     train = _time_to_train(
         system, const, benchmark, preset, facts, global_batch, step["step_time_s"], working,
-        epochs_to_target, eval_tables_s,
+        epochs_to_target, eval_tables_s, eval_rollouts_s, fill_s or 0.0,
     )  # fmt: skip
     mfu = samples_per_s * work.flops / (working * const.peak)
     return Result(
@@ -684,11 +689,13 @@ def _workload(benchmark: str, facts: dict[str, Any], shape, moe) -> _Workload:
 
 def _time_to_train(
     system, const, benchmark, preset, facts, global_batch, step_s, working, epochs_to_target,
-    eval_tables_s=0.0,
+    eval_tables_s=0.0, eval_rollouts_s=None, fill_s=0.0,
 ) -> dict[str, Any]:  # fmt: skip
     """Epochs and samples to the target, the evaluations' time and the time to train; each
     evaluation its forward FLOPs, the system's eval overhead and `eval_tables_s` (its embedding
-    lookups, `parallelism.embedding_eval_s`)."""
+    lookups, `parallelism.embedding_eval_s`), or, where its samples are generated rollouts,
+    `eval_rollouts_s` and the overhead; `fill_s` once (an asynchronous rollout run's first
+    generation, which no training overlaps: `_rollout_run_extras`)."""
     epoch_examples = float(facts["train_examples"])
     if epochs_to_target is not None:
         epochs, source = float(epochs_to_target), "given"
@@ -704,15 +711,16 @@ def _time_to_train(
     evals = max(1, evals - int(per_batch * global_batch + constant))
     eval_flops = float(facts["forward_flops_per_sample"]) * float(facts["eval_examples"])
     compute_rate = _chip_flops(system, const, working) * working
-    eval_s = evals * (
-        eval_flops * const.linear_scale / compute_rate + system.eval_overhead_s + eval_tables_s
-    )
+    one = eval_flops * const.linear_scale / compute_rate + eval_tables_s
+    if eval_rollouts_s is not None:
+        one = eval_rollouts_s
+    eval_s = evals * (one + system.eval_overhead_s)
     return {
         "epochs_to_target": epochs,
         "samples_to_target": samples,
         "convergence_source": source,
         "eval_s": eval_s,
-        "time_to_train_min": (steps * step_s + eval_s) / 60.0,
+        "time_to_train_min": (steps * step_s + eval_s + fill_s) / 60.0,
     }
 
 
@@ -1053,6 +1061,23 @@ def _rollout_step(system, const, layout, r, global_batch, chips, step) -> dict[s
         "refit_s": t["refit_s"], "slowest_rollout_s": t["generation_s"],
         "generator_memory_gb": t["generator_memory"] / memory_lib.GB,
     }  # fmt: skip
+
+
+def _rollout_run_extras(system, const, layout, r, global_batch, chips, facts):
+    """(an evaluation's seconds or None, the run's pipeline fill in seconds) of a rollout
+    benchmark (`facts.Rollouts`): an evaluation generates `eval_generations` rollouts of each
+    of its `eval_examples` samples at once on the generation pool and waits for the slowest
+    (`rollout_times`' generation; None where the benchmark declares none: forward passes);
+    with rollouts up to `max_age` >= 1 steps old the first step's are generated before any
+    training, one generation of a step that nothing overlaps."""
+    evaluation = None
+    if r.eval_generations:
+        rollouts = float(facts["eval_examples"]) * r.eval_generations
+        evaluation = rollout_times(system, const, layout, r, rollouts, chips)["generation_s"]
+    fill = 0.0
+    if r.max_age >= 1:
+        fill = rollout_times(system, const, layout, r, global_batch, chips)["generation_s"]
+    return evaluation, fill
 
 
 def expert_weight_streaming(

@@ -232,7 +232,24 @@ def test_grpo_step_is_rollouts_beside_training_plus_the_refit():
     assert r.step_time_s == pytest.approx(max(generation, train) + r.refit_s)  # async, age 1
     assert r.exposed_generation_s == pytest.approx(max(0.0, generation - train))
     assert r.refit_s == pytest.approx((ro.weight_bytes + ro.expert_bytes) / 8 / 100e9)
-    assert math.isclose(r.time_to_train_min * 60, 18 * r.step_time_s + r.eval_s)
+    # The first step's rollouts are generated before any training (the pipeline fill, once),
+    # and the one evaluation generates 4 rollouts of each of the 251 validation tasks at once
+    # on the same pool, waiting for the slowest of 1,004 (Blom's score at n = 1,004).
+    assert math.isclose(r.time_to_train_min * 60, 18 * r.step_time_s + r.eval_s + generation)
+    n = 251 * 4
+    c = n / 24
+    touched = 1 - (1 - 10 / 512) ** c
+    read = ro.weight_bytes + ro.expert_bytes * touched + c * (ro.kv_bytes_per_token * ctx
+                                                               + 2 * ro.state_bytes)  # fmt: skip
+    z = statistics.NormalDist().inv_cdf((n - 0.375) / (n + 0.25))
+    factor = math.exp(sigma * z - sigma**2 / 2)
+    generated, turns = ro.generated_tokens * factor, min(30, ro.turns * factor)
+    # its context: the prompt, its tokens and its turns' observations (30 x 500), < 65,536
+    context = ro.prompt_tokens + generated + 500 * turns
+    assert context < ro.max_context_tokens
+    prefill = c * (context - generated) * 2 * active / (8 * 0.3 * 2.5e15)
+    one = generated * read / (8 * 8e12) + prefill + turns * ro.environment_s_per_turn
+    assert r.eval_s == pytest.approx(one + systems.load(GB300).eval_overhead_s)
 
 
 def test_grpo_slowest_rollout_against_a_monte_carlo_and_the_limits():
