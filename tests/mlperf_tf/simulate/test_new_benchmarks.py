@@ -10,6 +10,7 @@ import statistics
 import numpy as np
 import pytest
 
+from benchmarks.qwen35_397b_grpo import config as grpo_config
 from mlperf_tf import cli
 from mlperf_tf.errors import UserError
 from mlperf_tf.facts import Embeddings, Experts
@@ -236,6 +237,7 @@ def test_grpo_step_is_rollouts_beside_training_plus_the_refit():
     # and the one evaluation generates 4 rollouts of each of the 251 validation tasks at once
     # on the same pool, waiting for the slowest of 1,004 (Blom's score at n = 1,004).
     assert math.isclose(r.time_to_train_min * 60, 18 * r.step_time_s + r.eval_s + generation)
+    assert ro.eval_generations == grpo_config.GrpoConfig().num_val_generations_per_prompt == 4
     n = 251 * 4
     c = n / 24
     touched = 1 - (1 - 10 / 512) ** c
@@ -325,3 +327,33 @@ def test_the_published_points_of_the_new_benchmarks_are_tests_with_citations():
     for row in validate.rows(deepseek, loaded):
         assert row["layout"] in ("pp4 ep32", "tp2 pp4 ep32") and row["precision"] == "fp8"
         assert abs(row["error_rcp"]) < 0.5, row  # reported in docs/scaling.md, not fitted
+
+
+def _reference_rows(benchmark):
+    points = [p for p in validate.load_points()["points"] if p["benchmark"] == benchmark]
+    loaded = {p["system"]: systems.load(p["system"]) for p in points}
+    return validate.rows(points, loaded)
+
+
+def test_the_dlrm_reference_logs_are_within_the_issue_bound():
+    """The reference's three RCP logs (8, 16, 32 MI350X), checks never fitted: within 35 %
+    since the evaluations run at the reference's cadence with their lookups, the all-to-alls
+    in fp16 and the points on the chip they ran on (-34 / -12 / -10 %; -48 / -16 / -8 %
+    before)."""
+    rows = _reference_rows("dlrmv4")
+    assert len(rows) == 3 and {r["system"] for r in rows} == {"mi350x"}
+    assert all(r["role"] == "test" for r in rows)
+    worst = max(rows, key=lambda r: abs(r["error_rcp"]))
+    assert abs(worst["error_rcp"]) <= 0.35, (worst["id"], worst["error_rcp"])
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the GRPO reference log (256 GB300) is -57 % (docs/scaling.md, 'Issue 48, session "
+    "11'): the generation the model times (slowest rollout 200 s, its environment turns "
+    "assumed at 5 s) against 182-560 s of exposed generation logged a step; nothing fitted. "
+    "Strict: fails the run once the point is within 35 %.",
+)
+def test_the_grpo_reference_log_is_within_the_issue_bound():
+    (row,) = _reference_rows("qwen35_397b_grpo")
+    assert abs(row["error_rcp"]) <= 0.35, row["error_rcp"]
