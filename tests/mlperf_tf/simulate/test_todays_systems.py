@@ -179,8 +179,8 @@ def test_fp8_attention_runs_the_attention_products_at_cudnns_fp8_rate(fmt):
 def test_attention_precision_flag_and_the_published_points_that_enable_it(capsys):
     """The flag reaches the step (printed, and in --json); the points whose logs or configs turn
     on FP8 attention (DeepSeek-V3's `config_common_mxfp8.sh` FP8_DPA=True, Dell's llama31_8b log
-    `fp8_dot_product_attention=1`, the llama2_70b_lora runs' logs and configs) are simulated
-    with it, and only those."""
+    `fp8_dot_product_attention=1`, the llama2_70b_lora runs' logs and configs, the v5.1
+    llama31_8b NVFP4 runs' logs) are simulated with it, and only those."""
     args = ["--benchmark=llama31_8b", "--system=b200-dgx", "--chips=8", "--global_batch=8",
             "--model_parallel=1", "--weight_update_sharding", "--json"]  # fmt: skip
     base = json.loads(_run(capsys, *args)[1])
@@ -194,10 +194,20 @@ def test_attention_precision_flag_and_the_published_points_that_enable_it(capsys
     assert fp8_points == {
         "v6-gb300-deepseek-256", "v6-gb300-deepseek-512", "v6-gb200-deepseek-512",
         "v6-gb200-deepseek-2048", "v6-gb200-deepseek-4096", "v6-b200-llama-8-dell",
-    } | LORA_FP8_ATTENTION  # fmt: skip
+    } | LORA_FP8_ATTENTION | LLAMA_NVFP4  # fmt: skip
     bf16_points = {p["id"] for p in points if p.get("attention_precision") == "bf16"}
     assert bf16_points == LORA_BF16_ATTENTION
     assert {p.get("attention_precision") for p in points} == {None, "fp8", "bf16"}
+
+
+# The v5.1 llama31_8b runs whose 10 logs print NVFP4 linear layers (`fp4: true`, `fp4_recipe:
+# nvfp4`, `fp8: false`) and FP8 attention (`fp8_dot_product_attention: true`): the calibrating
+# Nebius run among them (issue 48, session 11).
+LLAMA_NVFP4 = {
+    "b200-llama-8-nebius-v51", "b200-llama-16-nebius-v51", "b200-llama-32-nebius-v51",
+    "b200-llama-8-oracle-v51", "b200-llama-8-supermicro-v51-as-4126gs-nb",
+    "b200-llama-8-supermicro-v51-sys-422gs-nb",
+}  # fmt: skip
 
 
 # The llama2_70b_lora points by the attention their run used, as read from its log
@@ -406,9 +416,9 @@ def _calibrated(rows):
 def test_v6_points_of_calibrated_benchmarks_are_within_the_issue_bound():
     """Computed from the predictions, never fitted: the v6.0 points calibrate nothing. The
     8-GPU GB300 LoRA run in FP4 is among them (+32 %: FP4 at 1.32 x FP8 on GB300, Transformer
-    Engine's profiled layer, not 3 x; -25 % at the peaks' ratio), and Dell's FP4 llama31_8b run
-    with FP8 attention (-1 %: FP4 at 1.04 x FP8 on B200; -33 % at the peaks' ratio). The
-    512-GPU GB300 LoRA point is the worst, +34.8 %."""
+    Engine's profiled layer, not 3 x; -25 % at the peaks' ratio), Dell's FP4 llama31_8b run
+    with FP8 attention (+9 %) and NVIDIA's 8- and 72-GPU GB300 llama31_8b runs in FP4 (+8 %,
+    +16 %). The 512-GPU GB300 LoRA point is the worst, +34.8 %."""
     _, rows = _v6_rows()
     rows = _calibrated(rows)
     assert "v6-b200-llama-8-dell" in {r["id"] for r in rows}
@@ -418,7 +428,7 @@ def test_v6_points_of_calibrated_benchmarks_are_within_the_issue_bound():
 
 
 def test_v6_median_error_is_within_the_issue_bound():
-    """The median absolute error over every v6.0 point (24.3 % over 19, each MLPerf's score of
+    """The median absolute error over every v6.0 point (22.9 % over 19, each MLPerf's score of
     every run it requires)."""
     _, rows = _v6_rows()
     errors = [abs(r["error_rcp"]) for r in rows]
@@ -427,17 +437,26 @@ def test_v6_median_error_is_within_the_issue_bound():
 
 @pytest.mark.xfail(
     strict=True,
-    reason="issue 48's 35 % bound is not met: gpt_oss_20b on 8 B200 (Dell, -36 % against its "
-    "MLPerf score with its printed layout, FSDP and core-attention recomputation), whose "
-    "efficiency is assumed (no MLPerf v5.1 result exists to calibrate it), deepseekv3_671b "
-    "on GB200 with TP2, FP8 attention, a BF16 LM head and the dense MLPs recomputed (-37 % at "
-    "2,048, -42 % at 4,096 GPUs against their MLPerf scores; -33 % at 512; docs/scaling.md: "
-    "NVIDIA's own GB300/GB200 DeepSeek-V3 ratio is 1.08-1.28 x, the logs' 1.6 x). Strict: "
-    "this test fails the run once every point is within the bound.",
+    reason="issue 48's 35 % bound is not met by deepseekv3_671b on 4,096 GB200 (TP2, FP8 "
+    "attention, a BF16 LM head, the dense MLPs recomputed: -38 % against its MLPerf score; "
+    "-33 % at 2,048, -28 % at 512), whose efficiency is assumed (llama31_8b's; no v5.1 result "
+    "exists); docs/scaling.md: NVIDIA's own GB300/GB200 DeepSeek-V3 ratio is 1.08-1.28 x, the "
+    "logs' 1.6 x. Strict: this test fails the run once every point is within the bound.",
 )
 def test_v6_each_error_is_within_the_issue_bound():
     _, rows = _v6_rows()
     worst = max(rows, key=lambda r: abs(r["error_rcp"]))
+    assert abs(worst["error_rcp"]) <= V6_EACH, (worst["id"], worst["error_rcp"])
+
+
+def test_v6_every_point_but_the_4096_gpu_deepseek_run_is_within_the_issue_bound():
+    """Since the llama31_8b calibration is its NVFP4 run with FP8 attention (issue 48, session
+    11), Dell's gpt_oss_20b (-31 %) and the 2,048-GPU GB200 DeepSeek-V3 run (-33 %) are within
+    35 %; the 4,096-GPU one is the strict xfail above."""
+    _, rows = _v6_rows()
+    rest = [r for r in rows if r["id"] != "v6-gb200-deepseek-4096"]
+    assert len(rest) == 18
+    worst = max(rest, key=lambda r: abs(r["error_rcp"]))
     assert abs(worst["error_rcp"]) <= V6_EACH, (worst["id"], worst["error_rcp"])
 
 
@@ -508,3 +527,23 @@ def test_simulate_json_gives_the_lora_adapters_as_trainable_parameters(capsys):
     adapters = layers * rank * ((hidden + hidden + 2 * kv) + (hidden + hidden))
     assert r["trainable_parameters"] == adapters == 44_564_480
     assert r["parameters"] > 1000 * r["trainable_parameters"]
+
+
+def test_the_llama31_8b_calibration_is_its_nvfp4_run_with_fp8_attention():
+    """The calibrating run (v5.1 Nebius, 8 B200) as its logs print it: NVFP4 linear layers and
+    FP8 attention, the efficiency a fraction of the FP8 peak (at most 0.75) that reproduces
+    it; the v5.1 NVFP4 points carry both formats, the v6.0 GB300 8- and 72-GPU points the FP4
+    their READMEs' `_fp4` configs name."""
+    points = {p["id"]: p for p in validate.load_points()["points"]}
+    for name in LLAMA_NVFP4:
+        assert (points[name]["precision"], points[name]["attention_precision"]) == ("fp4", "fp8")
+    assert points["v6-gb300-llama-8"]["precision"] == "fp4"
+    assert points["v6-gb300-llama-72"]["precision"] == "fp4"
+    assert points["v6-gb300-llama-512"]["precision"] == "fp8"
+    shape = model.shape_of(model.benchmark_facts("llama31_8b"))
+    calibration = shape.calibration_for("blackwell")
+    assert calibration.precision == "fp8" and calibration.compute_efficiency <= 0.75
+    (row,) = validate.rows(
+        [points["b200-llama-8-nebius-v51"]], {"b200-dgx": systems.load("b200-dgx")}
+    )
+    assert row["predicted_rcp"] == pytest.approx(row["published"], rel=2e-3)
