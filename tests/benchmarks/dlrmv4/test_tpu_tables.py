@@ -21,6 +21,7 @@ from mlperf_tf import distribute, runner
 from mlperf_tf.errors import UserError
 from mlperf_tf.layers import tpu_embedding as te
 from tests import tensor_parallel
+from tests.mlperf_tf.layers.test_sparse_core_layout import sparse_core_counts, worst_ids
 from tests.numerics import assert_close
 
 pytestmark = pytest.mark.numerics
@@ -154,3 +155,79 @@ def test_tables_too_large_for_the_tpu_replicas_are_a_one_line_error():
         pytest.raises(UserError, match=r"model.embedding_memory_gb.*need 1[45]\d GiB per replica"),
     ):
         model_lib.DlrmHstu(config, tpu_epsilon=1e-8)
+
+
+def _preset_plan(preset: str, chips: int):
+    """The TPU engine's plan of a preset's tables and lookups at `chips` (nothing allocated)."""
+    c = DlrmV4Benchmark.preset(preset)
+    m = c.model
+    rows = m.table_rows()
+    tables = te.table_configs(rows, m.embedding_dim, seed=0,
+                              bounds={n: 1.0 / np.sqrt(r) for n, r in rows.items()})  # fmt: skip
+    features = te.feature_configs(tables, model_lib.tpu_features(m, model_lib.CONTEXTUAL))
+    batch = c.global_batch_size // chips
+    return c, batch, te.plan_engine(features, batch=batch, chips=chips)
+
+
+def _preset_feeds(c, batch: int, plan, rng, *, worst: bool) -> dict:
+    """One replica's feeds of a generated batch, as `embed_tpu` gives them to the engine
+    (histories one position a row): random lengths and ids, or `worst`: every history full,
+    every id of a table on one SparseCore (`worst_ids`)."""
+    m = c.model
+    rows = m.table_rows()
+    h = m.history_length
+    lengths = np.full(batch, h) if worst else rng.integers(1, h + 1, batch)
+    valid = (np.arange(h) < lengths[:, None]).reshape(-1)  # [B H]
+    positions = np.arange(batch * h)[valid]
+    feeds = {}
+    for name, f in plan.engine_features.items():
+        table = f.table.name
+        history = len(f.output_shape) > 1
+        count = batch * h if history else batch
+        ids = (worst_ids(count, rows[table], plan.layouts[table]) if worst
+               else rng.integers(0, rows[table], count))  # fmt: skip
+        if history:
+            feeds[name] = (table, positions, ids[valid], count)
+        else:
+            feeds[name] = (table, np.arange(batch), ids, count)
+    return feeds
+
+
+@pytest.mark.parametrize(("preset", "chips"), [("mlperf", 16), ("mini", 1), ("mini", 2)])
+def test_the_engine_buffers_hold_every_batch_of_the_presets(preset, chips):
+    """The SparseCore buffers sized from the batch shape (`buffer_limits`) against the engine's
+    count (NumPy transcription) of generated batches: random ones below them, the worst (full
+    4,087-event histories at the reference's, every id on one SparseCore) reaching the ids'
+    limit; TF's defaults (256) far below."""
+    c, batch, plan = _preset_plan(preset, chips)
+    limits = plan.buffers
+    rng = np.random.default_rng(0)
+    for worst in (False, True):
+        counts = sparse_core_counts(_preset_feeds(c, batch, plan, rng, worst=worst), plan.layouts)
+        assert set(counts) == set(limits.max_ids)
+        for stack, (ids, unique) in counts.items():
+            assert ids <= limits.max_ids[stack], stack
+            assert unique <= limits.max_unique_ids[stack], stack
+            if worst:
+                assert ids == limits.max_ids[stack], stack
+    history = max(limits.max_ids.values())
+    h = c.model.history_length
+    assert history == 3 * batch * (h + 1) // 4 + (batch // 4) * sum(
+        1 for t in model_lib.CONTEXTUAL if plan.layouts[t].stacked_table_name
+        == plan.layouts["item_id"].stacked_table_name
+    )  # fmt: skip
+    assert history > 256  # TF's default `max_ids_per_table` would fail the first batch
+
+
+def test_a_batch_the_engine_cannot_take_is_a_one_line_error():
+    """A per-replica batch not divisible over a chip's 4 SparseCores, and a chip count whose
+    SparseCores are not a power of two: one-line errors naming the setting."""
+    with pytest.raises(UserError, match=r"`global_batch_size` \(6 a replica\): feature "):
+        model_lib.DlrmHstu(DlrmV4Benchmark.preset("smoke").model, tpu_epsilon=1e-8, tpu_batch=6)
+    c = DlrmV4Benchmark.preset("smoke").model
+    strategy = tf.distribute.get_strategy()
+    with (
+        mock.patch.object(type(strategy), "num_replicas_in_sync", 3),
+        pytest.raises(UserError, match="power-of-two number of SparseCores; 12"),
+    ):
+        model_lib.DlrmHstu(c, tpu_epsilon=1e-8, tpu_batch=4)

@@ -141,16 +141,15 @@ def sparse_core_counts(feeds: dict, layouts: dict, sc_per_chip: int = scl.SC_PER
         for m in members:
             mine = [(k, v) for k, v in enumerate(feeds.values()) if v[0] == m.table_name]
             for core in range(sc_per_chip):
-                pairs = []
+                keys = []  # one int64 a (feature, row, id): feature << 55 | row << 31 | id
                 for k, (_, rows, ids, samples) in mine:
                     sel = rows // (samples // sc_per_chip) == core
-                    pairs.append(np.stack([np.full(sel.sum(), k), rows[sel], ids[sel]], 1))
-                if not pairs:
+                    keys.append((k << 55) | (rows[sel].astype(np.int64) << 31) | ids[sel])
+                if not keys:
                     continue
-                pairs = np.unique(np.concatenate(pairs), axis=0)  # [(feature, row, id)]
-                receiver = (pairs[:, 2] + m.sparse_core_shard_rotation) % n
-                np.add.at(ids_count[core], receiver, 1)
-                distinct = np.unique(pairs[:, 2])
+                ids = np.unique(np.concatenate(keys)) & (2**31 - 1)  # each pair once
+                np.add.at(ids_count[core], (ids + m.sparse_core_shard_rotation) % n, 1)
+                distinct = np.unique(ids)
                 np.add.at(unique_count[core], (distinct + m.sparse_core_shard_rotation) % n, 1)
         out[stack] = (int(ids_count.max()), int(unique_count.max()))
     return out
