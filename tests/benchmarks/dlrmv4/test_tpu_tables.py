@@ -17,7 +17,7 @@ import tensorflow as tf
 from benchmarks.dlrmv4 import input as input_lib
 from benchmarks.dlrmv4 import model as model_lib
 from benchmarks.dlrmv4.benchmark import DlrmV4Benchmark
-from mlperf_tf import distribute, runner
+from mlperf_tf import checkpoints, distribute, runner
 from mlperf_tf.errors import UserError
 from mlperf_tf.layers import tpu_embedding as te
 from tests import tensor_parallel
@@ -117,6 +117,69 @@ def test_the_tpu_path_trains_as_the_sharded_tables():
         assert_close(tpu[path], value, rtol=RTOL, err_msg=path)
     assert any(np.any(tpu[p] != model_lib.numpy_weights(_build(False)[1])[p])
                for p in tpu if p.startswith(model_lib.SPARSE_PREFIX))  # fmt: skip
+
+
+def _steps(bench, model, optimizer, batches, steps: int) -> list[float]:
+    """`steps` training steps of `model` on `batches`; their losses."""
+    losses = []
+    for _ in range(steps):
+        batch = next(batches)
+        with tf.GradientTape() as tape:
+            loss = bench.compute_loss(model, batch)
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        losses.append(float(loss))
+    return losses
+
+
+def _resumed(tpu: bool, path: str, steps: int):
+    """A fresh model and optimizer on the TPU path (host engine) or the CPU path, the run
+    checkpoint at `path` restored as the runner restores (refused unless its entries are the
+    model's), then `steps` steps on the batches after the first: (losses, weights)."""
+    bench, model, optimizer = _build(tpu)
+    optimizer.build(model.trainable_variables)
+    checkpoint = checkpoints.run_checkpoint(model=model, optimizer=optimizer)
+    checkpoints.check_matches(checkpoint, path, [n for n, _ in tf.train.list_variables(path)])
+    checkpoint.restore(path).expect_partial()
+    batches = iter(input_lib.synthetic_train_dataset(bench.config, batch_size=8, seed=4))
+    next(batches)
+    return _steps(bench, model, optimizer, batches, steps), model_lib.numpy_weights(model)
+
+
+def test_a_tpu_checkpoint_resumes_on_cpus_and_the_reverse(tmp_path):
+    """A step on each path saved by the runner's `run_checkpoint`: both checkpoints hold the
+    same entries (the tables whole, `sparse_tables/embeddings` `[sum of rows, dim]`, their
+    accumulators `[sum of rows]`; no stacked SparseCore tensor, no gradient trap), the TPU
+    one's tables the host engine's stacked layout mapped whole. Each restored on the other
+    path, a second step ends where 2 steps on the CPU path end (1e-5)."""
+    paths, keys = {}, {}
+    for tpu in (False, True):
+        bench, model, optimizer = _build(tpu)
+        batches = iter(input_lib.synthetic_train_dataset(bench.config, batch_size=8, seed=4))
+        _steps(bench, model, optimizer, batches, 1)
+        paths[tpu] = checkpoints.run_checkpoint(model=model, optimizer=optimizer).write(
+            str(tmp_path / f"tpu{tpu}")
+        )
+        keys[tpu] = dict(tf.train.list_variables(paths[tpu]))
+        if tpu:
+            whole = model.tables.table_values()
+            stored = checkpoints.read_part(paths[tpu])[model_lib.TABLES_PATH]
+            split = np.cumsum(list(model.tables.rows.values()))[:-1]
+            for name, value in zip(model.tables.rows, np.split(stored, split), strict=True):
+                np.testing.assert_array_equal(value, whole[name])
+        else:  # the reference: 2 steps on the CPU path
+            _steps(bench, model, optimizer, batches, 1)
+            reference = model_lib.numpy_weights(model)
+    assert keys[True] == keys[False]  # the same entries, of the same shapes
+    c = _benchmark().config.model
+    rows = sum(c.table_rows().values())
+    assert keys[True][f"model_variables/by_path/{model_lib.TABLES_PATH.replace('/', '.S')}"
+                      "/.ATTRIBUTES/VARIABLE_VALUE"] == [rows, c.embedding_dim]  # fmt: skip
+    for tpu in (True, False):  # the other path's checkpoint
+        _, weights = _resumed(tpu, paths[not tpu], 1)
+        assert sorted(weights) == sorted(reference)
+        for path, value in reference.items():
+            assert_close(weights[path], value, rtol=RTOL, err_msg=f"{tpu} {path}")
 
 
 @pytest.mark.slow
