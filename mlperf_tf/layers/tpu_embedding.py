@@ -13,11 +13,16 @@ What the mapping does (`table_configs`, `feature_configs`, `tpu_optimizer`):
 
 * each table a `TableConfig` of its rows and width, named (SparseCore needs names), its
   initial values the ones `ShardedEmbeddings` draws (`TableInitializer`: U(+-bound) by row
-  blocks, `draw_rows`), combiner `sum` (every feature here is one id a sample, or a sequence,
-  which no combiner reduces);
+  blocks, `draw_rows`; sharding-aware: one SparseCore shard drawn alone), combiner `sum`
+  (every feature here is one id a sample, or a sequence fed one position a row);
 * each lookup a `FeatureConfig`: a sequence (a user's history) with `max_sequence_length` = the
   padded length, fed as a `tf.RaggedTensor` of the true lengths (only real ids reach the
-  engine; the padding comes back as zero rows); a single id a sample as a dense `[B]` tensor;
+  engine; the padding comes back as zero rows); a single id a sample as a dense `[B]` tensor.
+  TPUEmbeddingV2 itself gets `engine_feature_configs` (`output_shape` of the per-replica batch)
+  and each sequence one position a row (`sparse_core_layout.position_rows`);
+* the plan (`plan_engine`): the tables stacked as the engine stacks them and its id buffers
+  sized for the batch shape (`sparse_core_layout`), so that checkpoints map the engine's stacked
+  layout to whole tables (`TpuEmbeddingTables.checkpoint_entries`) and back;
 * the optimizer: `AdamWRowWiseAdagrad`'s table channel as a `CustomOptimizer` whose program
   (`rowwise_adagrad_program`) is FBGEMM's exact row-wise Adagrad on one row, its one slot the
   row's accumulator, its learning rate the Keras optimizer's scheduled one (read at each apply,
@@ -33,9 +38,9 @@ minibatching mode"), although the op a custom program needs,
 its `gen_xla_ops`: `_RowWiseTPUEmbeddingV2` applies a `CustomOptimizer` table through that op.
 
 Not run on a TPU: there is none here. The engine is replaceable (`make_engine`); the tests use
-`HostEngine`, the same contract on the host (TF's CPU serving lookup, `cpu_embedding_lookup`,
-and the slot program applied to the touched rows), to drive the TPU path of a model through the
-runner on a stand-in strategy.
+`HostEngine`, the same contract and storage on the host (the stacked SparseCore layout, each
+id's stacked row gathered, and the slot program applied to the touched rows), to drive the TPU
+path of a model through the runner on a stand-in strategy.
 """
 
 from __future__ import annotations
