@@ -57,6 +57,19 @@ def _build(tpu: bool):
     return bench, model, optimizer
 
 
+def _steps(bench, model, optimizer, batches, steps: int) -> list[float]:
+    """`steps` training steps of `model` on `batches`; their losses."""
+    losses = []
+    for _ in range(steps):
+        batch = next(batches)
+        with tf.GradientTape() as tape:
+            loss = bench.compute_loss(model, batch)
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        losses.append(float(loss))
+    return losses
+
+
 def test_the_benchmark_declares_its_tables_to_the_tpu_engine():
     bench, model, optimizer = _build(tpu=True)
     _, cpu_model, _ = _build(tpu=False)
@@ -99,14 +112,7 @@ def test_the_tpu_path_trains_as_the_sharded_tables():
     for tpu in (False, True):
         bench, model, optimizer = _build(tpu)
         batches = iter(input_lib.synthetic_train_dataset(bench.config, batch_size=8, seed=4))
-        losses = []
-        for _ in range(3):
-            batch = next(batches)
-            with tf.GradientTape() as tape:
-                loss = bench.compute_loss(model, batch)
-            grads = tape.gradient(loss, model.trainable_variables)
-            optimizer.apply_gradients(zip(grads, model.trainable_variables))
-            losses.append(float(loss))
+        losses = _steps(bench, model, optimizer, batches, 3)
         results.append((losses, model_lib.numpy_weights(model)))
         if tpu:  # the trap's gradient is zero: Adam leaves it at 0
             assert float(model.tables.trap.numpy()[0]) == 0.0
@@ -117,19 +123,6 @@ def test_the_tpu_path_trains_as_the_sharded_tables():
         assert_close(tpu[path], value, rtol=RTOL, err_msg=path)
     assert any(np.any(tpu[p] != model_lib.numpy_weights(_build(False)[1])[p])
                for p in tpu if p.startswith(model_lib.SPARSE_PREFIX))  # fmt: skip
-
-
-def _steps(bench, model, optimizer, batches, steps: int) -> list[float]:
-    """`steps` training steps of `model` on `batches`; their losses."""
-    losses = []
-    for _ in range(steps):
-        batch = next(batches)
-        with tf.GradientTape() as tape:
-            loss = bench.compute_loss(model, batch)
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        losses.append(float(loss))
-    return losses
 
 
 def _resumed(tpu: bool, path: str, steps: int):

@@ -17,16 +17,8 @@ from mlperf_tf.errors import UserError
 from mlperf_tf.layers import sharded_embedding
 from mlperf_tf.layers import sparse_core_layout as scl
 from mlperf_tf.layers import tpu_embedding as te
+from tests.mlperf_tf.layers.test_tpu_embedding import BOUNDS, DIM, FEATURES, ROWS
 
-ROWS = {"item": 50, "artist": 9, "uid": 7}
-DIM = 8
-BOUNDS = {n: math.sqrt(1.0 / r) for n, r in ROWS.items()}
-FEATURES = {
-    "item_history": te.Feature("item", 5),
-    "item_candidate": te.Feature("item"),
-    "artist_history": te.Feature("artist", 5),
-    "uid": te.Feature("uid"),
-}
 BATCH = 8
 
 
