@@ -223,6 +223,10 @@ def test_initial_shards_drawn_alone_assemble_to_the_whole_draw(chips):
     inits = {n: f.table.initializer for n, f in
              {f.table.name: f for f in plan.features.values()}.items()}  # fmt: skip
     assert inits["item"].rotation == plan.layouts["item"].sparse_core_shard_rotation
+    # TPUEmbeddingV2 takes it for sharding-aware by its arguments (`_create_variables`).
+    from tensorflow.python.util import tf_inspect
+
+    assert "shard_info" in tf_inspect.getfullargspec(inits["item"]).args
     stacked = scl.initial_stack(members, inits, chips=chips)
     whole = scl.from_stacked(stacked, members)
     for name, init in inits.items():
