@@ -276,8 +276,16 @@ def test_the_engine_buffers_hold_every_batch_of_the_presets(preset, chips):
 
 
 def test_a_batch_the_engine_cannot_take_is_a_one_line_error():
-    """A per-replica batch not divisible over a chip's 4 SparseCores, and a chip count whose
-    SparseCores are not a power of two: one-line errors naming the setting."""
+    """A per-replica batch not divisible over a chip's 4 SparseCores, a chip count whose
+    SparseCores are not a power of two, and an eval batch other than the training batch (the
+    engine's shapes are one batch's: the mini's 512 vs 128): one-line errors naming the
+    setting."""
+    mini = DlrmV4Benchmark(DlrmV4Benchmark.preset("mini"))
+    with (
+        mock.patch.object(distribute, "is_tpu", return_value=True),
+        pytest.raises(UserError, match=r"`eval_batch_size` \(512\) must equal the training batch"),
+    ):
+        mini.build_model()
     with pytest.raises(UserError, match=r"`global_batch_size` \(6 a replica\): feature "):
         model_lib.DlrmHstu(DlrmV4Benchmark.preset("smoke").model, tpu_epsilon=1e-8, tpu_batch=6)
     c = DlrmV4Benchmark.preset("smoke").model
