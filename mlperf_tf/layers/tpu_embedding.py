@@ -49,6 +49,7 @@ import dataclasses
 import math
 
 import keras
+import numpy as np
 import tensorflow as tf
 from tensorflow.python.tpu.ops import gen_xla_ops
 from tensorflow.python.trackable import base as base_trackable
@@ -156,7 +157,12 @@ class TableInitializer:
       seed, bound: the draw's (`draw_rows`).
       rows, dim: the table's own shape (the engine pads both).
       rotation: the table's SparseCore shard rotation (`sparse_core_shard_rotation`), set once
-        the tables are stacked (`TpuEmbeddingTables`).
+        the tables are stacked (`plan_engine`).
+      cores_per_chip: SparseCores a chip has (set with `rotation`; 0: no chip known). TF asks
+        for a chip's shards one after another (`_create_variables`); the first call draws all
+        of them in one pass over the table's blocks (a shard is every n-th row, so each holds
+        rows of every block) and keeps the others for their calls: each block drawn once a
+        chip, the peak that chip's share of the table and one block.
     """
 
     seed: int
@@ -164,17 +170,30 @@ class TableInitializer:
     rows: int
     dim: int
     rotation: int = 0
+    cores_per_chip: int = 0
+    _kept: dict = dataclasses.field(default_factory=dict, init=False, compare=False, repr=False)
 
     def __call__(self, shape, dtype=tf.float32, shard_info=None):
         padded_rows, width = (int(d) for d in shape)
         if shard_info is None:
             values = draw_rows(self.seed, self.bound, 0, self.rows, self.dim, dtype)
             return tf.pad(values, [[0, padded_rows - self.rows], [0, width - self.dim]])
-        index = scl.shard_rows(
-            rows=self.rows, padded_rows=padded_rows, shard_size=int(shard_info.shape[0]),
-            shard_offset=int(shard_info.offset[0]), rotation=self.rotation,
-        )  # fmt: skip
-        values = draw_rows_at(self.seed, self.bound, index, self.dim, dtype)  # [size, dim]
+        size, offset = int(shard_info.shape[0]), int(shard_info.offset[0])
+        values = self._kept.pop((padded_rows, size, offset), None)
+        if values is None:
+            shard = offset // size  # the SparseCore's index among all n
+            first = shard - shard % max(1, self.cores_per_chip)  # the chip's first
+            cores = range(first, first + max(1, self.cores_per_chip))
+            index = np.concatenate([
+                scl.shard_rows(rows=self.rows, padded_rows=padded_rows, shard_size=size,
+                               shard_offset=core * size, rotation=self.rotation)
+                for core in cores
+            ])  # fmt: skip
+            drawn = tf.split(draw_rows_at(self.seed, self.bound, index, self.dim, dtype),
+                             len(cores))  # fmt: skip  # [size, dim] a core
+            for core, part in zip(cores, drawn, strict=True):
+                self._kept[(padded_rows, size, core * size)] = part
+            values = self._kept.pop((padded_rows, size, offset))
         return tf.pad(values, [[0, 0], [0, width - self.dim]])
 
 
@@ -293,7 +312,8 @@ def plan_engine(features: dict, *, batch: int, chips: int, sc_per_chip: int = sc
     buffers = scl.buffer_limits(layouts, samples, sc_per_chip=sc_per_chip, setting=setting)
     for table in {f.table.name: f.table for f in features.values()}.values():
         rotation = layouts[table.name].sparse_core_shard_rotation
-        table.initializer = dataclasses.replace(table.initializer, rotation=rotation)
+        table.initializer = dataclasses.replace(table.initializer, rotation=rotation,
+                                                cores_per_chip=sc_per_chip)  # fmt: skip
     return EnginePlan(features, engine_features, layouts, buffers, chips)
 
 

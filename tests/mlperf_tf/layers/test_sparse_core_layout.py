@@ -6,6 +6,7 @@ transcription of the engine's count (`sparse_core_preprocess_ops.cc`
 `SortListOfSparseCoreCooTensorsOp`) over generated batches; the initial values drawn one
 SparseCore shard at a time against the whole draw, bit for bit."""
 
+import dataclasses
 import math
 from unittest import mock
 
@@ -234,12 +235,20 @@ def test_initial_shards_drawn_alone_assemble_to_the_whole_draw(chips):
         np.testing.assert_array_equal(whole[name].numpy(), want.numpy())
     # The padding is zero: the stacked value is exactly the whole tables' layout.
     np.testing.assert_array_equal(stacked.numpy(), scl.to_stacked(whole, members).numpy())
-    # One shard of the item table: 3 blocks drawn once each, the shard's rows alone returned.
+    # A chip's 4 shards of the item table, asked one after another as TF asks: the 3 blocks
+    # drawn once in all (in the first call), each call its shard's rows alone.
     layout = plan.layouts["item"]
     padded = layout.unsharded_padded_shape[0]
     size = padded // layout.num_sparse_cores
     from tensorflow.python.trackable import base
 
+    init = dataclasses.replace(inits["item"])  # nothing kept from the draws above
     with mock.patch.object(sharded_embedding, "_block", wraps=sharded_embedding._block) as block:
-        shard = inits["item"]((padded, DIM), shard_info=base.ShardInfo([size, DIM], [size, 0]))
-    assert tuple(shard.shape) == (size, DIM) and block.call_count == 3
+        shards = [init((padded, DIM), shard_info=base.ShardInfo([size, DIM], [k * size, 0]))
+                  for k in range(4)]  # fmt: skip
+    assert [tuple(s.shape) for s in shards] == [(size, DIM)] * 4 and block.call_count == 3
+    assert not init._kept  # handed out, not held
+    index = scl.shard_rows(rows=3000, padded_rows=padded, shard_size=size, shard_offset=size,
+                           rotation=layout.sparse_core_shard_rotation)  # fmt: skip
+    want = sharded_embedding.draw_rows(init.seed, init.bound, 0, 3000, DIM).numpy()
+    np.testing.assert_array_equal(shards[1].numpy(), np.where(index[:, None] >= 0, want[index], 0))
