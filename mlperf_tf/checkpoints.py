@@ -257,12 +257,20 @@ def run_checkpoint(*, model: keras.Model, optimizer, optimizer_slots: dict | Non
       optimizer_slots: slots kept outside the optimizer, saved under the keys of the
         optimizer's own (the pipeline's stage-local update: `GradientSummer.optimizer_slots`).
       **parts: more trackables saved as they are (the run state, sharded slots).
+
+    A model whose variables are kept in another arrangement than this format's (DLRMv4's
+    tables in the TPU embedding engine's stacked layout) maps the entries itself: its
+    `checkpoint_format_entries(model_entries, optimizer_entries)` returns them replaced by
+    entries in the format's whole form (trackables computed at save, written back at restore).
     """
+    models = model_paths(model)
+    optimizers = {**optimizer_paths(optimizer), **(optimizer_slots or {})}
+    remap = getattr(model, "checkpoint_format_entries", None)
+    if remap is not None:
+        models, optimizers = remap(models, optimizers)
     by_path = {
-        MODEL_PART: VariablesByPath(model_paths(model), name=MODEL_PART),
-        OPTIMIZER_PART: VariablesByPath(
-            {**optimizer_paths(optimizer), **(optimizer_slots or {})}, name=OPTIMIZER_PART
-        ),
+        MODEL_PART: VariablesByPath(models, name=MODEL_PART),
+        OPTIMIZER_PART: VariablesByPath(optimizers, name=OPTIMIZER_PART),
     }
     return tf.train.Checkpoint(**by_path, **parts)
 

@@ -13,6 +13,7 @@ from benchmarks.dlrmv4 import model as model_lib
 from mlperf_tf import distribute
 from mlperf_tf.benchmark import Benchmark, EvalPoint
 from mlperf_tf.config import ConfigError
+from mlperf_tf.errors import UserError
 from mlperf_tf.facts import Embeddings, Rcp, SimulatorShape
 from mlperf_tf.optimizers import WarmupPolynomialDecay
 from mlperf_tf.optimizers.rowwise_adagrad import AdamWRowWiseAdagrad
@@ -150,7 +151,15 @@ class DlrmV4Benchmark(Benchmark):
         Adagrad as a `CustomOptimizer` slot program; README "Tables on TPU")."""
         on_tpu = distribute.is_tpu(tf.distribute.get_strategy())
         eps = self.config.optimizer.opt_sparse_epsilon if on_tpu else None
-        model = model_lib.build(self.config.model, seed=self.seed, tpu_epsilon=eps)
+        batch = self.per_replica_batch_size if on_tpu else 0
+        if on_tpu and self.replica_batch_size(self.config.eval_batch_size) != batch:
+            # The engine's shapes and buffers are one batch's (`output_shape`).
+            raise UserError(
+                f"`eval_batch_size` ({self.config.eval_batch_size}) must equal the training "
+                f"batch ({self.micro_batch_size}) with the tables on the TPU embedding engine"
+            )
+        model = model_lib.build(self.config.model, seed=self.seed, tpu_epsilon=eps,
+                                tpu_batch=batch)  # fmt: skip
         self.tpu_tables = model.tables if on_tpu else None
         return model
 

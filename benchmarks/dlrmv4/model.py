@@ -39,6 +39,11 @@ TABLES_LAYER = "sparse_tables"
 # weights, and a name outside `SPARSE_PREFIX` (its gradient-trap weight is dense).
 TPU_TABLES_LAYER = "tpu_tables"
 SEQUENCES = ("item", "artist", "album")  # the history's and the candidate's id features
+CONTEXTUAL = ("uid", *(name for name, _ in CROSS_FEATURES))  # the contextual ids, in order
+# The CPU model's checkpoint entries of the tables (`ShardedEmbeddings.embeddings`, canonical)
+# and of their row-wise Adagrad slot (`AdamWRowWiseAdagrad`: the table's path, `/` as `_`).
+TABLES_PATH = f"{TABLES_LAYER}/embeddings"
+TABLES_SLOT_KEY = f"{TABLES_LAYER}_embeddings_row_accumulator"
 
 
 def tpu_features(config: ModelConfig, contextual_names) -> dict[str, Feature]:
@@ -195,7 +200,7 @@ class DlrmHstu(keras.Model):
     """
 
     def __init__(self, config: ModelConfig, *, seed: int = 0, tpu_epsilon: float | None = None,
-                 **kwargs):  # fmt: skip
+                 tpu_batch: int = 0, **kwargs):  # fmt: skip
         super().__init__(**kwargs)
         c = self.c = config
         e, d, hid = c.embedding_dim, c.transducer_dim, c.preprocessor_hidden_dim
@@ -203,15 +208,15 @@ class DlrmHstu(keras.Model):
         # TorchRec's default init U(+-sqrt(1/rows)) per table, seeded by its position and
         # drawn by row blocks (each replica its own rows; the same at every E, and on TPU).
         bounds = {name: math.sqrt(1.0 / n) for name, n in rows.items()}
-        self.contextual_names = ["uid"] + [name for name, _ in CROSS_FEATURES]
+        self.contextual_names = list(CONTEXTUAL)
         self.on_tpu = tpu_epsilon is not None
         if self.on_tpu:
             # TPU: the tables in the embedding engine, row-wise Adagrad at this eps.
             self.tables = TpuEmbeddingTables(
                 rows, e, bounds=bounds, seed=seed, epsilon=tpu_epsilon, name=TPU_TABLES_LAYER,
-                features=tpu_features(c, self.contextual_names),
+                features=tpu_features(c, self.contextual_names), batch_size=tpu_batch,
                 memory_limit_bytes=int(c.embedding_memory_gb * 2**30),
-                limit_setting="model.embedding_memory_gb",
+                limit_setting="model.embedding_memory_gb", batch_setting="global_batch_size",
             )  # fmt: skip
         else:
             # Every table in one layer, sharded over the mesh's `expert` axis when there is one.
@@ -265,6 +270,25 @@ class DlrmHstu(keras.Model):
         self.post_b = self.add_weight(shape=(d,), initializer="zeros", name="postprocessor_b")
         self.post_gamma = self.add_weight(shape=(d,), initializer="ones", name="post_ln_gamma")
         self.post_beta = self.add_weight(shape=(d,), initializer="zeros", name="post_ln_beta")
+
+    def checkpoint_format_entries(self, model_entries: dict, optimizer_entries: dict):
+        """The run checkpoint's entries in the one format (`checkpoints.run_checkpoint`'s hook):
+        on TPU the engine's tables and accumulators are saved as the CPU model's
+        `sparse_tables/embeddings` `[sum of rows, dim]` and its row-wise Adagrad slot `[sum of
+        rows]` (`TpuEmbeddingTables.checkpoint_entries`: mapped from the SparseCore layout),
+        and the layer's own weights (the stacked storage, the gradient trap) and the trap's
+        Adam slots (always zero) are left out, so a TPU run resumes on CPUs and the reverse.
+        Off TPU the entries are the format's already."""
+        if not self.on_tpu:
+            return model_entries, optimizer_entries
+        own = {id(v) for v in self.tables.weights}
+        trap_slots = self.tables.trap.path.replace("/", "_") + "_"  # Keras' slot names
+        models = {k: v for k, v in model_entries.items() if id(v) not in own}
+        optimizers = {k: v for k, v in optimizer_entries.items() if not k.startswith(trap_slots)}
+        tables, accumulators = self.tables.checkpoint_entries()
+        models[TABLES_PATH] = tables
+        optimizers[TABLES_SLOT_KEY] = accumulators
+        return models, optimizers
 
     # ---- the reference's blocks, each tested against a NumPy transcription ---------------------
     def action_embeddings(self, actions):
@@ -378,10 +402,12 @@ class DlrmHstu(keras.Model):
 
 
 def build(config: ModelConfig, *, seed: int = 0, batch: int = 2,
-          tpu_epsilon: float | None = None) -> DlrmHstu:  # fmt: skip
+          tpu_epsilon: float | None = None, tpu_batch: int = 0) -> DlrmHstu:  # fmt: skip
     """A built `DlrmHstu` (its weights created by one call on a zero batch); with
-    `tpu_epsilon` its tables on the TPU embedding engine (row-wise Adagrad at that eps)."""
-    model = DlrmHstu(config, seed=seed, name="dlrm_hstu", tpu_epsilon=tpu_epsilon)
+    `tpu_epsilon` its tables on the TPU embedding engine (row-wise Adagrad at that eps) for
+    `tpu_batch` samples a replica."""
+    model = DlrmHstu(config, seed=seed, name="dlrm_hstu", tpu_epsilon=tpu_epsilon,
+                     tpu_batch=tpu_batch)  # fmt: skip
     model(dummy_batch(config, batch))
     return model
 

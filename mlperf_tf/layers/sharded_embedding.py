@@ -319,14 +319,37 @@ def draw_rows(seed: int, bound: float, start: int, stop: int, dim: int, dtype="f
     if stop <= start:
         return tf.zeros([0, dim], dtype)
     first, last = start // INIT_BLOCK, (stop - 1) // INIT_BLOCK
-    blocks = [
-        tf.random.stateless_uniform([INIT_BLOCK, dim], seed=[seed, b], minval=-bound,
-                                    maxval=bound, dtype=tf.float32, alg="philox")
-        for b in range(first, last + 1)
-    ]  # fmt: skip
+    blocks = [_block(seed, bound, b, dim) for b in range(first, last + 1)]
     drawn = tf.concat(blocks, axis=0)  # [(last - first + 1) B, dim]
     offset = first * INIT_BLOCK
     return tf.cast(drawn[start - offset : stop - offset], dtype)  # [stop - start, dim]
+
+
+def draw_rows_at(seed: int, bound: float, index, dim: int, dtype="float32"):
+    """Rows `index` (`[m]` ints; -1: a zero row) of the table `draw_rows` draws, `[m, dim]`.
+
+    For a set of rows that is no range (a SparseCore shard holds every n-th row of a table):
+    each block holding some of them is drawn once and only those rows kept, so the peak is the
+    rows asked for and one block, never the whole table; the time is that of the blocks
+    touched (for every n-th row, all of them)."""
+    index = np.asarray(index, np.int64)
+    valid = np.nonzero(index >= 0)[0]  # positions of real rows
+    rows = index[valid]
+    order = np.argsort(rows, kind="stable")
+    parts = []
+    for b in np.unique(rows // INIT_BLOCK):
+        wanted = rows[order][rows[order] // INIT_BLOCK == b] - b * INIT_BLOCK
+        parts.append(tf.gather(_block(seed, bound, int(b), dim), wanted))
+    values = tf.concat(parts, axis=0) if parts else tf.zeros([0, dim])  # rows, sorted
+    positions = valid[order][:, None]  # where each sorted row goes
+    out = tf.scatter_nd(positions, values, [len(index), dim])  # [m, dim], -1 rows zero
+    return tf.cast(out, dtype)
+
+
+def _block(seed: int, bound: float, block: int, dim: int):
+    """Block `block` of a table's initial value: `[INIT_BLOCK, dim]` float32."""
+    return tf.random.stateless_uniform([INIT_BLOCK, dim], seed=[seed, block], minval=-bound,
+                                       maxval=bound, dtype=tf.float32, alg="philox")  # fmt: skip
 
 
 __all__ = [
@@ -336,5 +359,6 @@ __all__ = [
     "ShardedEmbeddings",
     "TablePlan",
     "draw_rows",
+    "draw_rows_at",
     "plan_tables",
 ]

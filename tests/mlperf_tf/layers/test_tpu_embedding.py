@@ -19,7 +19,7 @@ from mlperf_tf.optimizers.rowwise_adagrad import AdamWRowWiseAdagrad, rowwise_ad
 from tests.numerics import assert_close
 
 ROWS = {"item": 50, "artist": 9, "uid": 7}
-DIM = 4
+DIM = 8  # the SparseCore pads rows to a multiple of 8 (a narrower table is refused)
 SEED = 3
 BOUNDS = {n: math.sqrt(1.0 / r) for n, r in ROWS.items()}
 FEATURES = {
@@ -28,10 +28,12 @@ FEATURES = {
     "artist_history": te.Feature("artist", 5),
     "uid": te.Feature("uid"),
 }
-IDS = np.array([[1, 2, 3, 0, 0], [4, 4, 1, 7, 0], [49, 0, 0, 0, 0]], np.int32)  # [B, H]
-LENGTHS = np.array([3, 4, 1], np.int32)
-CANDIDATES = np.array([9, 4, 49], np.int32)
-UIDS = np.array([1, 6, 1], np.int32)
+IDS = np.array([[1, 2, 3, 0, 0], [4, 4, 1, 7, 0], [49, 0, 0, 0, 0], [8, 9, 8, 9, 8]],
+               np.int32)  # fmt: skip  # [B, H]
+LENGTHS = np.array([3, 4, 1, 5], np.int32)
+CANDIDATES = np.array([9, 4, 49, 0], np.int32)
+UIDS = np.array([1, 6, 1, 3], np.int32)
+BATCH = len(IDS)
 
 
 def _inputs():
@@ -84,6 +86,8 @@ def test_what_the_tpu_api_cannot_hold_is_a_one_line_error():
         te.table_configs({"big": 2**31}, DIM, bounds={"big": 1.0}, seed=0)
     with pytest.raises(UserError, match="float32"):
         te.table_configs(ROWS, DIM, bounds=BOUNDS, seed=0, dtype="bfloat16")
+    with pytest.raises(UserError, match="width 12 is not a multiple of 8"):
+        te.table_configs(ROWS, 12, bounds=BOUNDS, seed=0)
     with pytest.raises(UserError, match="AdamW has no table channel"):
         te.tpu_optimizer(AdamW(1e-3))
     tables = te.table_configs(ROWS, DIM, bounds=BOUNDS, seed=0)
@@ -157,7 +161,7 @@ def test_the_host_engine_trains_as_rowwise_adagrad_on_the_layer():
     opt = _optimizer()
     with mock_engine():
         tpu_layer = te.TpuEmbeddingTables(
-            ROWS, DIM, bounds=BOUNDS, seed=SEED, features=FEATURES, epsilon=1e-3
+            ROWS, DIM, bounds=BOUNDS, seed=SEED, features=FEATURES, epsilon=1e-3, batch_size=BATCH
         )
     tpu_opt = _optimizer()
     with pytest.raises(RuntimeError, match="bind_optimizer"):
@@ -189,11 +193,11 @@ def test_the_host_engine_trains_as_rowwise_adagrad_on_the_layer():
     tables = tpu_layer.table_values()
     for name, value in layer.tables().items():
         assert_close(tables[name], value, rtol=1e-5)
-    acc = opt._row_accumulators[0].numpy()  # [sum of rows]: one table after another
-    offsets = np.cumsum([0, *ROWS.values()])
-    slots = [slot for _, slot in tpu_layer.engine.variables.values()]
-    for slot, a, b in zip(slots, offsets[:-1], offsets[1:], strict=True):
-        assert_close(slot.numpy(), np.repeat(acc[a:b, None], DIM, 1), rtol=1e-5)
+    acc = opt._row_accumulators[0].numpy()  # one table after another (then padding rows)
+    assert_close(tpu_layer.canonical(slot=True).numpy(), acc[: sum(ROWS.values())], rtol=1e-5)
+    # ... kept in every entry of the row in the engine's stacked slot.
+    ((stack, (_, slot)),) = tpu_layer.engine.read_stacks().items()
+    np.testing.assert_array_equal(slot.numpy(), np.repeat(slot.numpy()[:, :1], DIM, 1))
     assert float(tpu_layer.trap.numpy()[0]) == 0.0
 
 
