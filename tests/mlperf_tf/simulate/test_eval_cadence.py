@@ -87,6 +87,12 @@ def test_the_simulated_evaluations_are_the_runners(name, batch):
             expected = _runner_count(points, epochs, key=lambda p: p.epoch_num)
             assert cadence.evaluations(batch, train, target) == expected, epochs
         return
+    _assert_same_counts(cadence, points, batch, train)
+
+
+def _assert_same_counts(cadence: EvalCadence, points, batch: int, train: int) -> None:
+    """The cadence's first evaluation is the schedule's, and its count is the runner's at every
+    target of `_targets`."""
     first, every = cadence.first_and_every(batch, train)
     assert points[0].step == first
     for target in _targets(first, every, points[-1].step):
@@ -126,12 +132,7 @@ def test_a_point_that_evaluated_from_the_start_is_the_runner_so_configured(
         changes = {"data": dataclasses.replace(config.data, **{key: int(value)})}
     runner = cls(dataclasses.replace(config, global_batch_size=batch, **changes))
     points = sorted(runner.eval_schedule(), key=lambda p: p.step)
-    train = int(facts["train_examples"])
-    first, every = cadence.first_and_every(batch, train)
-    assert points[0].step == first
-    for target in _targets(first, every, points[-1].step):
-        expected = _runner_count(points, target, key=lambda p: p.step)
-        assert cadence.evaluations(batch, train, target) == expected, target
+    _assert_same_counts(cadence, points, batch, int(facts["train_examples"]))
 
 
 def test_a_cadence_declares_samples_or_epochs_and_a_known_rounding():
