@@ -25,7 +25,7 @@ from mlperf_tf import rcps
 from mlperf_tf import rounds as rounds_lib
 from mlperf_tf.config import BenchmarkConfig, ConfigError
 from mlperf_tf.errors import UserError
-from mlperf_tf.facts import Rcp, RenamedKey, SimulatorShape, StatedConvergence
+from mlperf_tf.facts import EvalCadence, Rcp, RenamedKey, SimulatorShape, StatedConvergence
 from mlperf_tf.parallel.mesh import DeviceMesh
 
 PRESET_NAMES = ("mlperf", "mini", "smoke")
@@ -130,7 +130,8 @@ class Benchmark(abc.ABC):
       skipped_evals_rule: (a, b) where the rules skip the first int(a x global batch + b)
         evals (llama2_70b_lora's eval delay); the simulator does not time them. None: none.
     and the methods `training_flops_per_sample()` (None: traced from the model),
-    `parameter_count()`, `tokens_per_sample()`, `simulator_shape()` and `round_hparams()`.
+    `parameter_count()`, `tokens_per_sample()`, `simulator_shape()`, `eval_cadence()` and
+    `round_hparams()`.
     """
 
     name: ClassVar[str]
@@ -357,6 +358,21 @@ class Benchmark(abc.ABC):
         feature map and the batch norms (`--spatial_partition`). The default: none of them
         (the simulator models data parallelism only and refuses the other flags)."""
         return SimulatorShape()
+
+    def eval_cadence(self) -> EvalCadence:
+        """When `eval_schedule()` evaluates, as `simulate` reads it (no TensorFlow there): every
+        `config.eval_every_samples` samples where the config has them, else every
+        `eval_every_epochs` from `eval_offset_epochs`; the first `skipped_evals_rule` ones
+        not run. Override where `eval_schedule()` does otherwise (a first evaluation after a
+        rule's count of steps, an interval from a rule)."""
+        every = getattr(self.config, "eval_every_samples", 0)
+        skipped = tuple(float(x) for x in (self.skipped_evals_rule or (0.0, 0.0)))
+        if every:
+            return EvalCadence(every_samples=float(every), skipped=skipped)
+        return EvalCadence(
+            every_epochs=float(self.config.eval_every_epochs),
+            offset_epochs=float(self.config.eval_offset_epochs),
+        )
 
     def round_hparams(self) -> dict[str, Any]:
         """The round-level disclosure keys of this run (`rounds.ROUND_KEYS`: 6.1.0's numerical

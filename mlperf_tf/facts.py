@@ -485,6 +485,93 @@ class SimulatorShape:
         return None
 
 
+# A rule's steps rounded as the runner rounds its integer arithmetic: a + b / B computed in floats
+# lands a hair off a whole step (DLRMv4's 7,000.000000001 at 8,192), which must not round away.
+_EPSILON = 1e-9
+_ROUNDINGS = {
+    "ceil": lambda x: math.ceil(x - _EPSILON),
+    "floor": lambda x: math.floor(x + _EPSILON),
+    "round": round,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalCadence:
+    """When a benchmark's runner evaluates, as `simulate` counts it without the benchmark's code:
+    the steps of its `eval_schedule()` at any global batch B (the tests hold the two equal at
+    the published runs' batches).
+
+    A run evaluates at `first`, `first + every`, ... steps and stops at the first evaluation at
+    or after the step its target falls in; an evaluation is never skipped once they begin.
+
+    Attributes:
+      every_samples: samples between evaluations, rounded up to whole steps (the runners'
+        `ceil(every / B)`); 0 where the schedule is in epochs.
+      every_epochs: epochs between evaluations of an epoch schedule (`epoch_eval_schedule`:
+        the step of epoch e is round(e x floor(train_examples / B))); 0 for a sample schedule.
+      offset_epochs: an epoch schedule's first evaluation (0: after `every_epochs`).
+      first: (a, b): a sample schedule's first evaluation at a + b / B steps, rounded by
+        `first_rounding` ("ceil", "floor" or "round"); (0, 0): after one interval.
+      first_on_grid: the first is rounded up to a multiple of the interval (a grid from 0).
+      skipped: (a, b): the first int(a x B + b) evaluations of the grid are not run (a delay
+        counted in evaluations).
+    """
+
+    every_samples: float = 0.0
+    every_epochs: float = 0.0
+    offset_epochs: float = 0.0
+    first: tuple[float, float] = (0.0, 0.0)
+    first_rounding: str = "ceil"
+    first_on_grid: bool = False
+    skipped: tuple[float, float] = (0.0, 0.0)
+
+    def __post_init__(self):
+        if (self.every_samples > 0) == (self.every_epochs > 0):
+            raise ValueError("EvalCadence: give one of `every_samples` and `every_epochs` (> 0)")
+        if self.first_rounding not in _ROUNDINGS:
+            raise ValueError(f"EvalCadence: `first_rounding` {self.first_rounding!r} unknown")
+
+    def first_and_every(self, global_batch: int, train_examples: int) -> tuple[int, int]:
+        """(the first evaluation's step, steps between evaluations) at a global batch; an
+        epoch schedule's interval is its first two evaluations' distance."""
+        if self.every_epochs:
+            per_epoch = max(1, int(train_examples) // int(global_batch))
+            first = self.offset_epochs or self.every_epochs
+            step = max(1, round(first * per_epoch))
+            return step, max(1, round((first + self.every_epochs) * per_epoch) - step)
+        every = max(1, math.ceil(self.every_samples / global_batch))
+        a, b = self.first
+        first = _ROUNDINGS[self.first_rounding](a + b / global_batch) if (a or b) else every
+        if self.first_on_grid:
+            first = max(1, math.ceil(first / every)) * every
+        skipped = int(self.skipped[0] * global_batch + self.skipped[1])
+        return max(1, first + skipped * every), every
+
+    def evaluations(self, global_batch: int, train_examples: int, target_step: int) -> int:
+        """Evaluations of a run whose target falls in `target_step`: those before it and the one
+        at or after it that finds the target (at least one; the steps trained stay the
+        convergence's, even where the first evaluation comes later)."""
+        if self.every_epochs:  # each epoch rounded to a step as the runner rounds it
+            per_epoch = max(1, int(train_examples) // int(global_batch))
+            epoch, count = self.offset_epochs or self.every_epochs, 1
+            while max(1, round(epoch * per_epoch)) < target_step:
+                epoch, count = epoch + self.every_epochs, count + 1
+            return count
+        first, every = self.first_and_every(global_batch, train_examples)
+        return 1 + max(0, math.ceil((target_step - first) / every))
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EvalCadence:
+        data = dict(data)
+        for key in ("first", "skipped"):
+            if key in data:
+                data[key] = tuple(float(x) for x in data[key])
+        return cls(**data)
+
+
 @dataclasses.dataclass(frozen=True)
 class Rcp:
     """MLPerf's reference convergence points of a benchmark, in the installed mlperf-logging.

@@ -367,32 +367,32 @@ def _cache_entry(benchmark) -> dict[str, Any]:
         active = benchmark.active_parameter_count()
         if active is not None and active != parameters:  # a mixture of experts
             entry["active_parameters"] = active
-    every = getattr(config, "eval_every_samples", None)  # sample-scheduled evals (Llama)
-    if not every and isinstance(getattr(config, "eval_interval_steps", None), int):
-        every = config.eval_interval_steps * config.global_batch_size  # step-scheduled (DLRMv4)
     convergence = type(benchmark).convergence
     entry.update(
         mlperf_benchmark=type(benchmark).mlperf_benchmark,
         global_batch_size=config.global_batch_size,
         train_examples=config.train_examples,
         eval_examples=config.eval_examples,
-        eval_every_epochs=float(
-            every / config.train_examples if every else config.eval_every_epochs
-        ),
+        **eval_facts(benchmark),
         shape=benchmark.simulator_shape().as_dict(),
         convergence=convergence.as_dict() if convergence is not None else None,
     )
-    # Evals a run skips before its first, int(a x global batch + b), where a benchmark's rules
-    # say so (llama2_70b_lora's eval delay): the simulator does not time them.
     model = getattr(config, "model", None)
     if callable(getattr(model, "attention_parameters", None)):  # a decoder's sizes: the
         from mlperf_tf.parallel import memory  # simulator's memory count reads them
 
         entry["decoder"] = memory.DecoderSizes.of(model).as_dict()
-    rule = type(benchmark).skipped_evals_rule
-    if rule is not None:
-        entry["skipped_evals_rule"] = [float(rule[0]), float(rule[1])]
     return entry
+
+
+def eval_facts(benchmark) -> dict[str, Any]:
+    """A preset's evaluation cadence for the simulator: its declared `eval_cadence()` (when the
+    runner's `eval_schedule()` evaluates, at any batch) and, for a reader of the older cache,
+    `eval_every_epochs` at the preset's batch."""
+    cadence = benchmark.eval_cadence()
+    config = benchmark.config
+    every = cadence.every_epochs or cadence.every_samples / config.train_examples
+    return {"eval_cadence": cadence.as_dict(), "eval_every_epochs": float(every)}
 
 
 def cache_path() -> str:

@@ -18,7 +18,7 @@ from benchmarks.deepseekv3_671b import prepare as prepare_lib
 from mlperf_tf.benchmark import EvalPoint
 from mlperf_tf.data import c4
 from mlperf_tf.errors import UserError
-from mlperf_tf.facts import Blocks, Calibration, Experts, Rcp, SimulatorShape
+from mlperf_tf.facts import Blocks, Calibration, EvalCadence, Experts, Rcp, SimulatorShape
 from mlperf_tf.lm.decoder import DecoderModel
 from mlperf_tf.lm.pretraining import PretrainingBenchmark
 from mlperf_tf.spmd import use_mesh
@@ -160,6 +160,15 @@ class DeepseekV3Benchmark(PretrainingBenchmark):
         if samples > 0:
             return math.ceil(samples / batch)
         return config_lib.first_eval_step(batch)
+
+    def eval_cadence(self) -> EvalCadence:
+        """`first_eval_step()` as a rule of the batch (ceil(samples / GBS), or the rules'
+        floor(42 + 24,576 / GBS)), then every `eval_every_samples`."""
+        every, samples = float(self.config.eval_every_samples), self.config.first_eval_samples
+        if samples > 0:
+            return EvalCadence(every_samples=every, first=(0.0, float(samples)))
+        first = (float(config_lib.FIRST_EVAL_STEPS), float(config_lib.FIRST_EVAL_SAMPLES))
+        return EvalCadence(every_samples=every, first=first, first_rounding="floor")
 
     def eval_schedule(self) -> list[EvalPoint]:
         """The first eval after `first_eval_step()` steps, then every

@@ -14,7 +14,7 @@ from mlperf_tf import distribute
 from mlperf_tf.benchmark import Benchmark, EvalPoint
 from mlperf_tf.config import ConfigError
 from mlperf_tf.errors import UserError
-from mlperf_tf.facts import Embeddings, Rcp, SimulatorShape
+from mlperf_tf.facts import Embeddings, EvalCadence, Rcp, SimulatorShape
 from mlperf_tf.optimizers import WarmupPolynomialDecay
 from mlperf_tf.optimizers.rowwise_adagrad import AdamWRowWiseAdagrad
 
@@ -248,6 +248,18 @@ class DlrmV4Benchmark(Benchmark):
         return binned_auc(state["pos"], state["neg"])
 
     # ---- schedule and log ----------------------------------------------------------------------
+    def eval_cadence(self) -> EvalCadence:
+        """Every `eval_every_data_pct` of the stream rounded up to whole steps, the first at
+        `data.first_eval_samples` or the rules' floor((4480 x GBS + 135,331,840) / 3), rounded
+        up to that grid (`config.first_eval_samples`)."""
+        c = self.config
+        first = c.data.first_eval_samples
+        rule = (4480 / 3, 135_331_840 / 3) if first < 0 else (0.0, float(first))
+        return EvalCadence(
+            every_samples=c.data.eval_every_data_pct * c.train_examples,
+            first=rule, first_on_grid=True,
+        )  # fmt: skip
+
     def eval_schedule(self) -> list[EvalPoint]:
         """Evals on the rules' grid (every ceil(pct x train_samples / batch) steps) from the
         first eval on, up to the end of the stream; `samples_count` on each."""

@@ -34,7 +34,7 @@ _SYNTHETIC_EVAL_SEED = 1_000_000
 # calibrates; the rest of data/published.json tests). Efficiencies are fractions of the dense
 # peak of the calibrating run's number format.
 SIMULATOR_CALIBRATION = (
-    Calibration(("tpu-v3",), 0.5289, "bf16", "MLPerf v0.6 Google/results/tpu-v3-32/ssd",
+    Calibration(("tpu-v3",), 0.5286, "bf16", "MLPerf v0.6 Google/results/tpu-v3-32/ssd",
                 per_chip_batch=4, input_samples_per_s_per_host=4000),
     Calibration(("tpu-v4",), None, "bf16", "assumed: the system's default efficiency",
                 per_chip_batch=8, input_samples_per_s_per_host=10000),

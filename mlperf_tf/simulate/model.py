@@ -43,7 +43,8 @@ Per training step (all times in seconds):
                 `_rollout_step`; generator and trainer memory checked, `rollout_memory`)
 
 Time to train = steps to target x step + evaluations x (eval forward passes + eval overhead),
-with epochs to target from `convergence.curve` at the global batch. Per-sample FLOPs, the
+with epochs to target from `convergence.curve` at the global batch and the evaluations those
+of the runner's schedule up to the target (the benchmark's declared `eval_cadence()`). Per-sample FLOPs, the
 parameter count, the preset sizes and the benchmark's declarations (`simulator_shape()`,
 `convergence`) come from the committed cache (`mlperf_tf/simulate/data/flops.json`), so no
 TensorFlow is imported: FLOPs traced from the model, or declared by the benchmark
@@ -58,7 +59,7 @@ import math
 from typing import Any
 
 from mlperf_tf.errors import UserError
-from mlperf_tf.facts import SimulatorShape, normalize_format
+from mlperf_tf.facts import EvalCadence, SimulatorShape, normalize_format
 from mlperf_tf.parallel import memory as memory_lib
 from mlperf_tf.parallel import mesh as mesh_lib
 from mlperf_tf.parallel.mesh import DeviceMesh
@@ -131,6 +132,7 @@ class Result:
     convergence_source: str
     eval_s: float
     time_to_train_min: float
+    evaluations: int = 0
     memory_per_chip_gb: float = 0.0
     expert_weights_s: float = 0.0
     embedding_lookup_s: float = 0.0
@@ -357,6 +359,7 @@ def simulate(
     attention_precision: str | None = None,
     output_precision: str | None = None,
     recompute_mlp: bool = False,
+    first_eval_samples: float | None = None,
 ) -> Result:
     """Predicts one configuration (see the module docstring for the model).
 
@@ -405,6 +408,10 @@ def simulate(
         chips off a torus or not fewer than the chips, a batch smaller than the data-parallel
         groups, a parallel flag that does not divide the chips or fit the benchmark, or a
         layout whose bytes per chip exceed the chip's memory (`_check_memory`).
+      first_eval_samples: the first evaluation after this many samples, on the interval's
+        grid, none skipped (0: after one interval), where a run did not follow the
+        benchmark's declared first evaluation (`eval_cadence`; the DLRMv4 reference's RCP
+        runs evaluated from the start); None: the declared one.
     """
     facts = benchmark_facts(benchmark, preset)
     layout, algorithm = _check_system(system, chips, algorithm, failed_chips, wraparound)
@@ -463,7 +470,7 @@ def simulate(
         )
     train = _time_to_train(
         system, const, benchmark, preset, facts, global_batch, step["step_time_s"], working,
-        epochs_to_target, eval_tables_s, eval_rollouts_s, fill_s or 0.0,
+        epochs_to_target, eval_tables_s, eval_rollouts_s, fill_s or 0.0, first_eval_samples,
     )  # fmt: skip
     mfu = samples_per_s * work.flops / (working * const.peak)
     return Result(
@@ -687,9 +694,25 @@ def _workload(benchmark: str, facts: dict[str, Any], shape, moe) -> _Workload:
     return _Workload(flops, params, parameters, active, expert_params, moe, shape)
 
 
+def eval_cadence(facts: dict[str, Any], first_eval_samples: float | None = None) -> EvalCadence:
+    """The benchmark's declared evaluation cadence (`Benchmark.eval_cadence`) in its cache
+    entry (an older cache: one every `eval_every_epochs`), its first evaluation moved to
+    `first_eval_samples` where given (on the grid, none skipped)."""
+    declared = facts.get("eval_cadence")
+    if declared is None:
+        return EvalCadence(every_epochs=float(facts["eval_every_epochs"]))
+    cadence = EvalCadence.from_dict(declared)
+    if first_eval_samples is None or cadence.every_epochs:
+        return cadence
+    first = (0.0, float(first_eval_samples)) if first_eval_samples else (0.0, 0.0)
+    return dataclasses.replace(
+        cadence, first=first, first_rounding="ceil", first_on_grid=True, skipped=(0.0, 0.0)
+    )
+
+
 def _time_to_train(
     system, const, benchmark, preset, facts, global_batch, step_s, working, epochs_to_target,
-    eval_tables_s=0.0, eval_rollouts_s=None, fill_s=0.0,
+    eval_tables_s=0.0, eval_rollouts_s=None, fill_s=0.0, first_eval_samples=None,
 ) -> dict[str, Any]:  # fmt: skip
     """Epochs and samples to the target, the evaluations' time and the time to train; each
     evaluation its forward FLOPs, the system's eval overhead and `eval_tables_s` (its embedding
@@ -705,10 +728,9 @@ def _time_to_train(
         source = curve.source
     samples = epochs * epoch_examples
     steps = math.ceil(samples / global_batch)
-    # An evaluation runs between steps: at most one a step (an eval "every sample" is every step).
-    evals = min(math.ceil(epochs / float(facts["eval_every_epochs"])), steps)
-    per_batch, constant = facts.get("skipped_evals_rule", (0.0, 0.0))  # e.g. llama2_70b_lora
-    evals = max(1, evals - int(per_batch * global_batch + constant))
+    evals = eval_cadence(facts, first_eval_samples).evaluations(
+        global_batch, int(epoch_examples), steps
+    )
     eval_flops = float(facts["forward_flops_per_sample"]) * float(facts["eval_examples"])
     compute_rate = _chip_flops(system, const, working) * working
     one = eval_flops * const.linear_scale / compute_rate + eval_tables_s
@@ -720,6 +742,7 @@ def _time_to_train(
         "samples_to_target": samples,
         "convergence_source": source,
         "eval_s": eval_s,
+        "evaluations": evals,
         "time_to_train_min": (steps * step_s + eval_s + fill_s) / 60.0,
     }
 

@@ -56,6 +56,7 @@ def _predict(point: dict, system: systems.System, *, logged: bool) -> model.Resu
         virtual_stages=int(point.get("virtual_stages", 1)),
         recompute_attention=bool(point.get("recompute_attention", False)),
         recompute_mlp=bool(point.get("recompute_mlp", False)),
+        first_eval_samples=point.get("first_eval_samples"),
     )
     layout = {k: int(point[k]) for k in _LAYOUT if k in point}
     run = model.fastest if point.get("layout") == "fastest" else model.simulate

@@ -71,7 +71,10 @@ def test_the_reference_eval_delay_is_not_timed(batch, skipped):
     r = model.simulate(benchmark="llama2_70b_lora", system=system, chips=batch, global_batch=batch,
                        precision="fp8")  # fmt: skip
     facts = model.benchmark_facts("llama2_70b_lora")
-    evals = math.ceil(r.epochs_to_target / facts["eval_every_epochs"]) - skipped
+    # Every 384 samples rounded up to whole steps, from the first one after the skipped ones.
+    every = math.ceil(384 / batch)
+    evals = math.ceil(math.ceil(r.samples_to_target / batch) / every) - skipped
+    assert r.evaluations == evals
     per_eval = (
         facts["forward_flops_per_sample"]
         * facts["eval_examples"]

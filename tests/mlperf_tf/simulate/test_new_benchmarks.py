@@ -175,16 +175,26 @@ def test_dlrm_evaluates_every_tenth_of_a_percent_with_its_lookups():
     the forward of its 2,058,204 samples and their lookups' forward half (the ids out, the fp16
     rows back, the gathers' row reads; no gradients, no update)."""
     facts = model.benchmark_facts("dlrmv4")
-    assert facts["eval_every_epochs"] * facts["train_examples"] == pytest.approx(280 * 8192)
+    every = model.eval_cadence(facts).every_samples
+    assert every == pytest.approx(0.001 * facts["train_examples"])
+    assert math.ceil(every / 8192) == 280
     mi350x = systems.load("mi350x")
-    r = model.simulate(benchmark="dlrmv4", system=mi350x, chips=8)
+    # As the RCP run evaluated: from the first interval on (not the rules' first evaluation).
+    r = model.simulate(benchmark="dlrmv4", system=mi350x, chips=8, first_eval_samples=0)
     lookups = 3 * (HIST + 1) + CONTEXTUAL
     per_chip = 2_058_204 / 8
     tables = per_chip * lookups * DIM * 4 / 8e12  # the gathers' reads
     tables += 2 * 7 * 5e-6 + per_chip * lookups * (8 + 2 * DIM) * 7 / 8 / 537.6e9
     compute = facts["forward_flops_per_sample"] * 2_058_204 / (8 * mi350x.peak("bf16") * 0.3)
-    evals = math.ceil(r.samples_to_target / (280 * 8192))
+    evals = math.ceil(math.ceil(r.samples_to_target / 8192) / 280)
+    assert r.evaluations == evals
     assert r.eval_s == pytest.approx(evals * (compute + mi350x.eval_overhead_s + tables))
+    # The rules' first evaluation, floor((4480 x 8192 + 135,331,840) / 3) = 57,344,000 samples
+    # rounded up to the 280-step grid (25 intervals): the 24 before it are not run.
+    rules = model.simulate(benchmark="dlrmv4", system=mi350x, chips=8)
+    first = math.ceil((4480 * 8192 + 135_331_840) // 3 / (280 * 8192))
+    assert first == 25
+    assert rules.evaluations == evals - (first - 1)
 
 
 def test_dlrm_expert_parallel_is_one_line_saying_the_tables_span_every_chip(capsys):
