@@ -4,6 +4,7 @@ loss is GRPO's (`mlperf_tf.rl`), an evaluation is pass@k over validation rollout
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from typing import Any
@@ -21,6 +22,7 @@ from benchmarks.qwen35_397b_grpo import simulator as simulator_lib
 from benchmarks.qwen35_397b_grpo.model import build_model, load_base_weights
 from mlperf_tf.benchmark import Benchmark, EvalPoint
 from mlperf_tf.errors import UserError
+from mlperf_tf.facts import Blocks, Experts, SimulatorShape
 from mlperf_tf.rl import batch as batch_lib
 from mlperf_tf.rl.split_decoding import for_generation
 from mlperf_tf.runner.actions import LoopOutput, TrackedStats
@@ -60,11 +62,35 @@ class Qwen35GrpoBenchmark(Benchmark):
         DeltaNet state products and the generation are not counted)."""
         return 6.0 * self.active_parameter_count() * self.config.rollout.max_length
 
-    def simulator_shape(self):
-        """Rollouts, training and refit as `mlperf-tf simulate` times them (`simulator.py`)."""
-        return simulator_lib.simulator_shape(
-            self.config.model, self.config.global_batch_size, self.config.grpo.max_rollout_turns
+    def simulator_shape(self) -> SimulatorShape:
+        """Rollouts, training and refit as `mlperf-tf simulate` times them (`simulator.py`), at
+        this config's trajectory age (`grpo.max_trajectory_age_steps`: 0 adds generation and
+        training, 1 overlaps them), and what the training's split sends:
+
+        - blocks: every one of the 60 layers is a mixer (Gated DeltaNet or gated attention)
+          and an MoE feed-forward; under `--model_parallel` each ends in a row-parallel
+          projection (the DeltaNet's `out_proj` or the attention's `o_proj`; the routed
+          experts' and the shared expert's sum) whose output is all-reduced: 2 all-reduces a
+          block of tokens x hidden, as Megatron's blocks (README "Parallelism"); a rollout's
+          tokens are its mean context (`Rollouts.context_tokens`, what training runs on);
+        - experts: 512 routed experts top-10 in every layer, each one SwiGLU of
+          `moe.filter_size` (`ffn_parameters`), the forward FLOPs a token of one expert and the
+          shared expert (`ffn_flops_per_token`, as `deepseekv3_671b` counts its shared one).
+        """
+        m = self.config.model
+        shape = simulator_lib.simulator_shape(
+            m, self.config.global_batch_size, self.config.grpo.max_rollout_turns
         )
+        h, f = m.hidden_size, m.moe.filter_size
+        rollouts = dataclasses.replace(
+            shape.rollouts, max_age=self.config.grpo.max_trajectory_age_steps
+        )
+        blocks = Blocks(
+            m.num_hidden_layers, 2, h, round(rollouts.context_tokens), 3 * h * f,
+            2.0 * 3 * h * (f + m.shared_expert_size),
+        )  # fmt: skip
+        experts = Experts(num_experts=m.moe.num_experts, top_k=m.moe.top_k, every=m.moe.every)
+        return dataclasses.replace(shape, blocks=blocks, experts=experts, rollouts=rollouts)
 
     @property
     def train_steps(self) -> int:
@@ -74,12 +100,11 @@ class Qwen35GrpoBenchmark(Benchmark):
         return math.ceil(self.config.eval_examples / self.config.eval_batch_size)
 
     # ---- model and optimizer -----------------------------------------------------------------------
-    # The mesh axes `run` offers (tests/benchmarks/qwen35_397b_grpo/test_parallel.py): data, and
-    # the routed experts over `expert`. The model also splits exactly over `model` (the
-    # attention's and the DeltaNet's heads, the shared expert, the vocabulary: tested), but
-    # `run` offers it only where the simulator models it (`simulator_shape` has no `Blocks`
-    # yet: the contract test), so it is not declared.
-    parallel_axes = ("data", "expert")
+    # The mesh axes `run` offers (tests/benchmarks/qwen35_397b_grpo/test_parallel.py): data,
+    # the heads of the attention and the DeltaNet, the shared expert and the vocabulary over
+    # `model`, and the routed experts over `expert` (the simulator models both: `Blocks`,
+    # `Experts` in `simulator_shape`).
+    parallel_axes = ("data", "model", "expert")
 
     def build_model(self):
         """The policy under this benchmark's mesh (the runner has made it ambient already;
