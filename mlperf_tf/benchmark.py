@@ -617,6 +617,13 @@ class Benchmark(abc.ABC):
         them (and before `evaluate_only` evaluates): a pipeline whose examples the model itself
         generates (reinforcement learning's rollouts) needs it. The default: nothing."""
 
+    def release_input(self) -> None:
+        """Called when the runner (or `bench`) is done with the training pipeline, before it
+        releases the pipeline's iterator, also when the run ends by an error: a pipeline that
+        waits on training (GRPO's rollouts held to a trajectory age until the next update,
+        `mlperf_tf.rl.age.AgeGate`) stops waiting, since releasing an iterator waits for its
+        pipeline's threads. The default: nothing."""
+
     def prepare_initial_weights(self) -> None:
         """Makes the starting checkpoint `restore_initial_weights` will load when it is missing
         (e.g. a `mini` preset's base, trained untimed before `run_start` on the first run).
