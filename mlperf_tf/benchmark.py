@@ -351,6 +351,15 @@ class Benchmark(abc.ABC):
         del model
         return {}
 
+    def host_step_parts(self) -> dict[str, tuple[float | None, float]]:
+        """Parts of the step that the training input pipeline does on the host, for `mlperf-tf
+        bench` (e.g. a reinforcement-learning benchmark's rollouts, which the policy generates
+        and environments answer): name -> (seconds, tokens) so far, cumulative counters that
+        `bench` reads before and after each timed window. Seconds None: the compiled step's own
+        work (timed as the window outside its input wait), with the tokens it trained. {} (the
+        default): none."""
+        return {}
+
     def simulator_shape(self) -> SimulatorShape:
         """What each kind of parallelism splits and sends, from the config, for `simulate`:
         the transformer blocks (`--model_parallel`, `--expert_parallel`), the convolutions by

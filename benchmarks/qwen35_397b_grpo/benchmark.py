@@ -213,6 +213,20 @@ class Qwen35GrpoBenchmark(Benchmark):
         return input_lib.rollout_steps(self._policy_model(), self.config, seed=self.seed,
                                        gate=gate, clock=self.rollout_clock)  # fmt: skip
 
+    def host_step_parts(self) -> dict[str, tuple[float | None, float]]:
+        """`bench`'s parts of a GRPO step (`rollout_clock`): the rollouts' generation (the
+        generator's prefill and decoding calls; the tokens it generated), their environments
+        (resets, tool calls, the tests' run), and the update (the compiled step outside its
+        wait for rollouts; the policy tokens it trains, counted as each batch is made: over a
+        window, the batches generated in it, which the gate keeps at most
+        `grpo.max_trajectory_age_steps` ahead of those trained)."""
+        c = self.rollout_clock.snapshot()
+        return {
+            "rollout generation": (c["generation_s"], c["generated_tokens"]),
+            "environment": (c["environment_s"], 0.0),
+            "training": (None, c["trained_tokens"]),
+        }
+
     def release_input(self) -> None:
         """Ends the rollout pipelines' waits for the next update (`AgeGate.close`)."""
         for gate in self._gates:

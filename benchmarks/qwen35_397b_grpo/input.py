@@ -142,6 +142,8 @@ def rollout_steps(model, config: Qwen35GrpoConfig, *, seed: int, gate: AgeGate |
                 normalize=grpo.normalize_rewards, overlong_filtering=grpo.overlong_filtering,
             )  # fmt: skip
             batch["trajectory_age"] = np.full(len(rollouts), age, np.float32)
+            if clock is not None:  # the policy's tokens of the kept rollouts: the loss's
+                clock.add(trained_tokens=float(batch["valid_tokens"][0]))
             yield batch
             step += 1
     finally:

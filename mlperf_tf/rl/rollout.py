@@ -47,13 +47,16 @@ class Rollout:
 class RolloutClock:
     """Where rollouts' time goes, summed over every `run_rollouts` call given it (for `bench`'s
     shares of a step): the generator's calls (prefill and decoding) and the tokens they
-    generated, and the environments' (reset, tool calls, the reward's test run). Read and
-    written under `lock` (the input pipeline's thread writes, the caller's reads)."""
+    generated, and the environments' (reset, tool calls, the reward's test run); and, added
+    by whoever makes the training batches of them, the policy tokens those batches train
+    (`trained_tokens`). Read and written under `lock` (the input pipeline's thread writes,
+    the caller's reads)."""
 
     generation_s: float = 0.0
     generated_tokens: int = 0
     environment_s: float = 0.0
     rollouts: int = 0
+    trained_tokens: float = 0.0
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False)
 
     def add(self, **amounts) -> None:
