@@ -113,7 +113,7 @@ def rollout_steps(model, config: Qwen35GrpoConfig, *, seed: int, gate: AgeGate |
     """Endless training batches: step s's prompts are tasks s P .. s P + P - 1 (cycling), each
     run `num_generations_per_prompt` times by the current `model`, once `gate` lets step s be
     generated (None: at once, age 0: nothing updates the weights); each batch's
-    `trajectory_age` is the age it was generated at. Ends when the gate is closed. `clock`
+    `trajectory_age` is the age it was generated at (a closed gate waits no more). `clock`
     gathers the rollouts' generation and environment time."""
     grpo = config.grpo
     pool = _tasks(config, config.rollout.train_tasks, config.rollout.task_seed)
@@ -122,8 +122,6 @@ def rollout_steps(model, config: Qwen35GrpoConfig, *, seed: int, gate: AgeGate |
     try:
         while True:
             age = gate.wait(step) if gate is not None else 0
-            if age is None:
-                return  # the consumer is gone (`AgeGate.close`)
             chosen = [
                 pool[(step * grpo.num_prompts_per_step + p) % len(pool)]
                 for p in range(grpo.num_prompts_per_step)

@@ -18,7 +18,11 @@ Max age 0 is the synchronous schedule: the rollouts of step k+1 start only after
 
 Waiting inside a `tf.data` generator blocks the pipeline's thread, and releasing the pipeline's
 iterator waits for that thread: whoever stops consuming calls `close()` first (the runner and
-`bench` do, through `Benchmark.release_input`), which ends the generator's wait.
+`bench` do, through `Benchmark.release_input`), which ends the generator's wait. A closed gate
+lets the generator run on as it would without one (its batches are never trained: the consumer
+is gone), and records no age; ending the generator's sequence there instead left the release of
+a 2-device iterator at `--model_parallel=2` hanging in TensorFlow (measured: the run's process
+never exited after `run_stop`, while the same run without the gate did).
 """
 
 from __future__ import annotations
@@ -53,12 +57,13 @@ class AgeGate:
         return self._closed.is_set()
 
     def close(self) -> None:
-        """Ends every wait, now and later: `wait` returns None (the consumer is gone)."""
+        """Ends every wait, now and later (the consumer is gone): `wait` returns at once."""
         self._closed.set()
 
-    def wait(self, batch: int) -> int | None:
-        """Blocks until batch `batch` (0-based) may be generated; returns its age in updates,
-        or None once `close()` was called (the generator should stop)."""
+    def wait(self, batch: int) -> int:
+        """Blocks until batch `batch` (0-based) may be generated; returns its age in updates
+        (recorded in `ages`). Once `close()` was called it returns at once, the age the batch
+        has then, unrecorded: nothing trains it."""
         if self.version is None:
             self.ages.append(0)
             return 0
@@ -66,14 +71,11 @@ class AgeGate:
             self.base = int(self.version())
         while True:
             done = int(self.version()) - self.base
-            if done >= batch - self.max_age:
+            if done >= batch - self.max_age or self._closed.wait(self.poll_s):
                 break
-            if self._closed.wait(self.poll_s):
-                return None
-        if self.closed:
-            return None
         age = max(0, batch - done)
-        self.ages.append(age)
+        if not self.closed:
+            self.ages.append(age)
         return age
 
     @property
