@@ -165,27 +165,3 @@ def test_split_generation_with_kept_caches_gives_the_unsplit_tokens(expert_paral
     at its own length, then the per-row step) on the split model: the unsplit model's tokens
     of both turns, sampled at temperature 1 with fixed seeds, and their log-probs."""
     _assert_same_generation(_benchmark(), 1.0, expert_parallel, model_parallel, keep_cache=True)
-
-
-@pytest.mark.slow  # 4-7 min at load 5-9 (tracing the steps and the split generator)
-def test_a_model_parallel_smoke_run_trains_evaluates_and_logs_it(tmp_path):
-    """`run --model_parallel=2` on 2 logical CPUs (the declared `model` axis; the smoke's
-    vocabulary of 260 splits): 2 steps and their evaluations, the log's `tensor_parallelism` 2,
-    and the steps' trajectory ages within the setting (the first batch's 0)."""
-    from mlperf_tf import runner
-    from tests import e2e
-
-    config = runner.RunConfig(model_dir=str(tmp_path / "m"), num_cpu_devices=2, model_parallel=2,
-                              steps_per_loop=1, collective_timeout=120)  # fmt: skip
-    ages = []
-
-    class Ages(runner.actions.Action):
-        def after_loop(self, output):
-            ages.append(float(output.metrics["avg_trajectory_age"]))
-
-    result = runner.run(Qwen35GrpoBenchmark(Qwen35GrpoBenchmark.preset("smoke")), config,
-                        actions=[Ages()])  # fmt: skip
-    assert result.steps == 2 and len(result.evals) == 2
-    logged = {r["key"]: r["value"] for r in e2e.log_records(result.mlperf_log)}
-    assert logged["tensor_parallelism"] == 2 and logged["expert_parallelism"] == 1
-    assert ages[0] == 0.0 and all(age <= 1.0 for age in ages)  # the second is 1 in practice
