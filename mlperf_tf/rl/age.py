@@ -20,9 +20,10 @@ Waiting inside a `tf.data` generator blocks the pipeline's thread, and releasing
 iterator waits for that thread: whoever stops consuming calls `close()` first (the runner and
 `bench` do, through `Benchmark.release_input`), which ends the generator's wait. A closed gate
 lets the generator run on as it would without one (its batches are never trained: the consumer
-is gone), and records no age; ending the generator's sequence there instead left the release of
-a 2-device iterator at `--model_parallel=2` hanging in TensorFlow (measured: the run's process
-never exited after `run_stop`, while the same run without the gate did).
+is gone), and records no age. Known problem: with the gate, a 2-device `--model_parallel=2`
+GRPO run's process often did not exit after `run_stop` (the release of its iterator waits in
+TensorFlow), with the generator's sequence ended or run on alike; without the gate it exited
+(`benchmarks/qwen35_397b_grpo/README.md`, "Parallelism").
 """
 
 from __future__ import annotations
