@@ -352,6 +352,15 @@ class Benchmark(abc.ABC):
         del model
         return {}
 
+    def host_step_parts(self) -> dict[str, tuple[float | None, float]]:
+        """Parts of the step that the training input pipeline does on the host, for `mlperf-tf
+        bench` (e.g. a reinforcement-learning benchmark's rollouts, which the policy generates
+        and environments answer): name -> (seconds, tokens) so far, cumulative counters that
+        `bench` reads before and after each timed window. Seconds None: the compiled step's own
+        work (timed as the window outside its input wait), with the tokens it trained. {} (the
+        default): none."""
+        return {}
+
     def simulator_shape(self) -> SimulatorShape:
         """What each kind of parallelism splits and sends, from the config, for `simulate`:
         the transformer blocks (`--model_parallel`, `--expert_parallel`), the convolutions by
@@ -632,6 +641,13 @@ class Benchmark(abc.ABC):
         """Tells the benchmark the model its input pipelines may read, before the runner makes
         them (and before `evaluate_only` evaluates): a pipeline whose examples the model itself
         generates (reinforcement learning's rollouts) needs it. The default: nothing."""
+
+    def release_input(self) -> None:
+        """Called when the runner (or `bench`) is done with the training pipeline, before it
+        releases the pipeline's iterator, also when the run ends by an error: a pipeline that
+        waits on training (GRPO's rollouts held to a trajectory age until the next update,
+        `mlperf_tf.rl.age.AgeGate`) stops waiting, since releasing an iterator waits for its
+        pipeline's threads. The default: nothing."""
 
     def prepare_initial_weights(self) -> None:
         """Makes the starting checkpoint `restore_initial_weights` will load when it is missing

@@ -4,6 +4,7 @@ loss is GRPO's (`mlperf_tf.rl`), an evaluation is pass@k over validation rollout
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from typing import Any
@@ -21,12 +22,16 @@ from benchmarks.qwen35_397b_grpo import simulator as simulator_lib
 from benchmarks.qwen35_397b_grpo.model import build_model, load_base_weights
 from mlperf_tf.benchmark import Benchmark, EvalPoint
 from mlperf_tf.errors import UserError
+from mlperf_tf.facts import Blocks, Experts, SimulatorShape
 from mlperf_tf.rl import batch as batch_lib
+from mlperf_tf.rl.age import AgeGate
+from mlperf_tf.rl.rollout import RolloutClock
 from mlperf_tf.rl.split_decoding import for_generation
-from mlperf_tf.runner.actions import LoopOutput, TrackedStats
+from mlperf_tf.runner.actions import Action, LoopOutput, TrackedStats
 from mlperf_tf.spmd import use_mesh
 
-_METRICS = ("reward", "is_oob_ratio", "sampling_importance_ratio", "masked_sequences")
+_METRICS = ("reward", "is_oob_ratio", "sampling_importance_ratio", "masked_sequences",
+            "avg_trajectory_age")  # fmt: skip
 
 
 class Qwen35GrpoBenchmark(Benchmark):
@@ -42,6 +47,10 @@ class Qwen35GrpoBenchmark(Benchmark):
     def __init__(self, config, *, context=None):
         super().__init__(config, context=context)
         self._policy = None
+        self._optimizer = None  # its `iterations`: the policy's version (updates applied)
+        self._gates: list[AgeGate] = []  # one per training pipeline made
+        # The training rollouts' generation and environment time (`bench`'s shares).
+        self.rollout_clock = RolloutClock()
 
     # ---- sizes -----------------------------------------------------------------------------------
     def parameter_count(self) -> int:
@@ -60,11 +69,35 @@ class Qwen35GrpoBenchmark(Benchmark):
         DeltaNet state products and the generation are not counted)."""
         return 6.0 * self.active_parameter_count() * self.config.rollout.max_length
 
-    def simulator_shape(self):
-        """Rollouts, training and refit as `mlperf-tf simulate` times them (`simulator.py`)."""
-        return simulator_lib.simulator_shape(
-            self.config.model, self.config.global_batch_size, self.config.grpo.max_rollout_turns
+    def simulator_shape(self) -> SimulatorShape:
+        """Rollouts, training and refit as `mlperf-tf simulate` times them (`simulator.py`), at
+        this config's trajectory age (`grpo.max_trajectory_age_steps`: 0 adds generation and
+        training, 1 overlaps them), and what the training's split sends:
+
+        - blocks: every one of the 60 layers is a mixer (Gated DeltaNet or gated attention)
+          and an MoE feed-forward; under `--model_parallel` each ends in a row-parallel
+          projection (the DeltaNet's `out_proj` or the attention's `o_proj`; the routed
+          experts' and the shared expert's sum) whose output is all-reduced: 2 all-reduces a
+          block of tokens x hidden, as Megatron's blocks (README "Parallelism"); a rollout's
+          tokens are its mean context (`Rollouts.context_tokens`, what training runs on);
+        - experts: 512 routed experts top-10 in every layer, each one SwiGLU of
+          `moe.filter_size` (`ffn_parameters`), the forward FLOPs a token of one expert and the
+          shared expert (`ffn_flops_per_token`, as `deepseekv3_671b` counts its shared one).
+        """
+        m = self.config.model
+        shape = simulator_lib.simulator_shape(
+            m, self.config.global_batch_size, self.config.grpo.max_rollout_turns
         )
+        h, f = m.hidden_size, m.moe.filter_size
+        rollouts = dataclasses.replace(
+            shape.rollouts, max_age=self.config.grpo.max_trajectory_age_steps
+        )
+        blocks = Blocks(
+            m.num_hidden_layers, 2, h, round(rollouts.context_tokens), 3 * h * f,
+            2.0 * 3 * h * (f + m.shared_expert_size),
+        )  # fmt: skip
+        experts = Experts(num_experts=m.moe.num_experts, top_k=m.moe.top_k, every=m.moe.every)
+        return dataclasses.replace(shape, blocks=blocks, experts=experts, rollouts=rollouts)
 
     @property
     def train_steps(self) -> int:
@@ -74,12 +107,11 @@ class Qwen35GrpoBenchmark(Benchmark):
         return math.ceil(self.config.eval_examples / self.config.eval_batch_size)
 
     # ---- model and optimizer -----------------------------------------------------------------------
-    # The mesh axes `run` offers (tests/benchmarks/qwen35_397b_grpo/test_parallel.py): data, and
-    # the routed experts over `expert`. The model also splits exactly over `model` (the
-    # attention's and the DeltaNet's heads, the shared expert, the vocabulary: tested), but
-    # `run` offers it only where the simulator models it (`simulator_shape` has no `Blocks`
-    # yet: the contract test), so it is not declared.
-    parallel_axes = ("data", "expert")
+    # The mesh axes `run` offers (tests/benchmarks/qwen35_397b_grpo/test_parallel.py): data,
+    # the heads of the attention and the DeltaNet, the shared expert and the vocabulary over
+    # `model`, and the routed experts over `expert` (the simulator models both: `Blocks`,
+    # `Experts` in `simulator_shape`).
+    parallel_axes = ("data", "model", "expert")
 
     def build_model(self):
         """The policy under this benchmark's mesh (the runner has made it ambient already;
@@ -155,10 +187,11 @@ class Qwen35GrpoBenchmark(Benchmark):
     def build_optimizer(self, train_steps: int):
         """Adam at a constant rate, no weight decay (the reference's `optimizer: adam`)."""
         opt = self.config.optimizer
-        return keras.optimizers.Adam(
+        self._optimizer = keras.optimizers.Adam(
             learning_rate=self.learning_rate(), beta_1=opt.opt_adamw_beta_1,
             beta_2=opt.opt_adamw_beta_2, epsilon=opt.opt_adamw_epsilon,
         )  # fmt: skip
+        return self._optimizer
 
     # ---- data: rollouts ----------------------------------------------------------------------------
     def _policy_model(self):
@@ -166,11 +199,43 @@ class Qwen35GrpoBenchmark(Benchmark):
             raise RuntimeError("bind_model() must run before the rollout datasets are read")
         return self._policy
 
+    def _policy_version(self):
+        """The policy's version (the optimizer's updates applied), or None before an optimizer
+        is built (nothing updates the weights)."""
+        optimizer = self._optimizer
+        return None if optimizer is None else (lambda: int(optimizer.iterations.numpy()))
+
+    def _rollout_steps(self):
+        """One training pipeline's rollout batches, held to `grpo.max_trajectory_age_steps`
+        by their own gate (the async schedule: README "How it plugs into the runner")."""
+        gate = AgeGate(self.config.grpo.max_trajectory_age_steps, self._policy_version())
+        self._gates.append(gate)
+        return input_lib.rollout_steps(self._policy_model(), self.config, seed=self.seed,
+                                       gate=gate, clock=self.rollout_clock)  # fmt: skip
+
+    def host_step_parts(self) -> dict[str, tuple[float | None, float]]:
+        """`bench`'s parts of a GRPO step (`rollout_clock`): the rollouts' generation (the
+        generator's prefill and decoding calls; the tokens it generated), their environments
+        (resets, tool calls, the tests' run), and the update (the compiled step outside its
+        wait for rollouts; the policy tokens it trains, counted as each batch is made: over a
+        window, the batches generated in it, which the gate keeps at most
+        `grpo.max_trajectory_age_steps` ahead of those trained)."""
+        c = self.rollout_clock.snapshot()
+        return {
+            "rollout generation": (c["generation_s"], c["generated_tokens"]),
+            "environment": (c["environment_s"], 0.0),
+            "training": (None, c["trained_tokens"]),
+        }
+
+    def release_input(self) -> None:
+        """Ends the rollout pipelines' waits for the next update (`AgeGate.close`)."""
+        for gate in self._gates:
+            gate.close()
+
     def train_dataset(self, input_context) -> tf.data.Dataset:
         gbs = self.config.global_batch_size
         dataset = tf.data.Dataset.from_generator(
-            lambda: input_lib.rollout_steps(self._policy_model(), self.config, seed=self.seed),
-            output_signature=input_lib.train_signature(self.config, gbs),
+            self._rollout_steps, output_signature=input_lib.train_signature(self.config, gbs)
         )
         per_replica = self.replica_batch_size(self.micro_batch_size, input_context)
         if per_replica != gbs:
@@ -196,10 +261,11 @@ class Qwen35GrpoBenchmark(Benchmark):
             dataset = dataset.unbatch().batch(per_replica, drop_remainder=True)
         return dataset
 
-    def run_actions(self) -> list[TrackedStats]:
+    def run_actions(self) -> list[Action]:
         """The reference's per-step statistics in the MLPerf log (`tracked_stats`, two events
-        a step as NeMo-RL's `mlperf_grpo_logging.py` writes them; `tracked_stats`)."""
-        return [TrackedStats(tracked_stats, self.config.global_batch_size)]
+        a step as NeMo-RL's `mlperf_grpo_logging.py` writes them; `tracked_stats`), and the
+        async schedule's guard (`AgeGuard`)."""
+        return [TrackedStats(tracked_stats, self.config.global_batch_size), AgeGuard(self)]
 
     # ---- loss and eval -------------------------------------------------------------------------
     def compute_loss_and_metrics(self, model, batch, training: bool = True):
@@ -215,6 +281,9 @@ class Qwen35GrpoBenchmark(Benchmark):
         )  # fmt: skip
         parts = float(self.config.gradient_accumulation_steps)
         metrics["reward"] = tf.reduce_mean(batch["rewards"])
+        # NeMo-RL's `avg_trajectory_age`: updates between the weights that sampled the batch
+        # and the weights it trains (`mlperf_tf.rl.age`).
+        metrics["avg_trajectory_age"] = tf.reduce_mean(batch["trajectory_age"])
         # A token mean over the step: this micro-batch's share of the step's tokens, which the
         # runner averages over the micro-batches and the replicas (the batch shards' shares sum).
         metrics["sampling_importance_ratio"] *= parts * self.batch_shards
@@ -294,6 +363,25 @@ class Qwen35GrpoBenchmark(Benchmark):
         if self.learning_rate() != config_lib.learning_rate(gbs):
             notes[C.OPT_BASE_LR] = "the tiny model's rate"
         return notes
+
+
+class AgeGuard(Action):
+    """The bug guard of the async schedule: after each host loop, a batch generated more than
+    `grpo.max_trajectory_age_steps` updates before the update that trained it (which the
+    rollout pipelines' gates exist to prevent) stops the run with a one-line error."""
+
+    def __init__(self, benchmark: Qwen35GrpoBenchmark):
+        self.benchmark = benchmark
+
+    def after_loop(self, output: LoopOutput) -> None:
+        limit = self.benchmark.config.grpo.max_trajectory_age_steps
+        seen = max((gate.max_seen for gate in self.benchmark._gates), default=0)
+        if seen > limit:
+            raise UserError(
+                f"step {output.step}: rollouts generated {seen} updates before the update that "
+                f"trained them, above `grpo.max_trajectory_age_steps` ({limit}): a bug in the "
+                "rollout pipeline's gate"
+            )
 
 
 def tracked_stats(output: LoopOutput) -> list[dict[str, float]]:

@@ -450,6 +450,11 @@ def mini() -> Qwen35GrpoConfig:
     )  # fmt: skip
 
 
+# The smoke model's vocabulary: the byte chat's 259 ids and one the chat never writes, so that
+# `--model_parallel=2` splits it (the head's vocabulary shards must be equal).
+SMOKE_VOCAB_SIZE = ByteChat.vocab_size + 1
+
+
 def smoke() -> Qwen35GrpoConfig:
     """About a minute on a CPU (most of it tracing the steps): the tiny model of every layer
     kind, 2 synthetic tasks x 2 rollouts a step of one 8-token turn, 2 steps, evaluated after
@@ -463,7 +468,7 @@ def smoke() -> Qwen35GrpoConfig:
     return Qwen35GrpoConfig(
         global_batch_size=4, eval_batch_size=3, train_examples=4 * 2, eval_examples=3,
         max_epochs=1.0, quality_target=1.01, gradient_clip_norm=gradient_clip(4),
-        model=tiny(ByteChat.vocab_size), grpo=grpo,
+        model=tiny(SMOKE_VOCAB_SIZE), grpo=grpo,
         optimizer=OptimizerConfig(opt_base_learning_rate=1e-4),
         env=EnvironmentConfig(kind="synthetic"),
         rollout=RolloutConfig(max_length=256, max_turn_tokens=8, train_tasks=4, eval_tasks=3),

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import threading
+import time
 
 from mlperf_tf.errors import UserError
 from mlperf_tf.rl.generation import ByteChat, generate
@@ -41,9 +43,49 @@ class Rollout:
         self.logprobs += logprobs if logprobs is not None else [0.0] * len(tokens)
 
 
+@dataclasses.dataclass
+class RolloutClock:
+    """Where rollouts' time goes, summed over every `run_rollouts` call given it (for `bench`'s
+    shares of a step): the generator's calls (prefill and decoding) and the tokens they
+    generated, and the environments' (reset, tool calls, the reward's test run); and, added
+    by whoever makes the training batches of them, the policy tokens those batches train
+    (`trained_tokens`). Read and written under `lock` (the input pipeline's thread writes,
+    the caller's reads)."""
+
+    generation_s: float = 0.0
+    generated_tokens: int = 0
+    environment_s: float = 0.0
+    rollouts: int = 0
+    trained_tokens: float = 0.0
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False)
+
+    def add(self, **amounts) -> None:
+        with self.lock:
+            for name, value in amounts.items():
+                setattr(self, name, getattr(self, name) + value)
+
+    def snapshot(self) -> dict[str, float]:
+        with self.lock:
+            return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                    if f.name != "lock"}  # fmt: skip
+
+
+class _Stopwatch:
+    """Seconds spent inside `with` blocks."""
+
+    def __init__(self):
+        self.seconds = 0.0
+
+    def __enter__(self):
+        self._begin = time.perf_counter()
+
+    def __exit__(self, *exc):
+        self.seconds += time.perf_counter() - self._begin
+
+
 def run_rollouts(model, environments, tasks, *, chat: ByteChat, max_turns: int,
                  max_turn_tokens: int, max_length: int, temperature: float, top_p: float,
-                 seed: int, ids=None) -> list[Rollout]:  # fmt: skip
+                 seed: int, ids=None, clock: RolloutClock | None = None) -> list[Rollout]:  # fmt: skip
     """One rollout per (environment, task) pair, all generated together.
 
     Args:
@@ -60,13 +102,18 @@ def run_rollouts(model, environments, tasks, *, chat: ByteChat, max_turns: int,
       seed: the sampling seed.
       ids: one int per rollout (default its position): rollout i's tokens depend on the seed,
         its id and its own context only, not on the other rollouts of the batch.
+      clock: where the generator's and the environments' seconds and the generated tokens
+        are added (None: not timed).
 
     Returns:
       The rollouts, in the tasks' order, each with its reward from the environment.
     """
     rollouts = []
+    generating, acting = _Stopwatch(), _Stopwatch()
+    generated = 0
     for env, task in zip(environments, tasks, strict=True):
-        prompt = env.reset(task)
+        with acting:
+            prompt = env.reset(task)
         r = Rollout([], [], [])
         r.extend(chat.message("user", prompt) + chat.assistant_header(), policy=False)
         if len(r.tokens) >= max_length:
@@ -84,18 +131,21 @@ def run_rollouts(model, environments, tasks, *, chat: ByteChat, max_turns: int,
     for turn in range(max_turns):
         if not active:
             break
-        outs = generator(
-            [rollouts[i].tokens for i in active], max_new_tokens=max_turn_tokens,
-            eos_id=chat.IM_END, pad_id=chat.PAD, temperature=temperature, top_p=top_p,
-            seeds=[(seed * 1_000_003 + ids[i]) * 101 + turn for i in active],
-            stop_suffixes=(CALL_CLOSE,), decode_text=chat.decode,
-        )  # fmt: skip
+        with generating:
+            outs = generator(
+                [rollouts[i].tokens for i in active], max_new_tokens=max_turn_tokens,
+                eos_id=chat.IM_END, pad_id=chat.PAD, temperature=temperature, top_p=top_p,
+                seeds=[(seed * 1_000_003 + ids[i]) * 101 + turn for i in active],
+                stop_suffixes=(CALL_CLOSE,), decode_text=chat.decode,
+            )  # fmt: skip
         still = []
         for i, out in zip(active, outs, strict=True):
             r = rollouts[i]
             r.extend(out.tokens, policy=True, logprobs=out.logprobs)
             r.turns += 1
-            answer = environments[i].act(chat.decode(out.tokens))
+            generated += len(out.tokens)
+            with acting:
+                answer = environments[i].act(chat.decode(out.tokens))
             r.errors += answer.errors
             if answer.invalid:  # never a sample: dropped from the update as a truncated one
                 r.invalid = r.truncated = True
@@ -116,6 +166,10 @@ def run_rollouts(model, environments, tasks, *, chat: ByteChat, max_turns: int,
         active = still
     # A rollout out of turns ended without `finish`: its reward is its state's, as it stands.
     for r, env in zip(rollouts, environments, strict=True):
-        r.reward = env.reward()  # truncated ones too; overlong filtering drops them
+        with acting:
+            r.reward = env.reward()  # truncated ones too; overlong filtering drops them
         del r.tokens[max_length:], r.policy_mask[max_length:], r.logprobs[max_length:]
+    if clock is not None:
+        clock.add(generation_s=generating.seconds, generated_tokens=generated,
+                  environment_s=acting.seconds, rollouts=len(rollouts))  # fmt: skip
     return rollouts

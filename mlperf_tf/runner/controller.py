@@ -261,7 +261,9 @@ class Controller:
             # Released only now, after `run_stop` and the final checkpoint: releasing a tf.data
             # iterator waits for its pipeline's threads to wind down, which on TF 2.20 took 13 s
             # (BERT mini) and 56 s (Transformer mini) after the target was reached, time that
-            # the MLPerf clock must not count (`mlperf_tf/data/README.md`).
+            # the MLPerf clock must not count (`mlperf_tf/data/README.md`). A pipeline that
+            # waits on training is told to stop first (`Benchmark.release_input`).
+            self.benchmark.release_input()
             self.train_iterator = None
             if self.evaluator is not None:
                 self.evaluator.release_spent_iterators()

@@ -520,6 +520,8 @@ def _check_memory(
     """
     if "decoder" not in facts or not system.memory_capacity or shape.blocks is None:
         return None
+    if shape.rollouts is not None:  # two pools, not one layout: `rollout_memory` checks them
+        return None
     config = memory_lib.DecoderSizes.from_dict(facts["decoder"])
     layout = memory_lib.ChipLayout(
         tensor=model_parallel, pipeline=stages.pipeline, expert=expert_parallel,
@@ -1067,10 +1069,12 @@ def _rollout_step(system, const, layout, r, global_batch, chips, step) -> dict[s
     most one step old (`r.max_age` 1) the generation of step k+1 runs beside the training of
     step k, so the step is the longer of the two plus the refit (generation waits for the new
     weights) and what is exposed of the generation is the part training does not cover; with
-    `max_age` 0 the three add up. The training's own communication (`step`'s all-reduce,
-    update and overhead) is added to its compute."""
+    `max_age` 0 the three add up. The training's own communication (`step`'s all-reduce, its
+    tensor-parallel all-reduces and expert all-to-alls, update and overhead) is added to its
+    compute."""
     t = rollout_times(system, const, layout, r, global_batch, chips)
     train = t["training_s"] + step["exposed_comm_s"] + step["weight_update_s"] + step["overhead_s"]
+    train += step["model_parallel_s"] + step["all_to_all_s"]  # the training split's traffic
     if r.max_age >= 1:
         step_s = max(t["generation_s"], train) + t["refit_s"]
         exposed = max(0.0, t["generation_s"] - train)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from benchmarks.qwen35_397b_grpo import config, environments
-from benchmarks.qwen35_397b_grpo.benchmark import Qwen35GrpoBenchmark
+from benchmarks.qwen35_397b_grpo.benchmark import AgeGuard, Qwen35GrpoBenchmark
 from mlperf_tf.config import ConfigError
 from mlperf_tf.errors import UserError
 from mlperf_tf.mllog import MLPerfLogger
@@ -111,7 +111,8 @@ def test_each_loop_logs_the_references_tracked_stats(tmp_path):
     and reward, then the step's time split into generation the update waited for and the rest;
     per-step means over a loop of 2 steps, at the loop's last step and its samples."""
     bench = Qwen35GrpoBenchmark(Qwen35GrpoBenchmark.preset("mini"))
-    (action,) = bench.run_actions()
+    action, guard = bench.run_actions()
+    assert isinstance(guard, AgeGuard)  # the async schedule's (test_age.py)
     path = tmp_path / "log.txt"
     mllog = MLPerfLogger(str(path))
     action.attach(types.SimpleNamespace(mllog=mllog))

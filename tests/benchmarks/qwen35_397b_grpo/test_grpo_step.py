@@ -110,6 +110,7 @@ def test_micro_batches_sum_to_the_step_token_mean():
     # The generator is the policy: its log-probs are the model's own.
     own = grpo.token_logprobs(model(arrays["input_ids"]), arrays["targets"]).numpy()
     arrays["generation_logprobs"] = own * token_mask
+    arrays["trajectory_age"] = np.zeros(rows, np.float32)  # the pipeline's (`input.py`)
     smoke = config.smoke()
     bench = Qwen35GrpoBenchmark(dataclasses.replace(smoke, gradient_accumulation_steps=parts))
     variables = model.trainable_variables

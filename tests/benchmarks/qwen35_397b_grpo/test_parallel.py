@@ -54,6 +54,7 @@ class FixedRolloutsBenchmark(Qwen35GrpoBenchmark):
                 "rewards": rng.integers(0, 2, ROWS).astype(np.float32),
                 # The step's valid tokens over every shard: a share of each shard's loss.
                 "valid_tokens": np.full(ROWS, 4 * ROWS * LENGTH * 0.7, np.float32),
+                "trajectory_age": np.zeros(ROWS, np.float32),
             })  # fmt: skip
         return tf.data.Dataset.from_tensor_slices(
             {k: np.stack([b[k] for b in batches]) for k in batches[0]}
