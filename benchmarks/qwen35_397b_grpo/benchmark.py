@@ -22,7 +22,7 @@ from benchmarks.qwen35_397b_grpo import simulator as simulator_lib
 from benchmarks.qwen35_397b_grpo.model import build_model, load_base_weights
 from mlperf_tf.benchmark import Benchmark, EvalPoint
 from mlperf_tf.errors import UserError
-from mlperf_tf.facts import Blocks, Experts, SimulatorShape
+from mlperf_tf.facts import Blocks, EvalCadence, Experts, SimulatorShape
 from mlperf_tf.rl import batch as batch_lib
 from mlperf_tf.rl.age import AgeGate
 from mlperf_tf.rl.rollout import RolloutClock
@@ -301,6 +301,16 @@ class Qwen35GrpoBenchmark(Benchmark):
 
     def eval_result(self, state) -> float:
         return float(state["solved"] / max(state["tasks"], 1.0))
+
+    def eval_cadence(self) -> EvalCadence:
+        """`eval_schedule()` as `simulate` counts it: step `val_start_step`, or the rules'
+        ceil(2.5 + 3840 / GBS), then every step."""
+        if self.config.grpo.val_start_step:
+            return EvalCadence(
+                every_samples=1.0, first=(float(self.config.grpo.val_start_step), 0.0)
+            )
+        first = (config_lib.FIRST_VALIDATION_STEPS, float(config_lib.FIRST_VALIDATION_SAMPLES))
+        return EvalCadence(every_samples=1.0, first=first)
 
     def eval_schedule(self) -> list[EvalPoint]:
         """Step `val_start_step` (default: the rules' ceil(2.5 + 3840 / GBS)), then every step to

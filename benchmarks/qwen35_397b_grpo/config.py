@@ -179,10 +179,16 @@ def gradient_clip(global_batch_size: int) -> float:
     return 0.125 * math.sqrt(REFERENCE_GBS / global_batch_size)
 
 
+# The rules' first evaluation, ceil(FIRST_VALIDATION_STEPS + FIRST_VALIDATION_SAMPLES / GBS)
+# steps (`closed_qwen35_397b_grpo.yaml` `validation_start_samples`).
+FIRST_VALIDATION_STEPS = 2.5
+FIRST_VALIDATION_SAMPLES = 3840
+
+
 def first_validation_step(global_batch_size: int) -> int:
     """The rules' first evaluation: step ceil(2.5 + 3840 / GBS) (18 at 256, 10 at 512, 7 at
-    1,024); then every step (`closed_qwen35_397b_grpo.yaml` `validation_start_samples`)."""
-    return math.ceil(2.5 + 3840 / global_batch_size)
+    1,024); then every step."""
+    return math.ceil(FIRST_VALIDATION_STEPS + FIRST_VALIDATION_SAMPLES / global_batch_size)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -21,18 +21,8 @@ def _published_batches() -> list[tuple[str, int]]:
     return sorted(batches)
 
 
-# GRPO declares no `eval_cadence()` (its benchmark.py is another session's this time): the
-# default, one evaluation an epoch, is its runner's count only where the target falls in the
-# first validation step, as at its published point (18 steps of 256); the rules' first step,
-# ceil(2.5 + 3,840 / GBS), then every step, is `EvalCadence(every_samples=1, first=(2.5, 3840))`.
-_UNDECLARED = pytest.mark.xfail(
-    strict=True, reason="qwen35_397b_grpo declares no eval_cadence(): one an epoch assumed"
-)
-
-
 def _case(name: str, batch: int):
-    marks = [_UNDECLARED] if name == "qwen35_397b_grpo" else []
-    return pytest.param(name, batch, marks=marks, id=f"{name}-{batch}")
+    return pytest.param(name, batch, id=f"{name}-{batch}")
 
 
 # The Transformer has no published point: its `mlperf` preset's batch.
