@@ -103,6 +103,19 @@ def synthetic_eval_dataset(
     return pad_eval_dataset(examples, batch_size=batch_size, num_batches=num_batches)
 
 
+def without_autotune(dataset: tf.data.Dataset) -> tf.data.Dataset:
+    """`dataset` with tf.data's autotuner off, for synthetic input.
+
+    A synthetic pipeline has no input cost to tune, and on TF 2.20 releasing an autotuned
+    iterator waits for the autotuner's thread, whose sleep doubles up to a minute as the iterator
+    ages (`mlperf_tf/data/README.md`): a smoke run of the tiny test model on 4 devices waited 358 s
+    after its 8.5 s run, idle, with it on; 19 s with it off (load 6, 2026-12-06).
+    """
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return dataset.with_options(options)
+
+
 # Seeds of two batch shards' synthetic data lie this far apart, so that a benchmark whose examples
 # take consecutive seeds (`synthetic_dataset` with a function) never shares an example between them.
 SHARD_SEED_STRIDE = 100_003
