@@ -107,9 +107,8 @@ def without_autotune(dataset: tf.data.Dataset) -> tf.data.Dataset:
     """`dataset` with tf.data's autotuner off, for synthetic input.
 
     A synthetic pipeline has no input cost to tune, and on TF 2.20 releasing an autotuned
-    iterator waits for the autotuner's thread, whose sleep doubles up to a minute as the iterator
-    ages (`mlperf_tf/data/README.md`): a smoke run of the tiny test model on 4 devices waited 358 s
-    after its 8.5 s run, idle, with it on; 19 s with it off (load 6, 2026-12-06).
+    iterator waits, idle, for the autotuner's thread, whose sleep grows as the iterator ages
+    (`mlperf_tf/data/README.md`, with the waits measured).
     """
     options = tf.data.Options()
     options.autotune.enabled = False
