@@ -103,6 +103,18 @@ def synthetic_eval_dataset(
     return pad_eval_dataset(examples, batch_size=batch_size, num_batches=num_batches)
 
 
+def without_autotune(dataset: tf.data.Dataset) -> tf.data.Dataset:
+    """`dataset` with tf.data's autotuner off, for synthetic input.
+
+    A synthetic pipeline has no input cost to tune, and on TF 2.20 releasing an autotuned
+    iterator waits, idle, for the autotuner's thread, whose sleep grows as the iterator ages
+    (`mlperf_tf/data/README.md`, with the waits measured).
+    """
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return dataset.with_options(options)
+
+
 # Seeds of two batch shards' synthetic data lie this far apart, so that a benchmark whose examples
 # take consecutive seeds (`synthetic_dataset` with a function) never shares an example between them.
 SHARD_SEED_STRIDE = 100_003

@@ -705,7 +705,9 @@ class Controller:
             _train_dataset_fn(benchmark, cfg, self.step, self.data_watchdog)
         )
         self._eval_specs = warmup.SpecRecorder(
-            parallel_input.for_mesh(benchmark.eval_dataset, benchmark.mesh)
+            _untuned_if_synthetic(
+                benchmark, parallel_input.for_mesh(benchmark.eval_dataset, benchmark.mesh)
+            )
         )
         self.train_data = strategy.distribute_datasets_from_function(self._train_specs)
         eval_data = strategy.distribute_datasets_from_function(self._eval_specs)
@@ -779,7 +781,17 @@ def _train_dataset_fn(benchmark: Benchmark, run_config: RunConfig, start_step: i
             dataset = dataset.skip(start_step * micro_batches * local_replicas)
         return parallel_input.repeat_for_group(dataset, repeats)
 
-    return dataset_fn
+    return _untuned_if_synthetic(benchmark, dataset_fn)
+
+
+def _untuned_if_synthetic(benchmark: Benchmark, dataset_fn):
+    """`dataset_fn` with the autotuner off when the benchmark feeds synthetic data: nothing to
+    tune, and a tuned iterator's release waits for the tuner (`synthetic.without_autotune`)."""
+    if not benchmark.config.synthetic:
+        return dataset_fn
+    from mlperf_tf.data import synthetic  # noqa: PLC0415 (the data package imports TF I/O)
+
+    return lambda input_context: synthetic.without_autotune(dataset_fn(input_context))
 
 
 def resumed_block(point: EvalPoint, block_begin_step: int, resume_step: int) -> EvalPoint:

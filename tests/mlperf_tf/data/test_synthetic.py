@@ -45,3 +45,28 @@ def test_synthetic_dataset_validates():
         synthetic.synthetic_dataset([1, 2], batch_size=1)
     with pytest.raises(ValueError, match="fixed shape"):
         synthetic.random_example({"x": tf.TensorSpec([None], tf.float32)})
+
+
+def test_without_autotune_turns_the_tuner_off_over_a_tuned_pipeline():
+    options = tf.data.Options()
+    options.autotune.enabled = True
+    tuned = tf.data.Dataset.range(4).with_options(options)
+    assert tuned.options().autotune.enabled
+    untuned = synthetic.without_autotune(tuned.map(lambda x: x + 1))
+    assert untuned.options().autotune.enabled is False
+    assert [int(x) for x in untuned] == [1, 2, 3, 4]  # the elements are unchanged
+
+
+def test_the_runner_turns_the_tuner_off_for_synthetic_data_only():
+    import dataclasses
+
+    from mlperf_tf.runner import controller
+    from tests.tiny_benchmark import TinyBenchmark, smoke
+
+    context = tf.distribute.InputContext(num_input_pipelines=1, input_pipeline_id=0)
+    benchmark = TinyBenchmark(smoke())
+    assert benchmark.config.synthetic
+    untuned = controller._untuned_if_synthetic(benchmark, benchmark.train_dataset)
+    assert untuned(context).options().autotune.enabled is False
+    real = TinyBenchmark(dataclasses.replace(smoke(), data_dir="/data"))
+    assert controller._untuned_if_synthetic(real, real.train_dataset) == real.train_dataset
