@@ -145,6 +145,7 @@ def test_at_age_0_step_2_is_sampled_by_the_weights_after_update_1():
     assert np.max(np.abs(_policy_logprobs(initial, second) - second["generation_logprobs"])) > 1e-2
 
 
+@pytest.mark.slow  # 15-34 s; the default run keeps the stricter age-0 case and the gate's unit tests
 @pytest.mark.numerics
 def test_at_age_1_step_2_may_be_sampled_before_update_1_but_no_older():
     """With update 1 held until the prefetch has generated batch 2, batch 2 is the initial
