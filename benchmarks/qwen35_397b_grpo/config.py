@@ -65,9 +65,10 @@ MINI_BASE_WARMUP = 0
 MINI_BASE_FINAL_LR_FRACTION = 1.0
 MINI_BASE_EMBEDDING_LR_SCALE = 8.0
 MINI_BASE_CLIP = 1.0
-# The mini's quality target: above the rules' 0.69 (the checker's `eval_accuracy` check), not
-# yet calibrated against a measured GRPO run, and only 0.04 above base-3's pass@4 on 64 held-out
-# tasks (README.md, "The mini").
+# The mini's quality target: above the rules' 0.69 (the checker's `eval_accuracy` check).
+# Measured on the 251 held-out tasks (README.md, "The base-3 GRPO run"): base-3 0.641; after the
+# rules' 33 GRPO steps 0.637; after 33 supervised steps instead 0.701. So no GRPO run has
+# reached it: it is not calibrated to a run that reaches it (not done).
 MINI_TARGET_PASS_AT_4 = 0.7
 # The mini's GRPO run: 8 tasks x 16 rollouts (GBS 128); the rules' first evaluation (step 33),
 # then `MINI_EXTRA_EVALS` more steps, each evaluated.
