@@ -336,9 +336,12 @@ def draw_rows_at(seed: int, bound: float, index, dim: int, dtype="float32"):
     valid = np.nonzero(index >= 0)[0]  # positions of real rows
     rows = index[valid]
     order = np.argsort(rows, kind="stable")
+    sorted_rows = rows[order]
+    blocks, starts = np.unique(sorted_rows // INIT_BLOCK, return_index=True)  # one grouping
+    ends = np.append(starts[1:], len(sorted_rows))
     parts = []
-    for b in np.unique(rows // INIT_BLOCK):
-        wanted = rows[order][rows[order] // INIT_BLOCK == b] - b * INIT_BLOCK
+    for b, start, end in zip(blocks, starts, ends):
+        wanted = sorted_rows[start:end] - b * INIT_BLOCK
         parts.append(tf.gather(_block(seed, bound, int(b), dim), wanted))
     values = tf.concat(parts, axis=0) if parts else tf.zeros([0, dim])  # rows, sorted
     positions = valid[order][:, None]  # where each sorted row goes

@@ -252,3 +252,14 @@ def test_initial_shards_drawn_alone_assemble_to_the_whole_draw(chips):
                            rotation=layout.sparse_core_shard_rotation)  # fmt: skip
     want = sharded_embedding.draw_rows(init.seed, init.bound, 0, 3000, DIM).numpy()
     np.testing.assert_array_equal(shards[1].numpy(), np.where(index[:, None] >= 0, want[index], 0))
+
+
+def test_rows_drawn_at_any_index_are_the_whole_draws_rows():
+    """`draw_rows_at` on rows in no order, repeated, across blocks, with -1 padding: each row is
+    the whole draw's row (bit for bit), -1 rows zero, each block drawn once."""
+    want = sharded_embedding.draw_rows(7, 0.5, 0, 3000, DIM).numpy()
+    index = np.array([2999, -1, 5, 1024, 5, 2048, 1023, -1, 0, 2047, 1500])
+    with mock.patch.object(sharded_embedding, "_block", wraps=sharded_embedding._block) as block:
+        got = sharded_embedding.draw_rows_at(7, 0.5, index, DIM).numpy()
+    assert block.call_count == 3
+    np.testing.assert_array_equal(got, np.where(index[:, None] >= 0, want[index], 0))
