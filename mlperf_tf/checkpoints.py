@@ -35,6 +35,7 @@ import re
 import shutil
 import time
 import uuid
+from typing import Protocol, runtime_checkable
 
 import keras
 import tensorflow as tf
@@ -247,6 +248,17 @@ def optimizer_paths(optimizer) -> dict:
     return _unique((key(v), v) for v in optimizer.variables)
 
 
+@runtime_checkable
+class MapsCheckpointFormat(Protocol):
+    """A model whose variables are kept in another arrangement than the one format's (DLRMv4's
+    tables in the TPU embedding engine's stacked layout): it maps its checkpoint entries itself.
+    """
+
+    def checkpoint_format_entries(self, model_entries: dict, optimizer_entries: dict):
+        """The entries replaced by ones in the format's whole form (trackables computed at save,
+        written back at restore): `(model_entries, optimizer_entries)`."""
+
+
 def run_checkpoint(*, model: keras.Model, optimizer, optimizer_slots: dict | None = None,
                    **parts) -> tf.train.Checkpoint:  # fmt: skip
     """A run's checkpoint in the one format: model and optimizer variables by stable path.
@@ -258,16 +270,12 @@ def run_checkpoint(*, model: keras.Model, optimizer, optimizer_slots: dict | Non
         optimizer's own (the pipeline's stage-local update: `GradientSummer.optimizer_slots`).
       **parts: more trackables saved as they are (the run state, sharded slots).
 
-    A model whose variables are kept in another arrangement than this format's (DLRMv4's
-    tables in the TPU embedding engine's stacked layout) maps the entries itself: its
-    `checkpoint_format_entries(model_entries, optimizer_entries)` returns them replaced by
-    entries in the format's whole form (trackables computed at save, written back at restore).
+    A model kept in another arrangement maps the entries itself (`MapsCheckpointFormat`).
     """
     models = model_paths(model)
     optimizers = {**optimizer_paths(optimizer), **(optimizer_slots or {})}
-    remap = getattr(model, "checkpoint_format_entries", None)
-    if remap is not None:
-        models, optimizers = remap(models, optimizers)
+    if isinstance(model, MapsCheckpointFormat):
+        models, optimizers = model.checkpoint_format_entries(models, optimizers)
     by_path = {
         MODEL_PART: VariablesByPath(models, name=MODEL_PART),
         OPTIMIZER_PART: VariablesByPath(optimizers, name=OPTIMIZER_PART),
