@@ -68,8 +68,9 @@ REFIT_WHOLE = True
 CALIBRATION_POLICY_TRAINING_S = 243.0
 CALIBRATION_GENERATION_S = 975.3 - 15.9
 CALIBRATION_SOURCE = (
-    "reference llm_post_training/rcp_logs/GBS1024/seed_1..6.out (mlcommons/training aa344c7f), "
-    "steps 2-7: policy_training_time 243.0 s; train_step_time - weight_sync_time 959.4 s"
+    "reference llm_post_training/rcp_logs/GBS1024/seed_1.out and seeds 2-6 (mlcommons/training "
+    "aa344c7f), steps 2-7: policy_training_time 243.0 s; train_step_time - weight_sync_time "
+    "959.4 s"
 )
 ENVIRONMENT_S_PER_TURN = 7.44
 ENVIRONMENT_SOURCE = (
