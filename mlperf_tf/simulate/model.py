@@ -21,8 +21,10 @@ Per training step (all times in seconds):
     allreduce = the α–β time of the chosen algorithm on the system's layout
                 (gradient bytes = parameters x `gradient_bytes`; an expert's over the chips
                 holding it; x 1.5 under `--fsdp`: the weights gathered twice)
-    exposed   = allreduce - min(overlap_fraction x allreduce, backward): the part of the
-                all-reduce that the backward pass cannot hide
+    exposed   = allreduce - min(overlap_fraction x allreduce, backward / m): the part of the
+                all-reduce that the backward pass cannot hide; a run accumulating m
+                micro-batches starts the reduction only in the last one's backward
+                (Megatron-core `register_grad_ready`), m = 1 where it does not accumulate
     update    = parameters x optimizer bytes per parameter / memory bandwidth, divided by the
                 chips with weight-update sharding (Kumar et al. 2020: each chip updates 1/p of the
                 weights between the reduce-scatter and the all-gather, at no extra traffic)
@@ -899,7 +901,11 @@ def _step(
     if fsdp:  # gather (forward), gather (backward), reduce-scatter: 3 halves of an all-reduce
         cost = collectives.Cost(1.5 * cost.latency_s, 1.5 * cost.bandwidth_s)
     allreduce = cost.total_s
-    exposed = allreduce - min(const.overlap * allreduce, backward)
+    # Accumulating micro-batches, a bucket's gradients are final only in the last one's
+    # backward, and only then is its reduction started (Megatron-core's
+    # `_ParamAndGradBuffer.register_grad_ready`: "only ... when processing the last
+    # microbatch"): that backward, 1/m of the step's, is what can hide it.
+    exposed = allreduce - min(const.overlap * allreduce, backward / stages.issues(per_chip_batch))
     per_byte = system.optimizer_bytes_per_parameter / system.memory_bandwidth
     update = held * per_byte
     if sharding:
