@@ -70,9 +70,14 @@ def test_deepseek_default_batch_and_the_reference_layout_are_legal():
     assert r.memory_per_chip_gb * 1e9 <= 0.9 * systems.load(GB300).memory_capacity
     best = model.fastest(benchmark="deepseekv3_671b", system=systems.load(GB300), chips=256)
     assert best.global_batch == 16_384 and best.weight_update_sharding
-    # The reference's pipeline axis: with each micro-batch paying its collectives' latency,
-    # CP2's ring passes and all-to-alls over 64 chips cost more than PP4's bubble (3/256).
-    assert (best.pipeline_parallel, best.context_parallel, best.model_parallel) == (4, 1, 1)
+    # A pipeline axis: with each micro-batch paying its collectives' latency, CP2's ring passes
+    # and all-to-alls over 64 chips cost more than a pipeline's bubble. PP8 (EP16) and the
+    # reference's PP4 (at EP32) are within 1 %: the gradient reduction, hidden only under the
+    # last of 256 micro-batches' backward, favours the deeper pipeline's smaller share.
+    assert (best.context_parallel, best.model_parallel) == (1, 1)
+    assert best.pipeline_parallel in (4, 8)
+    pp4 = _deepseek(chips=256, pipeline_parallel=4, expert_parallel=32)
+    assert best.time_to_train_min <= pp4.time_to_train_min < 1.01 * best.time_to_train_min
     # The search's expert axis and the reference's EP64 are within 5 % (the model's resolution:
     # EP64 streams fewer expert weights, and pays 63 all-to-all steps a micro-batch, not 15).
     assert best.time_to_train_min <= r.time_to_train_min < 1.05 * best.time_to_train_min
