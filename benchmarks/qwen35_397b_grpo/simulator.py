@@ -2,8 +2,10 @@
 generated rollouts and training on them (`mlperf_tf.facts.Rollouts`; docs/scaling.md).
 
 Every constant comes from the reference's layout (`llm_post_training/README.md` of
-mlcommons/training, "Benchmark runtime"), the model's shape, or is stated as assumed; none is
-fitted to a published time (the reference's own logs, `rcp_logs/GBS*/`, are the check).
+mlcommons/training, "Benchmark runtime"), its recipe and code (NeMo-RL 3fca04c9), the model's
+shape, or is stated as assumed; two (the trainer's efficiency, the seconds a turn) are read
+from the GBS 1,024 RCP logs' per-step breakdown, none from a published total (the GBS 256 and
+512 logs, `rcp_logs/GBS*/`, are the check).
 """
 
 from __future__ import annotations
