@@ -36,7 +36,10 @@ def _runner(name: str, batch: int, **changes):
     config = cls.preset("mlperf")
     if name == "qwen35_397b_grpo":  # a step's rollouts are its prompts x their generations
         prompts = batch // config.grpo.num_generations_per_prompt
-        changes = {"grpo": dataclasses.replace(config.grpo, num_prompts_per_step=prompts), **changes}
+        changes = {
+            "grpo": dataclasses.replace(config.grpo, num_prompts_per_step=prompts),
+            **changes,
+        }
     config = dataclasses.replace(config, global_batch_size=batch, **changes)
     if name == "transformer":  # no prepared data here: the synthetic sizes of the same config
         config = dataclasses.replace(config, data_dir="")
