@@ -1,7 +1,8 @@
 """Tests the simulator's terms for deepseekv3_671b (MLA, DeepSeekMoE, MTP, uneven pipeline
 stages, the distributed optimizer), dlrmv4 (sharded tables) and qwen35_397b_grpo (rollouts),
 each against a count written out here from the reference's shapes; the default batch and
-layout; and the published points of them that `--validate` tests (never calibrates)."""
+layout; and the published points of them that `--validate` tests (never fitted to a total; the
+GRPO GBS 1,024 run gives two constants from its logged breakdown)."""
 
 import dataclasses
 import math
