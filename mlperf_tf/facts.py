@@ -180,6 +180,23 @@ class Rollouts:
       max_context_tokens: the longest context a rollout may reach (the run's
         `max_sequence_length`; 0: no limit).
       max_turns: the agent's turn limit (0: none).
+      concurrency: rollouts in flight at once (the agent server's limit); a step or an
+        evaluation of more rollouts runs them as a stream through that many slots: each
+        instance decodes concurrency / instances at a time, and the last slot frees after
+        (rollouts / concurrency - 1) mean rollouts plus the slowest (`stream_rollouts`).
+        0: every rollout of a step at once.
+      recompute_forward: the trainer recomputes each forward pass in its backward (full
+        activation checkpointing): 8 rather than 6 x active weights a token.
+      logprob_pass: before training, the trainer runs a forward pass over the batch for the
+        current policy's log-probabilities (2 x active weights a token); generation overlaps
+        it as it does the training.
+      drain_before_eval: the rollouts in flight when an evaluation is due (a step's, at most
+        `concurrency`, all at once) finish first, nothing overlapping them, before the
+        evaluation's begin.
+      refit_whole: the refit broadcasts every weight to every generator chip, each loading
+        its own share of what it receives (NeMo-RL's collective refit: one broadcast from the
+        first trainer to all generator workers), so each chip receives all the weights; False:
+        each receives its 1/instance share.
     """
 
     generation_chips: float
@@ -203,6 +220,20 @@ class Rollouts:
     max_context_tokens: float = 0.0
     max_turns: float = 0.0
     eval_generations: int = 0
+    concurrency: int = 0
+    recompute_forward: bool = False
+    logprob_pass: bool = False
+    drain_before_eval: bool = False
+    refit_whole: bool = False
+
+    def in_flight(self, rollouts: float) -> float:
+        """Rollouts in flight at once when `rollouts` are due (`concurrency`)."""
+        return min(rollouts, self.concurrency) if self.concurrency else rollouts
+
+    def stream_rollouts(self, rollouts: float) -> float:
+        """Mean rollouts that run one after another in a slot before the slowest's start:
+        rollouts / in flight - 1 (0 when they all run at once)."""
+        return rollouts / self.in_flight(rollouts) - 1.0
 
     def slowest_factor(self, rollouts: float) -> float:
         """The slowest of `rollouts` rollouts' generated tokens over the mean: the expected
@@ -238,6 +269,17 @@ class Rollouts:
         """Training FLOPs of one rollout: 6 x active weights x its tokens (the products of the
         forward and backward passes; attention's and the recurrent state's left out)."""
         return 6.0 * self.active_parameters * self.context_tokens
+
+    def trainer_flops_per_sample(self) -> float:
+        """FLOPs the trainer's update spends on one rollout: the training's products and, with
+        `recompute_forward`, the forward again in the backward (8 rather than 6 x active
+        weights x tokens). `training_flops_per_sample` stays the model's FLOPs (MFU's)."""
+        return (6.0 + 2.0 * self.recompute_forward) * self.active_parameters * self.context_tokens
+
+    def logprob_flops_per_sample(self) -> float:
+        """FLOPs of the trainer's log-probability pass over one rollout before its update
+        (`logprob_pass`: one forward, 2 x active weights x tokens; 0 without)."""
+        return 2.0 * self.logprob_pass * self.active_parameters * self.context_tokens
 
     def touched_experts(self, sequences: float) -> float:
         """The share of the routed experts one decoding step of `sequences` sequences reads:

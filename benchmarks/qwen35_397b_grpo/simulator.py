@@ -2,14 +2,16 @@
 generated rollouts and training on them (`mlperf_tf.facts.Rollouts`; docs/scaling.md).
 
 Every constant comes from the reference's layout (`llm_post_training/README.md` of
-mlcommons/training, "Benchmark runtime"), the model's shape, or is stated as assumed; none is
-fitted to a published time (the reference's own logs, `rcp_logs/GBS*/`, are the check).
+mlcommons/training, "Benchmark runtime"), its recipe and code (NeMo-RL 3fca04c9), the model's
+shape, or is stated as assumed; two (the trainer's efficiency, the seconds a turn) are read
+from the GBS 1,024 RCP logs' per-step breakdown, none from a published total (the GBS 256 and
+512 logs, `rcp_logs/GBS*/`, are the check).
 """
 
 from __future__ import annotations
 
 from benchmarks.qwen35_397b_grpo import config as config_lib
-from mlperf_tf.facts import Rcp, Rollouts, SimulatorShape
+from mlperf_tf.facts import Calibration, Rcp, Rollouts, SimulatorShape
 
 # Samples (rollouts) to pass@4 0.69 at global batch 256, 512, 1,024 (6 runs each).
 CONVERGENCE = Rcp(config_lib.RCP_FILE.removeprefix("rcp_checker/"), "qwen35_397b_grpo_ref_", True)
@@ -20,28 +22,71 @@ GENERATION_SHARE = 48 / 64
 GENERATOR_CHIPS = 8
 # Tokens of a rollout. Generated: the reference's logs' `global_valid_toks` / `global_valid_seqs`
 # (the loss's tokens: the policy's own), mean over rcp_logs/GBS256/seed_1.out's 17 steps: 5,768
-# (the workload's size, not a time). Assumed: a first prompt (system prompt, tools, issue) of
-# 3,000 tokens, 20 turns (the limit is 30) each returning an observation of 500 tokens.
+# (the workload's size, not a time). Turns and the whole conversation: the reference recipe's
+# note on prefix caching (NeMo-RL 3fca04c9, docker/mlperf/conf/
+# grpo_qwen35_397b_swe_openhands_async.yaml, `enable_prefix_caching`: "25-30-turn SWE agent
+# episodes ... the full 22-29k-token conversation"), the middle of each range: 27.5 turns,
+# 25,500 tokens. Assumed: a first prompt (system prompt, tools, issue) of 3,000 tokens; the
+# observations are the rest of the conversation, (25,500 - 3,000 - 5,768) / 27.5 = 608 a turn.
 GENERATED_TOKENS = 5768.0
 PROMPT_TOKENS = 3000.0
-TURNS = 20.0
-OBSERVATION_TOKENS = 500.0
-# Assumed: one tool call (a shell command, a file view or edit) in the task's Apptainer
-# container takes 5 s on average. No figure for it exists in the reference: its README (section
-# "NeMo Gym and OpenHands configuration") gives limits only, 30 agent turns, a training agent
-# timeout of 1,800 s a rollout (generation and tools; "configure ... high enough that no rollout
-# is terminated"), a 300 s timeout for the final test run, 256 rollouts at once in per-task SIF
-# containers; its logs (`tracked_stats`: train_step_time, policy_training_time,
-# exposed_generation_time, weight_sync_time) time no environment, nor the sandbox's start; NeMo
-# RL's SWE guide (docs/guides/swe-rl-qwen3.md) says only that a multi-turn SWE trajectory "can
-# take many minutes". The timeout bounds the assumption: the slowest rollout the simulator times
-# must fit in AGENT_TIMEOUT_S (a test).
-ENVIRONMENT_S_PER_TURN = 5.0
-ENVIRONMENT_SOURCE = (
-    "assumed: 5 s a tool call in the task's container; the reference states limits only (30 "
-    "turns, 1,800 s agent timeout, 300 s test timeout) and logs no environment time"
+TURNS = (25 + 30) / 2
+CONVERSATION_TOKENS = (22_000 + 29_000) / 2
+OBSERVATION_TOKENS = (CONVERSATION_TOKENS - PROMPT_TOKENS - GENERATED_TOKENS) / TURNS
+# The agent server runs at most 256 rollouts at once, in training and in validation (the recipe's
+# `env.nemo_gym.swe_agents_{train,val}...concurrency: 256`): a step of 1,024 rollouts or an
+# evaluation of 4 x the validation tasks streams through 256 slots.
+CONCURRENCY = 256
+# The trainer: `policy.megatron_cfg.activation_checkpointing: true` (the forward recomputed in
+# the backward) and, before each update, the policy's log-probabilities of the batch (NeMo-RL
+# `async_grpo_train`'s `policy_and_reference_logprobs`, which the recipe's importance sampling
+# and `seq_logprob_error_threshold` need; the reference policy's are skipped). Before an
+# evaluation the trajectory collector is paused and the rollouts in flight drained
+# (`async_grpo_train`: `wait_for_pending_generations` before `validate`).
+RECOMPUTE_FORWARD = True
+LOGPROB_PASS = True
+DRAIN_BEFORE_EVAL = True
+# The refit: the first trainer broadcasts every tensor to all vLLM workers over one NCCL group
+# (NeMo-RL 3fca04c9: `MegatronPolicyWorker.broadcast_weights_for_collective` with `src=0`,
+# `update_weights_from_collective` in vllm_backend.py), each worker loading its share of what
+# it receives: every generator chip receives all 793 GB of bf16 weights.
+REFIT_WHOLE = True
+# Read from the reference's GBS 1,024 RCP logs (rcp_logs/GBS1024/seed_1..6.out, steps 2-7 of
+# each: the one published result this benchmark calibrates on; GBS 256 and 512 are tests):
+# - the trainer's efficiency from `policy_training_time`, 243.0 s for 1,024 rollouts (64 GB300
+#   at TP4 PP2 EP32): the fraction of the bf16 peak at which the simulated update of those
+#   rollouts (8 x active weights x 25,500 tokens, recompute included, and its traffic) takes
+#   243.0 s (`SIMULATOR_CALIBRATION`);
+# - the seconds a turn beyond the simulated decode and prefill from the step's generation:
+#   `train_step_time` 975.3 s minus `weight_sync_time` 15.9 s (means of the 6 seeds), the
+#   time to generate 1,024 rollouts through 256 slots when generation is longer than training
+#   (`mlperf_tf.simulate.model.rollout_times`): 3 mean rollouts and the slowest of 1,024. What
+#   it holds is everything of a turn but the bandwidth-bound decode and the prefill: the tool
+#   call in the task's container, the agent's own work, and vLLM's time beyond the bandwidth
+#   bound; the logs split none of it (`tracked_stats` time no environment).
+# Both are components of another run's breakdown, solved once with this file's other terms
+# (tests/benchmarks/qwen35_397b_grpo/test_simulated.py recomputes both and fails when a term
+# moves them); the GBS 256 and 512 times are not used.
+CALIBRATION_POLICY_TRAINING_S = 243.0
+CALIBRATION_GENERATION_S = 975.3 - 15.9
+CALIBRATION_SOURCE = (
+    "reference llm_post_training/rcp_logs/GBS1024/seed_1.out and seeds 2-6 (mlcommons/training "
+    "aa344c7f), steps 2-7: policy_training_time 243.0 s; train_step_time - weight_sync_time "
+    "959.4 s"
 )
-AGENT_TIMEOUT_S = 1800.0  # the reference's training agent timeout, a whole rollout
+ENVIRONMENT_S_PER_TURN = 7.44
+ENVIRONMENT_SOURCE = (
+    "read: the GBS 1,024 reference logs' generation (train_step_time - weight_sync_time, "
+    "959.4 s for 1,024 rollouts through 256 slots) less the simulated decode and prefill, "
+    "over the turns; a turn's tool call, agent work and decoding beyond the bandwidth bound"
+)
+TRAINER_EFFICIENCY = 0.0934
+SIMULATOR_CALIBRATION = (
+    Calibration(("blackwell",), TRAINER_EFFICIENCY, "bf16", CALIBRATION_SOURCE),
+)
+# The reference's training agent timeout, a whole rollout (README "NeMo Gym and OpenHands
+# configuration"): the slowest rollout simulated must fit in it (a test).
+AGENT_TIMEOUT_S = 1800.0
 # A step waits for its slowest rollout. The reference logs no rollout's length, only each
 # step's mean (`global_valid_toks` / `global_valid_seqs`, 17 steps of 6 seeds at GBS 256): the
 # seeds run the same tasks in the same order (the curriculum is part of the input), so the
@@ -84,9 +129,11 @@ def simulator_shape(
         state_bytes=state * STATE_BYTES, active_parameters=m.active_parameter_count(),
         max_age=1, length_cv=LENGTH_CV, length_source=LENGTH_SOURCE,
         max_context_tokens=config_lib.MLPERF_SEQUENCE_LENGTH, max_turns=max_turns,
-        eval_generations=EVAL_GENERATIONS,
+        eval_generations=EVAL_GENERATIONS, concurrency=CONCURRENCY,
+        recompute_forward=RECOMPUTE_FORWARD, logprob_pass=LOGPROB_PASS,
+        drain_before_eval=DRAIN_BEFORE_EVAL, refit_whole=REFIT_WHOLE,
     )  # fmt: skip
     return SimulatorShape(
         precision="bf16", reference_batch=global_batch_size, rollouts=rollouts,
-        weight_update_sharding=True,
+        weight_update_sharding=True, calibration=SIMULATOR_CALIBRATION,
     )  # fmt: skip

@@ -21,8 +21,10 @@ Per training step (all times in seconds):
     allreduce = the α–β time of the chosen algorithm on the system's layout
                 (gradient bytes = parameters x `gradient_bytes`; an expert's over the chips
                 holding it; x 1.5 under `--fsdp`: the weights gathered twice)
-    exposed   = allreduce - min(overlap_fraction x allreduce, backward): the part of the
-                all-reduce that the backward pass cannot hide
+    exposed   = allreduce - min(overlap_fraction x allreduce, backward / m): the part of the
+                all-reduce that the backward pass cannot hide; a run accumulating m
+                micro-batches starts the reduction only in the last one's backward
+                (Megatron-core `register_grad_ready`), m = 1 where it does not accumulate
     update    = parameters x optimizer bytes per parameter / memory bandwidth, divided by the
                 chips with weight-update sharding (Kumar et al. 2020: each chip updates 1/p of the
                 weights between the reduce-scatter and the all-gather, at no extra traffic)
@@ -143,7 +145,9 @@ class Result:
     exposed_generation_s: float = 0.0
     refit_s: float = 0.0
     virtual_stages: int = 1
-    slowest_rollout_s: float = 0.0
+    slowest_rollout_s: float = 0.0  # a step's generation (streamed mean rollouts + the slowest)
+    rollout_streamed_s: float = 0.0  # of which the mean rollouts streamed before the slowest
+    logprob_s: float = 0.0  # the trainer's log-probability pass before its update
     generator_memory_gb: float = 0.0
     attention_precision: str = "bf16"
     output_precision: str = ""
@@ -897,7 +901,11 @@ def _step(
     if fsdp:  # gather (forward), gather (backward), reduce-scatter: 3 halves of an all-reduce
         cost = collectives.Cost(1.5 * cost.latency_s, 1.5 * cost.bandwidth_s)
     allreduce = cost.total_s
-    exposed = allreduce - min(const.overlap * allreduce, backward)
+    # Accumulating micro-batches, a bucket's gradients are final only in the last one's
+    # backward, and only then is its reduction started (Megatron-core's
+    # `_ParamAndGradBuffer.register_grad_ready`: "only ... when processing the last
+    # microbatch"): that backward, 1/m of the step's, is what can hide it.
+    exposed = allreduce - min(const.overlap * allreduce, backward / stages.issues(per_chip_batch))
     per_byte = system.optimizer_bytes_per_parameter / system.memory_bandwidth
     update = held * per_byte
     if sharding:
@@ -979,20 +987,28 @@ def rollout_times(
     (`facts.Rollouts`), in seconds:
 
     - generation: the pool of `r.generation_chips` x chips in instances of `r.instance_chips`
-      runs the step's `global_batch` rollouts at once (c = batch / instances each); a rollout
-      is its decoding, its prefills and its environment turns one after another, and the step
-      waits for its slowest (`Rollouts.slowest`: the expected longest of the batch's rollouts,
-      its turns in proportion, within the turn and context limits):
+      runs the step's `global_batch` rollouts, `r.in_flight` of them at once (c = in flight /
+      instances on each); a rollout is its decoding, its prefills and its environment turns
+      one after another; with all in flight the step waits for its slowest
+      (`Rollouts.slowest`: the expected longest of the batch's rollouts, its turns in
+      proportion, within the turn and context limits), with fewer slots than rollouts the
+      rollouts stream through them and the last slot frees after `r.stream_rollouts` mean
+      rollouts and the slowest:
       decode = its generated tokens x (the weights read per decoding step, experts touched by c
       sequences included, + c x (key/value cache over the mean context + recurrent state)) /
       (instance chips x memory bandwidth); prefill = c x (its context - its generated tokens)
       x 2 x active weights / (instance chips x sustained FLOP/s); environment = its turns x
       seconds a turn;
-    - training: 6 x active weights x the rollouts' context tokens on the other chips, at the
-      sustained FLOP/s;
+    - training: the trainer's FLOPs of the rollouts (`Rollouts.trainer_flops_per_sample`: 6 or,
+      recomputing the forward, 8 x active weights x the rollouts' context tokens) on the other
+      chips, at the sustained FLOP/s; logprob: its log-probability pass before that
+      (`Rollouts.logprob_flops_per_sample`, 0 without one);
     - refit: the weights (bf16, every expert) sent to every generator instance, each chip
-      receiving its 1/instance share, over the network when the run spans several nodes
-      (NVLink domains), else over the chips' links.
+      receiving its 1/instance share (all of them with `r.refit_whole`), over the network when
+      the run spans several nodes (NVLink domains), else over the chips' links.
+
+    The decode, prefill and environment returned are the slowest rollout's; `generation_s`
+    adds the streamed mean rollouts (`mean_rollout_s` each) before it.
 
     Raises:
       UserError: `chips` too few for one generator instance and a training chip, or a
@@ -1008,24 +1024,37 @@ def rollout_times(
             f"generated on instances of {r.instance_chips} chips ({r.generation_chips:.0%} of "
             f"the chips) and trained on the rest; use more than {pool}"
         )
-    c = global_batch / instances  # rollouts per instance
+    c = r.in_flight(global_batch) / instances  # rollouts per instance at once
     generated, turns, context = r.slowest(global_batch)  # the rollout the step waits for
     memory = rollout_memory(system, r, c, context, trainers)
     mean_context = r.prompt_tokens + (r.context_tokens - r.prompt_tokens) / 2
     read = r.weight_bytes + r.expert_bytes * r.touched_experts(c)
     read += c * (r.kv_bytes_per_token * mean_context + 2 * r.state_bytes)
     rate = r.instance_chips * system.memory_bandwidth
-    decode = generated * read / rate
-    prefill = c * (context - generated) * 2 * r.active_parameters
-    prefill *= const.linear_scale / (r.instance_chips * const.chip_flops)
-    environment = turns * r.environment_s_per_turn
-    train = r.training_flops_per_sample() * global_batch * const.linear_scale
+    prefill_rate = c * 2 * r.active_parameters * const.linear_scale
+    prefill_rate /= r.instance_chips * const.chip_flops  # seconds a prefilled token
+
+    def one(generated: float, turns: float, context: float) -> tuple[float, float, float]:
+        """(decode, prefill, environment) seconds of one rollout of these sizes."""
+        return (generated * read / rate, (context - generated) * prefill_rate,
+                turns * r.environment_s_per_turn)  # fmt: skip
+
+    decode, prefill, environment = one(generated, turns, context)
+    mean = sum(one(r.generated_tokens, r.turns, r.context_tokens))
+    streamed = r.stream_rollouts(global_batch) * mean
+    train = r.trainer_flops_per_sample() * global_batch * const.linear_scale
     train /= trainers * const.chip_flops
+    logprob = r.logprob_flops_per_sample() * global_batch * const.linear_scale
+    logprob /= trainers * const.chip_flops
     link = system.network if layout is not None and layout.nodes > 1 else system.link
-    refit = (r.weight_bytes + r.expert_bytes) / r.instance_chips / link.bandwidth
+    refit = (r.weight_bytes + r.expert_bytes) / link.bandwidth
+    if not r.refit_whole:
+        refit /= r.instance_chips
     return {
         "decode_s": decode, "prefill_s": prefill, "environment_s": environment,
-        "generation_s": decode + prefill + environment, "training_s": train, "refit_s": refit,
+        "mean_rollout_s": mean, "streamed_s": streamed,
+        "generation_s": streamed + decode + prefill + environment, "training_s": train,
+        "logprob_s": logprob, "refit_s": refit,
         "generation_chips": float(pool), "generator_memory": memory,
     }  # fmt: skip
 
@@ -1075,6 +1104,7 @@ def _rollout_step(system, const, layout, r, global_batch, chips, step) -> dict[s
     t = rollout_times(system, const, layout, r, global_batch, chips)
     train = t["training_s"] + step["exposed_comm_s"] + step["weight_update_s"] + step["overhead_s"]
     train += step["model_parallel_s"] + step["all_to_all_s"]  # the training split's traffic
+    train += t["logprob_s"]  # the trainer's forward pass before it, on the same chips
     if r.max_age >= 1:
         step_s = max(t["generation_s"], train) + t["refit_s"]
         exposed = max(0.0, t["generation_s"] - train)
@@ -1086,6 +1116,7 @@ def _rollout_step(system, const, layout, r, global_batch, chips, step) -> dict[s
         "rollout_decode_s": t["decode_s"], "rollout_prefill_s": t["prefill_s"],
         "rollout_environment_s": t["environment_s"], "exposed_generation_s": exposed,
         "refit_s": t["refit_s"], "slowest_rollout_s": t["generation_s"],
+        "logprob_s": t["logprob_s"], "rollout_streamed_s": t["streamed_s"],
         "generator_memory_gb": t["generator_memory"] / memory_lib.GB,
     }  # fmt: skip
 
@@ -1096,14 +1127,18 @@ def _rollout_run_extras(system, const, layout, r, global_batch, chips, facts):
     of its `eval_examples` samples at once on the generation pool and waits for the slowest
     (`rollout_times`' generation; None where the benchmark declares none: forward passes);
     with rollouts up to `max_age` >= 1 steps old the first step's are generated before any
-    training, one generation of a step that nothing overlaps."""
+    training, one generation of a step that nothing overlaps; with `drain_before_eval` each
+    evaluation first waits for the rollouts in flight (the slowest of the batch's, or of
+    `concurrency`, at once)."""
     evaluation = None
+    step_generation = rollout_times(system, const, layout, r, global_batch, chips)["generation_s"]
     if r.eval_generations:
         rollouts = float(facts["eval_examples"]) * r.eval_generations
         evaluation = rollout_times(system, const, layout, r, rollouts, chips)["generation_s"]
-    fill = 0.0
-    if r.max_age >= 1:
-        fill = rollout_times(system, const, layout, r, global_batch, chips)["generation_s"]
+        if r.drain_before_eval:  # the rollouts in flight (begun at the refit) finish first
+            in_flight = r.in_flight(global_batch)
+            evaluation += rollout_times(system, const, layout, r, in_flight, chips)["generation_s"]
+    fill = step_generation if r.max_age >= 1 else 0.0
     return evaluation, fill
 
 

@@ -22,7 +22,7 @@ def test_the_model_axis_is_declared_with_the_blocks_it_splits():
     assert (b.blocks, b.allreduces_per_block, b.hidden) == (60, 2, 4096)
     assert b.ffn_parameters == 3 * 4096 * 1024
     assert b.ffn_flops_per_token == 2 * 3 * 4096 * (1024 + 1024)  # one expert + the shared
-    assert b.tokens_per_sample == round(shape.rollouts.context_tokens) == 18_768
+    assert b.tokens_per_sample == round(shape.rollouts.context_tokens) == 25_500
     assert (e.num_experts, e.top_k, e.every) == (512, 10, 1)
     # The experts' weights as the config counts them: 60 x 512 x 3 x 4,096 x 1,024.
     assert e.layers(b.blocks) * e.num_experts * b.ffn_parameters == 60 * 512 * 3 * 4096 * 1024
@@ -50,6 +50,6 @@ def test_simulate_charges_the_tensor_parallel_all_reduces_in_the_training_part()
     assert shape.blocks is not None
     generation = split.rollout_decode_s + split.rollout_prefill_s + split.rollout_environment_s
     train = (split.compute_s + split.exposed_comm_s + split.weight_update_s + split.overhead_s
-             + split.model_parallel_s + split.all_to_all_s)  # fmt: skip
+             + split.model_parallel_s + split.all_to_all_s + split.logprob_s)  # fmt: skip
     assert split.exposed_generation_s == pytest.approx(max(0.0, generation - train))
     assert split.exposed_generation_s < plain.exposed_generation_s

@@ -33,7 +33,14 @@ CASES = [_case(n, b) for n, b in [*_published_batches(), ("transformer", 32768)]
 def _runner(name: str, batch: int, **changes):
     """The benchmark at the `mlperf` preset with the global batch (and `changes`) replaced."""
     cls = registry.get(name)
-    config = dataclasses.replace(cls.preset("mlperf"), global_batch_size=batch, **changes)
+    config = cls.preset("mlperf")
+    if name == "qwen35_397b_grpo":  # a step's rollouts are its prompts x their generations
+        prompts = batch // config.grpo.num_generations_per_prompt
+        changes = {
+            "grpo": dataclasses.replace(config.grpo, num_prompts_per_step=prompts),
+            **changes,
+        }
+    config = dataclasses.replace(config, global_batch_size=batch, **changes)
     if name == "transformer":  # no prepared data here: the synthetic sizes of the same config
         config = dataclasses.replace(config, data_dir="")
     return cls(config)

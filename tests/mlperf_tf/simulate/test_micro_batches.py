@@ -101,3 +101,32 @@ def test_expert_gradients_are_reduced_over_the_chips_holding_the_same_experts():
     assert r.allreduce_s == pytest.approx(dense_cost.total_s + expert_cost.total_s)
     per_byte = B200.optimizer_bytes_per_parameter / B200.memory_bandwidth
     assert r.weight_update_s == pytest.approx(dense * per_byte / 16 + experts / 8 * per_byte / 2)
+
+
+def test_the_gradient_reduction_hides_only_under_the_last_micro_batchs_backward():
+    """Accumulating m micro-batches, a gradient bucket is reduced only once the last one's
+    backward has made it final (Megatron-core's `register_grad_ready`): the window that hides
+    the reduction is 1/m of the step's backward. DeepSeek-V3 on 4,096 GB200 at the published
+    layout (TP2 PP4 EP32, interleaved 4): 512 pipelines of 32 sequences, 32 micro-batches of 1
+    (16 of 2 hide it under twice as much)."""
+    system = systems.load("gb200-nvl72")
+    r = model.simulate(
+        benchmark="deepseekv3_671b", system=system, chips=4096, global_batch=16384,
+        model_parallel=2, pipeline_parallel=4, expert_parallel=32, virtual_stages=4,
+        weight_update_sharding=True, precision="fp8",
+    )  # fmt: skip
+    assert r.pipeline_bubble == pytest.approx(3 / (4 * 32))
+    backward = r.compute_s / (1 + r.pipeline_bubble) * 2 / 3
+    hidden = min(system.overlap_fraction * r.allreduce_s, backward / 32)
+    assert r.exposed_comm_s == pytest.approx(r.allreduce_s - hidden)
+    assert backward / 32 < system.overlap_fraction * r.allreduce_s < backward  # 1/m binds
+    # Micro-batches of 2: 16 a step, twice the window.
+    twos = model.simulate(
+        benchmark="deepseekv3_671b", system=system, chips=4096, global_batch=16384,
+        model_parallel=2, pipeline_parallel=4, expert_parallel=32, virtual_stages=4,
+        weight_update_sharding=True, precision="fp8", micro_batch_size=2,
+    )  # fmt: skip
+    backward = twos.compute_s / (1 + twos.pipeline_bubble) * 2 / 3
+    hidden = min(system.overlap_fraction * twos.allreduce_s, backward / 16)
+    assert twos.exposed_comm_s == pytest.approx(twos.allreduce_s - hidden)
+    assert twos.exposed_comm_s < r.exposed_comm_s

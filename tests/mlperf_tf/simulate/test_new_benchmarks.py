@@ -1,7 +1,8 @@
 """Tests the simulator's terms for deepseekv3_671b (MLA, DeepSeekMoE, MTP, uneven pipeline
 stages, the distributed optimizer), dlrmv4 (sharded tables) and qwen35_397b_grpo (rollouts),
 each against a count written out here from the reference's shapes; the default batch and
-layout; and the published points of them that `--validate` tests (never calibrates)."""
+layout; and the published points of them that `--validate` tests (never fitted to a total; the
+GRPO GBS 1,024 run gives two constants from its logged breakdown)."""
 
 import dataclasses
 import math
@@ -70,9 +71,14 @@ def test_deepseek_default_batch_and_the_reference_layout_are_legal():
     assert r.memory_per_chip_gb * 1e9 <= 0.9 * systems.load(GB300).memory_capacity
     best = model.fastest(benchmark="deepseekv3_671b", system=systems.load(GB300), chips=256)
     assert best.global_batch == 16_384 and best.weight_update_sharding
-    # The reference's pipeline axis: with each micro-batch paying its collectives' latency,
-    # CP2's ring passes and all-to-alls over 64 chips cost more than PP4's bubble (3/256).
-    assert (best.pipeline_parallel, best.context_parallel, best.model_parallel) == (4, 1, 1)
+    # A pipeline axis: with each micro-batch paying its collectives' latency, CP2's ring passes
+    # and all-to-alls over 64 chips cost more than a pipeline's bubble. PP8 (EP16) and the
+    # reference's PP4 (at EP32) are within 1 %: the gradient reduction, hidden only under the
+    # last of 256 micro-batches' backward, favours the deeper pipeline's smaller share.
+    assert (best.context_parallel, best.model_parallel) == (1, 1)
+    assert best.pipeline_parallel in (4, 8)
+    pp4 = _deepseek(chips=256, pipeline_parallel=4, expert_parallel=32)
+    assert best.time_to_train_min <= pp4.time_to_train_min < 1.01 * best.time_to_train_min
     # The search's expert axis and the reference's EP64 are within 5 % (the model's resolution:
     # EP64 streams fewer expert weights, and pays 63 all-to-all steps a micro-batch, not 15).
     assert best.time_to_train_min <= r.time_to_train_min < 1.05 * best.time_to_train_min
@@ -205,18 +211,30 @@ def test_dlrm_expert_parallel_is_one_line_saying_the_tables_span_every_chip(caps
     assert "--expert_parallel (8)" in err and "every chip" in err, err
 
 
+def _rollout_s(ro, c, generated, turns, context, efficiency):
+    """One rollout's decode + prefill + environment on an instance of 8 GB300 decoding c at
+    once, written out (`mlperf_tf.simulate.model.rollout_times`)."""
+    active = ro.active_parameters
+    ctx = ro.prompt_tokens + (ro.context_tokens - ro.prompt_tokens) / 2
+    touched = 1 - (1 - 10 / 512) ** c
+    read = ro.weight_bytes + ro.expert_bytes * touched + c * (ro.kv_bytes_per_token * ctx
+                                                               + 2 * ro.state_bytes)  # fmt: skip
+    decode = generated * read / (8 * 8e12)
+    prefill = c * (context - generated) * 2 * active / (8 * efficiency * 2.5e15)
+    return decode, prefill, turns * ro.environment_s_per_turn
+
+
 def test_grpo_step_is_rollouts_beside_training_plus_the_refit():
     facts = model.benchmark_facts("qwen35_397b_grpo")
     ro = model.shape_of(facts).rollouts
+    eff = model.shape_of(facts).calibration[0].compute_efficiency
     r = model.simulate(benchmark="qwen35_397b_grpo", system=systems.load(GB300), chips=256)
     assert r.global_batch == 256 and r.samples_to_target == 4608  # the RCP at 256
-    # 192 generating GPUs in 24 vLLM instances of 8: 256 / 24 rollouts each.
+    # 192 generating GPUs in 24 vLLM instances of 8: 256 / 24 rollouts each (all 256 in
+    # flight: the agent server's 256 slots).
     c = 256 / 24
-    touched = 1 - (1 - 10 / 512) ** c
-    assert ro.touched_experts(c) == pytest.approx(touched)
-    ctx = ro.prompt_tokens + (ro.context_tokens - ro.prompt_tokens) / 2
-    read = ro.weight_bytes + ro.expert_bytes * touched + c * (ro.kv_bytes_per_token * ctx
-                                                               + 2 * ro.state_bytes)  # fmt: skip
+    assert ro.concurrency == 256 and ro.in_flight(256) == 256 and ro.stream_rollouts(256) == 0
+    assert ro.touched_experts(c) == pytest.approx(1 - (1 - 10 / 512) ** c)
     # The step waits for its slowest of 256 rollouts: lognormal, CV 0.46, Blom's score of the
     # largest, z = the normal quantile of (256 - 0.375) / 256.25; its turns in proportion,
     # within the limit of 30.
@@ -224,44 +242,75 @@ def test_grpo_step_is_rollouts_beside_training_plus_the_refit():
     z = statistics.NormalDist().inv_cdf((256 - 0.375) / 256.25)
     factor = math.exp(sigma * z - sigma**2 / 2)
     assert ro.slowest_factor(256) == pytest.approx(factor) and 3.0 < factor < 3.2
-    generated, turns = ro.generated_tokens * factor, min(30, ro.turns * factor)
-    assert ro.slowest(256)[:2] == pytest.approx((generated, turns))
-    decode = generated * read / (8 * 8e12)
+    generated, turns, context = ro.slowest(256)
+    assert (generated, turns) == pytest.approx((ro.generated_tokens * factor, 30))
+    decode, prefill, environment = _rollout_s(ro, c, generated, turns, context, eff)
     assert r.rollout_decode_s == pytest.approx(decode)
+    assert r.rollout_prefill_s == pytest.approx(prefill)
     assert r.rollout_environment_s == pytest.approx(30 * ro.environment_s_per_turn)
+    assert r.rollout_streamed_s == 0.0
     # 15 gated-attention layers x K, V x 2 heads x 256 x bf16; 45 DeltaNet states 64 x 128 x 128.
     assert ro.kv_bytes_per_token == 15 * 2 * 2 * 256 * 2
     assert ro.state_bytes == 45 * 64 * 128 * 128 * 4
-    # Training: 6 x 17.35 B active weights x 18,768 tokens (3,000 prompt + 5,768 generated +
-    # 20 observations of 500) x 256 rollouts on 64 GPUs at the default 0.3 of 2.5 PFLOP/s.
-    assert ro.context_tokens == 3000 + 5768 + 20 * 500
+    # A rollout: 27.5 turns in a conversation of 25,500 tokens (the reference recipe's 25-30
+    # turns, 22-29k tokens), of which 5,768 generated and a 3,000-token first prompt.
+    assert (ro.turns, ro.context_tokens) == (27.5, 25_500)
+    assert ro.prompt_tokens + ro.generated_tokens == 3000 + 5768
     active = model.benchmark_facts("qwen35_397b_grpo")["active_parameters"]
     assert ro.active_parameters == active
-    assert r.compute_s == pytest.approx(6 * active * 18_768 * 256 / (64 * 0.3 * 2.5e15))
-    generation = r.rollout_decode_s + r.rollout_prefill_s + r.rollout_environment_s
-    train = r.compute_s + r.exposed_comm_s + r.weight_update_s + r.overhead_s
+    # Training: 8 x 17.35 B active weights (the forward recomputed) x 25,500 tokens x 256
+    # rollouts on 64 GPUs at the calibrated fraction of 2.5 PFLOP/s; the log-probability pass
+    # before it 2 x; the model's FLOPs (MFU's) stay 6 x.
+    assert ro.training_flops_per_sample() == 6 * active * 25_500
+    assert r.compute_s == pytest.approx(8 * active * 25_500 * 256 / (64 * eff * 2.5e15))
+    assert r.logprob_s == pytest.approx(r.compute_s / 4)
+    generation = decode + prefill + environment
+    assert r.slowest_rollout_s == pytest.approx(generation)
+    train = r.compute_s + r.exposed_comm_s + r.weight_update_s + r.overhead_s + r.logprob_s
     assert r.step_time_s == pytest.approx(max(generation, train) + r.refit_s)  # async, age 1
     assert r.exposed_generation_s == pytest.approx(max(0.0, generation - train))
-    assert r.refit_s == pytest.approx((ro.weight_bytes + ro.expert_bytes) / 8 / 100e9)
-    # The first step's rollouts are generated before any training (the pipeline fill, once),
-    # and the one evaluation generates 4 rollouts of each of the 251 validation tasks at once
-    # on the same pool, waiting for the slowest of 1,004 (Blom's score at n = 1,004).
+    # The refit broadcasts every bf16 weight to every generator chip (NeMo-RL's collective
+    # refit), over the 100 GB/s network between the pools.
+    assert r.refit_s == pytest.approx((ro.weight_bytes + ro.expert_bytes) / 100e9)
+    assert 7 < r.refit_s < 9
+    # The first step's rollouts are generated before any training (the pipeline fill, once);
+    # the one evaluation first drains the 256 rollouts in flight (one step's generation), then
+    # streams 4 rollouts of each of the 251 validation tasks through the 256 slots: 1,004 / 256
+    # - 1 mean rollouts, then the slowest of 1,004, each instance decoding 256 / 24 at once.
     assert math.isclose(r.time_to_train_min * 60, 18 * r.step_time_s + r.eval_s + generation)
     assert ro.eval_generations == grpo_config.GrpoConfig().num_val_generations_per_prompt == 4
     n = 251 * 4
-    c = n / 24
-    touched = 1 - (1 - 10 / 512) ** c
-    read = ro.weight_bytes + ro.expert_bytes * touched + c * (ro.kv_bytes_per_token * ctx
-                                                               + 2 * ro.state_bytes)  # fmt: skip
     z = statistics.NormalDist().inv_cdf((n - 0.375) / (n + 0.25))
     factor = math.exp(sigma * z - sigma**2 / 2)
-    generated, turns = ro.generated_tokens * factor, min(30, ro.turns * factor)
-    # its context: the prompt, its tokens and its turns' observations (30 x 500), < 65,536
-    context = ro.prompt_tokens + generated + 500 * turns
+    generated, turns, context = ro.slowest(n)
+    assert generated == pytest.approx(ro.generated_tokens * factor) and turns == 30
     assert context < ro.max_context_tokens
-    prefill = c * (context - generated) * 2 * active / (8 * 0.3 * 2.5e15)
-    one = generated * read / (8 * 8e12) + prefill + turns * ro.environment_s_per_turn
-    assert r.eval_s == pytest.approx(one + systems.load(GB300).eval_overhead_s)
+    slowest = sum(_rollout_s(ro, c, generated, turns, context, eff))
+    mean = sum(_rollout_s(ro, c, ro.generated_tokens, ro.turns, ro.context_tokens, eff))
+    validation = (n / 256 - 1) * mean + slowest
+    assert r.eval_s == pytest.approx(generation + validation + systems.load(GB300).eval_overhead_s)
+
+
+def test_grpo_concurrency_streams_a_larger_batch_through_the_slots():
+    """At GBS 1,024 the 256 slots run 3 mean rollouts one after another before the slowest of
+    1,024; without a limit all 1,024 would run at once (a larger decoding batch an instance)
+    and the step would be the slowest alone."""
+    system = systems.load(GB300)
+    r = model.simulate(benchmark="qwen35_397b_grpo", system=system, chips=256, global_batch=1024)
+    facts = model.benchmark_facts("qwen35_397b_grpo")
+    ro = model.shape_of(facts).rollouts
+    eff = model.shape_of(facts).calibration[0].compute_efficiency
+    assert ro.stream_rollouts(1024) == 3
+    mean = sum(_rollout_s(ro, 256 / 24, ro.generated_tokens, ro.turns, ro.context_tokens, eff))
+    assert r.rollout_streamed_s == pytest.approx(3 * mean)
+    assert r.slowest_rollout_s == pytest.approx(
+        3 * mean + r.rollout_decode_s + r.rollout_prefill_s + r.rollout_environment_s
+    )
+    unlimited = dataclasses.replace(ro, concurrency=0)
+    assert unlimited.stream_rollouts(1024) == 0 and unlimited.in_flight(1024) == 1024
+    const = model.constants(system, "qwen35_397b_grpo", model.shape_of(facts))
+    at_once = model.rollout_times(system, const, None, unlimited, 1024, 256)
+    assert at_once["streamed_s"] == 0 and at_once["generation_s"] < r.slowest_rollout_s / 2
 
 
 def test_grpo_slowest_rollout_against_a_monte_carlo_and_the_limits():
@@ -277,23 +326,62 @@ def test_grpo_slowest_rollout_against_a_monte_carlo_and_the_limits():
     assert context == 20_000 and generated < ro.slowest(256)[0] and turns == 30
 
 
-def test_grpo_environment_turn_time_is_a_declared_assumption_within_the_reference_limits():
-    """No figure for a tool call's time exists in the reference (its README states limits, its
-    logs time no environment): the 5 s a turn stays declared as assumed, and the slowest
-    rollout it gives (30 turns of it, plus its decode and prefill) fits the reference's agent
-    timeout of 1,800 s a rollout, which no reference rollout may hit."""
+def _grpo_with(shape, efficiency, environment_s):
+    """The GRPO shape with another trainer efficiency and another turn time."""
+    calibration = (dataclasses.replace(shape.calibration[0], compute_efficiency=efficiency),)
+    rollouts = dataclasses.replace(shape.rollouts, environment_s_per_turn=environment_s)
+    return dataclasses.replace(shape, calibration=calibration, rollouts=rollouts)
+
+
+def _bisect(f, lo, hi, target, rising):
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        if (f(mid) > target) == rising:
+            hi = mid
+        else:
+            lo = mid
+    return (lo + hi) / 2
+
+
+def test_grpo_calibrated_terms_are_the_gbs1024_logs_components():
+    """The trainer's efficiency and the seconds a turn are read from the reference's GBS 1,024
+    logs' breakdown, not from a total: solved again here with every other term as it stands,
+    the simulated update of 1,024 rollouts takes the logged `policy_training_time` (243.0 s)
+    and their generation through the 256 slots the logged step less its weight sync (959.4
+    s). A term that moves either (the tokens, the recompute, the streaming, the decode) fails
+    this until the constants are read again."""
+    from unittest import mock
+
     from benchmarks.qwen35_397b_grpo import simulator
 
-    ro = model.shape_of(model.benchmark_facts("qwen35_397b_grpo")).rollouts
-    assert ro.environment_s_per_turn == simulator.ENVIRONMENT_S_PER_TURN == 5.0
-    assert ro.environment_source.startswith("assumed:") and "1,800 s" in ro.environment_source
-    r = model.simulate(benchmark="qwen35_397b_grpo", system=systems.load(GB300), chips=256)
+    facts = model.benchmark_facts("qwen35_397b_grpo")
+    shape = model.shape_of(facts)
+    assert shape.calibration[0].compute_efficiency == simulator.TRAINER_EFFICIENCY
+    assert shape.rollouts.environment_s_per_turn == simulator.ENVIRONMENT_S_PER_TURN
+    assert shape.rollouts.environment_source.startswith("read:")
+    assert simulator.CALIBRATION_POLICY_TRAINING_S == 243.0
+    assert simulator.CALIBRATION_GENERATION_S == pytest.approx(959.4)
+    system = systems.load(GB300)
+
+    def run(efficiency, environment_s):
+        patched = _grpo_with(shape, efficiency, environment_s)
+        with mock.patch.object(model, "shape_of", lambda _facts: patched):
+            return model.simulate(benchmark="qwen35_397b_grpo", system=system, chips=256,
+                                  global_batch=1024)  # fmt: skip
+
+    def training(efficiency):
+        r = run(efficiency, simulator.ENVIRONMENT_S_PER_TURN)
+        return r.compute_s + r.exposed_comm_s + r.weight_update_s + r.overhead_s
+
+    efficiency = _bisect(training, 0.01, 0.75, 243.0, rising=False)
+    assert efficiency == pytest.approx(simulator.TRAINER_EFFICIENCY, abs=1e-4)
+    turn = _bisect(lambda e: run(efficiency, e).slowest_rollout_s, 0.0, 100.0, 959.4, True)
+    assert turn == pytest.approx(simulator.ENVIRONMENT_S_PER_TURN, abs=0.01)
+    # Within the limits the reference states: the slowest rollout fits the 1,800 s agent
+    # timeout.
+    r = model.simulate(benchmark="qwen35_397b_grpo", system=system, chips=256)
     slowest = r.rollout_decode_s + r.rollout_prefill_s + r.rollout_environment_s
-    assert r.rollout_environment_s == pytest.approx(30 * 5.0)  # the slowest hits the turn limit
     assert slowest <= simulator.AGENT_TIMEOUT_S == 1800.0
-    # The largest turn time the timeout allows the slowest rollout: (1,800 - its generation) / 30.
-    allowed = (simulator.AGENT_TIMEOUT_S - r.rollout_decode_s - r.rollout_prefill_s) / 30
-    assert 5.0 < allowed < 60.0
 
 
 def test_grpo_memory_is_checked_for_generators_and_trainers(capsys):
@@ -334,7 +422,12 @@ def test_the_published_points_of_the_new_benchmarks_are_tests_with_citations():
               if p["benchmark"] in ("deepseekv3_671b", "dlrmv4", "qwen35_397b_grpo")]  # fmt: skip
     assert {p["id"] for p in points} >= {"v6-gb300-deepseek-256", "v6-gb300-deepseek-512",
                                          "v6-gb200-deepseek-512", "ref-qwen-grpo-256"}  # fmt: skip
-    assert all(p["role"] == "test" and p["path"] and p["note"] for p in points)
+    assert all(p["path"] and p["note"] for p in points)
+    # The GRPO GBS 1,024 run's breakdown gives two constants (never its total): the only one
+    # not a test.
+    assert [p["id"] for p in points if p["role"] != "test"] == ["ref-qwen-grpo-1024"]
+    assert validate.rows([p for p in points if p["id"] == "ref-qwen-grpo-1024"],
+                         {GB300: systems.load(GB300)})[0]["role"].startswith("calibrated")  # fmt: skip
     deepseek = [p for p in points if p["benchmark"] == "deepseekv3_671b"]
     loaded = {name: systems.load(name) for name in (GB300, "gb200-nvl72")}
     for row in validate.rows(deepseek, loaded):
@@ -360,13 +453,13 @@ def test_the_dlrm_reference_logs_are_within_the_issue_bound():
     assert abs(worst["error_rcp"]) <= 0.35, (worst["id"], worst["error_rcp"])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the GRPO reference log (256 GB300) is -57 % (docs/scaling.md, 'Issue 48, session "
-    "11'): the generation the model times (slowest rollout 200 s, its environment turns "
-    "assumed at 5 s) against 182-560 s of exposed generation logged a step; nothing fitted. "
-    "Strict: fails the run once the point is within 35 %.",
-)
-def test_the_grpo_reference_log_is_within_the_issue_bound():
-    (row,) = _reference_rows("qwen35_397b_grpo")
-    assert abs(row["error_rcp"]) <= 0.35, row["error_rcp"]
+def test_the_grpo_reference_logs_are_within_the_issue_bound():
+    """The reference's GBS 256 and 512 RCP logs, checks never fitted (the GBS 1,024 run gives
+    two constants from its breakdown): within 35 % since the agent server's 256 slots, the
+    recipe's turns and conversation length, the recomputed forward, the log-probability
+    pass, the whole-model refit and the drain before validation (-31 % and -21 %; -57 % at
+    GBS 256 before)."""
+    rows = [r for r in _reference_rows("qwen35_397b_grpo") if r["role"] == "test"]
+    assert {r["global_batch"] for r in rows} == {256, 512}
+    worst = max(rows, key=lambda r: abs(r["error_rcp"]))
+    assert abs(worst["error_rcp"]) <= 0.35, (worst["id"], worst["error_rcp"])
