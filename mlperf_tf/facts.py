@@ -186,9 +186,10 @@ class Rollouts:
         (rollouts / concurrency - 1) mean rollouts plus the slowest (`stream_rollouts`).
         0: every rollout of a step at once.
       recompute_forward: the trainer recomputes each forward pass in its backward (full
-        activation checkpointing): 8 rather than 6 x active weights a token.
+        activation checkpointing): 4 rather than 3 forward passes' FLOPs (8 rather than 6 x
+        active weights a token).
       logprob_pass: before training, the trainer runs a forward pass over the batch for the
-        current policy's log-probabilities (2 x active weights a token); generation overlaps
+        current policy's log-probabilities (one forward pass); generation overlaps
         it as it does the training.
       drain_before_eval: the rollouts in flight when an evaluation is due (a step's, at most
         `concurrency`, all at once) finish first, nothing overlapping them, before the
@@ -197,6 +198,11 @@ class Rollouts:
         its own share of what it receives (NeMo-RL's collective refit: one broadcast from the
         first trainer to all generator workers), so each chip receives all the weights; False:
         each receives its 1/instance share.
+      attention_width: the softmax-attention layers' query width summed over them (layers x
+        query heads x head dim); a token attends to its own rollout's tokens before it (one
+        rollout a sequence, causal), so a forward pass over a rollout of L tokens spends
+        2 x 2 x width x L^2 / 2 FLOPs on its scores and weighted values, beyond the weights'
+        products (`trainer_flops_per_sample`, `logprob_flops_per_sample`). 0: none counted.
     """
 
     generation_chips: float
@@ -225,6 +231,7 @@ class Rollouts:
     logprob_pass: bool = False
     drain_before_eval: bool = False
     refit_whole: bool = False
+    attention_width: float = 0.0
 
     def in_flight(self, rollouts: float) -> float:
         """Rollouts in flight at once when `rollouts` are due (`concurrency`)."""
@@ -270,16 +277,25 @@ class Rollouts:
         forward and backward passes; attention's and the recurrent state's left out)."""
         return 6.0 * self.active_parameters * self.context_tokens
 
+    def forward_flops_per_sample(self) -> float:
+        """FLOPs of one forward pass over a rollout at the mean length L: 2 x active weights x
+        L for the weights' products and 2 x `attention_width` x L^2 for the causal attention's
+        (scores and weighted values, each 2 x width FLOPs a pair of tokens, over the L^2 / 2
+        pairs; the recurrent layers' state updates left out)."""
+        tokens = self.context_tokens
+        return 2.0 * self.active_parameters * tokens + 2.0 * self.attention_width * tokens**2
+
     def trainer_flops_per_sample(self) -> float:
-        """FLOPs the trainer's update spends on one rollout: the training's products and, with
-        `recompute_forward`, the forward again in the backward (8 rather than 6 x active
-        weights x tokens). `training_flops_per_sample` stays the model's FLOPs (MFU's)."""
-        return (6.0 + 2.0 * self.recompute_forward) * self.active_parameters * self.context_tokens
+        """FLOPs the trainer's update spends on one rollout: forward and backward (3 forward
+        passes' worth) and, with `recompute_forward`, the forward again in the backward (4),
+        attention included (`forward_flops_per_sample`). `training_flops_per_sample` stays
+        the model's FLOPs (MFU's)."""
+        return (3.0 + self.recompute_forward) * self.forward_flops_per_sample()
 
     def logprob_flops_per_sample(self) -> float:
         """FLOPs of the trainer's log-probability pass over one rollout before its update
-        (`logprob_pass`: one forward, 2 x active weights x tokens; 0 without)."""
-        return 2.0 * self.logprob_pass * self.active_parameters * self.context_tokens
+        (`logprob_pass`: one forward pass, `forward_flops_per_sample`; 0 without)."""
+        return self.logprob_pass * self.forward_flops_per_sample()
 
     def touched_experts(self, sequences: float) -> float:
         """The share of the routed experts one decoding step of `sequences` sequences reads:

@@ -999,10 +999,11 @@ def rollout_times(
       (instance chips x memory bandwidth); prefill = c x (its context - its generated tokens)
       x 2 x active weights / (instance chips x sustained FLOP/s); environment = its turns x
       seconds a turn;
-    - training: the trainer's FLOPs of the rollouts (`Rollouts.trainer_flops_per_sample`: 6 or,
-      recomputing the forward, 8 x active weights x the rollouts' context tokens) on the other
-      chips, at the sustained FLOP/s; logprob: its log-probability pass before that
-      (`Rollouts.logprob_flops_per_sample`, 0 without one);
+    - training: the trainer's FLOPs of the rollouts (`Rollouts.trainer_flops_per_sample`: 3
+      or, recomputing the forward, 4 forward passes over the rollouts' context tokens, the
+      weights' products and the causal attention's) on the other chips, at the sustained
+      FLOP/s; logprob: its log-probability pass before that (`Rollouts.
+      logprob_flops_per_sample`, one forward pass; 0 without one);
     - refit: the weights (bf16, every expert) sent to every generator instance, each chip
       receiving its 1/instance share (all of them with `r.refit_whole`), over the network when
       the run spans several nodes (NVLink domains), else over the chips' links.

@@ -1,8 +1,8 @@
 """Tests the simulator's terms for deepseekv3_671b (MLA, DeepSeekMoE, MTP, uneven pipeline
 stages, the distributed optimizer), dlrmv4 (sharded tables) and qwen35_397b_grpo (rollouts),
 each against a count written out here from the reference's shapes; the default batch and
-layout; and the published points of them that `--validate` tests (never fitted to a total; the
-GRPO GBS 1,024 run gives two constants from its logged breakdown)."""
+layout; and the published points of them that `--validate` tests (never fitted: GRPO's
+constants come from no published time of it)."""
 
 import dataclasses
 import math
@@ -211,7 +211,14 @@ def test_dlrm_expert_parallel_is_one_line_saying_the_tables_span_every_chip(caps
     assert "--expert_parallel (8)" in err and "every chip" in err, err
 
 
-def _rollout_s(ro, c, generated, turns, context, efficiency):
+# The GRPO trainer's rate on a GB300: 0.445 of the FP8 peak (the suite's Blackwell constant)
+# carried to BF16 by the profiled layer (NVIDIA/TransformerEngine's GEMM profile on a B300:
+# MXFP8 7.324 ms kernels + 1.183 ms quantization at 8 TB/s, BF16 12.227 ms), as a fraction of
+# the BF16 peak of 2.5 PFLOP/s: 0.445 x 5 / 2.5 x 8.507 / 12.227 = 0.619.
+GRPO_BF16_EFFICIENCY = 0.445 * 5e15 / 2.5e15 * (7.324 + 1.183) / 12.227
+
+
+def _rollout_s(ro, c, generated, turns, context, efficiency=GRPO_BF16_EFFICIENCY):
     """One rollout's decode + prefill + environment on an instance of 8 GB300 decoding c at
     once, written out (`mlperf_tf.simulate.model.rollout_times`)."""
     active = ro.active_parameters
@@ -227,7 +234,7 @@ def _rollout_s(ro, c, generated, turns, context, efficiency):
 def test_grpo_step_is_rollouts_beside_training_plus_the_refit():
     facts = model.benchmark_facts("qwen35_397b_grpo")
     ro = model.shape_of(facts).rollouts
-    eff = model.shape_of(facts).calibration[0].compute_efficiency
+    eff = GRPO_BF16_EFFICIENCY
     r = model.simulate(benchmark="qwen35_397b_grpo", system=systems.load(GB300), chips=256)
     assert r.global_batch == 256 and r.samples_to_target == 4608  # the RCP at 256
     # 192 generating GPUs in 24 vLLM instances of 8: 256 / 24 rollouts each (all 256 in
@@ -258,11 +265,18 @@ def test_grpo_step_is_rollouts_beside_training_plus_the_refit():
     assert ro.prompt_tokens + ro.generated_tokens == 3000 + 5768
     active = model.benchmark_facts("qwen35_397b_grpo")["active_parameters"]
     assert ro.active_parameters == active
-    # Training: 8 x 17.35 B active weights (the forward recomputed) x 25,500 tokens x 256
-    # rollouts on 64 GPUs at the calibrated fraction of 2.5 PFLOP/s; the log-probability pass
-    # before it 2 x; the model's FLOPs (MFU's) stay 6 x.
+    # Training: 4 forward passes (the forward recomputed in the backward) of 25,500 tokens x
+    # 256 rollouts on 64 GPUs at 0.619 of 2.5 PFLOP/s; a forward pass is 2 x 17.35 B active
+    # weights a token and the causal attention of 15 gated-attention layers of 32 heads of 256
+    # (width 122,880): 2 x 2 x width FLOPs a pair of tokens, L^2 / 2 pairs, +18 % a token at
+    # 25,500. The log-probability pass before it is one forward; the model's FLOPs (MFU's)
+    # stay 6 x active weights a token.
+    assert ro.attention_width == 15 * 32 * 256
+    forward = 2 * active * 25_500 + 2 * 2 * 122_880 * 25_500**2 / 2
+    assert ro.forward_flops_per_sample() == pytest.approx(forward)
+    assert forward / (2 * active * 25_500) == pytest.approx(1.18, abs=0.01)
     assert ro.training_flops_per_sample() == 6 * active * 25_500
-    assert r.compute_s == pytest.approx(8 * active * 25_500 * 256 / (64 * eff * 2.5e15))
+    assert r.compute_s == pytest.approx(4 * forward * 256 / (64 * eff * 2.5e15))
     assert r.logprob_s == pytest.approx(r.compute_s / 4)
     generation = decode + prefill + environment
     assert r.slowest_rollout_s == pytest.approx(generation)
@@ -299,9 +313,8 @@ def test_grpo_concurrency_streams_a_larger_batch_through_the_slots():
     r = model.simulate(benchmark="qwen35_397b_grpo", system=system, chips=256, global_batch=1024)
     facts = model.benchmark_facts("qwen35_397b_grpo")
     ro = model.shape_of(facts).rollouts
-    eff = model.shape_of(facts).calibration[0].compute_efficiency
     assert ro.stream_rollouts(1024) == 3
-    mean = sum(_rollout_s(ro, 256 / 24, ro.generated_tokens, ro.turns, ro.context_tokens, eff))
+    mean = sum(_rollout_s(ro, 256 / 24, ro.generated_tokens, ro.turns, ro.context_tokens))
     assert r.rollout_streamed_s == pytest.approx(3 * mean)
     assert r.slowest_rollout_s == pytest.approx(
         3 * mean + r.rollout_decode_s + r.rollout_prefill_s + r.rollout_environment_s
@@ -310,7 +323,10 @@ def test_grpo_concurrency_streams_a_larger_batch_through_the_slots():
     assert unlimited.stream_rollouts(1024) == 0 and unlimited.in_flight(1024) == 1024
     const = model.constants(system, "qwen35_397b_grpo", model.shape_of(facts))
     at_once = model.rollout_times(system, const, None, unlimited, 1024, 256)
-    assert at_once["streamed_s"] == 0 and at_once["generation_s"] < r.slowest_rollout_s / 2
+    assert at_once["streamed_s"] == 0 and at_once["generation_s"] == pytest.approx(
+        at_once["decode_s"] + at_once["prefill_s"] + at_once["environment_s"]
+    )
+    assert at_once["generation_s"] < 0.6 * r.slowest_rollout_s  # 260 s against 448 s
 
 
 def test_grpo_slowest_rollout_against_a_monte_carlo_and_the_limits():
@@ -326,60 +342,33 @@ def test_grpo_slowest_rollout_against_a_monte_carlo_and_the_limits():
     assert context == 20_000 and generated < ro.slowest(256)[0] and turns == 30
 
 
-def _grpo_with(shape, efficiency, environment_s):
-    """The GRPO shape with another trainer efficiency and another turn time."""
-    calibration = (dataclasses.replace(shape.calibration[0], compute_efficiency=efficiency),)
-    rollouts = dataclasses.replace(shape.rollouts, environment_s_per_turn=environment_s)
-    return dataclasses.replace(shape, calibration=calibration, rollouts=rollouts)
-
-
-def _bisect(f, lo, hi, target, rising):
-    for _ in range(50):
-        mid = (lo + hi) / 2
-        if (f(mid) > target) == rising:
-            hi = mid
-        else:
-            lo = mid
-    return (lo + hi) / 2
-
-
-def test_grpo_calibrated_terms_are_the_gbs1024_logs_components():
-    """The trainer's efficiency and the seconds a turn are read from the reference's GBS 1,024
-    logs' breakdown, not from a total: solved again here with every other term as it stands,
-    the simulated update of 1,024 rollouts takes the logged `policy_training_time` (243.0 s)
-    and their generation through the 256 slots the logged step less its weight sync (959.4
-    s). A term that moves either (the tokens, the recompute, the streaming, the decode) fails
-    this until the constants are read again."""
-    from unittest import mock
-
+def test_grpo_constants_come_from_no_published_time_of_it():
+    """Issue 55: the trainer's efficiency is the suite's Blackwell constant that deepseekv3_671b
+    and gpt_oss_20b declare (llama31_8b's v5.1 calibration, 0.445 of FP8), reaching the BF16
+    run through the profiled layer rate; the seconds a turn are the reference recipe's figure
+    of a rollout's time outside the model calls (600 s at the agent timeout, a median 517 s in
+    model calls) over the mean turns; every GRPO point is a test."""
     from benchmarks.qwen35_397b_grpo import simulator
 
-    facts = model.benchmark_facts("qwen35_397b_grpo")
-    shape = model.shape_of(facts)
-    assert shape.calibration[0].compute_efficiency == simulator.TRAINER_EFFICIENCY
-    assert shape.rollouts.environment_s_per_turn == simulator.ENVIRONMENT_S_PER_TURN
-    assert shape.rollouts.environment_source.startswith("read:")
-    assert simulator.CALIBRATION_POLICY_TRAINING_S == 243.0
-    assert simulator.CALIBRATION_GENERATION_S == pytest.approx(959.4)
-    system = systems.load(GB300)
-
-    def run(efficiency, environment_s):
-        patched = _grpo_with(shape, efficiency, environment_s)
-        with mock.patch.object(model, "shape_of", lambda _facts: patched):
-            return model.simulate(benchmark="qwen35_397b_grpo", system=system, chips=256,
-                                  global_batch=1024)  # fmt: skip
-
-    def training(efficiency):
-        r = run(efficiency, simulator.ENVIRONMENT_S_PER_TURN)
-        return r.compute_s + r.exposed_comm_s + r.weight_update_s + r.overhead_s
-
-    efficiency = _bisect(training, 0.01, 0.75, 243.0, rising=False)
-    assert efficiency == pytest.approx(simulator.TRAINER_EFFICIENCY, abs=1e-4)
-    turn = _bisect(lambda e: run(efficiency, e).slowest_rollout_s, 0.0, 100.0, 959.4, True)
-    assert turn == pytest.approx(simulator.ENVIRONMENT_S_PER_TURN, abs=0.01)
+    grpo = model.shape_of(model.benchmark_facts("qwen35_397b_grpo"))
+    for other in ("deepseekv3_671b", "gpt_oss_20b"):
+        declared = model.shape_of(model.benchmark_facts(other)).calibration[0]
+        mine = grpo.calibration[0]
+        assert (mine.compute_efficiency, mine.precision) == (
+            declared.compute_efficiency, declared.precision) == (0.445, "fp8")  # fmt: skip
+        assert mine.families == declared.families
+    const = model.constants(systems.load(GB300), "qwen35_397b_grpo", grpo)
+    assert const.precision == "bf16"
+    assert const.efficiency / const.linear_scale == pytest.approx(GRPO_BF16_EFFICIENCY)
+    assert grpo.rollouts.environment_s_per_turn == pytest.approx(83 / 27.5)
+    assert "517 s" in grpo.rollouts.environment_source
+    assert not hasattr(simulator, "CALIBRATION_POLICY_TRAINING_S")
+    points = [p for p in validate.load_points()["points"] if p["benchmark"] == "qwen35_397b_grpo"]
+    assert sorted(p["global_batch"] for p in points) == [256, 512, 1024]
+    assert all(p["role"] == "test" for p in points)
     # Within the limits the reference states: the slowest rollout fits the 1,800 s agent
-    # timeout.
-    r = model.simulate(benchmark="qwen35_397b_grpo", system=system, chips=256)
+    # timeout, at GBS 256 and in the evaluation's 1,004.
+    r = model.simulate(benchmark="qwen35_397b_grpo", system=systems.load(GB300), chips=256)
     slowest = r.rollout_decode_s + r.rollout_prefill_s + r.rollout_environment_s
     assert slowest <= simulator.AGENT_TIMEOUT_S == 1800.0
 
@@ -423,11 +412,7 @@ def test_the_published_points_of_the_new_benchmarks_are_tests_with_citations():
     assert {p["id"] for p in points} >= {"v6-gb300-deepseek-256", "v6-gb300-deepseek-512",
                                          "v6-gb200-deepseek-512", "ref-qwen-grpo-256"}  # fmt: skip
     assert all(p["path"] and p["note"] for p in points)
-    # The GRPO GBS 1,024 run's breakdown gives two constants (never its total): the only one
-    # not a test.
-    assert [p["id"] for p in points if p["role"] != "test"] == ["ref-qwen-grpo-1024"]
-    assert validate.rows([p for p in points if p["id"] == "ref-qwen-grpo-1024"],
-                         {GB300: systems.load(GB300)})[0]["role"].startswith("calibrated")  # fmt: skip
+    assert all(p["role"] == "test" for p in points)  # none fitted, none read
     deepseek = [p for p in points if p["benchmark"] == "deepseekv3_671b"]
     loaded = {name: systems.load(name) for name in (GB300, "gb200-nvl72")}
     for row in validate.rows(deepseek, loaded):
@@ -453,13 +438,30 @@ def test_the_dlrm_reference_logs_are_within_the_issue_bound():
     assert abs(worst["error_rcp"]) <= 0.35, (worst["id"], worst["error_rcp"])
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="GRPO predicts -65 / -61 / -52 % at GBS 256 / 512 / 1,024 from constants read from "
+    "no GRPO time: the logs' generation is 2.8 x, 2.7 x, 2.1 x the simulated (398 / 651 / 959 "
+    "s against 140 / 245 / 448 s); decoding at the HBM bound and 3.0 s a turn leave that "
+    "unexplained (docs/scaling.md, 'Issue 48, session 12b')",
+)
 def test_the_grpo_reference_logs_are_within_the_issue_bound():
-    """The reference's GBS 256 and 512 RCP logs, checks never fitted (the GBS 1,024 run gives
-    two constants from its breakdown): within 35 % since the agent server's 256 slots, the
-    recipe's turns and conversation length, the recomputed forward, the log-probability
-    pass, the whole-model refit and the drain before validation (-31 % and -21 %; -57 % at
-    GBS 256 before)."""
-    rows = [r for r in _reference_rows("qwen35_397b_grpo") if r["role"] == "test"]
-    assert {r["global_batch"] for r in rows} == {256, 512}
+    """The reference's three RCP logs (GBS 256, 512, 1,024), checks never fitted: within 35 %."""
+    rows = _reference_rows("qwen35_397b_grpo")
+    assert {r["global_batch"] for r in rows} == {256, 512, 1024}
     worst = max(rows, key=lambda r: abs(r["error_rcp"]))
     assert abs(worst["error_rcp"]) <= 0.35, (worst["id"], worst["error_rcp"])
+
+
+def test_the_grpo_reference_logs_are_under_predicted_by_the_generation():
+    """What the check says today (docs/scaling.md, 'Issue 48, session 12b'): every GRPO point
+    is predicted short, and the step is its generation (training at 0.62 of the BF16 peak and
+    the log-probability pass are less than a sixth of it), so the miss is the rollouts': a
+    term that makes the training the step, or a point predicted long, fails this."""
+    rows = _reference_rows("qwen35_397b_grpo")
+    assert all(-0.75 < r["error_rcp"] < -0.35 for r in rows), rows
+    system = systems.load(GB300)
+    for batch in (256, 512, 1024):
+        r = model.simulate(benchmark="qwen35_397b_grpo", system=system, chips=256,
+                           global_batch=batch)  # fmt: skip
+        assert r.compute_s + r.logprob_s < r.slowest_rollout_s / 6

@@ -463,8 +463,7 @@ def test_validate_prints_every_point_and_marks_the_calibration(capsys):
     points = validate.load_points()["points"]
     for p in points:
         assert f"| {p['id']} |" in out, p["id"]
-    # "calibrate: SYSTEM FIELD" (fitted to the total) and "calibrated terms: ..." (constants
-    # read from the run's logged breakdown, benchmarks/qwen35_397b_grpo/simulator.py).
+    # "calibrate: SYSTEM FIELD": the points fitted to their total.
     assert out.count("| calibrate") == sum(p["role"].startswith("calibrate") for p in points)
 
 

@@ -37,8 +37,7 @@ def test_committed_validation_table_is_up_to_date():
         assert f.read() == validate.markdown(table, stats)
     with open(os.path.join(validate.DOCS_DIR, "validation.json"), encoding="utf-8") as f:
         assert json.load(f)["summary"] == pytest.approx(stats)
-    # Calibration points fit exactly (with their logged epochs where they have them); a
-    # "calibrated terms" point gives constants from its logged breakdown, not its total.
+    # Calibration points fit exactly (with their logged epochs where they have them).
     for row in table:
         if row["role"].startswith("calibrate:"):
             assert abs(row.get("error_logged", row["error_rcp"])) < 0.01, row["id"]
