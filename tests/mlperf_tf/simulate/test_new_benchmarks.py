@@ -441,7 +441,7 @@ def test_the_dlrm_reference_logs_are_within_the_issue_bound():
 @pytest.mark.xfail(
     strict=True,
     reason="GRPO predicts -65 / -61 / -52 % at GBS 256 / 512 / 1,024 from constants read from "
-    "no GRPO time: the logs' generation is 2.8 x, 2.7 x, 2.1 x the simulated (398 / 651 / 959 "
+    "no GRPO time: the logs' generation is 2.8 x, 2.7 x, 2.1 x the simulated (398 / 651 / 941 "
     "s against 140 / 245 / 448 s); decoding at the HBM bound and 3.0 s a turn leave that "
     "unexplained (docs/scaling.md, 'Issue 48, session 12b')",
 )
