@@ -27,8 +27,10 @@ import numpy as np
 import tensorflow as tf
 
 from benchmarks.dlrmv4.config import CROSS_FEATURES, ModelConfig
+from mlperf_tf.errors import UserError
 from mlperf_tf.layers.sharded_embedding import ShardedEmbeddings
 from mlperf_tf.layers.tpu_embedding import Feature, TpuEmbeddingTables
+from mlperf_tf.lm.parametrization import ScaledWeights
 
 # The multitask module's one task: `listen_plus`, bit 1 of the action weight.
 TIME_FEATURES = ((3600, 24), (86400, 7))  # postprocessors.py: hour of day, day of week
@@ -199,6 +201,8 @@ class DlrmHstu(keras.Model):
     Output: the `listen_plus` logit `[B]`.
     """
 
+    table_scale = 1.0  # what the looked-up rows are multiplied by (`ScaledDlrmHstu`)
+
     def __init__(self, config: ModelConfig, *, seed: int = 0, tpu_epsilon: float | None = None,
                  tpu_batch: int = 0, **kwargs):  # fmt: skip
         super().__init__(**kwargs)
@@ -313,6 +317,8 @@ class DlrmHstu(keras.Model):
             merged + contextual,
             tables=("item_id", "artist_id", "album_id", *self.contextual_names),
         )
+        if self.table_scale != 1.0:  # the stored rows times the scale (`ScaledDlrmHstu`)
+            out = [rows * self.table_scale for rows in out]
         return {"item": out[0], "artist": out[1], "album": out[2],
                 "contextual": tf.stack(out[3:], axis=1)}  # fmt: skip
 
@@ -401,14 +407,71 @@ class DlrmHstu(keras.Model):
         return self.head(user * item)[:, 0]  # [B]
 
 
+class ScaledDlrmHstu(ScaledWeights, DlrmHstu):
+    """`DlrmHstu` whose trainable weights are stored divided by `config.weight_scale`
+    (`mlperf_tf.lm.parametrization.ScaledWeights`), so that the closed rules' learning rate
+    (1e-6 x batch / 8192, with its 24,000-step warm-up) moves a small model: Adam on the dense
+    weights and row-wise Adagrad on the tables are both invariant to the gradient's scale (but
+    for their epsilons), so each weight moves as at `weight_scale` times the logged rate.
+
+    The dense weights are read as s x v through the mixin's scope; the tables are left out of
+    it (mapping a table would read all its rows a step and make its gradient dense) and their
+    looked-up rows are multiplied by s instead (`DlrmHstu.embed`): the same function, the
+    tables' gradient still the touched rows'. The dense clip (the rules' 1.0) sees the
+    s-times-larger gradient, which Adam's normalization then largely undoes."""
+
+    scaled_methods = ("call", "embed")
+
+    def __init__(self, config: ModelConfig, **kwargs):
+        super().__init__(config, weight_scale=config.weight_scale, **kwargs)
+        self.table_scale = self.weight_scale
+
+    def build(self, input_shape=None):
+        """Keras' build only: the layers create their weights at the first call (`build`
+        below stores them scaled after it)."""
+        DlrmHstu.build(self, input_shape)
+
+    def effective_weights(self) -> keras.StatelessScope:
+        """The dense weights read as s x v; the tables as stored (see the class)."""
+        scale = self.weight_scale
+        return keras.StatelessScope(state_mapping=[
+            (v, v.value * scale) for v in self.trainable_variables
+            if not v.path.startswith(SPARSE_PREFIX)
+        ])  # fmt: skip
+
+
 def build(config: ModelConfig, *, seed: int = 0, batch: int = 2,
           tpu_epsilon: float | None = None, tpu_batch: int = 0) -> DlrmHstu:  # fmt: skip
     """A built `DlrmHstu` (its weights created by one call on a zero batch); with
     `tpu_epsilon` its tables on the TPU embedding engine (row-wise Adagrad at that eps) for
-    `tpu_batch` samples a replica."""
-    model = DlrmHstu(config, seed=seed, name="dlrm_hstu", tpu_epsilon=tpu_epsilon,
-                     tpu_batch=tpu_batch)  # fmt: skip
-    model(dummy_batch(config, batch))
+    `tpu_batch` samples a replica; a `ScaledDlrmHstu` when `config.weight_scale` is not 1 (its
+    initial function the plain model's).
+
+    Raises:
+      UserError: `weight_scale` not 1 with the tables on the TPU embedding engine (its
+        lookups and updates are the engine's, not scaled here) or split over replicas (their
+        shards are stored by replica, not divided here).
+    """
+    kwargs = dict(seed=seed, name="dlrm_hstu", tpu_epsilon=tpu_epsilon, tpu_batch=tpu_batch)
+    if config.weight_scale == 1.0:
+        model = DlrmHstu(config, **kwargs)
+        model(dummy_batch(config, batch))
+        return model
+    if tpu_epsilon is not None:
+        raise UserError(
+            f"`model.weight_scale` ({config.weight_scale:g}) is not available with the tables "
+            "on the TPU embedding engine: use 1 (the `mlperf` preset's)"
+        )
+    model = ScaledDlrmHstu(config, **kwargs)
+    if model.tables.plan.shards > 1:
+        raise UserError(
+            f"`model.weight_scale` ({config.weight_scale:g}) is not available with the tables "
+            f"split over --expert_parallel={model.tables.plan.shards}: use 1, or one replica's "
+            "tables"
+        )
+    with model.stored_weights():
+        model(dummy_batch(config, batch))  # creates every weight, initial values plain
+    model.store_scaled()
     return model
 
 

@@ -357,10 +357,10 @@ MINI_GENRES = 10
 def generate_mini_events(seed: int = 0):
     """Listening events with a structure a model can learn and that drifts in time.
 
-    Items belong to albums (5 each) and artists (20 each); an artist plays one of 10 genres.
+    Items belong to albums (5 each) and artists (40 each); an artist plays one of 10 genres.
     Each user likes two genres and, once in the six days, swaps one of them for another (the
     drift: only a history shows it). A listen is `listen_plus` with probability
-    sigmoid(2.8 [genre liked now] + 0.8 quality(item) + 0.6 [artist heard before] - 1.6); the
+    sigmoid(4.0 [genre liked now] + 0.3 quality(item) + 0.6 [artist heard before] - 2.2); the
     item is drawn half from the liked genres, half from a popularity law. Returns the events in
     time order as arrays (uid, ts, item, label, organic) and the item -> artist, album maps.
     """
@@ -392,8 +392,8 @@ def generate_mini_events(seed: int = 0):
                 item = int(rng.choice(by_genre[int(rng.choice(now))]))
             else:
                 item = int(rng.choice(c.MINI_ITEMS, p=popularity))
-            logit = (3.0 * (genre_of_item[item] in now) + 0.3 * quality[item]
-                     + 0.6 * (artist_of[item] in heard[u]) - 1.8)  # fmt: skip
+            logit = (4.0 * (genre_of_item[item] in now) + 0.3 * quality[item]
+                     + 0.6 * (artist_of[item] in heard[u]) - 2.2)  # fmt: skip
             chance = 1 / (1 + np.exp(-logit))
             label = int(rng.random() < chance)
             out["chance"].append(chance)

@@ -25,6 +25,7 @@ assign none there (the MoE selection bias moves outside the forward,
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import keras
@@ -74,6 +75,18 @@ class ScaledWeights:
         super().build(input_shape)
         if first:
             self.store_scaled()
+
+    @contextlib.contextmanager
+    def stored_weights(self):
+        """A scope in which the forward reads the stored weights v as they are: for a model
+        whose layers create their weights at its first call (Keras creates no variable inside
+        the `StatelessScope` of `effective_weights`), that call runs here, then `store_scaled`.
+        """
+        outer, self._reading_effective = self._reading_effective, True
+        try:
+            yield
+        finally:
+            self._reading_effective = outer
 
     def store_scaled(self) -> None:
         """Divides the trainable variables, holding effective weights (the initializers', or a

@@ -302,3 +302,39 @@ def test_time_features_are_the_postprocessors_hour_and_day_phases():
         angle = np.remainder(np.floor(ts / period), units) / units * 2 * 3.14  # not 2 pi
         want += [np.cos(angle), np.sin(angle)]
     np.testing.assert_allclose(got, np.stack(want, 1), rtol=0, atol=1e-6)
+
+
+def test_the_scaled_model_is_the_plain_function_with_s_times_its_gradients():
+    """`weight_scale` s (the mini's rules-rate parametrization, `ScaledDlrmHstu`): the same
+    initial function as the plain model of the same seed; every stored weight is the plain one
+    / s; the gradient of each stored weight is s times the plain gradient, the tables' still
+    the touched rows alone (IndexedSlices), so Adam and row-wise Adagrad move the effective
+    weights as at s times the rate. A scale that missed the tables or the dense weights would
+    change the function by O(1)."""
+    from tests.numerics import assert_close
+
+    c = tiny_config()
+    s = 1e6
+    plain = model_lib.build(c, seed=5)
+    scaled = model_lib.build(dataclasses.replace(c, weight_scale=s), seed=5)
+    assert isinstance(scaled, model_lib.ScaledDlrmHstu)
+    stored = {v.path: v.numpy() for v in scaled.trainable_variables}
+    for v in plain.trainable_variables:
+        assert_close(stored[v.path] * s, v.numpy(), rtol=1e-6)
+    batch = tiny_batch(c, [1, 5, c.history_length, 9])
+    want = plain(batch, training=False).numpy()
+    assert_close(scaled(batch, training=False).numpy(), want, rtol=1e-5)
+
+    def gradients(model):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.square(model(batch, training=True)))
+        return dict(zip([v.path for v in model.trainable_variables],
+                        tape.gradient(loss, model.trainable_variables)))  # fmt: skip
+
+    g_plain, g_scaled = gradients(plain), gradients(scaled)
+    table = model_lib.TABLES_PATH
+    assert isinstance(g_scaled[table], tf.IndexedSlices)
+    for path, g in g_plain.items():
+        dense = lambda t: tf.convert_to_tensor(t).numpy()  # noqa: E731
+        assert_close(dense(g_scaled[path]), s * dense(g), rtol=1e-4, scale=s * max(
+            1.0, float(np.abs(dense(g)).max())))  # fmt: skip

@@ -128,3 +128,25 @@ def test_cross_ids_are_xxh64_of_the_little_endian_keys():
     for values in ((1, 2), (123456789, 7, 3), (2**40, 0)):
         data = struct.pack(f"<{len(values)}q", *values)
         assert prepare.xxh64(data) == xxhash.xxh64(data, seed=0).intdigest()
+
+
+@pytest.mark.slow  # 45 s at load 10 (the generator's Python loop over 180 k events)
+def test_the_mini_generator_puts_the_rules_target_between_its_baselines_and_its_best():
+    """The mini's eval day (`generate_mini_events`, the data the `mini` preset trains on): the
+    item-popularity baseline (each item's training listen+ rate, as `prepare_mini` reports it)
+    well below the rules' AUC 0.75, which the mini's target is, and the generator's own
+    probabilities (the best any model can do) well above it: the target means something."""
+    from benchmarks.dlrmv4 import config as config_lib
+
+    events, _, _ = prepare.generate_mini_events()
+    day = events["ts"] // 86_400
+    train, held = day < config_lib.MINI_WINDOWS - 1, day == config_lib.MINI_WINDOWS - 1
+    items, labels = events["item"], events["label"]
+    rate = (np.bincount(items[train], labels[train], config_lib.MINI_ITEMS) + 1) / (
+        np.bincount(items[train], minlength=config_lib.MINI_ITEMS) + 2
+    )
+    popularity = prepare._auc(rate[items[held]], labels[held])
+    best = prepare._auc(events["chance"][held], labels[held])
+    assert config_lib.MINI_TARGET_AUC == config_lib.TARGET_AUC
+    assert popularity < config_lib.TARGET_AUC - 0.05 < config_lib.TARGET_AUC + 0.1 < best
+    assert held.sum() == config_lib.MINI_EVAL_SAMPLES
