@@ -45,6 +45,19 @@ class ConvergenceCurve:
         slope = (v[hi] - v[lo]) / (b[hi] - b[lo])
         return v[lo] + slope * (batch - b[lo])
 
+    def range_note(self, batch: float) -> str:
+        """Nothing for a batch inside the reference batches; else what `at` assumed there (a
+        plan at a batch no reference run used is a guess, and the output says so)."""
+        b = self.batches
+        if (len(b) > 1 and b[0] <= batch <= b[-1]) or (len(b) == 1 and batch == b[0]):
+            return ""
+        if batch < b[0]:
+            return f" (batch {batch:g} is below its smallest, {b[0]}: that batch's value held)"
+        if len(b) == 1:
+            return f" (batch {batch:g} is not its one batch, {b[0]}: that batch's value held)"
+        return (f" (batch {batch:g} is above its largest, {b[-1]}: the line through its last "
+                "two batches extrapolated)")  # fmt: skip
+
 
 def rcp_folder() -> str:
     import mlperf_logging

@@ -731,7 +731,7 @@ def _time_to_train(
     else:
         curve = convergence.curve(benchmark, preset)
         epochs = curve.at(global_batch) / (epoch_examples if curve.in_samples else 1.0)
-        source = curve.source
+        source = curve.source + curve.range_note(global_batch)
     samples = epochs * epoch_examples
     steps = math.ceil(samples / global_batch)
     evals = eval_cadence(facts, first_eval_samples).evaluations(

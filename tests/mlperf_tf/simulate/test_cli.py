@@ -34,6 +34,25 @@ def test_table_output_names_the_convergence_source(capsys):
     assert code == 0 and "hierarchical" in out and "RCP mlperf_logging" in out
 
 
+def test_a_batch_outside_the_rcps_says_what_was_assumed(capsys):
+    """GRPO's RCPs are at 256, 512 and 1,024 rollouts: at 16 the output names the held value,
+    at 4,096 the extrapolation, at 512 nothing (a plan at a batch no reference run used is a
+    guess, and says so)."""
+    from mlperf_tf.simulate import convergence
+
+    curve = convergence.curve("qwen35_397b_grpo")
+    assert curve.batches == (256, 512, 1024)
+    notes = {}
+    for batch in (16, 512, 4096):
+        code = cli.main(["simulate", "--benchmark=qwen35_397b_grpo", "--system=gb300-nvl72",
+                         "--chips=256", f"--global_batch={batch}", "--json"])  # fmt: skip
+        assert code == 0
+        notes[batch] = json.loads(capsys.readouterr().out)["convergence_source"]
+    assert notes[512] == curve.source
+    assert "below its smallest, 256" in notes[16] and "held" in notes[16]
+    assert "above its largest, 1024" in notes[4096] and "extrapolated" in notes[4096]
+
+
 def test_errors_are_one_line_exit_2(capsys):
     cases = [
         (["--benchmark=resnet50", "--system=tpu-v9", "--chips=16"], "unknown system 'tpu-v9'"),
