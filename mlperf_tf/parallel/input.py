@@ -92,7 +92,7 @@ def distribute_untuned(strategy: tf.distribute.Strategy, dataset_fn):
     On one host TF feeds a worker's replicas through a `MultiDeviceIterator`, whose per-device
     pipelines keep the autotuner on (no public setting turns it off), and releasing an autotuned
     iterator waits, idle, for the tuner's sleep, which grows with the iterator's age
-    (`mlperf_tf/data/README.md`: 76 s after a 4-device tiny run, 0.03 s without them). Here a
+    (`mlperf_tf/data/README.md`: 76 s after a 4-device tiny run, 0.13 s without them). Here a
     `MirroredStrategy` reads per replica (`InputReplicationMode.PER_REPLICA`, kept on the host):
     replica `r` of `R` iterates the worker's pipeline and keeps its elements `r, r + R, ...`,
     the ones `MultiDeviceIterator` deals to it, so every replica gets the same batches as before
