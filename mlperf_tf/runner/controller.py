@@ -783,16 +783,20 @@ def _train_dataset_fn(benchmark: Benchmark, run_config: RunConfig, start_step: i
 
 
 def _distribute(strategy, benchmark: Benchmark, dataset_fn):
-    """The distributed dataset of `dataset_fn`; for synthetic input with the autotuner off and
-    without TF's per-device pipelines (`parallel_input.distribute_untuned`): nothing to tune, and
-    releasing a tuned iterator waits, idle, for the tuner (`synthetic.without_autotune`)."""
+    """The distributed dataset of `dataset_fn`; for synthetic input with the autotuner off
+    (nothing to tune, and releasing a tuned iterator waits, idle, for the tuner:
+    `synthetic.without_autotune`) and, when the benchmark's input is repeatable, without TF's
+    per-device pipelines, which keep theirs (`parallel_input.distribute_untuned`)."""
     if not benchmark.config.synthetic:
         return strategy.distribute_datasets_from_function(dataset_fn)
     from mlperf_tf.data import synthetic  # noqa: PLC0415 (the data package imports TF I/O)
 
-    return parallel_input.distribute_untuned(
-        strategy, lambda input_context: synthetic.without_autotune(dataset_fn(input_context))
-    )
+    def untuned_fn(input_context):
+        return synthetic.without_autotune(dataset_fn(input_context))
+
+    if not benchmark.repeatable_input:
+        return strategy.distribute_datasets_from_function(untuned_fn)
+    return parallel_input.distribute_untuned(strategy, untuned_fn)
 
 
 def resumed_block(point: EvalPoint, block_begin_step: int, resume_step: int) -> EvalPoint:
