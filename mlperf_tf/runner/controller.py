@@ -707,7 +707,10 @@ class Controller:
         self._eval_specs = warmup.SpecRecorder(
             parallel_input.for_mesh(benchmark.eval_dataset, benchmark.mesh)
         )
-        self.train_data = _distribute(strategy, benchmark, self._train_specs)
+        # A tf.data service job is shared by whoever reads it: one reader per pipeline, as before.
+        self.train_data = _distribute(
+            strategy, benchmark, self._train_specs, repeatable=not cfg.data_service
+        )
         eval_data = _distribute(strategy, benchmark, self._eval_specs)
         parts = dict(strategy=strategy, benchmark=benchmark, model=self.model, xla=cfg.xla)
         self.trainer = self.trainer_class(
@@ -782,11 +785,12 @@ def _train_dataset_fn(benchmark: Benchmark, run_config: RunConfig, start_step: i
     return dataset_fn
 
 
-def _distribute(strategy, benchmark: Benchmark, dataset_fn):
+def _distribute(strategy, benchmark: Benchmark, dataset_fn, *, repeatable: bool = True):
     """The distributed dataset of `dataset_fn`; for synthetic input with the autotuner off
     (nothing to tune, and releasing a tuned iterator waits, idle, for the tuner:
-    `synthetic.without_autotune`) and, when the benchmark's input is repeatable, without TF's
-    per-device pipelines, which keep theirs (`parallel_input.distribute_untuned`)."""
+    `synthetic.without_autotune`) and, when the benchmark's input is repeatable (and `repeatable`:
+    not read from a tf.data service), without TF's per-device pipelines, which keep theirs
+    (`parallel_input.distribute_untuned`)."""
     if not benchmark.config.synthetic:
         return strategy.distribute_datasets_from_function(dataset_fn)
     from mlperf_tf.data import synthetic  # noqa: PLC0415 (the data package imports TF I/O)
@@ -794,7 +798,7 @@ def _distribute(strategy, benchmark: Benchmark, dataset_fn):
     def untuned_fn(input_context):
         return synthetic.without_autotune(dataset_fn(input_context))
 
-    if not benchmark.repeatable_input:
+    if not (benchmark.repeatable_input and repeatable):
         return strategy.distribute_datasets_from_function(untuned_fn)
     return parallel_input.distribute_untuned(strategy, untuned_fn)
 
