@@ -129,6 +129,11 @@ class Benchmark(abc.ABC):
         exists; the simulator's epochs to target. None: `simulate` needs `--epochs`.
       skipped_evals_rule: (a, b) where the rules skip the first int(a x global batch + b)
         evals (llama2_70b_lora's eval delay); the simulator does not time them. None: none.
+      repeatable_input: whether building its datasets again from the same input context yields
+        the same elements (True: pure functions of the context and seed). The runner then reads
+        synthetic input once per replica, without TF's per-device pipelines, whose release waits
+        (`parallel.input.distribute_untuned`). False: a pipeline with its own state (GRPO's
+        rollouts, generated on the host as the policy trains) is built once per worker.
     and the methods `training_flops_per_sample()` (None: traced from the model),
     `parameter_count()`, `tokens_per_sample()`, `simulator_shape()`, `eval_cadence()` and
     `round_hparams()`.
@@ -146,6 +151,7 @@ class Benchmark(abc.ABC):
     renamed_keys: ClassVar[tuple[RenamedKey, ...]] = ()
     convergence: ClassVar[Rcp | StatedConvergence | None] = None
     skipped_evals_rule: ClassVar[tuple[float, float] | None] = None
+    repeatable_input: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs: Any):
         """Gives a benchmark that declares `name` the defaults of `mlperf_benchmark` and

@@ -43,6 +43,9 @@ class Qwen35GrpoBenchmark(Benchmark):
     config_class = config_lib.Qwen35GrpoConfig
     sample_unit = "rollout"
     convergence = simulator_lib.CONVERGENCE  # rollouts to pass@4 0.69 at 256, 512, 1,024
+    # The rollouts are generated on the host as the policy trains (`from_generator`, held by the
+    # age gate): a second copy of the pipeline would generate other rollouts.
+    repeatable_input = False
 
     def __init__(self, config, *, context=None):
         super().__init__(config, context=context)

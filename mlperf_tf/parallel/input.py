@@ -83,3 +83,35 @@ def for_mesh(dataset_fn, mesh: DeviceMesh):
         return repeat_for_group(dataset_fn(input_context), repeats)
 
     return mesh_dataset_fn
+
+
+def distribute_untuned(strategy: tf.distribute.Strategy, dataset_fn):
+    """`strategy.distribute_datasets_from_function(dataset_fn)` for pipelines whose tf.data
+    autotuner is off (synthetic input), without the per-device pipelines TF adds behind them.
+
+    On one host TF feeds a worker's replicas through a `MultiDeviceIterator`, whose per-device
+    pipelines keep the autotuner on (no public setting turns it off), and releasing an autotuned
+    iterator waits, idle, for the tuner's sleep, which grows with the iterator's age
+    (`mlperf_tf/data/README.md`: 76 s after a 4-device tiny run, 0.13 s without them). Here a
+    `MirroredStrategy` reads per replica (`InputReplicationMode.PER_REPLICA`, kept on the host):
+    replica `r` of `R` iterates the worker's pipeline and keeps its elements `r, r + R, ...`,
+    the ones `MultiDeviceIterator` deals to it, so every replica gets the same batches as before
+    (the worker's pipeline runs `R` times over: cheap for synthetic input, which is why only it
+    comes here). `OneDeviceStrategy` reads the pipeline itself: its one replica takes every
+    element. Other strategies (several workers, TPU) keep TF's own input.
+    """
+    if isinstance(strategy, tf.distribute.OneDeviceStrategy):
+        return dataset_fn(tf.distribute.InputContext())
+    if not isinstance(strategy, tf.distribute.MirroredStrategy):
+        return strategy.distribute_datasets_from_function(dataset_fn)
+    replicas = strategy.num_replicas_in_sync
+
+    def replica_dataset_fn(input_context: tf.distribute.InputContext) -> tf.data.Dataset:
+        worker_context = tf.distribute.InputContext(num_replicas_in_sync=replicas)
+        return dataset_fn(worker_context).shard(replicas, input_context.input_pipeline_id)
+
+    options = tf.distribute.InputOptions(
+        experimental_fetch_to_device=False,
+        experimental_replication_mode=tf.distribute.InputReplicationMode.PER_REPLICA,
+    )
+    return strategy.distribute_datasets_from_function(replica_dataset_fn, options)

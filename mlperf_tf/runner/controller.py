@@ -705,12 +705,13 @@ class Controller:
             _train_dataset_fn(benchmark, cfg, self.step, self.data_watchdog)
         )
         self._eval_specs = warmup.SpecRecorder(
-            _untuned_if_synthetic(
-                benchmark, parallel_input.for_mesh(benchmark.eval_dataset, benchmark.mesh)
-            )
+            parallel_input.for_mesh(benchmark.eval_dataset, benchmark.mesh)
         )
-        self.train_data = strategy.distribute_datasets_from_function(self._train_specs)
-        eval_data = strategy.distribute_datasets_from_function(self._eval_specs)
+        # A tf.data service job is shared by whoever reads it: one reader per pipeline, as before.
+        self.train_data = _distribute(
+            strategy, benchmark, self._train_specs, repeatable=not cfg.data_service
+        )
+        eval_data = _distribute(strategy, benchmark, self._eval_specs)
         parts = dict(strategy=strategy, benchmark=benchmark, model=self.model, xla=cfg.xla)
         self.trainer = self.trainer_class(
             optimizer=self.optimizer, pipeline_schedule=cfg.pipeline_schedule, **parts
@@ -781,17 +782,25 @@ def _train_dataset_fn(benchmark: Benchmark, run_config: RunConfig, start_step: i
             dataset = dataset.skip(start_step * micro_batches * local_replicas)
         return parallel_input.repeat_for_group(dataset, repeats)
 
-    return _untuned_if_synthetic(benchmark, dataset_fn)
+    return dataset_fn
 
 
-def _untuned_if_synthetic(benchmark: Benchmark, dataset_fn):
-    """`dataset_fn` with the autotuner off when the benchmark feeds synthetic data: nothing to
-    tune, and a tuned iterator's release waits for the tuner (`synthetic.without_autotune`)."""
+def _distribute(strategy, benchmark: Benchmark, dataset_fn, *, repeatable: bool = True):
+    """The distributed dataset of `dataset_fn`; for synthetic input with the autotuner off
+    (nothing to tune, and releasing a tuned iterator waits, idle, for the tuner:
+    `synthetic.without_autotune`) and, when the benchmark's input is repeatable (and `repeatable`:
+    not read from a tf.data service), without TF's per-device pipelines, which keep theirs
+    (`parallel_input.distribute_untuned`)."""
     if not benchmark.config.synthetic:
-        return dataset_fn
+        return strategy.distribute_datasets_from_function(dataset_fn)
     from mlperf_tf.data import synthetic  # noqa: PLC0415 (the data package imports TF I/O)
 
-    return lambda input_context: synthetic.without_autotune(dataset_fn(input_context))
+    def untuned_fn(input_context):
+        return synthetic.without_autotune(dataset_fn(input_context))
+
+    if not (benchmark.repeatable_input and repeatable):
+        return strategy.distribute_datasets_from_function(untuned_fn)
+    return parallel_input.distribute_untuned(strategy, untuned_fn)
 
 
 def resumed_block(point: EvalPoint, block_begin_step: int, resume_step: int) -> EvalPoint:

@@ -27,6 +27,9 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from mlperf_tf.data import synthetic
+from mlperf_tf.parallel import input as parallel_input
+
 
 class SpecRecorder:
     """Wraps a `dataset_fn` to remember the element spec of the per-replica dataset it returns.
@@ -45,7 +48,9 @@ class SpecRecorder:
 
 
 def synthetic_dataset(strategy, element_spec):
-    """An endless distributed dataset of all-ones batches of `element_spec` (per replica).
+    """An endless distributed dataset of all-ones batches of `element_spec` (per replica), with
+    the autotuner off and no per-device pipelines (`parallel_input.distribute_untuned`): its
+    iterator's release does not wait for a tuner.
 
     A dimension the spec leaves open (dynamic shapes, without --xla on CPU) gets size 1 in the
     values but stays open in the dataset's spec, so the steps are traced for the real spec.
@@ -61,9 +66,9 @@ def synthetic_dataset(strategy, element_spec):
         dataset = tf.data.Dataset.from_tensors(tf.nest.map_structure(ones, element_spec))
         if any(not s.shape.is_fully_defined() for s in tf.nest.flatten(element_spec)):
             dataset = dataset.map(lambda x: tf.nest.map_structure(as_spec, x, element_spec))
-        return dataset.repeat()
+        return synthetic.without_autotune(dataset.repeat())
 
-    return strategy.distribute_datasets_from_function(dataset_fn)
+    return parallel_input.distribute_untuned(strategy, dataset_fn)
 
 
 class StateSnapshot:

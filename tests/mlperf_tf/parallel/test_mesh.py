@@ -184,6 +184,43 @@ def test_synthetic_batches_differ_between_batch_shards_only():
     np.testing.assert_array_equal(alone, a)  # shard 0 is what one replica trains on
 
 
+def _per_replica_rows(strategy, distributed, steps):
+    iterator = iter(distributed)
+    return [
+        [int(t.numpy()[0]) for t in strategy.experimental_local_results(next(iterator))]
+        for _ in range(steps)
+    ]
+
+
+@pytest.mark.parametrize("replicas", [4, 1])
+def test_untuned_input_deals_each_replica_the_batches_tf_would(replicas):
+    # `distribute_untuned` (synthetic input: no per-device pipelines, whose autotuned release
+    # waits) must hand every replica what `MultiDeviceIterator` hands it: batch r, r + R, ...
+    # of the worker's pipeline, whose input context it sees as before. Two mesh groups of
+    # two replicas (4 replicas) check the routing of `for_mesh` too.
+    mesh = DeviceMesh(data=2, model=2) if replicas == 4 else DeviceMesh()
+    seen = []
+
+    def dataset_fn(context):
+        seen.append((context.num_input_pipelines, context.num_replicas_in_sync))
+        first = 100 * context.input_pipeline_id
+        return tf.data.Dataset.range(first, first + 1000).batch(1)
+
+    if replicas == 1:
+        strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    else:
+        strategy = tf.distribute.MirroredStrategy(
+            [f"/cpu:{i}" for i in range(replicas)],
+            cross_device_ops=tf.distribute.ReductionToOneDevice(),
+        )
+    routed = input_lib.for_mesh(dataset_fn, mesh)
+    theirs = _per_replica_rows(strategy, strategy.distribute_datasets_from_function(routed), 3)
+    ours = _per_replica_rows(strategy, input_lib.distribute_untuned(strategy, routed), 3)
+    assert ours == theirs
+    assert theirs[0] == ([0, 0, 1, 1] if replicas == 4 else [0])  # groups share a batch
+    assert set(seen) == {(1, mesh.batch_shards)}  # the worker's context, replica by replica
+
+
 def test_the_mesh_imports_no_tensorflow():
     # The simulator and the flag checks describe a mesh with the type the runner trains on;
     # the input routing that needs TensorFlow lives in `mlperf_tf.parallel.input`.
