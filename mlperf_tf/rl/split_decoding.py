@@ -20,9 +20,9 @@ One call at a time (`lock`, `exclusive`): a split decoding program's collectives
 instance keys (`mlperf_tf.collectives.ops`: the layer, the op, its count in the program and the
 shape), so two runs of one program at once, from two threads (the training rollouts' and the
 evaluation's `tf.data` pipelines share the benchmark's one generator), issue the same keys and
-TensorFlow pairs their halves crosswise: measured, the process's collectives abort
-("BufRendezvous::ProvideBuf already called", every later collective failing too) or a run
-waits forever for a half the other took (the `--model_parallel=2` GRPO run that never exited).
+TensorFlow pairs their halves crosswise (measured, two threads generating on the M2 smoke
+model: the process's collectives abort, "BufRendezvous::ProvideBuf already called", and every
+later collective fails too).
 Whoever runs a program on a `SplitDecoding` (`CompiledGenerator`'s compiled calls; the eager
 `decode` / `extend` here) holds its lock for the call, so the two pipelines take turns call by
 call (a prefill, a decoding step), not rollout batch by batch.
