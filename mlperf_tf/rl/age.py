@@ -23,9 +23,9 @@ lets the generator run on as it would without one (its batches are never trained
 is gone), and records no age. An exit that looked like a hang: a 2-device
 `--model_parallel=2` GRPO run's process often did not exit after `run_stop` when watched (its
 release of the iterator waiting in TensorFlow); measured since, with tf.data's autotuner off for
-synthetic input it exits 6-58 s after `run_stop` (5 of 5 runs), with the tuner on after 142-198 s
-(2 of 2): the release's wait for the tuners' sleeps, as far as measured (no run hung since;
-`benchmarks/qwen35_397b_grpo/README.md`, "Parallelism").
+synthetic input, 8 of 8 runs exited 6-138 s after `run_stop`: read as the release's waits for
+tf.data's threads (not proven) (`benchmarks/qwen35_397b_grpo/README.md`,
+"Parallelism").
 """
 
 from __future__ import annotations
