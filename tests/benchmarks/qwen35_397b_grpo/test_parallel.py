@@ -175,7 +175,7 @@ def test_split_generation_with_kept_caches_gives_the_unsplit_tokens(expert_paral
     _assert_same_generation(_benchmark(), 1.0, expert_parallel, model_parallel, keep_cache=True)
 
 
-@pytest.mark.slow  # 60-80 s at load 10 (tracing the split prefill and step)
+@pytest.mark.slow  # 17-63 s at load 6-10 (tracing the split prefill and step)
 def test_two_threads_generating_on_the_split_model_take_turns():
     """Two threads generating at once with one compiled generator on the model split over
     `model` (as the training rollouts' and the evaluation's pipelines do in a run): each gets
@@ -209,7 +209,7 @@ def test_two_threads_generating_on_the_split_model_take_turns():
         assert got == alone
 
 
-@pytest.mark.slow  # 5-10 min at load 7-11 (tracing on 2 replicas, the rollouts generated)
+@pytest.mark.slow  # 190 s at load 6, 6-10 min at load 9-12 (tracing on 2 replicas, rollouts)
 def test_a_model_parallel_smoke_run_exits_after_run_stop(tmp_path):
     """`mlperf-tf run --model_parallel=2` on 2 logical CPUs, as a user runs it (its own process
     and process group): it trains its 2 steps, evaluates, logs `tensor_parallelism` 2 and the
