@@ -20,10 +20,12 @@ Waiting inside a `tf.data` generator blocks the pipeline's thread, and releasing
 iterator waits for that thread: whoever stops consuming calls `close()` first (the runner and
 `bench` do, through `Benchmark.release_input`), which ends the generator's wait. A closed gate
 lets the generator run on as it would without one (its batches are never trained: the consumer
-is gone), and records no age. Known problem: with the gate, a 2-device `--model_parallel=2`
-GRPO run's process often did not exit after `run_stop` (the release of its iterator waits in
-TensorFlow), with the generator's sequence ended or run on alike; without the gate it exited
-(`benchmarks/qwen35_397b_grpo/README.md`, "Parallelism").
+is gone), and records no age. An exit that looked like a hang: a 2-device
+`--model_parallel=2` GRPO run's process often did not exit after `run_stop` when watched (its
+release of the iterator waiting in TensorFlow); measured since, with tf.data's autotuner off for
+synthetic input, 8 of 8 runs exited 6-138 s after `run_stop`: read as the release's waits for
+tf.data's threads (not proven) (`benchmarks/qwen35_397b_grpo/README.md`,
+"Parallelism").
 """
 
 from __future__ import annotations

@@ -17,6 +17,8 @@ import dataclasses
 import numpy as np
 import tensorflow as tf
 
+from mlperf_tf.rl.split_decoding import exclusive
+
 
 def sample(logits, *, temperature: float, top_p: float, seeds):
     """One token per row of `logits` [batch, vocab] and its log-probability.
@@ -183,11 +185,15 @@ class CompiledGenerator:
         self.step_rows = step_rows
         self.chunked_prefill = chunked_prefill
         self.keep_cache = keep_cache
-        self._prefill = tf.function(self._prefill_fn)
-        self._chunk = tf.function(self._chunk_fn)
-        self._step = tf.function(self._step_fn, jit_compile=jit_compile)
-        self._append = tf.function(self._append_fn)
-        self._row_step = tf.function(self._row_step_fn, jit_compile=jit_compile)
+        # Each compiled call runs holding the split model's lock (nothing on an unsplit one):
+        # two threads generating at once (the training rollouts' and the evaluation's
+        # pipelines) take turns call by call (`split_decoding`: their collectives' keys clash).
+        guard = exclusive(model)
+        self._prefill = _Holding(guard, tf.function(self._prefill_fn))
+        self._chunk = _Holding(guard, tf.function(self._chunk_fn))
+        self._step = _Holding(guard, tf.function(self._step_fn, jit_compile=jit_compile))
+        self._append = _Holding(guard, tf.function(self._append_fn))
+        self._row_step = _Holding(guard, tf.function(self._row_step_fn, jit_compile=jit_compile))
 
     def session(self):
         """What one batch of multi-turn rollouts generates with (`run_rollouts`): with
@@ -269,6 +275,23 @@ class CompiledGenerator:
         return _decode_loop(last, count, group, steps, seeds, step_group, temperature=temperature,
                             top_p=top_p, eos_id=eos_id, stop_suffixes=stop_suffixes,
                             decode_text=decode_text)  # fmt: skip
+
+
+class _Holding:
+    """`fn` (a `tf.function`) called with `guard` held (a lock, or `contextlib.nullcontext`);
+    its other attributes (`experimental_get_tracing_count`, ...) are the function's."""
+
+    def __init__(self, guard, fn):
+        self._guard, self._fn = guard, fn
+
+    def __call__(self, *args, **kwargs):
+        with self._guard:
+            return self._fn(*args, **kwargs)
+
+    def __getattr__(self, name):
+        if name == "_fn":  # not set yet (a copy): no recursion
+            raise AttributeError(name)
+        return getattr(self._fn, name)
 
 
 def _decode_loop(last, count: int, group: int, steps: int, seeds, step_group, *, temperature,

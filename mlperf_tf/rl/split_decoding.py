@@ -15,9 +15,23 @@ compiled steps) the whole call is one graph.
 
 Cost: every replica of the mesh decodes the whole batch (the expert group's members too: no row
 is split over `data` or `expert` here), so the split buys memory, not decoding speed.
+
+One call at a time (`lock`, `exclusive`): a split decoding program's collectives have static
+instance keys (`mlperf_tf.collectives.ops`: the layer, the op, its count in the program and the
+shape), so two runs of one program at once, from two threads (the training rollouts' and the
+evaluation's `tf.data` pipelines share the benchmark's one generator), issue the same keys and
+TensorFlow pairs their halves crosswise (measured, two threads generating on the M2 smoke
+model: the process's collectives abort, "BufRendezvous::ProvideBuf already called", and every
+later collective fails too).
+Whoever runs a program on a `SplitDecoding` (`CompiledGenerator`'s compiled calls; the eager
+`decode` / `extend` here) holds its lock for the call, so the two pipelines take turns call by
+call (a prefill, a decoding step), not rollout batch by batch.
 """
 
 from __future__ import annotations
+
+import contextlib
+import threading
 
 import tensorflow as tf
 
@@ -37,6 +51,9 @@ class SplitDecoding:
     def __init__(self, model, strategy: tf.distribute.Strategy, mesh: DeviceMesh):
         self.model, self.strategy, self.mesh = model, strategy, mesh
         self.members = mesh.group(0, "model")  # replica ids of model shards 0 .. M - 1
+        # Held for each run of a program that decodes with this model (module docstring):
+        # re-entrant, since a compiled call that traces runs `_run` inside its own hold.
+        self.lock = threading.RLock()
 
     def __getattr__(self, name):  # config, compute_dtype, ...: the model's
         if name == "model":  # not set yet (a copy or unpickling): no recursion
@@ -54,7 +71,8 @@ class SplitDecoding:
     def _run(self, fn):
         """`fn()` (-> (logits [..., vocab/M], local cache)) on every replica; the joined
         (logits [..., vocab], cache)."""
-        results = self.strategy.experimental_local_results(self.strategy.run(fn))
+        with self.lock:  # eager: this call is the run; traced: held by the compiled call too
+            results = self.strategy.experimental_local_results(self.strategy.run(fn))
         logits, caches = zip(*(results[r] for r in self.members), strict=True)
         if len(self.members) == 1:
             return logits[0], caches[0]
@@ -85,3 +103,10 @@ def for_generation(model, mesh: DeviceMesh | None, strategy: tf.distribute.Strat
     if mesh is None or (mesh.model == 1 and mesh.expert == 1):
         return model
     return SplitDecoding(model, strategy or model.distribute_strategy, mesh)
+
+
+def exclusive(model):
+    """What a caller holds while it runs a program that decodes with `model`: the lock of a
+    `SplitDecoding` (its collectives' keys allow one run at a time: module docstring), else
+    nothing (an unsplit model issues no collectives)."""
+    return model.lock if isinstance(model, SplitDecoding) else contextlib.nullcontext()

@@ -5,6 +5,7 @@ multi-turn rollout loop with the repair environment (a scripted expert earns the
 a silent agent does not, a rollout at the length limit is truncated)."""
 
 import dataclasses
+import threading
 
 import numpy as np
 import pytest
@@ -12,10 +13,12 @@ import tensorflow as tf
 
 from benchmarks.qwen35_397b_grpo import config, environments, tasks
 from mlperf_tf.lm.hybrid import build_hybrid_decoder
+from mlperf_tf.parallel.mesh import DeviceMesh
 from mlperf_tf.rl import generation as generation_lib
 from mlperf_tf.rl import grpo
 from mlperf_tf.rl.generation import ByteChat, CompiledGenerator, generate, sample
 from mlperf_tf.rl.rollout import run_rollouts
+from mlperf_tf.rl.split_decoding import SplitDecoding, exclusive
 from tests.numerics import assert_close
 
 CHAT = ByteChat()
@@ -263,3 +266,40 @@ def test_rollouts_use_the_generator_session():
         for env in envs:
             env.close()
     assert calls == ["session", 2]
+
+
+class NextTokenModel:
+    """A model of a few ops (cheap to trace): each row's next token is its last one + 1; the
+    cache counts the tokens fed."""
+
+    def empty_cache(self, batch, capacity=0):
+        return [tf.zeros([batch, 1])]
+
+    def decode(self, token_ids, cache, key_valid, position=None):
+        logits = 30.0 * tf.one_hot((token_ids + 1) % CHAT.vocab_size, CHAT.vocab_size)
+        return logits, [cache[0] + tf.cast(tf.shape(token_ids)[1], tf.float32)]
+
+
+def test_the_compiled_generator_waits_for_the_split_model_lock():
+    """The compiled calls on a `SplitDecoding` hold its lock (`split_decoding.exclusive`): a
+    generation started while another thread holds it waits, then gives the unsplit model's
+    tokens. (A one-replica mesh and a model of a few ops: the lock's use, cheaply; two threads
+    generating at once on a split model, whose collectives clash without it, are
+    `test_parallel.py`'s slow `test_two_threads_generating_on_the_split_model_take_turns`.)"""
+    model = NextTokenModel()
+    split = SplitDecoding(model, tf.distribute.get_strategy(), DeviceMesh())
+    assert exclusive(split) is split.lock and exclusive(model) is not split.lock
+    kw = dict(max_new_tokens=3, eos_id=-1, pad_id=CHAT.PAD, temperature=0.0, top_p=1.0,
+              seeds=[3, 4])  # fmt: skip
+    prompts = [[5, 6, 7], [40]]
+    got = []
+    worker = threading.Thread(
+        target=lambda: got.extend(CompiledGenerator(split, capacity=32, bucket=16)(prompts, **kw))
+    )
+    with split.lock:
+        worker.start()
+        worker.join(1.0)
+        assert worker.is_alive() and not got  # waiting for the lock
+    worker.join(60)
+    assert not worker.is_alive()
+    assert [g.tokens for g in got] == [[8, 9, 10], [41, 42, 43]]

@@ -3,12 +3,20 @@ batches (4 logical devices) end at the unsplit run's weights (E2: the unsplit ru
 every expert on its replica's tokens, the split one sends the tokens to the experts' replicas by
 all-to-all; M2: the heads of the attention and the DeltaNet, the shared expert and the
 vocabulary split over `model`), and the compiled generator on the split model (2 logical
-devices) gives the unsplit model's tokens for fixed seeds; layouts the model cannot take are
-one-line errors."""
+devices) gives the unsplit model's tokens for fixed seeds, also to two threads generating at
+once; `run --model_parallel=2` as a process exits after `run_stop`; layouts the model cannot
+take are one-line errors."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -22,7 +30,7 @@ from mlperf_tf.parallel.mesh import DeviceMesh
 from mlperf_tf.rl.generation import CompiledGenerator
 from mlperf_tf.rl.grpo import PolicyLossConfig
 from mlperf_tf.rl.split_decoding import for_generation
-from tests import tensor_parallel
+from tests import e2e, tensor_parallel
 
 pytestmark = pytest.mark.numerics
 
@@ -165,3 +173,79 @@ def test_split_generation_with_kept_caches_gives_the_unsplit_tokens(expert_paral
     at its own length, then the per-row step) on the split model: the unsplit model's tokens
     of both turns, sampled at temperature 1 with fixed seeds, and their log-probs."""
     _assert_same_generation(_benchmark(), 1.0, expert_parallel, model_parallel, keep_cache=True)
+
+
+@pytest.mark.slow  # 17-63 s at load 6-10 (tracing the split prefill and step)
+def test_two_threads_generating_on_the_split_model_take_turns():
+    """Two threads generating at once with one compiled generator on the model split over
+    `model` (as the training rollouts' and the evaluation's pipelines do in a run): each gets
+    the tokens it gets alone, for 3 rounds. Without the split model's lock their collectives
+    share instance keys and TensorFlow pairs them crosswise (measured: "BufRendezvous::
+    ProvideBuf already called", every collective of the process failing after it). Every
+    collective waits at most 60 s (`tensor_parallel.on_mesh`), the threads 300 s."""
+    strategy, mesh, bench = tensor_parallel.on_mesh(_benchmark(), 2, model_parallel=2)
+    with strategy.scope(), use_mesh(mesh):
+        model = bench.build_model()
+    generator = CompiledGenerator(for_generation(model, mesh, strategy), capacity=48, bucket=16)
+    prompts = {"a": [[5, 17, 33, 9, 120], [200, 3], [44, 45, 46]], "b": [[7, 8], [1, 2, 3], [99]]}
+    args = dict(max_new_tokens=8, eos_id=-1, pad_id=0, temperature=1.0, top_p=1.0,
+                seeds=[11, 12, 13])  # fmt: skip
+    alone = {k: [g.tokens for g in generator(p, **args)] for k, p in prompts.items()}
+    for _ in range(3):
+        got, errors = {}, []
+
+        def generate(key, got=got, errors=errors):
+            try:
+                got[key] = [g.tokens for g in generator(prompts[key], **args)]
+            except tf.errors.OpError as error:
+                errors.append(error)
+
+        threads = [threading.Thread(target=generate, args=(k,), daemon=True) for k in prompts]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(300)
+        assert not any(t.is_alive() for t in threads) and not errors
+        assert got == alone
+
+
+@pytest.mark.slow  # 190 s at load 6, 6-10 min at load 9-12 (tracing on 2 replicas, rollouts)
+def test_a_model_parallel_smoke_run_exits_after_run_stop(tmp_path):
+    """`mlperf-tf run --model_parallel=2` on 2 logical CPUs, as a user runs it (its own process
+    and process group): it trains its 2 steps, evaluates, logs `tensor_parallelism` 2 and the
+    steps' trajectory ages within the setting, and the process exits within 300 s of
+    `run_stop` (it seemed to hang there once; the release of tf.data's iterators takes 6-138 s,
+    measured in 8 runs, README "Parallelism"). A run that does not is killed (its process
+    group, by its pid)."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    model_dir = tmp_path / "m"
+    out_path = tmp_path / "out.log"
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    command = [sys.executable, "-m", "mlperf_tf.cli", "run", "--benchmark=qwen35_397b_grpo",
+               "--preset=smoke", "--num_cpu_devices=2", "--model_parallel=2",
+               "--steps_per_loop=1", f"--model_dir={model_dir}"]  # fmt: skip
+    with open(out_path, "w") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                   cwd=root, start_new_session=True)  # fmt: skip
+    try:
+        stopped = None
+        deadline = time.monotonic() + 1500
+        while process.poll() is None:
+            now = time.monotonic()
+            if stopped is None and "run_stop status" in out_path.read_text():
+                stopped = now
+            assert now < deadline, "no run_stop in 1,500 s"
+            assert stopped is None or now - stopped < 300, "not exited 300 s after run_stop"
+            time.sleep(1)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(30)
+    output = out_path.read_text()
+    assert process.returncode == 0, output[-2000:]
+    records = e2e.log_records(model_dir / "mlperf_log.txt")
+    logged = {r["key"]: r["value"] for r in records}
+    assert logged["tensor_parallelism"] == 2 and logged["expert_parallelism"] == 1
+    ages = [float(a) for a in re.findall(r"avg_trajectory_age (\S+)", output)]
+    assert len(ages) == 2 and ages[0] == 0.0 and ages[1] <= 1.0
+    assert sum(r["key"] == "eval_accuracy" for r in records) == 2
