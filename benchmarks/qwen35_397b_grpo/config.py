@@ -91,9 +91,9 @@ MINI_TURN_TOKENS = 192
 # as Adam at 1.4e-5 would. Measured (README, "The mini"): 4 supervised steps on the base's own
 # expert data keep its teacher-forced edits at s = 20 (0.531 -> 0.500) and lose them at 50
 # (0.375) and 200 (0.344); not yet chosen from a GRPO run. GRPO at s = 150 (README, "The GRPO
-# learning study"): 3 steps took base-3's pass@4 on the first 64 held-out tasks from 0.594 to
-# 0.688 (+0.094 +- 0.036 paired), where 33 steps at s = 20 left it where it was (251 tasks);
-# one arm, not confirmed on the 251: proposed, not adopted.
+# learning study"): 3 and 6 steps took base-3's pass@4 on the first 64 held-out tasks from
+# 0.594 to 0.688 and 0.734 (+0.141 +- 0.043 paired), where 33 steps at s = 20 left it where it
+# was (251 tasks); one arm, not confirmed on the 251: proposed, not adopted.
 MINI_WEIGHT_SCALE = 20.0
 
 
