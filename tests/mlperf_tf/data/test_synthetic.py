@@ -58,15 +58,22 @@ def test_without_autotune_turns_the_tuner_off_over_a_tuned_pipeline():
 
 
 def test_the_runner_turns_the_tuner_off_for_synthetic_data_only():
+    """`controller._distribute`: synthetic input untuned and, on one device, the pipeline read
+    itself (no per-device pipelines); real input goes to TF's `distribute_datasets_from_function`
+    as the benchmark made it."""
     import dataclasses
+    from unittest import mock
 
     from mlperf_tf.runner import controller
     from tests.tiny_benchmark import TinyBenchmark, smoke
 
-    context = tf.distribute.InputContext(num_input_pipelines=1, input_pipeline_id=0)
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
     benchmark = TinyBenchmark(smoke())
     assert benchmark.config.synthetic
-    untuned = controller._untuned_if_synthetic(benchmark, benchmark.train_dataset)
-    assert untuned(context).options().autotune.enabled is False
+    untuned = controller._distribute(strategy, benchmark, benchmark.train_dataset)
+    assert isinstance(untuned, tf.data.Dataset)
+    assert untuned.options().autotune.enabled is False
     real = TinyBenchmark(dataclasses.replace(smoke(), data_dir="/data"))
-    assert controller._untuned_if_synthetic(real, real.train_dataset) == real.train_dataset
+    with mock.patch.object(strategy, "distribute_datasets_from_function") as distribute:
+        controller._distribute(strategy, real, real.train_dataset)
+    distribute.assert_called_once_with(real.train_dataset)
