@@ -3,7 +3,8 @@ generated rollouts and training on them (`mlperf_tf.facts.Rollouts`; docs/scalin
 
 Every constant comes from the reference's layout (`llm_post_training/README.md` of
 mlcommons/training, "Benchmark runtime"), its recipe and code (NeMo-RL 3fca04c9), the model's
-shape, the suite's calibration of other benchmarks, or is stated as assumed; none from a
+shape, the suite's calibration of other benchmarks, a published inference benchmark of the
+model (the decoding step's latency), or is stated as assumed; none from a
 published time of this benchmark (the RCP logs at GBS 256, 512 and 1,024, `rcp_logs/GBS*/`,
 are the check).
 """

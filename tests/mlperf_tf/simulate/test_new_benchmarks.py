@@ -360,7 +360,8 @@ def test_grpo_constants_come_from_no_published_time_of_it():
     and gpt_oss_20b declare (llama31_8b's v5.1 calibration, 0.445 of FP8), reaching the BF16
     run through the profiled layer rate; the seconds a turn are the reference recipe's figure
     of a rollout's time outside the model calls (600 s at the agent timeout, a median 517 s in
-    model calls) over the mean turns; every GRPO point is a test."""
+    model calls) over the mean turns; the decoding step's latency is a published inference
+    benchmark of the model (Lambda, 8 B200); every GRPO point is a test."""
     from benchmarks.qwen35_397b_grpo import simulator
 
     grpo = model.shape_of(model.benchmark_facts("qwen35_397b_grpo"))
