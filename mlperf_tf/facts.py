@@ -203,6 +203,13 @@ class Rollouts:
         rollout a sequence, causal), so a forward pass over a rollout of L tokens spends
         2 x 2 x width x L^2 / 2 FLOPs on its scores and weighted values, beyond the weights'
         products (`trainer_flops_per_sample`, `logprob_flops_per_sample`). 0: none counted.
+      decode_step_latency_s: seconds one decoding step of a generator instance takes beyond
+        its bytes at the memory bandwidth (`decode_read_bytes`): the chain of a layer's
+        kernels and its tensor- or expert-parallel collectives, paid once a step whatever
+        the batch (a large MoE at batch 1 decodes at 11-20 ms a token on 8 B200 where its
+        bytes take under 1 ms; docs/scaling.md, "Issue 48, session 13"). 0: the bandwidth
+        bound alone.
+      decode_source: where `decode_step_latency_s` comes from.
     """
 
     generation_chips: float
@@ -232,6 +239,8 @@ class Rollouts:
     drain_before_eval: bool = False
     refit_whole: bool = False
     attention_width: float = 0.0
+    decode_step_latency_s: float = 0.0
+    decode_source: str = ""
 
     def in_flight(self, rollouts: float) -> float:
         """Rollouts in flight at once when `rollouts` are due (`concurrency`)."""
@@ -296,6 +305,19 @@ class Rollouts:
         """FLOPs of the trainer's log-probability pass over one rollout before its update
         (`logprob_pass`: one forward pass, `forward_flops_per_sample`; 0 without)."""
         return self.logprob_pass * self.forward_flops_per_sample()
+
+    def decode_read_bytes(self, sequences: float, context: float) -> float:
+        """Bytes one decoding step of `sequences` sequences at `context` tokens each reads
+        from memory: the weights outside the routed experts once, the experts their tokens
+        route to (`touched_experts`), and per sequence its key/value cache over the context
+        and its recurrent state (read and written)."""
+        read = self.weight_bytes + self.expert_bytes * self.touched_experts(sequences)
+        return read + sequences * (self.kv_bytes_per_token * context + 2 * self.state_bytes)
+
+    def decode_step_s(self, sequences: float, context: float, bandwidth: float) -> float:
+        """Seconds of one decoding step of a generator instance whose chips read
+        `bandwidth` bytes/s together: its bytes at that rate plus `decode_step_latency_s`."""
+        return self.decode_read_bytes(sequences, context) / bandwidth + self.decode_step_latency_s
 
     def touched_experts(self, sequences: float) -> float:
         """The share of the routed experts one decoding step of `sequences` sequences reads:

@@ -3,12 +3,15 @@ generated rollouts and training on them (`mlperf_tf.facts.Rollouts`; docs/scalin
 
 Every constant comes from the reference's layout (`llm_post_training/README.md` of
 mlcommons/training, "Benchmark runtime"), its recipe and code (NeMo-RL 3fca04c9), the model's
-shape, the suite's calibration of other benchmarks, or is stated as assumed; none from a
+shape, the suite's calibration of other benchmarks, a published inference benchmark of the
+model (the decoding step's latency), or is stated as assumed; none from a
 published time of this benchmark (the RCP logs at GBS 256, 512 and 1,024, `rcp_logs/GBS*/`,
 are the check).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 from benchmarks.qwen35_397b_grpo import config as config_lib
 from mlperf_tf.facts import Calibration, Rcp, Rollouts, SimulatorShape
@@ -105,6 +108,30 @@ LENGTH_SOURCE = (
 # An evaluation: grouped pass@4, 4 trajectories of each validation task (README "Quality";
 # `num_val_generations_per_prompt`), generated on the same pool as a step's rollouts.
 EVAL_GENERATIONS = 4
+# A decoding step of a generator instance is more than its bytes at the HBM rate. The one
+# published decode figure of this model on Blackwell: Lambda's benchmark of
+# Qwen/Qwen3.5-397B-A17B (the BF16 checkpoint, as the recipe's generator) on 8 B200 with
+# `vllm bench serve`, 32 parallel requests of 8,192 tokens in and 1,024 out: inter-token
+# latency 23 ms (lambda.ai/inference-models/Qwen/Qwen3.5-397B-A17B; a second table there
+# 20 ms, SGLang on the same workload 24 ms, lambda.ai/inference-models/qwen/qwen3.5-397b-a17b).
+# The step's bytes (`Rollouts.decode_read_bytes` at 32 sequences over their mean context of
+# 8,192 + 512 tokens) take 6.3 ms at 8 x 8 TB/s; the other 16.7 ms are taken as a latency
+# paid once a step whatever the batch, 0.28 ms a layer (the kernels and collectives of each
+# of the 60 layers; a smaller preset pays it for its own layers), not as a lower share of
+# the bandwidth: at batch 1, where bytes take under 1 ms, large MoEs on 8 B200
+# decode at 11-20 ms a token (Vultr's B200 cookbook, MiniMax M2.5 FP8 vLLM TP4: TPOT
+# 11.4 ms; GLM-5-FP8 SGLang TP8 without speculation: TPOT 20.2 ms, gist BenHamm/
+# dcd09f595fef141567a39582f502cef4), which a bandwidth share would put at 2 ms.
+# Not from any time of this benchmark (docs/scaling.md, "Issue 48, session 13").
+DECODE_REFERENCE_ITL_S = 0.023
+DECODE_REFERENCE_SEQUENCES = 32
+DECODE_REFERENCE_CONTEXT = 8192 + 1024 / 2  # mean tokens over a request's decoding
+DECODE_REFERENCE_CHIPS = 8
+B200_HBM_BYTES_PER_S = 8e12  # NVIDIA DGX B200 datasheet: 64 TB/s for 8 GPUs (b200-dgx.json)
+DECODE_SOURCE = (
+    "lambda.ai/inference-models/Qwen/Qwen3.5-397B-A17B: 8 B200, vLLM, 32 requests of 8,192 "
+    "in / 1,024 out, ITL 23 ms; less the step's bytes at 8 x 8 TB/s: 0.28 ms a layer a step"
+)
 BF16 = 2  # the generator's weights and cache (vLLM, BF16 policy)
 STATE_BYTES = 4  # DeltaNet's recurrent state, fp32
 
@@ -114,6 +141,31 @@ def simulator_shape(
 ) -> SimulatorShape:
     """The shape of `model` generating and training at `global_batch_size` rollouts a step,
     each within `max_turns` agent turns and the MLPerf context of 65,536 tokens."""
+    rollouts = _rollouts(model, max_turns)
+    rollouts = dataclasses.replace(
+        rollouts, decode_source=DECODE_SOURCE,
+        decode_step_latency_s=decode_latency_per_layer_s() * model.num_hidden_layers,
+    )  # fmt: skip
+    return SimulatorShape(
+        precision="bf16", reference_batch=global_batch_size, rollouts=rollouts,
+        weight_update_sharding=True, calibration=SIMULATOR_CALIBRATION,
+    )  # fmt: skip
+
+
+def decode_latency_per_layer_s() -> float:
+    """Seconds a layer adds to a decoding step beyond the step's bytes: the reference
+    model's published inter-token latency (`DECODE_REFERENCE_ITL_S`) less its bytes at the
+    B200s' memory bandwidth, over its layers."""
+    reference = config_lib.ModelConfig()  # Qwen3.5-397B-A17B
+    r = _rollouts(reference, max_turns=30)
+    bound = r.decode_read_bytes(DECODE_REFERENCE_SEQUENCES, DECODE_REFERENCE_CONTEXT)
+    bound /= DECODE_REFERENCE_CHIPS * B200_HBM_BYTES_PER_S
+    return (DECODE_REFERENCE_ITL_S - bound) / reference.num_hidden_layers
+
+
+def _rollouts(model: config_lib.ModelConfig, max_turns: int) -> Rollouts:
+    """The rollouts of `model` (its sizes; the recipe's and the logs' constants), without
+    the decoding step's latency."""
     m = model
     expert = 3 * m.hidden_size * m.moe.filter_size  # one routed SwiGLU expert
     experts = m.moe.count(m.num_hidden_layers) * m.moe.num_experts * expert
@@ -122,7 +174,7 @@ def simulator_shape(
     kv = full * 2 * m.num_key_value_heads * m.head_dim * BF16  # keys and values a token
     state = linear * m.linear_num_value_heads * m.linear_key_head_dim * m.linear_value_head_dim
     context = PROMPT_TOKENS + GENERATED_TOKENS + TURNS * OBSERVATION_TOKENS
-    rollouts = Rollouts(
+    return Rollouts(
         generation_chips=GENERATION_SHARE, instance_chips=GENERATOR_CHIPS,
         prompt_tokens=PROMPT_TOKENS, generated_tokens=GENERATED_TOKENS, context_tokens=context,
         turns=TURNS, environment_s_per_turn=ENVIRONMENT_S_PER_TURN,
@@ -136,8 +188,4 @@ def simulator_shape(
         recompute_forward=RECOMPUTE_FORWARD, logprob_pass=LOGPROB_PASS,
         drain_before_eval=DRAIN_BEFORE_EVAL, refit_whole=REFIT_WHOLE,
         attention_width=full * m.num_attention_heads * m.head_dim,
-    )  # fmt: skip
-    return SimulatorShape(
-        precision="bf16", reference_batch=global_batch_size, rollouts=rollouts,
-        weight_update_sharding=True, calibration=SIMULATOR_CALIBRATION,
     )  # fmt: skip

@@ -994,9 +994,11 @@ def rollout_times(
       proportion, within the turn and context limits), with fewer slots than rollouts the
       rollouts stream through them and the last slot frees after `r.stream_rollouts` mean
       rollouts and the slowest:
-      decode = its generated tokens x (the weights read per decoding step, experts touched by c
-      sequences included, + c x (key/value cache over the mean context + recurrent state)) /
-      (instance chips x memory bandwidth); prefill = c x (its context - its generated tokens)
+      decode = its generated tokens x a decoding step of the instance (`Rollouts.
+      decode_step_s`): (the weights read per decoding step, experts touched by c sequences
+      included, + c x (key/value cache over the mean context + recurrent state)) / (instance
+      chips x memory bandwidth) + the step's latency beyond its bytes (`Rollouts.
+      decode_step_latency_s`: kernels and collectives, paid once a step); prefill = c x (its context - its generated tokens)
       x 2 x active weights / (instance chips x sustained FLOP/s); environment = its turns x
       seconds a turn;
     - training: the trainer's FLOPs of the rollouts (`Rollouts.trainer_flops_per_sample`: 3
@@ -1029,15 +1031,13 @@ def rollout_times(
     generated, turns, context = r.slowest(global_batch)  # the rollout the step waits for
     memory = rollout_memory(system, r, c, context, trainers)
     mean_context = r.prompt_tokens + (r.context_tokens - r.prompt_tokens) / 2
-    read = r.weight_bytes + r.expert_bytes * r.touched_experts(c)
-    read += c * (r.kv_bytes_per_token * mean_context + 2 * r.state_bytes)
-    rate = r.instance_chips * system.memory_bandwidth
+    step = r.decode_step_s(c, mean_context, r.instance_chips * system.memory_bandwidth)
     prefill_rate = c * 2 * r.active_parameters * const.linear_scale
     prefill_rate /= r.instance_chips * const.chip_flops  # seconds a prefilled token
 
     def one(generated: float, turns: float, context: float) -> tuple[float, float, float]:
         """(decode, prefill, environment) seconds of one rollout of these sizes."""
-        return (generated * read / rate, (context - generated) * prefill_rate,
+        return (generated * step, (context - generated) * prefill_rate,
                 turns * r.environment_s_per_turn)  # fmt: skip
 
     decode, prefill, environment = one(generated, turns, context)
