@@ -210,13 +210,14 @@ def test_a_mini_stream_day_is_the_same_however_the_stream_is_read():
     assert not np.array_equal(first[1], first[2])
 
 
-@pytest.mark.slow  # 30 s at load 4 (500 generated days)
+@pytest.mark.slow  # 60-90 s at load 5 (500 generated days, an untrained model's eval)
 def test_the_mini_generator_puts_the_rules_target_between_its_baselines_and_its_best(tmp_path):
     """The mini's eval window (`prepare_mini`, the day after the 500-day stream the `mini`
     preset trains on): the item-popularity baselines (each item's listen+ rate over the days a
     run reads before its target, and over the whole stream) well below the rules' AUC 0.75,
-    which the mini's target is, and the generator's own probabilities (the best any model can
-    do) well above it: the target means something. The written eval window is that day."""
+    which the mini's target is, as is the untrained model's, and the generator's own
+    probabilities (the best any model can do) well above it: the target means something. The
+    written eval window is that day."""
     from benchmarks.dlrmv4 import config as config_lib
 
     summary = prepare.prepare_mini(str(tmp_path / "mini"))
@@ -224,6 +225,25 @@ def test_the_mini_generator_puts_the_rules_target_between_its_baselines_and_its_
     for key in ("popularity_auc_first", "popularity_auc_all"):
         assert summary[key] < config_lib.TARGET_AUC - 0.05 < config_lib.TARGET_AUC + 0.1
     assert config_lib.TARGET_AUC + 0.1 < summary["best_auc"]
+    # The untrained model (seed 0, as a run builds it), its scores binned as `eval_step` does.
+    import dataclasses
+
+    from benchmarks.dlrmv4 import benchmark, model
+
+    config = dataclasses.replace(config_lib.mini(), data_dir=str(tmp_path / "mini"))
+    untrained = model.build(config.model, seed=0)
+    counts = {True: np.zeros(benchmark.AUC_BINS, np.int64), False: None}
+    counts[False] = np.zeros_like(counts[True])
+    for batch in input_lib.eval_dataset(config, input_context=None, batch_size=512,
+                                        num_batches=32, skip_bad_records=False):  # fmt: skip
+        scores = tf.sigmoid(untrained(batch, training=False)).numpy()
+        bins = np.clip((scores * benchmark.AUC_BINS).astype(np.int32), 0, benchmark.AUC_BINS - 1)
+        real, positive = batch["valid"].numpy() > 0, batch["label"].numpy() > 0.5
+        for label in (True, False):
+            kept = bins[real & (positive == label)]
+            counts[label] += np.bincount(kept, minlength=benchmark.AUC_BINS)
+    summary["untrained_auc"] = benchmark.binned_auc(counts[True], counts[False])
+    assert summary["untrained_auc"] < config_lib.TARGET_AUC - 0.15
     manifest = input_lib.read_manifest(str(tmp_path / "mini"))
     assert sum(w["samples"] for w in manifest["train_windows"]) == config_lib.MINI_TRAIN_SAMPLES
     path = os.path.join(tmp_path, "mini", "eval.tfrecord")
