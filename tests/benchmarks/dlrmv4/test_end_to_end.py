@@ -38,9 +38,9 @@ def test_mini_evaluates_on_the_rules_grid_and_the_checker_fails_only_the_data_se
     assert report.passed, report.format_text()
     official = [f for f in report.findings if f.source == "official"]
     assert {f.check for f in official} == {"scaled"}, report.format_text()
-    failed = {f.text.split(" ")[0] for f in official}
+    failed = {f.message.split(" ")[0] for f in official}
     assert failed == {C.TRAIN_SAMPLES, C.EVAL_SAMPLES, C.MAX_SEQUENCE_LENGTH, C.EVAL_ACCURACY}
-    (grid,) = [f.text for f in official if f.text.startswith(C.EVAL_ACCURACY)]
+    (grid,) = [f.message for f in official if f.message.startswith(C.EVAL_ACCURACY)]
     assert "% s['eval_interval_samples'] == 0" in grid
     assert hparams[C.OPT_BASE_LR] == pytest.approx(1e-6 * 128 / 8192, rel=1e-9)
     assert hparams[C.OPT_LR_WARMUP_STEPS] == 24_000
