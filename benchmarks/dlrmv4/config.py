@@ -319,20 +319,26 @@ def mlperf() -> DlrmConfig:
     )
 
 
-# The mini data set's shapes (`prepare.prepare_mini` writes exactly these).
+# The mini data set's shapes (`mini_stream.MiniStream` generates them, `prepare.prepare_mini`
+# writes its eval window). The stream is 1,000 of the rules' eval intervals long (an eval every
+# 0.1 % of it, `eval_every_data_pct` 0.001, is one every 16,384 samples = 128 steps) and a run
+# reads its start only: the days are generated as the run reaches them, never written.
 MINI_ITEMS = 2000
 MINI_ARTISTS = 50
 MINI_ALBUMS = 400
 MINI_USERS = 200
 MINI_CROSS_ROWS = (16384,) * len(CROSS_FEATURES)
 MINI_MAX_SEQ_LEN = 48
-MINI_WINDOWS = 6
-MINI_TRAIN_SAMPLES = 5 * 32768  # five training windows of 32,768 listens
-MINI_EVAL_SAMPLES = 16384
+MINI_WINDOW_SAMPLES = 32768  # listens a day
+MINI_TRAIN_WINDOWS = 500
+MINI_TRAIN_SAMPLES = MINI_TRAIN_WINDOWS * MINI_WINDOW_SAMPLES  # 16,384,000
+MINI_EVAL_SAMPLES = 16384  # the day after the stream
 MINI_BATCH = 128
+# The first eval at the fourth interval (the rules' formula is the 2.29 B stream's: 45 M).
+MINI_FIRST_EVAL_SAMPLES = 4 * 16384
 MINI_TARGET_AUC = TARGET_AUC  # the rules' 0.75 (the popularity baseline: README "mini")
 # The mini trains at the rules' learning rate and warm-up (1e-6 x 128 / 8192 ramped over 24,000
-# steps: its 1,280 steps all inside the ramp) on weights stored divided by this
+# steps: the ~900 steps it takes to its target all inside the ramp) on weights stored divided by this
 # (`model.ScaledDlrmHstu`): as Adam and row-wise Adagrad at this many times the logged rate.
 MINI_WEIGHT_SCALE = 1.2e7
 
@@ -361,16 +367,17 @@ def mini_model() -> ModelConfig:
 
 
 def mini() -> DlrmConfig:
-    """Generated listening sessions whose tastes drift by window (`prepare.prepare_mini`):
-    2,000 items, 200 users, histories of up to 39 events, five training days of 32,768 listens
-    and a sixth of 16,384 as the eval window.
+    """Generated listening sessions whose tastes drift by day (`mini_stream.MiniStream`):
+    2,000 items, 200 users, histories of up to 39 events, a stream of 500 training days of
+    32,768 listens (16,384,000; generated as the run reads them) and the day after it, 16,384
+    listens, as the fixed eval window (`prepare.prepare_mini`).
 
     Command: `mlperf-tf run --benchmark=dlrmv4 --preset=mini --model_dir=/tmp/dlrm_mini`.
     Hardware: 2 CPU cores. Keeps the rules' optimizers, betas, clip, learning rate (1e-6 x 128 /
     8192) and warm-up (24,000 steps from 0), on weights stored divided by `MINI_WEIGHT_SCALE`
-    (the rules' rate would not move a small model in minutes), and the rules' target (AUC 0.75);
-    scales the eval grid (every 10 % of the stream, first at 40 %: the rules' 0.1 % would be an
-    eval every 2 steps). Expected: see README.md ("mini").
+    (the rules' rate would not move a small model in minutes), the rules' target (AUC 0.75) and
+    eval grid (every 0.1 % of the stream: 128 steps); scales the first eval (65,536 samples: the
+    rules' formula is the 2.29 B stream's). Expected: see README.md ("mini").
     """
     return DlrmConfig(
         global_batch_size=MINI_BATCH,
@@ -382,11 +389,12 @@ def mini() -> DlrmConfig:
         model=mini_model(),
         data=DataConfig(
             window_seconds=86_400,
-            num_train_windows=MINI_WINDOWS - 1,
-            eval_every_data_pct=0.1,
-            first_eval_samples=int(0.4 * MINI_TRAIN_SAMPLES),
+            num_train_windows=MINI_TRAIN_WINDOWS,
+            eval_every_data_pct=EVAL_EVERY_DATA_PCT,
+            first_eval_samples=MINI_FIRST_EVAL_SAMPLES,
         ),
-        data_dir=os.path.join(paths.data_root(), "dlrmv4-mini-2"),  # "-2": the 0.75 generator
+        # "-3": the generated stream of 500 days (`mini_stream`); "-2" was 5 written days.
+        data_dir=os.path.join(paths.data_root(), "dlrmv4-mini-3"),
     )
 
 

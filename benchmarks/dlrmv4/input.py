@@ -157,6 +157,13 @@ def train_dataset(config: DlrmConfig, *, input_context, batch_size: int, seed: i
     del seed, skip_bad_records  # streaming order is the data's; no shuffle within a window
     manifest = read_manifest(config.data_dir)
     check_manifest(manifest, config)
+    if "generator" in manifest:
+        examples = generated_examples(config, manifest["generator"])
+        if input_context and input_context.num_input_pipelines > 1:
+            examples = examples.shard(
+                input_context.num_input_pipelines, input_context.input_pipeline_id
+            )
+        return examples.repeat().batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
     files = [
         os.path.join(config.data_dir, w["file"])
         for w in manifest["train_windows"][: config.data.num_train_windows]
@@ -168,6 +175,32 @@ def train_dataset(config: DlrmConfig, *, input_context, batch_size: int, seed: i
         .batch(batch_size, drop_remainder=True)
         .prefetch(tf.data.AUTOTUNE)
     )
+
+
+def generated_examples(config: DlrmConfig, generator: dict) -> tf.data.Dataset:
+    """The `mini` stream's training examples (`mini_stream.MiniStream`): its days in time order,
+    each generated (vectorized, on the host) when the pipeline reaches it, never written; the
+    ids are in their tables by construction. `generator` is the manifest's
+    {seed, window_samples}."""
+    from benchmarks.dlrmv4.mini_stream import MiniStream  # noqa: PLC0415
+
+    m = config.model
+    h = m.history_length
+    stream = MiniStream(seed=generator["seed"], history=h, cross_rows=m.cross_rows)
+    signature = {key: tf.TensorSpec([None, h], tf.int64 if key == "uih_time" else tf.int32)
+                 for key in SEQUENCE_KEYS}  # fmt: skip
+    signature.update({key: tf.TensorSpec([None], tf.int32) for key in
+                      ("uih_length", "cand_item", "cand_artist", "cand_album")})  # fmt: skip
+    signature["contextual"] = tf.TensorSpec([None, m.num_contextual], tf.int32)
+    signature["cand_time"] = tf.TensorSpec([None], tf.int64)
+    signature["label"] = tf.TensorSpec([None], tf.float32)
+
+    def days():
+        count, last = generator["window_samples"], config.data.num_train_windows
+        for _, events in stream.days(0, last, count):
+            yield stream.examples(events)
+
+    return tf.data.Dataset.from_generator(days, output_signature=signature).unbatch()
 
 
 def eval_dataset(config: DlrmConfig, *, input_context, batch_size: int, num_batches: int,

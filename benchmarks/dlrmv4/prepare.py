@@ -351,124 +351,86 @@ def prepare(input_dir: str, output_dir: str, *, window_seconds: int = 86_400,
 
 
 # ---- the mini data set ---------------------------------------------------------------------------
-MINI_GENRES = 10
-
-
-def generate_mini_events(seed: int = 0):
-    """Listening events with a structure a model can learn and that drifts in time.
-
-    Items belong to albums (5 each) and artists (40 each); an artist plays one of 10 genres.
-    Each user likes two genres and, once in the six days, swaps one of them for another (the
-    drift: only a history shows it). A listen is `listen_plus` with probability
-    sigmoid(4.0 [genre liked now] + 0.3 quality(item) + 0.6 [artist heard before] - 2.2); the
-    item is drawn half from the liked genres, half from a popularity law. Returns the events in
-    time order as arrays (uid, ts, item, label, organic) and the item -> artist, album maps.
-    """
-    c = config_lib
-    rng = np.random.default_rng(seed)
-    items = np.arange(c.MINI_ITEMS)
-    artist_of, album_of = items // (c.MINI_ITEMS // c.MINI_ARTISTS), items // 5
-    genre_of_item = artist_of[items] % MINI_GENRES
-    quality = rng.standard_normal(c.MINI_ITEMS)
-    popularity = 1.0 / (1 + rng.permutation(c.MINI_ITEMS)) ** 0.8
-    popularity /= popularity.sum()
-    liked = np.stack([rng.choice(MINI_GENRES, 2, replace=False) for _ in range(c.MINI_USERS)])
-    swap_day = rng.integers(1, c.MINI_WINDOWS, c.MINI_USERS)
-    swap_to = (liked[:, 1] + rng.integers(1, MINI_GENRES - 1, c.MINI_USERS)) % MINI_GENRES
-    swap_to = np.where(swap_to == liked[:, 0], (swap_to + 1) % MINI_GENRES, swap_to)
-    by_genre = [items[genre_of_item == g] for g in range(MINI_GENRES)]
-    per_window = c.MINI_TRAIN_SAMPLES // (c.MINI_WINDOWS - 1)
-    heard = [set() for _ in range(c.MINI_USERS)]
-    out = {k: [] for k in ("uid", "ts", "item", "label", "organic", "chance")}
-    for day in range(c.MINI_WINDOWS):
-        count = per_window if day < c.MINI_WINDOWS - 1 else c.MINI_EVAL_SAMPLES
-        times = np.sort(rng.integers(0, 86_400, count)) + day * 86_400
-        users = rng.integers(0, c.MINI_USERS, count)
-        for ts, u in zip(times, users):
-            now = liked[u].copy()
-            if day >= swap_day[u]:
-                now[1] = swap_to[u]
-            if rng.random() < 0.5:
-                item = int(rng.choice(by_genre[int(rng.choice(now))]))
-            else:
-                item = int(rng.choice(c.MINI_ITEMS, p=popularity))
-            logit = (4.0 * (genre_of_item[item] in now) + 0.3 * quality[item]
-                     + 0.6 * (artist_of[item] in heard[u]) - 2.2)  # fmt: skip
-            chance = 1 / (1 + np.exp(-logit))
-            label = int(rng.random() < chance)
-            out["chance"].append(chance)
-            heard[u].add(int(artist_of[item]))
-            for key, value in (("uid", u), ("ts", ts), ("item", item), ("label", label),
-                               ("organic", int(rng.random() < 0.3))):  # fmt: skip
-                out[key].append(int(value))
-    chance = np.array(out.pop("chance"))
-    events = {k: np.array(v, np.int64) for k, v in out.items()}
-    events["chance"] = chance  # the generator's own probability: the best AUC possible
-    return events, artist_of, album_of
+MINI_BASELINE_WINDOWS = 5  # the days a mini run reads before its target (163,840 listens)
 
 
 def prepare_mini(data_dir: str) -> dict:
-    """Writes the mini set (`generate_mini_events`) as window records: 5 training days, the
-    sixth as eval; histories of the mini config's length. Returns a summary with the eval
-    window's AUC of an item-popularity baseline (listen+ rate of each item in training)."""
+    """Writes the mini set: the manifest of the generated stream (`mini_stream.MiniStream`, its
+    500 training days made as the run reads them) and the eval window, the day after the
+    stream, as records (histories of the mini config's length). Runs the whole stream once for
+    its state (each user's last events and tastes), one day at a time, keeping none of it.
+
+    Returns a summary with the eval window's AUC of the generator's own probabilities (the best
+    possible) and of an item-popularity baseline (each item's listen+ rate over the first
+    `MINI_BASELINE_WINDOWS` days, what a run reads before its target, and over the whole
+    stream).
+    """
     import tensorflow as tf  # noqa: PLC0415
 
+    from benchmarks.dlrmv4.mini_stream import MiniStream  # noqa: PLC0415
     from mlperf_tf.prepare_cli import staged_folder  # noqa: PLC0415
 
     c = config_lib
     model = c.mini_model()
-    events, artist_of, album_of = generate_mini_events()
-    history = model.history_length
+    seed, days, per_day = 0, c.MINI_TRAIN_WINDOWS, c.MINI_WINDOW_SAMPLES
+    stream = MiniStream(seed=seed, history=model.history_length, cross_rows=model.cross_rows)
+    listens = {k: np.zeros(c.MINI_ITEMS) for k in ("first", "all")}
+    plus = {k: np.zeros(c.MINI_ITEMS) for k in ("first", "all")}
+    progress = _Progress("mini stream days", days)
+    state = stream.initial_state()
+    for day in range(days):
+        events, state = stream.day(day, state, per_day)
+        for key in ("first", "all") if day < MINI_BASELINE_WINDOWS else ("all",):
+            listens[key] += np.bincount(events["item"], minlength=c.MINI_ITEMS)
+            plus[key] += np.bincount(events["item"], events["label"], c.MINI_ITEMS)
+        progress.update(day + 1)
+    progress.update(days, force=True)
+    events, _ = stream.day(days, state, c.MINI_EVAL_SAMPLES)
+    examples = stream.examples(events)
     with staged_folder(data_dir) as out:
-        state_rows = [[] for _ in range(c.MINI_USERS)]  # each user's (item, ts, action)
-        windows = []
-        day_of = events["ts"] // 86_400
-        for day in range(c.MINI_WINDOWS):
-            name = "eval.tfrecord" if day == c.MINI_WINDOWS - 1 else f"train-{day:05d}.tfrecord"
-            with tf.io.TFRecordWriter(os.path.join(out, name)) as writer:
-                for i in np.flatnonzero(day_of == day):
-                    u, item, ts = (
-                        int(events["uid"][i]),
-                        int(events["item"][i]),
-                        int(events["ts"][i]),
-                    )
-                    label = int(events["label"][i])
-                    past = state_rows[u][-history:]
-                    h = np.array(past, np.int64).reshape(-1, 3)
-                    anchor = {
-                        "uid": u, "item_id": item, "artist_id": int(artist_of[item]),
-                        "album_id": int(album_of[item]), "hour_of_day": (ts // 3600) % 24,
-                        "is_organic": int(events["organic"][i]),
-                    }  # fmt: skip
-                    query = int(h[-1, 1]) if len(h) else ts
-                    writer.write(_example(
-                        (h[:, 0], artist_of[h[:, 0]], album_of[h[:, 0]], h[:, 2], h[:, 1]),
-                        [u, *cross_ids(anchor, model.cross_rows)],
-                        (item, int(artist_of[item]), int(album_of[item]), query), label,
-                    ))  # fmt: skip
-                    state_rows[u].append((item, ts, LP_BIT if label else SKIP_BIT))
-            windows.append({"file": name, "start": day * 86_400, "end": (day + 1) * 86_400,
-                            "samples": int((day_of == day).sum())})  # fmt: skip
+        with tf.io.TFRecordWriter(os.path.join(out, "eval.tfrecord")) as writer:
+            for i in range(c.MINI_EVAL_SAMPLES):
+                n = int(examples["uih_length"][i])
+                history = [examples[k][i, :n] for k in ("uih_item", "uih_artist", "uih_album",
+                                                        "uih_action", "uih_time")]  # fmt: skip
+                candidate = [examples[k][i] for k in ("cand_item", "cand_artist", "cand_album",
+                                                      "cand_time")]  # fmt: skip
+                writer.write(_example(history, examples["contextual"][i], candidate,
+                                      int(examples["label"][i])))  # fmt: skip
         manifest = {
-            "train_windows": windows[:-1],
-            "eval_window": windows[-1],
+            # `input.train_dataset` generates these days (no files) from this.
+            "generator": {"seed": seed, "window_samples": per_day},
+            "train_windows": [
+                {
+                    "file": f"generated day {d}",
+                    "start": d * 86_400,
+                    "end": (d + 1) * 86_400,
+                    "samples": per_day,
+                }  # fmt: skip
+                for d in range(days)
+            ],
+            "eval_window": {
+                "file": "eval.tfrecord",
+                "start": days * 86_400,
+                "end": (days + 1) * 86_400,
+                "samples": c.MINI_EVAL_SAMPLES,
+            },  # fmt: skip
             "table_rows": {
                 "item_id": c.MINI_ITEMS,
                 "artist_id": c.MINI_ARTISTS,
                 "album_id": c.MINI_ALBUMS,
                 "uid": c.MINI_USERS,
-            },  # fmt: skip
-            "history_length": history,
+            },
+            "history_length": model.history_length,
         }
         with open(os.path.join(out, MANIFEST), "w") as f:
             json.dump(manifest, f, indent=1)
-    train = day_of < c.MINI_WINDOWS - 1
-    rate = (np.bincount(events["item"][train], events["label"][train], c.MINI_ITEMS) + 1) / (
-        np.bincount(events["item"][train], minlength=c.MINI_ITEMS) + 2
-    )
-    ev = ~train
-    return {"windows": len(windows), "popularity_auc": _auc(rate[events["item"][ev]],
-                                                            events["label"][ev])}  # fmt: skip
+    labels = events["label"]
+    summary = {"windows": days + 1, "best_auc": _auc(events["chance"], labels)}
+    for key in ("first", "all"):
+        rate = (plus[key] + 1) / (listens[key] + 2)
+        summary[f"popularity_auc_{key}"] = _auc(rate[events["item"]], labels)
+    return summary
 
 
 def _auc(scores: np.ndarray, labels: np.ndarray) -> float:
