@@ -122,7 +122,17 @@ def test_smoke_log_holds_the_benchmarks_hparams(smoke_run):
         assert [r["key"] for r in records].count(key) == 1, key
 
 
-@pytest.mark.parametrize("name", NAMES)
+# GRPO's case (42 s of rollouts, loaded) is extended (CI runs it after README's default run): the
+# default run covers its padded evaluation by qwen35_397b_grpo/test_data_axis.py (two batch shards
+# report the one-device run's pass@k).
+EVAL_PADDING_EXTENDED = {"qwen35_397b_grpo"}
+
+
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(n, marks=pytest.mark.extended) if n in EVAL_PADDING_EXTENDED else n
+     for n in NAMES],
+)  # fmt: skip
 def test_eval_padding_is_masked(name):
     """The eval value is the same whether or not the last eval batch is padded."""
     benchmark_class = registry.get(name)

@@ -53,7 +53,13 @@ def _start_service(tmp_path):
     return procs, address
 
 
-@pytest.mark.parametrize("fault", ["kill", pytest.param("freeze", marks=pytest.mark.slow)])
+# Both extended or slow (CI runs the kill after README's default run): the default run covers
+# the service by mlperf_tf/data/test_service.py (a run on the service's workers, the same batches).
+@pytest.mark.parametrize(
+    "fault",
+    [pytest.param("kill", marks=pytest.mark.extended),
+     pytest.param("freeze", marks=pytest.mark.slow)],
+)  # fmt: skip
 def test_the_run_goes_on_with_one_worker_and_stops_clearly_with_none(tmp_path, fault):
     signum = signal.SIGKILL if fault == "kill" else signal.SIGSTOP
     procs, address = _start_service(tmp_path)

@@ -54,9 +54,14 @@ def _wait_for_training(proc, log):
     assert proc.poll() is None, _read(log)[-3000:]
 
 
+# Extended (CI runs SIGTERM after README's default run): the default run covers a signal
+# stopping a run at its next step in faults/test_fail_safe.py and a stop across two workers in
+# test_sigterm_to_one_worker_stops_both_after_the_same_step.
 @pytest.mark.parametrize(
-    "signum", [signal.SIGTERM, pytest.param(signal.SIGINT, marks=pytest.mark.slow)]
-)
+    "signum",
+    [pytest.param(signal.SIGTERM, marks=pytest.mark.extended),
+     pytest.param(signal.SIGINT, marks=pytest.mark.slow)],
+)  # fmt: skip
 def test_a_signal_stops_inside_a_long_loop_saves_and_the_resume_matches(tmp_path, signum):
     unbroken_log = str(tmp_path / "unbroken.out")
     proc = _run_tiny(tmp_path / "unbroken", tmp_path / "u.npz", unbroken_log)

@@ -76,6 +76,10 @@ def test_gpt_oss_reports_tokens_and_mfu_on_active_experts_and_windowed_attention
     )
 
 
+# Extended (CI runs it after README's default run); the default run covers its case by
+# test_gpt_oss_reports_tokens_and_mfu_on_active_experts_and_windowed_attention (the rate and MFU
+# report).
+@pytest.mark.extended
 def test_flux_reports_images_per_second_and_mfu(capsys):
     assert cli.main(["bench", "--benchmark=flux1", "--preset=smoke", *FAST, "--json"]) == 0
     out = capsys.readouterr()
@@ -104,6 +108,10 @@ def test_mirrored_replicas_and_overrides_reach_the_benchmark(capsys):
     assert result["samples_per_s_per_replica"] == pytest.approx(result["samples_per_s"] / 2)
 
 
+# Extended (CI runs it after README's default run); the default run covers its case by
+# data/test_pipeline.py (the real-record pipeline) and this module's windows and rates on smoke
+# runs.
+@pytest.mark.extended
 def test_input_pipeline_rate_on_real_records(capsys, tmp_path):
     rng = np.random.default_rng(0)
     with tf.io.TFRecordWriter(str(tmp_path / "train-00000-of-00001")) as writer:

@@ -64,6 +64,10 @@ def installed_plugin(tmp_path_factory):
     )  # fmt: skip
 
 
+# Extended (CI runs it after README's default run); the default run covers its case by the
+# contract's cases of the installed example (test_contract.py -k efficientnet; CI's plug-in
+# stage).
+@pytest.mark.extended
 def test_third_party_benchmark_is_listed_and_runs(installed_plugin, tmp_path):
     env = {"PYTHONPATH": f"{installed_plugin}{os.pathsep}{processes.REPO_ROOT}"}
     listed = subprocess.run(

@@ -7,6 +7,7 @@ import json
 import os
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from tests import processes
@@ -57,6 +58,10 @@ def test_a_missing_peer_is_a_clear_error_within_the_timeout(tmp_path):
     assert f"127.0.0.1:{ports[1]}" in the_error_line(text, code, 2), text
 
 
+# Extended (CI runs it after README's default run); the default run covers its case by
+# faults/test_checkpoints.py (a kill during a save leaves a restorable checkpoint) and
+# test_sharded_resume.py (a resume matches the unbroken run).
+@pytest.mark.extended
 def test_sigkill_after_the_second_checkpoint_then_resume_matches_an_unbroken_run(tmp_path):
     common = ["distribution=one_device", "steps_per_loop=2", "checkpoint_every_loops=1"]
     env = {"TINY_MAX_EPOCHS": "8"}  # 80 steps: long enough to be killed mid-run

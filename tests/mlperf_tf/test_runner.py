@@ -211,6 +211,9 @@ def test_global_norm_clipping_applies_to_the_summed_gradient(tmp_path, monkeypat
     assert 0.05 * 1e-3 * 0.9 < distance <= 0.05 * 1e-3 * 2.9 * (1 + 1e-4)
 
 
+# Extended (CI runs it after README's default run); the default run covers its case by
+# resnet50/test_benchmark.py's grouped batch norm on two replicas equals one replica.
+@pytest.mark.extended
 def test_grouped_cross_replica_batch_norm_trains_through_the_runner(tmp_path):
     # The forward pass all-reduces BN statistics in replica context: the runner must keep it in
     # the loop's graph (a nested tf.function refuses the merge_call).
@@ -421,6 +424,10 @@ def _model_parallel_run(tmp_path, name, *, steps=2, **overrides):
     return result, keep.controller
 
 
+# Extended (CI runs it after README's default run); the default run covers its case by
+# transformer/test_tensor_parallel.py (split = unsplit) and the llama31_8b M2 run through the
+# runner (test_layout_resume.py).
+@pytest.mark.extended
 def test_a_model_parallel_transformer_run_trains_evaluates_and_logs(tmp_path):
     # Its beam-search eval deadlocked (each replica's decoding loop ran in a loop frame of its own
     # name, so the shards' all-reduces never met): now it decodes, BLEU is computed and logged.
@@ -444,6 +451,10 @@ def test_a_model_parallel_transformer_run_trains_evaluates_and_logs(tmp_path):
         assert len(timeouts) > 10 and set(timeouts) == {60.0}
 
 
+# Extended (CI runs it after README's default run); the default run covers its case by
+# bert/test_tensor_parallel.py (split = unsplit) and the llama31_8b M2 run saved and resumed
+# through the runner (test_layout_resume.py).
+@pytest.mark.extended
 def test_a_model_parallel_bert_run_trains_evaluates_saves_and_logs(tmp_path):
     # With BERT's padding-skipping (dynamic-shape) encoder the first real step after the warm-up
     # failed on collective shapes [177,32] vs [256,32]; the runner now asks for static shapes

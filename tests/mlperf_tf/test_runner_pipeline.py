@@ -205,6 +205,10 @@ def test_stage_sharded_update_holds_the_stage_s_moments_and_ends_at_the_unpipeli
     np.testing.assert_allclose(predicted.moments, 4 * shares[predicted.stage], rtol=0.01)
 
 
+# Extended (CI runs it after README's default run); the default run covers its case by
+# test_d2_x_p2_equals_the_unpipelined_run and collectives/test_stage_local.py (stage-local Adam
+# saves the unsharded format).
+@pytest.mark.extended
 def test_without_the_flag_each_stage_holds_its_moments_whole_and_saves_the_p1_format(
     tmp_path, llama_d2
 ):

@@ -35,6 +35,10 @@ def _run(model_dir, *, devices: int, spatial: str) -> dict[str, np.ndarray]:
     return {v.path: v.numpy() for v in result.model.variables}
 
 
+# Extended (CI runs it after README's default run); the default run covers its case by
+# layers/test_spatial.py (tiled = whole) and parallel/test_spatial_cli.py (the flags through the
+# CLI).
+@pytest.mark.extended
 def test_two_by_two_tiles_through_the_runner_end_at_the_one_device_weights(tmp_path):
     whole = _run(tmp_path / "one", devices=1, spatial="1")
     tiled = _run(tmp_path / "tiles", devices=4, spatial="2x2")

@@ -188,6 +188,9 @@ def _sweep_args(out):
     ]  # fmt: skip
 
 
+# Extended (CI runs it after README's default run); the default run covers its case by
+# test_failed_cells_do_not_stop_the_others (the sweep's cells as processes).
+@pytest.mark.extended
 def test_two_cells_killed_and_restarted(tmp_path):
     """A sweep killed during its second cell keeps the first cell's result and finishes on rerun."""
     out = tmp_path / "sweep"

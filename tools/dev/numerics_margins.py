@@ -63,7 +63,7 @@ def main(argv=None) -> None:
         "--settings", default=",".join(SETTINGS), help="comma-separated subset of " + str(SETTINGS)
     )
     args, pytest_args = parser.parse_known_args(argv)
-    pytest_args = pytest_args or ["-m", "numerics and not slow"]
+    pytest_args = pytest_args or ["-m", "numerics and not slow and not extended"]
     settings = tool_args.comma_list(parser, args.settings, "--settings")
     unknown = sorted(set(settings) - set(SETTINGS))
     if unknown:

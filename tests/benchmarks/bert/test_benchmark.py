@@ -200,6 +200,9 @@ def test_train_step_compiles_under_xla():
     assert out["correct"].shape == (8,)
 
 
+# Extended (CI runs it after README's default run); the default run covers its case by
+# bert/test_tensor_parallel.py (a split run equals the unsplit run) and resnet50's two replicas.
+@pytest.mark.extended
 def test_two_replicas_train_step_with_dropout():
     """Mirrored over 2 CPUs: the step runs in replica context (dropout seeds included)."""
     bench = smoke_bench()

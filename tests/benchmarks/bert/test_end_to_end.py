@@ -9,6 +9,9 @@ from mlperf_tf import rounds
 from tests import e2e
 
 
+# Extended (CI runs it after README's default run); the default run covers its case by
+# llama31_8b/test_end_to_end.py's gradient accumulation run (the runner's accumulation).
+@pytest.mark.extended
 def test_gradient_accumulation_run(tmp_path):
     """Two micro batches of 4 per step: the runner accumulates; the log says so."""
     e2e.assert_accumulation_logged(BertBenchmark(bc.smoke()), tmp_path, xla=True)

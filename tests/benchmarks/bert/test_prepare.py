@@ -80,6 +80,10 @@ def test_same_seed_same_bytes_and_another_seed_differs(tmp_path):
     assert sum(len(x) for x in file_bytes(a)) > 0
 
 
+# Extended (CI runs it after README's default run); the default run covers its case by
+# test_same_seed_same_bytes_and_another_seed_differs and test_prepare_mini_twice_same_bytes (in
+# process).
+@pytest.mark.extended
 def test_cli_in_a_fresh_process_writes_the_same_bytes(tmp_path):
     """Another interpreter with another hash seed (set order) writes identical files."""
     text = write_text(tmp_path / "a.txt")
@@ -104,6 +108,9 @@ def test_cli_in_a_fresh_process_writes_the_same_bytes(tmp_path):
     assert file_bytes(there) == file_bytes(here)
 
 
+# Extended (CI runs it after README's default run); the default run covers its case by
+# test_missing_text_file_and_empty_text (the same refusals in process).
+@pytest.mark.extended
 def test_cli_bad_input_is_a_one_line_error(tmp_path):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=REPO)
     cmd = [

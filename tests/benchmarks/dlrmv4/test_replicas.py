@@ -72,7 +72,12 @@ def _train(replicas: int):
     return {v.path: v.numpy() for v in model.weights}
 
 
-@pytest.mark.parametrize("replicas", [2, pytest.param(4, marks=pytest.mark.slow)])
+# Extended or slow (CI runs 2 after README's default run): the default run covers replicas by
+# test_sharded_tables.py (2 replicas, the tables split, end with one replica's weights).
+@pytest.mark.parametrize(
+    "replicas",
+    [pytest.param(2, marks=pytest.mark.extended), pytest.param(4, marks=pytest.mark.slow)],
+)  # fmt: skip
 def test_data_parallel_replicas_end_with_one_replicas_weights(replicas):
     one, many = _train(1), _train(replicas)
     for path, want in one.items():

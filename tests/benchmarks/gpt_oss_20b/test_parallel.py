@@ -28,7 +28,9 @@ HF_EXPERTS = {"feed_forward": "swiglu_clamped", "mlp_bias": True}
     ("expert_parallel", "model_parallel", "model"),
     [
         (2, 1, {}),
-        (1, 2, {}),
+        # Extended (CI runs it after README's default run): the default run covers tensor
+        # parallelism by llama31_8b/test_tensor_parallel.py on the same blocks.
+        pytest.param(1, 2, {}, marks=pytest.mark.extended),
         pytest.param(2, 1, HF_EXPERTS, marks=pytest.mark.slow),
         pytest.param(2, 2, {}, marks=pytest.mark.slow),
     ],

@@ -99,7 +99,9 @@ def buffer_model():
 
 
 @pytest.mark.numerics
-@pytest.mark.parametrize("xla", [False, True])
+# The mini decodes with XLA (`RolloutConfig.xla_decoding`), the default case; the plain
+# compiled step is extended (CI runs it after README's default run).
+@pytest.mark.parametrize("xla", [pytest.param(False, marks=pytest.mark.extended), True])
 def test_compiled_generation_equals_the_eager_path(model, buffer_model, xla):
     """Same seeds, same tokens: prompts of three lengths (left-padded to a 16-token bucket, not
     to the longest prompt as eagerly; the batch of 3 padded to 4, prefilled 2 rows at a time),
@@ -203,6 +205,10 @@ def test_extend_continues_rows_of_different_lengths(model):
         assert_close(np.concatenate(g), w, rtol=1e-4)
 
 
+# Extended (CI runs it after README's default run); the default run covers its case by
+# test_cached_decoding_equals_the_forward_and_padding_is_exact (the cache's tokens) and
+# test_compiled_generation_equals_the_eager_path[True] (the mini's compiled decoding).
+@pytest.mark.extended
 @pytest.mark.numerics
 def test_kept_cache_gives_the_tokens_of_prefilling_again(buffer_model):
     """Two turns of a multi-turn batch as `run_rollouts` makes them (the second's prompts the

@@ -154,6 +154,9 @@ def test_two_replicas_with_synced_bn_equal_one_replica():
         assert_close(have, want, rtol=2e-3, err_msg=var.path)
 
 
+# Extended (CI runs it after README's default run); the default run covers its case by
+# transformer/test_benchmark.py's and resnet50/test_benchmark.py's steps under XLA.
+@pytest.mark.extended
 def test_train_and_eval_steps_compile_with_xla():
     cfg = _tiny_config(width_scale=0.0625)
     bench = SSDBenchmark(cfg)

@@ -110,6 +110,9 @@ def test_beam_one_equals_greedy_on_a_transformer():
     assert (greedy.numpy() == EOS).any()  # some sequences end early: the EOS path is covered
 
 
+# Extended (CI runs it after README's default run); the default run covers its case by
+# test_matches_model_garden_beam_search (the search) and test_benchmark.py's train step under XLA.
+@pytest.mark.extended
 def test_translate_compiles_under_xla_and_matches_graph_mode():
     model = tiny_model(seed=2, scale=3.0)
     inputs = tf.constant(np.random.default_rng(1).integers(3, 40, size=(4, 6)), tf.int32)

@@ -171,6 +171,10 @@ def test_train_step_compiles_under_xla_and_learns():
     assert np.isfinite(first) and last < first
 
 
+# Extended (CI runs it after README's default run); the default run covers its case by
+# bert/test_benchmark.py's padding skipped (the same loss and gradients) and test_model.py's
+# packed streams.
+@pytest.mark.extended
 @pytest.mark.numerics
 def test_skipping_the_padding_gives_the_same_loss_and_gradients():
     bench = smoke_benchmark()
@@ -215,6 +219,10 @@ def test_loss_is_the_token_mean_over_replicas():
     assert values == pytest.approx([float(total / count) / 2] * 2, rel=1e-5)
 
 
+# Extended (CI runs it after README's default run); the default run covers its case by
+# test_train_step_compiles_under_xla_and_learns (the same model under XLA) and the contract's eval
+# of the smoke run.
+@pytest.mark.extended
 def test_eval_step_compiles_under_xla_and_scores_synthetic_copies():
     # As the runner binds it under --xla: static shapes (the whole-batch search, fixed caches).
     bench = smoke_benchmark(**{"model.num_layers": "1"})

@@ -110,6 +110,10 @@ def test_moe_layers_take_the_runs_collective_timeout():
     assert [layer.collective_timeout_s for layer in model.moe_layers] == [42.0, 42.0]
 
 
+# Extended (CI runs it after README's default run); the default run covers its case by
+# layers/test_moe_parallel.py (E2 = one replica per expert set) and llama31_8b/test_moe.py (E2 x
+# M2).
+@pytest.mark.extended
 def test_expert_parallel_transformer_trains_and_evaluates_through_the_runner(tmp_path, caplog):
     """E=2 on 2 logical devices through the runner (warm-up, 2 steps of 2 MoE layers' all-to-alls
     and their gradients, the layout sum, beam-search eval with gathered experts). Every

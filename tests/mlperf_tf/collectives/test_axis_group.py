@@ -75,7 +75,18 @@ def strategy():
     return mirrored(REPLICAS)
 
 
-@pytest.mark.parametrize("mesh", list(_meshes()), ids=str)
+# Extended (CI runs them after README's default run): data x expert and data x spatial. Each
+# axis stays in at least one default mesh (data x model, pipeline and context; expert x pipeline
+# and context), and the spatial groups in layers/test_spatial.py.
+EXTENDED_MESHES = ("DeviceMesh(data=2, expert=2)", "DeviceMesh(data=2, spatial=2)")
+
+
+@pytest.mark.parametrize(
+    "mesh",
+    [pytest.param(m, marks=pytest.mark.extended) if str(m) in EXTENDED_MESHES else m
+     for m in _meshes()],
+    ids=str,
+)  # fmt: skip
 def test_collectives_over_each_group_match_numpy(mesh, strategy):
     """On data that differs per replica: the group sum (and its gradient), max, gather, the
     last-axis gather, f/g and all-to-all equal their NumPy definitions over the members."""

@@ -45,6 +45,9 @@ def _run(model_dir, steps, all_reduce="torus2d"):
     return runner.run(TinyBenchmark(smoke()), run_config)
 
 
+# Extended (CI runs it after README's default run); the default run covers its case by
+# test_sharded_resume.py (a sharded Adam run resumes exactly).
+@pytest.mark.extended
 def test_a_resumed_sharded_run_matches_the_unbroken_run(tmp_path, lars_tiny):
     unbroken = _run(tmp_path / "unbroken", FIRST_STEPS + MORE_STEPS)
     first = _run(tmp_path / "broken", FIRST_STEPS)

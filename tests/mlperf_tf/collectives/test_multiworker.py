@@ -88,6 +88,10 @@ def _check(tmp_path, chief, other, optimizer):
         return json.load(f)
 
 
+# Extended (CI runs it after README's default run); the default run covers its case by
+# collectives/test_summer.py (torus2d on 4 devices) and test_multiprocess.py (two workers train to
+# identical weights).
+@pytest.mark.extended
 def test_slurm_two_workers_torus2d_sharded_match_the_plain_sum(tmp_path):
     port = _two_free_consecutive_ports()
     slurm = {"SLURM_STEP_NUM_TASKS": "2", "SLURM_NTASKS": "2", "SLURM_JOB_ID": "1",

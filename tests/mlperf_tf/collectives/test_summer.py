@@ -44,6 +44,9 @@ def references(strategy):
 
 
 SLOW = pytest.mark.slow
+# Extended (CI runs it after README's default run): Adam's element-wise rule, which AdamW's
+# case runs by default.
+EXTENDED = pytest.mark.extended
 
 
 @pytest.mark.parametrize(
@@ -58,7 +61,7 @@ SLOW = pytest.mark.slow
      pytest.param("lamb", "auto", 0.001, True, marks=SLOW),
      # Adam and AdamW declare their sharded rule: element-wise updates (no norms), the
      # optimizer's formula on each piece.
-     ("adam", "ring", 0.001, True),
+     pytest.param("adam", "ring", 0.001, True, marks=EXTENDED),
      ("adamw", "ring", 0.001, True)],
 )  # fmt: skip
 def test_four_devices_match_the_plain_sum(strategy, references, optimizer, algorithm, pack_mb,

@@ -65,6 +65,10 @@ def test_kfac_refuses_xla_with_a_user_error(tmp_path):
         )
 
 
+# Extended (CI runs it after README's default run); the default run covers its case by
+# test_registry.py's third-party optimizer found and built, and the registry's K-FAC trained
+# through ResNet-50 on two replicas (this module).
+@pytest.mark.extended
 def test_third_party_optimizer_runs_through_a_benchmark(installed_optimizer, tmp_path):  # noqa: F811
     env = {"PYTHONPATH": f"{installed_optimizer}{os.pathsep}{processes.REPO_ROOT}"}
     ran = subprocess.run(
