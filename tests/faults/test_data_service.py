@@ -53,7 +53,7 @@ def _start_service(tmp_path):
     return procs, address
 
 
-# Both extended or slow (CI runs the kill after README's default run): the default run covers
+# Extended or slow (CI runs the kill after README's default run): the default run covers
 # the service by mlperf_tf/data/test_service.py (a run on the service's workers, the same batches).
 @pytest.mark.parametrize(
     "fault",

@@ -60,7 +60,7 @@ def _fail_worker_1_while_training(procs, logs, fault):
             processes.kill(proc)
 
 
-# Both extended or slow (CI runs the freeze after README's default run): the default run
+# Extended or slow (CI runs the freeze after README's default run): the default run
 # covers a peer that is not there by test_multiprocess.py's missing peer (a clear error within
 # the timeout).
 @pytest.mark.parametrize(

@@ -99,8 +99,8 @@ def buffer_model():
 
 
 @pytest.mark.numerics
-# The mini decodes with XLA (`RolloutConfig.xla_decoding`), the default case; the plain
-# compiled step is extended (CI runs it after README's default run).
+# The plain compiled step is extended (CI runs it after README's default run): the default run
+# covers compiled decoding by the XLA case, the mini's (`RolloutConfig.xla_decoding`).
 @pytest.mark.parametrize("xla", [pytest.param(False, marks=pytest.mark.extended), True])
 def test_compiled_generation_equals_the_eager_path(model, buffer_model, xla):
     """Same seeds, same tokens: prompts of three lengths (left-padded to a 16-token bucket, not

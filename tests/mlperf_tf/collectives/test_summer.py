@@ -44,8 +44,8 @@ def references(strategy):
 
 
 SLOW = pytest.mark.slow
-# Extended (CI runs it after README's default run): Adam's element-wise rule, which AdamW's
-# case runs by default.
+# Extended (CI runs it after README's default run): Adam's element-wise rule; the default run
+# covers it by AdamW's case.
 EXTENDED = pytest.mark.extended
 
 
