@@ -122,10 +122,11 @@ def test_smoke_log_holds_the_benchmarks_hparams(smoke_run):
         assert [r["key"] for r in records].count(key) == 1, key
 
 
-# GRPO's case (42 s of rollouts, loaded) is extended (CI runs it after README's default run): the
-# default run covers its padded evaluation by qwen35_397b_grpo/test_data_axis.py (two batch shards
-# report the one-device run's pass@k).
-EVAL_PADDING_EXTENDED = {"qwen35_397b_grpo"}
+# GRPO's and the Transformer's cases (42 s of rollouts; 15-39 s of beam search) are extended (CI
+# runs them after README's default run): the default run covers their padded evaluations by
+# qwen35_397b_grpo/test_data_axis.py (two batch shards report the one-device run's pass@k) and
+# transformer/test_benchmark.py's real-data eval step, beside the other benchmarks' cases here.
+EVAL_PADDING_EXTENDED = {"qwen35_397b_grpo", "transformer"}
 
 
 @pytest.mark.parametrize(

@@ -167,6 +167,9 @@ def _stage_shares(run: pipeline_runs.Run, data: int) -> list[int]:
     return shares
 
 
+# Extended (CI runs it after README's default run); the default run covers its case by
+# test_d2_x_p2_equals_the_unpipelined_run and collectives/test_stage_local.py (stage-local Adam).
+@pytest.mark.extended
 def test_stage_sharded_update_holds_the_stage_s_moments_and_ends_at_the_unpipelined_run(
     llama_d2,
 ):

@@ -65,7 +65,9 @@ def _run(model_dir, benchmark: str, *, tpu: bool, **flags):
 @pytest.mark.parametrize(
     ("name", "flags", "dims"),
     [("resnet50", {"spatial_partition": "2x2"}, [1, 2, 2, 1]),
-     ("bert", {"model_parallel": 2}, None)],
+     # Extended (CI runs it after README's default run); the default run covers its case by the
+     # resnet50 case (the TPU path's annotations) and bert/test_tensor_parallel.py (M2 = M1).
+     pytest.param("bert", {"model_parallel": 2}, None, marks=pytest.mark.extended)],
 )  # fmt: skip
 def test_tpu_path_annotates_and_trains_as_the_unsplit_run(tmp_path, name, flags, dims):
     plain, none = _run(tmp_path / "plain", name, tpu=False)

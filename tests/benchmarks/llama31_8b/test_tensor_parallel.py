@@ -17,7 +17,9 @@ RTOL = 1e-5
 
 @pytest.mark.parametrize(
     ("devices", "model_parallel", "optimizer"),
-    [(4, 4, "adam"),
+    # Extended (CI runs it after README's default run); the default run covers its case by
+    # test_every_block_option_split_equals_the_unsplit_run[2-True] (every block option split).
+    [pytest.param(4, 4, "adam", marks=pytest.mark.extended),
      pytest.param(4, 2, "adam", marks=pytest.mark.slow),
      pytest.param(4, 2, "lamb", marks=pytest.mark.slow)],
 )  # fmt: skip

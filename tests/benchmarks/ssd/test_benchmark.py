@@ -108,6 +108,9 @@ def _batch(cfg, n):
     }
 
 
+# Extended (CI runs it after README's default run); the default run covers its case by
+# resnet50/test_benchmark.py's grouped batch norm on two replicas (the same cross-replica layer).
+@pytest.mark.extended
 @pytest.mark.numerics
 def test_two_replicas_with_synced_bn_equal_one_replica():
     # Global batch 4 on 1 replica vs 2 replicas x 2 with batch norm over both (group size 2):

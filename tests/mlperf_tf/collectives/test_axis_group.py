@@ -75,10 +75,14 @@ def strategy():
     return mirrored(REPLICAS)
 
 
-# Extended (CI runs them after README's default run): data x expert and data x spatial. The
-# default run covers each axis in at least one mesh here (data x model, pipeline and context;
-# expert x pipeline and context) and the spatial groups in layers/test_spatial.py.
-EXTENDED_MESHES = ("DeviceMesh(data=2, expert=2)", "DeviceMesh(data=2, spatial=2)")
+# Extended (CI runs them after README's default run): data x expert, data x spatial and expert x
+# context. The default run covers each axis in at least one mesh here (data x model, pipeline
+# and context; expert x pipeline) and the spatial groups in layers/test_spatial.py.
+EXTENDED_MESHES = (
+    "DeviceMesh(data=2, expert=2)",
+    "DeviceMesh(data=2, spatial=2)",
+    "DeviceMesh(expert=2, context=2)",
+)
 
 
 @pytest.mark.parametrize(

@@ -244,6 +244,10 @@ def test_checkpoint_holds_whole_tensors_and_restores_on_another_mesh(tmp_path, s
             assert_close(layout.whole_value(v, mesh).numpy(), whole, rtol=0, err_msg=v.path)
 
 
+# Extended (CI runs it after README's default run); the default run covers its case by
+# llama31_8b/test_moe.py's E2 x M2 (experts and tensor parallelism in one run, equal to the
+# unsplit run).
+@pytest.mark.extended
 def test_expert_parallelism_composes_with_model_parallelism():
     """E = 2 x M = 2 on 4 devices equals data = 2 on 2 (the same 2 batch shards), with the
     global-norm clip active: the norm adds the model shards' and the expert shards' squares."""
@@ -257,6 +261,10 @@ def test_expert_parallelism_composes_with_model_parallelism():
         assert_close(a, b, rtol=1e-5, err_msg=f"weight {i}")
 
 
+# Extended (CI runs it after README's default run); the default run covers its case by
+# test_expert_parallel_equals_one_replica_per_expert_set and collectives/test_summer.py (the
+# algorithms and packing).
+@pytest.mark.extended
 def test_expert_parallel_with_the_summers_algorithms_and_packing():
     """The replicated weights (summed over 4 replicas, a 2 x 2 torus) and the experts (over the
     2 of the data axis) are summed by two groups of the one summer, each packed."""
@@ -304,7 +312,10 @@ def test_lars_with_model_parallelism_equals_the_unsplit_run():
     ("make_optimizer", "clip_norm"),
     [
         pytest.param(None, None, marks=pytest.mark.slow),
-        (_lamb, 0.05),
+        # Extended (CI runs it after README's default run); the default run covers its case by
+        # test_sharded_slots_of_experts_are_saved_whole_and_cut_again (the sharded update of
+        # experts' slots).
+        pytest.param(_lamb, 0.05, marks=pytest.mark.extended),
         pytest.param(_lars, None, marks=pytest.mark.slow),
     ],
     ids=["sgd", "lamb-clipped", "lars"],
