@@ -32,7 +32,14 @@ def _resnet(opt_name, params=""):
 @pytest.mark.parametrize(
     "opt_name, params, logged",
     [  # fmt: skip
-        ("kfac", "kfac_factor_update_interval=1,kfac_inverse_update_interval=1", "kfac_damping"),
+        # Extended (CI runs it after README's default run); the default run covers its case by
+        # test_kfac.py (the optimizer's steps) and the contract's resnet50 smoke run (the wiring).
+        pytest.param(
+            "kfac",
+            "kfac_factor_update_interval=1,kfac_inverse_update_interval=1",
+            "kfac_damping",
+            marks=pytest.mark.extended,
+        ),
         # About a minute each on a loaded 2-core machine: the hook-free ones are slow tests.
         pytest.param(
             "neumann", "neumann_reset_interval=2", "neumann_norm_scope", marks=pytest.mark.slow
@@ -66,8 +73,8 @@ def test_kfac_refuses_xla_with_a_user_error(tmp_path):
 
 
 # Extended (CI runs it after README's default run); the default run covers its case by
-# test_registry.py's third-party optimizer found and built, and the registry's K-FAC trained
-# through ResNet-50 on two replicas (this module).
+# test_registry.py's third-party optimizer found and built, and the contract's resnet50 smoke run
+# (the registry's LARS through the runner).
 @pytest.mark.extended
 def test_third_party_optimizer_runs_through_a_benchmark(installed_optimizer, tmp_path):  # noqa: F811
     env = {"PYTHONPATH": f"{installed_optimizer}{os.pathsep}{processes.REPO_ROOT}"}
