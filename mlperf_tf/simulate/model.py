@@ -998,8 +998,8 @@ def rollout_times(
       decode_step_s`): (the weights read per decoding step, experts touched by c sequences
       included, + c x (key/value cache over the mean context + recurrent state)) / (instance
       chips x memory bandwidth) + the step's latency beyond its bytes (`Rollouts.
-      decode_step_latency_s`: kernels and collectives, paid once a step); prefill = c x (its context - its generated tokens)
-      x 2 x active weights / (instance chips x sustained FLOP/s); environment = its turns x
+      decode_step_latency_s`: kernels and collectives, paid once a step); prefill = c x (its
+      context - its generated tokens) x 2 x active weights / (instance chips x sustained FLOP/s); environment = its turns x
       seconds a turn;
     - training: the trainer's FLOPs of the rollouts (`Rollouts.trainer_flops_per_sample`: 3
       or, recomputing the forward, 4 forward passes over the rollouts' context tokens, the
