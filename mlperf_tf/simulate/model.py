@@ -999,8 +999,8 @@ def rollout_times(
       included, + c x (key/value cache over the mean context + recurrent state)) / (instance
       chips x memory bandwidth) + the step's latency beyond its bytes (`Rollouts.
       decode_step_latency_s`: kernels and collectives, paid once a step); prefill = c x (its
-      context - its generated tokens) x 2 x active weights / (instance chips x sustained FLOP/s); environment = its turns x
-      seconds a turn;
+      context - its generated tokens) x 2 x active weights / (instance chips x sustained
+      FLOP/s); environment = its turns x seconds a turn;
     - training: the trainer's FLOPs of the rollouts (`Rollouts.trainer_flops_per_sample`: 3
       or, recomputing the forward, 4 forward passes over the rollouts' context tokens, the
       weights' products and the causal attention's) on the other chips, at the sustained
