@@ -124,8 +124,9 @@ def test_smoke_log_holds_the_benchmarks_hparams(smoke_run):
 
 # GRPO's and the Transformer's cases (42 s of rollouts; 15-39 s of beam search) are extended (CI
 # runs them after README's default run): the default run covers their padded evaluations by
-# qwen35_397b_grpo/test_data_axis.py (two batch shards report the one-device run's pass@k) and
-# transformer/test_benchmark.py's real-data eval step, beside the other benchmarks' cases here.
+# qwen35_397b_grpo/test_benchmark.py's test_a_padded_validation_batch_counts_only_its_real_tasks
+# (pass@k through the evaluator, rollouts' rewards fixed) and transformer/test_benchmark.py's
+# real-data eval step, beside the other benchmarks' cases here.
 EVAL_PADDING_EXTENDED = {"qwen35_397b_grpo", "transformer"}
 
 

@@ -80,9 +80,9 @@ def test_same_seed_same_bytes_and_another_seed_differs(tmp_path):
     assert sum(len(x) for x in file_bytes(a)) > 0
 
 
-# Extended (CI runs it after README's default run); the default run covers its case by
-# test_same_seed_same_bytes_and_another_seed_differs and test_prepare_mini_twice_same_bytes (in
-# process).
+# Extended (CI runs it after README's default run); the default run covers its case in part by
+# test_same_seed_same_bytes_and_another_seed_differs (in process, one hash seed); another
+# interpreter's hash seed only this test checks.
 @pytest.mark.extended
 def test_cli_in_a_fresh_process_writes_the_same_bytes(tmp_path):
     """Another interpreter with another hash seed (set order) writes identical files."""

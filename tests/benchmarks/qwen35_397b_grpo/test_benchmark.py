@@ -132,3 +132,33 @@ def test_each_loop_logs_the_references_tracked_stats(tmp_path):
     for record in stats:
         assert record["metadata"]["samples_count"] == 4 * bench.config.global_batch_size
         assert record["metadata"]["step"] == 4
+
+
+def test_a_padded_validation_batch_counts_only_its_real_tasks(monkeypatch):
+    """pass@k through the runner's evaluator is the same whether or not the last validation
+    batch is padded (the padding tasks repeat a real one and are marked invalid), and equals
+    pass@k of the rewards themselves. The rollouts are replaced by rewards fixed by each
+    rollout's id (its task's index times k plus its generation), which padding does not move;
+    the contract's padded evaluation (extended) decodes them."""
+    from benchmarks.qwen35_397b_grpo import input as input_lib
+    from mlperf_tf import runner
+
+    def rollouts(model, envs, group, *, ids, **kwargs):
+        assert len(ids) == len(group)
+        return [types.SimpleNamespace(reward=float(i % 5 in (0, 3))) for i in ids]
+
+    monkeypatch.setattr(input_lib, "run_rollouts", rollouts)
+    smoke = Qwen35GrpoBenchmark.preset("smoke")
+    smoke = dataclasses.replace(
+        smoke, eval_examples=5, rollout=dataclasses.replace(smoke.rollout, eval_tasks=5)
+    )
+    k = smoke.grpo.num_val_generations_per_prompt
+    rewards = np.array([i % 5 in (0, 3) for i in range(5 * k)]).reshape(5, k)
+    expected = rewards.any(axis=1).mean()
+    assert 0 < expected < 1
+    whole = Qwen35GrpoBenchmark(dataclasses.replace(smoke, eval_batch_size=5))
+    model = whole.build_model()
+    padded = Qwen35GrpoBenchmark(dataclasses.replace(smoke, eval_batch_size=4))
+    assert padded.eval_steps(1) == 2
+    assert runner.evaluate_only(whole, model) == pytest.approx(expected)
+    assert runner.evaluate_only(padded, model) == pytest.approx(expected)
