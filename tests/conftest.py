@@ -9,12 +9,12 @@ import pytest
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 
-import tensorflow as tf  # noqa: E402
-
 NUM_TEST_CPU_DEVICES = 4
 
 
 def _split_cpu():
+    import tensorflow as tf
+
     cpu = tf.config.list_physical_devices("CPU")[0]
     try:
         tf.config.set_logical_device_configuration(
@@ -24,7 +24,11 @@ def _split_cpu():
         pass
 
 
-_split_cpu()
+def _is_xdist_controller(config) -> bool:
+    """The process `-n N` starts its test processes from: it runs no test and collects none, so
+    it need not import TF (about 8 s before the test processes start, measured here)."""
+    workers = getattr(config.option, "numprocesses", None)
+    return not hasattr(config, "workerinput") and workers not in (None, 0)
 
 
 def pytest_addoption(parser):
@@ -65,6 +69,9 @@ def pytest_xdist_auto_num_workers(config):
 
 
 def pytest_configure(config):
+    # Before any test module imports TF (collection comes after `pytest_configure`).
+    if not _is_xdist_controller(config):
+        _split_cpu()
     examples = config.getoption("--fuzz-examples")
     if examples is not None:
         os.environ["MLPERF_TF_FUZZ_EXAMPLES"] = str(examples)
