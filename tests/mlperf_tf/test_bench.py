@@ -39,6 +39,9 @@ def test_resnet50_smoke_windows_median_spread_and_step_time(capsys):
     assert result["mfu"] == pytest.approx(
         result["flops_per_sample"] * result["samples_per_s"] / result["peak_flops_per_s"]
     )
+    line = bench.BenchResult(**result).summary()  # what the command prints without --json
+    assert line.startswith("bench resnet50 (smoke, fp32, no XLA, OneDeviceStrategy x1")
+    assert "images/s median" in line and "load average" in line  # its sample_unit
 
 
 @pytest.mark.slow
@@ -131,12 +134,19 @@ def test_input_pipeline_rate_on_real_records(capsys, tmp_path):
     assert len(result["window_samples_per_s"]) == 2  # training itself stays on synthetic data
 
 
-def test_summary_line_without_json(capsys):
+def test_summary_line_without_json(capsys, monkeypatch):
+    """Without --json the command prints the result's one line (its text is checked on a
+    measured result above): here a result with the first test's settings, not measured again."""
+    result = bench.BenchResult(
+        benchmark="resnet50", preset="smoke", dtype="fp32", xla=False,
+        strategy="OneDeviceStrategy", replicas=1, expert_parallel=1, global_batch_size=16,
+        steps_per_window=1, sample_unit="image", window_samples_per_s=[10.0, 12.0],
+        samples_per_s=11.0, samples_per_s_min=10.0, samples_per_s_max=12.0,
+        samples_per_s_per_replica=11.0, step_time_ms=1e3 * 16 / 11.0, warmup_s=1.0,
+    )  # fmt: skip
+    monkeypatch.setattr(bench, "run", lambda *args: result)
     assert cli.main(["bench", "--benchmark=resnet50", "--preset=smoke", *FAST]) == 0
-    lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[0].startswith("warm-up: 1 steps")
-    assert lines[-1].startswith("bench resnet50 (smoke, fp32, no XLA, OneDeviceStrategy x1")
-    assert "images/s median" in lines[-1] and "load average" in lines[-1]  # its sample_unit
+    assert capsys.readouterr().out.strip().splitlines()[-1] == result.summary()
 
 
 @pytest.mark.parametrize(

@@ -17,6 +17,7 @@ from benchmarks.llama2_70b_lora import prepare
 from mlperf_tf.errors import DataError
 from tests.benchmarks.llama2_70b_lora.hf_checkpoints import write_hf_checkpoint
 from tests.e2e import REPO
+from tests.refusals import the_error_line
 
 
 def _parquet(path, rows):
@@ -85,15 +86,19 @@ def _cli(*args):
     )  # fmt: skip
 
 
-def test_cli_imports_and_refuses_another_model_in_one_line(tmp_path):
+def test_cli_imports_and_refuses_another_model_in_one_line(tmp_path, capsys):
+    """The import through the command in its own process; the refusal in this one (`cli.main`,
+    as `tests/test_cli_fuzz.py` runs refusals: a second interpreter adds only its TF import)."""
+    from mlperf_tf import cli
+
     write_hf_checkpoint(str(tmp_path / "src"), config_lib.smoke().model, fused=True)
     ok = _cli(f"--checkpoint={tmp_path / 'src'}", f"--out_dir={tmp_path / 'out'}", "--model=smoke")
     assert ok.returncode == 0, ok.stderr
     assert os.path.exists(tmp_path / "out" / "base" / "index.json")
-    bad = _cli(f"--checkpoint={tmp_path / 'src'}", f"--out_dir={tmp_path / 'out2'}")
-    assert bad.returncode == 2
-    assert bad.stderr.strip().splitlines()[-1].startswith("error: checkpoint config")
-    assert len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+    code = cli.main(["prepare", "llama2_70b_lora", f"--checkpoint={tmp_path / 'src'}",
+                     f"--out_dir={tmp_path / 'out2'}"])  # fmt: skip
+    assert the_error_line(capsys.readouterr().err, code, 2).startswith("error: checkpoint config")
+    assert not os.path.exists(tmp_path / "out2" / "base")
 
 
 def test_base_pretrained_in_a_child_process_is_a_loadable_checkpoint(tmp_path):
