@@ -291,7 +291,11 @@ class EnvironmentConfig:
       agent_timeout_s: wall-clock seconds a rollout may take (1,800 in the reference, which
         must never bind: a rollout cut by it is invalid).
       test_timeout_s: seconds the task's tests may run (300 training, 180 validation).
-      tool_timeout_s: seconds one tool call may run in the sandbox.
+      tool_timeout_s: seconds one tool call may run in the sandbox (`repair`: each call;
+        `r2e_gym`: the editor's calls and the shell's own signals; its commands follow
+        `no_change_timeout_s`).
+      no_change_timeout_s: `r2e_gym`: seconds without new output after which `execute_bash`
+        returns while its command runs on (OpenHands' `NO_CHANGE_TIMEOUT_SECONDS`, 30).
       tool_cpu_s, tool_memory_mb: the sandbox's CPU-time and address-space limits.
       max_observation_chars: a tool's output is cut to this many characters.
       image_dir: `r2e_gym`: the folder of the tasks' SIF images (`<instance_id>.sif`, the
@@ -307,6 +311,7 @@ class EnvironmentConfig:
     test_timeout_s: float = 300.0
     validation_test_timeout_s: float = 180.0
     tool_timeout_s: float = 10.0
+    no_change_timeout_s: float = 30.0
     tool_cpu_s: int = 10
     tool_memory_mb: int = 1024
     max_observation_chars: int = 4000
@@ -319,7 +324,7 @@ class EnvironmentConfig:
         require(
             self, prefix="env.",
             positive=("agent_timeout_s", "test_timeout_s", "validation_test_timeout_s",
-                      "tool_timeout_s"),
+                      "tool_timeout_s", "no_change_timeout_s"),
             positive_int=("tool_cpu_s", "tool_memory_mb", "max_observation_chars"),
         )  # fmt: skip
 

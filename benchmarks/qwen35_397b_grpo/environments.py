@@ -11,7 +11,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import shlex
 import shutil
 import signal
 import subprocess
@@ -22,6 +21,7 @@ import uuid
 
 from benchmarks.qwen35_397b_grpo import config as config_lib
 from benchmarks.qwen35_397b_grpo import r2egym
+from benchmarks.qwen35_397b_grpo import shell as shell_lib
 from benchmarks.qwen35_397b_grpo.tasks import SOLUTION, TESTS, RepairTask
 from mlperf_tf.errors import UserError
 from mlperf_tf.rl.environment import Environment
@@ -230,12 +230,11 @@ class R2EGymEnvironment(Environment):
     kept alive for the rollout (an Apptainer/Singularity instance or a Docker container), with
     OpenHands CodeActAgent's tools, each one command run through the runtime's exec:
 
-    - `execute_bash(command, is_input, timeout)`: `bash -c` in the container under `timeout
-      --kill-after` and the host's own limit (the tool timeout, or the call's `timeout` when
-      shorter; the agent timeout when sooner), its process group killed when cut. The working
-      directory persists between calls (OpenHands' shell is one persistent session); the
-      environment and background processes do not (each call is a new shell), so `is_input`
-      has no process to talk to and is answered in text.
+    - `execute_bash(command, is_input, timeout)`: OpenHands' persistent session
+      (`shell.Shell`: one bash in the container for the rollout; directory, variables and
+      background processes persist; a command silent for `env.no_change_timeout_s` or past
+      the call's `timeout` keeps running, and `is_input` talks to it or sends C-c / C-z; the
+      agent timeout bounds every call).
     - `str_replace_editor(command, path, ...)`: `r2egym.EDITOR_PROGRAM` run by the
       container's `python3`, the request on stdin (no file is copied in or out).
     - `think(thought)`: logged, answered as OpenHands answers it; `finish(message)`: ends.
@@ -258,7 +257,7 @@ class R2EGymEnvironment(Environment):
         self.exec_prefix: list[str] | None = None
         self.stop: list[str] | None = None
         self.task: r2egym.R2ETask | None = None
-        self.cwd = r2egym.REPO_PATH
+        self.shell: shell_lib.Shell | None = None
 
     def reset(self, task: r2egym.R2ETask) -> str:
         """Starts the task's container; returns the prompt: the reference's user template
@@ -268,7 +267,7 @@ class R2EGymEnvironment(Environment):
           UserError: the container does not start (one line naming the task and why).
         """
         self.close()
-        self.task, self.cwd = task, r2egym.REPO_PATH
+        self.task = task
         if os.path.basename(self.runtime) == "docker":  # R2E-Gym's image by its name
             image = task.docker_image
         else:  # the reference's SIF of the task
@@ -293,6 +292,15 @@ class R2EGymEnvironment(Environment):
             raise UserError(
                 f"task {task.instance_id!r}: its container does not run commands: {why}"
             )
+        try:
+            self.shell = shell_lib.Shell(
+                self.exec_prefix, cwd=r2egym.REPO_PATH,
+                no_change_timeout_s=self.env.no_change_timeout_s,
+                side_timeout_s=self.env.tool_timeout_s,
+            )  # fmt: skip
+        except shell_lib.ShellError as e:
+            self.close()
+            raise UserError(f"task {task.instance_id!r}: {e}") from None
         if self.user_template is None:
             return task.problem_statement
         return render_user_prompt(self.user_template, task)
@@ -324,29 +332,14 @@ class R2EGymEnvironment(Environment):
         return text[:half] + "\n<response clipped>\n" + text[-half:]
 
     def execute_bash(self, command: str, is_input: str = "false", timeout: str = "") -> str:
-        if is_input.strip().lower() == "true":
-            return "ERROR: No previous running command to interact with."
-        limit = self.env.tool_timeout_s
-        if timeout.strip():
-            limit = min(limit, float(timeout))
-        limit = self.time_left(limit)
-        marker = "__MLPERF_CWD__"
-        # The EXIT trap reports the directory however the command ends (`exit N` included).
-        script = (f"trap 'echo; echo {marker}$(pwd)' EXIT\ncd {shlex.quote(self.cwd)} || exit\n"
-                  f"{command}")  # fmt: skip
-        code, out = self._run(["bash", "-c", script], limit)
-        if code is None:
-            return (
-                f"{self._clip(out.split(marker)[0].rstrip())}\n[The command timed out after "
-                f"{limit:g} seconds and was killed.]"
-            )
-        if marker in out:
-            out, _, cwd = out.rpartition(marker)
-            self.cwd = cwd.strip() or self.cwd
-        return (
-            f"{self._clip(out.rstrip())}\n[Current working directory: {self.cwd}]\n"
-            f"[Command finished with exit code {code}]"
-        )
+        hard = float(timeout) if str(timeout).strip() else None
+        if hard is not None and not hard > 0:
+            raise ValueError(f"`timeout` must be a positive number of seconds, not {timeout}")
+        observation = self.shell.run(
+            command, is_input=str(is_input).strip().lower() == "true", timeout=hard,
+            wait_s=self.time_left(self.env.agent_timeout_s),
+        )  # fmt: skip
+        return self._clip(observation)
 
     def str_replace_editor(self, command: str, path: str, file_text: str | None = None,
                            old_str: str | None = None, new_str: str | None = None,
@@ -395,6 +388,9 @@ class R2EGymEnvironment(Environment):
         return 1.0 if r2egym.tests_pass(out, self.task.expected_output) else 0.0
 
     def close(self) -> None:
+        if self.shell is not None:
+            self.shell.close()
+            self.shell = None
         if self.stop is not None:
             try:
                 subprocess.run(self.stop, capture_output=True, timeout=60)

@@ -50,11 +50,40 @@ def run(root, pwd, argv):
         sys.exit(255)
     paths = re.compile(r"(?<![\w.-])/(testbed|root)(?=[/\s'\"]|$)")
     into = lambda s: paths.sub(lambda m: root + "/" + m.group(1), s)
+    if argv == ["bash", "--noprofile", "--norc"]:  # a session: lines in, output as it comes
+        session(root, into(pwd), argv, into)
     data = into(sys.stdin.buffer.read().decode()).encode()
     done = subprocess.run([into(a) for a in argv], input=data, cwd=into(pwd),
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     sys.stdout.write(done.stdout.decode().replace(root + "/", "/"))
     sys.exit(done.returncode)
+
+def session(root, cwd, argv, into):
+    import select, threading
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, cwd=cwd)
+    def pump():
+        for line in sys.stdin.buffer:
+            proc.stdin.write(into(line.decode()).encode())
+            proc.stdin.flush()
+        proc.stdin.close()
+    threading.Thread(target=pump, daemon=True).start()
+    fd, rest, root = proc.stdout.fileno(), b"", (root + "/").encode()
+    while True:  # whole lines at once; a partial line after 50 ms of silence (a prompt)
+        ready = select.select([fd], [], [], 0.05)[0]
+        data = os.read(fd, 65536) if ready else None
+        if data == b"":
+            break
+        if data:
+            head, sep, rest = (rest + data).rpartition(b"\n")
+            chunk = head + sep
+        else:
+            chunk, rest = rest, b""
+        sys.stdout.buffer.write(chunk.replace(root, b"/"))
+        sys.stdout.buffer.flush()
+    sys.stdout.buffer.write(rest.replace(root, b"/"))
+    sys.stdout.buffer.flush()
+    os._exit(proc.wait())  # not sys.exit: the pump thread holds stdin's lock
 
 if args in (["--version"], ["info"]):
     print("stand-in runtime")
@@ -281,6 +310,7 @@ def test_editor_commands_and_mistakes_are_answered(runtime):
         assert turn.observation.startswith("bye\n")
         assert "[Current working directory: /testbed/sub]" in turn.observation
         assert "[Command finished with exit code 124]" in turn.observation  # not a timeout
+        assert "[The shell exited; a new session was started in /testbed/sub.]" in turn.observation
         turn = env.act(format_tool_call("execute_bash", {"command": "exit 3"}))
         assert "[Command finished with exit code 3]" in turn.observation
         assert env.reward() == 0.0  # the bug is still there
@@ -288,25 +318,52 @@ def test_editor_commands_and_mistakes_are_answered(runtime):
         env.close()
 
 
-def test_a_hanging_command_is_cut_and_the_agent_timeout_makes_the_rollout_invalid(runtime):
-    env = _env(runtime, tool_timeout_s=1.0)
+def _bash(command, **arguments):
+    return format_tool_call("execute_bash", {"command": command, **arguments})
+
+
+def test_a_silent_command_runs_on_in_the_session_until_the_agent_interrupts_it(runtime):
+    """OpenHands' session: a command silent for the no-change timeout returns while it runs
+    on; a new command is then not executed; C-c (`is_input`) ends it; the session lives on,
+    with its variables and background jobs; text sent with `is_input` reaches a command
+    reading its input; a call's `timeout` returns at it, and an empty command waits on."""
+    env = _env(runtime, no_change_timeout_s=1.0)
     try:
         env.reset(_task())
         start = time.monotonic()
-        turn = env.act(format_tool_call("execute_bash", {"command": "echo begun; sleep 60"}))
+        turn = env.act(_bash("export NAME=calc; echo begun; sleep 60"))
         assert time.monotonic() - start < 8
-        assert "begun" in turn.observation and "timed out after 1 seconds" in turn.observation
+        assert turn.observation.startswith("begun\n[The command has no new output after 1 seconds.")
         assert not turn.done and not turn.invalid
-        turn = env.act(format_tool_call("execute_bash", {"command": "echo alive"}))
-        assert turn.observation.startswith("alive")  # the environment still answers
+        turn = env.act(_bash("echo alive"))
+        assert 'Your command "echo alive" is NOT executed' in turn.observation
+        turn = env.act(_bash("C-c", is_input="true"))
+        assert "[Command finished with exit code 130] CTRL+C was sent." in turn.observation
+        turn = env.act(_bash("sleep 30 & echo $NAME; cd r2e_tests"))
+        assert turn.observation.startswith("calc\n[Current working directory: /testbed/r2e_tests]")
+        turn = env.act(_bash("jobs; read -r who; echo Hello $who"))
+        assert "Running" in turn.observation and "sleep 30" in turn.observation
+        assert "no new output after 1 seconds" in turn.observation
+        turn = env.act(_bash("John", is_input="true"))
+        assert turn.observation.startswith("[Below is the output of the previous command.]\n")
+        assert "Hello John\n[Current working directory: /testbed/r2e_tests]" in turn.observation
+        turn = env.act(_bash("sleep 2; echo late", timeout="0.5"))
+        assert "[The command timed out after 0.5 seconds." in turn.observation
+        turn = env.act(_bash("", timeout="30"))  # a hard timeout: no no-change return
+        assert "late\n[Current working directory" in turn.observation
+        turn = env.act(_bash(""))
+        assert turn.observation == "ERROR: No previous running command to retrieve logs from."
     finally:
         env.close()
-    # An agent timeout of 1.5 s: the second 1 s command runs into it.
-    env = _env(runtime, tool_timeout_s=1.0, agent_timeout_s=1.5)
-    hang = format_tool_call("execute_bash", {"command": "sleep 60"})
+
+
+def test_the_agent_timeout_makes_the_rollout_invalid(runtime):
+    """An agent timeout of 1.5 s: the second 1 s wait for a silent command runs into it."""
+    env = _env(runtime, no_change_timeout_s=1.0, agent_timeout_s=1.5)
+    hang, wait = _bash("sleep 60"), _bash("")
     try:
         [rollout] = run_rollouts(
-            Script({"[slow]": [hang, hang, hang, FINISH]}), [env],
+            Script({"[slow]": [hang, wait, wait, FINISH]}), [env],
             [_task(problem=f"[slow] {ISSUE}")], chat=CHAT, max_turns=6, max_turn_tokens=400,
             max_length=20_000, temperature=1.0, top_p=1.0, seed=0,
         )  # fmt: skip
