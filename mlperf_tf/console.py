@@ -128,18 +128,70 @@ def quiet_stderr(argv: list[str]) -> StderrFilter | None:
     return StderrFilter()
 
 
+# A C++ log line of TF that carries a Python error (an op such as tf.data's `PyFunc` failed in
+# Python code, e.g. a host-side generator), when the next line starts its traceback.
+_CPP_LOG_LINE = re.compile(
+    rb"^\d{4}-\d\d-\d\d [\d:.]+: [IWE] \S+\.cc:\d+\] (?:.*status: )?UNKNOWN: [\w.]*Error: "
+)
+_TRACEBACK = b"Traceback (most recent call last):"
+# What such a block holds after its first line: the traceback's frames and source (indented),
+# blank lines, the exception's own line ("package.Error: ..."), and the ops' names ("\t [[...]]").
+_IN_BLOCK = re.compile(rb"^(\s|$|Traceback |[\w.]+: )")
+_MAX_BLOCK_LINES = 1000
+
+
+class ErrorCopies:
+    """Drops TF's C++ copies of a Python error raised inside an op (each op it aborts logs it
+    again, traceback and all): the error itself reaches the run's own handling, which reports
+    it (`mlperf_tf.data.pipeline.host_error_message`: a `UserError` of a host-side generator in
+    one line; any other error with its traceback, once). `feed` takes a line (bytes) and
+    returns the lines to forward, unchanged.
+    """
+
+    def __init__(self):
+        self.pending: bytes | None = None  # a log line that may start a block
+        self.dropping = 0  # lines dropped in the current block (0: not in one)
+
+    def feed(self, line: bytes) -> list[bytes]:
+        if self.pending is not None:
+            first, self.pending = self.pending, None
+            if line.startswith(_TRACEBACK):
+                self.dropping = 1
+                return []
+            return [first, *self.feed(line)]
+        if self.dropping:
+            if _IN_BLOCK.match(line) and self.dropping < _MAX_BLOCK_LINES:
+                self.dropping += 1
+                return []
+            self.dropping = 0
+        if _CPP_LOG_LINE.match(line):
+            self.pending = line
+            return []
+        return [line]
+
+    def flush(self) -> list[bytes]:
+        pending, self.pending = self.pending, None
+        return [] if pending is None else [pending]
+
+
 def _filter_main() -> None:
-    """The filter process: copies stdin to stdout line by line, dropping `NOISE`."""
+    """The filter process: copies stdin to stdout line by line, dropping `NOISE` and TF's C++
+    copies of a Python error (`ErrorCopies`)."""
     # Ctrl-C reaches the whole process group: the filter must outlive the run's last message.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     source, sink = sys.stdin.buffer, sys.stdout.buffer
+    copies = ErrorCopies()
     for raw in iter(source.readline, b""):
         if raw == _CLOSE_LINE:
-            return
-        if not is_noise(raw.decode("utf-8", "replace")):
-            sink.write(raw)
-            sink.flush()
+            break
+        for line in copies.feed(raw):
+            if not is_noise(line.decode("utf-8", "replace")):
+                sink.write(line)
+        sink.flush()
+    for line in copies.flush():
+        sink.write(line)
+    sink.flush()
 
 
 if __name__ == "__main__":

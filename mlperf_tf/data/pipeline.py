@@ -28,6 +28,7 @@ import contextlib
 import functools
 import glob as _glob
 import os
+import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -35,7 +36,7 @@ from typing import Any
 import tensorflow as tf
 from absl import logging
 
-from mlperf_tf.errors import DataError
+from mlperf_tf.errors import DataError, UserError
 
 AUTOTUNE = tf.data.AUTOTUNE
 # Marks errors raised from inside a pipeline by the bad-record checks (see `translate_errors`).
@@ -499,16 +500,34 @@ def translate_errors() -> Iterator[None]:
             for batch in dataset: ...
 
     Raises:
-      DataError: a pipeline met a corrupt record or a record its parse/transform could not handle;
-        the message names the file and suggests `--skip_bad_records`.
+      DataError: a pipeline met a corrupt record or a record its parse/transform could not handle
+        (the message names the file and suggests `--skip_bad_records`), or a host-side
+        generator of the pipeline (`tf.data.Dataset.from_generator`: e.g. GRPO's rollouts)
+        raised a `UserError` (its message: e.g. a task whose environment does not start).
     """
     try:
         yield
     except tf.errors.OpError as e:
-        message = data_error_message(e)
+        message = data_error_message(e) or host_error_message(e)
         if message is None:
             raise
         raise DataError(message) from None
+
+
+# The last line of the Python traceback TF carries in the OpError of a failed `PyFunc` (the op
+# behind `from_generator`): "package.module.ErrorClass: message".
+_PYTHON_ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*)\.([A-Za-z_]\w*): (.*)$", re.MULTILINE)
+
+
+def host_error_message(error: BaseException) -> str | None:
+    """The message of a `UserError` (or subclass) that a host-side generator raised inside a
+    pipeline, from the OpError TF turned it into; None for any other error. The class is
+    looked up among the modules already imported (nothing is imported by name from text)."""
+    for module, name, message in reversed(_PYTHON_ERROR_LINE.findall(str(error))):
+        cls = getattr(sys.modules.get(module), name, None)
+        if isinstance(cls, type) and issubclass(cls, UserError):
+            return message.strip()
+    return None
 
 
 def data_error_message(error: BaseException) -> str | None:

@@ -10,7 +10,7 @@ from mlperf_logging.mllog import constants as C
 
 from mlperf_tf import runner
 from mlperf_tf.data import pipeline
-from mlperf_tf.errors import DataError
+from mlperf_tf.errors import DataError, UserError
 from tests.mlperf_tf.data import helpers
 from tests.tiny_benchmark import TinyBenchmark, smoke
 
@@ -71,3 +71,43 @@ def test_a_tfrecord_truncated_mid_file_is_one_line_naming_it(tmp_path):
             files, batch_size=1, num_epochs=1, skip_bad_records=True, **common))  # fmt: skip
     xs = {int(b["x"].numpy()[0]) for b in batches}
     assert {x for x in range(30) if x % 3 != 2} <= xs  # intact files read whole
+
+
+class TaskOutOfReachError(UserError):
+    """A benchmark's own kind of input error (a subclass, as a benchmark may declare)."""
+
+
+class HostGeneratorFails(TinyBenchmark):
+    """The tiny benchmark fed by a host-side generator (as GRPO's rollouts are) that raises
+    `error` at its `FAIL_AT`-th batch: a task whose environment does not start, mid-run."""
+
+    FAIL_AT = 5
+    error: Exception = TaskOutOfReachError("task 'calc-7': its container did not start: no image")
+
+    def train_dataset(self, input_context):
+        batches = list(super().train_dataset(input_context).take(self.FAIL_AT).as_numpy_iterator())
+
+        def generate():
+            yield from batches
+            raise self.error
+
+        spec = tf.nest.map_structure(
+            lambda x: tf.TensorSpec(x.shape, tf.as_dtype(x.dtype)), batches[0]
+        )
+        return tf.data.Dataset.from_generator(generate, output_signature=spec)
+
+
+def test_a_user_error_of_a_host_generator_mid_run_is_one_line_and_closes_the_log(tmp_path):
+    run_config = runner.RunConfig(model_dir=str(tmp_path), steps_per_loop=2,
+                                  distribution="one_device")  # fmt: skip
+    with pytest.raises(DataError) as caught:
+        runner.run(HostGeneratorFails(smoke()), run_config)
+    assert str(caught.value) == "task 'calc-7': its container did not start: no image"
+    with open(tmp_path / "mlperf_log.txt", encoding="utf-8") as f:
+        records = [json.loads(line.split(":::MLLOG ", 1)[1]) for line in f if ":::MLLOG" in line]
+    assert records[-1]["key"] == C.RUN_STOP and records[-1]["metadata"]["status"] == C.ABORTED
+    # Any other error of the generator is a bug: TF's own error, traceback and all.
+    bug = type("HostGeneratorBug", (HostGeneratorFails,), {"error": ValueError("a bug")})
+    with pytest.raises(tf.errors.OpError, match="ValueError: a bug"):
+        runner.run(bug(smoke()), runner.RunConfig(model_dir=str(tmp_path / "bug"), steps_per_loop=2,
+                                         distribution="one_device"))  # fmt: skip

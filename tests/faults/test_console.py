@@ -56,3 +56,40 @@ def test_prepare_into_a_file_is_one_line(tmp_path, capsys):
     assert code == 2
     assert f"error: --out_dir '{a_file / 'sub'}': '{a_file}' is a file, not a folder" in err
     assert "Traceback" not in err
+
+
+# TF's C++ copies of a UserError raised in a host-side generator (from a GRPO run whose task's
+# container did not start; paths shortened): each op the error aborts logs it with its traceback.
+COPIES = [
+    "2026-12-07 09:47:27.727118: W tensorflow/core/framework/op_kernel.cc:1842] UNKNOWN: "
+    "UserError: task 'x': its container did not start: boom",
+    "Traceback (most recent call last):",
+    "",
+    '  File "/tf/python/ops/script_ops.py", line 269, in __call__',
+    "    ret = func(*args)",
+    "          ^^^^^^^^^^^",
+    "",
+    "mlperf_tf.errors.UserError: task 'x': its container did not start: boom",
+    "",
+    "",
+    "\t [[{{node PyFunc}}]]",
+    "2026-12-07 09:47:27.735166: I tensorflow/core/framework/local_rendezvous.cc:407] Local "
+    "rendezvous is aborting with status: UNKNOWN: UserError: task 'x': its container did not "
+    "start: boom",
+    "Traceback (most recent call last):",
+    '  File "/work/benchmarks/qwen35_397b_grpo/input.py", line 130, in rollout_steps',
+    "mlperf_tf.errors.UserError: task 'x': its container did not start: boom",
+    "\t [[{{node PyFunc}}]]",
+    "\t [[MultiDeviceIteratorGetNextFromShard]]",
+]
+
+
+def test_tfs_copies_of_a_python_error_are_dropped_and_the_rest_kept():
+    copies = console.ErrorCopies()
+    alone = ("2026-12-07 09:47:28.000001: W tensorflow/core/framework/op_kernel.cc:1842] UNKNOWN: "
+             "ValueError: a line with no traceback after it")  # fmt: skip
+    lines = [*COPIES, "I1207 09:47:28 controller.py:1] run_stop status=aborted", alone,
+             "error: task 'x': its container did not start: boom"]  # fmt: skip
+    kept = [out for line in lines for out in copies.feed(f"{line}\n".encode())]
+    kept += copies.flush()
+    assert [k.decode().rstrip("\n") for k in kept] == lines[len(COPIES) :]
