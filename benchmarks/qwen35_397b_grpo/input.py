@@ -108,6 +108,24 @@ def train_signature(config: Qwen35GrpoConfig, rows: int) -> dict[str, tf.TensorS
     }
 
 
+def _refuse_invalid(rollouts, config: Qwen35GrpoConfig, where: str) -> None:
+    """The reference README (section 3): every training and validation rollout must reach a
+    normal end; one cut by the agent timeout "must not be included as a valid benchmark
+    sample", and the timeouts are to be set so that none is. So a run with such a rollout is
+    not a result: it stops here, in one line, with the setting to raise.
+
+    Raises:
+      UserError: a rollout was cut by the agent timeout (`Rollout.invalid`).
+    """
+    cut = sum(r.invalid for r in rollouts)
+    if cut:
+        raise UserError(
+            f"{where}: {cut} of {len(rollouts)} rollouts were cut by the agent timeout "
+            f"({config.env.agent_timeout_s:g} s), and the rules count no such rollout; raise "
+            "--config.env.agent_timeout_s so that every rollout ends by itself"
+        )
+
+
 def rollout_steps(model, config: Qwen35GrpoConfig, *, seed: int, gate: AgeGate | None = None,
                   clock: RolloutClock | None = None):  # fmt: skip
     """Endless training batches: step s's prompts are tasks s P .. s P + P - 1 (cycling), each
@@ -133,6 +151,7 @@ def rollout_steps(model, config: Qwen35GrpoConfig, *, seed: int, gate: AgeGate |
                 max_length=config.rollout.max_length, temperature=grpo.training_temperature,
                 top_p=grpo.training_top_p, seed=seed * 100_000 + step, clock=clock,
             )  # fmt: skip
+            _refuse_invalid(rollouts, config, f"training step {step + 1}")
             batch = batch_lib.training_batch(
                 rollouts, num_generations=grpo.num_generations_per_prompt,
                 length=config.rollout.max_length - 1, pad_id=CHAT.PAD,
@@ -172,6 +191,7 @@ def validation_batches(model, config: Qwen35GrpoConfig, *, batch_tasks: int, see
                 top_p=grpo.validation_top_p, seed=seed,
                 ids=[(start + j // k) * k + j % k for j in range(len(group))],
             )  # fmt: skip
+            _refuse_invalid(rollouts, config, f"validation tasks {start + 1}-{start + len(chosen)}")
             rewards = np.array([r.reward for r in rollouts], np.float32).reshape(batch_tasks, k)
             yield {"rewards": rewards, "valid": valid}
     finally:

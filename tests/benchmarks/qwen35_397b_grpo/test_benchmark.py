@@ -145,7 +145,7 @@ def test_a_padded_validation_batch_counts_only_its_real_tasks(monkeypatch):
 
     def rollouts(model, envs, group, *, ids, **kwargs):
         assert len(ids) == len(group)
-        return [types.SimpleNamespace(reward=float(i % 5 in (0, 3))) for i in ids]
+        return [types.SimpleNamespace(reward=float(i % 5 in (0, 3)), invalid=False) for i in ids]
 
     monkeypatch.setattr(input_lib, "run_rollouts", rollouts)
     smoke = Qwen35GrpoBenchmark.preset("smoke")
@@ -162,3 +162,25 @@ def test_a_padded_validation_batch_counts_only_its_real_tasks(monkeypatch):
     assert padded.eval_steps(1) == 2
     assert runner.evaluate_only(whole, model) == pytest.approx(expected)
     assert runner.evaluate_only(padded, model) == pytest.approx(expected)
+
+
+def test_a_rollout_cut_by_the_agent_timeout_stops_the_run_in_one_line(monkeypatch):
+    """The reference README: no rollout may be cut by the agent timeout (it is no sample, and
+    the timeout is to be set so that none is): the training and validation batches refuse
+    one, naming where and the setting; `test_r2egym.py` cuts one for real."""
+    from benchmarks.qwen35_397b_grpo import input as input_lib
+
+    def rollouts(model, envs, group, **kwargs):
+        return [types.SimpleNamespace(reward=0.0, invalid=i == 1) for i in range(len(group))]
+
+    monkeypatch.setattr(input_lib, "run_rollouts", rollouts)
+    smoke = Qwen35GrpoBenchmark.preset("smoke")
+    with pytest.raises(UserError) as e:
+        next(input_lib.validation_batches(None, smoke, batch_tasks=3, seed=0))
+    assert str(e.value) == (
+        "validation tasks 1-3: 1 of 6 rollouts were cut by the agent timeout (1800 s), and the "
+        "rules count no such rollout; raise --config.env.agent_timeout_s so that every rollout "
+        "ends by itself"
+    )
+    with pytest.raises(UserError, match=r"^training step 1: 1 of 4 rollouts were cut"):
+        next(input_lib.rollout_steps(None, smoke, seed=0))
