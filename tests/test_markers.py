@@ -33,8 +33,8 @@ def _comment_above(lines, index):
     return " ".join(reversed(text))
 
 
-def test_every_extended_test_names_the_default_test_that_covers_it():
-    unnamed = []
+def _extended_marks():
+    """(where, the comment above) of every extended mark in the test files but this one."""
     for path in _test_files():
         if path.endswith("test_markers.py"):
             continue
@@ -42,10 +42,16 @@ def test_every_extended_test_names_the_default_test_that_covers_it():
             lines = f.read().splitlines()
         for i, line in enumerate(lines):
             if EXTENDED.search(line) and "EXTENDED = {" not in line:
-                comment = _comment_above(lines, i)
-                comment = comment.lower()
-                if "extended" not in comment or "default run covers" not in comment:
-                    unnamed.append(f"{os.path.relpath(path, processes.REPO_ROOT)}:{i + 1}")
+                where = f"{os.path.relpath(path, processes.REPO_ROOT)}:{i + 1}"
+                yield where, _comment_above(lines, i).lower()
+
+
+def test_every_extended_test_names_the_default_test_that_covers_it():
+    unnamed = [
+        where
+        for where, comment in _extended_marks()
+        if "extended" not in comment or "default run covers" not in comment
+    ]
     assert not unnamed, f"extended tests without the default test that covers them: {unnamed}"
 
 
@@ -105,18 +111,10 @@ def test_the_named_covers_are_default_tests():
     run: every `test_...` function and `test_....py` file a cover comment names is in it."""
     names, files = _default_tests()
     wrong = []
-    for path in _test_files():
-        if path.endswith("test_markers.py"):
-            continue
-        with open(path) as f:
-            lines = f.read().splitlines()
-        for i, line in enumerate(lines):
-            if EXTENDED.search(line) and "EXTENDED = {" not in line:
-                comment = _comment_above(lines, i)
-                covers = comment.lower().split("default run covers", 1)[-1]
-                named_files = FILE.findall(covers)
-                named_tests = TEST.findall(FILE.sub("", covers))
-                where = f"{os.path.relpath(path, processes.REPO_ROOT)}:{i + 1}"
-                wrong += [f"{where} {n}.py" for n in named_files if f"{n}.py" not in files]
-                wrong += [f"{where} {n}" for n in named_tests if n not in names]
+    for where, comment in _extended_marks():
+        covers = comment.split("default run covers", 1)[-1]
+        named_files = FILE.findall(covers)
+        named_tests = TEST.findall(FILE.sub("", covers))
+        wrong += [f"{where} {n}.py" for n in named_files if f"{n}.py" not in files]
+        wrong += [f"{where} {n}" for n in named_tests if n not in names]
     assert not wrong, f"covers that README's default run does not run: {wrong}"
