@@ -306,7 +306,7 @@ class Shell:
                   f"kill -{name} -- -$3 2>/dev/null; n=$((n+1)); fi; done; echo $n")  # fmt: skip
         try:
             done = subprocess.run([*self.exec_prefix, "bash", "-c", script], capture_output=True,
-                                  timeout=self.side_timeout_s)  # fmt: skip
+                                  stdin=subprocess.DEVNULL, timeout=self.side_timeout_s)  # fmt: skip
         except (OSError, subprocess.TimeoutExpired):
             return 0
         last = done.stdout.strip().splitlines()[-1:]
