@@ -184,3 +184,14 @@ def test_a_rollout_cut_by_the_agent_timeout_stops_the_run_in_one_line(monkeypatc
     )
     with pytest.raises(UserError, match=r"^training step 1: 1 of 4 rollouts were cut"):
         next(input_lib.rollout_steps(None, smoke, seed=0))
+
+
+def test_a_model_of_a_real_tokenizers_vocabulary_is_refused_before_loading(tmp_path):
+    """The `mlperf` preset's Qwen3.5 vocabulary with rollouts in bytes would be noise: refused
+    in one line before the checkpoint is read (its folder need not even exist)."""
+    mlperf = Qwen35GrpoBenchmark.preset("mlperf")
+    bench = Qwen35GrpoBenchmark(dataclasses.replace(mlperf, init_checkpoint=str(tmp_path / "no")))
+    with pytest.raises(UserError, match=r"^the model's vocabulary has 248,320 ids, and the") as e:
+        bench.prepare_initial_weights()
+    assert "\n" not in str(e.value)
+    Qwen35GrpoBenchmark(Qwen35GrpoBenchmark.preset("smoke")).prepare_initial_weights()  # bytes
