@@ -22,8 +22,9 @@ def log_records(path) -> list[dict]:
         return [json.loads(line.split(":::MLLOG", 1)[1]) for line in f if ":::MLLOG" in line]
 
 
-def run_mini(benchmark: str, tmp_path) -> tuple[str, float]:
-    """Runs `mlperf-tf run --benchmark=B --preset=mini` in a subprocess with its data under tmp_path.
+def run_mini(benchmark: str, tmp_path, timeout_s: float = 3600) -> tuple[str, float]:
+    """Runs `mlperf-tf run --benchmark=B --preset=mini` in a subprocess with its data under tmp_path
+    (killed after `timeout_s`).
 
     Returns the MLPerf log path and the wall time in minutes (data preparation included).
     """
@@ -33,17 +34,19 @@ def run_mini(benchmark: str, tmp_path) -> tuple[str, float]:
     subprocess.run(
         [sys.executable, "-m", "mlperf_tf.cli", "run", f"--benchmark={benchmark}",
          "--preset=mini", f"--model_dir={model_dir}"],
-        check=True, env=env, cwd=REPO, timeout=3600,
+        check=True, env=env, cwd=REPO, timeout=timeout_s,
     )  # fmt: skip
     return str(model_dir / "mlperf_log.txt"), (time.monotonic() - begin) / 60
 
 
-def run_mini_to_success(benchmark: str, tmp_path) -> tuple[str, float, list]:
+def run_mini_to_success(
+    benchmark: str, tmp_path, timeout_s: float = 3600
+) -> tuple[str, float, list]:
     """`run_mini`, asserting that the run stopped with status success.
 
     Returns the MLPerf log path, the wall time in minutes and the `eval_accuracy` values in order.
     """
-    log, minutes = run_mini(benchmark, tmp_path)
+    log, minutes = run_mini(benchmark, tmp_path, timeout_s)
     records = log_records(log)
     stops = [r for r in records if r["key"] == C.RUN_STOP]
     assert stops[0]["metadata"][C.STATUS] == C.SUCCESS, stops
