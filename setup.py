@@ -37,6 +37,7 @@ setup(
         "pyyaml>=6.0",
         "pillow>=10",
         "safetensors>=0.4",  # checkpoints: the suite's own and imported Hugging Face shards
+        "jinja2>=3.1",  # qwen35_397b_grpo: the reference's prompt templates (NeMo Gym's .j2)
         "pyarrow>=14,<21",  # (21+ needs NumPy 2; the peers pin 1.26) parquet: MLCommons' preprocessed GovReport and FLUX embeddings
     ],
     extras_require={

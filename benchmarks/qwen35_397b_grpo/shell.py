@@ -43,6 +43,20 @@ NO_CHANGE_TIMEOUT_S = 30.0
 # `env.max_observation_chars`).
 MAX_BUFFER_BYTES = 1 << 20
 _POLL_S = 0.05
+# The session's bash, started with SIGINT, SIGTSTP and SIGQUIT at their default actions: a
+# process that ignores SIGINT (an xdist test worker does; Apptainer's exec hands dispositions
+# down) would hand the ignore on to bash and every command, and a non-interactive bash can
+# neither trap nor reset a signal ignored when it started. The container's `python3` resets
+# them (the editor needs it anyway); without one, bash starts as it is.
+_RESET_AND_EXEC = (
+    "import os, signal\n"
+    "for s in (signal.SIGINT, signal.SIGTSTP, signal.SIGQUIT): signal.signal(s, signal.SIG_DFL)\n"
+    "os.execvp('bash', ['bash', '--noprofile', '--norc'])"
+)
+_SESSION = (
+    f"command -v python3 >/dev/null && exec python3 -c {shlex.quote(_RESET_AND_EXEC)}; "
+    "exec bash --noprofile --norc"
+)
 _SIGNALS = {"C-c": "INT", "C-z": "TSTP"}
 
 # OpenHands' observations (the agent learns to read them): the suffixes of a command still
@@ -99,7 +113,7 @@ class Shell:
     def _start(self) -> None:
         """Starts a session in `cwd` with job control on and SIGINT handled."""
         proc = subprocess.Popen(
-            [*self.exec_prefix, "bash", "--noprofile", "--norc"], stdin=subprocess.PIPE,
+            [*self.exec_prefix, "sh", "-c", _SESSION], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
         with self._lock:

@@ -50,7 +50,7 @@ def run(root, pwd, argv):
         sys.exit(255)
     paths = re.compile(r"(?<![\w.-])/(testbed|root)(?=[/\s'\"]|$)")
     into = lambda s: paths.sub(lambda m: root + "/" + m.group(1), s)
-    if argv == ["bash", "--noprofile", "--norc"]:  # a session: lines in, output as it comes
+    if argv[:2] == ["sh", "-c"] and "--norc" in argv[2]:  # a session: lines in, output as it comes
         session(root, into(pwd), argv, into)
     data = into(sys.stdin.buffer.read().decode()).encode()
     done = subprocess.run([into(a) for a in argv], input=data, cwd=into(pwd),

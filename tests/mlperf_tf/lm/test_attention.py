@@ -257,6 +257,7 @@ def test_gated_attention_with_partial_rope_matches_keras_hub_qwen3_5():
     """Qwen3.5's gated attention (output gate, QK-norm, RoPE on 4 of 16 features, GQA 4/2)
     against keras-hub's `Qwen3_5Attention` with the same weights; its (1 + w) norms get w = our
     scale - 1."""
+    pytest.importorskip("keras_hub")  # a peer (the `peers` extra)
     from keras_hub.src.models.qwen3_5.qwen3_5_attention import Qwen3_5Attention
 
     heads, kv, d, hidden, rotary, seq = 4, 2, 16, 24, 4, 7

@@ -97,6 +97,7 @@ def _hub_layer(ours):
 
 
 def test_layer_matches_keras_hub_training_and_decoding():
+    pytest.importorskip("keras_hub")  # a peer (the `peers` extra)
     ours = _layer()
     hub = _hub_layer(ours)
     x = np.random.default_rng(7).normal(size=(2, 10, SHAPE["hidden_size"])).astype(np.float32)
