@@ -148,18 +148,11 @@ class Qwen35GrpoBenchmark(Benchmark):
         `run_start`, outside the strategy's scope, as `prepare --mini` would).
 
         Raises:
-          UserError: the model's vocabulary is a real tokenizer's (the `mlperf` preset's
-            Qwen3.5, 248,320 ids): the rollouts speak only the byte chat, so they would be
-            noise to it (the Qwen3.5 tokenizer and chat template are not built, README "Not
-            done"). Refused before anything is loaded.
+          UserError: the rollouts' chat cannot be made (`input.make_chat`: a real checkpoint's
+            tokenizer or chat template missing or wrong, the reference's prompt templates
+            missing): refused before anything is loaded.
         """
-        vocab = self.config.model.vocab_size
-        if vocab > config_lib.SMOKE_VOCAB_SIZE:
-            raise UserError(
-                f"the model's vocabulary has {vocab:,} ids, and the rollouts speak only the byte "
-                f"chat ({input_lib.CHAT.vocab_size} ids: `mini`, `smoke`); the Qwen3.5 tokenizer "
-                "and chat template a real checkpoint needs are not built yet"
-            )
+        input_lib.make_chat(self.config)
         path = self.config.init_checkpoint
         missing = not os.path.exists(os.path.join(path, sft.WEIGHTS))
         if path and path == config_lib.mini_base_dir() and missing:

@@ -18,7 +18,7 @@ import os
 from mlperf_tf import paths
 from mlperf_tf.config import BenchmarkConfig, ConfigError, require
 from mlperf_tf.lm.hybrid import HybridDecoderConfig
-from mlperf_tf.rl.generation import ByteChat
+from mlperf_tf.rl.chat import ByteChat
 from mlperf_tf.rl.grpo import PolicyLossConfig
 from mlperf_tf.spmd import MoEConfig
 
@@ -49,6 +49,9 @@ PROMPT_SHA256 = {
     "system_prompt.j2": "8aff26bf83a11605ca9bab0336804d56d202f1555b0a073d21db21e4e41b8b9a",
     "user_prompt.j2": "0b0489b934d2c229c439b7af2f588fe404a6327be9da3c12d4c7c9efd3cf1c03",
 }
+# The chat template's settings for the rollouts (README section 3: "Qwen thinking mode:
+# disabled with `enable_thinking: false`").
+CHAT_TEMPLATE_KWARGS = {"enable_thinking": False}
 
 # The mini's base model (`sft.train_base`): supervised steps on expert trajectories, untimed.
 # Measured (README, "The mini", base trials): this recipe's base ("-3") gets 0.656 of the 64

@@ -425,12 +425,27 @@ def load_prompt_templates(gym_root: str) -> dict[str, str]:
 def render_user_prompt(template: str, task: r2egym.R2ETask) -> str:
     """The reference's user prompt for `task`: NeMo Gym's `user_prompt.j2` (a Jinja template
     of `workspace_path`, the repository's folder in the container, and `instance`, the task's
-    fields: `problem_statement`, `base_commit`, ...), rendered strictly (an unknown variable is
-    an error, not an empty string).
+    fields: `problem_statement`, `base_commit`, ...).
 
     Raises:
       UserError: jinja2 is missing, or the template does not render (one line).
     """
+    return _render_strictly(template, "user_prompt.j2", workspace_path=r2egym.REPO_PATH,
+                            instance=dataclasses.asdict(task))  # fmt: skip
+
+
+def render_system_prompt(template: str) -> str:
+    """The reference's system prompt: NeMo Gym's `system_prompt.j2` (OpenHands CodeActAgent's
+    role, workflow and rules), rendered with no variables (one it asks for is an error).
+
+    Raises:
+      UserError: jinja2 is missing, or the template does not render (one line).
+    """
+    return _render_strictly(template, "system_prompt.j2")
+
+
+def _render_strictly(template: str, name: str, **variables) -> str:
+    """`template` rendered strictly (an unknown variable is an error, not an empty string)."""
     try:
         import jinja2  # noqa: PLC0415 (only the reference's templates need it)
     except ImportError:
@@ -440,6 +455,6 @@ def render_user_prompt(template: str, task: r2egym.R2ETask) -> str:
     try:
         return jinja2.Template(
             template, undefined=jinja2.StrictUndefined, keep_trailing_newline=True
-        ).render(workspace_path=r2egym.REPO_PATH, instance=dataclasses.asdict(task))
+        ).render(**variables)
     except jinja2.TemplateError as e:
-        raise UserError(f"prompt template user_prompt.j2 does not render: {e}") from None
+        raise UserError(f"prompt template {name} does not render: {e}") from None

@@ -19,6 +19,7 @@ import os
 import numpy as np
 import tensorflow as tf
 
+from benchmarks.qwen35_397b_grpo import config as config_lib
 from benchmarks.qwen35_397b_grpo import environments as environments_lib
 from benchmarks.qwen35_397b_grpo import r2egym
 from benchmarks.qwen35_397b_grpo import tasks as tasks_lib
@@ -27,10 +28,52 @@ from benchmarks.qwen35_397b_grpo.environments import RepairEnvironment, Syntheti
 from mlperf_tf.errors import UserError
 from mlperf_tf.rl import batch as batch_lib
 from mlperf_tf.rl.age import AgeGate
-from mlperf_tf.rl.generation import ByteChat, CompiledGenerator
+from mlperf_tf.rl.chat import ByteChat, TemplateChat, load_template_chat
+from mlperf_tf.rl.generation import CompiledGenerator
 from mlperf_tf.rl.rollout import RolloutClock, run_rollouts
 
-CHAT = ByteChat()
+
+def make_chat(config: Qwen35GrpoConfig) -> ByteChat | TemplateChat:
+    """The rollouts' chat: the byte chat for a model of its vocabulary (`mini`, `smoke`), else
+    the checkpoint's own tokenizer and chat template (`config.init_checkpoint`, the released
+    Qwen3.5's folder) with the reference's system prompt (R2E-Gym tasks: NeMo Gym's
+    `system_prompt.j2`), OpenHands' tools (`r2egym.TOOL_SCHEMAS`) and thinking off
+    (`config_lib.CHAT_TEMPLATE_KWARGS`).
+
+    Raises:
+      UserError: the checkpoint has no usable tokenizer or chat template, or its tokenizer has
+        more ids than the model's vocabulary (one line).
+    """
+    vocab = config.model.vocab_size
+    if vocab <= config_lib.SMOKE_VOCAB_SIZE:
+        return ByteChat()
+    if not config.init_checkpoint:
+        raise UserError(
+            f"a model of {vocab:,} ids speaks its checkpoint's tokenizer: set "
+            "--config.init_checkpoint to the Hugging Face folder (tokenizer.json, its chat template)"
+        )
+    system, tools = "", ()
+    if config.env.kind == "r2e_gym":
+        templates = environments_lib.load_prompt_templates(_gym_root(config.env))
+        system = environments_lib.render_system_prompt(templates["system_prompt.j2"])
+        tools = r2egym.TOOL_SCHEMAS
+    chat = load_template_chat(config.init_checkpoint, system=system, tools=tools,
+                              template_kwargs=config_lib.CHAT_TEMPLATE_KWARGS)  # fmt: skip
+    if chat.vocab_size > vocab:
+        raise UserError(
+            f"{config.init_checkpoint}: its tokenizer has {chat.vocab_size:,} ids, more than the "
+            f"model's vocabulary ({vocab:,})"
+        )
+    return chat
+
+
+def _gym_root(env) -> str:
+    if not env.gym_root:
+        raise UserError(
+            "`env.gym_root` is empty: the R2E-Gym tasks' prompts are the reference's "
+            "templates, read from your NeMo Gym checkout (--config.env.gym_root=DIR)"
+        )
+    return env.gym_root
 
 
 def _environments(config: Qwen35GrpoConfig, count: int, validation: bool):
@@ -38,12 +81,7 @@ def _environments(config: Qwen35GrpoConfig, count: int, validation: bool):
         return [SyntheticEnvironment() for _ in range(count)]
     if config.env.kind == "r2e_gym":
         env = config.env
-        if not env.gym_root:
-            raise UserError(
-                "`env.gym_root` is empty: the R2E-Gym tasks' prompts are the reference's "
-                "templates, read from your NeMo Gym checkout (--config.env.gym_root=DIR)"
-            )
-        template = environments_lib.load_prompt_templates(env.gym_root)["user_prompt.j2"]
+        template = environments_lib.load_prompt_templates(_gym_root(env))["user_prompt.j2"]
         runtime = environments_lib.find_container_runtime()  # once, not per environment
         return [
             environments_lib.R2EGymEnvironment(env, sif_dir=env.image_dir, runtime=runtime,
@@ -134,6 +172,7 @@ def rollout_steps(model, config: Qwen35GrpoConfig, *, seed: int, gate: AgeGate |
     `trajectory_age` is the age it was generated at (a closed gate waits no more). `clock`
     gathers the rollouts' generation and environment time."""
     grpo = config.grpo
+    chat = make_chat(config)
     pool = _tasks(config, config.rollout.train_tasks, config.rollout.task_seed)
     envs = _environments(config, grpo.global_batch_size, validation=False)
     step = 0
@@ -146,7 +185,7 @@ def rollout_steps(model, config: Qwen35GrpoConfig, *, seed: int, gate: AgeGate |
             ]
             group = [t for t in chosen for _ in range(grpo.num_generations_per_prompt)]
             rollouts = run_rollouts(
-                model, envs, group, chat=CHAT, max_turns=grpo.max_rollout_turns,
+                model, envs, group, chat=chat, max_turns=grpo.max_rollout_turns,
                 max_turn_tokens=config.rollout.max_turn_tokens,
                 max_length=config.rollout.max_length, temperature=grpo.training_temperature,
                 top_p=grpo.training_top_p, seed=seed * 100_000 + step, clock=clock,
@@ -154,7 +193,7 @@ def rollout_steps(model, config: Qwen35GrpoConfig, *, seed: int, gate: AgeGate |
             _refuse_invalid(rollouts, config, f"training step {step + 1}")
             batch = batch_lib.training_batch(
                 rollouts, num_generations=grpo.num_generations_per_prompt,
-                length=config.rollout.max_length - 1, pad_id=CHAT.PAD,
+                length=config.rollout.max_length - 1, pad_id=chat.PAD,
                 leave_one_out=grpo.use_leave_one_out_baseline,
                 normalize=grpo.normalize_rewards, overlong_filtering=grpo.overlong_filtering,
             )  # fmt: skip
@@ -172,6 +211,7 @@ def validation_batches(model, config: Qwen35GrpoConfig, *, batch_tasks: int, see
     """The held-out tasks, `batch_tasks` at a time: rewards [batch_tasks, k] of k validation
     rollouts each (the last batch padded with tasks marked invalid: `valid` 0)."""
     grpo = config.grpo
+    chat = make_chat(config)
     k = grpo.num_val_generations_per_prompt
     held_out = _tasks(
         config, config.rollout.eval_tasks, config.rollout.task_seed + 1, validation=True
@@ -185,7 +225,7 @@ def validation_batches(model, config: Qwen35GrpoConfig, *, batch_tasks: int, see
             chosen = chosen + [chosen[-1]] * (batch_tasks - len(chosen))
             group = [t for t in chosen for _ in range(k)]
             rollouts = run_rollouts(
-                model, envs, group, chat=CHAT, max_turns=grpo.max_rollout_turns,
+                model, envs, group, chat=chat, max_turns=grpo.max_rollout_turns,
                 max_turn_tokens=config.rollout.max_turn_tokens,
                 max_length=config.rollout.max_length, temperature=grpo.validation_temperature,
                 top_p=grpo.validation_top_p, seed=seed,

@@ -1,5 +1,5 @@
 """Provides what the R2E-Gym tasks are as the reference runs them: `task_from_row`, a row of the
-reference's JSONL as the task `environments.R2EGymEnvironment` takes; `TOOLS`, OpenHands'
+reference's JSONL as the task `environments.R2EGymEnvironment` takes; `TOOL_SCHEMAS`, OpenHands'
 CodeActAgent tools as OpenHands declares them; `EDITOR_PROGRAM`, its `str_replace_editor` as a
 small program run inside the task's container; and the reward, R2E-Gym's (`parse_log_pytest`,
 `tests_pass`): the task's tests run in its container, their statuses equal to the expected ones.
@@ -49,20 +49,44 @@ SETUP_STEPS = (
 )
 SETUP_SCRIPT = "\n".join(f"{step} >/dev/null 2>&1 || true" for step in SETUP_STEPS)
 
-# OpenHands CodeActAgent's tools (`diversify_tool_names: false` in the reference's Gym config:
-# these exact names). Parameters as OpenHands declares them; `security_risk`-style fields the
-# reference's agent does not use are left out.
-TOOLS = (
-    {"name": "execute_bash", "required": ["command"], "properties": {
-        "command": "string", "is_input": "string ('true' / 'false')", "timeout": "number"}},
-    {"name": "str_replace_editor", "required": ["command", "path"], "properties": {
-        "command": "string: view, create, str_replace, insert, undo_edit", "path": "string",
-        "file_text": "string", "old_str": "string", "new_str": "string",
-        "insert_line": "integer", "view_range": "array of 2 integers"}},
-    {"name": "think", "required": ["thought"], "properties": {"thought": "string"}},
-    {"name": "finish", "required": ["message"], "properties": {"message": "string"}},
-)  # fmt: skip
 EDITOR_COMMANDS = ("view", "create", "str_replace", "insert", "undo_edit")
+
+
+# OpenHands CodeActAgent's tools (`diversify_tool_names: false` in the reference's Gym config:
+# these exact names), as OpenAI function schemas: what the chat template renders into the first
+# turn (`TOOL_SCHEMAS`). Names, parameters, types and required ones as OpenHands declares them;
+# the descriptions are this suite's own short ones (OpenHands' long texts are not copied), and
+# `security_risk`-style fields the reference's agent does not use are left out.
+def _tool(name: str, description: str, required: tuple, **properties) -> dict:
+    return {"type": "function", "function": {
+        "name": name, "description": description,
+        "parameters": {"type": "object", "properties": properties, "required": list(required)},
+    }}  # fmt: skip
+
+
+def _param(kind: str, description: str, **more) -> dict:
+    return {"type": kind, "description": description, **more}
+
+
+TOOL_SCHEMAS = (
+    _tool("execute_bash", "Run a bash command in the task's persistent shell.", ("command",),
+          command=_param("string", "The command; empty to read more output of a running one."),
+          is_input=_param("string", "'true' to send the command as input to the running one "
+                          "(C-c, C-z, C-d are keys).", enum=["true", "false"]),
+          timeout=_param("number", "Seconds before a hard stop (default: none).")),
+    _tool("str_replace_editor", "View, create and edit files.", ("command", "path"),
+          command=_param("string", "The operation.", enum=list(EDITOR_COMMANDS)),
+          path=_param("string", "An absolute path."),
+          file_text=_param("string", "`create`: the file's text."),
+          old_str=_param("string", "`str_replace`: the exact text to replace, once in the file."),
+          new_str=_param("string", "`str_replace`, `insert`: the new text."),
+          insert_line=_param("integer", "`insert`: the line after which to insert."),
+          view_range=_param("array", "`view`: [first, last] line.", items={"type": "integer"})),
+    _tool("think", "Think before acting; changes nothing.", ("thought",),
+          thought=_param("string", "The thought.")),
+    _tool("finish", "End the task.", ("message",),
+          message=_param("string", "A summary of what was done.")),
+)  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)

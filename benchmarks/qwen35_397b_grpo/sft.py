@@ -29,7 +29,8 @@ from benchmarks.qwen35_397b_grpo.environments import RepairEnvironment
 from benchmarks.qwen35_397b_grpo.model import build_model
 from mlperf_tf.optimizers.base import clipped_update
 from mlperf_tf.rl import batch as batch_lib
-from mlperf_tf.rl.generation import ByteChat, Generated
+from mlperf_tf.rl.chat import ByteChat
+from mlperf_tf.rl.generation import Generated
 from mlperf_tf.rl.rollout import run_rollouts
 from mlperf_tf.sparse import merge_duplicate_rows
 

@@ -1,7 +1,6 @@
 """Provides generation for rollouts: `sample` (temperature and top-p, the log-probability the
 update needs), `generate` (a batch of left-padded prompts continued with a model's cache until
-each stops: an end-of-turn token, a closed tool call, or the length limit), and `ByteChat`, the
-`mini`/`smoke` presets' tokenizer in Qwen's ChatML layout.
+each stops: an end-of-turn token, a closed tool call, or the length limit).
 
 The model is any object with `empty_cache(batch)` and `decode(token_ids, cache, key_valid)`
 (`mlperf_tf.lm.hybrid.HybridDecoderModel`): one prefill of the prompts, then one token per
@@ -448,28 +447,3 @@ class ContinuingSession:
         self.rows = [p + out.tokens[:-1] for p, out in zip(prompts, results, strict=True)]
         self.cache = _join_rows(caches)
         return results
-
-
-class ByteChat:
-    """Bytes as tokens (0-255) plus ChatML's `<|im_start|>`, `<|im_end|>` and a pad: the
-    `mini` and `smoke` presets' tokenizer (no vocabulary file to ship or download)."""
-
-    IM_START, IM_END, PAD = 256, 257, 258
-    vocab_size = 259
-
-    def encode(self, text: str) -> list[int]:
-        return list(text.encode("utf-8"))
-
-    def decode(self, tokens) -> str:
-        return bytes(t for t in tokens if t < 256).decode("utf-8", errors="replace")
-
-    def message(self, role: str, text: str) -> list[int]:
-        """`<|im_start|>role\\ntext<|im_end|>\\n`."""
-        return [self.IM_START, *self.encode(f"{role}\n{text}"), self.IM_END, *self.encode("\n")]
-
-    def assistant_header(self) -> list[int]:
-        return [self.IM_START, *self.encode("assistant\n")]
-
-    def tool_response(self, observation: str) -> list[int]:
-        """Qwen's tool result turn: a user message wrapping `<tool_response>`."""
-        return self.message("user", f"<tool_response>\n{observation}\n</tool_response>")

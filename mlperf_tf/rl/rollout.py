@@ -22,7 +22,8 @@ import threading
 import time
 
 from mlperf_tf.errors import UserError
-from mlperf_tf.rl.generation import ByteChat, generate
+from mlperf_tf.rl.chat import ByteChat, TemplateChat
+from mlperf_tf.rl.generation import generate
 from mlperf_tf.rl.tool_calls import CALL_CLOSE
 
 
@@ -83,7 +84,7 @@ class _Stopwatch:
         self.seconds += time.perf_counter() - self._begin
 
 
-def run_rollouts(model, environments, tasks, *, chat: ByteChat, max_turns: int,
+def run_rollouts(model, environments, tasks, *, chat: ByteChat | TemplateChat, max_turns: int,
                  max_turn_tokens: int, max_length: int, temperature: float, top_p: float,
                  seed: int, ids=None, clock: RolloutClock | None = None) -> list[Rollout]:  # fmt: skip
     """One rollout per (environment, task) pair, all generated together.
@@ -94,7 +95,8 @@ def run_rollouts(model, environments, tasks, *, chat: ByteChat, max_turns: int,
         (compiled steps, the same tokens) or a scripted policy (the expert trajectories).
       environments: one `Environment` per rollout (each resets to its task here).
       tasks: the tasks, as many as environments.
-      chat: the tokenizer and chat layout.
+      chat: the tokenizer and chat layout (`mlperf_tf.rl.chat`): its first turn, the end of a
+        turn a tool call stopped, a tool's response with the next generation prompt.
       max_turns: agent turns per rollout.
       max_turn_tokens: tokens one turn may generate.
       max_length: a rollout's whole length (prompt, turns, tool output) in tokens.
@@ -115,7 +117,7 @@ def run_rollouts(model, environments, tasks, *, chat: ByteChat, max_turns: int,
         with acting:
             prompt = env.reset(task)
         r = Rollout([], [], [])
-        r.extend(chat.message("user", prompt) + chat.assistant_header(), policy=False)
+        r.extend(chat.start(prompt), policy=False)
         if len(r.tokens) >= max_length:
             raise UserError(
                 f"task {getattr(task, 'task_id', task)!r}: its prompt is {len(r.tokens)} tokens, "
@@ -156,9 +158,8 @@ def run_rollouts(model, environments, tasks, *, chat: ByteChat, max_turns: int,
             if answer.done:
                 continue
             if out.stop != "eos":  # close the assistant turn the tool call ended
-                r.extend([chat.IM_END, *chat.encode("\n")], policy=False)
-            r.extend(chat.tool_response(answer.observation) + chat.assistant_header(),
-                     policy=False)  # fmt: skip
+                r.extend(chat.end_turn(), policy=False)
+            r.extend(chat.after_tool(answer.observation), policy=False)
             if len(r.tokens) >= max_length:
                 r.truncated = True
                 continue

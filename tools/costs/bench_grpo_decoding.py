@@ -28,7 +28,8 @@ import tensorflow as tf  # noqa: E402
 
 from benchmarks.qwen35_397b_grpo import config as grpo_config  # noqa: E402
 from mlperf_tf.lm.hybrid import build_hybrid_decoder  # noqa: E402
-from mlperf_tf.rl.generation import ByteChat, CompiledGenerator, generate  # noqa: E402
+from mlperf_tf.rl.chat import ByteChat  # noqa: E402
+from mlperf_tf.rl.generation import CompiledGenerator, generate  # noqa: E402
 from tools import harness  # noqa: E402
 
 

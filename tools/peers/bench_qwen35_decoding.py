@@ -43,7 +43,7 @@ from benchmarks.qwen35_397b_grpo import checkpoint  # noqa: E402
 from benchmarks.qwen35_397b_grpo import config as grpo_config  # noqa: E402
 from benchmarks.qwen35_397b_grpo import input as grpo_input  # noqa: E402
 from mlperf_tf.lm.hybrid import build_hybrid_decoder  # noqa: E402
-from mlperf_tf.rl.generation import ByteChat  # noqa: E402
+from mlperf_tf.rl.chat import ByteChat  # noqa: E402
 from tools import harness  # noqa: E402
 
 

@@ -15,7 +15,7 @@ from benchmarks.qwen35_397b_grpo.benchmark import AgeGuard, Qwen35GrpoBenchmark
 from mlperf_tf.config import ConfigError
 from mlperf_tf.errors import UserError
 from mlperf_tf.mllog import MLPerfLogger
-from mlperf_tf.rl.generation import ByteChat
+from mlperf_tf.rl.chat import ByteChat
 from mlperf_tf.rl.rollout import run_rollouts
 from mlperf_tf.runner.actions import LoopOutput
 from tests.benchmarks.qwen35_397b_grpo.test_config import _rcps, _rules
@@ -186,12 +186,20 @@ def test_a_rollout_cut_by_the_agent_timeout_stops_the_run_in_one_line(monkeypatc
         next(input_lib.rollout_steps(None, smoke, seed=0))
 
 
-def test_a_model_of_a_real_tokenizers_vocabulary_is_refused_before_loading(tmp_path):
-    """The `mlperf` preset's Qwen3.5 vocabulary with rollouts in bytes would be noise: refused
-    in one line before the checkpoint is read (its folder need not even exist)."""
+def test_the_mlperf_presets_chat_is_checked_before_loading(tmp_path):
+    """The `mlperf` preset's rollouts speak the checkpoint's own tokenizer and chat template
+    with the reference's prompts (`input.make_chat`): what is missing for them is one line
+    before the checkpoint's weights are read; the minis speak bytes."""
     mlperf = Qwen35GrpoBenchmark.preset("mlperf")
-    bench = Qwen35GrpoBenchmark(dataclasses.replace(mlperf, init_checkpoint=str(tmp_path / "no")))
-    with pytest.raises(UserError, match=r"^the model's vocabulary has 248,320 ids, and the") as e:
-        bench.prepare_initial_weights()
-    assert "\n" not in str(e.value)
+    missing = str(tmp_path / "no")
+    for changes, message in (
+        ({"init_checkpoint": ""}, "set --config.init_checkpoint to the Hugging Face folder"),
+        ({"init_checkpoint": missing}, r"^`env.gym_root` is empty"),
+        ({"init_checkpoint": missing, "env": dataclasses.replace(mlperf.env, kind="repair")},
+         f"^{missing}: no tokenizer.json"),
+    ):  # fmt: skip
+        bench = Qwen35GrpoBenchmark(dataclasses.replace(mlperf, **changes))
+        with pytest.raises(UserError, match=message) as e:
+            bench.prepare_initial_weights()
+        assert "\n" not in str(e.value)
     Qwen35GrpoBenchmark(Qwen35GrpoBenchmark.preset("smoke")).prepare_initial_weights()  # bytes

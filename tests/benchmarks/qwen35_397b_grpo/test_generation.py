@@ -16,7 +16,8 @@ from mlperf_tf.lm.hybrid import build_hybrid_decoder
 from mlperf_tf.parallel.mesh import DeviceMesh
 from mlperf_tf.rl import generation as generation_lib
 from mlperf_tf.rl import grpo
-from mlperf_tf.rl.generation import ByteChat, CompiledGenerator, generate, sample
+from mlperf_tf.rl.chat import ByteChat
+from mlperf_tf.rl.generation import CompiledGenerator, generate, sample
 from mlperf_tf.rl.rollout import run_rollouts
 from mlperf_tf.rl.split_decoding import SplitDecoding, exclusive
 from tests.numerics import assert_close

@@ -14,7 +14,7 @@ from benchmarks.qwen35_397b_grpo import config
 from mlperf_tf.lm.hybrid import build_hybrid_decoder
 from mlperf_tf.rl import batch as batch_lib
 from mlperf_tf.rl import grpo
-from mlperf_tf.rl.generation import ByteChat
+from mlperf_tf.rl.chat import ByteChat
 from mlperf_tf.rl.rollout import Rollout
 
 CHAT = ByteChat()

@@ -24,9 +24,11 @@ import pytest
 from benchmarks.qwen35_397b_grpo import config, environments, prepare, r2egym
 from benchmarks.qwen35_397b_grpo import input as input_lib
 from mlperf_tf.errors import DataError, UserError
-from mlperf_tf.rl.generation import ByteChat, Generated
+from mlperf_tf.rl.chat import ByteChat
+from mlperf_tf.rl.generation import Generated
 from mlperf_tf.rl.rollout import run_rollouts
 from mlperf_tf.rl.tool_calls import format_tool_call
+from tests.tiny_chat import write_chat_checkpoint
 
 FAKE_RUNTIME = r"""#!{python}
 # A stand-in for apptainer or docker (by its name): a container is a folder unpacked from the
@@ -208,15 +210,16 @@ class Script:
     """A scripted policy for `run_rollouts`: rollout i's turn t is `turns[i][t]` (its task found
     by the instance id the test puts in the issue; the turn by the tool responses so far)."""
 
-    def __init__(self, turns_by_issue):
+    def __init__(self, turns_by_issue, chat=None):
         self.turns = turns_by_issue
+        self.chat = chat or CHAT
 
     def __call__(self, prompts, *, max_new_tokens, **unused):
         outs = []
         for tokens in prompts:
-            text = CHAT.decode(tokens)
+            text = self.chat.decode(tokens)
             turns = next(t for issue, t in self.turns.items() if issue in text)
-            ids = CHAT.encode(turns[text.count("<tool_response>")])[:max_new_tokens]
+            ids = self.chat.encode(turns[text.count("<tool_response>")])[:max_new_tokens]
             outs.append(Generated(ids, [0.0] * len(ids), "tool_call"))
         return outs
 
@@ -531,3 +534,33 @@ def test_the_input_pipeline_runs_prepared_tasks_with_the_reference_templates(
     no_gym = types.SimpleNamespace(env=config.EnvironmentConfig(kind="r2e_gym"), data_dir="")
     with pytest.raises(UserError, match="env.gym_root"):
         input_lib._environments(no_gym, 1, validation=False)
+
+    # A real checkpoint's chat (a model vocabulary above the byte chat's): its tokenizer and
+    # template, the reference's system prompt and OpenHands' tools in the first turn, the
+    # tools' answers as tool messages; the same rewards.
+    folder = str(tmp_path / "checkpoint")
+    write_chat_checkpoint(folder)
+    settings.init_checkpoint = folder
+    settings.model = types.SimpleNamespace(vocab_size=config.SMOKE_VOCAB_SIZE + 1)
+    with pytest.raises(
+        UserError, match=r"tokenizer has 304 ids, more than the model's vocabulary \(261\)$"
+    ):
+        input_lib.make_chat(settings)
+    settings.model.vocab_size = 512
+    chat = input_lib.make_chat(settings)
+    envs = input_lib._environments(settings, 2, validation=False)
+    try:
+        rollouts = run_rollouts(
+            Script(script.turns, chat), envs, chosen, chat=chat, max_turns=6,
+            max_turn_tokens=400, max_length=20_000, temperature=1.0, top_p=1.0, seed=0,
+        )  # fmt: skip
+    finally:
+        for e in envs:
+            e.close()
+    assert [r.reward for r in rollouts] == [1.0, 0.0]
+    text = chat.decode(rollouts[0].tokens)
+    assert text.startswith("system\nYou are a software agent.\n\n\n# Tools\n<tools>\n")
+    assert [json.loads(line)["function"]["name"] for line in text.split("<tools>\n")[1]
+            .split("\n</tools>")[0].splitlines()] == [t["function"]["name"] for t in r2egym.TOOL_SCHEMAS]  # fmt: skip
+    assert f"user\nRepository: /testbed\n[good] {ISSUE}\nassistant\n<think>\n\n</think>\n\n" in text
+    assert text.count("<tool_response>") == 3

@@ -1,0 +1,257 @@
+"""Provides the chat layouts rollouts speak: `ByteChat`, the `mini` and `smoke` presets' (bytes as
+tokens in Qwen's ChatML layout: no vocabulary file to ship or download), and `TemplateChat`, a
+Hugging Face chat checkpoint's own: its `tokenizer.json` and its chat template, with the run's
+system prompt and tools. `load_template_chat` reads one from a checkpoint folder.
+
+A rollout is one token list that grows turn by turn (the policy's tokens are kept as they were
+generated: the update trains exactly what was sampled). So a chat gives the pieces a rollout
+appends, not whole renderings:
+
+- `start(task)`: the first turn (system prompt and tools, the task as the user's message, the
+  generation prompt);
+- `end_turn()`: what closes an assistant turn that a tool call stopped before its end token;
+- `after_tool(observation)`: the tool's response and the next generation prompt.
+
+`TemplateChat` renders the template as transformers' `apply_chat_template` does (a sandboxed
+Jinja environment with `trim_blocks` and `lstrip_blocks`, loop controls, `tojson`,
+`raise_exception`, `strftime_now`, the special tokens of `tokenizer_config.json` as variables,
+`messages`, `tools`, `add_generation_prompt` and the run's template settings, e.g. Qwen3.5's
+`enable_thinking`). The later pieces are the difference between two renderings of a probe
+conversation (with and without the tool's message; with and without the generation prompt); a
+template for which a rendering is not the earlier one extended is refused in one line, rather
+than feeding the model a layout it was not trained on. Each piece is tokenized on its own; they
+meet at special tokens (`<|im_end|>`, `<|im_start|>`), which no merge crosses, so the tokens
+equal the whole rendering's.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+
+from mlperf_tf.errors import UserError
+
+
+class ByteChat:
+    """Bytes as tokens (0-255) plus ChatML's `<|im_start|>`, `<|im_end|>` and a pad: the
+    `mini` and `smoke` presets' tokenizer (no vocabulary file to ship or download). No system
+    prompt (the minis' tasks carry their instructions)."""
+
+    IM_START, IM_END, PAD = 256, 257, 258
+    vocab_size = 259
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, tokens) -> str:
+        return bytes(t for t in tokens if t < 256).decode("utf-8", errors="replace")
+
+    def message(self, role: str, text: str) -> list[int]:
+        """`<|im_start|>role\\ntext<|im_end|>\\n`."""
+        return [self.IM_START, *self.encode(f"{role}\n{text}"), self.IM_END, *self.encode("\n")]
+
+    def assistant_header(self) -> list[int]:
+        return [self.IM_START, *self.encode("assistant\n")]
+
+    def tool_response(self, observation: str) -> list[int]:
+        """Qwen's tool result turn: a user message wrapping `<tool_response>`."""
+        return self.message("user", f"<tool_response>\n{observation}\n</tool_response>")
+
+    def start(self, task: str) -> list[int]:
+        return self.message("user", task) + self.assistant_header()
+
+    def end_turn(self) -> list[int]:
+        return [self.IM_END, *self.encode("\n")]
+
+    def after_tool(self, observation: str) -> list[int]:
+        return self.tool_response(observation) + self.assistant_header()
+
+
+# Probe contents for the template's pieces: plain words (templates may strip or split
+# whitespace), unlikely in a template's own text.
+_PROBE_TASK = "probe-task-5c1e"
+_PROBE_REPLY = "probe-reply-5c1e"
+
+
+class TemplateChat:
+    """A Hugging Face chat checkpoint's tokenizer and chat template (module docstring).
+
+    Args:
+      tokenizer: a `tokenizers.Tokenizer` (the checkpoint's `tokenizer.json`).
+      template: the chat template's Jinja source.
+      special_tokens: the template's special-token variables (`bos_token`, `eos_token`, ...).
+      end_token: the token that ends an assistant turn (Qwen: `<|im_end|>`).
+      pad_token: the pad token (Qwen: `<|endoftext|>`).
+      system: the system prompt ("" for none).
+      tools: the tools as OpenAI function schemas (`{"type": "function", "function": {...}}`),
+        rendered into the first turn by the template.
+      template_kwargs: more template variables (Qwen3.5: `{"enable_thinking": False}`).
+
+    Raises:
+      UserError: a token is not in the vocabulary, or the template does not render, or its
+        renderings are not append-only for the pieces (one line naming which).
+    """
+
+    def __init__(self, tokenizer, template: str, *, special_tokens: dict[str, str],
+                 end_token: str, pad_token: str, system: str = "", tools=(),
+                 template_kwargs: dict | None = None):  # fmt: skip
+        self._tokenizer = tokenizer
+        self._special = dict(special_tokens)
+        self._system = system
+        self._tools = list(tools) or None
+        self._kwargs = dict(template_kwargs or {})
+        self._template = _compile(template)
+        self.IM_END = self._token_id(end_token, "end-of-turn")
+        self.PAD = self._token_id(pad_token, "pad")
+        self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+        task = self._head(_PROBE_TASK)
+        reply = [*task, {"role": "assistant", "content": _PROBE_REPLY}]
+        self._end_turn = self.encode(_tail(self._render(reply), _PROBE_REPLY))
+        self._reply = reply
+
+    def _token_id(self, token: str, what: str) -> int:
+        token_id = self._tokenizer.token_to_id(token) if token else None
+        if token_id is None:
+            raise UserError(f"chat template: the {what} token {token!r} is not in tokenizer.json")
+        return token_id
+
+    def _head(self, task: str) -> list[dict]:
+        system = [{"role": "system", "content": self._system}] if self._system else []
+        return [*system, {"role": "user", "content": task}]
+
+    def _render(self, messages, generation_prompt: bool = False) -> str:
+        import jinja2  # noqa: PLC0415 (a checkpoint's template only)
+
+        try:
+            return self._template.render(
+                messages=messages, tools=self._tools, add_generation_prompt=generation_prompt,
+                **self._special, **self._kwargs,
+            )  # fmt: skip
+        except jinja2.TemplateError as e:
+            raise UserError(f"chat template does not render: {e}") from None
+
+    def _extension(self, shorter: list[dict], longer: list[dict], what: str) -> str:
+        """The text `longer` (with the generation prompt) adds to `shorter` (without)."""
+        before, after = self._render(shorter), self._render(longer, generation_prompt=True)
+        if not after.startswith(before):
+            raise UserError(
+                f"chat template: {what} does not extend the conversation before it (the template "
+                "rewrites earlier turns), so a rollout's tokens cannot grow turn by turn"
+            )
+        return after[len(before) :]
+
+    def encode(self, text: str) -> list[int]:
+        return self._tokenizer.encode(text, add_special_tokens=False).ids
+
+    def decode(self, tokens) -> str:
+        return self._tokenizer.decode(list(tokens), skip_special_tokens=True)
+
+    def start(self, task: str) -> list[int]:
+        return self.encode(self._render(self._head(task), generation_prompt=True))
+
+    def end_turn(self) -> list[int]:
+        return list(self._end_turn)
+
+    def after_tool(self, observation: str) -> list[int]:
+        tool = {"role": "tool", "content": observation}
+        return self.encode(self._extension(self._reply, [*self._reply, tool], "a tool's response"))
+
+
+def _tail(text: str, probe: str) -> str:
+    at = text.rfind(probe)
+    if at < 0:
+        raise UserError("chat template: an assistant message's content does not appear in it")
+    return text[at + len(probe) :]
+
+
+def _compile(source: str):
+    """The template in transformers' Jinja environment (`apply_chat_template`'s)."""
+    try:
+        import jinja2  # noqa: PLC0415
+        from jinja2.sandbox import ImmutableSandboxedEnvironment  # noqa: PLC0415
+    except ImportError:
+        raise UserError("a checkpoint's chat template needs jinja2: pip install jinja2") from None
+
+    def raise_exception(message):
+        raise jinja2.TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                          sort_keys=sort_keys)  # fmt: skip
+
+    def strftime_now(format):
+        return datetime.datetime.now().strftime(format)
+
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+    )
+    env.filters["tojson"] = tojson
+    env.globals.update(raise_exception=raise_exception, strftime_now=strftime_now)
+    try:
+        return env.from_string(source)
+    except jinja2.TemplateError as e:
+        raise UserError(f"chat template does not parse: {e}") from None
+
+
+def _read_json(path: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except OSError as e:
+        raise UserError(f"{path}: cannot read it ({e.strerror})") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise UserError(f"{path}: not JSON ({e})") from None
+
+
+def _token_text(value) -> str:
+    """A special token of `tokenizer_config.json`: a string or an AddedToken's dict."""
+    if isinstance(value, dict):
+        return str(value.get("content", ""))
+    return "" if value is None else str(value)
+
+
+def load_template_chat(folder: str, *, system: str = "", tools=(), template_kwargs=None,
+                       end_token: str = "<|im_end|>") -> TemplateChat:  # fmt: skip
+    """The chat of a Hugging Face checkpoint folder: `tokenizer.json`, `tokenizer_config.json`
+    (special tokens; the template when there is no `chat_template.jinja`, as transformers
+    reads it), the run's system prompt, tools and template settings.
+
+    Raises:
+      UserError: a file is missing or corrupt, there is no chat template, or the template
+        does not render (one line naming the file or the problem).
+    """
+    path = os.path.join(folder, "tokenizer.json")
+    if not os.path.isfile(path):
+        raise UserError(f"{folder}: no tokenizer.json (the checkpoint's tokenizer)")
+    try:
+        import tokenizers  # noqa: PLC0415
+    except ImportError:
+        raise UserError("reading tokenizer.json needs the `tokenizers` package") from None
+    try:
+        tokenizer = tokenizers.Tokenizer.from_file(path)
+    except Exception as e:  # noqa: BLE001 (the Rust reader's errors have no common type)
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise UserError(f"{path}: not a Hugging Face tokenizer.json: {first}") from None
+    config = _read_json(os.path.join(folder, "tokenizer_config.json"))
+    jinja_path = os.path.join(folder, "chat_template.jinja")
+    if os.path.isfile(jinja_path):
+        with open(jinja_path, encoding="utf-8") as f:
+            template = f.read()
+    else:
+        template = config.get("chat_template")
+        if isinstance(template, list):  # named templates: the default one
+            named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+            template = named.get("default")
+    if not isinstance(template, str) or not template:
+        raise UserError(
+            f"{folder}: no chat template (chat_template.jinja or tokenizer_config.json)"
+        )
+    special = {
+        key: _token_text(value) for key, value in config.items()
+        if key.endswith("_token") and isinstance(value, (str, dict))
+    }  # fmt: skip
+    pad = special.get("pad_token") or special.get("eos_token", "")
+    return TemplateChat(tokenizer, template, special_tokens=special, end_token=end_token,
+                        pad_token=pad, system=system, tools=tools,
+                        template_kwargs=template_kwargs)  # fmt: skip
