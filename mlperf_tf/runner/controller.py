@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import sys
@@ -614,6 +615,8 @@ class Controller:
             evaluator=self.evaluator,
             train_spec=self._train_specs.element_spec,
             eval_spec=self._eval_specs.element_spec,
+            distribute_train=self._distribute_train,
+            distribute_eval=self._distribute_eval,
             variables=warmup.run_state_variables(self.model, self.optimizer, self.summer),
         )
 
@@ -708,10 +711,13 @@ class Controller:
             parallel_input.for_mesh(benchmark.eval_dataset, benchmark.mesh)
         )
         # A tf.data service job is shared by whoever reads it: one reader per pipeline, as before.
-        self.train_data = _distribute(
-            strategy, benchmark, self._train_specs, repeatable=not cfg.data_service
+        # The warm-up distributes its synthetic batches the same ways (same iterator types).
+        self._distribute_train = functools.partial(
+            _distribute, strategy, benchmark, repeatable=not cfg.data_service
         )
-        eval_data = _distribute(strategy, benchmark, self._eval_specs)
+        self._distribute_eval = functools.partial(_distribute, strategy, benchmark)
+        self.train_data = self._distribute_train(self._train_specs)
+        eval_data = self._distribute_eval(self._eval_specs)
         parts = dict(strategy=strategy, benchmark=benchmark, model=self.model, xla=cfg.xla)
         self.trainer = self.trainer_class(
             optimizer=self.optimizer, pipeline_schedule=cfg.pipeline_schedule, **parts

@@ -14,8 +14,10 @@ without the warm-up: `StateSnapshot` copies every variable the step can write (t
 batch-norm statistics and Keras seed-generator states; the optimizer's slots, learning-rate state,
 loss scale and `iterations`; the sharded slots of `--weight_update_sharding`) to host memory before
 and writes them back after. The real pipelines are not iterated, so the data order is unchanged.
-The traced `tf.function`s are reused by the first real loop and eval: a distributed iterator of the
-same element spec does not retrace them (`tests/mlperf_tf/test_time_breakdown.py` checks both).
+The traced `tf.function`s are reused by the first real loop and eval: the synthetic batches are
+distributed as the run distributes its pipelines, and an iterator of the same type and element spec
+does not retrace them (`tests/mlperf_tf/test_time_breakdown.py` checks both, for synthetic and
+read input).
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ import tensorflow as tf
 from absl import logging
 
 from mlperf_tf.data import synthetic
-from mlperf_tf.parallel import input as parallel_input
 
 
 class SpecRecorder:
@@ -47,10 +48,13 @@ class SpecRecorder:
         return dataset
 
 
-def synthetic_dataset(strategy, element_spec):
+def synthetic_dataset(distribute, element_spec):
     """An endless distributed dataset of all-ones batches of `element_spec` (per replica), with
-    the autotuner off and no per-device pipelines (`parallel_input.distribute_untuned`): its
-    iterator's release does not wait for a tuner.
+    the autotuner off, distributed by `distribute` (dataset_fn -> distributed dataset): the way
+    the run distributes the pipeline it stands for, so that its iterator has the same type
+    spec and the traced steps are reused (a plain or per-replica iterator where the run reads
+    through TF's per-device pipelines, as read input is, would trace the steps again in the
+    first timed step and the first eval).
 
     A dimension the spec leaves open (dynamic shapes, without --xla on CPU) gets size 1 in the
     values but stays open in the dataset's spec, so the steps are traced for the real spec.
@@ -68,7 +72,7 @@ def synthetic_dataset(strategy, element_spec):
             dataset = dataset.map(lambda x: tf.nest.map_structure(as_spec, x, element_spec))
         return synthetic.without_autotune(dataset.repeat())
 
-    return parallel_input.distribute_untuned(strategy, dataset_fn)
+    return distribute(dataset_fn)
 
 
 class StateSnapshot:
@@ -98,7 +102,8 @@ def run_state_variables(model, optimizer, summer) -> list:
     return variables
 
 
-def warm_up(*, strategy, trainer, evaluator, train_spec, eval_spec, variables) -> float:
+def warm_up(*, strategy, trainer, evaluator, train_spec, eval_spec, distribute_train,
+            distribute_eval, variables) -> float:  # fmt: skip
     """Runs one train step and one eval step on synthetic batches, then restores `variables`.
 
     Args:
@@ -107,6 +112,8 @@ def warm_up(*, strategy, trainer, evaluator, train_spec, eval_spec, variables) -
       evaluator: the run's `Evaluator`; its step is traced here.
       train_spec: per-replica element spec of the training pipeline.
       eval_spec: per-replica element spec of the eval pipeline.
+      distribute_train, distribute_eval: how the run distributes each pipeline (dataset_fn ->
+        distributed dataset); the synthetic batches go the same way (`synthetic_dataset`).
       variables: what the train step may write (`run_state_variables`), restored afterwards.
 
     Returns:
@@ -115,8 +122,10 @@ def warm_up(*, strategy, trainer, evaluator, train_spec, eval_spec, variables) -
     begin = time.monotonic()
     snapshot = StateSnapshot(strategy, variables)
     try:
-        trainer.loop(iter(synthetic_dataset(strategy, train_spec)), tf.constant(1, tf.int32))
-        evaluator.step(iter(synthetic_dataset(strategy, eval_spec)))
+        trainer.loop(
+            iter(synthetic_dataset(distribute_train, train_spec)), tf.constant(1, tf.int32)
+        )
+        evaluator.step(iter(synthetic_dataset(distribute_eval, eval_spec)))
     except (tf.errors.OpError, ValueError, TypeError) as error:
         # A step that cannot run on an all-ones batch (e.g. an assertion on the values) is
         # traced by the first timed step instead: the run goes on, only its time says so.

@@ -1,5 +1,6 @@
 """Tests of the init-phase warm-up and of the per-run time breakdown (`time_breakdown.json`)."""
 
+import dataclasses
 import json
 import os
 import time
@@ -111,9 +112,18 @@ def _slots(controller):
     ]  # fmt: skip
 
 
-def test_the_first_real_loop_and_every_eval_reuse_the_warm_up_trace(tmp_path):
+@pytest.mark.parametrize("data", ["synthetic", "read"])
+def test_the_first_real_loop_and_every_eval_reuse_the_warm_up_trace(tmp_path, data):
+    """Synthetic input and input read from `data_dir` (the tiny benchmark's records are made, not
+    read, but the runner distributes them as read ones: through TF's per-device pipelines,
+    whose iterators the warm-up's must match, else the first timed step traces again)."""
     seen = _Controller()
-    _run(tmp_path, "trace", distribution="one_device", actions=[seen])  # two evals
+    benchmark = TinyBenchmark(
+        dataclasses.replace(smoke(), data_dir=str(tmp_path) if data == "read" else "")
+    )
+    run_config = runner.RunConfig(model_dir=str(tmp_path / "trace"), steps_per_loop=3,
+                                  distribution="one_device")  # fmt: skip
+    runner.run(benchmark, run_config, actions=[seen])  # two evals
     controller = seen.controller
     assert controller.warm_up_s > 0
     # (A first call that creates variables is traced twice by tf.function: the warm-up's.)
