@@ -112,18 +112,21 @@ def _slots(controller):
     ]  # fmt: skip
 
 
-@pytest.mark.parametrize("data", ["synthetic", "read"])
-def test_the_first_real_loop_and_every_eval_reuse_the_warm_up_trace(tmp_path, data):
+@pytest.mark.parametrize(
+    "data,distribution,devices",
+    [("synthetic", "one_device", 0), ("read", "one_device", 0), ("read", "mirrored", 2)],
+)
+def test_the_first_real_loop_and_every_eval_reuse_the_warm_up_trace(
+    tmp_path, data, distribution, devices
+):
     """Synthetic input and input read from `data_dir` (the tiny benchmark's records are made, not
     read, but the runner distributes them as read ones: through TF's per-device pipelines,
     whose iterators the warm-up's must match, else the first timed step traces again)."""
     seen = _Controller()
-    benchmark = TinyBenchmark(
-        dataclasses.replace(smoke(), data_dir=str(tmp_path) if data == "read" else "")
-    )
+    config = dataclasses.replace(smoke(), data_dir=str(tmp_path) if data == "read" else "")
     run_config = runner.RunConfig(model_dir=str(tmp_path / "trace"), steps_per_loop=3,
-                                  distribution="one_device")  # fmt: skip
-    runner.run(benchmark, run_config, actions=[seen])  # two evals
+                                  distribution=distribution, num_cpu_devices=devices)  # fmt: skip
+    runner.run(TinyBenchmark(config), run_config, actions=[seen])  # two evals
     controller = seen.controller
     assert controller.warm_up_s > 0
     # (A first call that creates variables is traced twice by tf.function: the warm-up's.)

@@ -157,11 +157,14 @@ def test_retiring_decided_sentences_keeps_every_translation(beam_size, alpha):
 
 
 def test_translate_retiring_equals_the_whole_batch_search():
-    """`translate(retire_finished=True)` (growing caches, retiring) = the static-shape path."""
+    """`translate(retire_finished=True)` (growing caches, retiring) = the static-shape path.
+    Eager (2.3 s against 5-6 s traced, each path): the traced search's retiring is
+    `test_retiring_decided_sentences_keeps_every_translation`'s, and the benchmark's eval traces
+    `translate` in the contract test."""
     model = tiny_model(seed=3, scale=3.0)
     inputs = tf.constant(np.random.default_rng(8).integers(3, 40, size=(10, 6)), tf.int32)
     ids = {
-        retire: tf.function(beam_search.translate)(
+        retire: beam_search.translate(
             model,
             inputs,
             beam_size=4,
