@@ -16,12 +16,17 @@ appends, not whole renderings:
 Jinja environment with `trim_blocks` and `lstrip_blocks`, loop controls, `tojson`,
 `raise_exception`, `strftime_now`, the special tokens of `tokenizer_config.json` as variables,
 `messages`, `tools`, `add_generation_prompt` and the run's template settings, e.g. Qwen3.5's
-`enable_thinking`). The later pieces are the difference between two renderings of a probe
-conversation (with and without the tool's message; with and without the generation prompt); a
-template for which a rendering is not the earlier one extended is refused in one line, rather
-than feeding the model a layout it was not trained on. Each piece is tokenized on its own; they
-meet at special tokens (`<|im_end|>`, `<|im_start|>`), which no merge crosses, so the tokens
-equal the whole rendering's.
+`enable_thinking`). A later turn is spliced as the reference's generation server splices it
+(NeMo-RL's vLLM server, `nemo_rl/models/generation/openai_server_utils.py`
+`replace_prefix_tokens`, read at 7ea279ab: the conversation's earlier prompt and generated
+tokens and an end token are kept, and what the re-rendered conversation has after the last
+assistant turn's end token is appended): a
+template may render earlier assistant turns differently from how they were generated (Qwen3's
+drops the empty think block of a turn that is no longer the last), and the model still sees,
+and the update still trains, exactly the tokens it produced. So `end_turn` is the end token,
+and `after_tool` is what follows that token in the rendering of a probe conversation with the
+tool's message added, through the next generation prompt. Each piece is tokenized on its own;
+they meet at special tokens (`<|im_end|>`, `<|im_start|>`), which no merge crosses.
 """
 
 from __future__ import annotations
@@ -89,8 +94,8 @@ class TemplateChat:
       template_kwargs: more template variables (Qwen3.5: `{"enable_thinking": False}`).
 
     Raises:
-      UserError: a token is not in the vocabulary, or the template does not render, or its
-        renderings are not append-only for the pieces (one line naming which).
+      UserError: a token is not in the vocabulary, or the template does not render, or it does
+        not end an assistant turn with `end_token` (one line naming which).
     """
 
     def __init__(self, tokenizer, template: str, *, special_tokens: dict[str, str],
@@ -105,10 +110,9 @@ class TemplateChat:
         self.IM_END = self._token_id(end_token, "end-of-turn")
         self.PAD = self._token_id(pad_token, "pad")
         self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
-        task = self._head(_PROBE_TASK)
-        reply = [*task, {"role": "assistant", "content": _PROBE_REPLY}]
-        self._end_turn = self.encode(_tail(self._render(reply), _PROBE_REPLY))
-        self._reply = reply
+        self._end_token = end_token
+        self._reply = [*self._head(_PROBE_TASK), {"role": "assistant", "content": _PROBE_REPLY}]
+        self._after_reply(self._render(self._reply))  # a template without the end token fails here
 
     def _token_id(self, token: str, what: str) -> int:
         token_id = self._tokenizer.token_to_id(token) if token else None
@@ -131,15 +135,17 @@ class TemplateChat:
         except jinja2.TemplateError as e:
             raise UserError(f"chat template does not render: {e}") from None
 
-    def _extension(self, shorter: list[dict], longer: list[dict], what: str) -> str:
-        """The text `longer` (with the generation prompt) adds to `shorter` (without)."""
-        before, after = self._render(shorter), self._render(longer, generation_prompt=True)
-        if not after.startswith(before):
+    def _after_reply(self, text: str) -> str:
+        """What `text` (a rendering of the probe conversation) has after the probe assistant
+        turn's end token."""
+        at = text.rfind(_PROBE_REPLY)
+        end = text.find(self._end_token, at) if at >= 0 else -1
+        if end < 0:
             raise UserError(
-                f"chat template: {what} does not extend the conversation before it (the template "
-                "rewrites earlier turns), so a rollout's tokens cannot grow turn by turn"
+                "chat template: an assistant message is not rendered as its content followed by "
+                f"the end-of-turn token {self._end_token!r}"
             )
-        return after[len(before) :]
+        return text[end + len(self._end_token) :]
 
     def encode(self, text: str) -> list[int]:
         return self._tokenizer.encode(text, add_special_tokens=False).ids
@@ -151,18 +157,11 @@ class TemplateChat:
         return self.encode(self._render(self._head(task), generation_prompt=True))
 
     def end_turn(self) -> list[int]:
-        return list(self._end_turn)
+        return [self.IM_END]
 
     def after_tool(self, observation: str) -> list[int]:
-        tool = {"role": "tool", "content": observation}
-        return self.encode(self._extension(self._reply, [*self._reply, tool], "a tool's response"))
-
-
-def _tail(text: str, probe: str) -> str:
-    at = text.rfind(probe)
-    if at < 0:
-        raise UserError("chat template: an assistant message's content does not appear in it")
-    return text[at + len(probe) :]
+        conversation = [*self._reply, {"role": "tool", "content": observation}]
+        return self.encode(self._after_reply(self._render(conversation, generation_prompt=True)))
 
 
 def _compile(source: str):

@@ -69,18 +69,30 @@ def test_chat_template_jinja_is_read_before_tokenizer_config(tmp_path):
     assert "# Functions" in _chat(folder).decode(_chat(folder).start("x"))
 
 
-def test_a_template_that_rewrites_earlier_turns_is_refused(tmp_path):
+def test_a_template_that_rerenders_earlier_turns_keeps_the_generated_tokens(tmp_path):
+    """Like Qwen3's template, this one gives the last assistant message an empty think block and
+    earlier ones none. The reference's server keeps a conversation's own tokens and appends what
+    follows the last assistant turn's end token: so do the rollouts (the generation prompt's
+    think block stays in the first turn)."""
     folder = str(tmp_path / "ckpt")
-    # The last assistant message is rendered differently from an earlier one.
-    rewriting = TEMPLATE.replace(
+    qwen3_like = TEMPLATE.replace(
         "{{- '<|im_start|>assistant\\n' + message.content + '<|im_end|>\\n' }}",
-        "{{- '<|im_start|>assistant\\n' + (message.content if loop.last else 'x')"
-        " + '<|im_end|>\\n' }}",
+        "{{- '<|im_start|>assistant\\n' + ('<think>\\n\\n</think>\\n\\n' if loop.last else '')"
+        " + message.content + '<|im_end|>\\n' }}",
     )
-    assert rewriting != TEMPLATE
-    _write_checkpoint(folder, rewriting)
-    with pytest.raises(UserError, match="rewrites earlier turns"):
-        _chat(folder).after_tool("ok")
+    assert qwen3_like != TEMPLATE
+    tok = _write_checkpoint(folder, qwen3_like)
+    chat = _chat(folder, tools=[])
+    call = "<tool_call>\n<function=think>\n</function>\n</tool_call>"
+    tokens = chat.start("Fix it") + chat.encode(call) + chat.end_turn() + chat.after_tool("ok")
+    head = ("<|im_start|>system\nYou are a helpful agent.<|im_end|>\n<|im_start|>user\nFix it"
+            "<|im_end|>\n<|im_start|>assistant\n")  # fmt: skip
+    tail = ("<|im_end|>\n<|im_start|>user\n<tool_response>\nok\n</tool_response><|im_end|>\n"
+            "<|im_start|>assistant\n<think>\n\n</think>\n\n")  # fmt: skip
+    spliced = head + "<think>\n\n</think>\n\n" + call + tail
+    assert tokens == tok.encode(spliced, add_special_tokens=False).ids
+    rerendered = head + call + tail  # the template's own view of the history
+    assert tokens != tok.encode(rerendered, add_special_tokens=False).ids
 
 
 @pytest.mark.parametrize(
@@ -93,11 +105,13 @@ def test_a_template_that_rewrites_earlier_turns_is_refused(tmp_path):
         ("bad_syntax", "chat template does not parse"),
         ("raises", "chat template does not render: unknown role"),
         ("no_end_token", "end-of-turn token '<|end|>' is not in tokenizer.json"),
+        ("unended", "assistant message is not rendered as its content followed by the end-of"),
     ],
 )
 def test_a_wrong_or_corrupt_checkpoint_is_one_line(tmp_path, damage, message):
     folder = str(tmp_path / "ckpt")
-    template = {"bad_syntax": "{% if %}", "raises": "{{ raise_exception('unknown role x') }}"}
+    template = {"bad_syntax": "{% if %}", "raises": "{{ raise_exception('unknown role x') }}",
+                "unended": "{% for m in messages %}{{ m.content }}{% endfor %}"}  # fmt: skip
     _write_checkpoint(folder, template.get(damage, TEMPLATE))
     config = os.path.join(folder, "tokenizer_config.json")
     if damage == "no_tokenizer":
