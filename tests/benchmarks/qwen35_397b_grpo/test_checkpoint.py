@@ -310,3 +310,35 @@ def test_config_check_reads_the_release_form_of_config_json():
     release["text_config"].update(full_attention_interval=4, num_experts_per_tok=8)
     with pytest.raises(CheckpointImportError, match="`num_experts_per_tok` is 8"):
         checkpoint.check_hf_config(release, full, "config.json")
+
+
+def test_a_checkpoints_own_tokenizer_and_template_drive_the_rollouts(tmp_path):
+    """The `mlperf` path in small: a Hugging Face folder holding the weights and the chat
+    (`tokenizer.json`, the template; `tests/tiny_chat.py`) of a model whose vocabulary is not
+    the byte chat's. The benchmark checks the chat before loading, imports the weights, and the
+    rollouts (the training pipeline of smoke's synthetic tasks) speak the checkpoint's chat:
+    each row starts with the template's first turn, pads with its pad id, and the policy's
+    tokens are the model's."""
+    from benchmarks.qwen35_397b_grpo import input as input_lib
+    from tests.tiny_chat import write_chat_checkpoint
+
+    smoke = config_lib.smoke()
+    c = dataclasses.replace(smoke.model, vocab_size=512)
+    path = _write(tmp_path / "hf", c, _hf_tensors(c, seed=3))
+    tok = write_chat_checkpoint(path)
+    config = dataclasses.replace(smoke, model=c, init_checkpoint=path)
+    bench = Qwen35GrpoBenchmark(config)
+    bench.prepare_initial_weights()
+    model = bench.build_model()
+    bench.restore_initial_weights(model)
+    chat = input_lib.make_chat(config)
+    assert chat.PAD == tok.token_to_id("<|endoftext|>") and chat.vocab_size == 304
+    batch = next(input_lib.rollout_steps(model, config, seed=0))
+    tasks = input_lib._tasks(config, 1, config.rollout.task_seed)
+    first = chat.start(tasks[0])
+    assert tok.decode(first, skip_special_tokens=False).startswith("<|im_start|>user\ntask ")
+    ids, mask = batch["input_ids"], batch["token_mask"]
+    np.testing.assert_array_equal(ids[0, : len(first)], first)
+    policy = ids[0, len(first) : len(first) + config.rollout.max_turn_tokens]
+    assert mask[0, len(first) - 1 : len(first) - 1 + len(policy)].all()  # the model's own tokens
+    assert (ids[:, -1] == chat.PAD).all()  # short rollouts padded with the checkpoint's pad

@@ -66,7 +66,10 @@ def _evaluate(model_parallel: int, beam_size: int):
     return (weights, *evaluate(evaluator, benchmark))
 
 
-@pytest.mark.parametrize("beam_size", [4, 1])
+# Beam 1 is extended (CI runs it after README's default run); the default run covers its case by
+# test_model_parallel_eval_translates_as_the_unsplit_model[4] (the same split decoding loop at
+# beam 4, the rules' eval) and test_beam_one_equals_greedy_on_a_transformer (beam 1 = greedy).
+@pytest.mark.parametrize("beam_size", [4, pytest.param(1, marks=pytest.mark.extended)])
 def test_model_parallel_eval_translates_as_the_unsplit_model(beam_size):
     ref_weights, ref, ref_bleu = _evaluate(1, beam_size)
     weights, got, bleu = _evaluate(2, beam_size)
