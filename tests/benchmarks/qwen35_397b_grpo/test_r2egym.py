@@ -473,6 +473,10 @@ def test_the_user_template_is_rendered_for_the_task(runtime):
         env.close()
     with pytest.raises(UserError, match="does not render: 'dict object' has no attribute"):
         environments.render_user_prompt("{{ instance.hints }}", task)
+    # The system template takes no variables: one it asks for is a one-line error.
+    assert environments.render_system_prompt("You are OpenHands.\n") == "You are OpenHands.\n"
+    with pytest.raises(UserError, match="^prompt template system_prompt.j2 does not render: 'x'"):
+        environments.render_system_prompt("{{ x }}")
 
 
 def test_the_same_rollout_through_docker(runtime):
