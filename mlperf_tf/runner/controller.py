@@ -723,6 +723,7 @@ class Controller:
             optimizer=self.optimizer, pipeline_schedule=cfg.pipeline_schedule, **parts
         )
         self.trainer.stop_request = self.stop_request
+        self.stop_request.arm()  # its variable made before the loop's trace, not inside it
         self.trainer.summer = self.summer
         self.trainer.partition = self.partition
         self.evaluator = Evaluator(dataset=eval_data, **parts)

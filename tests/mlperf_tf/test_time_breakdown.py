@@ -129,8 +129,9 @@ def test_the_first_real_loop_and_every_eval_reuse_the_warm_up_trace(
     runner.run(TinyBenchmark(config), run_config, actions=[seen])  # two evals
     controller = seen.controller
     assert controller.warm_up_s > 0
-    # (A first call that creates variables is traced twice by tf.function: the warm-up's.)
-    assert min(seen.traces_at_run_start) >= 1
+    # Each step traced once, in the warm-up: a first trace that creates a variable (the stop
+    # flag's, made lazily before `StopRequest.arm`) is traced again by tf.function.
+    assert seen.traces_at_run_start == (1, 1)
     assert _traces(controller) == seen.traces_at_run_start
 
 
