@@ -20,13 +20,13 @@ Jinja environment with `trim_blocks` and `lstrip_blocks`, loop controls, `tojson
 (NeMo-RL's vLLM server, `nemo_rl/models/generation/openai_server_utils.py`
 `replace_prefix_tokens`, read at 7ea279ab: the conversation's earlier prompt and generated
 tokens and an end token are kept, and what the re-rendered conversation has after the last
-assistant turn's end token is appended): a
-template may render earlier assistant turns differently from how they were generated (Qwen3's
-drops the empty think block of a turn that is no longer the last), and the model still sees,
-and the update still trains, exactly the tokens it produced. So `end_turn` is the end token,
-and `after_tool` is what follows that token in the rendering of a probe conversation with the
-tool's message added, through the next generation prompt. Each piece is tokenized on its own;
-they meet at special tokens (`<|im_end|>`, `<|im_start|>`), which no merge crosses.
+assistant turn's end token is appended): a template may render earlier assistant turns
+differently from how they were generated (Qwen3's drops the empty think block of a turn that is
+no longer the last), and the model still sees, and the update still trains, exactly the tokens
+it produced. So `end_turn` is the end token, and `after_tool` is what follows that token in the
+rendering of a probe conversation with the tool's message added, through the next generation
+prompt. Each piece is tokenized on its own; they meet at special tokens (`<|im_end|>`,
+`<|im_start|>`), which no merge crosses.
 """
 
 from __future__ import annotations
