@@ -36,6 +36,7 @@ import json
 import os
 
 from mlperf_tf.errors import UserError
+from mlperf_tf.hf_checkpoint import read_json
 
 
 class ByteChat:
@@ -193,16 +194,6 @@ def _compile(source: str):
         raise UserError(f"chat template does not parse: {e}") from None
 
 
-def _read_json(path: str) -> dict:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except OSError as e:
-        raise UserError(f"{path}: cannot read it ({e.strerror})") from None
-    except (ValueError, UnicodeDecodeError) as e:
-        raise UserError(f"{path}: not JSON ({e})") from None
-
-
 def _token_text(value) -> str:
     """A special token of `tokenizer_config.json`: a string or an AddedToken's dict."""
     if isinstance(value, dict):
@@ -232,7 +223,7 @@ def load_template_chat(folder: str, *, system: str = "", tools=(), template_kwar
     except Exception as e:  # noqa: BLE001 (the Rust reader's errors have no common type)
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise UserError(f"{path}: not a Hugging Face tokenizer.json: {first}") from None
-    config = _read_json(os.path.join(folder, "tokenizer_config.json"))
+    config = read_json(os.path.join(folder, "tokenizer_config.json"), "tokenizer config")
     jinja_path = os.path.join(folder, "chat_template.jinja")
     if os.path.isfile(jinja_path):
         with open(jinja_path, encoding="utf-8") as f:
