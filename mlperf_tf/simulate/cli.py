@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     # The mesh flags of `mlperf-tf run` (RunConfig fields; mlperf_tf/parallel/mesh.py), same names
     # and validation.
     # No layout flag given: the fastest legal layout is chosen (and printed); any layout flag
-    # pins the layout, the axes it does not name being 1.
+    # pins the layout, the axes it does not name being 1 (an illegal one names what would work).
     parser.add_argument(
         "--model_parallel", type=int, help="M chips share a batch, weights split (TP)"
     )
@@ -226,6 +226,29 @@ def _check_plot_path(path: str) -> None:
     paths.try_output_file(path, "--plot")  # tried: as root, permission bits say yes to /proc
 
 
+def _pinned(chips: int, common: dict, pinned: dict, args: argparse.Namespace) -> model.Result:
+    """The layout the flags pin (the axes they do not name are 1). When it is not legal and
+    some axis was left free, the error also names the fastest legal layout that keeps the
+    pinned axes: what would work (`--expert_parallel=8` alone on 72 chips at batch 36 is not
+    legal as data parallelism, but is with a context axis beside it)."""
+    try:
+        return model.simulate(chips=chips, **common, **pinned)
+    except UserError as e:
+        if args.spatial_partition is not None or len(pinned) == len(_LAYOUT_FLAGS):
+            raise
+        try:
+            works = model.fastest(chips=chips, **common, **pinned)
+        except UserError:
+            raise e from None
+        flags = " ".join(
+            f"--{flag}={getattr(works, flag)}" for flag in _LAYOUT_FLAGS if getattr(works, flag) > 1
+        )
+        raise UserError(
+            f"{e}. Keeping {' '.join(f'--{k}={v}' for k, v in pinned.items())}, the fastest legal "
+            f"layout of {chips} chips is {flags} (or give no layout flag: simulate chooses one)"
+        ) from None
+
+
 def main(argv: list[str]) -> int:
     """Runs `mlperf-tf simulate`; returns the exit code (UserError propagates to the CLI)."""
     if any(a in ("-h", "--help") for a in argv):
@@ -271,7 +294,7 @@ def main(argv: list[str]) -> int:
     # Any layout flag pins the layout (an axis not given is 1); none: the fastest legal one.
     every_axis_given = bool(pinned) or args.spatial_partition is not None
     if every_axis_given:
-        results = [model.simulate(chips=chips, **common, **pinned) for chips in args.chips]
+        results = [_pinned(chips, common, pinned, args) for chips in args.chips]
     else:
         results = [model.fastest(chips=chips, **common, **pinned) for chips in args.chips]
     if args.json:

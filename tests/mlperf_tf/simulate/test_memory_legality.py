@@ -100,6 +100,23 @@ def test_a_pinned_layout_that_does_not_fit_is_one_line_naming_it(capsys):
     assert "--model_parallel=1" in err and "h100-dgx" in err and "--fsdp" in err, err
 
 
+def test_a_pinned_axis_that_is_not_enough_names_a_layout_that_keeps_it(capsys):
+    """NVIDIA's 72-GB200 gpt_oss_20b run (cp2 ep4, batch 36): pinning only its context axis
+    leaves the optimizer unsharded and too big for the chip; the one-line error then names the
+    fastest legal layout that keeps --context_parallel=2, and that layout does run."""
+    argv = ["simulate", "--benchmark=gpt_oss_20b", "--system=gb200-nvl72", "--chips=72",
+            "--global_batch=36"]  # fmt: skip
+    code = cli.main([*argv, "--context_parallel=2"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith("error: ") and "\n" not in err, err
+    assert "does not fit a chip of gb200-nvl72" in err, err
+    kept = err.split("Keeping --context_parallel=2, the fastest legal layout of 72 chips is ")[1]
+    flags = kept.split(" (or give no layout flag")[0].split()
+    assert "--context_parallel=2" in flags and len(flags) > 1, err
+    assert cli.main([*argv, *flags]) == 0
+    assert "parallel: " in capsys.readouterr().out
+
+
 def test_simulate_counts_memory_without_tensorflow():
     """A fresh interpreter predicts a decoder's bytes per chip and never imports TF or Keras."""
     code = (
