@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import time
 from typing import Any
 
 import keras
@@ -273,9 +274,10 @@ class Qwen35GrpoBenchmark(Benchmark):
 
     def run_actions(self) -> list[Action]:
         """The reference's per-step statistics in the MLPerf log (`tracked_stats`, two events
-        a step as NeMo-RL's `mlperf_grpo_logging.py` writes them; `tracked_stats`), and the
-        async schedule's guard (`AgeGuard`)."""
-        return [TrackedStats(tracked_stats, self.config.global_batch_size), AgeGuard(self)]
+        a step as NeMo-RL's `mlperf_grpo_logging.py` writes them; `tracked_stats`), the
+        async schedule's guard (`AgeGuard`) and the generator's warm-up (`GenerationWarmUp`)."""
+        return [TrackedStats(tracked_stats, self.config.global_batch_size), AgeGuard(self),
+                GenerationWarmUp(self)]  # fmt: skip
 
     # ---- loss and eval -------------------------------------------------------------------------
     def compute_loss_and_metrics(self, model, batch, training: bool = True):
@@ -383,6 +385,35 @@ class Qwen35GrpoBenchmark(Benchmark):
         if self.learning_rate() != config_lib.learning_rate(gbs):
             notes[C.OPT_BASE_LR] = "the tiny model's rate"
         return notes
+
+
+class GenerationWarmUp(Action):
+    """Before `run_start` (with the runner's warm-up on, `--warm_up`): the rollouts' compiled
+    generator traces (with `rollout.xla_decoding` compiles) its calls on every batch shape and
+    sampling setting of the run (`CompiledGenerator.warm_up`: a step's rollouts and a
+    validation batch's, at the training and the validation temperature and top-p), as the
+    runner's warm-up traces the train and eval steps: otherwise the first step's and the first
+    evaluation's rollouts trace them inside the time to train."""
+
+    def __init__(self, benchmark: Qwen35GrpoBenchmark):
+        self.benchmark = benchmark
+        self.seconds = 0.0
+
+    def attach(self, controller) -> None:
+        policy = self.benchmark._policy
+        if not controller.run_config.warm_up or not hasattr(policy, "warm_up"):
+            return  # warm-up off, or eager generation (nothing to trace)
+        config, grpo = self.benchmark.config, self.benchmark.config.grpo
+        batches = [
+            (config.global_batch_size, grpo.training_temperature, grpo.training_top_p),
+            (config.eval_batch_size * grpo.num_val_generations_per_prompt,
+             grpo.validation_temperature, grpo.validation_top_p),
+        ]  # fmt: skip
+        begin = time.monotonic()
+        policy.warm_up(batches, token=0, shrinking=grpo.max_rollout_turns > 1)
+        self.seconds = time.monotonic() - begin
+        logging.info("warm-up: the rollouts' generator traced before run_start in %.1f s",
+                     self.seconds)  # fmt: skip
 
 
 class AgeGuard(Action):

@@ -200,6 +200,27 @@ class CompiledGenerator:
         else this generator (every call prefills its prompts)."""
         return ContinuingSession(self) if self.keep_cache else self
 
+    def warm_up(self, batches, *, token: int, shrinking: bool) -> None:
+        """Runs every compiled call on each shape the rollouts will give it: `batches` lists
+        (rows, temperature, top_p), a batch of rollouts and its sampling setting (both are
+        part of a trace); with `shrinking` (multi-turn rollouts, whose batch shrinks as they
+        finish) also every smaller power of two. One-token prompts of `token`, two tokens
+        generated (no end token stops them). The traces (with `jit_compile` the XLA
+        compiles) are the ones the rollouts then reuse: a run makes them before `run_start`,
+        as it traces its train step, on data that is not the dataset's. Not covered: a plain
+        prefill (`chunked_prefill` and `keep_cache` off) of prompts longer than one `bucket`
+        (a trace per width). The weights are read, not changed, and the draws are stateless
+        (`sample`'s seeds): nothing a run samples moves."""
+        shapes = set()
+        for rows, temperature, top_p in batches:
+            batch = 1 << (rows - 1).bit_length()
+            sizes = [1 << i for i in range(batch.bit_length())] if shrinking else [batch]
+            shapes.update((size, temperature, top_p) for size in sizes)
+        for size, temperature, top_p in sorted(shapes):
+            self.session()([[token]] * size, max_new_tokens=2, eos_id=-1, pad_id=token,
+                           temperature=temperature, top_p=top_p,
+                           seeds=list(range(size)))  # fmt: skip
+
     def _append_fn(self, ids, cache, position, count):
         logits, cache = self.model.extend(ids, cache, position, count)
         last = tf.gather(logits, tf.maximum(count - 1, 0), axis=1, batch_dims=1)

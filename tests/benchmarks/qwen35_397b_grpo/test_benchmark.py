@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from benchmarks.qwen35_397b_grpo import config, environments
-from benchmarks.qwen35_397b_grpo.benchmark import AgeGuard, Qwen35GrpoBenchmark
+from benchmarks.qwen35_397b_grpo.benchmark import AgeGuard, GenerationWarmUp, Qwen35GrpoBenchmark
 from mlperf_tf.config import ConfigError
 from mlperf_tf.errors import UserError
 from mlperf_tf.mllog import MLPerfLogger
@@ -111,7 +111,7 @@ def test_each_loop_logs_the_references_tracked_stats(tmp_path):
     and reward, then the step's time split into generation the update waited for and the rest;
     per-step means over a loop of 2 steps, at the loop's last step and its samples."""
     bench = Qwen35GrpoBenchmark(Qwen35GrpoBenchmark.preset("mini"))
-    action, guard = bench.run_actions()
+    action, guard, _ = bench.run_actions()
     assert isinstance(guard, AgeGuard)  # the async schedule's (test_age.py)
     path = tmp_path / "log.txt"
     mllog = MLPerfLogger(str(path))
@@ -203,3 +203,30 @@ def test_the_mlperf_presets_chat_is_checked_before_loading(tmp_path):
             bench.prepare_initial_weights()
         assert "\n" not in str(e.value)
     Qwen35GrpoBenchmark(Qwen35GrpoBenchmark.preset("smoke")).prepare_initial_weights()  # bytes
+
+
+@pytest.mark.parametrize("preset", ["smoke", "mini"])
+def test_the_generators_warm_up_covers_the_runs_batches_and_settings(preset):
+    """`GenerationWarmUp` (before `run_start`) asks the compiled generator for a step's
+    rollouts at the training sampling and a validation batch's at the validation sampling,
+    shrinking as multi-turn rollouts finish (the mini's 6 turns; the smoke's one turn does
+    not shrink); nothing with the runner's warm-up off or an eager policy."""
+    calls = []
+
+    class Policy:
+        def warm_up(self, batches, **kw):
+            calls.append((batches, kw))
+
+    bench = Qwen35GrpoBenchmark(Qwen35GrpoBenchmark.preset(preset))
+    c = bench.config
+    controller = types.SimpleNamespace(run_config=types.SimpleNamespace(warm_up=True))
+    for policy, warm_up in ((Policy(), False), (object(), True), (Policy(), True)):
+        bench._policy = policy
+        controller.run_config.warm_up = warm_up
+        GenerationWarmUp(bench).attach(controller)
+    val = c.eval_batch_size * c.grpo.num_val_generations_per_prompt
+    assert calls == [(
+        [(c.global_batch_size, 1.0, 1.0), (val, 0.1, 0.95)],
+        {"token": 0, "shrinking": preset == "mini"},
+    )]  # fmt: skip
+    assert GenerationWarmUp in {type(a) for a in bench.run_actions()}

@@ -249,6 +249,36 @@ def test_kept_cache_gives_the_tokens_of_prefilling_again(buffer_model):
     assert compiled._append.experimental_get_tracing_count() == 1  # (rows 2, bucket 16)
 
 
+# Without a kept cache is extended (CI runs it after README's default run): the default run
+# covers the warm-up by the kept-cache case (the mini's session; the same `warm_up` loop).
+@pytest.mark.parametrize("keep_cache", [True, pytest.param(False, marks=pytest.mark.extended)])
+def test_the_warm_up_makes_every_trace_the_rollouts_use(buffer_model, keep_cache):
+    """After `warm_up` for 3 shrinking rows at two sampling settings, multi-turn generation as
+    `run_rollouts` does it (3 rows, then 2 continuing, then 1; prompts of several buckets;
+    rows stopping at different steps) traces nothing more, with the cache kept across turns
+    (the mini's session) and without it (a chunked prefill each turn)."""
+    compiled = CompiledGenerator(buffer_model, capacity=96, bucket=16, prefill_rows=2,
+                                 step_rows=2, chunked_prefill=True,
+                                 keep_cache=keep_cache)  # fmt: skip
+    settings = ((1.0, 1.0), (0.1, 0.95))
+    compiled.warm_up([(3, *s) for s in settings], token=CHAT.PAD, shrinking=True)
+    parts = (compiled._append, compiled._row_step) if keep_cache else (
+        compiled._chunk, compiled._step)  # fmt: skip
+    traced = [f.experimental_get_tracing_count() for f in parts]
+    assert min(traced) >= 2  # each shape and setting traced once, before any rollout
+    for temperature, top_p in settings:
+        session = compiled.session()
+        kw = dict(max_new_tokens=5, eos_id=CHAT.IM_END, pad_id=CHAT.PAD,
+                  temperature=temperature, top_p=top_p, stop_suffixes=("S",),
+                  decode_text=lambda t: "S" if t[-1] % 3 == 0 else "")  # fmt: skip
+        prompts = [CHAT.encode("fix the bug"), CHAT.encode("hi"), CHAT.encode("x = 1\n" * 4)]
+        for _ in range(3):
+            got = session(prompts, seeds=list(range(len(prompts))), **kw)
+            keep = list(range(len(prompts) - 1))  # one rollout fewer each turn
+            prompts = [prompts[k] + got[k].tokens + CHAT.encode("obs" * (k + 2)) for k in keep]
+    assert [f.experimental_get_tracing_count() for f in parts] == traced
+
+
 def test_rollouts_use_the_generator_session():
     """`run_rollouts` generates through `session()` when the generator has one (one session
     for the batch's turns)."""
