@@ -210,6 +210,8 @@ class Rollouts:
         bytes take under 1 ms; docs/scaling.md, "Issue 48, session 13"). 0: the bandwidth
         bound alone.
       decode_source: where `decode_step_latency_s` comes from.
+      group_size: rollouts generated from one prompt (GRPO's group, whose rewards are
+        normalized against each other): a step's batch is whole groups (1: any batch).
     """
 
     generation_chips: float
@@ -241,6 +243,7 @@ class Rollouts:
     attention_width: float = 0.0
     decode_step_latency_s: float = 0.0
     decode_source: str = ""
+    group_size: int = 1
 
     def in_flight(self, rollouts: float) -> float:
         """Rollouts in flight at once when `rollouts` are due (`concurrency`)."""

@@ -89,9 +89,11 @@ class Qwen35GrpoBenchmark(Benchmark):
           shared expert (`ffn_flops_per_token`, as `deepseekv3_671b` counts its shared one).
         """
         m = self.config.model
+        grpo = self.config.grpo
         shape = simulator_lib.simulator_shape(
-            m, self.config.global_batch_size, self.config.grpo.max_rollout_turns
-        )
+            m, self.config.global_batch_size, grpo.max_rollout_turns,
+            group_size=grpo.num_generations_per_prompt,
+        )  # fmt: skip
         h, f = m.hidden_size, m.moe.filter_size
         rollouts = dataclasses.replace(
             shape.rollouts, max_age=self.config.grpo.max_trajectory_age_steps

@@ -137,13 +137,15 @@ STATE_BYTES = 4  # DeltaNet's recurrent state, fp32
 
 
 def simulator_shape(
-    model: config_lib.ModelConfig, global_batch_size: int, max_turns: int = 30
-) -> SimulatorShape:
+    model: config_lib.ModelConfig, global_batch_size: int, max_turns: int = 30,
+    group_size: int = config_lib.NUM_GENERATIONS_PER_PROMPT,
+) -> SimulatorShape:  # fmt: skip
     """The shape of `model` generating and training at `global_batch_size` rollouts a step,
-    each within `max_turns` agent turns and the MLPerf context of 65,536 tokens."""
+    each within `max_turns` agent turns and the MLPerf context of 65,536 tokens, in groups of
+    `group_size` rollouts of one task (a batch is whole groups)."""
     rollouts = _rollouts(model, max_turns)
     rollouts = dataclasses.replace(
-        rollouts, decode_source=DECODE_SOURCE,
+        rollouts, decode_source=DECODE_SOURCE, group_size=group_size,
         decode_step_latency_s=decode_latency_per_layer_s() * model.num_hidden_layers,
     )  # fmt: skip
     return SimulatorShape(

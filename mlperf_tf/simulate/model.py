@@ -442,6 +442,8 @@ def simulate(
         global_batch = _default_batch(const, benchmark, preset, facts, working // stages.size)
     if shape.rollouts is None:  # rollouts: instances share a batch, trainers split samples
         _check_batch(global_batch, mesh, batch_given=batch_given, failed_chips=failed_chips)
+    else:
+        _check_groups(benchmark, shape, global_batch)
     stages.check_batch(global_batch / mesh.batch_shards)
     work = _workload(benchmark, facts, shape, moe)
     if shape.rollouts is not None:  # a rollout's training FLOPs at its mean length (MFU's too)
@@ -629,6 +631,21 @@ def _default_batch(const: Constants, benchmark: str, preset: str, facts, working
     global_batch = const.per_chip_batch * working or int(facts["global_batch_size"])
     curve = convergence.curve(benchmark, preset)
     return max(min(global_batch, curve.batches[-1]), working)
+
+
+def _check_groups(benchmark: str, shape: SimulatorShape, global_batch: int | None) -> None:
+    """A batch of rollouts is whole groups (`Rollouts.group_size`: GRPO's rollouts of one
+    prompt), whatever the layout.
+
+    Raises:
+      UserError: it is not.
+    """
+    group = shape.rollouts.group_size if shape.rollouts is not None else 1
+    if global_batch is not None and global_batch % group:
+        raise UserError(
+            f"--global_batch ({global_batch}) must be whole groups of the {group} rollouts "
+            f"'{benchmark}' generates from one prompt: e.g. {max(1, global_batch // group) * group}"
+        )
 
 
 def _check_batch(global_batch: int, mesh: DeviceMesh, *, batch_given: bool, failed_chips: int):
@@ -1179,6 +1196,7 @@ def fastest(**kwargs) -> Result:
         kwargs["system"], kwargs["benchmark"], shape, kwargs.get("precision"),
         kwargs.get("attention_precision"), kwargs.get("output_precision"),
     )  # fmt: skip
+    _check_groups(kwargs["benchmark"], shape, kwargs.get("global_batch"))  # not a layout's
     moe = kwargs.get("moe") or parallelism.Moe()
     searched = dict(_SEARCH)
     if shape.blocks is None:  # nothing for tensor, context or pipeline parallelism to split

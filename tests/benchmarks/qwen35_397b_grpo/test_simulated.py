@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 
 from benchmarks.qwen35_397b_grpo.benchmark import Qwen35GrpoBenchmark
+from mlperf_tf import cli
 from mlperf_tf.simulate import model, systems
 
 GB300 = "gb300-nvl72"
@@ -53,3 +54,23 @@ def test_simulate_charges_the_tensor_parallel_all_reduces_in_the_training_part()
              + split.model_parallel_s + split.all_to_all_s + split.logprob_s)  # fmt: skip
     assert split.exposed_generation_s == pytest.approx(max(0.0, generation - train))
     assert split.exposed_generation_s < plain.exposed_generation_s
+
+
+def test_a_batch_of_partial_groups_is_one_line_naming_the_group(capsys):
+    """A step's rollouts are whole groups of one task's `num_generations_per_prompt` (16 in
+    the reference, 2 in the smoke: each preset declares its own): `simulate` at GBS 100 is a
+    one-line error whatever the layout (pinned or searched); 96 and 112 run."""
+    system = systems.load(GB300)
+    assert Qwen35GrpoBenchmark(Qwen35GrpoBenchmark.preset("smoke")).simulator_shape(
+    ).rollouts.group_size == 2  # fmt: skip
+    for pinned in ({}, {"--model_parallel": 2}):
+        flags = [f"{k}={v}" for k, v in pinned.items()]
+        code = cli.main(["simulate", "--benchmark=qwen35_397b_grpo", f"--system={GB300}",
+                         "--chips=256", "--global_batch=100", *flags])  # fmt: skip
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and "\n" not in err, err
+        assert "whole groups of the 16 rollouts" in err and "e.g. 96" in err, err
+    for batch in (96, 112):
+        r = model.simulate(benchmark="qwen35_397b_grpo", system=system, chips=256,
+                           global_batch=batch)  # fmt: skip
+        assert r.global_batch == batch
