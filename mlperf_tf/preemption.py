@@ -40,10 +40,10 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 class StopRequest:
     """A stop flag: set from the host (a signal, a test), read by the compiled loop at every step.
 
-    The `tf.Variable` behind it is made by `arm` (the runner's, once its loops are built) or at the
-    first `should_stop`, not here: making a variable initializes TensorFlow, and
-    MultiWorkerMirroredStrategy must be created before that. It is a plain host variable, not a
-    mirrored one, so that a host thread can set it while a loop runs.
+    The `tf.Variable` behind it is made at the first `should_stop` (while the loop is traced), not
+    here: making a variable initializes TensorFlow, and MultiWorkerMirroredStrategy must be created
+    before that. It is a plain host variable, not a mirrored one, so that a host thread can set it
+    while a loop runs.
     """
 
     def __init__(self):
@@ -89,13 +89,6 @@ class StopRequest:
     def requested(self) -> bool:
         """This host's flag (host side; across workers use the loop's agreed `should_stop`)."""
         return self._event.is_set()
-
-    def arm(self) -> None:
-        """Makes the flag's variable now, before the loop that reads it is traced: a
-        `tf.function` whose first trace creates a variable is traced a second time at its next
-        call (the variable-free trace), which doubled every run's warm-up (`tests/mlperf_tf/
-        test_time_breakdown.py` counts one trace)."""
-        self._variable()
 
     def _variable(self) -> tf.Variable:
         with self._lock:

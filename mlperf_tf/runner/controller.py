@@ -723,7 +723,11 @@ class Controller:
             optimizer=self.optimizer, pipeline_schedule=cfg.pipeline_schedule, **parts
         )
         self.trainer.stop_request = self.stop_request
-        self.stop_request.arm()  # its variable made before the loop's trace, not inside it
+        # The stop flag's variable is made by the loop's first trace, so tf.function traces the
+        # loop twice and runs the second trace. Making it first (`StopRequest.arm`, 2026-12-07)
+        # ran the first trace instead, and ResNet-50's mini then evaluated lower at its first
+        # eval (0.86-0.90 in 4 runs against 0.94-0.98 in 4: docs/benchmarks/resnet50.md): the
+        # two traces differ for a reason not yet found, so the validated one is kept.
         self.trainer.summer = self.summer
         self.trainer.partition = self.partition
         self.evaluator = Evaluator(dataset=eval_data, **parts)

@@ -129,9 +129,10 @@ def test_the_first_real_loop_and_every_eval_reuse_the_warm_up_trace(
     runner.run(TinyBenchmark(config), run_config, actions=[seen])  # two evals
     controller = seen.controller
     assert controller.warm_up_s > 0
-    # Each step traced once, in the warm-up: a first trace that creates a variable (the stop
-    # flag's, made lazily before `StopRequest.arm`) is traced again by tf.function.
-    assert seen.traces_at_run_start == (1, 1)
+    # Each step traced in the warm-up only: the train loop twice (its first trace makes the stop
+    # flag's variable, and tf.function traces again; the runner keeps that: controller.py
+    # `_build_loops`), the eval step once.
+    assert seen.traces_at_run_start == (2, 1)
     assert _traces(controller) == seen.traces_at_run_start
 
 
