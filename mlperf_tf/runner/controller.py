@@ -726,7 +726,7 @@ class Controller:
         # The stop flag's variable is made by the loop's first trace, so tf.function traces the
         # loop twice and runs the second trace. Making it first (`StopRequest.arm`, 2026-12-07)
         # ran the first trace instead, and ResNet-50's mini then evaluated lower at its first
-        # eval (0.86-0.90 in 4 runs against 0.94-0.98 in 4: docs/benchmarks/resnet50.md): the
+        # eval (0.86-0.90 in 4 runs against 0.94-0.99 in 6: docs/benchmarks/resnet50.md): the
         # two traces differ for a reason not yet found, so the validated one is kept.
         self.trainer.summer = self.summer
         self.trainer.partition = self.partition

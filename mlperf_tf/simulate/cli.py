@@ -229,8 +229,8 @@ def _check_plot_path(path: str) -> None:
 def _pinned(chips: int, common: dict, pinned: dict, args: argparse.Namespace) -> model.Result:
     """The layout the flags pin (the axes they do not name are 1). When it is not legal and
     some axis was left free, the error also names the fastest legal layout that keeps the
-    pinned axes: what would work (`--expert_parallel=8` alone on 72 chips at batch 36 is not
-    legal as data parallelism, but is with a context axis beside it)."""
+    pinned axes: what would work (`gpt_oss_20b --context_parallel=2` alone on 72 GB200 at batch
+    36 does not fit a chip; with `--expert_parallel=4` beside it, NVIDIA's v6.0 layout, it does)."""
     try:
         return model.simulate(chips=chips, **common, **pinned)
     except UserError as e:
