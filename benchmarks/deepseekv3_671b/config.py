@@ -261,27 +261,31 @@ MINI_BATCH = 64  # first eval after floor(42 + 24,576 / 64) = 426 steps, 27,264 
 # s of the parametrization: AdamW at the rules' 2.4e-5 sqrt(64 / 16,384) = 1.5e-6 moves the
 # effective weights as at 1.5e-3 (the base's peak rate, `prepare.MINI_BASE_LR`).
 MINI_WEIGHT_SCALE = 1000.0
-# The rules' own 3.6: at 64 tokens the base is above it (3.775) and the rules' first eval below
-# (3.378); at 32 tokens it was out of reach (3.70 at the first eval). README.md "mini".
+# The rules' own 3.6: at 64 tokens the base is above it (3.783) and the rules' first eval below
+# (3.385); at 32 tokens it was out of reach (3.70 at the first eval). README.md "mini".
 MINI_TARGET_LOG_PERPLEXITY = TARGET_LOG_PERPLEXITY
 MINI_EXTRA_STEPS = 100  # the budget: evals after every step this far past the first
 
 
 def mini_model(sequence_length: int = MINI_SEQUENCE_LENGTH) -> ModelConfig:
-    """The mini's DeepSeek-V3: 4 layers of hidden 256 (layer 0 dense), 4 MLA heads (query
-    latent 96, key/value latent 64, nope 32, rope 16, v 32), 8 routed experts of 128 in 4
-    groups (top-2 within 2 groups, x 2.5) and a shared expert of 128, one MTP depth; positions
-    up to `sequence_length` (YaRN over a quarter of it); the plain parametrization (s = 1)."""
+    """The mini's DeepSeek-V3: 4 layers of hidden 192 (layer 0 dense, 384 wide), 4 MLA heads
+    (query latent 96, key/value latent 64, nope 32, rope 16, v 32), 8 routed experts of 96 in
+    4 groups (top-2 within 2 groups, x 2.5) and a shared expert of 96, one MTP depth; positions
+    up to `sequence_length` (YaRN over a quarter of it); the plain parametrization (s = 1).
+
+    The width is what 2 AVX2 cores train to the first eval within the mini's 10 minutes: the
+    step is bound by its FLOPs, and hidden 256 (experts of 128) took 696 s on a Zen 1 EPYC, 192
+    510 s (README.md "mini")."""
     seq = sequence_length
     return ModelConfig(
-        vocab_size=c4.MINI_VOCAB_SIZE, hidden_size=256, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=4, head_dim=32, intermediate_size=512,
+        vocab_size=c4.MINI_VOCAB_SIZE, hidden_size=192, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=4, head_dim=32, intermediate_size=384,
         q_lora_rank=96, kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=16,
         v_head_dim=32, max_position_embeddings=seq, rope_original_max_position=seq // 4,
         initializer_range=0.02,
         moe=dataclasses.replace(
-            REFERENCE_MOE, num_experts=8, first_dense=1, top_k=2, filter_size=128,
-            shared_filter_size=128, num_groups=4, topk_groups=2,
+            REFERENCE_MOE, num_experts=8, first_dense=1, top_k=2, filter_size=96,
+            shared_filter_size=96, num_groups=4, topk_groups=2,
         ),
         pipeline_layers=(),  # 4 layers: equal stages at P = 2 and 4
     )  # fmt: skip

@@ -39,8 +39,9 @@ MINI_BASE_STEPS = 300
 MINI_BASE_LR = 1.5e-3
 MINI_BASE_WARMUP = 20
 MINI_BASE_SEED = 4242
-# The base's folder names its shape: an older base (another sequence or batch) is not reused.
-MINI_BASE_NAME = "deepseekv3-mini-base-s64-b64"
+# The base's folder names its shape: an older base (another width, sequence or batch) is not
+# reused.
+MINI_BASE_NAME = "deepseekv3-mini-base-h192-s64-b64"
 
 
 def mini_base_dir() -> str:
