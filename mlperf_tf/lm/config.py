@@ -25,8 +25,9 @@ TINY_SHAPE = types.MappingProxyType(
     {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
      "num_key_value_heads": 2, "head_dim": 8}
 )  # fmt: skip
-# The width every language-model benchmark's `mini` preset shares: hidden 256, GQA 4/2 heads of
-# 64 (a benchmark adds its vocabulary, layers, feed-forward and positions).
+# The width the grouped-query decoders' `mini` presets share (`llama31_8b`, `gpt_oss_20b`,
+# `llama2_70b_lora`): hidden 256, GQA 4/2 heads of 64 (a benchmark adds its vocabulary, layers,
+# feed-forward and positions). DeepSeek-V3's MLA and Qwen3.5's layers declare their own.
 MINI_SHAPE = types.MappingProxyType(
     {
         "hidden_size": 256,

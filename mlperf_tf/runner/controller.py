@@ -726,8 +726,9 @@ class Controller:
         # The stop flag's variable is made by the loop's first trace, so tf.function traces the
         # loop twice and runs the second trace. Making it first (`StopRequest.arm`, 2026-12-07)
         # ran the first trace instead, and ResNet-50's mini then evaluated lower at its first
-        # eval (0.86-0.90 in 4 runs against 0.94-0.99 in 6: docs/benchmarks/resnet50.md): the
-        # two traces differ for a reason not yet found, so the validated one is kept.
+        # eval in 4 runs (docs/benchmarks/resnet50.md). On the same data the two traces train
+        # bitwise alike (tools/studies/loop_trace_ab.py) and 6 more runs overlapped, but 16 runs
+        # do not rule out a small shift: the trace every mini was validated on is kept.
         self.trainer.summer = self.summer
         self.trainer.partition = self.partition
         self.evaluator = Evaluator(dataset=eval_data, **parts)
