@@ -26,6 +26,9 @@ import tempfile
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # the repository root
 
+# One process's run, bounded: the mini's 176 steps took 3 min here under op determinism.
+RUN_TIMEOUT_S = 3600
+
 
 def _train(benchmark: str, preset: str, steps: int, seed: int, first_trace: bool, out: str):
     """One run in this process; writes its variables to `out` (.npz)."""
@@ -88,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
                 [sys.executable, __file__, f"--benchmark={args.benchmark}",
                  f"--preset={args.preset}", f"--steps={args.steps}", f"--seed={args.seed}",
                  f"--_one={which}", f"--_out={outs[which]}"],
-                check=True,
+                check=True, timeout=RUN_TIMEOUT_S,
             )  # fmt: skip
         second, first = np.load(outs["second"]), np.load(outs["first"])
         differing = []
