@@ -372,7 +372,12 @@ class Qwen35GrpoBenchmark(Benchmark):
         gbs = self.config.global_batch_size
         if self.config.rollout.max_length != config_lib.MLPERF_SEQUENCE_LENGTH:
             notes[C.MAX_SEQUENCE_LENGTH] = "short rollouts of the generated repair tasks"
-        if self.config.eval_examples != config_lib.EVAL_SAMPLES:
+        if self.config.eval_examples == config_lib.VAL_ROWS:
+            notes[C.EVAL_SAMPLES] = (
+                f"all {config_lib.VAL_ROWS} held-out tasks, as the reference validates (its "
+                f"README and RCP logs); the rules check {config_lib.EVAL_SAMPLES}"
+            )
+        elif self.config.eval_examples != config_lib.EVAL_SAMPLES:
             notes[C.EVAL_SAMPLES] = "a small held-out task set"
         if self.config.grpo.num_generations_per_prompt != config_lib.NUM_GENERATIONS_PER_PROMPT:
             notes[C.NUM_GENERATIONS_PER_PROMPT] = "fewer rollouts per task"

@@ -24,7 +24,12 @@ from mlperf_tf.spmd import MoEConfig
 
 # What the closed rules of 6.1.0 fix (closed_qwen35_397b_grpo.yaml).
 MLPERF_SEQUENCE_LENGTH = 65_536
-EVAL_SAMPLES = 251  # the rules' `eval_samples`; the reference README's validation file has 256 rows
+# The rules' `eval_samples` (mlperf-logging 4.1.68) is 251, but the reference validates on every
+# row of its file (README section 3: "all 256 held-out tasks"): its 18 RCP logs (rcp_logs/GBS*/)
+# log `eval_samples` 256 and each pass@4 is a whole number of 256ths, so the pinned checker fails
+# them on this key. The `mlperf` preset follows the reference (`VAL_ROWS`, a noted finding); the
+# mini's generated held-out set has the rules' 251.
+EVAL_SAMPLES = 251
 TARGET_PASS_AT_4 = 0.69
 NUM_GENERATIONS_PER_PROMPT = 16
 REFERENCE_GBS = 256
@@ -351,7 +356,7 @@ class RolloutConfig:
     max_length: int = MLPERF_SEQUENCE_LENGTH
     max_turn_tokens: int = MLPERF_SEQUENCE_LENGTH
     train_tasks: int = TRAIN_ROWS
-    eval_tasks: int = EVAL_SAMPLES
+    eval_tasks: int = VAL_ROWS
     task_seed: int = 1
     compiled_generation: bool = True
     xla_decoding: bool = False
@@ -419,8 +424,8 @@ def mlperf() -> Qwen35GrpoConfig:
     and a container runtime (README.md)."""
     gbs = REFERENCE_GBS
     return Qwen35GrpoConfig(
-        global_batch_size=gbs, eval_batch_size=EVAL_SAMPLES, train_examples=TRAIN_ROWS * 16,
-        eval_examples=EVAL_SAMPLES, max_epochs=30 * gbs / (TRAIN_ROWS * 16),
+        global_batch_size=gbs, eval_batch_size=VAL_ROWS, train_examples=TRAIN_ROWS * 16,
+        eval_examples=VAL_ROWS, max_epochs=30 * gbs / (TRAIN_ROWS * 16),
         quality_target=TARGET_PASS_AT_4, gradient_clip_norm=gradient_clip(gbs),
     )  # fmt: skip
 

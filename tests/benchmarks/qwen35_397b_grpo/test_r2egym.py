@@ -10,6 +10,7 @@ a hanging command cut at the tool timeout and answered in text; the agent timeou
 rollout invalid; a container that fails to start, a one-line error. And the reference rows'
 conversion into tasks, and R2E-Gym's log parser and reward against a transcription."""
 
+import dataclasses
 import hashlib
 import io
 import json
@@ -436,6 +437,18 @@ def test_rows_convert_to_tasks():
         r2egym.task_from_row(row, "f.jsonl:3")
     with pytest.raises(DataError, match="expected_output_json"):
         r2egym.task_from_row(reference_row("x", expected={}))
+
+
+def test_the_mlperf_preset_validates_on_every_prepared_row_in_order(tmp_path):
+    """The reference validates on all 256 rows of its validation file (its README, section 3;
+    its RCP logs' pass@4 are 256ths), not the 251 of the pinned rules' `eval_samples`."""
+    ids = [f"calc__calc-{i}" for i in range(config.VAL_ROWS)]
+    lines = [r2egym.task_to_json(_task(i)) for i in ids]
+    (tmp_path / "val.jsonl").write_text("".join(line + "\n" for line in lines))
+    cfg = dataclasses.replace(config.mlperf(), data_dir=str(tmp_path))
+    held_out = input_lib._tasks(cfg, cfg.rollout.eval_tasks, 0, validation=True)
+    assert [t.instance_id for t in held_out] == ids
+    assert cfg.eval_examples == cfg.rollout.eval_tasks == config.VAL_ROWS == 256
 
 
 def test_prepare_writes_the_tasks_in_order(tmp_path):

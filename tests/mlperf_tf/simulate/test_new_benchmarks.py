@@ -302,11 +302,12 @@ def test_grpo_step_is_rollouts_beside_training_plus_the_refit():
     assert 7 < r.refit_s < 9
     # The first step's rollouts are generated before any training (the pipeline fill, once);
     # the one evaluation first drains the 256 rollouts in flight (one step's generation), then
-    # streams 4 rollouts of each of the 251 validation tasks through the 256 slots: 1,004 / 256
-    # - 1 mean rollouts, then the slowest of 1,004, each instance decoding 256 / 24 at once.
+    # streams 4 rollouts of each of the 256 validation tasks (the reference validates on all of
+    # them) through the 256 slots: 1,024 / 256 - 1 mean rollouts, then the slowest of 1,024,
+    # each instance decoding 256 / 24 at once.
     assert math.isclose(r.time_to_train_min * 60, 18 * r.step_time_s + r.eval_s + generation)
     assert ro.eval_generations == grpo_config.GrpoConfig().num_val_generations_per_prompt == 4
-    n = 251 * 4
+    n = grpo_config.VAL_ROWS * 4
     z = statistics.NormalDist().inv_cdf((n - 0.375) / (n + 0.25))
     factor = math.exp(sigma * z - sigma**2 / 2)
     generated, turns, context = ro.slowest(n)
