@@ -7,9 +7,12 @@ A benchmark declares what its model holds as a list of `Entry`s (a Hugging Face 
 target's shape, how the tensor becomes it: `as_is`, `transposed` for a torch Linear weight
 [out, in] into a Keras kernel [in, out]); `HFCheckpoint.load` reads them grouped by shard (each
 shard opened once, nothing of another shard in memory) and hands each converted tensor to the
-caller's `assign` (`assign` writes a variable, or one expert's slice of a stacked one;
-`open_whole` opens a folder for such an import, refusing a mesh that splits tensors). The
-config check (`check_config`) compares a checkpoint's `config.json` with the model's fields,
+caller's `assign` (`assign` writes a variable, or one expert's slice of a stacked one). A
+model built on a mesh that splits tensors (`--model_parallel`, `--expert_parallel`) imports
+as the unsplit one: the name map asks for whole shapes (`whole_shape`) and `assign` hands each
+replica its shard of each tensor (`mlperf_tf.parallel.layout.assign_whole`, and
+`assign_whole_row` for one expert of a stacked weight), so the whole model is never held on
+one device, only one tensor of it on the host. The config check (`check_config`) compares a checkpoint's `config.json` with the model's fields,
 one named field per error.
 
 The shard reader parses the safetensors format itself (an 8-byte little-endian header length, a
@@ -35,6 +38,7 @@ import numpy as np
 import tensorflow as tf
 
 from mlperf_tf.errors import UserError
+from mlperf_tf.parallel import layout
 from mlperf_tf.parallel.context import current_mesh
 
 CONFIG = "config.json"
@@ -276,28 +280,29 @@ class HFCheckpoint:
         return checked(tensor, entry.shape, entry.name, shard.path)
 
 
-def open_whole(directory: str) -> HFCheckpoint:
-    """The checkpoint folder `directory`, for an import that fills whole tensors.
-
-    Raises:
-      CheckpointImportError: the ambient mesh splits tensors (load at --model_parallel=1
-        --expert_parallel=1), or `directory` is not a checkpoint (`HFCheckpoint`).
-    """
+def whole_shape(variable) -> tuple[int, ...]:
+    """`variable`'s whole shape on the ambient mesh (a split variable holds one shard of it):
+    the shape a name map's `Entry` asks of the checkpoint's tensor."""
     mesh = current_mesh()
-    if mesh is not None and (mesh.model > 1 or mesh.expert > 1):
-        raise CheckpointImportError(
-            f"`init_checkpoint` loads whole tensors: run the import at --model_parallel=1 "
-            f"--expert_parallel=1 (got {mesh.model}, {mesh.expert})"
-        )
-    return HFCheckpoint(directory)
+    if mesh is None:
+        return tuple(int(d) for d in variable.shape)
+    return tuple(int(d) for d in layout.whole_shape(variable, mesh))
 
 
 def assign(entry: Entry, value: np.ndarray) -> None:
-    """Writes a converted tensor into `entry.target`: a variable, or (stacked variable, index)
-    for one expert of an [E, ...] weight (the backing tf.Variable's slice, so no whole [E, ...]
-    copy is made)."""
-    if isinstance(entry.target, tuple):
-        variable, index = entry.target
-        variable.value[index].assign(tf.cast(value, variable.value.dtype))
+    """Writes a converted tensor into `entry.target` (`write`)."""
+    write(entry.target, value)
+
+
+def write(target, value: np.ndarray) -> None:
+    """Writes a whole tensor into `target` on the ambient mesh (cross-replica context): a
+    variable, each replica its shard; or (stacked variable, index) for one expert of an
+    [E, ...] weight (the backing variable's slice, so no whole [E, ...] copy is made)."""
+    mesh = current_mesh()
+    if isinstance(target, tuple):
+        variable, index = target
+        layout.assign_whole_row(variable, index, value, mesh)
+    elif mesh is None:
+        target.assign(tf.cast(value, target.value.dtype))
     else:
-        entry.target.assign(tf.cast(value, entry.target.value.dtype))
+        layout.assign_whole(target, value, mesh)

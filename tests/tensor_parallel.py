@@ -213,3 +213,20 @@ def smoke(benchmark_class, **model):
     return benchmark_class(
         dataclasses.replace(config, model=dataclasses.replace(config.model, **model))
     )
+
+
+def imported_whole(benchmark, load, num_devices: int, **mesh_flags) -> tuple[dict, int]:
+    """A checkpoint import on a split model: `benchmark`'s model built on `num_devices`
+    logical CPUs split as `mesh_flags`, then `load(model)` run there (cross-replica context, the
+    mesh ambient, as the runner's `restore_initial_weights`). Returns ({variable path: its
+    whole value}, how many variables the mesh splits)."""
+    strategy, mesh, benchmark = on_mesh(benchmark, num_devices, **mesh_flags)
+    with strategy.scope(), use_mesh(mesh):
+        model = benchmark.build_model()
+        load(model)
+        whole = {v.path: layout_lib.whole_value(v, mesh).numpy() for v in model.weights}
+    split = sum(
+        1 for v in model.weights
+        if layout_lib.layout_of(v).split and layout_lib.layout_of(v).num_shards(mesh) > 1
+    )  # fmt: skip
+    return whole, split

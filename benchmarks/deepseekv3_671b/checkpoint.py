@@ -26,7 +26,7 @@ from safetensors.numpy import save_file
 
 from benchmarks.deepseekv3_671b.config import ModelConfig
 from mlperf_tf import hf_checkpoint, prepare_cli
-from mlperf_tf.hf_checkpoint import CheckpointImportError, Entry, transposed
+from mlperf_tf.hf_checkpoint import CheckpointImportError, Entry, transposed, whole_shape
 from mlperf_tf.lm.parametrization import ScaledWeights
 
 ARCHITECTURE = "DeepseekV3ForCausalLM"
@@ -99,11 +99,11 @@ def _block_entries(block, src: str, model: ModelConfig) -> list[Entry]:
     a, out = block.attention, []
 
     def kernel(name, layer):
-        out.append(Entry(src + name + ".weight", tuple(layer.kernel.shape), layer.kernel,
+        out.append(Entry(src + name + ".weight", whole_shape(layer.kernel), layer.kernel,
                          transposed))  # fmt: skip
 
     def norm(name, layer):
-        out.append(Entry(src + name + ".weight", tuple(layer.scale.shape), layer.scale))
+        out.append(Entry(src + name + ".weight", whole_shape(layer.scale), layer.scale))
 
     norm("input_layernorm", block.attention_norm)
     if model.q_lora_rank:
@@ -128,11 +128,11 @@ def _block_entries(block, src: str, model: ModelConfig) -> list[Entry]:
     for part, var in (("gate_proj", mlp.w_gate), ("up_proj", mlp.w_up), ("down_proj", mlp.w_down)):
         for i in range(e):
             name = f"{src}mlp.experts.{i}.{part}.weight"
-            out.append(Entry(name, tuple(var.shape[1:]), (var, i), transposed))
+            out.append(Entry(name, whole_shape(var)[1:], (var, i), transposed))
     if mlp.shared_filter_size:
         for part, var in (("gate_proj", mlp.shared_gate), ("up_proj", mlp.shared_up),
                           ("down_proj", mlp.shared_down)):  # fmt: skip
-            out.append(Entry(f"{src}mlp.shared_experts.{part}.weight", tuple(var.shape), var,
+            out.append(Entry(f"{src}mlp.shared_experts.{part}.weight", whole_shape(var), var,
                              transposed))  # fmt: skip
     return out
 
@@ -154,25 +154,25 @@ def entries(keras_model, model: ModelConfig) -> list[Entry]:
         out += _block_entries(module.block, src, model)
         for name, layer in (("enorm", module.enorm), ("hnorm", module.hnorm),
                             ("shared_head.norm", module.shared_head_norm)):  # fmt: skip
-            out.append(Entry(src + name + ".weight", tuple(layer.scale.shape), layer.scale))
+            out.append(Entry(src + name + ".weight", whole_shape(layer.scale), layer.scale))
         kernel = module.eh_proj.kernel
-        out.append(Entry(src + "eh_proj.weight", tuple(kernel.shape), kernel, transposed))
+        out.append(Entry(src + "eh_proj.weight", whole_shape(kernel), kernel, transposed))
     out.append(Entry("model.norm.weight", (model.hidden_size,), keras_model.final_norm.scale))
     kernel = keras_model.lm_head.kernel
-    out.append(Entry("lm_head.weight", tuple(kernel.shape), kernel, transposed))
+    out.append(Entry("lm_head.weight", whole_shape(kernel), kernel, transposed))
     return out
 
 
 def load(directory: str, keras_model, model: ModelConfig) -> int:
-    """Loads the Hugging Face checkpoint `directory` into `keras_model` (built from `model`),
-    shard by shard; returns the tensors loaded.
+    """Loads the Hugging Face checkpoint `directory` into `keras_model` (built from `model`, on
+    any mesh: each replica takes its shard of each whole tensor), shard by shard; returns the
+    tensors loaded.
 
     Raises:
       CheckpointImportError: another model's config, a missing or truncated shard, a tensor
-        missing or of another shape, or a split mesh (the import fills whole tensors: load at
-        --model_parallel=1 --expert_parallel=1).
+        missing or of another shape.
     """
-    source = hf_checkpoint.open_whole(directory)
+    source = hf_checkpoint.HFCheckpoint(directory)
     check_hf_config(source.config(), model, os.path.join(directory, hf_checkpoint.CONFIG))
     count = source.load(entries(keras_model, model), hf_checkpoint.assign)
     if isinstance(keras_model, ScaledWeights):  # the file holds effective weights

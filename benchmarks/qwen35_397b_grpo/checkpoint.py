@@ -28,7 +28,8 @@ in both: imported as is.
 
 Not read: the vision tower (`model.visual.*`) and the MTP head (`mtp.*`): the reference runs
 the language path only with MTP off (`mtp_num_layers: 0`). Linear weights are torch's [out, in],
-transposed into Keras kernels [in, out].
+transposed into Keras kernels [in, out]. A model split over `--model_parallel` or
+`--expert_parallel` imports the same whole tensors, each replica its shard (`hf_checkpoint`).
 """
 
 from __future__ import annotations
@@ -37,11 +38,10 @@ import os
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 from benchmarks.qwen35_397b_grpo.config import ModelConfig
 from mlperf_tf import hf_checkpoint
-from mlperf_tf.hf_checkpoint import Entry, transposed
+from mlperf_tf.hf_checkpoint import Entry, transposed, whole_shape
 
 PREFIX = "model.language_model."
 ARCHITECTURE = "Qwen3_5MoeForConditionalGeneration"
@@ -167,11 +167,11 @@ def _mixer_entries(block, src: str) -> list[Entry]:
     a, out = block.attention, []
 
     def kernel(name, layer):
-        out.append(Entry(src + name + ".weight", tuple(layer.kernel.shape), layer.kernel,
+        out.append(Entry(src + name + ".weight", whole_shape(layer.kernel), layer.kernel,
                          transposed))  # fmt: skip
 
     def weight(name, variable, convert=hf_checkpoint.as_is):
-        out.append(Entry(src + name, tuple(variable.shape), variable, convert))
+        out.append(Entry(src + name, whole_shape(variable), variable, convert))
 
     if block.linear:
         for name in ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj"):
@@ -191,7 +191,7 @@ def _mixer_entries(block, src: str) -> list[Entry]:
 def _expert_entries(mlp, src: str, fused: bool) -> list[Entry]:
     """The routed experts: fused `gate_up_proj` / `down_proj` (targets (gate, up) and the down
     variable) or one tensor per expert (targets (variable, expert))."""
-    e, h, f = (int(x) for x in mlp.w_gate.shape)
+    e, h, f = whole_shape(mlp.w_gate)
     if fused:
         return [
             Entry(src + "mlp.experts.gate_up_proj", (e, h, 2 * f), (mlp.w_gate, mlp.w_up),
@@ -199,7 +199,7 @@ def _expert_entries(mlp, src: str, fused: bool) -> list[Entry]:
             Entry(src + "mlp.experts.down_proj", (e, f, h), mlp.w_down, experts_transposed),
         ]  # fmt: skip
     return [
-        Entry(f"{src}mlp.experts.{i}.{part}.weight", tuple(var.shape[1:]), (var, i), transposed)
+        Entry(f"{src}mlp.experts.{i}.{part}.weight", whole_shape(var)[1:], (var, i), transposed)
         for part, var in (("gate_proj", mlp.w_gate), ("up_proj", mlp.w_up),
                           ("down_proj", mlp.w_down))
         for i in range(e)
@@ -208,22 +208,22 @@ def _expert_entries(mlp, src: str, fused: bool) -> list[Entry]:
 
 def _block_entries(block, src: str, fused: bool) -> list[Entry]:
     """Entries of one `HybridDecoderBlock` under Hugging Face prefix `src`."""
-    out = [Entry(src + "input_layernorm.weight", tuple(block.attention_norm.scale.shape),
+    out = [Entry(src + "input_layernorm.weight", whole_shape(block.attention_norm.scale),
                  block.attention_norm.scale, plus_one)]  # fmt: skip
     out += _mixer_entries(block, src)
-    out.append(Entry(src + "post_attention_layernorm.weight", tuple(block.mlp_norm.scale.shape),
+    out.append(Entry(src + "post_attention_layernorm.weight", whole_shape(block.mlp_norm.scale),
                      block.mlp_norm.scale, plus_one))  # fmt: skip
     mlp = block.mlp
 
     def kernel(name, layer):
-        out.append(Entry(src + name + ".weight", tuple(layer.kernel.shape), layer.kernel,
+        out.append(Entry(src + name + ".weight", whole_shape(layer.kernel), layer.kernel,
                          transposed))  # fmt: skip
 
     if not block.is_moe:
         for part in ("gate_proj", "up_proj", "down_proj"):
             kernel("mlp." + part, getattr(mlp, part))
         return out
-    out.append(Entry(src + "mlp.gate.weight", tuple(mlp.router_kernel.shape), mlp.router_kernel,
+    out.append(Entry(src + "mlp.gate.weight", whole_shape(mlp.router_kernel), mlp.router_kernel,
                      transposed))  # fmt: skip
     out += _expert_entries(mlp, src, fused)
     if block.shared_expert is not None:
@@ -247,7 +247,7 @@ def entries(keras_model, model: ModelConfig, *, fused: bool = True) -> list[Entr
                      plus_one))  # fmt: skip
     if not model.tie_word_embeddings:
         kernel = keras_model.lm_head.kernel
-        out.append(Entry("lm_head.weight", tuple(kernel.shape), kernel, transposed))
+        out.append(Entry("lm_head.weight", whole_shape(kernel), kernel, transposed))
     return out
 
 
@@ -259,9 +259,9 @@ def _assign(entry: Entry, value: np.ndarray) -> None:
         hf_checkpoint.assign(entry, value)
         return
     gate, up = target
-    width = int(gate.shape[-1])
-    gate.assign(tf.cast(value[..., :width], gate.value.dtype))
-    up.assign(tf.cast(value[..., width:], up.value.dtype))
+    width = whole_shape(gate)[-1]
+    hf_checkpoint.write(gate, value[..., :width])
+    hf_checkpoint.write(up, value[..., width:])
 
 
 def has_fused_experts(source: hf_checkpoint.HFCheckpoint, model: ModelConfig) -> bool:
@@ -281,10 +281,10 @@ def load(directory: str, keras_model, model: ModelConfig) -> int:
       The number of tensors imported.
 
     Raises:
-      CheckpointImportError: one line naming the field, file or tensor (`open_whole`,
+      CheckpointImportError: one line naming the field, file or tensor (`HFCheckpoint`,
         `check_hf_config`, `HFCheckpoint.load`).
     """
-    source = hf_checkpoint.open_whole(directory)
+    source = hf_checkpoint.HFCheckpoint(directory)
     check_hf_config(source.config(), model, os.path.join(directory, hf_checkpoint.CONFIG))
     fused = has_fused_experts(source, model)
     return source.load(entries(keras_model, model, fused=fused), _assign)

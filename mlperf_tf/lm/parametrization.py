@@ -31,6 +31,7 @@ import functools
 import keras
 
 from mlperf_tf.config import ConfigError
+from mlperf_tf.parallel.layout import divide_shards
 
 
 class ScaledWeights:
@@ -90,9 +91,10 @@ class ScaledWeights:
 
     def store_scaled(self) -> None:
         """Divides the trainable variables, holding effective weights (the initializers', or a
-        plain model's just loaded), by s: the stored form."""
+        plain model's just loaded), by s: the stored form (each replica its own shard of a
+        split variable)."""
         for v in self.trainable_variables:
-            v.assign(v / self.weight_scale)
+            divide_shards(v, self.weight_scale)
 
     def effective_values(self) -> list:
         """The effective weights s x v, in `trainable_variables`' order (for an export in the

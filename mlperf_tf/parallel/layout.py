@@ -241,6 +241,50 @@ def assign_shards(variable, read_shard, mesh: DeviceMesh | None) -> None:
     strategy.extended.update(tf_var, lambda v, x: v.assign(x), args=(values,), group=False)
 
 
+def assign_whole_row(variable, index: int, row, mesh: DeviceMesh | None) -> None:
+    """Writes `row` as entry `index` of `variable`'s whole first dimension (cross-replica
+    context): each local replica whose shard holds that entry gets its part, so a stacked
+    [E, ...] weight (one expert of a Hugging Face checkpoint) is filled one entry at a time and
+    never whole. Split over the first dimension (experts over `expert`), the replicas of the
+    shard holding entry `index` write all of `row`; split over another (an expert's width over
+    `model`), every replica writes its slice of `row`.
+
+    Args:
+      variable: a Keras (or tf) variable created under the strategy, of the shard's shape.
+      index: the entry of the whole first dimension.
+      row: its whole value (the whole shape less the first dimension).
+      mesh: the run's mesh (None: unsplit).
+    """
+    layout = layout_of(variable)
+    tf_var = _tf_variable(variable)
+    strategy = _strategy_of(tf_var)
+    # Each component by itself: a distributed variable's `[index]` is a read, with no `assign`.
+    components = strategy.experimental_local_results(tf_var)
+    if mesh is None or not layout.split or layout.num_shards(mesh) == 1:
+        for component in components:
+            component[index].assign(tf.cast(row, component.dtype))
+        return
+    ids = _local_replica_ids(strategy) if strategy.num_replicas_in_sync > 1 else [0]
+    for replica, component in zip(ids, components, strict=True):
+        shard = layout.shard_index(mesh, replica)
+        width = int(component.shape[layout.split_axis])
+        if layout.split_axis == 0:
+            if shard * width <= index < (shard + 1) * width:
+                component[index - shard * width].assign(tf.cast(row, component.dtype))
+            continue
+        part = tf.split(row, layout.num_shards(mesh), axis=layout.split_axis - 1)[shard]
+        component[index].assign(tf.cast(part, component.dtype))
+
+
+def divide_shards(variable, divisor: float) -> None:
+    """Divides each local replica's component of `variable` by `divisor` in place
+    (cross-replica context), each its own shard: `variable.assign(variable / divisor)` there
+    would read one component and write it into all, every shard becoming the first."""
+    tf_var = _tf_variable(variable)
+    for component in _strategy_of(tf_var).experimental_local_results(tf_var):
+        component.assign(component / divisor)
+
+
 def whole_value(variable, mesh: DeviceMesh, *, gather: bool | None = None):
     """`variable`'s whole tensor, joined from the shards of its replicas (cross-replica context).
 

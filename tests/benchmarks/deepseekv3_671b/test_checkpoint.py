@@ -18,8 +18,10 @@ from safetensors.numpy import load_file, save_file
 from benchmarks.deepseekv3_671b import checkpoint
 from benchmarks.deepseekv3_671b import config as config_lib
 from benchmarks.deepseekv3_671b import model as model_lib
+from benchmarks.deepseekv3_671b.benchmark import DeepseekV3Benchmark
 from mlperf_tf import hf_checkpoint
 from mlperf_tf.hf_checkpoint import CheckpointImportError
+from tests import tensor_parallel
 from tests.numerics import assert_close
 
 TOKENS = np.random.default_rng(0).integers(0, 128, (2, 10)).astype(np.int32)
@@ -87,6 +89,34 @@ def test_import_reproduces_the_written_model_forward(written):
         np.testing.assert_array_equal(a.router_bias.numpy(), b.router_bias.numpy())
     # The loaded model differs from its own initializers: the import did the work.
     assert np.max(np.abs(_model(7)(tf.constant(TOKENS)).numpy() - want_main.numpy())) > 1e-3
+
+
+@pytest.mark.parametrize("weight_scale", [1.0, 20.0], ids=["plain", "scaled"])
+@pytest.mark.parametrize(("expert_parallel", "model_parallel"), [(2, 1), (1, 2)],
+                         ids=["E2", "M2"])  # fmt: skip
+def test_a_split_model_imports_the_unsplit_models_whole_tensors(
+    written, weight_scale, expert_parallel, model_parallel
+):
+    """The import on the smoke model split over 2 logical devices (`--expert_parallel=2`: each
+    routed expert written into its replica's shard; `--model_parallel=2`: MLA's
+    up-projections, its output and the vocabulary) gives every variable the unsplit import's
+    whole tensor, bit for bit; the parametrized model (the mini's) stores each replica's own
+    shard divided by s (`ScaledWeights.store_scaled`), not the first replica's everywhere."""
+    _, config, path, _ = written
+    bench = tensor_parallel.smoke(DeepseekV3Benchmark, weight_scale=weight_scale)
+    assert bench.config.model == dataclasses.replace(config, weight_scale=weight_scale)
+
+    def load(model):
+        checkpoint.load(path, model, bench.config.model)
+
+    want, _ = tensor_parallel.imported_whole(bench, load, 1)
+    got, split = tensor_parallel.imported_whole(
+        bench, load, 2, expert_parallel=expert_parallel, model_parallel=model_parallel
+    )
+    assert split >= (6 if model_parallel > 1 else 3)  # the mesh splits what the test checks
+    assert sorted(got) == sorted(want)
+    for name, value in want.items():
+        np.testing.assert_array_equal(got[name], value, err_msg=name)
 
 
 @pytest.mark.numerics

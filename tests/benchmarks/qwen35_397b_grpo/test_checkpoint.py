@@ -24,6 +24,7 @@ from benchmarks.qwen35_397b_grpo import model as model_lib
 from benchmarks.qwen35_397b_grpo.benchmark import Qwen35GrpoBenchmark
 from mlperf_tf.errors import UserError
 from mlperf_tf.hf_checkpoint import CheckpointImportError
+from tests import tensor_parallel
 from tests.numerics import assert_close
 
 TOKENS = np.random.default_rng(0).integers(0, 64, (2, 11)).astype(np.int32)
@@ -184,6 +185,34 @@ def test_per_expert_layout_imports_as_the_fused_one(moe_checkpoint, tmp_path):
     checkpoint.load(per_expert, b, c)
     for x, y in zip(a.weights, b.weights, strict=True):
         np.testing.assert_array_equal(x.numpy(), y.numpy(), err_msg=x.path)
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "per_expert"])
+@pytest.mark.parametrize(("expert_parallel", "model_parallel"), [(2, 1), (1, 2)],
+                         ids=["E2", "M2"])  # fmt: skip
+def test_a_split_model_imports_the_unsplit_models_whole_tensors(
+    moe_checkpoint, tmp_path, fused, expert_parallel, model_parallel
+):
+    """The import on a model split over 2 logical devices (`--expert_parallel=2`: the routed
+    experts, each one written into its replica's shard; `--model_parallel=2`: heads, experts'
+    width, shared expert and vocabulary) gives every variable the unsplit import's whole
+    tensor, bit for bit."""
+    c, _, path = moe_checkpoint
+    if not fused:
+        path = _write(tmp_path / "per_expert", c, _hf_tensors(c, fused=False))
+    bench = Qwen35GrpoBenchmark(dataclasses.replace(Qwen35GrpoBenchmark.preset("smoke"), model=c))
+
+    def load(model):
+        checkpoint.load(path, model, c)
+
+    want, _ = tensor_parallel.imported_whole(bench, load, 1)
+    got, split = tensor_parallel.imported_whole(
+        bench, load, 2, expert_parallel=expert_parallel, model_parallel=model_parallel
+    )
+    assert split >= (8 if model_parallel > 1 else 3)  # the mesh splits what the test checks
+    assert sorted(got) == sorted(want)
+    for name, value in want.items():
+        np.testing.assert_array_equal(got[name], value, err_msg=name)
 
 
 @pytest.mark.peers
