@@ -230,3 +230,15 @@ def imported_whole(benchmark, load, num_devices: int, **mesh_flags) -> tuple[dic
         if layout_lib.layout_of(v).split and layout_lib.layout_of(v).num_shards(mesh) > 1
     )  # fmt: skip
     return whole, split
+
+
+def assert_split_import_is_whole(benchmark, load, *, min_split: int, **mesh_flags) -> None:
+    """`load` on `benchmark`'s model split over 2 logical CPUs as `mesh_flags` gives every
+    variable the unsplit import's whole tensor, bit for bit (an import copies), and the mesh
+    splits at least `min_split` variables (so the test checks a split)."""
+    want, _ = imported_whole(benchmark, load, 1)
+    got, split = imported_whole(benchmark, load, 2, **mesh_flags)
+    assert split >= min_split
+    assert sorted(got) == sorted(want)
+    for name, value in want.items():
+        np.testing.assert_array_equal(got[name], value, err_msg=name)
