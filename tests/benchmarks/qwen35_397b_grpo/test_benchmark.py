@@ -12,9 +12,11 @@ import pytest
 
 from benchmarks.qwen35_397b_grpo import config, environments
 from benchmarks.qwen35_397b_grpo.benchmark import AgeGuard, GenerationWarmUp, Qwen35GrpoBenchmark
+from mlperf_tf.benchmark import RunContext
 from mlperf_tf.config import ConfigError
 from mlperf_tf.errors import UserError
 from mlperf_tf.mllog import MLPerfLogger
+from mlperf_tf.parallel.mesh import DeviceMesh
 from mlperf_tf.rl.chat import ByteChat
 from mlperf_tf.rl.rollout import run_rollouts
 from mlperf_tf.runner.actions import LoopOutput
@@ -39,6 +41,20 @@ def test_mlperf_preset_logs_the_rules_values():
     assert bench.eval_steps(1) * bench.config.eval_batch_size >= 256
     assert list(bench.scaled_settings()) == ["eval_samples"]
     assert "251" in bench.scaled_settings()["eval_samples"]
+    # Logged beside the rules' keys, as the reference's RCP logs have them (GBS256/seed_1.out:
+    # seq-mask-tis, 1.002, 0.999, an end rate of 1e-6); its generation backend and layout are
+    # vLLM's at TP8 EP8, ours this run's mesh.
+    assert (
+        h["truncated_importance_sampling_type"], h["truncated_importance_sampling_ratio"],
+        h["truncated_importance_sampling_ratio_min"], h["opt_end_learning_rate"],
+    ) == ("seq-mask-tis", 1.002, 0.999, 1e-6)  # fmt: skip
+    assert h["generation_backend"] == "tensorflow"
+    split = Qwen35GrpoBenchmark(
+        bench.config, context=RunContext(mesh=DeviceMesh(data=2, expert=4, model=2))
+    ).logged_hparams()
+    assert [split[f"generation_{a}_parallelism"] for a in ("tensor", "expert", "pipeline")] == [
+        2, 4, 1,
+    ]  # fmt: skip
 
 
 def test_mini_preset_fails_no_rule_but_the_sequence_length():
