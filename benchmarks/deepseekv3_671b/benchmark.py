@@ -192,6 +192,14 @@ class DeepseekV3Benchmark(PretrainingBenchmark):
             previous = step
         return points
 
+    def train_samples(self) -> int:
+        """A run on the reference's data (its 4,096-token C4 windows) logs the reference's
+        constant (`config.REFERENCE_TRAIN_SAMPLES`); a smaller one the sequences of its
+        schedule (`PretrainingBenchmark`)."""
+        if self.config.data.max_sequence_length == config_lib.MLPERF_SEQUENCE_LENGTH:
+            return config_lib.REFERENCE_TRAIN_SAMPLES
+        return super().train_samples()
+
     def mlperf_hparams(self) -> dict[str, Any]:
         """The C4 pretraining keys (`PretrainingBenchmark`) and what `closed_deepseekv3_671b.yaml`
         adds: `moe_aux_loss_coeff` and `init_checkpoint_step` (0: the checkpoint is the start)."""

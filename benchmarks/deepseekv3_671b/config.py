@@ -32,6 +32,10 @@ REFERENCE_BATCH = 16_384  # the LR's reference batch: 2.4e-5 x sqrt(GBS / 16,384
 REFERENCE_LR = 2.4e-5
 WARMUP_STEPS = 4
 SCHEDULE_STEPS = 12_000  # warm-up + decay steps
+# The reference logs `train_samples` as this constant whatever its schedule
+# (llm_moe_pretraining/nemo/pretrain_deepseek_v3_671b.py; its RCP logs): the count MLPerf's C4
+# LLM references have logged since GPT-3's (NeMo's and MaxText's gpt3 loggers log the same).
+REFERENCE_TRAIN_SAMPLES = 1_574_207_408
 END_LR = 1e-8  # config_GB300_*.sh MIN_LR
 TARGET_LOG_PERPLEXITY = 3.6
 EVAL_SAMPLES = c4.EVAL_WINDOWS  # 1,024, the first validation sequences, unshuffled

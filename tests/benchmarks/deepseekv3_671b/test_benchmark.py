@@ -76,6 +76,14 @@ def test_mlperf_preset_logs_every_key_the_closed_rules_require(ruleset):
     assert hparams[C.MAX_SEQUENCE_LENGTH] == 4096 and bench.config.global_batch_size == 15_360
     assert bench.eval_samples() == 1024 and bench.quality_target == 3.6
     assert ("expert_parallelism" in hparams) == (ruleset == "6.1.0")
+    # The reference's constant (its RCP logs: rcp_logs/15360/seed_1.out), not 12,000 x 15,360.
+    assert bench.logged_hparams()[C.TRAIN_SAMPLES] == 1_574_207_408
+
+
+def test_a_run_on_its_own_data_logs_the_sequences_of_its_schedule():
+    bench = _bench("mini")
+    want = bench.config.optimizer.max_steps * bench.config.global_batch_size
+    assert bench.logged_hparams()[C.TRAIN_SAMPLES] == want != 1_574_207_408
 
 
 def _rules(ruleset):
