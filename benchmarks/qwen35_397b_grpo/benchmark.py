@@ -184,7 +184,8 @@ class Qwen35GrpoBenchmark(Benchmark):
                 f"`init_checkpoint` ({path!r}): neither a Hugging Face checkpoint (config.json) "
                 f"nor the mini base ({sft.WEIGHTS})"
             )
-        load_base_weights(model, weights)
+        with use_mesh(self.mesh):
+            load_base_weights(model, weights)
         logging.info("qwen35_397b_grpo: initial weights from %s", weights)
 
     def learning_rate(self) -> float:

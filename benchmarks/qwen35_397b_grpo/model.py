@@ -14,9 +14,14 @@ rescales the (s times larger) gradient before Adam normalizes it. The mechanism 
 
 from __future__ import annotations
 
+import dataclasses
+
 from benchmarks.qwen35_397b_grpo.config import ModelConfig
+from mlperf_tf.errors import UserError
 from mlperf_tf.lm.hybrid import HybridDecoderModel, build_hybrid_decoder
 from mlperf_tf.lm.parametrization import ScaledWeights
+from mlperf_tf.parallel import layout
+from mlperf_tf.parallel.context import current_mesh, use_mesh
 
 
 class ScaledPolicy(ScaledWeights, HybridDecoderModel):
@@ -54,8 +59,31 @@ def build_model(config: ModelConfig, *, moe_group_size: int | None = None,
 
 
 def load_base_weights(model, path: str) -> None:
-    """Loads weights an unscaled model saved (`sft.train_base`) into `model`, scaled or not."""
+    """Loads weights an unscaled model saved (`sft.train_base`) into `model`, scaled or not.
+
+    On an ambient mesh that splits the model (`--model_parallel`, `--expert_parallel`), whose
+    variables hold shards that Keras' `load_weights` cannot fill with the file's whole tensors:
+    the file goes into an unsplit twin (the plain model of the same config), and each variable
+    takes its shard of the twin's whole tensor (`parallel.layout.assign_whole`), then a scaled
+    policy stores them divided by its scale, each replica its own shard.
+
+    Raises:
+      UserError: the twin's variables are not the model's (another model's weights).
+    """
+    mesh = current_mesh()
+    if mesh is None or (mesh.model == 1 and mesh.expert == 1):
+        if isinstance(model, ScaledPolicy):
+            model.load_unscaled_weights(path)
+        else:
+            model.load_weights(path)
+        return
+    with use_mesh(None):
+        twin = build_model(dataclasses.replace(model.config, weight_scale=1.0))
+    twin.load_weights(path)
+    whole = {v.path: v for v in twin.weights}
+    if sorted(whole) != sorted(v.path for v in model.weights):
+        raise UserError(f"{path}: its model's variables are not this policy's")
+    for variable in model.weights:
+        layout.assign_whole(variable, whole[variable.path].numpy(), mesh)
     if isinstance(model, ScaledPolicy):
-        model.load_unscaled_weights(path)
-    else:
-        model.load_weights(path)
+        model.store_scaled()

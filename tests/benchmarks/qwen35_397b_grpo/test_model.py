@@ -6,14 +6,17 @@ import dataclasses
 import os
 import tempfile
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from benchmarks.qwen35_397b_grpo import config
 from benchmarks.qwen35_397b_grpo import model as model_lib
+from benchmarks.qwen35_397b_grpo.benchmark import Qwen35GrpoBenchmark
 from mlperf_tf.lm.gated_deltanet import GatedDeltaNet
 from mlperf_tf.lm.hybrid import build_hybrid_decoder
+from tests import tensor_parallel
 
 
 def test_full_model_sizes_without_allocating():
@@ -91,3 +94,28 @@ def test_scaled_policy_computes_the_unscaled_model():
     plain.save_weights(path)
     model_lib.load_base_weights(scaled, path)
     np.testing.assert_allclose(scaled(ids).numpy(), plain(ids).numpy(), rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("weight_scale", [1.0, 20.0], ids=["plain", "scaled"])
+@pytest.mark.parametrize(("expert_parallel", "model_parallel"), [(2, 1), (1, 2)],
+                         ids=["E2", "M2"])  # fmt: skip
+def test_the_base_loads_into_a_split_policy_as_into_the_unsplit_one(
+    tmp_path, weight_scale, expert_parallel, model_parallel
+):
+    """The mini's base (a plain model's `.weights.h5`, `sft.train_base`) loaded on 2 logical
+    devices split over `expert` or `model`: every variable holds the unsplit load's whole
+    tensor, bit for bit, the scaled policy's each divided by s on its own shard (Keras'
+    `load_weights` alone cannot fill shard-shaped variables: "could not be loaded")."""
+    smoke = Qwen35GrpoBenchmark.preset("smoke")
+    plain = dataclasses.replace(smoke.model, vocab_size=260)  # M = 2 splits the vocabulary
+    keras.utils.set_random_seed(3)
+    path = str(tmp_path / "base.weights.h5")
+    model_lib.build_model(plain).save_weights(path)
+    bench = Qwen35GrpoBenchmark(
+        dataclasses.replace(smoke, model=dataclasses.replace(plain, weight_scale=weight_scale))
+    )
+    tensor_parallel.assert_split_import_is_whole(
+        bench, lambda model: model_lib.load_base_weights(model, path),
+        min_split=8 if model_parallel > 1 else 3, expert_parallel=expert_parallel,
+        model_parallel=model_parallel,
+    )  # fmt: skip
