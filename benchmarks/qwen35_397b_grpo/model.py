@@ -20,8 +20,7 @@ from benchmarks.qwen35_397b_grpo.config import ModelConfig
 from mlperf_tf.errors import UserError
 from mlperf_tf.lm.hybrid import HybridDecoderModel, build_hybrid_decoder
 from mlperf_tf.lm.parametrization import ScaledWeights
-from mlperf_tf.parallel import layout
-from mlperf_tf.parallel.context import current_mesh, use_mesh
+from mlperf_tf.spmd import assign_whole, current_mesh, use_mesh
 
 
 class ScaledPolicy(ScaledWeights, HybridDecoderModel):
@@ -64,7 +63,7 @@ def load_base_weights(model, path: str) -> None:
     On an ambient mesh that splits the model (`--model_parallel`, `--expert_parallel`), whose
     variables hold shards that Keras' `load_weights` cannot fill with the file's whole tensors:
     the file goes into an unsplit twin (the plain model of the same config), and each variable
-    takes its shard of the twin's whole tensor (`parallel.layout.assign_whole`), then a scaled
+    takes its shard of the twin's whole tensor (`mlperf_tf.spmd.assign_whole`), then a scaled
     policy stores them divided by its scale, each replica its own shard.
 
     Raises:
@@ -84,6 +83,6 @@ def load_base_weights(model, path: str) -> None:
     if sorted(whole) != sorted(v.path for v in model.weights):
         raise UserError(f"{path}: its model's variables are not this policy's")
     for variable in model.weights:
-        layout.assign_whole(variable, whole[variable.path].numpy(), mesh)
+        assign_whole(variable, whole[variable.path].numpy(), mesh)
     if isinstance(model, ScaledPolicy):
         model.store_scaled()
