@@ -12,8 +12,8 @@ model built on a mesh that splits tensors (`--model_parallel`, `--expert_paralle
 as the unsplit one: the name map asks for whole shapes (`whole_shape`) and `assign` hands each
 replica its shard of each tensor (`mlperf_tf.parallel.layout.assign_whole`, and
 `assign_whole_row` for one expert of a stacked weight), so the whole model is never held on
-one device, only one tensor of it on the host. The config check (`check_config`) compares a checkpoint's `config.json` with the model's fields,
-one named field per error.
+one device, only one tensor of it on the host. The config check (`check_config`) compares a
+checkpoint's `config.json` with the model's fields, one named field per error.
 
 The shard reader parses the safetensors format itself (an 8-byte little-endian header length, a
 JSON header of dtype, shape and byte offsets, the data; huggingface/safetensors' README): the
