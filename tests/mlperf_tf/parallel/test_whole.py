@@ -53,6 +53,30 @@ def test_the_gather_joins_the_shards_as_the_local_concatenation(mesh, split):
     np.testing.assert_array_equal(gathered.numpy(), whole.numpy())
 
 
+@pytest.mark.parametrize(
+    ("mesh", "split"),
+    [(DeviceMesh(data=2, expert=2), layout.Layout(split_axis=0, split_over=("expert",))),
+     (DeviceMesh(data=2, model=2), layout.model_split(1)),
+     (DeviceMesh(expert=2, model=2), layout.EXPERT_SPLIT),
+     (DeviceMesh(data=4), layout.REPLICATED)],
+    ids=["rows over expert", "width over model", "E2xM2", "replicated"],
+)  # fmt: skip
+def test_rows_written_one_at_a_time_make_the_whole_tensor(mesh, split):
+    """`assign_whole_row` (one expert of a Hugging Face release into a stacked weight): each
+    entry of the first dimension written alone leaves every replica its shard of the whole
+    tensor, the rows split over the first dimension or each row's width split; and
+    `divide_shards` divides each replica's own shard (a cross-replica `assign(v / s)` would
+    write the first component into all)."""
+    strategy = mirrored(4)
+    whole = tf.reshape(tf.range(np.prod(SHAPE), dtype=tf.float32), SHAPE)
+    variable = _split_variable(strategy, mesh, split, tf.zeros(SHAPE))
+    for index in range(SHAPE[0]):
+        layout.assign_whole_row(variable, index, whole[index].numpy(), mesh)
+    np.testing.assert_array_equal(layout.whole_value(variable, mesh).numpy(), whole.numpy())
+    layout.divide_shards(variable, 4.0)
+    np.testing.assert_array_equal(layout.whole_value(variable, mesh).numpy(), whole.numpy() / 4)
+
+
 def test_a_checkpoint_through_the_gather_holds_the_whole_tensor_and_restores_shards(tmp_path):
     strategy, mesh, split = mirrored(4), DeviceMesh(data=2, model=2), layout.model_split(1)
     whole = tf.random.stateless_normal(SHAPE, seed=(1, 2))
