@@ -187,9 +187,13 @@ def test_per_expert_layout_imports_as_the_fused_one(moe_checkpoint, tmp_path):
         np.testing.assert_array_equal(x.numpy(), y.numpy(), err_msg=x.path)
 
 
-@pytest.mark.parametrize("fused", [True, False], ids=["fused", "per_expert"])
-@pytest.mark.parametrize(("expert_parallel", "model_parallel"), [(2, 1), (1, 2)],
-                         ids=["E2", "M2"])  # fmt: skip
+@pytest.mark.parametrize(
+    ("expert_parallel", "model_parallel", "fused"),
+    # slow: the other two pairs (each ~2 s at load 3; the default run's budget)
+    [(2, 1, False), (1, 2, True), pytest.param(2, 1, True, marks=pytest.mark.slow),
+     pytest.param(1, 2, False, marks=pytest.mark.slow)],
+    ids=["E2-per_expert", "M2-fused", "E2-fused", "M2-per_expert"],
+)  # fmt: skip
 def test_a_split_model_imports_the_unsplit_models_whole_tensors(
     moe_checkpoint, tmp_path, fused, expert_parallel, model_parallel
 ):
