@@ -5,6 +5,7 @@ loss is GRPO's (`mlperf_tf.rl`), an evaluation is pass@k over validation rollout
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import time
@@ -32,7 +33,7 @@ from mlperf_tf.runner.actions import Action, LoopOutput, TrackedStats
 from mlperf_tf.spmd import use_mesh
 
 _METRICS = ("reward", "is_oob_ratio", "sampling_importance_ratio", "masked_sequences",
-            "avg_trajectory_age")  # fmt: skip
+            "avg_trajectory_age", "global_valid_toks", "global_valid_seqs")  # fmt: skip
 
 
 class Qwen35GrpoBenchmark(Benchmark):
@@ -279,7 +280,8 @@ class Qwen35GrpoBenchmark(Benchmark):
         """The reference's per-step statistics in the MLPerf log (`tracked_stats`, two events
         a step as NeMo-RL's `mlperf_grpo_logging.py` writes them; `tracked_stats`), the
         async schedule's guard (`AgeGuard`) and the generator's warm-up (`GenerationWarmUp`)."""
-        return [TrackedStats(tracked_stats, self.config.global_batch_size), AgeGuard(self),
+        stats = functools.partial(tracked_stats, chips=self.mesh.size)
+        return [TrackedStats(stats, self.config.global_batch_size), AgeGuard(self),
                 GenerationWarmUp(self)]  # fmt: skip
 
     # ---- loss and eval -------------------------------------------------------------------------
@@ -302,6 +304,13 @@ class Qwen35GrpoBenchmark(Benchmark):
         # A token mean over the step: this micro-batch's share of the step's tokens, which the
         # runner averages over the micro-batches and the replicas (the batch shards' shares sum).
         metrics["sampling_importance_ratio"] *= parts * self.batch_shards
+        # NeMo-RL's `global_valid_toks` (the step's policy tokens: every row holds the count)
+        # and `global_valid_seqs` (its rollouts the overlong filter kept: this micro-batch's
+        # share, summed as the ratio above).
+        metrics["global_valid_toks"] = batch["valid_tokens"][0]
+        metrics["global_valid_seqs"] = (
+            tf.reduce_sum(batch["sample_mask"]) * parts * self.batch_shards
+        )
         return loss * parts, {k: metrics[k] for k in _METRICS}
 
     def compute_loss(self, model, batch, training: bool = True):
@@ -456,9 +465,12 @@ class AgeGuard(Action):
             )
 
 
-def tracked_stats(output: LoopOutput) -> list[dict[str, float]]:
+def tracked_stats(output: LoopOutput, *, chips: int = 1) -> list[dict[str, float]]:
     """A host loop's statistics as the reference logs a step's (its `tracked_stats` in
-    `llm_post_training/rcp_logs`): the loss and mean reward, then where the step's time went.
+    `llm_post_training/rcp_logs`): the loss, mean reward, valid tokens and rollouts, then where
+    the step's time went and the valid tokens a second per chip (`chips`: the run's; the
+    reference divides by all its GPUs, generation's included: 1,280,272 tokens / 471.2 s / 256
+    = 10.613 at GBS256 seed 1 step 1, its logged value).
 
     `exposed_generation_time` is the time the update waited for its rollouts (the runner's
     input wait: generation not hidden behind the previous update); `policy_training_time` the
@@ -468,8 +480,12 @@ def tracked_stats(output: LoopOutput) -> list[dict[str, float]]:
     """
     steps = max(output.steps, 1)
     step_time, waited = output.seconds / steps, output.input_wait_s / steps
+    metrics = output.metrics
+    tokens = float(metrics["global_valid_toks"])
     return [
-        {"reduced_train_loss": float(output.loss), "reward": float(output.metrics["reward"])},
+        {"reduced_train_loss": float(output.loss), "reward": float(metrics["reward"]),
+         "global_valid_toks": tokens, "global_valid_seqs": float(metrics["global_valid_seqs"])},
         {"train_step_time": step_time, "policy_training_time": step_time - waited,
-         "exposed_generation_time": waited, "weight_sync_time": 0.0},
+         "exposed_generation_time": waited, "weight_sync_time": 0.0,
+         "valid_tokens_per_sec_per_gpu": tokens / max(step_time, 1e-9) / chips},
     ]  # fmt: skip

@@ -11,7 +11,12 @@ import numpy as np
 import pytest
 
 from benchmarks.qwen35_397b_grpo import config, environments
-from benchmarks.qwen35_397b_grpo.benchmark import AgeGuard, GenerationWarmUp, Qwen35GrpoBenchmark
+from benchmarks.qwen35_397b_grpo.benchmark import (
+    AgeGuard,
+    GenerationWarmUp,
+    Qwen35GrpoBenchmark,
+    tracked_stats,
+)
 from mlperf_tf.benchmark import RunContext
 from mlperf_tf.config import ConfigError
 from mlperf_tf.errors import UserError
@@ -139,20 +144,59 @@ def test_each_loop_logs_the_references_tracked_stats(tmp_path):
     action.attach(types.SimpleNamespace(mllog=mllog))
     output = LoopOutput(
         step=4, steps=2, loss=-0.5, seconds=10.0, samples_per_second=25.6, last_step=37,
-        epoch=0.1, input_wait_s=6.0, metrics={"reward": np.float32(0.25), "is_oob_ratio": 0.0},
+        epoch=0.1, input_wait_s=6.0,
+        metrics={"reward": np.float32(0.25), "is_oob_ratio": 0.0,
+                 "global_valid_toks": np.float32(400.0), "global_valid_seqs": 120.0},
     )  # fmt: skip
     action.after_loop(output)
     mllog.close()
     lines = [json.loads(line.split(":::MLLOG ", 1)[1]) for line in path.read_text().splitlines()]
     stats = [r for r in lines if r["key"] == "tracked_stats"]
     assert [r["value"] for r in stats] == [
-        {"reduced_train_loss": -0.5, "reward": 0.25},
+        {"reduced_train_loss": -0.5, "reward": 0.25, "global_valid_toks": 400.0,
+         "global_valid_seqs": 120.0},
         {"train_step_time": 5.0, "policy_training_time": 2.0, "exposed_generation_time": 3.0,
-         "weight_sync_time": 0.0},
+         "weight_sync_time": 0.0, "valid_tokens_per_sec_per_gpu": 80.0},  # one chip
     ]  # fmt: skip
     for record in stats:
         assert record["metadata"]["samples_count"] == 4 * bench.config.global_batch_size
         assert record["metadata"]["step"] == 4
+    # The reference's formula on its own numbers (GBS256/seed_1.out, step 1): 256 GPUs.
+    step_1 = LoopOutput(
+        step=1, steps=1, loss=0.0, seconds=471.2140495249769, samples_per_second=0.5, last_step=30,
+        epoch=0.0, input_wait_s=0.0,
+        metrics={"reward": 0.0, "global_valid_toks": 1280272.0, "global_valid_seqs": 250.0},
+    )  # fmt: skip
+    per_gpu = tracked_stats(step_1, chips=256)[1]["valid_tokens_per_sec_per_gpu"]
+    assert per_gpu == pytest.approx(10.613143867508809, rel=1e-9)
+
+
+def test_the_step_counts_the_references_valid_tokens_and_rollouts():
+    """`global_valid_toks` and `global_valid_seqs` of two micro-batches as the runner reduces a
+    step's metrics (their mean over micro-batches and batch shards): the step's policy tokens
+    and the rollouts the overlong filter kept (3 of 4)."""
+    bench = Qwen35GrpoBenchmark(
+        dataclasses.replace(Qwen35GrpoBenchmark.preset("smoke"), gradient_accumulation_steps=2)
+    )
+    model = bench.build_model()
+    rng = np.random.default_rng(0)
+    rows, length = 2, 6
+    found = []
+    for mask in ([1.0, 0.0], [1.0, 1.0]):
+        ids = rng.integers(0, bench.config.model.vocab_size, (rows, length + 1))
+        batch = {
+            "input_ids": ids[:, :-1].astype(np.int32), "targets": ids[:, 1:].astype(np.int32),
+            "token_mask": np.ones((rows, length), np.float32),
+            "generation_logprobs": np.full((rows, length), -5.0, np.float32),
+            "advantages": np.array([0.5, -0.5], np.float32),
+            "sample_mask": np.array(mask, np.float32), "rewards": np.zeros(rows, np.float32),
+            "valid_tokens": np.full(rows, 18.0, np.float32),
+            "trajectory_age": np.zeros(rows, np.float32),
+        }  # fmt: skip
+        _, metrics = bench.compute_loss_and_metrics(model, batch)
+        found.append({k: float(metrics[k]) for k in ("global_valid_toks", "global_valid_seqs")})
+    step = {k: np.mean([f[k] for f in found]) for k in found[0]}
+    assert step == {"global_valid_toks": 18.0, "global_valid_seqs": 3.0}
 
 
 def test_a_padded_validation_batch_counts_only_its_real_tasks(monkeypatch):
