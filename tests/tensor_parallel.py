@@ -242,3 +242,15 @@ def assert_split_import_is_whole(benchmark, load, *, min_split: int, **mesh_flag
     assert sorted(got) == sorted(want)
     for name, value in want.items():
         np.testing.assert_array_equal(got[name], value, err_msg=name)
+
+
+def crossed_split_cases(variants: dict, *, default: tuple[str, str]) -> list:
+    """pytest parameters (expert_parallel, model_parallel, variant value) of E2 and M2 on 2
+    devices crossed with two variants (name -> value): E2 with `default[0]` and M2 with
+    `default[1]` in the default run, the other two pairs `slow` (the default run's budget)."""
+    cases = []
+    for index, (layout, e, m) in enumerate((("E2", 2, 1), ("M2", 1, 2))):
+        for name, value in variants.items():
+            marks = () if name == default[index] else (pytest.mark.slow,)
+            cases.append(pytest.param(e, m, value, marks=marks, id=f"{layout}-{name}"))
+    return cases

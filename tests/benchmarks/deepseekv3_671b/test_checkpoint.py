@@ -93,10 +93,8 @@ def test_import_reproduces_the_written_model_forward(written):
 
 @pytest.mark.parametrize(
     ("expert_parallel", "model_parallel", "weight_scale"),
-    # slow: the other two pairs (each ~2 s at load 3; the default run's budget)
-    [(2, 1, 1.0), (1, 2, 20.0), pytest.param(2, 1, 20.0, marks=pytest.mark.slow),
-     pytest.param(1, 2, 1.0, marks=pytest.mark.slow)],
-    ids=["E2-plain", "M2-scaled", "E2-scaled", "M2-plain"],
+    # slow: the other two pairs (each ~2 s at load 3)
+    tensor_parallel.crossed_split_cases({"plain": 1.0, "scaled": 20.0}, default=("plain", "scaled")),
 )  # fmt: skip
 def test_a_split_model_imports_the_unsplit_models_whole_tensors(
     written, weight_scale, expert_parallel, model_parallel

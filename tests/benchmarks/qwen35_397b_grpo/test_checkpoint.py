@@ -189,10 +189,9 @@ def test_per_expert_layout_imports_as_the_fused_one(moe_checkpoint, tmp_path):
 
 @pytest.mark.parametrize(
     ("expert_parallel", "model_parallel", "fused"),
-    # slow: the other two pairs (each ~2 s at load 3; the default run's budget)
-    [(2, 1, False), (1, 2, True), pytest.param(2, 1, True, marks=pytest.mark.slow),
-     pytest.param(1, 2, False, marks=pytest.mark.slow)],
-    ids=["E2-per_expert", "M2-fused", "E2-fused", "M2-per_expert"],
+    # slow: the other two pairs (each ~2 s at load 3)
+    tensor_parallel.crossed_split_cases({"fused": True, "per_expert": False},
+                                        default=("per_expert", "fused")),
 )  # fmt: skip
 def test_a_split_model_imports_the_unsplit_models_whole_tensors(
     moe_checkpoint, tmp_path, fused, expert_parallel, model_parallel

@@ -98,10 +98,8 @@ def test_scaled_policy_computes_the_unscaled_model():
 
 @pytest.mark.parametrize(
     ("expert_parallel", "model_parallel", "weight_scale"),
-    # slow: the other two pairs (each ~4 s at load 3; the default run's budget)
-    [(2, 1, 20.0), (1, 2, 1.0), pytest.param(2, 1, 1.0, marks=pytest.mark.slow),
-     pytest.param(1, 2, 20.0, marks=pytest.mark.slow)],
-    ids=["E2-scaled", "M2-plain", "E2-plain", "M2-scaled"],
+    # slow: the other two pairs (each ~4 s at load 3)
+    tensor_parallel.crossed_split_cases({"plain": 1.0, "scaled": 20.0}, default=("scaled", "plain")),
 )  # fmt: skip
 def test_the_base_loads_into_a_split_policy_as_into_the_unsplit_one(
     tmp_path, weight_scale, expert_parallel, model_parallel
