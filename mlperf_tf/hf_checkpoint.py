@@ -35,7 +35,6 @@ from collections.abc import Callable, Iterable
 
 import ml_dtypes
 import numpy as np
-import tensorflow as tf
 
 from mlperf_tf.errors import UserError
 from mlperf_tf.parallel import layout
@@ -302,7 +301,5 @@ def write(target, value: np.ndarray) -> None:
     if isinstance(target, tuple):
         variable, index = target
         layout.assign_whole_row(variable, index, value, mesh)
-    elif mesh is None:
-        target.assign(tf.cast(value, target.value.dtype))
     else:
         layout.assign_whole(target, value, mesh)

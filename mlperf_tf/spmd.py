@@ -16,7 +16,7 @@ its `DeviceMesh`); this module imports TensorFlow through the layers.
 | `ColumnParallelDense`, `RowParallelDense`, `VocabParallelEmbedding`, `vocab_parallel_lookup`, `vocab_parallel_cross_entropy` | Megatron's tensor-parallel layers over `model` |
 | `MoEConfig`, `MoEFeedForward` | the mixture-of-experts layer, split over `expert` |
 | `SpatialLayout`, `SpatialBuilder`, `stem_refusal` | spatial partitioning of convolutional trunks over `spatial` |
-| `REPLICATED`, `model_split`, `add_split_weight`, `check_divides`, `layout_of`, `assign_shards`, `assign_whole`, `whole_shape` | the layouts of split weights, and loading whole tensors into them |
+| `REPLICATED`, `model_split`, `add_split_weight`, `check_divides`, `layout_of`, `assign_shards`, `assign_whole`, `whole_shape`, `splits_weights` | the layouts of split weights, and loading whole tensors into them |
 | `loop_function` | a decoding loop that issues collectives in replica context |
 """
 
@@ -41,6 +41,7 @@ from mlperf_tf.parallel.layout import (
     check_divides,
     layout_of,
     model_split,
+    splits_weights,
     whole_shape,
 )
 from mlperf_tf.parallel.mesh import DeviceMesh
@@ -66,6 +67,7 @@ __all__ = [
     "layout_of",
     "loop_function",
     "model_split",
+    "splits_weights",
     "stem_refusal",
     "use_mesh",
     "vocab_parallel_cross_entropy",

@@ -20,7 +20,7 @@ from benchmarks.qwen35_397b_grpo.config import ModelConfig
 from mlperf_tf.errors import UserError
 from mlperf_tf.lm.hybrid import HybridDecoderModel, build_hybrid_decoder
 from mlperf_tf.lm.parametrization import ScaledWeights
-from mlperf_tf.spmd import assign_whole, current_mesh, use_mesh
+from mlperf_tf.spmd import assign_whole, current_mesh, splits_weights, use_mesh
 
 
 class ScaledPolicy(ScaledWeights, HybridDecoderModel):
@@ -70,7 +70,7 @@ def load_base_weights(model, path: str) -> None:
       UserError: the twin's variables are not the model's (another model's weights).
     """
     mesh = current_mesh()
-    if mesh is None or (mesh.model == 1 and mesh.expert == 1):
+    if not splits_weights(mesh):
         if isinstance(model, ScaledPolicy):
             model.load_unscaled_weights(path)
         else:

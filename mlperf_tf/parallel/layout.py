@@ -195,13 +195,13 @@ def _strategy_of(tf_var):
     return getattr(tf_var, "distribute_strategy", None) or tf.distribute.get_strategy()
 
 
-def assign_whole(variable, whole, mesh: DeviceMesh) -> None:
+def assign_whole(variable, whole, mesh: DeviceMesh | None) -> None:
     """Gives each replica's component of `variable` its shard of `whole` (cross-replica context).
 
     Args:
       variable: a Keras (or tf) variable created under the strategy, of the shard's shape.
       whole: the whole tensor (the same on every worker).
-      mesh: the run's mesh.
+      mesh: the run's mesh (None: unsplit).
     """
     layout = layout_of(variable)
     tf_var = variable.value if isinstance(variable, keras.Variable) else variable
@@ -435,12 +435,19 @@ def add_split_weight(
     return variable
 
 
+def splits_weights(mesh: DeviceMesh | None) -> bool:
+    """Whether `mesh` splits weights into shards (its `model` or `expert` axis above 1): what
+    needs whole tensors joined or split, where an unsplit mesh reads and writes them as they
+    are."""
+    return mesh is not None and (mesh.model > 1 or mesh.expert > 1)
+
+
 def split_slots(optimizer, mesh: DeviceMesh | None) -> None:
     """Gives the optimizer's slots of split variables their variable's layout and whole-tensor
     checkpoint entries (call after `optimizer.build`). Slots are found as Keras names them:
     `add_variable_from_reference` names a slot `<variable path with _>_<slot>`, with the
     variable's (shard) shape."""
-    if mesh is None or mesh.model == 1 and mesh.expert == 1:
+    if not splits_weights(mesh):
         return
     by_prefix = {}
     for v in getattr(optimizer, "_trainable_variables", []):

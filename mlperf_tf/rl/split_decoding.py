@@ -35,6 +35,7 @@ import threading
 
 import tensorflow as tf
 
+from mlperf_tf.parallel.layout import splits_weights
 from mlperf_tf.parallel.mesh import DeviceMesh
 
 
@@ -100,7 +101,7 @@ class SplitDecoding:
 def for_generation(model, mesh: DeviceMesh | None, strategy: tf.distribute.Strategy | None = None):
     """What a generator should decode with: `model` itself on an unsplit mesh, else a
     `SplitDecoding` of it on `strategy` (default: the model's own)."""
-    if mesh is None or (mesh.model == 1 and mesh.expert == 1):
+    if not splits_weights(mesh):
         return model
     return SplitDecoding(model, strategy or model.distribute_strategy, mesh)
 
